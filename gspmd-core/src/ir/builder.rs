@@ -1,0 +1,817 @@
+//! The tracer: a [`Builder`] records ops applied to [`Tensor`] handles into a
+//! [`Program`]. High-level ops (matmul, einsum, softmax, ...) decompose into primitives
+//! here.
+//!
+//! Ops on handles never fail on the spot: a bad op records a typed error (with the
+//! user's source line, captured by `#[track_caller]`) and returns a *poisoned* handle;
+//! ops on poisoned handles are skipped silently, so one mistake gives one error.
+//! [`Builder::finish`] returns all recorded errors. This keeps model code free of `?`
+//! on every line, as in JAX.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::infer::infer_type;
+use super::literal::Literal;
+use super::location::Location;
+use super::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+use super::program::{Node, Program};
+use super::types::{DType, Shape, TensorType, ValueId};
+use crate::error::{Error, Result};
+use crate::sharding::Sharding;
+
+#[derive(Debug)]
+struct State {
+    program: Program,
+    errors: Vec<Error>,
+}
+
+type Shared = Rc<RefCell<State>>;
+
+/// Records a program from ops applied to [`Tensor`] handles.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    state: Shared,
+}
+
+/// A traced value: a handle into a [`Builder`]'s program. Cloning is cheap.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    state: Shared,
+    /// `None` when an earlier op failed (the error is recorded in the builder).
+    id: Option<ValueId>,
+    ty: TensorType,
+}
+
+impl Builder {
+    /// A builder for a program called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        let program = Program::new(name);
+        Builder {
+            state: Rc::new(RefCell::new(State {
+                program,
+                errors: Vec::new(),
+            })),
+        }
+    }
+
+    /// Adds the next parameter.
+    #[track_caller]
+    pub fn parameter(&self, name: &str, shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        let location = Location::caller();
+        let index = self.state.borrow().program.params.len();
+        let ty = TensorType::new(shape, dtype);
+        let t = push_in(&self.state, Op::Parameter { index, ty }, &[], location);
+        if let Some(id) = t.id {
+            let mut st = self.state.borrow_mut();
+            st.program.params.push(id);
+            st.program.node_mut(id).name = Some(name.to_string());
+        }
+        t
+    }
+
+    /// A constant.
+    #[track_caller]
+    pub fn constant(&self, value: Literal) -> Tensor {
+        push_in(&self.state, Op::Constant(value), &[], Location::caller())
+    }
+
+    /// An f32 scalar constant.
+    #[track_caller]
+    pub fn scalar(&self, value: f32) -> Tensor {
+        self.constant(Literal::scalar_f32(value))
+    }
+
+    /// A `shape` tensor of `dtype` filled with `value`: a scalar constant broadcast.
+    #[track_caller]
+    pub fn full(&self, shape: impl Into<Shape>, dtype: DType, value: f64) -> Tensor {
+        let scalar = self.constant(Literal::full(&[], dtype, value));
+        scalar.broadcast_in_dim(shape, &[])
+    }
+
+    /// `shape` tensor counting up along `dim`.
+    #[track_caller]
+    pub fn iota(&self, shape: impl Into<Shape>, dim: usize, dtype: DType) -> Tensor {
+        let op = Op::Iota {
+            shape: shape.into(),
+            dim,
+            dtype,
+        };
+        push_in(&self.state, op, &[], Location::caller())
+    }
+
+    /// Joins `tensors` along `dim`.
+    #[track_caller]
+    pub fn concatenate(&self, tensors: &[&Tensor], dim: usize) -> Tensor {
+        push_in(
+            &self.state,
+            Op::Concatenate(dim),
+            tensors,
+            Location::caller(),
+        )
+    }
+
+    /// Records an error found outside an op (e.g. by the DSL's argument binding).
+    pub fn record_error(&self, error: Error) {
+        self.state.borrow_mut().errors.push(error);
+    }
+
+    /// Errors recorded so far, without finishing.
+    pub fn check(&self) -> Result<()> {
+        Error::from_list(self.state.borrow().errors.clone())
+    }
+
+    /// Ends tracing with `outputs` as the program's results. Returns every recorded
+    /// error if any op failed.
+    pub fn finish(self, outputs: &[&Tensor]) -> Result<Program> {
+        for t in outputs {
+            same_builder(&self.state, t);
+        }
+        let mut st = self.state.borrow_mut();
+        if !st.errors.is_empty() {
+            return Error::from_list(std::mem::take(&mut st.errors)).map(|()| Program::default());
+        }
+        // No errors recorded, so no output is poisoned.
+        st.program.outputs = outputs.iter().filter_map(|t| t.id).collect();
+        Ok(std::mem::take(&mut st.program))
+    }
+}
+
+/// Appends `op` applied to `operands`, typing it with [`infer_type`]. Records an error
+/// and returns a poisoned handle if the types do not fit.
+pub(super) fn push(t: &Tensor, op: Op, others: &[&Tensor], location: Location) -> Tensor {
+    let mut operands = Vec::with_capacity(others.len() + 1);
+    operands.push(t);
+    operands.extend_from_slice(others);
+    push_in(&t.state, op, &operands, location)
+}
+
+fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> Tensor {
+    let poisoned = |ty| Tensor {
+        state: state.clone(),
+        id: None,
+        ty,
+    };
+    let mut ids = Vec::with_capacity(operands.len());
+    for t in operands {
+        match t.id {
+            Some(id) if same_builder(state, t) => ids.push(id),
+            _ => return poisoned(TensorType::new(vec![], DType::F32)),
+        }
+    }
+    let types: Vec<&TensorType> = operands.iter().map(|t| &t.ty).collect();
+    let mut st = state.borrow_mut();
+    match infer_type(&op, &types) {
+        Ok(ty) => {
+            let node = Node {
+                op,
+                operands: ids,
+                ty: ty.clone(),
+                annotation: None,
+                sharding: None,
+                origin: None,
+                name: None,
+                location,
+            };
+            let id = st.program.push(node);
+            Tensor {
+                state: state.clone(),
+                id: Some(id),
+                ty,
+            }
+        }
+        Err(message) => {
+            let shapes: Vec<String> = types.iter().map(ToString::to_string).collect();
+            let message = if shapes.is_empty() || message.contains(&shapes[0]) {
+                message
+            } else {
+                format!("{message} (operands {})", shapes.join(", "))
+            };
+            st.errors.push(Error::Shape {
+                op: op.name(),
+                location,
+                message,
+            });
+            drop(st);
+            poisoned(TensorType::new(vec![], DType::F32))
+        }
+    }
+}
+
+/// True if `t` belongs to the builder `state`; records an error otherwise.
+fn same_builder(state: &Shared, t: &Tensor) -> bool {
+    if Rc::ptr_eq(state, &t.state) {
+        return true;
+    }
+    let err = Error::Shape {
+        op: "trace",
+        location: Location::synthetic(),
+        message: "a tensor from another builder was used".into(),
+    };
+    state.borrow_mut().errors.push(err);
+    false
+}
+
+/// Normalises a possibly negative axis; records an error when out of range.
+fn axis(t: &Tensor, axis: isize, op: &'static str, location: Location) -> Option<usize> {
+    let rank = t.rank() as isize;
+    let a = if axis < 0 { axis + rank } else { axis };
+    if (0..rank).contains(&a) {
+        Some(a as usize)
+    } else {
+        t.error(
+            op,
+            location,
+            format!("axis {axis} out of range for {}", t.ty),
+        );
+        None
+    }
+}
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(&self) -> Tensor {
+            push_in(&self.state, Op::Unary(UnaryOp::$op), &[self], Location::caller())
+        }
+    )*};
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        /// Operands broadcast against each other as in NumPy.
+        #[track_caller]
+        pub fn $name(&self, other: &Tensor) -> Tensor {
+            self.binary(BinaryOp::$op, other, Location::caller())
+        }
+    )*};
+}
+
+macro_rules! compare_methods {
+    ($($name:ident => $op:ident;)*) => {$(
+        #[doc = concat!("Elementwise `", stringify!($name), "` comparison (NumPy broadcasting); bool result.")]
+        #[track_caller]
+        pub fn $name(&self, other: &Tensor) -> Tensor {
+            let location = Location::caller();
+            let (a, b) = self.broadcast_pair(other, location);
+            push_in(&self.state, Op::Compare(CompareOp::$op), &[&a, &b], location)
+        }
+    )*};
+}
+
+impl Tensor {
+    /// The value id, or `None` if an earlier op failed.
+    pub fn id(&self) -> Option<ValueId> {
+        self.id
+    }
+
+    /// Type of the value (an empty f32 shape if poisoned).
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// Dims.
+    pub fn shape(&self) -> &[usize] {
+        &self.ty.shape
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.ty.rank()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.ty.dtype
+    }
+
+    /// The builder this handle belongs to.
+    pub fn builder(&self) -> Builder {
+        Builder {
+            state: self.state.clone(),
+        }
+    }
+
+    fn error(&self, op: &'static str, location: Location, message: String) {
+        self.state.borrow_mut().errors.push(Error::Shape {
+            op,
+            location,
+            message,
+        });
+    }
+
+    /// Records an error of `op` at `location` and returns a poisoned handle.
+    pub(super) fn fail(&self, op: &'static str, location: Location, message: String) -> Tensor {
+        self.error(op, location, message);
+        self.poisoned()
+    }
+
+    fn poisoned(&self) -> Tensor {
+        Tensor {
+            state: self.state.clone(),
+            id: None,
+            ty: self.ty.clone(),
+        }
+    }
+
+    // ---- annotations -----------------------------------------------------------------
+
+    /// Sets this value's own sharding annotation (for a parameter, its input sharding).
+    /// Errors if the sharding's rank differs from the value's.
+    #[track_caller]
+    pub fn annotate(&self, sharding: Sharding) -> Tensor {
+        let location = Location::caller();
+        let Some(id) = self.id else {
+            return self.clone();
+        };
+        if sharding.dims.len() != self.rank() {
+            let err = Error::ShardingRank {
+                sharding: format!("{sharding:?}"),
+                spec_rank: sharding.dims.len(),
+                rank: self.rank(),
+                context: format!("{location}: {id}: "),
+            };
+            self.state.borrow_mut().errors.push(err);
+            return self.poisoned();
+        }
+        self.state.borrow_mut().program.node_mut(id).annotation = Some(sharding);
+        self.clone()
+    }
+
+    /// A `sharding_constraint`: the same value, pinned to `sharding` at this point.
+    #[track_caller]
+    pub fn shard(&self, sharding: Sharding) -> Tensor {
+        let location = Location::caller();
+        let t = push_in(&self.state, Op::ShardingConstraint, &[self], location);
+        t.annotate_at(sharding, location)
+    }
+
+    fn annotate_at(&self, sharding: Sharding, location: Location) -> Tensor {
+        let Some(id) = self.id else {
+            return self.clone();
+        };
+        self.state.borrow_mut().program.node_mut(id).location = location;
+        self.annotate(sharding)
+    }
+
+    /// Names this value in printed programs and reports.
+    pub fn named(&self, name: &str) -> Tensor {
+        if let Some(id) = self.id {
+            self.state.borrow_mut().program.node_mut(id).name = Some(name.to_string());
+        }
+        self.clone()
+    }
+
+    // ---- elementwise -----------------------------------------------------------------
+
+    unary_methods! {
+        /// `-x`.
+        neg => Neg;
+        /// `|x|`.
+        abs => Abs;
+        /// `e^x`.
+        exp => Exp;
+        /// Natural logarithm.
+        log => Log;
+        /// Square root.
+        sqrt => Sqrt;
+        /// `1/sqrt(x)`.
+        rsqrt => Rsqrt;
+        /// Hyperbolic tangent.
+        tanh => Tanh;
+        /// Sigmoid `1/(1+e^-x)`.
+        logistic => Logistic;
+        /// Logical not.
+        not => Not;
+    }
+
+    binary_methods! {
+        /// `a + b`.
+        add => Add;
+        /// `a - b`.
+        sub => Sub;
+        /// `a * b`.
+        mul => Mul;
+        /// `a / b`.
+        div => Div;
+        /// Elementwise maximum.
+        max => Max;
+        /// Elementwise minimum.
+        min => Min;
+        /// `a ^ b`.
+        pow => Pow;
+        /// Logical and.
+        and => And;
+        /// Logical or.
+        or => Or;
+    }
+
+    compare_methods! {
+        eq => Eq;
+        ne => Ne;
+        lt => Lt;
+        le => Le;
+        gt => Gt;
+        ge => Ge;
+    }
+
+    fn binary(&self, op: BinaryOp, other: &Tensor, location: Location) -> Tensor {
+        let (a, b) = self.broadcast_pair(other, location);
+        push_in(&self.state, Op::Binary(op), &[&a, &b], location)
+    }
+
+    /// Broadcasts `self` and `other` to their common NumPy shape; scalars of another
+    /// dtype are converted to the tensor's dtype.
+    fn broadcast_pair(&self, other: &Tensor, location: Location) -> (Tensor, Tensor) {
+        let (a, b) = (self, other);
+        let (ra, rb) = (a.rank(), b.rank());
+        let r = ra.max(rb);
+        let mut shape = vec![0; r];
+        for (i, out) in shape.iter_mut().enumerate() {
+            let da = if i + ra >= r {
+                a.shape()[i + ra - r]
+            } else {
+                1
+            };
+            let db = if i + rb >= r {
+                b.shape()[i + rb - r]
+            } else {
+                1
+            };
+            *out = match (da, db) {
+                (x, y) if x == y => x,
+                (1, y) => y,
+                (x, 1) => x,
+                _ => {
+                    a.error(
+                        "broadcast",
+                        location,
+                        format!("shapes {} and {} do not broadcast", a.ty, b.ty),
+                    );
+                    return (a.poisoned(), b.poisoned());
+                }
+            };
+        }
+        let expand = |t: &Tensor| -> Tensor {
+            if t.shape() == shape.as_slice() {
+                t.clone()
+            } else {
+                let offset = r - t.rank();
+                let dims: Vec<usize> = (offset..r).collect();
+                push_at(
+                    t,
+                    Op::Broadcast {
+                        shape: shape.clone(),
+                        dims,
+                    },
+                    location,
+                )
+            }
+        };
+        (expand(a), expand(b))
+    }
+
+    /// `select(self, on_true, on_false)` with `self` a bool predicate (NumPy broadcast
+    /// of the branches to the predicate's shape).
+    #[track_caller]
+    pub fn select(&self, on_true: &Tensor, on_false: &Tensor) -> Tensor {
+        let location = Location::caller();
+        let (t, f) = on_true.broadcast_pair(on_false, location);
+        let (p, t) = self.broadcast_pair(&t, location);
+        let (p, f) = p.broadcast_pair(&f, location);
+        push_in(&self.state, Op::Select, &[&p, &t, &f], location)
+    }
+
+    /// Converts elements to `dtype`.
+    #[track_caller]
+    pub fn convert(&self, dtype: DType) -> Tensor {
+        push_at(self, Op::Convert(dtype), Location::caller())
+    }
+
+    /// A scalar constant of this tensor's dtype, in the same builder.
+    #[track_caller]
+    pub fn scalar_like(&self, value: f64) -> Tensor {
+        let location = Location::caller();
+        let op = Op::Constant(Literal::full(&[], self.dtype(), value));
+        push_in(&self.state, op, &[], location)
+    }
+
+    // ---- shape ops -------------------------------------------------------------------
+
+    /// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]`.
+    #[track_caller]
+    pub fn broadcast_in_dim(&self, shape: impl Into<Shape>, dims: &[usize]) -> Tensor {
+        let op = Op::Broadcast {
+            shape: shape.into(),
+            dims: dims.to_vec(),
+        };
+        push_at(self, op, Location::caller())
+    }
+
+    /// NumPy-style broadcast to `shape` (trailing dims aligned).
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Tensor {
+        let shape = shape.into();
+        let offset = shape.len().saturating_sub(self.rank());
+        let dims: Vec<usize> = (offset..offset + self.rank()).collect();
+        let op = Op::Broadcast { shape, dims };
+        push_at(self, op, Location::caller())
+    }
+
+    /// Row-major reshape.
+    #[track_caller]
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Tensor {
+        push_at(self, Op::Reshape(shape.into()), Location::caller())
+    }
+
+    /// Result dim `i` is operand dim `perm[i]`.
+    #[track_caller]
+    pub fn transpose(&self, perm: &[usize]) -> Tensor {
+        push_at(self, Op::Transpose(perm.to_vec()), Location::caller())
+    }
+
+    /// Strided slice.
+    #[track_caller]
+    pub fn slice(&self, start: &[usize], limit: &[usize], stride: &[usize]) -> Tensor {
+        let op = Op::Slice {
+            start: start.to_vec(),
+            limit: limit.to_vec(),
+            stride: stride.to_vec(),
+        };
+        push_at(self, op, Location::caller())
+    }
+
+    /// `self[start..limit]` along `axis` (other dims whole).
+    #[track_caller]
+    pub fn slice_axis(&self, axis_: isize, start: usize, limit: usize) -> Tensor {
+        let location = Location::caller();
+        let Some(a) = axis(self, axis_, "slice", location) else {
+            return self.poisoned();
+        };
+        let mut lo = vec![0; self.rank()];
+        let mut hi = self.shape().to_vec();
+        lo[a] = start;
+        hi[a] = limit;
+        let op = Op::Slice {
+            start: lo,
+            limit: hi,
+            stride: vec![1; self.rank()],
+        };
+        push_at(self, op, location)
+    }
+
+    /// Pads with `value` (a scalar tensor of the same dtype).
+    #[track_caller]
+    pub fn pad(&self, value: &Tensor, low: &[i64], high: &[i64], interior: &[usize]) -> Tensor {
+        let op = Op::Pad {
+            low: low.to_vec(),
+            high: high.to_vec(),
+            interior: interior.to_vec(),
+        };
+        push_in(&self.state, op, &[self, value], Location::caller())
+    }
+
+    // ---- reductions --------------------------------------------------------------------
+
+    /// Reduces `dims` with `kind`; `keep_dims` keeps them as size-1 dims.
+    #[track_caller]
+    pub fn reduce(&self, kind: ReduceKind, dims: &[isize], keep_dims: bool) -> Tensor {
+        push_reduce(self, kind, dims, keep_dims, Location::caller())
+    }
+
+    /// Sum over `dims` (negative counts from the end).
+    #[track_caller]
+    pub fn sum(&self, dims: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, dims, false)
+    }
+
+    /// Maximum over `dims`.
+    #[track_caller]
+    pub fn max_over(&self, dims: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Max, dims, false)
+    }
+
+    /// Minimum over `dims`.
+    #[track_caller]
+    pub fn min_over(&self, dims: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Min, dims, false)
+    }
+
+    /// Mean over `dims`.
+    #[track_caller]
+    pub fn mean(&self, dims: &[isize]) -> Tensor {
+        self.mean_impl(dims, false, Location::caller())
+    }
+
+    fn mean_impl(&self, dims: &[isize], keep_dims: bool, location: Location) -> Tensor {
+        let mut count = 1usize;
+        for &d in dims {
+            match axis(self, d, "mean", location) {
+                Some(a) => count *= self.shape()[a],
+                None => return self.poisoned(),
+            }
+        }
+        let s = push_reduce(self, ReduceKind::Sum, dims, keep_dims, location);
+        let n = push_in(
+            &self.state,
+            Op::Constant(Literal::full(&[], self.dtype(), count as f64)),
+            &[],
+            location,
+        );
+        s.binary(BinaryOp::Div, &n, location)
+    }
+
+    // ---- contractions ------------------------------------------------------------------
+
+    /// XLA `dot_general`.
+    #[track_caller]
+    pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Tensor {
+        push_in(
+            &self.state,
+            Op::DotGeneral(dims),
+            &[self, rhs],
+            Location::caller(),
+        )
+    }
+
+    /// Matrix product: contracts the last dim of `self` with the first dim of a rank-2
+    /// `rhs` (`[..., K] x [K, N] -> [..., N]`), or, for equal ranks above 2, a batched
+    /// product over the leading dims (`[b.., M, K] x [b.., K, N] -> [b.., M, N]`).
+    #[track_caller]
+    pub fn matmul(&self, rhs: &Tensor) -> Tensor {
+        let location = Location::caller();
+        let (ra, rb) = (self.rank(), rhs.rank());
+        let dims = if ra >= 1 && rb == 2 {
+            DotDims {
+                lhs_contracting: vec![ra - 1],
+                rhs_contracting: vec![0],
+                ..DotDims::default()
+            }
+        } else if ra == rb && ra > 2 {
+            let batch: Vec<usize> = (0..ra - 2).collect();
+            DotDims {
+                lhs_batch: batch.clone(),
+                rhs_batch: batch,
+                lhs_contracting: vec![ra - 1],
+                rhs_contracting: vec![rb - 2],
+            }
+        } else {
+            self.error(
+                "matmul",
+                location,
+                format!("unsupported ranks: {} x {}", self.ty, rhs.ty),
+            );
+            return self.poisoned();
+        };
+        let (k_lhs, k_rhs) = (
+            self.shape()[dims.lhs_contracting[0]],
+            rhs.shape()[dims.rhs_contracting[0]],
+        );
+        if k_lhs != k_rhs {
+            self.error(
+                "matmul",
+                location,
+                format!(
+                    "{} x {}, inner dims {k_lhs} and {k_rhs} differ",
+                    self.ty, rhs.ty
+                ),
+            );
+            return self.poisoned();
+        }
+        push_in(&self.state, Op::DotGeneral(dims), &[self, rhs], location)
+    }
+
+    // ---- neural-network helpers ----------------------------------------------------------
+
+    /// `max(x, 0)`.
+    #[track_caller]
+    pub fn relu(&self) -> Tensor {
+        let location = Location::caller();
+        let zero = push_in(
+            &self.state,
+            Op::Constant(Literal::full(&[], self.dtype(), 0.0)),
+            &[],
+            location,
+        );
+        self.binary(BinaryOp::Max, &zero, location)
+    }
+
+    /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    #[track_caller]
+    pub fn gelu(&self) -> Tensor {
+        let location = Location::caller();
+        let c = |v: f64| {
+            push_in(
+                &self.state,
+                Op::Constant(Literal::full(&[], self.dtype(), v)),
+                &[],
+                location,
+            )
+        };
+        let x3 = self
+            .binary(BinaryOp::Mul, self, location)
+            .binary(BinaryOp::Mul, self, location);
+        let inner = self
+            .binary(
+                BinaryOp::Add,
+                &x3.binary(BinaryOp::Mul, &c(0.044715), location),
+                location,
+            )
+            .binary(
+                BinaryOp::Mul,
+                &c((2.0 / std::f64::consts::PI).sqrt()),
+                location,
+            );
+        let t = push_at(&inner, Op::Unary(UnaryOp::Tanh), location);
+        let one_plus = t.binary(BinaryOp::Add, &c(1.0), location);
+        self.binary(BinaryOp::Mul, &c(0.5), location)
+            .binary(BinaryOp::Mul, &one_plus, location)
+    }
+
+    /// Softmax along `axis`, stabilised by subtracting the maximum.
+    #[track_caller]
+    pub fn softmax(&self, axis_: isize) -> Tensor {
+        let location = Location::caller();
+        let m = push_reduce(self, ReduceKind::Max, &[axis_], true, location);
+        let e = push_at(
+            &self.binary(BinaryOp::Sub, &m, location),
+            Op::Unary(UnaryOp::Exp),
+            location,
+        );
+        let s = push_reduce(&e, ReduceKind::Sum, &[axis_], true, location);
+        e.binary(BinaryOp::Div, &s, location)
+    }
+
+    /// `log(softmax(x))` along `axis`, computed stably.
+    #[track_caller]
+    pub fn log_softmax(&self, axis_: isize) -> Tensor {
+        let location = Location::caller();
+        let m = push_reduce(self, ReduceKind::Max, &[axis_], true, location);
+        let shifted = self.binary(BinaryOp::Sub, &m, location);
+        let e = push_at(&shifted, Op::Unary(UnaryOp::Exp), location);
+        let s = push_reduce(&e, ReduceKind::Sum, &[axis_], true, location);
+        let log_s = push_at(&s, Op::Unary(UnaryOp::Log), location);
+        shifted.binary(BinaryOp::Sub, &log_s, location)
+    }
+
+    /// Normalises along `axis` to zero mean and unit variance: `(x - mean) / sqrt(var + eps)`
+    /// (no learned scale or bias: multiply and add them yourself).
+    #[track_caller]
+    pub fn layer_norm(&self, axis_: isize, eps: f32) -> Tensor {
+        let location = Location::caller();
+        let mean = self.mean_impl(&[axis_], true, location);
+        let centered = self.binary(BinaryOp::Sub, &mean, location);
+        let sq = centered.binary(BinaryOp::Mul, &centered, location);
+        let var = sq.mean_impl(&[axis_], true, location);
+        let eps = push_in(
+            &self.state,
+            Op::Constant(Literal::full(&[], self.dtype(), f64::from(eps))),
+            &[],
+            location,
+        );
+        let inv = push_at(
+            &var.binary(BinaryOp::Add, &eps, location),
+            Op::Unary(UnaryOp::Rsqrt),
+            location,
+        );
+        centered.binary(BinaryOp::Mul, &inv, location)
+    }
+}
+
+pub(super) fn push_at(t: &Tensor, op: Op, location: Location) -> Tensor {
+    push_in(&t.state, op, &[t], location)
+}
+
+pub(super) fn push_reduce(
+    t: &Tensor,
+    kind: ReduceKind,
+    dims: &[isize],
+    keep: bool,
+    location: Location,
+) -> Tensor {
+    let mut ds = Vec::with_capacity(dims.len());
+    for &d in dims {
+        match axis(t, d, "reduce", location) {
+            Some(a) => ds.push(a),
+            None => return t.poisoned(),
+        }
+    }
+    ds.sort_unstable();
+    let r = push_at(
+        t,
+        Op::Reduce {
+            kind,
+            dims: ds.clone(),
+        },
+        location,
+    );
+    if !keep {
+        return r;
+    }
+    let shape: Vec<usize> = (0..t.rank())
+        .map(|d| if ds.contains(&d) { 1 } else { t.shape()[d] })
+        .collect();
+    push_at(&r, Op::Reshape(shape), location)
+}

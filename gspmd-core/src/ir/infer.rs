@@ -1,0 +1,296 @@
+//! Result-type inference for every primitive op: the one place that knows each op's
+//! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
+
+use super::op::{BinaryOp, DotDims, Op, UnaryOp};
+use super::types::{DType, TensorType, num_elements};
+
+/// The result type of `op` applied to operands of types `operands`, or a message naming
+/// what does not fit (the caller adds the op name and location).
+pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, String> {
+    let arity = match op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => 0,
+        Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => 2,
+        Op::Select => 3,
+        Op::Concatenate(_) => operands.len().max(1),
+        _ => 1,
+    };
+    if operands.len() != arity {
+        return Err(format!("expects {arity} operands, got {}", operands.len()));
+    }
+    match op {
+        Op::Parameter { ty, .. } => Ok(ty.clone()),
+        Op::Constant(lit) => Ok(TensorType::new(lit.shape(), lit.dtype())),
+        Op::Iota { shape, dim, dtype } => {
+            if *dim >= shape.len() {
+                return Err(format!("iota dim {dim} out of range for shape {shape:?}"));
+            }
+            if *dtype == DType::Bool {
+                return Err("iota of bool".into());
+            }
+            Ok(TensorType::new(shape.clone(), *dtype))
+        }
+        Op::Unary(u) => {
+            let t = operands[0];
+            let is_logical = *u == UnaryOp::Not;
+            check_dtype(t, is_logical)?;
+            Ok(t.clone())
+        }
+        Op::Binary(b) => {
+            let (a, c) = (operands[0], operands[1]);
+            same_type(a, c)?;
+            check_dtype(a, matches!(b, BinaryOp::And | BinaryOp::Or))?;
+            Ok(a.clone())
+        }
+        Op::Compare(_) => {
+            same_type(operands[0], operands[1])?;
+            Ok(TensorType::new(operands[0].shape.clone(), DType::Bool))
+        }
+        Op::Select => {
+            let (p, t, f) = (operands[0], operands[1], operands[2]);
+            if p.dtype != DType::Bool {
+                return Err(format!("predicate must be pred, got {p}"));
+            }
+            same_type(t, f)?;
+            if p.shape != t.shape {
+                return Err(format!("predicate {p} and branches {t} differ in shape"));
+            }
+            Ok(t.clone())
+        }
+        Op::Convert(dtype) => Ok(TensorType::new(operands[0].shape.clone(), *dtype)),
+        Op::Broadcast { shape, dims } => {
+            let t = operands[0];
+            if dims.len() != t.rank() {
+                return Err(format!(
+                    "broadcast dims {dims:?} must have one entry per operand dim of {t}"
+                ));
+            }
+            for (i, &d) in dims.iter().enumerate() {
+                if d >= shape.len() || (i > 0 && d <= dims[i - 1]) {
+                    return Err(format!(
+                        "broadcast dims {dims:?} must be increasing and below rank {}",
+                        shape.len()
+                    ));
+                }
+                if t.shape[i] != 1 && t.shape[i] != shape[d] {
+                    return Err(format!(
+                        "cannot broadcast {t} to {shape:?}: operand dim {i} is {} but result dim {d} is {}",
+                        t.shape[i], shape[d]
+                    ));
+                }
+            }
+            Ok(TensorType::new(shape.clone(), t.dtype))
+        }
+        Op::Reshape(shape) => {
+            let t = operands[0];
+            if num_elements(shape) != num_elements(&t.shape) {
+                return Err(format!(
+                    "cannot reshape {t} ({} elements) to {shape:?} ({} elements)",
+                    num_elements(&t.shape),
+                    num_elements(shape)
+                ));
+            }
+            Ok(TensorType::new(shape.clone(), t.dtype))
+        }
+        Op::Transpose(perm) => {
+            let t = operands[0];
+            check_permutation(perm, t.rank())?;
+            Ok(TensorType::new(
+                perm.iter().map(|&p| t.shape[p]).collect::<Vec<_>>(),
+                t.dtype,
+            ))
+        }
+        Op::Reduce { dims, .. } => {
+            let t = operands[0];
+            check_distinct_dims(dims, t.rank(), "reduce")?;
+            if t.dtype == DType::Bool {
+                return Err(format!("cannot reduce {t}"));
+            }
+            let shape: Vec<usize> = (0..t.rank())
+                .filter(|d| !dims.contains(d))
+                .map(|d| t.shape[d])
+                .collect();
+            Ok(TensorType::new(shape, t.dtype))
+        }
+        Op::DotGeneral(dd) => infer_dot(dd, operands[0], operands[1]),
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
+            let t = operands[0];
+            let r = t.rank();
+            if start.len() != r || limit.len() != r || stride.len() != r {
+                return Err(format!(
+                    "slice needs start, limit and stride of rank {r} for {t}"
+                ));
+            }
+            let mut shape = Vec::with_capacity(r);
+            for d in 0..r {
+                if stride[d] == 0 || start[d] > limit[d] || limit[d] > t.shape[d] {
+                    return Err(format!(
+                        "slice [{}:{}:{}] does not fit dim {d} of size {} in {t}",
+                        start[d], limit[d], stride[d], t.shape[d]
+                    ));
+                }
+                shape.push((limit[d] - start[d]).div_ceil(stride[d]));
+            }
+            Ok(TensorType::new(shape, t.dtype))
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let (t, v) = (operands[0], operands[1]);
+            let r = t.rank();
+            if low.len() != r || high.len() != r || interior.len() != r {
+                return Err(format!(
+                    "pad needs low, high and interior of rank {r} for {t}"
+                ));
+            }
+            if v.rank() != 0 || v.dtype != t.dtype {
+                return Err(format!(
+                    "padding value must be a {} scalar, got {v}",
+                    t.dtype
+                ));
+            }
+            let mut shape = Vec::with_capacity(r);
+            for d in 0..r {
+                let n = t.shape[d] as i64;
+                let interior_total = if n > 0 {
+                    (n - 1) * interior[d] as i64
+                } else {
+                    0
+                };
+                let size = low[d] + n + interior_total + high[d];
+                if size < 0 {
+                    return Err(format!("pad of dim {d} in {t} gives negative size {size}"));
+                }
+                shape.push(size as usize);
+            }
+            Ok(TensorType::new(shape, t.dtype))
+        }
+        Op::Concatenate(dim) => {
+            let first = operands[0];
+            if *dim >= first.rank() {
+                return Err(format!("concatenate dim {dim} out of range for {first}"));
+            }
+            let mut shape = first.shape.clone();
+            shape[*dim] = 0;
+            for t in operands {
+                let same_elsewhere = t.rank() == first.rank()
+                    && (0..t.rank()).all(|d| d == *dim || t.shape[d] == first.shape[d]);
+                if t.dtype != first.dtype || !same_elsewhere {
+                    return Err(format!("operands {first} and {t} differ outside dim {dim}"));
+                }
+                shape[*dim] += t.shape[*dim];
+            }
+            Ok(TensorType::new(shape, first.dtype))
+        }
+        Op::ShardingConstraint => Ok(operands[0].clone()),
+    }
+}
+
+fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, String> {
+    if lhs.dtype != rhs.dtype || lhs.dtype == DType::Bool {
+        return Err(format!(
+            "operands {lhs} and {rhs} must share a numeric dtype"
+        ));
+    }
+    if dd.lhs_batch.len() != dd.rhs_batch.len()
+        || dd.lhs_contracting.len() != dd.rhs_contracting.len()
+    {
+        return Err(format!(
+            "batch or contracting dim lists differ in length: {dd:?}"
+        ));
+    }
+    let lhs_used: Vec<usize> = dd
+        .lhs_batch
+        .iter()
+        .chain(&dd.lhs_contracting)
+        .copied()
+        .collect();
+    let rhs_used: Vec<usize> = dd
+        .rhs_batch
+        .iter()
+        .chain(&dd.rhs_contracting)
+        .copied()
+        .collect();
+    check_distinct_dims_unsorted(&lhs_used, lhs.rank(), "lhs")?;
+    check_distinct_dims_unsorted(&rhs_used, rhs.rank(), "rhs")?;
+    let pairs = dd.lhs_batch.iter().zip(&dd.rhs_batch).map(|p| ("batch", p));
+    let pairs = pairs.chain(
+        dd.lhs_contracting
+            .iter()
+            .zip(&dd.rhs_contracting)
+            .map(|p| ("contracting", p)),
+    );
+    for (kind, (&l, &r)) in pairs {
+        if lhs.shape[l] != rhs.shape[r] {
+            return Err(format!(
+                "{lhs} x {rhs}: {kind} dims {} (lhs dim {l}) and {} (rhs dim {r}) differ",
+                lhs.shape[l], rhs.shape[r]
+            ));
+        }
+    }
+    let mut shape: Vec<usize> = dd.lhs_batch.iter().map(|&d| lhs.shape[d]).collect();
+    shape.extend(
+        (0..lhs.rank())
+            .filter(|d| !lhs_used.contains(d))
+            .map(|d| lhs.shape[d]),
+    );
+    shape.extend(
+        (0..rhs.rank())
+            .filter(|d| !rhs_used.contains(d))
+            .map(|d| rhs.shape[d]),
+    );
+    Ok(TensorType::new(shape, lhs.dtype))
+}
+
+fn check_dtype(t: &TensorType, logical: bool) -> Result<(), String> {
+    match (logical, t.dtype) {
+        (true, DType::Bool) | (false, DType::F32 | DType::I32) => Ok(()),
+        (true, _) => Err(format!("logical op needs pred operands, got {t}")),
+        (false, _) => Err(format!("arithmetic op needs numeric operands, got {t}")),
+    }
+}
+
+fn same_type(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!("operands {a} and {b} differ"))
+    }
+}
+
+/// `perm` is a permutation of `0..rank`.
+pub(crate) fn check_permutation(perm: &[usize], rank: usize) -> Result<(), String> {
+    let mut seen = vec![false; rank];
+    if perm.len() != rank {
+        return Err(format!("permutation {perm:?} must have {rank} entries"));
+    }
+    for &p in perm {
+        if p >= rank || std::mem::replace(&mut seen[p], true) {
+            return Err(format!("{perm:?} is not a permutation of 0..{rank}"));
+        }
+    }
+    Ok(())
+}
+
+fn check_distinct_dims(dims: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    if dims.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("{what} dims {dims:?} must be sorted and distinct"));
+    }
+    check_distinct_dims_unsorted(dims, rank, what)
+}
+
+fn check_distinct_dims_unsorted(dims: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    for (i, &d) in dims.iter().enumerate() {
+        if d >= rank || dims[..i].contains(&d) {
+            return Err(format!(
+                "{what} dims {dims:?} must be distinct and below rank {rank}"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! The intermediate representation: an SSA [`Program`] of primitive [`Op`]s over typed
+//! values, the [`Builder`] that traces it, its verifier and its text printer.
+
+mod builder;
+mod einsum;
+mod infer;
+mod literal;
+mod location;
+mod op;
+mod operators;
+mod printer;
+mod program;
+mod types;
+mod verifier;
+
+pub use builder::{Builder, Tensor};
+pub use einsum::einsum;
+pub use infer::infer_type;
+pub use literal::Literal;
+pub use location::Location;
+pub use op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+pub use program::{Node, Origin, Program};
+pub use types::{DType, Shape, TensorType, ValueId, num_elements};
+pub use verifier::verify;

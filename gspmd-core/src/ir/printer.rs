@@ -1,0 +1,151 @@
+//! HLO-like text form of a [`Program`]: one value a line with its type, its sharding
+//! (the complete one after propagation, else the annotation) and its source line.
+//!
+//! ```text
+//! program mlp {
+//!   %0 = parameter(0) "x" : f32[8,16] sharding=(data, _) annotated  // src/main.rs:9
+//!   %2 = dot_general(%0, %1), lhs_contracting={1}, rhs_contracting={0} : f32[8,64] sharding=(data, model)
+//!   return %5
+//! }
+//! ```
+
+use std::fmt::{self, Write};
+
+use super::literal::Literal;
+use super::op::{CompareOp, Op, ReduceKind};
+use super::program::{Node, Program};
+use super::types::join;
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "program {} {{", self.name)?;
+        for v in self.values() {
+            writeln!(f, "  {v} = {}", NodeText(self.node(v)))?;
+        }
+        let outs: Vec<String> = self.outputs.iter().map(ToString::to_string).collect();
+        writeln!(f, "  return {}", outs.join(", "))?;
+        write!(f, "}}")
+    }
+}
+
+/// One node's text after `%N = `.
+struct NodeText<'a>(&'a Node);
+
+impl fmt::Display for NodeText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let node = self.0;
+        let operands: Vec<String> = node.operands.iter().map(ToString::to_string).collect();
+        let mut text = format!("{}({})", op_head(&node.op), operands.join(", "));
+        text.push_str(&attributes(&node.op));
+        if let Some(name) = &node.name {
+            write!(text, " \"{name}\"")?;
+        }
+        write!(text, " : {}", node.ty)?;
+        match (&node.sharding, &node.annotation) {
+            (Some(s), Some(_)) => write!(text, " sharding={s} annotated")?,
+            (Some(s), None) => write!(text, " sharding={s}")?,
+            (None, Some(a)) => write!(text, " annotation={a}")?,
+            (None, None) => {}
+        }
+        if node.location.line != 0 {
+            write!(text, "  // {}", node.location)?;
+        }
+        f.write_str(&text)
+    }
+}
+
+/// The op's name with a direction or kind where it has one (`compare.LT`, `reduce.sum`).
+fn op_head(op: &Op) -> String {
+    match op {
+        Op::Compare(c) => format!(
+            "compare.{}",
+            match c {
+                CompareOp::Eq => "EQ",
+                CompareOp::Ne => "NE",
+                CompareOp::Lt => "LT",
+                CompareOp::Le => "LE",
+                CompareOp::Gt => "GT",
+                CompareOp::Ge => "GE",
+            }
+        ),
+        Op::Reduce { kind, .. } => format!(
+            "reduce.{}",
+            match kind {
+                ReduceKind::Sum => "sum",
+                ReduceKind::Max => "max",
+                ReduceKind::Min => "min",
+            }
+        ),
+        Op::Parameter { index, .. } => format!("parameter.{index}"),
+        _ => op.name().to_string(),
+    }
+}
+
+/// The op's attributes, HLO style: `, dims={0,1}`.
+fn attributes(op: &Op) -> String {
+    match op {
+        Op::Constant(lit) => match lit {
+            Literal::F32(a) if a.ndim() == 0 => {
+                format!(", value={}", a.iter().next().copied().unwrap_or(0.0))
+            }
+            Literal::I32(a) if a.ndim() == 0 => {
+                format!(", value={}", a.iter().next().copied().unwrap_or(0))
+            }
+            Literal::Bool(a) if a.ndim() == 0 => {
+                format!(", value={}", a.iter().next().copied().unwrap_or(false))
+            }
+            _ => format!(
+                ", value=<{} elements>",
+                lit.shape().iter().product::<usize>()
+            ),
+        },
+        Op::Iota { dim, .. } => format!(", iota_dim={dim}"),
+        Op::Broadcast { dims, .. } => format!(", dims={{{}}}", join(dims)),
+        Op::Transpose(perm) => format!(", permutation={{{}}}", join(perm)),
+        Op::Reduce { dims, .. } => format!(", dims={{{}}}", join(dims)),
+        Op::DotGeneral(d) => {
+            let mut s = String::new();
+            if !d.lhs_batch.is_empty() {
+                s += &format!(
+                    ", lhs_batch={{{}}}, rhs_batch={{{}}}",
+                    join(&d.lhs_batch),
+                    join(&d.rhs_batch)
+                );
+            }
+            s + &format!(
+                ", lhs_contracting={{{}}}, rhs_contracting={{{}}}",
+                join(&d.lhs_contracting),
+                join(&d.rhs_contracting)
+            )
+        }
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
+            let parts: Vec<String> = (0..start.len())
+                .map(|i| format!("[{}:{}:{}]", start[i], limit[i], stride[i]))
+                .collect();
+            format!(", slice={{{}}}", parts.join(","))
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let parts: Vec<String> = (0..low.len())
+                .map(|i| format!("{}_{}_{}", low[i], high[i], interior[i]))
+                .collect();
+            format!(", padding={}", parts.join("x"))
+        }
+        Op::Concatenate(dim) => format!(", dim={dim}"),
+        Op::Parameter { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Reshape(_)
+        | Op::ShardingConstraint => String::new(),
+    }
+}

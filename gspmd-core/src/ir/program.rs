@@ -1,0 +1,102 @@
+//! [`Program`]: an SSA list of [`Node`]s with parameters and outputs.
+
+use super::location::Location;
+use super::op::Op;
+use super::types::{TensorType, ValueId};
+use crate::sharding::Sharding;
+
+/// Where each dim's sharding of a value came from: the value whose user annotation
+/// supplied the axes of that dim (`None` for a dim without axes). Filled by propagation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// One entry per dim of the value.
+    pub dims: Vec<Option<ValueId>>,
+}
+
+/// One SSA value: the result of `op` applied to `operands`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The primitive op.
+    pub op: Op,
+    /// Operands; each defined earlier in the program.
+    pub operands: Vec<ValueId>,
+    /// Result type, as [`crate::ir::infer_type`] gives it.
+    pub ty: TensorType,
+    /// The user's sharding annotation. Closed dims are never changed by propagation;
+    /// open dims (`?`) may be filled.
+    pub annotation: Option<Sharding>,
+    /// The complete sharding, set by propagation (`None` before it runs).
+    pub sharding: Option<Sharding>,
+    /// Where `sharding` came from, set by propagation.
+    pub origin: Option<Origin>,
+    /// A name for reports (parameter names, user-named values).
+    pub name: Option<String>,
+    /// Where the value was traced.
+    pub location: Location,
+}
+
+/// A program in SSA form: node `i` defines value `%i`. Parameters are the nodes whose op
+/// is [`Op::Parameter`], listed in `params` by parameter index.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Program {
+    /// Name for printing.
+    pub name: String,
+    /// All nodes in definition order.
+    pub nodes: Vec<Node>,
+    /// Parameter values, in parameter-index order.
+    pub params: Vec<ValueId>,
+    /// Returned values.
+    pub outputs: Vec<ValueId>,
+}
+
+impl Program {
+    /// An empty program.
+    pub fn new(name: impl Into<String>) -> Self {
+        Program {
+            name: name.into(),
+            ..Program::default()
+        }
+    }
+
+    /// The node defining `v`. Panics if `v` is not of this program (a caller bug, not
+    /// user input: ids only come from this program).
+    pub fn node(&self, v: ValueId) -> &Node {
+        &self.nodes[v.index()]
+    }
+
+    /// Mutable access to the node defining `v`.
+    pub fn node_mut(&mut self, v: ValueId) -> &mut Node {
+        &mut self.nodes[v.index()]
+    }
+
+    /// Type of `v`.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.node(v).ty
+    }
+
+    /// All value ids in definition order.
+    pub fn values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        (0..self.nodes.len() as u32).map(ValueId)
+    }
+
+    /// Appends a node and returns its value id. The caller guarantees operands exist and
+    /// `ty` is right; [`crate::ir::verify`] checks both.
+    pub fn push(&mut self, node: Node) -> ValueId {
+        let id = ValueId(self.nodes.len() as u32);
+        self.nodes.push(node);
+        id
+    }
+
+    /// For each value, the values that use it as an operand (in program order).
+    pub fn users(&self) -> Vec<Vec<ValueId>> {
+        let mut users = vec![Vec::new(); self.nodes.len()];
+        for v in self.values() {
+            for &o in &self.node(v).operands {
+                if users[o.index()].last() != Some(&v) {
+                    users[o.index()].push(v);
+                }
+            }
+        }
+        users
+    }
+}

@@ -1,0 +1,104 @@
+//! Element types, shapes and value ids.
+
+use std::fmt;
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float: activations and weights.
+    F32,
+    /// 32-bit signed integer: indices, token ids.
+    I32,
+    /// Boolean: masks and predicates.
+    Bool,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::Bool => 1,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::Bool => "pred",
+        })
+    }
+}
+
+/// The dims of a tensor, major to minor. Rank 0 is a scalar.
+pub type Shape = Vec<usize>;
+
+/// Number of elements of a shape (1 for a scalar).
+pub fn num_elements(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Shape and element type of a value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    /// Dims, major to minor.
+    pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TensorType {
+    /// A tensor type.
+    pub fn new(shape: impl Into<Shape>, dtype: DType) -> Self {
+        TensorType {
+            shape: shape.into(),
+            dtype,
+        }
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Size in bytes of the whole (unsharded) tensor.
+    pub fn size_in_bytes(&self) -> usize {
+        num_elements(&self.shape) * self.dtype.size_in_bytes()
+    }
+}
+
+impl fmt::Display for TensorType {
+    /// HLO style: `f32[8,16]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.dtype, join(&self.shape))
+    }
+}
+
+/// Comma-joins displayable items (no spaces), as HLO prints dims.
+pub(crate) fn join<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Identifies one SSA value of a [`crate::ir::Program`]: the result of node number `.0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The node index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}

@@ -1,0 +1,11 @@
+//! Core of gspmd: the IR, named-axis shardings, sharding propagation, the SPMD
+//! partitioner and the runtimes (reference interpreter, thread mesh).
+//!
+//! The pipeline is `trace → verify → propagate → partition → run`; every stage maps one
+//! value to the next and every intermediate prints as text. See `ARCHITECTURE.md`.
+
+pub mod error;
+pub mod ir;
+pub mod sharding;
+
+pub use error::{Error, Result};

@@ -1,0 +1,153 @@
+//! [`Mesh`]: named axes with sizes over an ordered list of devices.
+
+use crate::error::{Error, Result};
+
+/// A logical n-d array of devices with named axes (JAX's `Mesh`, Shardy's `sdy.mesh`).
+///
+/// `device_ids[i]` is the device at row-major position `i` of the axes (first axis
+/// major); the default order is `0..num_devices`. Any permutation is allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mesh {
+    axes: Vec<(String, usize)>,
+    device_ids: Vec<usize>,
+}
+
+impl Mesh {
+    /// A mesh with axes `(name, size)`, major to minor, and the default device order.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::Mesh;
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// assert_eq!(mesh.num_devices(), 8);
+    /// ```
+    pub fn new<S: Into<String>>(axes: impl IntoIterator<Item = (S, usize)>) -> Result<Self> {
+        let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
+        let n = axes.iter().map(|a| a.1).product();
+        Mesh::with_device_order(axes, (0..n).collect())
+    }
+
+    /// A mesh whose row-major position `i` holds device `device_ids[i]`; `device_ids`
+    /// must be a permutation of `0..product(sizes)`.
+    pub fn with_device_order<S: Into<String>>(
+        axes: impl IntoIterator<Item = (S, usize)>,
+        device_ids: Vec<usize>,
+    ) -> Result<Self> {
+        let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
+        for (i, (name, size)) in axes.iter().enumerate() {
+            let valid_name = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+                && name != "_";
+            if !valid_name {
+                return Err(Error::InvalidMesh(format!(
+                    "axis name `{name}` is not an identifier"
+                )));
+            }
+            if *size == 0 {
+                return Err(Error::InvalidMesh(format!("axis `{name}` has size 0")));
+            }
+            if axes[..i].iter().any(|(n, _)| n == name) {
+                return Err(Error::InvalidMesh(format!("axis `{name}` appears twice")));
+            }
+        }
+        let num_devices: usize = axes.iter().map(|a| a.1).product();
+        if device_ids.len() != num_devices {
+            return Err(Error::DeviceOrder {
+                num_devices,
+                detail: format!("{} device ids given", device_ids.len()),
+            });
+        }
+        let mut seen = vec![false; num_devices];
+        for &d in &device_ids {
+            if d >= num_devices {
+                return Err(Error::DeviceOrder {
+                    num_devices,
+                    detail: format!("id {d} out of range"),
+                });
+            }
+            if std::mem::replace(&mut seen[d], true) {
+                return Err(Error::DeviceOrder {
+                    num_devices,
+                    detail: format!("id {d} repeated"),
+                });
+            }
+        }
+        Ok(Mesh { axes, device_ids })
+    }
+
+    /// Axes `(name, size)`, major to minor.
+    pub fn axes(&self) -> &[(String, usize)] {
+        &self.axes
+    }
+
+    /// Axis names, major to minor.
+    pub fn axis_names(&self) -> impl Iterator<Item = &str> {
+        self.axes.iter().map(|a| a.0.as_str())
+    }
+
+    /// Position of axis `name` among the mesh's axes.
+    pub fn axis_index(&self, name: &str) -> Option<usize> {
+        self.axes.iter().position(|a| a.0 == name)
+    }
+
+    /// Size of axis `name`.
+    pub fn axis_size(&self, name: &str) -> Option<usize> {
+        self.axes.iter().find(|a| a.0 == name).map(|a| a.1)
+    }
+
+    /// Total number of devices.
+    pub fn num_devices(&self) -> usize {
+        self.device_ids.len()
+    }
+
+    /// Device ids in row-major mesh order.
+    pub fn device_ids(&self) -> &[usize] {
+        &self.device_ids
+    }
+
+    /// Coordinates of `device` along each axis (major to minor); `None` if no such device.
+    pub fn device_coords(&self, device: usize) -> Option<Vec<usize>> {
+        let mut pos = self.device_ids.iter().position(|&d| d == device)?;
+        let mut coords = vec![0; self.axes.len()];
+        for (i, (_, size)) in self.axes.iter().enumerate().rev() {
+            coords[i] = pos % size;
+            pos /= size;
+        }
+        Some(coords)
+    }
+
+    /// The device at `coords` (one per axis, each below the axis size).
+    pub fn device_at(&self, coords: &[usize]) -> Option<usize> {
+        if coords.len() != self.axes.len() {
+            return None;
+        }
+        let mut pos = 0;
+        for (&c, (_, size)) in coords.iter().zip(&self.axes) {
+            if c >= *size {
+                return None;
+            }
+            pos = pos * size + c;
+        }
+        Some(self.device_ids[pos])
+    }
+
+    /// Comma-separated axis names, for error messages.
+    pub fn axis_list(&self) -> String {
+        self.axis_names().collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl std::fmt::Display for Mesh {
+    /// `mesh[data=2, model=4]`, with `devices=[...]` when the order is not the default.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let axes: Vec<String> = self.axes.iter().map(|(n, s)| format!("{n}={s}")).collect();
+        write!(f, "mesh[{}]", axes.join(", "))?;
+        if self.device_ids.iter().enumerate().any(|(i, &d)| i != d) {
+            let ids: Vec<String> = self.device_ids.iter().map(ToString::to_string).collect();
+            write!(f, " devices=[{}]", ids.join(","))?;
+        }
+        Ok(())
+    }
+}

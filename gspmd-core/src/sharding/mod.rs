@@ -1,0 +1,8 @@
+//! Meshes of devices with named axes, and shardings that map tensor dims onto them
+//! (Shardy's and JAX's named-axis model).
+
+mod mesh;
+mod spec;
+
+pub use mesh::Mesh;
+pub use spec::{DimSharding, Sharding};

@@ -1,0 +1,76 @@
+//! [`Sharding`]: per tensor dim, the mesh axes it is split over.
+
+/// How one tensor dim is split: over `axes`, major to minor (the dim is cut in
+/// `product(axis sizes)` pieces; the first axis varies slowest).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct DimSharding {
+    /// Mesh axes, major to minor. Empty: the dim is not split.
+    pub axes: Vec<String>,
+    /// A closed dim is fixed; propagation may append axes to an open one (`?`).
+    pub closed: bool,
+    /// User priority of this dim's annotation: 0 is the highest; `None` is the lowest.
+    pub priority: Option<u32>,
+}
+
+/// A sharding of a tensor over a mesh: one [`DimSharding`] per dim, plus axes that are
+/// explicitly replicated and axes along which the value is an unreduced partial sum.
+/// Axes named nowhere are implicitly replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Sharding {
+    /// One entry per tensor dim.
+    pub dims: Vec<DimSharding>,
+    /// Axes the value is explicitly replicated over (propagation may not shard on them).
+    pub replicated: Vec<String>,
+    /// Axes along which devices hold partial sums still to be reduced.
+    pub unreduced: Vec<String>,
+}
+
+impl std::fmt::Display for DimSharding {
+    /// `_` (closed, unsplit), `?` (open, unsplit), `data`, `(data, model)`; a `?` after
+    /// axes marks an open dim, `@N` a user priority: `data?@1`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.axes.as_slice(), self.closed) {
+            ([], true) => f.write_str("_")?,
+            ([], false) => f.write_str("?")?,
+            ([a], closed) => write!(f, "{a}{}", if closed { "" } else { "?" })?,
+            (axes, closed) => write!(f, "({}){}", axes.join(", "), if closed { "" } else { "?" })?,
+        }
+        match self.priority {
+            Some(p) => write!(f, "@{p}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Sharding {
+    /// Like a JAX `PartitionSpec`: `(data, _, (x, y))`, then ` replicated={..}` and
+    /// ` unreduced={..}` when not empty.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims: Vec<String> = self.dims.iter().map(ToString::to_string).collect();
+        write!(f, "({})", dims.join(", "))?;
+        if !self.replicated.is_empty() {
+            write!(f, " replicated={{{}}}", self.replicated.join(", "))?;
+        }
+        if !self.unreduced.is_empty() {
+            write!(f, " unreduced={{{}}}", self.unreduced.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl Sharding {
+    /// The first mesh axis named twice across dims, replicated and unreduced axes.
+    pub fn repeated_axis(&self) -> Option<&str> {
+        let all: Vec<&String> = self
+            .dims
+            .iter()
+            .flat_map(|d| &d.axes)
+            .chain(&self.replicated)
+            .chain(&self.unreduced)
+            .collect();
+        all.iter()
+            .enumerate()
+            .find(|(i, a)| all[..*i].contains(a))
+            .map(|(_, a)| a.as_str())
+    }
+}
