@@ -12,6 +12,8 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => 2,
         Op::Select => 3,
         Op::Concatenate(_) => operands.len().max(1),
+        Op::AxisIndex(_) => 0,
+        Op::DynamicSlice(sizes) => sizes.len() + 1,
         _ => 1,
     };
     if operands.len() != arity {
@@ -187,7 +189,66 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             }
             Ok(TensorType::new(shape, first.dtype))
         }
-        Op::ShardingConstraint => Ok(operands[0].clone()),
+        Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
+            Ok(operands[0].clone())
+        }
+        Op::AxisIndex(_) => Ok(TensorType::new(vec![], DType::I32)),
+        Op::DynamicSlice(sizes) => {
+            let t = operands[0];
+            if sizes.len() != t.rank() || sizes.iter().zip(&t.shape).any(|(s, d)| s > d) {
+                return Err(format!("slice sizes {sizes:?} do not fit {t}"));
+            }
+            if let Some(bad) = operands[1..]
+                .iter()
+                .find(|i| i.rank() != 0 || i.dtype != DType::I32)
+            {
+                return Err(format!("start indices must be i32 scalars, got {bad}"));
+            }
+            Ok(TensorType::new(sizes.clone(), t.dtype))
+        }
+        Op::AllGather { group, dim } => {
+            let t = operands[0];
+            let mut shape = t.shape.clone();
+            *shape
+                .get_mut(*dim)
+                .ok_or_else(|| format!("dim {dim} out of range for {t}"))? *= group.size;
+            Ok(TensorType::new(shape, t.dtype))
+        }
+        Op::ReduceScatter { group, dim, .. } => {
+            let t = operands[0];
+            let mut shape = t.shape.clone();
+            let d = shape
+                .get_mut(*dim)
+                .ok_or_else(|| format!("dim {dim} out of range for {t}"))?;
+            if *d % group.size != 0 {
+                return Err(format!(
+                    "dim {dim} of {t} is not divisible by the group size {}",
+                    group.size
+                ));
+            }
+            *d /= group.size;
+            Ok(TensorType::new(shape, t.dtype))
+        }
+        Op::AllToAll {
+            group,
+            split_dim,
+            concat_dim,
+        } => {
+            let t = operands[0];
+            if *split_dim >= t.rank()
+                || *concat_dim >= t.rank()
+                || t.shape[*split_dim] % group.size != 0
+            {
+                return Err(format!(
+                    "all_to_all split dim {split_dim} / concat dim {concat_dim} do not fit {t} over {} devices",
+                    group.size
+                ));
+            }
+            let mut shape = t.shape.clone();
+            shape[*split_dim] /= group.size;
+            shape[*concat_dim] *= group.size;
+            Ok(TensorType::new(shape, t.dtype))
+        }
     }
 }
 

@@ -94,6 +94,23 @@ pub struct DotDims {
     pub rhs_contracting: Vec<usize>,
 }
 
+/// The devices that take part together in a collective: those that share their
+/// coordinates on every mesh axis not in `axes`. A member's index in the group is the
+/// mixed-radix number of its coordinates along `axes`, the first axis major.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AxisGroup {
+    /// Mesh axes spanned, major to minor.
+    pub axes: Vec<String>,
+    /// Number of devices in the group: the product of the axes' sizes.
+    pub size: usize,
+}
+
+impl std::fmt::Display for AxisGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{{{}}}", self.axes.join(","))
+    }
+}
+
 /// A primitive op. Every attribute needed to infer the result type is here, so
 /// `infer_type(op, operand types)` is a pure function (see [`crate::ir::infer_type`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -168,6 +185,57 @@ pub enum Op {
     },
     /// Joins operands along `dim`; all other dims equal.
     Concatenate(usize),
+    // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
+    /// The device's index in the group spanned by `axes`: an i32 scalar
+    /// (`jax.lax.axis_index`); no operands.
+    AxisIndex(AxisGroup),
+    /// `dynamic_slice(operand, start_0, .., start_r-1)`: the `sizes` block at i32 scalar
+    /// start indices, each clamped so that the block fits (as XLA).
+    DynamicSlice(Vec<usize>),
+    /// Combines the operand across the devices of `group` with `kind`.
+    AllReduce {
+        /// The devices that combine.
+        group: AxisGroup,
+        /// Combining function.
+        kind: ReduceKind,
+    },
+    /// Concatenates the group's operands along `dim`, in group order.
+    AllGather {
+        /// The devices that gather.
+        group: AxisGroup,
+        /// The dim that grows `group.size` times.
+        dim: usize,
+    },
+    /// Reduces across the group, then leaves group member `i` the `i`-th of `group.size`
+    /// blocks along `dim`.
+    ReduceScatter {
+        /// The devices that reduce.
+        group: AxisGroup,
+        /// Combining function.
+        kind: ReduceKind,
+        /// The dim that shrinks `group.size` times.
+        dim: usize,
+    },
+    /// Splits the operand in `group.size` blocks along `split_dim`, sends block `j` to
+    /// member `j`, and concatenates the received blocks along `concat_dim` in sender order.
+    AllToAll {
+        /// The devices that exchange.
+        group: AxisGroup,
+        /// The dim that shrinks.
+        split_dim: usize,
+        /// The dim that grows.
+        concat_dim: usize,
+    },
+    /// Moves whole operands between devices: device `c` receives the operand of the
+    /// device `c'` whose index over `from` equals `c`'s index over `group.axes` (`from`
+    /// is a reordering of the group's axes; all other mesh coordinates equal).
+    CollectivePermute {
+        /// The devices that exchange, and the receivers' index order.
+        group: AxisGroup,
+        /// The senders' index order.
+        from: Vec<String>,
+    },
+
     /// Identity whose node carries a sharding annotation: pins a value's sharding
     /// mid-program (JAX's `with_sharding_constraint`).
     ShardingConstraint,
@@ -214,7 +282,32 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Concatenate(_) => "concatenate",
             Op::ShardingConstraint => "sharding_constraint",
+            Op::AxisIndex(_) => "axis_index",
+            Op::DynamicSlice(_) => "dynamic_slice",
+            Op::AllReduce { .. } => "all_reduce",
+            Op::AllGather { .. } => "all_gather",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::AllToAll { .. } => "all_to_all",
+            Op::CollectivePermute { .. } => "collective_permute",
         }
+    }
+
+    /// True for the collectives (ops that communicate between devices).
+    pub fn is_collective(&self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce { .. }
+                | Op::AllGather { .. }
+                | Op::ReduceScatter { .. }
+                | Op::AllToAll { .. }
+                | Op::CollectivePermute { .. }
+        )
+    }
+
+    /// True for ops that only exist in partitioned programs (collectives, axis_index,
+    /// dynamic_slice): the propagation and the reference interpreter reject them.
+    pub fn is_spmd_only(&self) -> bool {
+        self.is_collective() || matches!(self, Op::AxisIndex(_) | Op::DynamicSlice(_))
     }
 
     /// True for ops whose every result element depends only on the operand elements at

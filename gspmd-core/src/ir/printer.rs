@@ -68,14 +68,7 @@ fn op_head(op: &Op) -> String {
                 CompareOp::Ge => "GE",
             }
         ),
-        Op::Reduce { kind, .. } => format!(
-            "reduce.{}",
-            match kind {
-                ReduceKind::Sum => "sum",
-                ReduceKind::Max => "max",
-                ReduceKind::Min => "min",
-            }
-        ),
+        Op::Reduce { kind, .. } => format!("reduce.{}", reduce_name(*kind)),
         Op::Parameter { index, .. } => format!("parameter.{index}"),
         _ => op.name().to_string(),
     }
@@ -139,6 +132,23 @@ fn attributes(op: &Op) -> String {
             format!(", padding={}", parts.join("x"))
         }
         Op::Concatenate(dim) => format!(", dim={dim}"),
+        Op::AxisIndex(group) => format!(", axes={group}"),
+        Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
+        Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
+        Op::AllGather { group, dim } => format!(", axes={group}, dim={dim}"),
+        Op::ReduceScatter { group, kind, dim } => {
+            format!(", axes={group}, dim={dim}, to_apply={}", reduce_name(*kind))
+        }
+        Op::AllToAll {
+            group,
+            split_dim,
+            concat_dim,
+        } => {
+            format!(", axes={group}, split_dim={split_dim}, concat_dim={concat_dim}")
+        }
+        Op::CollectivePermute { group, from } => {
+            format!(", axes={group}, from={{{}}}", from.join(","))
+        }
         Op::Parameter { .. }
         | Op::Unary(_)
         | Op::Binary(_)
@@ -147,5 +157,13 @@ fn attributes(op: &Op) -> String {
         | Op::Convert(_)
         | Op::Reshape(_)
         | Op::ShardingConstraint => String::new(),
+    }
+}
+
+fn reduce_name(kind: ReduceKind) -> &'static str {
+    match kind {
+        ReduceKind::Sum => "sum",
+        ReduceKind::Max => "max",
+        ReduceKind::Min => "min",
     }
 }
