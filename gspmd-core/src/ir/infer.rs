@@ -220,7 +220,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let d = shape
                 .get_mut(*dim)
                 .ok_or_else(|| format!("dim {dim} out of range for {t}"))?;
-            if *d % group.size != 0 {
+            if !d.is_multiple_of(group.size) {
                 return Err(format!(
                     "dim {dim} of {t} is not divisible by the group size {}",
                     group.size
@@ -237,7 +237,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let t = operands[0];
             if *split_dim >= t.rank()
                 || *concat_dim >= t.rank()
-                || t.shape[*split_dim] % group.size != 0
+                || !t.shape[*split_dim].is_multiple_of(group.size)
             {
                 return Err(format!(
                     "all_to_all split dim {split_dim} / concat dim {concat_dim} do not fit {t} over {} devices",
