@@ -2,6 +2,7 @@
 //! (Shardy's and JAX's named-axis model).
 
 mod mesh;
+mod parse;
 mod spec;
 
 pub use mesh::Mesh;

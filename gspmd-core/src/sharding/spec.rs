@@ -25,6 +25,33 @@ pub struct Sharding {
     pub unreduced: Vec<String>,
 }
 
+impl DimSharding {
+    /// A closed dim split over `axes` (major to minor); no axes: `_`.
+    pub fn closed<S: Into<String>>(axes: impl IntoIterator<Item = S>) -> Self {
+        DimSharding {
+            axes: axes.into_iter().map(Into::into).collect(),
+            closed: true,
+            priority: None,
+        }
+    }
+
+    /// An open dim split over `axes` (propagation may append more); no axes: `?`.
+    pub fn open<S: Into<String>>(axes: impl IntoIterator<Item = S>) -> Self {
+        DimSharding {
+            closed: false,
+            ..DimSharding::closed(axes)
+        }
+    }
+
+    /// The same dim with user priority `priority` (0 is the highest).
+    pub fn with_priority(self, priority: u32) -> Self {
+        DimSharding {
+            priority: Some(priority),
+            ..self
+        }
+    }
+}
+
 impl std::fmt::Display for DimSharding {
     /// `_` (closed, unsplit), `?` (open, unsplit), `data`, `(data, model)`; a `?` after
     /// axes marks an open dim, `@N` a user priority: `data?@1`.
@@ -59,6 +86,37 @@ impl std::fmt::Display for Sharding {
 }
 
 impl Sharding {
+    /// A sharding with these dims and no explicitly replicated or unreduced axes.
+    pub fn new(dims: impl IntoIterator<Item = DimSharding>) -> Self {
+        Sharding {
+            dims: dims.into_iter().collect(),
+            ..Sharding::default()
+        }
+    }
+
+    /// Fully replicated: `rank` closed, unsplit dims (`(_, _)`).
+    pub fn replicated(rank: usize) -> Self {
+        Sharding::new(vec![DimSharding::closed(Vec::<String>::new()); rank])
+    }
+
+    /// Nothing decided: `rank` open, unsplit dims (`(?, ?)`), for propagation to fill.
+    pub fn open(rank: usize) -> Self {
+        Sharding::new(vec![DimSharding::open(Vec::<String>::new()); rank])
+    }
+
+    /// True if no dim is split and nothing is unreduced: every device holds the whole
+    /// value. Open dims and explicitly replicated axes do not matter.
+    pub fn is_replicated(&self) -> bool {
+        self.dims.iter().all(|d| d.axes.is_empty()) && self.unreduced.is_empty()
+    }
+
+    /// Every mesh axis the dims are split over, dim by dim, major to minor.
+    pub fn axes(&self) -> impl Iterator<Item = &str> {
+        self.dims
+            .iter()
+            .flat_map(|d| d.axes.iter().map(String::as_str))
+    }
+
     /// The first mesh axis named twice across dims, replicated and unreduced axes.
     pub fn repeated_axis(&self) -> Option<&str> {
         let all: Vec<&String> = self
