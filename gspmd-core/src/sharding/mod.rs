@@ -4,6 +4,8 @@
 mod mesh;
 mod parse;
 mod spec;
+mod tiling;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
+pub use tiling::{assemble, dim_shard, shard_literal};
