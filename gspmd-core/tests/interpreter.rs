@@ -1106,3 +1106,82 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn column_major_inputs_are_read_logically() {
+    use ndarray::ShapeBuilder;
+    // Logical [[1,2,3],[4,5,6]] stored column-major.
+    let fortran = ArrayD::from_shape_vec(IxDyn(&[2, 3]).f(), vec![1., 4., 2., 5., 3., 6.]).unwrap();
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            vec![x.reshape([6]), x.transpose(&[1, 0]), &x + 0.0]
+        },
+        &[Literal::F32(fortran)],
+    );
+    assert_f32(&out[0], &[6], &[1., 2., 3., 4., 5., 6.]);
+    assert_f32(&out[1], &[3, 2], &[1., 4., 2., 5., 3., 6.]);
+    let sum = out[2].as_f32().unwrap();
+    assert!(sum.is_standard_layout());
+    assert_f32(&out[2], &[2, 3], &[1., 2., 3., 4., 5., 6.]);
+}
+
+#[test]
+fn malformed_programs_give_runtime_errors_not_panics() {
+    let fresh = || {
+        let b = Builder::new("m");
+        let x = f32_param(&b, "x", &[2, 3]);
+        let y = x.exp();
+        let z = &y + &x;
+        (
+            b.finish(&[&z]).unwrap(),
+            x.id().unwrap(),
+            y.id().unwrap(),
+            z.id().unwrap(),
+        )
+    };
+    let input = [m23()];
+    // A node whose recorded type disagrees with its operands.
+    let (mut p, _, y, _) = fresh();
+    p.node_mut(y).ty = gspmd_core::ir::TensorType::new([3, 2], DType::F32);
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(
+        matches!(err, Error::Runtime { value, .. } if value == y),
+        "{err:?}"
+    );
+    // An operand used before it is defined.
+    let (mut p, _, y, z) = fresh();
+    p.node_mut(y).operands = vec![z];
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(
+        matches!(err, Error::Runtime { value, .. } if value == y),
+        "{err:?}"
+    );
+    // An output that is not a value of the program.
+    let (mut p, ..) = fresh();
+    p.outputs.push(gspmd_core::ir::ValueId(99));
+    assert!(matches!(interpret(&p, &input), Err(Error::Runtime { .. })));
+}
+
+#[test]
+fn large_matmul_runs_fast_in_debug() {
+    // 256 x 512 x 256 through matrixmultiply; a naive kernel would take seconds here.
+    let (m, k, n) = (256, 512, 256);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i % 13) as f32 - 6.0) / 8.0).collect();
+    let w: Vec<f32> = (0..k * n).map(|i| ((i % 7) as f32 - 3.0) / 4.0).collect();
+    let start = std::time::Instant::now();
+    let out = run1(
+        |b| f32_param(b, "a", &[m, k]).matmul(&f32_param(b, "w", &[k, n])),
+        &[f32s(&[m, k], &a), f32s(&[k, n], &w)],
+    );
+    let elapsed = start.elapsed();
+    let got = out.as_f32().unwrap();
+    for &(i, j) in &[(0, 0), (17, 200), (255, 255)] {
+        let e: f32 = (0..k).map(|kk| a[i * k + kk] * w[kk * n + j]).sum();
+        assert!(
+            (got[[i, j]] - e).abs() <= 1e-3 * e.abs().max(1.0),
+            "{i},{j}"
+        );
+    }
+    assert!(elapsed.as_secs_f64() < 2.0, "matmul took {elapsed:?}");
+}
