@@ -78,6 +78,23 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         } => pad(operands[0], operands[1], low, high, interior)?,
         Op::Concatenate(dim) => concatenate(operands, *dim)?,
         Op::ShardingConstraint => operands[0].clone(),
+        Op::DynamicSlice(sizes) => {
+            let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
+            let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
+            let stride = vec![1; sizes.len()];
+            each_dtype!(operands[0], a => slice(a, &starts, &limit, &stride))
+        }
+        Op::AxisIndex(_)
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. } => {
+            return Err(format!(
+                "{} needs a device mesh: it runs only in a partitioned program",
+                op.name()
+            ));
+        }
     };
     let out = standard_layout(out);
     let got = type_of(&out);
@@ -326,6 +343,24 @@ fn slice<T: Clone>(a: &ArrayD<T>, start: &[usize], limit: &[usize], stride: &[us
         )
     })
     .to_owned()
+}
+
+/// Start indices of a `dynamic_slice`: each i32 scalar clamped so that the `sizes` block
+/// fits in `x` (XLA's semantics).
+fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<Vec<usize>, String> {
+    let shape = x.shape();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(d, s)| {
+            let v = s
+                .as_i32()
+                .and_then(|a| a.iter().next().copied())
+                .ok_or("start index must be an i32 scalar")?;
+            let max = (shape[d] - sizes[d]) as i64;
+            Ok(i64::from(v).clamp(0, max) as usize)
+        })
+        .collect()
 }
 
 /// Edge padding (negative removes) and interior padding: the operand is first written
