@@ -949,23 +949,53 @@ fn wrong_input_shape_names_the_parameter() {
 }
 
 #[test]
-fn undefined_kernel_is_a_runtime_error_with_location() {
+fn transcendental_of_i32_is_a_trace_error_with_location() {
     let b = Builder::new("bad");
     let i = b.parameter("i", [2], DType::I32);
     let e = i.exp();
-    let program = b.finish(&[&e]).unwrap();
+    match b.finish(&[&e]) {
+        Err(Error::Shape {
+            op,
+            location,
+            message,
+        }) => {
+            assert_eq!(op, "exponential");
+            assert!(location.file.ends_with("interpreter.rs"), "{location}");
+            assert!(message.contains("i32"), "{message}");
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn spmd_only_op_is_a_runtime_error_with_location() {
+    let b = Builder::new("spmd");
+    let x = b.parameter("x", [2], DType::F32);
+    let mut program = b.finish(&[&x]).unwrap();
+    let group = gspmd_core::ir::AxisGroup {
+        axes: vec!["data".into()],
+        size: 2,
+    };
+    let mut node = program.node(x.id().unwrap()).clone();
+    node.op = gspmd_core::ir::Op::AllReduce {
+        group,
+        kind: gspmd_core::ir::ReduceKind::Sum,
+    };
+    node.operands = vec![x.id().unwrap()];
+    let reduced = program.push(node);
+    program.outputs = vec![reduced];
     verify(&program).unwrap();
-    match interpret(&program, &[i32s(&[2], &[1, 2])]) {
+    match interpret(&program, &[f32s(&[2], &[1., 2.])]) {
         Err(Error::Runtime {
             value,
             op,
             location,
             message,
         }) => {
-            assert_eq!(Some(value), e.id());
-            assert_eq!(op, "exponential");
+            assert_eq!(value, reduced);
+            assert_eq!(op, "all_reduce");
             assert!(location.file.ends_with("interpreter.rs"), "{location}");
-            assert!(message.contains("i32"), "{message}");
+            assert!(message.contains("device mesh"), "{message}");
         }
         other => panic!("expected a runtime error, got {other:?}"),
     }
