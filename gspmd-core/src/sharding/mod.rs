@@ -4,6 +4,10 @@
 mod mesh;
 mod parse;
 mod spec;
+mod tiling;
+mod visualize;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
+pub use tiling::{assemble, dim_shard, shard_literal};
+pub use visualize::visualize;
