@@ -404,6 +404,35 @@ fn open_dims_are_filled_closed_ones_are_not() {
     }
 }
 
+#[test]
+fn residual_mlp_layers_all_follow_megatron() {
+    // x = x + relu(x @ w1 + b1) @ w2, three times: every hidden activation is split by
+    // batch and feature, every residual by batch only, every bias by feature.
+    let b = Builder::new("residual");
+    let mut x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let mut expected = vec![(x.clone(), "(data, _)")];
+    for l in 0..3 {
+        let w1 = param(&b, &format!("w1_{l}"), &[16, 32], Some("(_, model)"));
+        let b1 = param(&b, &format!("b1_{l}"), &[32], None);
+        let w2 = param(&b, &format!("w2_{l}"), &[32, 16], Some("(model, _)"));
+        let pre = &x.matmul(&w1) + &b1;
+        let h = pre.relu();
+        let out = h.matmul(&w2);
+        x = &x + &out;
+        expected.extend([
+            (b1, "(model)"),
+            (pre, "(data, model)"),
+            (h, "(data, model)"),
+            (out, "(data, _)"),
+            (x.clone(), "(data, _)"),
+        ]);
+    }
+    let p = run(&finish(b, &[&x]));
+    for (t, want) in &expected {
+        assert_eq!(of(&p, t), *want, "{}", id(t));
+    }
+}
+
 // ---- errors ----------------------------------------------------------------------------
 
 /// A one-parameter program whose parameter carries `annotation` (set directly, past the

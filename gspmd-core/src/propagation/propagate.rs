@@ -21,7 +21,7 @@ use super::rule::OpShardingRule;
 use super::state::{Rounds, ValueState, final_sharding, initial_states, origin};
 use crate::error::{Error, Result};
 use crate::ir::{Program, ValueId, verify};
-use crate::sharding::{Mesh, Sharding};
+use crate::sharding::Mesh;
 
 /// Completes the shardings of `program` on `mesh`.
 ///
@@ -105,46 +105,10 @@ fn validate_annotations(program: &Program, mesh: &Mesh) -> Result<()> {
         let node = program.node(v);
         if let Some(annotation) = &node.annotation {
             let context = format!("{}: {v}: ", node.location);
-            if let Err(e) = check(annotation, mesh, node.ty.rank(), &context) {
+            if let Err(e) = annotation.validate(mesh, node.ty.rank(), &context) {
                 errors.push(e);
             }
         }
     }
     Error::from_list(errors)
-}
-
-// Local stand-in until `Sharding::validate` lands.
-fn check(s: &Sharding, mesh: &Mesh, rank: usize, context: &str) -> Result<()> {
-    let all = s
-        .dims
-        .iter()
-        .flat_map(|d| &d.axes)
-        .chain(&s.replicated)
-        .chain(&s.unreduced);
-    for axis in all {
-        if mesh.axis_index(axis).is_none() {
-            return Err(Error::UnknownAxis {
-                axis: axis.clone(),
-                sharding: s.to_string(),
-                available: mesh.axis_list(),
-                context: context.to_string(),
-            });
-        }
-    }
-    if let Some(axis) = s.repeated_axis() {
-        return Err(Error::DuplicateAxis {
-            axis: axis.to_string(),
-            sharding: s.to_string(),
-            context: context.to_string(),
-        });
-    }
-    if s.dims.len() != rank {
-        return Err(Error::ShardingRank {
-            sharding: s.to_string(),
-            spec_rank: s.dims.len(),
-            rank,
-            context: context.to_string(),
-        });
-    }
-    Ok(())
 }

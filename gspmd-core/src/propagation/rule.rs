@@ -47,18 +47,6 @@ pub struct TensorFactors {
     pub dims: Vec<Vec<usize>>,
 }
 
-impl TensorFactors {
-    /// The dim containing `factor` and the factor's position within it, if the tensor
-    /// maps it.
-    pub fn find(&self, factor: usize) -> Option<(usize, usize)> {
-        self.dims.iter().enumerate().find_map(|(d, fs)| {
-            fs.iter()
-                .position(|&f| f == factor)
-                .map(|position| (d, position))
-        })
-    }
-}
-
 /// The sharding rule of one op: its factors and how each operand and the result map
 /// onto them.
 ///
