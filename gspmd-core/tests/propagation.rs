@@ -133,9 +133,10 @@ fn rules_of_elementwise_and_windowed_ops() {
     let sum = &x + &x;
     let sliced = x.slice(&[0, 0], &[4, 16], &[1, 1]);
     let padded = x.pad(&b.scalar(0.0), &[1, 0], &[1, 0], &[0, 0]);
+    let shifted = x.pad(&b.scalar(0.0), &[1, 0], &[-1, 0], &[0, 0]);
     let joined = b.concatenate(&[&y, &y], 0);
     let iota = b.iota([8, 16], 1, DType::I32);
-    let p = finish(b, &[&sum, &sliced, &padded, &joined, &iota]);
+    let p = finish(b, &[&sum, &sliced, &padded, &shifted, &joined, &iota]);
     assert_eq!(rule(&p, &sum), "([i, j], [i, j])->([i, j]) {i=8, j=16}");
     assert_eq!(
         rule(&p, &sliced),
@@ -144,6 +145,11 @@ fn rules_of_elementwise_and_windowed_ops() {
     assert_eq!(
         rule(&p, &padded),
         "([i, j], [])->([i, j]) {i=10, j=16} permutation={i}"
+    );
+    // Same size, but every element moves one place along dim 0.
+    assert_eq!(
+        rule(&p, &shifted),
+        "([i, j], [])->([i, j]) {i=8, j=16} permutation={i}"
     );
     assert_eq!(
         rule(&p, &joined),

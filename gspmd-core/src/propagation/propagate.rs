@@ -18,7 +18,7 @@
 use super::factor_propagation::{Step, Strategy, propagate_op};
 use super::registry::{OP_PRIORITY_LEVELS, direction_at, sharding_rule};
 use super::rule::OpShardingRule;
-use super::state::{Rounds, ValueState, final_sharding, initial_states, origin};
+use super::state::{Rounds, final_sharding, initial_states, origin};
 use crate::error::{Error, Result};
 use crate::ir::{Program, ValueId, verify};
 use crate::sharding::Mesh;
@@ -53,7 +53,7 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
     for round in 0..rounds.len() {
         for level in 0..OP_PRIORITY_LEVELS {
             for strategy in [Strategy::ConflictFree, Strategy::PreferLargest] {
-                let sweep = |states: &mut [ValueState], v: ValueId| -> bool {
+                let visit = |v: ValueId| -> bool {
                     let node = program.node(v);
                     let Some(direction) = direction_at(&node.op, level) else {
                         return false;
@@ -63,30 +63,10 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
                         strategy,
                         direction,
                     };
-                    propagate_op(
-                        states,
-                        &rules[v.index()],
-                        &node.operands,
-                        v,
-                        step,
-                        &axis_sizes,
-                    )
+                    let rule = &rules[v.index()];
+                    propagate_op(&mut states, rule, &node.operands, v, step, &axis_sizes)
                 };
-                for forward in [true, false].into_iter().cycle() {
-                    let mut changed = false;
-                    if forward {
-                        for &v in &ops {
-                            changed |= sweep(&mut states, v);
-                        }
-                    } else {
-                        for &v in ops.iter().rev() {
-                            changed |= sweep(&mut states, v);
-                        }
-                    }
-                    if !changed {
-                        break;
-                    }
-                }
+                sweep_to_fixed_point(&ops, visit);
             }
         }
     }
@@ -96,6 +76,27 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
         node.origin = Some(origin(state));
     }
     Ok(out)
+}
+
+/// Visits `ops` in alternating forward and backward sweeps until a whole sweep changes
+/// nothing; `visit` returns true if it changed a value.
+fn sweep_to_fixed_point(ops: &[ValueId], mut visit: impl FnMut(ValueId) -> bool) {
+    let mut forward = true;
+    loop {
+        let mut changed = false;
+        for i in 0..ops.len() {
+            let v = if forward {
+                ops[i]
+            } else {
+                ops[ops.len() - 1 - i]
+            };
+            changed |= visit(v);
+        }
+        if !changed {
+            return;
+        }
+        forward = !forward;
+    }
 }
 
 /// Checks each annotation of `program` against `mesh`; all errors together.

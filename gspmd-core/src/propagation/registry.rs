@@ -7,9 +7,9 @@ use crate::ir::{Op, Program, ValueId};
 
 /// The sharding rule of the op defining `value`.
 ///
-/// `program` must be verified ([`crate::ir::verify`]): the rule reads dims and
-/// attributes it trusts to be consistent with the operand types, and a malformed node
-/// gets an arbitrary (but well-formed) rule.
+/// `value` must be a value of `program`, and `program` should be verified
+/// ([`crate::ir::verify`]): the rule trusts the op's attributes to fit the operand
+/// types, and a malformed node gets an arbitrary (but well-formed) rule.
 pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
     let node = program.node(value);
     let result_shape = node.ty.shape.as_slice();
@@ -79,7 +79,10 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             let mut lhs_dims = vec![Vec::new(); lhs.len()];
             let mut rhs_dims = vec![Vec::new(); rhs.len()];
             let mut map = |rule: &mut OpShardingRule, l: Option<usize>, r: Option<usize>, kind| {
-                let size = l.map_or_else(|| r.map_or(1, |r| rhs[r]), |l| lhs[l]);
+                let size = (l.and_then(|l| lhs.get(l)))
+                    .or_else(|| r.and_then(|r| rhs.get(r)))
+                    .copied()
+                    .unwrap_or(1);
                 let f = rule.add_factor(size, kind);
                 for (d, dims) in [(l, &mut lhs_dims), (r, &mut rhs_dims)] {
                     if let Some(slot) = d.and_then(|d| dims.get_mut(d)) {
@@ -114,15 +117,31 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
                 TensorFactors { dims: rhs_dims },
             ];
         }
-        Op::Slice { .. } | Op::Pad { .. } => {
-            // A dim the op changes becomes a permutation factor; pad's scalar padding
-            // value (operand 1) has no dims.
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
             let operand = operand_shape(0);
-            rule.result = windowed_factors(&mut rule, operand, result_shape);
+            let moved = |d: usize| {
+                start.get(d) != Some(&0)
+                    || limit.get(d) != operand.get(d)
+                    || stride.get(d) != Some(&1)
+            };
+            rule.result = windowed_factors(&mut rule, operand, result_shape, moved);
             rule.operands = vec![rule.result.clone()];
-            if matches!(node.op, Op::Pad { .. }) {
-                rule.operands.push(TensorFactors::default());
-            }
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let moved = |d: usize| {
+                low.get(d) != Some(&0) || high.get(d) != Some(&0) || interior.get(d) != Some(&0)
+            };
+            rule.result = windowed_factors(&mut rule, operand_shape(0), result_shape, moved);
+            // The scalar padding value has no dims.
+            rule.operands = vec![rule.result.clone(), TensorFactors::default()];
         }
         Op::Concatenate(dim) => {
             rule.result = own_factors(&mut rule, result_shape);
@@ -145,19 +164,20 @@ fn own_factors(rule: &mut OpShardingRule, shape: &[usize]) -> TensorFactors {
 }
 
 /// Factors shared dim by dim by an operand and a result of the same rank: pass-through
-/// where the sizes agree, a permutation factor (of the larger size) where the op
-/// moves elements along the dim.
+/// where the op leaves the dim alone, a permutation factor (of the larger of the two
+/// sizes) where it `moved` elements along the dim.
 fn windowed_factors(
     rule: &mut OpShardingRule,
     operand: &[usize],
     result: &[usize],
+    moved: impl Fn(usize) -> bool,
 ) -> TensorFactors {
-    let dims = (operand.iter().zip(result))
-        .map(|(&a, &b)| {
-            let kind = if a == b {
-                FactorKind::PassThrough
-            } else {
+    let dims = (operand.iter().zip(result).enumerate())
+        .map(|(d, (&a, &b))| {
+            let kind = if moved(d) {
                 FactorKind::Permutation
+            } else {
+                FactorKind::PassThrough
             };
             vec![rule.add_factor(a.max(b), kind)]
         })
