@@ -32,8 +32,37 @@ fn finish(b: Builder, outputs: &[&Tensor]) -> Program {
     b.finish(outputs).expect("traced without error")
 }
 
+/// Propagates on the 2 x 4 mesh and checks the invariants every result must hold: each
+/// value has a sharding of its rank, all dims closed, no priorities, no axis twice, and
+/// annotations kept (closed dims exactly, open dims as a prefix).
 fn run(program: &Program) -> Program {
-    propagate(program, &mesh()).expect("propagation succeeds")
+    let p = propagate(program, &mesh()).expect("propagation succeeds");
+    for v in p.values() {
+        let node = p.node(v);
+        let s = node.sharding.as_ref().expect("every value has a sharding");
+        assert_eq!(s.dims.len(), node.ty.rank(), "{v}");
+        assert!(
+            s.dims.iter().all(|d| d.closed && d.priority.is_none()),
+            "{v}: {s}"
+        );
+        assert_eq!(s.repeated_axis(), None, "{v}: {s}");
+        assert!(
+            node.origin
+                .as_ref()
+                .is_some_and(|o| o.dims.len() == node.ty.rank())
+        );
+        if let Some(a) = &node.annotation {
+            for (want, got) in a.dims.iter().zip(&s.dims) {
+                let kept = if want.closed {
+                    got.axes == want.axes
+                } else {
+                    got.axes.starts_with(&want.axes)
+                };
+                assert!(kept, "{v}: annotation {a} became {s}");
+            }
+        }
+    }
+    p
 }
 
 /// The final sharding of `t` as text.
@@ -500,5 +529,84 @@ fn all_annotation_errors_are_reported_together() {
             assert!(matches!(errors[1], Error::DuplicateAxis { .. }));
         }
         other => panic!("expected two errors, got {other:?}"),
+    }
+}
+
+// ---- properties ------------------------------------------------------------------------
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step of a random program over a current value of shape [8, 16] or [16, 8].
+    #[derive(Debug, Clone)]
+    enum Step {
+        Unary,
+        AddParam(Option<&'static str>),
+        Transpose,
+        SplitAndMerge,
+        MatmulSquare(Option<&'static str>),
+        ReduceAndBroadcast,
+        Constrain(&'static str),
+    }
+
+    const SPECS: [&str; 8] = [
+        "(data, _)",
+        "(_, model)",
+        "(model, data)",
+        "((data, model), ?)",
+        "(?, data)",
+        "(data@0, ?)",
+        "(model@1, _)",
+        "(?, ?)",
+    ];
+
+    fn spec() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(SPECS.to_vec())
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Unary),
+            prop::option::of(spec()).prop_map(Step::AddParam),
+            Just(Step::Transpose),
+            Just(Step::SplitAndMerge),
+            prop::option::of(spec()).prop_map(Step::MatmulSquare),
+            Just(Step::ReduceAndBroadcast),
+            spec().prop_map(Step::Constrain),
+        ]
+    }
+
+    fn build(first: Option<&str>, steps: &[Step]) -> Program {
+        let b = Builder::new("random");
+        let mut x = param(&b, "x", &[8, 16], first);
+        for (i, s) in steps.iter().enumerate() {
+            let shape = x.shape().to_vec();
+            x = match s {
+                Step::Unary => x.exp(),
+                Step::AddParam(a) => &x + &param(&b, &format!("p{i}"), &shape, *a),
+                Step::Transpose => x.transpose(&[1, 0]),
+                Step::SplitAndMerge => x.reshape([2, shape[0] / 2, shape[1]]).reshape(shape),
+                Step::MatmulSquare(a) => {
+                    x.matmul(&param(&b, &format!("w{i}"), &[shape[1], shape[1]], *a))
+                }
+                Step::ReduceAndBroadcast => x.sum(&[1]).broadcast_in_dim(shape, &[0]),
+                Step::Constrain(a) => x.shard(sh(a)),
+            };
+        }
+        finish(b, &[&x])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Propagation succeeds on any well-formed program and keeps its invariants
+        /// (checked by `run`).
+        #[test]
+        fn propagation_keeps_its_invariants(
+            first in prop::option::of(spec()),
+            steps in prop::collection::vec(step(), 1..12),
+        ) {
+            run(&build(first, &steps));
+        }
     }
 }
