@@ -1,8 +1,8 @@
 //! Sharding propagation (GSPMD section 3.5, Shardy's factor-based propagation): from a
 //! few user annotations, a sharding for every value.
 //!
-//! - [`rule`]: [`OpShardingRule`], an op's dims as shared factors;
-//! - [`registry`]: [`sharding_rule`], the rule of every op (the only per-op knowledge);
+//! - `rule`: [`OpShardingRule`], an op's dims as shared factors;
+//! - `registry`: [`sharding_rule`], the rule of every op (the only per-op knowledge);
 //! - `factor_sharding`: a dim's axes projected onto its factors, and refined through one;
 //! - `factor_propagation`: one step at one op;
 //! - `propagate`: the driver ([`propagate`]), with priorities and fixed-point sweeps;
