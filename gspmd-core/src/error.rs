@@ -124,7 +124,9 @@ pub enum Error {
         given: usize,
     },
     /// An input shape does not fit its parameter's declaration (rank or a fixed size).
-    #[error("model `{model}`: parameter `{param}` is declared {declared} but was given shape {given:?}")]
+    #[error(
+        "model `{model}`: parameter `{param}` is declared {declared} but was given shape {given:?}"
+    )]
     ArgumentShape {
         /// The model.
         model: String,
@@ -136,7 +138,9 @@ pub enum Error {
         given: Vec<usize>,
     },
     /// A model's body returned a value whose type differs from the declared result type.
-    #[error("{location}: model `{model}`: {result} is declared {declared} but the body returned {given}")]
+    #[error(
+        "{location}: model `{model}`: {result} is declared {declared} but the body returned {given}"
+    )]
     ResultType {
         /// The model.
         model: String,

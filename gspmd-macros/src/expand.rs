@@ -87,7 +87,12 @@ impl VisitMut for WrapLets<'_> {
             .name
             .as_ref()
             .map(|n| n.to_token_stream())
-            .or_else(|| found.binding.as_ref().map(|b| b.to_string().to_token_stream()));
+            .or_else(|| {
+                found
+                    .binding
+                    .as_ref()
+                    .map(|b| b.to_string().to_token_stream())
+            });
         if let Some(name) = name {
             wrapped = quote_spanned!(span=> ::gspmd::ir::Tensor::named(&#wrapped, #name));
         }
@@ -136,7 +141,10 @@ fn symbols(model: &Model) -> Vec<&Ident> {
 
 /// Position of `symbol` in `symbols` (which lists every symbol of the parameters).
 fn symbol_index(symbols: &[&Ident], symbol: &Ident) -> usize {
-    symbols.iter().position(|x| *x == symbol).unwrap_or_default()
+    symbols
+        .iter()
+        .position(|x| *x == symbol)
+        .unwrap_or_default()
 }
 
 fn dtype(dtype: DType) -> TokenStream {
@@ -311,7 +319,8 @@ fn parameter(
     });
     let dtype = dtype(decl.dtype);
     let span = param.pat.span();
-    let mut expr = quote_spanned!(span=> #builder.parameter(#name, ::std::vec![#(#dims),*], #dtype));
+    let mut expr =
+        quote_spanned!(span=> #builder.parameter(#name, ::std::vec![#(#dims),*], #dtype));
     if let Some(shard) = &param.shard {
         let span = shard.attr.span();
         let sharding = sharding(&shard.spec);
@@ -354,9 +363,17 @@ fn outputs(
     let out_specs = model.args.as_ref().and_then(|a| a.out.as_ref());
     let constraints = names.iter().enumerate().filter_map(|(i, name)| {
         let spec = out_specs?.specs.get(i)?;
-        let span = spec.tokens.clone().into_iter().next().map_or(Span::call_site(), |t| t.span());
+        let span = spec
+            .tokens
+            .clone()
+            .into_iter()
+            .next()
+            .map_or(Span::call_site(), |t| t.span());
         let sharding = sharding(spec);
-        let named = spec.name.as_ref().map(|n| quote_spanned!(span=> .named(#n)));
+        let named = spec
+            .name
+            .as_ref()
+            .map(|n| quote_spanned!(span=> .named(#n)));
         Some(quote_spanned!(span=> let #name = #name.shard(#sharding) #named;))
     });
     let builder = Ident::new("builder", Span::mixed_site());

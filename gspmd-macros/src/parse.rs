@@ -71,12 +71,30 @@ pub struct Shard {
 
 /// A declared tensor type `Tensor<B, 16, i32>`.
 pub struct TensorDecl {
-    /// The type as written, for spans.
-    pub ty: Type,
     /// Dims, major to minor.
     pub dims: Vec<DimDecl>,
     /// Element type.
     pub dtype: DType,
+}
+
+impl std::fmt::Display for TensorDecl {
+    /// As the user writes it: `Tensor<B, 16, i32>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = self
+            .dims
+            .iter()
+            .map(|d| match d {
+                DimDecl::Symbol(s) => s.to_string(),
+                DimDecl::Fixed(n) => n.to_string(),
+            })
+            .collect();
+        match self.dtype {
+            DType::F32 => {}
+            DType::I32 => parts.push("i32".into()),
+            DType::Bool => parts.push("bool".into()),
+        }
+        write!(f, "Tensor<{}>", parts.join(", "))
+    }
 }
 
 /// One declared dim.
@@ -128,7 +146,10 @@ impl Parse for ModelArgs {
         while !input.is_empty() {
             let key: Ident = input.parse()?;
             if seen.contains(&key) {
-                return Err(syn::Error::new_spanned(&key, format!("`{key}` given twice")));
+                return Err(syn::Error::new_spanned(
+                    &key,
+                    format!("`{key}` given twice"),
+                ));
             }
             input.parse::<Token![=]>()?;
             match key.to_string().as_str() {
@@ -286,9 +307,13 @@ fn strip_group(ty: &Type) -> &Type {
 }
 
 /// True if `ty`'s last path segment is `Tensor` (well-formed or not).
-fn is_tensor_type(ty: &Type) -> bool {
+pub fn is_tensor_type(ty: &Type) -> bool {
     match strip_group(ty) {
-        Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident == "Tensor"),
+        Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Tensor"),
         _ => false,
     }
 }
@@ -320,7 +345,10 @@ pub fn tensor_decl(ty: &Type, errors: &mut Errors) -> Option<TensorDecl> {
             Some(Ok(DimDecl::Symbol(ident))) => match element_type(&ident) {
                 Some(Ok(dt)) if last => dtype = Some(dt),
                 Some(Ok(_)) => {
-                    errors.spanned(&ident, "the element type must come last: `Tensor<B, D, i32>`");
+                    errors.spanned(
+                        &ident,
+                        "the element type must come last: `Tensor<B, D, i32>`",
+                    );
                     ok = false;
                 }
                 Some(Err(message)) => {
@@ -345,7 +373,6 @@ pub fn tensor_decl(ty: &Type, errors: &mut Errors) -> Option<TensorDecl> {
         }
     }
     ok.then(|| TensorDecl {
-        ty: ty.clone(),
         dims,
         dtype: dtype.unwrap_or(DType::F32),
     })
@@ -402,9 +429,10 @@ impl VisitMut for ShardLets<'_> {
                 _ => None,
             };
             match &local.init {
-                None => self
-                    .errors
-                    .spanned(&shard.attr, "`#[shard]` on a `let` needs a value: `let h = ...;`"),
+                None => self.errors.spanned(
+                    &shard.attr,
+                    "`#[shard]` on a `let` needs a value: `let h = ...;`",
+                ),
                 Some(init) if init.diverge.is_some() => self
                     .errors
                     .spanned(&shard.attr, "`#[shard]` cannot annotate a `let ... else`"),
@@ -422,7 +450,8 @@ impl VisitMut for ShardLets<'_> {
         if spec::is_shard(attr) {
             self.errors.spanned(
                 &*attr,
-                "`#[shard]` annotates a model parameter or a `let` statement only",
+                "`#[shard]` annotates a model parameter or a `let` statement only; to shard \
+                 a result, bind it (`#[shard(..)] let y = ..; y`) or use `out = (..)`",
             );
         }
     }

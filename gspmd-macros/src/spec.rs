@@ -121,7 +121,10 @@ fn parse_option(key: &Ident, input: ParseStream, spec: &mut ShardSpec) -> syn::R
 fn parse_priority(input: ParseStream) -> syn::Result<u32> {
     let lit: LitInt = input.parse()?;
     lit.base10_parse::<u32>().map_err(|_| {
-        syn::Error::new_spanned(&lit, "priority must be a non-negative integer (0 is highest)")
+        syn::Error::new_spanned(
+            &lit,
+            "priority must be a non-negative integer (0 is highest)",
+        )
     })
 }
 
@@ -130,8 +133,7 @@ pub fn parse_axes(input: ParseStream) -> syn::Result<Vec<Ident>> {
     if input.peek(token::Paren) {
         let content;
         let paren = syn::parenthesized!(content in input);
-        let axes: Punctuated<Ident, Token![,]> =
-            content.parse_terminated(parse_axis, Token![,])?;
+        let axes: Punctuated<Ident, Token![,]> = content.parse_terminated(parse_axis, Token![,])?;
         if axes.is_empty() {
             return Err(syn::Error::new(paren.span.join(), "empty axis list"));
         }

@@ -11,7 +11,7 @@ use quote::ToTokens;
 use syn::{FnArg, Ident};
 
 use crate::errors::Errors;
-use crate::parse::{DimDecl, Model, TensorDecl};
+use crate::parse::{self, DimDecl, Model, TensorDecl};
 use crate::spec::ShardSpec;
 
 /// Checks `model`, adding what is wrong to `errors`.
@@ -53,7 +53,13 @@ pub fn model(model: &Model, errors: &mut Errors) {
         }
     }
     for let_shard in &model.lets {
-        sharding(&let_shard.shard.spec, &let_shard.shard.attr, mesh, None, errors);
+        sharding(
+            &let_shard.shard.spec,
+            &let_shard.shard.attr,
+            mesh,
+            None,
+            errors,
+        );
     }
     outputs(model, mesh, errors);
 }
@@ -63,7 +69,10 @@ fn signature(sig: &syn::Signature, errors: &mut Errors) {
         errors.spanned(t, "a model function cannot be `const`");
     }
     if let Some(t) = &sig.asyncness {
-        errors.spanned(t, "a model function cannot be `async`: tracing runs it once, eagerly");
+        errors.spanned(
+            t,
+            "a model function cannot be `async`: tracing runs it once, eagerly",
+        );
     }
     if let syn::Safety::Unsafe(t) = &sig.safety {
         errors.spanned(t, "a model function cannot be `unsafe`");
@@ -79,10 +88,7 @@ fn signature(sig: &syn::Signature, errors: &mut Errors) {
         );
     }
     if let Some(FnArg::Receiver(r)) = sig.inputs.first() {
-        errors.spanned(
-            r,
-            "a model is a free function, not a method: remove `self`",
-        );
+        errors.spanned(r, "a model is a free function, not a method: remove `self`");
     }
     if let Some(v) = &sig.variadic {
         errors.spanned(v, "a model function cannot be variadic");
@@ -126,10 +132,9 @@ fn sharding(
         errors.spanned(
             anchor,
             format!(
-                "this sharding has {} dims but {what} has rank {} (`{}`): give one entry per dim",
-                spec.dims.len(),
+                "this sharding has {} but {what} has rank {} (`{decl}`): give one entry per dim",
+                count(spec.dims.len(), "dim"),
                 decl.dims.len(),
-                decl.ty.to_token_stream()
             ),
         );
     }
@@ -137,10 +142,18 @@ fn sharding(
 
 fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {
     let Some(output) = &model.output else { return };
-    for decl in &output.tensors {
+    // A malformed parameter type was reported already; its symbols are unknown.
+    let params_known = model
+        .params
+        .iter()
+        .all(|p| p.tensor.is_some() || !parse::is_tensor_type(&p.ty));
+    for decl in output.tensors.iter().filter(|_| params_known) {
         for dim in &decl.dims {
             if let DimDecl::Symbol(symbol) = dim
-                && !model.params.iter().any(|p| declares(p.tensor.as_ref(), symbol))
+                && !model
+                    .params
+                    .iter()
+                    .any(|p| declares(p.tensor.as_ref(), symbol))
             {
                 errors.spanned(
                     symbol,
@@ -159,9 +172,9 @@ fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {
         errors.spanned(
             &out.key,
             format!(
-                "`out` gives {} shardings but the model returns {} tensors",
-                out.specs.len(),
-                output.tensors.len()
+                "`out` gives {} but the model returns {}",
+                count(out.specs.len(), "sharding"),
+                count(output.tensors.len(), "tensor")
             ),
         );
         return;
@@ -182,4 +195,9 @@ fn declares(decl: Option<&TensorDecl>, symbol: &Ident) -> bool {
             .iter()
             .any(|dim| matches!(dim, DimDecl::Symbol(s) if s == symbol))
     })
+}
+
+/// `1 dim`, `2 dims`.
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
