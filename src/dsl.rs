@@ -110,8 +110,8 @@ impl<const N: usize> Signature<N> {
             let declared = TensorType::new(self.shape(decl, sizes), decl.dtype);
             if *result.ty() != declared {
                 errors.push(Error::ResultType {
-                    model: self.model.to_string(),
-                    result: decl.name.to_string(),
+                    model: self.model,
+                    result: decl.name,
                     declared: format!("{}{} = {declared}", decl.dtype, self.declared(decl)),
                     given: result.ty().clone(),
                     location,

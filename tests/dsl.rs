@@ -224,7 +224,7 @@ fn result_of_another_shape_than_declared_is_an_error_at_the_declaration() {
     else {
         panic!("{err:?}")
     };
-    assert_eq!((model.as_str(), result.as_str()), ("widen", "result"));
+    assert_eq!((*model, *result), ("widen", "result"));
     assert_eq!(declared, "f32[B, D] = f32[2,3]");
     assert_eq!(given.shape, vec![2, 5]);
     assert_eq!(

@@ -142,10 +142,10 @@ pub enum Error {
         "{location}: model `{model}`: {result} is declared {declared} but the body returned {given}"
     )]
     ResultType {
-        /// The model.
-        model: String,
+        /// The model (static: models are declared in code).
+        model: &'static str,
         /// `result` or `result.N` for a tuple element.
-        result: String,
+        result: &'static str,
         /// The declared type with symbols bound, e.g. `f32[B, D] = f32[8,16]`.
         declared: String,
         /// The type the body returned.

@@ -24,6 +24,11 @@ use crate::spec::ShardSpec;
 /// errors: the function is then emitted only to keep IDEs and later errors useful).
 pub fn body_fn(model: &Model, constraints: bool) -> ItemFn {
     let mut func = model.func.clone();
+    // A model's parameters are its weights: usually more than clippy likes. And
+    // `#[shard(..)] let y = ..; y` is how a result is sharded, not a needless `let`.
+    func.attrs.push(syn::parse_quote!(
+        #[allow(clippy::too_many_arguments, clippy::let_and_return)]
+    ));
     for arg in &mut func.sig.inputs {
         if let FnArg::Typed(pt) = arg {
             retype(&mut pt.ty);

@@ -5,11 +5,11 @@
 //! code names items by `::gspmd::...` paths. The syntax and the generated API are
 //! documented on [`macro@model`] and in `docs/dsl.md`.
 //!
-//! The macro runs in three stages, each a module: [`parse`](mod@parse) (syntax into a
-//! `Model`, collecting errors), [`validate`](mod@validate) (names, ranks, the function's
-//! form), [`expand`](mod@expand) (code). Sharding specs have their own parser in
-//! [`spec`](mod@spec). On any error the function is still emitted, with its `Tensor<..>`
-//! types rewritten, next to the `compile_error!`s, so IDEs and later errors keep working.
+//! The macro runs in three stages, each a module: `parse` (syntax into a `Model`,
+//! collecting errors), `validate` (names, ranks, the function's form), `expand`
+//! (code). Sharding specs have their own parser in `spec`. On any error the function is
+//! still emitted, with its `Tensor<..>` types rewritten, next to the `compile_error!`s,
+//! so IDEs and later errors keep working.
 
 mod errors;
 mod expand;
