@@ -306,8 +306,9 @@ fn transformer(
         );
         #[shard(data, _, _, name = "residual")]
         let y = &x + &a;
+        let ffn_in = |t: &Tensor| t.layer_norm(-1, 1e-5).matmul(&layer(&w1, l));
         #[shard(data, _, model)]
-        let h = y.layer_norm(-1, 1e-5).matmul(&layer(&w1, l)).gelu();
+        let h = ffn_in(&y).gelu();
         x = &y + &h.matmul(&layer(&w2, l));
     }
     x
@@ -383,7 +384,7 @@ fn einsum_model(
     scale: f32,
 ) -> (Tensor<B, F>, Tensor<B>) {
     let y = einsum("bd,df->bf", &x, &w) * scale;
-    let rows = y.einsum("bf->b");
+    let rows = y.transpose(&[1, 0]).einsum("fb->b");
     (y, rows)
 }
 
@@ -393,6 +394,7 @@ fn einsum_model_lowers_to_dot_and_reduce() {
     gspmd::ir::verify(&p).unwrap();
     assert_eq!(count(&p, "dot_general"), 1);
     assert_eq!(count(&p, "reduce"), 1);
+    assert_eq!(count(&p, "transpose"), 1);
     assert_eq!(p.outputs.len(), 2);
     let shapes: Vec<Vec<usize>> = p.outputs.iter().map(|&v| p.ty(v).shape.clone()).collect();
     assert_eq!(shapes, vec![vec![4, 6], vec![4]]);

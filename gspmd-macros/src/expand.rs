@@ -196,6 +196,8 @@ pub fn model(model: &Model) -> TokenStream {
 
     let builder = Ident::new("builder", Span::mixed_site());
     let sizes = Ident::new("sizes", Span::mixed_site());
+    let dims = Ident::new("dims", Span::mixed_site());
+    let shapes = Ident::new("shapes", Span::mixed_site());
     let mut call_args = Vec::new();
     let mut statics = Vec::new();
     let mut static_names = Vec::new();
@@ -269,8 +271,8 @@ pub fn model(model: &Model) -> TokenStream {
             ///
             /// Errors: every shape error the body's ops record (each naming the user's
             /// source line), and a result whose type differs from the declared one.
-            pub fn trace(dims: Dims, #(#statics),*) -> #result_ty {
-                trace_sizes(dims.sizes(), #(#static_names),*)
+            pub fn trace(#dims: Dims, #(#statics),*) -> #result_ty {
+                trace_sizes(#dims.sizes(), #(#static_names),*)
             }
 
             /// Traces the model with symbol sizes bound from one concrete shape per
@@ -278,8 +280,8 @@ pub fn model(model: &Model) -> TokenStream {
             ///
             /// Errors: a wrong number of shapes, a shape whose rank or fixed size does not
             /// fit its declaration, a symbol given two sizes; then as [`trace`].
-            pub fn trace_shapes(shapes: &[&[usize]], #(#statics),*) -> #result_ty {
-                let #sizes = SIGNATURE.bind_shapes(shapes)?;
+            pub fn trace_shapes(#shapes: &[&[usize]], #(#statics),*) -> #result_ty {
+                let #sizes = SIGNATURE.bind_shapes(#shapes)?;
                 trace_sizes(#sizes, #(#static_names),*)
             }
 
