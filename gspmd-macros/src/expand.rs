@@ -221,7 +221,7 @@ pub fn model(model: &Model) -> TokenStream {
         }
     }
 
-    let (result, output_decls, outputs_done) = outputs(model, &symbols, &sizes);
+    let (result, output_decls, outputs_done) = outputs(model, &symbols, &builder, &sizes);
 
     let sym_names = symbols.iter().map(ToString::to_string);
     let dims_doc = format!(
@@ -341,6 +341,7 @@ fn parameter(
 fn outputs(
     model: &Model,
     symbols: &[&Ident],
+    builder: &Ident,
     sizes: &Ident,
 ) -> (TokenStream, Vec<TokenStream>, TokenStream) {
     let Some(output) = &model.output else {
@@ -383,7 +384,6 @@ fn outputs(
             .map(|n| quote_spanned!(span=> .named(#n)));
         Some(quote_spanned!(span=> let #name = #name.shard(#sharding) #named;))
     });
-    let builder = Ident::new("builder", Span::mixed_site());
     let span = output.ty.span();
     let finish = quote_spanned!(span=> SIGNATURE.finish(#builder, &[#(&#names),*], &#sizes));
     (pattern, decls, quote!(#(#constraints)* #finish))
