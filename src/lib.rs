@@ -1,8 +1,50 @@
 //! gspmd: GSPMD (Xu et al., arXiv 2105.04663) as an embedded Rust DSL.
 //!
-//! This facade re-exports [`gspmd_core`] (IR, shardings, propagation, runtimes) and
-//! [`gspmd_macros`] (the `#[gspmd::model]` DSL).
+//! This facade re-exports [`gspmd_core`] (IR, shardings, propagation, runtimes) and the
+//! [`macro@model`] attribute of [`gspmd_macros`]. Start with `use gspmd::prelude::*;`.
+//!
+//! ```
+//! use gspmd::prelude::*;
+//!
+//! /// Megatron MLP.
+//! #[gspmd::model(mesh = (data, model))]
+//! pub fn mlp(
+//!     #[shard(data, _)] x: Tensor<B, D>,
+//!     #[shard(_, model)] w1: Tensor<D, F>,
+//!     #[shard(model, _)] w2: Tensor<F, D>,
+//! ) -> Tensor<B, D> {
+//!     #[shard(data, model)]
+//!     let h = x.matmul(&w1).relu();
+//!     h.matmul(&w2)
+//! }
+//!
+//! fn main() -> gspmd::Result<()> {
+//!     let program: gspmd::ir::Program = mlp::trace(mlp::Dims { B: 8, D: 16, F: 64 })?;
+//!     // Or bind the shape symbols from concrete input shapes:
+//!     let same = mlp::trace_shapes(&[&[8, 16], &[16, 64], &[64, 16]])?;
+//!     assert_eq!(program, same);
+//!     let mesh = mlp::mesh([2, 4])?; // data = 2, model = 4
+//!     assert_eq!(mesh.num_devices(), 8);
+//!     println!("{program}");
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The DSL's syntax and generated API are described on [`macro@model`]
+//! (and in `docs/dsl.md`).
+
+// Lets the generated `::gspmd::...` paths resolve inside this crate too.
+extern crate self as gspmd;
+
+pub mod dsl;
 
 pub use gspmd_core::*;
-#[allow(unused_imports)]
-pub use gspmd_macros::*;
+pub use gspmd_macros::model;
+
+/// What a model file needs: `use gspmd::prelude::*;`.
+pub mod prelude {
+    pub use crate::model;
+    pub use gspmd_core::ir::{Builder, DType, Program, Tensor, einsum};
+    pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
+    pub use gspmd_core::{Error, Result};
+}

@@ -102,6 +102,67 @@ pub enum Error {
         message: String,
     },
 
+    // ---- binding a model's inputs (the `#[gspmd::model]` DSL) ---------------------
+    /// A shape symbol of a model was given two different sizes by its input shapes.
+    #[error(
+        "model `{model}`: shape symbol `{symbol}` is {first_size} in parameter `{first_param}` \
+         but {second_size} in parameter `{second_param}`"
+    )]
+    SymbolConflict {
+        /// The model.
+        model: String,
+        /// The symbol, e.g. `D`.
+        symbol: String,
+        /// The parameter that bound it first.
+        first_param: String,
+        /// The size it bound.
+        first_size: usize,
+        /// The parameter that disagrees.
+        second_param: String,
+        /// The size it gives.
+        second_size: usize,
+    },
+    /// A model was given a different number of input shapes than it has tensor parameters.
+    #[error("model `{model}` has {expected} tensor parameters but {given} shapes were given")]
+    ArgumentCount {
+        /// The model.
+        model: String,
+        /// Number of tensor parameters.
+        expected: usize,
+        /// Number of shapes given.
+        given: usize,
+    },
+    /// An input shape does not fit its parameter's declaration (rank or a fixed size).
+    #[error(
+        "model `{model}`: parameter `{param}` is declared {declared} but was given shape {given:?}"
+    )]
+    ArgumentShape {
+        /// The model.
+        model: String,
+        /// The parameter.
+        param: String,
+        /// The declared dims, e.g. `[B, 16]`.
+        declared: String,
+        /// The shape given.
+        given: Vec<usize>,
+    },
+    /// A model's body returned a value whose type differs from the declared result type.
+    #[error(
+        "{location}: model `{model}`: {result} is declared {declared} but the body returned {given}"
+    )]
+    ResultType {
+        /// The model (static: models are declared in code).
+        model: &'static str,
+        /// `result` or `result.N` for a tuple element.
+        result: &'static str,
+        /// The declared type with symbols bound, e.g. `f32[B, D] = f32[8,16]`.
+        declared: String,
+        /// The type the body returned.
+        given: crate::ir::TensorType,
+        /// Where the result type is declared.
+        location: Location,
+    },
+
     // ---- running programs ----------------------------------------------------------
     /// A program was run with the wrong inputs.
     #[error("input {index} ({name}): {message}")]

@@ -1,2 +1,91 @@
-//! Procedural macros for gspmd. The `#[gspmd::model]` attribute arrives with the DSL
-//! issue; until then this crate only reserves its place in the workspace.
+//! Procedural macros of gspmd: the `#[gspmd::model]` attribute, which turns an ordinary
+//! Rust function over tensors into code that traces it into gspmd's IR.
+//!
+//! Use it through the facade crate (`gspmd::model`, `gspmd::prelude::*`); the generated
+//! code names items by `::gspmd::...` paths. The syntax and the generated API are
+//! documented on [`macro@model`] and in `docs/dsl.md`.
+//!
+//! The macro runs in three stages, each a module: `parse` (syntax into a `Model`,
+//! collecting errors), `validate` (names, ranks, the function's form), `expand`
+//! (code). Sharding specs have their own parser in `spec`. On any error the function is
+//! still emitted, with its `Tensor<..>` types rewritten, next to the `compile_error!`s,
+//! so IDEs and later errors keep working.
+
+mod errors;
+mod expand;
+mod parse;
+mod spec;
+mod validate;
+
+use proc_macro::TokenStream;
+use quote::quote;
+
+use errors::Errors;
+
+/// Turns a function over declared tensors into a traceable model.
+///
+/// ```ignore
+/// use gspmd::prelude::*;
+///
+/// /// Megatron MLP.
+/// #[gspmd::model(mesh = (data, model))]
+/// pub fn mlp(
+///     #[shard(data, _)] x: Tensor<B, D>,
+///     #[shard(_, model)] w1: Tensor<D, F>,
+///     #[shard(model, _)] w2: Tensor<F, D>,
+/// ) -> Tensor<B, D> {
+///     #[shard(data, model)]
+///     let h = x.matmul(&w1).relu();
+///     h.matmul(&w2)
+/// }
+///
+/// let program = mlp::trace(mlp::Dims { B: 8, D: 16, F: 64 })?;
+/// let program = mlp::trace_shapes(&[&[8, 16], &[16, 64], &[64, 16]])?;
+/// ```
+///
+/// **Attribute.** `mesh = (axis, ...)` (required) names the mesh axes, major to minor;
+/// `out = (spec)` or `out = [(spec), ...]` pins the result shardings (one per result).
+///
+/// **Types.** `Tensor<B, D>`: one entry per dim, a shape symbol (`B`) or a fixed size
+/// (`16`), optionally followed by the element type `f32` (default), `i32` or `bool`;
+/// `Tensor<>` is an f32 scalar. The result is a `Tensor<..>` or a tuple of them; its
+/// symbols must appear in some parameter. Other parameters (`layers: usize`) are
+/// *static arguments*: passed through `trace` and `trace_shapes` to the body.
+///
+/// **Shardings.** `#[shard(...)]` on a tensor parameter annotates it; on a
+/// `let name = value;` it inserts a `sharding_constraint` on the value (named after the
+/// binding). Entries: `_` replicated, `?` open (propagation may fill it), `axis`,
+/// `(a, b)` several axes major to minor, a trailing `?` to leave a dim open, `@N` a
+/// per-dim priority; then options `priority = N`, `unreduced = (axis, ..)`,
+/// `replicated = (axis, ..)`, `name = "..."`.
+///
+/// **Generated.** The function itself, same name and visibility, over
+/// `gspmd::ir::Tensor` handles (callable from other models), and a module of the same
+/// name with `Dims` (one `usize` field per shape symbol), `MESH_AXES`, `SIGNATURE`,
+/// `mesh(sizes)`, `trace(dims, statics..)` and `trace_shapes(shapes, statics..)`.
+///
+/// Models must be items of a module (not declared inside a function body): the
+/// generated module reaches the function through `super::`.
+#[proc_macro_attribute]
+pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let func = match syn::parse::<syn::ItemFn>(item.clone()) {
+        Ok(func) => func,
+        Err(e) => {
+            let message = format!("`#[gspmd::model]` goes on a free function: {e}");
+            let error = syn::Error::new(e.span(), message).into_compile_error();
+            let item = proc_macro2::TokenStream::from(item);
+            return quote!(#error #item).into();
+        }
+    };
+    let mut errors = Errors::default();
+    let model = parse::model(attr.into(), func, &mut errors);
+    validate::model(&model, &mut errors);
+    match errors.finish() {
+        Ok(()) => expand::model(&model).into(),
+        Err(e) => {
+            let func = expand::body_fn(&model, false);
+            let errors = e.into_compile_error();
+            quote!(#errors #func).into()
+        }
+    }
+}

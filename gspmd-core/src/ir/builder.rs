@@ -348,6 +348,8 @@ impl Tensor {
         t.annotate_at(sharding, location)
     }
 
+    // `#[track_caller]` so that `annotate`'s rank error names the user's line too.
+    #[track_caller]
     fn annotate_at(&self, sharding: Sharding, location: Location) -> Tensor {
         let Some(id) = self.id else {
             return self.clone();

@@ -1,0 +1,458 @@
+//! Parsing: the attribute's arguments and the model function into a [`Model`].
+//!
+//! Parsing is syntax only and never stops at the first problem: malformed specs and
+//! tensor types, duplicate or misplaced `#[shard]`s are collected in [`Errors`]. Every
+//! `#[shard]` is taken off the function, so the function left in [`Model::func`] is
+//! plain Rust apart from its `Tensor<..>` types.
+
+use proc_macro2::TokenStream;
+use syn::parse::{Parse, ParseStream};
+use syn::visit_mut::{self, VisitMut};
+use syn::{
+    Attribute, Expr, FnArg, GenericArgument, Ident, ItemFn, Lit, Pat, PathArguments, ReturnType,
+    Token, Type, token,
+};
+
+use crate::errors::Errors;
+use crate::spec::{self, ShardSpec};
+
+/// The keys `#[gspmd::model(...)]` accepts.
+pub const MODEL_KEYS: &str = "mesh, out";
+
+/// The arguments of `#[gspmd::model(mesh = (...), out = ...)]`.
+pub struct ModelArgs {
+    /// `mesh = (axis, ...)`; `None` if missing.
+    pub mesh: Option<Vec<Ident>>,
+    /// `out = spec` or `out = [spec, ...]`.
+    pub out: Option<OutSpecs>,
+}
+
+/// The output shardings given by `out = ...`.
+pub struct OutSpecs {
+    /// The `out` key, for errors.
+    pub key: Ident,
+    /// One spec per listed output.
+    pub specs: Vec<ShardSpec>,
+}
+
+/// A parsed model function.
+pub struct Model {
+    /// The attribute's arguments; `None` if they did not parse (already reported).
+    pub args: Option<ModelArgs>,
+    /// The function, with every `#[shard]` removed.
+    pub func: ItemFn,
+    /// Its parameters, in order.
+    pub params: Vec<Param>,
+    /// The declared result; `None` if it is not a tensor or a tuple of them.
+    pub output: Option<Output>,
+    /// The `#[shard]`-annotated `let` statements of the body.
+    pub lets: Vec<LetShard>,
+}
+
+/// One parameter of the model function.
+pub struct Param {
+    /// The parameter's pattern.
+    pub pat: Pat,
+    /// Its declared type.
+    pub ty: Type,
+    /// `Some` for a `Tensor<..>` parameter; `None` for a static argument.
+    pub tensor: Option<TensorDecl>,
+    /// Its `#[shard(...)]`, if any.
+    pub shard: Option<Shard>,
+}
+
+/// A `#[shard(...)]` attribute and its parsed spec.
+pub struct Shard {
+    /// The attribute, for spans.
+    pub attr: Attribute,
+    /// The spec.
+    pub spec: ShardSpec,
+}
+
+/// A declared tensor type `Tensor<B, 16, i32>`.
+pub struct TensorDecl {
+    /// Dims, major to minor.
+    pub dims: Vec<DimDecl>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl std::fmt::Display for TensorDecl {
+    /// As the user writes it: `Tensor<B, 16, i32>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = self
+            .dims
+            .iter()
+            .map(|d| match d {
+                DimDecl::Symbol(s) => s.to_string(),
+                DimDecl::Fixed(n) => n.to_string(),
+            })
+            .collect();
+        match self.dtype {
+            DType::F32 => {}
+            DType::I32 => parts.push("i32".into()),
+            DType::Bool => parts.push("bool".into()),
+        }
+        write!(f, "Tensor<{}>", parts.join(", "))
+    }
+}
+
+/// One declared dim.
+pub enum DimDecl {
+    /// A shape symbol such as `B`, bound when tracing.
+    Symbol(Ident),
+    /// A fixed size.
+    Fixed(usize),
+}
+
+/// The element types a tensor may declare.
+#[derive(Clone, Copy)]
+pub enum DType {
+    /// `f32` (the default).
+    F32,
+    /// `i32`.
+    I32,
+    /// `bool`.
+    Bool,
+}
+
+/// The declared result: one tensor or a tuple of them.
+pub struct Output {
+    /// The return type as written.
+    pub ty: Type,
+    /// The declared tensors.
+    pub tensors: Vec<TensorDecl>,
+    /// True for a tuple (even of one).
+    pub tuple: bool,
+}
+
+/// A `#[shard(...)] let name = init;` statement of the body.
+pub struct LetShard {
+    /// Position of the `let` among all `let`s of the body, in syntax-tree order.
+    pub index: usize,
+    /// The attribute and spec.
+    pub shard: Shard,
+    /// The bound name, if the pattern is a plain name.
+    pub binding: Option<Ident>,
+}
+
+impl Parse for ModelArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = ModelArgs {
+            mesh: None,
+            out: None,
+        };
+        let mut seen: Vec<Ident> = Vec::new();
+        while !input.is_empty() {
+            let key: Ident = input.parse()?;
+            if seen.contains(&key) {
+                return Err(syn::Error::new_spanned(
+                    &key,
+                    format!("`{key}` given twice"),
+                ));
+            }
+            input.parse::<Token![=]>()?;
+            match key.to_string().as_str() {
+                "mesh" => args.mesh = Some(spec::parse_axes(input)?),
+                "out" => {
+                    args.out = Some(OutSpecs {
+                        key: key.clone(),
+                        specs: parse_out(input)?,
+                    })
+                }
+                _ => {
+                    return Err(syn::Error::new_spanned(
+                        &key,
+                        format!("unknown model option `{key}`; valid options: {MODEL_KEYS}"),
+                    ));
+                }
+            }
+            seen.push(key);
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+/// `(spec)` for one output, `[(spec), ...]` for several.
+fn parse_out(input: ParseStream) -> syn::Result<Vec<ShardSpec>> {
+    let paren_spec = |input: ParseStream| -> syn::Result<ShardSpec> {
+        if !input.peek(token::Paren) {
+            return Err(input.error("expected an output sharding in parentheses, e.g. `(data, _)`"));
+        }
+        let content;
+        syn::parenthesized!(content in input);
+        content.parse()
+    };
+    if input.peek(token::Bracket) {
+        let content;
+        syn::bracketed!(content in input);
+        let specs = content.parse_terminated(paren_spec, Token![,])?;
+        Ok(specs.into_iter().collect())
+    } else {
+        Ok(vec![paren_spec(input)?])
+    }
+}
+
+/// Parses the model: `attr` is the attribute's arguments, `func` the function.
+pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model {
+    let args = match syn::parse2::<ModelArgs>(attr) {
+        Ok(args) => Some(args),
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    };
+    let params = func
+        .sig
+        .inputs
+        .iter_mut()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(pt) => Some(param(pt, errors)),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let output = match &func.sig.output {
+        ReturnType::Default => {
+            errors.spanned(
+                &func.sig.ident,
+                "a model returns a `Tensor<..>` or a tuple of them: add `-> Tensor<..>`",
+            );
+            None
+        }
+        ReturnType::Type(_, ty) => output(ty, errors),
+    };
+    let mut lets = ShardLets {
+        errors,
+        count: 0,
+        found: Vec::new(),
+    };
+    lets.visit_block_mut(&mut func.block);
+    let lets = lets.found;
+    Model {
+        args,
+        func,
+        params,
+        output,
+        lets,
+    }
+}
+
+/// Takes the `#[shard]` attributes off `attrs`: the first parsed, the others errors.
+fn take_shard(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Option<Shard> {
+    let (shards, rest): (Vec<Attribute>, Vec<Attribute>) =
+        std::mem::take(attrs).into_iter().partition(spec::is_shard);
+    *attrs = rest;
+    let mut shards = shards.into_iter();
+    let first = shards.next()?;
+    for dup in shards {
+        errors.spanned(&dup, "duplicate `#[shard]`: give one sharding per value");
+    }
+    match spec::parse_attribute(&first) {
+        Ok(spec) => Some(Shard { attr: first, spec }),
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+fn param(pt: &mut syn::PatType, errors: &mut Errors) -> Param {
+    let shard = take_shard(&mut pt.attrs, errors);
+    let tensor = tensor_decl(&pt.ty, errors);
+    if tensor.is_some() && !matches!(&*pt.pat, Pat::Ident(_)) {
+        errors.spanned(&pt.pat, "a tensor parameter must be a plain name");
+    }
+    Param {
+        pat: (*pt.pat).clone(),
+        ty: (*pt.ty).clone(),
+        tensor,
+        shard,
+    }
+}
+
+fn output(ty: &Type, errors: &mut Errors) -> Option<Output> {
+    let mut result = |t: &Type| {
+        if !is_tensor_type(t) {
+            errors.spanned(
+                t,
+                "a model returns a `Tensor<..>` or a tuple of them, e.g. `-> Tensor<B, D>`",
+            );
+        }
+        tensor_decl(t, errors)
+    };
+    let (tensors, tuple) = match strip_group(ty) {
+        Type::Tuple(tuple) if !tuple.elems.is_empty() => {
+            let tensors: Vec<Option<TensorDecl>> = tuple.elems.iter().map(&mut result).collect();
+            (tensors.into_iter().collect::<Option<Vec<_>>>()?, true)
+        }
+        _ => (vec![result(ty)?], false),
+    };
+    Some(Output {
+        ty: ty.clone(),
+        tensors,
+        tuple,
+    })
+}
+
+fn strip_group(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(g) => strip_group(&g.elem),
+        Type::Paren(p) => strip_group(&p.elem),
+        _ => ty,
+    }
+}
+
+/// True if `ty`'s last path segment is `Tensor` (well-formed or not).
+pub fn is_tensor_type(ty: &Type) -> bool {
+    match strip_group(ty) {
+        Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Tensor"),
+        _ => false,
+    }
+}
+
+/// `Some` if `ty` is a well-formed `Tensor<..>`; a malformed one is reported and `None`.
+/// Any type whose last path segment is not `Tensor` is not a tensor: `None`, no error.
+pub fn tensor_decl(ty: &Type, errors: &mut Errors) -> Option<TensorDecl> {
+    let Type::Path(path) = strip_group(ty) else {
+        return None;
+    };
+    let segment = path.path.segments.last()?;
+    if !is_tensor_type(ty) {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &segment.arguments else {
+        errors.spanned(
+            ty,
+            "declare the tensor's dims: `Tensor<B, D>` (`Tensor<>` for an f32 scalar)",
+        );
+        return None;
+    };
+    let mut dims = Vec::new();
+    let mut dtype = None;
+    let count = args.args.len();
+    let mut ok = true;
+    for (i, arg) in args.args.iter().enumerate() {
+        let last = i + 1 == count;
+        match generic_dim(arg) {
+            Some(Ok(DimDecl::Symbol(ident))) => match element_type(&ident) {
+                Some(Ok(dt)) if last => dtype = Some(dt),
+                Some(Ok(_)) => {
+                    errors.spanned(
+                        &ident,
+                        "the element type must come last: `Tensor<B, D, i32>`",
+                    );
+                    ok = false;
+                }
+                Some(Err(message)) => {
+                    errors.spanned(&ident, message);
+                    ok = false;
+                }
+                None => dims.push(DimDecl::Symbol(ident)),
+            },
+            Some(Ok(fixed)) => dims.push(fixed),
+            Some(Err(e)) => {
+                errors.push(e);
+                ok = false;
+            }
+            None => {
+                errors.spanned(
+                    arg,
+                    "expected a dim (a shape symbol such as `B` or a size such as `16`) \
+                     or, last, an element type (`f32`, `i32`, `bool`)",
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then(|| TensorDecl {
+        dims,
+        dtype: dtype.unwrap_or(DType::F32),
+    })
+}
+
+/// A single identifier or an integer literal; `None` for anything else.
+fn generic_dim(arg: &GenericArgument) -> Option<syn::Result<DimDecl>> {
+    match arg {
+        GenericArgument::Type(Type::Path(p)) if p.qself.is_none() => {
+            p.path.get_ident().map(|i| Ok(DimDecl::Symbol(i.clone())))
+        }
+        GenericArgument::Const(Expr::Lit(lit)) => match &lit.lit {
+            Lit::Int(int) => Some(int.base10_parse().map(DimDecl::Fixed)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `Some(Ok)` for a supported element type, `Some(Err)` for another primitive type,
+/// `None` for a name that is a shape symbol.
+fn element_type(ident: &Ident) -> Option<Result<DType, String>> {
+    let name = ident.to_string();
+    match name.as_str() {
+        "f32" => Some(Ok(DType::F32)),
+        "i32" => Some(Ok(DType::I32)),
+        "bool" => Some(Ok(DType::Bool)),
+        "f16" | "bf16" | "f64" | "f128" | "i8" | "i16" | "i64" | "i128" | "isize" | "u8"
+        | "u16" | "u32" | "u64" | "u128" | "usize" | "char" | "str" => Some(Err(format!(
+            "unsupported element type `{name}`; gspmd tensors are `f32`, `i32` or `bool`"
+        ))),
+        _ => None,
+    }
+}
+
+/// Takes `#[shard]` off `let` statements (recording them) and reports any elsewhere.
+struct ShardLets<'a> {
+    errors: &'a mut Errors,
+    count: usize,
+    found: Vec<LetShard>,
+}
+
+impl VisitMut for ShardLets<'_> {
+    fn visit_local_mut(&mut self, local: &mut syn::Local) {
+        let index = self.count;
+        self.count += 1;
+        if let Some(shard) = take_shard(&mut local.attrs, self.errors) {
+            let binding = match &local.pat {
+                Pat::Ident(p) => Some(p.ident.clone()),
+                Pat::Type(t) => match &*t.pat {
+                    Pat::Ident(p) => Some(p.ident.clone()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match &local.init {
+                None => self.errors.spanned(
+                    &shard.attr,
+                    "`#[shard]` on a `let` needs a value: `let h = ...;`",
+                ),
+                Some(init) if init.diverge.is_some() => self
+                    .errors
+                    .spanned(&shard.attr, "`#[shard]` cannot annotate a `let ... else`"),
+                Some(_) => self.found.push(LetShard {
+                    index,
+                    shard,
+                    binding,
+                }),
+            }
+        }
+        visit_mut::visit_local_mut(self, local);
+    }
+
+    fn visit_attribute_mut(&mut self, attr: &mut Attribute) {
+        if spec::is_shard(attr) {
+            self.errors.spanned(
+                &*attr,
+                "`#[shard]` annotates a model parameter or a `let` statement only; to shard \
+                 a result, bind it (`#[shard(..)] let y = ..; y`) or use `out = (..)`",
+            );
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The sharding spec language of `#[shard(...)]` and `out = ...`, JAX `PartitionSpec`
+//! style: one entry per tensor dim, then `key = value` options.
+//!
+//! ```text
+//! spec    := entry ("," entry)* ","?
+//! entry   := dim | option
+//! dim     := ("_" | "?" | axis "?"? | "(" axis ("," axis)* ")" "?"?) ("@" INT)?
+//! option  := "priority" "=" INT | "unreduced" "=" axes | "replicated" "=" axes
+//!          | "name" "=" STRING
+//! axes    := axis | "(" axis ("," axis)* ")"
+//! ```
+//!
+//! `_` is a replicated closed dim, `?` an open dim propagation may fill, `data` a dim
+//! split over mesh axis `data`, `(data, model)` a dim split over both (major to minor);
+//! a trailing `?` leaves a dim with axes open, `@N` gives it user priority `N` (0 is
+//! the highest). This module only parses; names are checked in `validate`.
+
+use proc_macro2::TokenStream;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Ident, LitInt, LitStr, Token, token};
+
+/// The keys an option entry may have.
+pub const OPTION_KEYS: &str = "priority, unreduced, replicated, name";
+
+/// A parsed sharding spec.
+pub struct ShardSpec {
+    /// One entry per tensor dim.
+    pub dims: Vec<DimSpec>,
+    /// `priority = N`: the priority of every dim without its own `@N`.
+    pub priority: Option<u32>,
+    /// `unreduced = (...)`: axes along which the value is a pending partial sum.
+    pub unreduced: Vec<Ident>,
+    /// `replicated = (...)`: axes the value is explicitly replicated over.
+    pub replicated: Vec<Ident>,
+    /// `name = "..."`: a name for reports.
+    pub name: Option<LitStr>,
+    /// The spec's tokens, for errors about the spec as a whole.
+    pub tokens: TokenStream,
+}
+
+/// One dim of a spec.
+pub struct DimSpec {
+    /// Mesh axes, major to minor; empty for `_` and `?`.
+    pub axes: Vec<Ident>,
+    /// True for `?` and a trailing `?`.
+    pub open: bool,
+    /// `@N`.
+    pub priority: Option<u32>,
+}
+
+impl ShardSpec {
+    /// Every axis the spec names, in order of appearance (dims, unreduced, replicated).
+    pub fn axes(&self) -> impl Iterator<Item = &Ident> {
+        self.dims
+            .iter()
+            .flat_map(|d| &d.axes)
+            .chain(&self.unreduced)
+            .chain(&self.replicated)
+    }
+}
+
+impl Parse for ShardSpec {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let tokens: TokenStream = input.fork().parse()?;
+        let mut spec = ShardSpec {
+            dims: Vec::new(),
+            priority: None,
+            unreduced: Vec::new(),
+            replicated: Vec::new(),
+            name: None,
+            tokens,
+        };
+        let mut seen_keys: Vec<Ident> = Vec::new();
+        while !input.is_empty() {
+            if input.peek(Ident) && input.peek2(Token![=]) {
+                let key: Ident = input.parse()?;
+                input.parse::<Token![=]>()?;
+                if seen_keys.contains(&key) {
+                    return Err(syn::Error::new_spanned(
+                        &key,
+                        format!("option `{key}` given twice"),
+                    ));
+                }
+                parse_option(&key, input, &mut spec)?;
+                seen_keys.push(key);
+            } else {
+                if let Some(key) = seen_keys.first() {
+                    return Err(syn::Error::new(
+                        input.span(),
+                        format!("dims must come before options such as `{key} = ...`"),
+                    ));
+                }
+                spec.dims.push(input.parse()?);
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(spec)
+    }
+}
+
+fn parse_option(key: &Ident, input: ParseStream, spec: &mut ShardSpec) -> syn::Result<()> {
+    match key.to_string().as_str() {
+        "priority" => spec.priority = Some(parse_priority(input)?),
+        "unreduced" => spec.unreduced = parse_axes(input)?,
+        "replicated" => spec.replicated = parse_axes(input)?,
+        "name" => spec.name = Some(input.parse()?),
+        _ => {
+            return Err(syn::Error::new_spanned(
+                key,
+                format!("unknown sharding option `{key}`; valid options: {OPTION_KEYS}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_priority(input: ParseStream) -> syn::Result<u32> {
+    let lit: LitInt = input.parse()?;
+    lit.base10_parse::<u32>().map_err(|_| {
+        syn::Error::new_spanned(
+            &lit,
+            "priority must be a non-negative integer (0 is highest)",
+        )
+    })
+}
+
+/// `axis` or `(axis, ...)`.
+pub fn parse_axes(input: ParseStream) -> syn::Result<Vec<Ident>> {
+    if input.peek(token::Paren) {
+        let content;
+        let paren = syn::parenthesized!(content in input);
+        let axes: Punctuated<Ident, Token![,]> = content.parse_terminated(parse_axis, Token![,])?;
+        if axes.is_empty() {
+            return Err(syn::Error::new(paren.span.join(), "empty axis list"));
+        }
+        Ok(axes.into_iter().collect())
+    } else {
+        Ok(vec![parse_axis(input)?])
+    }
+}
+
+/// One mesh axis name: an identifier other than `_`.
+fn parse_axis(input: ParseStream) -> syn::Result<Ident> {
+    if input.peek(Token![_]) || input.peek(Token![?]) {
+        return Err(input.error(
+            "expected a mesh axis name; `_` and `?` stand for a whole dim, not inside `( )`",
+        ));
+    }
+    input
+        .parse::<Ident>()
+        .map_err(|e| syn::Error::new(e.span(), "expected a mesh axis name"))
+}
+
+impl Parse for DimSpec {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut dim = if input.peek(Token![_]) {
+            input.parse::<Token![_]>()?;
+            DimSpec {
+                axes: Vec::new(),
+                open: false,
+                priority: None,
+            }
+        } else if input.peek(Token![?]) {
+            input.parse::<Token![?]>()?;
+            DimSpec {
+                axes: Vec::new(),
+                open: true,
+                priority: None,
+            }
+        } else if input.peek(Ident) || input.peek(token::Paren) {
+            let axes = parse_axes(input)?;
+            let open = input.peek(Token![?]);
+            if open {
+                input.parse::<Token![?]>()?;
+            }
+            DimSpec {
+                axes,
+                open,
+                priority: None,
+            }
+        } else {
+            return Err(input.error(
+                "expected a dim: `_` (replicated), `?` (open), a mesh axis, \
+                 `(axis, ...)`, or an option `key = value`",
+            ));
+        };
+        if input.peek(Token![@]) {
+            input.parse::<Token![@]>()?;
+            dim.priority = Some(parse_priority(input)?);
+        }
+        Ok(dim)
+    }
+}
+
+/// Parses the arguments of a `#[shard(...)]` attribute. `#[shard]` and
+/// `#[shard = ...]` are errors.
+pub fn parse_attribute(attr: &syn::Attribute) -> syn::Result<ShardSpec> {
+    match &attr.meta {
+        syn::Meta::List(list) => list.parse_args(),
+        _ => Err(syn::Error::new_spanned(
+            attr,
+            "expected `#[shard(dim, ...)]`, e.g. `#[shard(data, _)]`",
+        )),
+    }
+}
+
+/// True if `attr` is `#[shard...]`.
+pub fn is_shard(attr: &syn::Attribute) -> bool {
+    attr.path().is_ident("shard")
+}

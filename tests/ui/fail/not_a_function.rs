@@ -1,0 +1,8 @@
+use gspmd::prelude::*;
+
+#[gspmd::model(mesh = (data))]
+struct Model {
+    x: Tensor,
+}
+
+fn main() {}
