@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod ir;
+pub mod runtime;
 pub mod sharding;
 
 pub use error::{Error, Result};
