@@ -133,13 +133,13 @@ impl Group {
 #[derive(Debug, Clone, PartialEq)]
 enum Call {
     /// A collective over the group of `axes`.
-    Collective { op: Collective, axes: Vec<String> },
+    Collective { op: CollectiveOp, axes: Vec<String> },
     /// The end of the device's program (the thread mesh's last rendezvous of a run).
     End,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Collective {
+enum CollectiveOp {
     AllReduce(ReduceKind),
     AllGather { dim: usize },
     ReduceScatter { kind: ReduceKind, dim: usize },
@@ -156,19 +156,19 @@ impl fmt::Display for Call {
         };
         let kind_name = |kind: &ReduceKind| format!("{kind:?}").to_lowercase();
         match op {
-            Collective::AllReduce(kind) => write!(f, "all_reduce({})", kind_name(kind)),
-            Collective::AllGather { dim } => write!(f, "all_gather(dim={dim})"),
-            Collective::ReduceScatter { kind, dim } => {
+            CollectiveOp::AllReduce(kind) => write!(f, "all_reduce({})", kind_name(kind)),
+            CollectiveOp::AllGather { dim } => write!(f, "all_gather(dim={dim})"),
+            CollectiveOp::ReduceScatter { kind, dim } => {
                 write!(f, "reduce_scatter({}, dim={dim})", kind_name(kind))
             }
-            Collective::AllToAll {
+            CollectiveOp::AllToAll {
                 split_dim,
                 concat_dim,
             } => write!(
                 f,
                 "all_to_all(split_dim={split_dim}, concat_dim={concat_dim})"
             ),
-            Collective::CollectivePermute { pairs } => {
+            CollectiveOp::CollectivePermute { pairs } => {
                 write!(f, "collective_permute(pairs={pairs:?})")
             }
         }?;
@@ -360,13 +360,13 @@ impl SharedMemoryCommunicator {
     /// is then the identity. Any error aborts the communicator.
     fn collective(
         &self,
-        op: Collective,
+        op: CollectiveOp,
         axes: &[String],
         x: Literal,
         check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
         compute: impl FnOnce(&Self, Exchange) -> Result<Literal>,
     ) -> Result<Literal> {
-        let identity_when_alone = !matches!(op, Collective::CollectivePermute { .. });
+        let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
         let call = Arc::new(Call::Collective {
             op,
             axes: axes.to_vec(),
@@ -502,7 +502,7 @@ fn check_dim(shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
 
 fn check_divisible(group: &Group, shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
     check_dim(shape, dim, what)?;
-    if shape[dim] % group.size() == 0 {
+    if shape[dim].is_multiple_of(group.size()) {
         Ok(())
     } else {
         Err(format!(
@@ -540,7 +540,7 @@ impl Communicator for SharedMemoryCommunicator {
     fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
         let x = standard_layout(x);
         self.collective(
-            Collective::AllReduce(kind),
+            CollectiveOp::AllReduce(kind),
             axes,
             x,
             |_, _| Ok(()),
@@ -550,7 +550,7 @@ impl Communicator for SharedMemoryCommunicator {
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
         self.collective(
-            Collective::AllGather { dim },
+            CollectiveOp::AllGather { dim },
             axes,
             x,
             |_, shape| check_dim(shape, dim, "dim"),
@@ -566,7 +566,7 @@ impl Communicator for SharedMemoryCommunicator {
         x: Literal,
     ) -> Result<Literal> {
         self.collective(
-            Collective::ReduceScatter { kind, dim },
+            CollectiveOp::ReduceScatter { kind, dim },
             axes,
             x,
             |group, shape| check_divisible(group, shape, dim, "dim"),
@@ -582,7 +582,7 @@ impl Communicator for SharedMemoryCommunicator {
         x: Literal,
     ) -> Result<Literal> {
         self.collective(
-            Collective::AllToAll {
+            CollectiveOp::AllToAll {
                 split_dim,
                 concat_dim,
             },
@@ -603,7 +603,7 @@ impl Communicator for SharedMemoryCommunicator {
         x: Literal,
     ) -> Result<Literal> {
         self.collective(
-            Collective::CollectivePermute {
+            CollectiveOp::CollectivePermute {
                 pairs: pairs.to_vec(),
             },
             axes,
