@@ -11,7 +11,7 @@ use gspmd_core::ir::{DType, Literal, ReduceKind};
 use gspmd_core::runtime::{DeviceContext, ThreadMesh};
 use gspmd_core::sharding::Mesh;
 use gspmd_core::{Error, Result};
-use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
 
 // ---- inputs and independent expectations ---------------------------------------------
 
@@ -677,4 +677,42 @@ fn all_reduce_writes_into_the_operand_buffer() {
         })
         .unwrap();
     assert_eq!(same, vec![true; 4]);
+}
+
+#[test]
+fn all_reduce_handles_uneven_lengths_and_transposed_operands() {
+    let mesh = ThreadMesh::new(Mesh::new([("x", 8)]).unwrap()).unwrap();
+    // 15 elements cut in 8 chunks; 2 elements (six empty chunks); a transposed view.
+    let operand = |device: usize, shape: &[usize]| {
+        ArrayD::from_shape_fn(IxDyn(shape), |ix| {
+            (ix.slice().iter().fold(0, |a, &i| a * 7 + i) as i32 - 11) * (device as i32 % 3 - 1)
+        })
+    };
+    let outputs = mesh
+        .run(move |ctx| {
+            let comm = ctx.communicator();
+            let x_axis = axes(&["x"]);
+            let d = ctx.device();
+            let odd = comm.all_reduce(&x_axis, ReduceKind::Sum, operand(d, &[3, 5]).into())?;
+            let tiny = comm.all_reduce(&x_axis, ReduceKind::Max, operand(d, &[2]).into())?;
+            let transposed = operand(d, &[3, 5]).reversed_axes();
+            let t = comm.all_reduce(&x_axis, ReduceKind::Sum, transposed.into())?;
+            Ok([odd, tiny, t])
+        })
+        .unwrap();
+    let sum = |shape: &[usize]| {
+        fold(
+            &(0..8).map(|d| operand(d, shape)).collect::<Vec<_>>(),
+            |a, b| a + b,
+        )
+    };
+    let max = fold(
+        &(0..2).map(|d| operand(7 - d, &[2])).collect::<Vec<_>>(),
+        i32::max,
+    );
+    for [odd, tiny, t] in outputs {
+        assert_eq!(odd, sum(&[3, 5]).into());
+        assert_eq!(tiny, max.clone().into());
+        assert_eq!(t, sum(&[3, 5]).reversed_axes().into());
+    }
 }

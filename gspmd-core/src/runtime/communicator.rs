@@ -9,7 +9,10 @@
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Axis, Slice, Zip};
+use ndarray::{
+    ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, IxDyn,
+    Slice, Zip,
+};
 
 use crate::error::{Error, Result};
 use crate::ir::{DType, Literal, ReduceKind, TensorType};
@@ -691,7 +694,11 @@ element!(bool, Bool, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | 
 
 /// `acc = kind(acc, x)` elementwise; the match is outside the loop so each loop inlines
 /// its combiner.
-fn accumulate<T: Element>(kind: ReduceKind, acc: ArrayViewMutD<'_, T>, x: ArrayViewD<'_, T>) {
+fn accumulate<T: Element, D: Dimension>(
+    kind: ReduceKind,
+    acc: ArrayViewMut<'_, T, D>,
+    x: ArrayView<'_, T, D>,
+) {
     let zip = Zip::from(acc).and(x);
     match kind {
         ReduceKind::Sum => zip.for_each(|a, &b| *a = T::sum(*a, b)),
@@ -731,6 +738,9 @@ fn standard_layout(x: Literal) -> Literal {
     }
 }
 
+/// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
+const TILE: usize = 16 * 1024;
+
 fn all_reduce_typed<T: Element>(
     comm: &SharedMemoryCommunicator,
     ex: Exchange,
@@ -739,17 +749,30 @@ fn all_reduce_typed<T: Element>(
     let n = ex.group.size();
     let len = ex.mine.shape().iter().product();
     let range = |i: usize| chunk_start(len, n, i)..chunk_start(len, n, i + 1);
-    // Reduce-scatter: reduce my chunk of everyone's operand.
-    let chunks: Vec<ArrayViewD<'_, T>> = ex
+    // Reduce-scatter: reduce my chunk of everyone's operand, a cache-sized tile at a time.
+    let chunks: Vec<&[T]> = ex
         .operands::<T>()?
         .into_iter()
         .map(|x| {
             x.as_slice()
-                .map(|all| ndarray::aview1(&all[range(ex.group.index)]).into_dyn())
+                .map(|all| &all[range(ex.group.index)])
                 .ok_or_else(|| ex.fail("an operand is not in standard layout".into()))
         })
         .collect::<Result<_>>()?;
-    let reduced = reduce_blocks(kind, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
+    let (first, rest) = chunks
+        .split_first()
+        .ok_or_else(|| ex.fail("empty group".into()))?;
+    let mut reduced: Vec<T> = Vec::with_capacity(first.len());
+    for start in (0..first.len()).step_by(TILE) {
+        let tile = start..(start + TILE).min(first.len());
+        reduced.extend_from_slice(&first[tile.clone()]);
+        for chunk in rest {
+            let acc = ArrayViewMut1::from(&mut reduced[tile.clone()]);
+            accumulate(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
+        }
+    }
+    let reduced = ArrayD::from_shape_vec(IxDyn(&[reduced.len()]), reduced)
+        .map_err(|e| ex.fail(format!("reduced chunk: {e}")))?;
     drop(chunks);
     // All-gather the reduced chunks into my own operand's buffer, which nobody reads once
     // every device has let go of the first round.
