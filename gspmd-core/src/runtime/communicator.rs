@@ -374,7 +374,7 @@ impl SharedMemoryCommunicator {
             op,
             axes: axes.to_vec(),
         });
-        let result = self.start(call, x, check).and_then(|ex| {
+        let result = self.start(call, axes, x, check).and_then(|ex| {
             if ex.group.size() == 1 && identity_when_alone {
                 Ok(Arc::unwrap_or_clone(ex.mine))
             } else {
@@ -387,6 +387,7 @@ impl SharedMemoryCommunicator {
     fn start(
         &self,
         call: Arc<Call>,
+        axes: &[String],
         x: Literal,
         check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
     ) -> Result<Exchange> {
@@ -394,10 +395,6 @@ impl SharedMemoryCommunicator {
             device: self.device,
             collective: call.to_string(),
             message,
-        };
-        let axes = match &*call {
-            Call::Collective { axes, .. } => axes.as_slice(),
-            Call::End => &[],
         };
         let group = Group::of(&self.mesh, self.device, axes).map_err(fail)?;
         let operand = literal_type(&x);
