@@ -1,0 +1,718 @@
+//! ThreadMesh and its shared-memory collectives: every collective on a matrix of meshes
+//! and axis lists against results computed here from each device's input; failures,
+//! panics and mismatches end runs promptly with the right error; stores persist; drop
+//! joins the threads.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gspmd_core::ir::{DType, Literal, ReduceKind};
+use gspmd_core::runtime::{DeviceContext, ThreadMesh};
+use gspmd_core::sharding::Mesh;
+use gspmd_core::{Error, Result};
+use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
+
+// ---- inputs and independent expectations ---------------------------------------------
+
+const SHAPE: [usize; 2] = [8, 8];
+
+/// Device-specific inputs whose maxima and minima fall on different devices per element.
+fn input(device: usize, dtype: DType) -> Literal {
+    let value = |ix: IxDyn| (device * 31 + ix[0] * 7 + ix[1] * 3) % 23;
+    match dtype {
+        DType::F32 => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) as f32 - 11.0).into(),
+        DType::I32 => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) as i32 * 3 - 30).into(),
+        DType::Bool => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) % 3 == 0).into(),
+    }
+}
+
+/// The members of `device`'s group over `axes` in group order, and its index: found by
+/// filtering all devices on the other axes' coordinates and sorting by the mixed-radix
+/// index along `axes`.
+fn group_of(mesh: &Mesh, device: usize, axes: &[String]) -> (Vec<usize>, usize) {
+    let positions: Vec<usize> = axes.iter().map(|a| mesh.axis_index(a).unwrap()).collect();
+    let coords = |d: usize| mesh.device_coords(d).unwrap();
+    let mine = coords(device);
+    let key = |d: usize| {
+        let c = coords(d);
+        positions
+            .iter()
+            .fold(0, |acc, &p| acc * mesh.axes()[p].1 + c[p])
+    };
+    let mut members: Vec<usize> = (0..mesh.num_devices())
+        .filter(|&d| {
+            let c = coords(d);
+            (0..c.len()).all(|p| positions.contains(&p) || c[p] == mine[p])
+        })
+        .collect();
+    members.sort_by_key(|&d| key(d));
+    let index = members.iter().position(|&d| d == device).unwrap();
+    (members, index)
+}
+
+fn axes(names: &[&str]) -> Vec<String> {
+    names.iter().map(ToString::to_string).collect()
+}
+
+/// Every ordered list of distinct mesh axes of length 0 to 3.
+fn axis_lists(mesh: &Mesh) -> Vec<Vec<String>> {
+    let names: Vec<String> = mesh.axis_names().map(String::from).collect();
+    let mut lists = vec![vec![]];
+    let mut frontier: Vec<Vec<String>> = vec![vec![]];
+    for _ in 0..names.len().min(3) {
+        frontier = frontier
+            .iter()
+            .flat_map(|list| {
+                names
+                    .iter()
+                    .filter(|n| !list.contains(n))
+                    .map(|n| [list.clone(), vec![n.clone()]].concat())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        lists.extend(frontier.iter().cloned());
+    }
+    lists
+}
+
+/// The collectives each device runs, in order, on `input(device, dtype)`.
+#[derive(Debug, Clone, Copy)]
+enum Case {
+    AllReduce(ReduceKind, DType),
+    AllGather(usize, DType),
+    ReduceScatter(ReduceKind, usize, DType),
+    AllToAll(usize, usize, DType),
+    /// Shift by one towards higher group indices; the last member sends nothing, so
+    /// member 0 receives zeros (a group of one keeps its value).
+    ShiftUp(DType),
+    /// Full cycle towards lower group indices.
+    CycleDown(DType),
+}
+
+const CASES: &[Case] = &[
+    Case::AllReduce(ReduceKind::Sum, DType::F32),
+    Case::AllReduce(ReduceKind::Max, DType::F32),
+    Case::AllReduce(ReduceKind::Min, DType::F32),
+    Case::AllReduce(ReduceKind::Sum, DType::I32),
+    Case::AllReduce(ReduceKind::Max, DType::I32),
+    Case::AllReduce(ReduceKind::Min, DType::I32),
+    Case::AllReduce(ReduceKind::Max, DType::Bool),
+    Case::AllReduce(ReduceKind::Min, DType::Bool),
+    Case::AllGather(0, DType::F32),
+    Case::AllGather(1, DType::F32),
+    Case::AllGather(1, DType::Bool),
+    Case::ReduceScatter(ReduceKind::Sum, 0, DType::F32),
+    Case::ReduceScatter(ReduceKind::Max, 1, DType::F32),
+    Case::ReduceScatter(ReduceKind::Sum, 1, DType::I32),
+    Case::AllToAll(0, 1, DType::F32),
+    Case::AllToAll(1, 0, DType::F32),
+    Case::AllToAll(0, 0, DType::I32),
+    Case::AllToAll(1, 1, DType::Bool),
+    Case::ShiftUp(DType::F32),
+    Case::ShiftUp(DType::Bool),
+    Case::CycleDown(DType::I32),
+];
+
+fn pairs(case: Case, n: usize) -> Vec<(usize, usize)> {
+    match case {
+        Case::ShiftUp(_) if n == 1 => vec![(0, 0)],
+        Case::ShiftUp(_) => (0..n - 1).map(|i| (i, i + 1)).collect(),
+        Case::CycleDown(_) => (0..n).map(|i| (i, (i + n - 1) % n)).collect(),
+        _ => vec![],
+    }
+}
+
+fn dtype(case: Case) -> DType {
+    match case {
+        Case::AllReduce(_, t)
+        | Case::AllGather(_, t)
+        | Case::ReduceScatter(_, _, t)
+        | Case::AllToAll(_, _, t)
+        | Case::ShiftUp(t)
+        | Case::CycleDown(t) => t,
+    }
+}
+
+fn run_case(ctx: &DeviceContext, axes: &[String], case: Case) -> Result<Literal> {
+    let comm = ctx.communicator();
+    let x = input(ctx.device(), dtype(case));
+    let n = axes
+        .iter()
+        .map(|a| ctx.mesh().axis_size(a).unwrap())
+        .product();
+    match case {
+        Case::AllReduce(kind, _) => comm.all_reduce(axes, kind, x),
+        Case::AllGather(dim, _) => comm.all_gather(axes, dim, x),
+        Case::ReduceScatter(kind, dim, _) => comm.reduce_scatter(axes, kind, dim, x),
+        Case::AllToAll(split, concat, _) => comm.all_to_all(axes, split, concat, x),
+        Case::ShiftUp(_) | Case::CycleDown(_) => comm.collective_permute(axes, &pairs(case, n), x),
+    }
+}
+
+/// Elementwise `f` over the blocks, as this test understands the reductions.
+fn fold<T: Copy>(blocks: &[ArrayD<T>], f: impl Fn(T, T) -> T) -> ArrayD<T> {
+    let mut acc = blocks[0].clone();
+    for b in &blocks[1..] {
+        acc.zip_mut_with(b, |a, &x| *a = f(*a, x));
+    }
+    acc
+}
+
+fn reduce(kind: ReduceKind, inputs: &[Literal]) -> Literal {
+    fn arrays<T: Clone>(
+        inputs: &[Literal],
+        get: fn(&Literal) -> Option<&ArrayD<T>>,
+    ) -> Vec<ArrayD<T>> {
+        inputs.iter().map(|l| get(l).unwrap().clone()).collect()
+    }
+    match (&inputs[0], kind) {
+        (Literal::F32(_), ReduceKind::Sum) => {
+            fold(&arrays(inputs, Literal::as_f32), |a, b| a + b).into()
+        }
+        (Literal::F32(_), ReduceKind::Max) => {
+            fold(&arrays(inputs, Literal::as_f32), f32::max).into()
+        }
+        (Literal::F32(_), ReduceKind::Min) => {
+            fold(&arrays(inputs, Literal::as_f32), f32::min).into()
+        }
+        (Literal::I32(_), ReduceKind::Sum) => {
+            fold(&arrays(inputs, Literal::as_i32), |a, b| a + b).into()
+        }
+        (Literal::I32(_), ReduceKind::Max) => {
+            fold(&arrays(inputs, Literal::as_i32), i32::max).into()
+        }
+        (Literal::I32(_), ReduceKind::Min) => {
+            fold(&arrays(inputs, Literal::as_i32), i32::min).into()
+        }
+        (Literal::Bool(_), ReduceKind::Sum | ReduceKind::Max) => {
+            fold(&arrays(inputs, Literal::as_bool), |a, b| a || b).into()
+        }
+        (Literal::Bool(_), ReduceKind::Min) => {
+            fold(&arrays(inputs, Literal::as_bool), |a, b| a && b).into()
+        }
+    }
+}
+
+/// Block `index` of `n` along `dim`.
+fn block(x: &Literal, dim: usize, n: usize, index: usize) -> Literal {
+    fn cut<T: Clone>(a: &ArrayD<T>, dim: usize, n: usize, i: usize) -> ArrayD<T> {
+        let size = a.shape()[dim] / n;
+        a.slice_axis(Axis(dim), Slice::from(i * size..(i + 1) * size))
+            .to_owned()
+    }
+    match x {
+        Literal::F32(a) => cut(a, dim, n, index).into(),
+        Literal::I32(a) => cut(a, dim, n, index).into(),
+        Literal::Bool(a) => cut(a, dim, n, index).into(),
+    }
+}
+
+fn concat(dim: usize, blocks: &[Literal]) -> Literal {
+    fn cat<T: Clone>(
+        dim: usize,
+        blocks: &[Literal],
+        get: fn(&Literal) -> Option<&ArrayD<T>>,
+    ) -> ArrayD<T> {
+        let views: Vec<_> = blocks.iter().map(|b| get(b).unwrap().view()).collect();
+        ndarray::concatenate(Axis(dim), &views).unwrap()
+    }
+    match &blocks[0] {
+        Literal::F32(_) => cat(dim, blocks, Literal::as_f32).into(),
+        Literal::I32(_) => cat(dim, blocks, Literal::as_i32).into(),
+        Literal::Bool(_) => cat(dim, blocks, Literal::as_bool).into(),
+    }
+}
+
+fn expected(mesh: &Mesh, device: usize, axes: &[String], case: Case) -> Literal {
+    let (members, index) = group_of(mesh, device, axes);
+    let n = members.len();
+    let inputs: Vec<Literal> = members.iter().map(|&d| input(d, dtype(case))).collect();
+    match case {
+        Case::AllReduce(kind, _) => reduce(kind, &inputs),
+        Case::AllGather(dim, _) => concat(dim, &inputs),
+        Case::ReduceScatter(kind, dim, _) => block(&reduce(kind, &inputs), dim, n, index),
+        Case::AllToAll(split, concat_dim, _) => {
+            let blocks: Vec<Literal> = inputs.iter().map(|x| block(x, split, n, index)).collect();
+            concat(concat_dim, &blocks)
+        }
+        Case::ShiftUp(t) | Case::CycleDown(t) => {
+            match pairs(case, n).iter().find(|p| p.1 == index) {
+                Some(&(source, _)) => inputs[source].clone(),
+                None => Literal::full(&SHAPE, t, 0.0),
+            }
+        }
+    }
+}
+
+/// Runs every case over every axis list of `mesh` and compares with the expectations.
+fn check_all_collectives(mesh: Mesh) {
+    let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
+    for list in axis_lists(&mesh) {
+        let run_axes = list.clone();
+        let results = thread_mesh
+            .run(move |ctx| {
+                CASES
+                    .iter()
+                    .map(|&case| run_case(ctx, &run_axes, case))
+                    .collect::<Result<Vec<Literal>>>()
+            })
+            .unwrap_or_else(|e| panic!("{mesh} over {list:?}: {e}"));
+        for (device, outputs) in results.iter().enumerate() {
+            for (&case, output) in CASES.iter().zip(outputs) {
+                assert_eq!(
+                    *output,
+                    expected(&mesh, device, &list, case),
+                    "{mesh}, axes {list:?}, device {device}, {case:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn collectives_on_1_device() {
+    check_all_collectives(Mesh::new([("x", 1)]).unwrap());
+}
+
+#[test]
+fn collectives_on_2_devices() {
+    check_all_collectives(Mesh::new([("x", 2)]).unwrap());
+}
+
+#[test]
+fn collectives_on_4_devices() {
+    check_all_collectives(Mesh::new([("x", 4)]).unwrap());
+}
+
+#[test]
+fn collectives_on_8_devices() {
+    check_all_collectives(Mesh::new([("x", 8)]).unwrap());
+}
+
+#[test]
+fn collectives_on_2x2() {
+    check_all_collectives(Mesh::new([("data", 2), ("model", 2)]).unwrap());
+}
+
+#[test]
+fn collectives_on_2x4() {
+    check_all_collectives(Mesh::new([("data", 2), ("model", 4)]).unwrap());
+}
+
+#[test]
+fn collectives_on_4x2_with_a_permuted_device_order() {
+    let mesh =
+        Mesh::with_device_order([("data", 4), ("model", 2)], vec![3, 6, 0, 5, 1, 7, 2, 4]).unwrap();
+    check_all_collectives(mesh);
+}
+
+#[test]
+fn collectives_on_2x2x2() {
+    check_all_collectives(Mesh::new([("x", 2), ("y", 2), ("z", 2)]).unwrap());
+}
+
+#[test]
+fn axis_lists_cover_both_orders() {
+    let lists = axis_lists(&Mesh::new([("data", 2), ("model", 2)]).unwrap());
+    assert!(lists.contains(&axes(&["data", "model"])));
+    assert!(lists.contains(&axes(&["model", "data"])));
+    assert_eq!(lists.len(), 5);
+}
+
+// ---- failures --------------------------------------------------------------------------
+
+/// Runs `f` on another thread and fails the test if it takes more than `limit`.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || done.send(f()));
+    finished
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("did not finish within {limit:?}: hang"))
+}
+
+fn one_dim(n: usize) -> Arc<ThreadMesh> {
+    Arc::new(ThreadMesh::new(Mesh::new([("x", n)]).unwrap()).unwrap())
+}
+
+/// An all-reduce sum over `x` of `input(device, F32)`, checked against the expectation.
+fn assert_all_reduce_works(mesh: &Arc<ThreadMesh>) {
+    let mesh = Arc::clone(mesh);
+    let outputs = within(Duration::from_secs(5), move || {
+        mesh.run(|ctx| {
+            let x = input(ctx.device(), DType::F32);
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        })
+    })
+    .unwrap();
+    let n = outputs.len();
+    let all: Vec<Literal> = (0..n).map(|d| input(d, DType::F32)).collect();
+    for output in outputs {
+        assert_eq!(output, reduce(ReduceKind::Sum, &all));
+    }
+}
+
+fn deliberate() -> Error {
+    Error::ThreadMesh("deliberate failure".into())
+}
+
+#[test]
+fn a_failing_device_releases_the_others_and_the_mesh_recovers() {
+    let mesh = one_dim(8);
+    let runner = Arc::clone(&mesh);
+    let start = Instant::now();
+    let result = within(Duration::from_secs(5), move || {
+        runner.run(|ctx| {
+            if ctx.device() == 3 {
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(deliberate());
+            }
+            let x = input(ctx.device(), DType::F32);
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        })
+    });
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        result,
+        Err(Error::DeviceFailed {
+            device: 3,
+            cause: Box::new(deliberate())
+        })
+    );
+    assert_eq!(
+        result.unwrap_err().to_string(),
+        "device 3 failed: thread mesh: deliberate failure"
+    );
+    assert_all_reduce_works(&mesh);
+}
+
+#[test]
+fn a_panicking_device_releases_the_others_and_the_mesh_recovers() {
+    let mesh = one_dim(8);
+    let runner = Arc::clone(&mesh);
+    let result = within(Duration::from_secs(5), move || {
+        runner.run(|ctx| {
+            let x = input(ctx.device(), DType::F32);
+            let y = ctx
+                .communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)?;
+            if ctx.device() == 5 {
+                panic!("deliberate panic on device {}", ctx.device());
+            }
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Max, y)
+        })
+    });
+    assert_eq!(
+        result,
+        Err(Error::DevicePanicked {
+            device: 5,
+            message: "deliberate panic on device 5".into()
+        })
+    );
+    assert_all_reduce_works(&mesh);
+}
+
+/// Runs `program` on `mesh`, recording each device's result of `collective`; returns the
+/// run's result and the records.
+type Records = Arc<Mutex<Vec<Option<Result<Literal>>>>>;
+
+fn record(
+    mesh: &Arc<ThreadMesh>,
+    collective: impl Fn(&DeviceContext) -> Result<Literal> + Send + Sync + 'static,
+) -> (Result<Vec<()>>, Vec<Option<Result<Literal>>>) {
+    let records: Records = Arc::new(Mutex::new(vec![None; mesh.mesh().num_devices()]));
+    let (runner, written) = (Arc::clone(mesh), Arc::clone(&records));
+    let result = within(Duration::from_secs(5), move || {
+        runner.run(move |ctx| {
+            let outcome = collective(ctx);
+            written.lock().unwrap()[ctx.device()] = Some(outcome.clone());
+            outcome.map(|_| ())
+        })
+    });
+    let records = records.lock().unwrap().clone();
+    (result, records)
+}
+
+#[test]
+fn mismatched_shapes_are_an_error_on_every_member() {
+    let mesh = one_dim(4);
+    let (result, records) = record(&mesh, |ctx| {
+        let len = if ctx.device() == 2 { 3 } else { 4 };
+        let x = Literal::full(&[len], DType::F32, 1.0);
+        ctx.communicator()
+            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+    });
+    assert!(
+        matches!(result, Err(Error::Collective { .. })),
+        "{result:?}"
+    );
+    for (device, record) in records.into_iter().enumerate() {
+        match record {
+            Some(Err(Error::Collective {
+                device: d, message, ..
+            })) => {
+                assert_eq!(d, device);
+                assert!(
+                    message.contains("f32[3]") && message.contains("f32[4]"),
+                    "{message}"
+                );
+            }
+            other => panic!("device {device}: {other:?}"),
+        }
+    }
+    assert_all_reduce_works(&mesh);
+}
+
+#[test]
+fn mismatched_dtypes_in_one_group_release_the_other_groups() {
+    let mesh = Arc::new(ThreadMesh::new(Mesh::new([("a", 2), ("x", 2)]).unwrap()).unwrap());
+    let (result, records) = record(&mesh, |ctx| {
+        let dtype = if ctx.device() == 0 {
+            DType::I32
+        } else {
+            DType::F32
+        };
+        let x = Literal::full(&[4], dtype, 1.0);
+        ctx.communicator()
+            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+    });
+    assert!(
+        matches!(result, Err(Error::Collective { .. })),
+        "{result:?}"
+    );
+    // Devices 0 and 1 form the faulty group; 2 and 3 are released by the abort.
+    assert!(matches!(records[0], Some(Err(Error::Collective { .. }))));
+    assert!(matches!(records[1], Some(Err(Error::Collective { .. }))));
+    assert!(matches!(
+        records[2],
+        Some(Err(Error::Aborted { device: 2, .. }))
+    ));
+    assert!(matches!(
+        records[3],
+        Some(Err(Error::Aborted { device: 3, .. }))
+    ));
+}
+
+#[test]
+fn devices_at_different_collectives_are_an_error() {
+    let mesh = one_dim(4);
+    let (result, _) = record(&mesh, |ctx| {
+        let x = input(ctx.device(), DType::F32);
+        if ctx.device() == 1 {
+            ctx.communicator().all_gather(&axes(&["x"]), 0, x)
+        } else {
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        }
+    });
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains("devices disagree"), "{message}");
+    assert_all_reduce_works(&mesh);
+}
+
+#[test]
+fn a_device_that_skips_a_collective_is_an_error_not_a_hang() {
+    let mesh = one_dim(4);
+    let (result, _) = record(&mesh, |ctx| {
+        let x = input(ctx.device(), DType::F32);
+        if ctx.device() == 2 {
+            return Ok(x);
+        }
+        ctx.communicator()
+            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+    });
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains("the end of its program"), "{message}");
+    assert_all_reduce_works(&mesh);
+}
+
+type Collective = Box<dyn Fn(&DeviceContext) -> Result<Literal> + Send + Sync>;
+
+#[test]
+fn bad_collective_arguments_are_errors() {
+    let mesh = one_dim(4);
+    let x_axis = axes(&["x"]);
+    let bad: Vec<(&str, Collective)> = vec![
+        ("unknown mesh axis `y`", {
+            Box::new(|ctx| {
+                ctx.communicator()
+                    .all_gather(&axes(&["y"]), 0, input(0, DType::F32))
+            })
+        }),
+        ("listed twice", {
+            Box::new(|ctx| {
+                let twice = axes(&["x", "x"]);
+                ctx.communicator()
+                    .all_gather(&twice, 0, input(0, DType::F32))
+            })
+        }),
+        ("out of range", {
+            let a = x_axis.clone();
+            Box::new(move |ctx| ctx.communicator().all_gather(&a, 2, input(0, DType::F32)))
+        }),
+        ("does not divide", {
+            let a = x_axis.clone();
+            Box::new(move |ctx| {
+                let x = Literal::full(&[6], DType::F32, 1.0);
+                ctx.communicator().reduce_scatter(&a, ReduceKind::Sum, 0, x)
+            })
+        }),
+        ("target 1 appears in two pairs", {
+            let a = x_axis.clone();
+            Box::new(move |ctx| {
+                ctx.communicator()
+                    .collective_permute(&a, &[(0, 1), (2, 1)], input(0, DType::F32))
+            })
+        }),
+        ("beyond the group size", {
+            let a = x_axis.clone();
+            Box::new(move |ctx| {
+                ctx.communicator()
+                    .collective_permute(&a, &[(0, 4)], input(0, DType::F32))
+            })
+        }),
+    ];
+    for (expected, collective) in bad {
+        let (result, _) = record(&mesh, collective);
+        let message = result.unwrap_err().to_string();
+        assert!(
+            message.contains(expected),
+            "expected `{expected}` in: {message}"
+        );
+    }
+    assert_all_reduce_works(&mesh);
+}
+
+// ---- the mesh's lifetime ----------------------------------------------------------------
+
+#[test]
+fn the_resident_store_persists_across_runs() {
+    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
+    mesh.run(|ctx| {
+        let w = input(ctx.device(), DType::F32);
+        ctx.store_mut().insert("w".into(), w);
+        Ok(())
+    })
+    .unwrap();
+    // Two "training steps": w <- all_reduce_sum over data (w) each time.
+    for _ in 0..2 {
+        mesh.run(|ctx| {
+            let (comm, store) = ctx.communicator_and_store();
+            let w = store.remove("w").unwrap();
+            let w = comm.all_reduce(&axes(&["data"]), ReduceKind::Sum, w)?;
+            store.insert("w".into(), w);
+            Ok(())
+        })
+        .unwrap();
+    }
+    let stored = mesh.run(|ctx| Ok(ctx.store()["w"].clone())).unwrap();
+    for (device, w) in stored.iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &axes(&["data"]));
+        let once = reduce(
+            ReduceKind::Sum,
+            &members
+                .iter()
+                .map(|&d| input(d, DType::F32))
+                .collect::<Vec<_>>(),
+        );
+        let twice = reduce(ReduceKind::Sum, &vec![once; members.len()]);
+        assert_eq!(*w, twice, "device {device}");
+    }
+}
+
+#[test]
+fn results_are_indexed_by_device_and_threads_live_across_runs() {
+    let mesh = ThreadMesh::new(
+        Mesh::with_device_order([("data", 2), ("model", 2)], vec![2, 0, 3, 1]).unwrap(),
+    )
+    .unwrap();
+    let first = mesh
+        .run(|ctx| Ok((ctx.device(), std::thread::current().id())))
+        .unwrap();
+    let second = mesh
+        .run(|ctx| Ok((ctx.device(), std::thread::current().id())))
+        .unwrap();
+    assert_eq!(first, second);
+    for (i, (device, thread)) in first.iter().enumerate() {
+        assert_eq!(i, *device);
+        assert!(first[..i].iter().all(|(_, t)| t != thread));
+    }
+}
+
+thread_local! {
+    static TOKEN: std::cell::RefCell<Option<Arc<()>>> = const { std::cell::RefCell::new(None) };
+}
+
+#[test]
+fn drop_joins_every_device_thread() {
+    let token = Arc::new(());
+    let mesh = ThreadMesh::new(Mesh::new([("x", 4)]).unwrap()).unwrap();
+    let held = Arc::clone(&token);
+    mesh.run(move |_| {
+        TOKEN.with(|t| *t.borrow_mut() = Some(Arc::clone(&held)));
+        Ok(())
+    })
+    .unwrap();
+    // Each thread's local holds one; the program may still hold one while jobs finish.
+    assert!(Arc::strong_count(&token) > 4);
+    // A thread's locals are destroyed before it can be joined.
+    drop(mesh);
+    assert_eq!(Arc::strong_count(&token), 1);
+}
+
+#[test]
+fn all_reduce_writes_into_the_operand_buffer() {
+    let mesh = ThreadMesh::new(Mesh::new([("x", 4)]).unwrap()).unwrap();
+    let same = mesh
+        .run(|ctx| {
+            let x = input(ctx.device(), DType::F32);
+            let before = x.as_f32().unwrap().as_ptr() as usize;
+            let y = ctx
+                .communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)?;
+            Ok(before == y.as_f32().unwrap().as_ptr() as usize)
+        })
+        .unwrap();
+    assert_eq!(same, vec![true; 4]);
+}
+
+#[test]
+fn all_reduce_handles_uneven_lengths_and_transposed_operands() {
+    let mesh = ThreadMesh::new(Mesh::new([("x", 8)]).unwrap()).unwrap();
+    // 15 elements cut in 8 chunks; 2 elements (six empty chunks); a transposed view.
+    let operand = |device: usize, shape: &[usize]| {
+        ArrayD::from_shape_fn(IxDyn(shape), |ix| {
+            (ix.slice().iter().fold(0, |a, &i| a * 7 + i) as i32 - 11) * (device as i32 % 3 - 1)
+        })
+    };
+    let outputs = mesh
+        .run(move |ctx| {
+            let comm = ctx.communicator();
+            let x_axis = axes(&["x"]);
+            let d = ctx.device();
+            let odd = comm.all_reduce(&x_axis, ReduceKind::Sum, operand(d, &[3, 5]).into())?;
+            let tiny = comm.all_reduce(&x_axis, ReduceKind::Max, operand(d, &[2]).into())?;
+            let transposed = operand(d, &[3, 5]).reversed_axes();
+            let t = comm.all_reduce(&x_axis, ReduceKind::Sum, transposed.into())?;
+            Ok([odd, tiny, t])
+        })
+        .unwrap();
+    let sum = |shape: &[usize]| {
+        fold(
+            &(0..8).map(|d| operand(d, shape)).collect::<Vec<_>>(),
+            |a, b| a + b,
+        )
+    };
+    let max = fold(
+        &(0..2).map(|d| operand(7 - d, &[2])).collect::<Vec<_>>(),
+        i32::max,
+    );
+    for [odd, tiny, t] in outputs {
+        assert_eq!(odd, sum(&[3, 5]).into());
+        assert_eq!(tiny, max.clone().into());
+        assert_eq!(t, sum(&[3, 5]).reversed_axes().into());
+    }
+}
