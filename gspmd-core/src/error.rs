@@ -93,6 +93,15 @@ pub enum Error {
         message: String,
     },
 
+    /// Per-device shards do not fit together into the global value.
+    #[error("cannot assemble shards of sharding {sharding}: {message}")]
+    Assemble {
+        /// The sharding as written.
+        sharding: String,
+        /// What does not fit: shard count, a device's shard shape or dtype, ...
+        message: String,
+    },
+
     // ---- partitioning --------------------------------------------------------------
     /// The partitioner cannot handle a value (an unsupported sharding of an op, or a
     /// program that was not propagated).

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod ir;
+pub mod partition;
 pub mod sharding;
 
 pub use error::{Error, Result};

@@ -2,7 +2,12 @@
 //! (Shardy's and JAX's named-axis model).
 
 mod mesh;
+mod parse;
 mod spec;
+mod tiling;
+mod visualize;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
+pub use tiling::{assemble, dim_shard, shard_literal};
+pub use visualize::visualize;

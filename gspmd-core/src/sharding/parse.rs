@@ -1,0 +1,369 @@
+//! Parsing a [`Sharding`] from its text form: the exact inverse of its `Display`.
+//!
+//! ```text
+//! sharding := '(' [dim {',' dim}] ')' {attr}
+//! attr     := ('replicated' | 'unreduced') '=' '{' [axis {',' axis}] '}'   (each at most once)
+//! dim      := ('_' | '?' | axis ['?'] | '(' axis {',' axis} ')' ['?']) ['@' digits]
+//! axis     := identifier other than `_`
+//! ```
+//!
+//! Whitespace is allowed between any two tokens.
+
+use std::str::FromStr;
+
+use super::spec::{DimSharding, Sharding};
+use crate::error::{Error, Result};
+
+impl FromStr for Sharding {
+    type Err = Error;
+
+    /// Parses `(data, _)`, `((data, model)?@0, ?) replicated={x} unreduced={y}`, `()`.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::{DimSharding, Sharding};
+    /// let s: Sharding = "(data@1, (x, y)?)".parse().unwrap();
+    /// assert_eq!(s.dims[0], DimSharding::closed(["data"]).with_priority(1));
+    /// assert_eq!(s.dims[1], DimSharding::open(["x", "y"]));
+    /// ```
+    fn from_str(text: &str) -> Result<Self> {
+        let mut parser = Parser { text, pos: 0 };
+        parser.sharding().map_err(|message| Error::ParseSharding {
+            text: text.to_string(),
+            message,
+        })
+    }
+}
+
+/// A cursor over the text; errors are messages naming the byte offset.
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+type ParseResult<T> = std::result::Result<T, String>;
+
+impl<'a> Parser<'a> {
+    fn rest(&self) -> &'a str {
+        &self.text[self.pos..]
+    }
+
+    fn skip_ws(&mut self) {
+        let rest = self.rest();
+        self.pos += rest.len() - rest.trim_start().len();
+    }
+
+    /// Skips whitespace, then consumes `c` if it comes next.
+    fn eat(&mut self, c: char) -> bool {
+        self.skip_ws();
+        if self.rest().starts_with(c) {
+            self.pos += c.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, c: char) -> ParseResult<()> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(self.unexpected(&format!("`{c}`")))
+        }
+    }
+
+    fn unexpected(&self, wanted: &str) -> String {
+        match self.rest().chars().next() {
+            Some(c) => format!("expected {wanted} at offset {}, found `{c}`", self.pos),
+            None => format!(
+                "expected {wanted} at offset {}, found end of text",
+                self.pos
+            ),
+        }
+    }
+
+    /// An identifier (`_` alone included); `None` if none starts here.
+    fn identifier(&mut self) -> Option<&'a str> {
+        self.skip_ws();
+        let rest = self.rest();
+        let first = rest.chars().next()?;
+        if !(first.is_alphabetic() || first == '_') {
+            return None;
+        }
+        let len = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        self.pos += len;
+        Some(&rest[..len])
+    }
+
+    fn axis(&mut self) -> ParseResult<String> {
+        let start = self.pos;
+        match self.identifier() {
+            Some("_") => {
+                self.pos = start;
+                Err(self.unexpected("a mesh axis name (`_` is not one)"))
+            }
+            Some(name) => Ok(name.to_string()),
+            None => Err(self.unexpected("a mesh axis name")),
+        }
+    }
+
+    /// `axis {, axis} close`, after the opening bracket; at least one axis unless
+    /// `allow_empty`.
+    fn axis_list(&mut self, close: char, allow_empty: bool) -> ParseResult<Vec<String>> {
+        let mut axes = Vec::new();
+        if allow_empty && self.eat(close) {
+            return Ok(axes);
+        }
+        loop {
+            axes.push(self.axis()?);
+            if self.eat(close) {
+                return Ok(axes);
+            }
+            if !self.eat(',') {
+                return Err(self.unexpected(&format!("`,` or `{close}`")));
+            }
+        }
+    }
+
+    fn sharding(&mut self) -> ParseResult<Sharding> {
+        self.expect('(')?;
+        let mut dims = Vec::new();
+        if !self.eat(')') {
+            loop {
+                dims.push(self.dim()?);
+                if self.eat(')') {
+                    break;
+                }
+                if !self.eat(',') {
+                    return Err(self.unexpected("`,` or `)`"));
+                }
+            }
+        }
+        let mut replicated = None;
+        let mut unreduced = None;
+        loop {
+            self.skip_ws();
+            if self.rest().is_empty() {
+                break;
+            }
+            let start = self.pos;
+            let slot = match self.identifier() {
+                Some("replicated") => &mut replicated,
+                Some("unreduced") => &mut unreduced,
+                _ => {
+                    self.pos = start;
+                    return Err(self.unexpected("`replicated={..}`, `unreduced={..}` or end"));
+                }
+            };
+            if slot.is_some() {
+                return Err(format!(
+                    "`{}` given twice (offset {start})",
+                    &self.text[start..self.pos]
+                ));
+            }
+            self.expect('=')?;
+            self.expect('{')?;
+            *slot = Some(self.axis_list('}', true)?);
+        }
+        Ok(Sharding {
+            dims,
+            replicated: replicated.unwrap_or_default(),
+            unreduced: unreduced.unwrap_or_default(),
+        })
+    }
+
+    fn dim(&mut self) -> ParseResult<DimSharding> {
+        let mut dim = if self.eat('?') {
+            DimSharding::open(Vec::<String>::new())
+        } else {
+            let axes = if self.eat('(') {
+                self.axis_list(')', false)?
+            } else {
+                match self.identifier() {
+                    Some("_") => Vec::new(),
+                    Some(name) => vec![name.to_string()],
+                    None => {
+                        return Err(self.unexpected("a dim sharding (`_`, `?`, axis or `(..)`)"));
+                    }
+                }
+            };
+            // `_?` is not a form: an open unsplit dim is written `?`.
+            let closed = axes.is_empty() || !self.eat('?');
+            DimSharding {
+                axes,
+                closed,
+                priority: None,
+            }
+        };
+        if self.eat('@') {
+            self.skip_ws();
+            let rest = self.rest();
+            let len = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if len == 0 {
+                return Err(self.unexpected("a priority (digits) after `@`"));
+            }
+            let digits = &rest[..len];
+            let priority = digits
+                .parse()
+                .map_err(|_| format!("priority `{digits}` at offset {} too large", self.pos))?;
+            self.pos += len;
+            dim = dim.with_priority(priority);
+        }
+        Ok(dim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<Sharding> {
+        text.parse()
+    }
+
+    fn no_axes() -> Vec<String> {
+        Vec::new()
+    }
+
+    #[test]
+    fn parses_every_dim_form() {
+        let s = parse("(data, _, ?, model?, (a, b), (c, d)?@0, x@12, _@3, ?@4)").unwrap();
+        let expected = Sharding::new([
+            DimSharding::closed(["data"]),
+            DimSharding::closed(no_axes()),
+            DimSharding::open(no_axes()),
+            DimSharding::open(["model"]),
+            DimSharding::closed(["a", "b"]),
+            DimSharding::open(["c", "d"]).with_priority(0),
+            DimSharding::closed(["x"]).with_priority(12),
+            DimSharding::closed(no_axes()).with_priority(3),
+            DimSharding::open(no_axes()).with_priority(4),
+        ]);
+        assert_eq!(s, expected);
+    }
+
+    #[test]
+    fn parses_rank_0_and_attributes() {
+        assert_eq!(parse("()").unwrap(), Sharding::replicated(0));
+        let s = parse("(_) replicated={a, b} unreduced={c}").unwrap();
+        assert_eq!(s.dims, vec![DimSharding::closed(no_axes())]);
+        assert_eq!(s.replicated, ["a", "b"]);
+        assert_eq!(s.unreduced, ["c"]);
+        // Either order; empty sets allowed.
+        let s = parse("() unreduced={c} replicated={}").unwrap();
+        assert_eq!(s.unreduced, ["c"]);
+        assert!(s.replicated.is_empty());
+    }
+
+    #[test]
+    fn tolerates_whitespace() {
+        let tight = parse("((a,b)?@1,_)replicated={x}unreduced={y}").unwrap();
+        let loose =
+            parse("  ( ( a , b ) ? @ 1 ,\t_ )\n replicated = { x } unreduced = { y }  ").unwrap();
+        assert_eq!(tight, loose);
+        assert_eq!(
+            tight.to_string(),
+            "((a, b)?@1, _) replicated={x} unreduced={y}"
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for text in [
+            "",
+            "data",
+            "(data",
+            "(data,)",
+            "(,)",
+            "(data model)",
+            "(_?)",
+            "(data??)",
+            "(())",
+            "((a,))",
+            "((_, a))",
+            "(a@)",
+            "(a@x)",
+            "(a@99999999999)",
+            "(a) replicated",
+            "(a) replicated={_}",
+            "(a) replicated={x",
+            "(a) replicated={x} replicated={y}",
+            "(a) sharded={x}",
+            "(a) extra",
+            "(1a)",
+        ] {
+            match parse(text) {
+                Err(Error::ParseSharding { text: t, message }) => {
+                    assert_eq!(t, text);
+                    assert!(!message.is_empty());
+                }
+                other => panic!("`{text}` parsed as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_names_the_offset() {
+        let err = parse("(data, ]").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot parse sharding `(data, ]`: expected a dim sharding (`_`, `?`, axis or `(..)`) at offset 7, found `]`"
+        );
+    }
+
+    #[test]
+    fn constructors_and_queries() {
+        let s = Sharding::open(2);
+        assert_eq!(s.to_string(), "(?, ?)");
+        assert!(s.is_replicated());
+        assert_eq!(Sharding::replicated(3).to_string(), "(_, _, _)");
+        let s = parse("((a, b), _, c?)").unwrap();
+        assert!(!s.is_replicated());
+        assert_eq!(s.axes().collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(!parse("(_) unreduced={a}").unwrap().is_replicated());
+        assert!(parse("(_) replicated={a}").unwrap().is_replicated());
+    }
+
+    fn axis_name() -> impl Strategy<Value = String> {
+        "[a-zA-Z_][a-zA-Z0-9_]{0,6}".prop_filter("`_` is not an axis", |s| s != "_")
+    }
+
+    fn axes(max: usize) -> impl Strategy<Value = Vec<String>> {
+        prop::collection::vec(axis_name(), 0..=max)
+    }
+
+    fn dim_sharding() -> impl Strategy<Value = DimSharding> {
+        (axes(3), any::<bool>(), prop::option::of(any::<u32>())).prop_map(
+            |(axes, closed, priority)| DimSharding {
+                axes,
+                closed,
+                priority,
+            },
+        )
+    }
+
+    fn sharding() -> impl Strategy<Value = Sharding> {
+        (
+            prop::collection::vec(dim_sharding(), 0..5),
+            axes(3),
+            axes(3),
+        )
+            .prop_map(|(dims, replicated, unreduced)| Sharding {
+                dims,
+                replicated,
+                unreduced,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn parse_inverts_display(s in sharding()) {
+            prop_assert_eq!(parse(&s.to_string()).unwrap(), s);
+        }
+    }
+}
