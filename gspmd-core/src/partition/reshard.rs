@@ -315,3 +315,102 @@ fn emit_step(em: &mut Emitter, x: crate::ir::ValueId, shape: &[usize], s: &Tilin
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[&[&str]]) -> Tiling {
+        dims.iter().map(|d| d.iter().map(|a| a.to_string()).collect()).collect()
+    }
+
+    fn plan(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling) -> Vec<Step> {
+        Planner { mesh, shape, target: to }.plan(from)
+    }
+
+    fn mesh24() -> Mesh {
+        Mesh::new([("data", 2), ("model", 4)]).unwrap()
+    }
+
+    #[test]
+    fn same_tiling_needs_nothing() {
+        let m = mesh24();
+        assert!(plan(&m, &[8, 8], &t(&[&["data"], &[]]), &t(&[&["data"], &[]])).is_empty());
+    }
+
+    #[test]
+    fn adding_axes_only_slices() {
+        let m = mesh24();
+        let p = plan(&m, &[8, 8], &t(&[&[], &[]]), &t(&[&["data"], &["model"]]));
+        assert!(p.iter().all(|s| matches!(s, Step::Slice { .. })), "{p:?}");
+    }
+
+    #[test]
+    fn data_to_model_on_one_dim_never_gathers_whole() {
+        let m = mesh24();
+        let p = plan(&m, &[64], &t(&[&["data"]]), &t(&[&["model"]]));
+        // Whatever the route, no step may gather the dim whole (to 1 shard).
+        let mut s = t(&[&["data"]]);
+        for step in &p {
+            s = apply(&s, step);
+            assert!(!s[0].is_empty(), "plan {p:?} passes through a replicated dim");
+        }
+        assert_eq!(s, t(&[&["model"]]));
+        assert!(p.iter().any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })), "{p:?}");
+    }
+
+    #[test]
+    fn moving_an_axis_between_dims_is_one_all_to_all() {
+        let m = mesh24();
+        let p = plan(&m, &[8, 8], &t(&[&["model"], &[]]), &t(&[&[], &["model"]]));
+        assert_eq!(p, vec![Step::AllToAll { from: 0, to: 1, axis: "model".into() }]);
+    }
+
+    /// Bytes received per device by a plan, from the planner's own cost model.
+    fn cost(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling, p: &[Step]) -> f64 {
+        let planner = Planner { mesh, shape, target: to };
+        let mut s = from.clone();
+        let mut total = 0.0;
+        for step in p {
+            let (_, next, c) = planner
+                .neighbours(&s)
+                .into_iter()
+                .find(|(st, _, _)| st == step)
+                .expect("plan steps are neighbours");
+            total += c;
+            s = next;
+        }
+        total
+    }
+
+    #[test]
+    fn swapping_axes_is_cheaper_than_gathering_everything() {
+        let m = mesh24();
+        let (from, to) = (t(&[&["data"], &["model"]]), t(&[&["model"], &["data"]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        // Gathering everything receives 64 - 8 = 56 elements per device.
+        let c = cost(&m, &[8, 8], &from, &to, &p);
+        assert!(c < 56.0, "{p:?} costs {c}");
+    }
+
+    #[test]
+    fn uneven_dims_route_around_misaligned_slices() {
+        let m = mesh24();
+        // 10 over (data, model): from replicated, one slice of both axes at once.
+        let p = plan(&m, &[10], &t(&[&[]]), &t(&[&["data", "model"]]));
+        assert_eq!(p, vec![Step::Slice { dim: 0, axes: vec!["data".into(), "model".into()] }]);
+        // From `data` (chunks of 5) to `(data, model)` (chunks of 2): not nested, so no
+        // single slice.
+        let p = plan(&m, &[10], &t(&[&["data"]]), &t(&[&["data", "model"]]));
+        assert_ne!(p, vec![Step::Slice { dim: 0, axes: vec!["model".into()] }]);
+    }
+
+    #[test]
+    fn sequences_and_extensions_enumerate() {
+        let ax = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(sequences(&ax(&["a", "b"])).len(), 4);
+        let e = extensions(&t(&[&["m"], &[]]), &ax(&["d"]));
+        assert_eq!(e, vec![t(&[&["m", "d"], &[]]), t(&[&["m"], &["d"]])]);
+    }
+}

@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(reshape_groups(&[8, 16], &[2, 4, 16]), vec![(0..1, 0..2), (1..2, 2..3)]);
         assert_eq!(reshape_groups(&[2, 4, 16], &[8, 16]), vec![(0..2, 0..1), (2..3, 1..2)]);
         assert_eq!(reshape_groups(&[6, 4], &[4, 6]), vec![(0..2, 0..2)]);
-        assert_eq!(reshape_groups(&[1, 8], &[8]), vec![(0..2, 0..1)]);
+        assert_eq!(reshape_groups(&[1, 8], &[8]), vec![(0..1, 0..0), (1..2, 0..1)]);
         assert_eq!(reshape_groups(&[], &[1, 1]), vec![(0..0, 0..2)]);
     }
 
