@@ -35,6 +35,10 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let t = operands[0];
             let is_logical = *u == UnaryOp::Not;
             check_dtype(t, is_logical)?;
+            let transcendental = !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not);
+            if transcendental && t.dtype != DType::F32 {
+                return Err(format!("needs an f32 operand, got {t}"));
+            }
             Ok(t.clone())
         }
         Op::Binary(b) => {

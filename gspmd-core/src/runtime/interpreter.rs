@@ -1,0 +1,134 @@
+//! The reference interpreter: runs a [`Program`] on one device, node by node, with the
+//! local [`kernels`](super::kernels). Its results are the oracle for every test.
+
+use std::borrow::Cow;
+
+use crate::error::{Error, Result};
+use crate::ir::{Literal, Op, Program, TensorType, ValueId};
+
+use super::kernels;
+
+/// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
+/// outputs in order.
+///
+/// Inputs are checked first: a wrong count, dtype or shape is an [`Error::Input`] naming
+/// the parameter's index and name, expected vs. given. A kernel failure is an
+/// [`Error::Runtime`] naming the value, op and source location. Each intermediate value
+/// is dropped right after its last use, so peak memory is that of the live values.
+/// Does not panic on any program that passes [`crate::ir::verify`].
+pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> {
+    check_inputs(program, inputs)?;
+    let last_use = last_uses(program);
+    let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
+    for (i, node) in program.nodes.iter().enumerate() {
+        let v = ValueId(i as u32);
+        let fail = |message: String| Error::Runtime {
+            value: v,
+            op: node.op.name(),
+            location: node.location,
+            message,
+        };
+        let value = match &node.op {
+            Op::Parameter { index, .. } => Cow::Borrowed(
+                inputs
+                    .get(*index)
+                    .ok_or_else(|| fail(format!("no input for parameter {index}")))?,
+            ),
+            Op::Constant(lit) => Cow::Borrowed(lit),
+            op => {
+                let operands = node
+                    .operands
+                    .iter()
+                    .map(|o| match values.get(o.index()) {
+                        Some(Some(lit)) => Ok(lit.as_ref()),
+                        _ => Err(fail(format!("operand {o} is not available"))),
+                    })
+                    .collect::<Result<Vec<&Literal>>>()?;
+                Cow::Owned(kernels::eval(op, &operands, &node.ty).map_err(fail)?)
+            }
+        };
+        values[i] = Some(value);
+        for o in node.operands.iter().chain(std::iter::once(&v)) {
+            if last_use[o.index()] == Some(i)
+                && let Some(slot) = values.get_mut(o.index())
+            {
+                *slot = None;
+            }
+        }
+    }
+    let mut outputs = Vec::with_capacity(program.outputs.len());
+    for (k, &o) in program.outputs.iter().enumerate() {
+        let slot = values.get_mut(o.index());
+        let again = program.outputs[k + 1..].contains(&o);
+        let lit = match slot {
+            Some(slot) if again => slot.clone(),
+            Some(slot) => slot.take(),
+            None => None,
+        };
+        let lit = lit.ok_or_else(|| Error::Runtime {
+            value: o,
+            op: "output",
+            location: crate::ir::Location::synthetic(),
+            message: format!("output {k} is not a computed value"),
+        })?;
+        outputs.push(lit.into_owned());
+    }
+    Ok(outputs)
+}
+
+/// Checks the number, dtypes and shapes of `inputs` against the program's parameters.
+fn check_inputs(program: &Program, inputs: &[Literal]) -> Result<()> {
+    let name = |index: usize| -> String {
+        program
+            .params
+            .get(index)
+            .and_then(|&p| program.nodes.get(p.index()))
+            .and_then(|n| n.name.clone())
+            .unwrap_or_else(|| format!("#{index}"))
+    };
+    let (expected, given) = (program.params.len(), inputs.len());
+    if expected != given {
+        let index = expected.min(given);
+        return Err(Error::Input {
+            index,
+            name: if index < expected {
+                name(index)
+            } else {
+                "(no such parameter)".into()
+            },
+            message: format!("the program takes {expected} inputs but {given} were given"),
+        });
+    }
+    for (index, (&p, input)) in program.params.iter().zip(inputs).enumerate() {
+        let ty = program.nodes.get(p.index()).map(|n| &n.ty);
+        let given = TensorType::new(input.shape(), input.dtype());
+        if ty != Some(&given) {
+            let expected = ty.map_or_else(|| "a parameter".into(), ToString::to_string);
+            return Err(Error::Input {
+                index,
+                name: name(index),
+                message: format!("expected {expected}, given {given}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// For each value, the index of the last node that uses it: the node itself if nothing
+/// does, `None` (never freed) for outputs.
+fn last_uses(program: &Program) -> Vec<Option<usize>> {
+    let mut last: Vec<Option<usize>> = (0..program.nodes.len()).map(Some).collect();
+    for (i, node) in program.nodes.iter().enumerate() {
+        for o in &node.operands {
+            if let Some(slot) = last.get_mut(o.index()) {
+                *slot = Some(i);
+            }
+        }
+    }
+    for o in &program.outputs {
+        if let Some(slot) = last.get_mut(o.index()) {
+            *slot = None;
+        }
+    }
+    last
+}

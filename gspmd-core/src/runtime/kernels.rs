@@ -1,0 +1,581 @@
+//! Local kernels: one function per primitive-op family, computing an op on whole host
+//! arrays ([`Literal`]s). The reference interpreter runs every node through [`eval`];
+//! the per-device runtime reuses it on local shards.
+//!
+//! Semantics are XLA's, as fixed by the shape rules in [`crate::ir::infer_type`]:
+//! integer arithmetic wraps, integer division truncates toward zero (`x / 0 = -1`),
+//! `maximum`/`minimum` propagate NaN, `convert` from f32 to i32 truncates toward zero
+//! (saturating; NaN gives 0), to bool gives `x != 0`, and bool converts to 0/1.
+//!
+//! Every result is in standard (row-major, contiguous) layout.
+
+use ndarray::{
+    Array1, Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, IxDyn, Slice, Zip,
+    linalg::general_mat_mul,
+};
+
+use crate::ir::{
+    BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp, infer_type,
+};
+
+/// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
+/// `$a` binds the literal's `ArrayD<T>` (by reference when `$lit` is a reference).
+macro_rules! each_dtype {
+    ($lit:expr, $a:ident => $body:expr) => {
+        match $lit {
+            Literal::F32($a) => Literal::F32($body),
+            Literal::I32($a) => Literal::I32($body),
+            Literal::Bool($a) => Literal::Bool($body),
+        }
+    };
+}
+
+/// Computes `op` on `operands`, whose result must have type `result`.
+///
+/// The operand types are checked against the op's shape rules first, so a call that
+/// does not fit returns `Err` rather than panicking. `Op::Parameter` is not a kernel
+/// (the caller binds inputs) and gives `Err`, as do ops whose semantics are undefined
+/// for the dtype (`exp` of an i32, ...). The message names what is wrong; the caller
+/// adds the value, op and location.
+pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Literal, String> {
+    let types: Vec<TensorType> = operands.iter().map(|l| type_of(l)).collect();
+    let type_refs: Vec<&TensorType> = types.iter().collect();
+    let expected = infer_type(op, &type_refs)?;
+    if expected != *result {
+        return Err(format!(
+            "operands give {expected} but the node's type is {result}"
+        ));
+    }
+    let out = match op {
+        Op::Parameter { index, .. } => {
+            return Err(format!(
+                "parameter {index} is bound to an input, not evaluated"
+            ));
+        }
+        Op::Constant(lit) => lit.clone(),
+        Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
+        Op::Unary(u) => unary(*u, operands[0])?,
+        Op::Binary(b) => binary(*b, operands[0], operands[1])?,
+        Op::Compare(c) => compare(*c, operands[0], operands[1])?,
+        Op::Select => select(operands[0], operands[1], operands[2])?,
+        Op::Convert(dtype) => convert(operands[0], *dtype),
+        Op::Broadcast { shape, dims } => {
+            each_dtype!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
+        }
+        Op::Reshape(shape) => each_dtype!(operands[0], a => reshape(a, shape)?),
+        Op::Transpose(perm) => each_dtype!(operands[0], a => transpose(a, perm)),
+        Op::Reduce { kind, dims } => reduce(*kind, operands[0], dims)?,
+        Op::DotGeneral(dd) => dot_general(dd, operands[0], operands[1], &result.shape)?,
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => each_dtype!(operands[0], a => slice(a, start, limit, stride)),
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => pad(operands[0], operands[1], low, high, interior)?,
+        Op::Concatenate(dim) => concatenate(operands, *dim)?,
+        Op::ShardingConstraint => operands[0].clone(),
+        Op::DynamicSlice(sizes) => {
+            let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
+            let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
+            let stride = vec![1; sizes.len()];
+            each_dtype!(operands[0], a => slice(a, &starts, &limit, &stride))
+        }
+        Op::AxisIndex(_)
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. } => {
+            return Err(format!(
+                "{} needs a device mesh: it runs only in a partitioned program",
+                op.name()
+            ));
+        }
+    };
+    let out = standard_layout(out);
+    let got = type_of(&out);
+    if got != *result {
+        return Err(format!("kernel produced {got}, expected {result}"));
+    }
+    Ok(out)
+}
+
+fn type_of(lit: &Literal) -> TensorType {
+    TensorType::new(lit.shape(), lit.dtype())
+}
+
+/// `lit` in row-major contiguous layout (copied only if it is not already).
+fn standard_layout(lit: Literal) -> Literal {
+    fn contiguous<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
+        if a.is_standard_layout() {
+            a
+        } else {
+            a.as_standard_layout().into_owned()
+        }
+    }
+    each_dtype!(lit, a => contiguous(a))
+}
+
+fn not_defined(op: &Op, dtype: DType) -> String {
+    format!("{} is not defined for {dtype}", op.name())
+}
+
+fn dtype_mismatch(a: &Literal, b: &Literal) -> String {
+    format!(
+        "operands of types {} and {} differ in dtype",
+        type_of(a),
+        type_of(b)
+    )
+}
+
+// ---- generated arrays ------------------------------------------------------------------
+
+fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
+    /// `0..shape[dim]` converted by `f`, broadcast along the other dims.
+    fn counting<T: Clone>(
+        shape: &[usize],
+        dim: usize,
+        f: fn(usize) -> T,
+    ) -> Result<ArrayD<T>, String> {
+        let count = Array1::from_iter((0..shape[dim]).map(f)).into_dyn();
+        broadcast_in_dim(count.view(), shape, &[dim])
+    }
+    Ok(match dtype {
+        DType::F32 => Literal::F32(counting(shape, dim, |i| i as f32)?),
+        DType::I32 => Literal::I32(counting(shape, dim, |i| i as i32)?),
+        DType::Bool => return Err("iota of bool".into()),
+    })
+}
+
+// ---- elementwise -----------------------------------------------------------------------
+
+fn zip_with<A: Copy, B: Copy, R>(x: &ArrayD<A>, y: &ArrayD<B>, f: impl Fn(A, B) -> R) -> ArrayD<R> {
+    Zip::from(x).and(y).map_collect(|&a, &b| f(a, b))
+}
+
+fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
+    let undefined = || not_defined(&Op::Unary(op), x.dtype());
+    Ok(match x {
+        Literal::F32(a) => Literal::F32(match op {
+            UnaryOp::Neg => a.mapv(|v| -v),
+            UnaryOp::Abs => a.mapv(f32::abs),
+            UnaryOp::Exp => a.mapv(f32::exp),
+            UnaryOp::Log => a.mapv(f32::ln),
+            UnaryOp::Sqrt => a.mapv(f32::sqrt),
+            UnaryOp::Rsqrt => a.mapv(|v| v.sqrt().recip()),
+            UnaryOp::Tanh => a.mapv(f32::tanh),
+            UnaryOp::Logistic => a.mapv(|v| 1.0 / (1.0 + (-v).exp())),
+            UnaryOp::Not => return Err(undefined()),
+        }),
+        Literal::I32(a) => Literal::I32(match op {
+            UnaryOp::Neg => a.mapv(i32::wrapping_neg),
+            UnaryOp::Abs => a.mapv(i32::wrapping_abs),
+            _ => return Err(undefined()),
+        }),
+        Literal::Bool(a) => Literal::Bool(match op {
+            UnaryOp::Not => a.mapv(|v| !v),
+            _ => return Err(undefined()),
+        }),
+    })
+}
+
+/// IEEE maximum that propagates NaN (XLA's `maximum`).
+fn max_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a > b { a } else { b }
+}
+
+/// IEEE minimum that propagates NaN (XLA's `minimum`).
+fn min_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a < b { a } else { b }
+}
+
+/// XLA's integer division: truncates toward zero; `x / 0 = -1`; `MIN / -1 = MIN`.
+fn div_i32(a: i32, b: i32) -> i32 {
+    if b == 0 { -1 } else { a.wrapping_div(b) }
+}
+
+/// XLA's integer power: negative exponents give 0 except for bases 1 and -1.
+fn pow_i32(a: i32, b: i32) -> i32 {
+    match (a, b) {
+        (_, 0..) => a.wrapping_pow(b.unsigned_abs()),
+        (1, _) => 1,
+        (-1, _) => {
+            if b % 2 == 0 {
+                1
+            } else {
+                -1
+            }
+        }
+        _ => 0,
+    }
+}
+
+fn binary(op: BinaryOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
+    let undefined = || not_defined(&Op::Binary(op), x.dtype());
+    Ok(match (x, y) {
+        (Literal::F32(a), Literal::F32(b)) => Literal::F32(match op {
+            BinaryOp::Add => zip_with(a, b, |p, q| p + q),
+            BinaryOp::Sub => zip_with(a, b, |p, q| p - q),
+            BinaryOp::Mul => zip_with(a, b, |p, q| p * q),
+            BinaryOp::Div => zip_with(a, b, |p, q| p / q),
+            BinaryOp::Max => zip_with(a, b, max_nan),
+            BinaryOp::Min => zip_with(a, b, min_nan),
+            BinaryOp::Pow => zip_with(a, b, f32::powf),
+            BinaryOp::And | BinaryOp::Or => return Err(undefined()),
+        }),
+        (Literal::I32(a), Literal::I32(b)) => Literal::I32(match op {
+            BinaryOp::Add => zip_with(a, b, i32::wrapping_add),
+            BinaryOp::Sub => zip_with(a, b, i32::wrapping_sub),
+            BinaryOp::Mul => zip_with(a, b, i32::wrapping_mul),
+            BinaryOp::Div => zip_with(a, b, div_i32),
+            BinaryOp::Max => zip_with(a, b, i32::max),
+            BinaryOp::Min => zip_with(a, b, i32::min),
+            BinaryOp::Pow => zip_with(a, b, pow_i32),
+            BinaryOp::And | BinaryOp::Or => return Err(undefined()),
+        }),
+        (Literal::Bool(a), Literal::Bool(b)) => Literal::Bool(match op {
+            BinaryOp::And => zip_with(a, b, |p, q| p && q),
+            BinaryOp::Or => zip_with(a, b, |p, q| p || q),
+            _ => return Err(undefined()),
+        }),
+        _ => return Err(dtype_mismatch(x, y)),
+    })
+}
+
+fn compare_arrays<T: Copy + PartialOrd>(
+    op: CompareOp,
+    a: &ArrayD<T>,
+    b: &ArrayD<T>,
+) -> ArrayD<bool> {
+    match op {
+        CompareOp::Eq => zip_with(a, b, |p, q| p == q),
+        CompareOp::Ne => zip_with(a, b, |p, q| p != q),
+        CompareOp::Lt => zip_with(a, b, |p, q| p < q),
+        CompareOp::Le => zip_with(a, b, |p, q| p <= q),
+        CompareOp::Gt => zip_with(a, b, |p, q| p > q),
+        CompareOp::Ge => zip_with(a, b, |p, q| p >= q),
+    }
+}
+
+fn compare(op: CompareOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
+    Ok(Literal::Bool(match (x, y) {
+        (Literal::F32(a), Literal::F32(b)) => compare_arrays(op, a, b),
+        (Literal::I32(a), Literal::I32(b)) => compare_arrays(op, a, b),
+        (Literal::Bool(a), Literal::Bool(b)) => compare_arrays(op, a, b),
+        _ => return Err(dtype_mismatch(x, y)),
+    }))
+}
+
+fn select(pred: &Literal, on_true: &Literal, on_false: &Literal) -> Result<Literal, String> {
+    fn pick<T: Clone>(p: &ArrayD<bool>, t: &ArrayD<T>, f: &ArrayD<T>) -> ArrayD<T> {
+        Zip::from(p)
+            .and(t)
+            .and(f)
+            .map_collect(|&p, t, f| if p { t.clone() } else { f.clone() })
+    }
+    let p = pred
+        .as_bool()
+        .ok_or_else(|| format!("predicate must be pred, got {}", type_of(pred)))?;
+    Ok(match (on_true, on_false) {
+        (Literal::F32(t), Literal::F32(f)) => Literal::F32(pick(p, t, f)),
+        (Literal::I32(t), Literal::I32(f)) => Literal::I32(pick(p, t, f)),
+        (Literal::Bool(t), Literal::Bool(f)) => Literal::Bool(pick(p, t, f)),
+        _ => return Err(dtype_mismatch(on_true, on_false)),
+    })
+}
+
+fn convert(x: &Literal, dtype: DType) -> Literal {
+    match (x, dtype) {
+        (Literal::F32(a), DType::I32) => Literal::I32(a.mapv(|v| v as i32)),
+        (Literal::F32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0.0)),
+        (Literal::I32(a), DType::F32) => Literal::F32(a.mapv(|v| v as f32)),
+        (Literal::I32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0)),
+        (Literal::Bool(a), DType::F32) => Literal::F32(a.mapv(|v| f32::from(u8::from(v)))),
+        (Literal::Bool(a), DType::I32) => Literal::I32(a.mapv(i32::from)),
+        (same, _) => same.clone(),
+    }
+}
+
+// ---- data movement ---------------------------------------------------------------------
+
+/// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]` (increasing).
+fn broadcast_in_dim<T: Clone>(
+    a: ArrayViewD<'_, T>,
+    shape: &[usize],
+    dims: &[usize],
+) -> Result<ArrayD<T>, String> {
+    let from = a.shape().to_vec();
+    let mut v = a;
+    for d in (0..shape.len()).filter(|d| !dims.contains(d)) {
+        v.insert_axis_inplace(Axis(d));
+    }
+    v.broadcast(IxDyn(shape))
+        .map(|b| b.to_owned())
+        .ok_or_else(|| format!("cannot broadcast {from:?} to {shape:?} along {dims:?}"))
+}
+
+/// Row-major reshape.
+fn reshape<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>, String> {
+    a.to_shape(IxDyn(shape))
+        .map(|c| c.into_owned())
+        .map_err(|e| format!("cannot reshape {:?} to {shape:?}: {e}", a.shape()))
+}
+
+/// Result dim `i` is operand dim `perm[i]`.
+fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
+    a.view()
+        .permuted_axes(IxDyn(perm))
+        .as_standard_layout()
+        .into_owned()
+}
+
+fn slice<T: Clone>(a: &ArrayD<T>, start: &[usize], limit: &[usize], stride: &[usize]) -> ArrayD<T> {
+    a.slice_each_axis(|ax| {
+        let d = ax.axis.index();
+        Slice::new(
+            start[d] as isize,
+            Some(limit[d] as isize),
+            stride[d] as isize,
+        )
+    })
+    .to_owned()
+}
+
+/// Start indices of a `dynamic_slice`: each i32 scalar clamped so that the `sizes` block
+/// fits in `x` (XLA's semantics).
+fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<Vec<usize>, String> {
+    let shape = x.shape();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(d, s)| {
+            let v = s
+                .as_i32()
+                .and_then(|a| a.iter().next().copied())
+                .ok_or("start index must be an i32 scalar")?;
+            let max = (shape[d] - sizes[d]) as i64;
+            Ok(i64::from(v).clamp(0, max) as usize)
+        })
+        .collect()
+}
+
+/// Edge padding (negative removes) and interior padding: the operand is first written
+/// with stride `interior + 1` into an array of the padding value that has room for the
+/// positive edges, then the negative edges are cut off.
+fn pad(
+    x: &Literal,
+    value: &Literal,
+    low: &[i64],
+    high: &[i64],
+    interior: &[usize],
+) -> Result<Literal, String> {
+    fn pad_array<T: Clone>(
+        a: &ArrayD<T>,
+        value: &ArrayD<T>,
+        low: &[i64],
+        high: &[i64],
+        interior: &[usize],
+    ) -> Result<ArrayD<T>, String> {
+        let fill = value
+            .first()
+            .ok_or("padding value must be a scalar")?
+            .clone();
+        let grow = |p: i64| p.max(0) as usize;
+        let cut = |p: i64| (-p).max(0) as usize;
+        let spread = |d: usize| match a.shape()[d] {
+            0 => 0,
+            n => (n - 1) * (interior[d] + 1) + 1,
+        };
+        let grown: Vec<usize> = (0..a.ndim())
+            .map(|d| grow(low[d]) + spread(d) + grow(high[d]))
+            .collect();
+        let mut out = ArrayD::from_elem(IxDyn(&grown), fill);
+        out.slice_each_axis_mut(|ax| {
+            let d = ax.axis.index();
+            let s = grow(low[d]);
+            Slice::new(
+                s as isize,
+                Some((s + spread(d)) as isize),
+                (interior[d] + 1) as isize,
+            )
+        })
+        .assign(a);
+        out.slice_each_axis_inplace(|ax| {
+            let d = ax.axis.index();
+            let end = grown[d].saturating_sub(cut(high[d]));
+            Slice::new(cut(low[d]).min(end) as isize, Some(end as isize), 1)
+        });
+        Ok(out)
+    }
+    Ok(match (x, value) {
+        (Literal::F32(a), Literal::F32(v)) => Literal::F32(pad_array(a, v, low, high, interior)?),
+        (Literal::I32(a), Literal::I32(v)) => Literal::I32(pad_array(a, v, low, high, interior)?),
+        (Literal::Bool(a), Literal::Bool(v)) => {
+            Literal::Bool(pad_array(a, v, low, high, interior)?)
+        }
+        _ => return Err(dtype_mismatch(x, value)),
+    })
+}
+
+fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
+    fn join<T: Clone>(
+        operands: &[&Literal],
+        dim: usize,
+        get: fn(&Literal) -> Option<&ArrayD<T>>,
+    ) -> Result<ArrayD<T>, String> {
+        let views = operands
+            .iter()
+            .map(|l| get(l).map(|a| a.view()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("concatenate operands differ in dtype")?;
+        ndarray::concatenate(Axis(dim), &views).map_err(|e| e.to_string())
+    }
+    let first = operands.first().ok_or("concatenate needs an operand")?;
+    Ok(match first {
+        Literal::F32(_) => Literal::F32(join(operands, dim, Literal::as_f32)?),
+        Literal::I32(_) => Literal::I32(join(operands, dim, Literal::as_i32)?),
+        Literal::Bool(_) => Literal::Bool(join(operands, dim, Literal::as_bool)?),
+    })
+}
+
+// ---- reductions ------------------------------------------------------------------------
+
+/// Folds `dims` away, last dim first so the remaining indices stay valid.
+fn fold_dims<T: Copy>(
+    a: &ArrayD<T>,
+    dims: &[usize],
+    identity: T,
+    f: impl Fn(T, T) -> T,
+) -> ArrayD<T> {
+    let mut out = a.clone();
+    for &d in dims.iter().rev() {
+        out = out.fold_axis(Axis(d), identity, |&acc, &v| f(acc, v));
+    }
+    out
+}
+
+fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Literal, String> {
+    Ok(match x {
+        Literal::F32(a) => Literal::F32(match kind {
+            ReduceKind::Sum => fold_dims(a, dims, 0.0, |p, q| p + q),
+            ReduceKind::Max => fold_dims(a, dims, f32::NEG_INFINITY, max_nan),
+            ReduceKind::Min => fold_dims(a, dims, f32::INFINITY, min_nan),
+        }),
+        Literal::I32(a) => Literal::I32(match kind {
+            ReduceKind::Sum => fold_dims(a, dims, 0, i32::wrapping_add),
+            ReduceKind::Max => fold_dims(a, dims, i32::MIN, i32::max),
+            ReduceKind::Min => fold_dims(a, dims, i32::MAX, i32::min),
+        }),
+        Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
+    })
+}
+
+// ---- contractions ----------------------------------------------------------------------
+
+/// Element types `dot_general` multiplies: `c = a · b` for 2-D operands.
+trait DotScalar: Copy + Default {
+    fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
+}
+
+impl DotScalar for f32 {
+    fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+    }
+}
+
+impl DotScalar for i32 {
+    /// Wrapping arithmetic (XLA's), one rank-1 update per contracted index.
+    fn matmul_into(a: ArrayView2<'_, i32>, b: ArrayView2<'_, i32>, mut c: ArrayViewMut2<'_, i32>) {
+        c.fill(0);
+        for (col, row) in a.columns().into_iter().zip(b.rows()) {
+            Zip::from(&mut c)
+                .and_broadcast(&col.insert_axis(Axis(1)))
+                .and_broadcast(&row.insert_axis(Axis(0)))
+                .for_each(|c, &p, &q| *c = c.wrapping_add(p.wrapping_mul(q)));
+        }
+    }
+}
+
+/// `dot_general`: the lhs is transposed and reshaped to `[batch, M, K]`, the rhs to
+/// `[batch, K, N]`, each batch is one 2-D matrix product, and the `[batch, M, N]`
+/// result is reshaped to `shape` (batch dims, lhs free dims, rhs free dims).
+fn dot_general(
+    dd: &DotDims,
+    lhs: &Literal,
+    rhs: &Literal,
+    shape: &[usize],
+) -> Result<Literal, String> {
+    Ok(match (lhs, rhs) {
+        (Literal::F32(a), Literal::F32(b)) => Literal::F32(dot_arrays(dd, a, b, shape)?),
+        (Literal::I32(a), Literal::I32(b)) => Literal::I32(dot_arrays(dd, a, b, shape)?),
+        _ => {
+            return Err(format!(
+                "operands {} and {} must share a numeric dtype",
+                type_of(lhs),
+                type_of(rhs)
+            ));
+        }
+    })
+}
+
+fn dot_arrays<T: DotScalar>(
+    dd: &DotDims,
+    lhs: &ArrayD<T>,
+    rhs: &ArrayD<T>,
+    shape: &[usize],
+) -> Result<ArrayD<T>, String> {
+    let free = |rank: usize, batch: &[usize], contracting: &[usize]| -> Vec<usize> {
+        (0..rank)
+            .filter(|d| !batch.contains(d) && !contracting.contains(d))
+            .collect()
+    };
+    let lhs_free = free(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
+    let rhs_free = free(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
+    let size = |a: &ArrayD<T>, dims: &[usize]| dims.iter().map(|&d| a.shape()[d]).product();
+    let batch: usize = size(lhs, &dd.lhs_batch);
+    let (m, k, n): (usize, usize, usize) = (
+        size(lhs, &lhs_free),
+        size(lhs, &dd.lhs_contracting),
+        size(rhs, &rhs_free),
+    );
+    let lhs3 = grouped(
+        lhs,
+        [&dd.lhs_batch, &lhs_free, &dd.lhs_contracting],
+        [batch, m, k],
+    )?;
+    let rhs3 = grouped(
+        rhs,
+        [&dd.rhs_batch, &dd.rhs_contracting, &rhs_free],
+        [batch, k, n],
+    )?;
+    let mut out = Array3::<T>::default((batch, m, n));
+    for ((a, b), c) in lhs3
+        .outer_iter()
+        .zip(rhs3.outer_iter())
+        .zip(out.outer_iter_mut())
+    {
+        T::matmul_into(a, b, c);
+    }
+    out.into_dyn()
+        .into_shape_with_order(IxDyn(shape))
+        .map_err(|e| format!("cannot reshape the product to {shape:?}: {e}"))
+}
+
+/// Transposes `a` so that the dim groups come in order, then reshapes it row-major to
+/// one dim per group, of sizes `sizes`.
+fn grouped<T: Clone>(
+    a: &ArrayD<T>,
+    groups: [&[usize]; 3],
+    sizes: [usize; 3],
+) -> Result<Array3<T>, String> {
+    let perm: Vec<usize> = groups.concat();
+    a.view()
+        .permuted_axes(IxDyn(&perm))
+        .to_shape(sizes)
+        .map(|c| c.into_owned())
+        .map_err(|e| format!("cannot group dims {groups:?} of {:?}: {e}", a.shape()))
+}

@@ -1,0 +1,1217 @@
+//! The reference interpreter against hand-computed results and naive loops: every
+//! primitive op, every composite helper of the builder, input checking and errors.
+
+use gspmd_core::Error;
+use gspmd_core::ir::{Builder, DType, DotDims, Literal, ReduceKind, Tensor, einsum, verify};
+use gspmd_core::runtime::interpret;
+use gspmd_core::sharding::{DimSharding, Sharding};
+use ndarray::{ArrayD, IxDyn};
+use proptest::prelude::*;
+
+// ---- helpers ---------------------------------------------------------------------------
+
+fn f32s(shape: &[usize], data: &[f32]) -> Literal {
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
+}
+
+fn i32s(shape: &[usize], data: &[i32]) -> Literal {
+    Literal::I32(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
+}
+
+fn bools(shape: &[usize], data: &[bool]) -> Literal {
+    Literal::Bool(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
+}
+
+/// Traces with `build`, verifies the program and runs it on `inputs`.
+fn run(build: impl FnOnce(&Builder) -> Vec<Tensor>, inputs: &[Literal]) -> Vec<Literal> {
+    let b = Builder::new("test");
+    let outs = build(&b);
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    let program = b.finish(&refs).unwrap();
+    verify(&program).unwrap();
+    interpret(&program, inputs).unwrap()
+}
+
+/// Like [`run`] for a single output.
+fn run1(build: impl FnOnce(&Builder) -> Tensor, inputs: &[Literal]) -> Literal {
+    run(|b| vec![build(b)], inputs).remove(0)
+}
+
+/// Asserts `lit` is an f32 array of `shape` equal to `expected` within a relative
+/// tolerance of 1e-5 (NaN matches NaN).
+fn assert_f32(lit: &Literal, shape: &[usize], expected: &[f32]) {
+    let a = lit
+        .as_f32()
+        .unwrap_or_else(|| panic!("expected f32, got {lit:?}"));
+    assert_eq!(a.shape(), shape, "shape of {a:?}");
+    let got: Vec<f32> = a.iter().copied().collect();
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let ok = (g.is_nan() && e.is_nan()) || g == e || (g - e).abs() <= 1e-5 * e.abs().max(1.0);
+        assert!(
+            ok,
+            "element {i}: got {g}, expected {e}\n got {got:?}\n exp {expected:?}"
+        );
+    }
+    assert_eq!(got.len(), expected.len());
+}
+
+fn assert_i32(lit: &Literal, shape: &[usize], expected: &[i32]) {
+    assert_eq!(lit, &i32s(shape, expected));
+}
+
+fn assert_bool(lit: &Literal, shape: &[usize], expected: &[bool]) {
+    assert_eq!(lit, &bools(shape, expected));
+}
+
+/// `[[1,2,3],[4,5,6]]`.
+fn m23() -> Literal {
+    f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])
+}
+
+fn f32_param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
+    b.parameter(name, shape.to_vec(), DType::F32)
+}
+
+// ---- elementwise -----------------------------------------------------------------------
+
+/// A one-operand method of [`Tensor`].
+type TensorOp = fn(&Tensor) -> Tensor;
+/// The same function in f64, computed by `std`.
+type Reference = fn(f64) -> f64;
+
+#[test]
+fn unary_f32_matches_std() {
+    let xs = [0.25f32, 1.0, 2.5, 9.0];
+    let cases: [(TensorOp, Reference); 8] = [
+        (Tensor::neg, |v| -v),
+        (Tensor::abs, f64::abs),
+        (Tensor::exp, f64::exp),
+        (Tensor::log, f64::ln),
+        (Tensor::sqrt, f64::sqrt),
+        (Tensor::rsqrt, |v| 1.0 / v.sqrt()),
+        (Tensor::tanh, f64::tanh),
+        (Tensor::logistic, |v| 1.0 / (1.0 + (-v).exp())),
+    ];
+    for (op, reference) in cases {
+        for sign in [1.0f32, -1.0] {
+            let input: Vec<f32> = xs.iter().map(|v| v * sign).collect();
+            let expected: Vec<f32> = input
+                .iter()
+                .map(|&v| reference(f64::from(v)) as f32)
+                .collect();
+            let out = run1(|b| op(&f32_param(b, "x", &[4])), &[f32s(&[4], &input)]);
+            assert_f32(&out, &[4], &expected);
+        }
+    }
+}
+
+#[test]
+fn unary_i32_and_bool() {
+    let out = run(
+        |b| {
+            let x = b.parameter("x", [4], DType::I32);
+            let p = b.parameter("p", [2], DType::Bool);
+            vec![x.neg(), x.abs(), p.not()]
+        },
+        &[
+            i32s(&[4], &[3, -7, 0, i32::MIN]),
+            bools(&[2], &[true, false]),
+        ],
+    );
+    // Wrapping, as in XLA: -MIN and |MIN| are MIN.
+    assert_i32(&out[0], &[4], &[-3, 7, 0, i32::MIN]);
+    assert_i32(&out[1], &[4], &[3, 7, 0, i32::MIN]);
+    assert_bool(&out[2], &[2], &[false, true]);
+}
+
+#[test]
+fn binary_f32_by_hand() {
+    let a = f32s(&[4], &[1., -2., 3., 4.]);
+    let b_ = f32s(&[4], &[2., 5., -1., 0.5]);
+    let out = run(
+        |b| {
+            let (x, y) = (f32_param(b, "a", &[4]), f32_param(b, "b", &[4]));
+            vec![
+                x.add(&y),
+                x.sub(&y),
+                x.mul(&y),
+                x.div(&y),
+                x.max(&y),
+                x.min(&y),
+                x.pow(&y),
+            ]
+        },
+        &[a, b_],
+    );
+    assert_f32(&out[0], &[4], &[3., 3., 2., 4.5]);
+    assert_f32(&out[1], &[4], &[-1., -7., 4., 3.5]);
+    assert_f32(&out[2], &[4], &[2., -10., -3., 2.]);
+    assert_f32(&out[3], &[4], &[0.5, -0.4, -3., 8.]);
+    assert_f32(&out[4], &[4], &[2., 5., 3., 4.]);
+    assert_f32(&out[5], &[4], &[1., -2., -1., 0.5]);
+    assert_f32(&out[6], &[4], &[1., -32., 1. / 3., 2.]);
+}
+
+#[test]
+fn max_and_min_propagate_nan() {
+    let out = run(
+        |b| {
+            let (x, y) = (f32_param(b, "a", &[2]), f32_param(b, "b", &[2]));
+            vec![x.max(&y), x.min(&y)]
+        },
+        &[f32s(&[2], &[f32::NAN, 1.]), f32s(&[2], &[1., f32::NAN])],
+    );
+    assert_f32(&out[0], &[2], &[f32::NAN, f32::NAN]);
+    assert_f32(&out[1], &[2], &[f32::NAN, f32::NAN]);
+}
+
+#[test]
+fn binary_i32_by_hand() {
+    let a = i32s(&[6], &[7, -7, 7, -7, 5, i32::MAX]);
+    let b_ = i32s(&[6], &[2, 2, -2, -2, 0, 1]);
+    let out = run(
+        |b| {
+            let x = b.parameter("a", [6], DType::I32);
+            let y = b.parameter("b", [6], DType::I32);
+            vec![
+                x.add(&y),
+                x.sub(&y),
+                x.mul(&y),
+                x.div(&y),
+                x.max(&y),
+                x.min(&y),
+            ]
+        },
+        &[a, b_],
+    );
+    assert_i32(&out[0], &[6], &[9, -5, 5, -9, 5, i32::MIN]); // MAX + 1 wraps
+    assert_i32(&out[1], &[6], &[5, -9, 9, -5, 5, i32::MAX - 1]);
+    assert_i32(&out[2], &[6], &[14, -14, -14, 14, 0, i32::MAX]);
+    // Truncation toward zero; x / 0 = -1 (XLA).
+    assert_i32(&out[3], &[6], &[3, -3, -3, 3, -1, i32::MAX]);
+    assert_i32(&out[4], &[6], &[7, 2, 7, -2, 5, i32::MAX]);
+    assert_i32(&out[5], &[6], &[2, -7, -2, -7, 0, 1]);
+}
+
+#[test]
+fn pow_i32_by_hand() {
+    let out = run1(
+        |b| {
+            let x = b.parameter("a", [7], DType::I32);
+            let y = b.parameter("b", [7], DType::I32);
+            x.pow(&y)
+        },
+        &[
+            i32s(&[7], &[2, -3, 5, 2, 1, -1, -1]),
+            i32s(&[7], &[3, 2, 0, -1, -4, -3, -2]),
+        ],
+    );
+    assert_i32(&out, &[7], &[8, 9, 1, 0, 1, -1, 1]);
+}
+
+#[test]
+fn bool_logic() {
+    let out = run(
+        |b| {
+            let p = b.parameter("p", [4], DType::Bool);
+            let q = b.parameter("q", [4], DType::Bool);
+            vec![p.and(&q), p.or(&q), p.not()]
+        },
+        &[
+            bools(&[4], &[false, false, true, true]),
+            bools(&[4], &[false, true, false, true]),
+        ],
+    );
+    assert_bool(&out[0], &[4], &[false, false, false, true]);
+    assert_bool(&out[1], &[4], &[false, true, true, true]);
+    assert_bool(&out[2], &[4], &[true, true, false, false]);
+}
+
+#[test]
+fn compare_all_dtypes() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[3]);
+            let y = f32_param(b, "y", &[3]);
+            let i = b.parameter("i", [3], DType::I32);
+            let j = b.parameter("j", [3], DType::I32);
+            let p = b.parameter("p", [2], DType::Bool);
+            let q = b.parameter("q", [2], DType::Bool);
+            vec![
+                x.eq(&y),
+                x.ne(&y),
+                x.lt(&y),
+                x.le(&y),
+                x.gt(&y),
+                x.ge(&y),
+                i.lt(&j),
+                i.ge(&j),
+                p.eq(&q),
+                p.lt(&q),
+            ]
+        },
+        &[
+            f32s(&[3], &[1., 2., f32::NAN]),
+            f32s(&[3], &[2., 2., 1.]),
+            i32s(&[3], &[-1, 0, 5]),
+            i32s(&[3], &[0, 0, 4]),
+            bools(&[2], &[false, true]),
+            bools(&[2], &[true, true]),
+        ],
+    );
+    let (t, f) = (true, false);
+    assert_bool(&out[0], &[3], &[f, t, f]);
+    assert_bool(&out[1], &[3], &[t, f, t]); // NaN != anything
+    assert_bool(&out[2], &[3], &[t, f, f]);
+    assert_bool(&out[3], &[3], &[t, t, f]);
+    assert_bool(&out[4], &[3], &[f, f, f]);
+    assert_bool(&out[5], &[3], &[f, t, f]);
+    assert_bool(&out[6], &[3], &[t, f, f]);
+    assert_bool(&out[7], &[3], &[f, t, t]);
+    assert_bool(&out[8], &[2], &[f, t]);
+    assert_bool(&out[9], &[2], &[t, f]); // false < true
+}
+
+#[test]
+fn select_with_broadcast_branches() {
+    let out = run1(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let zero = b.scalar(0.0);
+            x.gt(&zero).select(&x, &b.scalar(-1.0))
+        },
+        &[f32s(&[2, 3], &[1., -2., 0., -4., 5., 6.])],
+    );
+    assert_f32(&out, &[2, 3], &[1., -1., -1., -1., 5., 6.]);
+}
+
+#[test]
+fn convert_edge_cases() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[8]);
+            let i = b.parameter("i", [4], DType::I32);
+            let p = b.parameter("p", [2], DType::Bool);
+            vec![
+                x.convert(DType::I32),
+                x.convert(DType::Bool),
+                i.convert(DType::F32),
+                i.convert(DType::Bool),
+                p.convert(DType::F32),
+                p.convert(DType::I32),
+                x.convert(DType::F32),
+            ]
+        },
+        &[
+            f32s(&[8], &[-2.7, -0.5, 0.0, -0.0, 0.5, 2.9, 3e9, f32::NAN]),
+            i32s(&[4], &[0, -3, 16_777_217, i32::MIN]),
+            bools(&[2], &[true, false]),
+        ],
+    );
+    // f32 -> i32 truncates toward zero, saturates, NaN -> 0.
+    assert_i32(&out[0], &[8], &[-2, 0, 0, 0, 0, 2, i32::MAX, 0]);
+    // Non-zero (including NaN) is true; -0.0 is zero.
+    let (t, f) = (true, false);
+    assert_bool(&out[1], &[8], &[t, t, f, f, t, t, t, t]);
+    // 2^24 + 1 rounds to 2^24 in f32.
+    assert_f32(&out[2], &[4], &[0., -3., 16_777_216., -2_147_483_648.]);
+    assert_bool(&out[3], &[4], &[f, t, t, t]);
+    assert_f32(&out[4], &[2], &[1., 0.]);
+    assert_i32(&out[5], &[2], &[1, 0]);
+    assert_f32(
+        &out[6],
+        &[8],
+        &[-2.7, -0.5, 0.0, -0.0, 0.5, 2.9, 3e9, f32::NAN],
+    );
+}
+
+// ---- generated arrays ------------------------------------------------------------------
+
+#[test]
+fn constant_and_iota() {
+    let out = run(
+        |b| {
+            vec![
+                b.constant(f32s(&[2], &[1.5, -2.0])),
+                b.iota([2, 3], 1, DType::I32),
+                b.iota([2, 3], 0, DType::F32),
+                b.full([2], DType::I32, 7.0),
+            ]
+        },
+        &[],
+    );
+    assert_f32(&out[0], &[2], &[1.5, -2.0]);
+    assert_i32(&out[1], &[2, 3], &[0, 1, 2, 0, 1, 2]);
+    assert_f32(&out[2], &[2, 3], &[0., 0., 0., 1., 1., 1.]);
+    assert_i32(&out[3], &[2], &[7, 7]);
+}
+
+// ---- data movement ---------------------------------------------------------------------
+
+#[test]
+fn broadcast_in_dim_cases() {
+    let out = run(
+        |b| {
+            let row = f32_param(b, "row", &[3]);
+            let col = f32_param(b, "col", &[2]);
+            let one_row = f32_param(b, "one_row", &[1, 3]);
+            let s = f32_param(b, "s", &[]);
+            vec![
+                row.broadcast_in_dim([2, 3], &[1]),
+                col.broadcast_in_dim([2, 3], &[0]),
+                one_row.broadcast_in_dim([2, 3], &[0, 1]),
+                s.broadcast_in_dim([2, 2], &[]),
+                col.broadcast_in_dim([2, 2, 2], &[1]),
+            ]
+        },
+        &[
+            f32s(&[3], &[1., 2., 3.]),
+            f32s(&[2], &[10., 20.]),
+            f32s(&[1, 3], &[4., 5., 6.]),
+            f32s(&[], &[9.]),
+        ],
+    );
+    assert_f32(&out[0], &[2, 3], &[1., 2., 3., 1., 2., 3.]);
+    assert_f32(&out[1], &[2, 3], &[10., 10., 10., 20., 20., 20.]);
+    assert_f32(&out[2], &[2, 3], &[4., 5., 6., 4., 5., 6.]);
+    assert_f32(&out[3], &[2, 2], &[9.; 4]);
+    assert_f32(
+        &out[4],
+        &[2, 2, 2],
+        &[10., 10., 20., 20., 10., 10., 20., 20.],
+    );
+}
+
+#[test]
+fn reshape_is_row_major_even_after_transpose() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            vec![x.reshape([3, 2]), x.transpose(&[1, 0]).reshape([6])]
+        },
+        &[m23()],
+    );
+    assert_f32(&out[0], &[3, 2], &[1., 2., 3., 4., 5., 6.]);
+    assert_f32(&out[1], &[6], &[1., 4., 2., 5., 3., 6.]);
+}
+
+#[test]
+fn transpose_3d_against_index_formula() {
+    // x[i][j][k] = 100 i + 10 j + k; perm [2, 0, 1] gives out[k][i][j] = x[i][j][k].
+    let data: Vec<f32> = (0..2)
+        .flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (100 * i + 10 * j + k) as f32)))
+        .collect();
+    let expected: Vec<f32> = (0..4)
+        .flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (100 * i + 10 * j + k) as f32)))
+        .collect();
+    let out = run1(
+        |b| f32_param(b, "x", &[2, 3, 4]).transpose(&[2, 0, 1]),
+        &[f32s(&[2, 3, 4], &data)],
+    );
+    assert_f32(&out, &[4, 2, 3], &expected);
+}
+
+#[test]
+fn strided_slices() {
+    let out = run(
+        |b| {
+            let v = b.iota([10], 0, DType::I32);
+            // m[r][c] = 10 r + c.
+            let m = b
+                .iota([3, 4], 0, DType::I32)
+                .mul(&b.full([3, 4], DType::I32, 10.0))
+                .add(&b.iota([3, 4], 1, DType::I32));
+            vec![
+                v.slice(&[1], &[8], &[3]),
+                v.slice(&[2], &[10], &[4]),
+                m.slice(&[0, 1], &[3, 4], &[2, 2]),
+                m.slice_axis(-1, 1, 3),
+                v.slice(&[4], &[4], &[1]),
+            ]
+        },
+        &[],
+    );
+    assert_i32(&out[0], &[3], &[1, 4, 7]);
+    assert_i32(&out[1], &[2], &[2, 6]);
+    assert_i32(&out[2], &[2, 2], &[1, 3, 21, 23]);
+    assert_i32(&out[3], &[3, 2], &[1, 2, 11, 12, 21, 22]);
+    assert_i32(&out[4], &[0], &[]);
+}
+
+#[test]
+fn pad_negative_edges_and_interior() {
+    let out = run(
+        |b| {
+            let v = f32_param(b, "v", &[3]);
+            let m = f32_param(b, "m", &[2, 2]);
+            let p = b.parameter("p", [2], DType::Bool);
+            let zero = b.scalar(0.0);
+            let nine = b.scalar(9.0);
+            let yes = b.constant(bools(&[], &[true]));
+            vec![
+                // [1,2,3] -interior 1-> [1,0,2,0,3] -low -1-> [0,2,0,3] -high 2-> [0,2,0,3,0,0]
+                v.pad(&zero, &[-1], &[2], &[1]),
+                // dim 1: [[1,9,2],[3,9,4]], high -1 -> [[1,9],[3,9]]; dim 0: low 1 row of 9s.
+                m.pad(&nine, &[1, 0], &[0, -1], &[0, 1]),
+                // Everything cut away.
+                v.pad(&zero, &[-2], &[-1], &[0]),
+                p.pad(&yes, &[1], &[0], &[2]),
+            ]
+        },
+        &[
+            f32s(&[3], &[1., 2., 3.]),
+            f32s(&[2, 2], &[1., 2., 3., 4.]),
+            bools(&[2], &[false, false]),
+        ],
+    );
+    assert_f32(&out[0], &[6], &[0., 2., 0., 3., 0., 0.]);
+    assert_f32(&out[1], &[3, 2], &[9., 9., 1., 9., 3., 9.]);
+    assert_f32(&out[2], &[0], &[]);
+    assert_bool(&out[3], &[5], &[true, false, true, true, false]);
+}
+
+#[test]
+fn concatenate_three_operands() {
+    let out = run1(
+        |b| {
+            let a = f32_param(b, "a", &[2, 1]);
+            let c = f32_param(b, "c", &[2, 2]);
+            let d = f32_param(b, "d", &[2, 3]);
+            b.concatenate(&[&a, &c, &d], 1)
+        },
+        &[
+            f32s(&[2, 1], &[1., 2.]),
+            f32s(&[2, 2], &[3., 4., 5., 6.]),
+            f32s(&[2, 3], &[7., 8., 9., 10., 11., 12.]),
+        ],
+    );
+    assert_f32(
+        &out,
+        &[2, 6],
+        &[1., 3., 4., 7., 8., 9., 2., 5., 6., 10., 11., 12.],
+    );
+}
+
+#[test]
+fn sharding_constraint_is_identity() {
+    let out = run1(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            x.shard(Sharding {
+                dims: vec![DimSharding::default(); 2],
+                ..Sharding::default()
+            })
+        },
+        &[m23()],
+    );
+    assert_eq!(out, m23());
+}
+
+// ---- reductions ------------------------------------------------------------------------
+
+#[test]
+fn reduce_over_dims_0_and_2() {
+    // x[i][j][k] = 12 i + 4 j + k over [2,3,4]. Over i in {0,1}, k in 0..4:
+    // sum = 4*12 + 8*4j + 2*(0+1+2+3) = 60 + 32 j; max = 12 + 4j + 3; min = 4j.
+    let out = run(
+        |b| {
+            let x = b.iota([24], 0, DType::F32).reshape([2, 3, 4]);
+            let xi = x.convert(DType::I32);
+            vec![
+                x.sum(&[0, 2]),
+                x.max_over(&[0, -1]),
+                x.min_over(&[2, 0]),
+                xi.sum(&[0, 2]),
+                x.sum(&[0, 1, 2]),
+                x.reduce(ReduceKind::Sum, &[1], true),
+            ]
+        },
+        &[],
+    );
+    assert_f32(&out[0], &[3], &[60., 92., 124.]);
+    assert_f32(&out[1], &[3], &[15., 19., 23.]);
+    assert_f32(&out[2], &[3], &[0., 4., 8.]);
+    assert_i32(&out[3], &[3], &[60, 92, 124]);
+    assert_f32(&out[4], &[], &[276.]); // 0 + 1 + ... + 23
+    // keep_dims: sum over j of 12 i + 4 j + k = 36 i + 12 + 3 k.
+    let expected: Vec<f32> = (0..2)
+        .flat_map(|i| (0..4).map(move |k| (36 * i + 12 + 3 * k) as f32))
+        .collect();
+    assert_f32(&out[5], &[2, 1, 4], &expected);
+}
+
+#[test]
+fn reduce_identities_on_empty_dims() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[0, 3]);
+            let i = b.parameter("i", [0, 2], DType::I32);
+            vec![
+                x.sum(&[0]),
+                x.max_over(&[0]),
+                x.min_over(&[0]),
+                i.sum(&[0]),
+                i.max_over(&[0]),
+                i.min_over(&[0]),
+            ]
+        },
+        &[f32s(&[0, 3], &[]), i32s(&[0, 2], &[])],
+    );
+    let inf = f32::INFINITY;
+    assert_f32(&out[0], &[3], &[0.; 3]);
+    assert_f32(&out[1], &[3], &[-inf; 3]);
+    assert_f32(&out[2], &[3], &[inf; 3]);
+    assert_i32(&out[3], &[2], &[0, 0]);
+    assert_i32(&out[4], &[2], &[i32::MIN; 2]);
+    assert_i32(&out[5], &[2], &[i32::MAX; 2]);
+}
+
+// ---- contractions ----------------------------------------------------------------------
+
+/// Row-major flat index of `idx` in `shape`.
+fn flat(shape: &[usize], idx: &[usize]) -> usize {
+    idx.iter().zip(shape).fold(0, |acc, (&i, &n)| acc * n + i)
+}
+
+#[test]
+fn dot_general_with_batch_dims_matches_naive_loop() {
+    // lhs [k=4, b=2, m=3], rhs [b=2, n=5, k=4]: out[b][m][n] = sum_k lhs[k][b][m] rhs[b][n][k].
+    let lhs: Vec<f32> = (0..24).map(|v| (v as f32) * 0.5 - 3.0).collect();
+    let rhs: Vec<f32> = (0..40).map(|v| ((v * 7) % 11) as f32 - 5.0).collect();
+    let mut expected = vec![0f32; 30];
+    for b in 0..2 {
+        for m in 0..3 {
+            for n in 0..5 {
+                expected[flat(&[2, 3, 5], &[b, m, n])] = (0..4)
+                    .map(|k| lhs[flat(&[4, 2, 3], &[k, b, m])] * rhs[flat(&[2, 5, 4], &[b, n, k])])
+                    .sum();
+            }
+        }
+    }
+    let out = run1(
+        |bd| {
+            let l = f32_param(bd, "l", &[4, 2, 3]);
+            let r = f32_param(bd, "r", &[2, 5, 4]);
+            l.dot_general(
+                &r,
+                DotDims {
+                    lhs_batch: vec![1],
+                    rhs_batch: vec![0],
+                    lhs_contracting: vec![0],
+                    rhs_contracting: vec![2],
+                },
+            )
+        },
+        &[f32s(&[4, 2, 3], &lhs), f32s(&[2, 5, 4], &rhs)],
+    );
+    assert_f32(&out, &[2, 3, 5], &expected);
+}
+
+#[test]
+fn dot_general_two_contracting_dims_and_i32() {
+    // lhs [a=2, m=3, c=4], rhs [c=4, a=2, n=2]: out[m][n] = sum_{a,c} lhs[a][m][c] rhs[c][a][n].
+    let lhs: Vec<i32> = (0..24).map(|v| v % 5 - 2).collect();
+    let rhs: Vec<i32> = (0..16).map(|v| v % 3 - 1).collect();
+    let mut expected = vec![0i32; 6];
+    for m in 0..3 {
+        for n in 0..2 {
+            for a in 0..2 {
+                for c in 0..4 {
+                    expected[m * 2 + n] +=
+                        lhs[flat(&[2, 3, 4], &[a, m, c])] * rhs[flat(&[4, 2, 2], &[c, a, n])];
+                }
+            }
+        }
+    }
+    let dims = DotDims {
+        lhs_contracting: vec![0, 2],
+        rhs_contracting: vec![1, 0],
+        ..DotDims::default()
+    };
+    let out = run(
+        |b| {
+            let l = b.parameter("l", [2, 3, 4], DType::I32);
+            let r = b.parameter("r", [4, 2, 2], DType::I32);
+            let lf = l.convert(DType::F32);
+            let rf = r.convert(DType::F32);
+            vec![
+                l.dot_general(&r, dims.clone()),
+                lf.dot_general(&rf, dims.clone()),
+            ]
+        },
+        &[i32s(&[2, 3, 4], &lhs), i32s(&[4, 2, 2], &rhs)],
+    );
+    assert_i32(&out[0], &[3, 2], &expected);
+    let expected_f: Vec<f32> = expected.iter().map(|&v| v as f32).collect();
+    assert_f32(&out[1], &[3, 2], &expected_f);
+}
+
+#[test]
+fn dot_general_with_empty_contraction_is_zero() {
+    let out = run1(
+        |b| f32_param(b, "a", &[2, 0]).matmul(&f32_param(b, "b", &[0, 3])),
+        &[f32s(&[2, 0], &[]), f32s(&[0, 3], &[])],
+    );
+    assert_f32(&out, &[2, 3], &[0.; 6]);
+}
+
+#[test]
+fn matmul_forms() {
+    let w = f32s(&[3, 2], &[7., 8., 9., 10., 11., 12.]);
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let w = f32_param(b, "w", &[3, 2]);
+            let xb = f32_param(b, "xb", &[2, 2, 3]);
+            let wb = f32_param(b, "wb", &[2, 3, 2]);
+            vec![x.matmul(&w), xb.matmul(&w), xb.matmul(&wb)]
+        },
+        &[
+            m23(),
+            w,
+            // Batch 0: m23; batch 1: -m23.
+            f32s(
+                &[2, 2, 3],
+                &[1., 2., 3., 4., 5., 6., -1., -2., -3., -4., -5., -6.],
+            ),
+            // Batch 0: w; batch 1: identity-like [[1,0],[0,1],[0,0]].
+            f32s(
+                &[2, 3, 2],
+                &[7., 8., 9., 10., 11., 12., 1., 0., 0., 1., 0., 0.],
+            ),
+        ],
+    );
+    // [[1,2,3],[4,5,6]] x [[7,8],[9,10],[11,12]] = [[58,64],[139,154]].
+    assert_f32(&out[0], &[2, 2], &[58., 64., 139., 154.]);
+    assert_f32(
+        &out[1],
+        &[2, 2, 2],
+        &[58., 64., 139., 154., -58., -64., -139., -154.],
+    );
+    assert_f32(
+        &out[2],
+        &[2, 2, 2],
+        &[58., 64., 139., 154., -1., -2., -4., -5.],
+    );
+}
+
+#[test]
+fn einsum_two_operand_forms_match_naive_loops() {
+    // x[b][s][d], w[d][f]: "bsd,df->bsf"; u[i][j], v[i][j]: "ij,ij->i";
+    // p[b][i][j], q[b][j][k]: "bij,bjk->bki".
+    let x: Vec<f32> = (0..24).map(|v| v as f32 * 0.25).collect();
+    let w: Vec<f32> = (0..20).map(|v| 2.0 - v as f32 * 0.3).collect();
+    let mut bsf = vec![0f32; 2 * 3 * 5];
+    for b in 0..2 {
+        for s in 0..3 {
+            for f in 0..5 {
+                bsf[flat(&[2, 3, 5], &[b, s, f])] = (0..4)
+                    .map(|d| x[flat(&[2, 3, 4], &[b, s, d])] * w[flat(&[4, 5], &[d, f])])
+                    .sum();
+            }
+        }
+    }
+    let rows: Vec<f32> = (0..3)
+        .map(|i| (0..4).map(|j| x[i * 4 + j] * w[i * 4 + j]).sum())
+        .collect();
+    let mut bki = vec![0f32; 2 * 4 * 3];
+    for b in 0..2 {
+        for i in 0..3 {
+            for k in 0..4 {
+                bki[flat(&[2, 4, 3], &[b, k, i])] = (0..2)
+                    .map(|j| x[flat(&[2, 3, 2], &[b, i, j])] * w[flat(&[2, 2, 4], &[b, j, k])])
+                    .sum();
+            }
+        }
+    }
+    let out = run(
+        |bd| {
+            let xt = f32_param(bd, "x", &[2, 3, 4]);
+            let wt = f32_param(bd, "w", &[4, 5]);
+            let u = xt.reshape([6, 4]).slice_axis(0, 0, 3);
+            let v = wt.reshape([20]).slice_axis(0, 0, 12).reshape([3, 4]);
+            let p = xt.reshape([24]).slice_axis(0, 0, 12).reshape([2, 3, 2]);
+            let q = wt.reshape([20]).slice_axis(0, 0, 16).reshape([2, 2, 4]);
+            vec![
+                einsum("bsd,df->bsf", &xt, &wt),
+                einsum("ij,ij->i", &u, &v),
+                einsum("bij,bjk->bki", &p, &q),
+            ]
+        },
+        &[f32s(&[2, 3, 4], &x), f32s(&[4, 5], &w)],
+    );
+    assert_f32(&out[0], &[2, 3, 5], &bsf);
+    assert_f32(&out[1], &[3], &rows);
+    assert_f32(&out[2], &[2, 4, 3], &bki);
+}
+
+#[test]
+fn einsum_one_operand_forms() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let y = b.iota([24], 0, DType::F32).reshape([2, 3, 4]);
+            vec![x.einsum("ij->ji"), y.einsum("bsd->bd"), x.einsum("ij->")]
+        },
+        &[m23()],
+    );
+    assert_f32(&out[0], &[3, 2], &[1., 4., 2., 5., 3., 6.]);
+    // y[b][s][d] = 12 b + 4 s + d; sum over s = 36 b + 12 + 3 d.
+    let expected: Vec<f32> = (0..2)
+        .flat_map(|b| (0..4).map(move |d| (36 * b + 12 + 3 * d) as f32))
+        .collect();
+    assert_f32(&out[1], &[2, 4], &expected);
+    assert_f32(&out[2], &[], &[21.]);
+}
+
+// ---- composite helpers -----------------------------------------------------------------
+
+#[test]
+fn relu_and_gelu_against_formulas() {
+    let xs = [-3.0f32, -0.5, 0.0, 0.7, 2.0, 4.0];
+    let gelu: Vec<f32> = xs
+        .iter()
+        .map(|&v| {
+            let x = f64::from(v);
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            (0.5 * x * (1.0 + (c * (x + 0.044715 * x.powi(3))).tanh())) as f32
+        })
+        .collect();
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[6]);
+            vec![x.relu(), x.gelu()]
+        },
+        &[f32s(&[6], &xs)],
+    );
+    assert_f32(&out[0], &[6], &[0., 0., 0., 0.7, 2., 4.]);
+    assert_f32(&out[1], &[6], &gelu);
+}
+
+#[test]
+fn softmax_and_log_softmax_by_hand() {
+    // Row 0: [1,2,3] -> e^(x-3) / (e^-2 + e^-1 + 1); row 1: equal logits -> 1/3 each.
+    let z = (-2f64).exp() + (-1f64).exp() + 1.0;
+    let soft = [
+        ((-2f64).exp() / z) as f32,
+        ((-1f64).exp() / z) as f32,
+        (1.0 / z) as f32,
+        1. / 3.,
+        1. / 3.,
+        1. / 3.,
+    ];
+    let log_soft: Vec<f32> = soft.iter().map(|&p| p.ln()).collect();
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let s = x.softmax(-1);
+            vec![s.clone(), s.sum(&[1]), x.log_softmax(1)]
+        },
+        &[f32s(&[2, 3], &[1., 2., 3., 5., 5., 5.])],
+    );
+    assert_f32(&out[0], &[2, 3], &soft);
+    assert_f32(&out[1], &[2], &[1., 1.]);
+    assert_f32(&out[2], &[2, 3], &log_soft);
+}
+
+#[test]
+fn layer_norm_and_mean() {
+    // Row [1,2,3,4]: mean 2.5, variance 1.25; row [2,2,2,2]: centred to 0.
+    let eps = 1e-5f32;
+    let inv = 1.0 / (1.25f64 + f64::from(eps)).sqrt();
+    let row0: Vec<f32> = [1.0, 2.0, 3.0, 4.0]
+        .iter()
+        .map(|&v: &f64| ((v - 2.5) * inv) as f32)
+        .collect();
+    let expected: Vec<f32> = row0.into_iter().chain([0.; 4]).collect();
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 4]);
+            vec![x.layer_norm(-1, eps), x.mean(&[1]), x.mean(&[0, 1])]
+        },
+        &[f32s(&[2, 4], &[1., 2., 3., 4., 2., 2., 2., 2.])],
+    );
+    assert_f32(&out[0], &[2, 4], &expected);
+    assert_f32(&out[1], &[2], &[2.5, 2.]);
+    assert_f32(&out[2], &[], &[2.25]);
+}
+
+#[test]
+fn numpy_broadcasting_and_scalar_operators() {
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let row = f32_param(b, "row", &[3]);
+            let col = f32_param(b, "col", &[2, 1]);
+            let i = b.parameter("i", [2], DType::I32);
+            vec![
+                &x + &row,
+                &col * &row.reshape([1, 3]),
+                &x * 2.0,
+                2.0 - &x,
+                &x / 2.0,
+                -&x,
+                &i * 3.0,
+                col.lt(&row),
+            ]
+        },
+        &[
+            m23(),
+            f32s(&[3], &[10., 20., 30.]),
+            f32s(&[2, 1], &[1., 2.]),
+            i32s(&[2], &[4, -5]),
+        ],
+    );
+    assert_f32(&out[0], &[2, 3], &[11., 22., 33., 14., 25., 36.]);
+    assert_f32(&out[1], &[2, 3], &[10., 20., 30., 20., 40., 60.]);
+    assert_f32(&out[2], &[2, 3], &[2., 4., 6., 8., 10., 12.]);
+    assert_f32(&out[3], &[2, 3], &[1., 0., -1., -2., -3., -4.]);
+    assert_f32(&out[4], &[2, 3], &[0.5, 1., 1.5, 2., 2.5, 3.]);
+    assert_f32(&out[5], &[2, 3], &[-1., -2., -3., -4., -5., -6.]);
+    assert_i32(&out[6], &[2], &[12, -15]);
+    assert_bool(&out[7], &[2, 3], &[true; 6]);
+}
+
+// ---- the interpreter itself ------------------------------------------------------------
+
+#[test]
+fn shared_values_repeated_outputs_and_parameter_outputs() {
+    // y = x + 1 is used three times after its definition and returned twice.
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2]);
+            let y = &x + 1.0;
+            let z = &y * &y;
+            let w = &y - &z;
+            vec![w, y.clone(), y, x]
+        },
+        &[f32s(&[2], &[1., -3.])],
+    );
+    assert_f32(&out[0], &[2], &[2. - 4., -2. - 4.]);
+    assert_f32(&out[1], &[2], &[2., -2.]);
+    assert_f32(&out[2], &[2], &[2., -2.]);
+    assert_f32(&out[3], &[2], &[1., -3.]);
+}
+
+fn two_param_program() -> gspmd_core::ir::Program {
+    let b = Builder::new("p");
+    let x = f32_param(&b, "x", &[2, 3]);
+    let w = f32_param(&b, "w", &[3, 4]);
+    let y = x.matmul(&w);
+    b.finish(&[&y]).unwrap()
+}
+
+fn input_error(inputs: &[Literal]) -> (usize, String, String) {
+    match interpret(&two_param_program(), inputs) {
+        Err(e @ Error::Input { .. }) => {
+            let shown = e.to_string();
+            let Error::Input { index, name, .. } = e else {
+                unreachable!()
+            };
+            (index, name, shown)
+        }
+        other => panic!("expected an input error, got {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_input_count_names_the_parameter() {
+    let (index, name, shown) = input_error(&[m23()]);
+    assert_eq!((index, name.as_str()), (1, "w"));
+    assert!(
+        shown.contains("input 1 (w)") && shown.contains("2 inputs but 1"),
+        "{shown}"
+    );
+    let w = f32s(&[3, 4], &[0.; 12]);
+    let (index, _, shown) = input_error(&[m23(), w.clone(), w]);
+    assert_eq!(index, 2);
+    assert!(shown.contains("2 inputs but 3"), "{shown}");
+}
+
+#[test]
+fn wrong_input_dtype_names_the_parameter() {
+    let (index, name, shown) = input_error(&[m23(), i32s(&[3, 4], &[0; 12])]);
+    assert_eq!((index, name.as_str()), (1, "w"));
+    assert!(
+        shown.contains("expected f32[3,4], given i32[3,4]"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn wrong_input_shape_names_the_parameter() {
+    let (index, name, shown) = input_error(&[f32s(&[3, 2], &[0.; 6]), f32s(&[3, 4], &[0.; 12])]);
+    assert_eq!((index, name.as_str()), (0, "x"));
+    assert!(
+        shown.contains("input 0 (x)") && shown.contains("expected f32[2,3], given f32[3,2]"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn transcendental_of_i32_is_a_trace_error_with_location() {
+    let b = Builder::new("bad");
+    let i = b.parameter("i", [2], DType::I32);
+    let e = i.exp();
+    match b.finish(&[&e]) {
+        Err(Error::Shape {
+            op,
+            location,
+            message,
+        }) => {
+            assert_eq!(op, "exponential");
+            assert!(location.file.ends_with("interpreter.rs"), "{location}");
+            assert!(message.contains("i32"), "{message}");
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn spmd_only_op_is_a_runtime_error_with_location() {
+    let b = Builder::new("spmd");
+    let x = b.parameter("x", [2], DType::F32);
+    let mut program = b.finish(&[&x]).unwrap();
+    let group = gspmd_core::ir::AxisGroup {
+        axes: vec!["data".into()],
+        size: 2,
+    };
+    let mut node = program.node(x.id().unwrap()).clone();
+    node.op = gspmd_core::ir::Op::AllReduce {
+        group,
+        kind: gspmd_core::ir::ReduceKind::Sum,
+    };
+    node.operands = vec![x.id().unwrap()];
+    let reduced = program.push(node);
+    program.outputs = vec![reduced];
+    verify(&program).unwrap();
+    match interpret(&program, &[f32s(&[2], &[1., 2.])]) {
+        Err(Error::Runtime {
+            value,
+            op,
+            location,
+            message,
+        }) => {
+            assert_eq!(value, reduced);
+            assert_eq!(op, "all_reduce");
+            assert!(location.file.ends_with("interpreter.rs"), "{location}");
+            assert!(message.contains("device mesh"), "{message}");
+        }
+        other => panic!("expected a runtime error, got {other:?}"),
+    }
+}
+
+// ---- properties ------------------------------------------------------------------------
+
+/// A shape of rank 1..=4 with dims 1..=4, and data for it.
+fn shape_and_data() -> impl Strategy<Value = (Vec<usize>, Vec<f32>)> {
+    prop::collection::vec(1usize..=4, 1..=4).prop_flat_map(|shape| {
+        let n: usize = shape.iter().product();
+        (Just(shape), prop::collection::vec(-10f32..10.0, n))
+    })
+}
+
+/// Multi-index of row-major flat index `i` in `shape`.
+fn unflat(shape: &[usize], mut i: usize) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        idx[d] = i % shape[d];
+        i /= shape[d];
+    }
+    idx
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random batch/M/K/N sizes, random dim order in both operands, vs a naive loop.
+    #[test]
+    fn dot_general_matches_naive_loop(
+        sizes in (0usize..4, 1usize..5, 0usize..5, 1usize..5),
+        lhs_order in Just(vec![0usize, 1, 2]).prop_shuffle(),
+        rhs_order in Just(vec![0usize, 1, 2]).prop_shuffle(),
+        seed in prop::collection::vec(-1f32..1.0, 64),
+    ) {
+        // Logical dims: lhs (b, m, k), rhs (b, k, n); `*_order[p]` is the logical dim at
+        // physical position p. A batch size of 0 means no batch dim.
+        let (nb, m, k, n) = sizes;
+        let has_batch = nb > 0;
+        let nb = nb.max(1);
+        let keep = |order: &Vec<usize>| -> Vec<usize> {
+            order.iter().copied().filter(|&d| has_batch || d != 0).collect()
+        };
+        let (lo, ro) = (keep(&lhs_order), keep(&rhs_order));
+        let lhs_sizes = [nb, m, k];
+        let rhs_sizes = [nb, k, n];
+        let lhs_shape: Vec<usize> = lo.iter().map(|&d| lhs_sizes[d]).collect();
+        let rhs_shape: Vec<usize> = ro.iter().map(|&d| rhs_sizes[d]).collect();
+        let pos = |order: &[usize], d: usize| order.iter().position(|&x| x == d).unwrap();
+        let lhs_data: Vec<f32> = (0..lhs_shape.iter().product::<usize>()).map(|i| seed[i % 64]).collect();
+        let rhs_data: Vec<f32> = (0..rhs_shape.iter().product::<usize>()).map(|i| seed[(i * 7 + 3) % 64]).collect();
+        let lhs_at = |b: usize, i: usize, kk: usize| {
+            let logical = [b, i, kk];
+            let idx: Vec<usize> = lo.iter().map(|&d| logical[d]).collect();
+            lhs_data[flat(&lhs_shape, &idx)]
+        };
+        let rhs_at = |b: usize, kk: usize, j: usize| {
+            let logical = [b, kk, j];
+            let idx: Vec<usize> = ro.iter().map(|&d| logical[d]).collect();
+            rhs_data[flat(&rhs_shape, &idx)]
+        };
+        let mut expected = Vec::new();
+        for b in 0..nb {
+            for i in 0..m {
+                for j in 0..n {
+                    expected.push((0..k).map(|kk| lhs_at(b, i, kk) * rhs_at(b, kk, j)).sum::<f32>());
+                }
+            }
+        }
+        let dims = DotDims {
+            lhs_batch: if has_batch { vec![pos(&lo, 0)] } else { vec![] },
+            rhs_batch: if has_batch { vec![pos(&ro, 0)] } else { vec![] },
+            lhs_contracting: vec![pos(&lo, 2)],
+            rhs_contracting: vec![pos(&ro, 1)],
+        };
+        let out = run1(
+            |bd| f32_param(bd, "l", &lhs_shape).dot_general(&f32_param(bd, "r", &rhs_shape), dims),
+            &[f32s(&lhs_shape, &lhs_data), f32s(&rhs_shape, &rhs_data)],
+        );
+        let out_shape: Vec<usize> = if has_batch { vec![nb, m, n] } else { vec![m, n] };
+        assert_f32(&out, &out_shape, &expected);
+    }
+
+    #[test]
+    fn transpose_then_inverse_is_identity(
+        (shape, data) in shape_and_data(),
+        perm_seed in Just(vec![0usize, 1, 2, 3]).prop_shuffle(),
+    ) {
+        let perm: Vec<usize> = perm_seed.into_iter().filter(|&d| d < shape.len()).collect();
+        let mut inverse = vec![0; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inverse[p] = i;
+        }
+        let input = f32s(&shape, &data);
+        let out = run1(
+            |b| f32_param(b, "x", &shape).transpose(&perm).transpose(&inverse),
+            std::slice::from_ref(&input),
+        );
+        prop_assert_eq!(out, input);
+    }
+
+    #[test]
+    fn reshape_round_trip_keeps_row_major_order((shape, data) in shape_and_data()) {
+        let n = data.len();
+        let outs = run(
+            |b| {
+                let x = f32_param(b, "x", &shape);
+                let flat = x.reshape([n]);
+                vec![flat.clone(), flat.reshape([1, n]).reshape(shape.clone())]
+            },
+            &[f32s(&shape, &data)],
+        );
+        assert_f32(&outs[0], &[n], &data);
+        prop_assert_eq!(&outs[1], &f32s(&shape, &data));
+    }
+
+    #[test]
+    fn reduce_sum_matches_naive_sum(
+        (shape, data) in shape_and_data(),
+        mask in prop::collection::vec(any::<bool>(), 4),
+    ) {
+        let dims: Vec<usize> = (0..shape.len()).filter(|&d| mask[d]).collect();
+        let kept: Vec<usize> = (0..shape.len()).filter(|&d| !mask[d]).collect();
+        let out_shape: Vec<usize> = kept.iter().map(|&d| shape[d]).collect();
+        let mut expected = vec![0f32; out_shape.iter().product()];
+        for (i, &v) in data.iter().enumerate() {
+            let idx = unflat(&shape, i);
+            let out_idx: Vec<usize> = kept.iter().map(|&d| idx[d]).collect();
+            expected[flat(&out_shape, &out_idx)] += v;
+        }
+        let signed: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+        let out = run1(|b| f32_param(b, "x", &shape).sum(&signed), &[f32s(&shape, &data)]);
+        let got = out.as_f32().unwrap();
+        prop_assert_eq!(got.shape(), out_shape.as_slice());
+        for (g, e) in got.iter().zip(&expected) {
+            prop_assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{} vs {}", g, e);
+        }
+    }
+}
+
+#[test]
+fn column_major_inputs_are_read_logically() {
+    use ndarray::ShapeBuilder;
+    // Logical [[1,2,3],[4,5,6]] stored column-major.
+    let fortran = ArrayD::from_shape_vec(IxDyn(&[2, 3]).f(), vec![1., 4., 2., 5., 3., 6.]).unwrap();
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            vec![x.reshape([6]), x.transpose(&[1, 0]), &x + 0.0]
+        },
+        &[Literal::F32(fortran)],
+    );
+    assert_f32(&out[0], &[6], &[1., 2., 3., 4., 5., 6.]);
+    assert_f32(&out[1], &[3, 2], &[1., 4., 2., 5., 3., 6.]);
+    let sum = out[2].as_f32().unwrap();
+    assert!(sum.is_standard_layout());
+    assert_f32(&out[2], &[2, 3], &[1., 2., 3., 4., 5., 6.]);
+}
+
+#[test]
+fn malformed_programs_give_runtime_errors_not_panics() {
+    let fresh = || {
+        let b = Builder::new("m");
+        let x = f32_param(&b, "x", &[2, 3]);
+        let y = x.exp();
+        let z = &y + &x;
+        (
+            b.finish(&[&z]).unwrap(),
+            x.id().unwrap(),
+            y.id().unwrap(),
+            z.id().unwrap(),
+        )
+    };
+    let input = [m23()];
+    // A node whose recorded type disagrees with its operands.
+    let (mut p, _, y, _) = fresh();
+    p.node_mut(y).ty = gspmd_core::ir::TensorType::new([3, 2], DType::F32);
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(
+        matches!(err, Error::Runtime { value, .. } if value == y),
+        "{err:?}"
+    );
+    // An operand used before it is defined.
+    let (mut p, _, y, z) = fresh();
+    p.node_mut(y).operands = vec![z];
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(
+        matches!(err, Error::Runtime { value, .. } if value == y),
+        "{err:?}"
+    );
+    // An output that is not a value of the program.
+    let (mut p, ..) = fresh();
+    p.outputs.push(gspmd_core::ir::ValueId(99));
+    assert!(matches!(interpret(&p, &input), Err(Error::Runtime { .. })));
+}
+
+#[test]
+fn large_matmul_runs_fast_in_debug() {
+    // 256 x 512 x 256 through matrixmultiply; a naive kernel would take seconds here.
+    let (m, k, n) = (256, 512, 256);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i % 13) as f32 - 6.0) / 8.0).collect();
+    let w: Vec<f32> = (0..k * n).map(|i| ((i % 7) as f32 - 3.0) / 4.0).collect();
+    let start = std::time::Instant::now();
+    let out = run1(
+        |b| f32_param(b, "a", &[m, k]).matmul(&f32_param(b, "w", &[k, n])),
+        &[f32s(&[m, k], &a), f32s(&[k, n], &w)],
+    );
+    let elapsed = start.elapsed();
+    let got = out.as_f32().unwrap();
+    for &(i, j) in &[(0, 0), (17, 200), (255, 255)] {
+        let e: f32 = (0..k).map(|kk| a[i * k + kk] * w[kk * n + j]).sum();
+        assert!(
+            (got[[i, j]] - e).abs() <= 1e-3 * e.abs().max(1.0),
+            "{i},{j}"
+        );
+    }
+    assert!(elapsed.as_secs_f64() < 2.0, "matmul took {elapsed:?}");
+}
