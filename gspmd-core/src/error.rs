@@ -140,6 +140,47 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+
+    // ---- collectives and the thread mesh -------------------------------------------
+    /// A collective could not run: unknown or repeated axes, a dim out of range or not
+    /// divisible by the group size, bad permute pairs, operands that differ across the
+    /// group, or devices that are not all at the same collective.
+    #[error("device {device}: {collective}: {message}")]
+    Collective {
+        /// The device that found the problem.
+        device: usize,
+        /// The collective as called, e.g. `all_reduce(sum) over [data]`.
+        collective: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A device was released from a collective because the communicator was aborted.
+    #[error("device {device}: collective aborted: {cause}")]
+    Aborted {
+        /// The device released.
+        device: usize,
+        /// Why the communicator was aborted (the first failure).
+        cause: Box<Error>,
+    },
+    /// A device's program returned an error during a run.
+    #[error("device {device} failed: {cause}")]
+    DeviceFailed {
+        /// The failing device.
+        device: usize,
+        /// Its error.
+        cause: Box<Error>,
+    },
+    /// A device's program panicked during a run.
+    #[error("device {device} panicked: {message}")]
+    DevicePanicked {
+        /// The panicking device.
+        device: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// The thread mesh could not start its threads or lost one.
+    #[error("thread mesh: {0}")]
+    ThreadMesh(String),
 }
 
 fn display_list(errors: &[Error]) -> String {

@@ -1,9 +1,14 @@
 //! Runtimes. The reference interpreter ([`interpret`]) runs an unpartitioned program on
 //! one device: it is the oracle every differential test compares the partitioned,
 //! multi-device run against. [`kernels`] computes each primitive op on host arrays and
-//! is shared with the per-device runtime.
+//! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
+//! device; per-device programs call the [`Communicator`] trait for collectives.
 
+mod communicator;
 mod interpreter;
 pub mod kernels;
+mod thread_mesh;
 
+pub use communicator::Communicator;
 pub use interpreter::interpret;
+pub use thread_mesh::{DeviceContext, ThreadMesh};
