@@ -2,7 +2,9 @@
 //! small SPMD idioms every handler needs (axis index, shard offsets, scalar constants).
 
 use crate::error::{Error, Result};
-use crate::ir::{AxisGroup, DType, Literal, Location, Node, Op, Program, TensorType, ValueId, infer_type};
+use crate::ir::{
+    AxisGroup, DType, Literal, Location, Node, Op, Program, TensorType, ValueId, infer_type,
+};
 use crate::sharding::Mesh;
 
 /// Builds the per-device program. Every node gets the location of the global node being
@@ -29,19 +31,26 @@ impl<'m> Emitter<'m> {
     /// An error about the value being partitioned.
     pub fn error(&self, message: impl Into<String>) -> Error {
         let (value, op, location) = self.current;
-        Error::Partition { value, op, location, message: message.into() }
+        Error::Partition {
+            value,
+            op,
+            location,
+            message: message.into(),
+        }
     }
 
     /// Records a note about the value being partitioned.
     pub fn warn(&mut self, message: String) {
         let (value, op, location) = self.current;
-        self.warnings.push(format!("{location}: {value} = {op}: {message}"));
+        self.warnings
+            .push(format!("{location}: {value} = {op}: {message}"));
     }
 
     /// Appends `op(operands)`, typed by [`infer_type`].
     pub fn emit(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
         let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
-        let ty = infer_type(&op, &types).map_err(|m| self.error(format!("internal: {}: {m}", op.name())))?;
+        let ty = infer_type(&op, &types)
+            .map_err(|m| self.error(format!("internal: {}: {m}", op.name())))?;
         Ok(self.program.push(Node {
             op,
             operands: operands.to_vec(),
@@ -64,8 +73,14 @@ impl<'m> Emitter<'m> {
 
     /// The group of devices spanned by `axes`.
     pub fn group(&self, axes: &[String]) -> AxisGroup {
-        let size = axes.iter().map(|a| self.mesh.axis_size(a).unwrap_or(1)).product();
-        AxisGroup { axes: axes.to_vec(), size }
+        let size = axes
+            .iter()
+            .map(|a| self.mesh.axis_size(a).unwrap_or(1))
+            .product();
+        AxisGroup {
+            axes: axes.to_vec(),
+            size,
+        }
     }
 
     /// A scalar constant.
@@ -86,11 +101,22 @@ impl<'m> Emitter<'m> {
 
     /// Broadcasts a scalar to `shape`.
     pub fn splat(&mut self, scalar: ValueId, shape: &[usize]) -> Result<ValueId> {
-        self.emit(Op::Broadcast { shape: shape.to_vec(), dims: vec![] }, &[scalar])
+        self.emit(
+            Op::Broadcast {
+                shape: shape.to_vec(),
+                dims: vec![],
+            },
+            &[scalar],
+        )
     }
 
     /// `dynamic_slice` of `x` to `sizes`, starting at `starts` (None: 0) per dim.
-    pub fn dynamic_slice(&mut self, x: ValueId, starts: &[Option<ValueId>], sizes: &[usize]) -> Result<ValueId> {
+    pub fn dynamic_slice(
+        &mut self,
+        x: ValueId,
+        starts: &[Option<ValueId>],
+        sizes: &[usize],
+    ) -> Result<ValueId> {
         let mut operands = vec![x];
         for s in starts {
             operands.push(match s {
@@ -110,7 +136,14 @@ impl<'m> Emitter<'m> {
         let zero = self.scalar(ty.dtype, 0.0)?;
         let mut high = vec![0i64; ty.rank()];
         high[dim] = (len - ty.shape[dim]) as i64;
-        self.emit(Op::Pad { low: vec![0; ty.rank()], high, interior: vec![0; ty.rank()] }, &[x, zero])
+        self.emit(
+            Op::Pad {
+                low: vec![0; ty.rank()],
+                high,
+                interior: vec![0; ty.rank()],
+            },
+            &[x, zero],
+        )
     }
 
     /// Keeps the first `len` elements of `dim` (no-op if already that long).
@@ -121,6 +154,13 @@ impl<'m> Emitter<'m> {
         }
         let mut limit = shape.clone();
         limit[dim] = len;
-        self.emit(Op::Slice { start: vec![0; shape.len()], limit, stride: vec![1; shape.len()] }, &[x])
+        self.emit(
+            Op::Slice {
+                start: vec![0; shape.len()],
+                limit,
+                stride: vec![1; shape.len()],
+            },
+            &[x],
+        )
     }
 }

@@ -9,7 +9,12 @@ use crate::ir::{BinaryOp, CompareOp, DType, Op, ValueId};
 
 /// `v`'s local block with the padding along each of `dims` set to `identity`. Emits
 /// nothing for dims whose size divides evenly.
-pub(crate) fn mask_padding(em: &mut Emitter, v: &PValue, dims: &[usize], identity: f64) -> Result<ValueId> {
+pub(crate) fn mask_padding(
+    em: &mut Emitter,
+    v: &PValue,
+    dims: &[usize],
+    identity: f64,
+) -> Result<ValueId> {
     let local = em.shape(v.id);
     let mut mask: Option<ValueId> = None;
     for &d in dims {
@@ -20,7 +25,14 @@ pub(crate) fn mask_padding(em: &mut Emitter, v: &PValue, dims: &[usize], identit
             continue;
         }
         // position = iota + block offset; valid where position < size.
-        let iota = em.emit(Op::Iota { shape: local.clone(), dim: d, dtype: DType::I32 }, &[])?;
+        let iota = em.emit(
+            Op::Iota {
+                shape: local.clone(),
+                dim: d,
+                dtype: DType::I32,
+            },
+            &[],
+        )?;
         let offset = em.block_offset(axes, c)?;
         let offset = em.splat(offset, &local)?;
         let pos = em.emit(Op::Binary(BinaryOp::Add), &[iota, offset])?;

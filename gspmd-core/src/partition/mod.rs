@@ -57,7 +57,11 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
         let operands: Vec<PValue> = node
             .operands
             .iter()
-            .map(|o| values[o.index()].clone().ok_or_else(|| em.error(format!("operand {o} not partitioned"))))
+            .map(|o| {
+                values[o.index()]
+                    .clone()
+                    .ok_or_else(|| em.error(format!("operand {o} not partitioned")))
+            })
             .collect::<Result<_>>()?;
         let result = handlers::partition_node(&mut em, node, &operands, &target)?;
         let result = reshard::reshard(&mut em, &result, &target)?;
@@ -77,12 +81,20 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
     let inputs = pick(&program.params);
     let outputs = pick(&program.outputs);
     let local_ids = |ids: &[crate::ir::ValueId]| -> Vec<crate::ir::ValueId> {
-        ids.iter().filter_map(|v| values[v.index()].as_ref().map(|p| p.id)).collect()
+        ids.iter()
+            .filter_map(|v| values[v.index()].as_ref().map(|p| p.id))
+            .collect()
     };
     em.program.params = local_ids(&program.params);
     em.program.outputs = local_ids(&program.outputs);
     if inputs.len() != program.params.len() || outputs.len() != program.outputs.len() {
         return Err(em.error("internal: a parameter or output was not partitioned"));
     }
-    Ok(SpmdProgram { program: em.program, mesh: mesh.clone(), inputs, outputs, warnings: em.warnings })
+    Ok(SpmdProgram {
+        program: em.program,
+        mesh: mesh.clone(),
+        inputs,
+        outputs,
+        warnings: em.warnings,
+    })
 }

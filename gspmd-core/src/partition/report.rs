@@ -10,7 +10,10 @@ use crate::ir::{Node, Op, Program};
 /// Bytes one device receives in collective `node` of `program` (ring algorithms for
 /// all-reduce; zero for a non-collective).
 pub fn bytes_received(program: &Program, node: &Node) -> usize {
-    let input = node.operands.first().map_or(0, |&o| program.ty(o).size_in_bytes());
+    let input = node
+        .operands
+        .first()
+        .map_or(0, |&o| program.ty(o).size_in_bytes());
     let output = node.ty.size_in_bytes();
     let fraction = |k: usize| input * (k.saturating_sub(1)) / k.max(1);
     match &node.op {
@@ -63,9 +66,18 @@ impl std::fmt::Display for CollectiveStats {
             return write!(f, "no collectives");
         }
         for (kind, (n, bytes)) in &self.by_kind {
-            writeln!(f, "{kind:>18}: {n:>4} x, {bytes:>12} bytes received per device")?;
+            writeln!(
+                f,
+                "{kind:>18}: {n:>4} x, {bytes:>12} bytes received per device"
+            )?;
         }
-        write!(f, "{:>18}: {:>4} x, {:>12} bytes received per device", "total", self.total(), self.bytes())
+        write!(
+            f,
+            "{:>18}: {:>4} x, {:>12} bytes received per device",
+            "total",
+            self.total(),
+            self.bytes()
+        )
     }
 }
 
@@ -78,7 +90,10 @@ impl SpmdProgram {
     /// The per-device program, then one line per collective (axes, bytes per device,
     /// the user's source line), the totals and the partitioner's warnings.
     pub fn report(&self) -> String {
-        let mut out = format!("// partitioned for {}\n{}\n\ncollectives:\n", self.mesh, self.program);
+        let mut out = format!(
+            "// partitioned for {}\n{}\n\ncollectives:\n",
+            self.mesh, self.program
+        );
         for v in self.program.values() {
             let node = self.program.node(v);
             if node.op.is_collective() {

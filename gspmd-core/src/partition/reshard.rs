@@ -31,14 +31,28 @@ type Tiling = Vec<Vec<String>>;
 /// One step of a resharding plan.
 #[derive(Debug, Clone, PartialEq)]
 enum Step {
-    Slice { dim: usize, axes: Vec<String> },
-    Gather { dim: usize, axes: Vec<String> },
-    AllToAll { from: usize, to: usize, axis: String },
-    Permute { to: Tiling },
+    Slice {
+        dim: usize,
+        axes: Vec<String>,
+    },
+    Gather {
+        dim: usize,
+        axes: Vec<String>,
+    },
+    AllToAll {
+        from: usize,
+        to: usize,
+        axis: String,
+    },
+    Permute {
+        to: Tiling,
+    },
 }
 
 pub(crate) fn size_of_axes(axes: &[String], mesh: &Mesh) -> usize {
-    axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product()
+    axes.iter()
+        .map(|a| mesh.axis_size(a).unwrap_or(1))
+        .product()
 }
 
 /// Chunk (padded local length) of dim `d` under `t`.
@@ -47,7 +61,9 @@ fn chunk(shape: &[usize], t: &Tiling, d: usize, mesh: &Mesh) -> usize {
 }
 
 fn local_elems(shape: &[usize], t: &Tiling, mesh: &Mesh) -> f64 {
-    (0..shape.len()).map(|d| chunk(shape, t, d, mesh) as f64).product()
+    (0..shape.len())
+        .map(|d| chunk(shape, t, d, mesh) as f64)
+        .product()
 }
 
 /// True if slicing dim `d` (currently `n` shards of `c`) by `k` more keeps every new
@@ -74,8 +90,13 @@ impl Planner<'_> {
         let mut out = Vec::new();
         let local = local_elems(shape, s, mesh);
         let used: Vec<&String> = s.iter().flatten().collect();
-        let unused: Vec<String> =
-            self.target.iter().flatten().filter(|a| !used.contains(a)).cloned().collect();
+        let unused: Vec<String> = self
+            .target
+            .iter()
+            .flatten()
+            .filter(|a| !used.contains(a))
+            .cloned()
+            .collect();
         for d in 0..s.len() {
             let (n, c) = (size_of_axes(&s[d], mesh), chunk(shape, s, d, mesh));
             // Slices: append an ordered selection of unused target axes.
@@ -112,7 +133,11 @@ impl Planner<'_> {
                     );
                     let concat_ok = gather_is_exact(n / k, c, k, chunk(shape, &t, d, mesh));
                     if split_ok && concat_ok {
-                        let step = Step::AllToAll { from: d, to: j, axis: axis.clone() };
+                        let step = Step::AllToAll {
+                            from: d,
+                            to: j,
+                            axis: axis.clone(),
+                        };
                         out.push((step, t, local * (k as f64 - 1.0) / k as f64));
                     }
                 }
@@ -120,10 +145,14 @@ impl Planner<'_> {
         }
         // Permutes: to the target extended by the axes it does not use.
         if self.target.iter().flatten().all(|a| used.contains(&a)) {
-            let extra: Vec<String> =
-                used.iter().filter(|a| !self.target.iter().flatten().any(|b| b == **a)).map(|a| (*a).clone()).collect();
+            let extra: Vec<String> = used
+                .iter()
+                .filter(|a| !self.target.iter().flatten().any(|b| b == **a))
+                .map(|a| (*a).clone())
+                .collect();
             for t in extensions(self.target, &extra) {
-                let same_counts = (0..s.len()).all(|d| size_of_axes(&t[d], mesh) == size_of_axes(&s[d], mesh));
+                let same_counts =
+                    (0..s.len()).all(|d| size_of_axes(&t[d], mesh) == size_of_axes(&s[d], mesh));
                 if same_counts && &t != s {
                     out.push((Step::Permute { to: t.clone() }, t, local));
                 }
@@ -142,10 +171,16 @@ impl Planner<'_> {
             let next = best
                 .iter()
                 .filter(|(t, _)| !done.contains_key(*t))
-                .min_by(|a, b| (a.1.0, a.1.1).partial_cmp(&(b.1.0, b.1.1)).unwrap_or(std::cmp::Ordering::Equal))
+                .min_by(|a, b| {
+                    (a.1.0, a.1.1)
+                        .partial_cmp(&(b.1.0, b.1.1))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
                 .map(|(t, e)| (t.clone(), e.0, e.1));
             // Gathering every dim whole, then slicing, always reaches the target.
-            let Some((state, cost, steps)) = next else { return Vec::new() };
+            let Some((state, cost, steps)) = next else {
+                return Vec::new();
+            };
             if &state == self.target {
                 break;
             }
@@ -176,7 +211,12 @@ fn sequences(items: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         out.push(vec![item.clone()]);
-        let rest: Vec<String> = items.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, a)| a.clone()).collect();
+        let rest: Vec<String> = items
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, a)| a.clone())
+            .collect();
         for mut tail in sequences(&rest) {
             tail.insert(0, item.clone());
             out.push(tail);
@@ -187,7 +227,9 @@ fn sequences(items: &[String]) -> Vec<Vec<String>> {
 
 /// Every way to append all of `extra` (each once, any order) to the dims of `base`.
 fn extensions(base: &Tiling, extra: &[String]) -> Vec<Tiling> {
-    let Some((first, rest)) = extra.split_first() else { return vec![base.clone()] };
+    let Some((first, rest)) = extra.split_first() else {
+        return vec![base.clone()];
+    };
     let mut out = Vec::new();
     for t in extensions(base, rest) {
         for d in 0..t.len() {
@@ -207,7 +249,14 @@ fn extensions(base: &Tiling, extra: &[String]) -> Vec<Tiling> {
 /// The sharding with `dims` as axes, all closed, and `unreduced` pending sums.
 pub(crate) fn sharding_of(dims: &Tiling, unreduced: Vec<String>) -> Sharding {
     Sharding {
-        dims: dims.iter().map(|axes| DimSharding { axes: axes.clone(), closed: true, priority: None }).collect(),
+        dims: dims
+            .iter()
+            .map(|axes| DimSharding {
+                axes: axes.clone(),
+                closed: true,
+                priority: None,
+            })
+            .collect(),
         replicated: Vec::new(),
         unreduced,
     }
@@ -221,11 +270,20 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     let shape = v.global.shape.clone();
     let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
     let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
-    if let Some(a) = target.unreduced.iter().find(|a| !v.sharding.unreduced.contains(a)) {
+    if let Some(a) = target
+        .unreduced
+        .iter()
+        .find(|a| !v.sharding.unreduced.contains(a))
+    {
         return Err(em.error(format!("cannot make a value unreduced over `{a}`")));
     }
-    let mut pending: Vec<String> =
-        v.sharding.unreduced.iter().filter(|a| !target.unreduced.contains(a)).cloned().collect();
+    let mut pending: Vec<String> = v
+        .sharding
+        .unreduced
+        .iter()
+        .filter(|a| !target.unreduced.contains(a))
+        .cloned()
+        .collect();
     let mut x = v.id;
     // Reduce-scatter pending sums onto the dims the target splits on them next.
     for d in 0..shape.len() {
@@ -240,12 +298,23 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         while !axes.is_empty() {
             let mut t = tiling.clone();
             t[d].extend(axes.iter().cloned());
-            let (n, c, k) = (size_of_axes(&tiling[d], mesh), chunk(&shape, &tiling, d, mesh), size_of_axes(&axes, mesh));
+            let (n, c, k) = (
+                size_of_axes(&tiling[d], mesh),
+                chunk(&shape, &tiling, d, mesh),
+                size_of_axes(&axes, mesh),
+            );
             let c_new = chunk(&shape, &t, d, mesh);
             if slice_is_local(n, c, k, c_new) {
                 x = em.pad_to(x, d, k * c_new)?;
                 let group = em.group(&axes);
-                x = em.emit(Op::ReduceScatter { group, kind: ReduceKind::Sum, dim: d }, &[x])?;
+                x = em.emit(
+                    Op::ReduceScatter {
+                        group,
+                        kind: ReduceKind::Sum,
+                        dim: d,
+                    },
+                    &[x],
+                )?;
                 pending.retain(|a| !axes.contains(a));
                 tiling = t;
                 break;
@@ -255,9 +324,19 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     }
     if !pending.is_empty() {
         let group = em.group(&pending);
-        x = em.emit(Op::AllReduce { group, kind: ReduceKind::Sum }, &[x])?;
+        x = em.emit(
+            Op::AllReduce {
+                group,
+                kind: ReduceKind::Sum,
+            },
+            &[x],
+        )?;
     }
-    let planner = Planner { mesh, shape: &shape, target: &goal };
+    let planner = Planner {
+        mesh,
+        shape: &shape,
+        target: &goal,
+    };
     for step in planner.plan(&tiling) {
         x = emit_step(em, x, &shape, &tiling, &step)?;
         tiling = apply(&tiling, &step);
@@ -265,7 +344,11 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     if tiling != goal {
         return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
     }
-    Ok(PValue { id: x, global: v.global.clone(), sharding: sharding_of(&goal, target.unreduced.clone()) })
+    Ok(PValue {
+        id: x,
+        global: v.global.clone(),
+        sharding: sharding_of(&goal, target.unreduced.clone()),
+    })
 }
 
 fn apply(s: &Tiling, step: &Step) -> Tiling {
@@ -282,7 +365,13 @@ fn apply(s: &Tiling, step: &Step) -> Tiling {
     t
 }
 
-fn emit_step(em: &mut Emitter, x: crate::ir::ValueId, shape: &[usize], s: &Tiling, step: &Step) -> Result<crate::ir::ValueId> {
+fn emit_step(
+    em: &mut Emitter,
+    x: crate::ir::ValueId,
+    shape: &[usize],
+    s: &Tiling,
+    step: &Step,
+) -> Result<crate::ir::ValueId> {
     let mesh = em.mesh;
     let t = apply(s, step);
     match step {
@@ -304,7 +393,14 @@ fn emit_step(em: &mut Emitter, x: crate::ir::ValueId, shape: &[usize], s: &Tilin
         Step::AllToAll { from, to, axis } => {
             let group = em.group(std::slice::from_ref(axis));
             let x = em.pad_to(x, *to, group.size * chunk(shape, &t, *to, mesh))?;
-            let x = em.emit(Op::AllToAll { group, split_dim: *to, concat_dim: *from }, &[x])?;
+            let x = em.emit(
+                Op::AllToAll {
+                    group,
+                    split_dim: *to,
+                    concat_dim: *from,
+                },
+                &[x],
+            )?;
             em.truncate(x, *from, chunk(shape, &t, *from, mesh))
         }
         Step::Permute { to } => {
@@ -321,11 +417,18 @@ mod tests {
     use super::*;
 
     fn t(dims: &[&[&str]]) -> Tiling {
-        dims.iter().map(|d| d.iter().map(|a| a.to_string()).collect()).collect()
+        dims.iter()
+            .map(|d| d.iter().map(|a| a.to_string()).collect())
+            .collect()
     }
 
     fn plan(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling) -> Vec<Step> {
-        Planner { mesh, shape, target: to }.plan(from)
+        Planner {
+            mesh,
+            shape,
+            target: to,
+        }
+        .plan(from)
     }
 
     fn mesh24() -> Mesh {
@@ -353,22 +456,40 @@ mod tests {
         let mut s = t(&[&["data"]]);
         for step in &p {
             s = apply(&s, step);
-            assert!(!s[0].is_empty(), "plan {p:?} passes through a replicated dim");
+            assert!(
+                !s[0].is_empty(),
+                "plan {p:?} passes through a replicated dim"
+            );
         }
         assert_eq!(s, t(&[&["model"]]));
-        assert!(p.iter().any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })),
+            "{p:?}"
+        );
     }
 
     #[test]
     fn moving_an_axis_between_dims_is_one_all_to_all() {
         let m = mesh24();
         let p = plan(&m, &[8, 8], &t(&[&["model"], &[]]), &t(&[&[], &["model"]]));
-        assert_eq!(p, vec![Step::AllToAll { from: 0, to: 1, axis: "model".into() }]);
+        assert_eq!(
+            p,
+            vec![Step::AllToAll {
+                from: 0,
+                to: 1,
+                axis: "model".into()
+            }]
+        );
     }
 
     /// Bytes received per device by a plan, from the planner's own cost model.
     fn cost(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling, p: &[Step]) -> f64 {
-        let planner = Planner { mesh, shape, target: to };
+        let planner = Planner {
+            mesh,
+            shape,
+            target: to,
+        };
         let mut s = from.clone();
         let mut total = 0.0;
         for step in p {
@@ -399,11 +520,23 @@ mod tests {
         let m = mesh24();
         // 10 over (data, model): from replicated, one slice of both axes at once.
         let p = plan(&m, &[10], &t(&[&[]]), &t(&[&["data", "model"]]));
-        assert_eq!(p, vec![Step::Slice { dim: 0, axes: vec!["data".into(), "model".into()] }]);
+        assert_eq!(
+            p,
+            vec![Step::Slice {
+                dim: 0,
+                axes: vec!["data".into(), "model".into()]
+            }]
+        );
         // From `data` (chunks of 5) to `(data, model)` (chunks of 2): not nested, so no
         // single slice.
         let p = plan(&m, &[10], &t(&[&["data"]]), &t(&[&["data", "model"]]));
-        assert_ne!(p, vec![Step::Slice { dim: 0, axes: vec!["model".into()] }]);
+        assert_ne!(
+            p,
+            vec![Step::Slice {
+                dim: 0,
+                axes: vec!["model".into()]
+            }]
+        );
     }
 
     #[test]

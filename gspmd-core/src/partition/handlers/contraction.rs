@@ -15,13 +15,21 @@ use crate::error::Result;
 use crate::ir::{DotDims, Op, TensorType};
 use crate::sharding::Sharding;
 
-pub(super) fn dot_general(em: &mut Emitter, dd: &DotDims, lhs: &PValue, rhs: &PValue, target: &Sharding) -> Result<PValue> {
+pub(super) fn dot_general(
+    em: &mut Emitter,
+    dd: &DotDims,
+    lhs: &PValue,
+    rhs: &PValue,
+    target: &Sharding,
+) -> Result<PValue> {
     let axes = |v: &PValue, d: usize| v.sharding.dims[d].axes.clone();
     let bytes = |v: &PValue| v.global.size_in_bytes();
-    let lhs_free: Vec<usize> =
-        (0..lhs.global.rank()).filter(|d| !dd.lhs_batch.contains(d) && !dd.lhs_contracting.contains(d)).collect();
-    let rhs_free: Vec<usize> =
-        (0..rhs.global.rank()).filter(|d| !dd.rhs_batch.contains(d) && !dd.rhs_contracting.contains(d)).collect();
+    let lhs_free: Vec<usize> = (0..lhs.global.rank())
+        .filter(|d| !dd.lhs_batch.contains(d) && !dd.lhs_contracting.contains(d))
+        .collect();
+    let rhs_free: Vec<usize> = (0..rhs.global.rank())
+        .filter(|d| !dd.rhs_batch.contains(d) && !dd.rhs_contracting.contains(d))
+        .collect();
     let nb = dd.lhs_batch.len();
     let batch_axes: Vec<&String> = target.dims[..nb].iter().flat_map(|d| &d.axes).collect();
 
@@ -30,16 +38,30 @@ pub(super) fn dot_general(em: &mut Emitter, dd: &DotDims, lhs: &PValue, rhs: &PV
     let mut contracting: Vec<Vec<String>> = Vec::new();
     for (&l, &r) in dd.lhs_contracting.iter().zip(&dd.rhs_contracting) {
         let (la, ra) = (axes(lhs, l), axes(rhs, r));
-        let pick = if la == ra || bytes(lhs) >= bytes(rhs) { la } else { ra };
+        let pick = if la == ra || bytes(lhs) >= bytes(rhs) {
+            la
+        } else {
+            ra
+        };
         let used: Vec<String> = contracting.iter().flatten().cloned().collect();
-        contracting.push(pick.into_iter().take_while(|a| !batch_axes.contains(&a) && !used.contains(a)).collect());
+        contracting.push(
+            pick.into_iter()
+                .take_while(|a| !batch_axes.contains(&a) && !used.contains(a))
+                .collect(),
+        );
     }
     let on_contracting: Vec<String> = contracting.iter().flatten().cloned().collect();
     // Result factors: the longest prefix of the target's axes free of contracting axes.
     let result: Vec<Vec<String>> = target
         .dims
         .iter()
-        .map(|d| d.axes.iter().take_while(|a| !on_contracting.contains(a)).cloned().collect())
+        .map(|d| {
+            d.axes
+                .iter()
+                .take_while(|a| !on_contracting.contains(a))
+                .cloned()
+                .collect()
+        })
         .collect();
 
     let mut want_l = vec![Vec::new(); lhs.global.rank()];
@@ -54,7 +76,12 @@ pub(super) fn dot_general(em: &mut Emitter, dd: &DotDims, lhs: &PValue, rhs: &PV
     for (i, &r) in rhs_free.iter().enumerate() {
         want_r[r] = result[nb + lhs_free.len() + i].clone();
     }
-    for (i, (&l, &r)) in dd.lhs_contracting.iter().zip(&dd.rhs_contracting).enumerate() {
+    for (i, (&l, &r)) in dd
+        .lhs_contracting
+        .iter()
+        .zip(&dd.rhs_contracting)
+        .enumerate()
+    {
         want_l[l] = contracting[i].clone();
         want_r[r] = contracting[i].clone();
     }
@@ -72,5 +99,9 @@ pub(super) fn dot_general(em: &mut Emitter, dd: &DotDims, lhs: &PValue, rhs: &PV
         .chain(rhs_free.iter().map(|&d| rhs.global.shape[d]))
         .collect();
     let global = TensorType::new(global_shape, lhs.global.dtype);
-    Ok(PValue { id, global, sharding: with_dims(result, on_contracting) })
+    Ok(PValue {
+        id,
+        global,
+        sharding: with_dims(result, on_contracting),
+    })
 }

@@ -16,9 +16,16 @@ use crate::ir::{Node, Op};
 use crate::sharding::Sharding;
 
 /// Partitions `node` whose operands are `operands`, aiming for `target`.
-pub(crate) fn partition_node(em: &mut Emitter, node: &Node, operands: &[PValue], target: &Sharding) -> Result<PValue> {
+pub(crate) fn partition_node(
+    em: &mut Emitter,
+    node: &Node,
+    operands: &[PValue],
+    target: &Sharding,
+) -> Result<PValue> {
     match &node.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => data_movement::source(em, node, target),
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => {
+            data_movement::source(em, node, target)
+        }
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_) => {
             elementwise::elementwise(em, node, operands, target)
         }
@@ -27,7 +34,9 @@ pub(crate) fn partition_node(em: &mut Emitter, node: &Node, operands: &[PValue],
         Op::Reshape(_) => shape::reshape(em, node, &operands[0], target),
         Op::Transpose(perm) => shape::transpose(em, perm, &operands[0], target),
         Op::Reduce { kind, dims } => reduce::reduce(em, *kind, dims, &operands[0], target),
-        Op::DotGeneral(dims) => contraction::dot_general(em, dims, &operands[0], &operands[1], target),
+        Op::DotGeneral(dims) => {
+            contraction::dot_general(em, dims, &operands[0], &operands[1], target)
+        }
         Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) => {
             data_movement::windowed(em, node, operands, target)
         }
@@ -37,13 +46,18 @@ pub(crate) fn partition_node(em: &mut Emitter, node: &Node, operands: &[PValue],
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => Err(em.error("already a per-device op: partition a global program")),
+        | Op::CollectivePermute { .. } => {
+            Err(em.error("already a per-device op: partition a global program"))
+        }
     }
 }
 
 /// `target` without pending sums: what a non-linear op's result can be.
 pub(crate) fn reduced(target: &Sharding) -> Sharding {
-    Sharding { unreduced: Vec::new(), ..target.clone() }
+    Sharding {
+        unreduced: Vec::new(),
+        ..target.clone()
+    }
 }
 
 /// A sharding with `dims` as closed axes per dim and pending sums `unreduced`.
