@@ -7,6 +7,7 @@
 pub mod error;
 pub mod ir;
 pub mod partition;
+pub mod propagation;
 pub mod runtime;
 pub mod sharding;
 

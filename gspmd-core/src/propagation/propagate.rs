@@ -1,0 +1,133 @@
+//! The propagation driver: orders the per-op steps and runs them to a fixed point.
+//!
+//! Loops, outermost first:
+//! 1. user priority: round `r` lets annotation dims of the `r`-th smallest priority (and
+//!    all earlier ones) act as sources; dims without a priority come last;
+//! 2. op priority ([`OP_PRIORITY_LEVELS`]): elementwise ops, then all ops with
+//!    broadcasts only backward, then all ops both ways;
+//! 3. strategy: first only what tensors agree on, then conflicts resolved for the
+//!    largest tensor;
+//! 4. alternating forward and backward sweeps over the nodes until a sweep changes
+//!    nothing.
+//!
+//! Every step only appends axes to open dims (see [`super::factor_sharding`]), and a
+//! value holds each mesh axis at most once, so each loop ends after at most
+//! `values × mesh axes` changes: propagation terminates, and its cost depends on the
+//! number of mesh axes, never on the number of devices.
+
+use super::factor_propagation::{Step, Strategy, propagate_op};
+use super::registry::{OP_PRIORITY_LEVELS, direction_at, sharding_rule};
+use super::rule::OpShardingRule;
+use super::state::{Rounds, final_sharding, initial_states, origin};
+use crate::error::{Error, Result};
+use crate::ir::{Program, ValueId, verify};
+use crate::sharding::Mesh;
+
+/// Completes the shardings of `program` on `mesh`.
+///
+/// Checks every annotation against the mesh (unknown axis, axis used twice, rank) and
+/// reports all problems together, each with the value's source location; then verifies
+/// the program. Returns a copy of the program in which every node has
+/// - `sharding`: the final sharding, all dims closed and without priorities. An
+///   annotated value keeps its annotation's axes; open (`?`) dims may have gained
+///   minor axes.
+/// - `origin`: per dim, the annotated value whose annotation supplied the dim's axes.
+///
+/// Unannotated values start open and unsplit. When tensors disagree on a factor, the
+/// largest one keeps its axes and the others are left to be resharded by the
+/// partitioner.
+pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
+    validate_annotations(program, mesh)?;
+    verify(program)?;
+    reject_per_device_ops(program)?;
+    let rounds = Rounds::of(program);
+    let mut states = initial_states(program, mesh, &rounds);
+    let rules: Vec<OpShardingRule> = program
+        .values()
+        .map(|v| sharding_rule(program, v))
+        .collect();
+    let axis_sizes: Vec<usize> = mesh.axes().iter().map(|a| a.1).collect();
+    // Ops with operands; the others have nothing to propagate across.
+    let ops: Vec<ValueId> = (program.values())
+        .filter(|&v| !program.node(v).operands.is_empty())
+        .collect();
+    for round in 0..rounds.len() {
+        for level in 0..OP_PRIORITY_LEVELS {
+            for strategy in [Strategy::ConflictFree, Strategy::PreferLargest] {
+                let visit = |v: ValueId| -> bool {
+                    let node = program.node(v);
+                    let Some(direction) = direction_at(&node.op, level) else {
+                        return false;
+                    };
+                    let step = Step {
+                        round,
+                        strategy,
+                        direction,
+                    };
+                    let rule = &rules[v.index()];
+                    propagate_op(&mut states, rule, &node.operands, v, step, &axis_sizes)
+                };
+                sweep_to_fixed_point(&ops, visit);
+            }
+        }
+    }
+    let mut out = program.clone();
+    for (node, state) in out.nodes.iter_mut().zip(&states) {
+        node.sharding = Some(final_sharding(state, node.annotation.as_ref(), mesh));
+        node.origin = Some(origin(state));
+    }
+    Ok(out)
+}
+
+/// Visits `ops` in alternating forward and backward sweeps until a whole sweep changes
+/// nothing; `visit` returns true if it changed a value.
+fn sweep_to_fixed_point(ops: &[ValueId], mut visit: impl FnMut(ValueId) -> bool) {
+    let mut forward = true;
+    loop {
+        let mut changed = false;
+        for i in 0..ops.len() {
+            let v = if forward {
+                ops[i]
+            } else {
+                ops[ops.len() - 1 - i]
+            };
+            changed |= visit(v);
+        }
+        if !changed {
+            return;
+        }
+        forward = !forward;
+    }
+}
+
+/// Checks each annotation of `program` against `mesh`; all errors together.
+fn validate_annotations(program: &Program, mesh: &Mesh) -> Result<()> {
+    let mut errors = Vec::new();
+    for v in program.values() {
+        let node = program.node(v);
+        if let Some(annotation) = &node.annotation {
+            let context = format!("{}: {v}: ", node.location);
+            if let Err(e) = annotation.validate(mesh, node.ty.rank(), &context) {
+                errors.push(e);
+            }
+        }
+    }
+    Error::from_list(errors)
+}
+
+/// Propagation works on global programs; per-device ops mean the program was already
+/// partitioned.
+fn reject_per_device_ops(program: &Program) -> Result<()> {
+    let errors = (program.values())
+        .filter(|&v| program.node(v).op.is_spmd_only())
+        .map(|v| crate::error::Error::Verify {
+            value: v,
+            location: program.node(v).location,
+            message: format!(
+                "{} is a per-device op: propagate a global program",
+                program.node(v).op.name()
+            ),
+        })
+        .collect();
+    crate::error::Error::from_list(errors)
+}

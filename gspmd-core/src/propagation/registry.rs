@@ -1,0 +1,275 @@
+//! The registry of sharding rules: [`sharding_rule`] gives every op its
+//! [`OpShardingRule`]. All per-op knowledge of propagation lives in this one match.
+
+use super::factor_propagation::Direction;
+use super::rule::{FactorKind, OpShardingRule, TensorFactors};
+use crate::ir::{Op, Program, ValueId};
+
+/// The sharding rule of the op defining `value`.
+///
+/// `value` must be a value of `program`, and `program` should be verified
+/// ([`crate::ir::verify`]): the rule trusts the op's attributes to fit the operand
+/// types, and a malformed node gets an arbitrary (but well-formed) rule.
+pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
+    let node = program.node(value);
+    let result_shape = node.ty.shape.as_slice();
+    let operand_shape = |i: usize| -> &[usize] {
+        node.operands
+            .get(i)
+            .map_or(&[], |&o| program.ty(o).shape.as_slice())
+    };
+    let mut rule = OpShardingRule::default();
+    match &node.op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => {
+            // No operands; every result dim (iota's counting dim too) may be sharded.
+            rule.result = own_factors(&mut rule, result_shape);
+        }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::ShardingConstraint => {
+            let shared = own_factors(&mut rule, result_shape);
+            rule.operands = vec![shared.clone(); node.operands.len()];
+            rule.result = shared;
+        }
+        Op::Broadcast { dims, .. } => {
+            rule.result = own_factors(&mut rule, result_shape);
+            let operand = operand_shape(0);
+            let operand_dims = (operand.iter().zip(dims))
+                .map(|(&size, &to)| match rule.result.dims.get(to) {
+                    Some(fs) if size != 1 && size == result_shape[to] => fs.clone(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            rule.operands = vec![TensorFactors { dims: operand_dims }];
+        }
+        Op::Reshape(_) => {
+            let (operand, result) = reshape_factors(&mut rule, operand_shape(0), result_shape);
+            rule.operands = vec![operand];
+            rule.result = result;
+        }
+        Op::Transpose(perm) => {
+            let operand = own_factors(&mut rule, operand_shape(0));
+            rule.result.dims = (perm.iter())
+                .map(|&p| operand.dims.get(p).cloned().unwrap_or_default())
+                .collect();
+            rule.operands = vec![operand];
+        }
+        Op::Reduce { dims, .. } => {
+            let mut operand = TensorFactors::default();
+            for (d, &size) in operand_shape(0).iter().enumerate() {
+                let reduced = dims.contains(&d);
+                let kind = if reduced {
+                    FactorKind::Reduction
+                } else {
+                    FactorKind::PassThrough
+                };
+                let f = rule.add_factor(size, kind);
+                operand.dims.push(vec![f]);
+                if !reduced {
+                    rule.result.dims.push(vec![f]);
+                }
+            }
+            rule.operands = vec![operand];
+        }
+        Op::DotGeneral(dd) => {
+            let (lhs, rhs) = (operand_shape(0), operand_shape(1));
+            let mut lhs_dims = vec![Vec::new(); lhs.len()];
+            let mut rhs_dims = vec![Vec::new(); rhs.len()];
+            let mut map = |rule: &mut OpShardingRule, l: Option<usize>, r: Option<usize>, kind| {
+                let size = (l.and_then(|l| lhs.get(l)))
+                    .or_else(|| r.and_then(|r| rhs.get(r)))
+                    .copied()
+                    .unwrap_or(1);
+                let f = rule.add_factor(size, kind);
+                for (d, dims) in [(l, &mut lhs_dims), (r, &mut rhs_dims)] {
+                    if let Some(slot) = d.and_then(|d| dims.get_mut(d)) {
+                        slot.push(f);
+                    }
+                }
+                f
+            };
+            let free = |n: usize, batch: &[usize], contracting: &[usize]| -> Vec<usize> {
+                (0..n)
+                    .filter(|d| !batch.contains(d) && !contracting.contains(d))
+                    .collect()
+            };
+            let pass = FactorKind::PassThrough;
+            for (&l, &r) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
+                let f = map(&mut rule, Some(l), Some(r), pass);
+                rule.result.dims.push(vec![f]);
+            }
+            for l in free(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting) {
+                let f = map(&mut rule, Some(l), None, pass);
+                rule.result.dims.push(vec![f]);
+            }
+            for r in free(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting) {
+                let f = map(&mut rule, None, Some(r), pass);
+                rule.result.dims.push(vec![f]);
+            }
+            for (&l, &r) in dd.lhs_contracting.iter().zip(&dd.rhs_contracting) {
+                map(&mut rule, Some(l), Some(r), FactorKind::Reduction);
+            }
+            rule.operands = vec![
+                TensorFactors { dims: lhs_dims },
+                TensorFactors { dims: rhs_dims },
+            ];
+        }
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
+            let operand = operand_shape(0);
+            let moved = |d: usize| {
+                start.get(d) != Some(&0)
+                    || limit.get(d) != operand.get(d)
+                    || stride.get(d) != Some(&1)
+            };
+            rule.result = windowed_factors(&mut rule, operand, result_shape, moved);
+            rule.operands = vec![rule.result.clone()];
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let moved = |d: usize| {
+                low.get(d) != Some(&0) || high.get(d) != Some(&0) || interior.get(d) != Some(&0)
+            };
+            rule.result = windowed_factors(&mut rule, operand_shape(0), result_shape, moved);
+            // The scalar padding value has no dims.
+            rule.operands = vec![rule.result.clone(), TensorFactors::default()];
+        }
+        Op::Concatenate(dim) => {
+            rule.result = own_factors(&mut rule, result_shape);
+            if let Some(&[f]) = rule.result.dims.get(*dim).map(Vec::as_slice) {
+                rule.factors[f].kind = FactorKind::Permutation;
+            }
+            rule.operands = vec![rule.result.clone(); node.operands.len()];
+        }
+        Op::AxisIndex(_)
+        | Op::DynamicSlice(_)
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. } => {
+            // Per-device ops: `propagate` rejects programs that contain them. No factors.
+            let unfactored = |rank: usize| TensorFactors {
+                dims: vec![Vec::new(); rank],
+            };
+            rule.result = unfactored(result_shape.len());
+            rule.operands = (0..node.operands.len())
+                .map(|i| unfactored(operand_shape(i).len()))
+                .collect();
+        }
+    }
+    rule
+}
+
+/// One new pass-through factor per dim of `shape`.
+fn own_factors(rule: &mut OpShardingRule, shape: &[usize]) -> TensorFactors {
+    TensorFactors {
+        dims: (shape.iter())
+            .map(|&size| vec![rule.add_factor(size, FactorKind::PassThrough)])
+            .collect(),
+    }
+}
+
+/// Factors shared dim by dim by an operand and a result of the same rank: pass-through
+/// where the op leaves the dim alone, a permutation factor (of the larger of the two
+/// sizes) where it `moved` elements along the dim.
+fn windowed_factors(
+    rule: &mut OpShardingRule,
+    operand: &[usize],
+    result: &[usize],
+    moved: impl Fn(usize) -> bool,
+) -> TensorFactors {
+    let dims = (operand.iter().zip(result).enumerate())
+        .map(|(d, (&a, &b))| {
+            let kind = if moved(d) {
+                FactorKind::Permutation
+            } else {
+                FactorKind::PassThrough
+            };
+            vec![rule.add_factor(a.max(b), kind)]
+        })
+        .collect();
+    TensorFactors { dims }
+}
+
+/// Factors of a row-major reshape: both shapes are cut into their common factors by
+/// walking them major to minor with gcds. `[8] -> [2, 4]` gives factors 2 and 4, the
+/// operand dim being compound; `[2, 4] -> [8]` the reverse. Size-1 dims map to no
+/// factor. Where the shapes share no further factor (`[2, 3] -> [3, 2]`), each remaining
+/// dim gets a factor of its own that needs replication.
+fn reshape_factors(
+    rule: &mut OpShardingRule,
+    operand: &[usize],
+    result: &[usize],
+) -> (TensorFactors, TensorFactors) {
+    let mut lhs = vec![Vec::new(); operand.len()];
+    let mut rhs = vec![Vec::new(); result.len()];
+    // (dim, size of the dim still to be covered by factors) on each side.
+    let next = |shape: &[usize], from: usize| -> Option<(usize, usize)> {
+        (from..shape.len())
+            .find(|&d| shape[d] != 1)
+            .map(|d| (d, shape[d]))
+    };
+    let mut a = next(operand, 0);
+    let mut b = next(result, 0);
+    while let (Some((da, ra)), Some((db, rb))) = (a, b) {
+        let g = gcd(ra, rb);
+        if g == 1 {
+            break;
+        }
+        let f = rule.add_factor(g, FactorKind::PassThrough);
+        lhs[da].push(f);
+        rhs[db].push(f);
+        a = if ra == g {
+            next(operand, da + 1)
+        } else {
+            Some((da, ra / g))
+        };
+        b = if rb == g {
+            next(result, db + 1)
+        } else {
+            Some((db, rb / g))
+        };
+    }
+    for (mut rest, shape, dims) in [(a, operand, &mut lhs), (b, result, &mut rhs)] {
+        while let Some((d, remaining)) = rest {
+            dims[d].push(rule.add_factor(remaining, FactorKind::NeedReplication));
+            rest = next(shape, d + 1);
+        }
+    }
+    (TensorFactors { dims: lhs }, TensorFactors { dims: rhs })
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Op priority: propagation first crosses elementwise ops only (level 0), then every op
+/// but broadcasts only backward, from result to operand (level 1), then every op both
+/// ways (level 2). Propagating through the cheapest, least ambiguous ops first keeps a
+/// dot's or broadcast's guess from overriding what the elementwise chain says (GSPMD
+/// section 3.5).
+pub(super) const OP_PRIORITY_LEVELS: usize = 3;
+
+/// Which tensors of `op` propagation may refine at op-priority `level` (below
+/// [`OP_PRIORITY_LEVELS`]); `None` while the op is not yet crossed.
+pub(super) fn direction_at(op: &Op, level: usize) -> Option<Direction> {
+    match (op, level) {
+        (op, _) if op.is_elementwise() => Some(Direction::Both),
+        (_, 0) => None,
+        (Op::Broadcast { .. }, 1) => Some(Direction::Backward),
+        _ => Some(Direction::Both),
+    }
+}

@@ -1,0 +1,612 @@
+//! Golden tests of sharding propagation: the expected shardings are worked out by hand
+//! from the ops' semantics (GSPMD section 3.5, Megatron-LM's MLP and attention
+//! layouts), never taken from the code's output.
+
+use gspmd_core::Error;
+use gspmd_core::ir::{Builder, DType, Op, Program, Tensor, ValueId, einsum};
+use gspmd_core::propagation::{explain, propagate, sharding_rule};
+use gspmd_core::sharding::{Mesh, Sharding};
+
+fn sh(text: &str) -> Sharding {
+    text.parse().expect("test sharding parses")
+}
+
+/// The 2 x 4 mesh of the paper's examples.
+fn mesh() -> Mesh {
+    Mesh::new([("data", 2), ("model", 4)]).expect("valid mesh")
+}
+
+fn param(b: &Builder, name: &str, shape: &[usize], annotation: Option<&str>) -> Tensor {
+    let t = b.parameter(name, shape.to_vec(), DType::F32);
+    match annotation {
+        Some(a) => t.annotate(sh(a)),
+        None => t,
+    }
+}
+
+fn id(t: &Tensor) -> ValueId {
+    t.id().expect("traced without error")
+}
+
+fn finish(b: Builder, outputs: &[&Tensor]) -> Program {
+    b.finish(outputs).expect("traced without error")
+}
+
+/// Propagates on the 2 x 4 mesh and checks the invariants every result must hold: each
+/// value has a sharding of its rank, all dims closed, no priorities, no axis twice, and
+/// annotations kept (closed dims exactly, open dims as a prefix).
+fn run(program: &Program) -> Program {
+    let p = propagate(program, &mesh()).expect("propagation succeeds");
+    for v in p.values() {
+        let node = p.node(v);
+        let s = node.sharding.as_ref().expect("every value has a sharding");
+        assert_eq!(s.dims.len(), node.ty.rank(), "{v}");
+        assert!(
+            s.dims.iter().all(|d| d.closed && d.priority.is_none()),
+            "{v}: {s}"
+        );
+        assert_eq!(s.repeated_axis(), None, "{v}: {s}");
+        assert!(
+            node.origin
+                .as_ref()
+                .is_some_and(|o| o.dims.len() == node.ty.rank())
+        );
+        if let Some(a) = &node.annotation {
+            for (want, got) in a.dims.iter().zip(&s.dims) {
+                let kept = if want.closed {
+                    got.axes == want.axes
+                } else {
+                    got.axes.starts_with(&want.axes)
+                };
+                assert!(kept, "{v}: annotation {a} became {s}");
+            }
+        }
+    }
+    p
+}
+
+/// The final sharding of `t` as text.
+fn of(p: &Program, t: &Tensor) -> String {
+    match &p.node(id(t)).sharding {
+        Some(s) => s.to_string(),
+        None => "<none>".into(),
+    }
+}
+
+/// The final sharding of every value, in program order.
+fn all(p: &Program) -> Vec<String> {
+    (p.values())
+        .map(|v| {
+            p.node(v)
+                .sharding
+                .as_ref()
+                .map_or("<none>".into(), ToString::to_string)
+        })
+        .collect()
+}
+
+// ---- rules -----------------------------------------------------------------------------
+
+/// The rule of the op defining `t`, printed.
+fn rule(p: &Program, t: &Tensor) -> String {
+    sharding_rule(p, id(t)).to_string()
+}
+
+#[test]
+fn rules_of_contractions_and_reductions() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 16], None);
+    let w = param(&b, "w", &[16, 32], None);
+    let a = param(&b, "a", &[4, 8, 16], None);
+    let c = param(&b, "c", &[4, 16, 2], None);
+    let t = param(&b, "t", &[8, 16, 32], None);
+    let dot = x.matmul(&w);
+    let batched = a.matmul(&c);
+    let sum = t.sum(&[1]);
+    let p = finish(b, &[&dot, &batched, &sum]);
+    assert_eq!(
+        rule(&p, &dot),
+        "([i, k], [k, j])->([i, j]) {i=8, j=32, k=16} reduction={k}"
+    );
+    assert_eq!(
+        rule(&p, &batched),
+        "([i, j, l], [i, l, k])->([i, j, k]) {i=4, j=8, k=2, l=16} reduction={l}"
+    );
+    assert_eq!(
+        rule(&p, &sum),
+        "([i, j, k])->([i, k]) {i=8, j=16, k=32} reduction={j}"
+    );
+}
+
+#[test]
+fn rules_of_shape_ops() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 16], None);
+    let y = param(&b, "y", &[2, 4, 16], None);
+    let z = param(&b, "z", &[2, 3], None);
+    let u = param(&b, "u", &[8, 1, 4], None);
+    let bias = param(&b, "bias", &[32], None);
+    let col = param(&b, "col", &[8, 1], None);
+    let t = param(&b, "t", &[8, 16, 32], None);
+    let split = x.reshape([2, 4, 16]);
+    let merge = y.reshape([8, 16]);
+    let mismatch = z.reshape([3, 2]);
+    let squeeze = u.reshape([32]);
+    let bias_b = bias.broadcast_in_dim([8, 32], &[1]);
+    let col_b = col.broadcast_in_dim([8, 32], &[0, 1]);
+    let perm = t.transpose(&[2, 0, 1]);
+    let p = finish(
+        b,
+        &[&split, &merge, &mismatch, &squeeze, &bias_b, &col_b, &perm],
+    );
+    assert_eq!(rule(&p, &split), "([ij, k])->([i, j, k]) {i=2, j=4, k=16}");
+    assert_eq!(rule(&p, &merge), "([i, j, k])->([ij, k]) {i=2, j=4, k=16}");
+    assert_eq!(
+        rule(&p, &mismatch),
+        "([i, j])->([k, l]) {i=2, j=3, k=3, l=2} need_replication={i, j, k, l}"
+    );
+    assert_eq!(rule(&p, &squeeze), "([i, 1, j])->([ij]) {i=8, j=4}");
+    assert_eq!(rule(&p, &bias_b), "([j])->([i, j]) {i=8, j=32}");
+    assert_eq!(rule(&p, &col_b), "([i, 1])->([i, j]) {i=8, j=32}");
+    assert_eq!(
+        rule(&p, &perm),
+        "([i, j, k])->([k, i, j]) {i=8, j=16, k=32}"
+    );
+}
+
+#[test]
+fn rules_of_elementwise_and_windowed_ops() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 16], None);
+    let y = param(&b, "y", &[4, 16], None);
+    let sum = &x + &x;
+    let sliced = x.slice(&[0, 0], &[4, 16], &[1, 1]);
+    let padded = x.pad(&b.scalar(0.0), &[1, 0], &[1, 0], &[0, 0]);
+    let shifted = x.pad(&b.scalar(0.0), &[1, 0], &[-1, 0], &[0, 0]);
+    let joined = b.concatenate(&[&y, &y], 0);
+    let iota = b.iota([8, 16], 1, DType::I32);
+    let p = finish(b, &[&sum, &sliced, &padded, &shifted, &joined, &iota]);
+    assert_eq!(rule(&p, &sum), "([i, j], [i, j])->([i, j]) {i=8, j=16}");
+    assert_eq!(
+        rule(&p, &sliced),
+        "([i, j])->([i, j]) {i=8, j=16} permutation={i}"
+    );
+    assert_eq!(
+        rule(&p, &padded),
+        "([i, j], [])->([i, j]) {i=10, j=16} permutation={i}"
+    );
+    // Same size, but every element moves one place along dim 0.
+    assert_eq!(
+        rule(&p, &shifted),
+        "([i, j], [])->([i, j]) {i=8, j=16} permutation={i}"
+    );
+    assert_eq!(
+        rule(&p, &joined),
+        "([i, j], [i, j])->([i, j]) {i=8, j=16} permutation={i}"
+    );
+    assert_eq!(rule(&p, &iota), "()->([i, j]) {i=8, j=16}");
+}
+
+// ---- propagation -----------------------------------------------------------------------
+
+#[test]
+fn paper_bd_df_to_bf() {
+    let b = Builder::new("bd_df");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let w = param(&b, "w", &[16, 32], Some("(_, model)"));
+    let y = einsum("bd,df->bf", &x, &w);
+    let p = run(&finish(b, &[&y]));
+    assert_eq!(of(&p, &y), "(data, model)");
+    assert_eq!(of(&p, &x), "(data, _)");
+    assert_eq!(of(&p, &w), "(_, model)");
+    let origin = p.node(id(&y)).origin.clone().expect("origin set");
+    assert_eq!(origin.dims, vec![Some(id(&x)), Some(id(&w))]);
+}
+
+#[test]
+fn megatron_mlp_from_three_annotations() {
+    let b = Builder::new("mlp");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let w1 = param(&b, "w1", &[16, 32], Some("(_, model)"));
+    let w2 = param(&b, "w2", &[32, 16], Some("(model, _)"));
+    let h = x.matmul(&w1);
+    let r = h.relu();
+    let y = r.matmul(&w2);
+    let p = run(&finish(b, &[&y]));
+    // %3 = dot, %4 = constant 0, %5 = broadcast of it, %6 = maximum, %7 = dot.
+    assert_eq!(
+        all(&p),
+        [
+            "(data, _)",
+            "(_, model)",
+            "(model, _)",
+            "(data, model)",
+            "()",
+            "(data, model)",
+            "(data, model)",
+            "(data, _)",
+        ]
+    );
+    assert_eq!(of(&p, &h), "(data, model)");
+    assert_eq!(of(&p, &r), "(data, model)");
+    assert_eq!(of(&p, &y), "(data, _)");
+    let why = explain(&p, id(&r));
+    assert!(
+        why.contains("dim 0 (8): data, from the annotation of %0 \"x\"")
+            && why.contains("dim 1 (32): model, from the annotation of %1 \"w1\""),
+        "{why}"
+    );
+}
+
+#[test]
+fn elementwise_propagation_wins_over_the_dots_suggestion() {
+    // GSPMD Fig. 4 style: the dot alone suggests h = (data, model), but the elementwise
+    // chain from the constraint says (model, data); elementwise ops go first, so h follows
+    // the chain and the dot's operands are the ones resharded.
+    let b = Builder::new("linear_relu");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let w = param(&b, "w", &[16, 32], Some("(_, model)"));
+    let h = x.matmul(&w);
+    let r = h.relu();
+    let out = r.shard(sh("(model, data)"));
+    let p = run(&finish(b, &[&out]));
+    assert_eq!(of(&p, &h), "(model, data)");
+    assert_eq!(of(&p, &r), "(model, data)");
+    assert_eq!(of(&p, &x), "(data, _)");
+}
+
+#[test]
+fn user_priority_overrides_operand_order() {
+    let build = |a_spec: &str, b_spec: &str| {
+        let b = Builder::new("priorities");
+        let a = param(&b, "a", &[8, 16], Some(a_spec));
+        let c = param(&b, "c", &[8, 16], Some(b_spec));
+        let sum = &a + &c;
+        let p = run(&finish(b, &[&sum]));
+        of(&p, &sum)
+    };
+    // Equal sizes and equal priority: the first operand wins the conflict.
+    assert_eq!(build("(data, ?)", "(model, ?)"), "(data, _)");
+    // The second operand's annotation has the higher priority (0).
+    assert_eq!(build("(data@1, ?)", "(model@0, ?)"), "(model, _)");
+    // A priority beats no priority.
+    assert_eq!(build("(data, ?)", "(model@3, ?)"), "(model, _)");
+}
+
+#[test]
+fn reshape_splits_a_sharded_dim() {
+    let b = Builder::new("split");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let x2 = param(&b, "x2", &[8, 16], Some("((data, model), _)"));
+    let x3 = param(&b, "x3", &[8, 16], Some("(model, _)"));
+    let y = x.reshape([2, 4, 16]);
+    let y2 = x2.reshape([2, 4, 16]);
+    let y3 = x3.reshape([2, 4, 16]);
+    let p = run(&finish(b, &[&y, &y2, &y3]));
+    assert_eq!(of(&p, &y), "(data, _, _)");
+    assert_eq!(of(&p, &y2), "(data, model, _)");
+    // `model` (4) does not cut the major factor 2 of the dim evenly, and axes cannot be
+    // split into sub-axes: the sharding does not cross the reshape.
+    assert_eq!(of(&p, &y3), "(_, _, _)");
+}
+
+#[test]
+fn reshape_merges_sharded_dims_both_ways() {
+    let b = Builder::new("merge");
+    let x = param(&b, "x", &[2, 4, 16], Some("(data, model, _)"));
+    let y = x.reshape([8, 16]);
+    // Backward: the operand gets the merged dim's axes back, split over its dims.
+    let u = param(&b, "u", &[2, 4, 16], None);
+    let v = u.reshape([8, 16]).shard(sh("((data, model), _)"));
+    let p = run(&finish(b, &[&y, &v]));
+    assert_eq!(of(&p, &y), "((data, model), _)");
+    assert_eq!(of(&p, &u), "(data, model, _)");
+}
+
+#[test]
+fn transpose_chains() {
+    let b = Builder::new("transposes");
+    let x = param(&b, "x", &[8, 16, 32], Some("(data, _, model)"));
+    let t1 = x.transpose(&[2, 0, 1]);
+    let t2 = t1.transpose(&[1, 2, 0]);
+    let u = param(&b, "u", &[4, 8], None);
+    let v = u.transpose(&[1, 0]).shard(sh("(model, data)"));
+    let p = run(&finish(b, &[&t2, &v]));
+    assert_eq!(of(&p, &t1), "(model, data, _)");
+    assert_eq!(of(&p, &t2), "(data, _, model)");
+    assert_eq!(of(&p, &u), "(data, model)");
+}
+
+#[test]
+fn reduction_over_a_sharded_dim() {
+    let b = Builder::new("reduce");
+    let x = param(&b, "x", &[8, 16, 4], Some("(data, model, _)"));
+    let over_model = x.sum(&[1]);
+    let over_data = x.max_over(&[0]);
+    let p = run(&finish(b, &[&over_model, &over_data]));
+    // The reduced dim's axis is not on the result.
+    assert_eq!(of(&p, &over_model), "(data, _)");
+    assert_eq!(of(&p, &over_data), "(model, _)");
+}
+
+#[test]
+fn broadcast_of_a_bias() {
+    let build = |w_spec: &str, bias_spec: Option<&str>| {
+        let b = Builder::new("bias");
+        let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+        let w = param(&b, "w", &[16, 32], Some(w_spec));
+        let bias = param(&b, "bias", &[32], bias_spec);
+        let y = &x.matmul(&w) + &bias;
+        let p = run(&finish(b, &[&y]));
+        let broadcast = (p.values())
+            .find(|&v| matches!(p.node(v).op, Op::Broadcast { .. }))
+            .expect("the add broadcasts the bias");
+        let broadcast = p.node(broadcast).sharding.as_ref().map(ToString::to_string);
+        (of(&p, &bias), broadcast.unwrap_or_default(), of(&p, &y))
+    };
+    // A replicated bias stays replicated; its broadcast follows the add.
+    assert_eq!(
+        build("(_, model)", Some("(_)")),
+        ("(_)".into(), "(data, model)".into(), "(data, model)".into())
+    );
+    // The batch axis has no factor in the bias: it never reaches it.
+    assert_eq!(
+        build("(_, _)", None),
+        ("(_)".into(), "(data, _)".into(), "(data, _)".into())
+    );
+    // The feature axis flows back through the broadcast to an unannotated bias.
+    assert_eq!(
+        build("(_, model)", None),
+        (
+            "(model)".into(),
+            "(data, model)".into(),
+            "(data, model)".into()
+        )
+    );
+}
+
+#[test]
+fn attention_with_heads_on_the_model_axis() {
+    let (bs, s, d, h, k) = (4, 8, 16, 4, 8);
+    let b = Builder::new("attention");
+    let x = param(&b, "x", &[bs, s, d], Some("(data, _, _)"));
+    let wq = param(&b, "wq", &[d, h, k], Some("(_, model, _)"));
+    let wk = param(&b, "wk", &[d, h, k], Some("(_, model, _)"));
+    let wv = param(&b, "wv", &[d, h, k], Some("(_, model, _)"));
+    let wo = param(&b, "wo", &[h, k, d], Some("(model, _, _)"));
+    let q = einsum("bsd,dhk->bshk", &x, &wq);
+    let kk = einsum("bsd,dhk->bshk", &x, &wk);
+    let v = einsum("bsd,dhk->bshk", &x, &wv);
+    let scores = einsum("bshk,bthk->bhst", &q, &kk);
+    let probs = scores.softmax(-1);
+    let o = einsum("bhst,bthk->bshk", &probs, &v);
+    let y = einsum("bshk,hkd->bsd", &o, &wo);
+    let p = run(&finish(b, &[&y]));
+    for t in [&q, &kk, &v, &o] {
+        assert_eq!(of(&p, t), "(data, _, model, _)");
+    }
+    assert_eq!(of(&p, &scores), "(data, model, _, _)");
+    assert_eq!(of(&p, &probs), "(data, model, _, _)");
+    assert_eq!(of(&p, &y), "(data, _, _)");
+    // Softmax's max and sum keep batch and heads split.
+    for v in p.values() {
+        if matches!(p.node(v).op, Op::Reduce { .. }) {
+            let s = p.node(v).sharding.as_ref().map(ToString::to_string);
+            assert_eq!(s.as_deref(), Some("(data, model, _)"), "{v}");
+        }
+    }
+}
+
+#[test]
+fn conflicts_reshard_the_smaller_tensor() {
+    let build = |a_shape: &[usize], c_shape: &[usize]| {
+        let b = Builder::new("conflict");
+        let a = param(&b, "a", a_shape, Some("(data, _, _)"));
+        let c = param(&b, "c", c_shape, Some("(model, _, _)"));
+        let y = a.matmul(&c);
+        let p = run(&finish(b, &[&y]));
+        // Annotated values keep their annotations either way.
+        assert_eq!(of(&p, &a), "(data, _, _)");
+        assert_eq!(of(&p, &c), "(model, _, _)");
+        of(&p, &y)
+    };
+    // Batch dim 4: lhs 4x8x16 = 512 elements against rhs 4x16x2 = 128: lhs wins.
+    assert_eq!(build(&[4, 8, 16], &[4, 16, 2]), "(data, _, _)");
+    // lhs 4x2x16 = 128 against rhs 4x16x8 = 512: rhs wins.
+    assert_eq!(build(&[4, 2, 16], &[4, 16, 8]), "(model, _, _)");
+}
+
+#[test]
+fn open_dims_are_filled_closed_ones_are_not() {
+    let b = Builder::new("open");
+    let x = param(&b, "x", &[8, 16], Some("(data, ?)"));
+    let z = param(&b, "z", &[8, 16], Some("(?, model)"));
+    let y = &x + &z;
+    let x2 = param(&b, "x2", &[8, 16], Some("(data, _)"));
+    let z2 = param(&b, "z2", &[8, 16], Some("(?, model)"));
+    let y2 = &x2 + &z2;
+    let before = finish(b, &[&y, &y2]);
+    let p = run(&before);
+    assert_eq!(of(&p, &x), "(data, model)");
+    assert_eq!(of(&p, &z), "(data, model)");
+    assert_eq!(of(&p, &y), "(data, model)");
+    assert_eq!(of(&p, &x2), "(data, _)");
+    assert_eq!(of(&p, &z2), "(data, model)");
+    assert_eq!(of(&p, &y2), "(data, model)");
+    // The annotations themselves are untouched.
+    for v in p.values() {
+        assert_eq!(p.node(v).annotation, before.node(v).annotation);
+    }
+}
+
+#[test]
+fn residual_mlp_layers_all_follow_megatron() {
+    // x = x + relu(x @ w1 + b1) @ w2, three times: every hidden activation is split by
+    // batch and feature, every residual by batch only, every bias by feature.
+    let b = Builder::new("residual");
+    let mut x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let mut expected = vec![(x.clone(), "(data, _)")];
+    for l in 0..3 {
+        let w1 = param(&b, &format!("w1_{l}"), &[16, 32], Some("(_, model)"));
+        let b1 = param(&b, &format!("b1_{l}"), &[32], None);
+        let w2 = param(&b, &format!("w2_{l}"), &[32, 16], Some("(model, _)"));
+        let pre = &x.matmul(&w1) + &b1;
+        let h = pre.relu();
+        let out = h.matmul(&w2);
+        x = &x + &out;
+        expected.extend([
+            (b1, "(model)"),
+            (pre, "(data, model)"),
+            (h, "(data, model)"),
+            (out, "(data, _)"),
+            (x.clone(), "(data, _)"),
+        ]);
+    }
+    let p = run(&finish(b, &[&x]));
+    for (t, want) in &expected {
+        assert_eq!(of(&p, t), *want, "{}", id(t));
+    }
+}
+
+// ---- errors ----------------------------------------------------------------------------
+
+/// A one-parameter program whose parameter carries `annotation` (set directly, past the
+/// builder's own rank check), and the error context naming it.
+fn annotated(annotation: &str) -> (Program, String) {
+    let b = Builder::new("bad");
+    let x = b.parameter("x", [8, 16], DType::F32);
+    let line = line!() - 1;
+    let mut p = finish(b, &[&x]);
+    p.node_mut(id(&x)).annotation = Some(sh(annotation));
+    (p, format!("{}:{line}: %0: ", file!()))
+}
+
+#[test]
+fn unknown_axis_is_reported_with_its_location() {
+    let (p, context) = annotated("(batch, _)");
+    let err = propagate(&p, &mesh()).expect_err("unknown axis");
+    assert!(
+        matches!(&err, Error::UnknownAxis { axis, context: c, .. } if axis == "batch" && *c == context),
+        "{err:?}"
+    );
+    assert!(err.to_string().starts_with(&context), "{err}");
+}
+
+#[test]
+fn axis_used_twice_is_reported_with_its_location() {
+    let (p, context) = annotated("(data, data)");
+    let err = propagate(&p, &mesh()).expect_err("duplicate axis");
+    assert!(
+        matches!(&err, Error::DuplicateAxis { axis, context: c, .. } if axis == "data" && *c == context),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn spec_longer_than_rank_is_reported_with_its_location() {
+    let (p, context) = annotated("(data, _, _)");
+    let err = propagate(&p, &mesh()).expect_err("rank mismatch");
+    assert!(
+        matches!(&err, Error::ShardingRank { spec_rank: 3, rank: 2, context: c, .. } if *c == context),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn all_annotation_errors_are_reported_together() {
+    let b = Builder::new("bad");
+    let x = b.parameter("x", [8, 16], DType::F32);
+    let y = b.parameter("y", [8, 16], DType::F32);
+    let sum = &x + &y;
+    let mut p = finish(b, &[&sum]);
+    p.node_mut(id(&x)).annotation = Some(sh("(batch, _)"));
+    p.node_mut(id(&y)).annotation = Some(sh("(model, model)"));
+    let err = propagate(&p, &mesh()).expect_err("two bad annotations");
+    match err {
+        Error::Many(errors) => {
+            assert_eq!(errors.len(), 2);
+            assert!(matches!(errors[0], Error::UnknownAxis { .. }));
+            assert!(matches!(errors[1], Error::DuplicateAxis { .. }));
+        }
+        other => panic!("expected two errors, got {other:?}"),
+    }
+}
+
+// ---- properties ------------------------------------------------------------------------
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step of a random program over a current value of shape [8, 16] or [16, 8].
+    #[derive(Debug, Clone)]
+    enum Step {
+        Unary,
+        AddParam(Option<&'static str>),
+        Transpose,
+        SplitAndMerge,
+        MatmulSquare(Option<&'static str>),
+        ReduceAndBroadcast,
+        Constrain(&'static str),
+    }
+
+    const SPECS: [&str; 8] = [
+        "(data, _)",
+        "(_, model)",
+        "(model, data)",
+        "((data, model), ?)",
+        "(?, data)",
+        "(data@0, ?)",
+        "(model@1, _)",
+        "(?, ?)",
+    ];
+
+    fn spec() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(SPECS.to_vec())
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Unary),
+            prop::option::of(spec()).prop_map(Step::AddParam),
+            Just(Step::Transpose),
+            Just(Step::SplitAndMerge),
+            prop::option::of(spec()).prop_map(Step::MatmulSquare),
+            Just(Step::ReduceAndBroadcast),
+            spec().prop_map(Step::Constrain),
+        ]
+    }
+
+    fn build(first: Option<&str>, steps: &[Step]) -> Program {
+        let b = Builder::new("random");
+        let mut x = param(&b, "x", &[8, 16], first);
+        for (i, s) in steps.iter().enumerate() {
+            let shape = x.shape().to_vec();
+            x = match s {
+                Step::Unary => x.exp(),
+                Step::AddParam(a) => &x + &param(&b, &format!("p{i}"), &shape, *a),
+                Step::Transpose => x.transpose(&[1, 0]),
+                Step::SplitAndMerge => x.reshape([2, shape[0] / 2, shape[1]]).reshape(shape),
+                Step::MatmulSquare(a) => {
+                    x.matmul(&param(&b, &format!("w{i}"), &[shape[1], shape[1]], *a))
+                }
+                Step::ReduceAndBroadcast => x.sum(&[1]).broadcast_in_dim(shape, &[0]),
+                Step::Constrain(a) => x.shard(sh(a)),
+            };
+        }
+        finish(b, &[&x])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Propagation succeeds on any well-formed program and keeps its invariants
+        /// (checked by `run`).
+        #[test]
+        fn propagation_keeps_its_invariants(
+            first in prop::option::of(spec()),
+            steps in prop::collection::vec(step(), 1..12),
+        ) {
+            run(&build(first, &steps));
+        }
+    }
+}
