@@ -5,6 +5,7 @@
 //! value to the next and every intermediate prints as text. See `ARCHITECTURE.md`.
 
 pub mod error;
+mod executable;
 pub mod ir;
 pub mod partition;
 pub mod propagation;
@@ -12,3 +13,4 @@ pub mod runtime;
 pub mod sharding;
 
 pub use error::{Error, Result};
+pub use executable::{Executable, compile};

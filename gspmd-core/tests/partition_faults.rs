@@ -30,7 +30,12 @@ fn contracted() -> (Program, SpmdProgram) {
     }
     let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
     let spmd = partition(&p, &mesh).unwrap();
-    assert_eq!(spmd.collectives().count("all_reduce"), 1, "{}", spmd.report());
+    assert_eq!(
+        spmd.collectives().count("all_reduce"),
+        1,
+        "{}",
+        spmd.report()
+    );
     (p, spmd)
 }
 
@@ -43,13 +48,23 @@ fn a_failing_device_releases_the_others_quickly() {
     let result = threads.run(move |ctx| {
         // Device 5 gets a wrong-shaped block: its dot fails while the others wait in the
         // all-reduce.
-        let x = if ctx.device() == 5 { ones(&[4, 3]) } else { ones(&[4, 2]) };
+        let x = if ctx.device() == 5 {
+            ones(&[4, 3])
+        } else {
+            ones(&[4, 2])
+        };
         run_on_device(&program, ctx.communicator(), &[x, ones(&[2, 4])])
     });
     assert!(result.is_err(), "a failing device must fail the run");
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     // The mesh runs the next program correctly.
-    let got = spmd.run(&threads, &[ones(&[4, 16]), ones(&[16, 4])]).unwrap();
+    let got = spmd
+        .run(&threads, &[ones(&[4, 16]), ones(&[16, 4])])
+        .unwrap();
     assert!(got[0].as_f32().unwrap().iter().all(|&v| v == 16.0));
 }
 
@@ -58,17 +73,36 @@ fn wrong_inputs_are_typed_errors_before_any_thread_starts() {
     let (_, spmd) = contracted();
     let threads = ThreadMesh::new(spmd.mesh.clone()).unwrap();
     let count = spmd.run(&threads, &[ones(&[4, 16])]);
-    assert!(matches!(count, Err(Error::Input { index: 1, .. })), "{count:?}");
+    assert!(
+        matches!(count, Err(Error::Input { index: 1, .. })),
+        "{count:?}"
+    );
     let shape = spmd.run(&threads, &[ones(&[4, 15]), ones(&[16, 4])]);
     match shape {
-        Err(Error::Input { index: 0, name, message }) => {
+        Err(Error::Input {
+            index: 0,
+            name,
+            message,
+        }) => {
             assert_eq!(name, "x");
-            assert!(message.contains("f32[4,16]") && message.contains("f32[4,15]"), "{message}");
+            assert!(
+                message.contains("f32[4,16]") && message.contains("f32[4,15]"),
+                "{message}"
+            );
         }
         other => panic!("{other:?}"),
     }
-    let dtype = spmd.run(&threads, &[Literal::I32(ArrayD::zeros(IxDyn(&[4, 16]))), ones(&[16, 4])]);
-    assert!(matches!(dtype, Err(Error::Input { index: 0, .. })), "{dtype:?}");
+    let dtype = spmd.run(
+        &threads,
+        &[Literal::I32(ArrayD::zeros(IxDyn(&[4, 16]))), ones(&[16, 4])],
+    );
+    assert!(
+        matches!(dtype, Err(Error::Input { index: 0, .. })),
+        "{dtype:?}"
+    );
     let other_mesh = ThreadMesh::new(Mesh::new([("data", 8)]).unwrap()).unwrap();
-    assert!(spmd.run(&other_mesh, &[ones(&[4, 16]), ones(&[16, 4])]).is_err());
+    assert!(
+        spmd.run(&other_mesh, &[ones(&[4, 16]), ones(&[16, 4])])
+            .is_err()
+    );
 }

@@ -161,8 +161,9 @@ impl Planner<'_> {
         out
     }
 
-    /// Cheapest plan from `from` to the target (fewest steps among equal costs).
-    fn plan(&self, from: &Tiling) -> Vec<Step> {
+    /// Cheapest plan from `from` to the target (fewest steps among equal costs), and its
+    /// cost in elements received per device.
+    fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
         type Entry = (f64, usize, Option<(Tiling, Step)>);
         let mut best: HashMap<Tiling, Entry> = HashMap::new();
         let mut done: HashMap<Tiling, ()> = HashMap::new();
@@ -179,7 +180,7 @@ impl Planner<'_> {
                 .map(|(t, e)| (t.clone(), e.0, e.1));
             // Gathering every dim whole, then slicing, always reaches the target.
             let Some((state, cost, steps)) = next else {
-                return Vec::new();
+                return (Vec::new(), f64::INFINITY);
             };
             if &state == self.target {
                 break;
@@ -195,6 +196,7 @@ impl Planner<'_> {
                 }
             }
         }
+        let total = best.get(self.target).map_or(f64::INFINITY, |e| e.0);
         let mut plan = Vec::new();
         let mut at = self.target.clone();
         while let Some((_, _, Some((prev, step)))) = best.get(&at) {
@@ -202,7 +204,7 @@ impl Planner<'_> {
             at = prev.clone();
         }
         plan.reverse();
-        plan
+        (plan, total)
     }
 }
 
@@ -262,30 +264,46 @@ pub(crate) fn sharding_of(dims: &Tiling, unreduced: Vec<String>) -> Sharding {
     }
 }
 
-/// Moves `v` to `target`'s tiling and pending sums. Reducing pending sums that the
-/// target does not keep uses `reduce_scatter` where the target splits a dim on that
-/// axis next, else one `all_reduce`. Errors if the target keeps a sum `v` does not have.
-pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
-    let mesh = em.mesh;
-    let shape = v.global.shape.clone();
-    let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
-    let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
-    if let Some(a) = target
-        .unreduced
-        .iter()
-        .find(|a| !v.sharding.unreduced.contains(a))
-    {
-        return Err(em.error(format!("cannot make a value unreduced over `{a}`")));
+/// A resharding decided but not emitted: what [`reshard`] will do, and its cost.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ReshardPlan {
+    /// Pending sums reduce-scattered onto a dim: `(dim, axes)`.
+    reduce_scatters: Vec<(usize, Vec<String>)>,
+    /// Pending sums all-reduced.
+    all_reduce: Vec<String>,
+    /// Then the moves between tilings.
+    steps: Vec<Step>,
+    /// Elements each device receives.
+    pub cost: f64,
+}
+
+/// Plans moving a value of `shape` from `from` to `to` (tilings and pending sums).
+/// Pending sums the target does not keep are reduced by `reduce_scatter` onto the dims
+/// the target splits on them next, the rest by one `all_reduce`. Errors if the target
+/// keeps a sum `from` does not have.
+pub(crate) fn plan_reshard(
+    mesh: &Mesh,
+    shape: &[usize],
+    from: &Sharding,
+    to: &Sharding,
+) -> Result<ReshardPlan, String> {
+    let mut tiling: Tiling = from.dims.iter().map(|d| d.axes.clone()).collect();
+    let goal: Tiling = to.dims.iter().map(|d| d.axes.clone()).collect();
+    if let Some(a) = to.unreduced.iter().find(|a| !from.unreduced.contains(a)) {
+        return Err(format!("cannot make a value unreduced over `{a}`"));
     }
-    let mut pending: Vec<String> = v
-        .sharding
+    let mut pending: Vec<String> = from
         .unreduced
         .iter()
-        .filter(|a| !target.unreduced.contains(a))
+        .filter(|a| !to.unreduced.contains(a))
         .cloned()
         .collect();
-    let mut x = v.id;
-    // Reduce-scatter pending sums onto the dims the target splits on them next.
+    let mut plan = ReshardPlan {
+        reduce_scatters: Vec::new(),
+        all_reduce: Vec::new(),
+        steps: Vec::new(),
+        cost: 0.0,
+    };
     for d in 0..shape.len() {
         let mut axes = Vec::new();
         while goal[d].starts_with(&tiling[d]) && goal[d].len() > tiling[d].len() + axes.len() {
@@ -300,22 +318,13 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
             t[d].extend(axes.iter().cloned());
             let (n, c, k) = (
                 size_of_axes(&tiling[d], mesh),
-                chunk(&shape, &tiling, d, mesh),
+                chunk(shape, &tiling, d, mesh),
                 size_of_axes(&axes, mesh),
             );
-            let c_new = chunk(&shape, &t, d, mesh);
-            if slice_is_local(n, c, k, c_new) {
-                x = em.pad_to(x, d, k * c_new)?;
-                let group = em.group(&axes);
-                x = em.emit(
-                    Op::ReduceScatter {
-                        group,
-                        kind: ReduceKind::Sum,
-                        dim: d,
-                    },
-                    &[x],
-                )?;
+            if slice_is_local(n, c, k, chunk(shape, &t, d, mesh)) {
+                plan.cost += local_elems(shape, &tiling, mesh) * (k as f64 - 1.0) / k as f64;
                 pending.retain(|a| !axes.contains(a));
+                plan.reduce_scatters.push((d, axes));
                 tiling = t;
                 break;
             }
@@ -323,7 +332,49 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         }
     }
     if !pending.is_empty() {
-        let group = em.group(&pending);
+        let k = size_of_axes(&pending, mesh) as f64;
+        plan.cost += 2.0 * local_elems(shape, &tiling, mesh) * (k - 1.0) / k;
+        plan.all_reduce = pending;
+    }
+    let (steps, cost) = Planner {
+        mesh,
+        shape,
+        target: &goal,
+    }
+    .plan(&tiling);
+    plan.steps = steps;
+    plan.cost += cost;
+    Ok(plan)
+}
+
+/// Moves `v` to `target` (see [`plan_reshard`]), emitting the collectives and slices.
+pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
+    let mesh = em.mesh;
+    let shape = v.global.shape.clone();
+    let plan = plan_reshard(mesh, &shape, &v.sharding, target).map_err(|m| em.error(m))?;
+    let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut x = v.id;
+    for (d, axes) in &plan.reduce_scatters {
+        let mut t = tiling.clone();
+        t[*d].extend(axes.iter().cloned());
+        x = em.pad_to(
+            x,
+            *d,
+            size_of_axes(axes, mesh) * chunk(&shape, &t, *d, mesh),
+        )?;
+        let group = em.group(axes);
+        x = em.emit(
+            Op::ReduceScatter {
+                group,
+                kind: ReduceKind::Sum,
+                dim: *d,
+            },
+            &[x],
+        )?;
+        tiling = t;
+    }
+    if !plan.all_reduce.is_empty() {
+        let group = em.group(&plan.all_reduce);
         x = em.emit(
             Op::AllReduce {
                 group,
@@ -332,15 +383,11 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
             &[x],
         )?;
     }
-    let planner = Planner {
-        mesh,
-        shape: &shape,
-        target: &goal,
-    };
-    for step in planner.plan(&tiling) {
-        x = emit_step(em, x, &shape, &tiling, &step)?;
-        tiling = apply(&tiling, &step);
+    for step in &plan.steps {
+        x = emit_step(em, x, &shape, &tiling, step)?;
+        tiling = apply(&tiling, step);
     }
+    let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
     if tiling != goal {
         return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
     }
@@ -429,6 +476,7 @@ mod tests {
             target: to,
         }
         .plan(from)
+        .0
     }
 
     fn mesh24() -> Mesh {
