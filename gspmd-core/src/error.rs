@@ -163,6 +163,21 @@ pub enum Error {
         location: Location,
     },
 
+    // ---- partitioning --------------------------------------------------------------
+    /// The partitioner cannot handle a value (an unsupported sharding of an op, or a
+    /// program that was not propagated).
+    #[error("{location}: {value}: cannot partition {op}: {message}")]
+    Partition {
+        /// The value being partitioned.
+        value: ValueId,
+        /// The op's name.
+        op: &'static str,
+        /// Where the op was traced.
+        location: Location,
+        /// What is not supported.
+        message: String,
+    },
+
     // ---- running programs ----------------------------------------------------------
     /// A program was run with the wrong inputs.
     #[error("input {index} ({name}): {message}")]

@@ -5,9 +5,12 @@
 //! value to the next and every intermediate prints as text. See `ARCHITECTURE.md`.
 
 pub mod error;
+mod executable;
 pub mod ir;
+pub mod partition;
 pub mod propagation;
 pub mod runtime;
 pub mod sharding;
 
 pub use error::{Error, Result};
+pub use executable::{Executable, compile};

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::error::{Error, Result};
-use crate::ir::{Literal, Op, Program, TensorType, ValueId};
+use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::kernels;
 
@@ -17,6 +17,20 @@ use super::kernels;
 /// is dropped right after its last use, so peak memory is that of the live values.
 /// Does not panic on any program that passes [`crate::ir::verify`].
 pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> {
+    execute(program, inputs, |node, operands| {
+        kernels::eval(&node.op, operands, &node.ty)
+    })
+}
+
+/// The evaluation loop shared by the reference interpreter and the per-device runtime:
+/// checks `inputs`, binds parameters and constants, computes every other node with
+/// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
+/// after its last use, and returns the outputs.
+pub(crate) fn execute(
+    program: &Program,
+    inputs: &[Literal],
+    mut eval: impl FnMut(&Node, &[&Literal]) -> Result<Literal, String>,
+) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
@@ -35,7 +49,7 @@ pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> 
                     .ok_or_else(|| fail(format!("no input for parameter {index}")))?,
             ),
             Op::Constant(lit) => Cow::Borrowed(lit),
-            op => {
+            _ => {
                 let operands = node
                     .operands
                     .iter()
@@ -44,7 +58,7 @@ pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> 
                         _ => Err(fail(format!("operand {o} is not available"))),
                     })
                     .collect::<Result<Vec<&Literal>>>()?;
-                Cow::Owned(kernels::eval(op, &operands, &node.ty).map_err(fail)?)
+                Cow::Owned(eval(node, &operands).map_err(fail)?)
             }
         };
         values[i] = Some(value);

@@ -5,10 +5,13 @@
 //! device; per-device programs call the [`Communicator`] trait for collectives.
 
 mod communicator;
+mod device;
 mod interpreter;
 pub mod kernels;
+mod spmd;
 mod thread_mesh;
 
 pub use communicator::Communicator;
+pub use device::run_on_device;
 pub use interpreter::interpret;
 pub use thread_mesh::{DeviceContext, ThreadMesh};

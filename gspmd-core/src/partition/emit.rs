@@ -1,0 +1,166 @@
+//! [`Emitter`]: appends typed nodes to the per-device program being built, and the
+//! small SPMD idioms every handler needs (axis index, shard offsets, scalar constants).
+
+use crate::error::{Error, Result};
+use crate::ir::{
+    AxisGroup, DType, Literal, Location, Node, Op, Program, TensorType, ValueId, infer_type,
+};
+use crate::sharding::Mesh;
+
+/// Builds the per-device program. Every node gets the location of the global node being
+/// partitioned, so reports and errors point at the user's source line.
+pub(crate) struct Emitter<'m> {
+    pub program: Program,
+    pub mesh: &'m Mesh,
+    /// The global value being partitioned and its source location.
+    pub current: (ValueId, &'static str, Location),
+    /// Notes on costly choices (whole-dim gathers), each naming the value and location.
+    pub warnings: Vec<String>,
+}
+
+impl<'m> Emitter<'m> {
+    pub fn new(name: &str, mesh: &'m Mesh) -> Self {
+        Emitter {
+            program: Program::new(name),
+            mesh,
+            current: (ValueId(0), "", Location::synthetic()),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// An error about the value being partitioned.
+    pub fn error(&self, message: impl Into<String>) -> Error {
+        let (value, op, location) = self.current;
+        Error::Partition {
+            value,
+            op,
+            location,
+            message: message.into(),
+        }
+    }
+
+    /// Records a note about the value being partitioned.
+    pub fn warn(&mut self, message: String) {
+        let (value, op, location) = self.current;
+        self.warnings
+            .push(format!("{location}: {value} = {op}: {message}"));
+    }
+
+    /// Appends `op(operands)`, typed by [`infer_type`].
+    pub fn emit(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
+        let ty = infer_type(&op, &types)
+            .map_err(|m| self.error(format!("internal: {}: {m}", op.name())))?;
+        Ok(self.program.push(Node {
+            op,
+            operands: operands.to_vec(),
+            ty,
+            annotation: None,
+            sharding: None,
+            origin: None,
+            name: None,
+            location: self.current.2,
+        }))
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.program.ty(v)
+    }
+
+    pub fn shape(&self, v: ValueId) -> Vec<usize> {
+        self.program.ty(v).shape.clone()
+    }
+
+    /// The group of devices spanned by `axes`.
+    pub fn group(&self, axes: &[String]) -> AxisGroup {
+        let size = axes
+            .iter()
+            .map(|a| self.mesh.axis_size(a).unwrap_or(1))
+            .product();
+        AxisGroup {
+            axes: axes.to_vec(),
+            size,
+        }
+    }
+
+    /// A scalar constant.
+    pub fn scalar(&mut self, dtype: DType, value: f64) -> Result<ValueId> {
+        self.emit(Op::Constant(Literal::full(&[], dtype, value)), &[])
+    }
+
+    /// `axis_index(axes) * stride` as an i32 scalar: the offset of this device's block
+    /// when blocks of `stride` elements are laid out in group order.
+    pub fn block_offset(&mut self, axes: &[String], stride: usize) -> Result<ValueId> {
+        let idx = self.emit(Op::AxisIndex(self.group(axes)), &[])?;
+        if stride == 1 {
+            return Ok(idx);
+        }
+        let s = self.scalar(DType::I32, stride as f64)?;
+        self.emit(Op::Binary(crate::ir::BinaryOp::Mul), &[idx, s])
+    }
+
+    /// Broadcasts a scalar to `shape`.
+    pub fn splat(&mut self, scalar: ValueId, shape: &[usize]) -> Result<ValueId> {
+        self.emit(
+            Op::Broadcast {
+                shape: shape.to_vec(),
+                dims: vec![],
+            },
+            &[scalar],
+        )
+    }
+
+    /// `dynamic_slice` of `x` to `sizes`, starting at `starts` (None: 0) per dim.
+    pub fn dynamic_slice(
+        &mut self,
+        x: ValueId,
+        starts: &[Option<ValueId>],
+        sizes: &[usize],
+    ) -> Result<ValueId> {
+        let mut operands = vec![x];
+        for s in starts {
+            operands.push(match s {
+                Some(v) => *v,
+                None => self.scalar(DType::I32, 0.0)?,
+            });
+        }
+        self.emit(Op::DynamicSlice(sizes.to_vec()), &operands)
+    }
+
+    /// Pads `x` with zeros at the end of `dim` to `len` elements (no-op if already).
+    pub fn pad_to(&mut self, x: ValueId, dim: usize, len: usize) -> Result<ValueId> {
+        let ty = self.ty(x).clone();
+        if ty.shape[dim] >= len {
+            return Ok(x);
+        }
+        let zero = self.scalar(ty.dtype, 0.0)?;
+        let mut high = vec![0i64; ty.rank()];
+        high[dim] = (len - ty.shape[dim]) as i64;
+        self.emit(
+            Op::Pad {
+                low: vec![0; ty.rank()],
+                high,
+                interior: vec![0; ty.rank()],
+            },
+            &[x, zero],
+        )
+    }
+
+    /// Keeps the first `len` elements of `dim` (no-op if already that long).
+    pub fn truncate(&mut self, x: ValueId, dim: usize, len: usize) -> Result<ValueId> {
+        let shape = self.shape(x);
+        if shape[dim] == len {
+            return Ok(x);
+        }
+        let mut limit = shape.clone();
+        limit[dim] = len;
+        self.emit(
+            Op::Slice {
+                start: vec![0; shape.len()],
+                limit,
+                stride: vec![1; shape.len()],
+            },
+            &[x],
+        )
+    }
+}

@@ -1,0 +1,66 @@
+//! One handler per op family (XLA's SpmdPartitioningVisitor). Each takes the operands
+//! as [`PValue`]s and the value's target sharding, reshards operands to what the local
+//! op needs, emits the local op (and any collective the op itself implies), and returns
+//! the result — which the driver then reshards to the target if it is not there yet.
+
+mod contraction;
+mod data_movement;
+mod elementwise;
+mod reduce;
+mod shape;
+
+use super::emit::Emitter;
+use super::value::PValue;
+use crate::error::Result;
+use crate::ir::{Node, Op};
+use crate::sharding::Sharding;
+
+/// Partitions `node` whose operands are `operands`, aiming for `target`.
+pub(crate) fn partition_node(
+    em: &mut Emitter,
+    node: &Node,
+    operands: &[PValue],
+    target: &Sharding,
+) -> Result<PValue> {
+    match &node.op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => {
+            data_movement::source(em, node, target)
+        }
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_) => {
+            elementwise::elementwise(em, node, operands, target)
+        }
+        Op::ShardingConstraint => super::reshard::reshard(em, &operands[0], target),
+        Op::Broadcast { dims, .. } => shape::broadcast(em, node, dims, &operands[0], target),
+        Op::Reshape(_) => shape::reshape(em, node, &operands[0], target),
+        Op::Transpose(perm) => shape::transpose(em, perm, &operands[0], target),
+        Op::Reduce { kind, dims } => reduce::reduce(em, *kind, dims, &operands[0], target),
+        Op::DotGeneral(dims) => {
+            contraction::dot_general(em, dims, &operands[0], &operands[1], target)
+        }
+        Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) => {
+            data_movement::windowed(em, node, operands, target)
+        }
+        Op::AxisIndex(_)
+        | Op::DynamicSlice(_)
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. } => {
+            Err(em.error("already a per-device op: partition a global program"))
+        }
+    }
+}
+
+/// `target` without pending sums: what a non-linear op's result can be.
+pub(crate) fn reduced(target: &Sharding) -> Sharding {
+    Sharding {
+        unreduced: Vec::new(),
+        ..target.clone()
+    }
+}
+
+/// A sharding with `dims` as closed axes per dim and pending sums `unreduced`.
+pub(crate) fn with_dims(dims: Vec<Vec<String>>, unreduced: Vec<String>) -> Sharding {
+    super::reshard::sharding_of(&dims, unreduced)
+}

@@ -1,0 +1,129 @@
+//! What a partitioned program communicates: each collective with its axes and the bytes
+//! each device receives, and totals by kind.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::SpmdProgram;
+use crate::ir::{Node, Op, Program};
+
+/// Bytes one device receives in collective `node` of `program` (ring algorithms for
+/// all-reduce; zero for a non-collective).
+pub fn bytes_received(program: &Program, node: &Node) -> usize {
+    let input = node
+        .operands
+        .first()
+        .map_or(0, |&o| program.ty(o).size_in_bytes());
+    let output = node.ty.size_in_bytes();
+    let fraction = |k: usize| input * (k.saturating_sub(1)) / k.max(1);
+    match &node.op {
+        Op::AllGather { .. } => output - input,
+        Op::AllReduce { group, .. } => 2 * fraction(group.size),
+        Op::ReduceScatter { group, .. } | Op::AllToAll { group, .. } => fraction(group.size),
+        Op::CollectivePermute { .. } => input,
+        _ => 0,
+    }
+}
+
+/// Collectives by kind: how many, and bytes received per device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectiveStats {
+    /// Op name (`all_reduce`, ...) → (count, bytes received per device).
+    pub by_kind: BTreeMap<&'static str, (usize, usize)>,
+}
+
+impl CollectiveStats {
+    /// Counts the collectives of `program`.
+    pub fn of(program: &Program) -> Self {
+        let mut by_kind = BTreeMap::new();
+        for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
+            let e: &mut (usize, usize) = by_kind.entry(node.op.name()).or_default();
+            e.0 += 1;
+            e.1 += bytes_received(program, node);
+        }
+        CollectiveStats { by_kind }
+    }
+
+    /// Number of collectives of kind `name`.
+    pub fn count(&self, name: &str) -> usize {
+        self.by_kind.get(name).map_or(0, |e| e.0)
+    }
+
+    /// Total collectives.
+    pub fn total(&self) -> usize {
+        self.by_kind.values().map(|e| e.0).sum()
+    }
+
+    /// Total bytes received per device.
+    pub fn bytes(&self) -> usize {
+        self.by_kind.values().map(|e| e.1).sum()
+    }
+}
+
+impl std::fmt::Display for CollectiveStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.by_kind.is_empty() {
+            return write!(f, "no collectives");
+        }
+        for (kind, (n, bytes)) in &self.by_kind {
+            writeln!(
+                f,
+                "{kind:>18}: {n:>4} x, {bytes:>12} bytes received per device"
+            )?;
+        }
+        write!(
+            f,
+            "{:>18}: {:>4} x, {:>12} bytes received per device",
+            "total",
+            self.total(),
+            self.bytes()
+        )
+    }
+}
+
+impl SpmdProgram {
+    /// Collective statistics of the per-device program.
+    pub fn collectives(&self) -> CollectiveStats {
+        CollectiveStats::of(&self.program)
+    }
+
+    /// The per-device program, then one line per collective (axes, bytes per device,
+    /// the user's source line), the totals and the partitioner's warnings.
+    pub fn report(&self) -> String {
+        let mut out = format!(
+            "// partitioned for {}\n{}\n\ncollectives:\n",
+            self.mesh, self.program
+        );
+        for v in self.program.values() {
+            let node = self.program.node(v);
+            if node.op.is_collective() {
+                let _ = writeln!(
+                    out,
+                    "  {v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
+                    node.op.name(),
+                    collective_axes(&node.op),
+                    self.program.ty(node.operands[0]),
+                    node.ty,
+                    bytes_received(&self.program, node),
+                    node.location
+                );
+            }
+        }
+        let _ = write!(out, "{}", self.collectives());
+        for w in &self.warnings {
+            let _ = write!(out, "\nwarning: {w}");
+        }
+        out
+    }
+}
+
+fn collective_axes(op: &Op) -> &[String] {
+    match op {
+        Op::AllReduce { group, .. }
+        | Op::AllGather { group, .. }
+        | Op::ReduceScatter { group, .. }
+        | Op::AllToAll { group, .. }
+        | Op::CollectivePermute { group, .. } => &group.axes,
+        _ => &[],
+    }
+}

@@ -1,0 +1,597 @@
+//! `reshard`: moves a [`PValue`] from its sharding to another, composing
+//! `reduce_scatter`/`all_reduce` (pending partial sums), `dynamic_slice` (free),
+//! `all_to_all`, `collective_permute` and `all_gather`, and choosing the composition
+//! that receives the fewest bytes per device.
+//!
+//! Planning is a shortest-path search over *tilings* (per dim, a list of mesh axes).
+//! Its moves are:
+//! - slice: append axes to a dim; each device keeps its sub-block; free;
+//! - gather: drop a dim's trailing axes; receives `(k - 1)` local sizes;
+//! - all-to-all: move a dim's last axis to the end of another dim; receives
+//!   `(k - 1)/k` of the local size;
+//! - permute: deal the same blocks to other devices (same shard count per dim);
+//!   receives one local size.
+//!
+//! With uneven dims (shards rounded up) a move is only taken when every device's new
+//! block is inside what it holds or receives; the search routes around the others
+//! (gathering a dim whole is always possible, and so is slicing an unsplit dim).
+//! The search only depends on the number of axes and dims, never on device count.
+
+use std::collections::HashMap;
+
+use super::emit::Emitter;
+use super::value::PValue;
+use crate::error::Result;
+use crate::ir::{Op, ReduceKind};
+use crate::sharding::{DimSharding, Mesh, Sharding};
+
+/// Per dim, the mesh axes it is split over.
+type Tiling = Vec<Vec<String>>;
+
+/// One step of a resharding plan.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    Slice {
+        dim: usize,
+        axes: Vec<String>,
+    },
+    Gather {
+        dim: usize,
+        axes: Vec<String>,
+    },
+    AllToAll {
+        from: usize,
+        to: usize,
+        axis: String,
+    },
+    Permute {
+        to: Tiling,
+    },
+}
+
+pub(crate) fn size_of_axes(axes: &[String], mesh: &Mesh) -> usize {
+    axes.iter()
+        .map(|a| mesh.axis_size(a).unwrap_or(1))
+        .product()
+}
+
+/// Chunk (padded local length) of dim `d` under `t`.
+fn chunk(shape: &[usize], t: &Tiling, d: usize, mesh: &Mesh) -> usize {
+    shape[d].div_ceil(size_of_axes(&t[d], mesh))
+}
+
+fn local_elems(shape: &[usize], t: &Tiling, mesh: &Mesh) -> f64 {
+    (0..shape.len())
+        .map(|d| chunk(shape, t, d, mesh) as f64)
+        .product()
+}
+
+/// True if slicing dim `d` (currently `n` shards of `c`) by `k` more keeps every new
+/// block inside the old one.
+fn slice_is_local(n: usize, c: usize, k: usize, c_new: usize) -> bool {
+    n == 1 || c == k * c_new
+}
+
+/// True if gathering `k` blocks of `c` along a dim gives exactly the new blocks
+/// (`n_new` shards of `c_new`), possibly after trimming the padding of a whole dim.
+fn gather_is_exact(n_new: usize, c: usize, k: usize, c_new: usize) -> bool {
+    n_new == 1 || k * c == c_new
+}
+
+struct Planner<'a> {
+    mesh: &'a Mesh,
+    shape: &'a [usize],
+    target: &'a Tiling,
+}
+
+impl Planner<'_> {
+    fn neighbours(&self, s: &Tiling) -> Vec<(Step, Tiling, f64)> {
+        let (mesh, shape) = (self.mesh, self.shape);
+        let mut out = Vec::new();
+        let local = local_elems(shape, s, mesh);
+        let used: Vec<&String> = s.iter().flatten().collect();
+        let unused: Vec<String> = self
+            .target
+            .iter()
+            .flatten()
+            .filter(|a| !used.contains(a))
+            .cloned()
+            .collect();
+        for d in 0..s.len() {
+            let (n, c) = (size_of_axes(&s[d], mesh), chunk(shape, s, d, mesh));
+            // Slices: append an ordered selection of unused target axes.
+            for seq in sequences(&unused) {
+                let k = size_of_axes(&seq, mesh);
+                let mut t = s.clone();
+                t[d].extend(seq.iter().cloned());
+                if slice_is_local(n, c, k, chunk(shape, &t, d, mesh)) {
+                    out.push((Step::Slice { dim: d, axes: seq }, t, 0.0));
+                }
+            }
+            // Gathers: drop the trailing `len` axes.
+            for len in 1..=s[d].len() {
+                let axes = s[d][s[d].len() - len..].to_vec();
+                let k = size_of_axes(&axes, mesh);
+                let mut t = s.clone();
+                t[d].truncate(s[d].len() - len);
+                if gather_is_exact(n / k, c, k, chunk(shape, &t, d, mesh)) {
+                    out.push((Step::Gather { dim: d, axes }, t, local * (k as f64 - 1.0)));
+                }
+            }
+            // All-to-all: move the last axis of `d` to the end of another dim.
+            if let Some(axis) = s[d].last() {
+                let k = size_of_axes(std::slice::from_ref(axis), mesh);
+                for j in (0..s.len()).filter(|&j| j != d) {
+                    let mut t = s.clone();
+                    t[d].pop();
+                    t[j].push(axis.clone());
+                    let split_ok = slice_is_local(
+                        size_of_axes(&s[j], mesh),
+                        chunk(shape, s, j, mesh),
+                        k,
+                        chunk(shape, &t, j, mesh),
+                    );
+                    let concat_ok = gather_is_exact(n / k, c, k, chunk(shape, &t, d, mesh));
+                    if split_ok && concat_ok {
+                        let step = Step::AllToAll {
+                            from: d,
+                            to: j,
+                            axis: axis.clone(),
+                        };
+                        out.push((step, t, local * (k as f64 - 1.0) / k as f64));
+                    }
+                }
+            }
+        }
+        // Permutes: to the target extended by the axes it does not use.
+        if self.target.iter().flatten().all(|a| used.contains(&a)) {
+            let extra: Vec<String> = used
+                .iter()
+                .filter(|a| !self.target.iter().flatten().any(|b| b == **a))
+                .map(|a| (*a).clone())
+                .collect();
+            for t in extensions(self.target, &extra) {
+                let same_counts =
+                    (0..s.len()).all(|d| size_of_axes(&t[d], mesh) == size_of_axes(&s[d], mesh));
+                if same_counts && &t != s {
+                    out.push((Step::Permute { to: t.clone() }, t, local));
+                }
+            }
+        }
+        out
+    }
+
+    /// Cheapest plan from `from` to the target (fewest steps among equal costs), and its
+    /// cost in elements received per device.
+    fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
+        type Entry = (f64, usize, Option<(Tiling, Step)>);
+        let mut best: HashMap<Tiling, Entry> = HashMap::new();
+        let mut done: HashMap<Tiling, ()> = HashMap::new();
+        best.insert(from.clone(), (0.0, 0, None));
+        loop {
+            let next = best
+                .iter()
+                .filter(|(t, _)| !done.contains_key(*t))
+                .min_by(|a, b| {
+                    (a.1.0, a.1.1)
+                        .partial_cmp(&(b.1.0, b.1.1))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+                .map(|(t, e)| (t.clone(), e.0, e.1));
+            // Gathering every dim whole, then slicing, always reaches the target.
+            let Some((state, cost, steps)) = next else {
+                return (Vec::new(), f64::INFINITY);
+            };
+            if &state == self.target {
+                break;
+            }
+            done.insert(state.clone(), ());
+            for (step, t, c) in self.neighbours(&state) {
+                let entry = (cost + c, steps + 1, Some((state.clone(), step)));
+                match best.get(&t) {
+                    Some(e) if (e.0, e.1) <= (entry.0, entry.1) => {}
+                    _ => {
+                        best.insert(t, entry);
+                    }
+                }
+            }
+        }
+        let total = best.get(self.target).map_or(f64::INFINITY, |e| e.0);
+        let mut plan = Vec::new();
+        let mut at = self.target.clone();
+        while let Some((_, _, Some((prev, step)))) = best.get(&at) {
+            plan.push(step.clone());
+            at = prev.clone();
+        }
+        plan.reverse();
+        (plan, total)
+    }
+}
+
+/// Every non-empty ordered selection of distinct items.
+fn sequences(items: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        out.push(vec![item.clone()]);
+        let rest: Vec<String> = items
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, a)| a.clone())
+            .collect();
+        for mut tail in sequences(&rest) {
+            tail.insert(0, item.clone());
+            out.push(tail);
+        }
+    }
+    out
+}
+
+/// Every way to append all of `extra` (each once, any order) to the dims of `base`.
+fn extensions(base: &Tiling, extra: &[String]) -> Vec<Tiling> {
+    let Some((first, rest)) = extra.split_first() else {
+        return vec![base.clone()];
+    };
+    let mut out = Vec::new();
+    for t in extensions(base, rest) {
+        for d in 0..t.len() {
+            // Insert `first` at every position after the base axes of dim d.
+            for pos in base[d].len()..=t[d].len() {
+                let mut u = t.clone();
+                u[d].insert(pos, first.clone());
+                if !out.contains(&u) {
+                    out.push(u);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The sharding with `dims` as axes, all closed, and `unreduced` pending sums.
+pub(crate) fn sharding_of(dims: &Tiling, unreduced: Vec<String>) -> Sharding {
+    Sharding {
+        dims: dims
+            .iter()
+            .map(|axes| DimSharding {
+                axes: axes.clone(),
+                closed: true,
+                priority: None,
+            })
+            .collect(),
+        replicated: Vec::new(),
+        unreduced,
+    }
+}
+
+/// A resharding decided but not emitted: what [`reshard`] will do, and its cost.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ReshardPlan {
+    /// Pending sums reduce-scattered onto a dim: `(dim, axes)`.
+    reduce_scatters: Vec<(usize, Vec<String>)>,
+    /// Pending sums all-reduced.
+    all_reduce: Vec<String>,
+    /// Then the moves between tilings.
+    steps: Vec<Step>,
+    /// Elements each device receives.
+    pub cost: f64,
+}
+
+/// Plans moving a value of `shape` from `from` to `to` (tilings and pending sums).
+/// Pending sums the target does not keep are reduced by `reduce_scatter` onto the dims
+/// the target splits on them next, the rest by one `all_reduce`. Errors if the target
+/// keeps a sum `from` does not have.
+pub(crate) fn plan_reshard(
+    mesh: &Mesh,
+    shape: &[usize],
+    from: &Sharding,
+    to: &Sharding,
+) -> Result<ReshardPlan, String> {
+    let mut tiling: Tiling = from.dims.iter().map(|d| d.axes.clone()).collect();
+    let goal: Tiling = to.dims.iter().map(|d| d.axes.clone()).collect();
+    if let Some(a) = to.unreduced.iter().find(|a| !from.unreduced.contains(a)) {
+        return Err(format!("cannot make a value unreduced over `{a}`"));
+    }
+    let mut pending: Vec<String> = from
+        .unreduced
+        .iter()
+        .filter(|a| !to.unreduced.contains(a))
+        .cloned()
+        .collect();
+    let mut plan = ReshardPlan {
+        reduce_scatters: Vec::new(),
+        all_reduce: Vec::new(),
+        steps: Vec::new(),
+        cost: 0.0,
+    };
+    for d in 0..shape.len() {
+        let mut axes = Vec::new();
+        while goal[d].starts_with(&tiling[d]) && goal[d].len() > tiling[d].len() + axes.len() {
+            let a = &goal[d][tiling[d].len() + axes.len()];
+            if !pending.contains(a) {
+                break;
+            }
+            axes.push(a.clone());
+        }
+        while !axes.is_empty() {
+            let mut t = tiling.clone();
+            t[d].extend(axes.iter().cloned());
+            let (n, c, k) = (
+                size_of_axes(&tiling[d], mesh),
+                chunk(shape, &tiling, d, mesh),
+                size_of_axes(&axes, mesh),
+            );
+            if slice_is_local(n, c, k, chunk(shape, &t, d, mesh)) {
+                plan.cost += local_elems(shape, &tiling, mesh) * (k as f64 - 1.0) / k as f64;
+                pending.retain(|a| !axes.contains(a));
+                plan.reduce_scatters.push((d, axes));
+                tiling = t;
+                break;
+            }
+            axes.pop();
+        }
+    }
+    if !pending.is_empty() {
+        let k = size_of_axes(&pending, mesh) as f64;
+        plan.cost += 2.0 * local_elems(shape, &tiling, mesh) * (k - 1.0) / k;
+        plan.all_reduce = pending;
+    }
+    let (steps, cost) = Planner {
+        mesh,
+        shape,
+        target: &goal,
+    }
+    .plan(&tiling);
+    plan.steps = steps;
+    plan.cost += cost;
+    Ok(plan)
+}
+
+/// Moves `v` to `target` (see [`plan_reshard`]), emitting the collectives and slices.
+pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
+    let mesh = em.mesh;
+    let shape = v.global.shape.clone();
+    let plan = plan_reshard(mesh, &shape, &v.sharding, target).map_err(|m| em.error(m))?;
+    let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut x = v.id;
+    for (d, axes) in &plan.reduce_scatters {
+        let mut t = tiling.clone();
+        t[*d].extend(axes.iter().cloned());
+        x = em.pad_to(
+            x,
+            *d,
+            size_of_axes(axes, mesh) * chunk(&shape, &t, *d, mesh),
+        )?;
+        let group = em.group(axes);
+        x = em.emit(
+            Op::ReduceScatter {
+                group,
+                kind: ReduceKind::Sum,
+                dim: *d,
+            },
+            &[x],
+        )?;
+        tiling = t;
+    }
+    if !plan.all_reduce.is_empty() {
+        let group = em.group(&plan.all_reduce);
+        x = em.emit(
+            Op::AllReduce {
+                group,
+                kind: ReduceKind::Sum,
+            },
+            &[x],
+        )?;
+    }
+    for step in &plan.steps {
+        x = emit_step(em, x, &shape, &tiling, step)?;
+        tiling = apply(&tiling, step);
+    }
+    let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
+    if tiling != goal {
+        return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
+    }
+    Ok(PValue {
+        id: x,
+        global: v.global.clone(),
+        sharding: sharding_of(&goal, target.unreduced.clone()),
+    })
+}
+
+fn apply(s: &Tiling, step: &Step) -> Tiling {
+    let mut t = s.clone();
+    match step {
+        Step::Slice { dim, axes } => t[*dim].extend(axes.iter().cloned()),
+        Step::Gather { dim, axes } => t[*dim].truncate(s[*dim].len() - axes.len()),
+        Step::AllToAll { from, to, axis } => {
+            t[*from].pop();
+            t[*to].push(axis.clone());
+        }
+        Step::Permute { to } => t = to.clone(),
+    }
+    t
+}
+
+fn emit_step(
+    em: &mut Emitter,
+    x: crate::ir::ValueId,
+    shape: &[usize],
+    s: &Tiling,
+    step: &Step,
+) -> Result<crate::ir::ValueId> {
+    let mesh = em.mesh;
+    let t = apply(s, step);
+    match step {
+        Step::Slice { dim, axes } => {
+            let c_new = chunk(shape, &t, *dim, mesh);
+            let x = em.pad_to(x, *dim, size_of_axes(axes, mesh) * c_new)?;
+            let start = em.block_offset(axes, c_new)?;
+            let mut starts = vec![None; shape.len()];
+            starts[*dim] = Some(start);
+            let mut sizes = em.shape(x);
+            sizes[*dim] = c_new;
+            em.dynamic_slice(x, &starts, &sizes)
+        }
+        Step::Gather { dim, axes } => {
+            let group = em.group(axes);
+            let x = em.emit(Op::AllGather { group, dim: *dim }, &[x])?;
+            em.truncate(x, *dim, chunk(shape, &t, *dim, mesh))
+        }
+        Step::AllToAll { from, to, axis } => {
+            let group = em.group(std::slice::from_ref(axis));
+            let x = em.pad_to(x, *to, group.size * chunk(shape, &t, *to, mesh))?;
+            let x = em.emit(
+                Op::AllToAll {
+                    group,
+                    split_dim: *to,
+                    concat_dim: *from,
+                },
+                &[x],
+            )?;
+            em.truncate(x, *from, chunk(shape, &t, *from, mesh))
+        }
+        Step::Permute { to } => {
+            let receivers: Vec<String> = to.iter().flatten().cloned().collect();
+            let from: Vec<String> = s.iter().flatten().cloned().collect();
+            let group = em.group(&receivers);
+            em.emit(Op::CollectivePermute { group, from }, &[x])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[&[&str]]) -> Tiling {
+        dims.iter()
+            .map(|d| d.iter().map(|a| a.to_string()).collect())
+            .collect()
+    }
+
+    fn plan(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling) -> Vec<Step> {
+        Planner {
+            mesh,
+            shape,
+            target: to,
+        }
+        .plan(from)
+        .0
+    }
+
+    fn mesh24() -> Mesh {
+        Mesh::new([("data", 2), ("model", 4)]).unwrap()
+    }
+
+    #[test]
+    fn same_tiling_needs_nothing() {
+        let m = mesh24();
+        assert!(plan(&m, &[8, 8], &t(&[&["data"], &[]]), &t(&[&["data"], &[]])).is_empty());
+    }
+
+    #[test]
+    fn adding_axes_only_slices() {
+        let m = mesh24();
+        let p = plan(&m, &[8, 8], &t(&[&[], &[]]), &t(&[&["data"], &["model"]]));
+        assert!(p.iter().all(|s| matches!(s, Step::Slice { .. })), "{p:?}");
+    }
+
+    #[test]
+    fn data_to_model_on_one_dim_never_gathers_whole() {
+        let m = mesh24();
+        let p = plan(&m, &[64], &t(&[&["data"]]), &t(&[&["model"]]));
+        // Whatever the route, no step may gather the dim whole (to 1 shard).
+        let mut s = t(&[&["data"]]);
+        for step in &p {
+            s = apply(&s, step);
+            assert!(
+                !s[0].is_empty(),
+                "plan {p:?} passes through a replicated dim"
+            );
+        }
+        assert_eq!(s, t(&[&["model"]]));
+        assert!(
+            p.iter()
+                .any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn moving_an_axis_between_dims_is_one_all_to_all() {
+        let m = mesh24();
+        let p = plan(&m, &[8, 8], &t(&[&["model"], &[]]), &t(&[&[], &["model"]]));
+        assert_eq!(
+            p,
+            vec![Step::AllToAll {
+                from: 0,
+                to: 1,
+                axis: "model".into()
+            }]
+        );
+    }
+
+    /// Bytes received per device by a plan, from the planner's own cost model.
+    fn cost(mesh: &Mesh, shape: &[usize], from: &Tiling, to: &Tiling, p: &[Step]) -> f64 {
+        let planner = Planner {
+            mesh,
+            shape,
+            target: to,
+        };
+        let mut s = from.clone();
+        let mut total = 0.0;
+        for step in p {
+            let (_, next, c) = planner
+                .neighbours(&s)
+                .into_iter()
+                .find(|(st, _, _)| st == step)
+                .expect("plan steps are neighbours");
+            total += c;
+            s = next;
+        }
+        total
+    }
+
+    #[test]
+    fn swapping_axes_is_cheaper_than_gathering_everything() {
+        let m = mesh24();
+        let (from, to) = (t(&[&["data"], &["model"]]), t(&[&["model"], &["data"]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        // Gathering everything receives 64 - 8 = 56 elements per device.
+        let c = cost(&m, &[8, 8], &from, &to, &p);
+        assert!(c < 56.0, "{p:?} costs {c}");
+    }
+
+    #[test]
+    fn uneven_dims_route_around_misaligned_slices() {
+        let m = mesh24();
+        // 10 over (data, model): from replicated, one slice of both axes at once.
+        let p = plan(&m, &[10], &t(&[&[]]), &t(&[&["data", "model"]]));
+        assert_eq!(
+            p,
+            vec![Step::Slice {
+                dim: 0,
+                axes: vec!["data".into(), "model".into()]
+            }]
+        );
+        // From `data` (chunks of 5) to `(data, model)` (chunks of 2): not nested, so no
+        // single slice.
+        let p = plan(&m, &[10], &t(&[&["data"]]), &t(&[&["data", "model"]]));
+        assert_ne!(
+            p,
+            vec![Step::Slice {
+                dim: 0,
+                axes: vec!["model".into()]
+            }]
+        );
+    }
+
+    #[test]
+    fn sequences_and_extensions_enumerate() {
+        let ax = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(sequences(&ax(&["a", "b"])).len(), 4);
+        let e = extensions(&t(&[&["m"], &[]]), &ax(&["d"]));
+        assert_eq!(e, vec![t(&[&["m", "d"], &[]]), t(&[&["m"], &["d"]])]);
+    }
+}
