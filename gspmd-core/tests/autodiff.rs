@@ -65,7 +65,11 @@ fn i32s(shape: &[usize], data: &[i32]) -> Literal {
 }
 
 fn values(lit: &Literal) -> Vec<f32> {
-    lit.as_f32().expect("an f32 literal").iter().copied().collect()
+    lit.as_f32()
+        .expect("an f32 literal")
+        .iter()
+        .copied()
+        .collect()
 }
 
 fn scalar(lit: &Literal) -> f32 {
@@ -90,7 +94,9 @@ fn param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
 /// `sum(t * w)` for fixed random weights `w` in `[-1, 1)`: makes every element of `t`
 /// matter to a scalar loss, each with its own weight.
 fn weighted_sum(t: &Tensor, rng: &mut Rng) -> Tensor {
-    let w = t.builder().constant(rng.uniform_array(t.shape(), -1.0, 1.0));
+    let w = t
+        .builder()
+        .constant(rng.uniform_array(t.shape(), -1.0, 1.0));
     let all: Vec<isize> = (0..t.rank() as isize).collect();
     t.mul(&w).sum(&all)
 }
@@ -106,9 +112,16 @@ fn close(analytic: f32, fd: f32) -> bool {
 fn check_structure(program: &Program, g: &Program, wrt: &[usize]) {
     verify(g).unwrap();
     let n = program.nodes.len();
-    assert_eq!(&g.nodes[..n], program.nodes.as_slice(), "forward part changed");
+    assert_eq!(
+        &g.nodes[..n],
+        program.nodes.as_slice(),
+        "forward part changed"
+    );
     assert_eq!(g.params, program.params);
-    assert_eq!(&g.outputs[..program.outputs.len()], program.outputs.as_slice());
+    assert_eq!(
+        &g.outputs[..program.outputs.len()],
+        program.outputs.as_slice()
+    );
     assert_eq!(g.outputs.len(), program.outputs.len() + wrt.len());
     let users = g.users();
     for v in g.values().skip(n) {
@@ -116,7 +129,11 @@ fn check_structure(program: &Program, g: &Program, wrt: &[usize]) {
             !users[v.index()].is_empty() || g.outputs.contains(&v),
             "dead backward node {v} in\n{g}"
         );
-        assert_ne!(g.node(v).location, Location::synthetic(), "{v} has no location");
+        assert_ne!(
+            g.node(v).location,
+            Location::synthetic(),
+            "{v} has no location"
+        );
     }
 }
 
@@ -127,7 +144,11 @@ fn check_gradients(program: &Program, inputs: &[Literal], wrt: &[usize]) -> Vec<
     check_structure(program, &g, wrt);
     let mut outs = interpret(&g, inputs).unwrap();
     let forward = interpret(program, inputs).unwrap();
-    assert_eq!(outs[..forward.len()], forward[..], "forward outputs changed");
+    assert_eq!(
+        outs[..forward.len()],
+        forward[..],
+        "forward outputs changed"
+    );
     let grads = outs.split_off(forward.len());
     let loss_at = |p: usize, j: usize, delta: f32| {
         let mut xs = inputs.to_vec();
@@ -218,7 +239,10 @@ fn binary_rules_match_finite_differences() {
             // `b` a clear distance from `a`: no ties within eps.
             _ => {
                 let a = rng.uniform_array(&[2, 3], -2.0, 2.0);
-                let b: Vec<f32> = values(&a).iter().map(|v| v + rng.signed(0.1, 1.0)).collect();
+                let b: Vec<f32> = values(&a)
+                    .iter()
+                    .map(|v| v + rng.signed(0.1, 1.0))
+                    .collect();
                 (a, f32s(&[2, 3], &b))
             }
         };
@@ -274,7 +298,10 @@ fn select_sends_the_cotangent_to_the_chosen_branch() {
         weighted_sum(&pred.select(&t, &f), &mut rng)
     });
     let x = rng.uniform_array(&[2, 3], -2.0, 2.0);
-    let y: Vec<f32> = values(&x).iter().map(|v| v + rng.signed(0.1, 1.0)).collect();
+    let y: Vec<f32> = values(&x)
+        .iter()
+        .map(|v| v + rng.signed(0.1, 1.0))
+        .collect();
     let inputs = [
         x,
         f32s(&[2, 3], &y),
@@ -314,8 +341,13 @@ fn constants_and_iota_get_no_cotangent() {
     let mut rng = Rng(500);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3]);
-        let shifted = x.add(&b.iota(vec![2, 3], 1, DType::F32)).add(&b.scalar(0.5));
-        weighted_sum(&shifted.mul(&b.constant(rng.uniform_array(&[2, 3], -1.0, 1.0))), &mut rng)
+        let shifted = x
+            .add(&b.iota(vec![2, 3], 1, DType::F32))
+            .add(&b.scalar(0.5));
+        weighted_sum(
+            &shifted.mul(&b.constant(rng.uniform_array(&[2, 3], -1.0, 1.0))),
+            &mut rng,
+        )
     });
     let x = rng.uniform_array(&[2, 3], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
@@ -427,7 +459,11 @@ fn dot_general_rules_match_finite_differences() {
         // outer product
         (&[2], &[3], dims(&[], &[], &[], &[])),
         // batch and two contracting dims
-        (&[2, 3, 4], &[2, 4, 3, 5], dims(&[0], &[0], &[1, 2], &[2, 1])),
+        (
+            &[2, 3, 4],
+            &[2, 4, 3, 5],
+            dims(&[0], &[0], &[1, 2], &[2, 1]),
+        ),
     ];
     for (i, (ls, rs, dd)) in cases.into_iter().enumerate() {
         let mut rng = Rng(900 + i as u64);
@@ -496,7 +532,10 @@ fn concatenate_slices_the_cotangent() {
 // ---- shardings --------------------------------------------------------------------------------
 
 fn spec(dims: &[&[&str]]) -> Sharding {
-    Sharding::new(dims.iter().map(|axes| DimSharding::closed(axes.iter().copied())))
+    Sharding::new(
+        dims.iter()
+            .map(|axes| DimSharding::closed(axes.iter().copied())),
+    )
 }
 
 #[test]
@@ -533,10 +572,16 @@ fn an_annotated_weight_gets_a_gradient_with_its_annotation() {
     assert_eq!(gw.op, Op::ShardingConstraint);
     assert_eq!(gw.annotation.as_ref(), Some(&sw));
     assert_eq!(gw.name.as_deref(), Some("grad(w)"));
-    assert_eq!(gb.annotation, None, "an unannotated parameter's gradient is free");
+    assert_eq!(
+        gb.annotation, None,
+        "an unannotated parameter's gradient is free"
+    );
     assert_eq!(gb.name.as_deref(), Some("grad(bias)"));
     // d sum(x w + bias) / dw = column sums of x, for every column of w.
-    let x = f32s(&[4, 3], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
+    let x = f32s(
+        &[4, 3],
+        &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
+    );
     let w = f32s(&[3, 2], &[0.0; 6]);
     let outs = interpret(&g, &[x, w, f32s(&[2], &[0.0, 0.0])]).unwrap();
     assert_eq!(values(&outs[1]), vec![22., 22., 26., 26., 30., 30.]);
@@ -660,7 +705,11 @@ fn cross_entropy_gradient_is_softmax_minus_one_hot() {
     // Closed form: (softmax(logits) - one_hot(labels)) / rows.
     let p = softmax_rows(&values(&logits), 4);
     for (k, (&g, p)) in values(&grads[0]).iter().zip(p).enumerate() {
-        let one_hot = if labels[k / 4] == (k % 4) as i32 { 1.0 } else { 0.0 };
+        let one_hot = if labels[k / 4] == (k % 4) as i32 {
+            1.0
+        } else {
+            0.0
+        };
         let want = (p - one_hot) / 3.0;
         assert!((g as f64 - want).abs() < 1e-5, "element {k}: {g} vs {want}");
     }
@@ -787,7 +836,9 @@ fn mse_is_the_mean_of_squared_differences() {
     let (p, t) = (param(&b, "p", &[2, 2]), param(&b, "t", &[4]));
     let _ = p.mse(&t).exp();
     match b.finish(&[]) {
-        Err(Error::Shape { op: "mse", message, .. }) => {
+        Err(Error::Shape {
+            op: "mse", message, ..
+        }) => {
             assert!(message.contains("f32[2,2] and target f32[4]"), "{message}")
         }
         other => panic!("expected one mse error, got {other:?}"),
@@ -799,7 +850,9 @@ fn cross_entropy_with_logits_matches_hand_computed_values() {
     let b = Builder::new("xent");
     let logits = param(&b, "logits", &[2, 3]);
     let labels = b.parameter("labels", vec![2], DType::I32);
-    let program = b.finish(&[&logits.cross_entropy_with_logits(&labels)]).unwrap();
+    let program = b
+        .finish(&[&logits.cross_entropy_with_logits(&labels)])
+        .unwrap();
     let out = interpret(
         &program,
         &[
@@ -812,13 +865,18 @@ fn cross_entropy_with_logits_matches_hand_computed_values() {
     let e = std::f64::consts::E;
     let row0 = (e + e * e + e * e * e).ln() - 3.0;
     let want = (row0 + 3f64.ln()) / 2.0;
-    assert!((scalar(&out[0]) as f64 - want).abs() < 1e-6, "{out:?} vs {want}");
+    assert!(
+        (scalar(&out[0]) as f64 - want).abs() < 1e-6,
+        "{out:?} vs {want}"
+    );
 
     // No leading dims: a single example, the label a scalar.
     let b = Builder::new("one");
     let logits = param(&b, "logits", &[3]);
     let label = b.parameter("label", vec![], DType::I32);
-    let program = b.finish(&[&logits.cross_entropy_with_logits(&label)]).unwrap();
+    let program = b
+        .finish(&[&logits.cross_entropy_with_logits(&label)])
+        .unwrap();
     let out = interpret(&program, &[f32s(&[3], &[0.0, 0.0, 0.0]), i32s(&[], &[1])]).unwrap();
     assert!((scalar(&out[0]) as f64 - 3f64.ln()).abs() < 1e-6);
 

@@ -132,12 +132,17 @@ impl<'p> Emitter<'p> {
     }
 
     /// A bool mask as f32 0/1.
-    pub(super) fn to_f32(&mut self, mask: ValueId) -> Result<ValueId> {
+    pub(super) fn mask_f32(&mut self, mask: ValueId) -> Result<ValueId> {
         self.push(Op::Convert(DType::F32), &[mask])
     }
 
     /// `broadcast_in_dim`; nothing if `x` already has `shape`.
-    pub(super) fn broadcast(&mut self, x: ValueId, shape: &[usize], dims: &[usize]) -> Result<ValueId> {
+    pub(super) fn broadcast(
+        &mut self,
+        x: ValueId,
+        shape: &[usize],
+        dims: &[usize],
+    ) -> Result<ValueId> {
         if self.ty(x).shape == shape {
             return Ok(x);
         }

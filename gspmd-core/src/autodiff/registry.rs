@@ -151,7 +151,7 @@ fn unary(
             let zeros = e.zeros_like(x)?;
             let pos = e.compare(CompareOp::Gt, x, zeros)?;
             let neg = e.compare(CompareOp::Lt, x, zeros)?;
-            let (pos, neg) = (e.to_f32(pos)?, e.to_f32(neg)?);
+            let (pos, neg) = (e.mask_f32(pos)?, e.mask_f32(neg)?);
             e.sub(pos, neg)?
         }
         // 1 / (2 sqrt(x))
@@ -261,7 +261,7 @@ fn reduce(
         ReduceKind::Max | ReduceKind::Min => {
             let y_b = e.broadcast(y, &x_shape, &kept)?;
             let chosen = e.compare(CompareOp::Eq, x, y_b)?;
-            let mask = e.to_f32(chosen)?;
+            let mask = e.mask_f32(chosen)?;
             let count = e.reduce_sum(mask, dims)?;
             let share = e.div(ct, count)?;
             let share = e.broadcast(share, &x_shape, &kept)?;
@@ -298,11 +298,29 @@ fn dot_general(
     let (b, a_batch, a_free, a_con, b_batch, b_free, b_con, b_free_at) = if i == 0 {
         let (a_batch, a_con) = (&dd.lhs_batch, &dd.lhs_contracting);
         let (b_batch, b_con) = (&dd.rhs_batch, &dd.rhs_contracting);
-        (rhs, a_batch, lhs_free, a_con, b_batch, rhs_free, b_con, rhs_free_at)
+        (
+            rhs,
+            a_batch,
+            lhs_free,
+            a_con,
+            b_batch,
+            rhs_free,
+            b_con,
+            rhs_free_at,
+        )
     } else {
         let (a_batch, a_con) = (&dd.rhs_batch, &dd.rhs_contracting);
         let (b_batch, b_con) = (&dd.lhs_batch, &dd.lhs_contracting);
-        (lhs, a_batch, rhs_free, a_con, b_batch, lhs_free, b_con, lhs_free_at)
+        (
+            lhs,
+            a_batch,
+            rhs_free,
+            a_con,
+            b_batch,
+            lhs_free,
+            b_con,
+            lhs_free_at,
+        )
     };
     let dims = DotDims {
         lhs_batch: (0..nb).collect(),

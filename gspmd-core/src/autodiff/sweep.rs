@@ -112,7 +112,6 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
         e.name_if_unnamed(g, format!("grad({})", param_name(program, p)));
         gradients.push(g);
     }
-    drop(e);
     out.outputs.extend(gradients);
     Ok(out)
 }
