@@ -178,6 +178,29 @@ pub enum Error {
         message: String,
     },
 
+    // ---- autodiff ------------------------------------------------------------------
+    /// `grad` was asked for a loss or parameters that do not fit the program.
+    #[error("grad of program `{program}`: {message}")]
+    GradRequest {
+        /// The program's name.
+        program: String,
+        /// What does not fit: the output or parameter index, its name and type.
+        message: String,
+    },
+    /// A value on a path from a differentiated parameter to the loss has an op with no
+    /// gradient rule.
+    #[error("{location}: {value} = {op}: not differentiable: {message}")]
+    NotDifferentiable {
+        /// The value whose op has no rule.
+        value: ValueId,
+        /// The op's name.
+        op: &'static str,
+        /// Where the op was traced.
+        location: Location,
+        /// Why.
+        message: String,
+    },
+
     // ---- running programs ----------------------------------------------------------
     /// A program was run with the wrong inputs.
     #[error("input {index} ({name}): {message}")]

@@ -780,6 +780,74 @@ impl Tensor {
         );
         centered.binary(BinaryOp::Mul, &inv, location)
     }
+
+    /// Mean squared error `mean((self - target)^2)` over all elements: a scalar.
+    /// `target` must have this tensor's shape.
+    #[track_caller]
+    pub fn mse(&self, target: &Tensor) -> Tensor {
+        let location = Location::caller();
+        if self.id.is_some() && target.id.is_some() && self.shape() != target.shape() {
+            let message = format!("prediction {} and target {} differ", self.ty, target.ty);
+            return self.fail("mse", location, message);
+        }
+        let diff = self.binary(BinaryOp::Sub, target, location);
+        let sq = diff.binary(BinaryOp::Mul, &diff, location);
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        sq.mean_impl(&all, false, location)
+    }
+
+    /// Mean cross-entropy of logits `[.., V]` (f32) against class labels `[..]` (i32):
+    /// `-log_softmax(self)[.., label]` averaged over all leading positions, a scalar.
+    /// The label's entry is picked by a one-hot mask (`iota == label`, converted to f32),
+    /// so no gather is needed; a label outside `0..V` picks nothing (contributes 0).
+    #[track_caller]
+    pub fn cross_entropy_with_logits(&self, labels: &Tensor) -> Tensor {
+        let location = Location::caller();
+        if self.id.is_none() || labels.id.is_none() {
+            return self.poisoned();
+        }
+        let r = self.rank();
+        if r == 0 || labels.dtype() != DType::I32 || labels.shape() != &self.shape()[..r - 1] {
+            let message = format!(
+                "logits {} need i32 labels shaped like the logits without their last dim, got {}",
+                self.ty, labels.ty
+            );
+            return self.fail("cross_entropy_with_logits", location, message);
+        }
+        let classes = push_in(
+            &self.state,
+            Op::Iota {
+                shape: self.shape().to_vec(),
+                dim: r - 1,
+                dtype: DType::I32,
+            },
+            &[],
+            location,
+        );
+        let leading: Vec<usize> = (0..r - 1).collect();
+        let labels = push_at(
+            labels,
+            Op::Broadcast {
+                shape: self.shape().to_vec(),
+                dims: leading,
+            },
+            location,
+        );
+        let hit = push_in(
+            &self.state,
+            Op::Compare(CompareOp::Eq),
+            &[&classes, &labels],
+            location,
+        );
+        let one_hot = push_at(&hit, Op::Convert(DType::F32), location);
+        let picked = self
+            .log_softmax(-1)
+            .binary(BinaryOp::Mul, &one_hot, location);
+        let picked = push_reduce(&picked, ReduceKind::Sum, &[-1], false, location);
+        let positions: Vec<isize> = (0..r as isize - 1).collect();
+        let mean = picked.mean_impl(&positions, false, location);
+        push_at(&mean, Op::Unary(UnaryOp::Neg), location)
+    }
 }
 
 pub(super) fn push_at(t: &Tensor, op: Op, location: Location) -> Tensor {

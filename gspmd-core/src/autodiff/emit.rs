@@ -1,0 +1,238 @@
+//! [`Emitter`]: appends typed primitive nodes to the program being differentiated, each
+//! located at the forward node it comes from. The vector-Jacobian rules speak only
+//! through it.
+
+use crate::error::{Error, Result};
+use crate::ir::{
+    BinaryOp, CompareOp, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind,
+    TensorType, UnaryOp, ValueId, infer_type,
+};
+use crate::sharding::Sharding;
+
+/// Appends nodes to `program`. Each node gets `location` (the forward node's) and is
+/// typed with [`infer_type`]; shape helpers that would be identities emit nothing.
+pub(super) struct Emitter<'p> {
+    program: &'p mut Program,
+    /// Location given to the nodes emitted next.
+    pub(super) location: Location,
+}
+
+impl<'p> Emitter<'p> {
+    /// An emitter appending to `program`.
+    pub(super) fn new(program: &'p mut Program) -> Self {
+        Emitter {
+            program,
+            location: Location::synthetic(),
+        }
+    }
+
+    /// Type of `v` (a forward value or one emitted before).
+    pub(super) fn ty(&self, v: ValueId) -> &TensorType {
+        self.program.ty(v)
+    }
+
+    /// Shape of `v`, owned (rules keep it while emitting).
+    pub(super) fn shape(&self, v: ValueId) -> Vec<usize> {
+        self.ty(v).shape.clone()
+    }
+
+    /// Gives `v` a name for printed programs and reports, unless it has one.
+    pub(super) fn name_if_unnamed(&mut self, v: ValueId, name: String) {
+        self.program.node_mut(v).name.get_or_insert(name);
+    }
+
+    /// Appends `op` applied to `operands`, carrying `annotation`.
+    fn push_annotated(
+        &mut self,
+        op: Op,
+        operands: &[ValueId],
+        annotation: Option<Sharding>,
+    ) -> Result<ValueId> {
+        let types: Vec<&TensorType> = operands.iter().map(|&o| self.ty(o)).collect();
+        // A failure here is a gradient rule emitting ill-typed nodes; it names the op
+        // and the forward node's location rather than panicking.
+        let ty = infer_type(&op, &types).map_err(|message| Error::Shape {
+            op: op.name(),
+            location: self.location,
+            message: format!("in the gradient: {message}"),
+        })?;
+        Ok(self.program.push(Node {
+            op,
+            operands: operands.to_vec(),
+            ty,
+            annotation,
+            sharding: None,
+            origin: None,
+            name: None,
+            location: self.location,
+        }))
+    }
+
+    /// Appends `op` applied to `operands`.
+    pub(super) fn push(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.push_annotated(op, operands, None)
+    }
+
+    /// A `shape`-shaped f32 tensor of `value`: a scalar constant, broadcast if needed.
+    pub(super) fn full(&mut self, shape: &[usize], value: f32) -> Result<ValueId> {
+        let scalar = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+        self.broadcast(scalar, shape, &[])
+    }
+
+    /// `0` shaped like `v`.
+    pub(super) fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
+        let shape = self.shape(v);
+        self.full(&shape, 0.0)
+    }
+
+    pub(super) fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
+        self.push(Op::Unary(op), &[x])
+    }
+
+    pub(super) fn binary(&mut self, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.push(Op::Binary(op), &[x, y])
+    }
+
+    pub(super) fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Add, x, y)
+    }
+
+    pub(super) fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Sub, x, y)
+    }
+
+    pub(super) fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Mul, x, y)
+    }
+
+    pub(super) fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Div, x, y)
+    }
+
+    /// `x * c` for an f32 constant `c`.
+    pub(super) fn scale(&mut self, x: ValueId, c: f32) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let c = self.full(&shape, c)?;
+        self.mul(x, c)
+    }
+
+    /// `c - x` for an f32 constant `c`.
+    pub(super) fn rsub(&mut self, c: f32, x: ValueId) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let c = self.full(&shape, c)?;
+        self.sub(c, x)
+    }
+
+    pub(super) fn compare(&mut self, op: CompareOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.push(Op::Compare(op), &[x, y])
+    }
+
+    pub(super) fn select(&mut self, pred: ValueId, t: ValueId, f: ValueId) -> Result<ValueId> {
+        self.push(Op::Select, &[pred, t, f])
+    }
+
+    /// A bool mask as f32 0/1.
+    pub(super) fn mask_f32(&mut self, mask: ValueId) -> Result<ValueId> {
+        self.push(Op::Convert(DType::F32), &[mask])
+    }
+
+    /// `broadcast_in_dim`; nothing if `x` already has `shape`.
+    pub(super) fn broadcast(
+        &mut self,
+        x: ValueId,
+        shape: &[usize],
+        dims: &[usize],
+    ) -> Result<ValueId> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        let op = Op::Broadcast {
+            shape: shape.to_vec(),
+            dims: dims.to_vec(),
+        };
+        self.push(op, &[x])
+    }
+
+    /// Sum over `dims` (sorted); nothing if `dims` is empty.
+    pub(super) fn reduce_sum(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
+        if dims.is_empty() {
+            return Ok(x);
+        }
+        let op = Op::Reduce {
+            kind: ReduceKind::Sum,
+            dims: dims.to_vec(),
+        };
+        self.push(op, &[x])
+    }
+
+    /// Sum of all elements: an f32 scalar.
+    pub(super) fn sum_all(&mut self, x: ValueId) -> Result<ValueId> {
+        let dims: Vec<usize> = (0..self.ty(x).rank()).collect();
+        self.reduce_sum(x, &dims)
+    }
+
+    /// Row-major reshape; nothing if `x` already has `shape`.
+    pub(super) fn reshape(&mut self, x: ValueId, shape: &[usize]) -> Result<ValueId> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        self.push(Op::Reshape(shape.to_vec()), &[x])
+    }
+
+    /// Transpose; nothing for the identity permutation.
+    pub(super) fn transpose(&mut self, x: ValueId, perm: &[usize]) -> Result<ValueId> {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        self.push(Op::Transpose(perm.to_vec()), &[x])
+    }
+
+    /// Strided slice; nothing if it takes all of `x`.
+    pub(super) fn slice(
+        &mut self,
+        x: ValueId,
+        start: Vec<usize>,
+        limit: Vec<usize>,
+        stride: Vec<usize>,
+    ) -> Result<ValueId> {
+        let whole = start.iter().all(|&s| s == 0)
+            && stride.iter().all(|&s| s == 1)
+            && limit == self.ty(x).shape;
+        if whole {
+            return Ok(x);
+        }
+        let op = Op::Slice {
+            start,
+            limit,
+            stride,
+        };
+        self.push(op, &[x])
+    }
+
+    /// Pads `x` with the f32 scalar `value`.
+    pub(super) fn pad(
+        &mut self,
+        x: ValueId,
+        value: f32,
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+    ) -> Result<ValueId> {
+        let value = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+        let op = Op::Pad {
+            low,
+            high,
+            interior,
+        };
+        self.push(op, &[x, value])
+    }
+
+    pub(super) fn dot_general(&mut self, x: ValueId, y: ValueId, dims: DotDims) -> Result<ValueId> {
+        self.push(Op::DotGeneral(dims), &[x, y])
+    }
+
+    /// A `sharding_constraint` pinning `x` to `sharding`.
+    pub(super) fn constrain(&mut self, x: ValueId, sharding: Option<Sharding>) -> Result<ValueId> {
+        self.push_annotated(Op::ShardingConstraint, &[x], sharding)
+    }
+}

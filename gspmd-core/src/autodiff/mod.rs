@@ -1,0 +1,37 @@
+//! Reverse-mode automatic differentiation as a program transformation: [`grad`] appends
+//! to a program the backward pass that computes the gradient of a scalar loss with
+//! respect to chosen parameters, in the same primitive ops, so the result propagates,
+//! partitions and runs like any program.
+//!
+//! - `sweep`: the generic reverse sweep (activity, cotangent accumulation, outputs).
+//! - `registry`: one vector-Jacobian rule per primitive op, in one exhaustive match.
+//! - `emit`: appends typed nodes located at the forward node they come from.
+//!
+//! Rules and conventions (the registry's documentation has the details):
+//! - unary: `negate`, `abs` (`sign(x)`, 0 at 0), `exponential`, `log`, `sqrt`, `rsqrt`,
+//!   `tanh`, `logistic`; `not` has no gradient;
+//! - binary: `add`, `subtract`, `multiply`, `divide`, `power` (both operands),
+//!   `maximum`/`minimum` (ties split the cotangent in halves, as JAX's `lax.max`);
+//!   `and`/`or` have none;
+//! - `select`: the cotangent goes to the chosen branch, zeros to the other; none to the
+//!   predicate or through `compare`;
+//! - `convert`: identity from f32 to f32; no gradient to or from i32 and bool;
+//! - `constant`, `iota`: none;
+//! - `broadcast` sums over the broadcast dims (and reshapes back size-1 dims);
+//!   `reshape` reshapes back; `transpose` applies the inverse permutation;
+//! - `reduce` sum broadcasts back; `reduce` max/min sends the cotangent to the positions
+//!   equal to the result, shared equally among ties;
+//! - `dot_general`: two `dot_general`s of the cotangent with the other operand, each
+//!   transposed to restore the operand's dim order (batch dims included);
+//! - `slice` pads with zeros (interior `stride - 1`); `pad` slices the cotangent (the
+//!   padding value gets the sum over the padded positions); `concatenate` slices;
+//! - `sharding_constraint`: the cotangent gets a `sharding_constraint` with the same
+//!   annotation;
+//! - `axis_index`, `dynamic_slice` and the collectives: [`crate::Error::NotDifferentiable`]
+//!   (they only exist in partitioned programs).
+
+mod emit;
+mod registry;
+mod sweep;
+
+pub use sweep::grad;

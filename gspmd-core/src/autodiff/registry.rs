@@ -1,0 +1,374 @@
+//! The vector-Jacobian rules: for every primitive op, the cotangent that flows from a
+//! result to each of its operands. One exhaustive match over [`Op`]; the reverse sweep
+//! ([`super::sweep`]) knows no op.
+//!
+//! Conventions (those of JAX's `lax` rules):
+//! - `maximum`/`minimum` and `reduce` max/min: the cotangent goes to the operand
+//!   positions equal to the result; ties share it equally (half each for a binary tie,
+//!   `1/k` each for `k` tied positions of a reduction), which is also what central
+//!   differences measure at a tie.
+//! - `abs`: the derivative is `sign(x)`, 0 at `x = 0`.
+//! - `power(x, y)`: `d/dx = y x^(y-1)`, taken as 0 where `y = 0`;
+//!   `d/dy = x^y log(x)`, taken as 0 where `x = 0`.
+//! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`, the
+//!   predicate of `select`, and `convert` to or from i32 or bool.
+
+use super::emit::Emitter;
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, CompareOp, DType, DotDims, Node, Op, ReduceKind, UnaryOp, ValueId};
+
+/// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
+/// cotangent is `ct`, emitted through `e`; `Ok(None)` when no gradient flows along that
+/// edge. `node` belongs to a verified program, so its operand count and attributes fit
+/// its op. The SPMD-only ops (axis_index, dynamic_slice, collectives) are
+/// [`Error::NotDifferentiable`].
+pub(super) fn operand_cotangent(
+    e: &mut Emitter<'_>,
+    node: &Node,
+    y: ValueId,
+    ct: ValueId,
+    i: usize,
+) -> Result<Option<ValueId>> {
+    let operands = &node.operands;
+    let x = operands[i];
+    let ct = match &node.op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => None,
+        Op::Unary(u) => unary(e, *u, x, y, ct)?,
+        Op::Binary(b) => binary(e, *b, operands[0], operands[1], y, ct, i)?,
+        Op::Select => match i {
+            0 => None,
+            _ => {
+                let zeros = e.zeros_like(ct)?;
+                let (t, f) = if i == 1 { (ct, zeros) } else { (zeros, ct) };
+                Some(e.select(operands[0], t, f)?)
+            }
+        },
+        Op::Convert(to) => (*to == DType::F32 && e.ty(x).dtype == DType::F32).then_some(ct),
+        Op::Broadcast { shape, dims } => {
+            let x_shape = e.shape(x);
+            // Result dims that are new, or that grew from size 1, are summed away.
+            let summed: Vec<usize> = (0..shape.len())
+                .filter(|d| match dims.iter().position(|k| k == d) {
+                    Some(j) => x_shape[j] != shape[*d],
+                    None => true,
+                })
+                .collect();
+            let s = e.reduce_sum(ct, &summed)?;
+            Some(e.reshape(s, &x_shape)?)
+        }
+        Op::Reshape(_) => {
+            let x_shape = e.shape(x);
+            Some(e.reshape(ct, &x_shape)?)
+        }
+        Op::Transpose(perm) => Some(e.transpose(ct, &inverse(perm))?),
+        Op::Reduce { kind, dims } => Some(reduce(e, *kind, dims, x, y, ct)?),
+        Op::DotGeneral(dd) => Some(dot_general(e, dd, operands[0], operands[1], ct, i)?),
+        Op::Slice { start, stride, .. } => {
+            // Scatter the cotangent back with zeros: interior padding re-inserts the
+            // skipped elements, edge padding the cut-off ones.
+            let (x_shape, ct_shape) = (e.shape(x), e.shape(ct));
+            let high = (0..x_shape.len())
+                .map(|d| {
+                    let spread = match ct_shape[d] {
+                        0 => 0,
+                        n => (n - 1) * stride[d] + 1,
+                    };
+                    (x_shape[d] - start[d] - spread) as i64
+                })
+                .collect();
+            let low = start.iter().map(|&s| s as i64).collect();
+            let interior = stride.iter().map(|&s| s - 1).collect();
+            Some(e.pad(ct, 0.0, low, high, interior)?)
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => Some(match i {
+            0 => pad_operand(e, x, ct, low, high, interior)?,
+            _ => {
+                // The padding value's cotangent: the sum over the padded positions,
+                // picked by padding zeros (operand positions) with ones.
+                let zeros = e.zeros_like(operands[0])?;
+                let mask = e.pad(zeros, 1.0, low.clone(), high.clone(), interior.clone())?;
+                let picked = e.mul(ct, mask)?;
+                e.sum_all(picked)?
+            }
+        }),
+        Op::Concatenate(dim) => {
+            let offset: usize = operands[..i].iter().map(|&o| e.ty(o).shape[*dim]).sum();
+            let x_shape = e.shape(x);
+            let mut start = vec![0; x_shape.len()];
+            let mut limit = e.shape(ct);
+            start[*dim] = offset;
+            limit[*dim] = offset + x_shape[*dim];
+            Some(e.slice(ct, start, limit, vec![1; x_shape.len()])?)
+        }
+        // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
+        // cotangent is pinned to the same sharding.
+        Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
+        Op::AxisIndex(_)
+        | Op::DynamicSlice(_)
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. } => {
+            return Err(Error::NotDifferentiable {
+                value: y,
+                op: node.op.name(),
+                location: node.location,
+                message: "an SPMD op is not differentiable in a global program".into(),
+            });
+        }
+    };
+    Ok(ct)
+}
+
+/// `q` with `q[perm[i]] = i`.
+fn inverse(perm: &[usize]) -> Vec<usize> {
+    let mut q = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        q[p] = i;
+    }
+    q
+}
+
+/// Elementwise ops of one operand `x` with result `y`.
+fn unary(
+    e: &mut Emitter<'_>,
+    op: UnaryOp,
+    x: ValueId,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<Option<ValueId>> {
+    let dy_dx = match op {
+        UnaryOp::Not => return Ok(None),
+        UnaryOp::Neg => return e.unary(UnaryOp::Neg, ct).map(Some),
+        UnaryOp::Log => return e.div(ct, x).map(Some),
+        UnaryOp::Exp => y,
+        UnaryOp::Abs => {
+            let zeros = e.zeros_like(x)?;
+            let pos = e.compare(CompareOp::Gt, x, zeros)?;
+            let neg = e.compare(CompareOp::Lt, x, zeros)?;
+            let (pos, neg) = (e.mask_f32(pos)?, e.mask_f32(neg)?);
+            e.sub(pos, neg)?
+        }
+        // 1 / (2 sqrt(x))
+        UnaryOp::Sqrt => {
+            let half = e.scale(ct, 0.5)?;
+            return e.div(half, y).map(Some);
+        }
+        // -x^(-3/2) / 2 = -y / (2x)
+        UnaryOp::Rsqrt => {
+            let q = e.div(y, x)?;
+            e.scale(q, -0.5)?
+        }
+        UnaryOp::Tanh => {
+            let sq = e.mul(y, y)?;
+            e.rsub(1.0, sq)?
+        }
+        UnaryOp::Logistic => {
+            let rest = e.rsub(1.0, y)?;
+            e.mul(y, rest)?
+        }
+    };
+    e.mul(ct, dy_dx).map(Some)
+}
+
+/// Elementwise ops of two operands `a`, `b` with result `y`; the cotangent of operand `i`.
+fn binary(
+    e: &mut Emitter<'_>,
+    op: BinaryOp,
+    a: ValueId,
+    b: ValueId,
+    y: ValueId,
+    ct: ValueId,
+    i: usize,
+) -> Result<Option<ValueId>> {
+    let (this, other) = if i == 0 { (a, b) } else { (b, a) };
+    let ct = match (op, i) {
+        (BinaryOp::And | BinaryOp::Or, _) => return Ok(None),
+        (BinaryOp::Add, _) | (BinaryOp::Sub, 0) => ct,
+        (BinaryOp::Sub, _) => e.unary(UnaryOp::Neg, ct)?,
+        (BinaryOp::Mul, _) => e.mul(ct, other)?,
+        (BinaryOp::Div, 0) => e.div(ct, b)?,
+        // d(a/b)/db = -(a/b)/b
+        (BinaryOp::Div, _) => {
+            let q = e.div(y, b)?;
+            let t = e.mul(ct, q)?;
+            e.unary(UnaryOp::Neg, t)?
+        }
+        (BinaryOp::Max | BinaryOp::Min, _) => tie_share(e, this, other, y, ct)?,
+        // b a^(b-1), 0 where b = 0.
+        (BinaryOp::Pow, 0) => {
+            let ones = e.full(&e.shape(b), 1.0)?;
+            let b_minus_1 = e.sub(b, ones)?;
+            let p = e.binary(BinaryOp::Pow, a, b_minus_1)?;
+            let d = e.mul(b, p)?;
+            let t = e.mul(ct, d)?;
+            zero_where(e, b, t)?
+        }
+        // a^b log(a), 0 where a = 0.
+        (BinaryOp::Pow, _) => {
+            let log_a = e.unary(UnaryOp::Log, a)?;
+            let d = e.mul(y, log_a)?;
+            let t = e.mul(ct, d)?;
+            zero_where(e, a, t)?
+        }
+    };
+    Ok(Some(ct))
+}
+
+/// `t` with zeros where `v == 0`.
+fn zero_where(e: &mut Emitter<'_>, v: ValueId, t: ValueId) -> Result<ValueId> {
+    let zeros = e.zeros_like(v)?;
+    let is_zero = e.compare(CompareOp::Eq, v, zeros)?;
+    e.select(is_zero, zeros, t)
+}
+
+/// `maximum`/`minimum`: `this` gets `ct` where it equals the result `y`, half of it
+/// where `other` equals `y` too (a tie), nothing elsewhere.
+fn tie_share(
+    e: &mut Emitter<'_>,
+    this: ValueId,
+    other: ValueId,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let chosen = e.compare(CompareOp::Eq, this, y)?;
+    let tie = e.compare(CompareOp::Eq, other, y)?;
+    let half = e.scale(ct, 0.5)?;
+    let share = e.select(tie, half, ct)?;
+    let zeros = e.zeros_like(ct)?;
+    e.select(chosen, share, zeros)
+}
+
+/// `reduce` of `x` over `dims` to `y`.
+fn reduce(
+    e: &mut Emitter<'_>,
+    kind: ReduceKind,
+    dims: &[usize],
+    x: ValueId,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let x_shape = e.shape(x);
+    let kept: Vec<usize> = (0..x_shape.len()).filter(|d| !dims.contains(d)).collect();
+    match kind {
+        ReduceKind::Sum => e.broadcast(ct, &x_shape, &kept),
+        // The positions equal to the result share its cotangent equally.
+        ReduceKind::Max | ReduceKind::Min => {
+            let y_b = e.broadcast(y, &x_shape, &kept)?;
+            let chosen = e.compare(CompareOp::Eq, x, y_b)?;
+            let mask = e.mask_f32(chosen)?;
+            let count = e.reduce_sum(mask, dims)?;
+            let share = e.div(ct, count)?;
+            let share = e.broadcast(share, &x_shape, &kept)?;
+            e.mul(mask, share)
+        }
+    }
+}
+
+/// Dims of an operand of `rank` that are neither batch nor contracting, in order.
+fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Vec<usize> {
+    (0..rank)
+        .filter(|d| !batch.contains(d) && !contracting.contains(d))
+        .collect()
+}
+
+/// `dot_general(lhs, rhs)`: the cotangent of operand `i` (0: lhs) is the product of the
+/// result's cotangent with the other operand, contracting the other operand's free dims,
+/// then transposed back to the operand's dim order.
+fn dot_general(
+    e: &mut Emitter<'_>,
+    dd: &DotDims,
+    lhs: ValueId,
+    rhs: ValueId,
+    ct: ValueId,
+    i: usize,
+) -> Result<ValueId> {
+    let nb = dd.lhs_batch.len();
+    let lhs_free = free_dims(e.ty(lhs).rank(), &dd.lhs_batch, &dd.lhs_contracting);
+    let rhs_free = free_dims(e.ty(rhs).rank(), &dd.rhs_batch, &dd.rhs_contracting);
+    // The result's dims: batch, lhs free, rhs free.
+    let lhs_free_at = nb..nb + lhs_free.len();
+    let rhs_free_at = lhs_free_at.end..lhs_free_at.end + rhs_free.len();
+    // `a` is the operand whose cotangent we want, `b` the other one.
+    let (b, a_batch, a_free, a_con, b_batch, b_free, b_con, b_free_at) = if i == 0 {
+        let (a_batch, a_con) = (&dd.lhs_batch, &dd.lhs_contracting);
+        let (b_batch, b_con) = (&dd.rhs_batch, &dd.rhs_contracting);
+        (
+            rhs,
+            a_batch,
+            lhs_free,
+            a_con,
+            b_batch,
+            rhs_free,
+            b_con,
+            rhs_free_at,
+        )
+    } else {
+        let (a_batch, a_con) = (&dd.rhs_batch, &dd.rhs_contracting);
+        let (b_batch, b_con) = (&dd.lhs_batch, &dd.lhs_contracting);
+        (
+            lhs,
+            a_batch,
+            rhs_free,
+            a_con,
+            b_batch,
+            lhs_free,
+            b_con,
+            lhs_free_at,
+        )
+    };
+    let dims = DotDims {
+        lhs_batch: (0..nb).collect(),
+        rhs_batch: b_batch.clone(),
+        lhs_contracting: b_free_at.collect(),
+        rhs_contracting: b_free,
+    };
+    let product = e.dot_general(ct, b, dims)?;
+    // The product's dims: batch, `a`'s free dims, then `b`'s contracting dims in
+    // increasing order, each standing for the `a` dim it was contracted with.
+    let mut by_b_dim: Vec<usize> = (0..a_con.len()).collect();
+    by_b_dim.sort_by_key(|&c| b_con[c]);
+    let a_dim_of_product: Vec<usize> = a_batch
+        .iter()
+        .chain(&a_free)
+        .copied()
+        .chain(by_b_dim.iter().map(|&c| a_con[c]))
+        .collect();
+    e.transpose(product, &inverse(&a_dim_of_product))
+}
+
+/// `pad(x, value)`: the cotangent of `x` is the slice of the result's cotangent at the
+/// operand's positions; positions a negative edge cut off get zeros.
+fn pad_operand(
+    e: &mut Emitter<'_>,
+    x: ValueId,
+    ct: ValueId,
+    low: &[i64],
+    high: &[i64],
+    interior: &[usize],
+) -> Result<ValueId> {
+    let cut = |p: &i64| (-p).max(0);
+    let restored = if low.iter().chain(high).any(|&p| p < 0) {
+        let rank = low.len();
+        let low = low.iter().map(cut).collect();
+        let high = high.iter().map(cut).collect();
+        e.pad(ct, 0.0, low, high, vec![0; rank])?
+    } else {
+        ct
+    };
+    let x_shape = e.shape(x);
+    let start: Vec<usize> = low.iter().map(|&p| p.max(0) as usize).collect();
+    let limit = (0..x_shape.len())
+        .map(|d| match x_shape[d] {
+            0 => start[d],
+            n => start[d] + (n - 1) * (interior[d] + 1) + 1,
+        })
+        .collect();
+    let stride = interior.iter().map(|&s| s + 1).collect();
+    e.slice(restored, start, limit, stride)
+}

@@ -1,0 +1,894 @@
+//! Reverse-mode `grad` against central finite differences of the forward program, run
+//! by the reference interpreter: every primitive's rule alone, composites, sharding
+//! annotations on gradients, conventions at ties and kinks, errors. Also the builder's
+//! `mse` and `cross_entropy_with_logits` against hand-computed values.
+//!
+//! Finite differences: `(L(x + eps) - L(x - eps)) / 2 eps` with `eps = 1e-2`, in f32,
+//! on inputs drawn away from kinks and ties; an analytic gradient `g` passes when
+//! `|g - fd| <= 2e-2 |fd| + 2e-3` (truncation is `O(eps^2)`, f32 rounding of the loss
+//! difference about `1e-4` for losses of order 1).
+
+use gspmd_core::Error;
+use gspmd_core::autodiff::grad;
+use gspmd_core::ir::{
+    Builder, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind, Tensor, einsum,
+    verify,
+};
+use gspmd_core::runtime::interpret;
+use gspmd_core::sharding::{DimSharding, Sharding};
+use ndarray::{ArrayD, IxDyn};
+
+// ---- random inputs ---------------------------------------------------------------------
+
+/// splitmix64: a small deterministic generator, so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+
+    /// Uniform magnitude in `[lo, hi)` with a random sign: away from 0.
+    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
+        let m = self.uniform(lo, hi);
+        if self.next() & 1 == 0 { m } else { -m }
+    }
+
+    fn array(&mut self, shape: &[usize], f: impl FnMut(&mut Rng) -> f32) -> Literal {
+        let mut f = f;
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| f(self)).collect();
+        f32s(shape, &data)
+    }
+
+    fn uniform_array(&mut self, shape: &[usize], lo: f32, hi: f32) -> Literal {
+        self.array(shape, |r| r.uniform(lo, hi))
+    }
+}
+
+fn f32s(shape: &[usize], data: &[f32]) -> Literal {
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
+}
+
+fn i32s(shape: &[usize], data: &[i32]) -> Literal {
+    Literal::I32(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
+}
+
+fn values(lit: &Literal) -> Vec<f32> {
+    lit.as_f32()
+        .expect("an f32 literal")
+        .iter()
+        .copied()
+        .collect()
+}
+
+fn scalar(lit: &Literal) -> f32 {
+    let v = values(lit);
+    assert_eq!(v.len(), 1, "not a scalar: {lit:?}");
+    v[0]
+}
+
+// ---- tracing and checking ----------------------------------------------------------------
+
+/// Traces a one-output program.
+fn trace(build: impl FnOnce(&Builder) -> Tensor) -> Program {
+    let b = Builder::new("loss");
+    let loss = build(&b);
+    b.finish(&[&loss]).unwrap()
+}
+
+fn param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
+    b.parameter(name, shape.to_vec(), DType::F32)
+}
+
+/// `sum(t * w)` for fixed random weights `w` in `[-1, 1)`: makes every element of `t`
+/// matter to a scalar loss, each with its own weight.
+fn weighted_sum(t: &Tensor, rng: &mut Rng) -> Tensor {
+    let w = t
+        .builder()
+        .constant(rng.uniform_array(t.shape(), -1.0, 1.0));
+    let all: Vec<isize> = (0..t.rank() as isize).collect();
+    t.mul(&w).sum(&all)
+}
+
+const EPS: f32 = 1e-2;
+
+fn close(analytic: f32, fd: f32) -> bool {
+    (analytic - fd).abs() <= 2e-2 * fd.abs() + 2e-3
+}
+
+/// Checks the structure of `g = grad(program, 0, wrt)`: verified, forward nodes and
+/// outputs unchanged, every backward node used and located at a traced line.
+fn check_structure(program: &Program, g: &Program, wrt: &[usize]) {
+    verify(g).unwrap();
+    let n = program.nodes.len();
+    assert_eq!(
+        &g.nodes[..n],
+        program.nodes.as_slice(),
+        "forward part changed"
+    );
+    assert_eq!(g.params, program.params);
+    assert_eq!(
+        &g.outputs[..program.outputs.len()],
+        program.outputs.as_slice()
+    );
+    assert_eq!(g.outputs.len(), program.outputs.len() + wrt.len());
+    let users = g.users();
+    for v in g.values().skip(n) {
+        assert!(
+            !users[v.index()].is_empty() || g.outputs.contains(&v),
+            "dead backward node {v} in\n{g}"
+        );
+        assert_ne!(
+            g.node(v).location,
+            Location::synthetic(),
+            "{v} has no location"
+        );
+    }
+}
+
+/// Analytic gradients of output 0 of `program` with respect to `wrt`, checked against
+/// central differences element by element. Returns the gradients.
+fn check_gradients(program: &Program, inputs: &[Literal], wrt: &[usize]) -> Vec<Literal> {
+    let g = grad(program, 0, wrt).unwrap();
+    check_structure(program, &g, wrt);
+    let mut outs = interpret(&g, inputs).unwrap();
+    let forward = interpret(program, inputs).unwrap();
+    assert_eq!(
+        outs[..forward.len()],
+        forward[..],
+        "forward outputs changed"
+    );
+    let grads = outs.split_off(forward.len());
+    let loss_at = |p: usize, j: usize, delta: f32| {
+        let mut xs = inputs.to_vec();
+        let Literal::F32(a) = &mut xs[p] else {
+            panic!("parameter {p} is not f32")
+        };
+        a.as_slice_mut().unwrap()[j] += delta;
+        scalar(&interpret(program, &xs).unwrap()[0])
+    };
+    for (&p, analytic) in wrt.iter().zip(&grads) {
+        assert_eq!(analytic.shape(), inputs[p].shape(), "gradient {p} shape");
+        for (j, &a) in values(analytic).iter().enumerate() {
+            let fd = (loss_at(p, j, EPS) - loss_at(p, j, -EPS)) / (2.0 * EPS);
+            assert!(
+                close(a, fd),
+                "d loss / d param {p} element {j}: analytic {a}, finite difference {fd}\n{g}"
+            );
+        }
+    }
+    grads
+}
+
+// ---- unary ----------------------------------------------------------------------------
+
+#[test]
+fn unary_rules_match_finite_differences() {
+    type Method = fn(&Tensor) -> Tensor;
+    let cases: [(&str, Method, f32, f32); 8] = [
+        ("negate", Tensor::neg, -2.0, 2.0),
+        ("abs", Tensor::abs, 0.2, 2.0), // signed below: away from the kink
+        ("exponential", Tensor::exp, -2.0, 1.5),
+        ("log", Tensor::log, 0.5, 2.0),
+        ("sqrt", Tensor::sqrt, 0.5, 2.0),
+        ("rsqrt", Tensor::rsqrt, 0.5, 2.0),
+        ("tanh", Tensor::tanh, -2.0, 2.0),
+        ("logistic", Tensor::logistic, -3.0, 3.0),
+    ];
+    for (i, (name, method, lo, hi)) in cases.into_iter().enumerate() {
+        let mut rng = Rng(100 + i as u64);
+        let program = trace(|b| weighted_sum(&method(&param(b, "x", &[2, 3])), &mut rng));
+        let x = if name == "abs" {
+            rng.array(&[2, 3], |r| r.signed(lo, hi))
+        } else {
+            rng.uniform_array(&[2, 3], lo, hi)
+        };
+        println!("{name}");
+        check_gradients(&program, &[x], &[0]);
+    }
+}
+
+#[test]
+fn abs_has_zero_gradient_at_zero() {
+    let program = trace(|b| param(b, "x", &[3]).abs().sum(&[0]));
+    let g = grad(&program, 0, &[0]).unwrap();
+    let outs = interpret(&g, &[f32s(&[3], &[-2.0, 0.0, 3.0])]).unwrap();
+    assert_eq!(values(&outs[1]), vec![-1.0, 0.0, 1.0]);
+}
+
+// ---- binary ---------------------------------------------------------------------------
+
+#[test]
+fn binary_rules_match_finite_differences() {
+    type Method = fn(&Tensor, &Tensor) -> Tensor;
+    let cases: [(&str, Method); 7] = [
+        ("add", Tensor::add),
+        ("subtract", Tensor::sub),
+        ("multiply", Tensor::mul),
+        ("divide", Tensor::div),
+        ("maximum", Tensor::max),
+        ("minimum", Tensor::min),
+        ("power", Tensor::pow),
+    ];
+    for (i, (name, method)) in cases.into_iter().enumerate() {
+        let mut rng = Rng(200 + i as u64);
+        let program = trace(|b| {
+            let (a, c) = (param(b, "a", &[2, 3]), param(b, "b", &[2, 3]));
+            weighted_sum(&method(&a, &c), &mut rng)
+        });
+        let (a, c) = match name {
+            "divide" => (
+                rng.uniform_array(&[2, 3], -2.0, 2.0),
+                rng.array(&[2, 3], |r| r.signed(0.5, 2.0)),
+            ),
+            "power" => (
+                rng.uniform_array(&[2, 3], 0.5, 2.0),
+                rng.uniform_array(&[2, 3], -1.5, 1.5),
+            ),
+            // `b` a clear distance from `a`: no ties within eps.
+            _ => {
+                let a = rng.uniform_array(&[2, 3], -2.0, 2.0);
+                let b: Vec<f32> = values(&a)
+                    .iter()
+                    .map(|v| v + rng.signed(0.1, 1.0))
+                    .collect();
+                (a, f32s(&[2, 3], &b))
+            }
+        };
+        println!("{name}");
+        check_gradients(&program, &[a, c], &[0, 1]);
+    }
+}
+
+#[test]
+fn maximum_and_minimum_split_ties_in_halves() {
+    for method in [Tensor::max as fn(&Tensor, &Tensor) -> Tensor, Tensor::min] {
+        let program = trace(|b| method(&param(b, "a", &[3]), &param(b, "b", &[3])).sum(&[0]));
+        let g = grad(&program, 0, &[0, 1]).unwrap();
+        let a = f32s(&[3], &[1.0, 2.0, -1.0]);
+        let b = f32s(&[3], &[1.0, 0.0, 4.0]);
+        let outs = interpret(&g, &[a, b]).unwrap();
+        // Central differences at a tie measure 1/2 for each side, as here.
+        let (ga, gb) = if std::ptr::fn_addr_eq(method, Tensor::max as fn(&_, &_) -> _) {
+            (vec![0.5, 1.0, 0.0], vec![0.5, 0.0, 1.0])
+        } else {
+            (vec![0.5, 0.0, 1.0], vec![0.5, 1.0, 0.0])
+        };
+        assert_eq!(values(&outs[1]), ga);
+        assert_eq!(values(&outs[2]), gb);
+    }
+}
+
+#[test]
+fn power_gradients_are_zero_at_zero_base_and_exponent() {
+    let program = trace(|b| param(b, "a", &[2]).pow(&param(b, "b", &[2])).sum(&[0]));
+    let g = grad(&program, 0, &[0, 1]).unwrap();
+    // a = 0, b = 0: 0^0 = 1 with both derivatives taken as 0 (JAX's convention);
+    // a = 2, b = 3: d/da = 3 * 2^2 = 12, d/db = 8 ln 2.
+    let outs = interpret(&g, &[f32s(&[2], &[0.0, 2.0]), f32s(&[2], &[0.0, 3.0])]).unwrap();
+    let (ga, gb) = (values(&outs[1]), values(&outs[2]));
+    assert_eq!(ga[0], 0.0);
+    assert_eq!(gb[0], 0.0);
+    assert!((ga[1] - 12.0).abs() < 1e-4, "{ga:?}");
+    assert!((gb[1] - 8.0 * 2f32.ln()).abs() < 1e-4, "{gb:?}");
+}
+
+// ---- compare, select, logical, convert, constants ------------------------------------------
+
+#[test]
+fn select_sends_the_cotangent_to_the_chosen_branch() {
+    let mut rng = Rng(300);
+    let program = trace(|b| {
+        let (x, y) = (param(b, "x", &[2, 3]), param(b, "y", &[2, 3]));
+        let (t, f) = (param(b, "t", &[2, 3]), param(b, "f", &[2, 3]));
+        let zero = b.scalar(0.0);
+        // A predicate through compare, not, or and and: no gradient reaches x or y.
+        let pred = x.gt(&y).not().or(&x.lt(&zero)).and(&y.lt(&b.scalar(5.0)));
+        weighted_sum(&pred.select(&t, &f), &mut rng)
+    });
+    let x = rng.uniform_array(&[2, 3], -2.0, 2.0);
+    let y: Vec<f32> = values(&x)
+        .iter()
+        .map(|v| v + rng.signed(0.1, 1.0))
+        .collect();
+    let inputs = [
+        x,
+        f32s(&[2, 3], &y),
+        rng.uniform_array(&[2, 3], -2.0, 2.0),
+        rng.uniform_array(&[2, 3], -2.0, 2.0),
+    ];
+    let grads = check_gradients(&program, &inputs, &[0, 1, 2, 3]);
+    assert!(values(&grads[0]).iter().all(|&v| v == 0.0));
+    assert!(values(&grads[1]).iter().all(|&v| v == 0.0));
+    // Each position's cotangent goes to exactly one branch.
+    for (t, f) in values(&grads[2]).iter().zip(values(&grads[3])) {
+        assert!(*t == 0.0 || f == 0.0, "both branches got a cotangent");
+    }
+}
+
+#[test]
+fn convert_passes_f32_and_blocks_integers_and_bools() {
+    let mut rng = Rng(400);
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3]);
+        let same = x.convert(DType::F32);
+        let via_int = x.convert(DType::I32).convert(DType::F32);
+        let via_bool = x.convert(DType::Bool).convert(DType::F32);
+        weighted_sum(&same, &mut rng)
+            .add(&weighted_sum(&via_int, &mut rng))
+            .add(&weighted_sum(&via_bool, &mut rng))
+    });
+    // Away from integers (where truncation jumps) and from 0 (where `!= 0` does).
+    let x = rng.array(&[2, 3], |r| {
+        (r.uniform(-3.0, 3.0) as i32) as f32 + r.signed(0.2, 0.8)
+    });
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn constants_and_iota_get_no_cotangent() {
+    let mut rng = Rng(500);
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3]);
+        let shifted = x
+            .add(&b.iota(vec![2, 3], 1, DType::F32))
+            .add(&b.scalar(0.5));
+        weighted_sum(
+            &shifted.mul(&b.constant(rng.uniform_array(&[2, 3], -1.0, 1.0))),
+            &mut rng,
+        )
+    });
+    let x = rng.uniform_array(&[2, 3], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+// ---- shape ops ------------------------------------------------------------------------------
+
+#[test]
+fn broadcast_sums_over_broadcast_dims() {
+    let mut rng = Rng(600);
+    let program = trace(|b| {
+        let a = param(b, "a", &[3]).broadcast_in_dim(vec![2, 3, 4], &[1]);
+        let c = param(b, "c", &[1, 4]).broadcast_in_dim(vec![3, 4], &[0, 1]);
+        let s = param(b, "s", &[]).broadcast_in_dim(vec![2, 2], &[]);
+        let d = param(b, "d", &[2, 1, 3]).broadcast_in_dim(vec![2, 5, 3], &[0, 1, 2]);
+        let e = param(b, "e", &[1, 3]).broadcast_in_dim(vec![4, 2, 3], &[0, 2]);
+        [a, c, s, d, e]
+            .iter()
+            .map(|t| weighted_sum(t, &mut rng))
+            .reduce(|x, y| x.add(&y))
+            .unwrap()
+    });
+    let shapes: [&[usize]; 5] = [&[3], &[1, 4], &[], &[2, 1, 3], &[1, 3]];
+    let inputs: Vec<Literal> = shapes
+        .iter()
+        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .collect();
+    check_gradients(&program, &inputs, &[0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn reshape_and_transpose_move_the_cotangent_back() {
+    let mut rng = Rng(700);
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3, 4]);
+        let r = x.reshape(vec![6, 4]);
+        let t = x.transpose(&[2, 0, 1]);
+        let rt = x.reshape(vec![4, 6]).transpose(&[1, 0]);
+        weighted_sum(&r, &mut rng)
+            .add(&weighted_sum(&t, &mut rng))
+            .add(&weighted_sum(&rt, &mut rng))
+    });
+    let x = rng.uniform_array(&[2, 3, 4], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn reduce_rules_match_finite_differences() {
+    let mut rng = Rng(800);
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3, 4]);
+        [
+            x.sum(&[0, 2]),
+            x.sum(&[0, 1, 2]),
+            x.max_over(&[1]),
+            x.max_over(&[0, 2]),
+            x.min_over(&[0]),
+            x.min_over(&[0, 1, 2]),
+        ]
+        .iter()
+        .map(|t| weighted_sum(t, &mut rng))
+        .reduce(|p, q| p.add(&q))
+        .unwrap()
+    });
+    // Distinct values a clear distance apart: no ties within eps.
+    let mut perm: Vec<f32> = (0..24).map(|i| i as f32 * 0.1).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    check_gradients(&program, &[f32s(&[2, 3, 4], &perm)], &[0]);
+}
+
+#[test]
+fn reduce_max_and_min_share_the_cotangent_among_ties() {
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 4]);
+        let w = b.constant(f32s(&[2], &[1.0, 10.0]));
+        x.max_over(&[1]).mul(&w).sum(&[0]).add(&x.min_over(&[0, 1]))
+    });
+    let g = grad(&program, 0, &[0]).unwrap();
+    let x = f32s(&[2, 4], &[1.0, 3.0, 3.0, 2.0, 5.0, 5.0, 5.0, 0.0]);
+    let outs = interpret(&g, &[x]).unwrap();
+    // Row 0's max 3 appears twice (1/2 each), row 1's max 5 three times (10/3 each);
+    // the overall min 0 once.
+    let third = 10.0 / 3.0;
+    let expected = [0.0, 0.5, 0.5, 0.0, third, third, third, 1.0];
+    for (got, want) in values(&outs[1]).iter().zip(expected) {
+        assert!((got - want).abs() < 1e-6, "{:?}", values(&outs[1]));
+    }
+}
+
+#[test]
+fn dot_general_rules_match_finite_differences() {
+    let dims = |lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]| DotDims {
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+        lhs_contracting: lc.to_vec(),
+        rhs_contracting: rc.to_vec(),
+    };
+    type Case = (&'static [usize], &'static [usize], DotDims);
+    let cases: [Case; 6] = [
+        // plain matrix product
+        (&[2, 3], &[3, 4], dims(&[], &[], &[1], &[0])),
+        // batch dims not leading
+        (&[3, 2, 4], &[4, 5, 2], dims(&[1], &[2], &[2], &[0])),
+        // two contracting dims, paired out of order
+        (&[3, 2, 4], &[4, 3, 5], dims(&[], &[], &[2, 0], &[0, 1])),
+        (&[3, 2, 4], &[4, 3, 5], dims(&[], &[], &[0, 2], &[1, 0])),
+        // outer product
+        (&[2], &[3], dims(&[], &[], &[], &[])),
+        // batch and two contracting dims
+        (
+            &[2, 3, 4],
+            &[2, 4, 3, 5],
+            dims(&[0], &[0], &[1, 2], &[2, 1]),
+        ),
+    ];
+    for (i, (ls, rs, dd)) in cases.into_iter().enumerate() {
+        let mut rng = Rng(900 + i as u64);
+        let program = trace(|b| {
+            let out = param(b, "lhs", ls).dot_general(&param(b, "rhs", rs), dd.clone());
+            weighted_sum(&out, &mut rng)
+        });
+        let inputs = [
+            rng.uniform_array(ls, -1.0, 1.0),
+            rng.uniform_array(rs, -1.0, 1.0),
+        ];
+        println!("{dd:?}");
+        check_gradients(&program, &inputs, &[0, 1]);
+    }
+}
+
+#[test]
+fn slice_pads_the_cotangent_with_zeros() {
+    let mut rng = Rng(1000);
+    let program = trace(|b| {
+        let x = param(b, "x", &[5, 7]);
+        let strided = x.slice(&[1, 2], &[5, 7], &[2, 3]);
+        let plain = x.slice(&[0, 3], &[4, 4], &[1, 1]);
+        weighted_sum(&strided, &mut rng).add(&weighted_sum(&plain, &mut rng))
+    });
+    let x = rng.uniform_array(&[5, 7], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn pad_slices_the_cotangent_and_sums_the_padding() {
+    let mut rng = Rng(1100);
+    let program = trace(|b| {
+        let (x, v) = (param(b, "x", &[3, 4]), param(b, "v", &[]));
+        // Negative edges cut operand elements off; interior padding interleaves.
+        let cut = x.pad(&v, &[1, -1], &[-1, 2], &[1, 0]);
+        let grown = x.pad(&v, &[0, 2], &[1, 0], &[2, 1]);
+        weighted_sum(&cut, &mut rng).add(&weighted_sum(&grown, &mut rng))
+    });
+    let inputs = [
+        rng.uniform_array(&[3, 4], -1.0, 1.0),
+        rng.uniform_array(&[], -1.0, 1.0),
+    ];
+    check_gradients(&program, &inputs, &[0, 1]);
+}
+
+#[test]
+fn concatenate_slices_the_cotangent() {
+    let mut rng = Rng(1200);
+    let program = trace(|b| {
+        let parts = [
+            param(b, "a", &[2, 1]),
+            param(b, "b", &[2, 3]),
+            param(b, "c", &[2, 2]),
+        ];
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        weighted_sum(&b.concatenate(&refs, 1), &mut rng)
+    });
+    let inputs: Vec<Literal> = [[2, 1], [2, 3], [2, 2]]
+        .iter()
+        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .collect();
+    check_gradients(&program, &inputs, &[0, 1, 2]);
+}
+
+// ---- shardings --------------------------------------------------------------------------------
+
+fn spec(dims: &[&[&str]]) -> Sharding {
+    Sharding::new(
+        dims.iter()
+            .map(|axes| DimSharding::closed(axes.iter().copied())),
+    )
+}
+
+#[test]
+fn a_constrained_value_has_a_cotangent_with_the_same_constraint() {
+    let s = spec(&[&["data"], &[]]);
+    let mut rng = Rng(1300);
+    let program = trace(|b| {
+        let h = param(b, "x", &[4, 2]).tanh().shard(s.clone());
+        weighted_sum(&h.mul(&h), &mut rng)
+    });
+    check_gradients(&program, &[rng.uniform_array(&[4, 2], -1.0, 1.0)], &[0]);
+    let g = grad(&program, 0, &[0]).unwrap();
+    let n = program.nodes.len();
+    let constrained: Vec<&Node> = g.nodes[n..]
+        .iter()
+        .filter(|node| node.op == Op::ShardingConstraint)
+        .collect();
+    assert_eq!(constrained.len(), 1, "{g}");
+    assert_eq!(constrained[0].annotation.as_ref(), Some(&s));
+}
+
+#[test]
+fn an_annotated_weight_gets_a_gradient_with_its_annotation() {
+    let (sx, sw) = (spec(&[&["data"], &[]]), spec(&[&[], &["model"]]));
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 3]).annotate(sx.clone());
+        let w = param(b, "w", &[3, 2]).annotate(sw.clone());
+        let bias = param(b, "bias", &[2]);
+        x.matmul(&w).add(&bias).sum(&[0, 1])
+    });
+    let g = grad(&program, 0, &[1, 2]).unwrap();
+    check_structure(&program, &g, &[1, 2]);
+    let (gw, gb) = (g.node(g.outputs[1]), g.node(g.outputs[2]));
+    assert_eq!(gw.op, Op::ShardingConstraint);
+    assert_eq!(gw.annotation.as_ref(), Some(&sw));
+    assert_eq!(gw.name.as_deref(), Some("grad(w)"));
+    assert_eq!(
+        gb.annotation, None,
+        "an unannotated parameter's gradient is free"
+    );
+    assert_eq!(gb.name.as_deref(), Some("grad(bias)"));
+    // d sum(x w + bias) / dw = column sums of x, for every column of w.
+    let x = f32s(
+        &[4, 3],
+        &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
+    );
+    let w = f32s(&[3, 2], &[0.0; 6]);
+    let outs = interpret(&g, &[x, w, f32s(&[2], &[0.0, 0.0])]).unwrap();
+    assert_eq!(values(&outs[1]), vec![22., 22., 26., 26., 30., 30.]);
+    assert_eq!(values(&outs[2]), vec![4., 4.]);
+}
+
+// ---- reachability --------------------------------------------------------------------------------
+
+#[test]
+fn a_parameter_not_reaching_the_loss_gets_zeros_and_dead_values_no_cotangent() {
+    let b = Builder::new("two");
+    let (a, unused) = (param(&b, "a", &[2]), param(&b, "unused", &[3, 2]));
+    let other = unused.exp().sum(&[0, 1]); // a second output, not on the loss path
+    let loss = a.mul(&a).sum(&[0]);
+    let program = b.finish(&[&other, &loss]).unwrap();
+    let g = grad(&program, 1, &[0, 1]).unwrap();
+    verify(&g).unwrap();
+    // Only the loss path is differentiated: seed, broadcast, two products, their sum.
+    let backward: Vec<&str> = g.nodes[program.nodes.len()..]
+        .iter()
+        .map(|n| n.op.name())
+        .collect();
+    assert!(!backward.contains(&"exponential"), "{g}");
+    let outs = interpret(&g, &[f32s(&[2], &[3.0, -1.0]), f32s(&[3, 2], &[1.0; 6])]).unwrap();
+    assert_eq!(outs.len(), 4);
+    assert_eq!(values(&outs[2]), vec![6.0, -2.0]);
+    assert_eq!(outs[3], f32s(&[3, 2], &[0.0; 6]));
+    assert_eq!(g.node(g.outputs[3]).name.as_deref(), Some("grad(unused)"));
+}
+
+// ---- composites -------------------------------------------------------------------------------
+
+#[test]
+fn matmul_and_einsum() {
+    let mut rng = Rng(1400);
+    let program = trace(|b| {
+        let (x, w) = (param(b, "x", &[2, 3, 4]), param(b, "w", &[4, 5]));
+        let y = param(b, "y", &[2, 4, 3]);
+        let batched = x.matmul(&y); // [2, 3, 3]
+        let e = einsum("bsd,df->bfs", &x, &w); // [2, 5, 3]
+        let r = einsum("bsd,df->f", &x, &w); // b and s summed first
+        weighted_sum(&x.matmul(&w), &mut rng)
+            .add(&weighted_sum(&batched, &mut rng))
+            .add(&weighted_sum(&e, &mut rng))
+            .add(&weighted_sum(&r, &mut rng))
+    });
+    let inputs = [
+        rng.uniform_array(&[2, 3, 4], -1.0, 1.0),
+        rng.uniform_array(&[4, 5], -1.0, 1.0),
+        rng.uniform_array(&[2, 4, 3], -1.0, 1.0),
+    ];
+    check_gradients(&program, &inputs, &[0, 1, 2]);
+}
+
+#[test]
+fn softmax_log_softmax_layer_norm_gelu_relu_mean() {
+    type Method = fn(&Tensor) -> Tensor;
+    let cases: [(&str, Method); 6] = [
+        ("softmax", |t| t.softmax(-1)),
+        ("log_softmax", |t| t.log_softmax(0)),
+        ("layer_norm", |t| t.layer_norm(-1, 1e-5)),
+        ("gelu", Tensor::gelu),
+        ("relu", Tensor::relu),
+        ("mean", |t| t.mean(&[1])),
+    ];
+    for (i, (name, method)) in cases.into_iter().enumerate() {
+        let mut rng = Rng(1500 + i as u64);
+        let program = trace(|b| weighted_sum(&method(&param(b, "x", &[3, 4])), &mut rng));
+        // Away from relu's kink; distinct enough for the max inside softmax.
+        let x = rng.array(&[3, 4], |r| r.signed(0.1, 2.0));
+        println!("{name}");
+        check_gradients(&program, &[x], &[0]);
+    }
+}
+
+#[test]
+fn two_layer_mlp_with_mse_loss() {
+    let mut rng = Rng(1600);
+    let target = rng.uniform_array(&[4, 2], -1.0, 1.0);
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 3]);
+        let (w1, b1) = (param(b, "w1", &[3, 5]), param(b, "b1", &[5]));
+        let w2 = param(b, "w2", &[5, 2]);
+        let h = x.matmul(&w1).add(&b1).relu();
+        h.matmul(&w2).mse(&b.constant(target.clone()))
+    });
+    let inputs = [
+        rng.uniform_array(&[4, 3], -1.0, 1.0),
+        rng.uniform_array(&[3, 5], -1.0, 1.0),
+        rng.uniform_array(&[5], -0.5, 0.5),
+        rng.uniform_array(&[5, 2], -1.0, 1.0),
+    ];
+    check_gradients(&program, &inputs, &[0, 1, 2, 3]);
+}
+
+/// `softmax` of each row, in f64.
+fn softmax_rows(logits: &[f32], classes: usize) -> Vec<f64> {
+    logits
+        .chunks(classes)
+        .flat_map(|row| {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let e: Vec<f64> = row.iter().map(|&v| (v as f64 - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(move |v| v / s)
+        })
+        .collect()
+}
+
+#[test]
+fn cross_entropy_gradient_is_softmax_minus_one_hot() {
+    let mut rng = Rng(1700);
+    let program = trace(|b| {
+        let logits = param(b, "logits", &[3, 4]);
+        let labels = b.parameter("labels", vec![3], DType::I32);
+        logits.cross_entropy_with_logits(&labels)
+    });
+    let logits = rng.uniform_array(&[3, 4], -2.0, 2.0);
+    let labels = [2, 0, 3];
+    let inputs = [logits.clone(), i32s(&[3], &labels)];
+    let grads = check_gradients(&program, &inputs, &[0]);
+    // Closed form: (softmax(logits) - one_hot(labels)) / rows.
+    let p = softmax_rows(&values(&logits), 4);
+    for (k, (&g, p)) in values(&grads[0]).iter().zip(p).enumerate() {
+        let one_hot = if labels[k / 4] == (k % 4) as i32 {
+            1.0
+        } else {
+            0.0
+        };
+        let want = (p - one_hot) / 3.0;
+        assert!((g as f64 - want).abs() < 1e-5, "element {k}: {g} vs {want}");
+    }
+}
+
+#[test]
+fn cross_entropy_of_an_mlp_built_from_primitives() {
+    let mut rng = Rng(1800);
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 3]);
+        let w = param(b, "w", &[3, 5]);
+        let labels = b.parameter("labels", vec![4], DType::I32);
+        let logits = x.matmul(&w).tanh();
+        // One-hot by hand: iota == label, converted.
+        let classes = b.iota(vec![4, 5], 1, DType::I32);
+        let one_hot = classes
+            .eq(&labels.broadcast_in_dim(vec![4, 5], &[0]))
+            .convert(DType::F32);
+        logits
+            .log_softmax(-1)
+            .mul(&one_hot)
+            .sum(&[1])
+            .mean(&[0])
+            .neg()
+    });
+    let inputs = [
+        rng.uniform_array(&[4, 3], -1.0, 1.0),
+        rng.uniform_array(&[3, 5], -1.0, 1.0),
+        i32s(&[4], &[4, 0, 2, 2]),
+    ];
+    check_gradients(&program, &inputs, &[0, 1]);
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+fn is_request(r: Result<Program, Error>, needle: &str) {
+    match r {
+        Err(Error::GradRequest { message, .. }) => {
+            assert!(message.contains(needle), "{message:?} lacks {needle:?}")
+        }
+        other => panic!("expected a GradRequest error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let b = Builder::new("p");
+    let x = param(&b, "x", &[2, 3]);
+    let n = b.parameter("n", vec![], DType::I32);
+    let program = b.finish(&[&x.exp(), &x.sum(&[0, 1]), &n]).unwrap();
+    is_request(grad(&program, 0, &[0]), "f32[2,3], not an f32 scalar");
+    is_request(grad(&program, 2, &[0]), "i32[], not an f32 scalar");
+    is_request(grad(&program, 3, &[0]), "loss output 3 is out of range");
+    is_request(grad(&program, 1, &[2]), "parameter 2 is out of range");
+    is_request(grad(&program, 1, &[1]), "parameter 1 (n) is i32");
+    let shown = grad(&program, 0, &[0]).unwrap_err().to_string();
+    assert!(shown.starts_with("grad of program `p`"), "{shown}");
+}
+
+#[test]
+fn spmd_ops_are_not_differentiable() {
+    let b = Builder::new("spmd");
+    let x = param(&b, "x", &[4]);
+    let mut program = b.finish(&[&x]).unwrap();
+    let location = Location {
+        file: "model.rs",
+        line: 7,
+        column: 1,
+    };
+    let node = |op: Op, operands: Vec<_>, shape: Vec<usize>| Node {
+        op,
+        operands,
+        ty: gspmd_core::ir::TensorType::new(shape, DType::F32),
+        annotation: None,
+        sharding: None,
+        origin: None,
+        name: None,
+        location,
+    };
+    let group = gspmd_core::ir::AxisGroup {
+        axes: vec!["data".into()],
+        size: 2,
+    };
+    let all_reduce = Op::AllReduce {
+        group,
+        kind: ReduceKind::Sum,
+    };
+    let r = program.push(node(all_reduce, vec![program.params[0]], vec![4]));
+    let sum = Op::Reduce {
+        kind: ReduceKind::Sum,
+        dims: vec![0],
+    };
+    let loss = program.push(node(sum, vec![r], vec![]));
+    program.outputs = vec![loss];
+    match grad(&program, 0, &[0]) {
+        Err(e @ Error::NotDifferentiable { .. }) => {
+            let shown = e.to_string();
+            assert!(shown.contains("model.rs:7: %1 = all_reduce"), "{shown}");
+            assert!(shown.contains("global program"), "{shown}");
+        }
+        other => panic!("expected NotDifferentiable, got {other:?}"),
+    }
+}
+
+// ---- builder losses -------------------------------------------------------------------------------
+
+#[test]
+fn mse_is_the_mean_of_squared_differences() {
+    let b = Builder::new("mse");
+    let (p, t) = (param(&b, "p", &[2, 2]), param(&b, "t", &[2, 2]));
+    let program = b.finish(&[&p.mse(&t)]).unwrap();
+    let outs = interpret(
+        &program,
+        &[
+            f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]),
+            f32s(&[2, 2], &[0.0, 2.0, 5.0, 1.0]),
+        ],
+    )
+    .unwrap();
+    // (1 + 0 + 4 + 9) / 4
+    assert_eq!(outs[0], f32s(&[], &[3.5]));
+
+    let b = Builder::new("bad");
+    let (p, t) = (param(&b, "p", &[2, 2]), param(&b, "t", &[4]));
+    let _ = p.mse(&t).exp();
+    match b.finish(&[]) {
+        Err(Error::Shape {
+            op: "mse", message, ..
+        }) => {
+            assert!(message.contains("f32[2,2] and target f32[4]"), "{message}")
+        }
+        other => panic!("expected one mse error, got {other:?}"),
+    }
+}
+
+#[test]
+fn cross_entropy_with_logits_matches_hand_computed_values() {
+    let b = Builder::new("xent");
+    let logits = param(&b, "logits", &[2, 3]);
+    let labels = b.parameter("labels", vec![2], DType::I32);
+    let program = b
+        .finish(&[&logits.cross_entropy_with_logits(&labels)])
+        .unwrap();
+    let out = interpret(
+        &program,
+        &[
+            f32s(&[2, 3], &[1.0, 2.0, 3.0, 1.0, 1.0, 1.0]),
+            i32s(&[2], &[2, 0]),
+        ],
+    )
+    .unwrap();
+    // Row 0: -(3 - ln(e + e^2 + e^3)); row 1: ln 3; then their mean.
+    let e = std::f64::consts::E;
+    let row0 = (e + e * e + e * e * e).ln() - 3.0;
+    let want = (row0 + 3f64.ln()) / 2.0;
+    assert!(
+        (scalar(&out[0]) as f64 - want).abs() < 1e-6,
+        "{out:?} vs {want}"
+    );
+
+    // No leading dims: a single example, the label a scalar.
+    let b = Builder::new("one");
+    let logits = param(&b, "logits", &[3]);
+    let label = b.parameter("label", vec![], DType::I32);
+    let program = b
+        .finish(&[&logits.cross_entropy_with_logits(&label)])
+        .unwrap();
+    let out = interpret(&program, &[f32s(&[3], &[0.0, 0.0, 0.0]), i32s(&[], &[1])]).unwrap();
+    assert!((scalar(&out[0]) as f64 - 3f64.ln()).abs() < 1e-6);
+
+    let b = Builder::new("bad");
+    let logits = param(&b, "logits", &[2, 3]);
+    let float_labels = param(&b, "labels", &[2]);
+    let _ = logits.cross_entropy_with_logits(&float_labels);
+    match b.finish(&[]) {
+        Err(Error::Shape { op, message, .. }) => {
+            assert_eq!(op, "cross_entropy_with_logits");
+            assert!(message.contains("got f32[2]"), "{message}");
+        }
+        other => panic!("expected one error, got {other:?}"),
+    }
+}
