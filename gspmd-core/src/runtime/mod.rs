@@ -14,4 +14,5 @@ mod thread_mesh;
 pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::interpret;
-pub use thread_mesh::{DeviceContext, ThreadMesh};
+pub use spmd::{Input, Output, Value};
+pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

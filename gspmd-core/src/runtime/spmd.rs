@@ -1,22 +1,72 @@
-//! Running a partitioned program on a [`ThreadMesh`]: global inputs are cut into
-//! per-device blocks (padded to the local shape), every device runs the one per-device
-//! program, and the output blocks are assembled into global arrays.
+//! Running a partitioned program on a [`ThreadMesh`]. Inputs come as global arrays (cut
+//! into per-device blocks here), as per-device blocks, or resident on the devices;
+//! outputs go back as global arrays, as per-device blocks, or stay resident, so that
+//! parameters live on their devices across training steps.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::device::run_on_device;
 use super::kernels;
-use super::thread_mesh::ThreadMesh;
+use super::thread_mesh::{Resident, ThreadMesh};
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Sharding, assemble, shard_literal};
+
+/// One input of a run.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// A global array; the runtime cuts each device's block.
+    Global(&'a Literal),
+    /// Each device's block (`[d]` for device `d`), as `sharding::shard_literal` cuts it.
+    Shards(&'a [Literal]),
+    /// A value resident on the devices under this key (see [`ThreadMesh::resident`]).
+    Resident(&'a str),
+}
+
+/// Where one output of a run goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Assembled into a global array.
+    Global,
+    /// Each device's block (unpadded), by device id.
+    Shards,
+    /// Kept on the devices under this key (replacing what was there).
+    Resident(String),
+}
+
+/// One output of a run, as requested by its [`Output`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A global array.
+    Global(Literal),
+    /// Each device's block.
+    Shards(Vec<Literal>),
+    /// Stored on the devices.
+    Resident,
+}
+
+impl Value {
+    /// The global array, if this is one.
+    pub fn into_global(self) -> Option<Literal> {
+        match self {
+            Value::Global(l) => Some(l),
+            _ => None,
+        }
+    }
+}
 
 /// `lit` grown to `shape` with zeros at the end of each dim.
 fn pad_to(lit: &Literal, shape: &[usize]) -> Result<Literal, String> {
     let have = lit.shape();
     if have == shape {
         return Ok(lit.clone());
+    }
+    if have.len() != shape.len() || have.iter().zip(shape).any(|(h, s)| h > s) {
+        return Err(format!(
+            "a block of shape {have:?} does not fit the local shape {shape:?}"
+        ));
     }
     let high: Vec<i64> = shape
         .iter()
@@ -50,12 +100,34 @@ fn trim_to(lit: &Literal, shape: &[usize]) -> Result<Literal, String> {
     kernels::eval(&op, &[lit], &TensorType::new(shape.to_vec(), lit.dtype()))
 }
 
+/// What each device binds to a parameter: a block sent from the host, or a key into its
+/// store (the value is moved out for the run and put back or replaced afterwards).
+#[derive(Debug, Clone)]
+enum Bind {
+    Host(Literal),
+    Stored(String),
+}
+
 impl SpmdProgram {
-    /// Runs the program on `mesh` (which must be the mesh it was partitioned for) with
-    /// global `inputs`, returning global outputs. Inputs are checked (count, dtype,
-    /// shape) before any thread starts; a device failure is returned as an error and no
-    /// device is left waiting.
+    /// Runs with global `inputs` and returns global outputs: [`SpmdProgram::execute`]
+    /// with every input and output [`Global`](Input::Global).
     pub fn run(&self, mesh: &ThreadMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
+        let inputs: Vec<Input> = inputs.iter().map(Input::Global).collect();
+        let outputs = vec![Output::Global; self.outputs.len()];
+        let values = self.execute(mesh, &inputs, &outputs)?;
+        Ok(values.into_iter().filter_map(Value::into_global).collect())
+    }
+
+    /// Runs on `mesh` (the mesh the program was partitioned for). Inputs are checked
+    /// (count, global type, sharding of resident values, shapes of blocks) before any
+    /// thread starts; a device failure is returned as an error, no device is left
+    /// waiting, and resident values keep their old contents.
+    pub fn execute(
+        &self,
+        mesh: &ThreadMesh,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
         if mesh.mesh() != &self.mesh {
             return Err(Error::InvalidMesh(format!(
                 "program partitioned for {} cannot run on {}",
@@ -63,29 +135,102 @@ impl SpmdProgram {
                 mesh.mesh()
             )));
         }
-        self.check_inputs(inputs)?;
-        let n = self.mesh.num_devices();
-        let mut per_device: Vec<Vec<Literal>> = vec![Vec::with_capacity(inputs.len()); n];
-        for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
-            let local = sharding.local_shape(&self.mesh, &ty.shape);
-            for (device, shards) in per_device.iter_mut().enumerate() {
-                let block = shard_literal(input, sharding, &self.mesh, device);
-                let padded =
-                    pad_to(&block, &local).map_err(|message| self.input_error(index, message))?;
-                shards.push(padded);
+        if outputs.len() != self.outputs.len() {
+            return Err(Error::InvalidMesh(format!(
+                "{} output modes given for {} outputs",
+                outputs.len(),
+                self.outputs.len()
+            )));
+        }
+        let binds = self.bind_inputs(mesh, inputs)?;
+        let program = Arc::new(self.program.clone());
+        let binds = Arc::new(binds);
+        let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
+        let results = mesh.run(move |ctx| {
+            let device = ctx.device();
+            let (comm, store) = ctx.communicator_and_store();
+            let mut locals = Vec::with_capacity(binds.len());
+            for bind in &binds[device] {
+                locals.push(match bind {
+                    Bind::Host(l) => l.clone(),
+                    Bind::Stored(key) => store.remove(key).ok_or_else(|| {
+                        Error::ThreadMesh(format!(
+                            "device {device} holds no resident value `{key}`"
+                        ))
+                    })?,
+                });
+            }
+            let result = run_on_device(&program, comm, &locals);
+            // Put moved resident inputs back before storing new outputs over them.
+            for (bind, local) in binds[device].iter().zip(locals) {
+                if let Bind::Stored(key) = bind {
+                    store.insert(key.clone(), local);
+                }
+            }
+            let outs = result?;
+            Ok(stage_resident(outs, &modes, store))
+        });
+        // Every device staged its new resident values: make them current on all of
+        // them, or, if any device failed, on none.
+        let keys: Vec<String> = outputs
+            .iter()
+            .filter_map(|m| match m {
+                Output::Resident(key) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let committed = results.is_ok();
+        if !keys.is_empty() {
+            let keys = keys.clone();
+            mesh.run(move |ctx| {
+                let store = ctx.store_mut();
+                for key in &keys {
+                    if let Some(v) = store.remove(&staged(key))
+                        && committed
+                    {
+                        store.insert(key.clone(), v);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        let results = results?;
+        for (mode, (ty, sharding)) in outputs.iter().zip(&self.outputs) {
+            if let Output::Resident(key) = mode {
+                mesh.set_resident(
+                    key,
+                    Some(Resident {
+                        ty: ty.clone(),
+                        sharding: sharding.clone(),
+                    }),
+                );
             }
         }
-        let program = Arc::new(self.program.clone());
-        let per_device = Arc::new(per_device);
-        let results = mesh.run(move |ctx| {
-            run_on_device(&program, ctx.communicator(), &per_device[ctx.device()])
-        })?;
-        (0..self.outputs.len())
-            .map(|k| self.assemble_output(k, &results))
+        let mut per_output: Vec<Vec<Option<Literal>>> = vec![Vec::new(); self.outputs.len()];
+        for device_outs in results {
+            for (k, out) in device_outs.into_iter().enumerate() {
+                per_output[k].push(out);
+            }
+        }
+        per_output
+            .into_iter()
+            .enumerate()
+            .map(|(k, blocks)| match &outputs[k] {
+                Output::Resident(_) => Ok(Value::Resident),
+                Output::Shards => Ok(Value::Shards(self.trimmed_blocks(k, blocks)?)),
+                Output::Global => {
+                    let (ty, sharding) = &self.outputs[k];
+                    let blocks = self.trimmed_blocks(k, blocks)?;
+                    Ok(Value::Global(assemble(
+                        &blocks, sharding, &self.mesh, &ty.shape,
+                    )?))
+                }
+            })
             .collect()
     }
 
-    fn check_inputs(&self, inputs: &[Literal]) -> Result<()> {
+    /// Checks `inputs` and turns each into what every device binds.
+    fn bind_inputs(&self, mesh: &ThreadMesh, inputs: &[Input]) -> Result<Vec<Vec<Bind>>> {
         if inputs.len() != self.inputs.len() {
             let index = inputs.len().min(self.inputs.len());
             let message = format!(
@@ -95,13 +240,63 @@ impl SpmdProgram {
             );
             return Err(self.input_error(index, message));
         }
-        for (index, (input, (ty, _))) in inputs.iter().zip(&self.inputs).enumerate() {
-            let given = TensorType::new(input.shape(), input.dtype());
-            if &given != ty {
-                return Err(self.input_error(index, format!("expected {ty}, given {given}")));
+        let n = self.mesh.num_devices();
+        let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); n];
+        for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
+            let local = sharding.local_shape(&self.mesh, &ty.shape);
+            let fail = |message: String| self.input_error(index, message);
+            match input {
+                Input::Global(lit) => {
+                    let given = TensorType::new(lit.shape(), lit.dtype());
+                    if &given != ty {
+                        return Err(fail(format!("expected {ty}, given {given}")));
+                    }
+                    for (device, b) in binds.iter_mut().enumerate() {
+                        let block = shard_literal(lit, sharding, &self.mesh, device);
+                        b.push(Bind::Host(pad_to(&block, &local).map_err(fail)?));
+                    }
+                }
+                Input::Shards(shards) => {
+                    if shards.len() != n {
+                        return Err(fail(format!(
+                            "{} shards given for {n} devices",
+                            shards.len()
+                        )));
+                    }
+                    for (device, (b, block)) in binds.iter_mut().zip(shards.iter()).enumerate() {
+                        let expected: Vec<usize> = sharding
+                            .device_block(&self.mesh, &ty.shape, device)
+                            .iter()
+                            .map(|b| b.1)
+                            .collect();
+                        if block.shape() != expected || block.dtype() != ty.dtype {
+                            return Err(fail(format!(
+                                "device {device}'s shard is {}{:?}, expected {}{expected:?}",
+                                block.dtype(),
+                                block.shape(),
+                                ty.dtype
+                            )));
+                        }
+                        b.push(Bind::Host(pad_to(block, &local).map_err(fail)?));
+                    }
+                }
+                Input::Resident(key) => {
+                    let Some(r) = mesh.resident(key) else {
+                        return Err(fail(format!("no resident value `{key}` on the mesh")));
+                    };
+                    if &r.ty != ty || &r.sharding != sharding {
+                        return Err(fail(format!(
+                            "resident `{key}` is {} sharded {}, but the parameter is {ty} sharded {sharding}",
+                            r.ty, r.sharding
+                        )));
+                    }
+                    for b in &mut binds {
+                        b.push(Bind::Stored(key.to_string()));
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(binds)
     }
 
     fn input_error(&self, index: usize, message: String) -> Error {
@@ -118,24 +313,126 @@ impl SpmdProgram {
         }
     }
 
-    /// Output `k` assembled from every device's local block.
-    fn assemble_output(&self, k: usize, results: &[Vec<Literal>]) -> Result<Literal> {
+    /// Output `k`'s blocks (by device) with the padding cut off.
+    fn trimmed_blocks(&self, k: usize, blocks: Vec<Option<Literal>>) -> Result<Vec<Literal>> {
         let (ty, sharding): &(TensorType, Sharding) = &self.outputs[k];
-        let blocks = results
-            .iter()
+        blocks
+            .into_iter()
             .enumerate()
-            .map(|(device, outs)| {
-                let block: Vec<usize> = sharding
+            .map(|(device, block)| {
+                let fail = |message: String| Error::Assemble {
+                    sharding: sharding.to_string(),
+                    message,
+                };
+                let block =
+                    block.ok_or_else(|| fail(format!("device {device} returned no block")))?;
+                let shape: Vec<usize> = sharding
                     .device_block(&self.mesh, &ty.shape, device)
                     .iter()
                     .map(|b| b.1)
                     .collect();
-                trim_to(&outs[k], &block).map_err(|message| Error::Assemble {
-                    sharding: sharding.to_string(),
-                    message,
-                })
+                trim_to(&block, &shape).map_err(fail)
             })
-            .collect::<Result<Vec<Literal>>>()?;
-        assemble(&blocks, sharding, &self.mesh, &ty.shape)
+            .collect()
+    }
+}
+
+/// The store key under which a run stages a new resident value until every device has
+/// finished.
+fn staged(key: &str) -> String {
+    format!("{key}\u{0}staged")
+}
+
+/// Stages the outputs whose mode is [`Output::Resident`]; returns the others.
+fn stage_resident(
+    outs: Vec<Literal>,
+    modes: &[Output],
+    store: &mut HashMap<String, Literal>,
+) -> Vec<Option<Literal>> {
+    outs.into_iter()
+        .zip(modes)
+        .map(|(out, mode)| match mode {
+            Output::Resident(key) => {
+                store.insert(staged(key), out);
+                None
+            }
+            _ => Some(out),
+        })
+        .collect()
+}
+
+impl ThreadMesh {
+    /// Puts the global `value` on the devices under `key`, sharded as `sharding`
+    /// (replacing what was there).
+    pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
+        let ty = TensorType::new(value.shape(), value.dtype());
+        sharding.validate(self.mesh(), ty.rank(), &format!("upload `{key}`: "))?;
+        let local = sharding.local_shape(self.mesh(), &ty.shape);
+        let blocks = (0..self.mesh().num_devices())
+            .map(|d| pad_to(&shard_literal(value, sharding, self.mesh(), d), &local))
+            .collect::<Result<Vec<Literal>, String>>()
+            .map_err(|message| Error::Input {
+                index: 0,
+                name: key.to_string(),
+                message,
+            })?;
+        let blocks = Arc::new(blocks);
+        let k = key.to_string();
+        self.run(move |ctx| {
+            let device = ctx.device();
+            ctx.store_mut().insert(k.clone(), blocks[device].clone());
+            Ok(())
+        })?;
+        self.set_resident(
+            key,
+            Some(Resident {
+                ty,
+                sharding: sharding.clone(),
+            }),
+        );
+        Ok(())
+    }
+
+    /// The global value resident under `key`, assembled from the devices' blocks.
+    pub fn fetch(&self, key: &str) -> Result<Literal> {
+        let r = self
+            .resident(key)
+            .ok_or_else(|| Error::ThreadMesh(format!("no resident value `{key}` on the mesh")))?;
+        let k = key.to_string();
+        let blocks = self.run(move |ctx| {
+            let device = ctx.device();
+            ctx.store().get(&k).cloned().ok_or_else(|| {
+                Error::ThreadMesh(format!("device {device} holds no resident value `{k}`"))
+            })
+        })?;
+        let blocks = blocks
+            .iter()
+            .enumerate()
+            .map(|(d, b)| {
+                let shape: Vec<usize> = r
+                    .sharding
+                    .device_block(self.mesh(), &r.ty.shape, d)
+                    .iter()
+                    .map(|b| b.1)
+                    .collect();
+                trim_to(b, &shape)
+            })
+            .collect::<Result<Vec<Literal>, String>>()
+            .map_err(|message| Error::Assemble {
+                sharding: r.sharding.to_string(),
+                message,
+            })?;
+        assemble(&blocks, &r.sharding, self.mesh(), &r.ty.shape)
+    }
+
+    /// Drops the value resident under `key` from every device.
+    pub fn remove(&self, key: &str) -> Result<()> {
+        let k = key.to_string();
+        self.run(move |ctx| {
+            ctx.store_mut().remove(&k);
+            Ok(())
+        })?;
+        self.set_resident(key, None);
+        Ok(())
     }
 }

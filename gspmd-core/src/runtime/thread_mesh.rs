@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 
 use super::communicator::{Communicator, Rendezvous, SharedMemoryCommunicator};
 use crate::error::{Error, Result};
-use crate::ir::Literal;
-use crate::sharding::Mesh;
+use crate::ir::{Literal, TensorType};
+use crate::sharding::{Mesh, Sharding};
 
 /// What a device's program sees: its id, the mesh, its communicator, and a store of
 /// named literals that stays on the device between runs (resident parameters).
@@ -78,6 +78,18 @@ pub struct ThreadMesh {
     /// Runs are serialised: jobs of two runs interleaved on the threads would meet in
     /// each other's collectives.
     run_lock: Mutex<()>,
+    /// Global type and sharding of each value resident in the device stores, by key.
+    residents: Mutex<HashMap<String, Resident>>,
+}
+
+/// What a resident value is: every device's store holds its block (padded to the
+/// sharding's local shape) under the value's key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resident {
+    /// The global type.
+    pub ty: TensorType,
+    /// How it is sharded.
+    pub sharding: Sharding,
 }
 
 impl ThreadMesh {
@@ -90,6 +102,7 @@ impl ThreadMesh {
             rendezvous: Arc::clone(&rendezvous),
             workers: Vec::with_capacity(mesh.num_devices()),
             run_lock: Mutex::new(()),
+            residents: Mutex::new(HashMap::new()),
         };
         for device in 0..mesh.num_devices() {
             let mut context = DeviceContext {
@@ -116,6 +129,27 @@ impl ThreadMesh {
     /// The mesh.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
+    }
+
+    /// The resident value stored under `key`, if any.
+    pub fn resident(&self, key: &str) -> Option<Resident> {
+        self.residents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Records (or, with `None`, forgets) what the device stores hold under `key`.
+    pub(crate) fn set_resident(&self, key: &str, resident: Option<Resident>) {
+        let mut residents = self
+            .residents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match resident {
+            Some(r) => residents.insert(key.to_string(), r),
+            None => residents.remove(key),
+        };
     }
 
     /// Runs `program` on every device at once and returns the results by device id; or,
