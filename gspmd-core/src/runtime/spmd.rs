@@ -4,7 +4,7 @@
 //! parameters live on their devices across training steps.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::device::run_on_device;
 use super::kernels;
@@ -144,28 +144,39 @@ impl SpmdProgram {
         }
         let binds = self.bind_inputs(mesh, inputs)?;
         let program = Arc::new(self.program.clone());
-        let binds = Arc::new(binds);
+        // Each device takes its own bindings (moved, not copied).
+        let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
+            Arc::new(binds.into_iter().map(Mutex::new).collect());
         let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
         let results = mesh.run(move |ctx| {
             let device = ctx.device();
             let (comm, store) = ctx.communicator_and_store();
-            let mut locals = Vec::with_capacity(binds.len());
-            for bind in &binds[device] {
-                locals.push(match bind {
-                    Bind::Host(l) => l.clone(),
-                    Bind::Stored(key) => store.remove(key).ok_or_else(|| {
-                        Error::ThreadMesh(format!(
-                            "device {device} holds no resident value `{key}`"
-                        ))
-                    })?,
-                });
-            }
-            let result = run_on_device(&program, comm, &locals);
-            // Put moved resident inputs back before storing new outputs over them.
-            for (bind, local) in binds[device].iter().zip(locals) {
-                if let Bind::Stored(key) = bind {
-                    store.insert(key.clone(), local);
+            let mine =
+                std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
+            let mut locals = Vec::with_capacity(mine.len());
+            let mut moved = Vec::new();
+            let mut missing = None;
+            for bind in mine {
+                match bind {
+                    Bind::Host(l) => locals.push(l),
+                    Bind::Stored(key) => match store.remove(&key) {
+                        Some(l) => {
+                            moved.push((locals.len(), key));
+                            locals.push(l);
+                        }
+                        None => missing = Some(key),
+                    },
                 }
+            }
+            let result = match missing {
+                Some(key) => Err(Error::ThreadMesh(format!(
+                    "device {device} holds no resident value `{key}`"
+                ))),
+                None => run_on_device(&program, comm, &locals),
+            };
+            // Put moved resident inputs back before storing new outputs over them.
+            for (i, key) in moved.into_iter().rev() {
+                store.insert(key, locals.swap_remove(i));
             }
             let outs = result?;
             Ok(stage_resident(outs, &modes, store))
