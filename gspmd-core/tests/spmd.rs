@@ -363,24 +363,3 @@ fn per_device_program_size_does_not_depend_on_the_device_count() {
     };
     assert_eq!(kinds(&small), kinds(&large));
 }
-
-#[test]
-#[ignore]
-fn print_reports() {
-    let p = build("ffn2d", |b| {
-        let x = b
-            .parameter("x", [4, 6, 8], DType::F32)
-            .annotate(s("(data, _, model)"));
-        let w1 = b
-            .parameter("w1", [8, 16], DType::F32)
-            .annotate(s("(data, model)"));
-        let w2 = b
-            .parameter("w2", [16, 8], DType::F32)
-            .annotate(s("(model, data)"));
-        let h = einsum("bsm,mh->bsh", &x, &w1)
-            .shard(s("(data, _, model)"))
-            .gelu();
-        vec![einsum("bsh,hm->bsm", &h, &w2).shard(s("(data, _, model)"))]
-    });
-    println!("{}", compile24(&p).spmd.report());
-}
