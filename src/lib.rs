@@ -37,6 +37,7 @@
 extern crate self as gspmd;
 
 pub mod dsl;
+pub mod models;
 
 pub use gspmd_core::*;
 pub use gspmd_macros::model;

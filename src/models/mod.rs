@@ -1,0 +1,4 @@
+//! Models written with the DSL, ready to trace: the paper's workloads as library code,
+//! shared by the examples, the tests and the benches.
+
+pub mod transformer;

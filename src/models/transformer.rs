@@ -1,0 +1,101 @@
+//! A decoder-only Transformer language model with GSPMD's 2-D sharding (paper section
+//! 5.1): the batch over `data`; attention heads and the FFN's hidden dim over `model`;
+//! weights split over both axes, so each device stores `1/(data*model)` of every weight,
+//! gathers it just before use and reduce-scatters its gradient (weight-update sharding).
+//!
+//! Tokens enter as `i32` ids and are embedded by a one-hot matmul (no gather op needed);
+//! the loss is the cross-entropy of the next-token logits, weighted per position so
+//! that positions whose target is unpredictable can be left out.
+
+use crate::ir::{DType, Tensor, einsum};
+
+/// Layer `l` of a weight stacked over layers (`[L, ...]` → `[...]`).
+pub fn layer(w: &Tensor, l: usize) -> Tensor {
+    let rest = w.shape()[1..].to_vec();
+    w.slice_axis(0, l, l + 1).reshape(rest)
+}
+
+/// `scores: [B, H, S, T]` with every key after its query (`t > s`) set to -1e9.
+pub fn causal(scores: &Tensor) -> Tensor {
+    let b = scores.builder();
+    let (s, t) = (scores.shape()[2], scores.shape()[3]);
+    let query = b.iota([s, t], 0, DType::I32);
+    let key = b.iota([s, t], 1, DType::I32);
+    query.ge(&key).select(scores, &scores.scalar_like(-1e9))
+}
+
+/// Causal multi-head self-attention over `x: [B, S, D]` with `wq, wk, wv: [D, H, K]`
+/// and `wo: [H, K, D]`.
+pub fn attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
+    let q = einsum("bsd,dhk->bhsk", x, wq);
+    let k = einsum("btd,dhk->bhtk", x, wk);
+    let v = einsum("btd,dhk->bhtk", x, wv);
+    let scale = 1.0 / (q.shape()[3] as f32).sqrt();
+    let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale));
+    let context = einsum("bhst,bhtk->bhsk", &scores.softmax(-1), &v);
+    einsum("bhsk,hkd->bsd", &context, wo)
+}
+
+/// `one_hot(ids)[.., v] = 1.0` where `ids[..] == v`, for `v < vocab`.
+pub fn one_hot(ids: &Tensor, vocab: usize) -> Tensor {
+    let mut shape = ids.shape().to_vec();
+    shape.push(vocab);
+    let rank = ids.rank();
+    let classes = ids.builder().iota(shape.clone(), rank, DType::I32);
+    let dims: Vec<usize> = (0..rank).collect();
+    classes
+        .eq(&ids.broadcast_in_dim(shape, &dims))
+        .convert(DType::F32)
+}
+
+/// One pre-norm Transformer layer: `y = x + attention(ln(x))`, then `y + ffn(ln(y))`
+/// with a GELU FFN. Its `#[shard]`s pin the activations of every layer it is used for.
+#[crate::model(mesh = (data, model))]
+pub fn block(
+    x: Tensor<B, S, D>,
+    wq: Tensor<D, H, K>,
+    wk: Tensor<D, H, K>,
+    wv: Tensor<D, H, K>,
+    wo: Tensor<H, K, D>,
+    w1: Tensor<D, F>,
+    w2: Tensor<F, D>,
+) -> Tensor<B, S, D> {
+    let a = attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
+    #[shard(data, _, _)]
+    let attended = &x + &a;
+    #[shard(data, _, model)]
+    let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w1).gelu();
+    &attended + &einsum("bsf,fd->bsd", &hidden, &w2)
+}
+
+/// The language model's loss: the mean over positions (weighted by `weights`) of the
+/// cross-entropy of predicting `targets` from `tokens`, with `L` layers of [`block`]
+/// (weights stacked over layers).
+#[crate::model(mesh = (data, model))]
+#[allow(clippy::too_many_arguments)]
+pub fn language_model(
+    #[shard(data, _)] tokens: Tensor<B, S, i32>,
+    #[shard(data, _)] targets: Tensor<B, S, i32>,
+    #[shard(data, _)] weights: Tensor<B, S>,
+    #[shard(_, model)] embed: Tensor<V, D>,
+    #[shard(_, model)] position: Tensor<S, D>,
+    #[shard(_, data, model, _)] wq: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _)] wk: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _)] wv: Tensor<L, D, H, K>,
+    #[shard(_, model, _, data)] wo: Tensor<L, H, K, D>,
+    #[shard(_, data, model)] w1: Tensor<L, D, F>,
+    #[shard(_, model, data)] w2: Tensor<L, F, D>,
+    #[shard(data, model)] unembed: Tensor<D, V>,
+) -> Tensor {
+    let vocab = embed.shape()[0];
+    #[shard(data, _, _)]
+    let mut x = &einsum("bsv,vd->bsd", &one_hot(&tokens, vocab), &embed) + &position;
+    for l in 0..wq.shape()[0] {
+        let w = |stacked: &Tensor| layer(stacked, l);
+        x = block(x, w(&wq), w(&wk), w(&wv), w(&wo), w(&w1), w(&w2));
+    }
+    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &unembed);
+    let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
+    let total = (&log_p * &weights).sum(&[0, 1]);
+    -(total / weights.sum(&[0, 1]))
+}
