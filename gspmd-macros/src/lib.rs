@@ -48,7 +48,7 @@ use errors::Errors;
 ///
 /// **Types.** `Tensor<B, D>`: one entry per dim, a shape symbol (`B`) or a fixed size
 /// (`16`), optionally followed by the element type `f32` (default), `i32` or `bool`;
-/// `Tensor<>` is an f32 scalar. The result is a `Tensor<..>` or a tuple of them; its
+/// `Tensor<>` (which rustfmt writes `Tensor`) is an f32 scalar. The result is a `Tensor<..>` or a tuple of them; its
 /// symbols must appear in some parameter. Other parameters (`layers: usize`) are
 /// *static arguments*: passed through `trace` and `trace_shapes` to the body.
 ///

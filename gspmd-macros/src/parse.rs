@@ -328,12 +328,22 @@ pub fn tensor_decl(ty: &Type, errors: &mut Errors) -> Option<TensorDecl> {
     if !is_tensor_type(ty) {
         return None;
     }
-    let PathArguments::AngleBracketed(args) = &segment.arguments else {
-        errors.spanned(
-            ty,
-            "declare the tensor's dims: `Tensor<B, D>` (`Tensor<>` for an f32 scalar)",
-        );
-        return None;
+    let args = match &segment.arguments {
+        PathArguments::AngleBracketed(args) => args,
+        // `Tensor<>` is an f32 scalar, and rustfmt writes it `Tensor`.
+        PathArguments::None => {
+            return Some(TensorDecl {
+                dims: Vec::new(),
+                dtype: DType::F32,
+            });
+        }
+        PathArguments::Parenthesized(_) => {
+            errors.spanned(
+                ty,
+                "declare the tensor's dims in angle brackets: `Tensor<B, D>`",
+            );
+            return None;
+        }
     };
     let mut dims = Vec::new();
     let mut dtype = None;

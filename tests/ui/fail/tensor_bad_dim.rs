@@ -1,7 +1,7 @@
 use gspmd::prelude::*;
 
 #[gspmd::model(mesh = (data))]
-fn f(x: Tensor) -> Tensor<> {
+fn f(x: Tensor<B, 1.5>) -> Tensor {
     x.sum(&[0, 1])
 }
 
