@@ -10,7 +10,7 @@ use gspmd_core::ir::{Builder, DType, Literal, Op, Program, Tensor, einsum};
 use gspmd_core::partition::SpmdProgram;
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::train::{
-    Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
+    Engine, Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
 };
 use ndarray::{ArrayD, IxDyn};
 
@@ -120,7 +120,14 @@ fn step_program_layout() {
         .collect();
     assert_eq!(
         names,
-        ["w", "x", "m(w)", "v(w)", "bias_correction1", "bias_correction2"]
+        [
+            "w",
+            "x",
+            "m(w)",
+            "v(w)",
+            "bias_correction1",
+            "bias_correction2"
+        ]
     );
     let outs: Vec<&str> = step
         .program
@@ -188,7 +195,12 @@ fn adamw_two_steps_by_hand() {
     assert_near(&[0.89, -1.88], &values(&ckpt[0].1), 1e-6, "w after 1");
     assert_near(&[0.05, -0.3], &values(&ckpt[1].1), 1e-7, "m after 1");
     // (f32 holds 1 - 0.999 as 0.00099999, 1.3e-5 relative off.)
-    assert_near(&[0.00025, 0.009], &values(&ckpt[2].1), 1e-4 * 0.009, "v after 1");
+    assert_near(
+        &[0.00025, 0.009],
+        &values(&ckpt[2].1),
+        1e-4 * 0.009,
+        "v after 1",
+    );
     // Step 2 against the f64 formula.
     t.step(std::slice::from_ref(&x)).unwrap();
     let mut want = [[0.0f32; 2]; 3];
@@ -347,7 +359,9 @@ fn transformer(rng: &mut Rng) -> Problem {
     let probs = (einsum("bqhd,bkhd->bhqk", &q, &k) * (1.0 / (hd as f32).sqrt())).softmax(-1);
     let attn = einsum("bqhd,hdm->bqm", &einsum("bhqk,bkhd->bqhd", &probs, &v), &wo);
     let h = (&x + &attn).layer_norm(-1, 1e-5) * &ln_scale;
-    let ffn = einsum("bsm,mf->bsf", &h, &w1).shard(s("(data, _, model)")).gelu();
+    let ffn = einsum("bsm,mf->bsf", &h, &w1)
+        .shard(s("(data, _, model)"))
+        .gelu();
     let h = &h + &einsum("bsf,fm->bsm", &ffn, &w2);
     let logits = einsum("bsm,mv->bsv", &h, &unembed);
     let loss = logits.cross_entropy_with_logits(&labels);
@@ -392,12 +406,18 @@ fn train_everywhere(problem: &Problem, optimizer: Optimizer) {
         "{}: loss does not decrease: {losses:?}",
         problem.model.name
     );
+    println!("{}: losses {losses:?}", problem.model.name);
     for mesh in meshes() {
         let mut t = Trainer::on_mesh(step.clone(), mesh.clone(), problem.initial.clone())
             .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", problem.model.name));
+        if let Engine::Mesh { exe, .. } = t.engine() {
+            println!("{mesh}:\n{}", exe.spmd.collectives());
+        }
         for (i, (loss, params)) in want.iter().enumerate() {
             let what = format!("{} on {mesh}, step {}", problem.model.name, i + 1);
-            let got = t.step(&problem.data).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = t
+                .step(&problem.data)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_near(&[*loss], &[got], 1e-4 * loss.abs().max(1.0), &what);
             for ((name, got), want) in t.params().iter().zip(params) {
                 assert_close(want, got, &format!("{what}: {name}"));
@@ -420,7 +440,6 @@ fn megatron_mlp_trains_like_the_interpreter_adamw() {
 fn transformer_trains_like_the_interpreter_adamw() {
     train_everywhere(&transformer(&mut Rng(3)), adamw(0.01, 0.01));
 }
-
 
 // ---- (c), (d) golden: the collectives of a partitioned step -----------------------------
 
@@ -524,7 +543,9 @@ fn golden_megatron_step_at_small_batch() {
 #[test]
 fn golden_weight_update_sharding() {
     let b = Builder::new("zero");
-    let x = b.parameter("x", [8, 16], DType::F32).annotate(s("(data, _)"));
+    let x = b
+        .parameter("x", [8, 16], DType::F32)
+        .annotate(s("(data, _)"));
     let w = b
         .parameter("w", [16, 8], DType::F32)
         .annotate(s("(data, model)"));
@@ -558,7 +579,10 @@ fn golden_weight_update_sharding() {
 // ---- checkpoints -------------------------------------------------------------------------
 
 fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("gspmd_train_{}_{name}.safetensors", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "gspmd_train_{}_{name}.safetensors",
+        std::process::id()
+    ))
 }
 
 #[test]

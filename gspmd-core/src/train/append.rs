@@ -2,7 +2,9 @@
 //! optimizer updates and the step program's new parameters speak only through it.
 
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Literal, Location, Node, Op, Program, TensorType, UnaryOp, ValueId, infer_type};
+use crate::ir::{
+    BinaryOp, Literal, Location, Node, Op, Program, TensorType, UnaryOp, ValueId, infer_type,
+};
 use crate::sharding::Sharding;
 
 /// Appends nodes to `program`, typed with [`infer_type`] and located at `location`.
@@ -37,7 +39,10 @@ impl<'p> Appender<'p> {
     ) -> (usize, ValueId) {
         let index = self.program.params.len();
         let id = self.program.push(Node {
-            op: Op::Parameter { index, ty: ty.clone() },
+            op: Op::Parameter {
+                index,
+                ty: ty.clone(),
+            },
             operands: Vec::new(),
             ty,
             annotation,
@@ -51,7 +56,12 @@ impl<'p> Appender<'p> {
     }
 
     /// Appends `op` applied to `operands`, carrying `annotation`.
-    fn push(&mut self, op: Op, operands: &[ValueId], annotation: Option<Sharding>) -> Result<ValueId> {
+    fn push(
+        &mut self,
+        op: Op,
+        operands: &[ValueId],
+        annotation: Option<Sharding>,
+    ) -> Result<ValueId> {
         let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
         let ty = infer_type(&op, &types).map_err(|message| Error::Shape {
             op: op.name(),
@@ -81,7 +91,14 @@ impl<'p> Appender<'p> {
     /// The f32 scalar `s` (a value of rank 0) broadcast to the shape of `like`.
     pub(super) fn broadcast_like(&mut self, s: ValueId, like: ValueId) -> Result<ValueId> {
         let shape = self.program.ty(like).shape.clone();
-        self.push(Op::Broadcast { shape, dims: Vec::new() }, &[s], None)
+        self.push(
+            Op::Broadcast {
+                shape,
+                dims: Vec::new(),
+            },
+            &[s],
+            None,
+        )
     }
 
     /// `x * c` for an f32 constant `c`.
@@ -105,7 +122,11 @@ impl<'p> Appender<'p> {
     }
 
     /// `x` pinned to `annotation` by a `sharding_constraint`, or `x` itself for `None`.
-    pub(super) fn constrain(&mut self, x: ValueId, annotation: Option<Sharding>) -> Result<ValueId> {
+    pub(super) fn constrain(
+        &mut self,
+        x: ValueId,
+        annotation: Option<Sharding>,
+    ) -> Result<ValueId> {
         match annotation {
             Some(sharding) => self.push(Op::ShardingConstraint, &[x], Some(sharding)),
             None => Ok(x),

@@ -69,7 +69,8 @@ pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>>
             let view = file
                 .tensor(&name)
                 .map_err(|e| fail(format!("tensor `{name}`: {e}")))?;
-            let lit = decode(&view).map_err(|message| fail(format!("tensor `{name}`: {message}")))?;
+            let lit =
+                decode(&view).map_err(|message| fail(format!("tensor `{name}`: {message}")))?;
             Ok((name, lit))
         })
         .collect()
@@ -95,12 +96,22 @@ fn decode(view: &TensorView<'_>) -> Result<Literal, String> {
     let shaped = |e: ndarray::ShapeError| e.to_string();
     match view.dtype() {
         Dtype::F32 => {
-            let v = words(view.data()).into_iter().map(f32::from_le_bytes).collect();
-            ArrayD::from_shape_vec(shape, v).map(Literal::F32).map_err(shaped)
+            let v = words(view.data())
+                .into_iter()
+                .map(f32::from_le_bytes)
+                .collect();
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::F32)
+                .map_err(shaped)
         }
         Dtype::I32 => {
-            let v = words(view.data()).into_iter().map(i32::from_le_bytes).collect();
-            ArrayD::from_shape_vec(shape, v).map(Literal::I32).map_err(shaped)
+            let v = words(view.data())
+                .into_iter()
+                .map(i32::from_le_bytes)
+                .collect();
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::I32)
+                .map_err(shaped)
         }
         Dtype::BOOL => {
             let v = view
@@ -112,8 +123,12 @@ fn decode(view: &TensorView<'_>) -> Result<Literal, String> {
                     other => Err(format!("bool byte {other} is neither 0 nor 1")),
                 })
                 .collect::<Result<Vec<bool>, String>>()?;
-            ArrayD::from_shape_vec(shape, v).map(Literal::Bool).map_err(shaped)
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::Bool)
+                .map_err(shaped)
         }
-        other => Err(format!("dtype {other:?} is not supported (f32, i32, bool are)")),
+        other => Err(format!(
+            "dtype {other:?} is not supported (f32, i32, bool are)"
+        )),
     }
 }

@@ -70,48 +70,43 @@ impl Optimizer {
     }
 
     /// Checks the hyper-parameters: finite, learning rate positive, betas and momentum
-    /// in `[0, 1)`, `eps > 0`, `weight_decay >= 0`.
+    /// in `[0, 1)`, `eps > 0`, `weight_decay >= 0`. The first one out of range is an
+    /// [`Error::Optimizer`].
     pub fn validate(&self) -> Result<()> {
-        let fail = |message: String| {
-            Err(Error::Optimizer {
-                optimizer: *self,
-                message,
-            })
-        };
-        let unit = |name: &str, x: f32| {
-            if (0.0..1.0).contains(&x) {
-                Ok(())
-            } else {
-                fail(format!("{name} = {x} is not in [0, 1)"))
-            }
-        };
-        let (lr, rest) = match *self {
-            Optimizer::Sgd { lr, momentum } => (lr, unit("momentum", momentum)),
+        let unit = |x: f32| (0.0..1.0).contains(&x);
+        let positive = |x: f32| x > 0.0 && x.is_finite();
+        // (name, value, in range, the range)
+        let checks = match *self {
+            Optimizer::Sgd { lr, momentum } => vec![
+                ("lr", lr, positive(lr), "> 0"),
+                ("momentum", momentum, unit(momentum), "in [0, 1)"),
+            ],
             Optimizer::AdamW {
                 lr,
                 beta1,
                 beta2,
                 eps,
                 weight_decay,
-            } => {
-                let others = unit("beta1", beta1).and(unit("beta2", beta2));
-                let others = others.and(if eps > 0.0 && eps.is_finite() {
-                    Ok(())
-                } else {
-                    fail(format!("eps = {eps} is not positive"))
-                });
-                let others = others.and(if weight_decay >= 0.0 && weight_decay.is_finite() {
-                    Ok(())
-                } else {
-                    fail(format!("weight_decay = {weight_decay} is negative"))
-                });
-                (lr, others)
-            }
+            } => vec![
+                ("lr", lr, positive(lr), "> 0"),
+                ("beta1", beta1, unit(beta1), "in [0, 1)"),
+                ("beta2", beta2, unit(beta2), "in [0, 1)"),
+                ("eps", eps, positive(eps), "> 0"),
+                (
+                    "weight_decay",
+                    weight_decay,
+                    weight_decay == 0.0 || positive(weight_decay),
+                    ">= 0",
+                ),
+            ],
         };
-        if !(lr > 0.0 && lr.is_finite()) {
-            return fail(format!("lr = {lr} is not a positive finite number"));
+        match checks.into_iter().find(|c| !c.2) {
+            Some((name, value, _, range)) => Err(Error::Optimizer {
+                optimizer: *self,
+                message: format!("{name} = {value} must be finite and {range}"),
+            }),
+            None => Ok(()),
         }
-        rest
     }
 
     /// Appends the update of parameter `w` with gradient `g`, state `state` (one value

@@ -127,8 +127,10 @@ pub fn step_program(
     let mut new_params = Vec::with_capacity(trained.len());
     let mut new_state = Vec::new();
     // State inputs first (all of them, in order), then the scalars, then the updates.
+    // Outputs: the loss, the new parameters, then the new state in input order.
     let mut state_inputs = Vec::with_capacity(trained.len());
-    for ((&input, &w), name) in trained.iter().zip(&weights).zip(&names) {
+    let mut state_output = 1 + trained.len();
+    for (i, ((&input, &w), name)) in trained.iter().zip(&weights).zip(&names).enumerate() {
         let (ty, annotation, location) = a.describe(w);
         a.location = location;
         let mut state = Vec::new();
@@ -139,15 +141,16 @@ pub fn step_program(
             state.push(StateSlot {
                 name: slot_name,
                 input: index,
-                output: 0,
+                output: state_output,
             });
+            state_output += 1;
             values.push(v);
         }
         state_inputs.push(values);
         params.push(TrainedParam {
             name: name.clone(),
             input,
-            output: 0,
+            output: 1 + i,
             state,
         });
     }
@@ -156,7 +159,12 @@ pub fn step_program(
         .iter()
         .map(|s| a.parameter((*s).to_string(), TensorType::new([], DType::F32), None))
         .unzip();
-    for (((p, &w), &g), state) in params.iter().zip(&weights).zip(&gradients).zip(&state_inputs) {
+    for (((p, &w), &g), state) in params
+        .iter()
+        .zip(&weights)
+        .zip(&gradients)
+        .zip(&state_inputs)
+    {
         let (_, annotation, location) = a.describe(w);
         a.location = location;
         let (w_new, s_new) = optimizer.emit_update(&mut a, w, g, state, &scalar_values)?;
@@ -170,16 +178,6 @@ pub fn step_program(
         }
     }
 
-    // Outputs: loss, new parameters, new state.
-    let mut next = 1;
-    for p in &mut params {
-        p.output = next;
-        next += 1;
-    }
-    for s in params.iter_mut().flat_map(|p| p.state.iter_mut()) {
-        s.output = next;
-        next += 1;
-    }
     program.outputs = std::iter::once(loss_value)
         .chain(new_params)
         .chain(new_state)

@@ -181,7 +181,10 @@ impl Trainer {
             }
         }
         let count = i32::try_from(self.steps_done).unwrap_or(i32::MAX);
-        tensors.push((STEP_COUNT.into(), Literal::full(&[], DType::I32, f64::from(count))));
+        tensors.push((
+            STEP_COUNT.into(),
+            Literal::full(&[], DType::I32, f64::from(count)),
+        ));
         tensors
     }
 
