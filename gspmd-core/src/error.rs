@@ -201,6 +201,41 @@ pub enum Error {
         message: String,
     },
 
+    // ---- training ------------------------------------------------------------------
+    /// An optimizer's hyper-parameters are out of range.
+    #[error("optimizer {optimizer:?}: {message}")]
+    Optimizer {
+        /// The optimizer as given.
+        optimizer: crate::train::Optimizer,
+        /// Which hyper-parameter is wrong and why.
+        message: String,
+    },
+    /// `step_program` was asked for a step that does not fit the model.
+    #[error("training step of program `{program}`: {message}")]
+    TrainRequest {
+        /// The model program's name.
+        program: String,
+        /// What does not fit: the parameter index, its name and type.
+        message: String,
+    },
+    /// A value given to a trainer (an initial parameter, a step's data, a checkpoint's
+    /// tensor) does not fit the step program.
+    #[error("trainer input `{name}`: {message}")]
+    TrainerInput {
+        /// The input's name (parameter, state slot or data input).
+        name: String,
+        /// Expected vs. given.
+        message: String,
+    },
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file.
+        path: String,
+        /// What went wrong (I/O, format, an unsupported dtype, a repeated name).
+        message: String,
+    },
+
     // ---- running programs ----------------------------------------------------------
     /// A program was run with the wrong inputs.
     #[error("input {index} ({name}): {message}")]

@@ -1,0 +1,134 @@
+//! Checkpoints: named global tensors in the safetensors format (a JSON header of names,
+//! dtypes, shapes and offsets, then little-endian row-major data), readable by other
+//! frameworks' safetensors loaders.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ndarray::{ArrayD, IxDyn};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::error::{Error, Result};
+use crate::ir::Literal;
+
+/// Header metadata key prefix recording the order tensors were given in: key
+/// `gspmd.order.<i>` holds the name of tensor `i`.
+const ORDER: &str = "gspmd.order.";
+
+/// Writes `tensors` (f32, i32 or bool; names distinct) to `path` as a safetensors file,
+/// replacing it if it exists. Their order is kept in the header's metadata so that
+/// [`load_checkpoint`] returns them in the same order.
+pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) -> Result<()> {
+    let path = path.as_ref();
+    let fail = |message: String| Error::Checkpoint {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut order = HashMap::with_capacity(tensors.len());
+    let mut bytes = Vec::with_capacity(tensors.len());
+    for (i, (name, lit)) in tensors.iter().enumerate() {
+        if tensors[..i].iter().any(|(n, _)| n == name) {
+            return Err(fail(format!("tensor name `{name}` is given twice")));
+        }
+        order.insert(format!("{ORDER}{i}"), name.clone());
+        let (dtype, data) = encode(lit);
+        bytes.push((name.as_str(), dtype, lit.shape(), data));
+    }
+    let views = bytes
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            TensorView::new(*dtype, shape.clone(), data)
+                .map(|view| (*name, view))
+                .map_err(|e| fail(format!("tensor `{name}`: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::serialize_to_file(views, Some(order), path).map_err(|e| fail(e.to_string()))
+}
+
+/// Reads the tensors of the safetensors file at `path`: in the order they were saved
+/// by [`save_checkpoint`], or in file order for a file written by another tool.
+/// F32, I32 and BOOL tensors are supported; any other dtype is an [`Error::Checkpoint`].
+pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>> {
+    let path = path.as_ref();
+    let fail = |message: String| Error::Checkpoint {
+        path: path.display().to_string(),
+        message,
+    };
+    let buffer = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let (_, metadata) = SafeTensors::read_metadata(&buffer).map_err(|e| fail(e.to_string()))?;
+    let file = SafeTensors::deserialize(&buffer).map_err(|e| fail(e.to_string()))?;
+    let saved_order: Option<Vec<String>> = metadata.metadata().as_ref().and_then(|m| {
+        (0..file.len())
+            .map(|i| m.get(&format!("{ORDER}{i}")).cloned())
+            .collect()
+    });
+    let names = saved_order.unwrap_or_else(|| metadata.offset_keys());
+    names
+        .into_iter()
+        .map(|name| {
+            let view = file
+                .tensor(&name)
+                .map_err(|e| fail(format!("tensor `{name}`: {e}")))?;
+            let lit =
+                decode(&view).map_err(|message| fail(format!("tensor `{name}`: {message}")))?;
+            Ok((name, lit))
+        })
+        .collect()
+}
+
+/// The safetensors dtype and little-endian bytes of `lit`, row-major.
+fn encode(lit: &Literal) -> (Dtype, Vec<u8>) {
+    match lit {
+        Literal::F32(a) => (Dtype::F32, a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Literal::I32(a) => (Dtype::I32, a.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Literal::Bool(a) => (Dtype::BOOL, a.iter().map(|&b| u8::from(b)).collect()),
+    }
+}
+
+/// The literal a tensor view holds.
+fn decode(view: &TensorView<'_>) -> Result<Literal, String> {
+    let shape = IxDyn(view.shape());
+    let words = |data: &[u8]| -> Vec<[u8; 4]> {
+        data.chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect()
+    };
+    let shaped = |e: ndarray::ShapeError| e.to_string();
+    match view.dtype() {
+        Dtype::F32 => {
+            let v = words(view.data())
+                .into_iter()
+                .map(f32::from_le_bytes)
+                .collect();
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::F32)
+                .map_err(shaped)
+        }
+        Dtype::I32 => {
+            let v = words(view.data())
+                .into_iter()
+                .map(i32::from_le_bytes)
+                .collect();
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::I32)
+                .map_err(shaped)
+        }
+        Dtype::BOOL => {
+            let v = view
+                .data()
+                .iter()
+                .map(|&b| match b {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    other => Err(format!("bool byte {other} is neither 0 nor 1")),
+                })
+                .collect::<Result<Vec<bool>, String>>()?;
+            ArrayD::from_shape_vec(shape, v)
+                .map(Literal::Bool)
+                .map_err(shaped)
+        }
+        other => Err(format!(
+            "dtype {other:?} is not supported (f32, i32, bool are)"
+        )),
+    }
+}

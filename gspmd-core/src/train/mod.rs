@@ -1,0 +1,20 @@
+//! Training: the whole step — forward, backward and optimizer update — as one program,
+//! so that propagation and partitioning see all of it (GSPMD shards the weight update
+//! and the optimizer state like the weights), and a host loop that runs it.
+//!
+//! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW), emitted as IR.
+//! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`].
+//! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
+//!   feeds outputs back as inputs.
+//! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
+
+mod append;
+mod checkpoint;
+mod optimizer;
+mod step;
+mod trainer;
+
+pub use checkpoint::{load_checkpoint, save_checkpoint};
+pub use optimizer::Optimizer;
+pub use step::{StateSlot, TrainStep, TrainedParam, step_program};
+pub use trainer::{Engine, STEP_COUNT, Trainer};

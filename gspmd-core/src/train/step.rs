@@ -1,0 +1,231 @@
+//! [`step_program`]: one training step as ONE program — forward, backward (by
+//! [`grad`]) and the optimizer update — so that propagation and partitioning see the
+//! whole step, and optimizer state is sharded like its parameter.
+
+use super::append::Appender;
+use super::optimizer::Optimizer;
+use crate::autodiff::grad;
+use crate::error::{Error, Result};
+use crate::ir::{DType, Program, TensorType, ValueId, verify};
+
+/// One optimizer state tensor of a trained parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSlot {
+    /// `<slot>(<parameter>)`, e.g. `m(w1)`: the name of its input (and checkpoint key).
+    pub name: String,
+    /// Its input index in the step program.
+    pub input: usize,
+    /// The output index of its next value (named `new(<name>)`).
+    pub output: usize,
+}
+
+/// A parameter the step updates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainedParam {
+    /// The model parameter's name (its `%i` if it has none).
+    pub name: String,
+    /// Its input index: the same in the model and the step program.
+    pub input: usize,
+    /// The output index of its updated value (named `new(<name>)`).
+    pub output: usize,
+    /// Its optimizer state, one per [`Optimizer::state_slots`].
+    pub state: Vec<StateSlot>,
+}
+
+/// A training step program and what its inputs and outputs are.
+///
+/// Inputs: the model's parameters at their model indices (trained ones and data), then
+/// the optimizer state of each trained parameter (in `params` order, slots in
+/// [`Optimizer::state_slots`] order), then the optimizer's scalars
+/// ([`Optimizer::scalar_inputs`]). Outputs: the loss (output 0), the updated trained
+/// parameters (in `params` order), then the new optimizer state (in input order).
+/// Feeding output [`TrainStep::feedback`]`.0` back as input `.1` gives the next step's
+/// inputs.
+#[derive(Debug, Clone)]
+pub struct TrainStep {
+    /// The step program.
+    pub program: Program,
+    /// The optimizer it applies.
+    pub optimizer: Optimizer,
+    /// The trained parameters, in the order they were asked for.
+    pub params: Vec<TrainedParam>,
+    /// Input indices of the model parameters that are not trained (data, targets,
+    /// frozen weights), in index order: given anew each step.
+    pub data: Vec<usize>,
+    /// Input indices of the optimizer's per-step scalars.
+    pub scalars: Vec<usize>,
+}
+
+impl TrainStep {
+    /// Output index of the loss.
+    pub const LOSS: usize = 0;
+
+    /// `(output, input)` pairs: the outputs that become the next step's inputs.
+    pub fn feedback(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.params.iter().flat_map(|p| {
+            std::iter::once((p.output, p.input)).chain(p.state.iter().map(|s| (s.output, s.input)))
+        })
+    }
+}
+
+/// Builds the training step of `model`: the gradient of its output number `loss` (an f32
+/// scalar) with respect to the parameters numbered `trained` (f32, distinct), and the
+/// update of each by `optimizer`.
+///
+/// For each trained parameter, the optimizer state tensors are new parameters shaped
+/// like it and carrying its annotation, so the state is sharded like the weight. The
+/// updated parameter and state pass through a `sharding_constraint` with that
+/// annotation (none if the parameter has none), so they come out sharded like the
+/// inputs they replace. Update nodes are located at their parameter's source line. The
+/// model's other outputs are not outputs of the step, and nodes that only they use are
+/// dropped.
+///
+/// Errors: [`Error::Optimizer`] for bad hyper-parameters, [`Error::TrainRequest`] for
+/// an empty or repeated `trained` list, and `grad`'s errors ([`Error::GradRequest`]: an
+/// index out of range, a loss that is not an f32 scalar, a non-f32 trained parameter).
+pub fn step_program(
+    model: &Program,
+    loss: usize,
+    trained: &[usize],
+    optimizer: &Optimizer,
+) -> Result<TrainStep> {
+    optimizer.validate()?;
+    let request = |message: String| Error::TrainRequest {
+        program: model.name.clone(),
+        message,
+    };
+    if trained.is_empty() {
+        return Err(request("no parameter to train".into()));
+    }
+    if let Some((i, &p)) = trained
+        .iter()
+        .enumerate()
+        .find(|(i, p)| trained[..*i].contains(p))
+    {
+        return Err(request(format!(
+            "parameter {p} is listed twice among the trained parameters (at {i})"
+        )));
+    }
+    let mut program = grad(model, loss, trained)?;
+    program.name = format!("train_step_{}", model.name);
+    let loss_value = program.outputs[loss];
+    let gradients = program.outputs[model.outputs.len()..].to_vec();
+    let weights: Vec<ValueId> = trained.iter().map(|&i| program.params[i]).collect();
+    let names: Vec<String> = weights
+        .iter()
+        .map(|&w| {
+            program
+                .node(w)
+                .name
+                .clone()
+                .unwrap_or_else(|| w.to_string())
+        })
+        .collect();
+
+    let mut a = Appender::new(&mut program);
+    let mut params = Vec::with_capacity(trained.len());
+    let mut new_params = Vec::with_capacity(trained.len());
+    let mut new_state = Vec::new();
+    // State inputs first (all of them, in order), then the scalars, then the updates.
+    // Outputs: the loss, the new parameters, then the new state in input order.
+    let mut state_inputs = Vec::with_capacity(trained.len());
+    let mut state_output = 1 + trained.len();
+    for (i, ((&input, &w), name)) in trained.iter().zip(&weights).zip(&names).enumerate() {
+        let (ty, annotation, location) = a.describe(w);
+        a.location = location;
+        let mut state = Vec::new();
+        let mut values = Vec::new();
+        for slot in optimizer.state_slots() {
+            let slot_name = format!("{slot}({name})");
+            let (index, v) = a.parameter(slot_name.clone(), ty.clone(), annotation.clone());
+            state.push(StateSlot {
+                name: slot_name,
+                input: index,
+                output: state_output,
+            });
+            state_output += 1;
+            values.push(v);
+        }
+        state_inputs.push(values);
+        params.push(TrainedParam {
+            name: name.clone(),
+            input,
+            output: 1 + i,
+            state,
+        });
+    }
+    let (scalars, scalar_values): (Vec<usize>, Vec<ValueId>) = optimizer
+        .scalar_inputs()
+        .iter()
+        .map(|s| a.parameter((*s).to_string(), TensorType::new([], DType::F32), None))
+        .unzip();
+    for (((p, &w), &g), state) in params
+        .iter()
+        .zip(&weights)
+        .zip(&gradients)
+        .zip(&state_inputs)
+    {
+        let (_, annotation, location) = a.describe(w);
+        a.location = location;
+        let (w_new, s_new) = optimizer.emit_update(&mut a, w, g, state, &scalar_values)?;
+        let w_new = a.constrain(w_new, annotation.clone())?;
+        a.name(w_new, format!("new({})", p.name));
+        new_params.push(w_new);
+        for (slot, s) in p.state.iter().zip(s_new) {
+            let s = a.constrain(s, annotation.clone())?;
+            a.name(s, format!("new({})", slot.name));
+            new_state.push(s);
+        }
+    }
+
+    program.outputs = std::iter::once(loss_value)
+        .chain(new_params)
+        .chain(new_state)
+        .collect();
+    let program = without_dead_nodes(&program);
+    verify(&program)?;
+    let data = (0..model.params.len())
+        .filter(|i| !trained.contains(i))
+        .collect();
+    Ok(TrainStep {
+        program,
+        optimizer: *optimizer,
+        params,
+        data,
+        scalars,
+    })
+}
+
+/// `program` without the nodes no output depends on; parameters are always kept.
+/// Values are renumbered in order.
+fn without_dead_nodes(program: &Program) -> Program {
+    let mut live = vec![false; program.nodes.len()];
+    for &v in program.outputs.iter().chain(&program.params) {
+        live[v.index()] = true;
+    }
+    for (index, node) in program.nodes.iter().enumerate().rev() {
+        if live[index] {
+            for &o in &node.operands {
+                live[o.index()] = true;
+            }
+        }
+    }
+    let mut renumbered = vec![None; program.nodes.len()];
+    let mut out = Program::new(program.name.clone());
+    for v in program.values().filter(|v| live[v.index()]) {
+        let mut node = program.node(v).clone();
+        // Propagation's provenance names old ids; it is recomputed when propagated.
+        node.origin = None;
+        // Operands of a live node are live and come earlier, so they are renumbered.
+        node.operands = node
+            .operands
+            .iter()
+            .filter_map(|o| renumbered[o.index()])
+            .collect();
+        renumbered[v.index()] = Some(out.push(node));
+    }
+    let map = |ids: &[ValueId]| ids.iter().filter_map(|v| renumbered[v.index()]).collect();
+    out.params = map(&program.params);
+    out.outputs = map(&program.outputs);
+    out
+}
