@@ -529,8 +529,6 @@ fn golden_megatron_step_only_all_reduces_gradients_over_data() {
 
 /// The same at batch 8, where the activations are smaller than the weights.
 #[test]
-#[ignore = "partitioner: at batch 8 the weight-gradient dots all-gather both activations \
-            over data (duplicating the batch's FLOPs) instead of all-reducing the gradient"]
 fn golden_megatron_step_at_small_batch() {
     check_megatron_step(8);
 }

@@ -294,14 +294,19 @@ impl Op {
 
     /// True for the collectives (ops that communicate between devices).
     pub fn is_collective(&self) -> bool {
-        matches!(
-            self,
-            Op::AllReduce { .. }
-                | Op::AllGather { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllToAll { .. }
-                | Op::CollectivePermute { .. }
-        )
+        self.collective_group().is_some()
+    }
+
+    /// The devices a collective spans; `None` for other ops.
+    pub fn collective_group(&self) -> Option<&AxisGroup> {
+        match self {
+            Op::AllReduce { group, .. }
+            | Op::AllGather { group, .. }
+            | Op::ReduceScatter { group, .. }
+            | Op::AllToAll { group, .. }
+            | Op::CollectivePermute { group, .. } => Some(group),
+            _ => None,
+        }
     }
 
     /// True for ops that only exist in partitioned programs (collectives, axis_index,

@@ -46,8 +46,14 @@ impl<'m> Emitter<'m> {
             .push(format!("{location}: {value} = {op}: {message}"));
     }
 
-    /// Appends `op(operands)`, typed by [`infer_type`].
+    /// Appends `op(operands)`, typed by [`infer_type`]. A collective over a group of one
+    /// device is the identity and emits nothing.
     pub fn emit(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        if let Some(group) = op.collective_group()
+            && group.size == 1
+        {
+            return Ok(operands[0]);
+        }
         let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
         let ty = infer_type(&op, &types)
             .map_err(|m| self.error(format!("internal: {}: {m}", op.name())))?;

@@ -101,7 +101,7 @@ impl SpmdProgram {
                     out,
                     "  {v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
                     node.op.name(),
-                    collective_axes(&node.op),
+                    node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
                     self.program.ty(node.operands[0]),
                     node.ty,
                     bytes_received(&self.program, node),
@@ -114,16 +114,5 @@ impl SpmdProgram {
             let _ = write!(out, "\nwarning: {w}");
         }
         out
-    }
-}
-
-fn collective_axes(op: &Op) -> &[String] {
-    match op {
-        Op::AllReduce { group, .. }
-        | Op::AllGather { group, .. }
-        | Op::ReduceScatter { group, .. }
-        | Op::AllToAll { group, .. }
-        | Op::CollectivePermute { group, .. } => &group.axes,
-        _ => &[],
     }
 }

@@ -15,6 +15,7 @@ use super::super::value::PValue;
 use super::with_dims;
 use crate::error::Result;
 use crate::ir::{DotDims, Op, TensorType};
+use crate::partition::reshard::size_of_axes as axes_size;
 use crate::sharding::Sharding;
 
 /// How a dot is computed: each operand's tiling, the result's tiling and the axes the
@@ -149,12 +150,16 @@ pub(super) fn dot_general(
         .chain(dims.lhs_free.iter().map(|&d| lhs.global.shape[d]))
         .chain(dims.rhs_free.iter().map(|&d| rhs.global.shape[d]))
         .collect();
-    // The cheapest strategy: bytes to reshard both operands plus to reduce the result.
+    // The cheapest strategy: bytes received to reshard both operands and to reduce the
+    // result, plus the local product's flops, each flop charged as one byte. Without the
+    // flop term, gathering both operands of a small product would look cheaper than
+    // all-reducing its partial sums while every device repeats the whole product.
+    let elem_bytes = lhs.global.dtype.size_in_bytes() as f64;
     let cost = |st: &Strategy| -> f64 {
         let plan = |shape: &[usize], from: &Sharding, to: &Sharding| {
             plan_reshard(em.mesh, shape, from, to).map_or(f64::INFINITY, |p| p.cost)
         };
-        plan(
+        let moved = plan(
             &lhs.global.shape,
             &lhs.sharding,
             &with_dims(st.lhs.clone(), Vec::new()),
@@ -166,7 +171,20 @@ pub(super) fn dot_general(
             &global_shape,
             &with_dims(st.result.clone(), st.partial.clone()),
             target,
-        )
+        );
+        let local = |shape: &[usize], tiling: &[Vec<String>]| -> Vec<f64> {
+            shape
+                .iter()
+                .zip(tiling)
+                .map(|(&n, axes)| n.div_ceil(axes_size(axes, em.mesh)) as f64)
+                .collect()
+        };
+        let l = local(&lhs.global.shape, &st.lhs);
+        let r = local(&rhs.global.shape, &st.rhs);
+        // 2 * (all lhs dims) * (rhs free dims): every lhs element meets every rhs free column.
+        let flops =
+            2.0 * l.iter().product::<f64>() * dims.rhs_free.iter().map(|&d| r[d]).product::<f64>();
+        moved * elem_bytes + flops
     };
     let best = contracting_choices(dd, lhs, rhs, target)
         .iter()
