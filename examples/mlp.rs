@@ -28,7 +28,7 @@ pub fn mlp(
     h.matmul(&w2)
 }
 
-fn main() -> gspmd::Result<()> {
+pub fn main() -> gspmd::Result<()> {
     let program = mlp::trace(mlp::Dims {
         B: 16,
         D: 32,

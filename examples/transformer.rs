@@ -80,7 +80,7 @@ pub fn transformer(
     x
 }
 
-fn main() -> gspmd::Result<()> {
+pub fn main() -> gspmd::Result<()> {
     let dims = transformer::Dims {
         B: 8,
         S: 8,

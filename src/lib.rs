@@ -40,6 +40,16 @@ pub mod dsl;
 
 pub use gspmd_core::*;
 pub use gspmd_macros::model;
+/// The README's Rust code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// docs/dsl.md's Rust code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/dsl.md")]
+struct DslDocDoctests;
+
 /// The array crate [`Literal`](ir::Literal)s wrap, re-exported so that its version
 /// always matches: build inputs with `gspmd::ndarray::ArrayD`.
 pub use ndarray;
