@@ -41,11 +41,27 @@ pub mod models;
 
 pub use gspmd_core::*;
 pub use gspmd_macros::model;
+/// The README's Rust code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
-/// What a model file needs: `use gspmd::prelude::*;`.
+/// docs/dsl.md's Rust code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/dsl.md")]
+struct DslDocDoctests;
+
+/// The array crate [`Literal`](ir::Literal)s wrap, re-exported so that its version
+/// always matches: build inputs with `gspmd::ndarray::ArrayD`.
+pub use ndarray;
+
+/// What a model file needs: `use gspmd::prelude::*;` — the DSL, the tracer's types,
+/// shardings, and what compiles and runs a program (`compile`, `ThreadMesh`, inputs as
+/// `Literal`s, and the reference `interpret`er to compare with).
 pub mod prelude {
     pub use crate::model;
-    pub use gspmd_core::ir::{Builder, DType, Program, Tensor, einsum};
+    pub use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
+    pub use gspmd_core::runtime::{ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
-    pub use gspmd_core::{Error, Result};
+    pub use gspmd_core::{Error, Executable, Result, compile};
 }

@@ -422,3 +422,60 @@ fn einsum_model_lowers_to_dot_and_reduce() {
     // The multiplication by the static `scale` is a constant 0.5.
     assert!(p.to_string().contains("value=0.5"));
 }
+
+// ---- a model calling a model; a mask built in the body ------------------------------
+
+/// Scales `x` and pins the result; its parameter annotation only applies when `scaled`
+/// itself is traced.
+#[gspmd::model(mesh = (data, model))]
+fn scaled(#[shard(_, model)] x: Tensor<B, D>) -> Tensor<B, D> {
+    #[shard(data, _, name = "scaled")]
+    let y = &x * 2.0;
+    y
+}
+
+/// Lower-triangular part of `x` (zeros above the diagonal), through `scaled`.
+#[gspmd::model(mesh = (data, model))]
+fn lower(#[shard(data, _)] x: Tensor<N, N>) -> Tensor<N, N> {
+    let b = x.builder();
+    let n = x.shape()[0];
+    let keep = b
+        .iota([n, n], 0, DType::I32)
+        .ge(&b.iota([n, n], 1, DType::I32));
+    keep.select(&scaled(x.clone()), &x.scalar_like(0.0)) // lower: select
+}
+
+#[test]
+fn a_called_model_contributes_its_lets_but_not_its_parameter_annotations() {
+    let p = lower::trace(lower::Dims { N: 4 }).unwrap();
+    gspmd::ir::verify(&p).unwrap();
+    // The parameter is `lower`'s, with `lower`'s annotation.
+    assert_eq!(annotation(p.node(p.params[0])), "(data, _)");
+    // `scaled`'s `#[shard] let` is a constraint; its `(_, model)` is on no value.
+    let pinned = named(&p, "scaled");
+    assert_eq!(pinned.len(), 1);
+    assert_eq!(annotation(pinned[0]), "(data, _)");
+    assert_eq!(count(&p, "sharding_constraint"), 1);
+    assert!(p.nodes.iter().all(|n| annotation(n) != "(_, model)"), "{p}");
+    // The mask: two iotas, one comparison, one select at the user's line.
+    assert_eq!(count(&p, "iota"), 2);
+    assert_eq!(count(&p, "compare"), 1);
+    let select = p.node(p.outputs[0]);
+    assert_eq!(select.op.name(), "select");
+    assert_eq!(select.location.line, line_of("// lower: select"));
+    // Traced alone, `scaled` has its own parameter annotation.
+    let alone = scaled::trace(scaled::Dims { B: 4, D: 4 }).unwrap();
+    assert_eq!(annotation(alone.node(alone.params[0])), "(_, model)");
+}
+
+#[test]
+fn the_lower_triangle_model_computes_a_lower_triangle() {
+    let p = lower::trace(lower::Dims { N: 3 }).unwrap();
+    let x = gspmd::ndarray::ArrayD::from_shape_fn(vec![3, 3], |i| (i[0] * 3 + i[1] + 1) as f32);
+    let got = interpret(&p, &[Literal::from(x)]).unwrap();
+    let expected = [2.0, 0.0, 0.0, 8.0, 10.0, 0.0, 14.0, 16.0, 18.0];
+    assert_eq!(
+        got[0].as_f32().unwrap().iter().copied().collect::<Vec<_>>(),
+        expected
+    );
+}
