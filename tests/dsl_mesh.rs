@@ -18,8 +18,8 @@ mod mlp_example;
 #[path = "../examples/transformer.rs"]
 mod transformer_example;
 
+use gspmd::models::transformer::{block, stack as transformer};
 use mlp_example::mlp;
-use transformer_example::{block, transformer};
 
 // ---- harness ----------------------------------------------------------------------
 

@@ -27,12 +27,12 @@ pub fn causal(scores: &Tensor) -> Tensor {
 /// Causal multi-head self-attention over `x: [B, S, D]` with `wq, wk, wv: [D, H, K]`
 /// and `wo: [H, K, D]`.
 pub fn attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    let q = einsum("bsd,dhk->bhsk", x, wq);
+    let q = einsum("bsd,dhk->bhsk", x, wq).named("q");
     let k = einsum("btd,dhk->bhtk", x, wk);
     let v = einsum("btd,dhk->bhtk", x, wv);
     let scale = 1.0 / (q.shape()[3] as f32).sqrt();
-    let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale));
-    let context = einsum("bhst,bhtk->bhsk", &scores.softmax(-1), &v);
+    let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale)).named("scores");
+    let context = einsum("bhst,bhtk->bhsk", &scores.softmax(-1), &v).named("context");
     einsum("bhsk,hkd->bsd", &context, wo)
 }
 
@@ -68,9 +68,28 @@ pub fn block(
     &attended + &einsum("bsf,fd->bsd", &hidden, &w2)
 }
 
+/// `L` layers of [`block`], weights stacked over layers, with the paper's 2-D finalized
+/// sharding of the weights.
+#[crate::model(mesh = (data, model), out = (data, _, _))]
+pub fn stack(
+    #[shard(data, _, _)] x: Tensor<B, S, D>,
+    #[shard(_, data, model, _)] wq: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _)] wk: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _)] wv: Tensor<L, D, H, K>,
+    #[shard(_, model, _, data)] wo: Tensor<L, H, K, D>,
+    #[shard(_, data, model)] w1: Tensor<L, D, F>,
+    #[shard(_, model, data)] w2: Tensor<L, F, D>,
+) -> Tensor<B, S, D> {
+    let mut x = x;
+    for l in 0..wq.shape()[0] {
+        let w = |stacked: &Tensor| layer(stacked, l);
+        x = block(x, w(&wq), w(&wk), w(&wv), w(&wo), w(&w1), w(&w2));
+    }
+    x
+}
+
 /// The language model's loss: the mean over positions (weighted by `weights`) of the
-/// cross-entropy of predicting `targets` from `tokens`, with `L` layers of [`block`]
-/// (weights stacked over layers).
+/// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack`].
 #[crate::model(mesh = (data, model))]
 #[allow(clippy::too_many_arguments)]
 pub fn language_model(
@@ -89,11 +108,8 @@ pub fn language_model(
 ) -> Tensor {
     let vocab = embed.shape()[0];
     #[shard(data, _, _)]
-    let mut x = &einsum("bsv,vd->bsd", &one_hot(&tokens, vocab), &embed) + &position;
-    for l in 0..wq.shape()[0] {
-        let w = |stacked: &Tensor| layer(stacked, l);
-        x = block(x, w(&wq), w(&wk), w(&wv), w(&wo), w(&w1), w(&w2));
-    }
+    let x = &einsum("bsv,vd->bsd", &one_hot(&tokens, vocab), &embed) + &position;
+    let x = stack(x, wq, wk, wv, wo, w1, w2);
     let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &unembed);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
     let total = (&log_p * &weights).sum(&[0, 1]);
