@@ -1,12 +1,13 @@
-//! [`Trainer`]: the host-side training loop. It holds the current parameters and
-//! optimizer state as global arrays, runs one step program per call, and feeds the
-//! step's outputs back as the next step's inputs.
+//! [`Trainer`]: the training loop. It runs one step program per call and feeds the
+//! step's new parameters and optimizer state back as the next step's inputs. On a mesh
+//! they never leave the devices: each device keeps its block of every parameter and
+//! state tensor between steps, and only the data goes in and the loss comes out.
 
 use super::step::TrainStep;
 use crate::error::{Error, Result};
 use crate::executable::{Executable, compile};
 use crate::ir::{DType, Literal, Program, TensorType};
-use crate::runtime::{ThreadMesh, interpret};
+use crate::runtime::{Input, Output, ThreadMesh, Value, interpret};
 use crate::sharding::Mesh;
 
 /// Name of the step count in a [`Trainer::checkpoint`].
@@ -14,9 +15,11 @@ pub const STEP_COUNT: &str = "optimizer.step";
 
 /// Where a trainer runs its steps.
 pub enum Engine {
-    /// The reference interpreter on the global step program: the oracle.
+    /// The reference interpreter on the global step program: the oracle. Parameters and
+    /// state are host arrays.
     Reference,
-    /// The step compiled for a mesh, run on a thread mesh with global inputs and outputs.
+    /// The step compiled for a mesh and run on a thread mesh. Parameters and state stay
+    /// resident on the devices between steps.
     Mesh {
         /// The compiled step.
         exe: Box<Executable>,
@@ -32,15 +35,11 @@ impl Engine {
         let threads = ThreadMesh::new(mesh)?;
         Ok(Engine::Mesh { exe, threads })
     }
+}
 
-    /// Runs `program` (the step this engine was made for) on global `inputs`. The one
-    /// place where a step executes.
-    fn run(&self, program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        match self {
-            Engine::Reference => interpret(program, inputs),
-            Engine::Mesh { exe, threads } => exe.run(threads, inputs),
-        }
-    }
+/// The device-store key of step input `index` named `name` (carried values only).
+fn resident_key(index: usize, name: &str) -> String {
+    format!("train/{index}/{name}")
 }
 
 /// Runs training steps of one [`TrainStep`] on one [`Engine`].
@@ -51,8 +50,14 @@ impl Engine {
 pub struct Trainer {
     step: TrainStep,
     engine: Engine,
-    /// One per input of the step program, in input order.
+    /// One per input of the step program, in input order. On a mesh, the carried
+    /// inputs (parameters and state) live on the devices and their slots here are
+    /// unused.
     inputs: Vec<Literal>,
+    /// For each input: its resident key if it is carried from step to step.
+    carried: Vec<Option<String>>,
+    /// For each output: the input it becomes in the next step.
+    feeds: Vec<Option<usize>>,
     steps_done: u64,
 }
 
@@ -85,12 +90,49 @@ impl Trainer {
             check(&step.program, p.input, &p.name, &value)?;
             inputs[p.input] = value;
         }
-        Ok(Trainer {
+        let mut carried = vec![None; inputs.len()];
+        let mut feeds = vec![None; step.program.outputs.len()];
+        for (output, input) in step.feedback() {
+            let name = step
+                .program
+                .node(step.program.params[input])
+                .name
+                .clone()
+                .unwrap_or_default();
+            carried[input] = Some(resident_key(input, &name));
+            feeds[output] = Some(input);
+        }
+        let mut trainer = Trainer {
             step,
             engine,
             inputs,
+            carried,
+            feeds,
             steps_done: 0,
-        })
+        };
+        trainer.upload_carried()?;
+        Ok(trainer)
+    }
+
+    /// On a mesh, puts every carried input's host value on the devices.
+    fn upload_carried(&mut self) -> Result<()> {
+        if let Engine::Mesh { exe, threads } = &self.engine {
+            for (index, key) in self.carried.iter().enumerate() {
+                if let Some(key) = key {
+                    threads.upload(key, &self.inputs[index], &exe.spmd.inputs[index].1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The current global value of carried input `index` (fetched from the devices on
+    /// a mesh).
+    fn carried_value(&self, index: usize) -> Result<Literal> {
+        match (&self.engine, &self.carried[index]) {
+            (Engine::Mesh { threads, .. }, Some(key)) => threads.fetch(key),
+            _ => Ok(self.inputs[index].clone()),
+        }
     }
 
     /// A trainer on the reference interpreter.
@@ -125,21 +167,40 @@ impl Trainer {
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
         }
-        let outputs = self.engine.run(&self.step.program, &self.inputs)?;
-        let loss = outputs
-            .get(TrainStep::LOSS)
-            .and_then(Literal::as_f32)
-            .and_then(|a| a.iter().next().copied())
-            .ok_or_else(|| Error::TrainerInput {
-                name: "loss".into(),
-                message: "the step did not return an f32 loss".into(),
-            })?;
-        let mut outputs: Vec<Option<Literal>> = outputs.into_iter().map(Some).collect();
-        for (output, input) in self.step.feedback() {
-            if let Some(value) = outputs.get_mut(output).and_then(Option::take) {
-                self.inputs[input] = value;
+        let loss = match &self.engine {
+            Engine::Reference => {
+                let outputs = interpret(&self.step.program, &self.inputs)?;
+                let loss = loss_of(outputs.get(TrainStep::LOSS))?;
+                for (output, value) in outputs.into_iter().enumerate() {
+                    if let Some(input) = self.feeds[output] {
+                        self.inputs[input] = value;
+                    }
+                }
+                loss
             }
-        }
+            Engine::Mesh { exe, threads } => {
+                let inputs: Vec<Input> = (self.inputs.iter().zip(&self.carried))
+                    .map(|(value, key)| match key {
+                        Some(key) => Input::Resident(key),
+                        None => Input::Global(value),
+                    })
+                    .collect();
+                let outputs: Vec<Output> = (self.feeds.iter())
+                    .map(
+                        |feed| match feed.and_then(|input| self.carried[input].clone()) {
+                            Some(key) => Output::Resident(key),
+                            None => Output::Global,
+                        },
+                    )
+                    .collect();
+                let values = exe.spmd.execute(threads, &inputs, &outputs)?;
+                let loss = values
+                    .into_iter()
+                    .nth(TrainStep::LOSS)
+                    .and_then(Value::into_global);
+                loss_of(loss.as_ref())?
+            }
+        };
         self.steps_done += 1;
         Ok(loss)
     }
@@ -160,24 +221,24 @@ impl Trainer {
     }
 
     /// The current value of each trained parameter, by name, in [`TrainStep::params`]
-    /// order.
-    pub fn params(&self) -> Vec<(&str, &Literal)> {
+    /// order (fetched from the devices on a mesh).
+    pub fn params(&self) -> Result<Vec<(String, Literal)>> {
         self.step
             .params
             .iter()
-            .map(|p| (p.name.as_str(), &self.inputs[p.input]))
+            .map(|p| Ok((p.name.clone(), self.carried_value(p.input)?)))
             .collect()
     }
 
     /// Everything needed to resume: the trained parameters by name, each optimizer
     /// state tensor by its slot name (`m(w1)`, ...) and the step count as an i32 scalar
     /// named [`STEP_COUNT`] (saturating at `i32::MAX`).
-    pub fn checkpoint(&self) -> Vec<(String, Literal)> {
+    pub fn checkpoint(&self) -> Result<Vec<(String, Literal)>> {
         let mut tensors = Vec::new();
         for p in &self.step.params {
-            tensors.push((p.name.clone(), self.inputs[p.input].clone()));
+            tensors.push((p.name.clone(), self.carried_value(p.input)?));
             for s in &p.state {
-                tensors.push((s.name.clone(), self.inputs[s.input].clone()));
+                tensors.push((s.name.clone(), self.carried_value(s.input)?));
             }
         }
         let count = i32::try_from(self.steps_done).unwrap_or(i32::MAX);
@@ -185,7 +246,7 @@ impl Trainer {
             STEP_COUNT.into(),
             Literal::full(&[], DType::I32, f64::from(count)),
         ));
-        tensors
+        Ok(tensors)
     }
 
     /// Sets the parameters, optimizer state and step count from `tensors` (as
@@ -230,6 +291,7 @@ impl Trainer {
         for (input, value) in updates {
             self.inputs[input] = value;
         }
+        self.upload_carried()?;
         self.steps_done = steps_done;
         Ok(())
     }
@@ -248,4 +310,15 @@ fn check(program: &Program, index: usize, name: &str, value: &Literal) -> Result
         });
     }
     Ok(())
+}
+
+/// The loss from the step's output, which must be an f32 scalar.
+fn loss_of(output: Option<&Literal>) -> Result<f32> {
+    output
+        .and_then(Literal::as_f32)
+        .and_then(|a| a.iter().next().copied())
+        .ok_or_else(|| Error::TrainerInput {
+            name: "loss".into(),
+            message: "the step did not return an f32 loss".into(),
+        })
 }
