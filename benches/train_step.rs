@@ -1,0 +1,78 @@
+//! Step time (forward, backward, AdamW update) of the training example's Transformer
+//! language model on meshes of 1, 2 and 8 devices, and on the reference interpreter, in
+//! one criterion group so ratios are read off one run. Tokens/s = 256 / step time
+//! (batch 16 x 16 tokens). 2 cores here: 8 device threads share them.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use gspmd::models::transformer::language_model;
+use gspmd::ndarray::{ArrayD, IxDyn};
+use gspmd::prelude::*;
+use gspmd::train::{Optimizer, Trainer, step_program};
+
+const BATCH: usize = 16;
+const SEQ: usize = 16;
+const VOCAB: usize = 16;
+
+fn literal(shape: &[usize], f: impl Fn(usize) -> f32) -> Literal {
+    let n: usize = shape.iter().product();
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(f).collect()).expect("shape fits"))
+}
+
+fn bench(c: &mut Criterion) {
+    let dims = language_model::Dims {
+        B: BATCH,
+        S: SEQ,
+        V: VOCAB,
+        D: 64,
+        L: 2,
+        H: 4,
+        K: 16,
+        F: 256,
+    };
+    let model = language_model::trace(dims).expect("traces");
+    let trained: Vec<usize> = (3..model.params.len()).collect();
+    let optimizer = Optimizer::AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let step = step_program(&model, 0, &trained, &optimizer).expect("builds");
+    let initial: Vec<Literal> = trained
+        .iter()
+        .map(|&i| {
+            literal(&model.ty(model.params[i]).shape, |k| {
+                ((k * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2
+            })
+        })
+        .collect();
+    let tokens = Literal::I32(ArrayD::from_shape_fn(IxDyn(&[BATCH, SEQ]), |ix| {
+        ((ix[0] * 5 + ix[1] * 3) % VOCAB) as i32
+    }));
+    let targets = Literal::I32(ArrayD::from_shape_fn(IxDyn(&[BATCH, SEQ]), |ix| {
+        ((ix[0] + ix[1] * 7) % VOCAB) as i32
+    }));
+    let data = vec![tokens, targets, literal(&[BATCH, SEQ], |_| 1.0)];
+
+    let mut group = c.benchmark_group("train_step_lm_2x64_b16x16");
+    group.sample_size(15);
+    group.throughput(Throughput::Elements((BATCH * SEQ) as u64));
+    let mut reference = Trainer::reference(step.clone(), initial.clone()).expect("starts");
+    group.bench_function("reference_interpreter", |b| {
+        b.iter(|| reference.step(&data).expect("steps"))
+    });
+    for (label, shape) in [
+        ("mesh_1", [1, 1]),
+        ("mesh_2_data", [2, 1]),
+        ("mesh_2x4", [2, 4]),
+    ] {
+        let mesh = language_model::mesh(shape).expect("valid mesh");
+        let mut trainer = Trainer::on_mesh(step.clone(), mesh, initial.clone()).expect("compiles");
+        group.bench_function(label, |b| b.iter(|| trainer.step(&data).expect("steps")));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
