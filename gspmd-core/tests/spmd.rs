@@ -363,3 +363,22 @@ fn per_device_program_size_does_not_depend_on_the_device_count() {
     };
     assert_eq!(kinds(&small), kinds(&large));
 }
+
+#[test]
+fn gathering_a_split_dim_for_a_slice_is_reported() {
+    let p = build("window", |b| {
+        let x = b
+            .parameter("x", [16, 8], DType::F32)
+            .annotate(s("(data, model)"));
+        vec![x.slice_axis(0, 1, 9)]
+    });
+    let exe = compile24(&p);
+    assert!(
+        exe.spmd
+            .warnings
+            .iter()
+            .any(|w| w.contains("slice along split dims [0]") && w.contains("spmd.rs")),
+        "{:?}",
+        exe.spmd.warnings
+    );
+}

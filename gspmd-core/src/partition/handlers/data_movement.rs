@@ -138,6 +138,20 @@ pub(super) fn windowed(
         })
         .collect();
     let want = with_dims(dims, Vec::new());
+    let split: Vec<usize> = (changed.iter().copied())
+        .filter(|&d| {
+            !target.dims[d].axes.is_empty()
+                || operands
+                    .iter()
+                    .any(|o| o.global.rank() > d && !o.sharding.dims[d].axes.is_empty())
+        })
+        .collect();
+    if !split.is_empty() {
+        em.warn(format!(
+            "{} along split dims {split:?} gathers them whole (no halo exchange yet)",
+            node.op.name()
+        ));
+    }
     let mut ids = Vec::with_capacity(operands.len());
     for o in operands {
         // Pad's padding value is a scalar: replicated.
