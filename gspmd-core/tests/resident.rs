@@ -193,3 +193,49 @@ fn a_failed_step_leaves_resident_values_unchanged() {
         "a failed step must not update any device"
     );
 }
+
+#[test]
+fn an_unreduced_parameter_takes_only_per_device_partial_sums() {
+    let b = Builder::new("partial");
+    let x = b
+        .parameter("x", [4, 4], DType::F32)
+        .annotate(s("(_, _) unreduced={model}"));
+    let y = x.shard(s("(_, _)"));
+    let p = b.finish(&[&y]).unwrap();
+    let exe = compile(&p, &mesh()).unwrap();
+    let threads = ThreadMesh::new(mesh()).unwrap();
+    let global = exe.run(&threads, &[lit(&[4, 4], 0.0)]);
+    assert!(
+        matches!(global, Err(Error::Input { index: 0, .. })),
+        "{global:?}"
+    );
+    // Each device holds 1/4 of the value: the all-reduce over `model` sums 4 of them.
+    let quarter = Literal::F32(lit(&[4, 4], 0.0).as_f32().unwrap().mapv(|v| v / 4.0));
+    let shards = vec![quarter; 8];
+    let out = exe
+        .spmd
+        .execute(&threads, &[Input::Shards(&shards)], &[Output::Global])
+        .unwrap();
+    let Value::Global(got) = &out[0] else {
+        panic!()
+    };
+    let want = lit(&[4, 4], 0.0);
+    let d = got
+        .as_f32()
+        .unwrap()
+        .iter()
+        .zip(want.as_f32().unwrap().iter())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(d < 1e-6, "{d}");
+    assert!(
+        threads
+            .upload("x", &want, &s("(_, _) unreduced={model}"))
+            .is_err()
+    );
+}
+
+#[test]
+fn a_mesh_whose_device_count_overflows_is_an_error() {
+    assert!(Mesh::new([("a", usize::MAX), ("b", 2)]).is_err());
+}

@@ -256,6 +256,12 @@ impl SpmdProgram {
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
             let local = sharding.local_shape(&self.mesh, &ty.shape);
             let fail = |message: String| self.input_error(index, message);
+            if !sharding.unreduced.is_empty() && !matches!(input, Input::Shards(_)) {
+                return Err(fail(format!(
+                    "the parameter is unreduced over {:?}: give each device's partial sum as shards",
+                    sharding.unreduced
+                )));
+            }
             match input {
                 Input::Global(lit) => {
                     let given = TensorType::new(lit.shape(), lit.dtype());
@@ -378,6 +384,16 @@ impl ThreadMesh {
     pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
         let ty = TensorType::new(value.shape(), value.dtype());
         sharding.validate(self.mesh(), ty.rank(), &format!("upload `{key}`: "))?;
+        if !sharding.unreduced.is_empty() {
+            return Err(Error::Input {
+                index: 0,
+                name: key.to_string(),
+                message: format!(
+                    "cannot upload a global value as unreduced over {:?}",
+                    sharding.unreduced
+                ),
+            });
+        }
         let local = sharding.local_shape(self.mesh(), &ty.shape);
         let blocks = (0..self.mesh().num_devices())
             .map(|d| pad_to(&shard_literal(value, sharding, self.mesh(), d), &local))

@@ -22,7 +22,7 @@ impl Mesh {
     /// ```
     pub fn new<S: Into<String>>(axes: impl IntoIterator<Item = (S, usize)>) -> Result<Self> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
-        let n = axes.iter().map(|a| a.1).product();
+        let n = num_devices(&axes)?;
         Mesh::with_device_order(axes, (0..n).collect())
     }
 
@@ -52,7 +52,7 @@ impl Mesh {
                 return Err(Error::InvalidMesh(format!("axis `{name}` appears twice")));
             }
         }
-        let num_devices: usize = axes.iter().map(|a| a.1).product();
+        let num_devices = num_devices(&axes)?;
         if device_ids.len() != num_devices {
             return Err(Error::DeviceOrder {
                 num_devices,
@@ -137,6 +137,13 @@ impl Mesh {
     pub fn axis_list(&self) -> String {
         self.axis_names().collect::<Vec<_>>().join(", ")
     }
+}
+
+/// The product of the axis sizes, or an error if it overflows.
+fn num_devices(axes: &[(String, usize)]) -> Result<usize> {
+    axes.iter()
+        .try_fold(1usize, |n, (_, size)| n.checked_mul(*size))
+        .ok_or_else(|| Error::InvalidMesh("the number of devices overflows".into()))
 }
 
 impl std::fmt::Display for Mesh {
