@@ -4,8 +4,8 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind,
-    TensorType, UnaryOp, ValueId, infer_type,
+    BinaryOp, CompareOp, DType, DotDims, Literal, Location, Op, Program, ReduceKind, TensorType,
+    UnaryOp, ValueId,
 };
 use crate::sharding::Sharding;
 
@@ -48,24 +48,18 @@ impl<'p> Emitter<'p> {
         operands: &[ValueId],
         annotation: Option<Sharding>,
     ) -> Result<ValueId> {
-        let types: Vec<&TensorType> = operands.iter().map(|&o| self.ty(o)).collect();
         // A failure here is a gradient rule emitting ill-typed nodes; it names the op
         // and the forward node's location rather than panicking.
-        let ty = infer_type(&op, &types).map_err(|message| Error::Shape {
-            op: op.name(),
-            location: self.location,
-            message: format!("in the gradient: {message}"),
+        let name = op.name();
+        let id = (self.program.push_op(op, operands, self.location)).map_err(|message| {
+            Error::Shape {
+                op: name,
+                location: self.location,
+                message: format!("in the gradient: {message}"),
+            }
         })?;
-        Ok(self.program.push(Node {
-            op,
-            operands: operands.to_vec(),
-            ty,
-            annotation,
-            sharding: None,
-            origin: None,
-            name: None,
-            location: self.location,
-        }))
+        self.program.node_mut(id).annotation = annotation;
+        Ok(id)
     }
 
     /// Appends `op` applied to `operands`.

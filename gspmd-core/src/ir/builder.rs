@@ -11,11 +11,10 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::infer::infer_type;
 use super::literal::Literal;
 use super::location::Location;
 use super::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
-use super::program::{Node, Program};
+use super::program::Program;
 use super::types::{DType, Shape, TensorType, ValueId};
 use crate::error::{Error, Result};
 use crate::sharding::Sharding;
@@ -159,36 +158,23 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
             _ => return poisoned(TensorType::new(vec![], DType::F32)),
         }
     }
-    let types: Vec<&TensorType> = operands.iter().map(|t| &t.ty).collect();
     let mut st = state.borrow_mut();
-    match infer_type(&op, &types) {
-        Ok(ty) => {
-            let node = Node {
-                op,
-                operands: ids,
-                ty: ty.clone(),
-                annotation: None,
-                sharding: None,
-                origin: None,
-                name: None,
-                location,
-            };
-            let id = st.program.push(node);
-            Tensor {
-                state: state.clone(),
-                id: Some(id),
-                ty,
-            }
-        }
+    let name = op.name();
+    match st.program.push_op(op, &ids, location) {
+        Ok(id) => Tensor {
+            state: state.clone(),
+            id: Some(id),
+            ty: st.program.ty(id).clone(),
+        },
         Err(message) => {
-            let shapes: Vec<String> = types.iter().map(ToString::to_string).collect();
+            let shapes: Vec<String> = operands.iter().map(|t| t.ty.to_string()).collect();
             let message = if shapes.is_empty() || message.contains(&shapes[0]) {
                 message
             } else {
                 format!("{message} (operands {})", shapes.join(", "))
             };
             st.errors.push(Error::Shape {
-                op: op.name(),
+                op: name,
                 location,
                 message,
             });

@@ -87,6 +87,28 @@ impl Program {
         id
     }
 
+    /// Appends `op(operands)` at `location`, typed by [`crate::ir::infer_type`], with no
+    /// annotation or name. `Err` names what does not fit; nothing is appended then.
+    pub fn push_op(
+        &mut self,
+        op: Op,
+        operands: &[ValueId],
+        location: Location,
+    ) -> Result<ValueId, String> {
+        let types: Vec<&TensorType> = operands.iter().map(|&o| self.ty(o)).collect();
+        let ty = super::infer::infer_type(&op, &types)?;
+        Ok(self.push(Node {
+            op,
+            operands: operands.to_vec(),
+            ty,
+            annotation: None,
+            sharding: None,
+            origin: None,
+            name: None,
+            location,
+        }))
+    }
+
     /// For each value, the values that use it as an operand (in program order).
     pub fn users(&self) -> Vec<Vec<ValueId>> {
         let mut users = vec![Vec::new(); self.nodes.len()];

@@ -2,9 +2,7 @@
 //! small SPMD idioms every handler needs (axis index, shard offsets, scalar constants).
 
 use crate::error::{Error, Result};
-use crate::ir::{
-    AxisGroup, DType, Literal, Location, Node, Op, Program, TensorType, ValueId, infer_type,
-};
+use crate::ir::{AxisGroup, DType, Literal, Location, Op, Program, TensorType, ValueId};
 use crate::sharding::Mesh;
 
 /// Builds the per-device program. Every node gets the location of the global node being
@@ -54,19 +52,10 @@ impl<'m> Emitter<'m> {
         {
             return Ok(operands[0]);
         }
-        let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
-        let ty = infer_type(&op, &types)
-            .map_err(|m| self.error(format!("internal: {}: {m}", op.name())))?;
-        Ok(self.program.push(Node {
-            op,
-            operands: operands.to_vec(),
-            ty,
-            annotation: None,
-            sharding: None,
-            origin: None,
-            name: None,
-            location: self.current.2,
-        }))
+        let name = op.name();
+        let location = self.current.2;
+        (self.program.push_op(op, operands, location))
+            .map_err(|m| self.error(format!("internal: {name}: {m}")))
     }
 
     pub fn ty(&self, v: ValueId) -> &TensorType {

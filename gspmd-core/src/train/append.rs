@@ -2,9 +2,7 @@
 //! optimizer updates and the step program's new parameters speak only through it.
 
 use crate::error::{Error, Result};
-use crate::ir::{
-    BinaryOp, Literal, Location, Node, Op, Program, TensorType, UnaryOp, ValueId, infer_type,
-};
+use crate::ir::{BinaryOp, Literal, Location, Node, Op, Program, TensorType, UnaryOp, ValueId};
 use crate::sharding::Sharding;
 
 /// Appends nodes to `program`, typed with [`infer_type`] and located at `location`.
@@ -62,22 +60,16 @@ impl<'p> Appender<'p> {
         operands: &[ValueId],
         annotation: Option<Sharding>,
     ) -> Result<ValueId> {
-        let types: Vec<&TensorType> = operands.iter().map(|&o| self.program.ty(o)).collect();
-        let ty = infer_type(&op, &types).map_err(|message| Error::Shape {
-            op: op.name(),
-            location: self.location,
-            message: format!("in the training step: {message}"),
+        let name = op.name();
+        let id = (self.program.push_op(op, operands, self.location)).map_err(|message| {
+            Error::Shape {
+                op: name,
+                location: self.location,
+                message: format!("in the training step: {message}"),
+            }
         })?;
-        Ok(self.program.push(Node {
-            op,
-            operands: operands.to_vec(),
-            ty,
-            annotation,
-            sharding: None,
-            origin: None,
-            name: None,
-            location: self.location,
-        }))
+        self.program.node_mut(id).annotation = annotation;
+        Ok(id)
     }
 
     pub(super) fn binary(&mut self, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
