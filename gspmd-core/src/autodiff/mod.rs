@@ -30,7 +30,6 @@
 //! - `axis_index`, `dynamic_slice` and the collectives: [`crate::Error::NotDifferentiable`]
 //!   (they only exist in partitioned programs).
 
-mod emit;
 mod registry;
 mod sweep;
 

@@ -13,8 +13,8 @@
 //! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`, the
 //!   predicate of `select`, and `convert` to or from i32 or bool.
 
-use super::emit::Emitter;
 use crate::error::{Error, Result};
+use crate::ir::Appender;
 use crate::ir::{BinaryOp, CompareOp, DType, DotDims, Node, Op, ReduceKind, UnaryOp, ValueId};
 
 /// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
@@ -23,7 +23,7 @@ use crate::ir::{BinaryOp, CompareOp, DType, DotDims, Node, Op, ReduceKind, Unary
 /// its op. The SPMD-only ops (axis_index, dynamic_slice, collectives) are
 /// [`Error::NotDifferentiable`].
 pub(super) fn operand_cotangent(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     node: &Node,
     y: ValueId,
     ct: ValueId,
@@ -136,7 +136,7 @@ fn inverse(perm: &[usize]) -> Vec<usize> {
 
 /// Elementwise ops of one operand `x` with result `y`.
 fn unary(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     op: UnaryOp,
     x: ValueId,
     y: ValueId,
@@ -178,7 +178,7 @@ fn unary(
 
 /// Elementwise ops of two operands `a`, `b` with result `y`; the cotangent of operand `i`.
 fn binary(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     op: BinaryOp,
     a: ValueId,
     b: ValueId,
@@ -221,7 +221,7 @@ fn binary(
 }
 
 /// `t` with zeros where `v == 0`.
-fn zero_where(e: &mut Emitter<'_>, v: ValueId, t: ValueId) -> Result<ValueId> {
+fn zero_where(e: &mut Appender<'_>, v: ValueId, t: ValueId) -> Result<ValueId> {
     let zeros = e.zeros_like(v)?;
     let is_zero = e.compare(CompareOp::Eq, v, zeros)?;
     e.select(is_zero, zeros, t)
@@ -230,7 +230,7 @@ fn zero_where(e: &mut Emitter<'_>, v: ValueId, t: ValueId) -> Result<ValueId> {
 /// `maximum`/`minimum`: `this` gets `ct` where it equals the result `y`, half of it
 /// where `other` equals `y` too (a tie), nothing elsewhere.
 fn tie_share(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     this: ValueId,
     other: ValueId,
     y: ValueId,
@@ -246,7 +246,7 @@ fn tie_share(
 
 /// `reduce` of `x` over `dims` to `y`.
 fn reduce(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     kind: ReduceKind,
     dims: &[usize],
     x: ValueId,
@@ -281,7 +281,7 @@ fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Vec<usize> 
 /// result's cotangent with the other operand, contracting the other operand's free dims,
 /// then transposed back to the operand's dim order.
 fn dot_general(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     dd: &DotDims,
     lhs: ValueId,
     rhs: ValueId,
@@ -345,7 +345,7 @@ fn dot_general(
 /// `pad(x, value)`: the cotangent of `x` is the slice of the result's cotangent at the
 /// operand's positions; positions a negative edge cut off get zeros.
 fn pad_operand(
-    e: &mut Emitter<'_>,
+    e: &mut Appender<'_>,
     x: ValueId,
     ct: ValueId,
     low: &[i64],

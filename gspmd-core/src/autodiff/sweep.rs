@@ -2,9 +2,9 @@
 //! asking the [registry](super::registry) for each operand's cotangent and summing the
 //! cotangents of values used several times. It knows no op.
 
-use super::emit::Emitter;
 use super::registry::operand_cotangent;
 use crate::error::{Error, Result};
+use crate::ir::Appender;
 use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 
 /// Reverse-mode gradient of `program`'s output number `loss` with respect to the
@@ -69,7 +69,7 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     let active = active_values(program, &params);
     let mut out = program.clone();
     out.name = format!("grad_{}", program.name);
-    let mut e = Emitter::new(&mut out);
+    let mut e = Appender::new(&mut out, "gradient");
     let mut cotangent: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
     if active[loss_value.index()] {
         e.location = program.node(loss_value).location;

@@ -1,6 +1,7 @@
 //! The intermediate representation: an SSA [`Program`] of primitive [`Op`]s over typed
 //! values, the [`Builder`] that traces it, its verifier and its text printer.
 
+mod append;
 mod builder;
 mod einsum;
 mod infer;
@@ -13,6 +14,7 @@ mod program;
 mod types;
 mod verifier;
 
+pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
 pub use infer::infer_type;

@@ -8,7 +8,6 @@
 //!   feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
 
-mod append;
 mod checkpoint;
 mod optimizer;
 mod step;

@@ -1,8 +1,8 @@
 //! [`Optimizer`]: the update rules, emitted as IR into the step program so that they are
 //! propagated and partitioned with the forward and backward passes.
 
-use super::append::Appender;
 use crate::error::{Error, Result};
+use crate::ir::Appender;
 use crate::ir::{BinaryOp, UnaryOp, ValueId};
 
 /// An optimizer and its hyper-parameters. The learning rate and the other

@@ -2,10 +2,10 @@
 //! [`grad`]) and the optimizer update — so that propagation and partitioning see the
 //! whole step, and optimizer state is sharded like its parameter.
 
-use super::append::Appender;
 use super::optimizer::Optimizer;
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
+use crate::ir::Appender;
 use crate::ir::{DType, Program, TensorType, ValueId, verify};
 
 /// One optimizer state tensor of a trained parameter.
@@ -122,7 +122,7 @@ pub fn step_program(
         })
         .collect();
 
-    let mut a = Appender::new(&mut program);
+    let mut a = Appender::new(&mut program, "training step");
     let mut params = Vec::with_capacity(trained.len());
     let mut new_params = Vec::with_capacity(trained.len());
     let mut new_state = Vec::new();

@@ -1,0 +1,290 @@
+//! [`Appender`]: appends typed primitive nodes to an existing program, each at one
+//! source location — for passes that extend a program (the gradient rules of
+//! `autodiff`, the optimizer updates of `train`). Shape helpers that would be identities
+//! emit nothing.
+
+use super::{
+    BinaryOp, CompareOp, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind,
+    TensorType, UnaryOp, ValueId,
+};
+use crate::error::{Error, Result};
+use crate::sharding::Sharding;
+
+/// Appends nodes to `program`. Each node gets `location` (the forward node's) and is
+/// typed with [`infer_type`]; shape helpers that would be identities emit nothing.
+pub(crate) struct Appender<'p> {
+    program: &'p mut Program,
+    /// Location given to the nodes emitted next.
+    pub(crate) location: Location,
+    /// What is being built, for errors: `gradient`, `training step`.
+    context: &'static str,
+}
+
+impl<'p> Appender<'p> {
+    /// An appender to `program`; errors say they arose building `context`.
+    pub(crate) fn new(program: &'p mut Program, context: &'static str) -> Self {
+        Appender {
+            program,
+            location: Location::synthetic(),
+            context,
+        }
+    }
+
+    /// Type of `v` (a forward value or one emitted before).
+    pub(crate) fn ty(&self, v: ValueId) -> &TensorType {
+        self.program.ty(v)
+    }
+
+    /// Shape of `v`, owned (rules keep it while emitting).
+    pub(crate) fn shape(&self, v: ValueId) -> Vec<usize> {
+        self.ty(v).shape.clone()
+    }
+
+    /// Gives `v` a name for printed programs and reports, unless it has one.
+    pub(crate) fn name_if_unnamed(&mut self, v: ValueId, name: String) {
+        self.program.node_mut(v).name.get_or_insert(name);
+    }
+
+    /// Appends `op` applied to `operands`, carrying `annotation`.
+    fn push_annotated(
+        &mut self,
+        op: Op,
+        operands: &[ValueId],
+        annotation: Option<Sharding>,
+    ) -> Result<ValueId> {
+        // A failure here is a pass emitting ill-typed nodes; it names the op and the
+        // location rather than panicking.
+        let name = op.name();
+        let id = (self.program.push_op(op, operands, self.location)).map_err(|message| {
+            Error::Shape {
+                op: name,
+                location: self.location,
+                message: format!("in the {}: {message}", self.context),
+            }
+        })?;
+        self.program.node_mut(id).annotation = annotation;
+        Ok(id)
+    }
+
+    /// Appends `op` applied to `operands`.
+    pub(crate) fn push(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.push_annotated(op, operands, None)
+    }
+
+    /// A `shape`-shaped f32 tensor of `value`: a scalar constant, broadcast if needed.
+    pub(crate) fn full(&mut self, shape: &[usize], value: f32) -> Result<ValueId> {
+        let scalar = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+        self.broadcast(scalar, shape, &[])
+    }
+
+    /// `0` shaped like `v`.
+    pub(crate) fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
+        let shape = self.shape(v);
+        self.full(&shape, 0.0)
+    }
+
+    pub(crate) fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
+        self.push(Op::Unary(op), &[x])
+    }
+
+    pub(crate) fn binary(&mut self, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.push(Op::Binary(op), &[x, y])
+    }
+
+    pub(crate) fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Add, x, y)
+    }
+
+    pub(crate) fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Sub, x, y)
+    }
+
+    pub(crate) fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Mul, x, y)
+    }
+
+    pub(crate) fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Div, x, y)
+    }
+
+    /// `x * c` for an f32 constant `c`.
+    pub(crate) fn scale(&mut self, x: ValueId, c: f32) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let c = self.full(&shape, c)?;
+        self.mul(x, c)
+    }
+
+    /// `c - x` for an f32 constant `c`.
+    pub(crate) fn rsub(&mut self, c: f32, x: ValueId) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let c = self.full(&shape, c)?;
+        self.sub(c, x)
+    }
+
+    pub(crate) fn compare(&mut self, op: CompareOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.push(Op::Compare(op), &[x, y])
+    }
+
+    pub(crate) fn select(&mut self, pred: ValueId, t: ValueId, f: ValueId) -> Result<ValueId> {
+        self.push(Op::Select, &[pred, t, f])
+    }
+
+    /// A bool mask as f32 0/1.
+    pub(crate) fn mask_f32(&mut self, mask: ValueId) -> Result<ValueId> {
+        self.push(Op::Convert(DType::F32), &[mask])
+    }
+
+    /// `broadcast_in_dim`; nothing if `x` already has `shape`.
+    pub(crate) fn broadcast(
+        &mut self,
+        x: ValueId,
+        shape: &[usize],
+        dims: &[usize],
+    ) -> Result<ValueId> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        let op = Op::Broadcast {
+            shape: shape.to_vec(),
+            dims: dims.to_vec(),
+        };
+        self.push(op, &[x])
+    }
+
+    /// Sum over `dims` (sorted); nothing if `dims` is empty.
+    pub(crate) fn reduce_sum(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
+        if dims.is_empty() {
+            return Ok(x);
+        }
+        let op = Op::Reduce {
+            kind: ReduceKind::Sum,
+            dims: dims.to_vec(),
+        };
+        self.push(op, &[x])
+    }
+
+    /// Sum of all elements: an f32 scalar.
+    pub(crate) fn sum_all(&mut self, x: ValueId) -> Result<ValueId> {
+        let dims: Vec<usize> = (0..self.ty(x).rank()).collect();
+        self.reduce_sum(x, &dims)
+    }
+
+    /// Row-major reshape; nothing if `x` already has `shape`.
+    pub(crate) fn reshape(&mut self, x: ValueId, shape: &[usize]) -> Result<ValueId> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        self.push(Op::Reshape(shape.to_vec()), &[x])
+    }
+
+    /// Transpose; nothing for the identity permutation.
+    pub(crate) fn transpose(&mut self, x: ValueId, perm: &[usize]) -> Result<ValueId> {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        self.push(Op::Transpose(perm.to_vec()), &[x])
+    }
+
+    /// Strided slice; nothing if it takes all of `x`.
+    pub(crate) fn slice(
+        &mut self,
+        x: ValueId,
+        start: Vec<usize>,
+        limit: Vec<usize>,
+        stride: Vec<usize>,
+    ) -> Result<ValueId> {
+        let whole = start.iter().all(|&s| s == 0)
+            && stride.iter().all(|&s| s == 1)
+            && limit == self.ty(x).shape;
+        if whole {
+            return Ok(x);
+        }
+        let op = Op::Slice {
+            start,
+            limit,
+            stride,
+        };
+        self.push(op, &[x])
+    }
+
+    /// Pads `x` with the f32 scalar `value`.
+    pub(crate) fn pad(
+        &mut self,
+        x: ValueId,
+        value: f32,
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+    ) -> Result<ValueId> {
+        let value = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+        let op = Op::Pad {
+            low,
+            high,
+            interior,
+        };
+        self.push(op, &[x, value])
+    }
+
+    pub(crate) fn dot_general(&mut self, x: ValueId, y: ValueId, dims: DotDims) -> Result<ValueId> {
+        self.push(Op::DotGeneral(dims), &[x, y])
+    }
+
+    /// A `sharding_constraint` pinning `x` to `sharding`; `x` itself for `None`.
+    pub(crate) fn constrain(&mut self, x: ValueId, sharding: Option<Sharding>) -> Result<ValueId> {
+        match sharding {
+            Some(s) => self.push_annotated(Op::ShardingConstraint, &[x], Some(s)),
+            None => Ok(x),
+        }
+    }
+
+    /// Type, annotation and location of `v`.
+    pub(crate) fn describe(&self, v: ValueId) -> (TensorType, Option<Sharding>, Location) {
+        let node = self.program.node(v);
+        (node.ty.clone(), node.annotation.clone(), node.location)
+    }
+
+    /// Appends the next parameter of the program, typed `ty`, named and annotated;
+    /// returns its parameter index and value.
+    pub(crate) fn parameter(
+        &mut self,
+        name: String,
+        ty: TensorType,
+        annotation: Option<Sharding>,
+    ) -> (usize, ValueId) {
+        let index = self.program.params.len();
+        let id = self.program.push(Node {
+            op: Op::Parameter {
+                index,
+                ty: ty.clone(),
+            },
+            operands: Vec::new(),
+            ty,
+            annotation,
+            sharding: None,
+            origin: None,
+            name: Some(name),
+            location: self.location,
+        });
+        self.program.params.push(id);
+        (index, id)
+    }
+
+    /// `x + c` for an f32 constant `c`.
+    pub(crate) fn add_constant(&mut self, x: ValueId, c: f32) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let c = self.full(&shape, c)?;
+        self.add(x, c)
+    }
+
+    /// `x / s` for an f32 scalar value `s` (rank 0).
+    pub(crate) fn div_scalar(&mut self, x: ValueId, s: ValueId) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let s = self.broadcast(s, &shape, &[])?;
+        self.div(x, s)
+    }
+
+    /// Names `v` for printed programs and reports.
+    pub(crate) fn name(&mut self, v: ValueId, name: String) {
+        self.program.node_mut(v).name = Some(name);
+    }
+}
