@@ -68,21 +68,15 @@ pub fn main() -> gspmd::Result<()> {
         .map(|(k, &v)| sample(&program.ty(v).shape, k))
         .collect();
     let threads = ThreadMesh::new(mesh)?;
-    let got = exe.run(&threads, &inputs)?;
-    let want = interpret(&program, &inputs)?;
     println!("\n== run on {} threads", threads.mesh().num_devices());
-    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-        let (Some(w), Some(g)) = (w.as_f32(), g.as_f32()) else {
-            continue;
-        };
-        let diff = w
-            .iter()
-            .zip(g.iter())
-            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-        let scale = w.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+    for (k, c) in exe
+        .compare_with_reference(&threads, &inputs)?
+        .iter()
+        .enumerate()
+    {
         println!(
-            "output {k} {:?}: max |value| {scale:.3}, max |threads - reference| {diff:.2e}",
-            w.shape()
+            "output {k}: max |value| {:.3}, max |threads - reference| {:.2e}",
+            c.max_abs, c.max_diff
         );
     }
     Ok(())

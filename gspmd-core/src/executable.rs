@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::ir::{Literal, Program, verify};
 use crate::partition::{SpmdProgram, partition};
 use crate::propagation::propagate;
-use crate::runtime::ThreadMesh;
+use crate::runtime::{ThreadMesh, interpret};
 use crate::sharding::Mesh;
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
@@ -32,6 +32,23 @@ impl Executable {
         self.spmd.run(mesh, inputs)
     }
 
+    /// Runs on `mesh` and on the single-device reference interpreter with the same
+    /// global `inputs`, and compares the outputs: the check that the partitioned
+    /// program computes what the model means.
+    pub fn compare_with_reference(
+        &self,
+        mesh: &ThreadMesh,
+        inputs: &[Literal],
+    ) -> Result<Vec<Comparison>> {
+        let got = self.run(mesh, inputs)?;
+        let want = interpret(&self.propagated, inputs)?;
+        Ok(want
+            .iter()
+            .zip(&got)
+            .map(|(w, g)| Comparison::of(w, g))
+            .collect())
+    }
+
     /// The propagated global program, then the partitioned program with its collectives.
     pub fn report(&self) -> String {
         format!(
@@ -39,5 +56,37 @@ impl Executable {
             self.propagated,
             self.spmd.report()
         )
+    }
+}
+
+/// How one output of a partitioned run compares with the reference interpreter's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    /// Largest `|reference|` (0 for non-f32 outputs).
+    pub max_abs: f32,
+    /// Largest `|mesh - reference|`; for i32 and bool outputs 0 if equal, else infinity.
+    pub max_diff: f32,
+}
+
+impl Comparison {
+    fn of(want: &Literal, got: &Literal) -> Self {
+        match (want, got) {
+            (Literal::F32(w), Literal::F32(g)) if w.shape() == g.shape() => Comparison {
+                max_abs: w.iter().fold(0.0, |m, a| m.max(a.abs())),
+                max_diff: w
+                    .iter()
+                    .zip(g.iter())
+                    .fold(0.0, |m, (a, b)| m.max((a - b).abs())),
+            },
+            _ => Comparison {
+                max_abs: 0.0,
+                max_diff: if want == got { 0.0 } else { f32::INFINITY },
+            },
+        }
+    }
+
+    /// `max_diff <= tolerance * max(1, max_abs)`.
+    pub fn within(&self, tolerance: f32) -> bool {
+        self.max_diff <= tolerance * self.max_abs.max(1.0)
     }
 }

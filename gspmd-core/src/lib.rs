@@ -15,4 +15,4 @@ pub mod sharding;
 pub mod train;
 
 pub use error::{Error, Result};
-pub use executable::{Executable, compile};
+pub use executable::{Comparison, Executable, compile};

@@ -382,3 +382,26 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
         exe.spmd.warnings
     );
 }
+
+#[test]
+fn compare_with_reference_reports_the_difference() {
+    let p = build("megatron_cmp", |b| vec![megatron(b, 8, 16, 32)]);
+    let exe = compile24(&p);
+    let threads = ThreadMesh::new(mesh24()).unwrap();
+    let inputs: Vec<Literal> = p
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| input(&p.ty(v).shape, i))
+        .collect();
+    let cmp = exe.compare_with_reference(&threads, &inputs).unwrap();
+    assert_eq!(cmp.len(), 1);
+    assert!(cmp[0].max_abs > 0.1 && cmp[0].within(1e-4), "{cmp:?}");
+    assert!(
+        !gspmd_core::Comparison {
+            max_abs: 1.0,
+            max_diff: 0.5
+        }
+        .within(1e-4)
+    );
+}
