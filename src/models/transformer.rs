@@ -68,7 +68,7 @@ pub fn block(
     &attended + &einsum("bsf,fd->bsd", &hidden, &w2)
 }
 
-/// `L` layers of [`block`], weights stacked over layers, with the paper's 2-D finalized
+/// `L` layers of [`block()`], weights stacked over layers, with the paper's 2-D finalized
 /// sharding of the weights.
 #[crate::model(mesh = (data, model), out = (data, _, _))]
 pub fn stack(
@@ -89,7 +89,7 @@ pub fn stack(
 }
 
 /// The language model's loss: the mean over positions (weighted by `weights`) of the
-/// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack`].
+/// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack()`].
 #[crate::model(mesh = (data, model))]
 #[allow(clippy::too_many_arguments)]
 pub fn language_model(

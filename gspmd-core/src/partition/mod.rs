@@ -9,7 +9,7 @@
 //! Every global value becomes a [`PValue`] (local block + global type + sharding). Each
 //! op's handler (one per op family, in `handlers/`) reshards its operands as the local
 //! op needs, emits it, and the driver reshards the result to the value's propagated
-//! sharding ([`reshard`](self::reshard) picks the cheapest composition of collectives).
+//! sharding (`reshard` picks the cheapest composition of collectives).
 
 mod emit;
 mod handlers;
