@@ -58,10 +58,10 @@ impl Value {
 }
 
 /// `lit` grown to `shape` with zeros at the end of each dim.
-fn pad_to(lit: &Literal, shape: &[usize]) -> Result<Literal, String> {
+fn pad_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
     let have = lit.shape();
     if have == shape {
-        return Ok(lit.clone());
+        return Ok(lit);
     }
     if have.len() != shape.len() || have.iter().zip(shape).any(|(h, s)| h > s) {
         return Err(format!(
@@ -81,23 +81,23 @@ fn pad_to(lit: &Literal, shape: &[usize]) -> Result<Literal, String> {
     let zero = Literal::full(&[], lit.dtype(), 0.0);
     kernels::eval(
         &op,
-        &[lit, &zero],
+        &[&lit, &zero],
         &TensorType::new(shape.to_vec(), lit.dtype()),
     )
 }
 
 /// The first `shape` elements of each dim of `lit`.
-fn trim_to(lit: &Literal, shape: &[usize]) -> Result<Literal, String> {
+fn trim_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
     let have = lit.shape();
     if have == shape {
-        return Ok(lit.clone());
+        return Ok(lit);
     }
     let op = Op::Slice {
         start: vec![0; have.len()],
         limit: shape.to_vec(),
         stride: vec![1; have.len()],
     };
-    kernels::eval(&op, &[lit], &TensorType::new(shape.to_vec(), lit.dtype()))
+    kernels::eval(&op, &[&lit], &TensorType::new(shape.to_vec(), lit.dtype()))
 }
 
 /// What each device binds to a parameter: a block sent from the host, or a key into its
@@ -270,7 +270,7 @@ impl SpmdProgram {
                     }
                     for (device, b) in binds.iter_mut().enumerate() {
                         let block = shard_literal(lit, sharding, &self.mesh, device);
-                        b.push(Bind::Host(pad_to(&block, &local).map_err(fail)?));
+                        b.push(Bind::Host(pad_to(block, &local).map_err(fail)?));
                     }
                 }
                 Input::Shards(shards) => {
@@ -294,7 +294,7 @@ impl SpmdProgram {
                                 ty.dtype
                             )));
                         }
-                        b.push(Bind::Host(pad_to(block, &local).map_err(fail)?));
+                        b.push(Bind::Host(pad_to(block.clone(), &local).map_err(fail)?));
                     }
                 }
                 Input::Resident(key) => {
@@ -348,7 +348,7 @@ impl SpmdProgram {
                     .iter()
                     .map(|b| b.1)
                     .collect();
-                trim_to(&block, &shape).map_err(fail)
+                trim_to(block, &shape).map_err(fail)
             })
             .collect()
     }
@@ -396,7 +396,7 @@ impl ThreadMesh {
         }
         let local = sharding.local_shape(self.mesh(), &ty.shape);
         let blocks = (0..self.mesh().num_devices())
-            .map(|d| pad_to(&shard_literal(value, sharding, self.mesh(), d), &local))
+            .map(|d| pad_to(shard_literal(value, sharding, self.mesh(), d), &local))
             .collect::<Result<Vec<Literal>, String>>()
             .map_err(|message| Error::Input {
                 index: 0,
@@ -433,7 +433,7 @@ impl ThreadMesh {
             })
         })?;
         let blocks = blocks
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(d, b)| {
                 let shape: Vec<usize> = r
