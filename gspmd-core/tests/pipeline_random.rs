@@ -1,0 +1,1129 @@
+//! Property test of the whole pipeline: random well-typed programs, random meshes and
+//! random user annotations go through `compile` (verify + propagate + partition), run on
+//! a thread mesh, and must equal the reference interpreter. Propagation must also keep
+//! every closed annotated dim exactly as annotated (and open ones as a prefix).
+//!
+//! The generator is seeded (xorshift), so every case is reproducible:
+//! `PIPELINE_CASES=3000 PIPELINE_SEED=7 cargo test -p gspmd-core --test pipeline_random`
+//! runs more cases locally. A failing case is shrunk on the IR (outputs, annotations,
+//! cutting values into parameters) and printed before the test fails.
+//!
+//! Values compared: f32 within `1e-4 * max(1, max |want|)`, i32 and bool exactly. To keep
+//! bool results independent of summation order, comparisons only take operands whose
+//! values are exact in f32 whatever the order (sums, maxima and moves of inputs on a
+//! 1/8 grid); transcendental ops only see arguments where they are bounded and well
+//! conditioned (`exp(tanh x)`, `sqrt(|x| + 1)`, `log(|x| + 1)`), so that rounding
+//! differences of sums taken in another order are not amplified past the tolerance.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use gspmd_core::ir::{
+    Builder, DType, DotDims, Literal, Op, Program, ReduceKind, Tensor, ValueId, einsum,
+};
+use gspmd_core::runtime::{ThreadMesh, interpret};
+use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
+use gspmd_core::{Executable, compile};
+use ndarray::{ArrayD, IxDyn};
+
+// ---- randomness ----------------------------------------------------------------------
+
+/// Deterministic xorshift generator.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // Mix the seed so that nearby seeds give unrelated streams.
+        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        for _ in 0..4 {
+            r.next();
+        }
+        r
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as usize) as i64
+    }
+
+    /// True with probability `num/den`.
+    fn chance(&mut self, num: usize, den: usize) -> bool {
+        self.below(den) < num
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i + 1));
+        }
+    }
+
+    /// A dim size in 1..=10, weighted towards sizes that do not divide evenly.
+    fn dim(&mut self) -> usize {
+        *self.pick(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 4, 6, 5, 7, 8, 12])
+    }
+
+    fn shape(&mut self, rank: usize) -> Vec<usize> {
+        (0..rank).map(|_| self.dim()).collect()
+    }
+}
+
+// ---- meshes and annotations -----------------------------------------------------------
+
+/// 1-3 axes of sizes 1-4, at most 8 devices, sometimes a permuted device order.
+fn random_mesh(rng: &mut Rng) -> Mesh {
+    let names = ["x", "y", "z"];
+    let n_axes = 1 + rng.below(3);
+    let mut axes = Vec::new();
+    let mut devices = 1;
+    for name in names.iter().take(n_axes) {
+        let fits: Vec<usize> = (1..=4).filter(|s| devices * s <= 8).collect();
+        let size = *rng.pick(&fits);
+        devices *= size;
+        axes.push((name.to_string(), size));
+    }
+    if devices > 1 && rng.chance(1, 3) {
+        let mut order: Vec<usize> = (0..devices).collect();
+        rng.shuffle(&mut order);
+        Mesh::with_device_order(axes, order).unwrap()
+    } else {
+        Mesh::new(axes).unwrap()
+    }
+}
+
+/// A valid sharding of a rank-`rank` value: each mesh axis unused or appended to a random
+/// dim; dims closed or open, sometimes with a priority; rarely an explicitly replicated
+/// axis.
+fn random_sharding(rng: &mut Rng, mesh: &Mesh, rank: usize) -> Sharding {
+    let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
+    rng.shuffle(&mut axes);
+    let mut dims: Vec<DimSharding> = (0..rank)
+        .map(|_| {
+            if rng.chance(1, 2) {
+                DimSharding::closed(Vec::<String>::new())
+            } else {
+                DimSharding::open(Vec::<String>::new())
+            }
+        })
+        .collect();
+    let mut replicated = Vec::new();
+    // Sparse or dense: how often an axis is left unused.
+    let choices = if rng.chance(1, 2) { 6 } else { 4 };
+    for a in axes {
+        match rng.below(choices) {
+            0 | 1 if rank > 0 => {
+                let d = rng.below(rank);
+                dims[d].axes.push(a);
+            }
+            2 if rank > 0 => {
+                // Prefer multi-axis dims: put it next to an axis already used.
+                let used: Vec<usize> = (0..rank).filter(|&d| !dims[d].axes.is_empty()).collect();
+                let d = if used.is_empty() {
+                    rng.below(rank)
+                } else {
+                    *rng.pick(&used)
+                };
+                dims[d].axes.push(a);
+            }
+            3 if rng.chance(1, 4) => replicated.push(a),
+            _ => {}
+        }
+    }
+    if rng.chance(1, 4) {
+        for d in &mut dims {
+            if rng.chance(1, 2) {
+                d.priority = Some(rng.below(3) as u32);
+            }
+        }
+    }
+    Sharding {
+        dims,
+        replicated,
+        unreduced: Vec::new(),
+    }
+}
+
+// ---- program generator ----------------------------------------------------------------
+
+/// A value the generator may use as an operand.
+#[derive(Clone)]
+struct Val {
+    t: Tensor,
+    /// Every element is exact in f32 whatever the order of evaluation (see module docs).
+    exact: bool,
+}
+
+/// Largest number of elements of any generated value (keeps debug runs fast).
+const MAX_ELEMENTS: usize = 1500;
+
+struct Gen<'a> {
+    rng: &'a mut Rng,
+    b: Builder,
+    mesh: &'a Mesh,
+    pool: Vec<Val>,
+    /// Probability (in 1/8) that a value gets an annotation.
+    annotate_rate: usize,
+    params: usize,
+}
+
+fn elements(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Gen<'_> {
+    fn parameter(&mut self, shape: Vec<usize>, dtype: DType) -> Val {
+        let name = format!("p{}", self.params);
+        self.params += 1;
+        let mut t = self.b.parameter(&name, shape, dtype);
+        if self.rng.below(8) < self.annotate_rate {
+            let s = random_sharding(self.rng, self.mesh, t.rank());
+            t = t.annotate(s);
+        }
+        let v = Val { t, exact: true };
+        self.pool.push(v.clone());
+        v
+    }
+
+    /// Adds a generated value to the pool, sometimes behind a sharding annotation.
+    fn push(&mut self, t: Tensor, exact: bool) {
+        let t = if self.rng.below(8) < self.annotate_rate {
+            let s = random_sharding(self.rng, self.mesh, t.rank());
+            match self.rng.below(10) {
+                0 | 1 => t.annotate(s),
+                // Two constraints in a row, likely in conflict.
+                2 => t
+                    .shard(s)
+                    .shard(random_sharding(self.rng, self.mesh, t.rank())),
+                _ => t.shard(s),
+            }
+        } else {
+            t
+        };
+        self.pool.push(Val { t, exact });
+    }
+
+    /// An operand: usually one of the latest values (chains), else any.
+    fn operand(&mut self, pred: impl Fn(&Val) -> bool) -> Option<Val> {
+        let ok: Vec<&Val> = self.pool.iter().filter(|v| pred(v)).collect();
+        if ok.is_empty() {
+            return None;
+        }
+        let i = if self.rng.chance(1, 2) {
+            ok.len() - 1 - self.rng.below(ok.len().min(3))
+        } else {
+            self.rng.below(ok.len())
+        };
+        Some(ok[i].clone())
+    }
+
+    /// A value of exactly `shape` and `dtype`: from the pool if one fits, else a new
+    /// parameter.
+    fn value_of(&mut self, shape: &[usize], dtype: DType, need_exact: bool) -> Val {
+        let fits: Vec<Val> = self
+            .pool
+            .iter()
+            .filter(|v| v.t.shape() == shape && v.t.dtype() == dtype && (v.exact || !need_exact))
+            .cloned()
+            .collect();
+        if !fits.is_empty() && self.rng.chance(1, 2) {
+            return self.rng.pick(&fits).clone();
+        }
+        self.parameter(shape.to_vec(), dtype)
+    }
+
+    /// A shape that NumPy-broadcasts with `shape`: some leading dims dropped, some dims
+    /// 1, and size-1 dims of `shape` sometimes grown.
+    fn broadcastable(&mut self, shape: &[usize]) -> Vec<usize> {
+        let drop = if self.rng.chance(1, 3) {
+            self.rng.below(shape.len() + 1)
+        } else {
+            0
+        };
+        shape[drop..]
+            .iter()
+            .map(|&d| {
+                if d == 1 && self.rng.chance(1, 3) {
+                    self.rng.dim()
+                } else if self.rng.chance(1, 4) {
+                    1
+                } else {
+                    d
+                }
+            })
+            .collect()
+    }
+
+    fn numeric(v: &Val) -> bool {
+        v.t.dtype() != DType::Bool
+    }
+
+    fn step(&mut self) {
+        match self.rng.below(20) {
+            0 | 1 => self.unary(),
+            2..=4 => self.binary(),
+            5 => self.compare_select(),
+            6 | 7 => self.reduce(),
+            8 | 9 => self.dot(),
+            10 => self.broadcast(),
+            11 | 12 => self.reshape(),
+            13 => self.transpose(),
+            14 => self.slice(),
+            15 => self.pad(),
+            16 => self.concatenate(),
+            17 => self.normalization(),
+            18 => self.source(),
+            _ => self.convert(),
+        }
+    }
+
+    fn unary(&mut self) {
+        let Some(a) = self.operand(Self::numeric) else {
+            return;
+        };
+        let t = &a.t;
+        if t.dtype() == DType::I32 {
+            let r = if self.rng.chance(1, 2) {
+                t.neg()
+            } else {
+                t.abs()
+            };
+            return self.push(r, true);
+        }
+        let (r, exact) = match self.rng.below(8) {
+            0 => (t.neg(), a.exact),
+            1 => (t.abs(), a.exact),
+            2 => (t.tanh(), false),
+            3 => (t.logistic(), false),
+            4 => (t.tanh().exp(), false),
+            5 => ((t.abs() + 1.0).sqrt(), false),
+            6 => ((t.abs() + 1.0).log(), false),
+            _ => (t.relu(), a.exact),
+        };
+        self.push(r, exact);
+    }
+
+    fn binary(&mut self) {
+        let Some(a) = self.operand(Self::numeric) else {
+            return;
+        };
+        let shape = self.broadcastable(a.t.shape());
+        let b = self.value_of(&shape, a.t.dtype(), false);
+        let (x, y) = if self.rng.chance(1, 2) {
+            (a.clone(), b)
+        } else {
+            (b, a.clone())
+        };
+        let result_elements = broadcast_elements(x.t.shape(), y.t.shape());
+        if result_elements > MAX_ELEMENTS {
+            return;
+        }
+        let exact = x.exact && y.exact;
+        let (r, exact) = match self.rng.below(6) {
+            0 => (&x.t + &y.t, exact),
+            1 => (&x.t - &y.t, exact),
+            2 => (&x.t * &y.t, a.t.dtype() == DType::I32),
+            3 => (x.t.max(&y.t), exact),
+            4 => (x.t.min(&y.t), exact),
+            _ if a.t.dtype() == DType::F32 => (&x.t / &(y.t.abs() + 1.0), false),
+            _ => (&x.t + &y.t, exact),
+        };
+        self.push(r, exact);
+    }
+
+    fn compare_select(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.exact) else {
+            return;
+        };
+        let shape = self.broadcastable(a.t.shape());
+        let b = self.value_of(&shape, a.t.dtype(), true);
+        if broadcast_elements(a.t.shape(), b.t.shape()) > MAX_ELEMENTS {
+            return;
+        }
+        let pred = match self.rng.below(6) {
+            0 => a.t.lt(&b.t),
+            1 => a.t.le(&b.t),
+            2 => a.t.gt(&b.t),
+            3 => a.t.ge(&b.t),
+            4 => a.t.eq(&b.t),
+            _ => a.t.ne(&b.t),
+        };
+        match self.rng.below(4) {
+            0 => self.push(pred, true),
+            1 => self.push(pred.convert(DType::F32), true),
+            _ => {
+                let r = pred.select(&a.t, &b.t);
+                self.push(r, true);
+            }
+        }
+    }
+
+    fn reduce(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
+            return;
+        };
+        let rank = a.t.rank();
+        let mut dims: Vec<isize> = (0..rank as isize)
+            .filter(|_| self.rng.chance(1, 2))
+            .collect();
+        if dims.is_empty() {
+            dims.push(self.rng.below(rank) as isize);
+        }
+        if self.rng.chance(1, 4) {
+            // Negative dims count from the end.
+            for d in &mut dims {
+                *d -= rank as isize;
+            }
+        }
+        let keep = self.rng.chance(1, 3);
+        let (kind, exact) = match self.rng.below(3) {
+            0 => (ReduceKind::Sum, a.exact),
+            1 => (ReduceKind::Max, a.exact),
+            _ => (ReduceKind::Min, a.exact),
+        };
+        let r = a.t.reduce(kind, &dims, keep);
+        self.push(r, exact || a.t.dtype() == DType::I32);
+    }
+
+    /// `dot_general`, `matmul` or a two-operand `einsum` with random batch, contracting
+    /// and free dims; the rhs has the lhs's batch and contracting sizes in random order.
+    fn dot(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
+            return;
+        };
+        let dtype = a.t.dtype();
+        let sa = a.t.shape().to_vec();
+        if self.rng.chance(1, 4) {
+            // matmul: [..., K] x [K, N].
+            let k = *sa.last().unwrap();
+            let rhs_shape = [k, self.rng.dim()];
+            let b = self.value_of(&rhs_shape, dtype, false);
+            if elements(&sa) / k * rhs_shape[1] <= MAX_ELEMENTS {
+                let r = a.t.matmul(&b.t);
+                self.push(r, dtype == DType::I32);
+            }
+            return;
+        }
+        // Roles of lhs dims: 0 batch, 1 contracting, 2 free, 3 summed (einsum only).
+        let use_einsum = self.rng.chance(1, 2);
+        let roles: Vec<usize> = sa
+            .iter()
+            .map(|_| match self.rng.below(8) {
+                0 | 1 => 0,
+                2..=4 => 1,
+                5 if use_einsum => 3,
+                _ => 2,
+            })
+            .collect();
+        let free_b: Vec<usize> = (0..self.rng.below(3)).map(|_| self.rng.dim()).collect();
+        // rhs dims: (lhs dim or None for a free rhs dim, size), shuffled.
+        let mut rhs: Vec<(Option<usize>, usize)> = roles
+            .iter()
+            .enumerate()
+            .filter(|&(_, &r)| r <= 1)
+            .map(|(d, _)| (Some(d), sa[d]))
+            .chain(free_b.iter().map(|&s| (None, s)))
+            .collect();
+        self.rng.shuffle(&mut rhs);
+        let rhs_shape: Vec<usize> = rhs.iter().map(|&(_, s)| s).collect();
+        let out_elements: usize = roles
+            .iter()
+            .zip(&sa)
+            .filter(|&(&r, _)| r == 0 || r == 2)
+            .map(|(_, &s)| s)
+            .product::<usize>()
+            * elements(&free_b);
+        if out_elements > MAX_ELEMENTS || rhs_shape.len() > 4 {
+            return;
+        }
+        let b = self.value_of(&rhs_shape, dtype, false);
+        let r = if use_einsum {
+            let letters: Vec<char> = "abcdefghijklmnop".chars().collect();
+            let lhs_letters: String = (0..sa.len()).map(|d| letters[d]).collect();
+            let mut next = sa.len();
+            let mut rhs_letters = String::new();
+            let mut out: Vec<char> = Vec::new();
+            for &(d, _) in &rhs {
+                let c = match d {
+                    Some(d) => letters[d],
+                    None => {
+                        next += 1;
+                        letters[next - 1]
+                    }
+                };
+                rhs_letters.push(c);
+                if d.is_none() {
+                    out.push(c);
+                }
+            }
+            out.extend(
+                (0..sa.len())
+                    .filter(|&d| roles[d] == 0 || roles[d] == 2)
+                    .map(|d| letters[d]),
+            );
+            self.rng.shuffle(&mut out);
+            let out: String = out.into_iter().collect();
+            einsum(&format!("{lhs_letters},{rhs_letters}->{out}"), &a.t, &b.t)
+        } else {
+            let mut batch: Vec<usize> = (0..sa.len()).filter(|&d| roles[d] == 0).collect();
+            self.rng.shuffle(&mut batch);
+            let mut contracting: Vec<usize> = (0..sa.len()).filter(|&d| roles[d] == 1).collect();
+            self.rng.shuffle(&mut contracting);
+            let rhs_pos =
+                |d: usize| -> usize { rhs.iter().position(|&(x, _)| x == Some(d)).unwrap() };
+            let dims = DotDims {
+                rhs_batch: batch.iter().map(|&d| rhs_pos(d)).collect(),
+                lhs_batch: batch,
+                rhs_contracting: contracting.iter().map(|&d| rhs_pos(d)).collect(),
+                lhs_contracting: contracting,
+            };
+            a.t.dot_general(&b.t, dims)
+        };
+        self.push(r, dtype == DType::I32);
+    }
+
+    fn broadcast(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() < 4) else {
+            return;
+        };
+        let rank = a.t.rank();
+        let out_rank = rank + 1 + self.rng.below(2.min(4 - rank));
+        let mut positions: Vec<usize> = (0..out_rank).collect();
+        self.rng.shuffle(&mut positions);
+        positions.truncate(rank);
+        positions.sort_unstable();
+        let mut shape: Vec<usize> = (0..out_rank).map(|_| self.rng.dim()).collect();
+        for (i, &p) in positions.iter().enumerate() {
+            let d = a.t.shape()[i];
+            if d != 1 || self.rng.chance(1, 2) {
+                shape[p] = d;
+            }
+        }
+        if elements(&shape) > MAX_ELEMENTS {
+            return;
+        }
+        let r = a.t.broadcast_in_dim(shape, &positions);
+        self.push(r, a.exact);
+    }
+
+    /// Splits a dim, merges adjacent dims, or refactors the whole element count.
+    fn reshape(&mut self) {
+        let Some(a) = self.operand(|_| true) else {
+            return;
+        };
+        let sa = a.t.shape().to_vec();
+        let shape: Vec<usize> = match self.rng.below(3) {
+            0 if !sa.is_empty() && sa.len() < 4 => {
+                let d = self.rng.below(sa.len());
+                let divisors: Vec<usize> =
+                    (1..=sa[d]).filter(|&k| sa[d].is_multiple_of(k)).collect();
+                let k = *self.rng.pick(&divisors);
+                let mut s = sa.clone();
+                s.splice(d..=d, [k, sa[d] / k]);
+                s
+            }
+            1 if sa.len() >= 2 => {
+                let d = self.rng.below(sa.len() - 1);
+                let mut s = sa.clone();
+                s.splice(d..d + 2, [sa[d] * sa[d + 1]]);
+                s
+            }
+            _ => {
+                // A random factorisation of the element count into at most 4 dims.
+                let mut n = elements(&sa);
+                let mut s = Vec::new();
+                while n > 1 && s.len() < 3 {
+                    let divisors: Vec<usize> = (1..=n).filter(|&k| n.is_multiple_of(k)).collect();
+                    let k = *self.rng.pick(&divisors);
+                    s.push(k);
+                    n /= k;
+                }
+                s.push(n);
+                if self.rng.chance(1, 4) {
+                    s.insert(self.rng.below(s.len() + 1), 1);
+                }
+                s
+            }
+        };
+        if shape.len() > 4 {
+            return;
+        }
+        let r = a.t.reshape(shape);
+        self.push(r, a.exact);
+    }
+
+    fn transpose(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 1) else {
+            return;
+        };
+        let mut perm: Vec<usize> = (0..a.t.rank()).collect();
+        self.rng.shuffle(&mut perm);
+        let r = a.t.transpose(&perm);
+        self.push(r, a.exact);
+    }
+
+    fn slice(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let (mut start, mut limit, mut stride) = (Vec::new(), Vec::new(), Vec::new());
+        for &n in a.t.shape() {
+            if self.rng.chance(1, 3) {
+                start.push(0);
+                limit.push(n);
+                stride.push(1);
+                continue;
+            }
+            let s = self.rng.below(n);
+            start.push(s);
+            limit.push(s + 1 + self.rng.below(n - s));
+            stride.push(1 + self.rng.below(3));
+        }
+        let r = a.t.slice(&start, &limit, &stride);
+        self.push(r, a.exact);
+    }
+
+    fn pad(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let (mut low, mut high, mut interior) = (Vec::new(), Vec::new(), Vec::new());
+        let mut shape = Vec::new();
+        for &n in a.t.shape() {
+            loop {
+                let i = if self.rng.chance(1, 3) {
+                    self.rng.below(3)
+                } else {
+                    0
+                };
+                let (l, h) = (self.rng.range(-2, 3), self.rng.range(-2, 3));
+                let size = n as i64 + (n as i64 - 1) * i as i64 + l + h;
+                if size >= 1 {
+                    low.push(l);
+                    high.push(h);
+                    interior.push(i);
+                    shape.push(size as usize);
+                    break;
+                }
+            }
+        }
+        if elements(&shape) > MAX_ELEMENTS {
+            return;
+        }
+        let value =
+            a.t.scalar_like(f64::from(self.rng.range(-4, 4) as i32) / 2.0);
+        let r = a.t.pad(&value, &low, &high, &interior);
+        self.push(r, a.exact);
+    }
+
+    fn concatenate(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let dim = self.rng.below(a.t.rank());
+        let mut parts = vec![a.clone()];
+        for _ in 0..1 + self.rng.below(2) {
+            let mut shape = a.t.shape().to_vec();
+            if self.rng.chance(1, 3) {
+                parts.push(a.clone());
+                continue;
+            }
+            shape[dim] = self.rng.dim();
+            let v = self.value_of(&shape, a.t.dtype(), false);
+            parts.push(v);
+        }
+        self.rng.shuffle(&mut parts);
+        let mut shape = a.t.shape().to_vec();
+        shape[dim] = parts.iter().map(|p| p.t.shape()[dim]).sum();
+        if elements(&shape) > MAX_ELEMENTS {
+            return;
+        }
+        let refs: Vec<&Tensor> = parts.iter().map(|p| &p.t).collect();
+        let exact = parts.iter().all(|p| p.exact);
+        let r = self.b.concatenate(&refs, dim);
+        self.push(r, exact);
+    }
+
+    fn normalization(&mut self) {
+        let Some(a) = self.operand(|v| v.t.dtype() == DType::F32 && v.t.rank() > 0) else {
+            return;
+        };
+        let axis = self.rng.below(a.t.rank()) as isize;
+        let r = match self.rng.below(3) {
+            0 => a.t.softmax(axis),
+            1 => a.t.log_softmax(axis),
+            _ => a.t.layer_norm(axis, 1e-3),
+        };
+        self.push(r, false);
+    }
+
+    fn source(&mut self) {
+        let rank = 1 + self.rng.below(3);
+        let shape = self.rng.shape(rank);
+        let dtype = if self.rng.chance(1, 3) {
+            DType::I32
+        } else {
+            DType::F32
+        };
+        match self.rng.below(3) {
+            0 => {
+                let dim = self.rng.below(rank);
+                let r = self.b.iota(shape, dim, dtype);
+                self.push(r, true);
+            }
+            1 => {
+                let r = self
+                    .b
+                    .full(shape, dtype, f64::from(self.rng.range(-3, 3) as i32) / 4.0);
+                self.push(r, true);
+            }
+            _ => {
+                self.parameter(shape, dtype);
+            }
+        }
+    }
+
+    fn convert(&mut self) {
+        let Some(a) = self.operand(|v| v.t.dtype() != DType::F32) else {
+            return;
+        };
+        let to = if a.t.dtype() == DType::Bool && self.rng.chance(1, 2) {
+            DType::I32
+        } else {
+            DType::F32
+        };
+        let r = a.t.convert(to);
+        self.push(r, true);
+    }
+}
+
+fn broadcast_elements(a: &[usize], b: &[usize]) -> usize {
+    let r = a.len().max(b.len());
+    (0..r)
+        .map(|i| {
+            let da = if i + a.len() >= r {
+                a[i + a.len() - r]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= r {
+                b[i + b.len() - r]
+            } else {
+                1
+            };
+            da.max(db)
+        })
+        .product()
+}
+
+/// A random program of 3 to `max_steps` generated steps (composite ops add more nodes) and the mesh
+/// it is annotated for.
+fn random_case(seed: u64, max_steps: usize) -> (Program, Mesh) {
+    let mut rng = Rng::new(seed);
+    let mesh = random_mesh(&mut rng);
+    let annotate_rate = *rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6]);
+    let b = Builder::new(format!("case{seed}"));
+    let mut g = Gen {
+        rng: &mut rng,
+        b: b.clone(),
+        mesh: &mesh,
+        pool: Vec::new(),
+        annotate_rate,
+        params: 0,
+    };
+    let first_dtype = if g.rng.chance(1, 5) {
+        DType::I32
+    } else {
+        DType::F32
+    };
+    for _ in 0..1 + g.rng.below(2) {
+        let rank = *g.rng.pick(&[0, 1, 1, 2, 2, 2, 3, 3]);
+        let shape = g.rng.shape(rank);
+        g.parameter(shape, first_dtype);
+    }
+    let steps = 3 + g.rng.below(max_steps.max(3) - 2);
+    for _ in 0..steps {
+        g.step();
+    }
+    // Outputs: the values nothing else uses (the last few), at most 4.
+    let pool = g.pool.clone();
+    let mut outputs: Vec<Tensor> = pool.iter().rev().take(4).map(|v| v.t.clone()).collect();
+    outputs.dedup_by(|x, y| x.id() == y.id());
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    let program = b
+        .finish(&refs)
+        .unwrap_or_else(|e| panic!("generator built an ill-typed program (seed {seed}): {e}"));
+    (program, mesh)
+}
+
+// ---- checking a case ------------------------------------------------------------------
+
+fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {
+    let n = elements(shape);
+    // A 1/8 grid in [-2, 2]: sums and maxima of these are exact in any order.
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 7 + seed * 13 + (i * i) % 5) % 33) as f32 / 8.0 - 2.0)
+        .collect();
+    let a = ArrayD::from_shape_vec(IxDyn(shape), v).unwrap();
+    match dtype {
+        DType::F32 => Literal::F32(a),
+        DType::I32 => Literal::I32(a.mapv(|x| (x * 2.0) as i32)),
+        DType::Bool => Literal::Bool(a.mapv(|x| x > 0.0)),
+    }
+}
+
+fn inputs_for(program: &Program) -> Vec<Literal> {
+    program
+        .params
+        .iter()
+        .map(|&p| {
+            // Seeded by name, so that a parameter keeps its data when shrinking removes
+            // others.
+            let name = program.node(p).name.as_deref().unwrap_or_default();
+            let seed = name
+                .bytes()
+                .fold(0, |h, b| (h * 31 + usize::from(b)) % 1009);
+            input(&program.ty(p).shape, program.ty(p).dtype, seed)
+        })
+        .collect()
+}
+
+fn compare(want: &Literal, got: &Literal) -> Result<(), String> {
+    if want.shape() != got.shape() {
+        return Err(format!("shape {:?} != {:?}", got.shape(), want.shape()));
+    }
+    match (want, got) {
+        (Literal::F32(a), Literal::F32(b)) => {
+            let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+            let mut worst = 0.0f32;
+            for (x, y) in a.iter().zip(b.iter()) {
+                if x == y || (x.is_nan() && y.is_nan()) {
+                    continue;
+                }
+                let d = (x - y).abs();
+                if !d.is_finite() {
+                    return Err(format!("{y} where the reference has {x}"));
+                }
+                worst = worst.max(d);
+            }
+            if worst > 1e-4 * scale {
+                return Err(format!("max difference {worst} (scale {scale})"));
+            }
+            Ok(())
+        }
+        _ if want == got => Ok(()),
+        _ => Err(format!("got {got:?}\nwant {want:?}")),
+    }
+}
+
+/// Closed annotated dims must come out exactly as annotated; open ones may only gain
+/// minor axes; explicitly replicated axes stay unused.
+fn check_annotations(propagated: &Program) -> Result<(), String> {
+    for v in propagated.values() {
+        let node = propagated.node(v);
+        let (Some(ann), Some(s)) = (&node.annotation, &node.sharding) else {
+            continue;
+        };
+        for (d, (a, got)) in ann.dims.iter().zip(&s.dims).enumerate() {
+            let kept = if a.closed {
+                got.axes == a.axes
+            } else {
+                got.axes.starts_with(&a.axes)
+            };
+            if !kept {
+                return Err(format!("{v} dim {d}: annotated {ann}, propagated {s}"));
+            }
+        }
+        if let Some(a) = s.axes().find(|a| ann.replicated.iter().any(|r| r == a)) {
+            return Err(format!(
+                "{v}: annotated {ann} replicated, propagated {s} uses {a}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the cases exercised: ops whose propagated result is split, collectives and
+/// partitioner warnings (printed by the test with `--nocapture`).
+#[derive(Default)]
+struct Coverage {
+    cases: usize,
+    multi_device: usize,
+    annotated: usize,
+    split_values: BTreeMap<&'static str, usize>,
+    collectives: BTreeMap<&'static str, usize>,
+    warnings: usize,
+}
+
+impl Coverage {
+    fn record(&mut self, mesh: &Mesh, exe: &Executable) {
+        self.cases += 1;
+        self.multi_device += usize::from(mesh.num_devices() > 1);
+        for node in &exe.propagated.nodes {
+            self.annotated += usize::from(node.annotation.is_some());
+            if node.sharding.as_ref().is_some_and(|s| !s.is_replicated()) {
+                *self.split_values.entry(node.op.name()).or_default() += 1;
+            }
+        }
+        for (kind, (count, _)) in exe.spmd.collectives().by_kind {
+            *self.collectives.entry(kind).or_default() += count;
+        }
+        self.warnings += exe.spmd.warnings.len();
+    }
+}
+
+/// Compiles, runs and compares one case; `Err` describes the first failure (panics in
+/// the library are failures too).
+fn run_case(program: &Program, mesh: &Mesh, coverage: Option<&mut Coverage>) -> Result<(), String> {
+    let inputs = inputs_for(program);
+    let want = interpret(program, &inputs).map_err(|e| format!("reference failed: {e}"))?;
+    let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Executable, String> {
+        let exe = compile(program, mesh).map_err(|e| format!("compile: {e}"))?;
+        check_annotations(&exe.propagated)
+            .map_err(|e| format!("annotation not kept: {e}\n{}", exe.propagated))?;
+        let threads = ThreadMesh::new(mesh.clone()).map_err(|e| format!("mesh: {e}"))?;
+        let got = exe
+            .run(&threads, &inputs)
+            .map_err(|e| format!("run: {e}\n{}", exe.report()))?;
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            compare(w, g).map_err(|e| format!("output {k}: {e}\n{}", exe.report()))?;
+        }
+        Ok(exe)
+    }));
+    let exe = outcome.unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("panic: {msg}"))
+    })?;
+    if let Some(c) = coverage {
+        c.record(mesh, &exe);
+    }
+    Ok(())
+}
+
+// ---- shrinking ------------------------------------------------------------------------
+
+/// What a node becomes in a shrunk program.
+#[derive(Clone, Copy, PartialEq)]
+enum Edit {
+    Keep,
+    /// Dropped (only for nodes nothing uses).
+    Remove,
+    /// A fresh parameter of the same type (keeps the annotation): cuts off the node's
+    /// inputs.
+    Parameter,
+    /// Replaced by another value of the same type.
+    Alias(ValueId),
+    /// Kept without its annotation.
+    Unannotate,
+}
+
+/// `program` with `edits` applied, returning `outputs`, parameters renumbered. Nodes
+/// are kept unless removed, except that `dead_code` drops every node that neither an
+/// output nor an annotated node needs. (Dead annotated nodes still steer propagation,
+/// so they are only dropped by an explicit edit.)
+fn rebuild(program: &Program, edits: &[Edit], outputs: &[ValueId], dead_code: bool) -> Program {
+    let resolve = |mut v: ValueId| {
+        while let Edit::Alias(to) = edits[v.index()] {
+            v = to;
+        }
+        v
+    };
+    let mut live = vec![false; program.nodes.len()];
+    for &o in outputs {
+        live[resolve(o).index()] = true;
+    }
+    for v in program.values() {
+        let root = !dead_code || program.node(v).annotation.is_some();
+        if root
+            && matches!(
+                edits[v.index()],
+                Edit::Keep | Edit::Unannotate | Edit::Parameter
+            )
+        {
+            live[v.index()] = true;
+        }
+    }
+    for v in program.values().collect::<Vec<_>>().into_iter().rev() {
+        if live[v.index()] && matches!(edits[v.index()], Edit::Keep | Edit::Unannotate) {
+            for &o in &program.node(v).operands {
+                live[resolve(o).index()] = true;
+            }
+        }
+    }
+    let mut out = Program::new(program.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    for v in program.values() {
+        if !live[v.index()] {
+            continue;
+        }
+        let node = program.node(v);
+        let mut new = node.clone();
+        match edits[v.index()] {
+            Edit::Parameter => {
+                new.op = Op::Parameter {
+                    index: 0,
+                    ty: node.ty.clone(),
+                };
+                new.operands.clear();
+            }
+            Edit::Unannotate => new.annotation = None,
+            _ => {}
+        }
+        for o in &mut new.operands {
+            *o = map[resolve(*o).index()].expect("live operands are rebuilt first");
+        }
+        if let Op::Parameter { index, .. } = &mut new.op {
+            *index = out.params.len();
+            if new.name.is_none() {
+                new.name = Some(format!("cut{}_{}", v.index(), program.nodes.len()));
+            }
+        }
+        let is_param = matches!(new.op, Op::Parameter { .. });
+        let id = out.push(new);
+        if is_param {
+            out.params.push(id);
+        }
+        map[v.index()] = Some(id);
+    }
+    out.outputs = outputs
+        .iter()
+        .map(|&o| map[resolve(o).index()].expect("outputs are live"))
+        .collect();
+    out
+}
+
+/// The kind of a failure (the first word of its message: compile, annotation, run,
+/// output, panic), so that shrinking keeps the failure it started from rather than
+/// drifting to another one.
+fn kind(failure: &str) -> &str {
+    failure.split([' ', ':']).next().unwrap_or_default()
+}
+
+/// Smaller variants of `program`: without dead code, without one output, and with one
+/// node removed, cut into a parameter, bypassed, or stripped of its annotation.
+fn shrink_candidates(program: &Program) -> Vec<Program> {
+    let keep = vec![Edit::Keep; program.nodes.len()];
+    let mut candidates = vec![rebuild(program, &keep, &program.outputs, true)];
+    if program.outputs.len() > 1 {
+        for i in 0..program.outputs.len() {
+            let mut outputs = program.outputs.clone();
+            outputs.remove(i);
+            candidates.push(rebuild(program, &keep, &outputs, false));
+        }
+    }
+    let users = program.users();
+    for v in program.values().collect::<Vec<_>>().into_iter().rev() {
+        let node = program.node(v);
+        let mut edits: Vec<Edit> = Vec::new();
+        if users[v.index()].is_empty() && !program.outputs.contains(&v) {
+            edits.push(Edit::Remove);
+        }
+        if matches!(node.op, Op::ShardingConstraint) {
+            edits.push(Edit::Alias(node.operands[0]));
+        } else if node.annotation.is_some() {
+            edits.push(Edit::Unannotate);
+        }
+        if !matches!(node.op, Op::Parameter { .. }) {
+            edits.push(Edit::Parameter);
+            edits.extend(
+                (node.operands.iter())
+                    .filter(|&&o| program.ty(o) == &node.ty)
+                    .map(|&o| Edit::Alias(o)),
+            );
+        }
+        for e in edits {
+            let mut all = keep.clone();
+            all[v.index()] = e;
+            candidates.push(rebuild(program, &all, &program.outputs, false));
+        }
+    }
+    let size = |p: &Program| (p.nodes.len(), annotations(p), p.outputs.len());
+    candidates.retain(|c| size(c) < size(program));
+    candidates
+}
+
+/// Greedily takes smaller variants that fail in the same way until none does.
+fn shrink(mut program: Program, mesh: &Mesh, failure: &str) -> Program {
+    while let Some(smaller) = shrink_candidates(&program)
+        .into_iter()
+        .find(|c| run_case(c, mesh, None).is_err_and(|e| kind(&e) == kind(failure)))
+    {
+        program = smaller;
+    }
+    program
+}
+
+fn annotations(p: &Program) -> usize {
+    p.nodes.iter().filter(|n| n.annotation.is_some()).count()
+}
+
+// ---- the property ---------------------------------------------------------------------
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `PIPELINE_CASES` (default 1500, ~12 s in debug) cases from `PIPELINE_SEED`
+/// (default 1); shrinks and prints the first failure. `PIPELINE_KEEP_GOING=1` reports
+/// every failure; `PIPELINE_PRINT=1` prints every case and its compiled form;
+/// `PIPELINE_MAX_STEPS` (default 15) bounds the generated ops per program.
+#[test]
+fn random_programs_on_random_meshes() {
+    let cases = env_or("PIPELINE_CASES", 1500);
+    let first = env_or("PIPELINE_SEED", 1);
+    let max_steps = env_or("PIPELINE_MAX_STEPS", 15) as usize;
+    let keep_going = std::env::var("PIPELINE_KEEP_GOING").is_ok();
+    let mut failures = Vec::new();
+    let mut coverage = Coverage::default();
+    for seed in first..first + cases {
+        let (program, mesh) = random_case(seed, max_steps);
+        if std::env::var("PIPELINE_PRINT").is_ok() {
+            eprintln!("seed {seed} on {mesh}\n{program}");
+            if let Ok(exe) = compile(&program, &mesh) {
+                eprintln!("{}", exe.report());
+            }
+        }
+        if let Err(e) = run_case(&program, &mesh, Some(&mut coverage)) {
+            let small = shrink(program.clone(), &mesh, &e);
+            let why = run_case(&small, &mesh, None).err().unwrap_or_default();
+            eprintln!(
+                "FAILED seed {seed} on mesh {mesh}: {e}\n{program}\n-- shrunk to --\n{small}\n{why}\n"
+            );
+            failures.push(seed);
+            if !keep_going {
+                break;
+            }
+        }
+    }
+    eprintln!(
+        "{} cases passed ({} on several devices), {} annotated values\nsplit results by op: {:?}\ncollectives: {:?}\npartitioner warnings: {}",
+        coverage.cases,
+        coverage.multi_device,
+        coverage.annotated,
+        coverage.split_values,
+        coverage.collectives,
+        coverage.warnings
+    );
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
