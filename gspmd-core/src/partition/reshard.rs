@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use super::emit::Emitter;
 use super::value::PValue;
 use crate::error::Result;
-use crate::ir::{Op, ReduceKind};
+use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 
 /// Per dim, the mesh axes it is split over.
@@ -273,25 +273,26 @@ pub(crate) struct ReshardPlan {
     all_reduce: Vec<String>,
     /// Then the moves between tilings.
     steps: Vec<Step>,
+    /// Last, the axes over which the target keeps a partial sum that the value does not
+    /// have yet: the value stays on the devices at index 0 along them, the others hold
+    /// zeros (exact, no communication).
+    make_unreduced: Vec<String>,
     /// Elements each device receives.
     pub cost: f64,
 }
 
 /// Plans moving a value of `shape` from `from` to `to` (tilings and pending sums).
 /// Pending sums the target does not keep are reduced by `reduce_scatter` onto the dims
-/// the target splits on them next, the rest by one `all_reduce`. Errors if the target
-/// keeps a sum `from` does not have.
+/// the target splits on them next, the rest by one `all_reduce`; pending sums the
+/// target has and the value has not are made by zeroing all but one copy.
 pub(crate) fn plan_reshard(
     mesh: &Mesh,
     shape: &[usize],
     from: &Sharding,
     to: &Sharding,
-) -> Result<ReshardPlan, String> {
+) -> ReshardPlan {
     let mut tiling: Tiling = from.dims.iter().map(|d| d.axes.clone()).collect();
     let goal: Tiling = to.dims.iter().map(|d| d.axes.clone()).collect();
-    if let Some(a) = to.unreduced.iter().find(|a| !from.unreduced.contains(a)) {
-        return Err(format!("cannot make a value unreduced over `{a}`"));
-    }
     let mut pending: Vec<String> = from
         .unreduced
         .iter()
@@ -302,6 +303,10 @@ pub(crate) fn plan_reshard(
         reduce_scatters: Vec::new(),
         all_reduce: Vec::new(),
         steps: Vec::new(),
+        make_unreduced: (to.unreduced.iter())
+            .filter(|a| !from.unreduced.contains(a))
+            .cloned()
+            .collect(),
         cost: 0.0,
     };
     for d in 0..shape.len() {
@@ -344,14 +349,14 @@ pub(crate) fn plan_reshard(
     .plan(&tiling);
     plan.steps = steps;
     plan.cost += cost;
-    Ok(plan)
+    plan
 }
 
 /// Moves `v` to `target` (see [`plan_reshard`]), emitting the collectives and slices.
 pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
     let mesh = em.mesh;
     let shape = v.global.shape.clone();
-    let plan = plan_reshard(mesh, &shape, &v.sharding, target).map_err(|m| em.error(m))?;
+    let plan = plan_reshard(mesh, &shape, &v.sharding, target);
     let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
     let mut x = v.id;
     for (d, axes) in &plan.reduce_scatters {
@@ -391,11 +396,28 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     if tiling != goal {
         return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
     }
+    if !plan.make_unreduced.is_empty() {
+        x = keep_one_copy(em, x, &plan.make_unreduced)?;
+    }
     Ok(PValue {
         id: x,
         global: v.global.clone(),
         sharding: sharding_of(&goal, target.unreduced.clone()),
     })
+}
+
+/// `x` on the devices at index 0 along `axes`, zeros on the others: a replicated value
+/// turned into an equal sum of partial values over `axes`.
+fn keep_one_copy(em: &mut Emitter, x: ValueId, axes: &[String]) -> Result<ValueId> {
+    let shape = em.shape(x);
+    let dtype = em.ty(x).dtype;
+    let index = em.emit(Op::AxisIndex(em.group(axes)), &[])?;
+    let zero_index = em.scalar(DType::I32, 0.0)?;
+    let first = em.emit(Op::Compare(CompareOp::Eq), &[index, zero_index])?;
+    let first = em.splat(first, &shape)?;
+    let zero = em.scalar(dtype, 0.0)?;
+    let zeros = em.splat(zero, &shape)?;
+    em.emit(Op::Select, &[first, x, zeros])
 }
 
 fn apply(s: &Tiling, step: &Step) -> Tiling {

@@ -85,7 +85,8 @@ impl Dims<'_> {
 }
 
 /// Every choice of contracting axes: per contracting pair, the lhs's axes, the rhs's,
-/// or none; never an axis the target splits a batch dim on, nor one used twice.
+/// none, or the target's unreduced axes; never an axis the target splits a batch dim
+/// on, nor one used twice.
 fn contracting_choices(
     dd: &DotDims,
     lhs: &PValue,
@@ -98,10 +99,13 @@ fn contracting_choices(
         .collect();
     let mut choices: Vec<Vec<Vec<String>>> = vec![Vec::new()];
     for (&l, &r) in dd.lhs_contracting.iter().zip(&dd.rhs_contracting) {
+        // The target's pending-sum axes split a contracting dim for free (a slice) and
+        // leave exactly the partial sums it keeps.
         let options = [
             lhs.sharding.dims[l].axes.clone(),
             rhs.sharding.dims[r].axes.clone(),
             Vec::new(),
+            target.unreduced.clone(),
         ];
         let mut next = Vec::new();
         for prefix in &choices {
@@ -157,7 +161,7 @@ pub(super) fn dot_general(
     let elem_bytes = lhs.global.dtype.size_in_bytes() as f64;
     let cost = |st: &Strategy| -> f64 {
         let plan = |shape: &[usize], from: &Sharding, to: &Sharding| {
-            plan_reshard(em.mesh, shape, from, to).map_or(f64::INFINITY, |p| p.cost)
+            plan_reshard(em.mesh, shape, from, to).cost
         };
         let moved = plan(
             &lhs.global.shape,
