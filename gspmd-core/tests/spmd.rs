@@ -412,18 +412,29 @@ fn compare_with_reference_reports_the_difference() {
 #[test]
 fn unreduced_annotations_are_exact() {
     let p = build("unreduced", |b| {
-        let x = b.parameter("x", [8, 4], DType::F32).annotate(s("(_, model)"));
-        let w = b.parameter("w", [4, 6], DType::F32).annotate(s("(model, _)"));
+        let x = b
+            .parameter("x", [8, 4], DType::F32)
+            .annotate(s("(_, model)"));
+        let w = b
+            .parameter("w", [4, 6], DType::F32)
+            .annotate(s("(model, _)"));
         let kept = x.matmul(&w).shard(s("(_, _) unreduced={model}"));
         let xr = b.parameter("xr", [8, 4], DType::F32).annotate(s("(_, _)"));
         let wr = b.parameter("wr", [4, 6], DType::F32).annotate(s("(_, _)"));
         let made = xr.matmul(&wr).shard(s("(_, _) unreduced={data}"));
         let after = x.matmul(&w).exp().shard(s("(_, _) unreduced={model}"));
-        vec![(&kept + &made).shard(s("(_, _)")), after.shard(s("(data, _)"))]
+        vec![
+            (&kept + &made).shard(s("(_, _)")),
+            after.shard(s("(data, _)")),
+        ]
     });
     check_on_all_meshes(&p);
     let exe = compile24(&p);
     // `kept` stays partial until the add's consumer reduces it: one all-reduce over
     // model (the two pending sums of `kept + made` are reduced together or apart).
-    assert!(exe.spmd.collectives().count("all_reduce") >= 1, "{}", exe.report());
+    assert!(
+        exe.spmd.collectives().count("all_reduce") >= 1,
+        "{}",
+        exe.report()
+    );
 }
