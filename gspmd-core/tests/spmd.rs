@@ -438,3 +438,20 @@ fn unreduced_annotations_are_exact() {
         exe.report()
     );
 }
+
+/// An output the user keeps unreduced comes back as a global array holding the sum of
+/// the partial values. (The dot still all-reduces before the constraint makes the value
+/// partial again: unreduced is not yet propagated backward from a constraint.)
+#[test]
+fn an_unreduced_output_assembles_to_the_sum() {
+    let p = build("partial_out", |b| {
+        let x = b
+            .parameter("x", [6, 8], DType::F32)
+            .annotate(s("(data, model)"));
+        let w = b
+            .parameter("w", [8, 5], DType::F32)
+            .annotate(s("(model, _)"));
+        vec![x.matmul(&w).shard(s("(data, _) unreduced={model}"))]
+    });
+    check_on_all_meshes(&p);
+}

@@ -12,7 +12,7 @@ use super::thread_mesh::{Resident, ThreadMesh};
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType};
 use crate::partition::SpmdProgram;
-use crate::sharding::{Sharding, assemble, shard_literal};
+use crate::sharding::{Mesh, Sharding, assemble, shard_literal};
 
 /// One input of a run.
 #[derive(Debug, Clone, Copy)]
@@ -28,9 +28,11 @@ pub enum Input<'a> {
 /// Where one output of a run goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
-    /// Assembled into a global array.
+    /// Assembled into a global array (an unreduced output is summed over its pending
+    /// axes).
     Global,
-    /// Each device's block (unpadded), by device id.
+    /// Each device's block (unpadded), by device id; for an unreduced output, each
+    /// device's partial value.
     Shards,
     /// Kept on the devices under this key (replacing what was there).
     Resident(String),
@@ -232,8 +234,9 @@ impl SpmdProgram {
                 Output::Global => {
                     let (ty, sharding) = &self.outputs[k];
                     let blocks = self.trimmed_blocks(k, blocks)?;
+                    let (blocks, sharding) = sum_partials(blocks, sharding, &self.mesh)?;
                     Ok(Value::Global(assemble(
-                        &blocks, sharding, &self.mesh, &ty.shape,
+                        &blocks, &sharding, &self.mesh, &ty.shape,
                     )?))
                 }
             })
@@ -352,6 +355,57 @@ impl SpmdProgram {
             })
             .collect()
     }
+}
+
+/// Blocks of a value with pending sums over `sharding.unreduced`, summed over the
+/// devices that differ only along those axes: each device's block of the full value,
+/// and the sharding without pending sums. Other values pass through.
+fn sum_partials(
+    blocks: Vec<Literal>,
+    sharding: &Sharding,
+    mesh: &Mesh,
+) -> Result<(Vec<Literal>, Sharding)> {
+    if sharding.unreduced.is_empty() {
+        return Ok((blocks, sharding.clone()));
+    }
+    let reduced = Sharding {
+        unreduced: Vec::new(),
+        ..sharding.clone()
+    };
+    let unreduced: Vec<usize> = sharding
+        .unreduced
+        .iter()
+        .filter_map(|a| mesh.axis_index(a))
+        .collect();
+    // Devices with equal coordinates off the unreduced axes hold parts of one block.
+    let key = |d: usize| -> Vec<usize> {
+        let coords = mesh.device_coords(d).unwrap_or_default();
+        coords
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !unreduced.contains(i))
+            .map(|(_, &c)| c)
+            .collect()
+    };
+    let add = Op::Binary(crate::ir::BinaryOp::Add);
+    let fail = |message: String| Error::Assemble {
+        sharding: sharding.to_string(),
+        message,
+    };
+    let keys: Vec<Vec<usize>> = (0..blocks.len()).map(key).collect();
+    let mut totals: HashMap<&[usize], Literal> = HashMap::new();
+    for (k, block) in keys.iter().zip(&blocks) {
+        let total = match totals.remove(k.as_slice()) {
+            None => block.clone(),
+            Some(acc) => {
+                let ty = TensorType::new(acc.shape(), acc.dtype());
+                kernels::eval(&add, &[&acc, block], &ty).map_err(fail)?
+            }
+        };
+        totals.insert(k, total);
+    }
+    let sums = keys.iter().map(|k| totals[k.as_slice()].clone()).collect();
+    Ok((sums, reduced))
 }
 
 /// The store key under which a run stages a new resident value until every device has
