@@ -112,7 +112,7 @@ fn init(program: &Program, trained: &[usize], rng: &mut Rng) -> Vec<Literal> {
         .collect()
 }
 
-pub fn main() -> gspmd::Result<()> {
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -211,12 +211,10 @@ pub fn main() -> gspmd::Result<()> {
         path.display()
     );
     if continued != reloaded || max_diff > 1e-4 {
-        return Err(gspmd::Error::TrainerInput {
-            name: "train_transformer".into(),
-            message: format!(
-                "mismatch: continued {continued} vs reloaded {reloaded}, reference difference {max_diff}"
-            ),
-        });
+        return Err(format!(
+            "mismatch: continued {continued} vs reloaded {reloaded}, reference difference {max_diff}"
+        )
+        .into());
     }
     Ok(())
 }
