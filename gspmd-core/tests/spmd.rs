@@ -440,8 +440,8 @@ fn unreduced_annotations_are_exact() {
 }
 
 /// An output the user keeps unreduced comes back as a global array holding the sum of
-/// the partial values. (The dot still all-reduces before the constraint makes the value
-/// partial again: unreduced is not yet propagated backward from a constraint.)
+/// the partial values; the dot's partial sums flow into the constraint with no
+/// collective at all.
 #[test]
 fn an_unreduced_output_assembles_to_the_sum() {
     let p = build("partial_out", |b| {
@@ -454,4 +454,6 @@ fn an_unreduced_output_assembles_to_the_sum() {
         vec![x.matmul(&w).shard(s("(data, _) unreduced={model}"))]
     });
     check_on_all_meshes(&p);
+    let exe = compile24(&p);
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
 }

@@ -22,7 +22,7 @@ pub use report::CollectiveStats;
 pub use value::PValue;
 
 use crate::error::Result;
-use crate::ir::{Program, TensorType};
+use crate::ir::{Op, Program, ReduceKind, TensorType, ValueId};
 use crate::sharding::{Mesh, Sharding};
 use emit::Emitter;
 
@@ -42,10 +42,51 @@ pub struct SpmdProgram {
     pub warnings: Vec<String>,
 }
 
+/// `target` extended with the pending sums that every user of `v` keeps, when `v` is a
+/// contraction or a sum whose only users are `sharding_constraint`s asking for those
+/// pending sums: the partial result then flows to them without an all-reduce and back.
+fn keep_sums_for_users(
+    program: &Program,
+    users: &[ValueId],
+    v: ValueId,
+    mut target: Sharding,
+) -> Sharding {
+    let makes_sums = matches!(
+        program.node(v).op,
+        Op::DotGeneral(_)
+            | Op::Reduce {
+                kind: ReduceKind::Sum,
+                ..
+            }
+    );
+    if !makes_sums || users.is_empty() || program.outputs.contains(&v) {
+        return target;
+    }
+    let kept = |u: &ValueId| -> Option<&[String]> {
+        let node = program.node(*u);
+        (node.op == Op::ShardingConstraint).then_some(())?;
+        Some(node.annotation.as_ref()?.unreduced.as_slice())
+    };
+    let Some(first) = kept(&users[0]) else {
+        return target;
+    };
+    if users.iter().any(|u| kept(u) != Some(first)) {
+        return target;
+    }
+    let used: Vec<String> = target.axes().map(String::from).collect();
+    for axis in first {
+        if !used.contains(axis) && !target.unreduced.contains(axis) {
+            target.unreduced.push(axis.clone());
+        }
+    }
+    target
+}
+
 /// Partitions a propagated program (every node has a `sharding`) for `mesh`.
 pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
     let mut em = Emitter::new(&program.name, mesh);
     let mut values: Vec<Option<PValue>> = vec![None; program.nodes.len()];
+    let users = program.users();
     for v in program.values() {
         let node = program.node(v);
         em.current = (v, node.op.name(), node.location);
@@ -54,6 +95,7 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
             .clone()
             .ok_or_else(|| em.error("the value has no sharding: run propagation first"))?;
         target.validate(mesh, node.ty.rank(), &format!("{}: {v}: ", node.location))?;
+        let target = keep_sums_for_users(program, &users[v.index()], v, target);
         let operands: Vec<PValue> = node
             .operands
             .iter()
