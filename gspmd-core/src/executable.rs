@@ -68,6 +68,16 @@ pub struct Comparison {
     pub max_diff: f32,
 }
 
+impl std::fmt::Display for Comparison {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "max |value| {:.3}, max |mesh - reference| {:.2e}",
+            self.max_abs, self.max_diff
+        )
+    }
+}
+
 impl Comparison {
     fn of(want: &Literal, got: &Literal) -> Self {
         match (want, got) {

@@ -1215,3 +1215,33 @@ fn large_matmul_runs_fast_in_debug() {
     }
     assert!(elapsed.as_secs_f64() < 2.0, "matmul took {elapsed:?}");
 }
+
+#[test]
+fn sample_inputs_are_typed_in_range_and_reproducible() {
+    let b = Builder::new("sample");
+    let x = b.parameter("x", [3, 5], DType::F32);
+    let t = b.parameter("t", [4], DType::I32);
+    let m = b.parameter("m", [2, 2], DType::Bool);
+    let program = b.finish(&[&x, &t, &m]).unwrap();
+    let inputs = gspmd_core::runtime::sample_inputs(&program, 7);
+    assert_eq!(inputs.len(), 3);
+    let xs = inputs[0].as_f32().unwrap();
+    assert_eq!(xs.shape(), &[3, 5]);
+    assert!(xs.iter().all(|v| (-0.5..0.5).contains(v)));
+    assert!(xs.iter().any(|&v| v != xs[[0, 0]]), "values vary");
+    assert!(
+        inputs[1]
+            .as_i32()
+            .unwrap()
+            .iter()
+            .all(|v| (0..8).contains(v))
+    );
+    assert_eq!(inputs[2].shape(), vec![2, 2]);
+    assert_eq!(inputs, gspmd_core::runtime::sample_inputs(&program, 7));
+    assert_ne!(
+        inputs[0],
+        gspmd_core::runtime::sample_inputs(&program, 8)[0]
+    );
+    // The interpreter accepts them.
+    interpret(&program, &inputs).unwrap();
+}

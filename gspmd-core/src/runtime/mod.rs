@@ -8,11 +8,13 @@ mod communicator;
 mod device;
 mod interpreter;
 pub mod kernels;
+mod sample;
 mod spmd;
 mod thread_mesh;
 
 pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::interpret;
+pub use sample::sample_inputs;
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};
