@@ -68,10 +68,7 @@ impl<'m> Emitter<'m> {
 
     /// The group of devices spanned by `axes`.
     pub fn group(&self, axes: &[String]) -> AxisGroup {
-        let size = axes
-            .iter()
-            .map(|a| self.mesh.axis_size(a).unwrap_or(1))
-            .product();
+        let size = self.mesh.axes_size(axes);
         AxisGroup {
             axes: axes.to_vec(),
             size,

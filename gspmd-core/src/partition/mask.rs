@@ -21,7 +21,7 @@ pub(crate) fn mask_padding(
         let axes = &v.sharding.dims[d].axes;
         let size = v.global.shape[d];
         let c = local[d];
-        if c * super::reshard::size_of_axes(axes, em.mesh) == size {
+        if c * em.mesh.axes_size(axes) == size {
             continue;
         }
         // position = iota + block offset; valid where position < size.

@@ -49,15 +49,9 @@ enum Step {
     },
 }
 
-pub(crate) fn size_of_axes(axes: &[String], mesh: &Mesh) -> usize {
-    axes.iter()
-        .map(|a| mesh.axis_size(a).unwrap_or(1))
-        .product()
-}
-
 /// Chunk (padded local length) of dim `d` under `t`.
 fn chunk(shape: &[usize], t: &Tiling, d: usize, mesh: &Mesh) -> usize {
-    shape[d].div_ceil(size_of_axes(&t[d], mesh))
+    shape[d].div_ceil(mesh.axes_size(&t[d]))
 }
 
 fn local_elems(shape: &[usize], t: &Tiling, mesh: &Mesh) -> f64 {
@@ -98,10 +92,10 @@ impl Planner<'_> {
             .cloned()
             .collect();
         for d in 0..s.len() {
-            let (n, c) = (size_of_axes(&s[d], mesh), chunk(shape, s, d, mesh));
+            let (n, c) = (mesh.axes_size(&s[d]), chunk(shape, s, d, mesh));
             // Slices: append an ordered selection of unused target axes.
             for seq in sequences(&unused) {
-                let k = size_of_axes(&seq, mesh);
+                let k = mesh.axes_size(&seq);
                 let mut t = s.clone();
                 t[d].extend(seq.iter().cloned());
                 if slice_is_local(n, c, k, chunk(shape, &t, d, mesh)) {
@@ -111,7 +105,7 @@ impl Planner<'_> {
             // Gathers: drop the trailing `len` axes.
             for len in 1..=s[d].len() {
                 let axes = s[d][s[d].len() - len..].to_vec();
-                let k = size_of_axes(&axes, mesh);
+                let k = mesh.axes_size(&axes);
                 let mut t = s.clone();
                 t[d].truncate(s[d].len() - len);
                 if gather_is_exact(n / k, c, k, chunk(shape, &t, d, mesh)) {
@@ -120,13 +114,13 @@ impl Planner<'_> {
             }
             // All-to-all: move the last axis of `d` to the end of another dim.
             if let Some(axis) = s[d].last() {
-                let k = size_of_axes(std::slice::from_ref(axis), mesh);
+                let k = mesh.axes_size(std::slice::from_ref(axis));
                 for j in (0..s.len()).filter(|&j| j != d) {
                     let mut t = s.clone();
                     t[d].pop();
                     t[j].push(axis.clone());
                     let split_ok = slice_is_local(
-                        size_of_axes(&s[j], mesh),
+                        mesh.axes_size(&s[j]),
                         chunk(shape, s, j, mesh),
                         k,
                         chunk(shape, &t, j, mesh),
@@ -152,7 +146,7 @@ impl Planner<'_> {
                 .collect();
             for t in extensions(self.target, &extra) {
                 let same_counts =
-                    (0..s.len()).all(|d| size_of_axes(&t[d], mesh) == size_of_axes(&s[d], mesh));
+                    (0..s.len()).all(|d| mesh.axes_size(&t[d]) == mesh.axes_size(&s[d]));
                 if same_counts && &t != s {
                     out.push((Step::Permute { to: t.clone() }, t, local));
                 }
@@ -322,9 +316,9 @@ pub(crate) fn plan_reshard(
             let mut t = tiling.clone();
             t[d].extend(axes.iter().cloned());
             let (n, c, k) = (
-                size_of_axes(&tiling[d], mesh),
+                mesh.axes_size(&tiling[d]),
                 chunk(shape, &tiling, d, mesh),
-                size_of_axes(&axes, mesh),
+                mesh.axes_size(&axes),
             );
             if slice_is_local(n, c, k, chunk(shape, &t, d, mesh)) {
                 plan.cost += local_elems(shape, &tiling, mesh) * (k as f64 - 1.0) / k as f64;
@@ -337,7 +331,7 @@ pub(crate) fn plan_reshard(
         }
     }
     if !pending.is_empty() {
-        let k = size_of_axes(&pending, mesh) as f64;
+        let k = mesh.axes_size(&pending) as f64;
         plan.cost += 2.0 * local_elems(shape, &tiling, mesh) * (k - 1.0) / k;
         plan.all_reduce = pending;
     }
@@ -362,11 +356,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     for (d, axes) in &plan.reduce_scatters {
         let mut t = tiling.clone();
         t[*d].extend(axes.iter().cloned());
-        x = em.pad_to(
-            x,
-            *d,
-            size_of_axes(axes, mesh) * chunk(&shape, &t, *d, mesh),
-        )?;
+        x = em.pad_to(x, *d, mesh.axes_size(axes) * chunk(&shape, &t, *d, mesh))?;
         let group = em.group(axes);
         x = em.emit(
             Op::ReduceScatter {
@@ -446,7 +436,7 @@ fn emit_step(
     match step {
         Step::Slice { dim, axes } => {
             let c_new = chunk(shape, &t, *dim, mesh);
-            let x = em.pad_to(x, *dim, size_of_axes(axes, mesh) * c_new)?;
+            let x = em.pad_to(x, *dim, mesh.axes_size(axes) * c_new)?;
             let start = em.block_offset(axes, c_new)?;
             let mut starts = vec![None; shape.len()];
             starts[*dim] = Some(start);

@@ -97,6 +97,14 @@ impl Mesh {
         self.axes.iter().find(|a| a.0 == name).map(|a| a.1)
     }
 
+    /// Number of devices along `axes` together: the product of their sizes. Names that
+    /// are not axes of the mesh count as size 1 (validate shardings first).
+    pub fn axes_size<S: AsRef<str>>(&self, axes: &[S]) -> usize {
+        axes.iter()
+            .map(|a| self.axis_size(a.as_ref()).unwrap_or(1))
+            .product()
+    }
+
     /// Total number of devices.
     pub fn num_devices(&self) -> usize {
         self.device_ids.len()

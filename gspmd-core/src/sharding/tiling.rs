@@ -36,10 +36,7 @@ impl Sharding {
     /// that is not split or beyond the sharding's rank). Axes not in `mesh` count as size
     /// 1; call [`Sharding::validate`] first.
     pub fn num_shards(&self, dim: usize, mesh: &Mesh) -> usize {
-        self.dim_axes(dim)
-            .iter()
-            .map(|a| mesh.axis_size(a).unwrap_or(1))
-            .product()
+        mesh.axes_size(self.dim_axes(dim))
     }
 
     /// Which shard of dim `dim` `device` holds: its coordinates along the dim's axes read

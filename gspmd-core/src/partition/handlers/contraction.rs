@@ -15,7 +15,6 @@ use super::super::value::PValue;
 use super::with_dims;
 use crate::error::Result;
 use crate::ir::{DotDims, Op, TensorType};
-use crate::partition::reshard::size_of_axes as axes_size;
 use crate::sharding::Sharding;
 
 /// How a dot is computed: each operand's tiling, the result's tiling and the axes the
@@ -180,7 +179,7 @@ pub(super) fn dot_general(
             shape
                 .iter()
                 .zip(tiling)
-                .map(|(&n, axes)| n.div_ceil(axes_size(axes, em.mesh)) as f64)
+                .map(|(&n, axes)| n.div_ceil(em.mesh.axes_size(axes)) as f64)
                 .collect()
         };
         let l = local(&lhs.global.shape, &st.lhs);
