@@ -4,7 +4,7 @@
 //! panics. Variants name the problem, the op or value concerned and, where the value was
 //! traced from user code, the user's source location.
 
-use crate::ir::{Location, ValueId};
+use crate::types::{Location, TensorType, ValueId};
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -158,7 +158,7 @@ pub enum Error {
         /// The declared type with symbols bound, e.g. `f32[B, D] = f32[8,16]`.
         declared: String,
         /// The type the body returned.
-        given: crate::ir::TensorType,
+        given: TensorType,
         /// Where the result type is declared.
         location: Location,
     },
@@ -203,10 +203,10 @@ pub enum Error {
 
     // ---- training ------------------------------------------------------------------
     /// An optimizer's hyper-parameters are out of range.
-    #[error("optimizer {optimizer:?}: {message}")]
+    #[error("optimizer {optimizer}: {message}")]
     Optimizer {
-        /// The optimizer as given.
-        optimizer: crate::train::Optimizer,
+        /// The optimizer as given (its `Debug` text).
+        optimizer: String,
         /// Which hyper-parameter is wrong and why.
         message: String,
     },

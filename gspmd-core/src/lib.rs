@@ -13,6 +13,7 @@ pub mod propagation;
 pub mod runtime;
 pub mod sharding;
 pub mod train;
+pub mod types;
 
 pub use error::{Error, Result};
 pub use executable::{Comparison, Executable, compile};

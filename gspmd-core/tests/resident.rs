@@ -3,8 +3,9 @@
 
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal};
+use gspmd_core::runtime::shard_literal;
 use gspmd_core::runtime::{Input, Output, ThreadMesh, Value, interpret};
-use gspmd_core::sharding::{Mesh, Sharding, shard_literal};
+use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::{Error, Executable};
 use ndarray::{ArrayD, IxDyn};
 

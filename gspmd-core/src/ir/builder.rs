@@ -12,12 +12,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::literal::Literal;
-use super::location::Location;
 use super::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use super::program::Program;
-use super::types::{DType, Shape, TensorType, ValueId};
 use crate::error::{Error, Result};
 use crate::sharding::Sharding;
+use crate::types::Location;
+use crate::types::{DType, Shape, TensorType, ValueId};
 
 #[derive(Debug)]
 struct State {

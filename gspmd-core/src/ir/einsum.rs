@@ -6,8 +6,8 @@
 //! A letter may appear once per operand (no diagonals).
 
 use super::builder::{Tensor, push, push_at, push_reduce};
-use super::location::Location;
 use super::op::{DotDims, Op, ReduceKind};
+use crate::types::Location;
 
 struct Spec {
     inputs: Vec<Vec<char>>,

@@ -2,7 +2,7 @@
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
 use super::op::{BinaryOp, DotDims, Op, UnaryOp};
-use super::types::{DType, TensorType, num_elements};
+use crate::types::{DType, TensorType, num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
 /// what does not fit (the caller adds the op name and location).

@@ -3,7 +3,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::types::{DType, Shape};
+use crate::types::{DType, Shape};
 
 /// A dense host array of one of the IR's element types.
 #[derive(Debug, Clone, PartialEq)]

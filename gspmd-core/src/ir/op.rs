@@ -2,7 +2,7 @@
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
 use super::literal::Literal;
-use super::types::DType;
+use crate::types::DType;
 
 /// Elementwise ops of one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,7 +120,7 @@ pub enum Op {
         /// Position in the program's parameter list.
         index: usize,
         /// Type of the argument.
-        ty: super::types::TensorType,
+        ty: crate::types::TensorType,
     },
     /// A constant array; no operands.
     Constant(Literal),

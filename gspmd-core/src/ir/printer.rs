@@ -14,7 +14,7 @@ use std::fmt::{self, Write};
 use super::literal::Literal;
 use super::op::{CompareOp, Op, ReduceKind};
 use super::program::{Node, Program};
-use super::types::join;
+use crate::types::join;
 
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,9 +1,9 @@
 //! [`Program`]: an SSA list of [`Node`]s with parameters and outputs.
 
-use super::location::Location;
 use super::op::Op;
-use super::types::{TensorType, ValueId};
 use crate::sharding::Sharding;
+use crate::types::Location;
+use crate::types::{TensorType, ValueId};
 
 /// Where each dim's sharding of a value came from: the value whose user annotation
 /// supplied the axes of that dim (`None` for a dim without axes). Filled by propagation.

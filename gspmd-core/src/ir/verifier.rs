@@ -3,8 +3,8 @@
 use super::infer::infer_type;
 use super::op::Op;
 use super::program::Program;
-use super::types::TensorType;
 use crate::error::{Error, Result};
+use crate::types::TensorType;
 
 /// Checks that `program` is well formed:
 /// - operands are defined before use (SSA order);

@@ -4,6 +4,7 @@
 //! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
 //! device; per-device programs call the [`Communicator`] trait for collectives.
 
+mod blocks;
 mod communicator;
 mod device;
 mod interpreter;
@@ -12,6 +13,7 @@ mod sample;
 mod spmd;
 mod thread_mesh;
 
+pub use blocks::{assemble, shard_literal};
 pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::interpret;

@@ -6,20 +6,21 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::blocks::{assemble, shard_literal};
 use super::device::run_on_device;
 use super::kernels;
 use super::thread_mesh::{Resident, ThreadMesh};
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType};
 use crate::partition::SpmdProgram;
-use crate::sharding::{Mesh, Sharding, assemble, shard_literal};
+use crate::sharding::{Mesh, Sharding};
 
 /// One input of a run.
 #[derive(Debug, Clone, Copy)]
 pub enum Input<'a> {
     /// A global array; the runtime cuts each device's block.
     Global(&'a Literal),
-    /// Each device's block (`[d]` for device `d`), as `sharding::shard_literal` cuts it.
+    /// Each device's block (`[d]` for device `d`), as [`shard_literal`](super::shard_literal) cuts it.
     Shards(&'a [Literal]),
     /// A value resident on the devices under this key (see [`ThreadMesh::resident`]).
     Resident(&'a str),

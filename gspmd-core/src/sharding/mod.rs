@@ -9,5 +9,5 @@ mod visualize;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
-pub use tiling::{assemble, dim_shard, shard_literal};
+pub use tiling::dim_shard;
 pub use visualize::visualize;

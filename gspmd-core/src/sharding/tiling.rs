@@ -6,14 +6,8 @@
 //! (uneven dims), and every device's buffer has the padded shape
 //! [`Sharding::local_shape`].
 
-use std::collections::HashSet;
-
-use ndarray::{ArrayD, AxisDescription, IxDyn, Slice};
-
 use super::mesh::Mesh;
 use super::spec::Sharding;
-use crate::error::{Error, Result};
-use crate::ir::Literal;
 
 /// Offset and length of shard `index` when a dim of `size` is cut in `num_shards` shards
 /// of `ceil(size / num_shards)` (a `num_shards` of 0 counts as 1). Offsets clamp to
@@ -88,116 +82,11 @@ impl Sharding {
     }
 }
 
-/// `device`'s block of `lit` under `sharding` (unpadded: short or empty for the late
-/// shards of an uneven dim). Unreduced axes are ignored: each device gets the block.
-pub fn shard_literal(lit: &Literal, sharding: &Sharding, mesh: &Mesh, device: usize) -> Literal {
-    let block = sharding.device_block(mesh, &lit.shape(), device);
-    match lit {
-        Literal::F32(a) => Literal::F32(slice_block(a, &block)),
-        Literal::I32(a) => Literal::I32(slice_block(a, &block)),
-        Literal::Bool(a) => Literal::Bool(slice_block(a, &block)),
-    }
-}
-
-/// The global value of `global_shape` from per-device blocks, `shards[d]` being device
-/// `d`'s block as [`shard_literal`] cuts it: the inverse of [`shard_literal`]. Of devices
-/// holding the same block (replicated copies), the lowest id's is used.
-///
-/// Errors: the sharding does not fit `mesh` and `global_shape` (as
-/// [`Sharding::validate`]); the sharding has unreduced axes (partial sums must be
-/// reduced first); not one shard per device; a shard of the wrong shape or dtype.
-pub fn assemble(
-    shards: &[Literal],
-    sharding: &Sharding,
-    mesh: &Mesh,
-    global_shape: &[usize],
-) -> Result<Literal> {
-    sharding.validate(mesh, global_shape.len(), "")?;
-    let error = |message: String| Error::Assemble {
-        sharding: sharding.to_string(),
-        message,
-    };
-    if !sharding.unreduced.is_empty() {
-        return Err(error(format!(
-            "unreduced over {{{}}}: partial sums must be reduced first",
-            sharding.unreduced.join(", ")
-        )));
-    }
-    if shards.len() != mesh.num_devices() {
-        return Err(error(format!(
-            "{} shards given for {} devices",
-            shards.len(),
-            mesh.num_devices()
-        )));
-    }
-    let mut blocks = Vec::with_capacity(shards.len());
-    for (device, shard) in shards.iter().enumerate() {
-        let block = sharding.device_block(mesh, global_shape, device);
-        let expected: Vec<usize> = block.iter().map(|b| b.1).collect();
-        if shard.shape() != expected || shard.dtype() != shards[0].dtype() {
-            return Err(error(format!(
-                "device {device}'s shard is {}{:?}, expected {}{expected:?}",
-                shard.dtype(),
-                shard.shape(),
-                shards[0].dtype()
-            )));
-        }
-        blocks.push(block);
-    }
-    Ok(match &shards[0] {
-        Literal::F32(_) => {
-            Literal::F32(place_blocks(shards, &blocks, global_shape, Literal::as_f32))
-        }
-        Literal::I32(_) => {
-            Literal::I32(place_blocks(shards, &blocks, global_shape, Literal::as_i32))
-        }
-        Literal::Bool(_) => Literal::Bool(place_blocks(
-            shards,
-            &blocks,
-            global_shape,
-            Literal::as_bool,
-        )),
-    })
-}
-
-/// The sub-array of `a` at `block` (`(offset, len)` per dim).
-fn slice_block<T: Clone>(a: &ArrayD<T>, block: &[(usize, usize)]) -> ArrayD<T> {
-    a.slice_each_axis(block_slice(block)).to_owned()
-}
-
-/// The per-axis slice selecting `block` (`(offset, len)` per dim).
-fn block_slice(block: &[(usize, usize)]) -> impl Fn(AxisDescription) -> Slice + '_ {
-    |ax| {
-        let (offset, len) = block[ax.axis.index()];
-        Slice::from(offset..offset + len)
-    }
-}
-
-/// Writes each distinct block once into a fresh array of `shape`. The caller has checked
-/// that every shard has the dtype `typed` extracts and its block's shape.
-fn place_blocks<T: Clone + Default>(
-    shards: &[Literal],
-    blocks: &[Vec<(usize, usize)>],
-    shape: &[usize],
-    typed: impl Fn(&Literal) -> Option<&ArrayD<T>>,
-) -> ArrayD<T> {
-    let mut out = ArrayD::<T>::default(IxDyn(shape));
-    let mut placed = HashSet::new();
-    for (shard, block) in shards.iter().zip(blocks) {
-        if let Some(a) = typed(shard).filter(|_| placed.insert(block)) {
-            out.slice_each_axis_mut(block_slice(block)).assign(a);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use ndarray::{Array, ArrayD, IxDyn};
     use proptest::prelude::*;
 
     use super::*;
-    use crate::ir::DType;
 
     /// 2x4 mesh (data=2, model=4) whose row-major positions hold these device ids.
     fn permuted_mesh() -> Mesh {
@@ -206,13 +95,6 @@ mod tests {
 
     fn sharding(text: &str) -> Sharding {
         text.parse().unwrap()
-    }
-
-    fn iota(shape: &[usize]) -> ArrayD<i32> {
-        let n: usize = shape.iter().product();
-        Array::from_iter(0..n as i32)
-            .into_shape_with_order(IxDyn(shape))
-            .unwrap()
     }
 
     #[test]
@@ -286,122 +168,5 @@ mod tests {
         assert_eq!(model_major.num_shards(0, &mesh), 8);
         assert_eq!(unsplit.num_shards(0, &mesh), 1);
         assert_eq!(sharding("((data, model)?)").local_shape(&mesh, &[10]), [2]);
-    }
-
-    #[test]
-    fn shard_literal_cuts_the_block() {
-        let mesh = permuted_mesh();
-        let lit = Literal::from(iota(&[7, 5]));
-        let s = sharding("(model, data)");
-        // d3 holds rows 6..7 and columns 3..5: elements 6 * 5 + 3 and 6 * 5 + 4.
-        let d3 = ArrayD::from_shape_vec(IxDyn(&[1, 2]), vec![33, 34]).unwrap();
-        assert_eq!(shard_literal(&lit, &s, &mesh, 3), Literal::I32(d3));
-        // d2 holds rows 0..2 and columns 0..3.
-        let d2 = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![0, 1, 2, 5, 6, 7]).unwrap();
-        assert_eq!(shard_literal(&lit, &s, &mesh, 2), Literal::I32(d2));
-    }
-
-    fn shard_all(lit: &Literal, s: &Sharding, mesh: &Mesh) -> Vec<Literal> {
-        (0..mesh.num_devices())
-            .map(|d| shard_literal(lit, s, mesh, d))
-            .collect()
-    }
-
-    #[test]
-    fn assemble_inverts_shard_literal() {
-        let mesh = permuted_mesh();
-        let f32s = Literal::from(iota(&[7, 5]).mapv(|v| v as f32 * 0.5));
-        let bools = Literal::from(iota(&[7, 5]).mapv(|v| v % 3 == 0));
-        for text in [
-            "(model, data)",
-            "(data, model)",
-            "((model, data), _)",
-            "(_, ?)",
-        ] {
-            let s = sharding(text);
-            for lit in [&f32s, &bools] {
-                let shards = shard_all(lit, &s, &mesh);
-                assert_eq!(
-                    &assemble(&shards, &s, &mesh, &[7, 5]).unwrap(),
-                    lit,
-                    "{text}"
-                );
-            }
-        }
-        let scalar = Literal::full(&[], DType::I32, 3.0);
-        let s = Sharding::replicated(0);
-        let shards = shard_all(&scalar, &s, &mesh);
-        assert_eq!(assemble(&shards, &s, &mesh, &[]).unwrap(), scalar);
-    }
-
-    proptest! {
-        #[test]
-        fn assemble_round_trips(
-            shape in prop::collection::vec(0usize..7, 0..4),
-            placement in prop::collection::vec(0usize..4, 2),
-            model_first in any::<bool>(),
-        ) {
-            // Each mesh axis goes to dim `placement[i]` if that dim exists.
-            let mesh = permuted_mesh();
-            let mut dims = vec![Vec::new(); shape.len()];
-            let order = if model_first { ["model", "data"] } else { ["data", "model"] };
-            for axis in order {
-                let dim = placement[usize::from(axis == "model")];
-                if let Some(d) = dims.get_mut(dim) {
-                    d.push(axis);
-                }
-            }
-            let s = Sharding::new(dims.into_iter().map(crate::sharding::DimSharding::closed));
-            let lit = Literal::from(iota(&shape));
-            let shards = shard_all(&lit, &s, &mesh);
-            prop_assert_eq!(assemble(&shards, &s, &mesh, &shape).unwrap(), lit);
-        }
-    }
-
-    #[test]
-    fn assemble_rejects_mismatched_shards() {
-        let mesh = permuted_mesh();
-        let s = sharding("(model, data)");
-        let shards = shard_all(&Literal::from(iota(&[7, 5])), &s, &mesh);
-        assert_eq!(
-            assemble(&shards[1..], &s, &mesh, &[7, 5])
-                .unwrap_err()
-                .to_string(),
-            "cannot assemble shards of sharding (model, data): 7 shards given for 8 devices"
-        );
-        let message = |r: Result<Literal>| match r {
-            Err(Error::Assemble { message, .. }) => message,
-            other => panic!("expected Error::Assemble, got {other:?}"),
-        };
-
-        assert_eq!(
-            message(assemble(&shards[..7], &s, &mesh, &[7, 5])),
-            "7 shards given for 8 devices"
-        );
-        let mut wrong_shape = shards.clone();
-        wrong_shape[3] = Literal::full(&[2, 3], DType::I32, 0.0);
-        assert_eq!(
-            message(assemble(&wrong_shape, &s, &mesh, &[7, 5])),
-            "device 3's shard is i32[2, 3], expected i32[1, 2]"
-        );
-        let mut wrong_dtype = shards.clone();
-        wrong_dtype[1] = Literal::full(&[2, 2], DType::F32, 0.0);
-        assert_eq!(
-            message(assemble(&wrong_dtype, &s, &mesh, &[7, 5])),
-            "device 1's shard is f32[2, 2], expected i32[2, 2]"
-        );
-        let partial = sharding("(model, _) unreduced={data}");
-        assert_eq!(
-            message(assemble(&shards, &partial, &mesh, &[7, 5])),
-            "unreduced over {data}: partial sums must be reduced first"
-        );
-        assert!(matches!(
-            assemble(&shards, &s, &mesh, &[7, 5, 1]),
-            Err(Error::ShardingRank { .. })
-        ));
-        assert!(matches!(
-            assemble(&shards, &sharding("(x, _)"), &mesh, &[7, 5]),
-            Err(Error::UnknownAxis { .. })
-        ));
     }
 }

@@ -102,7 +102,7 @@ impl Optimizer {
         };
         match checks.into_iter().find(|c| !c.2) {
             Some((name, value, _, range)) => Err(Error::Optimizer {
-                optimizer: *self,
+                optimizer: format!("{self:?}"),
                 message: format!("{name} = {value} must be finite and {range}"),
             }),
             None => Ok(()),
@@ -163,7 +163,7 @@ impl Optimizer {
                 Ok((a.binary(BinaryOp::Sub, decayed, step)?, vec![m, v]))
             }
             _ => Err(Error::Optimizer {
-                optimizer: *self,
+                optimizer: format!("{self:?}"),
                 message: format!(
                     "internal: {} state values and {} scalars given to the update",
                     state.len(),

@@ -86,7 +86,7 @@ pub(crate) fn join<T: fmt::Display>(items: &[T]) -> String {
         .join(",")
 }
 
-/// Identifies one SSA value of a [`crate::ir::Program`]: the result of node number `.0`.
+/// Identifies one SSA value of an IR program: the result of node number `.0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ValueId(pub u32);
 
