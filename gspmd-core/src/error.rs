@@ -247,6 +247,30 @@ pub enum Error {
         /// Expected vs. given.
         message: String,
     },
+    /// A program was run on a mesh other than the one it was partitioned for.
+    #[error("program partitioned for mesh {partitioned_for} cannot run on mesh {given}")]
+    WrongMesh {
+        /// The mesh the program was partitioned for.
+        partitioned_for: String,
+        /// The mesh it was run on.
+        given: String,
+    },
+    /// A run was given a different number of output modes than the program has outputs.
+    #[error("{given} output modes given for a program with {expected} outputs")]
+    OutputCount {
+        /// Number of outputs of the program.
+        expected: usize,
+        /// Number of output modes given.
+        given: usize,
+    },
+    /// A device does not hold the resident value a run binds as an input.
+    #[error("device {device} holds no resident value `{key}`")]
+    MissingResident {
+        /// The device.
+        device: usize,
+        /// The resident value's key.
+        key: String,
+    },
     /// An op failed while running.
     #[error("{location}: {value} = {op}: {message}")]
     Runtime {

@@ -976,13 +976,12 @@ fn spmd_only_op_is_a_runtime_error_with_location() {
         axes: vec!["data".into()],
         size: 2,
     };
-    let mut node = program.node(x.id().unwrap()).clone();
-    node.op = gspmd_core::ir::Op::AllReduce {
+    let op = gspmd_core::ir::Op::AllReduce {
         group,
         kind: gspmd_core::ir::ReduceKind::Sum,
     };
-    node.operands = vec![x.id().unwrap()];
-    let reduced = program.push(node);
+    let location = program.node(x.id().unwrap()).location;
+    let reduced = program.push_op(op, &[x.id().unwrap()], location).unwrap();
     program.outputs = vec![reduced];
     verify(&program).unwrap();
     match interpret(&program, &[f32s(&[2], &[1., 2.])]) {

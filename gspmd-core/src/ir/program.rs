@@ -81,6 +81,7 @@ impl Program {
 
     /// Appends a node and returns its value id. The caller guarantees operands exist and
     /// `ty` is right; [`crate::ir::verify`] checks both.
+    #[doc(hidden)]
     pub fn push(&mut self, node: Node) -> ValueId {
         let id = ValueId(self.nodes.len() as u32);
         self.nodes.push(node);

@@ -17,6 +17,7 @@ use crate::types::TensorType;
 /// Returns all violations together ([`Error::Many`] when several).
 pub fn verify(program: &Program) -> Result<()> {
     let mut errors = Vec::new();
+    let mut sharding_errors = Vec::new();
     let n = program.nodes.len();
     for v in program.values() {
         let node = program.node(v);
@@ -50,15 +51,23 @@ pub fn verify(program: &Program) -> Result<()> {
         }
         match &node.annotation {
             Some(s) => {
+                // Sharding faults get the sharding error variants (reported after the
+                // structural errors).
+                let context = format!("{}: {v}: ", node.location);
                 if s.dims.len() != node.ty.rank() {
-                    fail(format!(
-                        "annotation {s} has {} dims but the value has rank {}",
-                        s.dims.len(),
-                        node.ty.rank()
-                    ));
+                    sharding_errors.push(Error::ShardingRank {
+                        sharding: s.to_string(),
+                        spec_rank: s.dims.len(),
+                        rank: node.ty.rank(),
+                        context: context.clone(),
+                    });
                 }
                 if let Some(axis) = s.repeated_axis() {
-                    fail(format!("annotation {s} uses axis `{axis}` twice"));
+                    sharding_errors.push(Error::DuplicateAxis {
+                        axis: axis.to_string(),
+                        sharding: s.to_string(),
+                        context,
+                    });
                 }
             }
             None if node.op == Op::ShardingConstraint => {
@@ -96,5 +105,6 @@ pub fn verify(program: &Program) -> Result<()> {
             });
         }
     }
+    errors.append(&mut sharding_errors);
     Error::from_list(errors)
 }

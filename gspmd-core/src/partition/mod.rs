@@ -19,7 +19,7 @@ mod reshard;
 mod value;
 
 pub use report::CollectiveStats;
-pub use value::PValue;
+pub(crate) use value::PValue;
 
 use crate::error::Result;
 use crate::ir::{Op, Program, ReduceKind, TensorType, ValueId};

@@ -8,13 +8,16 @@ mod blocks;
 mod communicator;
 mod device;
 mod interpreter;
-pub mod kernels;
+pub(crate) mod kernels;
 mod sample;
 mod spmd;
 mod thread_mesh;
 
 pub use blocks::{assemble, shard_literal};
 pub use communicator::Communicator;
+/// Runs one device's program directly, bypassing the input checks of
+/// [`SpmdProgram::execute`](crate::partition::SpmdProgram): for fault-injection tests.
+#[doc(hidden)]
 pub use device::run_on_device;
 pub use interpreter::interpret;
 pub use sample::sample_inputs;

@@ -132,18 +132,16 @@ impl SpmdProgram {
         outputs: &[Output],
     ) -> Result<Vec<Value>> {
         if mesh.mesh() != &self.mesh {
-            return Err(Error::InvalidMesh(format!(
-                "program partitioned for {} cannot run on {}",
-                self.mesh,
-                mesh.mesh()
-            )));
+            return Err(Error::WrongMesh {
+                partitioned_for: self.mesh.to_string(),
+                given: mesh.mesh().to_string(),
+            });
         }
         if outputs.len() != self.outputs.len() {
-            return Err(Error::InvalidMesh(format!(
-                "{} output modes given for {} outputs",
-                outputs.len(),
-                self.outputs.len()
-            )));
+            return Err(Error::OutputCount {
+                expected: self.outputs.len(),
+                given: outputs.len(),
+            });
         }
         let binds = self.bind_inputs(mesh, inputs)?;
         let program = Arc::new(self.program.clone());
@@ -172,9 +170,7 @@ impl SpmdProgram {
                 }
             }
             let result = match missing {
-                Some(key) => Err(Error::ThreadMesh(format!(
-                    "device {device} holds no resident value `{key}`"
-                ))),
+                Some(key) => Err(Error::MissingResident { device, key }),
                 None => run_on_device(&program, comm, &locals),
             };
             // Put moved resident inputs back before storing new outputs over them.

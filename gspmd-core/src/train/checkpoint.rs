@@ -57,12 +57,12 @@ pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>>
     let buffer = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
     let (_, metadata) = SafeTensors::read_metadata(&buffer).map_err(|e| fail(e.to_string()))?;
     let file = SafeTensors::deserialize(&buffer).map_err(|e| fail(e.to_string()))?;
-    let saved_order: Option<Vec<String>> = metadata.metadata().as_ref().and_then(|m| {
-        (0..file.len())
-            .map(|i| m.get(&format!("{ORDER}{i}")).cloned())
-            .collect()
-    });
-    let names = saved_order.unwrap_or_else(|| metadata.offset_keys());
+    let names = match metadata.metadata() {
+        Some(m) if m.keys().any(|k| k.starts_with(ORDER)) => {
+            saved_order(m, &metadata.offset_keys()).map_err(fail)?
+        }
+        _ => metadata.offset_keys(),
+    };
     names
         .into_iter()
         .map(|name| {
@@ -74,6 +74,40 @@ pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>>
             Ok((name, lit))
         })
         .collect()
+}
+
+/// The tensor order recorded in `metadata` by [`save_checkpoint`]: keys
+/// `gspmd.order.0 ..` must name each of the file's `tensors` exactly once, with no gap
+/// and no other `gspmd.order.` key, or the file was not written by us (or was edited)
+/// and is rejected rather than read with a tensor dropped or doubled.
+fn saved_order(
+    metadata: &HashMap<String, String>,
+    tensors: &[String],
+) -> Result<Vec<String>, String> {
+    let mut names = Vec::with_capacity(tensors.len());
+    for i in 0..tensors.len() {
+        let key = format!("{ORDER}{i}");
+        let name = metadata
+            .get(&key)
+            .ok_or_else(|| format!("metadata `{key}` is missing ({} tensors)", tensors.len()))?;
+        if !tensors.contains(name) {
+            return Err(format!(
+                "metadata `{key}` names `{name}`, which the file does not hold"
+            ));
+        }
+        if names.contains(name) {
+            return Err(format!("metadata `{key}` names `{name}` a second time"));
+        }
+        names.push(name.clone());
+    }
+    let recorded = metadata.keys().filter(|k| k.starts_with(ORDER)).count();
+    if recorded != tensors.len() {
+        return Err(format!(
+            "metadata records the order of {recorded} tensors but the file holds {}",
+            tensors.len()
+        ));
+    }
+    Ok(names)
 }
 
 /// The safetensors dtype and little-endian bytes of `lit`, row-major.

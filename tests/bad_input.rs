@@ -1,0 +1,693 @@
+//! Bad input, as a new user or an attacker would give it, at every stage: meshes,
+//! shardings, tracing, the DSL's trace-time checks, compiling, gradients, training,
+//! checkpoints, running, and misuse of the thread mesh. Each case asserts the exact
+//! [`Error`] variant; none may panic, abort or hang. Cases that would abort the whole
+//! process if the library regressed (allocations that cannot succeed) run in a child
+//! process, so a regression fails one test instead of killing the suite.
+//!
+//! The DSL's compile-time misuses are trybuild cases in `tests/ui/fail`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use gspmd::autodiff::grad;
+use gspmd::ir::{AxisGroup, Builder, DType, Literal, Op, Program, ReduceKind, verify};
+use gspmd::prelude::*;
+use gspmd::runtime::{Input, Output, assemble};
+use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
+
+/// The error of `r`, or a failed test naming what succeeded.
+#[track_caller]
+fn err<T>(r: Result<T>) -> Error {
+    match r {
+        Ok(_) => panic!("expected an error, got Ok"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts `$e` is `Err` of the variant matched by `$pat`.
+macro_rules! assert_err {
+    ($e:expr, $pat:pat) => {{
+        let e = err($e);
+        assert!(matches!(e, $pat), "wrong variant: {e:?}");
+        assert!(!e.to_string().is_empty());
+        e
+    }};
+}
+
+/// Runs `body` in a child process (this test binary, running only test `name`), so that
+/// an abort (e.g. a failed allocation) fails this test rather than the whole suite.
+fn isolated(name: &str, body: impl FnOnce()) {
+    const CHILD: &str = "GSPMD_BAD_INPUT_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        body();
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child running `{name}` ended with {}:\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn f32s(shape: &[usize], fill: f32) -> Literal {
+    Literal::full(shape, DType::F32, f64::from(fill))
+}
+
+fn sharding(text: &str) -> Sharding {
+    text.parse().unwrap()
+}
+
+fn mesh_2x2() -> Mesh {
+    Mesh::new([("data", 2), ("model", 2)]).unwrap()
+}
+
+/// `y = x @ w` with `x` annotated `annotation`.
+fn matmul_program(annotation: &str) -> Program {
+    let b = Builder::new("matmul");
+    let x = b.parameter("x", [4, 8], DType::F32);
+    let w = b.parameter("w", [8, 2], DType::F32);
+    let y = x.shard(sharding(annotation)).matmul(&w);
+    b.finish(&[&y]).unwrap()
+}
+
+/// `loss = mean((x @ w)^2)`: a model with one trainable weight.
+fn regression() -> Program {
+    let b = Builder::new("regression");
+    let x = b.parameter("x", [4, 8], DType::F32);
+    let w = b.parameter("w", [8, 2], DType::F32);
+    let y = x.matmul(&w);
+    let loss = (&y * &y).mean(&[0, 1]);
+    b.finish(&[&loss]).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gspmd-bad-input-{}-{name}", std::process::id()))
+}
+
+// ---- meshes and shardings --------------------------------------------------------------
+
+#[test]
+fn mesh_axis_of_size_zero() {
+    assert_err!(Mesh::new([("data", 0)]), Error::InvalidMesh(_));
+}
+
+#[test]
+fn mesh_axis_named_twice() {
+    assert_err!(Mesh::new([("x", 2), ("x", 2)]), Error::InvalidMesh(_));
+}
+
+#[test]
+fn mesh_axis_with_empty_name() {
+    assert_err!(Mesh::new([("", 2)]), Error::InvalidMesh(_));
+}
+
+#[test]
+fn mesh_device_count_overflows() {
+    assert_err!(
+        Mesh::new([("a", usize::MAX), ("b", 2)]),
+        Error::InvalidMesh(_)
+    );
+}
+
+#[test]
+fn mesh_device_order_is_not_a_permutation() {
+    assert_err!(
+        Mesh::with_device_order([("data", 2)], vec![0, 0]),
+        Error::DeviceOrder { .. }
+    );
+    assert_err!(
+        Mesh::with_device_order([("data", 2)], vec![0, 2]),
+        Error::DeviceOrder { .. }
+    );
+}
+
+#[test]
+fn sharding_text_does_not_parse() {
+    for text in ["(data", "(data,, model)", "(data) unreduced=", "((a, b)"] {
+        assert_err!(text.parse::<Sharding>(), Error::ParseSharding { .. });
+    }
+}
+
+#[test]
+fn annotation_names_an_unknown_axis() {
+    let e = assert_err!(
+        compile(&matmul_program("(rows, _)"), &mesh_2x2()),
+        Error::UnknownAxis { .. }
+    );
+    assert!(e.to_string().contains("(rows, _)"), "{e}");
+}
+
+#[test]
+fn annotation_uses_an_axis_twice() {
+    assert_err!(
+        compile(&matmul_program("(data, data)"), &mesh_2x2()),
+        Error::DuplicateAxis { .. }
+    );
+}
+
+#[test]
+fn annotation_has_the_wrong_rank() {
+    let b = Builder::new("rank");
+    let x = b.parameter("x", [4, 8], DType::F32);
+    let y = x.shard(sharding("(data, _, _)"));
+    assert_err!(
+        b.finish(&[&y]),
+        Error::ShardingRank { .. } | Error::Shape { .. }
+    );
+}
+
+#[test]
+fn shards_do_not_assemble() {
+    let shards = vec![f32s(&[2, 8], 0.0); 3];
+    assert_err!(
+        assemble(&shards, &sharding("(data, _)"), &mesh_2x2(), &[4, 8]),
+        Error::Assemble { .. }
+    );
+}
+
+// ---- tracing ---------------------------------------------------------------------------
+
+/// Traces `f` on a fresh builder with an f32[4, 8] parameter `x` and returns the error.
+fn trace_error(f: impl FnOnce(&Builder, &Tensor) -> Tensor) -> Error {
+    let b = Builder::new("bad");
+    let x = b.parameter("x", [4, 8], DType::F32);
+    let y = f(&b, &x);
+    err(b.finish(&[&y]))
+}
+
+/// Asserts a trace error is one `Error::Shape` for `op` located in this file.
+#[track_caller]
+fn assert_shape_error(e: Error, op: &str) {
+    match &e {
+        Error::Shape {
+            op: got, location, ..
+        } => {
+            assert_eq!(*got, op, "{e}");
+            assert!(location.file.ends_with("bad_input.rs"), "{e}");
+        }
+        other => panic!("expected one Error::Shape for {op}, got {other:?}"),
+    }
+}
+
+#[test]
+fn matmul_of_mismatched_inner_dims() {
+    let e = trace_error(|b, x| x.matmul(&b.parameter("w", [7, 2], DType::F32)));
+    assert_shape_error(e, "matmul");
+}
+
+#[test]
+fn add_of_different_dtypes() {
+    let e = trace_error(|b, x| x + &b.parameter("i", [4, 8], DType::I32));
+    assert_shape_error(e, "add");
+}
+
+#[test]
+fn reshape_to_another_element_count() {
+    assert_shape_error(trace_error(|_, x| x.reshape([5, 7])), "reshape");
+}
+
+#[test]
+fn transpose_by_a_non_permutation() {
+    assert_shape_error(trace_error(|_, x| x.transpose(&[0, 0])), "transpose");
+}
+
+#[test]
+fn reduce_over_a_missing_dim() {
+    assert_shape_error(trace_error(|_, x| x.sum(&[2])), "reduce");
+}
+
+#[test]
+fn slice_beyond_the_end() {
+    assert_shape_error(
+        trace_error(|_, x| x.slice(&[0, 0], &[5, 8], &[1, 1])),
+        "slice",
+    );
+}
+
+#[test]
+fn slice_with_zero_stride() {
+    assert_shape_error(
+        trace_error(|_, x| x.slice(&[0, 0], &[4, 8], &[0, 1])),
+        "slice",
+    );
+}
+
+#[test]
+fn concatenate_of_mismatched_dims() {
+    let e = trace_error(|b, x| {
+        let y = b.parameter("y", [4, 3], DType::F32);
+        b.concatenate(&[x, &y], 0)
+    });
+    assert_shape_error(e, "concatenate");
+}
+
+#[test]
+fn broadcast_to_an_incompatible_shape() {
+    assert_shape_error(
+        trace_error(|_, x| x.broadcast_in_dim([4, 9], &[0, 1])),
+        "broadcast",
+    );
+}
+
+#[test]
+fn einsum_with_a_letter_of_two_sizes() {
+    let e = trace_error(|b, x| {
+        let w = b.parameter("w", [4, 2], DType::F32);
+        einsum("ij,jk->ik", x, &w)
+    });
+    assert!(matches!(e, Error::Shape { .. }), "{e:?}");
+}
+
+#[test]
+fn select_with_a_non_bool_predicate() {
+    assert_shape_error(trace_error(|_, x| x.select(x, x)), "select");
+}
+
+#[test]
+fn verifier_reports_a_forward_reference() {
+    let mut p = regression();
+    let last = p.nodes.len() - 1;
+    p.nodes[0].operands = vec![gspmd::ir::ValueId(last as u32)];
+    assert_err!(verify(&p), Error::Verify { .. } | Error::Many(_));
+}
+
+// ---- the DSL's trace-time checks -------------------------------------------------------
+
+#[gspmd::model(mesh = (data, model))]
+fn two_layer(
+    #[shard(data, _)] x: Tensor<B, D>,
+    #[shard(_, model)] w1: Tensor<D, F>,
+    w2: Tensor<F, D>,
+) -> Tensor<B, D> {
+    x.matmul(&w1).relu().matmul(&w2)
+}
+
+#[test]
+fn dsl_given_too_few_shapes() {
+    assert_err!(
+        two_layer::trace_shapes(&[&[8, 16], &[16, 32]]),
+        Error::ArgumentCount { .. }
+    );
+}
+
+#[test]
+fn dsl_given_a_shape_of_the_wrong_rank() {
+    assert_err!(
+        two_layer::trace_shapes(&[&[8, 16, 1], &[16, 32], &[32, 16]]),
+        Error::ArgumentShape { .. }
+    );
+}
+
+#[test]
+fn dsl_symbol_bound_to_two_sizes() {
+    assert_err!(
+        two_layer::trace_shapes(&[&[8, 16], &[17, 32], &[32, 16]]),
+        Error::SymbolConflict { .. }
+    );
+}
+
+#[test]
+fn dsl_mesh_with_an_empty_axis() {
+    assert_err!(two_layer::mesh([2, 0]), Error::InvalidMesh(_));
+}
+
+// ---- compiling -------------------------------------------------------------------------
+
+#[test]
+fn partitioning_an_unpropagated_program() {
+    let p = regression();
+    assert_err!(
+        gspmd::partition::partition(&p, &mesh_2x2()),
+        Error::Partition { .. }
+    );
+}
+
+// ---- gradients and training ------------------------------------------------------------
+
+#[test]
+fn grad_of_a_missing_output() {
+    assert_err!(grad(&regression(), 3, &[1]), Error::GradRequest { .. });
+}
+
+#[test]
+fn grad_of_a_non_scalar_loss() {
+    assert_err!(
+        grad(&matmul_program("(_, _)"), 0, &[1]),
+        Error::GradRequest { .. }
+    );
+}
+
+#[test]
+fn grad_with_respect_to_a_missing_parameter() {
+    assert_err!(grad(&regression(), 0, &[9]), Error::GradRequest { .. });
+}
+
+#[test]
+fn grad_through_an_spmd_op() {
+    let mut p = regression();
+    let x = p.params[0];
+    let location = p.node(x).location;
+    let group = AxisGroup {
+        axes: vec!["data".into()],
+        size: 2,
+    };
+    let op = Op::AllReduce {
+        group,
+        kind: ReduceKind::Sum,
+    };
+    let reduced = p.push_op(op, &[x], location).unwrap();
+    let square = p
+        .push_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                dims: vec![0, 1],
+            },
+            &[reduced],
+            location,
+        )
+        .unwrap();
+    p.outputs = vec![square];
+    assert_err!(grad(&p, 0, &[0]), Error::NotDifferentiable { .. });
+}
+
+#[test]
+fn optimizer_with_a_negative_learning_rate() {
+    let sgd = Optimizer::Sgd {
+        lr: -0.1,
+        momentum: 0.0,
+    };
+    assert_err!(
+        step_program(&regression(), 0, &[1], &sgd),
+        Error::Optimizer { .. }
+    );
+}
+
+#[test]
+fn optimizer_with_a_nan_hyper_parameter() {
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: f32::NAN,
+    };
+    assert_err!(
+        step_program(&regression(), 0, &[1], &sgd),
+        Error::Optimizer { .. }
+    );
+}
+
+#[test]
+fn train_step_of_nothing() {
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.0,
+    };
+    assert_err!(
+        step_program(&regression(), 0, &[], &sgd),
+        Error::TrainRequest { .. }
+    );
+    assert_err!(
+        step_program(&regression(), 0, &[1, 1], &sgd),
+        Error::TrainRequest { .. }
+    );
+}
+
+#[test]
+fn trainer_given_a_wrong_initial_value() {
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.0,
+    };
+    let step = step_program(&regression(), 0, &[1], &sgd).unwrap();
+    assert_err!(
+        Trainer::reference(step.clone(), vec![f32s(&[2, 8], 0.0)]),
+        Error::TrainerInput { .. }
+    );
+    assert_err!(Trainer::reference(step, vec![]), Error::TrainerInput { .. });
+}
+
+#[test]
+fn trainer_restored_from_tensors_of_another_model() {
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.0,
+    };
+    let step = step_program(&regression(), 0, &[1], &sgd).unwrap();
+    let mut trainer = Trainer::reference(step, vec![f32s(&[8, 2], 0.5)]).unwrap();
+    let foreign = vec![("v".to_string(), f32s(&[8, 2], 0.0))];
+    assert_err!(trainer.restore(&foreign), Error::TrainerInput { .. });
+}
+
+// ---- checkpoints -----------------------------------------------------------------------
+
+#[test]
+fn checkpoint_that_does_not_exist() {
+    assert_err!(
+        load_checkpoint(scratch("missing.safetensors")),
+        Error::Checkpoint { .. }
+    );
+}
+
+#[test]
+fn checkpoint_that_is_not_safetensors() {
+    let path = scratch("garbage.safetensors");
+    std::fs::write(&path, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
+    assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn checkpoint_saved_with_a_name_twice() {
+    let tensors = vec![
+        ("w".to_string(), f32s(&[2], 1.0)),
+        ("w".to_string(), f32s(&[2], 2.0)),
+    ];
+    assert_err!(
+        save_checkpoint(scratch("twice.safetensors"), &tensors),
+        Error::Checkpoint { .. }
+    );
+}
+
+/// Writes a safetensors file of f32 tensors `names` with `order` as its metadata.
+fn write_with_metadata(path: &std::path::Path, names: &[&str], order: &[(&str, &str)]) {
+    let data = [0u8; 8];
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = names
+        .iter()
+        .map(|n| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data)
+                    .unwrap();
+            (*n, view)
+        })
+        .collect();
+    let metadata = order
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    safetensors::serialize_to_file(views, Some(metadata), path).unwrap();
+}
+
+#[test]
+fn checkpoint_order_metadata_names_a_tensor_twice() {
+    let path = scratch("order-twice.safetensors");
+    write_with_metadata(
+        &path,
+        &["a", "b"],
+        &[("gspmd.order.0", "a"), ("gspmd.order.1", "a")],
+    );
+    let e = assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    assert!(e.to_string().contains("second time"), "{e}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn checkpoint_order_metadata_names_a_missing_tensor() {
+    let path = scratch("order-missing.safetensors");
+    write_with_metadata(
+        &path,
+        &["a", "b"],
+        &[("gspmd.order.0", "a"), ("gspmd.order.1", "c")],
+    );
+    assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn checkpoint_order_metadata_is_incomplete() {
+    let path = scratch("order-gap.safetensors");
+    write_with_metadata(&path, &["a", "b"], &[("gspmd.order.1", "a")]);
+    assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn checkpoint_of_an_unsupported_dtype() {
+    let path = scratch("f64.safetensors");
+    let data = [0u8; 16];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F64, vec![2], &data).unwrap();
+    safetensors::serialize_to_file(vec![("w", view)], None, &path).unwrap();
+    assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    std::fs::remove_file(path).unwrap();
+}
+
+// ---- running ---------------------------------------------------------------------------
+
+#[test]
+fn interpreter_given_too_few_inputs() {
+    assert_err!(
+        interpret(&regression(), &[f32s(&[4, 8], 1.0)]),
+        Error::Input { .. }
+    );
+}
+
+#[test]
+fn interpreter_given_an_input_of_the_wrong_dtype() {
+    let i32s = Literal::full(&[4, 8], DType::I32, 1.0);
+    assert_err!(
+        interpret(&regression(), &[i32s, f32s(&[8, 2], 1.0)]),
+        Error::Input { .. }
+    );
+}
+
+#[test]
+fn interpreter_given_an_input_of_the_wrong_shape() {
+    assert_err!(
+        interpret(&regression(), &[f32s(&[4, 9], 1.0), f32s(&[8, 2], 1.0)]),
+        Error::Input { .. }
+    );
+}
+
+#[test]
+fn interpreter_given_an_spmd_program() {
+    let mut p = regression();
+    let x = p.params[0];
+    let location = p.node(x).location;
+    let op = Op::AxisIndex(AxisGroup {
+        axes: vec!["data".into()],
+        size: 2,
+    });
+    let index = p.push_op(op, &[], location).unwrap();
+    p.outputs.push(index);
+    assert_err!(
+        interpret(&p, &[f32s(&[4, 8], 1.0), f32s(&[8, 2], 1.0)]),
+        Error::Runtime { .. }
+    );
+}
+
+#[test]
+fn mesh_run_given_the_wrong_inputs() {
+    let mesh = mesh_2x2();
+    let exe = compile(&matmul_program("(data, _)"), &mesh).unwrap();
+    let threads = ThreadMesh::new(mesh).unwrap();
+    assert_err!(
+        exe.run(&threads, &[f32s(&[4, 8], 1.0)]),
+        Error::Input { .. }
+    );
+    assert_err!(
+        exe.run(&threads, &[f32s(&[4, 8], 1.0), f32s(&[3, 2], 1.0)]),
+        Error::Input { .. }
+    );
+}
+
+#[test]
+fn program_run_on_another_mesh() {
+    let exe = compile(&matmul_program("(data, _)"), &mesh_2x2()).unwrap();
+    let other = ThreadMesh::new(Mesh::new([("data", 4)]).unwrap()).unwrap();
+    let inputs = [f32s(&[4, 8], 1.0), f32s(&[8, 2], 1.0)];
+    assert_err!(exe.run(&other, &inputs), Error::WrongMesh { .. });
+}
+
+#[test]
+fn run_with_the_wrong_number_of_output_modes() {
+    let mesh = mesh_2x2();
+    let exe = compile(&matmul_program("(data, _)"), &mesh).unwrap();
+    let threads = ThreadMesh::new(mesh).unwrap();
+    let (x, w) = (f32s(&[4, 8], 1.0), f32s(&[8, 2], 1.0));
+    let inputs = [Input::Global(&x), Input::Global(&w)];
+    assert_err!(
+        exe.spmd
+            .execute(&threads, &inputs, &[Output::Global, Output::Global]),
+        Error::OutputCount { .. }
+    );
+}
+
+#[test]
+fn run_binding_a_resident_value_that_does_not_exist() {
+    let mesh = mesh_2x2();
+    let exe = compile(&matmul_program("(data, _)"), &mesh).unwrap();
+    let threads = ThreadMesh::new(mesh).unwrap();
+    let x = f32s(&[4, 8], 1.0);
+    let inputs = [Input::Global(&x), Input::Resident("never-stored")];
+    assert_err!(
+        exe.spmd.execute(&threads, &inputs, &[Output::Global]),
+        Error::Input { .. }
+    );
+}
+
+#[test]
+fn collective_over_an_unknown_axis() {
+    let threads = ThreadMesh::new(mesh_2x2()).unwrap();
+    let e = assert_err!(
+        threads.run(|ctx| {
+            ctx.communicator()
+                .all_reduce(&["rows".into()], ReduceKind::Sum, f32s(&[2], 1.0))
+        }),
+        Error::Collective { .. }
+    );
+    assert!(e.to_string().contains("rows"), "{e}");
+}
+
+#[test]
+fn device_program_that_fails_on_one_device() {
+    let threads = ThreadMesh::new(mesh_2x2()).unwrap();
+    let e = assert_err!(
+        threads.run(|ctx| {
+            if ctx.device() == 2 {
+                return Err(Error::InvalidMesh("injected".into()));
+            }
+            ctx.communicator()
+                .all_reduce(&["data".into()], ReduceKind::Sum, f32s(&[2], 1.0))
+        }),
+        Error::DeviceFailed { device: 2, .. }
+    );
+    assert!(e.to_string().contains("injected"), "{e}");
+}
+
+#[test]
+fn device_program_that_panics() {
+    let threads = Arc::new(ThreadMesh::new(mesh_2x2()).unwrap());
+    assert_err!(
+        threads.run(|ctx| {
+            assert_ne!(ctx.device(), 1, "device 1 panics on purpose");
+            Ok(())
+        }),
+        Error::DevicePanicked { device: 1, .. }
+    );
+    // The mesh is usable afterwards.
+    assert_eq!(threads.run(|ctx| Ok(ctx.device())).unwrap(), [0, 1, 2, 3]);
+}
+
+#[test]
+#[ignore = "the runtime memory limit is merged next"]
+fn value_too_large_for_memory_is_an_error_not_an_abort() {
+    isolated(
+        "value_too_large_for_memory_is_an_error_not_an_abort",
+        || {
+            let b = Builder::new("huge");
+            let x = b.parameter("x", [2], DType::F32);
+            let big = b.full([1_000_000, 1_000_000], DType::F32, 1.0);
+            let y = &big.sum(&[0, 1]).broadcast_to([2]) + &x;
+            let p = b.finish(&[&y]).unwrap();
+            let e = err(interpret(&p, &[f32s(&[2], 1.0)]));
+            assert!(!matches!(e, Error::Shape { .. }), "{e:?}");
+        },
+    );
+}
