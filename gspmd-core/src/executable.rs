@@ -7,7 +7,7 @@ use crate::partition::{SpmdProgram, partition};
 use crate::propagation::propagate;
 use crate::runtime::{ThreadMesh, interpret};
 use crate::sharding::Mesh;
-use crate::simplify::simplify_verified;
+use crate::simplify::{Stage, simplify_verified};
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
@@ -24,16 +24,17 @@ pub struct Executable {
 ///
 /// [`simplify`](crate::simplify::simplify) runs before propagation, so that propagation
 /// and the partitioner see each distinct value once (values differing only by
-/// annotation stay apart), and again after partitioning, where equal collectives of one
+/// annotation stay apart, and so do copies of values computable anywhere, see
+/// [`Stage::BeforePropagation`]), and again after partitioning, where equal collectives of one
 /// operand (several users resharding it alike) are merged into one. The value ids of
 /// [`Executable::propagated`] are those of the simplified program; parameter and output
 /// positions are unchanged.
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
     verify(program)?;
-    let program = simplify_verified(program);
+    let program = simplify_verified(program, Stage::BeforePropagation);
     let propagated = propagate(&program, mesh)?;
     let mut spmd = partition(&propagated, mesh)?;
-    spmd.program = simplify_verified(&spmd.program);
+    spmd.program = simplify_verified(&spmd.program, Stage::Sharded);
     Ok(Executable { propagated, spmd })
 }
 

@@ -7,7 +7,7 @@ use gspmd_core::partition::partition;
 use gspmd_core::propagation::propagate;
 use gspmd_core::runtime::{ThreadMesh, interpret, sample_inputs};
 use gspmd_core::sharding::{Mesh, Sharding};
-use gspmd_core::simplify::simplify;
+use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::{Error, Executable, compile};
 
 fn s(text: &str) -> Sharding {
@@ -63,7 +63,7 @@ fn check_on_mesh(program: &Program, mesh: &Mesh) -> Executable {
         );
     }
     // The per-device program is simplified: simplifying it again changes nothing.
-    let again = simplify(&exe.spmd.program).unwrap();
+    let again = simplify(&exe.spmd.program, Stage::Sharded).unwrap();
     assert_eq!(again.nodes.len(), exe.spmd.program.nodes.len(), "{mesh}");
     exe
 }
@@ -84,7 +84,7 @@ fn with_dead_code() -> Program {
 #[test]
 fn dce_removes_what_no_output_uses_and_keeps_every_parameter() {
     let program = with_dead_code();
-    let simple = simplify(&program).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
     // x, y, exp, constant, broadcast, add: the tanh, reduce and exp of the dead chain go.
     let ops: Vec<&str> = simple.nodes.iter().map(|n| n.op.name()).collect();
     assert_eq!(count(&program, "tanh"), 1);
@@ -130,7 +130,7 @@ fn with_duplicates() -> Program {
 #[test]
 fn cse_merges_equal_chains_and_the_result_still_runs_right() {
     let program = with_duplicates();
-    let simple = simplify(&program).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
     // Each branch is dot, tanh, constant, broadcast, multiply: one branch remains.
     assert_eq!(count(&program, "dot_general"), 2);
     assert_eq!(count(&simple, "dot_general"), 1, "{simple}");
@@ -142,13 +142,17 @@ fn cse_merges_equal_chains_and_the_result_still_runs_right() {
         &interpret(&simple, &inputs).unwrap(),
         "duplicates",
     );
+    // Before propagation the constant 2 and its broadcast are not merged, but they
+    // compare equal, so the multiplies merge and the second copy is dead.
+    let global = simplify(&program, Stage::BeforePropagation).unwrap();
+    assert_eq!(global, simple);
     for m in [
         mesh(&[("data", 2), ("model", 2)]),
         mesh(&[("data", 2), ("model", 4)]),
     ] {
         let exe = check_on_mesh(&program, &m);
-        // compile's global program is the simplified one.
-        assert_eq!(exe.propagated.nodes.len(), simple.nodes.len(), "{m}");
+        // compile's global program is the one simplified before propagation.
+        assert_eq!(exe.propagated.nodes.len(), global.nodes.len(), "{m}");
         assert_eq!(count(&exe.spmd.program, "dot_general"), 1, "{m}");
     }
 }
@@ -169,7 +173,7 @@ fn constants_merge_by_bit_pattern() {
     let nan = x.add(&full(f32::NAN)).add(&full(f32::NAN));
     let out = pos.add(&x).mul(&neg.max(&x)).add(&nan.mul(&full(0.0)));
     let program = b.finish(&[&out, &pos, &neg]).unwrap();
-    let simple = simplify(&program).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
     // Constants 1.0 (x2 -> 1), 0.0 (x2 -> 1), -0.0, NaN (x2 -> 1): four remain.
     assert_eq!(count(&program, "constant"), 7);
     assert_eq!(count(&simple, "constant"), 4, "{simple}");
@@ -203,7 +207,7 @@ fn constraints_merge_only_with_the_same_annotation() {
     let by_model = e.shard(s("(_, model)"));
     let out = by_data.add(&by_data_again).add(&by_model.mul(&by_model));
     let program = b.finish(&[&out]).unwrap();
-    let simple = simplify(&program).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
     assert_eq!(count(&program, "sharding_constraint"), 3);
     assert_eq!(count(&simple, "sharding_constraint"), 2, "{simple}");
     let annotations: Vec<String> = (simple.nodes.iter())
@@ -230,12 +234,13 @@ fn two_exps(first: &str, second: &str) -> Program {
 #[test]
 fn values_sharded_differently_do_not_merge() {
     let exps = |p: &Program| count(p, "exponential");
+    let simplify_sharded = |p: &Program| simplify(p, Stage::Sharded);
     assert_eq!(
-        exps(&simplify(&two_exps("(data, _)", "(_, data)")).unwrap()),
+        exps(&simplify_sharded(&two_exps("(data, _)", "(_, data)")).unwrap()),
         2
     );
     assert_eq!(
-        exps(&simplify(&two_exps("(data, _)", "(data, _)")).unwrap()),
+        exps(&simplify_sharded(&two_exps("(data, _)", "(data, _)")).unwrap()),
         1
     );
 }
@@ -247,7 +252,7 @@ fn a_merged_value_keeps_the_first_location_and_a_name() {
     let first = x.neg();
     let second = x.neg().named("negated");
     let program = b.finish(&[&first, &second]).unwrap();
-    let simple = simplify(&program).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
     assert_eq!(simple.outputs[0], simple.outputs[1]);
     let node = simple.node(simple.outputs[0]);
     assert_eq!(node.name.as_deref(), Some("negated"));
@@ -262,10 +267,67 @@ fn simplify_rejects_a_malformed_program_with_a_typed_error() {
     let last = program.nodes.len() as u32 - 1;
     program.nodes[1].operands = vec![gspmd_core::ir::ValueId(last)];
     program.nodes[1].op = Op::Unary(UnaryOp::Neg);
-    let err = simplify(&program).unwrap_err();
+    let err = simplify(&program, Stage::Sharded).unwrap_err();
     assert!(
         matches!(&err, Error::Verify { .. } | Error::Many(_)),
         "{err:?}"
+    );
+}
+
+/// The input layer and the loss of a language model: one-hot encodings of tokens and
+/// of targets, each comparing its own copy of one iota.
+fn one_hots() -> Program {
+    let (batch, seq, vocab, width) = (8, 6, 8, 16);
+    let b = Builder::new("one_hots");
+    let ids = |name: &str| {
+        b.parameter(name, [batch, seq], DType::I32)
+            .annotate(s("(data, _)"))
+    };
+    let (tokens, targets) = (ids("tokens"), ids("targets"));
+    let embed = b
+        .parameter("embed", [vocab, width], DType::F32)
+        .annotate(s("(_, model)"));
+    let unembed = b
+        .parameter("unembed", [width, vocab], DType::F32)
+        .annotate(s("(data, model)"));
+    let one_hot = |ids: &Tensor| {
+        let shape = [batch, seq, vocab];
+        b.iota(shape, 2, DType::I32)
+            .eq(&ids.broadcast_in_dim(shape, &[0, 1]))
+            .convert(DType::F32)
+    };
+    let x = einsum("bsv,vd->bsd", &one_hot(&tokens), &embed).shard(s("(data, _, _)"));
+    let logits = einsum("bsd,dv->bsv", &x, &unembed);
+    let loss = logits
+        .log_softmax(-1)
+        .mul(&one_hot(&targets))
+        .sum(&[0, 1, 2]);
+    b.finish(&[&loss]).unwrap()
+}
+
+#[test]
+fn copies_of_an_iota_stay_apart_until_shardings_are_decided() {
+    let program = one_hots();
+    let before = simplify(&program, Stage::BeforePropagation).unwrap();
+    assert_eq!(count(&before, "iota"), 2, "{before}");
+    assert_eq!(
+        count(&simplify(&program, Stage::Sharded).unwrap(), "iota"),
+        1
+    );
+    // Merged before propagation, the one iota would serve both encodings at one
+    // sharding and cost a gather; kept apart, compile communicates no more than the
+    // unsimplified program.
+    let m = mesh(&[("data", 2), ("model", 4)]);
+    let exe = check_on_mesh(&program, &m);
+    let unsimplified = partition(&propagate(&program, &m).unwrap(), &m).unwrap();
+    let merged = simplify(&program, Stage::Sharded).unwrap();
+    let merged = partition(&propagate(&merged, &m).unwrap(), &m).unwrap();
+    let (got, plain) = (exe.spmd.collectives(), unsimplified.collectives());
+    assert!(got.bytes() <= plain.bytes(), "{got}\nvs\n{plain}");
+    assert!(
+        got.bytes() < merged.collectives().bytes(),
+        "{got}\nvs\n{}",
+        merged.collectives()
     );
 }
 
@@ -334,7 +396,12 @@ fn nine_windows_of_one_padded_input_gather_it_once() {
 /// Annotated programs in the style of `tests/spmd.rs`, each with some duplicated and
 /// some dead work, as tracing composite ops produces.
 fn cases() -> Vec<Program> {
-    let mut programs = vec![with_dead_code(), with_duplicates(), nine_slices()];
+    let mut programs = vec![
+        with_dead_code(),
+        with_duplicates(),
+        nine_slices(),
+        one_hots(),
+    ];
     // Megatron MLP with a duplicated bias broadcast and an unused softmax.
     let b = Builder::new("mlp");
     let x = b
@@ -371,21 +438,24 @@ fn cases() -> Vec<Program> {
 #[test]
 fn simplify_preserves_interpreted_results_and_is_idempotent() {
     for program in cases() {
-        let simple = simplify(&program).unwrap();
-        // The nine windows are all distinct in the global program.
-        if program.name != "conv3x3" {
-            assert!(simple.nodes.len() < program.nodes.len(), "{}", program.name);
+        for stage in [Stage::BeforePropagation, Stage::Sharded] {
+            let context = format!("{} {stage:?}", program.name);
+            let simple = simplify(&program, stage).unwrap();
+            // The nine windows are all distinct in the global program.
+            if !["conv3x3", "one_hots"].contains(&program.name.as_str()) {
+                assert!(simple.nodes.len() < program.nodes.len(), "{context}");
+            }
+            for seed in 0..3 {
+                let inputs = sample_inputs(&program, seed);
+                assert_same_bits(
+                    &interpret(&program, &inputs).unwrap(),
+                    &interpret(&simple, &inputs).unwrap(),
+                    &context,
+                );
+            }
+            let twice = simplify(&simple, stage).unwrap();
+            assert_eq!(twice, simple, "{context}");
         }
-        for seed in 0..3 {
-            let inputs = sample_inputs(&program, seed);
-            assert_same_bits(
-                &interpret(&program, &inputs).unwrap(),
-                &interpret(&simple, &inputs).unwrap(),
-                &program.name,
-            );
-        }
-        let twice = simplify(&simple).unwrap();
-        assert_eq!(twice, simple, "{}", program.name);
     }
 }
 
@@ -398,6 +468,14 @@ fn simplified_programs_run_right_on_meshes() {
     for program in cases().into_iter().filter(|p| p.name != "conv3x3") {
         for m in &meshes {
             let exe = check_on_mesh(&program, m);
+            // Simplifying never adds communication to these programs.
+            let plain = partition(&propagate(&program, m).unwrap(), m).unwrap();
+            let (got, plain) = (exe.spmd.collectives(), plain.collectives());
+            assert!(
+                got.bytes() <= plain.bytes(),
+                "{} on {m}: {got}\nvs\n{plain}",
+                program.name
+            );
             // No node of the per-device program is unused.
             let users = exe.spmd.program.users();
             for v in exe.spmd.program.values() {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
-use super::{Fate, rebuild};
+use super::{Fate, Stage, rebuild};
 use crate::ir::{Literal, Node, Op, Program, ValueId};
 
 /// `program` with every node that equals an earlier one merged into it. Two nodes are
@@ -15,7 +15,10 @@ use crate::ir::{Literal, Node, Op, Program, ValueId};
 /// annotation, and after propagation differently sharded values stay apart. Constants
 /// compare by bit pattern: a NaN constant equals itself, `0.0` and `-0.0` differ.
 ///
-/// Parameters are the program's interface and are never merged. Every op is a function
+/// Parameters are the program's interface and are never merged. Before propagation,
+/// values computable anywhere without communication are not merged either (see
+/// [`Stage`]), but they compare equal, so their users merge (and an unused copy then
+/// goes with dead code). Every op is a function
 /// of its operands; the collectives of a per-device program are too, and since every
 /// device runs the same program, merging two equal collectives drops the same one on
 /// every device, so the devices still meet in the same collectives in the same order.
@@ -23,7 +26,14 @@ use crate::ir::{Literal, Node, Op, Program, ValueId};
 /// The first node survives with its location and name (it takes the name of a merged
 /// node if it has none). Cost: one hash per node, plus comparisons with earlier nodes
 /// of the same hash.
-pub(super) fn eliminate_common_subexpressions(program: &Program) -> Program {
+pub(super) fn eliminate_common_subexpressions(program: &Program, stage: Stage) -> Program {
+    let keep_apart = match stage {
+        Stage::BeforePropagation => computable_anywhere(program),
+        Stage::Sharded => vec![false; program.nodes.len()],
+    };
+    // `class[v]`: the first node equal to `v`. Nodes kept apart still get a class, so
+    // that their users compare equal and merge.
+    let mut class: Vec<ValueId> = program.values().collect();
     let mut fate = vec![Fate::Keep; program.nodes.len()];
     let mut seen: HashMap<u64, Vec<ValueId>> = HashMap::new();
     let mut operands = Vec::new();
@@ -33,27 +43,38 @@ pub(super) fn eliminate_common_subexpressions(program: &Program) -> Program {
             continue;
         }
         operands.clear();
-        operands.extend(node.operands.iter().map(|&o| survivor(&fate, o)));
+        operands.extend(node.operands.iter().map(|&o| class[o.index()]));
         let candidates = seen.entry(key_hash(node, &operands)).or_default();
         let found = candidates.iter().copied().find(|&first| {
             let earlier = program.node(first);
-            let earlier_operands = earlier.operands.iter().map(|&o| survivor(&fate, o));
+            let earlier_operands = earlier.operands.iter().map(|&o| class[o.index()]);
             earlier_operands.eq(operands.iter().copied()) && same_computation(earlier, node)
         });
         match found {
-            Some(first) => fate[v.index()] = Fate::SameAs(first),
+            Some(first) => {
+                class[v.index()] = first;
+                if !keep_apart[v.index()] {
+                    fate[v.index()] = Fate::SameAs(first);
+                }
+            }
             None => candidates.push(v),
         }
     }
     rebuild(program, &fate)
 }
 
-/// The value that `v`'s uses use: `v`, or the node it was merged into.
-fn survivor(fate: &[Fate], v: ValueId) -> ValueId {
-    match fate[v.index()] {
-        Fate::SameAs(first) => first,
-        _ => v,
+/// For each value, whether every device can compute it at any sharding without
+/// communication: it is not a parameter, and is a broadcast of a scalar (a scalar is
+/// never split) or has only such operands (constants and iotas have none).
+fn computable_anywhere(program: &Program) -> Vec<bool> {
+    let mut anywhere = vec![false; program.nodes.len()];
+    for (index, node) in program.nodes.iter().enumerate() {
+        let scalar_broadcast = matches!(node.op, Op::Broadcast { .. })
+            && node.operands.iter().all(|&o| program.ty(o).rank() == 0);
+        anywhere[index] = !matches!(node.op, Op::Parameter { .. })
+            && (scalar_broadcast || node.operands.iter().all(|o| anywhere[o.index()]));
     }
+    anywhere
 }
 
 /// A hash of everything [`same_computation`] compares, with `operands` standing for the

@@ -15,17 +15,33 @@ pub(crate) use dce::eliminate_dead_code;
 use crate::error::Result;
 use crate::ir::{Origin, Program, ValueId, verify};
 
-/// `program` with common subexpressions merged and dead nodes removed; it computes the
-/// same outputs from the same inputs. Errors are those of [`verify`], which runs first.
-pub fn simplify(program: &Program) -> Result<Program> {
+/// Where in the pipeline a program is simplified: whether its shardings are decided,
+/// which decides what common-subexpression elimination may merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A global program before propagation. Values that every device can compute at
+    /// any sharding without communication (constants, iotas, broadcasts of scalars,
+    /// and ops of such values only) are not merged: each copy keeps the sharding its
+    /// own users give it, where one merged copy would serve users wanting different
+    /// shardings and need a reshard (XLA's sharding propagation keeps such ops from
+    /// being merged for the same reason).
+    BeforePropagation,
+    /// A propagated global program or a per-device program: every equal pair merges.
+    Sharded,
+}
+
+/// `program` with common subexpressions merged (as `stage` allows) and dead nodes
+/// removed; it computes the same outputs from the same inputs. Errors are those of
+/// [`verify`], which runs first.
+pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
     verify(program)?;
-    Ok(simplify_verified(program))
+    Ok(simplify_verified(program, stage))
 }
 
 /// [`simplify`] of a program known to pass [`verify`] (`compile` verifies once, and the
 /// partitioner's output is well formed by construction).
-pub(crate) fn simplify_verified(program: &Program) -> Program {
-    dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(program))
+pub(crate) fn simplify_verified(program: &Program, stage: Stage) -> Program {
+    dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(program, stage))
 }
 
 /// What becomes of one node when a program is rebuilt.
