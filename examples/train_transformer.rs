@@ -151,7 +151,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "compiled the training step for {mesh} in {:.2?}: {} global ops -> {} per-device ops",
             started.elapsed(),
-            step.program.nodes.len(),
+            exe.propagated.nodes.len(),
             exe.spmd.program.nodes.len()
         );
         println!("collectives per step:\n{}", exe.spmd.collectives());

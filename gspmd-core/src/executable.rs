@@ -7,22 +7,34 @@ use crate::partition::{SpmdProgram, partition};
 use crate::propagation::propagate;
 use crate::runtime::{ThreadMesh, interpret};
 use crate::sharding::Mesh;
+use crate::simplify::{Stage, simplify_verified};
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
 #[derive(Debug, Clone)]
 pub struct Executable {
-    /// The global program after propagation (every node has a `sharding`).
+    /// The global program, simplified, after propagation (every node has a `sharding`).
     pub propagated: Program,
     /// The per-device program.
     pub spmd: SpmdProgram,
 }
 
-/// Verifies `program`, completes its shardings for `mesh`, and partitions it.
+/// Verifies `program`, simplifies it, completes its shardings for `mesh`, partitions it,
+/// and simplifies the per-device program.
+///
+/// [`simplify`](crate::simplify::simplify) runs before propagation, so that propagation
+/// and the partitioner see each distinct value once (values differing only by
+/// annotation stay apart, and so do copies of values computable anywhere, see
+/// [`Stage::BeforePropagation`]), and again after partitioning, where equal collectives of one
+/// operand (several users resharding it alike) are merged into one. The value ids of
+/// [`Executable::propagated`] are those of the simplified program; parameter and output
+/// positions are unchanged.
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
     verify(program)?;
-    let propagated = propagate(program, mesh)?;
-    let spmd = partition(&propagated, mesh)?;
+    let program = simplify_verified(program, Stage::BeforePropagation);
+    let propagated = propagate(&program, mesh)?;
+    let mut spmd = partition(&propagated, mesh)?;
+    spmd.program = simplify_verified(&spmd.program, Stage::Sharded);
     Ok(Executable { propagated, spmd })
 }
 

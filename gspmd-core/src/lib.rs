@@ -12,6 +12,7 @@ pub mod partition;
 pub mod propagation;
 pub mod runtime;
 pub mod sharding;
+pub mod simplify;
 pub mod train;
 pub mod types;
 

@@ -7,6 +7,7 @@ use crate::autodiff::grad;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{DType, Program, TensorType, ValueId, verify};
+use crate::simplify::eliminate_dead_code;
 
 /// One optimizer state tensor of a trained parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,8 +183,8 @@ pub fn step_program(
         .chain(new_params)
         .chain(new_state)
         .collect();
-    let program = without_dead_nodes(&program);
     verify(&program)?;
+    let program = eliminate_dead_code(&program);
     let data = (0..model.params.len())
         .filter(|i| !trained.contains(i))
         .collect();
@@ -194,38 +195,4 @@ pub fn step_program(
         data,
         scalars,
     })
-}
-
-/// `program` without the nodes no output depends on; parameters are always kept.
-/// Values are renumbered in order.
-fn without_dead_nodes(program: &Program) -> Program {
-    let mut live = vec![false; program.nodes.len()];
-    for &v in program.outputs.iter().chain(&program.params) {
-        live[v.index()] = true;
-    }
-    for (index, node) in program.nodes.iter().enumerate().rev() {
-        if live[index] {
-            for &o in &node.operands {
-                live[o.index()] = true;
-            }
-        }
-    }
-    let mut renumbered = vec![None; program.nodes.len()];
-    let mut out = Program::new(program.name.clone());
-    for v in program.values().filter(|v| live[v.index()]) {
-        let mut node = program.node(v).clone();
-        // Propagation's provenance names old ids; it is recomputed when propagated.
-        node.origin = None;
-        // Operands of a live node are live and come earlier, so they are renumbered.
-        node.operands = node
-            .operands
-            .iter()
-            .filter_map(|o| renumbered[o.index()])
-            .collect();
-        renumbered[v.index()] = Some(out.push(node));
-    }
-    let map = |ids: &[ValueId]| ids.iter().filter_map(|v| renumbered[v.index()]).collect();
-    out.params = map(&program.params);
-    out.outputs = map(&program.outputs);
-    out
 }

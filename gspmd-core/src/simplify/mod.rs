@@ -1,0 +1,106 @@
+//! Program-to-program simplification (XLA's `HloCSE` and `HloDCE`): [`simplify`] merges
+//! common subexpressions, then removes dead code. `compile` runs it on the global
+//! program before propagation and on the per-device program after partitioning.
+//!
+//! Both passes keep [`Program`]'s invariants: nodes stay in SSA order and are renumbered
+//! so that node `i` defines `%i`; operands, `params`, `outputs` and propagation's
+//! `origin` are remapped. Parameters are never removed or merged, so parameter `i` is
+//! still `params[i]`; outputs keep their positions (two outputs may become one value).
+
+mod cse;
+mod dce;
+
+pub(crate) use dce::eliminate_dead_code;
+
+use crate::error::Result;
+use crate::ir::{Origin, Program, ValueId, verify};
+
+/// Where in the pipeline a program is simplified: whether its shardings are decided,
+/// which decides what common-subexpression elimination may merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A global program before propagation. Values that every device can compute at
+    /// any sharding without communication (constants, iotas, broadcasts of scalars,
+    /// and ops of such values only) are not merged: each copy keeps the sharding its
+    /// own users give it, where one merged copy would serve users wanting different
+    /// shardings and need a reshard (XLA's sharding propagation keeps such ops from
+    /// being merged for the same reason).
+    BeforePropagation,
+    /// A propagated global program or a per-device program: every equal pair merges.
+    Sharded,
+}
+
+/// `program` with common subexpressions merged (as `stage` allows) and dead nodes
+/// removed; it computes the same outputs from the same inputs. Errors are those of
+/// [`verify`], which runs first.
+pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
+    verify(program)?;
+    Ok(simplify_verified(program, stage))
+}
+
+/// [`simplify`] of a program known to pass [`verify`] (`compile` verifies once, and the
+/// partitioner's output is well formed by construction).
+pub(crate) fn simplify_verified(program: &Program, stage: Stage) -> Program {
+    dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(program, stage))
+}
+
+/// What becomes of one node when a program is rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Copied, with its operands renumbered.
+    Keep,
+    /// Removed; no kept node, output or parameter may use it.
+    Drop,
+    /// Merged into this earlier kept value: every use of the node uses it instead.
+    SameAs(ValueId),
+}
+
+/// Rebuilds `program` by `fate` (one per node). Kept nodes keep their op, type,
+/// annotation, sharding, location and name; a kept node without a name takes the name
+/// of the first node merged into it. A propagation `origin` naming a removed value
+/// becomes `None` ("origin unknown"); one naming a merged value names its survivor.
+///
+/// Panics if a kept node, a parameter or an output uses a dropped value, or a node is
+/// merged into a value that is not an earlier kept one: a bug in the pass, not user input.
+fn rebuild(program: &Program, fate: &[Fate]) -> Program {
+    let mut ids: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    let mut out = Program::new(program.name.clone());
+    for v in program.values() {
+        let node = program.node(v);
+        match fate[v.index()] {
+            Fate::Keep => {
+                let mut copy = node.clone();
+                copy.operands = node.operands.iter().map(|&o| renumber(&ids, o)).collect();
+                ids[v.index()] = Some(out.push(copy));
+            }
+            Fate::Drop => {}
+            Fate::SameAs(first) => {
+                let survivor = renumber(&ids, first);
+                let kept = out.node_mut(survivor);
+                if kept.name.is_none() {
+                    kept.name.clone_from(&node.name);
+                }
+                ids[v.index()] = Some(survivor);
+            }
+        }
+    }
+    out.params = program.params.iter().map(|&p| renumber(&ids, p)).collect();
+    out.outputs = program.outputs.iter().map(|&o| renumber(&ids, o)).collect();
+    for node in &mut out.nodes {
+        if let Some(origin) = &node.origin {
+            node.origin = Some(Origin {
+                dims: origin
+                    .dims
+                    .iter()
+                    .map(|d| d.and_then(|v| ids[v.index()]))
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
+/// The new id of kept or merged value `v`.
+fn renumber(ids: &[Option<ValueId>], v: ValueId) -> ValueId {
+    ids[v.index()].unwrap_or_else(|| panic!("simplify: {v} is used but was removed"))
+}

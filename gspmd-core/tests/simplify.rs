@@ -1,0 +1,490 @@
+//! `simplify` (common-subexpression and dead-code elimination) and its place in
+//! `compile`: node counts of the global and per-device programs, and differential runs
+//! (thread mesh vs. the reference interpreter on the original, unsimplified program).
+
+use gspmd_core::ir::{Builder, DType, Literal, Node, Op, Program, Tensor, UnaryOp, einsum};
+use gspmd_core::partition::partition;
+use gspmd_core::propagation::propagate;
+use gspmd_core::runtime::{ThreadMesh, interpret, sample_inputs};
+use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::simplify::{Stage, simplify};
+use gspmd_core::{Error, Executable, compile};
+
+fn s(text: &str) -> Sharding {
+    text.parse().unwrap()
+}
+
+fn mesh(axes: &[(&str, usize)]) -> Mesh {
+    Mesh::new(axes.iter().copied()).unwrap()
+}
+
+/// Number of nodes of `program` whose op is named `name`.
+fn count(program: &Program, name: &str) -> usize {
+    program.nodes.iter().filter(|n| n.op.name() == name).count()
+}
+
+/// Bitwise equality of two runs' outputs (simplification must not change one bit).
+fn assert_same_bits(want: &[Literal], got: &[Literal], context: &str) {
+    assert_eq!(want.len(), got.len(), "{context}");
+    for (k, (w, g)) in want.iter().zip(got).enumerate() {
+        let same = match (w, g) {
+            (Literal::F32(a), Literal::F32(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            _ => w == g,
+        };
+        assert!(same, "{context}: output {k} differs\nwant {w:?}\ngot {g:?}");
+    }
+}
+
+/// Compiles `program` for `mesh`, runs it on threads and compares every output with
+/// the interpreter's on the ORIGINAL program; returns the executable.
+fn check_on_mesh(program: &Program, mesh: &Mesh) -> Executable {
+    let inputs = sample_inputs(program, 7);
+    let want = interpret(program, &inputs).unwrap();
+    let exe = compile(program, mesh).unwrap_or_else(|e| panic!("{mesh}: {e}"));
+    let threads = ThreadMesh::new(mesh.clone()).unwrap();
+    let got = exe
+        .run(&threads, &inputs)
+        .unwrap_or_else(|e| panic!("{mesh}: {e}"));
+    assert_eq!(want.len(), got.len());
+    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+        let (a, b) = (w.as_f32().unwrap(), g.as_f32().unwrap());
+        assert_eq!(a.shape(), b.shape());
+        let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+        let diff = a
+            .iter()
+            .zip(b)
+            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            diff <= 1e-4 * scale,
+            "{mesh}, output {k}: diff {diff}\n{}",
+            exe.report()
+        );
+    }
+    // The per-device program is simplified: simplifying it again changes nothing.
+    let again = simplify(&exe.spmd.program, Stage::Sharded).unwrap();
+    assert_eq!(again.nodes.len(), exe.spmd.program.nodes.len(), "{mesh}");
+    exe
+}
+
+// ---- dead code ------------------------------------------------------------------------
+
+/// x, y -> exp(x) + 1, with a dead chain on x and an unused parameter y.
+fn with_dead_code() -> Program {
+    let b = Builder::new("dead");
+    let x = b.parameter("x", [4, 6], DType::F32);
+    let _y = b.parameter("y", [3], DType::F32);
+    let dead = x.tanh().sum(&[1]);
+    let _deader = dead.exp();
+    let out = x.exp().add(&b.full([4, 6], DType::F32, 1.0));
+    b.finish(&[&out]).unwrap()
+}
+
+#[test]
+fn dce_removes_what_no_output_uses_and_keeps_every_parameter() {
+    let program = with_dead_code();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    // x, y, exp, constant, broadcast, add: the tanh, reduce and exp of the dead chain go.
+    let ops: Vec<&str> = simple.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(count(&program, "tanh"), 1);
+    assert_eq!(
+        count(&simple, "tanh") + count(&simple, "reduce"),
+        0,
+        "{simple}"
+    );
+    assert_eq!(count(&simple, "parameter"), 2, "{simple}");
+    assert_eq!(simple.nodes.len(), program.nodes.len() - 3, "{ops:?}");
+    // Parameter i is still params[i], with its name; outputs are renumbered.
+    for (i, &p) in simple.params.iter().enumerate() {
+        assert!(matches!(simple.node(p).op, Op::Parameter { index, .. } if index == i));
+    }
+    assert_eq!(simple.node(simple.params[1]).name.as_deref(), Some("y"));
+    gspmd_core::ir::verify(&simple).unwrap();
+    let inputs = sample_inputs(&program, 1);
+    assert_same_bits(
+        &interpret(&program, &inputs).unwrap(),
+        &interpret(&simple, &inputs).unwrap(),
+        "dead code",
+    );
+    check_on_mesh(&program, &mesh(&[("data", 2), ("model", 2)]));
+}
+
+// ---- common subexpressions --------------------------------------------------------------
+
+/// Two copies of `tanh(x @ w) * 2` (the second one traced separately), added; plus
+/// the constant 2 traced several times.
+fn with_duplicates() -> Program {
+    let b = Builder::new("dup");
+    let x = b
+        .parameter("x", [8, 6], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = b
+        .parameter("w", [6, 4], DType::F32)
+        .annotate(s("(_, model)"));
+    let branch = || x.matmul(&w).tanh().mul(&b.full([8, 4], DType::F32, 2.0));
+    let out = branch().add(&branch());
+    b.finish(&[&out]).unwrap()
+}
+
+#[test]
+fn cse_merges_equal_chains_and_the_result_still_runs_right() {
+    let program = with_duplicates();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    // Each branch is dot, tanh, constant, broadcast, multiply: one branch remains.
+    assert_eq!(count(&program, "dot_general"), 2);
+    assert_eq!(count(&simple, "dot_general"), 1, "{simple}");
+    assert_eq!(count(&simple, "constant"), 1, "{simple}");
+    assert_eq!(simple.nodes.len(), program.nodes.len() - 5, "{simple}");
+    let inputs = sample_inputs(&program, 3);
+    assert_same_bits(
+        &interpret(&program, &inputs).unwrap(),
+        &interpret(&simple, &inputs).unwrap(),
+        "duplicates",
+    );
+    // Before propagation the constant 2 and its broadcast are not merged, but they
+    // compare equal, so the multiplies merge and the second copy is dead.
+    let global = simplify(&program, Stage::BeforePropagation).unwrap();
+    assert_eq!(global, simple);
+    for m in [
+        mesh(&[("data", 2), ("model", 2)]),
+        mesh(&[("data", 2), ("model", 4)]),
+    ] {
+        let exe = check_on_mesh(&program, &m);
+        // compile's global program is the one simplified before propagation.
+        assert_eq!(exe.propagated.nodes.len(), global.nodes.len(), "{m}");
+        assert_eq!(count(&exe.spmd.program, "dot_general"), 1, "{m}");
+    }
+}
+
+#[test]
+fn constants_merge_by_bit_pattern() {
+    let b = Builder::new("constants");
+    let x = b.parameter("x", [5], DType::F32);
+    let full = |v: f32| {
+        b.constant(Literal::F32(ndarray::ArrayD::from_elem(
+            ndarray::IxDyn(&[5]),
+            v,
+        )))
+    };
+    // 1/0 and 1/-0 differ (+inf, -inf): merging the zeros would change the result.
+    let pos = full(1.0).div(&full(0.0));
+    let neg = full(1.0).div(&full(-0.0));
+    let nan = x.add(&full(f32::NAN)).add(&full(f32::NAN));
+    let out = pos.add(&x).mul(&neg.max(&x)).add(&nan.mul(&full(0.0)));
+    let program = b.finish(&[&out, &pos, &neg]).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    // Constants 1.0 (x2 -> 1), 0.0 (x2 -> 1), -0.0, NaN (x2 -> 1): four remain.
+    assert_eq!(count(&program, "constant"), 7);
+    assert_eq!(count(&simple, "constant"), 4, "{simple}");
+    assert_eq!(count(&simple, "divide"), 2, "{simple}");
+    let inputs = sample_inputs(&program, 5);
+    let want = interpret(&program, &inputs).unwrap();
+    assert_same_bits(&want, &interpret(&simple, &inputs).unwrap(), "constants");
+    assert!(
+        want[1]
+            .as_f32()
+            .unwrap()
+            .iter()
+            .all(|&v| v == f32::INFINITY)
+    );
+    assert!(
+        want[2]
+            .as_f32()
+            .unwrap()
+            .iter()
+            .all(|&v| v == f32::NEG_INFINITY)
+    );
+}
+
+#[test]
+fn constraints_merge_only_with_the_same_annotation() {
+    let b = Builder::new("constraints");
+    let x = b.parameter("x", [8, 8], DType::F32);
+    let e = x.exp();
+    let by_data = e.shard(s("(data, _)"));
+    let by_data_again = e.shard(s("(data, _)"));
+    let by_model = e.shard(s("(_, model)"));
+    let out = by_data.add(&by_data_again).add(&by_model.mul(&by_model));
+    let program = b.finish(&[&out]).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    assert_eq!(count(&program, "sharding_constraint"), 3);
+    assert_eq!(count(&simple, "sharding_constraint"), 2, "{simple}");
+    let annotations: Vec<String> = (simple.nodes.iter())
+        .filter(|n| n.op == Op::ShardingConstraint)
+        .map(|n| n.annotation.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(annotations, ["(data, _)", "(_, model)"]);
+    let exe = check_on_mesh(&program, &mesh(&[("data", 2), ("model", 2)]));
+    assert_eq!(count(&exe.propagated, "sharding_constraint"), 2);
+}
+
+/// Two equal `exp(x)` nodes, sharded as given (as after propagation).
+fn two_exps(first: &str, second: &str) -> Program {
+    let b = Builder::new("sharded");
+    let x = b.parameter("x", [4, 4], DType::F32);
+    let (p, q) = (x.exp(), x.exp());
+    let mut program = b.finish(&[&p.add(&q)]).unwrap();
+    for (v, sharding) in [(p.id(), first), (q.id(), second)] {
+        program.node_mut(v.unwrap()).sharding = Some(s(sharding));
+    }
+    program
+}
+
+#[test]
+fn values_sharded_differently_do_not_merge() {
+    let exps = |p: &Program| count(p, "exponential");
+    let simplify_sharded = |p: &Program| simplify(p, Stage::Sharded);
+    assert_eq!(
+        exps(&simplify_sharded(&two_exps("(data, _)", "(_, data)")).unwrap()),
+        2
+    );
+    assert_eq!(
+        exps(&simplify_sharded(&two_exps("(data, _)", "(data, _)")).unwrap()),
+        1
+    );
+}
+
+#[test]
+fn a_merged_value_keeps_the_first_location_and_a_name() {
+    let b = Builder::new("names");
+    let x = b.parameter("x", [4], DType::F32);
+    let first = x.neg();
+    let second = x.neg().named("negated");
+    let program = b.finish(&[&first, &second]).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    assert_eq!(simple.outputs[0], simple.outputs[1]);
+    let node = simple.node(simple.outputs[0]);
+    assert_eq!(node.name.as_deref(), Some("negated"));
+    assert_eq!(node.location, program.node(first.id().unwrap()).location);
+    // Two outputs that are one value still come back as two outputs on the mesh.
+    check_on_mesh(&program, &mesh(&[("data", 2)]));
+}
+
+#[test]
+fn simplify_rejects_a_malformed_program_with_a_typed_error() {
+    let mut program = with_dead_code();
+    let last = program.nodes.len() as u32 - 1;
+    program.nodes[1].operands = vec![gspmd_core::ir::ValueId(last)];
+    program.nodes[1].op = Op::Unary(UnaryOp::Neg);
+    let err = simplify(&program, Stage::Sharded).unwrap_err();
+    assert!(
+        matches!(&err, Error::Verify { .. } | Error::Many(_)),
+        "{err:?}"
+    );
+}
+
+/// The input layer and the loss of a language model: one-hot encodings of tokens and
+/// of targets, each comparing its own copy of one iota.
+fn one_hots() -> Program {
+    let (batch, seq, vocab, width) = (8, 6, 8, 16);
+    let b = Builder::new("one_hots");
+    let ids = |name: &str| {
+        b.parameter(name, [batch, seq], DType::I32)
+            .annotate(s("(data, _)"))
+    };
+    let (tokens, targets) = (ids("tokens"), ids("targets"));
+    let embed = b
+        .parameter("embed", [vocab, width], DType::F32)
+        .annotate(s("(_, model)"));
+    let unembed = b
+        .parameter("unembed", [width, vocab], DType::F32)
+        .annotate(s("(data, model)"));
+    let one_hot = |ids: &Tensor| {
+        let shape = [batch, seq, vocab];
+        b.iota(shape, 2, DType::I32)
+            .eq(&ids.broadcast_in_dim(shape, &[0, 1]))
+            .convert(DType::F32)
+    };
+    let x = einsum("bsv,vd->bsd", &one_hot(&tokens), &embed).shard(s("(data, _, _)"));
+    let logits = einsum("bsd,dv->bsv", &x, &unembed);
+    let loss = logits
+        .log_softmax(-1)
+        .mul(&one_hot(&targets))
+        .sum(&[0, 1, 2]);
+    b.finish(&[&loss]).unwrap()
+}
+
+#[test]
+fn copies_of_an_iota_stay_apart_until_shardings_are_decided() {
+    let program = one_hots();
+    let before = simplify(&program, Stage::BeforePropagation).unwrap();
+    assert_eq!(count(&before, "iota"), 2, "{before}");
+    assert_eq!(
+        count(&simplify(&program, Stage::Sharded).unwrap(), "iota"),
+        1
+    );
+    // Merged before propagation, the one iota would serve both encodings at one
+    // sharding and cost a gather; kept apart, compile communicates no more than the
+    // unsimplified program.
+    let m = mesh(&[("data", 2), ("model", 4)]);
+    let exe = check_on_mesh(&program, &m);
+    let unsimplified = partition(&propagate(&program, &m).unwrap(), &m).unwrap();
+    let merged = simplify(&program, Stage::Sharded).unwrap();
+    let merged = partition(&propagate(&merged, &m).unwrap(), &m).unwrap();
+    let (got, plain) = (exe.spmd.collectives(), unsimplified.collectives());
+    assert!(got.bytes() <= plain.bytes(), "{got}\nvs\n{plain}");
+    assert!(
+        got.bytes() < merged.collectives().bytes(),
+        "{got}\nvs\n{}",
+        merged.collectives()
+    );
+}
+
+// ---- the example: a spatial convolution as nine slices ---------------------
+
+const N: usize = 2;
+const H: usize = 8;
+const W: usize = 5;
+const C: usize = 3;
+
+/// x: f32[N,H,W,C] split along H, padded once by 1 along H and W, then the nine 3x3
+/// shifted windows of the padded value, summed.
+fn nine_slices() -> Program {
+    let b = Builder::new("conv3x3");
+    let x = b
+        .parameter("x", [N, H, W, C], DType::F32)
+        .annotate(s("(_, h, _, _)"));
+    let zero = b.scalar(0.0);
+    let padded = x.pad(&zero, &[0, 1, 1, 0], &[0, 1, 1, 0], &[0; 4]);
+    let mut sum: Option<Tensor> = None;
+    for dh in 0..3 {
+        for dw in 0..3 {
+            let window = padded.slice(&[0, dh, dw, 0], &[N, dh + H, dw + W, C], &[1; 4]);
+            sum = Some(match sum {
+                None => window,
+                Some(acc) => acc.add(&window),
+            });
+        }
+    }
+    let out = sum.unwrap().shard(s("(_, h, _, _)"));
+    b.finish(&[&out]).unwrap()
+}
+
+/// (all-gathers of a parameter, all-gathers of any other value) in `program`.
+fn all_gathers(program: &Program) -> (usize, usize) {
+    let gathers = program.nodes.iter().filter(|n| n.op.name() == "all_gather");
+    let of_param = |n: &&Node| matches!(program.node(n.operands[0]).op, Op::Parameter { .. });
+    let (params, others): (Vec<&Node>, Vec<&Node>) = gathers.partition(of_param);
+    (params.len(), others.len())
+}
+
+#[test]
+fn nine_windows_of_one_padded_input_gather_it_once() {
+    let program = nine_slices();
+    let m = mesh(&[("h", 4)]);
+    // Without simplification: the pad gathers x (no halo exchange yet), and each of the
+    // nine slices gathers the padded value again.
+    let propagated = propagate(&program, &m).unwrap();
+    let unsimplified = partition(&propagated, &m).unwrap();
+    assert_eq!(
+        all_gathers(&unsimplified.program),
+        (1, 9),
+        "{}",
+        unsimplified.report()
+    );
+    // compile merges the nine gathers of the padded value into one.
+    let exe = check_on_mesh(&program, &m);
+    assert_eq!(all_gathers(&exe.spmd.program), (1, 1), "{}", exe.report());
+    assert_eq!(exe.spmd.collectives().count("all_gather"), 2);
+    assert_eq!(exe.spmd.collectives().total(), 2);
+    assert!(exe.spmd.program.nodes.len() < unsimplified.program.nodes.len());
+}
+
+// ---- simplify preserves results (spmd.rs-style programs) ---------------------------
+
+/// Annotated programs in the style of `tests/spmd.rs`, each with some duplicated and
+/// some dead work, as tracing composite ops produces.
+fn cases() -> Vec<Program> {
+    let mut programs = vec![
+        with_dead_code(),
+        with_duplicates(),
+        nine_slices(),
+        one_hots(),
+    ];
+    // Megatron MLP with a duplicated bias broadcast and an unused softmax.
+    let b = Builder::new("mlp");
+    let x = b
+        .parameter("x", [8, 16], DType::F32)
+        .annotate(s("(data, _)"));
+    let w1 = b
+        .parameter("w1", [16, 32], DType::F32)
+        .annotate(s("(_, model)"));
+    let w2 = b
+        .parameter("w2", [32, 16], DType::F32)
+        .annotate(s("(model, _)"));
+    let h = x.matmul(&w1).relu();
+    let _unused = h.softmax(-1);
+    let y = h.matmul(&w2);
+    let out = y.add(&y.mean(&[1]).broadcast_in_dim([8, 16], &[0]));
+    let again = h.matmul(&w2).relu();
+    programs.push(b.finish(&[&out, &again]).unwrap());
+    // Attention scores twice through einsum, a layer norm and a log-softmax.
+    let b = Builder::new("attention");
+    let q = b
+        .parameter("q", [2, 4, 6], DType::F32)
+        .annotate(s("(data, _, model)"));
+    let k = b.parameter("k", [2, 5, 6], DType::F32);
+    let scores = einsum("bqd,bkd->bqk", &q, &k);
+    let again = einsum("bqd,bkd->bqk", &q, &k);
+    let out = scores
+        .log_softmax(-1)
+        .add(&again.softmax(-1))
+        .layer_norm(-1, 1e-5);
+    programs.push(b.finish(&[&out]).unwrap());
+    programs
+}
+
+#[test]
+fn simplify_preserves_interpreted_results_and_is_idempotent() {
+    for program in cases() {
+        for stage in [Stage::BeforePropagation, Stage::Sharded] {
+            let context = format!("{} {stage:?}", program.name);
+            let simple = simplify(&program, stage).unwrap();
+            // The nine windows are all distinct in the global program.
+            if !["conv3x3", "one_hots"].contains(&program.name.as_str()) {
+                assert!(simple.nodes.len() < program.nodes.len(), "{context}");
+            }
+            for seed in 0..3 {
+                let inputs = sample_inputs(&program, seed);
+                assert_same_bits(
+                    &interpret(&program, &inputs).unwrap(),
+                    &interpret(&simple, &inputs).unwrap(),
+                    &context,
+                );
+            }
+            let twice = simplify(&simple, stage).unwrap();
+            assert_eq!(twice, simple, "{context}");
+        }
+    }
+}
+
+#[test]
+fn simplified_programs_run_right_on_meshes() {
+    let meshes = [
+        mesh(&[("data", 2), ("model", 2)]),
+        Mesh::with_device_order([("data", 4), ("model", 2)], vec![5, 2, 7, 0, 3, 6, 1, 4]).unwrap(),
+    ];
+    for program in cases().into_iter().filter(|p| p.name != "conv3x3") {
+        for m in &meshes {
+            let exe = check_on_mesh(&program, m);
+            // Simplifying never adds communication to these programs.
+            let plain = partition(&propagate(&program, m).unwrap(), m).unwrap();
+            let (got, plain) = (exe.spmd.collectives(), plain.collectives());
+            assert!(
+                got.bytes() <= plain.bytes(),
+                "{} on {m}: {got}\nvs\n{plain}",
+                program.name
+            );
+            // No node of the per-device program is unused.
+            let users = exe.spmd.program.users();
+            for v in exe.spmd.program.values() {
+                let node: &Node = exe.spmd.program.node(v);
+                let used = !users[v.index()].is_empty()
+                    || exe.spmd.program.outputs.contains(&v)
+                    || matches!(node.op, Op::Parameter { .. });
+                assert!(used, "{} on {m}: {v} unused", program.name);
+            }
+        }
+    }
+}
