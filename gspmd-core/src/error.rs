@@ -50,6 +50,18 @@ pub enum Error {
         /// Which id is missing, repeated or out of range.
         detail: String,
     },
+    /// A group of devices over a list of mesh axes (a collective's group, an
+    /// `axis_index`) cannot be formed: an axis the mesh does not have or listed twice,
+    /// a device not in the mesh, or a member index beyond the group.
+    #[error("group over [{}] of {mesh}: {message}", .axes.join(", "))]
+    AxisGroup {
+        /// The axes as listed.
+        axes: Vec<String>,
+        /// The mesh, as displayed.
+        mesh: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A sharding names an axis the mesh does not have.
     #[error("{context}unknown mesh axis `{axis}` in sharding {sharding} (mesh axes: {available})")]
     UnknownAxis {
