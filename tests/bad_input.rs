@@ -676,7 +676,6 @@ fn device_program_that_panics() {
 }
 
 #[test]
-#[ignore = "the runtime memory limit is merged next"]
 fn value_too_large_for_memory_is_an_error_not_an_abort() {
     isolated(
         "value_too_large_for_memory_is_an_error_not_an_abort",
@@ -690,4 +689,40 @@ fn value_too_large_for_memory_is_an_error_not_an_abort() {
             assert!(!matches!(e, Error::Shape { .. }), "{e:?}");
         },
     );
+}
+
+#[test]
+fn run_called_from_a_device_thread() {
+    let threads = Arc::new(ThreadMesh::new(mesh_2x2()).unwrap());
+    let inner = Arc::clone(&threads);
+    let refused = threads
+        .run(move |_| {
+            Ok(matches!(
+                inner.run(|_| Ok(())),
+                Err(Error::ReentrantRun { .. })
+            ))
+        })
+        .unwrap();
+    assert_eq!(refused, [true; 4]);
+}
+
+#[test]
+fn device_that_never_reaches_a_collective() {
+    let threads = ThreadMesh::new(mesh_2x2())
+        .unwrap()
+        .with_timeout(std::time::Duration::from_millis(100));
+    let e = assert_err!(
+        threads.run(|ctx| {
+            if ctx.device() == 3 {
+                std::thread::sleep(std::time::Duration::from_millis(600));
+            }
+            ctx.communicator()
+                .all_reduce(&["data".into()], ReduceKind::Sum, f32s(&[2], 1.0))
+        }),
+        Error::CollectiveTimeout { .. }
+    );
+    let Error::CollectiveTimeout { missing, .. } = e else {
+        unreachable!()
+    };
+    assert_eq!(missing, [3]);
 }

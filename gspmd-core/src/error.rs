@@ -50,6 +50,18 @@ pub enum Error {
         /// Which id is missing, repeated or out of range.
         detail: String,
     },
+    /// A group of devices over a list of mesh axes (a collective's group, an
+    /// `axis_index`) cannot be formed: an axis the mesh does not have or listed twice,
+    /// a device not in the mesh, or a member index beyond the group.
+    #[error("group over [{}] of {mesh}: {message}", .axes.join(", "))]
+    AxisGroup {
+        /// The axes as listed.
+        axes: Vec<String>,
+        /// The mesh, as displayed.
+        mesh: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A sharding names an axis the mesh does not have.
     #[error("{context}unknown mesh axis `{axis}` in sharding {sharding} (mesh axes: {available})")]
     UnknownAxis {
@@ -283,6 +295,26 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A value does not fit in the memory limit next to the values live when it is
+    /// computed; found before it is allocated.
+    #[error(
+        "{location}: {value} = {op}: out of memory: needs {bytes} bytes with {live} bytes live, \
+         over the limit of {limit} bytes"
+    )]
+    OutOfMemory {
+        /// The value that does not fit.
+        value: ValueId,
+        /// The op's name.
+        op: &'static str,
+        /// Where the op was traced.
+        location: Location,
+        /// The value's size in bytes.
+        bytes: usize,
+        /// Bytes of the values live when it would be allocated.
+        live: usize,
+        /// The device's memory limit in bytes.
+        limit: usize,
+    },
 
     // ---- collectives and the thread mesh -------------------------------------------
     /// A collective could not run: unknown or repeated axes, a dim out of range or not
@@ -320,6 +352,26 @@ pub enum Error {
         device: usize,
         /// The panic message.
         message: String,
+    },
+    /// Devices did not reach a collective (or the end of their program) within the
+    /// thread mesh's timeout while another device waited there; the run is aborted.
+    #[error("device {device}: {collective}: devices {missing:?} did not arrive within {timeout:?}")]
+    CollectiveTimeout {
+        /// The device that waited and gave up.
+        device: usize,
+        /// Where it waited, e.g. `all_reduce(sum) over [data]`.
+        collective: String,
+        /// The devices that had not arrived.
+        missing: Vec<usize>,
+        /// The timeout.
+        timeout: std::time::Duration,
+    },
+    /// [`ThreadMesh::run`](crate::runtime::ThreadMesh::run) was called from one of the
+    /// mesh's own device threads (the device would wait for itself).
+    #[error("thread mesh: run called from device {device}'s own thread")]
+    ReentrantRun {
+        /// The device whose thread called `run`.
+        device: usize,
     },
     /// The thread mesh could not start its threads or lost one.
     #[error("thread mesh: {0}")]

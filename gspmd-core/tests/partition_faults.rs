@@ -53,7 +53,12 @@ fn a_failing_device_releases_the_others_quickly() {
         } else {
             ones(&[4, 2])
         };
-        run_on_device(&program, ctx.communicator(), &[x, ones(&[2, 4])])
+        run_on_device(
+            &program,
+            ctx.communicator(),
+            &[x, ones(&[2, 4])],
+            ctx.memory_limit(),
+        )
     });
     assert!(result.is_err(), "a failing device must fail the run");
     assert!(

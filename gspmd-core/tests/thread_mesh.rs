@@ -1,15 +1,17 @@
 //! ThreadMesh and its shared-memory collectives: every collective on a matrix of meshes
 //! and axis lists against results computed here from each device's input; failures,
-//! panics and mismatches end runs promptly with the right error; stores persist; drop
-//! joins the threads.
+//! panics, mismatches and timeouts end runs promptly with the right error; stores
+//! persist; drop joins the threads; a re-entrant run is an error; NaN in max/min
+//! reductions and memory limits agree with the reference interpreter.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gspmd_core::ir::{DType, Literal, ReduceKind};
-use gspmd_core::runtime::{DeviceContext, ThreadMesh};
-use gspmd_core::sharding::Mesh;
+use gspmd_core::compile;
+use gspmd_core::ir::{Builder, DType, Literal, Program, ReduceKind, Tensor};
+use gspmd_core::runtime::{DeviceContext, ThreadMesh, interpret, interpret_with_memory_limit};
+use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::{Error, Result};
 use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
 
@@ -525,7 +527,12 @@ fn a_device_that_skips_a_collective_is_an_error_not_a_hang() {
             .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
     });
     let message = result.unwrap_err().to_string();
-    assert!(message.contains("the end of its program"), "{message}");
+    assert!(
+        message.contains(
+            "devices [0, 1, 3] are at all_reduce(sum) over [x]; device 2 is at the end of its program"
+        ),
+        "{message}"
+    );
     assert_all_reduce_works(&mesh);
 }
 
@@ -714,5 +721,304 @@ fn all_reduce_handles_uneven_lengths_and_transposed_operands() {
         assert_eq!(odd, sum(&[3, 5]).into());
         assert_eq!(tiny, max.clone().into());
         assert_eq!(t, sum(&[3, 5]).reversed_axes().into());
+    }
+}
+
+#[test]
+fn a_run_from_a_device_thread_is_an_error_not_a_deadlock() {
+    let mesh = one_dim(4);
+    let (runner, inner) = (Arc::clone(&mesh), Arc::clone(&mesh));
+    let results = within(Duration::from_secs(5), move || {
+        runner.run(move |ctx| {
+            let device = ctx.device();
+            Ok((device, inner.run(|_| Ok(()))))
+        })
+    })
+    .unwrap();
+    for (device, result) in results {
+        assert_eq!(result, Err(Error::ReentrantRun { device }));
+    }
+    assert_all_reduce_works(&mesh);
+}
+
+/// Held by a program: when the program is dropped (on a device thread), waits for `go`,
+/// then drops the last handle of the mesh there and reports the thread's name.
+struct DropsTheMesh {
+    mesh: Mutex<Option<Arc<ThreadMesh>>>,
+    go: Mutex<mpsc::Receiver<()>>,
+    done: mpsc::Sender<Option<String>>,
+}
+
+impl Drop for DropsTheMesh {
+    fn drop(&mut self) {
+        let go = self.go.lock().unwrap().recv_timeout(Duration::from_secs(5));
+        let mesh = self.mesh.lock().unwrap().take();
+        let last = mesh.as_ref().is_some_and(|m| Arc::strong_count(m) == 1);
+        drop(mesh);
+        let thread = std::thread::current().name().map(String::from);
+        // Reports only if the wait ended by the signal and this was the last handle.
+        let _ = self.done.send(thread.filter(|_| go.is_ok() && last));
+    }
+}
+
+#[test]
+fn dropping_the_last_handle_on_a_device_thread_is_clean() {
+    let token = Arc::new(());
+    let mesh = one_dim(4);
+    let held = Arc::clone(&token);
+    mesh.run(move |_| {
+        TOKEN.with(|t| *t.borrow_mut() = Some(Arc::clone(&held)));
+        Ok(())
+    })
+    .unwrap();
+    let (go, wait) = mpsc::channel();
+    let (done, finished) = mpsc::channel();
+    let guard = DropsTheMesh {
+        mesh: Mutex::new(Some(Arc::clone(&mesh))),
+        go: Mutex::new(wait),
+        done,
+    };
+    mesh.run(move |_| {
+        let _held = &guard;
+        Ok(())
+    })
+    .unwrap();
+    drop(mesh);
+    go.send(()).unwrap();
+    let thread = finished
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the drop panicked or hung");
+    assert!(
+        thread
+            .as_deref()
+            .is_some_and(|t| t.starts_with("gspmd-device-")),
+        "dropped on {thread:?}"
+    );
+    // Every device thread ends, the detached one too, destroying its thread-locals.
+    let start = Instant::now();
+    while Arc::strong_count(&token) > 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a device thread lives on"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---- timeouts ---------------------------------------------------------------------------
+
+#[test]
+fn the_default_timeout_is_generous_and_can_be_changed() {
+    let mesh = ThreadMesh::new(Mesh::new([("x", 2)]).unwrap()).unwrap();
+    assert_eq!(mesh.timeout(), Some(ThreadMesh::DEFAULT_TIMEOUT));
+    assert!(ThreadMesh::DEFAULT_TIMEOUT >= Duration::from_secs(60));
+    let mesh = mesh.with_timeout(Duration::from_millis(5));
+    assert_eq!(mesh.timeout(), Some(Duration::from_millis(5)));
+    assert_eq!(mesh.with_timeout(None).timeout(), None);
+}
+
+#[test]
+fn a_device_that_does_not_arrive_times_out_by_name_and_the_mesh_recovers() {
+    let timeout = Duration::from_millis(1000);
+    let mesh = Arc::new(
+        ThreadMesh::new(Mesh::new([("x", 4)]).unwrap())
+            .unwrap()
+            .with_timeout(timeout),
+    );
+    // Device 3 is stuck (until released) before the all-reduce the others wait in.
+    let (release, stuck) = mpsc::channel::<()>();
+    let stuck = Arc::new(Mutex::new(stuck));
+    let runner = Arc::clone(&mesh);
+    let start = Instant::now();
+    let result = within(Duration::from_secs(10), move || {
+        runner.run(move |ctx| {
+            if ctx.device() == 3 {
+                let _ = stuck.lock().unwrap().recv();
+            }
+            let x = input(ctx.device(), DType::F32);
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        })
+    });
+    assert!(start.elapsed() < 4 * timeout, "took {:?}", start.elapsed());
+    match result {
+        Err(Error::CollectiveTimeout {
+            device,
+            collective,
+            missing,
+            timeout: t,
+        }) => {
+            assert!(device < 3);
+            assert_eq!(collective, "all_reduce(sum) over [x]");
+            assert_eq!(missing, vec![3]);
+            assert_eq!(t, timeout);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Still stuck: the next run waits for device 3 at the end of its program and
+    // times out again, naming it.
+    let runner = Arc::clone(&mesh);
+    let again = within(Duration::from_secs(10), move || runner.run(|_| Ok(())));
+    let message = again.unwrap_err().to_string();
+    assert!(
+        message.contains("the end of its program: devices [3] did not arrive"),
+        "{message}"
+    );
+    // Released, device 3 finishes its stale runs (their collectives fail at once, and
+    // abort nothing), and the mesh works again.
+    release.send(()).unwrap();
+    assert_all_reduce_works(&mesh);
+    assert_all_reduce_works(&mesh);
+}
+
+// ---- agreement with the reference interpreter -------------------------------------------
+
+fn build(f: impl FnOnce(&Builder) -> Vec<Tensor>) -> Program {
+    let b = Builder::new("test");
+    let outs = f(&b);
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    b.finish(&refs).unwrap()
+}
+
+fn s(text: &str) -> Sharding {
+    text.parse().unwrap()
+}
+
+/// Bit-for-bit equal f32 literals, any NaN matching any NaN.
+fn same_bits(want: &Literal, got: &Literal) -> bool {
+    let (a, b) = (want.as_f32().unwrap(), got.as_f32().unwrap());
+    a.shape() == b.shape()
+        && a.iter()
+            .zip(b.iter())
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn max_and_min_over_a_split_dim_propagate_nan_as_the_interpreter_does() {
+    // Rows 0..10 split over the mesh; a NaN in a late shard, zeros of both signs as the
+    // extreme values of a column in different shards.
+    let rows = 10;
+    let x: Literal = ArrayD::from_shape_fn(IxDyn(&[rows, 4]), |ix| match (ix[0], ix[1]) {
+        (7, 1) => f32::NAN,
+        (0, 2) => -1.0,
+        (2, 2) => 0.0,
+        (_, 2) => -0.0,
+        (r, 3) => {
+            if r == 8 {
+                0.0
+            } else {
+                1.0 + r as f32
+            }
+        }
+        (r, c) => (r * 4 + c) as f32 - 17.0,
+    })
+    .into();
+    assert!(x.as_f32().unwrap()[[7, 1]].is_nan());
+    let program = build(|b| {
+        let x = b
+            .parameter("x", [rows, 4], DType::F32)
+            .annotate(s("(x, _)"));
+        vec![x.max_over(&[0]), x.min_over(&[0]), x.max_over(&[0, 1])]
+    });
+    let want = interpret(&program, std::slice::from_ref(&x)).unwrap();
+    assert!(want[0].as_f32().unwrap()[1].is_nan() && want[2].as_f32().unwrap()[[]].is_nan());
+    for n in [2, 4, 8] {
+        let mesh = Mesh::new([("x", n)]).unwrap();
+        let exe = compile(&program, &mesh).unwrap();
+        let got = exe
+            .run(
+                &ThreadMesh::new(mesh.clone()).unwrap(),
+                std::slice::from_ref(&x),
+            )
+            .unwrap();
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert!(same_bits(w, g), "{mesh}, output {k}: want {w:?}, got {g:?}");
+        }
+    }
+}
+
+/// The bytes of an f32 vector of `n` elements.
+fn f32_bytes(n: usize) -> usize {
+    n * DType::F32.size_in_bytes()
+}
+
+#[test]
+fn a_value_beyond_memory_is_an_error_on_the_interpreter_and_the_mesh() {
+    // f32[1000000, 1000000]: 4 TB, far beyond any host; it must not be allocated.
+    let n = 1_000_000;
+    let program = build(|b| {
+        let x = b.parameter("x", [n], DType::F32);
+        let big = x.broadcast_in_dim([n, n], &[1]).shard(s("(x, _)"));
+        vec![big.sum(&[0])]
+    });
+    let x = Literal::full(&[n], DType::F32, 1.0);
+    let line = line!() - 4;
+    let is_big = |e: &Error, bytes: usize| match e {
+        Error::OutOfMemory {
+            op,
+            location,
+            bytes: b,
+            ..
+        } => {
+            *op == "broadcast"
+                && location.file.ends_with("thread_mesh.rs")
+                && location.line == line
+                && *b == bytes
+        }
+        _ => false,
+    };
+    let error = interpret(&program, std::slice::from_ref(&x)).unwrap_err();
+    assert!(is_big(&error, f32_bytes(n * n)), "{error}");
+    let mesh = Mesh::new([("x", 2)]).unwrap();
+    let threads = ThreadMesh::new(mesh.clone()).unwrap();
+    let error = compile(&program, &mesh)
+        .unwrap()
+        .run(&threads, std::slice::from_ref(&x))
+        .unwrap_err();
+    match &error {
+        Error::DeviceFailed { cause, .. } => {
+            assert!(is_big(cause, f32_bytes(n * n / 2)), "{error}")
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn the_limit_is_on_live_values_not_on_one_value() {
+    // x, exp(x) and tanh(x) are live together (x dies after tanh), then exp + tanh:
+    // three values of 4 KB live at the peak, each fitting a limit of 12 KB - 1 alone.
+    let n = 1000;
+    let program = build(|b| {
+        let x = b.parameter("x", [n], DType::F32).annotate(s("(x)"));
+        let (e, t) = (x.exp(), x.tanh());
+        vec![&e + &t]
+    });
+    let line = line!() - 3;
+    let x: Literal = ArrayD::from_shape_fn(IxDyn(&[n]), |ix| ix[0] as f32 / 500.0 - 1.0).into();
+    let inputs = std::slice::from_ref(&x);
+    let peak = 3 * f32_bytes(n);
+    let want = interpret_with_memory_limit(&program, inputs, peak).unwrap();
+    assert_eq!(want, interpret(&program, inputs).unwrap());
+    let is_tanh = |e: &Error, bytes: usize, limit: usize| {
+        matches!(e, Error::OutOfMemory { op: "tanh", location, bytes: b, live, limit: l, .. }
+            if location.line == line && *b == bytes && *live == 2 * bytes && *l == limit)
+    };
+    let error = interpret_with_memory_limit(&program, inputs, peak - 1).unwrap_err();
+    assert!(is_tanh(&error, f32_bytes(n), peak - 1), "{error}");
+    // On 2 devices each holds half of every value.
+    let mesh = Mesh::new([("x", 2)]).unwrap();
+    let exe = compile(&program, &mesh).unwrap();
+    let per_device = 3 * f32_bytes(n / 2);
+    let threads = ThreadMesh::new(mesh.clone())
+        .unwrap()
+        .with_memory_limit(per_device);
+    assert_eq!(threads.memory_limit(), per_device);
+    assert_eq!(exe.run(&threads, inputs).unwrap(), want);
+    let threads = threads.with_memory_limit(per_device - 1);
+    match exe.run(&threads, inputs) {
+        Err(Error::DeviceFailed { cause, .. }) => {
+            assert!(is_tanh(&cause, f32_bytes(n / 2), per_device - 1), "{cause}")
+        }
+        other => panic!("{other:?}"),
     }
 }

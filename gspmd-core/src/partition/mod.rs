@@ -6,7 +6,7 @@
 //! program and the number of mesh axes, never on the number of devices: collectives
 //! name mesh axes, offsets are computed from `axis_index` at run time.
 //!
-//! Every global value becomes a [`PValue`] (local block + global type + sharding). Each
+//! Every global value becomes a `PValue` (local block + global type + sharding). Each
 //! op's handler (one per op family, in `handlers/`) reshards its operands as the local
 //! op needs, emits it, and the driver reshards the result to the value's propagated
 //! sharding (`reshard` picks the cheapest composition of collectives).

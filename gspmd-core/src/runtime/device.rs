@@ -10,13 +10,16 @@ use crate::ir::{AxisGroup, DType, Literal, Node, Op, Program};
 use crate::sharding::Mesh;
 
 /// Runs `program` (a per-device program) on the device of `comm` with its local
-/// `inputs`; returns its local outputs.
+/// `inputs`, its live values limited to `memory_limit` bytes (an
+/// [`Error::OutOfMemory`](crate::Error::OutOfMemory) beyond it); returns its local
+/// outputs.
 pub fn run_on_device(
     program: &Program,
     comm: &dyn Communicator,
     inputs: &[Literal],
+    memory_limit: usize,
 ) -> Result<Vec<Literal>> {
-    execute(program, inputs, |node, operands| {
+    execute(program, inputs, memory_limit, |node, operands| {
         eval_on_device(comm, node, operands)
     })
 }
@@ -29,7 +32,10 @@ fn eval_on_device(
     let x = || operands[0].clone();
     let collective = match &node.op {
         Op::AxisIndex(group) => {
-            let index = group_index(comm.mesh(), comm.device(), &group.axes)?;
+            let index = comm
+                .mesh()
+                .group_index(comm.device(), &group.axes)
+                .map_err(|e| e.to_string())?;
             return Ok(Literal::full(&[], DType::I32, index as f64));
         }
         Op::AllReduce { group, kind } => comm.all_reduce(&group.axes, *kind, x()),
@@ -43,7 +49,7 @@ fn eval_on_device(
             concat_dim,
         } => comm.all_to_all(&group.axes, *split_dim, *concat_dim, x()),
         Op::CollectivePermute { group, from } => {
-            let pairs = permute_pairs(comm.mesh(), group, from)?;
+            let pairs = permute_pairs(comm.mesh(), comm.device(), group, from)?;
             comm.collective_permute(&group.axes, &pairs, x())
         }
         op => return kernels::eval(op, operands, &node.ty),
@@ -51,62 +57,27 @@ fn eval_on_device(
     collective.map_err(|e| e.to_string())
 }
 
-/// Sizes of `axes` in `mesh`.
-fn sizes(mesh: &Mesh, axes: &[String]) -> Result<Vec<usize>, String> {
-    axes.iter()
-        .map(|a| {
-            mesh.axis_size(a)
-                .ok_or_else(|| format!("no mesh axis `{a}` in {mesh}"))
-        })
-        .collect()
-}
-
-/// The mixed-radix index of `device`'s coordinates along `axes` (first axis major).
-fn group_index(mesh: &Mesh, device: usize, axes: &[String]) -> Result<usize, String> {
-    let coords = mesh
-        .device_coords(device)
-        .ok_or_else(|| format!("no device {device} in {mesh}"))?;
-    let mut index = 0;
-    for (a, size) in axes.iter().zip(sizes(mesh, axes)?) {
-        let i = mesh
-            .axis_index(a)
-            .ok_or_else(|| format!("no mesh axis `{a}`"))?;
-        index = index * size + coords[i];
-    }
-    Ok(index)
-}
-
 /// The `(source, target)` group indices of a collective permute: the receiver at group
 /// index `j` (over `group.axes`) gets the operand of the member whose index over `from`
-/// is `j`.
+/// (the same axes in another order) is `j`.
 fn permute_pairs(
     mesh: &Mesh,
+    device: usize,
     group: &AxisGroup,
     from: &[String],
 ) -> Result<Vec<(usize, usize)>, String> {
-    let to_sizes = sizes(mesh, &group.axes)?;
-    let from_sizes = sizes(mesh, from)?;
-    let digits = |mut j: usize, radix: &[usize]| -> Vec<usize> {
-        let mut d = vec![0; radix.len()];
-        for (k, r) in radix.iter().enumerate().rev() {
-            d[k] = j % r;
-            j /= r;
-        }
-        d
-    };
+    let same_axes = from.len() == group.axes.len() && group.axes.iter().all(|a| from.contains(a));
+    if !same_axes {
+        return Err(format!(
+            "permute from axes {from:?} that are not the group's {:?} reordered",
+            group.axes
+        ));
+    }
     (0..group.size)
         .map(|j| {
-            // The sender's coordinates along `from`, then its index over the group's axes.
-            let sender = digits(j, &from_sizes);
-            let mut source = 0;
-            for (a, size) in group.axes.iter().zip(&to_sizes) {
-                let k = from
-                    .iter()
-                    .position(|b| b == a)
-                    .ok_or_else(|| format!("axis `{a}` missing from {from:?}"))?;
-                source = source * size + sender[k];
-            }
-            Ok((source, j))
+            let sender = mesh.group_member(device, from, j)?;
+            Ok((mesh.group_index(sender, &group.axes)?, j))
         })
-        .collect()
+        .collect::<Result<_>>()
+        .map_err(|e| e.to_string())
 }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::kernels;
+use super::memory::available_memory;
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -16,8 +17,22 @@ use super::kernels;
 /// [`Error::Runtime`] naming the value, op and source location. Each intermediate value
 /// is dropped right after its last use, so peak memory is that of the live values.
 /// Does not panic on any program that passes [`crate::ir::verify`].
+///
+/// The live values may take at most [`available_memory`] bytes (see
+/// [`interpret_with_memory_limit`]).
 pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> {
-    execute(program, inputs, |node, operands| {
+    interpret_with_memory_limit(program, inputs, available_memory())
+}
+
+/// [`interpret`] with the values live at any point limited to `memory_limit` bytes: a
+/// value that would exceed it is an [`Error::OutOfMemory`] naming the value, op and
+/// source location, raised before the value is allocated.
+pub fn interpret_with_memory_limit(
+    program: &Program,
+    inputs: &[Literal],
+    memory_limit: usize,
+) -> Result<Vec<Literal>> {
+    execute(program, inputs, memory_limit, |node, operands| {
         kernels::eval(&node.op, operands, &node.ty)
     })
 }
@@ -26,14 +41,22 @@ pub fn interpret(program: &Program, inputs: &[Literal]) -> Result<Vec<Literal>> 
 /// checks `inputs`, binds parameters and constants, computes every other node with
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
 /// after its last use, and returns the outputs.
+///
+/// Memory: every live value counts (parameters and constants too), by its type's size.
+/// Before a node's value is bound or computed, the live bytes plus its bytes are checked
+/// against `memory_limit`; over it is an [`Error::OutOfMemory`] for that node, so no
+/// allocation beyond the limit is attempted. Scratch space inside a kernel is not
+/// counted.
 pub(crate) fn execute(
     program: &Program,
     inputs: &[Literal],
+    memory_limit: usize,
     mut eval: impl FnMut(&Node, &[&Literal]) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
+    let mut live: usize = 0;
     for (i, node) in program.nodes.iter().enumerate() {
         let v = ValueId(i as u32);
         let fail = |message: String| Error::Runtime {
@@ -42,6 +65,18 @@ pub(crate) fn execute(
             location: node.location,
             message,
         };
+        let bytes = node.ty.size_in_bytes();
+        if live.saturating_add(bytes) > memory_limit {
+            return Err(Error::OutOfMemory {
+                value: v,
+                op: node.op.name(),
+                location: node.location,
+                bytes,
+                live,
+                limit: memory_limit,
+            });
+        }
+        live += bytes;
         let value = match &node.op {
             Op::Parameter { index, .. } => Cow::Borrowed(
                 inputs
@@ -65,8 +100,9 @@ pub(crate) fn execute(
         for o in node.operands.iter().chain(std::iter::once(&v)) {
             if last_use[o.index()] == Some(i)
                 && let Some(slot) = values.get_mut(o.index())
+                && slot.take().is_some()
             {
-                *slot = None;
+                live -= program.nodes[o.index()].ty.size_in_bytes();
             }
         }
     }

@@ -184,12 +184,12 @@ fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
 }
 
 /// IEEE maximum that propagates NaN (XLA's `maximum`).
-fn max_nan(a: f32, b: f32) -> f32 {
+pub(crate) fn max_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || a > b { a } else { b }
 }
 
 /// IEEE minimum that propagates NaN (XLA's `minimum`).
-fn min_nan(a: f32, b: f32) -> f32 {
+pub(crate) fn min_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || a < b { a } else { b }
 }
 

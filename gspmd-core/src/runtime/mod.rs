@@ -1,14 +1,17 @@
 //! Runtimes. The reference interpreter ([`interpret`]) runs an unpartitioned program on
 //! one device: it is the oracle every differential test compares the partitioned,
-//! multi-device run against. [`kernels`] computes each primitive op on host arrays and
+//! multi-device run against. `kernels` computes each primitive op on host arrays and
 //! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
-//! device; per-device programs call the [`Communicator`] trait for collectives.
+//! device; per-device programs call the [`Communicator`] trait for collectives. Every
+//! run bounds the bytes of its live values by a memory limit ([`available_memory`] by
+//! default).
 
 mod blocks;
 mod communicator;
 mod device;
 mod interpreter;
 pub(crate) mod kernels;
+mod memory;
 mod sample;
 mod spmd;
 mod thread_mesh;
@@ -19,7 +22,8 @@ pub use communicator::Communicator;
 /// [`SpmdProgram::execute`](crate::partition::SpmdProgram): for fault-injection tests.
 #[doc(hidden)]
 pub use device::run_on_device;
-pub use interpreter::interpret;
+pub use interpreter::{interpret, interpret_with_memory_limit};
+pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 pub use sample::sample_inputs;
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

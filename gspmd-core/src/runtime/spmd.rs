@@ -151,6 +151,7 @@ impl SpmdProgram {
         let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
         let results = mesh.run(move |ctx| {
             let device = ctx.device();
+            let memory_limit = ctx.memory_limit();
             let (comm, store) = ctx.communicator_and_store();
             let mine =
                 std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
@@ -171,7 +172,7 @@ impl SpmdProgram {
             }
             let result = match missing {
                 Some(key) => Err(Error::MissingResident { device, key }),
-                None => run_on_device(&program, comm, &locals),
+                None => run_on_device(&program, comm, &locals, memory_limit),
             };
             // Put moved resident inputs back before storing new outputs over them.
             for (i, key) in moved.into_iter().rev() {

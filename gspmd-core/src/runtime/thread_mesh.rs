@@ -4,21 +4,25 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use super::communicator::{Communicator, Rendezvous, SharedMemoryCommunicator};
+use super::memory::available_memory;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, TensorType};
 use crate::sharding::{Mesh, Sharding};
 
-/// What a device's program sees: its id, the mesh, its communicator, and a store of
-/// named literals that stays on the device between runs (resident parameters).
+/// What a device's program sees: its id, the mesh, its communicator, its memory limit,
+/// and a store of named literals that stays on the device between runs (resident
+/// parameters).
 #[derive(Debug)]
 pub struct DeviceContext {
     communicator: SharedMemoryCommunicator,
     store: HashMap<String, Literal>,
+    memory_limit: usize,
 }
 
 impl DeviceContext {
@@ -30,6 +34,12 @@ impl DeviceContext {
     /// The mesh.
     pub fn mesh(&self) -> &Mesh {
         self.communicator.mesh()
+    }
+
+    /// The bytes of live values this device's runtime may hold (see
+    /// [`ThreadMesh::with_memory_limit`]).
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
     }
 
     /// This device's communicator.
@@ -71,10 +81,23 @@ struct Worker {
 /// device; the mesh is usable again for the next run. Every run ends with a meeting of
 /// all devices, so a device that skips a collective others entered is an error, not a
 /// hang.
+///
+/// Timeout: a device waits at most [`ThreadMesh::timeout`] (default
+/// [`ThreadMesh::DEFAULT_TIMEOUT`]) in a collective for the others; then the run is
+/// aborted with [`Error::CollectiveTimeout`] naming the devices that did not arrive.
+/// A run that was aborted returns once every device has finished or, for devices that
+/// do not finish within another timeout, without them: such a device finishes its
+/// program on its own thread, its collectives fail at once, and its next run starts
+/// after it.
+///
+/// Memory: each device's runtime holds at most [`ThreadMesh::memory_limit`] bytes of
+/// live values; see [`ThreadMesh::with_memory_limit`].
 pub struct ThreadMesh {
     mesh: Arc<Mesh>,
     rendezvous: Arc<Rendezvous>,
     workers: Vec<Worker>,
+    timeout: Option<Duration>,
+    memory_limit: usize,
     /// Runs are serialised: jobs of two runs interleaved on the threads would meet in
     /// each other's collectives.
     run_lock: Mutex<()>,
@@ -93,14 +116,25 @@ pub struct Resident {
 }
 
 impl ThreadMesh {
-    /// Starts one thread per device of `mesh`, each with an empty store.
+    /// The default timeout: ten minutes, long enough for any computation between two
+    /// collectives of a host program, short enough that a lost device ends the run (the
+    /// watchdog timeouts of NCCL process groups are of this order).
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+    /// Starts one thread per device of `mesh`, each with an empty store; the timeout is
+    /// [`ThreadMesh::DEFAULT_TIMEOUT`] and each device's memory limit an equal share of
+    /// the host's [`available_memory`].
     pub fn new(mesh: Mesh) -> Result<Self> {
         let mesh = Arc::new(mesh);
         let rendezvous = Arc::new(Rendezvous::new(mesh.num_devices()));
+        rendezvous.set_timeout(Some(Self::DEFAULT_TIMEOUT));
+        let memory_limit = available_memory() / mesh.num_devices().max(1);
         let mut thread_mesh = ThreadMesh {
             mesh: Arc::clone(&mesh),
             rendezvous: Arc::clone(&rendezvous),
             workers: Vec::with_capacity(mesh.num_devices()),
+            timeout: Some(Self::DEFAULT_TIMEOUT),
+            memory_limit,
             run_lock: Mutex::new(()),
             residents: Mutex::new(HashMap::new()),
         };
@@ -112,6 +146,7 @@ impl ThreadMesh {
                     Arc::clone(&rendezvous),
                 ),
                 store: HashMap::new(),
+                memory_limit,
             };
             let (jobs, queue) = mpsc::channel::<Job>();
             // On error, dropping `thread_mesh` joins the threads already started.
@@ -129,6 +164,41 @@ impl ThreadMesh {
     /// The mesh.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
+    }
+
+    /// This mesh with devices waiting at most `timeout` in a collective for the others
+    /// (`None`: for ever; see the type's docs).
+    pub fn with_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.timeout = timeout.into();
+        self.rendezvous.set_timeout(self.timeout);
+        self
+    }
+
+    /// How long a device waits in a collective for the others; `None` for ever.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// This mesh with each device's runtime limited to `bytes` of live values: a value
+    /// that would exceed it fails the run with [`Error::OutOfMemory`] (wrapped in
+    /// [`Error::DeviceFailed`]) before it is allocated. Resident values kept in the
+    /// stores between runs count only while a run binds them.
+    pub fn with_memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// The bytes of live values each device's runtime may hold.
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// The device whose thread is the current one, if any.
+    fn current_device(&self) -> Option<usize> {
+        let me = std::thread::current().id();
+        self.workers
+            .iter()
+            .position(|w| w.thread.thread().id() == me)
     }
 
     /// The resident value stored under `key`, if any.
@@ -154,32 +224,64 @@ impl ThreadMesh {
 
     /// Runs `program` on every device at once and returns the results by device id; or,
     /// if any device fails, the first failure (see the type's failure contract).
+    ///
+    /// Called from one of this mesh's own device threads (from inside a program), it
+    /// returns [`Error::ReentrantRun`] at once: the device would wait for itself. The
+    /// program (and what it captures) is dropped on the thread of the last device to
+    /// finish.
     pub fn run<T, F>(&self, program: F) -> Result<Vec<T>>
     where
         F: Fn(&mut DeviceContext) -> Result<T> + Send + Sync + 'static,
         T: Send + 'static,
     {
+        if let Some(device) = self.current_device() {
+            return Err(Error::ReentrantRun { device });
+        }
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = self.rendezvous.generation();
+        let memory_limit = self.memory_limit;
+        // One handle per device and none kept here, so the program is dropped on the
+        // thread of the last device to finish.
         let program = Arc::new(program);
+        let mut programs: Vec<Arc<F>> = (1..self.workers.len())
+            .map(|_| Arc::clone(&program))
+            .collect();
+        programs.push(program);
         let (results, collected) = mpsc::channel();
-        for (device, worker) in self.workers.iter().enumerate() {
-            let program = Arc::clone(&program);
+        for ((device, worker), program) in self.workers.iter().enumerate().zip(programs) {
             let results = results.clone();
             let job: Job = Box::new(move |context| {
-                // The receiver lives until every job has sent or been dropped.
+                context.communicator.join_run(generation);
+                context.memory_limit = memory_limit;
+                // The receiver may be gone (a run that ended without this device).
                 let _ = results.send((context.device(), run_on_device(context, &*program)));
             });
             if worker.jobs.send(job).is_err() {
-                self.rendezvous.abort(Error::ThreadMesh(format!(
-                    "the thread of device {device} has exited"
-                )));
+                self.rendezvous.abort(
+                    generation,
+                    Error::ThreadMesh(format!("the thread of device {device} has exited")),
+                );
             }
         }
         drop(results);
         let mut outputs: Vec<Option<T>> = (0..self.workers.len()).map(|_| None).collect();
-        // Ends when every job has sent its result or was dropped unrun.
-        for (device, result) in collected {
-            outputs[device] = result.ok();
+        let mut missing = self.workers.len();
+        while missing > 0 {
+            let received = match self.timeout {
+                None => collected.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(timeout) => collected.recv_timeout(timeout),
+            };
+            match received {
+                Ok((device, result)) => {
+                    outputs[device] = result.ok();
+                    missing -= 1;
+                }
+                // Devices still running a failed run are left to finish on their own.
+                Err(RecvTimeoutError::Timeout) if self.rendezvous.is_aborted() => break,
+                Err(RecvTimeoutError::Timeout) => {}
+                // Every job has sent its result or was dropped unrun.
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
         }
         let cause = self.rendezvous.reset();
         match (outputs.into_iter().collect::<Option<Vec<T>>>(), cause) {
@@ -228,8 +330,11 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 }
 
 impl Drop for ThreadMesh {
-    /// Closes every thread's job queue, then joins the threads.
+    /// Closes every thread's job queue, then joins the threads. When the last handle is
+    /// dropped on one of the mesh's own device threads (by a program's captured state),
+    /// that thread is not joined but detached: it ends by itself once its job returns.
     fn drop(&mut self) {
+        let me = std::thread::current().id();
         let threads: Vec<JoinHandle<()>> = std::mem::take(&mut self.workers)
             .into_iter()
             .map(|Worker { jobs, thread }| {
@@ -237,7 +342,7 @@ impl Drop for ThreadMesh {
                 thread
             })
             .collect();
-        for thread in threads {
+        for thread in threads.into_iter().filter(|t| t.thread().id() != me) {
             // A device thread cannot panic (programs run under catch_unwind); there is
             // nothing to report from a destructor anyway.
             let _ = thread.join();

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 pub struct Mesh {
     axes: Vec<(String, usize)>,
     device_ids: Vec<usize>,
+    /// `positions[d]`: the row-major position of device `d` (the inverse of `device_ids`).
+    positions: Vec<usize>,
 }
 
 impl Mesh {
@@ -59,22 +61,26 @@ impl Mesh {
                 detail: format!("{} device ids given", device_ids.len()),
             });
         }
-        let mut seen = vec![false; num_devices];
-        for &d in &device_ids {
+        let mut positions = vec![usize::MAX; num_devices];
+        for (position, &d) in device_ids.iter().enumerate() {
             if d >= num_devices {
                 return Err(Error::DeviceOrder {
                     num_devices,
                     detail: format!("id {d} out of range"),
                 });
             }
-            if std::mem::replace(&mut seen[d], true) {
+            if std::mem::replace(&mut positions[d], position) != usize::MAX {
                 return Err(Error::DeviceOrder {
                     num_devices,
                     detail: format!("id {d} repeated"),
                 });
             }
         }
-        Ok(Mesh { axes, device_ids })
+        Ok(Mesh {
+            axes,
+            device_ids,
+            positions,
+        })
     }
 
     /// Axes `(name, size)`, major to minor.
@@ -117,7 +123,7 @@ impl Mesh {
 
     /// Coordinates of `device` along each axis (major to minor); `None` if no such device.
     pub fn device_coords(&self, device: usize) -> Option<Vec<usize>> {
-        let mut pos = self.device_ids.iter().position(|&d| d == device)?;
+        let mut pos = *self.positions.get(device)?;
         let mut coords = vec![0; self.axes.len()];
         for (i, (_, size)) in self.axes.iter().enumerate().rev() {
             coords[i] = pos % size;
@@ -139,6 +145,108 @@ impl Mesh {
             pos = pos * size + c;
         }
         Some(self.device_ids[pos])
+    }
+
+    /// The index of `device` in its group over `axes` (the devices that share its
+    /// coordinates on every other axis): its coordinates along `axes` read as one
+    /// mixed-radix number, first listed axis major. This is JAX's `axis_index` over a
+    /// tuple of axes, the order of shard indices along a dim split over `axes`, and the
+    /// order of the members of a collective over `axes`. An empty list gives 0.
+    ///
+    /// Errors ([`Error::AxisGroup`]): an axis that is not in the mesh or is listed twice;
+    /// a device that is not in the mesh.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::Mesh;
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// // Device 6 sits at data=1, model=2.
+    /// assert_eq!(mesh.group_index(6, &["data", "model"]).unwrap(), 6);
+    /// assert_eq!(mesh.group_index(6, &["model", "data"]).unwrap(), 5);
+    /// ```
+    pub fn group_index<S: AsRef<str>>(&self, device: usize, axes: &[S]) -> Result<usize> {
+        let positions = self.axis_positions(axes)?;
+        let coords = self.coords_in_group(device, axes)?;
+        Ok(positions
+            .iter()
+            .fold(0, |index, &p| index * self.axes[p].1 + coords[p]))
+    }
+
+    /// The member at `index` of `device`'s group over `axes`: the device whose
+    /// coordinates equal `device`'s on every axis not in `axes` and whose
+    /// [`group_index`](Mesh::group_index) over `axes` is `index`. The inverse of
+    /// `group_index`: `group_member(d, axes, group_index(d, axes)) == d`.
+    ///
+    /// Errors ([`Error::AxisGroup`]): as `group_index`, and an `index` not below the
+    /// group size [`axes_size`](Mesh::axes_size).
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::Mesh;
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// let by_model: Vec<usize> =
+    ///     (0..4).map(|i| mesh.group_member(6, &["model"], i).unwrap()).collect();
+    /// assert_eq!(by_model, [4, 5, 6, 7]);
+    /// ```
+    pub fn group_member<S: AsRef<str>>(
+        &self,
+        device: usize,
+        axes: &[S],
+        index: usize,
+    ) -> Result<usize> {
+        let positions = self.axis_positions(axes)?;
+        let mut coords = self.coords_in_group(device, axes)?;
+        let size = self.axes_size(axes);
+        if index >= size {
+            return Err(self.group_error(
+                axes,
+                format!("index {index} is not below the group size {size}"),
+            ));
+        }
+        let mut rest = index;
+        for &p in positions.iter().rev() {
+            coords[p] = rest % self.axes[p].1;
+            rest /= self.axes[p].1;
+        }
+        let position = coords
+            .iter()
+            .zip(&self.axes)
+            .fold(0, |position, (&c, (_, size))| position * size + c);
+        Ok(self.device_ids[position])
+    }
+
+    /// Positions of `axes` among the mesh's axes, in the order listed.
+    fn axis_positions<S: AsRef<str>>(&self, axes: &[S]) -> Result<Vec<usize>> {
+        let mut positions: Vec<usize> = Vec::with_capacity(axes.len());
+        for axis in axes {
+            let axis = axis.as_ref();
+            let position = self.axis_index(axis).ok_or_else(|| {
+                self.group_error(
+                    axes,
+                    format!(
+                        "unknown mesh axis `{axis}` (mesh axes: {})",
+                        self.axis_list()
+                    ),
+                )
+            })?;
+            if positions.contains(&position) {
+                return Err(self.group_error(axes, format!("mesh axis `{axis}` listed twice")));
+            }
+            positions.push(position);
+        }
+        Ok(positions)
+    }
+
+    /// The coordinates of `device`, or an error naming the group over `axes`.
+    fn coords_in_group<S: AsRef<str>>(&self, device: usize, axes: &[S]) -> Result<Vec<usize>> {
+        self.device_coords(device)
+            .ok_or_else(|| self.group_error(axes, format!("device {device} is not in the mesh")))
+    }
+
+    fn group_error<S: AsRef<str>>(&self, axes: &[S], message: String) -> Error {
+        Error::AxisGroup {
+            axes: axes.iter().map(|a| a.as_ref().to_string()).collect(),
+            mesh: self.to_string(),
+            message,
+        }
     }
 
     /// Comma-separated axis names, for error messages.

@@ -33,17 +33,12 @@ impl Sharding {
         mesh.axes_size(self.dim_axes(dim))
     }
 
-    /// Which shard of dim `dim` `device` holds: its coordinates along the dim's axes read
-    /// as a mixed-radix number, first axis major. A device not in `mesh` and axes not in
-    /// `mesh` count as coordinate 0; call [`Sharding::validate`] first.
+    /// Which shard of dim `dim` `device` holds: its [`Mesh::group_index`] over the dim's
+    /// axes (its coordinates along them as a mixed-radix number, first axis major). A
+    /// sharding that does not fit `mesh` (an unknown or repeated axis) or a device not in
+    /// `mesh` gives shard 0; call [`Sharding::validate`] first.
     pub fn shard_index(&self, dim: usize, mesh: &Mesh, device: usize) -> usize {
-        let coords = mesh.device_coords(device).unwrap_or_default();
-        self.dim_axes(dim).iter().fold(0, |index, axis| {
-            let (size, coord) = mesh.axis_index(axis).map_or((1, 0), |i| {
-                (mesh.axes()[i].1, coords.get(i).copied().unwrap_or(0))
-            });
-            index * size + coord
-        })
+        mesh.group_index(device, self.dim_axes(dim)).unwrap_or(0)
     }
 
     /// The block of a tensor of `global_shape` that `device` holds: `(offset, len)` per

@@ -1,330 +1,20 @@
-//! [`Communicator`]: the collectives a per-device program calls, and their
-//! shared-memory implementation for devices that are threads of one process.
-//!
-//! A collective acts over the *group* given by a list of mesh axes: the devices that
-//! share coordinates on every other axis. Group members are ordered by the mixed-radix
-//! index of their coordinates along the listed axes, first listed axis major — the
-//! convention shard indices use. An empty list makes every device a group of one.
+//! [`SharedMemoryCommunicator`]: the collectives for devices that are threads of one
+//! process, and the element combine functions of their reductions.
 
-use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use ndarray::{
     ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, IxDyn,
     Slice, Zip,
 };
 
+use super::Communicator;
+use super::group::Group;
+use super::rendezvous::{Call, CollectiveOp, Post, Rendezvous, Round, check_calls};
 use crate::error::{Error, Result};
 use crate::ir::{DType, Literal, ReduceKind, TensorType};
+use crate::runtime::kernels::{max_nan, min_nan};
 use crate::sharding::Mesh;
-
-/// One device's handle on the collectives of its mesh (MPI's communicator).
-///
-/// Contract for every collective: all devices of the mesh call the same collectives in
-/// the same order with the same arguments (SPMD), and the members of each group pass
-/// operands of one shape and dtype. A broken contract, or any other failure inside a
-/// collective, is an error on the devices concerned and aborts the communicator, so no
-/// device is left waiting. Operands are taken by value so their buffers can be shared
-/// with the group without a copy.
-pub trait Communicator {
-    /// This device's id.
-    fn device(&self) -> usize;
-
-    /// The mesh the devices form.
-    fn mesh(&self) -> &Mesh;
-
-    /// Every group member gets the elementwise `kind` reduction of the members' `x`.
-    fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal>;
-
-    /// Every group member gets the members' `x` concatenated along `dim`, in group order.
-    fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal>;
-
-    /// The member at group index `i` gets block `i` along `dim` of the elementwise `kind`
-    /// reduction of the members' `x`; `x`'s `dim` must be divisible by the group size.
-    fn reduce_scatter(
-        &self,
-        axes: &[String],
-        kind: ReduceKind,
-        dim: usize,
-        x: Literal,
-    ) -> Result<Literal>;
-
-    /// Every member splits `x` along `split_dim` into group-size blocks and sends block
-    /// `j` to member `j`; the blocks received are concatenated along `concat_dim` in
-    /// sender order. `x`'s `split_dim` must be divisible by the group size.
-    fn all_to_all(
-        &self,
-        axes: &[String],
-        split_dim: usize,
-        concat_dim: usize,
-        x: Literal,
-    ) -> Result<Literal>;
-
-    /// For each `(source, target)` pair of group indices, `target` gets `source`'s `x`;
-    /// a member that is no target gets zeros (`false`) of `x`'s shape. Sources are
-    /// distinct, and so are targets.
-    fn collective_permute(
-        &self,
-        axes: &[String],
-        pairs: &[(usize, usize)],
-        x: Literal,
-    ) -> Result<Literal>;
-
-    /// Releases every device waiting in a collective, and fails every later one, with
-    /// [`Error::Aborted`] carrying `error`. Only the first abort's error is kept.
-    fn abort(&self, error: Error);
-}
-
-// ---- groups --------------------------------------------------------------------------
-
-/// The devices of one collective group, in group order, and this device's index in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Group {
-    members: Vec<usize>,
-    index: usize,
-}
-
-impl Group {
-    /// The group of `device` over `axes` (see the module docs), or what is wrong with
-    /// `axes`.
-    fn of(mesh: &Mesh, device: usize, axes: &[String]) -> Result<Group, String> {
-        let mut positions: Vec<usize> = Vec::with_capacity(axes.len());
-        for axis in axes {
-            let position = mesh.axis_index(axis).ok_or_else(|| {
-                format!(
-                    "unknown mesh axis `{axis}` (mesh axes: {})",
-                    mesh.axis_list()
-                )
-            })?;
-            if positions.contains(&position) {
-                return Err(format!("mesh axis `{axis}` listed twice"));
-            }
-            positions.push(position);
-        }
-        let coords = mesh
-            .device_coords(device)
-            .ok_or_else(|| format!("device {device} is not in {mesh}"))?;
-        let size_of = |position: usize| mesh.axes()[position].1;
-        let group_size: usize = positions.iter().map(|&p| size_of(p)).product();
-        let mut member_coords = coords.clone();
-        let mut members = Vec::with_capacity(group_size);
-        for index in 0..group_size {
-            let mut rest = index;
-            for &p in positions.iter().rev() {
-                member_coords[p] = rest % size_of(p);
-                rest /= size_of(p);
-            }
-            members.push(
-                mesh.device_at(&member_coords)
-                    .ok_or_else(|| format!("no device at {member_coords:?} in {mesh}"))?,
-            );
-        }
-        let index = positions
-            .iter()
-            .fold(0, |acc, &p| acc * size_of(p) + coords[p]);
-        Ok(Group { members, index })
-    }
-
-    fn size(&self) -> usize {
-        self.members.len()
-    }
-}
-
-// ---- the rendezvous ------------------------------------------------------------------
-
-/// Where a device is at a rendezvous; every device must be at the same place.
-#[derive(Debug, Clone, PartialEq)]
-enum Call {
-    /// A collective over the group of `axes`.
-    Collective { op: CollectiveOp, axes: Vec<String> },
-    /// The end of the device's program (the thread mesh's last rendezvous of a run).
-    End,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum CollectiveOp {
-    AllReduce(ReduceKind),
-    AllGather { dim: usize },
-    ReduceScatter { kind: ReduceKind, dim: usize },
-    AllToAll { split_dim: usize, concat_dim: usize },
-    CollectivePermute { pairs: Vec<(usize, usize)> },
-}
-
-impl fmt::Display for Call {
-    /// `all_reduce(sum) over [data, model]`, `the end of its program`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (op, axes) = match self {
-            Call::Collective { op, axes } => (op, axes),
-            Call::End => return f.write_str("the end of its program"),
-        };
-        let kind_name = |kind: &ReduceKind| format!("{kind:?}").to_lowercase();
-        match op {
-            CollectiveOp::AllReduce(kind) => write!(f, "all_reduce({})", kind_name(kind)),
-            CollectiveOp::AllGather { dim } => write!(f, "all_gather(dim={dim})"),
-            CollectiveOp::ReduceScatter { kind, dim } => {
-                write!(f, "reduce_scatter({}, dim={dim})", kind_name(kind))
-            }
-            CollectiveOp::AllToAll {
-                split_dim,
-                concat_dim,
-            } => write!(
-                f,
-                "all_to_all(split_dim={split_dim}, concat_dim={concat_dim})"
-            ),
-            CollectiveOp::CollectivePermute { pairs } => {
-                write!(f, "collective_permute(pairs={pairs:?})")
-            }
-        }?;
-        write!(f, " over [{}]", axes.join(", "))
-    }
-}
-
-/// What one device contributes to one round of a rendezvous: where it is, the type of
-/// its operand, and the operand itself when its group needs it.
-#[derive(Debug, Clone)]
-struct Post {
-    call: Arc<Call>,
-    operand: Option<TensorType>,
-    data: Option<Arc<Literal>>,
-}
-
-/// All devices' posts of one completed round, indexed by device id.
-type Round = Arc<Vec<Post>>;
-
-/// Checks that every device of `round` is at `call`.
-fn check_calls(round: &[Post], call: &Call) -> Result<(), String> {
-    match round.iter().enumerate().find(|(_, p)| *p.call != *call) {
-        Some((other, post)) => Err(format!(
-            "devices disagree on the collective: device {other} is at {}",
-            post.call
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The meeting point of all devices of a mesh: each collective is one or more rounds in
-/// which every device posts a shared buffer and receives everyone's. Buffers are
-/// immutable `Arc`s, so a round needs no second barrier before buffers are reused.
-#[derive(Debug)]
-pub(crate) struct Rendezvous {
-    num_devices: usize,
-    state: Mutex<RendezvousState>,
-    round_done: Condvar,
-}
-
-#[derive(Debug)]
-struct RendezvousState {
-    /// Number of completed rounds.
-    round: u64,
-    /// Posts of the round in progress, by device.
-    pending: Vec<Option<Post>>,
-    arrived: usize,
-    /// The last completed round, until every waiter has picked it up.
-    completed: Option<Round>,
-    uncollected: usize,
-    /// The first abort's error.
-    abort: Option<Error>,
-}
-
-impl Rendezvous {
-    pub(crate) fn new(num_devices: usize) -> Self {
-        Rendezvous {
-            num_devices,
-            state: Mutex::new(RendezvousState {
-                round: 0,
-                pending: vec![None; num_devices],
-                arrived: 0,
-                completed: None,
-                uncollected: 0,
-                abort: None,
-            }),
-            round_done: Condvar::new(),
-        }
-    }
-
-    /// No code run under this lock can panic, so a poisoned lock's state is sound.
-    fn lock(&self) -> MutexGuard<'_, RendezvousState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Posts `post` for `device`, waits until every device has posted, and returns all
-    /// posts of the round; or an [`Error::Aborted`] once the rendezvous is aborted.
-    fn exchange(&self, device: usize, post: Post) -> Result<Round> {
-        let mut state = self.lock();
-        if let Some(cause) = &state.abort {
-            return Err(aborted(device, cause));
-        }
-        if state.pending[device].is_some() {
-            return Err(Error::Collective {
-                device,
-                collective: post.call.to_string(),
-                message: "this device is already in a collective (called concurrently?)".into(),
-            });
-        }
-        state.pending[device] = Some(post);
-        state.arrived += 1;
-        if state.arrived == self.num_devices {
-            // Every slot is filled: each arrival filled its own, distinct, slot.
-            let round: Round =
-                Arc::new(state.pending.iter_mut().filter_map(Option::take).collect());
-            state.arrived = 0;
-            state.round += 1;
-            state.uncollected = self.num_devices - 1;
-            state.completed = (state.uncollected > 0).then(|| Arc::clone(&round));
-            self.round_done.notify_all();
-            return Ok(round);
-        }
-        let my_round = state.round;
-        let mut state = self
-            .round_done
-            .wait_while(state, |s| s.round == my_round && s.abort.is_none())
-            .unwrap_or_else(PoisonError::into_inner);
-        if state.round == my_round {
-            let cause = state.abort.as_ref().map_or_else(
-                || Error::ThreadMesh("rendezvous woke without a result".into()),
-                |cause| aborted(device, cause),
-            );
-            return Err(cause);
-        }
-        state.uncollected -= 1;
-        let round = if state.uncollected == 0 {
-            state.completed.take()
-        } else {
-            state.completed.clone()
-        };
-        round.ok_or_else(|| Error::ThreadMesh("completed round already collected".into()))
-    }
-
-    /// Records `error` as the cause of the abort (unless one is recorded) and wakes every
-    /// waiting device.
-    pub(crate) fn abort(&self, error: Error) {
-        let mut state = self.lock();
-        if state.abort.is_none() {
-            state.abort = Some(error);
-        }
-        self.round_done.notify_all();
-    }
-
-    /// Returns the abort's cause, if any, and makes the rendezvous usable again. Only
-    /// valid while no device is inside a collective.
-    pub(crate) fn reset(&self) -> Option<Error> {
-        let mut state = self.lock();
-        state.pending.iter_mut().for_each(|p| *p = None);
-        state.arrived = 0;
-        state.completed = None;
-        state.uncollected = 0;
-        state.abort.take()
-    }
-}
-
-fn aborted(device: usize, cause: &Error) -> Error {
-    Error::Aborted {
-        device,
-        cause: Box::new(cause.clone()),
-    }
-}
-
-// ---- the shared-memory communicator --------------------------------------------------
 
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
 /// `Arc`s of the operands through a [`Rendezvous`] shared by all devices, and each
@@ -334,6 +24,8 @@ pub(crate) struct SharedMemoryCommunicator {
     device: usize,
     mesh: Arc<Mesh>,
     rendezvous: Arc<Rendezvous>,
+    /// The run (the rendezvous's generation) this device is in.
+    generation: u64,
 }
 
 impl SharedMemoryCommunicator {
@@ -342,7 +34,14 @@ impl SharedMemoryCommunicator {
             device,
             mesh,
             rendezvous,
+            generation: 0,
         }
+    }
+
+    /// Joins run `generation` of the rendezvous: this device's collectives and aborts
+    /// from now on belong to it.
+    pub(crate) fn join_run(&mut self, generation: u64) {
+        self.generation = generation;
     }
 
     /// Aborts the communicator with `result`'s error, unless that error is itself the
@@ -351,7 +50,7 @@ impl SharedMemoryCommunicator {
         if let Err(error) = &result
             && !matches!(error, Error::Aborted { .. })
         {
-            self.rendezvous.abort(error.clone());
+            self.rendezvous.abort(self.generation, error.clone());
         }
         result
     }
@@ -396,7 +95,7 @@ impl SharedMemoryCommunicator {
             collective: call.to_string(),
             message,
         };
-        let group = Group::of(&self.mesh, self.device, axes).map_err(fail)?;
+        let group = Group::of(&self.mesh, self.device, axes).map_err(|e| fail(e.to_string()))?;
         let operand = literal_type(&x);
         check(&group, &operand.shape).map_err(fail)?;
         let mine = Arc::new(x);
@@ -405,7 +104,9 @@ impl SharedMemoryCommunicator {
             operand: Some(operand.clone()),
             data: (group.size() > 1).then(|| Arc::clone(&mine)),
         };
-        let round = self.rendezvous.exchange(self.device, post)?;
+        let round = self
+            .rendezvous
+            .exchange(self.device, self.generation, post)?;
         check_calls(&round, &call).map_err(fail)?;
         for &member in &group.members {
             if let Some(theirs) = round[member].operand.as_ref().filter(|t| **t != operand) {
@@ -435,7 +136,7 @@ impl SharedMemoryCommunicator {
         };
         let result = self
             .rendezvous
-            .exchange(self.device, post)
+            .exchange(self.device, self.generation, post)
             .and_then(|round| {
                 check_calls(&round, &call).map_err(|message| Error::Collective {
                     device: self.device,
@@ -614,7 +315,7 @@ impl Communicator for SharedMemoryCommunicator {
     }
 
     fn abort(&self, error: Error) {
-        self.rendezvous.abort(error);
+        self.rendezvous.abort(self.generation, error);
     }
 }
 
@@ -684,7 +385,10 @@ macro_rules! element {
     };
 }
 
-element!(f32, F32, sum: |a: f32, b: f32| a + b, max: f32::max, min: f32::min);
+// NaN propagates and ties go to the later operand, exactly as in the kernels'
+// reductions (`kernels::max_nan`), so a reduction split over devices equals the
+// reference's.
+element!(f32, F32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
 element!(i32, I32, sum: i32::wrapping_add, max: Ord::max, min: Ord::min);
 // As in XLA, adding predicates is a logical or.
 element!(bool, Bool, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | b, min: |a: bool, b: bool| a & b);
@@ -786,7 +490,9 @@ fn all_reduce_typed<T: Element>(
         operand: None,
         data: Some(Arc::new(T::literal(reduced))),
     };
-    let round = comm.rendezvous.exchange(comm.device, post)?;
+    let round = comm
+        .rendezvous
+        .exchange(comm.device, comm.generation, post)?;
     let mut result = Arc::unwrap_or_clone(mine);
     let fail = |message: String| Error::Collective {
         device: comm.device,
@@ -867,50 +573,6 @@ fn collective_permute_typed<T: Element>(ex: Exchange, pairs: &[(usize, usize)]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn axes(names: &[&str]) -> Vec<String> {
-        names.iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn groups_follow_listed_axis_order() -> Result<()> {
-        let mesh = Mesh::new([("data", 2), ("model", 4)])?;
-        // Device 6 sits at (1, 2).
-        let by_data = Group::of(&mesh, 6, &axes(&["data"])).map_err(Error::InvalidMesh)?;
-        assert_eq!(
-            by_data,
-            Group {
-                members: vec![2, 6],
-                index: 1
-            }
-        );
-        let model_data =
-            Group::of(&mesh, 6, &axes(&["model", "data"])).map_err(Error::InvalidMesh)?;
-        assert_eq!(
-            model_data,
-            Group {
-                members: vec![0, 4, 1, 5, 2, 6, 3, 7],
-                index: 5
-            }
-        );
-        let none = Group::of(&mesh, 6, &[]).map_err(Error::InvalidMesh)?;
-        assert_eq!(
-            none,
-            Group {
-                members: vec![6],
-                index: 0
-            }
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn bad_axis_lists_are_rejected() -> Result<()> {
-        let mesh = Mesh::new([("data", 2)])?;
-        assert!(Group::of(&mesh, 0, &axes(&["model"])).is_err());
-        assert!(Group::of(&mesh, 0, &axes(&["data", "data"])).is_err());
-        Ok(())
-    }
 
     #[test]
     fn chunks_cover_the_range() {
