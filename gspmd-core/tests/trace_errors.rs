@@ -306,6 +306,27 @@ fn two_independent_mistakes_are_two_errors() {
     }
 }
 
+#[test]
+fn a_tensor_from_another_builder_is_one_error_at_the_user_line() {
+    let b = Builder::new("t");
+    let other = Builder::new("other");
+    let x = f32_param(&b, "x", &[4]);
+    let y = f32_param(&other, "y", &[4]);
+    let (z, line) = (x.mul(&y), line!());
+    let _ = z.exp();
+    match b.finish(&[]) {
+        Err(Error::Shape {
+            op: "trace",
+            location,
+            message,
+        }) => {
+            assert_at(location, line);
+            assert!(message.contains("another builder"), "{message}");
+        }
+        other => panic!("expected one Error::Shape of `trace`, got {other:?}"),
+    }
+}
+
 // ---- parameter names ---------------------------------------------------------------
 
 #[test]

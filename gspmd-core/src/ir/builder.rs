@@ -144,9 +144,11 @@ impl Builder {
 
     /// Ends tracing with `outputs` as the program's results. Returns every recorded
     /// error if any op failed.
+    #[track_caller]
     pub fn finish(self, outputs: &[&Tensor]) -> Result<Program> {
+        let location = Location::caller();
         for t in outputs {
-            same_builder(&self.state, t);
+            same_builder(&self.state, t, location);
         }
         let mut st = self.state.borrow_mut();
         if !st.errors.is_empty() {
@@ -187,7 +189,7 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
     let mut ids = Vec::with_capacity(operands.len());
     for t in operands {
         match t.id {
-            Some(id) if same_builder(state, t) => ids.push(id),
+            Some(id) if same_builder(state, t, location) => ids.push(id),
             _ => return poisoned(TensorType::new(vec![], DType::F32)),
         }
     }
@@ -217,14 +219,14 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
     }
 }
 
-/// True if `t` belongs to the builder `state`; records an error otherwise.
-fn same_builder(state: &Shared, t: &Tensor) -> bool {
+/// True if `t` belongs to the builder `state`; records an error at `location` otherwise.
+fn same_builder(state: &Shared, t: &Tensor, location: Location) -> bool {
     if Rc::ptr_eq(state, &t.state) {
         return true;
     }
     let err = Error::Shape {
         op: "trace",
-        location: Location::synthetic(),
+        location,
         message: "a tensor from another builder was used".into(),
     };
     state.borrow_mut().errors.push(err);
