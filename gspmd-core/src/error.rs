@@ -27,6 +27,17 @@ pub enum Error {
     /// Several errors found at once (the verifier and the tracer report all they find).
     #[error("{}", display_list(.0))]
     Many(Vec<Error>),
+    /// Two parameters of one program have the same name (inputs, checkpoints and
+    /// resident values are keyed by parameter name).
+    #[error("{second}: parameter `{name}` is already declared at {first}")]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+        /// Where the first parameter of that name was declared.
+        first: Location,
+        /// Where the repeated one was declared.
+        second: Location,
+    },
     /// The verifier found a malformed program.
     #[error("{location}: {value}: {message}")]
     Verify {

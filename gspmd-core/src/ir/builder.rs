@@ -5,6 +5,8 @@
 //! Ops on handles never fail on the spot: a bad op records a typed error (with the
 //! user's source line, captured by `#[track_caller]`) and returns a *poisoned* handle;
 //! ops on poisoned handles are skipped silently, so one mistake gives one error.
+//! Composite ops check for poisoned operands before their own checks (axes, ranks,
+//! broadcasting), since a poisoned handle's type is not a real value's type.
 //! [`Builder::finish`] returns all recorded errors. This keeps model code free of `?`
 //! on every line, as in JAX.
 
@@ -35,6 +37,7 @@ pub struct Builder {
 
 /// A traced value: a handle into a [`Builder`]'s program. Cloning is cheap.
 #[derive(Debug, Clone)]
+#[must_use = "a traced op only makes a new value: dropping it drops the op's result"]
 pub struct Tensor {
     state: Shared,
     /// `None` when an earlier op failed (the error is recorded in the builder).
@@ -54,12 +57,31 @@ impl Builder {
         }
     }
 
-    /// Adds the next parameter.
+    /// Adds the next parameter. Records [`Error::DuplicateName`] if a parameter of
+    /// this name exists (inputs and checkpoints are keyed by name), and an
+    /// [`Error::Shape`] for a type too large to hold (see [`TensorType`]).
     #[track_caller]
     pub fn parameter(&self, name: &str, shape: impl Into<Shape>, dtype: DType) -> Tensor {
         let location = Location::caller();
-        let index = self.state.borrow().program.params.len();
         let ty = TensorType::new(shape, dtype);
+        let (index, first) = {
+            let st = self.state.borrow();
+            let p = &st.program;
+            let first = p
+                .params
+                .iter()
+                .map(|&v| p.node(v))
+                .find(|n| n.name.as_deref() == Some(name));
+            (p.params.len(), first.map(|n| n.location))
+        };
+        if let Some(first) = first {
+            self.record_error(Error::DuplicateName {
+                name: name.to_string(),
+                first,
+                second: location,
+            });
+            return poisoned_in(&self.state, ty);
+        }
         let t = push_in(&self.state, Op::Parameter { index, ty }, &[], location);
         if let Some(id) = t.id {
             let mut st = self.state.borrow_mut();
@@ -122,9 +144,11 @@ impl Builder {
 
     /// Ends tracing with `outputs` as the program's results. Returns every recorded
     /// error if any op failed.
+    #[track_caller]
     pub fn finish(self, outputs: &[&Tensor]) -> Result<Program> {
+        let location = Location::caller();
         for t in outputs {
-            same_builder(&self.state, t);
+            same_builder(&self.state, t, location);
         }
         let mut st = self.state.borrow_mut();
         if !st.errors.is_empty() {
@@ -145,16 +169,27 @@ pub(super) fn push(t: &Tensor, op: Op, others: &[&Tensor], location: Location) -
     push_in(&t.state, op, &operands, location)
 }
 
-fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> Tensor {
-    let poisoned = |ty| Tensor {
+/// A poisoned handle of type `ty` in the builder `state`.
+fn poisoned_in(state: &Shared, ty: TensorType) -> Tensor {
+    Tensor {
         state: state.clone(),
         id: None,
         ty,
-    };
+    }
+}
+
+/// True if any of `tensors` is poisoned: composite ops return early then, recording
+/// nothing (the failed op's error is already recorded).
+pub(super) fn any_poisoned(tensors: &[&Tensor]) -> bool {
+    tensors.iter().any(|t| t.id.is_none())
+}
+
+fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> Tensor {
+    let poisoned = |ty| poisoned_in(state, ty);
     let mut ids = Vec::with_capacity(operands.len());
     for t in operands {
         match t.id {
-            Some(id) if same_builder(state, t) => ids.push(id),
+            Some(id) if same_builder(state, t, location) => ids.push(id),
             _ => return poisoned(TensorType::new(vec![], DType::F32)),
         }
     }
@@ -184,22 +219,26 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
     }
 }
 
-/// True if `t` belongs to the builder `state`; records an error otherwise.
-fn same_builder(state: &Shared, t: &Tensor) -> bool {
+/// True if `t` belongs to the builder `state`; records an error at `location` otherwise.
+fn same_builder(state: &Shared, t: &Tensor, location: Location) -> bool {
     if Rc::ptr_eq(state, &t.state) {
         return true;
     }
     let err = Error::Shape {
         op: "trace",
-        location: Location::synthetic(),
+        location,
         message: "a tensor from another builder was used".into(),
     };
     state.borrow_mut().errors.push(err);
     false
 }
 
-/// Normalises a possibly negative axis; records an error when out of range.
+/// Normalises a possibly negative axis; records an error when out of range. `None`
+/// without an error for a poisoned `t`.
 fn axis(t: &Tensor, axis: isize, op: &'static str, location: Location) -> Option<usize> {
+    if any_poisoned(&[t]) {
+        return None;
+    }
     let rank = t.rank() as isize;
     let a = if axis < 0 { axis + rank } else { axis };
     if (0..rank).contains(&a) {
@@ -294,12 +333,9 @@ impl Tensor {
         self.poisoned()
     }
 
-    fn poisoned(&self) -> Tensor {
-        Tensor {
-            state: self.state.clone(),
-            id: None,
-            ty: self.ty.clone(),
-        }
+    /// A poisoned handle of this handle's type.
+    pub(super) fn poisoned(&self) -> Tensor {
+        poisoned_in(&self.state, self.ty.clone())
     }
 
     // ---- annotations -----------------------------------------------------------------
@@ -314,7 +350,7 @@ impl Tensor {
         };
         if sharding.dims.len() != self.rank() {
             let err = Error::ShardingRank {
-                sharding: format!("{sharding:?}"),
+                sharding: sharding.to_string(),
                 spec_rank: sharding.dims.len(),
                 rank: self.rank(),
                 context: format!("{location}: {id}: "),
@@ -414,6 +450,9 @@ impl Tensor {
     /// dtype are converted to the tensor's dtype.
     fn broadcast_pair(&self, other: &Tensor, location: Location) -> (Tensor, Tensor) {
         let (a, b) = (self, other);
+        if any_poisoned(&[a, b]) {
+            return (a.poisoned(), b.poisoned());
+        }
         let (ra, rb) = (a.rank(), b.rank());
         let r = ra.max(rb);
         let mut shape = vec![0; r];
@@ -594,14 +633,16 @@ impl Tensor {
     }
 
     fn mean_impl(&self, dims: &[isize], keep_dims: bool, location: Location) -> Tensor {
-        let mut count = 1usize;
-        for &d in dims {
-            match axis(self, d, "mean", location) {
-                Some(a) => count *= self.shape()[a],
-                None => return self.poisoned(),
-            }
+        let Some(dims) = reduce_dims(self, dims, "mean", location) else {
+            return self.poisoned();
+        };
+        let s = reduce_sorted(self, ReduceKind::Sum, &dims, keep_dims, location);
+        if any_poisoned(&[&s]) {
+            return s;
         }
-        let s = push_reduce(self, ReduceKind::Sum, dims, keep_dims, location);
+        // The reduce accepted `dims` as distinct, so this is a product of some of the
+        // operand's dims: no overflow (the size invariant of `TensorType`).
+        let count: usize = dims.iter().map(|&d| self.shape()[d]).product();
         let n = push_in(
             &self.state,
             Op::Constant(Literal::full(&[], self.dtype(), count as f64)),
@@ -630,6 +671,9 @@ impl Tensor {
     #[track_caller]
     pub fn matmul(&self, rhs: &Tensor) -> Tensor {
         let location = Location::caller();
+        if any_poisoned(&[self, rhs]) {
+            return self.poisoned();
+        }
         let (ra, rb) = (self.rank(), rhs.rank());
         let dims = if ra >= 1 && rb == 2 {
             DotDims {
@@ -772,7 +816,10 @@ impl Tensor {
     #[track_caller]
     pub fn mse(&self, target: &Tensor) -> Tensor {
         let location = Location::caller();
-        if self.id.is_some() && target.id.is_some() && self.shape() != target.shape() {
+        if any_poisoned(&[self, target]) {
+            return self.poisoned();
+        }
+        if self.shape() != target.shape() {
             let message = format!("prediction {} and target {} differ", self.ty, target.ty);
             return self.fail("mse", location, message);
         }
@@ -789,7 +836,7 @@ impl Tensor {
     #[track_caller]
     pub fn cross_entropy_with_logits(&self, labels: &Tensor) -> Tensor {
         let location = Location::caller();
-        if self.id.is_none() || labels.id.is_none() {
+        if any_poisoned(&[self, labels]) {
             return self.poisoned();
         }
         let r = self.rank();
@@ -840,6 +887,8 @@ pub(super) fn push_at(t: &Tensor, op: Op, location: Location) -> Tensor {
     push_in(&t.state, op, &[t], location)
 }
 
+/// Reduces `dims` (negative counts from the end) of `t` with `kind`; `keep` keeps them
+/// as size-1 dims.
 pub(super) fn push_reduce(
     t: &Tensor,
     kind: ReduceKind,
@@ -847,19 +896,41 @@ pub(super) fn push_reduce(
     keep: bool,
     location: Location,
 ) -> Tensor {
-    let mut ds = Vec::with_capacity(dims.len());
-    for &d in dims {
-        match axis(t, d, "reduce", location) {
-            Some(a) => ds.push(a),
-            None => return t.poisoned(),
-        }
+    match reduce_dims(t, dims, "reduce", location) {
+        Some(ds) => reduce_sorted(t, kind, &ds, keep, location),
+        None => t.poisoned(),
     }
+}
+
+/// `dims` normalised and sorted; records an error of `op` for one out of range. `None`
+/// without an error for a poisoned `t`.
+fn reduce_dims(
+    t: &Tensor,
+    dims: &[isize],
+    op: &'static str,
+    location: Location,
+) -> Option<Vec<usize>> {
+    let mut ds = dims
+        .iter()
+        .map(|&d| axis(t, d, op, location))
+        .collect::<Option<Vec<usize>>>()?;
     ds.sort_unstable();
+    Some(ds)
+}
+
+/// [`push_reduce`] over normalised, sorted `dims`.
+fn reduce_sorted(
+    t: &Tensor,
+    kind: ReduceKind,
+    dims: &[usize],
+    keep: bool,
+    location: Location,
+) -> Tensor {
     let r = push_at(
         t,
         Op::Reduce {
             kind,
-            dims: ds.clone(),
+            dims: dims.to_vec(),
         },
         location,
     );
@@ -867,7 +938,7 @@ pub(super) fn push_reduce(
         return r;
     }
     let shape: Vec<usize> = (0..t.rank())
-        .map(|d| if ds.contains(&d) { 1 } else { t.shape()[d] })
+        .map(|d| if dims.contains(&d) { 1 } else { t.shape()[d] })
         .collect();
     push_at(&r, Op::Reshape(shape), location)
 }

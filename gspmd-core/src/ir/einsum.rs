@@ -5,7 +5,7 @@
 //! output, contracting dims; in one operand only and not the output, summed first.
 //! A letter may appear once per operand (no diagonals).
 
-use super::builder::{Tensor, push, push_at, push_reduce};
+use super::builder::{Tensor, any_poisoned, push, push_at, push_reduce};
 use super::op::{DotDims, Op, ReduceKind};
 use crate::types::Location;
 
@@ -125,6 +125,9 @@ impl Tensor {
 
 fn einsum_at(spec: &str, operands: &[&Tensor], location: Location) -> Tensor {
     let first = operands[0];
+    if any_poisoned(operands) {
+        return first.poisoned();
+    }
     let spec_parsed = match parse(spec, operands) {
         Ok(s) => s,
         Err(message) => return first.fail("einsum", location, format!("`{spec}`: {message}")),

@@ -2,10 +2,14 @@
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
 use super::op::{BinaryOp, DotDims, Op, UnaryOp};
-use crate::types::{DType, TensorType, num_elements};
+use crate::types::{DType, TensorType, checked_num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
 /// what does not fit (the caller adds the op name and location).
+///
+/// Operand types must respect the size invariant of [`TensorType`]; the result then
+/// does too (an op whose result would not, e.g. a reshape to `[1<<40, 1<<40]` or a pad
+/// by `i64::MAX`, is an `Err`), and no size arithmetic here overflows.
 pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, String> {
     let arity = match op {
         Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => 0,
@@ -19,7 +23,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
     if operands.len() != arity {
         return Err(format!("expects {arity} operands, got {}", operands.len()));
     }
-    match op {
+    let ty = match op {
         Op::Parameter { ty, .. } => Ok(ty.clone()),
         Op::Constant(lit) => Ok(TensorType::new(lit.shape(), lit.dtype())),
         Op::Iota { shape, dim, dtype } => {
@@ -88,11 +92,14 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         }
         Op::Reshape(shape) => {
             let t = operands[0];
-            if num_elements(shape) != num_elements(&t.shape) {
+            let (from, to) = (checked_num_elements(&t.shape), checked_num_elements(shape));
+            if from != to {
+                let count =
+                    |n: Option<usize>| n.map_or("more than usize::MAX".into(), |n| n.to_string());
                 return Err(format!(
                     "cannot reshape {t} ({} elements) to {shape:?} ({} elements)",
-                    num_elements(&t.shape),
-                    num_elements(shape)
+                    count(from),
+                    count(to)
                 ));
             }
             Ok(TensorType::new(shape.clone(), t.dtype))
@@ -162,17 +169,16 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             }
             let mut shape = Vec::with_capacity(r);
             for d in 0..r {
-                let n = t.shape[d] as i64;
-                let interior_total = if n > 0 {
-                    (n - 1) * interior[d] as i64
-                } else {
-                    0
-                };
-                let size = low[d] + n + interior_total + high[d];
-                if size < 0 {
-                    return Err(format!("pad of dim {d} in {t} gives negative size {size}"));
-                }
-                shape.push(size as usize);
+                let size =
+                    padded_size(t.shape[d], low[d], high[d], interior[d]).ok_or_else(|| {
+                        format!(
+                            "pad of dim {d} in {t} by low {}, high {}, interior {} overflows",
+                            low[d], high[d], interior[d]
+                        )
+                    })?;
+                let size = usize::try_from(size)
+                    .map_err(|_| format!("pad of dim {d} in {t} gives negative size {size}"))?;
+                shape.push(size);
             }
             Ok(TensorType::new(shape, t.dtype))
         }
@@ -189,7 +195,9 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
                 if t.dtype != first.dtype || !same_elsewhere {
                     return Err(format!("operands {first} and {t} differ outside dim {dim}"));
                 }
-                shape[*dim] += t.shape[*dim];
+                shape[*dim] = shape[*dim]
+                    .checked_add(t.shape[*dim])
+                    .ok_or_else(|| format!("concatenating along dim {dim} overflows"))?;
             }
             Ok(TensorType::new(shape, first.dtype))
         }
@@ -213,9 +221,12 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         Op::AllGather { group, dim } => {
             let t = operands[0];
             let mut shape = t.shape.clone();
-            *shape
+            let d = shape
                 .get_mut(*dim)
-                .ok_or_else(|| format!("dim {dim} out of range for {t}"))? *= group.size;
+                .ok_or_else(|| format!("dim {dim} out of range for {t}"))?;
+            *d = d
+                .checked_mul(group.size)
+                .ok_or_else(|| format!("gathering dim {dim} of {t} overflows"))?;
             Ok(TensorType::new(shape, t.dtype))
         }
         Op::ReduceScatter { group, dim, .. } => {
@@ -224,7 +235,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let d = shape
                 .get_mut(*dim)
                 .ok_or_else(|| format!("dim {dim} out of range for {t}"))?;
-            if !d.is_multiple_of(group.size) {
+            if group.size == 0 || !d.is_multiple_of(group.size) {
                 return Err(format!(
                     "dim {dim} of {t} is not divisible by the group size {}",
                     group.size
@@ -241,6 +252,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let t = operands[0];
             if *split_dim >= t.rank()
                 || *concat_dim >= t.rank()
+                || group.size == 0
                 || !t.shape[*split_dim].is_multiple_of(group.size)
             {
                 return Err(format!(
@@ -250,10 +262,14 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             }
             let mut shape = t.shape.clone();
             shape[*split_dim] /= group.size;
-            shape[*concat_dim] *= group.size;
+            shape[*concat_dim] = shape[*concat_dim]
+                .checked_mul(group.size)
+                .ok_or_else(|| format!("all_to_all concat dim {concat_dim} of {t} overflows"))?;
             Ok(TensorType::new(shape, t.dtype))
         }
-    }
+    }?;
+    ty.check_size()?;
+    Ok(ty)
 }
 
 fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, String> {
@@ -310,6 +326,16 @@ fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorT
             .map(|d| rhs.shape[d]),
     );
     Ok(TensorType::new(shape, lhs.dtype))
+}
+
+/// Size of a dim of `n` elements padded by `low` and `high` (negative: cropped) with
+/// `interior` elements between neighbours; `None` if the arithmetic overflows `i64`.
+fn padded_size(n: usize, low: i64, high: i64, interior: usize) -> Option<i64> {
+    let n = i64::try_from(n).ok()?;
+    let interior_total = i64::try_from(interior).ok()?.checked_mul((n - 1).max(0))?;
+    low.checked_add(n)?
+        .checked_add(interior_total)?
+        .checked_add(high)
 }
 
 fn check_dtype(t: &TensorType, logical: bool) -> Result<(), String> {

@@ -1,5 +1,8 @@
 //! The verifier: checks a [`Program`]'s invariants and reports every violation at once.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use super::infer::infer_type;
 use super::op::Op;
 use super::program::Program;
@@ -10,6 +13,7 @@ use crate::types::TensorType;
 /// - operands are defined before use (SSA order);
 /// - each node's type is what [`infer_type`] gives for its op and operands;
 /// - `params[i]` is the parameter node with index `i`, and every parameter is listed;
+/// - no two parameters have the same name ([`Error::DuplicateName`]);
 /// - annotations have the value's rank and use no axis twice;
 ///   `sharding_constraint` nodes carry an annotation;
 /// - outputs are defined values.
@@ -94,6 +98,27 @@ pub fn verify(program: &Program) -> Result<()> {
                 location: super::Location::synthetic(),
                 message: format!("params[{i}] is not parameter {i}"),
             });
+        }
+    }
+    let mut first_of = HashMap::new();
+    for node in program
+        .params
+        .iter()
+        .filter(|p| p.index() < n)
+        .map(|&p| program.node(p))
+    {
+        let Some(name) = node.name.as_deref() else {
+            continue;
+        };
+        match first_of.entry(name) {
+            Entry::Occupied(first) => errors.push(Error::DuplicateName {
+                name: name.to_string(),
+                first: *first.get(),
+                second: node.location,
+            }),
+            Entry::Vacant(slot) => {
+                slot.insert(node.location);
+            }
         }
     }
     for &o in &program.outputs {

@@ -6,5 +6,5 @@ mod location;
 mod tensor;
 
 pub use location::Location;
-pub(crate) use tensor::join;
 pub use tensor::{DType, Shape, TensorType, ValueId, num_elements};
+pub(crate) use tensor::{checked_num_elements, join};

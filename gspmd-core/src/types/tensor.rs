@@ -36,12 +36,29 @@ impl fmt::Display for DType {
 /// The dims of a tensor, major to minor. Rank 0 is a scalar.
 pub type Shape = Vec<usize>;
 
-/// Number of elements of a shape (1 for a scalar).
+/// Number of elements of a shape (1 for a scalar). Cannot overflow for the shape of a
+/// [`TensorType`] that respects its size invariant; for other shapes use
+/// [`checked_num_elements`].
 pub fn num_elements(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// Number of elements of a shape, or `None` if it does not fit in `usize`.
+pub(crate) fn checked_num_elements(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// Shape and element type of a value.
+///
+/// **Size invariant.** Every type in a traced or verified program (the result of
+/// [`crate::ir::infer_type`], which checks it with [`TensorType::check_size`]) has
+/// `product of its non-zero dims × element size ≤ isize::MAX`, the most bytes one
+/// allocation may hold. So its element count, its byte size, the product of any subset
+/// of its dims and each dim as an `i64` fit without overflow, and code handling a
+/// program's types may multiply and convert them freely.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TensorType {
     /// Dims, major to minor.
@@ -64,9 +81,26 @@ impl TensorType {
         self.shape.len()
     }
 
-    /// Size in bytes of the whole (unsharded) tensor.
+    /// Size in bytes of the whole (unsharded) tensor. Cannot overflow for a type that
+    /// respects the size invariant.
     pub fn size_in_bytes(&self) -> usize {
         num_elements(&self.shape) * self.dtype.size_in_bytes()
+    }
+
+    /// Checks the size invariant (see [`TensorType`]); `Err` names the type.
+    pub fn check_size(&self) -> Result<(), String> {
+        let bytes = self
+            .shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(self.dtype.size_in_bytes(), |n, &d| n.checked_mul(d));
+        match bytes {
+            Some(b) if isize::try_from(b).is_ok() => Ok(()),
+            _ => Err(format!(
+                "{self} is too large: its non-zero dims times {} bytes exceed isize::MAX",
+                self.dtype.size_in_bytes()
+            )),
+        }
     }
 }
 

@@ -1,0 +1,419 @@
+//! Bad input to the tracer and the shape rules ends in exactly one typed error, located
+//! at the user's line: sizes whose arithmetic would overflow (in debug and release
+//! alike), ops on poisoned handles, repeated parameter names, shardings of the wrong
+//! rank (printed in their text form).
+
+use gspmd_core::Error;
+use gspmd_core::ir::{
+    AxisGroup, Builder, DType, DotDims, Location, Op, ReduceKind, Tensor, TensorType, einsum,
+    infer_type, verify,
+};
+use gspmd_core::sharding::Sharding;
+
+const BIG: usize = 1 << 40;
+
+/// The one error `builder` recorded, checked to be a `Shape` error of `op` at `line` of
+/// this file; returns its message.
+fn one_shape_error(builder: Builder, op: &str, line: u32) -> String {
+    match builder.finish(&[]) {
+        Err(Error::Shape {
+            op: got,
+            location,
+            message,
+        }) => {
+            assert_eq!(got, op, "{message}");
+            assert_at(location, line);
+            message
+        }
+        other => panic!("expected one Error::Shape of `{op}`, got {other:?}"),
+    }
+}
+
+fn assert_at(location: Location, line: u32) {
+    assert!(
+        location.file.ends_with("trace_errors.rs"),
+        "location {location} is not in this test file"
+    );
+    assert_eq!(location.line, line, "location {location}");
+}
+
+#[track_caller]
+fn f32_param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
+    b.parameter(name, shape.to_vec(), DType::F32)
+}
+
+// ---- size arithmetic ---------------------------------------------------------------
+
+#[test]
+fn reshape_to_a_shape_whose_element_count_overflows() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let (_y, line) = (x.reshape(vec![BIG, BIG]), line!());
+    let message = one_shape_error(b, "reshape", line);
+    assert!(message.contains("more than usize::MAX"), "{message}");
+}
+
+#[test]
+fn reshape_between_two_overflowing_shapes_is_not_equal_by_wrapping() {
+    // 2^64 + 2^64 wraps to 0 elements, the same as a shape with a zero dim.
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[0, 4]);
+    let (_y, line) = (x.reshape(vec![1 << 32, 1 << 32, 0]), line!());
+    let (_z, line2) = (x.reshape(vec![1 << 63, 2]), line!());
+    match b.finish(&[]) {
+        Err(Error::Many(errors)) => {
+            assert_eq!(errors.len(), 2, "{errors:?}");
+            // The first has zero elements too, but its non-zero dims are too large to
+            // hold; the second wraps to zero elements without checked arithmetic.
+            for (e, l) in errors.iter().zip([line, line2]) {
+                let Error::Shape { op, location, .. } = e else {
+                    panic!("expected Error::Shape, got {e:?}");
+                };
+                assert_eq!(*op, "reshape");
+                assert_at(*location, l);
+            }
+        }
+        other => panic!("expected two errors, got {other:?}"),
+    }
+}
+
+#[test]
+fn parameter_too_large_to_hold() {
+    let b = Builder::new("t");
+    let (x, line) = (f32_param(&b, "x", &[BIG, BIG, BIG]), line!());
+    assert!(x.id().is_none());
+    let message = one_shape_error(b, "parameter", line);
+    assert!(message.contains("too large"), "{message}");
+}
+
+#[test]
+fn parameter_with_a_zero_dim_is_still_bounded_by_its_other_dims() {
+    let b = Builder::new("t");
+    let (_x, line) = (f32_param(&b, "x", &[0, BIG, BIG]), line!());
+    one_shape_error(b, "parameter", line);
+}
+
+#[test]
+fn parameter_byte_size_must_fit_even_when_the_element_count_does() {
+    // 2^62 f32 elements: the count fits in usize, the 2^64 bytes do not.
+    let b = Builder::new("t");
+    let (_x, line) = (f32_param(&b, "x", &[1 << 31, 1 << 31]), line!());
+    one_shape_error(b, "parameter", line);
+    // The same count of bools is 2^62 bytes: fine.
+    let b = Builder::new("t");
+    let x = b.parameter("x", vec![1 << 31, 1 << 31], DType::Bool);
+    assert!(x.id().is_some());
+    assert!(b.finish(&[&x]).is_ok());
+}
+
+#[test]
+fn mean_over_huge_dims_gives_one_error_at_the_parameter() {
+    let b = Builder::new("t");
+    let (x, line) = (f32_param(&b, "x", &[1 << 33, 1 << 33]), line!());
+    let _m = x.mean(&[0, 1]);
+    one_shape_error(b, "parameter", line);
+}
+
+#[test]
+fn mean_over_a_repeated_dim_is_an_error_not_an_overflow() {
+    // The count of the mean would be (2^33)^2 if the repeated dim were multiplied twice.
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[1 << 33, 2]);
+    let (_m, line) = (x.mean(&[0, -2]), line!());
+    let message = one_shape_error(b, "reduce", line);
+    assert!(message.contains("distinct"), "{message}");
+}
+
+#[test]
+fn mean_of_a_large_valid_tensor_divides_by_its_count() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[1 << 30, 1 << 30]);
+    let m = x.mean(&[0, 1]);
+    let p = b
+        .finish(&[&m])
+        .expect("a 2^60-element f32 tensor is a valid type");
+    let count = p.nodes.iter().find_map(|n| match &n.op {
+        Op::Constant(lit) => lit.as_f32().and_then(|a| a.first().copied()),
+        _ => None,
+    });
+    assert_eq!(count, Some((1u64 << 60) as f32));
+}
+
+/// Pads an `f32[4]` by `low`, `high`, `interior` in a new builder; checks that this
+/// gives one `pad` error at the caller's line and returns its message.
+#[track_caller]
+fn pad_error(low: i64, high: i64, interior: usize) -> String {
+    let line = std::panic::Location::caller().line();
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let zero = b.scalar(0.0);
+    let _y = x.pad(&zero, &[low], &[high], &[interior]);
+    one_shape_error(b, "pad", line)
+}
+
+#[test]
+fn pad_sizes_that_overflow_or_do_not_fit() {
+    let message = pad_error(0, i64::MAX, 0);
+    assert!(message.contains("overflows"), "{message}");
+    let message = pad_error(-5, i64::MIN, 0);
+    assert!(message.contains("overflows"), "{message}");
+    let message = pad_error(i64::MIN, 0, 0);
+    assert!(message.contains("negative size"), "{message}");
+    let message = pad_error(0, 0, usize::MAX);
+    assert!(message.contains("overflows"), "{message}");
+    // The i64 arithmetic fits; the f32 result of 2^62 elements is 2^64 bytes.
+    let message = pad_error(0, 1 << 62, 0);
+    assert!(message.contains("too large"), "{message}");
+    let message = pad_error(-3, -3, 0);
+    assert!(message.contains("negative size -2"), "{message}");
+}
+
+#[test]
+fn broadcast_and_full_to_huge_shapes() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[1]);
+    let (_y, line) = (x.broadcast_in_dim(vec![BIG, BIG], &[1]), line!());
+    one_shape_error(b, "broadcast", line);
+
+    let b = Builder::new("t");
+    let (_y, line) = (b.full(vec![BIG, BIG], DType::I32, 1.0), line!());
+    one_shape_error(b, "broadcast", line);
+}
+
+#[test]
+fn iota_of_a_huge_shape() {
+    let b = Builder::new("t");
+    let (_y, line) = (b.iota(vec![BIG, BIG], 1, DType::I32), line!());
+    one_shape_error(b, "iota", line);
+}
+
+#[test]
+fn concatenate_whose_size_overflows() {
+    // Each operand is a valid bool type of isize::MAX bytes; three of them overflow usize.
+    let b = Builder::new("t");
+    let n = isize::MAX as usize;
+    let xs: Vec<Tensor> = (0..3)
+        .map(|i| b.parameter(&format!("x{i}"), vec![n], DType::Bool))
+        .collect();
+    let refs: Vec<&Tensor> = xs.iter().collect();
+    let (_y, line) = (b.concatenate(&refs, 0), line!());
+    let message = one_shape_error(b, "concatenate", line);
+    assert!(message.contains("overflows"), "{message}");
+}
+
+#[test]
+fn outer_product_too_large_by_dot_general_and_einsum() {
+    let b = Builder::new("t");
+    let u = f32_param(&b, "u", &[1 << 32]);
+    let v = f32_param(&b, "v", &[1 << 32]);
+    let (_y, line) = (u.dot_general(&v, DotDims::default()), line!());
+    one_shape_error(b, "dot_general", line);
+
+    let b = Builder::new("t");
+    let u = f32_param(&b, "u", &[1 << 32]);
+    let v = f32_param(&b, "v", &[1 << 32]);
+    let (_y, line) = (einsum("i,j->ij", &u, &v), line!());
+    one_shape_error(b, "dot_general", line);
+}
+
+#[test]
+fn collective_shape_rules_reject_overflow_and_empty_groups() {
+    let t = TensorType::new(vec![1 << 40], DType::F32);
+    let group = |size| AxisGroup {
+        axes: vec!["x".into()],
+        size,
+    };
+    let gather = Op::AllGather {
+        group: group(1 << 40),
+        dim: 0,
+    };
+    let message = infer_type(&gather, &[&t]).expect_err("2^80 elements");
+    assert!(message.contains("overflows"), "{message}");
+    let empty = TensorType::new(vec![0], DType::F32);
+    let scatter = Op::ReduceScatter {
+        kind: ReduceKind::Sum,
+        group: group(0),
+        dim: 0,
+    };
+    let message = infer_type(&scatter, &[&empty]).expect_err("a group of no devices");
+    assert!(message.contains("group size 0"), "{message}");
+    let all_to_all = Op::AllToAll {
+        group: group(0),
+        split_dim: 0,
+        concat_dim: 0,
+    };
+    assert!(infer_type(&all_to_all, &[&empty]).is_err());
+}
+
+#[test]
+fn verify_rejects_a_hand_built_parameter_too_large_to_hold() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let mut p = b.finish(&[&x]).expect("traced");
+    let huge = TensorType::new(vec![BIG, BIG], DType::F32);
+    p.nodes[0].op = Op::Parameter {
+        index: 0,
+        ty: huge.clone(),
+    };
+    p.nodes[0].ty = huge;
+    match verify(&p) {
+        Err(Error::Verify { message, .. }) => assert!(message.contains("too large"), "{message}"),
+        other => panic!("expected Error::Verify, got {other:?}"),
+    }
+}
+
+// ---- poisoned handles --------------------------------------------------------------
+
+#[test]
+fn one_bad_reshape_followed_by_more_ops_is_one_error() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 4]);
+    let w = f32_param(&b, "w", &[4, 3]);
+    let labels = b.parameter("labels", vec![2], DType::I32);
+    let (y, line) = (x.reshape(vec![3, 5]), line!());
+    // Every op below would report its own error on a handle of the poisoned type (a
+    // scalar): axes out of range, ranks, broadcasting, einsum letters.
+    let s = y.sum(&[1]).softmax(-1);
+    let m = y.matmul(&w).relu().gelu() + &x;
+    let e = einsum("ij,jk->ik", &y, &w).layer_norm(-1, 1e-5);
+    let l = y.cross_entropy_with_logits(&labels) + y.mse(&x);
+    let z = y.slice_axis(1, 0, 2).mean(&[0, 1]).log_softmax(1);
+    let c = b.concatenate(&[&y, &x], 1).transpose(&[1, 0]);
+    let k = y.shard("(data, model)".parse().expect("sharding"));
+    let _ = (s, m, e, l, z, c, k);
+    one_shape_error(b, "reshape", line);
+}
+
+#[test]
+fn two_independent_mistakes_are_two_errors() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 4]);
+    let (y, line1) = (x.reshape(vec![3]), line!());
+    let (z, line2) = (x.sum(&[2]), line!());
+    let _ = (y.exp(), z.exp());
+    match b.finish(&[]) {
+        Err(Error::Many(errors)) => {
+            let lines: Vec<(&str, u32)> = errors
+                .iter()
+                .map(|e| match e {
+                    Error::Shape { op, location, .. } => (*op, location.line),
+                    other => panic!("expected Error::Shape, got {other:?}"),
+                })
+                .collect();
+            assert_eq!(lines, [("reshape", line1), ("reduce", line2)]);
+        }
+        other => panic!("expected two errors, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tensor_from_another_builder_is_one_error_at_the_user_line() {
+    let b = Builder::new("t");
+    let other = Builder::new("other");
+    let x = f32_param(&b, "x", &[4]);
+    let y = f32_param(&other, "y", &[4]);
+    let (z, line) = (x.mul(&y), line!());
+    let _ = z.exp();
+    match b.finish(&[]) {
+        Err(Error::Shape {
+            op: "trace",
+            location,
+            message,
+        }) => {
+            assert_at(location, line);
+            assert!(message.contains("another builder"), "{message}");
+        }
+        other => panic!("expected one Error::Shape of `trace`, got {other:?}"),
+    }
+}
+
+// ---- parameter names ---------------------------------------------------------------
+
+#[test]
+fn two_parameters_of_one_name_are_a_trace_error() {
+    let b = Builder::new("t");
+    let (x, first) = (f32_param(&b, "w", &[4]), line!());
+    let (y, second) = (f32_param(&b, "w", &[4]), line!());
+    assert!(y.id().is_none());
+    let _ = x.add(&y).exp();
+    match b.finish(&[]) {
+        Err(Error::DuplicateName {
+            name,
+            first: f,
+            second: s,
+        }) => {
+            assert_eq!(name, "w");
+            assert_at(f, first);
+            assert_at(s, second);
+        }
+        other => panic!("expected Error::DuplicateName, got {other:?}"),
+    }
+}
+
+#[test]
+fn verify_rejects_two_parameters_of_one_name() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let (y, line) = (f32_param(&b, "y", &[4]), line!());
+    let s = x.add(&y);
+    let mut p = b.finish(&[&s]).expect("traced");
+    let y = y.id().expect("traced");
+    p.node_mut(y).name = Some("x".into());
+    match verify(&p) {
+        Err(Error::DuplicateName { name, second, .. }) => {
+            assert_eq!(name, "x");
+            assert_at(second, line);
+        }
+        other => panic!("expected Error::DuplicateName, got {other:?}"),
+    }
+}
+
+// ---- shardings in errors -----------------------------------------------------------
+
+#[test]
+fn sharding_rank_mismatch_prints_the_sharding_in_text_form() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 4]);
+    let text = "((data, model), ?, _@1)";
+    let sharding: Sharding = text.parse().expect("sharding");
+    let (_y, line) = (x.shard(sharding.clone()), line!());
+    let error = b
+        .finish(&[])
+        .expect_err("rank 3 sharding of a rank 2 value");
+    let Error::ShardingRank {
+        sharding: printed,
+        spec_rank: 3,
+        rank: 2,
+        context,
+    } = &error
+    else {
+        panic!("expected Error::ShardingRank, got {error:?}");
+    };
+    assert_eq!(printed, text);
+    assert_eq!(printed.parse::<Sharding>().expect("reparses"), sharding);
+    assert!(
+        context.contains(&format!("trace_errors.rs:{line}")),
+        "{context}"
+    );
+    assert!(error.to_string().contains(text), "{error}");
+}
+
+#[test]
+fn annotate_rank_mismatch_is_one_error_at_the_user_line() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 4]);
+    let (y, line) = (x.annotate("(data)".parse().expect("sharding")), line!());
+    let _ = y.exp().sum(&[0]);
+    match b.finish(&[]) {
+        Err(Error::ShardingRank {
+            sharding, context, ..
+        }) => {
+            assert_eq!(sharding, "(data)");
+            assert!(
+                context.contains(&format!("trace_errors.rs:{line}")),
+                "{context}"
+            );
+        }
+        other => panic!("expected Error::ShardingRank, got {other:?}"),
+    }
+}
