@@ -40,7 +40,7 @@ pub mod dsl;
 pub mod models;
 
 pub use gspmd_core::*;
-pub use gspmd_macros::model;
+pub use gspmd_macros::{model, shard};
 /// The README's Rust code blocks, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
@@ -59,7 +59,7 @@ pub use ndarray;
 /// shardings, and what compiles and runs a program (`compile`, `ThreadMesh`, inputs as
 /// `Literal`s, and the reference `interpret`er to compare with).
 pub mod prelude {
-    pub use crate::model;
+    pub use crate::{model, shard};
     pub use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
     pub use gspmd_core::runtime::{ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};

@@ -479,3 +479,83 @@ fn the_lower_triangle_model_computes_a_lower_triangle() {
         expected
     );
 }
+
+// ---- models declared inside a function body, raw identifiers ------------------------
+
+#[test]
+fn a_model_declared_in_a_function_body_traces_and_runs_on_a_mesh() {
+    // Declared here, the model and its module see this body's `use` and helper; the
+    // generated module reaches the function without a `super::` path.
+    use gspmd::ir::Op;
+    fn double(t: &Tensor) -> Tensor {
+        t + t
+    }
+    #[gspmd::model(mesh = (data))]
+    fn local(#[shard(data, _)] x: Tensor<B, D>, w: Tensor<D, D>, scale: f32) -> Tensor<B, D> {
+        #[shard(data, _)] // local: h
+        let h = double(&x.matmul(&w));
+        h * scale
+    }
+    let p = local::trace(local::Dims { B: 4, D: 3 }, 0.5).unwrap();
+    assert_eq!(p, local::trace_shapes(&[&[4, 3], &[3, 3]], 0.5).unwrap());
+    assert_eq!(annotation(p.node(p.params[0])), "(data, _)");
+    let h = named(&p, "h");
+    assert_eq!(h.len(), 1);
+    assert!(matches!(h[0].op, Op::ShardingConstraint));
+    assert_eq!(h[0].location.line, line_of("// local: h"));
+    let inputs = [
+        Literal::from(gspmd::ndarray::ArrayD::from_shape_fn(vec![4, 3], |i| {
+            (i[0] * 3 + i[1]) as f32 - 5.0
+        })),
+        Literal::from(gspmd::ndarray::ArrayD::from_shape_fn(vec![3, 3], |i| {
+            (i[0] + 2 * i[1]) as f32 / 4.0
+        })),
+    ];
+    let want = interpret(&p, &inputs).unwrap();
+    let mesh = local::mesh([2]).unwrap();
+    let got = compile(&p, &mesh)
+        .unwrap()
+        .run(&ThreadMesh::new(mesh).unwrap(), &inputs)
+        .unwrap();
+    assert_eq!(got, want);
+    // x w doubled and halved is x w.
+    let x = inputs[0].as_f32().unwrap();
+    let w = inputs[1].as_f32().unwrap();
+    let got = got[0].as_f32().unwrap();
+    for b in 0..4 {
+        for d in 0..3 {
+            let xw: f32 = (0..3).map(|k| x[[b, k]] * w[[k, d]]).sum();
+            assert!((got[[b, d]] - xw).abs() < 1e-5, "({b}, {d})");
+        }
+    }
+}
+
+/// Raw identifiers name the axis, symbol or value without `r#`, as Rust itself does.
+#[gspmd::model(mesh = (r#type, model))]
+fn raw(#[shard(r#type, _)] r#in: Tensor<r#B, D>) -> Tensor<B, D> {
+    #[shard(_, r#model)]
+    let r#out = r#in.relu();
+    r#out
+}
+
+#[test]
+fn raw_identifiers_name_axes_symbols_and_values_without_r_hash() {
+    assert_eq!(raw::MESH_AXES, ["type", "model"]);
+    assert_eq!(raw::SIGNATURE.symbols, ["B", "D"]);
+    let p = raw::trace(raw::Dims { B: 4, D: 2 }).unwrap();
+    let param = p.node(p.params[0]);
+    assert_eq!(param.name.as_deref(), Some("in"));
+    assert_eq!(annotation(param), "(type, _)");
+    assert_eq!(annotation(named(&p, "out")[0]), "(_, model)");
+    // The mesh the module builds has the axes the shardings name: it compiles and runs.
+    let mesh = raw::mesh([2, 2]).unwrap();
+    let input = Literal::from(gspmd::ndarray::ArrayD::from_shape_fn(vec![4, 2], |i| {
+        i[0] as f32 - 1.5 * i[1] as f32
+    }));
+    let want = interpret(&p, std::slice::from_ref(&input)).unwrap();
+    let got = compile(&p, &mesh)
+        .unwrap()
+        .run(&ThreadMesh::new(mesh).unwrap(), &[input])
+        .unwrap();
+    assert_eq!(got, want);
+}

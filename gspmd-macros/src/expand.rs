@@ -3,7 +3,11 @@
 //! - the body function, same name, doc and visibility, over traced `Tensor` handles
 //!   (the user's `Tensor` path with the declared dims dropped), each `#[shard] let` a `sharding_constraint`;
 //! - a module of the same name (modules and functions live in different namespaces)
-//!   holding `Dims`, `MESH_AXES`, `SIGNATURE`, `mesh`, `trace` and `trace_shapes`.
+//!   holding `Dims`, `MESH_AXES`, `SIGNATURE`, `mesh`, `trace` and `trace_shapes`;
+//! - next to them, an `impl` on the module's hidden `Body` type whose `trace_sizes`
+//!   calls the function. The module reaches the function through that `impl` rather
+//!   than a `super::` path, so a model also works when declared inside a function body
+//!   (where `super::` skips the body's items).
 //!
 //! Calls whose source line matters (`parameter`, `annotate`, `shard`, the result
 //! check) are spanned on the user's tokens, so `#[track_caller]` records the user's
@@ -12,11 +16,12 @@
 
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat};
 
-use crate::parse::{DType, DimDecl, LetShard, Model, Param, TensorDecl};
+use crate::parse::{DType, DimDecl, LetShard, Model, Param, TensorDecl, same_ident};
 use crate::spec::ShardSpec;
 
 /// The body function: tensor types become `::gspmd::ir::Tensor`; with `constraints`,
@@ -31,15 +36,10 @@ pub fn body_fn(model: &Model, constraints: bool) -> ItemFn {
     ));
     for arg in &mut func.sig.inputs {
         if let FnArg::Typed(pt) = arg {
-            retype(&mut pt.ty);
+            Retype.visit_type_mut(&mut pt.ty);
         }
     }
-    if let ReturnType::Type(_, ty) = &mut func.sig.output {
-        match &mut **ty {
-            Type::Tuple(tuple) => tuple.elems.iter_mut().for_each(retype),
-            other => retype(other),
-        }
-    }
+    Retype.visit_return_type_mut(&mut func.sig.output);
     if constraints {
         WrapLets {
             lets: &model.lets,
@@ -50,20 +50,19 @@ pub fn body_fn(model: &Model, constraints: bool) -> ItemFn {
     func
 }
 
-/// `Tensor<B, D>` → `Tensor`: the user's own path (so their `use` resolves it) with
+/// `Tensor<B, D>` → `Tensor` wherever it occurs in a type (also nested, as in a
+/// reported `Vec<Tensor<D, D>>`): the user's own path (so their `use` resolves it) with
 /// the declaration's arguments dropped.
-fn retype(ty: &mut Type) {
-    match ty {
-        Type::Group(g) => retype(&mut g.elem),
-        Type::Paren(p) => retype(&mut p.elem),
-        Type::Path(path) => {
-            if let Some(last) = path.path.segments.last_mut()
-                && last.ident == "Tensor"
-            {
-                last.arguments = syn::PathArguments::None;
-            }
+struct Retype;
+
+impl VisitMut for Retype {
+    fn visit_type_path_mut(&mut self, ty: &mut syn::TypePath) {
+        visit_mut::visit_type_path_mut(self, ty);
+        if let Some(last) = ty.path.segments.last_mut()
+            && last.ident == "Tensor"
+        {
+            last.arguments = syn::PathArguments::None;
         }
-        _ => {}
     }
 }
 
@@ -85,23 +84,13 @@ impl VisitMut for WrapLets<'_> {
         let span = found.shard.attr.span();
         let expr = &init.expr;
         let sharding = sharding(&found.shard.spec);
-        let mut wrapped = quote_spanned!(span=> ::gspmd::ir::Tensor::shard(&(#expr), #sharding));
-        let name = found
-            .shard
-            .spec
-            .name
-            .as_ref()
-            .map(|n| n.to_token_stream())
-            .or_else(|| {
-                found
-                    .binding
-                    .as_ref()
-                    .map(|b| b.to_string().to_token_stream())
-            });
-        if let Some(name) = name {
-            wrapped = quote_spanned!(span=> ::gspmd::ir::Tensor::named(&#wrapped, #name));
-        }
-        *init.expr = Expr::Verbatim(wrapped);
+        let wrapped = quote_spanned!(span=> ::gspmd::ir::Tensor::shard(&(#expr), #sharding));
+        let name = found.shard.spec.name.as_ref().map_or_else(
+            || found.binding.unraw().to_string().to_token_stream(),
+            ToTokens::to_token_stream,
+        );
+        *init.expr =
+            Expr::Verbatim(quote_spanned!(span=> ::gspmd::ir::Tensor::named(&#wrapped, #name)));
     }
 }
 
@@ -135,7 +124,7 @@ fn symbols(model: &Model) -> Vec<&Ident> {
     for decl in model.params.iter().filter_map(|p| p.tensor.as_ref()) {
         for dim in &decl.dims {
             if let DimDecl::Symbol(s) = dim
-                && !symbols.contains(&s)
+                && !symbols.iter().any(|x| same_ident(x, s))
             {
                 symbols.push(s);
             }
@@ -148,7 +137,7 @@ fn symbols(model: &Model) -> Vec<&Ident> {
 fn symbol_index(symbols: &[&Ident], symbol: &Ident) -> usize {
     symbols
         .iter()
-        .position(|x| *x == symbol)
+        .position(|x| same_ident(x, symbol))
         .unwrap_or_default()
 }
 
@@ -184,6 +173,7 @@ pub fn model(model: &Model) -> TokenStream {
         .iter()
         .filter(|a| a.path().is_ident("doc") || a.path().is_ident("cfg"))
         .collect();
+    let cfg_attrs = outer_attrs.iter().filter(|a| a.path().is_ident("cfg"));
     let symbols = symbols(model);
     let n_symbols = symbols.len();
     let mesh: Vec<String> = model
@@ -221,9 +211,11 @@ pub fn model(model: &Model) -> TokenStream {
         }
     }
 
-    let (result, output_decls, outputs_done) = outputs(model, &symbols, &builder, &sizes);
+    let signature = quote!(#fn_name::SIGNATURE);
+    let (result, output_decls, outputs_done) =
+        outputs(model, &symbols, &builder, &sizes, &signature);
 
-    let sym_names = symbols.iter().map(ToString::to_string);
+    let sym_names = symbols.iter().map(|s| s.unraw().to_string());
     let dims_doc = format!(
         "Sizes of the shape symbols of model [`{model_name}`](fn@super::{model_name}), \
          in order of first appearance."
@@ -267,12 +259,16 @@ pub fn model(model: &Model) -> TokenStream {
                 ::gspmd::sharding::Mesh::new(MESH_AXES.iter().copied().zip(sizes))
             }
 
+            /// Reaches the model's function: see `trace_sizes` next to the function.
+            #[doc(hidden)]
+            pub struct Body;
+
             /// Traces the model with the given symbol sizes into a program.
             ///
             /// Errors: every shape error the body's ops record (each naming the user's
             /// source line), and a result whose type differs from the declared one.
             pub fn trace(#dims: Dims, #(#statics),*) -> #result_ty {
-                trace_sizes(#dims.sizes(), #(#static_names),*)
+                Body::trace_sizes(#dims.sizes(), #(#static_names),*)
             }
 
             /// Traces the model with symbol sizes bound from one concrete shape per
@@ -282,12 +278,18 @@ pub fn model(model: &Model) -> TokenStream {
             /// fit its declaration, a symbol given two sizes; then as [`trace`].
             pub fn trace_shapes(#shapes: &[&[usize]], #(#statics),*) -> #result_ty {
                 let #sizes = SIGNATURE.bind_shapes(#shapes)?;
-                trace_sizes(#sizes, #(#static_names),*)
+                Body::trace_sizes(#sizes, #(#static_names),*)
             }
+        }
 
+        #(#cfg_attrs)*
+        #[allow(clippy::all)]
+        impl #fn_name::Body {
+            /// Calls the function on fresh parameters of the given symbol sizes and
+            /// finishes the program.
             fn trace_sizes(#sizes: [usize; #n_symbols], #(#statics),*) -> #result_ty {
                 let #builder = ::gspmd::ir::Builder::new(#model_name);
-                let #result = super::#fn_name(#(#call_args),*);
+                let #result = #fn_name(#(#call_args),*);
                 #outputs_done
             }
         }
@@ -302,7 +304,7 @@ fn param_name(param: &Param) -> String {
         .and_then(|s| s.spec.name.as_ref())
         .map(syn::LitStr::value);
     explicit.unwrap_or_else(|| match &param.pat {
-        Pat::Ident(p) => p.ident.to_string(),
+        Pat::Ident(p) => p.ident.unraw().to_string(),
         other => other.to_token_stream().to_string(),
     })
 }
@@ -343,6 +345,7 @@ fn outputs(
     symbols: &[&Ident],
     builder: &Ident,
     sizes: &Ident,
+    signature: &TokenStream,
 ) -> (TokenStream, Vec<TokenStream>, TokenStream) {
     let Some(output) = &model.output else {
         return (TokenStream::new(), Vec::new(), TokenStream::new());
@@ -385,6 +388,6 @@ fn outputs(
         Some(quote_spanned!(span=> let #name = #name.shard(#sharding) #named;))
     });
     let span = output.ty.span();
-    let finish = quote_spanned!(span=> SIGNATURE.finish(#builder, &[#(&#names),*], &#sizes));
+    let finish = quote_spanned!(span=> #signature.finish(#builder, &[#(&#names),*], &#sizes));
     (pattern, decls, quote!(#(#constraints)* #finish))
 }

@@ -1,5 +1,6 @@
 //! Procedural macros of gspmd: the `#[gspmd::model]` attribute, which turns an ordinary
-//! Rust function over tensors into code that traces it into gspmd's IR.
+//! Rust function over tensors into code that traces it into gspmd's IR, and `#[shard]`,
+//! which only `#[gspmd::model]` reads (used anywhere else it is a spanned error).
 //!
 //! Use it through the facade crate (`gspmd::model`, `gspmd::prelude::*`); the generated
 //! code names items by `::gspmd::...` paths. The syntax and the generated API are
@@ -64,8 +65,9 @@ use errors::Errors;
 /// name with `Dims` (one `usize` field per shape symbol), `MESH_AXES`, `SIGNATURE`,
 /// `mesh(sizes)`, `trace(dims, statics..)` and `trace_shapes(shapes, statics..)`.
 ///
-/// Models must be items of a module (not declared inside a function body): the
-/// generated module reaches the function through `super::`.
+/// A model may also be declared inside a function body; the types of its static
+/// arguments must then be nameable from the enclosing module (the generated module
+/// imports `super::*`).
 #[proc_macro_attribute]
 pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = match syn::parse::<syn::ItemFn>(item.clone()) {
@@ -88,4 +90,25 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
             quote!(#errors #func).into()
         }
     }
+}
+
+/// `#[shard(...)]` annotates a tensor parameter or a `let` of a [`macro@model`] function,
+/// which reads and removes it. Anywhere else it does nothing and is a compile error
+/// saying so; where Rust accepts no attribute macro (function parameters, statements
+/// on stable Rust) rustc reports it first.
+///
+/// Outside a model, shard a traced value with the builder API instead:
+/// `x.shard("(data, _)".parse()?)` inserts a `sharding_constraint` and
+/// `x.annotate(..)` sets a parameter's own sharding.
+#[proc_macro_attribute]
+pub fn shard(_attr: TokenStream, item: TokenStream) -> TokenStream {
+    let error = syn::Error::new(
+        proc_macro2::Span::call_site(),
+        "`#[shard]` only works inside a `#[gspmd::model]` function; elsewhere call \
+         `tensor.shard(\"(data, _)\".parse()?)` (a `sharding_constraint`) or \
+         `tensor.annotate(..)` on a builder parameter",
+    )
+    .into_compile_error();
+    let item = proc_macro2::TokenStream::from(item);
+    quote!(#error #item).into()
 }

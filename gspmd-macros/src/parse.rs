@@ -1,11 +1,15 @@
 //! Parsing: the attribute's arguments and the model function into a [`Model`].
 //!
 //! Parsing is syntax only and never stops at the first problem: malformed specs and
-//! tensor types, duplicate or misplaced `#[shard]`s are collected in [`Errors`]. Every
-//! `#[shard]` is taken off the function, so the function left in [`Model::func`] is
-//! plain Rust apart from its `Tensor<..>` types.
+//! tensor types, parameters that hold tensors without being one, duplicate or misplaced
+//! `#[shard]`s (also inside macro calls), and what the body cannot contain (declared
+//! dims, `?`) are collected in [`Errors`]. Every `#[shard]` is taken off the function,
+//! so the function left in [`Model::func`] is plain Rust apart from its `Tensor<..>`
+//! types.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Delimiter, Group, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::visit_mut::{self, VisitMut};
 use syn::{
@@ -97,6 +101,11 @@ impl std::fmt::Display for TensorDecl {
     }
 }
 
+/// True if `a` and `b` are the same Rust identifier (`r#B` is `B`).
+pub fn same_ident(a: &Ident, b: &Ident) -> bool {
+    a.unraw() == b.unraw()
+}
+
 /// One declared dim.
 pub enum DimDecl {
     /// A shape symbol such as `B`, bound when tracing.
@@ -132,8 +141,8 @@ pub struct LetShard {
     pub index: usize,
     /// The attribute and spec.
     pub shard: Shard,
-    /// The bound name, if the pattern is a plain name.
-    pub binding: Option<Ident>,
+    /// The bound name.
+    pub binding: Ident,
 }
 
 impl Parse for ModelArgs {
@@ -148,7 +157,7 @@ impl Parse for ModelArgs {
             if seen.contains(&key) {
                 return Err(syn::Error::new_spanned(
                     &key,
-                    format!("`{key}` given twice"),
+                    format!("`{key}` given twice: give each option once"),
                 ));
             }
             input.parse::<Token![=]>()?;
@@ -206,6 +215,18 @@ pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model 
             None
         }
     };
+    // A second `#[gspmd::model]` would expand the emitted function again.
+    func.attrs.retain(|attr| {
+        let path = attr.path();
+        let again = path.is_ident("model")
+            || (path.segments.len() == 2
+                && path.segments[0].ident == "gspmd"
+                && path.segments[1].ident == "model");
+        if again {
+            errors.spanned(attr, "`#[gspmd::model]` given twice: remove one");
+        }
+        !again
+    });
     let params = func
         .sig
         .inputs
@@ -225,13 +246,23 @@ pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model 
         }
         ReturnType::Type(_, ty) => output(ty, errors),
     };
-    let mut lets = ShardLets {
+    let mut lets = Body {
         errors,
         count: 0,
         found: Vec::new(),
+        nested: 0,
     };
     lets.visit_block_mut(&mut func.block);
     let lets = lets.found;
+    // Misplaced `#[shard]`s were reported; without them the emitted function has no
+    // follow-on errors. Taking an outer attribute off keeps the block well-formed.
+    let mut misplaced = Vec::new();
+    let stripped = strip_shards(func.block.to_token_stream(), &mut misplaced);
+    if !misplaced.is_empty()
+        && let Ok(block) = syn::parse2(stripped)
+    {
+        *func.block = block;
+    }
     Model {
         args,
         func,
@@ -262,9 +293,30 @@ fn take_shard(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Option<Shard> 
 
 fn param(pt: &mut syn::PatType, errors: &mut Errors) -> Param {
     let shard = take_shard(&mut pt.attrs, errors);
+    for attr in &pt.attrs {
+        errors.spanned(
+            attr,
+            format!(
+                "`#[{}]` on a model parameter: the generated `trace` passes every parameter, \
+                 so none may be configured away or changed; only `#[shard(..)]` goes on a \
+                 parameter (put lint attributes such as `#[allow(..)]` on the function)",
+                attr.path().to_token_stream()
+            ),
+        );
+    }
     let tensor = tensor_decl(&pt.ty, errors);
-    if tensor.is_some() && !matches!(&*pt.pat, Pat::Ident(_)) {
-        errors.spanned(&pt.pat, "a tensor parameter must be a plain name");
+    if tensor.is_some() && !matches!(&*pt.pat, Pat::Ident(p) if p.subpat.is_none()) {
+        errors.spanned(
+            &pt.pat,
+            "a tensor parameter must be a plain name, which names it in the program: \
+             `w: Tensor<..>` (`_w` if the body does not use it)",
+        );
+    }
+    if tensor.is_none()
+        && !is_tensor_type(&pt.ty)
+        && let Some(message) = holds_tensor(&pt.ty)
+    {
+        errors.spanned(&pt.ty, message);
     }
     Param {
         pat: (*pt.pat).clone(),
@@ -295,6 +347,51 @@ fn output(ty: &Type, errors: &mut Errors) -> Option<Output> {
         ty: ty.clone(),
         tensors,
         tuple,
+    })
+}
+
+/// If `ty` is not a `Tensor<..>` but holds one (`&Tensor<..>`, a tuple, `Vec`, array or
+/// slice of them): what to write instead. A model parameter is traced as one tensor.
+/// Behaviour (`impl Fn(&Tensor) -> Tensor`, `dyn ..`, `fn(..)`) is a static argument.
+pub fn holds_tensor(ty: &Type) -> Option<&'static str> {
+    fn inside(ty: &Type) -> bool {
+        match strip_group(ty) {
+            Type::Path(p) => {
+                is_tensor_type(ty)
+                    || p.path.segments.iter().any(|s| match &s.arguments {
+                        PathArguments::AngleBracketed(a) => a
+                            .args
+                            .iter()
+                            .any(|g| matches!(g, GenericArgument::Type(t) if inside(t))),
+                        _ => false,
+                    })
+            }
+            Type::Reference(r) => inside(&r.elem),
+            Type::Ptr(p) => inside(&p.elem),
+            Type::Tuple(t) => t.elems.iter().any(inside),
+            Type::Array(a) => inside(&a.elem),
+            Type::Slice(s) => inside(&s.elem),
+            _ => false,
+        }
+    }
+    if !inside(ty) {
+        return None;
+    }
+    Some(match strip_group(ty) {
+        Type::Reference(r) if is_tensor_type(&r.elem) => {
+            "take a tensor parameter by value: `x: Tensor<B, D>`, not `&Tensor<B, D>` \
+             (a `Tensor` is a cheap handle that `trace` creates)"
+        }
+        Type::Tuple(_) => {
+            "a model parameter declares one tensor: give each tensor its own parameter \
+             (`a: Tensor<B, D>, b: Tensor<B, D>`)"
+        }
+        _ => {
+            "a model parameter declares one tensor, so a collection of tensors cannot be \
+             traced: give each tensor its own parameter, or stack them into one tensor with \
+             a leading dim (`ws: Tensor<L, D, D>`) and take layer `l` in the body with \
+             `ws.slice_axis(0, l, l + 1)`"
+        }
     })
 }
 
@@ -392,10 +489,28 @@ pub fn tensor_decl(ty: &Type, errors: &mut Errors) -> Option<TensorDecl> {
 fn generic_dim(arg: &GenericArgument) -> Option<syn::Result<DimDecl>> {
     match arg {
         GenericArgument::Type(Type::Path(p)) if p.qself.is_none() => {
-            p.path.get_ident().map(|i| Ok(DimDecl::Symbol(i.clone())))
+            p.path.get_ident().map(|i| match i.to_string().as_str() {
+                "Self" | "self" | "super" | "crate" => Err(syn::Error::new_spanned(
+                    i,
+                    format!(
+                        "`{i}` is a keyword, not a shape symbol: name the dim with a symbol \
+                         such as `N`, or give its size such as `16`"
+                    ),
+                )),
+                _ => Ok(DimDecl::Symbol(i.clone())),
+            })
         }
         GenericArgument::Const(Expr::Lit(lit)) => match &lit.lit {
-            Lit::Int(int) => Some(int.base10_parse().map(DimDecl::Fixed)),
+            Lit::Int(int) => Some(int.base10_parse().map(DimDecl::Fixed).map_err(|_| {
+                let message = if int.base10_digits().starts_with('-') {
+                    "a dim size is a non-negative integer such as `16`; a dim whose size is \
+                     set when tracing is a shape symbol such as `N`"
+                        .to_string()
+                } else {
+                    format!("dim size `{int}` does not fit in `usize`")
+                };
+                syn::Error::new_spanned(int, message)
+            })),
             _ => None,
         },
         _ => None,
@@ -418,40 +533,81 @@ fn element_type(ident: &Ident) -> Option<Result<DType, String>> {
     }
 }
 
-/// Takes `#[shard]` off `let` statements (recording them) and reports any elsewhere.
-struct ShardLets<'a> {
+/// Scans the body: takes `#[shard]` off `let` statements (recording them) and reports
+/// it anywhere else, including inside macro calls (whose tokens it is removed from);
+/// reports declared dims (`Tensor<B, D>`) and, outside closures and nested items, `?`.
+struct Body<'a> {
     errors: &'a mut Errors,
     count: usize,
     found: Vec<LetShard>,
+    /// Depth of closures, `async` blocks and items: they have their own return type.
+    nested: usize,
 }
 
-impl VisitMut for ShardLets<'_> {
+impl Body<'_> {
+    fn shard_let(&mut self, index: usize, shard: Shard, local: &syn::Local) {
+        let (pat, ty) = match &local.pat {
+            Pat::Type(t) => (&*t.pat, Some(&*t.ty)),
+            other => (other, None),
+        };
+        let binding = match pat {
+            Pat::Ident(p) if p.subpat.is_none() => Some(p.ident.clone()),
+            _ => None,
+        };
+        if binding.is_none() {
+            self.errors.spanned(
+                pat,
+                "`#[shard]` annotates one tensor bound to one name: write \
+                 `#[shard(..)] let h = ..;` and destructure after, or give each part its \
+                 own `#[shard(..)] let`",
+            );
+        }
+        if let Some(ty) = ty
+            && !matches!(ty, Type::Infer(_))
+            && !is_tensor_type(ty)
+        {
+            self.errors.spanned(
+                &shard.attr,
+                format!(
+                    "`#[shard]` on `{}: {}`, which is not a tensor; only tensors can be sharded",
+                    pat.to_token_stream(),
+                    ty.to_token_stream()
+                ),
+            );
+        }
+        match &local.init {
+            None => self.errors.spanned(
+                &shard.attr,
+                "`#[shard]` on a `let` needs a value: `let h = ...;`",
+            ),
+            Some(init) if init.diverge.is_some() => self
+                .errors
+                .spanned(&shard.attr, "`#[shard]` cannot annotate a `let ... else`"),
+            Some(_) => {
+                if let Some(binding) = binding {
+                    self.found.push(LetShard {
+                        index,
+                        shard,
+                        binding,
+                    });
+                }
+            }
+        }
+    }
+
+    fn nested(&mut self, visit: impl FnOnce(&mut Self)) {
+        self.nested += 1;
+        visit(self);
+        self.nested -= 1;
+    }
+}
+
+impl VisitMut for Body<'_> {
     fn visit_local_mut(&mut self, local: &mut syn::Local) {
         let index = self.count;
         self.count += 1;
         if let Some(shard) = take_shard(&mut local.attrs, self.errors) {
-            let binding = match &local.pat {
-                Pat::Ident(p) => Some(p.ident.clone()),
-                Pat::Type(t) => match &*t.pat {
-                    Pat::Ident(p) => Some(p.ident.clone()),
-                    _ => None,
-                },
-                _ => None,
-            };
-            match &local.init {
-                None => self.errors.spanned(
-                    &shard.attr,
-                    "`#[shard]` on a `let` needs a value: `let h = ...;`",
-                ),
-                Some(init) if init.diverge.is_some() => self
-                    .errors
-                    .spanned(&shard.attr, "`#[shard]` cannot annotate a `let ... else`"),
-                Some(_) => self.found.push(LetShard {
-                    index,
-                    shard,
-                    binding,
-                }),
-            }
+            self.shard_let(index, shard, local);
         }
         visit_mut::visit_local_mut(self, local);
     }
@@ -465,4 +621,102 @@ impl VisitMut for ShardLets<'_> {
             );
         }
     }
+
+    fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
+        let mut found = Vec::new();
+        mac.tokens = strip_shards(std::mem::take(&mut mac.tokens), &mut found);
+        for attr in found {
+            self.errors.spanned(
+                attr,
+                "`#[shard]` inside a macro call is not seen by `#[gspmd::model]` \
+                 (a macro's arguments are opaque tokens): bind the value first, \
+                 `#[shard(..)] let h = ..;`, and pass `h` to the macro",
+            );
+        }
+        visit_mut::visit_macro_mut(self, mac);
+    }
+
+    /// Reports declared dims and drops them, so the emitted function has no follow-on
+    /// errors.
+    fn visit_type_path_mut(&mut self, ty: &mut syn::TypePath) {
+        visit_mut::visit_type_path_mut(self, ty);
+        if let Some(last) = ty.path.segments.last_mut()
+            && last.ident == "Tensor"
+            && let PathArguments::AngleBracketed(args) = &last.arguments
+            && !args.args.is_empty()
+        {
+            self.errors.spanned(
+                args,
+                "dims are declared on the model's parameters and result only: in the body \
+                 write `Tensor` (or leave the type out); shapes are checked when tracing",
+            );
+            last.arguments = PathArguments::None;
+        }
+    }
+
+    /// Reports `?` and removes it, so the emitted function has no follow-on errors.
+    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        if self.nested == 0
+            && let Expr::Try(e) = expr
+        {
+            self.errors.spanned(
+                e.question_token,
+                "`?` in a model body: the model returns tensors, not a `Result`. Tensor ops \
+                 need no `?` (tracing records shape errors and `trace` returns them); handle \
+                 other errors before tracing and pass the value as an argument",
+            );
+            *expr = (*e.expr).clone();
+        }
+        visit_mut::visit_expr_mut(self, expr);
+    }
+
+    fn visit_expr_closure_mut(&mut self, expr: &mut syn::ExprClosure) {
+        self.nested(|v| visit_mut::visit_expr_closure_mut(v, expr));
+    }
+
+    fn visit_expr_async_mut(&mut self, expr: &mut syn::ExprAsync) {
+        self.nested(|v| visit_mut::visit_expr_async_mut(v, expr));
+    }
+
+    fn visit_item_mut(&mut self, item: &mut syn::Item) {
+        self.nested(|v| visit_mut::visit_item_mut(v, item));
+    }
+}
+
+/// `tokens` without its `#[shard..]` / `#![shard..]` attributes, at any depth; each one
+/// removed is added to `found`.
+fn strip_shards(tokens: TokenStream, found: &mut Vec<TokenStream>) -> TokenStream {
+    let mut out: Vec<TokenTree> = Vec::new();
+    let mut iter = tokens.into_iter().peekable();
+    while let Some(tree) = iter.next() {
+        match tree {
+            TokenTree::Punct(p) if p.as_char() == '#' => {
+                let mut ahead = iter.clone();
+                let bang = matches!(ahead.peek(), Some(TokenTree::Punct(b)) if b.as_char() == '!');
+                if bang {
+                    ahead.next();
+                }
+                let is_shard = matches!(ahead.peek(), Some(TokenTree::Group(g))
+                    if g.delimiter() == Delimiter::Bracket
+                        && matches!(g.stream().into_iter().next(),
+                            Some(TokenTree::Ident(i)) if i == "shard"));
+                if !is_shard {
+                    out.push(TokenTree::Punct(p));
+                    continue;
+                }
+                let attr_len = if bang { 2 } else { 1 };
+                let attr = std::iter::once(TokenTree::Punct(p))
+                    .chain(iter.by_ref().take(attr_len))
+                    .collect();
+                found.push(attr);
+            }
+            TokenTree::Group(g) => {
+                let mut inner = Group::new(g.delimiter(), strip_shards(g.stream(), found));
+                inner.set_span(g.span());
+                out.push(TokenTree::Group(inner));
+            }
+            other => out.push(other),
+        }
+    }
+    out.into_iter().collect()
 }

@@ -16,6 +16,7 @@
 //! the highest). This module only parses; names are checked in `validate`.
 
 use proc_macro2::TokenStream;
+use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{Ident, LitInt, LitStr, Token, token};
@@ -79,7 +80,7 @@ impl Parse for ShardSpec {
                 if seen_keys.contains(&key) {
                     return Err(syn::Error::new_spanned(
                         &key,
-                        format!("option `{key}` given twice"),
+                        format!("option `{key}` given twice: give each option once"),
                     ));
                 }
                 parse_option(&key, input, &mut spec)?;
@@ -107,7 +108,15 @@ fn parse_option(key: &Ident, input: ParseStream, spec: &mut ShardSpec) -> syn::R
         "priority" => spec.priority = Some(parse_priority(input)?),
         "unreduced" => spec.unreduced = parse_axes(input)?,
         "replicated" => spec.replicated = parse_axes(input)?,
-        "name" => spec.name = Some(input.parse()?),
+        "name" => {
+            let name = input.parse().map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    "expected the value's name as a string: `name = \"h\"`",
+                )
+            })?;
+            spec.name = Some(name);
+        }
         _ => {
             return Err(syn::Error::new_spanned(
                 key,
@@ -118,14 +127,17 @@ fn parse_option(key: &Ident, input: ParseStream, spec: &mut ShardSpec) -> syn::R
     Ok(())
 }
 
+/// A priority: an integer literal that fits `u32`.
 fn parse_priority(input: ParseStream) -> syn::Result<u32> {
-    let lit: LitInt = input.parse()?;
-    lit.base10_parse::<u32>().map_err(|_| {
-        syn::Error::new_spanned(
-            &lit,
-            "priority must be a non-negative integer (0 is highest)",
-        )
-    })
+    let message = format!(
+        "a priority is an integer from 0 (the highest) to {} (`u32::MAX`)",
+        u32::MAX
+    );
+    let lit: LitInt = input
+        .parse()
+        .map_err(|e| syn::Error::new(e.span(), &message))?;
+    lit.base10_parse::<u32>()
+        .map_err(|_| syn::Error::new_spanned(&lit, &message))
 }
 
 /// `axis` or `(axis, ...)`.
@@ -135,7 +147,10 @@ pub fn parse_axes(input: ParseStream) -> syn::Result<Vec<Ident>> {
         let paren = syn::parenthesized!(content in input);
         let axes: Punctuated<Ident, Token![,]> = content.parse_terminated(parse_axis, Token![,])?;
         if axes.is_empty() {
-            return Err(syn::Error::new(paren.span.join(), "empty axis list"));
+            return Err(syn::Error::new(
+                paren.span.join(),
+                "empty axis list: name at least one mesh axis, e.g. `(data)`",
+            ));
         }
         Ok(axes.into_iter().collect())
     } else {
@@ -143,16 +158,37 @@ pub fn parse_axes(input: ParseStream) -> syn::Result<Vec<Ident>> {
     }
 }
 
-/// One mesh axis name: an identifier other than `_`.
+/// One mesh axis name: an identifier other than `_`. The name is the identifier's text
+/// without `r#`: `r#type` (and `type`) name the axis `type`, as printed shardings and
+/// [`Mesh`](gspmd_core::sharding::Mesh) show it.
 fn parse_axis(input: ParseStream) -> syn::Result<Ident> {
-    if input.peek(Token![_]) || input.peek(Token![?]) {
+    if input.peek(Token![_]) {
+        return Err(
+            input.error("`_` stands for a whole replicated dim, not for an axis inside `( )`")
+        );
+    }
+    if input.peek(Token![?]) {
         return Err(input.error(
-            "expected a mesh axis name; `_` and `?` stand for a whole dim, not inside `( )`",
+            "`?` inside `( )`: to leave a dim with axes open, put `?` after the list: \
+             `(data, model)?`",
+        ));
+    }
+    if input.peek(token::Paren) {
+        return Err(input.error(
+            "axis lists do not nest: list a dim's axes flat, major to minor: \
+             `(data, model, pipe)`",
+        ));
+    }
+    if input.peek(syn::Lit) {
+        return Err(input.error(
+            "a mesh axis is a name such as `data`, not a literal; sizes are given when \
+             building the mesh (`model_name::mesh([2, 4])`)",
         ));
     }
     input
-        .parse::<Ident>()
-        .map_err(|e| syn::Error::new(e.span(), "expected a mesh axis name"))
+        .call(Ident::parse_any)
+        .map(|axis| axis.unraw())
+        .map_err(|e| syn::Error::new(e.span(), "expected a mesh axis name such as `data`"))
 }
 
 impl Parse for DimSpec {
@@ -171,7 +207,7 @@ impl Parse for DimSpec {
                 open: true,
                 priority: None,
             }
-        } else if input.peek(Ident) || input.peek(token::Paren) {
+        } else if input.peek(Ident::peek_any) || input.peek(token::Paren) {
             let axes = parse_axes(input)?;
             let open = input.peek(Token![?]);
             if open {

@@ -1,8 +1,8 @@
 //! Validation: what a parsed [`Model`] must satisfy before it is expanded. Every check
 //! reports on the user's token and all problems are collected.
 //!
-//! Checked here: the function's form (not `async`, `const`, `unsafe`, `extern`, generic,
-//! a method or variadic), `mesh = ...` present with distinct axes, every axis of every
+//! Checked here: the function's form (not `async`, `const`, `unsafe`, `extern`, generic
+//! or with a `where` clause, a method or variadic), `mesh = ...` present with distinct axes, every axis of every
 //! spec a mesh axis and used once per spec, spec length equal to the declared rank
 //! (parameters and `out`), `#[shard]` only on tensor parameters, output symbols bound
 //! by some parameter. A `let`'s rank is only known when tracing: checked there.
@@ -80,11 +80,28 @@ fn signature(sig: &syn::Signature, errors: &mut Errors) {
     if let Some(abi) = &sig.abi {
         errors.spanned(abi, "a model function cannot have an `extern` ABI");
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+    for param in &sig.generics.params {
+        let message = match param {
+            syn::GenericParam::Type(_) => {
+                "a model function cannot be generic: declare dims as shape symbols \
+                 (`Tensor<B, D>`) and pass other settings as ordinary parameters"
+            }
+            syn::GenericParam::Lifetime(_) => {
+                "a model function cannot have lifetime parameters: leave the lifetimes of \
+                 static arguments elided (`label: &str`)"
+            }
+            syn::GenericParam::Const(_) => {
+                "a model function cannot have const generic parameters: declare the dim as a \
+                 shape symbol (`Tensor<B, N>`) or a fixed size (`Tensor<B, 16>`)"
+            }
+        };
+        errors.spanned(param, message);
+    }
+    if let Some(clause) = &sig.generics.where_clause {
         errors.spanned(
-            &sig.generics,
-            "a model function cannot be generic: declare dims as shape symbols \
-             (`Tensor<B, D>`) and pass other settings as ordinary parameters",
+            clause,
+            "a model function cannot have a `where` clause: it has no generic parameters \
+             to bound",
         );
     }
     if let Some(FnArg::Receiver(r)) = sig.inputs.first() {
@@ -143,10 +160,10 @@ fn sharding(
 fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {
     let Some(output) = &model.output else { return };
     // A malformed parameter type was reported already; its symbols are unknown.
-    let params_known = model
-        .params
-        .iter()
-        .all(|p| p.tensor.is_some() || !parse::is_tensor_type(&p.ty));
+    let params_known = model.params.iter().all(|p| {
+        p.tensor.is_some()
+            || (!parse::is_tensor_type(&p.ty) && parse::holds_tensor(&p.ty).is_none())
+    });
     for decl in output.tensors.iter().filter(|_| params_known) {
         for dim in &decl.dims {
             if let DimDecl::Symbol(symbol) = dim
@@ -193,7 +210,7 @@ fn declares(decl: Option<&TensorDecl>, symbol: &Ident) -> bool {
     decl.is_some_and(|d| {
         d.dims
             .iter()
-            .any(|dim| matches!(dim, DimDecl::Symbol(s) if s == symbol))
+            .any(|dim| matches!(dim, DimDecl::Symbol(s) if parse::same_ident(s, symbol)))
     })
 }
 

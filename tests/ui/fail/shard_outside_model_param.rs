@@ -1,0 +1,9 @@
+use gspmd::prelude::*;
+
+fn helper(#[shard(data, _)] x: Tensor) -> Tensor {
+    x.relu()
+}
+
+fn main() {
+    let _ = helper;
+}
