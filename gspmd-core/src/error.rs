@@ -377,7 +377,7 @@ pub enum Error {
         /// The timeout.
         timeout: std::time::Duration,
     },
-    /// [`ThreadMesh::run`](crate::runtime::ThreadMesh::run) was called from one of the
+    /// `ThreadMesh::run` was called from one of the
     /// mesh's own device threads (the device would wait for itself).
     #[error("thread mesh: run called from device {device}'s own thread")]
     ReentrantRun {

@@ -38,7 +38,7 @@ pub type Shape = Vec<usize>;
 
 /// Number of elements of a shape (1 for a scalar). Cannot overflow for the shape of a
 /// [`TensorType`] that respects its size invariant; for other shapes use
-/// [`checked_num_elements`].
+/// `checked_num_elements`.
 pub fn num_elements(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -54,7 +54,7 @@ pub(crate) fn checked_num_elements(shape: &[usize]) -> Option<usize> {
 /// Shape and element type of a value.
 ///
 /// **Size invariant.** Every type in a traced or verified program (the result of
-/// [`crate::ir::infer_type`], which checks it with [`TensorType::check_size`]) has
+/// the IR's shape rules (`infer_type`), which checks it with [`TensorType::check_size`]) has
 /// `product of its non-zero dims × element size ≤ isize::MAX`, the most bytes one
 /// allocation may hold. So its element count, its byte size, the product of any subset
 /// of its dims and each dim as an `i64` fit without overflow, and code handling a
