@@ -7,16 +7,8 @@ use super::types::{DType, TensorType, num_elements};
 /// The result type of `op` applied to operands of types `operands`, or a message naming
 /// what does not fit (the caller adds the op name and location).
 pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, String> {
-    let arity = match op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => 0,
-        Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => 2,
-        Op::Select => 3,
-        Op::Concatenate(_) => operands.len().max(1),
-        Op::AxisIndex(_) => 0,
-        Op::DynamicSlice(sizes) => sizes.len() + 1,
-        _ => 1,
-    };
-    if operands.len() != arity {
+    let arity = op.arity();
+    if !arity.accepts(operands.len()) {
         return Err(format!("expects {arity} operands, got {}", operands.len()));
     }
     match op {

@@ -20,7 +20,7 @@ pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
 pub use location::Location;
-pub use op::{AxisGroup, BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+pub use op::{Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp};
 pub use program::{Node, Origin, Program};
 pub use types::{DType, Shape, TensorType, ValueId, num_elements};
 pub use verifier::verify;
