@@ -15,45 +15,30 @@ use gspmd_core::ir::{
     verify,
 };
 use gspmd_core::runtime::interpret;
+use gspmd_core::runtime::uniform_f32;
 use gspmd_core::sharding::{DimSharding, Sharding};
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
 
 // ---- random inputs ---------------------------------------------------------------------
 
-/// splitmix64: a small deterministic generator, so failures reproduce.
-struct Rng(u64);
+/// Uniform magnitude in `[lo, hi)` with a random sign: away from 0.
+fn signed(rng: &mut Xoshiro256PlusPlus, lo: f32, hi: f32) -> f32 {
+    let m = rng.random_range(lo..hi);
+    if rng.random_bool(0.5) { m } else { -m }
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * u
-    }
-
-    /// Uniform magnitude in `[lo, hi)` with a random sign: away from 0.
-    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
-        let m = self.uniform(lo, hi);
-        if self.next() & 1 == 0 { m } else { -m }
-    }
-
-    fn array(&mut self, shape: &[usize], f: impl FnMut(&mut Rng) -> f32) -> Literal {
-        let mut f = f;
-        let n: usize = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| f(self)).collect();
-        f32s(shape, &data)
-    }
-
-    fn uniform_array(&mut self, shape: &[usize], lo: f32, hi: f32) -> Literal {
-        self.array(shape, |r| r.uniform(lo, hi))
-    }
+/// An f32 array of `shape` whose elements are successive draws of `f`.
+fn array(
+    rng: &mut Xoshiro256PlusPlus,
+    shape: &[usize],
+    mut f: impl FnMut(&mut Xoshiro256PlusPlus) -> f32,
+) -> Literal {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| f(rng)).collect();
+    f32s(shape, &data)
 }
 
 fn f32s(shape: &[usize], data: &[f32]) -> Literal {
@@ -93,10 +78,8 @@ fn param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
 
 /// `sum(t * w)` for fixed random weights `w` in `[-1, 1)`: makes every element of `t`
 /// matter to a scalar loss, each with its own weight.
-fn weighted_sum(t: &Tensor, rng: &mut Rng) -> Tensor {
-    let w = t
-        .builder()
-        .constant(rng.uniform_array(t.shape(), -1.0, 1.0));
+fn weighted_sum(t: &Tensor, rng: &mut Xoshiro256PlusPlus) -> Tensor {
+    let w = t.builder().constant(uniform_f32(rng, t.shape(), -1.0, 1.0));
     let all: Vec<isize> = (0..t.rank() as isize).collect();
     t.mul(&w).sum(&all)
 }
@@ -187,12 +170,12 @@ fn unary_rules_match_finite_differences() {
         ("logistic", Tensor::logistic, -3.0, 3.0),
     ];
     for (i, (name, method, lo, hi)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(100 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(100 + i as u64);
         let program = trace(|b| weighted_sum(&method(&param(b, "x", &[2, 3])), &mut rng));
         let x = if name == "abs" {
-            rng.array(&[2, 3], |r| r.signed(lo, hi))
+            array(&mut rng, &[2, 3], |r| signed(r, lo, hi))
         } else {
-            rng.uniform_array(&[2, 3], lo, hi)
+            uniform_f32(&mut rng, &[2, 3], lo, hi)
         };
         println!("{name}");
         check_gradients(&program, &[x], &[0]);
@@ -222,26 +205,26 @@ fn binary_rules_match_finite_differences() {
         ("power", Tensor::pow),
     ];
     for (i, (name, method)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(200 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(200 + i as u64);
         let program = trace(|b| {
             let (a, c) = (param(b, "a", &[2, 3]), param(b, "b", &[2, 3]));
             weighted_sum(&method(&a, &c), &mut rng)
         });
         let (a, c) = match name {
             "divide" => (
-                rng.uniform_array(&[2, 3], -2.0, 2.0),
-                rng.array(&[2, 3], |r| r.signed(0.5, 2.0)),
+                uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
+                array(&mut rng, &[2, 3], |r| signed(r, 0.5, 2.0)),
             ),
             "power" => (
-                rng.uniform_array(&[2, 3], 0.5, 2.0),
-                rng.uniform_array(&[2, 3], -1.5, 1.5),
+                uniform_f32(&mut rng, &[2, 3], 0.5, 2.0),
+                uniform_f32(&mut rng, &[2, 3], -1.5, 1.5),
             ),
             // `b` a clear distance from `a`: no ties within eps.
             _ => {
-                let a = rng.uniform_array(&[2, 3], -2.0, 2.0);
+                let a = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
                 let b: Vec<f32> = values(&a)
                     .iter()
-                    .map(|v| v + rng.signed(0.1, 1.0))
+                    .map(|v| v + signed(&mut rng, 0.1, 1.0))
                     .collect();
                 (a, f32s(&[2, 3], &b))
             }
@@ -288,7 +271,7 @@ fn power_gradients_are_zero_at_zero_base_and_exponent() {
 
 #[test]
 fn select_sends_the_cotangent_to_the_chosen_branch() {
-    let mut rng = Rng(300);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(300);
     let program = trace(|b| {
         let (x, y) = (param(b, "x", &[2, 3]), param(b, "y", &[2, 3]));
         let (t, f) = (param(b, "t", &[2, 3]), param(b, "f", &[2, 3]));
@@ -297,16 +280,16 @@ fn select_sends_the_cotangent_to_the_chosen_branch() {
         let pred = x.gt(&y).not().or(&x.lt(&zero)).and(&y.lt(&b.scalar(5.0)));
         weighted_sum(&pred.select(&t, &f), &mut rng)
     });
-    let x = rng.uniform_array(&[2, 3], -2.0, 2.0);
+    let x = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
     let y: Vec<f32> = values(&x)
         .iter()
-        .map(|v| v + rng.signed(0.1, 1.0))
+        .map(|v| v + signed(&mut rng, 0.1, 1.0))
         .collect();
     let inputs = [
         x,
         f32s(&[2, 3], &y),
-        rng.uniform_array(&[2, 3], -2.0, 2.0),
-        rng.uniform_array(&[2, 3], -2.0, 2.0),
+        uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
+        uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
     ];
     let grads = check_gradients(&program, &inputs, &[0, 1, 2, 3]);
     assert!(values(&grads[0]).iter().all(|&v| v == 0.0));
@@ -319,7 +302,7 @@ fn select_sends_the_cotangent_to_the_chosen_branch() {
 
 #[test]
 fn convert_passes_f32_and_blocks_integers_and_bools() {
-    let mut rng = Rng(400);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(400);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3]);
         let same = x.convert(DType::F32);
@@ -330,26 +313,26 @@ fn convert_passes_f32_and_blocks_integers_and_bools() {
             .add(&weighted_sum(&via_bool, &mut rng))
     });
     // Away from integers (where truncation jumps) and from 0 (where `!= 0` does).
-    let x = rng.array(&[2, 3], |r| {
-        (r.uniform(-3.0, 3.0) as i32) as f32 + r.signed(0.2, 0.8)
+    let x = array(&mut rng, &[2, 3], |r| {
+        (r.random_range(-3.0..3.0) as i32) as f32 + signed(r, 0.2, 0.8)
     });
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn constants_and_iota_get_no_cotangent() {
-    let mut rng = Rng(500);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(500);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3]);
         let shifted = x
             .add(&b.iota(vec![2, 3], 1, DType::F32))
             .add(&b.scalar(0.5));
         weighted_sum(
-            &shifted.mul(&b.constant(rng.uniform_array(&[2, 3], -1.0, 1.0))),
+            &shifted.mul(&b.constant(uniform_f32(&mut rng, &[2, 3], -1.0, 1.0))),
             &mut rng,
         )
     });
-    let x = rng.uniform_array(&[2, 3], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[2, 3], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
@@ -357,7 +340,7 @@ fn constants_and_iota_get_no_cotangent() {
 
 #[test]
 fn broadcast_sums_over_broadcast_dims() {
-    let mut rng = Rng(600);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(600);
     let program = trace(|b| {
         let a = param(b, "a", &[3]).broadcast_in_dim(vec![2, 3, 4], &[1]);
         let c = param(b, "c", &[1, 4]).broadcast_in_dim(vec![3, 4], &[0, 1]);
@@ -373,14 +356,14 @@ fn broadcast_sums_over_broadcast_dims() {
     let shapes: [&[usize]; 5] = [&[3], &[1, 4], &[], &[2, 1, 3], &[1, 3]];
     let inputs: Vec<Literal> = shapes
         .iter()
-        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .map(|s| uniform_f32(&mut rng, s, -1.0, 1.0))
         .collect();
     check_gradients(&program, &inputs, &[0, 1, 2, 3, 4]);
 }
 
 #[test]
 fn reshape_and_transpose_move_the_cotangent_back() {
-    let mut rng = Rng(700);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(700);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3, 4]);
         let r = x.reshape(vec![6, 4]);
@@ -390,13 +373,13 @@ fn reshape_and_transpose_move_the_cotangent_back() {
             .add(&weighted_sum(&t, &mut rng))
             .add(&weighted_sum(&rt, &mut rng))
     });
-    let x = rng.uniform_array(&[2, 3, 4], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[2, 3, 4], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn reduce_rules_match_finite_differences() {
-    let mut rng = Rng(800);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(800);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3, 4]);
         [
@@ -414,9 +397,7 @@ fn reduce_rules_match_finite_differences() {
     });
     // Distinct values a clear distance apart: no ties within eps.
     let mut perm: Vec<f32> = (0..24).map(|i| i as f32 * 0.1).collect();
-    for i in (1..perm.len()).rev() {
-        perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-    }
+    perm.shuffle(&mut rng);
     check_gradients(&program, &[f32s(&[2, 3, 4], &perm)], &[0]);
 }
 
@@ -466,14 +447,14 @@ fn dot_general_rules_match_finite_differences() {
         ),
     ];
     for (i, (ls, rs, dd)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(900 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(900 + i as u64);
         let program = trace(|b| {
             let out = param(b, "lhs", ls).dot_general(&param(b, "rhs", rs), dd.clone());
             weighted_sum(&out, &mut rng)
         });
         let inputs = [
-            rng.uniform_array(ls, -1.0, 1.0),
-            rng.uniform_array(rs, -1.0, 1.0),
+            uniform_f32(&mut rng, ls, -1.0, 1.0),
+            uniform_f32(&mut rng, rs, -1.0, 1.0),
         ];
         println!("{dd:?}");
         check_gradients(&program, &inputs, &[0, 1]);
@@ -482,20 +463,20 @@ fn dot_general_rules_match_finite_differences() {
 
 #[test]
 fn slice_pads_the_cotangent_with_zeros() {
-    let mut rng = Rng(1000);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1000);
     let program = trace(|b| {
         let x = param(b, "x", &[5, 7]);
         let strided = x.slice(&[1, 2], &[5, 7], &[2, 3]);
         let plain = x.slice(&[0, 3], &[4, 4], &[1, 1]);
         weighted_sum(&strided, &mut rng).add(&weighted_sum(&plain, &mut rng))
     });
-    let x = rng.uniform_array(&[5, 7], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[5, 7], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn pad_slices_the_cotangent_and_sums_the_padding() {
-    let mut rng = Rng(1100);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1100);
     let program = trace(|b| {
         let (x, v) = (param(b, "x", &[3, 4]), param(b, "v", &[]));
         // Negative edges cut operand elements off; interior padding interleaves.
@@ -504,15 +485,15 @@ fn pad_slices_the_cotangent_and_sums_the_padding() {
         weighted_sum(&cut, &mut rng).add(&weighted_sum(&grown, &mut rng))
     });
     let inputs = [
-        rng.uniform_array(&[3, 4], -1.0, 1.0),
-        rng.uniform_array(&[], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 4], -1.0, 1.0),
+        uniform_f32(&mut rng, &[], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1]);
 }
 
 #[test]
 fn concatenate_slices_the_cotangent() {
-    let mut rng = Rng(1200);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1200);
     let program = trace(|b| {
         let parts = [
             param(b, "a", &[2, 1]),
@@ -524,7 +505,7 @@ fn concatenate_slices_the_cotangent() {
     });
     let inputs: Vec<Literal> = [[2, 1], [2, 3], [2, 2]]
         .iter()
-        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .map(|s| uniform_f32(&mut rng, s, -1.0, 1.0))
         .collect();
     check_gradients(&program, &inputs, &[0, 1, 2]);
 }
@@ -541,12 +522,12 @@ fn spec(dims: &[&[&str]]) -> Sharding {
 #[test]
 fn a_constrained_value_has_a_cotangent_with_the_same_constraint() {
     let s = spec(&[&["data"], &[]]);
-    let mut rng = Rng(1300);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300);
     let program = trace(|b| {
         let h = param(b, "x", &[4, 2]).tanh().shard(s.clone());
         weighted_sum(&h.mul(&h), &mut rng)
     });
-    check_gradients(&program, &[rng.uniform_array(&[4, 2], -1.0, 1.0)], &[0]);
+    check_gradients(&program, &[uniform_f32(&mut rng, &[4, 2], -1.0, 1.0)], &[0]);
     let g = grad(&program, 0, &[0]).unwrap();
     let n = program.nodes.len();
     let constrained: Vec<&Node> = g.nodes[n..]
@@ -616,7 +597,7 @@ fn a_parameter_not_reaching_the_loss_gets_zeros_and_dead_values_no_cotangent() {
 
 #[test]
 fn matmul_and_einsum() {
-    let mut rng = Rng(1400);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1400);
     let program = trace(|b| {
         let (x, w) = (param(b, "x", &[2, 3, 4]), param(b, "w", &[4, 5]));
         let y = param(b, "y", &[2, 4, 3]);
@@ -629,9 +610,9 @@ fn matmul_and_einsum() {
             .add(&weighted_sum(&r, &mut rng))
     });
     let inputs = [
-        rng.uniform_array(&[2, 3, 4], -1.0, 1.0),
-        rng.uniform_array(&[4, 5], -1.0, 1.0),
-        rng.uniform_array(&[2, 4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[2, 3, 4], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[2, 4, 3], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1, 2]);
 }
@@ -648,10 +629,10 @@ fn softmax_log_softmax_layer_norm_gelu_relu_mean() {
         ("mean", |t| t.mean(&[1])),
     ];
     for (i, (name, method)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(1500 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1500 + i as u64);
         let program = trace(|b| weighted_sum(&method(&param(b, "x", &[3, 4])), &mut rng));
         // Away from relu's kink; distinct enough for the max inside softmax.
-        let x = rng.array(&[3, 4], |r| r.signed(0.1, 2.0));
+        let x = array(&mut rng, &[3, 4], |r| signed(r, 0.1, 2.0));
         println!("{name}");
         check_gradients(&program, &[x], &[0]);
     }
@@ -659,8 +640,8 @@ fn softmax_log_softmax_layer_norm_gelu_relu_mean() {
 
 #[test]
 fn two_layer_mlp_with_mse_loss() {
-    let mut rng = Rng(1600);
-    let target = rng.uniform_array(&[4, 2], -1.0, 1.0);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1600);
+    let target = uniform_f32(&mut rng, &[4, 2], -1.0, 1.0);
     let program = trace(|b| {
         let x = param(b, "x", &[4, 3]);
         let (w1, b1) = (param(b, "w1", &[3, 5]), param(b, "b1", &[5]));
@@ -669,10 +650,10 @@ fn two_layer_mlp_with_mse_loss() {
         h.matmul(&w2).mse(&b.constant(target.clone()))
     });
     let inputs = [
-        rng.uniform_array(&[4, 3], -1.0, 1.0),
-        rng.uniform_array(&[3, 5], -1.0, 1.0),
-        rng.uniform_array(&[5], -0.5, 0.5),
-        rng.uniform_array(&[5, 2], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[5], -0.5, 0.5),
+        uniform_f32(&mut rng, &[5, 2], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1, 2, 3]);
 }
@@ -692,13 +673,13 @@ fn softmax_rows(logits: &[f32], classes: usize) -> Vec<f64> {
 
 #[test]
 fn cross_entropy_gradient_is_softmax_minus_one_hot() {
-    let mut rng = Rng(1700);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1700);
     let program = trace(|b| {
         let logits = param(b, "logits", &[3, 4]);
         let labels = b.parameter("labels", vec![3], DType::I32);
         logits.cross_entropy_with_logits(&labels)
     });
-    let logits = rng.uniform_array(&[3, 4], -2.0, 2.0);
+    let logits = uniform_f32(&mut rng, &[3, 4], -2.0, 2.0);
     let labels = [2, 0, 3];
     let inputs = [logits.clone(), i32s(&[3], &labels)];
     let grads = check_gradients(&program, &inputs, &[0]);
@@ -717,7 +698,7 @@ fn cross_entropy_gradient_is_softmax_minus_one_hot() {
 
 #[test]
 fn cross_entropy_of_an_mlp_built_from_primitives() {
-    let mut rng = Rng(1800);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1800);
     let program = trace(|b| {
         let x = param(b, "x", &[4, 3]);
         let w = param(b, "w", &[3, 5]);
@@ -736,8 +717,8 @@ fn cross_entropy_of_an_mlp_built_from_primitives() {
             .neg()
     });
     let inputs = [
-        rng.uniform_array(&[4, 3], -1.0, 1.0),
-        rng.uniform_array(&[3, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 5], -1.0, 1.0),
         i32s(&[4], &[4, 0, 2, 2]),
     ];
     check_gradients(&program, &inputs, &[0, 1]);

@@ -15,6 +15,6 @@ mod thread_mesh;
 pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::interpret;
-pub use sample::sample_inputs;
+pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};
