@@ -9,10 +9,10 @@
 //! difference about `1e-4` for losses of order 1).
 
 use gspmd_core::Error;
-use gspmd_core::autodiff::grad;
+use gspmd_core::autodiff::{grad, is_differentiable};
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind, Tensor, einsum,
-    verify,
+    AxisGroup, Builder, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind, Tensor,
+    ValueId, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::runtime::uniform_f32;
@@ -21,6 +21,8 @@ use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
+
+mod op_coverage;
 
 // ---- random inputs ---------------------------------------------------------------------
 
@@ -151,6 +153,7 @@ fn check_gradients(program: &Program, inputs: &[Literal], wrt: &[usize]) -> Vec<
             );
         }
     }
+    op_coverage::record("finite_differences", program);
     grads
 }
 
@@ -276,8 +279,11 @@ fn select_sends_the_cotangent_to_the_chosen_branch() {
         let (x, y) = (param(b, "x", &[2, 3]), param(b, "y", &[2, 3]));
         let (t, f) = (param(b, "t", &[2, 3]), param(b, "f", &[2, 3]));
         let zero = b.scalar(0.0);
-        // A predicate through compare, not, or and and: no gradient reaches x or y.
+        // A predicate through every comparison, not, or and and: no gradient reaches x
+        // or y.
         let pred = x.gt(&y).not().or(&x.lt(&zero)).and(&y.lt(&b.scalar(5.0)));
+        let pred = pred.or(&x.le(&y).and(&y.ge(&zero)).and(&x.ne(&zero)));
+        let pred = pred.and(&x.eq(&x));
         weighted_sum(&pred.select(&t, &f), &mut rng)
     });
     let x = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
@@ -750,48 +756,108 @@ fn bad_requests_are_errors() {
     assert!(shown.starts_with("grad of program `p`"), "{shown}");
 }
 
+/// Every op that is not `is_differentiable` (the SPMD-only ones) makes `grad` fail
+/// with `NotDifferentiable` at the op's node and location, on the path to the loss or
+/// not (axis_index has no operands, so it never is).
 #[test]
 fn spmd_ops_are_not_differentiable() {
-    let b = Builder::new("spmd");
-    let x = param(&b, "x", &[4]);
-    let mut program = b.finish(&[&x]).unwrap();
     let location = Location {
         file: "model.rs",
         line: 7,
         column: 1,
     };
-    let node = |op: Op, operands: Vec<_>, shape: Vec<usize>| Node {
+    let node = |op: Op, operands: Vec<ValueId>, shape: Vec<usize>, dtype: DType| Node {
         op,
         operands,
-        ty: gspmd_core::ir::TensorType::new(shape, DType::F32),
+        ty: gspmd_core::ir::TensorType::new(shape, dtype),
         annotation: None,
         sharding: None,
         origin: None,
         name: None,
         location,
     };
-    let group = gspmd_core::ir::AxisGroup {
+    let group = AxisGroup {
         axes: vec!["data".into()],
         size: 2,
     };
-    let all_reduce = Op::AllReduce {
-        group,
-        kind: ReduceKind::Sum,
-    };
-    let r = program.push(node(all_reduce, vec![program.params[0]], vec![4]));
-    let sum = Op::Reduce {
-        kind: ReduceKind::Sum,
-        dims: vec![0],
-    };
-    let loss = program.push(node(sum, vec![r], vec![]));
-    program.outputs = vec![loss];
-    match grad(&program, 0, &[0]) {
-        Err(e @ Error::NotDifferentiable { .. }) => {
-            let shown = e.to_string();
-            assert!(shown.contains("model.rs:7: %1 = all_reduce"), "{shown}");
-            assert!(shown.contains("global program"), "{shown}");
+    let kind = ReduceKind::Sum;
+    // Each op on `x: f32[4]`, with its result shape.
+    let ops = [
+        (Op::AxisIndex(group.clone()), vec![]),
+        (Op::DynamicSlice(vec![2]), vec![2]),
+        (
+            Op::AllReduce {
+                group: group.clone(),
+                kind,
+            },
+            vec![4],
+        ),
+        (
+            Op::AllGather {
+                group: group.clone(),
+                dim: 0,
+            },
+            vec![8],
+        ),
+        (
+            Op::ReduceScatter {
+                group: group.clone(),
+                kind,
+                dim: 0,
+            },
+            vec![2],
+        ),
+        (
+            Op::AllToAll {
+                group: group.clone(),
+                split_dim: 0,
+                concat_dim: 0,
+            },
+            vec![4],
+        ),
+        (
+            Op::CollectivePermute {
+                group: group.clone(),
+                from: group.axes.clone(),
+            },
+            vec![4],
+        ),
+    ];
+    for (op, shape) in ops {
+        let b = Builder::new("spmd");
+        let x = param(&b, "x", &[4]);
+        let mut program = b.finish(&[&x]).unwrap();
+        let x = program.params[0];
+        let (operands, dtype) = match op {
+            Op::AxisIndex(_) => (vec![], DType::I32),
+            Op::DynamicSlice(_) => {
+                let start = Op::Constant(Literal::full(&[], DType::I32, 1.0));
+                let start = program.push(node(start, vec![], vec![], DType::I32));
+                (vec![x, start], DType::F32)
+            }
+            _ => (vec![x], DType::F32),
+        };
+        let name = op.name();
+        let op_kind = op.kind();
+        let rank = shape.len();
+        let spmd = program.push(node(op, operands, shape, dtype));
+        let summed = if dtype == DType::F32 { spmd } else { x };
+        let sum = Op::Reduce {
+            kind,
+            dims: (0..rank.max(1)).collect(),
+        };
+        let loss = program.push(node(sum, vec![summed], vec![], DType::F32));
+        program.outputs = vec![loss];
+        match grad(&program, 0, &[0]) {
+            Err(e @ Error::NotDifferentiable { .. }) => {
+                let shown = e.to_string();
+                let at = format!("model.rs:7: {spmd} = {name}");
+                assert!(shown.contains(&at), "{shown}");
+                assert!(shown.contains("global program"), "{shown}");
+            }
+            other => panic!("{name}: expected NotDifferentiable, got {other:?}"),
         }
-        other => panic!("expected NotDifferentiable, got {other:?}"),
+        op_coverage::record_kinds("not_differentiable", [op_kind]);
     }
 }
 
@@ -872,4 +938,20 @@ fn cross_entropy_with_logits_matches_hand_computed_values() {
         }
         other => panic!("expected one error, got {other:?}"),
     }
+}
+
+/// Every differentiable op kind is in a program whose gradients a test above checks
+/// against finite differences (through [`check_gradients`]); every other kind is shown
+/// to be `NotDifferentiable`.
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    op_coverage::assert_kinds(
+        "finite_differences",
+        kinds.get("finite_differences"),
+        is_differentiable,
+    );
+    op_coverage::assert_kinds("not_differentiable", kinds.get("not_differentiable"), |k| {
+        !is_differentiable(k)
+    });
 }

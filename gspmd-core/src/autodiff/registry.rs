@@ -21,9 +21,9 @@ use crate::ir::{
 
 /// True when [`operand_cotangent`] has a rule for ops of `kind`: every op of a global
 /// program (bool- and integer-valued ones pass no gradient, but have a rule), and none
-/// of the SPMD-only ops, which are [`Error::NotDifferentiable`]. `tests/autodiff.rs`
-/// checks both halves: a finite-difference test for every differentiable kind, the
-/// error for every other one.
+/// of the SPMD-only ops: [`super::grad`] rejects a program holding one with
+/// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
+/// finite-difference test for every differentiable kind, the error for every other one.
 pub fn is_differentiable(kind: OpKind) -> bool {
     use OpKind as K;
     match kind {
@@ -135,16 +135,19 @@ pub(super) fn operand_cotangent(
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
-            return Err(Error::NotDifferentiable {
-                value: y,
-                op: node.op.name(),
-                location: node.location,
-                message: "an SPMD op is not differentiable in a global program".into(),
-            });
-        }
+        | Op::CollectivePermute { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
+}
+
+/// The error for `node` (defining `y`) when its op is not [`is_differentiable`].
+pub(super) fn not_differentiable(node: &Node, y: ValueId) -> Error {
+    Error::NotDifferentiable {
+        value: y,
+        op: node.op.name(),
+        location: node.location,
+        message: "an SPMD op is not differentiable in a global program".into(),
+    }
 }
 
 /// `q` with `q[perm[i]] = i`.
