@@ -4,13 +4,15 @@
 //! assignment of shardings, not only the ones propagation picks, so this explores
 //! reshards between arbitrary tilings, uneven dims and device orders.
 
-use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
+use gspmd_core::ir::{Builder, DType, Literal, OpKind, Program, Tensor};
 use gspmd_core::partition::partition;
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
+
+mod op_coverage;
 
 fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
     let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
@@ -95,6 +97,7 @@ fn check(program: &Program, trials: usize, seed: u64) {
             for (k, (w, g)) in want.iter().zip(&got).enumerate() {
                 assert_close(w, g, &format!("{what}, output {k}\n{p}\n{}", spmd.report()));
             }
+            op_coverage::record("partitioned", &spmd.program);
         }
     }
 }
@@ -177,4 +180,13 @@ fn integer_and_bool_values() {
         vec![x.sum(&[1]), t.convert(DType::I32).max_over(&[0]), t]
     });
     check(&p, 5, 6);
+}
+
+/// The SPMD-only op kinds (axis_index, dynamic_slice, every collective) get their
+/// coverage here: each is in some partitioned program a test above runs and checks.
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    let spmd_only = |k: OpKind| k.is_spmd_only();
+    op_coverage::assert_kinds("partitioned", kinds.get("partitioned"), spmd_only, |_| true);
 }

@@ -15,11 +15,11 @@
 //! conditioned (`exp(tanh x)`, `sqrt(|x| + 1)`, `log(|x| + 1)`), so that rounding
 //! differences of sums taken in another order are not amplified past the tolerance.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, Op, Program, ReduceKind, Tensor, ValueId, einsum,
+    Builder, DType, DotDims, Literal, Op, OpKind, Program, ReduceKind, Tensor, ValueId, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -291,13 +291,16 @@ impl Gen<'_> {
             return;
         }
         let exact = x.exact && y.exact;
-        let (r, exact) = match self.rng.random_range(0..6) {
+        let f32 = a.t.dtype() == DType::F32;
+        let (r, exact) = match self.rng.random_range(0..7) {
             0 => (&x.t + &y.t, exact),
             1 => (&x.t - &y.t, exact),
-            2 => (&x.t * &y.t, a.t.dtype() == DType::I32),
+            2 => (&x.t * &y.t, !f32),
             3 => (x.t.max(&y.t), exact),
             4 => (x.t.min(&y.t), exact),
-            _ if a.t.dtype() == DType::F32 => (&x.t / &(y.t.abs() + 1.0), false),
+            // A base >= 1 and an exponent in (-1, 1): bounded and well conditioned.
+            5 if f32 => ((x.t.abs() + 1.0).pow(&y.t.tanh()), false),
+            _ if f32 => (&x.t / &(y.t.abs() + 1.0), false),
             _ => (&x.t + &y.t, exact),
         };
         self.push(r, exact);
@@ -319,6 +322,12 @@ impl Gen<'_> {
             3 => a.t.ge(&b.t),
             4 => a.t.eq(&b.t),
             _ => a.t.ne(&b.t),
+        };
+        let pred = match self.rng.random_range(0..4) {
+            0 => pred.not(),
+            1 => pred.and(&a.t.ne(&b.t)),
+            2 => pred.or(&a.t.ge(&b.t)),
+            _ => pred,
         };
         match self.rng.random_range(0..4) {
             0 => self.push(pred, true),
@@ -585,7 +594,7 @@ impl Gen<'_> {
             return;
         }
         let value =
-            a.t.scalar_like(f64::from(self.rng.random_range(-4..=4) as i32) / 2.0);
+            a.t.scalar_like(f64::from(self.rng.random_range(-4..=4)) / 2.0);
         let r = a.t.pad(&value, &low, &high, &interior);
         self.push(r, a.exact);
     }
@@ -646,11 +655,9 @@ impl Gen<'_> {
                 self.push(r, true);
             }
             1 => {
-                let r = self.b.full(
-                    shape,
-                    dtype,
-                    f64::from(self.rng.random_range(-3..=3) as i32) / 4.0,
-                );
+                let r = self
+                    .b
+                    .full(shape, dtype, f64::from(self.rng.random_range(-3..=3)) / 4.0);
                 self.push(r, true);
             }
             _ => {
@@ -1050,15 +1057,40 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Cases run by default.
+const CASES: u64 = 1500;
+/// The default first seed.
+const FIRST_SEED: u64 = 1;
+/// The default bound on generated steps per program.
+const MAX_STEPS: usize = 15;
+
+/// Every op kind of a global program is in some case the default run generates.
+#[test]
+fn covers_every_op_kind() {
+    let mut kinds = BTreeSet::new();
+    for seed in FIRST_SEED..FIRST_SEED + CASES {
+        let (program, _) = random_case(seed, MAX_STEPS);
+        kinds.extend(program.nodes.iter().map(|n| n.op.kind()));
+    }
+    let missing: Vec<OpKind> = (OpKind::ALL.iter().copied())
+        .filter(|k| !k.is_spmd_only() && !kinds.contains(k))
+        .collect();
+    let unexpected: Vec<&OpKind> = kinds.iter().filter(|k| k.is_spmd_only()).collect();
+    assert!(
+        missing.is_empty() && unexpected.is_empty(),
+        "the generator has no case for {missing:?}; generates SPMD ops {unexpected:?}"
+    );
+}
+
 /// Runs `PIPELINE_CASES` (default 1500, ~12 s in debug) cases from `PIPELINE_SEED`
 /// (default 1); shrinks and prints the first failure. `PIPELINE_KEEP_GOING=1` reports
 /// every failure; `PIPELINE_PRINT=1` prints every case and its compiled form;
 /// `PIPELINE_MAX_STEPS` (default 15) bounds the generated ops per program.
 #[test]
 fn random_programs_on_random_meshes() {
-    let cases = env_or("PIPELINE_CASES", 1500);
-    let first = env_or("PIPELINE_SEED", 1);
-    let max_steps = env_or("PIPELINE_MAX_STEPS", 15) as usize;
+    let cases = env_or("PIPELINE_CASES", CASES);
+    let first = env_or("PIPELINE_SEED", FIRST_SEED);
+    let max_steps = env_or("PIPELINE_MAX_STEPS", MAX_STEPS as u64) as usize;
     let keep_going = std::env::var("PIPELINE_KEEP_GOING").is_ok();
     let mut failures = Vec::new();
     let mut coverage = Coverage::default();

@@ -80,15 +80,19 @@ pub fn kinds_checked(this_test: &str) -> BTreeMap<String, BTreeSet<OpKind>> {
     kinds
 }
 
-/// Fails, naming them, unless `got` (the kinds checked `how`) are exactly the kinds of
-/// [`OpKind::ALL`] that `expected` selects.
-pub fn assert_kinds(how: &str, got: Option<&BTreeSet<OpKind>>, expected: impl Fn(OpKind) -> bool) {
-    let empty = BTreeSet::new();
-    let got = got.unwrap_or(&empty);
+/// Fails, naming them, unless `got` (the kinds checked `how`) include every kind of
+/// [`OpKind::ALL`] that `required` selects, and only kinds that `allowed` selects.
+pub fn assert_kinds(
+    how: &str,
+    got: Option<&BTreeSet<OpKind>>,
+    required: impl Fn(OpKind) -> bool,
+    allowed: impl Fn(OpKind) -> bool,
+) {
+    let got = got.cloned().unwrap_or_default();
     let missing: Vec<OpKind> = (OpKind::ALL.iter().copied())
-        .filter(|&k| expected(k) && !got.contains(&k))
+        .filter(|&k| required(k) && !got.contains(&k))
         .collect();
-    let unexpected: Vec<OpKind> = got.iter().copied().filter(|&k| !expected(k)).collect();
+    let unexpected: Vec<OpKind> = got.into_iter().filter(|&k| !allowed(k)).collect();
     assert!(
         missing.is_empty() && unexpected.is_empty(),
         "op kinds {how}: missing a case for {missing:?}; not expected here: {unexpected:?}"
