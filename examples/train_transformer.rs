@@ -22,8 +22,11 @@ use std::time::Instant;
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
+use gspmd::runtime::uniform_f32;
 use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 const BOS: i32 = 0;
 const SEP: i32 = 1;
@@ -36,32 +39,14 @@ const BATCH: usize = 16;
 /// Steps compared with the reference interpreter.
 const CHECKED_STEPS: usize = 3;
 
-/// splitmix64: a small deterministic generator for data and initial weights.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 /// One batch: tokens, next-token targets, and loss weights (1 on the reversed half).
-fn batch(rng: &mut Rng) -> Vec<Literal> {
+fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     let mut tokens = Vec::with_capacity(BATCH * SEQ);
     let mut targets = Vec::with_capacity(BATCH * SEQ);
     let mut weights = Vec::with_capacity(BATCH * SEQ);
     for _ in 0..BATCH {
         let content: Vec<i32> = (0..HALF)
-            .map(|_| 2 + (rng.next() % (VOCAB as u64 - 2)) as i32)
+            .map(|_| rng.random_range(2..VOCAB as i32))
             .collect();
         let mut seq = vec![BOS];
         seq.extend(&content);
@@ -88,7 +73,7 @@ fn batch(rng: &mut Rng) -> Vec<Literal> {
 
 /// Initial weights: uniform, scaled by 1/sqrt(fan-in) (the first dim after the stacked
 /// layer dim; all of it for embeddings).
-fn init(program: &Program, trained: &[usize], rng: &mut Rng) -> Vec<Literal> {
+fn init(program: &Program, trained: &[usize], rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     trained
         .iter()
         .map(|&i| {
@@ -105,9 +90,7 @@ fn init(program: &Program, trained: &[usize], rng: &mut Rng) -> Vec<Literal> {
                 _ => shape[0],
             };
             let scale = 1.0 / (fan_in as f32).sqrt();
-            let n: usize = shape.iter().product();
-            let v = (0..n).map(|_| rng.uniform() * scale).collect();
-            Literal::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("shape fits"))
+            uniform_f32(rng, &shape, -scale, scale)
         })
         .collect()
 }
@@ -139,7 +122,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = language_model::mesh([2, 4])?;
-    let initial = init(&model, &trained, &mut Rng(7));
+    let initial = init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(7));
 
     println!(
         "model: {} layers, d_model {}, {} heads, vocabulary {VOCAB}, batch {BATCH} x {SEQ} tokens",
@@ -159,7 +142,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The first steps on one device, as the oracle.
     let mut reference = Trainer::reference(step.clone(), initial)?;
-    let mut data_rng = Rng(42);
+    let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let mut max_diff = 0.0f32;
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(
@@ -202,7 +185,11 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Checkpoint: save, load into a fresh trainer, and take one more step from both.
     let path = std::env::temp_dir().join("gspmd_train_transformer.safetensors");
     save_checkpoint(&path, &trainer.checkpoint()?)?;
-    let mut resumed = Trainer::on_mesh(step, mesh, init(&model, &trained, &mut Rng(0)))?;
+    let mut resumed = Trainer::on_mesh(
+        step,
+        mesh,
+        init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(0)),
+    )?;
     resumed.restore(&load_checkpoint(&path)?)?;
     let data = batch(&mut data_rng);
     let (continued, reloaded) = (trainer.step(&data)?, resumed.step(&data)?);

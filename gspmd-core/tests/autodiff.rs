@@ -9,51 +9,38 @@
 //! difference about `1e-4` for losses of order 1).
 
 use gspmd_core::Error;
-use gspmd_core::autodiff::grad;
+use gspmd_core::autodiff::{grad, is_differentiable};
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind, Tensor, einsum,
-    verify,
+    AxisGroup, Builder, DType, DotDims, Literal, Location, Node, Op, OpKind, Program, ReduceKind,
+    Tensor, ValueId, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
+use gspmd_core::runtime::uniform_f32;
 use gspmd_core::sharding::{DimSharding, Sharding};
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+
+mod op_coverage;
 
 // ---- random inputs ---------------------------------------------------------------------
 
-/// splitmix64: a small deterministic generator, so failures reproduce.
-struct Rng(u64);
+/// Uniform magnitude in `[lo, hi)` with a random sign: away from 0.
+fn signed(rng: &mut Xoshiro256PlusPlus, lo: f32, hi: f32) -> f32 {
+    let m = rng.random_range(lo..hi);
+    if rng.random_bool(0.5) { m } else { -m }
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * u
-    }
-
-    /// Uniform magnitude in `[lo, hi)` with a random sign: away from 0.
-    fn signed(&mut self, lo: f32, hi: f32) -> f32 {
-        let m = self.uniform(lo, hi);
-        if self.next() & 1 == 0 { m } else { -m }
-    }
-
-    fn array(&mut self, shape: &[usize], f: impl FnMut(&mut Rng) -> f32) -> Literal {
-        let mut f = f;
-        let n: usize = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| f(self)).collect();
-        f32s(shape, &data)
-    }
-
-    fn uniform_array(&mut self, shape: &[usize], lo: f32, hi: f32) -> Literal {
-        self.array(shape, |r| r.uniform(lo, hi))
-    }
+/// An f32 array of `shape` whose elements are successive draws of `f`.
+fn array(
+    rng: &mut Xoshiro256PlusPlus,
+    shape: &[usize],
+    mut f: impl FnMut(&mut Xoshiro256PlusPlus) -> f32,
+) -> Literal {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| f(rng)).collect();
+    f32s(shape, &data)
 }
 
 fn f32s(shape: &[usize], data: &[f32]) -> Literal {
@@ -93,10 +80,8 @@ fn param(b: &Builder, name: &str, shape: &[usize]) -> Tensor {
 
 /// `sum(t * w)` for fixed random weights `w` in `[-1, 1)`: makes every element of `t`
 /// matter to a scalar loss, each with its own weight.
-fn weighted_sum(t: &Tensor, rng: &mut Rng) -> Tensor {
-    let w = t
-        .builder()
-        .constant(rng.uniform_array(t.shape(), -1.0, 1.0));
+fn weighted_sum(t: &Tensor, rng: &mut Xoshiro256PlusPlus) -> Tensor {
+    let w = t.builder().constant(uniform_f32(rng, t.shape(), -1.0, 1.0));
     let all: Vec<isize> = (0..t.rank() as isize).collect();
     t.mul(&w).sum(&all)
 }
@@ -168,6 +153,7 @@ fn check_gradients(program: &Program, inputs: &[Literal], wrt: &[usize]) -> Vec<
             );
         }
     }
+    op_coverage::record("finite_differences", program);
     grads
 }
 
@@ -187,12 +173,12 @@ fn unary_rules_match_finite_differences() {
         ("logistic", Tensor::logistic, -3.0, 3.0),
     ];
     for (i, (name, method, lo, hi)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(100 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(100 + i as u64);
         let program = trace(|b| weighted_sum(&method(&param(b, "x", &[2, 3])), &mut rng));
         let x = if name == "abs" {
-            rng.array(&[2, 3], |r| r.signed(lo, hi))
+            array(&mut rng, &[2, 3], |r| signed(r, lo, hi))
         } else {
-            rng.uniform_array(&[2, 3], lo, hi)
+            uniform_f32(&mut rng, &[2, 3], lo, hi)
         };
         println!("{name}");
         check_gradients(&program, &[x], &[0]);
@@ -222,26 +208,26 @@ fn binary_rules_match_finite_differences() {
         ("power", Tensor::pow),
     ];
     for (i, (name, method)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(200 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(200 + i as u64);
         let program = trace(|b| {
             let (a, c) = (param(b, "a", &[2, 3]), param(b, "b", &[2, 3]));
             weighted_sum(&method(&a, &c), &mut rng)
         });
         let (a, c) = match name {
             "divide" => (
-                rng.uniform_array(&[2, 3], -2.0, 2.0),
-                rng.array(&[2, 3], |r| r.signed(0.5, 2.0)),
+                uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
+                array(&mut rng, &[2, 3], |r| signed(r, 0.5, 2.0)),
             ),
             "power" => (
-                rng.uniform_array(&[2, 3], 0.5, 2.0),
-                rng.uniform_array(&[2, 3], -1.5, 1.5),
+                uniform_f32(&mut rng, &[2, 3], 0.5, 2.0),
+                uniform_f32(&mut rng, &[2, 3], -1.5, 1.5),
             ),
             // `b` a clear distance from `a`: no ties within eps.
             _ => {
-                let a = rng.uniform_array(&[2, 3], -2.0, 2.0);
+                let a = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
                 let b: Vec<f32> = values(&a)
                     .iter()
-                    .map(|v| v + rng.signed(0.1, 1.0))
+                    .map(|v| v + signed(&mut rng, 0.1, 1.0))
                     .collect();
                 (a, f32s(&[2, 3], &b))
             }
@@ -288,25 +274,28 @@ fn power_gradients_are_zero_at_zero_base_and_exponent() {
 
 #[test]
 fn select_sends_the_cotangent_to_the_chosen_branch() {
-    let mut rng = Rng(300);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(300);
     let program = trace(|b| {
         let (x, y) = (param(b, "x", &[2, 3]), param(b, "y", &[2, 3]));
         let (t, f) = (param(b, "t", &[2, 3]), param(b, "f", &[2, 3]));
         let zero = b.scalar(0.0);
-        // A predicate through compare, not, or and and: no gradient reaches x or y.
+        // A predicate through every comparison, not, or and and: no gradient reaches x
+        // or y.
         let pred = x.gt(&y).not().or(&x.lt(&zero)).and(&y.lt(&b.scalar(5.0)));
+        let pred = pred.or(&x.le(&y).and(&y.ge(&zero)).and(&x.ne(&zero)));
+        let pred = pred.and(&x.eq(&x));
         weighted_sum(&pred.select(&t, &f), &mut rng)
     });
-    let x = rng.uniform_array(&[2, 3], -2.0, 2.0);
+    let x = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
     let y: Vec<f32> = values(&x)
         .iter()
-        .map(|v| v + rng.signed(0.1, 1.0))
+        .map(|v| v + signed(&mut rng, 0.1, 1.0))
         .collect();
     let inputs = [
         x,
         f32s(&[2, 3], &y),
-        rng.uniform_array(&[2, 3], -2.0, 2.0),
-        rng.uniform_array(&[2, 3], -2.0, 2.0),
+        uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
+        uniform_f32(&mut rng, &[2, 3], -2.0, 2.0),
     ];
     let grads = check_gradients(&program, &inputs, &[0, 1, 2, 3]);
     assert!(values(&grads[0]).iter().all(|&v| v == 0.0));
@@ -319,7 +308,7 @@ fn select_sends_the_cotangent_to_the_chosen_branch() {
 
 #[test]
 fn convert_passes_f32_and_blocks_integers_and_bools() {
-    let mut rng = Rng(400);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(400);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3]);
         let same = x.convert(DType::F32);
@@ -330,26 +319,26 @@ fn convert_passes_f32_and_blocks_integers_and_bools() {
             .add(&weighted_sum(&via_bool, &mut rng))
     });
     // Away from integers (where truncation jumps) and from 0 (where `!= 0` does).
-    let x = rng.array(&[2, 3], |r| {
-        (r.uniform(-3.0, 3.0) as i32) as f32 + r.signed(0.2, 0.8)
+    let x = array(&mut rng, &[2, 3], |r| {
+        (r.random_range(-3.0..3.0) as i32) as f32 + signed(r, 0.2, 0.8)
     });
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn constants_and_iota_get_no_cotangent() {
-    let mut rng = Rng(500);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(500);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3]);
         let shifted = x
             .add(&b.iota(vec![2, 3], 1, DType::F32))
             .add(&b.scalar(0.5));
         weighted_sum(
-            &shifted.mul(&b.constant(rng.uniform_array(&[2, 3], -1.0, 1.0))),
+            &shifted.mul(&b.constant(uniform_f32(&mut rng, &[2, 3], -1.0, 1.0))),
             &mut rng,
         )
     });
-    let x = rng.uniform_array(&[2, 3], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[2, 3], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
@@ -357,7 +346,7 @@ fn constants_and_iota_get_no_cotangent() {
 
 #[test]
 fn broadcast_sums_over_broadcast_dims() {
-    let mut rng = Rng(600);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(600);
     let program = trace(|b| {
         let a = param(b, "a", &[3]).broadcast_in_dim(vec![2, 3, 4], &[1]);
         let c = param(b, "c", &[1, 4]).broadcast_in_dim(vec![3, 4], &[0, 1]);
@@ -373,14 +362,14 @@ fn broadcast_sums_over_broadcast_dims() {
     let shapes: [&[usize]; 5] = [&[3], &[1, 4], &[], &[2, 1, 3], &[1, 3]];
     let inputs: Vec<Literal> = shapes
         .iter()
-        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .map(|s| uniform_f32(&mut rng, s, -1.0, 1.0))
         .collect();
     check_gradients(&program, &inputs, &[0, 1, 2, 3, 4]);
 }
 
 #[test]
 fn reshape_and_transpose_move_the_cotangent_back() {
-    let mut rng = Rng(700);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(700);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3, 4]);
         let r = x.reshape(vec![6, 4]);
@@ -390,13 +379,13 @@ fn reshape_and_transpose_move_the_cotangent_back() {
             .add(&weighted_sum(&t, &mut rng))
             .add(&weighted_sum(&rt, &mut rng))
     });
-    let x = rng.uniform_array(&[2, 3, 4], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[2, 3, 4], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn reduce_rules_match_finite_differences() {
-    let mut rng = Rng(800);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(800);
     let program = trace(|b| {
         let x = param(b, "x", &[2, 3, 4]);
         [
@@ -414,9 +403,7 @@ fn reduce_rules_match_finite_differences() {
     });
     // Distinct values a clear distance apart: no ties within eps.
     let mut perm: Vec<f32> = (0..24).map(|i| i as f32 * 0.1).collect();
-    for i in (1..perm.len()).rev() {
-        perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-    }
+    perm.shuffle(&mut rng);
     check_gradients(&program, &[f32s(&[2, 3, 4], &perm)], &[0]);
 }
 
@@ -466,14 +453,14 @@ fn dot_general_rules_match_finite_differences() {
         ),
     ];
     for (i, (ls, rs, dd)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(900 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(900 + i as u64);
         let program = trace(|b| {
             let out = param(b, "lhs", ls).dot_general(&param(b, "rhs", rs), dd.clone());
             weighted_sum(&out, &mut rng)
         });
         let inputs = [
-            rng.uniform_array(ls, -1.0, 1.0),
-            rng.uniform_array(rs, -1.0, 1.0),
+            uniform_f32(&mut rng, ls, -1.0, 1.0),
+            uniform_f32(&mut rng, rs, -1.0, 1.0),
         ];
         println!("{dd:?}");
         check_gradients(&program, &inputs, &[0, 1]);
@@ -482,20 +469,20 @@ fn dot_general_rules_match_finite_differences() {
 
 #[test]
 fn slice_pads_the_cotangent_with_zeros() {
-    let mut rng = Rng(1000);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1000);
     let program = trace(|b| {
         let x = param(b, "x", &[5, 7]);
         let strided = x.slice(&[1, 2], &[5, 7], &[2, 3]);
         let plain = x.slice(&[0, 3], &[4, 4], &[1, 1]);
         weighted_sum(&strided, &mut rng).add(&weighted_sum(&plain, &mut rng))
     });
-    let x = rng.uniform_array(&[5, 7], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[5, 7], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 
 #[test]
 fn pad_slices_the_cotangent_and_sums_the_padding() {
-    let mut rng = Rng(1100);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1100);
     let program = trace(|b| {
         let (x, v) = (param(b, "x", &[3, 4]), param(b, "v", &[]));
         // Negative edges cut operand elements off; interior padding interleaves.
@@ -504,15 +491,15 @@ fn pad_slices_the_cotangent_and_sums_the_padding() {
         weighted_sum(&cut, &mut rng).add(&weighted_sum(&grown, &mut rng))
     });
     let inputs = [
-        rng.uniform_array(&[3, 4], -1.0, 1.0),
-        rng.uniform_array(&[], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 4], -1.0, 1.0),
+        uniform_f32(&mut rng, &[], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1]);
 }
 
 #[test]
 fn concatenate_slices_the_cotangent() {
-    let mut rng = Rng(1200);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1200);
     let program = trace(|b| {
         let parts = [
             param(b, "a", &[2, 1]),
@@ -524,7 +511,7 @@ fn concatenate_slices_the_cotangent() {
     });
     let inputs: Vec<Literal> = [[2, 1], [2, 3], [2, 2]]
         .iter()
-        .map(|s| rng.uniform_array(s, -1.0, 1.0))
+        .map(|s| uniform_f32(&mut rng, s, -1.0, 1.0))
         .collect();
     check_gradients(&program, &inputs, &[0, 1, 2]);
 }
@@ -541,12 +528,12 @@ fn spec(dims: &[&[&str]]) -> Sharding {
 #[test]
 fn a_constrained_value_has_a_cotangent_with_the_same_constraint() {
     let s = spec(&[&["data"], &[]]);
-    let mut rng = Rng(1300);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300);
     let program = trace(|b| {
         let h = param(b, "x", &[4, 2]).tanh().shard(s.clone());
         weighted_sum(&h.mul(&h), &mut rng)
     });
-    check_gradients(&program, &[rng.uniform_array(&[4, 2], -1.0, 1.0)], &[0]);
+    check_gradients(&program, &[uniform_f32(&mut rng, &[4, 2], -1.0, 1.0)], &[0]);
     let g = grad(&program, 0, &[0]).unwrap();
     let n = program.nodes.len();
     let constrained: Vec<&Node> = g.nodes[n..]
@@ -616,7 +603,7 @@ fn a_parameter_not_reaching_the_loss_gets_zeros_and_dead_values_no_cotangent() {
 
 #[test]
 fn matmul_and_einsum() {
-    let mut rng = Rng(1400);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1400);
     let program = trace(|b| {
         let (x, w) = (param(b, "x", &[2, 3, 4]), param(b, "w", &[4, 5]));
         let y = param(b, "y", &[2, 4, 3]);
@@ -629,9 +616,9 @@ fn matmul_and_einsum() {
             .add(&weighted_sum(&r, &mut rng))
     });
     let inputs = [
-        rng.uniform_array(&[2, 3, 4], -1.0, 1.0),
-        rng.uniform_array(&[4, 5], -1.0, 1.0),
-        rng.uniform_array(&[2, 4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[2, 3, 4], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[2, 4, 3], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1, 2]);
 }
@@ -648,10 +635,10 @@ fn softmax_log_softmax_layer_norm_gelu_relu_mean() {
         ("mean", |t| t.mean(&[1])),
     ];
     for (i, (name, method)) in cases.into_iter().enumerate() {
-        let mut rng = Rng(1500 + i as u64);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1500 + i as u64);
         let program = trace(|b| weighted_sum(&method(&param(b, "x", &[3, 4])), &mut rng));
         // Away from relu's kink; distinct enough for the max inside softmax.
-        let x = rng.array(&[3, 4], |r| r.signed(0.1, 2.0));
+        let x = array(&mut rng, &[3, 4], |r| signed(r, 0.1, 2.0));
         println!("{name}");
         check_gradients(&program, &[x], &[0]);
     }
@@ -659,8 +646,8 @@ fn softmax_log_softmax_layer_norm_gelu_relu_mean() {
 
 #[test]
 fn two_layer_mlp_with_mse_loss() {
-    let mut rng = Rng(1600);
-    let target = rng.uniform_array(&[4, 2], -1.0, 1.0);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1600);
+    let target = uniform_f32(&mut rng, &[4, 2], -1.0, 1.0);
     let program = trace(|b| {
         let x = param(b, "x", &[4, 3]);
         let (w1, b1) = (param(b, "w1", &[3, 5]), param(b, "b1", &[5]));
@@ -669,10 +656,10 @@ fn two_layer_mlp_with_mse_loss() {
         h.matmul(&w2).mse(&b.constant(target.clone()))
     });
     let inputs = [
-        rng.uniform_array(&[4, 3], -1.0, 1.0),
-        rng.uniform_array(&[3, 5], -1.0, 1.0),
-        rng.uniform_array(&[5], -0.5, 0.5),
-        rng.uniform_array(&[5, 2], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[5], -0.5, 0.5),
+        uniform_f32(&mut rng, &[5, 2], -1.0, 1.0),
     ];
     check_gradients(&program, &inputs, &[0, 1, 2, 3]);
 }
@@ -692,13 +679,13 @@ fn softmax_rows(logits: &[f32], classes: usize) -> Vec<f64> {
 
 #[test]
 fn cross_entropy_gradient_is_softmax_minus_one_hot() {
-    let mut rng = Rng(1700);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1700);
     let program = trace(|b| {
         let logits = param(b, "logits", &[3, 4]);
         let labels = b.parameter("labels", vec![3], DType::I32);
         logits.cross_entropy_with_logits(&labels)
     });
-    let logits = rng.uniform_array(&[3, 4], -2.0, 2.0);
+    let logits = uniform_f32(&mut rng, &[3, 4], -2.0, 2.0);
     let labels = [2, 0, 3];
     let inputs = [logits.clone(), i32s(&[3], &labels)];
     let grads = check_gradients(&program, &inputs, &[0]);
@@ -717,7 +704,7 @@ fn cross_entropy_gradient_is_softmax_minus_one_hot() {
 
 #[test]
 fn cross_entropy_of_an_mlp_built_from_primitives() {
-    let mut rng = Rng(1800);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1800);
     let program = trace(|b| {
         let x = param(b, "x", &[4, 3]);
         let w = param(b, "w", &[3, 5]);
@@ -736,8 +723,8 @@ fn cross_entropy_of_an_mlp_built_from_primitives() {
             .neg()
     });
     let inputs = [
-        rng.uniform_array(&[4, 3], -1.0, 1.0),
-        rng.uniform_array(&[3, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[4, 3], -1.0, 1.0),
+        uniform_f32(&mut rng, &[3, 5], -1.0, 1.0),
         i32s(&[4], &[4, 0, 2, 2]),
     ];
     check_gradients(&program, &inputs, &[0, 1]);
@@ -769,48 +756,108 @@ fn bad_requests_are_errors() {
     assert!(shown.starts_with("grad of program `p`"), "{shown}");
 }
 
+/// Every op that is not `is_differentiable` (the SPMD-only ones) makes `grad` fail
+/// with `NotDifferentiable` at the op's node and location, on the path to the loss or
+/// not (axis_index has no operands, so it never is).
 #[test]
 fn spmd_ops_are_not_differentiable() {
-    let b = Builder::new("spmd");
-    let x = param(&b, "x", &[4]);
-    let mut program = b.finish(&[&x]).unwrap();
     let location = Location {
         file: "model.rs",
         line: 7,
         column: 1,
     };
-    let node = |op: Op, operands: Vec<_>, shape: Vec<usize>| Node {
+    let node = |op: Op, operands: Vec<ValueId>, shape: Vec<usize>, dtype: DType| Node {
         op,
         operands,
-        ty: gspmd_core::ir::TensorType::new(shape, DType::F32),
+        ty: gspmd_core::ir::TensorType::new(shape, dtype),
         annotation: None,
         sharding: None,
         origin: None,
         name: None,
         location,
     };
-    let group = gspmd_core::ir::AxisGroup {
+    let group = AxisGroup {
         axes: vec!["data".into()],
         size: 2,
     };
-    let all_reduce = Op::AllReduce {
-        group,
-        kind: ReduceKind::Sum,
-    };
-    let r = program.push(node(all_reduce, vec![program.params[0]], vec![4]));
-    let sum = Op::Reduce {
-        kind: ReduceKind::Sum,
-        dims: vec![0],
-    };
-    let loss = program.push(node(sum, vec![r], vec![]));
-    program.outputs = vec![loss];
-    match grad(&program, 0, &[0]) {
-        Err(e @ Error::NotDifferentiable { .. }) => {
-            let shown = e.to_string();
-            assert!(shown.contains("model.rs:7: %1 = all_reduce"), "{shown}");
-            assert!(shown.contains("global program"), "{shown}");
+    let kind = ReduceKind::Sum;
+    // Each op on `x: f32[4]`, with its result shape.
+    let ops = [
+        (Op::AxisIndex(group.clone()), vec![]),
+        (Op::DynamicSlice(vec![2]), vec![2]),
+        (
+            Op::AllReduce {
+                group: group.clone(),
+                kind,
+            },
+            vec![4],
+        ),
+        (
+            Op::AllGather {
+                group: group.clone(),
+                dim: 0,
+            },
+            vec![8],
+        ),
+        (
+            Op::ReduceScatter {
+                group: group.clone(),
+                kind,
+                dim: 0,
+            },
+            vec![2],
+        ),
+        (
+            Op::AllToAll {
+                group: group.clone(),
+                split_dim: 0,
+                concat_dim: 0,
+            },
+            vec![4],
+        ),
+        (
+            Op::CollectivePermute {
+                group: group.clone(),
+                from: group.axes.clone(),
+            },
+            vec![4],
+        ),
+    ];
+    for (op, shape) in ops {
+        let b = Builder::new("spmd");
+        let x = param(&b, "x", &[4]);
+        let mut program = b.finish(&[&x]).unwrap();
+        let x = program.params[0];
+        let (operands, dtype) = match op {
+            Op::AxisIndex(_) => (vec![], DType::I32),
+            Op::DynamicSlice(_) => {
+                let start = Op::Constant(Literal::full(&[], DType::I32, 1.0));
+                let start = program.push(node(start, vec![], vec![], DType::I32));
+                (vec![x, start], DType::F32)
+            }
+            _ => (vec![x], DType::F32),
+        };
+        let name = op.name();
+        let op_kind = op.kind();
+        let rank = shape.len();
+        let spmd = program.push(node(op, operands, shape, dtype));
+        let summed = if dtype == DType::F32 { spmd } else { x };
+        let sum = Op::Reduce {
+            kind,
+            dims: (0..rank.max(1)).collect(),
+        };
+        let loss = program.push(node(sum, vec![summed], vec![], DType::F32));
+        program.outputs = vec![loss];
+        match grad(&program, 0, &[0]) {
+            Err(e @ Error::NotDifferentiable { .. }) => {
+                let shown = e.to_string();
+                let at = format!("model.rs:7: {spmd} = {name}");
+                assert!(shown.contains(&at), "{shown}");
+                assert!(shown.contains("global program"), "{shown}");
+            }
+            other => panic!("{name}: expected NotDifferentiable, got {other:?}"),
         }
-        other => panic!("expected NotDifferentiable, got {other:?}"),
+        op_coverage::record_kinds("not_differentiable", [op_kind]);
     }
 }
 
@@ -891,4 +938,26 @@ fn cross_entropy_with_logits_matches_hand_computed_values() {
         }
         other => panic!("expected one error, got {other:?}"),
     }
+}
+
+/// Every differentiable op kind is in a program whose gradients a test above checks
+/// against finite differences (through [`check_gradients`]); every other kind is shown
+/// to be `NotDifferentiable`.
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    let fd = kinds.get("finite_differences");
+    op_coverage::assert_kinds(
+        "finite_differences",
+        fd,
+        is_differentiable,
+        is_differentiable,
+    );
+    let not = |k: OpKind| !is_differentiable(k);
+    op_coverage::assert_kinds(
+        "not_differentiable",
+        kinds.get("not_differentiable"),
+        not,
+        not,
+    );
 }

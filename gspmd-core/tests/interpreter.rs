@@ -2,11 +2,15 @@
 //! primitive op, every composite helper of the builder, input checking and errors.
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, DotDims, Literal, ReduceKind, Tensor, einsum, verify};
+use gspmd_core::ir::{
+    Builder, DType, DotDims, Literal, OpKind, ReduceKind, Tensor, einsum, verify,
+};
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
+
+mod op_coverage;
 
 // ---- helpers ---------------------------------------------------------------------------
 
@@ -29,7 +33,9 @@ fn run(build: impl FnOnce(&Builder) -> Vec<Tensor>, inputs: &[Literal]) -> Vec<L
     let refs: Vec<&Tensor> = outs.iter().collect();
     let program = b.finish(&refs).unwrap();
     verify(&program).unwrap();
-    interpret(&program, inputs).unwrap()
+    let outs = interpret(&program, inputs).unwrap();
+    op_coverage::record("interpreted", &program);
+    outs
 }
 
 /// Like [`run`] for a single output.
@@ -1243,4 +1249,13 @@ fn sample_inputs_are_typed_in_range_and_reproducible() {
     );
     // The interpreter accepts them.
     interpret(&program, &inputs).unwrap();
+}
+
+/// Every op kind of a global program is interpreted by some test above (through
+/// [`run`]); the SPMD-only ones are rejected (`spmd_only_op_is_a_runtime_error_with_location`).
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    let global = |k: OpKind| !k.is_spmd_only();
+    op_coverage::assert_kinds("interpreted", kinds.get("interpreted"), global, global);
 }

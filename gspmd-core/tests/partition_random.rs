@@ -4,37 +4,25 @@
 //! assignment of shardings, not only the ones propagation picks, so this explores
 //! reshards between arbitrary tilings, uneven dims and device orders.
 
-use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
+use gspmd_core::ir::{Builder, DType, Literal, OpKind, Program, Tensor};
 use gspmd_core::partition::partition;
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
-/// Deterministic xorshift generator (tests must be reproducible).
-struct Rng(u64);
+mod op_coverage;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn random_sharding(rng: &mut Rng, mesh: &Mesh, rank: usize) -> Sharding {
+fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
     let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
     let mut dims = vec![Vec::new(); rank];
     if rank > 0 {
         while !axes.is_empty() {
-            let a = axes.remove(rng.below(axes.len()));
+            let a = axes.remove(rng.random_range(0..axes.len()));
             // Each axis: unused (1/3) or on a random dim.
-            if rng.below(3) > 0 {
-                dims[rng.below(rank)].push(a);
+            if rng.random_range(0..3) > 0 {
+                dims[rng.random_range(0..rank)].push(a);
             }
         }
     }
@@ -93,7 +81,7 @@ fn check(program: &Program, trials: usize, seed: u64) {
         .map(|(i, &p)| input(&program.ty(p).shape, program.ty(p).dtype, i))
         .collect();
     let want = interpret(program, &inputs).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     for mesh in meshes() {
         let threads = ThreadMesh::new(mesh.clone()).unwrap();
         for trial in 0..trials {
@@ -109,6 +97,7 @@ fn check(program: &Program, trials: usize, seed: u64) {
             for (k, (w, g)) in want.iter().zip(&got).enumerate() {
                 assert_close(w, g, &format!("{what}, output {k}\n{p}\n{}", spmd.report()));
             }
+            op_coverage::record("partitioned", &spmd.program);
         }
     }
 }
@@ -191,4 +180,13 @@ fn integer_and_bool_values() {
         vec![x.sum(&[1]), t.convert(DType::I32).max_over(&[0]), t]
     });
     check(&p, 5, 6);
+}
+
+/// The SPMD-only op kinds (axis_index, dynamic_slice, every collective) get their
+/// coverage here: each is in some partitioned program a test above runs and checks.
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    let spmd_only = |k: OpKind| k.is_spmd_only();
+    op_coverage::assert_kinds("partitioned", kinds.get("partitioned"), spmd_only, |_| true);
 }

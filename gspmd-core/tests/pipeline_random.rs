@@ -3,7 +3,7 @@
 //! a thread mesh, and must equal the reference interpreter. Propagation must also keep
 //! every closed annotated dim exactly as annotated (and open ones as a prefix).
 //!
-//! The generator is seeded (xorshift), so every case is reproducible:
+//! The generator is seeded (`Xoshiro256PlusPlus`, a portable generator), so every case is reproducible:
 //! `PIPELINE_CASES=3000 PIPELINE_SEED=7 cargo test -p gspmd-core --test pipeline_random`
 //! runs more cases locally. A failing case is shrunk on the IR (outputs, annotations,
 //! cutting values into parameters) and printed before the test fails.
@@ -15,91 +15,49 @@
 //! conditioned (`exp(tanh x)`, `sqrt(|x| + 1)`, `log(|x| + 1)`), so that rounding
 //! differences of sums taken in another order are not amplified past the tolerance.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, Op, Program, ReduceKind, Tensor, ValueId, einsum,
+    Builder, DType, DotDims, Literal, Op, OpKind, Program, ReduceKind, Tensor, ValueId, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use gspmd_core::{Executable, compile};
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{RngExt, SeedableRng};
 
 // ---- randomness ----------------------------------------------------------------------
 
-/// Deterministic xorshift generator.
-struct Rng(u64);
+/// A dim size in 1..=10, weighted towards sizes that do not divide evenly.
+fn dim_size(rng: &mut Xoshiro256PlusPlus) -> usize {
+    const SIZES: [usize; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 4, 6, 5, 7, 8, 12];
+    SIZES[rng.random_range(0..SIZES.len())]
+}
 
-impl Rng {
-    fn new(seed: u64) -> Self {
-        // Mix the seed so that nearby seeds give unrelated streams.
-        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        for _ in 0..4 {
-            r.next();
-        }
-        r
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as usize) as i64
-    }
-
-    /// True with probability `num/den`.
-    fn chance(&mut self, num: usize, den: usize) -> bool {
-        self.below(den) < num
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
-        }
-    }
-
-    /// A dim size in 1..=10, weighted towards sizes that do not divide evenly.
-    fn dim(&mut self) -> usize {
-        *self.pick(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 4, 6, 5, 7, 8, 12])
-    }
-
-    fn shape(&mut self, rank: usize) -> Vec<usize> {
-        (0..rank).map(|_| self.dim()).collect()
-    }
+fn shape(rng: &mut Xoshiro256PlusPlus, rank: usize) -> Vec<usize> {
+    (0..rank).map(|_| dim_size(rng)).collect()
 }
 
 // ---- meshes and annotations -----------------------------------------------------------
 
 /// 1-3 axes of sizes 1-4, at most 8 devices, sometimes a permuted device order.
-fn random_mesh(rng: &mut Rng) -> Mesh {
+fn random_mesh(rng: &mut Xoshiro256PlusPlus) -> Mesh {
     let names = ["x", "y", "z"];
-    let n_axes = 1 + rng.below(3);
+    let n_axes = 1 + rng.random_range(0..3);
     let mut axes = Vec::new();
     let mut devices = 1;
     for name in names.iter().take(n_axes) {
         let fits: Vec<usize> = (1..=4).filter(|s| devices * s <= 8).collect();
-        let size = *rng.pick(&fits);
+        let size = *fits.choose(rng).expect("a non-empty choice");
         devices *= size;
         axes.push((name.to_string(), size));
     }
-    if devices > 1 && rng.chance(1, 3) {
+    if devices > 1 && rng.random_ratio(1, 3) {
         let mut order: Vec<usize> = (0..devices).collect();
-        rng.shuffle(&mut order);
+        order.shuffle(rng);
         Mesh::with_device_order(axes, order).unwrap()
     } else {
         Mesh::new(axes).unwrap()
@@ -109,12 +67,12 @@ fn random_mesh(rng: &mut Rng) -> Mesh {
 /// A valid sharding of a rank-`rank` value: each mesh axis unused or appended to a random
 /// dim; dims closed or open, sometimes with a priority; rarely an explicitly replicated
 /// axis.
-fn random_sharding(rng: &mut Rng, mesh: &Mesh, rank: usize) -> Sharding {
+fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
     let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
-    rng.shuffle(&mut axes);
+    axes.shuffle(rng);
     let mut dims: Vec<DimSharding> = (0..rank)
         .map(|_| {
-            if rng.chance(1, 2) {
+            if rng.random_ratio(1, 2) {
                 DimSharding::closed(Vec::<String>::new())
             } else {
                 DimSharding::open(Vec::<String>::new())
@@ -123,31 +81,31 @@ fn random_sharding(rng: &mut Rng, mesh: &Mesh, rank: usize) -> Sharding {
         .collect();
     let mut replicated = Vec::new();
     // Sparse or dense: how often an axis is left unused.
-    let choices = if rng.chance(1, 2) { 6 } else { 4 };
+    let choices = if rng.random_ratio(1, 2) { 6 } else { 4 };
     for a in axes {
-        match rng.below(choices) {
+        match rng.random_range(0..choices) {
             0 | 1 if rank > 0 => {
-                let d = rng.below(rank);
+                let d = rng.random_range(0..rank);
                 dims[d].axes.push(a);
             }
             2 if rank > 0 => {
                 // Prefer multi-axis dims: put it next to an axis already used.
                 let used: Vec<usize> = (0..rank).filter(|&d| !dims[d].axes.is_empty()).collect();
                 let d = if used.is_empty() {
-                    rng.below(rank)
+                    rng.random_range(0..rank)
                 } else {
-                    *rng.pick(&used)
+                    *used.choose(rng).expect("a non-empty choice")
                 };
                 dims[d].axes.push(a);
             }
-            3 if rng.chance(1, 4) => replicated.push(a),
+            3 if rng.random_ratio(1, 4) => replicated.push(a),
             _ => {}
         }
     }
-    if rng.chance(1, 4) {
+    if rng.random_ratio(1, 4) {
         for d in &mut dims {
-            if rng.chance(1, 2) {
-                d.priority = Some(rng.below(3) as u32);
+            if rng.random_ratio(1, 2) {
+                d.priority = Some(rng.random_range(0..3) as u32);
             }
         }
     }
@@ -172,7 +130,7 @@ struct Val {
 const MAX_ELEMENTS: usize = 1500;
 
 struct Gen<'a> {
-    rng: &'a mut Rng,
+    rng: &'a mut Xoshiro256PlusPlus,
     b: Builder,
     mesh: &'a Mesh,
     pool: Vec<Val>,
@@ -190,7 +148,7 @@ impl Gen<'_> {
         let name = format!("p{}", self.params);
         self.params += 1;
         let mut t = self.b.parameter(&name, shape, dtype);
-        if self.rng.below(8) < self.annotate_rate {
+        if self.rng.random_range(0..8) < self.annotate_rate {
             let s = random_sharding(self.rng, self.mesh, t.rank());
             t = t.annotate(s);
         }
@@ -201,9 +159,9 @@ impl Gen<'_> {
 
     /// Adds a generated value to the pool, sometimes behind a sharding annotation.
     fn push(&mut self, t: Tensor, exact: bool) {
-        let t = if self.rng.below(8) < self.annotate_rate {
+        let t = if self.rng.random_range(0..8) < self.annotate_rate {
             let s = random_sharding(self.rng, self.mesh, t.rank());
-            match self.rng.below(10) {
+            match self.rng.random_range(0..10) {
                 0 | 1 => t.annotate(s),
                 // Two constraints in a row, likely in conflict.
                 2 => t
@@ -223,10 +181,10 @@ impl Gen<'_> {
         if ok.is_empty() {
             return None;
         }
-        let i = if self.rng.chance(1, 2) {
-            ok.len() - 1 - self.rng.below(ok.len().min(3))
+        let i = if self.rng.random_ratio(1, 2) {
+            ok.len() - 1 - self.rng.random_range(0..ok.len().min(3))
         } else {
-            self.rng.below(ok.len())
+            self.rng.random_range(0..ok.len())
         };
         Some(ok[i].clone())
     }
@@ -240,8 +198,8 @@ impl Gen<'_> {
             .filter(|v| v.t.shape() == shape && v.t.dtype() == dtype && (v.exact || !need_exact))
             .cloned()
             .collect();
-        if !fits.is_empty() && self.rng.chance(1, 2) {
-            return self.rng.pick(&fits).clone();
+        if !fits.is_empty() && self.rng.random_ratio(1, 2) {
+            return fits.choose(self.rng).expect("a non-empty choice").clone();
         }
         self.parameter(shape.to_vec(), dtype)
     }
@@ -249,17 +207,17 @@ impl Gen<'_> {
     /// A shape that NumPy-broadcasts with `shape`: some leading dims dropped, some dims
     /// 1, and size-1 dims of `shape` sometimes grown.
     fn broadcastable(&mut self, shape: &[usize]) -> Vec<usize> {
-        let drop = if self.rng.chance(1, 3) {
-            self.rng.below(shape.len() + 1)
+        let drop = if self.rng.random_ratio(1, 3) {
+            self.rng.random_range(0..shape.len() + 1)
         } else {
             0
         };
         shape[drop..]
             .iter()
             .map(|&d| {
-                if d == 1 && self.rng.chance(1, 3) {
-                    self.rng.dim()
-                } else if self.rng.chance(1, 4) {
+                if d == 1 && self.rng.random_ratio(1, 3) {
+                    dim_size(self.rng)
+                } else if self.rng.random_ratio(1, 4) {
                     1
                 } else {
                     d
@@ -273,7 +231,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.below(20) {
+        match self.rng.random_range(0..20) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -297,14 +255,14 @@ impl Gen<'_> {
         };
         let t = &a.t;
         if t.dtype() == DType::I32 {
-            let r = if self.rng.chance(1, 2) {
+            let r = if self.rng.random_ratio(1, 2) {
                 t.neg()
             } else {
                 t.abs()
             };
             return self.push(r, true);
         }
-        let (r, exact) = match self.rng.below(8) {
+        let (r, exact) = match self.rng.random_range(0..8) {
             0 => (t.neg(), a.exact),
             1 => (t.abs(), a.exact),
             2 => (t.tanh(), false),
@@ -323,7 +281,7 @@ impl Gen<'_> {
         };
         let shape = self.broadcastable(a.t.shape());
         let b = self.value_of(&shape, a.t.dtype(), false);
-        let (x, y) = if self.rng.chance(1, 2) {
+        let (x, y) = if self.rng.random_ratio(1, 2) {
             (a.clone(), b)
         } else {
             (b, a.clone())
@@ -333,13 +291,16 @@ impl Gen<'_> {
             return;
         }
         let exact = x.exact && y.exact;
-        let (r, exact) = match self.rng.below(6) {
+        let f32 = a.t.dtype() == DType::F32;
+        let (r, exact) = match self.rng.random_range(0..7) {
             0 => (&x.t + &y.t, exact),
             1 => (&x.t - &y.t, exact),
-            2 => (&x.t * &y.t, a.t.dtype() == DType::I32),
+            2 => (&x.t * &y.t, !f32),
             3 => (x.t.max(&y.t), exact),
             4 => (x.t.min(&y.t), exact),
-            _ if a.t.dtype() == DType::F32 => (&x.t / &(y.t.abs() + 1.0), false),
+            // A base >= 1 and an exponent in (-1, 1): bounded and well conditioned.
+            5 if f32 => ((x.t.abs() + 1.0).pow(&y.t.tanh()), false),
+            _ if f32 => (&x.t / &(y.t.abs() + 1.0), false),
             _ => (&x.t + &y.t, exact),
         };
         self.push(r, exact);
@@ -354,7 +315,7 @@ impl Gen<'_> {
         if broadcast_elements(a.t.shape(), b.t.shape()) > MAX_ELEMENTS {
             return;
         }
-        let pred = match self.rng.below(6) {
+        let pred = match self.rng.random_range(0..6) {
             0 => a.t.lt(&b.t),
             1 => a.t.le(&b.t),
             2 => a.t.gt(&b.t),
@@ -362,7 +323,13 @@ impl Gen<'_> {
             4 => a.t.eq(&b.t),
             _ => a.t.ne(&b.t),
         };
-        match self.rng.below(4) {
+        let pred = match self.rng.random_range(0..4) {
+            0 => pred.not(),
+            1 => pred.and(&a.t.ne(&b.t)),
+            2 => pred.or(&a.t.ge(&b.t)),
+            _ => pred,
+        };
+        match self.rng.random_range(0..4) {
             0 => self.push(pred, true),
             1 => self.push(pred.convert(DType::F32), true),
             _ => {
@@ -378,19 +345,19 @@ impl Gen<'_> {
         };
         let rank = a.t.rank();
         let mut dims: Vec<isize> = (0..rank as isize)
-            .filter(|_| self.rng.chance(1, 2))
+            .filter(|_| self.rng.random_ratio(1, 2))
             .collect();
         if dims.is_empty() {
-            dims.push(self.rng.below(rank) as isize);
+            dims.push(self.rng.random_range(0..rank) as isize);
         }
-        if self.rng.chance(1, 4) {
+        if self.rng.random_ratio(1, 4) {
             // Negative dims count from the end.
             for d in &mut dims {
                 *d -= rank as isize;
             }
         }
-        let keep = self.rng.chance(1, 3);
-        let (kind, exact) = match self.rng.below(3) {
+        let keep = self.rng.random_ratio(1, 3);
+        let (kind, exact) = match self.rng.random_range(0..3) {
             0 => (ReduceKind::Sum, a.exact),
             1 => (ReduceKind::Max, a.exact),
             _ => (ReduceKind::Min, a.exact),
@@ -407,10 +374,10 @@ impl Gen<'_> {
         };
         let dtype = a.t.dtype();
         let sa = a.t.shape().to_vec();
-        if self.rng.chance(1, 4) {
+        if self.rng.random_ratio(1, 4) {
             // matmul: [..., K] x [K, N].
             let k = *sa.last().unwrap();
-            let rhs_shape = [k, self.rng.dim()];
+            let rhs_shape = [k, dim_size(self.rng)];
             let b = self.value_of(&rhs_shape, dtype, false);
             if elements(&sa) / k * rhs_shape[1] <= MAX_ELEMENTS {
                 let r = a.t.matmul(&b.t);
@@ -419,17 +386,19 @@ impl Gen<'_> {
             return;
         }
         // Roles of lhs dims: 0 batch, 1 contracting, 2 free, 3 summed (einsum only).
-        let use_einsum = self.rng.chance(1, 2);
+        let use_einsum = self.rng.random_ratio(1, 2);
         let roles: Vec<usize> = sa
             .iter()
-            .map(|_| match self.rng.below(8) {
+            .map(|_| match self.rng.random_range(0..8) {
                 0 | 1 => 0,
                 2..=4 => 1,
                 5 if use_einsum => 3,
                 _ => 2,
             })
             .collect();
-        let free_b: Vec<usize> = (0..self.rng.below(3)).map(|_| self.rng.dim()).collect();
+        let free_b: Vec<usize> = (0..self.rng.random_range(0..3))
+            .map(|_| dim_size(self.rng))
+            .collect();
         // rhs dims: (lhs dim or None for a free rhs dim, size), shuffled.
         let mut rhs: Vec<(Option<usize>, usize)> = roles
             .iter()
@@ -438,7 +407,7 @@ impl Gen<'_> {
             .map(|(d, _)| (Some(d), sa[d]))
             .chain(free_b.iter().map(|&s| (None, s)))
             .collect();
-        self.rng.shuffle(&mut rhs);
+        rhs.shuffle(self.rng);
         let rhs_shape: Vec<usize> = rhs.iter().map(|&(_, s)| s).collect();
         let out_elements: usize = roles
             .iter()
@@ -475,14 +444,14 @@ impl Gen<'_> {
                     .filter(|&d| roles[d] == 0 || roles[d] == 2)
                     .map(|d| letters[d]),
             );
-            self.rng.shuffle(&mut out);
+            out.shuffle(self.rng);
             let out: String = out.into_iter().collect();
             einsum(&format!("{lhs_letters},{rhs_letters}->{out}"), &a.t, &b.t)
         } else {
             let mut batch: Vec<usize> = (0..sa.len()).filter(|&d| roles[d] == 0).collect();
-            self.rng.shuffle(&mut batch);
+            batch.shuffle(self.rng);
             let mut contracting: Vec<usize> = (0..sa.len()).filter(|&d| roles[d] == 1).collect();
-            self.rng.shuffle(&mut contracting);
+            contracting.shuffle(self.rng);
             let rhs_pos =
                 |d: usize| -> usize { rhs.iter().position(|&(x, _)| x == Some(d)).unwrap() };
             let dims = DotDims {
@@ -501,15 +470,15 @@ impl Gen<'_> {
             return;
         };
         let rank = a.t.rank();
-        let out_rank = rank + 1 + self.rng.below(2.min(4 - rank));
+        let out_rank = rank + 1 + self.rng.random_range(0..2.min(4 - rank));
         let mut positions: Vec<usize> = (0..out_rank).collect();
-        self.rng.shuffle(&mut positions);
+        positions.shuffle(self.rng);
         positions.truncate(rank);
         positions.sort_unstable();
-        let mut shape: Vec<usize> = (0..out_rank).map(|_| self.rng.dim()).collect();
+        let mut shape: Vec<usize> = (0..out_rank).map(|_| dim_size(self.rng)).collect();
         for (i, &p) in positions.iter().enumerate() {
             let d = a.t.shape()[i];
-            if d != 1 || self.rng.chance(1, 2) {
+            if d != 1 || self.rng.random_ratio(1, 2) {
                 shape[p] = d;
             }
         }
@@ -526,18 +495,18 @@ impl Gen<'_> {
             return;
         };
         let sa = a.t.shape().to_vec();
-        let shape: Vec<usize> = match self.rng.below(3) {
+        let shape: Vec<usize> = match self.rng.random_range(0..3) {
             0 if !sa.is_empty() && sa.len() < 4 => {
-                let d = self.rng.below(sa.len());
+                let d = self.rng.random_range(0..sa.len());
                 let divisors: Vec<usize> =
                     (1..=sa[d]).filter(|&k| sa[d].is_multiple_of(k)).collect();
-                let k = *self.rng.pick(&divisors);
+                let k = *divisors.choose(self.rng).expect("a non-empty choice");
                 let mut s = sa.clone();
                 s.splice(d..=d, [k, sa[d] / k]);
                 s
             }
             1 if sa.len() >= 2 => {
-                let d = self.rng.below(sa.len() - 1);
+                let d = self.rng.random_range(0..sa.len() - 1);
                 let mut s = sa.clone();
                 s.splice(d..d + 2, [sa[d] * sa[d + 1]]);
                 s
@@ -548,13 +517,13 @@ impl Gen<'_> {
                 let mut s = Vec::new();
                 while n > 1 && s.len() < 3 {
                     let divisors: Vec<usize> = (1..=n).filter(|&k| n.is_multiple_of(k)).collect();
-                    let k = *self.rng.pick(&divisors);
+                    let k = *divisors.choose(self.rng).expect("a non-empty choice");
                     s.push(k);
                     n /= k;
                 }
                 s.push(n);
-                if self.rng.chance(1, 4) {
-                    s.insert(self.rng.below(s.len() + 1), 1);
+                if self.rng.random_ratio(1, 4) {
+                    s.insert(self.rng.random_range(0..s.len() + 1), 1);
                 }
                 s
             }
@@ -571,7 +540,7 @@ impl Gen<'_> {
             return;
         };
         let mut perm: Vec<usize> = (0..a.t.rank()).collect();
-        self.rng.shuffle(&mut perm);
+        perm.shuffle(self.rng);
         let r = a.t.transpose(&perm);
         self.push(r, a.exact);
     }
@@ -582,16 +551,16 @@ impl Gen<'_> {
         };
         let (mut start, mut limit, mut stride) = (Vec::new(), Vec::new(), Vec::new());
         for &n in a.t.shape() {
-            if self.rng.chance(1, 3) {
+            if self.rng.random_ratio(1, 3) {
                 start.push(0);
                 limit.push(n);
                 stride.push(1);
                 continue;
             }
-            let s = self.rng.below(n);
+            let s = self.rng.random_range(0..n);
             start.push(s);
-            limit.push(s + 1 + self.rng.below(n - s));
-            stride.push(1 + self.rng.below(3));
+            limit.push(s + 1 + self.rng.random_range(0..n - s));
+            stride.push(1 + self.rng.random_range(0..3));
         }
         let r = a.t.slice(&start, &limit, &stride);
         self.push(r, a.exact);
@@ -605,12 +574,12 @@ impl Gen<'_> {
         let mut shape = Vec::new();
         for &n in a.t.shape() {
             loop {
-                let i = if self.rng.chance(1, 3) {
-                    self.rng.below(3)
+                let i = if self.rng.random_ratio(1, 3) {
+                    self.rng.random_range(0..3)
                 } else {
                     0
                 };
-                let (l, h) = (self.rng.range(-2, 3), self.rng.range(-2, 3));
+                let (l, h) = (self.rng.random_range(-2..=3), self.rng.random_range(-2..=3));
                 let size = n as i64 + (n as i64 - 1) * i as i64 + l + h;
                 if size >= 1 {
                     low.push(l);
@@ -625,7 +594,7 @@ impl Gen<'_> {
             return;
         }
         let value =
-            a.t.scalar_like(f64::from(self.rng.range(-4, 4) as i32) / 2.0);
+            a.t.scalar_like(f64::from(self.rng.random_range(-4..=4)) / 2.0);
         let r = a.t.pad(&value, &low, &high, &interior);
         self.push(r, a.exact);
     }
@@ -634,19 +603,19 @@ impl Gen<'_> {
         let Some(a) = self.operand(|v| v.t.rank() > 0) else {
             return;
         };
-        let dim = self.rng.below(a.t.rank());
+        let dim = self.rng.random_range(0..a.t.rank());
         let mut parts = vec![a.clone()];
-        for _ in 0..1 + self.rng.below(2) {
+        for _ in 0..1 + self.rng.random_range(0..2) {
             let mut shape = a.t.shape().to_vec();
-            if self.rng.chance(1, 3) {
+            if self.rng.random_ratio(1, 3) {
                 parts.push(a.clone());
                 continue;
             }
-            shape[dim] = self.rng.dim();
+            shape[dim] = dim_size(self.rng);
             let v = self.value_of(&shape, a.t.dtype(), false);
             parts.push(v);
         }
-        self.rng.shuffle(&mut parts);
+        parts.shuffle(self.rng);
         let mut shape = a.t.shape().to_vec();
         shape[dim] = parts.iter().map(|p| p.t.shape()[dim]).sum();
         if elements(&shape) > MAX_ELEMENTS {
@@ -662,8 +631,8 @@ impl Gen<'_> {
         let Some(a) = self.operand(|v| v.t.dtype() == DType::F32 && v.t.rank() > 0) else {
             return;
         };
-        let axis = self.rng.below(a.t.rank()) as isize;
-        let r = match self.rng.below(3) {
+        let axis = self.rng.random_range(0..a.t.rank()) as isize;
+        let r = match self.rng.random_range(0..3) {
             0 => a.t.softmax(axis),
             1 => a.t.log_softmax(axis),
             _ => a.t.layer_norm(axis, 1e-3),
@@ -672,23 +641,23 @@ impl Gen<'_> {
     }
 
     fn source(&mut self) {
-        let rank = 1 + self.rng.below(3);
-        let shape = self.rng.shape(rank);
-        let dtype = if self.rng.chance(1, 3) {
+        let rank = 1 + self.rng.random_range(0..3);
+        let shape = shape(self.rng, rank);
+        let dtype = if self.rng.random_ratio(1, 3) {
             DType::I32
         } else {
             DType::F32
         };
-        match self.rng.below(3) {
+        match self.rng.random_range(0..3) {
             0 => {
-                let dim = self.rng.below(rank);
+                let dim = self.rng.random_range(0..rank);
                 let r = self.b.iota(shape, dim, dtype);
                 self.push(r, true);
             }
             1 => {
                 let r = self
                     .b
-                    .full(shape, dtype, f64::from(self.rng.range(-3, 3) as i32) / 4.0);
+                    .full(shape, dtype, f64::from(self.rng.random_range(-3..=3)) / 4.0);
                 self.push(r, true);
             }
             _ => {
@@ -701,7 +670,7 @@ impl Gen<'_> {
         let Some(a) = self.operand(|v| v.t.dtype() != DType::F32) else {
             return;
         };
-        let to = if a.t.dtype() == DType::Bool && self.rng.chance(1, 2) {
+        let to = if a.t.dtype() == DType::Bool && self.rng.random_ratio(1, 2) {
             DType::I32
         } else {
             DType::F32
@@ -733,9 +702,11 @@ fn broadcast_elements(a: &[usize], b: &[usize]) -> usize {
 /// A random program of 3 to `max_steps` generated steps (composite ops add more nodes) and the mesh
 /// it is annotated for.
 fn random_case(seed: u64, max_steps: usize) -> (Program, Mesh) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mesh = random_mesh(&mut rng);
-    let annotate_rate = *rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6]);
+    let annotate_rate = *[0, 1, 2, 2, 3, 3, 4, 6]
+        .choose(&mut rng)
+        .expect("a non-empty choice");
     let b = Builder::new(format!("case{seed}"));
     let mut g = Gen {
         rng: &mut rng,
@@ -745,17 +716,19 @@ fn random_case(seed: u64, max_steps: usize) -> (Program, Mesh) {
         annotate_rate,
         params: 0,
     };
-    let first_dtype = if g.rng.chance(1, 5) {
+    let first_dtype = if g.rng.random_ratio(1, 5) {
         DType::I32
     } else {
         DType::F32
     };
-    for _ in 0..1 + g.rng.below(2) {
-        let rank = *g.rng.pick(&[0, 1, 1, 2, 2, 2, 3, 3]);
-        let shape = g.rng.shape(rank);
+    for _ in 0..1 + g.rng.random_range(0..2) {
+        let rank = *[0, 1, 1, 2, 2, 2, 3, 3]
+            .choose(g.rng)
+            .expect("a non-empty choice");
+        let shape = shape(g.rng, rank);
         g.parameter(shape, first_dtype);
     }
-    let steps = 3 + g.rng.below(max_steps.max(3) - 2);
+    let steps = 3 + g.rng.random_range(0..max_steps.max(3) - 2);
     for _ in 0..steps {
         g.step();
     }
@@ -1084,15 +1057,40 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Cases run by default.
+const CASES: u64 = 1500;
+/// The default first seed.
+const FIRST_SEED: u64 = 1;
+/// The default bound on generated steps per program.
+const MAX_STEPS: usize = 15;
+
+/// Every op kind of a global program is in some case the default run generates.
+#[test]
+fn covers_every_op_kind() {
+    let mut kinds = BTreeSet::new();
+    for seed in FIRST_SEED..FIRST_SEED + CASES {
+        let (program, _) = random_case(seed, MAX_STEPS);
+        kinds.extend(program.nodes.iter().map(|n| n.op.kind()));
+    }
+    let missing: Vec<OpKind> = (OpKind::ALL.iter().copied())
+        .filter(|k| !k.is_spmd_only() && !kinds.contains(k))
+        .collect();
+    let unexpected: Vec<&OpKind> = kinds.iter().filter(|k| k.is_spmd_only()).collect();
+    assert!(
+        missing.is_empty() && unexpected.is_empty(),
+        "the generator has no case for {missing:?}; generates SPMD ops {unexpected:?}"
+    );
+}
+
 /// Runs `PIPELINE_CASES` (default 1500, ~12 s in debug) cases from `PIPELINE_SEED`
 /// (default 1); shrinks and prints the first failure. `PIPELINE_KEEP_GOING=1` reports
 /// every failure; `PIPELINE_PRINT=1` prints every case and its compiled form;
 /// `PIPELINE_MAX_STEPS` (default 15) bounds the generated ops per program.
 #[test]
 fn random_programs_on_random_meshes() {
-    let cases = env_or("PIPELINE_CASES", 1500);
-    let first = env_or("PIPELINE_SEED", 1);
-    let max_steps = env_or("PIPELINE_MAX_STEPS", 15) as usize;
+    let cases = env_or("PIPELINE_CASES", CASES);
+    let first = env_or("PIPELINE_SEED", FIRST_SEED);
+    let max_steps = env_or("PIPELINE_MAX_STEPS", MAX_STEPS as u64) as usize;
     let keep_going = std::env::var("PIPELINE_KEEP_GOING").is_ok();
     let mut failures = Vec::new();
     let mut coverage = Coverage::default();

@@ -3,9 +3,11 @@
 //! layouts), never taken from the code's output.
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, Op, Program, Tensor, ValueId, einsum};
+use gspmd_core::ir::{Builder, DType, Op, OpKind, Program, Tensor, ValueId, einsum};
 use gspmd_core::propagation::{explain, propagate, sharding_rule};
 use gspmd_core::sharding::{Mesh, Sharding};
+
+mod op_coverage;
 
 fn sh(text: &str) -> Sharding {
     text.parse().expect("test sharding parses")
@@ -62,6 +64,7 @@ fn run(program: &Program) -> Program {
             }
         }
     }
+    op_coverage::record("propagated", &p);
     p
 }
 
@@ -89,6 +92,7 @@ fn all(p: &Program) -> Vec<String> {
 
 /// The rule of the op defining `t`, printed.
 fn rule(p: &Program, t: &Tensor) -> String {
+    op_coverage::record_kinds("propagated", [p.node(id(t)).op.kind()]);
     sharding_rule(p, id(t)).to_string()
 }
 
@@ -323,10 +327,63 @@ fn reduction_over_a_sharded_dim() {
     let x = param(&b, "x", &[8, 16, 4], Some("(data, model, _)"));
     let over_model = x.sum(&[1]);
     let over_data = x.max_over(&[0]);
-    let p = run(&finish(b, &[&over_model, &over_data]));
+    let over_free = x.min_over(&[2]);
+    let p = run(&finish(b, &[&over_model, &over_data, &over_free]));
     // The reduced dim's axis is not on the result.
     assert_eq!(of(&p, &over_model), "(data, _)");
     assert_eq!(of(&p, &over_data), "(model, _)");
+    assert_eq!(of(&p, &over_free), "(data, model)");
+}
+
+#[test]
+fn every_elementwise_op_passes_the_sharding_through() {
+    let b = Builder::new("elementwise");
+    let x = param(&b, "x", &[8, 16], Some("(data, model)"));
+    let y = param(&b, "y", &[8, 16], None);
+    let unary = [
+        x.neg(),
+        x.abs(),
+        x.exp(),
+        x.log(),
+        x.sqrt(),
+        x.rsqrt(),
+        x.tanh(),
+        x.logistic(),
+    ];
+    let binary = [
+        x.add(&y),
+        x.sub(&y),
+        x.mul(&y),
+        x.div(&y),
+        x.max(&y),
+        x.min(&y),
+        x.pow(&y),
+    ];
+    let compares = [x.eq(&y), x.ne(&y), x.lt(&y), x.le(&y), x.gt(&y), x.ge(&y)];
+    let (p, q) = (&compares[0], &compares[1]);
+    let rest = [
+        p.not(),
+        p.and(q),
+        p.or(q),
+        p.select(&x, &y),
+        x.convert(DType::I32),
+    ];
+    let all: Vec<&Tensor> = unary
+        .iter()
+        .chain(&binary)
+        .chain(&compares)
+        .chain(&rest)
+        .collect();
+    let program = run(&finish(b, &all));
+    assert_eq!(of(&program, &y), "(data, model)");
+    for t in all {
+        assert_eq!(
+            of(&program, t),
+            "(data, model)",
+            "{}",
+            program.node(id(t)).op.name()
+        );
+    }
 }
 
 #[test]
@@ -609,4 +666,13 @@ mod properties {
             run(&build(first, &steps));
         }
     }
+}
+
+/// Every op kind of a global program has its sharding rule printed or is propagated
+/// through and checked by a test above (through [`rule`] or [`run`]).
+#[test]
+fn covers_every_op_kind() {
+    let kinds = op_coverage::kinds_checked("covers_every_op_kind");
+    let global = |k: OpKind| !k.is_spmd_only();
+    op_coverage::assert_kinds("propagated", kinds.get("propagated"), global, global);
 }

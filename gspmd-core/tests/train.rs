@@ -8,45 +8,19 @@
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Op, Program, Tensor, einsum};
 use gspmd_core::partition::SpmdProgram;
+use gspmd_core::runtime::{uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::train::{
     Engine, Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
 };
 use ndarray::{ArrayD, IxDyn};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
 
 // ---- helpers -------------------------------------------------------------------------
 
 fn s(text: &str) -> Sharding {
     text.parse().unwrap()
-}
-
-/// splitmix64: deterministic pseudo-random inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-scale, scale)`.
-    fn f32s(&mut self, shape: &[usize], scale: f32) -> Literal {
-        let n: usize = shape.iter().product();
-        let v = (0..n)
-            .map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale)
-            .collect();
-        Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
-    }
-
-    /// Uniform in `0..n`.
-    fn i32s(&mut self, shape: &[usize], n: u64) -> Literal {
-        let count: usize = shape.iter().product();
-        let v = (0..count).map(|_| (self.next() % n) as i32).collect();
-        Literal::I32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
-    }
 }
 
 fn f32s(shape: &[usize], data: &[f32]) -> Literal {
@@ -294,7 +268,7 @@ struct Problem {
 }
 
 /// Megatron MLP: `mse(relu(x w1) w2, target)` with `x: [batch, 16]`.
-fn megatron(rng: &mut Rng, batch: usize) -> Problem {
+fn megatron(rng: &mut Xoshiro256PlusPlus, batch: usize) -> Problem {
     let (d, f) = (16, 32);
     let b = Builder::new("megatron");
     let x = b
@@ -313,8 +287,14 @@ fn megatron(rng: &mut Rng, batch: usize) -> Problem {
     Problem {
         model: b.finish(&[&loss]).unwrap(),
         trained: vec![1, 2],
-        initial: vec![rng.f32s(&[d, f], 0.5), rng.f32s(&[f, d], 0.3)],
-        data: vec![rng.f32s(&[batch, d], 1.0), rng.f32s(&[batch, d], 1.0)],
+        initial: vec![
+            uniform_f32(rng, &[d, f], -0.5, 0.5),
+            uniform_f32(rng, &[f, d], -0.3, 0.3),
+        ],
+        data: vec![
+            uniform_f32(rng, &[batch, d], -1.0, 1.0),
+            uniform_f32(rng, &[batch, d], -1.0, 1.0),
+        ],
     }
 }
 
@@ -329,7 +309,7 @@ fn one_hot(ids: &Tensor, n: usize) -> Tensor {
 /// A one-layer Transformer: token embedding (one-hot matmul), self-attention with heads
 /// on `model`, layer norm with a learned scale, a GELU FFN with its hidden dim on
 /// `model`, and cross-entropy over the vocabulary.
-fn transformer(rng: &mut Rng) -> Problem {
+fn transformer(rng: &mut Xoshiro256PlusPlus) -> Problem {
     let (bsz, seq, vocab, m, heads, hd, f) = (4, 8, 16, 8, 4, 2, 16);
     let b = Builder::new("transformer");
     let tokens = b
@@ -380,19 +360,19 @@ fn transformer(rng: &mut Rng) -> Problem {
         model: b.finish(&[&loss]).unwrap(),
         trained: (2..11).collect(),
         initial: vec![
-            rng.f32s(&[vocab, m], 1.0),
-            rng.f32s(&[m, heads, hd], 0.5),
-            rng.f32s(&[m, heads, hd], 0.5),
-            rng.f32s(&[m, heads, hd], 0.5),
-            rng.f32s(&[heads, hd, m], 0.5),
+            uniform_f32(rng, &[vocab, m], -1.0, 1.0),
+            uniform_f32(rng, &[m, heads, hd], -0.5, 0.5),
+            uniform_f32(rng, &[m, heads, hd], -0.5, 0.5),
+            uniform_f32(rng, &[m, heads, hd], -0.5, 0.5),
+            uniform_f32(rng, &[heads, hd, m], -0.5, 0.5),
             ones,
-            rng.f32s(&[m, f], 0.5),
-            rng.f32s(&[f, m], 0.3),
-            rng.f32s(&[m, vocab], 0.5),
+            uniform_f32(rng, &[m, f], -0.5, 0.5),
+            uniform_f32(rng, &[f, m], -0.3, 0.3),
+            uniform_f32(rng, &[m, vocab], -0.5, 0.5),
         ],
         data: vec![
-            rng.i32s(&[bsz, seq], vocab as u64),
-            rng.i32s(&[bsz, seq], vocab as u64),
+            uniform_i32(rng, &[bsz, seq], 0, vocab as i32),
+            uniform_i32(rng, &[bsz, seq], 0, vocab as i32),
         ],
     }
 }
@@ -443,17 +423,26 @@ fn train_everywhere(problem: &Problem, optimizer: Optimizer) {
 
 #[test]
 fn megatron_mlp_trains_like_the_interpreter_sgd() {
-    train_everywhere(&megatron(&mut Rng(1), 8), sgd(0.05, 0.9));
+    train_everywhere(
+        &megatron(&mut Xoshiro256PlusPlus::seed_from_u64(1), 8),
+        sgd(0.05, 0.9),
+    );
 }
 
 #[test]
 fn megatron_mlp_trains_like_the_interpreter_adamw() {
-    train_everywhere(&megatron(&mut Rng(2), 8), adamw(0.01, 0.01));
+    train_everywhere(
+        &megatron(&mut Xoshiro256PlusPlus::seed_from_u64(2), 8),
+        adamw(0.01, 0.01),
+    );
 }
 
 #[test]
 fn transformer_trains_like_the_interpreter_adamw() {
-    train_everywhere(&transformer(&mut Rng(3)), adamw(0.01, 0.01));
+    train_everywhere(
+        &transformer(&mut Xoshiro256PlusPlus::seed_from_u64(3)),
+        adamw(0.01, 0.01),
+    );
 }
 
 // ---- (c), (d) golden: the collectives of a partitioned step -----------------------------
@@ -518,7 +507,7 @@ fn expected_megatron(batch: usize, a: usize, m: usize) -> Vec<(&'static str, Str
 }
 
 fn check_megatron_step(batch: usize) {
-    let p = megatron(&mut Rng(4), batch);
+    let p = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(4), batch);
     let step = step_program(&p.model, 0, &p.trained, &adamw(0.01, 0.01)).unwrap();
     for (a, m) in [(2, 2), (2, 4)] {
         let mesh = Mesh::new([("data", a), ("model", m)]).unwrap();
@@ -600,11 +589,17 @@ fn temp_path(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn checkpoint_round_trip() {
-    let mut rng = Rng(5);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
     let tensors = vec![
-        ("w1".to_string(), rng.f32s(&[3, 4], 2.0)),
-        ("m(w1)".to_string(), rng.f32s(&[3, 4], 1e-3)),
-        ("tokens".to_string(), rng.i32s(&[2, 5], 1000)),
+        ("w1".to_string(), uniform_f32(&mut rng, &[3, 4], -2.0, 2.0)),
+        (
+            "m(w1)".to_string(),
+            uniform_f32(&mut rng, &[3, 4], -1e-3, 1e-3),
+        ),
+        (
+            "tokens".to_string(),
+            uniform_i32(&mut rng, &[2, 5], 0, 1000),
+        ),
         (
             "mask".to_string(),
             Literal::Bool(ArrayD::from_shape_vec(IxDyn(&[3]), vec![true, false, true]).unwrap()),
@@ -646,7 +641,7 @@ fn checkpoint_errors() {
 
 #[test]
 fn resuming_from_a_checkpoint_continues_training() {
-    let p = megatron(&mut Rng(6), 8);
+    let p = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(6), 8);
     let step = step_program(&p.model, 0, &p.trained, &adamw(0.01, 0.01)).unwrap();
     let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
     let mut first = Trainer::on_mesh(step.clone(), mesh.clone(), p.initial.clone()).unwrap();

@@ -33,4 +33,5 @@
 mod registry;
 mod sweep;
 
+pub use registry::is_differentiable;
 pub use sweep::grad;

@@ -15,7 +15,29 @@
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{BinaryOp, CompareOp, DType, DotDims, Node, Op, ReduceKind, UnaryOp, ValueId};
+use crate::ir::{
+    BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId,
+};
+
+/// True when [`operand_cotangent`] has a rule for ops of `kind`: every op of a global
+/// program (bool- and integer-valued ones pass no gradient, but have a rule), and none
+/// of the SPMD-only ops: [`super::grad`] rejects a program holding one with
+/// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
+/// finite-difference test for every differentiable kind, the error for every other one.
+pub fn is_differentiable(kind: OpKind) -> bool {
+    use OpKind as K;
+    match kind {
+        K::Parameter | K::Constant | K::Iota | K::Select | K::Convert => true,
+        K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => true,
+        K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => true,
+        K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge => true,
+        K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => true,
+        K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
+        K::ShardingConstraint => true,
+        K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
+        K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
+    }
+}
 
 /// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
 /// cotangent is `ct`, emitted through `e`; `Ok(None)` when no gradient flows along that
@@ -113,16 +135,19 @@ pub(super) fn operand_cotangent(
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
-            return Err(Error::NotDifferentiable {
-                value: y,
-                op: node.op.name(),
-                location: node.location,
-                message: "an SPMD op is not differentiable in a global program".into(),
-            });
-        }
+        | Op::CollectivePermute { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
+}
+
+/// The error for `node` (defining `y`) when its op is not [`is_differentiable`].
+pub(super) fn not_differentiable(node: &Node, y: ValueId) -> Error {
+    Error::NotDifferentiable {
+        value: y,
+        op: node.op.name(),
+        location: node.location,
+        message: "an SPMD op is not differentiable in a global program".into(),
+    }
 }
 
 /// `q` with `q[perm[i]] = i`.

@@ -2,7 +2,7 @@
 //! asking the [registry](super::registry) for each operand's cotangent and summing the
 //! cotangents of values used several times. It knows no op.
 
-use super::registry::operand_cotangent;
+use super::registry::{is_differentiable, not_differentiable, operand_cotangent};
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
@@ -25,11 +25,15 @@ use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 ///   the weight; `sharding_constraint`s of the forward pass constrain the cotangents
 ///   alike (GSPMD section 3.6).
 ///
-/// A value on a path from a `wrt` parameter to the loss whose op is SPMD-only
-/// (axis_index, dynamic_slice, a collective) gives [`Error::NotDifferentiable`]. See
+/// A program holding an op that is not [`is_differentiable`] (the SPMD-only ops
+/// axis_index, dynamic_slice and the collectives, which only exist in partitioned
+/// programs) gives [`Error::NotDifferentiable`] for the first one. See
 /// [`super`] for the rules and their conventions at ties and kinks.
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     verify(program)?;
+    if let Some(v) = (program.values()).find(|&v| !is_differentiable(program.node(v).op.kind())) {
+        return Err(not_differentiable(program.node(v), v));
+    }
     let request = |message: String| Error::GradRequest {
         program: program.name.clone(),
         message,

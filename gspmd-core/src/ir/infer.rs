@@ -11,16 +11,8 @@ use crate::types::{DType, TensorType, checked_num_elements};
 /// does too (an op whose result would not, e.g. a reshape to `[1<<40, 1<<40]` or a pad
 /// by `i64::MAX`, is an `Err`), and no size arithmetic here overflows.
 pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, String> {
-    let arity = match op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => 0,
-        Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => 2,
-        Op::Select => 3,
-        Op::Concatenate(_) => operands.len().max(1),
-        Op::AxisIndex(_) => 0,
-        Op::DynamicSlice(sizes) => sizes.len() + 1,
-        _ => 1,
-    };
-    if operands.len() != arity {
+    let arity = op.arity();
+    if !arity.accepts(operands.len()) {
         return Err(format!("expects {arity} operands, got {}", operands.len()));
     }
     let ty = match op {

@@ -18,6 +18,6 @@ pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
-pub use op::{AxisGroup, BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+pub use op::{Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp};
 pub use program::{Node, Origin, Program};
 pub use verifier::verify;

@@ -292,6 +292,94 @@ impl Op {
         }
     }
 
+    /// The op's kind: the variant, and the sub-op of unary, binary, compare and reduce.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Parameter { .. } => OpKind::Parameter,
+            Op::Constant(_) => OpKind::Constant,
+            Op::Iota { .. } => OpKind::Iota,
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => OpKind::Neg,
+                UnaryOp::Abs => OpKind::Abs,
+                UnaryOp::Exp => OpKind::Exp,
+                UnaryOp::Log => OpKind::Log,
+                UnaryOp::Sqrt => OpKind::Sqrt,
+                UnaryOp::Rsqrt => OpKind::Rsqrt,
+                UnaryOp::Tanh => OpKind::Tanh,
+                UnaryOp::Logistic => OpKind::Logistic,
+                UnaryOp::Not => OpKind::Not,
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => OpKind::Add,
+                BinaryOp::Sub => OpKind::Sub,
+                BinaryOp::Mul => OpKind::Mul,
+                BinaryOp::Div => OpKind::Div,
+                BinaryOp::Max => OpKind::Max,
+                BinaryOp::Min => OpKind::Min,
+                BinaryOp::Pow => OpKind::Pow,
+                BinaryOp::And => OpKind::And,
+                BinaryOp::Or => OpKind::Or,
+            },
+            Op::Compare(c) => match c {
+                CompareOp::Eq => OpKind::Eq,
+                CompareOp::Ne => OpKind::Ne,
+                CompareOp::Lt => OpKind::Lt,
+                CompareOp::Le => OpKind::Le,
+                CompareOp::Gt => OpKind::Gt,
+                CompareOp::Ge => OpKind::Ge,
+            },
+            Op::Select => OpKind::Select,
+            Op::Convert(_) => OpKind::Convert,
+            Op::Broadcast { .. } => OpKind::Broadcast,
+            Op::Reshape(_) => OpKind::Reshape,
+            Op::Transpose(_) => OpKind::Transpose,
+            Op::Reduce { kind, .. } => match kind {
+                ReduceKind::Sum => OpKind::ReduceSum,
+                ReduceKind::Max => OpKind::ReduceMax,
+                ReduceKind::Min => OpKind::ReduceMin,
+            },
+            Op::DotGeneral(_) => OpKind::DotGeneral,
+            Op::Slice { .. } => OpKind::Slice,
+            Op::Pad { .. } => OpKind::Pad,
+            Op::Concatenate(_) => OpKind::Concatenate,
+            Op::AxisIndex(_) => OpKind::AxisIndex,
+            Op::DynamicSlice(_) => OpKind::DynamicSlice,
+            Op::AllReduce { .. } => OpKind::AllReduce,
+            Op::AllGather { .. } => OpKind::AllGather,
+            Op::ReduceScatter { .. } => OpKind::ReduceScatter,
+            Op::AllToAll { .. } => OpKind::AllToAll,
+            Op::CollectivePermute { .. } => OpKind::CollectivePermute,
+            Op::ShardingConstraint => OpKind::ShardingConstraint,
+        }
+    }
+
+    /// How many operands the op takes.
+    pub fn arity(&self) -> Arity {
+        match self {
+            Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex(_) => {
+                Arity::Fixed(0)
+            }
+            Op::Unary(_)
+            | Op::Convert(_)
+            | Op::Broadcast { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Reduce { .. }
+            | Op::Slice { .. }
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::ShardingConstraint => Arity::Fixed(1),
+            Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
+            Op::Select => Arity::Fixed(3),
+            Op::Concatenate(_) => Arity::AtLeast(1),
+            // The operand, then one start index per dim.
+            Op::DynamicSlice(sizes) => Arity::Fixed(sizes.len() + 1),
+        }
+    }
+
     /// True for the collectives (ops that communicate between devices).
     pub fn is_collective(&self) -> bool {
         self.collective_group().is_some()
@@ -305,27 +393,240 @@ impl Op {
             | Op::ReduceScatter { group, .. }
             | Op::AllToAll { group, .. }
             | Op::CollectivePermute { group, .. } => Some(group),
-            _ => None,
+            Op::Parameter { .. }
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Broadcast { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Reduce { .. }
+            | Op::DotGeneral(_)
+            | Op::Slice { .. }
+            | Op::Pad { .. }
+            | Op::Concatenate(_)
+            | Op::AxisIndex(_)
+            | Op::DynamicSlice(_)
+            | Op::ShardingConstraint => None,
         }
     }
 
-    /// True for ops that only exist in partitioned programs (collectives, axis_index,
-    /// dynamic_slice): the propagation and the reference interpreter reject them.
+    /// See [`OpKind::is_spmd_only`].
     pub fn is_spmd_only(&self) -> bool {
-        self.is_collective() || matches!(self, Op::AxisIndex(_) | Op::DynamicSlice(_))
+        self.kind().is_spmd_only()
+    }
+
+    /// See [`OpKind::is_elementwise`].
+    pub fn is_elementwise(&self) -> bool {
+        self.kind().is_elementwise()
+    }
+}
+
+/// How many operands an op takes (see [`Op::arity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Fixed(usize),
+    /// This many or more (variadic: `concatenate`).
+    AtLeast(usize),
+}
+
+impl Arity {
+    /// True when `n` operands fit.
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Fixed(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl std::fmt::Display for Arity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arity::Fixed(k) => write!(f, "{k}"),
+            Arity::AtLeast(k) => write!(f, "at least {k}"),
+        }
+    }
+}
+
+/// Declares [`OpKind`] and its complete list [`OpKind::ALL`] from one list of
+/// variants, so the list cannot miss one.
+macro_rules! op_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// What an [`Op`] is, without its attributes: one kind per op variant, and one
+        /// per sub-op of `Unary`, `Binary`, `Compare` and `Reduce` (each has its own
+        /// kernel and VJP rule). Tests measure op coverage in kinds.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum OpKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl OpKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [OpKind] = &[$(OpKind::$kind,)*];
+        }
+    };
+}
+
+op_kinds! {
+    /// [`Op::Parameter`].
+    Parameter,
+    /// [`Op::Constant`].
+    Constant,
+    /// [`Op::Iota`].
+    Iota,
+    /// [`UnaryOp::Neg`].
+    Neg,
+    /// [`UnaryOp::Abs`].
+    Abs,
+    /// [`UnaryOp::Exp`].
+    Exp,
+    /// [`UnaryOp::Log`].
+    Log,
+    /// [`UnaryOp::Sqrt`].
+    Sqrt,
+    /// [`UnaryOp::Rsqrt`].
+    Rsqrt,
+    /// [`UnaryOp::Tanh`].
+    Tanh,
+    /// [`UnaryOp::Logistic`].
+    Logistic,
+    /// [`UnaryOp::Not`].
+    Not,
+    /// [`BinaryOp::Add`].
+    Add,
+    /// [`BinaryOp::Sub`].
+    Sub,
+    /// [`BinaryOp::Mul`].
+    Mul,
+    /// [`BinaryOp::Div`].
+    Div,
+    /// [`BinaryOp::Max`].
+    Max,
+    /// [`BinaryOp::Min`].
+    Min,
+    /// [`BinaryOp::Pow`].
+    Pow,
+    /// [`BinaryOp::And`].
+    And,
+    /// [`BinaryOp::Or`].
+    Or,
+    /// [`CompareOp::Eq`].
+    Eq,
+    /// [`CompareOp::Ne`].
+    Ne,
+    /// [`CompareOp::Lt`].
+    Lt,
+    /// [`CompareOp::Le`].
+    Le,
+    /// [`CompareOp::Gt`].
+    Gt,
+    /// [`CompareOp::Ge`].
+    Ge,
+    /// [`Op::Select`].
+    Select,
+    /// [`Op::Convert`].
+    Convert,
+    /// [`Op::Broadcast`].
+    Broadcast,
+    /// [`Op::Reshape`].
+    Reshape,
+    /// [`Op::Transpose`].
+    Transpose,
+    /// [`Op::Reduce`] with [`ReduceKind::Sum`].
+    ReduceSum,
+    /// [`Op::Reduce`] with [`ReduceKind::Max`].
+    ReduceMax,
+    /// [`Op::Reduce`] with [`ReduceKind::Min`].
+    ReduceMin,
+    /// [`Op::DotGeneral`].
+    DotGeneral,
+    /// [`Op::Slice`].
+    Slice,
+    /// [`Op::Pad`].
+    Pad,
+    /// [`Op::Concatenate`].
+    Concatenate,
+    /// [`Op::AxisIndex`].
+    AxisIndex,
+    /// [`Op::DynamicSlice`].
+    DynamicSlice,
+    /// [`Op::AllReduce`].
+    AllReduce,
+    /// [`Op::AllGather`].
+    AllGather,
+    /// [`Op::ReduceScatter`].
+    ReduceScatter,
+    /// [`Op::AllToAll`].
+    AllToAll,
+    /// [`Op::CollectivePermute`].
+    CollectivePermute,
+    /// [`Op::ShardingConstraint`].
+    ShardingConstraint,
+}
+
+impl OpKind {
+    /// True for ops that only exist in partitioned programs (collectives, axis_index,
+    /// dynamic_slice): the propagation, autodiff and the reference interpreter reject
+    /// them.
+    pub fn is_spmd_only(self) -> bool {
+        use OpKind as K;
+        match self {
+            K::AxisIndex
+            | K::DynamicSlice
+            | K::AllReduce
+            | K::AllGather
+            | K::ReduceScatter
+            | K::AllToAll
+            | K::CollectivePermute => true,
+            K::Parameter | K::Constant | K::Iota => false,
+            K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
+            K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
+            K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
+            K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
+            K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::ShardingConstraint => false,
+        }
     }
 
     /// True for ops whose every result element depends only on the operand elements at
     /// the same index (unary, binary, compare, select, convert, sharding_constraint).
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            Op::Unary(_)
-                | Op::Binary(_)
-                | Op::Compare(_)
-                | Op::Select
-                | Op::Convert(_)
-                | Op::ShardingConstraint
-        )
+    pub fn is_elementwise(self) -> bool {
+        use OpKind as K;
+        match self {
+            K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => true,
+            K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => true,
+            K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => true,
+            K::ShardingConstraint => true,
+            K::Parameter | K::Constant | K::Iota => false,
+            K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
+            K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
+            K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
+        }
+    }
+
+    /// True for ops whose result is a partial sum when an operand dim they sum over
+    /// (a contracting dim of `dot_general`, a dim of a `reduce` sum) is split: each
+    /// device then holds a summand, a pending sum the partitioner may keep unreduced.
+    pub fn makes_partial_sums(self) -> bool {
+        use OpKind as K;
+        match self {
+            K::DotGeneral | K::ReduceSum => true,
+            // Max and min are not sums; the collectives already combine across devices.
+            K::ReduceMax | K::ReduceMin | K::AllReduce | K::ReduceScatter => false,
+            K::Parameter | K::Constant | K::Iota => false,
+            K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
+            K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
+            K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
+            K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
+            K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
+            K::CollectivePermute | K::ShardingConstraint => false,
+        }
     }
 }

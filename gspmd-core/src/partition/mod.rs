@@ -22,7 +22,7 @@ pub use report::CollectiveStats;
 pub(crate) use value::PValue;
 
 use crate::error::Result;
-use crate::ir::{Op, Program, ReduceKind, TensorType, ValueId};
+use crate::ir::{Op, Program, TensorType, ValueId};
 use crate::sharding::{Mesh, Sharding};
 use emit::Emitter;
 
@@ -51,14 +51,7 @@ fn keep_sums_for_users(
     v: ValueId,
     mut target: Sharding,
 ) -> Sharding {
-    let makes_sums = matches!(
-        program.node(v).op,
-        Op::DotGeneral(_)
-            | Op::Reduce {
-                kind: ReduceKind::Sum,
-                ..
-            }
-    );
+    let makes_sums = program.node(v).op.kind().makes_partial_sums();
     if !makes_sums || users.is_empty() || program.outputs.contains(&v) {
         return target;
     }

@@ -24,6 +24,6 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
-pub use sample::sample_inputs;
+pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

@@ -1,52 +1,45 @@
-//! Deterministic sample inputs for a program: for examples, smoke tests and benches
-//! that need data of the right types but not any data in particular.
+//! Seeded random arrays: sample inputs for a program (examples, smoke tests, benches that
+//! need data of the right types but not any data in particular) and the uniform arrays
+//! tests draw their data from. One generator everywhere: [`Xoshiro256PlusPlus`] seeded
+//! with [`SeedableRng::seed_from_u64`], a portable generator whose stream is fixed for
+//! a given seed, so runs reproduce.
 
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{Rng, RngExt, SeedableRng};
 
 use crate::ir::{DType, Literal, Program};
 
-/// One input per parameter of `program`, of its type, filled from a hash of `seed`, the
-/// parameter's index and the element's position: f32 in `[-0.5, 0.5)`, i32 in `0..8`,
-/// bool half true. The same arguments always give the same inputs.
+/// One input per parameter of `program`, of its type, drawn in parameter order from one
+/// generator seeded with `seed`: f32 uniform in `[-0.5, 0.5)`, i32 uniform in `0..8`,
+/// bool true with probability one half. The same arguments always give the same inputs.
 pub fn sample_inputs(program: &Program, seed: u64) -> Vec<Literal> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     program
         .params
         .iter()
-        .enumerate()
-        .map(|(k, &p)| {
+        .map(|&p| {
             let ty = program.ty(p);
-            let mut state = seed ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let mut next = move || {
-                // splitmix64
-                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^ (z >> 31)
-            };
-            let n: usize = ty.shape.iter().product();
-            let values: Vec<u64> = (0..n).map(|_| next()).collect();
-            let shape = IxDyn(&ty.shape);
-            // The element count is the shape's, so every array fits its shape.
-            let lit = match ty.dtype {
-                DType::F32 => ArrayD::from_shape_vec(
-                    shape,
-                    values
-                        .iter()
-                        .map(|&v| (v >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                        .collect(),
-                )
-                .map(Literal::F32),
-                DType::I32 => {
-                    ArrayD::from_shape_vec(shape, values.iter().map(|&v| (v % 8) as i32).collect())
-                        .map(Literal::I32)
-                }
-                DType::Bool => {
-                    ArrayD::from_shape_vec(shape, values.iter().map(|&v| v & 1 == 1).collect())
-                        .map(Literal::Bool)
-                }
-            };
-            lit.unwrap_or_else(|_| Literal::full(&ty.shape, ty.dtype, 0.0))
+            match ty.dtype {
+                DType::F32 => uniform_f32(&mut rng, &ty.shape, -0.5, 0.5),
+                DType::I32 => uniform_i32(&mut rng, &ty.shape, 0, 8),
+                DType::Bool => Literal::Bool(from_fn(&ty.shape, || rng.random_bool(0.5))),
+            }
         })
         .collect()
+}
+
+/// An f32 array of `shape` with elements uniform in `[lo, hi)` (`lo < hi`, both finite).
+pub fn uniform_f32(rng: &mut impl Rng, shape: &[usize], lo: f32, hi: f32) -> Literal {
+    Literal::F32(from_fn(shape, || rng.random_range(lo..hi)))
+}
+
+/// An i32 array of `shape` with elements uniform in `lo..hi` (`lo < hi`).
+pub fn uniform_i32(rng: &mut impl Rng, shape: &[usize], lo: i32, hi: i32) -> Literal {
+    Literal::I32(from_fn(shape, || rng.random_range(lo..hi)))
+}
+
+/// The array of `shape` whose elements, in row-major order, are successive calls of `f`.
+fn from_fn<T>(shape: &[usize], mut f: impl FnMut() -> T) -> ArrayD<T> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), &mut f)
 }
