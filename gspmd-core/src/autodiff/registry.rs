@@ -19,7 +19,7 @@ use crate::ir::{
     BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId,
 };
 
-/// True when [`operand_cotangent`] has a rule for ops of `kind`: every op of a global
+/// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
 /// program (bool- and integer-valued ones pass no gradient, but have a rule), and none
 /// of the SPMD-only ops: [`super::grad`] rejects a program holding one with
 /// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
