@@ -8,23 +8,25 @@
 //! runs more cases locally. A failing case is shrunk on the IR (outputs, annotations,
 //! cutting values into parameters) and printed before the test fails.
 //!
-//! Values compared: f32 within `1e-4 * max(1, max |want|)`, i32 and bool exactly. To keep
-//! bool results independent of summation order, comparisons only take operands whose
-//! values are exact in f32 whatever the order (sums, maxima and moves of inputs on a
-//! 1/8 grid); transcendental ops only see arguments where they are bounded and well
-//! conditioned (`exp(tanh x)`, `sqrt(|x| + 1)`, `log(|x| + 1)`), so that rounding
-//! differences of sums taken in another order are not amplified past the tolerance.
+//! Values compared: f32 within `1e-4` times an error scale per element (the rounding
+//! that summing in another order can cause there: see `error_scales`), i32 and bool
+//! exactly. To keep bool results independent of summation order, comparisons only take
+//! operands whose values are exact in f32 whatever the order (sums, maxima and moves of
+//! inputs on a 1/8 grid); transcendental ops only see arguments where they are bounded
+//! and well conditioned (`exp(tanh x)`, `sqrt(|x| + 1)`, `log(|x| + 1)`,
+//! `(|x| + 1)^tanh(y)`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, Op, OpKind, Program, ReduceKind, Tensor, ValueId, einsum,
+    BinaryOp, Builder, DType, DotDims, Literal, Op, OpKind, Program, ReduceKind, Tensor,
+    TensorType, UnaryOp, ValueId, einsum,
 };
-use gspmd_core::runtime::{ThreadMesh, interpret};
+use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use gspmd_core::{Executable, compile};
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, Dimension, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{RngExt, SeedableRng};
@@ -775,32 +777,229 @@ fn inputs_for(program: &Program) -> Vec<Literal> {
         .collect()
 }
 
-fn compare(want: &Literal, got: &Literal) -> Result<(), String> {
+/// How far an f32 output element may be from the reference: this many times its
+/// error scale (see [`error_scales`]). About 1700 ε (ε = 2^-24): room for the rounding
+/// of sums of hundreds of terms, taken in another order, through a few ops.
+const TOLERANCE: f32 = 1e-4;
+
+/// For every output of `program` on `inputs`, an error scale per element: the size of
+/// the rounding errors that evaluating the program's sums in another order (as the
+/// partitioned program does) can cause there, in units of ε. The tolerance is relative
+/// to it, not to the result, so an output that cancels exactly (`sum(s - mean(s))`) is
+/// judged against the size of the terms that cancelled, not against its ~0 value; and
+/// values that nothing inexact reaches (inputs, constants, exact moves and elementwise
+/// ops of them) must match bit for bit.
+///
+/// First-order error propagation, evaluated alongside the values. Each f32 value `v`
+/// gets `e(v)`: inputs, constants and non-f32 values 0; a sum (`reduce` sum, `dot`)
+/// adds the sum of its terms' magnitudes (its own rounding, in any order) to its
+/// operands' errors carried through it (`Σ e`; `e(a)·|b| + |a|·e(b)` per product of a
+/// dot); max, min and select pick the chosen operand's `e`; ops that move elements apply
+/// themselves to `e`; other elementwise ops carry their operands' errors through their
+/// derivative (`e(a) + e(b)` for add and subtract, `e(a)|b| + |a|e(b)` for multiply,
+/// `(e(a) + |v| e(b)) / |b|` for divide, `|f'(x)| e(x)` for unary ops, ...) and, where
+/// that is not 0, add `|v|` for their own rounding of a different argument. Comparisons
+/// are not covered: the generator only compares values that are exact in any order. A
+/// bound that is not a number (a log at 0) leaves the element unchecked (`inf`).
+fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>>, String> {
+    let mut values: Vec<Literal> = Vec::with_capacity(program.nodes.len());
+    let mut errors: Vec<ArrayD<f32>> = Vec::with_capacity(program.nodes.len());
+    for node in &program.nodes {
+        let operands: Vec<&Literal> = node.operands.iter().map(|o| &values[o.index()]).collect();
+        let value = match &node.op {
+            Op::Parameter { index, .. } => inputs[*index].clone(),
+            op => kernels::eval(op, &operands, &node.ty)?,
+        };
+        let e: Vec<&ArrayD<f32>> = node.operands.iter().map(|o| &errors[o.index()]).collect();
+        let x: Vec<ArrayD<f32>> = operands.iter().map(|l| magnitude(l)).collect();
+        let y = magnitude(&value);
+        let f32_ty = TensorType::new(node.ty.shape.clone(), DType::F32);
+        // `op` applied to f32 arrays of this node's shape.
+        let apply = |op: &Op, args: &[Literal]| -> Result<ArrayD<f32>, String> {
+            match kernels::eval(op, &args.iter().collect::<Vec<_>>(), &f32_ty)? {
+                Literal::F32(a) => Ok(a),
+                other => Err(format!("error scale of {} is {other:?}", op.name())),
+            }
+        };
+        let f32s = |arrays: &[&ArrayD<f32>]| -> Vec<Literal> {
+            arrays.iter().map(|&a| Literal::F32(a.clone())).collect()
+        };
+        // Elementwise: the error `f(|v|, |a|, |b|, e(a), e(b))` carried from the operands
+        // (`b` is `a` for unary ops), plus, if the op `rounds`, its own rounding `|v|`
+        // where an error arrives.
+        let elementwise = |rounds: bool, f: fn(f32, f32, f32, f32, f32) -> f32| {
+            let (b, eb) = match node.operands.len() {
+                1 => (&x[0], e[0]),
+                _ => (&x[1], e[1]),
+            };
+            let mut out = y.clone();
+            ndarray::Zip::from(&mut out)
+                .and(&x[0])
+                .and(b)
+                .and(e[0])
+                .and(eb)
+                .for_each(|v, &a, &b, &ea, &eb| {
+                    let carried = f(*v, a, b, ea, eb);
+                    *v = if rounds && carried != 0.0 {
+                        carried.abs() + *v
+                    } else {
+                        carried
+                    };
+                });
+            out
+        };
+        let error = match &node.op {
+            _ if node.ty.dtype != DType::F32 => ArrayD::zeros(y.raw_dim()),
+            Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => ArrayD::zeros(y.raw_dim()),
+            Op::Convert(_) if operands[0].dtype() != DType::F32 => ArrayD::zeros(y.raw_dim()),
+            Op::Unary(u) => match u {
+                UnaryOp::Neg | UnaryOp::Abs => e[0].clone(),
+                UnaryOp::Exp => elementwise(true, |v, _, _, ea, _| v * ea),
+                UnaryOp::Log => elementwise(true, |_, a, _, ea, _| ea / a),
+                UnaryOp::Sqrt => elementwise(true, |v, _, _, ea, _| ea / (2.0 * v)),
+                UnaryOp::Rsqrt => elementwise(true, |v, a, _, ea, _| v * ea / (2.0 * a)),
+                UnaryOp::Tanh => elementwise(true, |v, _, _, ea, _| (1.0 - v * v) * ea),
+                UnaryOp::Logistic => elementwise(true, |v, _, _, ea, _| v * (1.0 - v) * ea),
+                UnaryOp::Not => return Err("`not` of an f32".into()),
+            },
+            Op::Binary(op) => match op {
+                BinaryOp::Add | BinaryOp::Sub => elementwise(true, |_, _, _, ea, eb| ea + eb),
+                BinaryOp::Mul => elementwise(true, |_, a, b, ea, eb| ea * b + a * eb),
+                BinaryOp::Div => elementwise(true, |v, _, b, ea, eb| (ea + v * eb) / b),
+                // The chosen operand's error: picking a value does not round it.
+                BinaryOp::Max | BinaryOp::Min => elementwise(false, |_, _, _, ea, eb| ea.max(eb)),
+                BinaryOp::Pow => {
+                    elementwise(true, |v, a, b, ea, eb| v * (b * ea / a + a.ln().abs() * eb))
+                }
+                BinaryOp::And | BinaryOp::Or => return Err("a logical op of f32s".into()),
+            },
+            Op::Reduce { kind, dims } => match kind {
+                ReduceKind::Sum => {
+                    let sum = |a: &ArrayD<f32>| apply(&node.op, &f32s(&[a]));
+                    sum(e[0])? + sum(&x[0])?
+                }
+                ReduceKind::Max | ReduceKind::Min => {
+                    let max = Op::Reduce {
+                        kind: ReduceKind::Max,
+                        dims: dims.clone(),
+                    };
+                    apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
+                }
+            },
+            Op::DotGeneral(_) => {
+                let dot = |a: &ArrayD<f32>, b: &ArrayD<f32>| apply(&node.op, &f32s(&[a, b]));
+                dot(e[0], &x[1])? + dot(&x[0], e[1])? + dot(&x[0], &x[1])?
+            }
+            Op::Select => {
+                let branches = f32s(&[e[1], e[2]]);
+                apply(
+                    &Op::Select,
+                    &[
+                        operands[0].clone(),
+                        branches[0].clone(),
+                        branches[1].clone(),
+                    ],
+                )?
+            }
+            Op::Convert(_)
+            | Op::Broadcast { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Pad { .. }
+            | Op::Concatenate(_)
+            | Op::ShardingConstraint => apply(&node.op, &f32s(&e))?,
+            Op::Compare(_) => return Err("a compare with an f32 result".into()),
+            Op::AxisIndex(_)
+            | Op::DynamicSlice(_)
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. } => return Err("an SPMD op in a global program".into()),
+        };
+        errors.push(error.mapv(|v| if v.is_nan() { f32::INFINITY } else { v.abs() }));
+        values.push(value);
+    }
+    Ok(program
+        .outputs
+        .iter()
+        .map(|o| errors[o.index()].clone())
+        .collect())
+}
+
+/// `|v|` as f32 (bools as 0 and 1).
+fn magnitude(v: &Literal) -> ArrayD<f32> {
+    match v {
+        Literal::F32(a) => a.mapv(f32::abs),
+        Literal::I32(a) => a.mapv(|x| x.unsigned_abs() as f32),
+        Literal::Bool(a) => a.mapv(f32::from),
+    }
+}
+
+/// f32 outputs must agree within [`TOLERANCE`] of each element's error scale; i32 and
+/// bool outputs exactly.
+fn compare(want: &Literal, got: &Literal, scale: &ArrayD<f32>) -> Result<(), String> {
     if want.shape() != got.shape() {
         return Err(format!("shape {:?} != {:?}", got.shape(), want.shape()));
     }
     match (want, got) {
         (Literal::F32(a), Literal::F32(b)) => {
-            let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-            let mut worst = 0.0f32;
-            for (x, y) in a.iter().zip(b.iter()) {
+            for ((index, x), (y, m)) in a.indexed_iter().zip(b.iter().zip(scale)) {
                 if x == y || (x.is_nan() && y.is_nan()) {
                     continue;
                 }
                 let d = (x - y).abs();
-                if !d.is_finite() {
-                    return Err(format!("{y} where the reference has {x}"));
+                if !d.is_finite() || d > TOLERANCE * m {
+                    return Err(format!(
+                        "{y} where the reference has {x} at {:?} (error scale {m})",
+                        index.slice()
+                    ));
                 }
-                worst = worst.max(d);
-            }
-            if worst > 1e-4 * scale {
-                return Err(format!("max difference {worst} (scale {scale})"));
             }
             Ok(())
         }
         _ if want == got => Ok(()),
         _ => Err(format!("got {got:?}\nwant {want:?}")),
     }
+}
+
+/// An output that cancels exactly is judged against the size of what cancelled: the
+/// partitioned `sum(s - mean(s))` differs from the reference by rounding only, which is
+/// far more than `1e-4` of the ~0 result, and passes; an error the size of one term
+/// fails.
+#[test]
+fn exact_cancellation_is_judged_against_its_terms() {
+    let b = Builder::new("cancel");
+    let x = b.parameter("x", [37], DType::F32);
+    let x = x.annotate("(data)".parse().expect("a sharding"));
+    let s = &x * 1000.3;
+    let centered = &s - &s.mean(&[0]);
+    let program = b.finish(&[&centered.sum(&[0])]).expect("well typed");
+    let mesh = Mesh::new([("data", 4)]).expect("a mesh");
+    let inputs = vec![uniform_f32(
+        &mut Xoshiro256PlusPlus::seed_from_u64(3),
+        &[37],
+        -2.0,
+        2.0,
+    )];
+    let want = interpret(&program, &inputs).expect("the reference runs");
+    let exe = compile(&program, &mesh).expect("compiles");
+    let threads = ThreadMesh::new(mesh).expect("threads");
+    let got = exe.run(&threads, &inputs).expect("runs");
+    let scales = error_scales(&program, &inputs).expect("error scales");
+    let (w, g) = (want[0].as_f32().unwrap()[[]], got[0].as_f32().unwrap()[[]]);
+    assert!(
+        (w - g).abs() > 1e-4,
+        "rounding must differ for this test to mean anything: {w} vs {g}"
+    );
+    compare(&want[0], &got[0], &scales[0]).expect("rounding differences pass");
+    let one_term = inputs[0].as_f32().unwrap()[[0]].abs() * 1000.3;
+    let wrong = Literal::F32(ndarray::arr0(g + one_term).into_dyn());
+    assert!(
+        compare(&want[0], &wrong, &scales[0]).is_err(),
+        "an error of one term fails"
+    );
 }
 
 /// Closed annotated dims must come out exactly as annotated; open ones may only gain
@@ -864,6 +1063,7 @@ impl Coverage {
 fn run_case(program: &Program, mesh: &Mesh, coverage: Option<&mut Coverage>) -> Result<(), String> {
     let inputs = inputs_for(program);
     let want = interpret(program, &inputs).map_err(|e| format!("reference failed: {e}"))?;
+    let scales = error_scales(program, &inputs).map_err(|e| format!("error scales: {e}"))?;
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Executable, String> {
         let exe = compile(program, mesh).map_err(|e| format!("compile: {e}"))?;
         check_annotations(&exe.propagated)
@@ -872,8 +1072,8 @@ fn run_case(program: &Program, mesh: &Mesh, coverage: Option<&mut Coverage>) -> 
         let got = exe
             .run(&threads, &inputs)
             .map_err(|e| format!("run: {e}\n{}", exe.report()))?;
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            compare(w, g).map_err(|e| format!("output {k}: {e}\n{}", exe.report()))?;
+        for (k, ((w, g), m)) in want.iter().zip(&got).zip(&scales).enumerate() {
+            compare(w, g, m).map_err(|e| format!("output {k}: {e}\n{}", exe.report()))?;
         }
         Ok(exe)
     }));
