@@ -54,14 +54,21 @@ impl<'p> Appender<'p> {
     ) -> Result<ValueId> {
         // A failure here is a pass emitting ill-typed nodes; it names the op and the
         // location rather than panicking.
-        let name = op.name();
-        let id = (self.program.push_op(op, operands, self.location)).map_err(|message| {
-            Error::Shape {
-                op: name,
-                location: self.location,
-                message: format!("in the {}: {message}", self.context),
-            }
-        })?;
+        let id =
+            self.program
+                .push_op(op, operands, self.location)
+                .map_err(|error| match error {
+                    Error::Shape {
+                        op,
+                        location,
+                        message,
+                    } => Error::Shape {
+                        op,
+                        location,
+                        message: format!("in the {}: {message}", self.context),
+                    },
+                    other => other,
+                })?;
         self.program.node_mut(id).annotation = annotation;
         Ok(id)
     }

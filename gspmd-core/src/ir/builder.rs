@@ -194,25 +194,14 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
         }
     }
     let mut st = state.borrow_mut();
-    let name = op.name();
     match st.program.push_op(op, &ids, location) {
         Ok(id) => Tensor {
             state: state.clone(),
             id: Some(id),
             ty: st.program.ty(id).clone(),
         },
-        Err(message) => {
-            let shapes: Vec<String> = operands.iter().map(|t| t.ty.to_string()).collect();
-            let message = if shapes.is_empty() || message.contains(&shapes[0]) {
-                message
-            } else {
-                format!("{message} (operands {})", shapes.join(", "))
-            };
-            st.errors.push(Error::Shape {
-                op: name,
-                location,
-                message,
-            });
+        Err(error) => {
+            st.errors.push(error);
             drop(st);
             poisoned(TensorType::new(vec![], DType::F32))
         }

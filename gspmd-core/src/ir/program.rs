@@ -1,6 +1,7 @@
 //! [`Program`]: an SSA list of [`Node`]s with parameters and outputs.
 
 use super::op::Op;
+use crate::error::{Error, Result};
 use crate::sharding::Sharding;
 use crate::types::Location;
 use crate::types::{TensorType, ValueId};
@@ -89,15 +90,24 @@ impl Program {
     }
 
     /// Appends `op(operands)` at `location`, typed by [`crate::ir::infer_type`], with no
-    /// annotation or name. `Err` names what does not fit; nothing is appended then.
-    pub fn push_op(
-        &mut self,
-        op: Op,
-        operands: &[ValueId],
-        location: Location,
-    ) -> Result<ValueId, String> {
+    /// annotation or name. If the operands do not fit the op, nothing is appended and the
+    /// error is an [`Error::Shape`] naming the op, `location`, what does not fit and the
+    /// operands' types.
+    pub fn push_op(&mut self, op: Op, operands: &[ValueId], location: Location) -> Result<ValueId> {
         let types: Vec<&TensorType> = operands.iter().map(|&o| self.ty(o)).collect();
-        let ty = super::infer::infer_type(&op, &types)?;
+        let ty = super::infer::infer_type(&op, &types).map_err(|message| {
+            let shapes: Vec<String> = types.iter().map(ToString::to_string).collect();
+            let message = if shapes.is_empty() || message.contains(&shapes[0]) {
+                message
+            } else {
+                format!("{message} (operands {})", shapes.join(", "))
+            };
+            Error::Shape {
+                op: op.name(),
+                location,
+                message,
+            }
+        })?;
         Ok(self.push(Node {
             op,
             operands: operands.to_vec(),

@@ -52,10 +52,9 @@ impl<'m> Emitter<'m> {
         {
             return Ok(operands[0]);
         }
-        let name = op.name();
         let location = self.current.2;
         (self.program.push_op(op, operands, location))
-            .map_err(|m| self.error(format!("internal: {name}: {m}")))
+            .map_err(|e| self.error(format!("internal: {e}")))
     }
 
     pub fn ty(&self, v: ValueId) -> &TensorType {
