@@ -11,8 +11,8 @@
 use gspmd_core::Error;
 use gspmd_core::autodiff::{grad, is_differentiable};
 use gspmd_core::ir::{
-    AxisGroup, Builder, DType, DotDims, Literal, Location, Node, Op, OpKind, Program, ReduceKind,
-    Tensor, ValueId, einsum, verify,
+    AxisGroup, Builder, DType, DotDims, Literal, Location, Node, Op, OpKind, Padding, Program,
+    ReduceKind, Tensor, ValueId, WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::runtime::uniform_f32;
@@ -424,6 +424,121 @@ fn reduce_max_and_min_share_the_cotangent_among_ties() {
     for (got, want) in values(&outs[1]).iter().zip(expected) {
         assert!((got - want).abs() < 1e-6, "{:?}", values(&outs[1]));
     }
+}
+
+/// Distinct values `0.1` apart in random order, centred on 0: no ties within `eps`.
+fn distinct(rng: &mut Xoshiro256PlusPlus, shape: &[usize]) -> Literal {
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) * 0.1).collect();
+    v.shuffle(rng);
+    f32s(shape, &v)
+}
+
+#[test]
+fn reduce_window_rules_match_finite_differences() {
+    let one = || WindowDim::new(1, 1, (0, 0));
+    let cases: Vec<(Vec<usize>, Vec<WindowDim>)> = vec![
+        // strides = window, uneven: the last window is cut by padding.
+        (vec![7], vec![WindowDim::new(2, 2, (0, 1))]),
+        // overlapping windows, padding both sides.
+        (vec![6], vec![WindowDim::new(3, 1, (1, 1))]),
+        (
+            vec![5, 6],
+            vec![WindowDim::new(2, 1, (1, 0)), WindowDim::new(3, 2, (1, 2))],
+        ),
+        // NHWC pooling: 2x2 stride 2 and 3x3 stride 2 SAME-like.
+        (
+            vec![2, 4, 5, 2],
+            vec![
+                one(),
+                WindowDim::new(2, 2, (0, 0)),
+                WindowDim::new(2, 2, (0, 1)),
+                one(),
+            ],
+        ),
+        (
+            vec![1, 5, 4, 2],
+            vec![
+                one(),
+                WindowDim::new(3, 2, (1, 1)),
+                WindowDim::new(3, 2, (1, 1)),
+                one(),
+            ],
+        ),
+        // dilated windows with a stride that skips elements.
+        (
+            vec![9, 4],
+            vec![
+                WindowDim::new(2, 3, (0, 1)).with_window_dilation(3),
+                WindowDim::new(2, 1, (1, 0)).with_window_dilation(2),
+            ],
+        ),
+    ];
+    for (i, (shape, window)) in cases.into_iter().enumerate() {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300 + i as u64);
+        let program = trace(|b| {
+            let x = param(b, "x", &shape);
+            [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min]
+                .map(|kind| weighted_sum(&x.reduce_window_with(kind, &window), &mut rng))
+                .iter()
+                .cloned()
+                .reduce(|p, q| p.add(&q))
+                .unwrap()
+        });
+        let x = distinct(&mut rng, &shape);
+        check_gradients(&program, &[x], &[0]);
+    }
+}
+
+#[test]
+fn pooling_and_upsampling_match_finite_differences() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1400);
+    let program = trace(|b| {
+        let x = param(b, "x", &[1, 5, 5, 2]);
+        let (win, strides) = ([1, 2, 2, 1], [1, 2, 2, 1]);
+        let m = x.max_pool(&win, &strides, Padding::Same);
+        let a = x.avg_pool(&[1, 3, 3, 1], &[1, 2, 2, 1], Padding::Same, false);
+        let v = x.avg_pool(&win, &[1, 1, 1, 1], Padding::Valid, true);
+        let u = m.upsample_nearest(&[1, 2, 3, 1]);
+        [m, a, v, u]
+            .iter()
+            .map(|t| weighted_sum(t, &mut rng))
+            .reduce(|p, q| p.add(&q))
+            .unwrap()
+    });
+    let x = distinct(&mut rng, &[1, 5, 5, 2]);
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn reduce_window_max_and_min_route_a_tie_to_the_first_element_only() {
+    let program = trace(|b| {
+        let x = param(b, "x", &[5]);
+        let w = b.constant(f32s(&[3], &[1.0, 10.0, 100.0]));
+        let m = x.reduce_window(ReduceKind::Max, &[3], &[1], &[(0, 0)]);
+        // Windows [0,5], [5,5], [5,1], [1,0] of -x, padded by 1: minima at the first 5.
+        let n = x
+            .neg()
+            .reduce_window(ReduceKind::Min, &[2], &[1], &[(1, 0)]);
+        let v = b.constant(f32s(&[5], &[1e3, 1e4, 1e5, 1e6, 1e7]));
+        m.mul(&w).sum(&[0]).add(&n.mul(&v).sum(&[0]))
+    });
+    let g = grad(&program, 0, &[0]).unwrap();
+    let x = f32s(&[5], &[2.0, 5.0, 5.0, 1.0, 5.0]);
+    let outs = interpret(&g, &[x]).unwrap();
+    // Max windows [2,5,5] [5,5,1] [5,1,5] take elements 1, 1, 2. Min windows of -x:
+    // [pad,-2] [-2,-5] [-5,-5] [-5,-1] [-1,-5] take elements 0, 1, 1, 2, 4 (negated).
+    let expected = [-1e3, 11.0 - 1e4 - 1e5, 100.0 - 1e6, 0.0, -1e7];
+    assert_eq!(values(&outs[1]), expected);
+    // A 2x2 window of equal values: its cotangent goes to the first, once.
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3]);
+        x.reduce_window(ReduceKind::Max, &[2, 2], &[1, 1], &[(0, 0), (0, 0)])
+            .sum(&[0, 1])
+    });
+    let g = grad(&program, 0, &[0]).unwrap();
+    let outs = interpret(&g, &[f32s(&[2, 3], &[7.0; 6])]).unwrap();
+    assert_eq!(values(&outs[1]), [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, OpKind, ReduceKind, Tensor, einsum, verify,
+    Builder, DType, DotDims, Literal, OpKind, Padding, ReduceKind, Tensor, WindowDim, einsum,
+    verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
@@ -1249,6 +1250,245 @@ fn sample_inputs_are_typed_in_range_and_reproducible() {
     );
     // The interpreter accepts them.
     interpret(&program, &inputs).unwrap();
+}
+
+// ---- windowed reductions ------------------------------------------------------------------
+
+#[test]
+fn reduce_window_by_hand() {
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[5]);
+            vec![
+                // [1,2,3,4,5,0]: pairs.
+                x.reduce_window(ReduceKind::Sum, &[2], &[2], &[(0, 1)]),
+                // [-inf,1,2,3,4,5]: windows of 3 every 2.
+                x.reduce_window(ReduceKind::Max, &[3], &[2], &[(1, 0)]),
+                // Elements 2 apart.
+                x.neg().reduce_window_with(
+                    ReduceKind::Min,
+                    &[WindowDim::new(2, 1, (0, 0)).with_window_dilation(2)],
+                ),
+                // Windows wholly in the padding give the identity.
+                x.reduce_window(ReduceKind::Max, &[1], &[1], &[(2, 0)]),
+                x.reduce_window(ReduceKind::Min, &[1], &[3], &[(0, 1)]),
+            ]
+        },
+        &[f32s(&[5], &[1., 2., 3., 4., 5.])],
+    );
+    assert_f32(&outs[0], &[3], &[3., 7., 5.]);
+    assert_f32(&outs[1], &[2], &[2., 4.]);
+    assert_f32(&outs[2], &[3], &[-3., -4., -5.]);
+    let ninf = f32::NEG_INFINITY;
+    assert_f32(&outs[3], &[7], &[ninf, ninf, 1., 2., 3., 4., 5.]);
+    assert_f32(&outs[4], &[2], &[1., 4.]);
+    // i32: identities are i32::MIN / MAX; 2-D windows.
+    let outs = run(
+        |b| {
+            let x = b.parameter("x", [2, 3], DType::I32);
+            vec![
+                x.reduce_window(ReduceKind::Max, &[2, 2], &[1, 1], &[(0, 0), (0, 1)]),
+                x.reduce_window(ReduceKind::Sum, &[2, 2], &[1, 2], &[(1, 0), (0, 0)]),
+                x.reduce_window(ReduceKind::Min, &[1, 1], &[1, 1], &[(1, 0), (0, 0)]),
+            ]
+        },
+        &[i32s(&[2, 3], &[1, -2, 3, -4, 5, -6])],
+    );
+    assert_i32(&outs[0], &[1, 3], &[5, 5, 3]);
+    assert_i32(&outs[1], &[2, 1], &[-1, 0]);
+    assert_i32(
+        &outs[2],
+        &[3, 3],
+        &[i32::MAX, i32::MAX, i32::MAX, 1, -2, 3, -4, 5, -6],
+    );
+}
+
+/// `reduce_window` by the definition: every result index, every window offset.
+fn naive_reduce_window(
+    kind: ReduceKind,
+    shape: &[usize],
+    data: &[f32],
+    window: &[WindowDim],
+) -> (Vec<usize>, Vec<f32>) {
+    let out_shape: Vec<usize> = (shape.iter().zip(window))
+        .map(|(&n, w)| {
+            (n + w.padding_low + w.padding_high - (w.size - 1) * w.window_dilation - 1) / w.stride
+                + 1
+        })
+        .collect();
+    let sizes: Vec<usize> = window.iter().map(|w| w.size).collect();
+    let mut out = Vec::new();
+    for j in 0..out_shape.iter().product() {
+        let at = unflat(&out_shape, j);
+        let mut acc = match kind {
+            ReduceKind::Sum => 0.0,
+            ReduceKind::Max => f32::NEG_INFINITY,
+            ReduceKind::Min => f32::INFINITY,
+        };
+        for k in 0..sizes.iter().product() {
+            let off = unflat(&sizes, k);
+            let idx: Vec<i64> = (0..shape.len())
+                .map(|d| {
+                    let w = &window[d];
+                    (at[d] * w.stride + off[d] * w.window_dilation) as i64 - w.padding_low as i64
+                })
+                .collect();
+            if idx.iter().zip(shape).all(|(&i, &n)| i >= 0 && i < n as i64) {
+                let idx: Vec<usize> = idx.iter().map(|&i| i as usize).collect();
+                let v = data[flat(shape, &idx)];
+                acc = match kind {
+                    ReduceKind::Sum => acc + v,
+                    ReduceKind::Max => acc.max(v),
+                    ReduceKind::Min => acc.min(v),
+                };
+            }
+        }
+        out.push(acc);
+    }
+    (out_shape, out)
+}
+
+#[test]
+fn reduce_window_matches_naive_loops() {
+    let cases: Vec<(Vec<usize>, Vec<WindowDim>)> = vec![
+        (vec![7], vec![WindowDim::new(3, 2, (1, 1))]),
+        (
+            vec![5, 6],
+            vec![
+                WindowDim::new(2, 2, (0, 1)),
+                WindowDim::new(3, 1, (1, 1)).with_window_dilation(2),
+            ],
+        ),
+        // NHWC 2x2 pooling, and overlapping 3x3 windows with stride 2.
+        (
+            vec![2, 5, 4, 3],
+            vec![
+                WindowDim::new(1, 1, (0, 0)),
+                WindowDim::new(2, 2, (0, 1)),
+                WindowDim::new(2, 2, (0, 0)),
+                WindowDim::new(1, 1, (0, 0)),
+            ],
+        ),
+        (
+            vec![2, 5, 4, 3],
+            vec![
+                WindowDim::new(1, 1, (0, 0)),
+                WindowDim::new(3, 2, (1, 1)),
+                WindowDim::new(3, 2, (1, 1)),
+                WindowDim::new(1, 1, (0, 0)),
+            ],
+        ),
+        // Window over the batch and feature dims too, dilated, larger padding than input.
+        (
+            vec![3, 2, 4],
+            vec![
+                WindowDim::new(2, 1, (0, 0)),
+                WindowDim::new(3, 3, (2, 3)),
+                WindowDim::new(2, 3, (0, 2)).with_window_dilation(3),
+            ],
+        ),
+        (vec![], vec![]),
+    ];
+    for (i, (shape, window)) in cases.into_iter().enumerate() {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n)
+            .map(|j| ((j * 37 + i * 11) % 19) as f32 - 9.0)
+            .collect();
+        for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
+            let out = run1(
+                |b| f32_param(b, "x", &shape).reduce_window_with(kind, &window),
+                &[f32s(&shape, &data)],
+            );
+            let (out_shape, expected) = naive_reduce_window(kind, &shape, &data, &window);
+            assert_f32(&out, &out_shape, &expected);
+        }
+    }
+}
+
+#[test]
+fn pooling_layers_by_hand() {
+    let x = f32s(&[1, 3, 3, 1], &[1., 2., 3., 4., 5., 6., 7., 8., 9.]);
+    let (win, strides) = ([1, 2, 2, 1], [1, 2, 2, 1]);
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[1, 3, 3, 1]);
+            vec![
+                // SAME: 2x2 results, the 3x3 image padded by one row and column after.
+                x.max_pool(&win, &strides, Padding::Same),
+                x.avg_pool(&win, &strides, Padding::Same, true),
+                x.avg_pool(&win, &strides, Padding::Same, false),
+                // VALID: only the top-left window fits.
+                x.max_pool(&win, &strides, Padding::Valid),
+                x.avg_pool(&win, &strides, Padding::Valid, false),
+                // SAME with stride 1 and a 3x3 window: padded by one on each side.
+                x.max_pool(&[1, 3, 3, 1], &[1, 1, 1, 1], Padding::Same),
+            ]
+        },
+        &[x],
+    );
+    assert_f32(&outs[0], &[1, 2, 2, 1], &[5., 6., 8., 9.]);
+    assert_f32(&outs[1], &[1, 2, 2, 1], &[3., 2.25, 3.75, 2.25]);
+    assert_f32(&outs[2], &[1, 2, 2, 1], &[3., 4.5, 7.5, 9.]);
+    assert_f32(&outs[3], &[1, 1, 1, 1], &[5.]);
+    assert_f32(&outs[4], &[1, 1, 1, 1], &[3.]);
+    assert_f32(
+        &outs[5],
+        &[1, 3, 3, 1],
+        &[5., 6., 6., 8., 9., 9., 8., 9., 9.],
+    );
+}
+
+#[test]
+fn upsample_nearest_repeats_each_element() {
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 2]);
+            vec![
+                x.upsample_nearest(&[2, 3]),
+                x.upsample_nearest(&[1, 2]),
+                x.upsample_nearest(&[1, 1]),
+            ]
+        },
+        &[f32s(&[2, 2], &[1., 2., 3., 4.])],
+    );
+    #[rustfmt::skip]
+    let expected = [
+        1., 1., 1., 2., 2., 2.,
+        1., 1., 1., 2., 2., 2.,
+        3., 3., 3., 4., 4., 4.,
+        3., 3., 3., 4., 4., 4.,
+    ];
+    assert_f32(&outs[0], &[4, 6], &expected);
+    assert_f32(&outs[1], &[2, 4], &[1., 1., 2., 2., 3., 3., 4., 4.]);
+    assert_f32(&outs[2], &[2, 2], &[1., 2., 3., 4.]);
+}
+
+#[test]
+fn reduce_window_prints_like_xla() {
+    let b = Builder::new("pool");
+    let x = f32_param(&b, "x", &[3, 4, 4, 2]);
+    let y = x.reduce_window(
+        ReduceKind::Max,
+        &[1, 2, 2, 1],
+        &[1, 2, 2, 1],
+        &[(0, 0), (0, 1), (0, 1), (0, 0)],
+    );
+    let w = WindowDim::new(2, 1, (0, 0)).with_window_dilation(2);
+    let one = WindowDim::new(1, 1, (0, 0));
+    let z = x.reduce_window_with(ReduceKind::Sum, &[w.clone(), w.clone(), w, one]);
+    let text = b.finish(&[&y, &z]).unwrap().to_string();
+    assert!(
+        text.contains(
+            "reduce_window.max(%0), window={size=1x2x2x1 stride=1x2x2x1 pad=0_0x0_1x0_1x0_0} : f32[3,2,2,2]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "reduce_window.sum(%0), window={size=2x2x2x1 stride=1x1x1x1 pad=0_0x0_0x0_0x0_0 rhs_dilate=2x2x2x1} : f32[1,2,2,2]"
+        ),
+        "{text}"
+    );
 }
 
 /// Every op kind of a global program is interpreted by some test above (through

@@ -4,7 +4,9 @@
 //! assignment of shardings, not only the ones propagation picks, so this explores
 //! reshards between arbitrary tilings, uneven dims and device orders.
 
-use gspmd_core::ir::{Builder, DType, Literal, OpKind, Program, Tensor};
+use gspmd_core::ir::{
+    Builder, DType, Literal, OpKind, Padding, Program, ReduceKind, Tensor, WindowDim,
+};
 use gspmd_core::partition::partition;
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -170,6 +172,44 @@ fn slice_pad_concatenate_iota_select() {
         vec![s, padded, c, m]
     });
     check(&p, 5, 5);
+}
+
+#[test]
+fn windowed_reductions_pooling_and_upsampling() {
+    let p = build("window", |b| {
+        let x = b.parameter("x", [5, 7, 6], DType::F32);
+        let image = b.parameter("image", [2, 5, 6, 3], DType::F32);
+        let ints = b.parameter("ints", [6, 5], DType::I32);
+        let dilated = WindowDim::new(2, 1, (1, 0)).with_window_dilation(2);
+        let (win, strides) = ([1, 2, 2, 1], [1, 2, 2, 1]);
+        vec![
+            x.reduce_window(
+                ReduceKind::Max,
+                &[1, 2, 2],
+                &[1, 2, 2],
+                &[(0, 0), (0, 1), (1, 0)],
+            ),
+            x.reduce_window(
+                ReduceKind::Sum,
+                &[2, 3, 1],
+                &[1, 2, 1],
+                &[(1, 1), (1, 1), (0, 0)],
+            ),
+            x.reduce_window_with(
+                ReduceKind::Min,
+                &[
+                    WindowDim::new(1, 1, (0, 0)),
+                    dilated,
+                    WindowDim::new(3, 3, (0, 2)),
+                ],
+            ),
+            image.max_pool(&win, &strides, Padding::Same),
+            image.avg_pool(&[1, 3, 3, 1], &[1, 1, 1, 1], Padding::Same, false),
+            image.upsample_nearest(&[1, 2, 1, 2]),
+            ints.reduce_window(ReduceKind::Max, &[3, 1], &[2, 1], &[(1, 1), (0, 0)]),
+        ]
+    });
+    check(&p, 4, 7);
 }
 
 #[test]

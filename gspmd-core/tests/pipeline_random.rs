@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    BinaryOp, Builder, DType, DotDims, Literal, Op, OpKind, Program, ReduceKind, Tensor,
-    TensorType, UnaryOp, ValueId, einsum,
+    BinaryOp, Builder, DType, DotDims, Literal, Op, OpKind, Padding, Program, ReduceKind, Tensor,
+    TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -233,7 +233,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..20) {
+        match self.rng.random_range(0..21) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -247,6 +247,7 @@ impl Gen<'_> {
             16 => self.concatenate(),
             17 => self.normalization(),
             18 => self.source(),
+            19 => self.windowed(),
             _ => self.convert(),
         }
     }
@@ -629,6 +630,89 @@ impl Gen<'_> {
         self.push(r, exact);
     }
 
+    /// `reduce_window` with a random window per dim (trivial, or of size 1-3, stride
+    /// 1-3, padding below the window size or dilation 2 unpadded: every window holds an
+    /// operand element), a pooling layer, or a nearest-neighbour upsampling.
+    fn windowed(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
+            return;
+        };
+        let shape = a.t.shape().to_vec();
+        let rank = shape.len();
+        let f32 = a.t.dtype() == DType::F32;
+        match self.rng.random_range(0..5) {
+            0 => {
+                let factors: Vec<usize> =
+                    (0..rank).map(|_| 1 + self.rng.random_range(0..2)).collect();
+                let out: Vec<usize> = shape.iter().zip(&factors).map(|(n, f)| n * f).collect();
+                if elements(&out) <= MAX_ELEMENTS {
+                    let r = a.t.upsample_nearest(&factors);
+                    self.push(r, a.exact);
+                }
+            }
+            1 if f32 => {
+                let mut sizes = || -> Vec<usize> {
+                    (0..rank).map(|_| 1 + self.rng.random_range(0..3)).collect()
+                };
+                let (window, strides) = (sizes(), sizes());
+                let (r, exact) = match self.rng.random_range(0..4) {
+                    0 => (a.t.max_pool(&window, &strides, Padding::Same), a.exact),
+                    1 => {
+                        let fits: Vec<usize> =
+                            window.iter().zip(&shape).map(|(&w, &n)| w.min(n)).collect();
+                        (a.t.max_pool(&fits, &strides, Padding::Valid), a.exact)
+                    }
+                    include_pad => (
+                        a.t.avg_pool(&window, &strides, Padding::Same, include_pad == 2),
+                        false,
+                    ),
+                };
+                self.push(r, exact);
+            }
+            _ => {
+                let window: Vec<WindowDim> = shape
+                    .iter()
+                    .map(|&n| {
+                        if self.rng.random_ratio(1, 3) {
+                            return WindowDim::new(1, 1, (0, 0));
+                        }
+                        let (size, stride) = (
+                            1 + self.rng.random_range(0..3),
+                            1 + self.rng.random_range(0..3),
+                        );
+                        let w = if self.rng.random_ratio(1, 4) {
+                            WindowDim::new(size, stride, (0, 0)).with_window_dilation(2)
+                        } else {
+                            let low = self.rng.random_range(0..size);
+                            let high = self.rng.random_range(0..size);
+                            WindowDim::new(size, stride, (low, high))
+                        };
+                        let span = (w.size - 1) * w.window_dilation + 1;
+                        if span > n + w.padding_low + w.padding_high {
+                            WindowDim::new(1, stride, (0, 0))
+                        } else {
+                            w
+                        }
+                    })
+                    .collect();
+                let out: Vec<usize> = (shape.iter().zip(&window))
+                    .map(|(&n, w)| {
+                        let span = (w.size - 1) * w.window_dilation + 1;
+                        (n + w.padding_low + w.padding_high - span) / w.stride + 1
+                    })
+                    .collect();
+                if elements(&out) > MAX_ELEMENTS {
+                    return;
+                }
+                let kind = *[ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min]
+                    .choose(self.rng)
+                    .expect("a non-empty choice");
+                let r = a.t.reduce_window_with(kind, &window);
+                self.push(r, a.exact || !f32);
+            }
+        }
+    }
+
     fn normalization(&mut self) {
         let Some(a) = self.operand(|v| v.t.dtype() == DType::F32 && v.t.rank() > 0) else {
             return;
@@ -882,6 +966,19 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
                     let max = Op::Reduce {
                         kind: ReduceKind::Max,
                         dims: dims.clone(),
+                    };
+                    apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
+                }
+            },
+            Op::ReduceWindow { kind, window } => match kind {
+                ReduceKind::Sum => {
+                    let sum = |a: &ArrayD<f32>| apply(&node.op, &f32s(&[a]));
+                    sum(e[0])? + sum(&x[0])?
+                }
+                ReduceKind::Max | ReduceKind::Min => {
+                    let max = Op::ReduceWindow {
+                        kind: ReduceKind::Max,
+                        window: window.clone(),
                     };
                     apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
                 }

@@ -3,7 +3,9 @@
 //! layouts), never taken from the code's output.
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, Op, OpKind, Program, Tensor, ValueId, einsum};
+use gspmd_core::ir::{
+    Builder, DType, Op, OpKind, Padding, Program, ReduceKind, Tensor, ValueId, einsum,
+};
 use gspmd_core::propagation::{explain, propagate, sharding_rule};
 use gspmd_core::sharding::{Mesh, Sharding};
 
@@ -191,6 +193,34 @@ fn rules_of_elementwise_and_windowed_ops() {
     assert_eq!(rule(&p, &iota), "()->([i, j]) {i=8, j=16}");
 }
 
+#[test]
+fn rules_of_reduce_window() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 16, 16, 4], None);
+    let pooled = x.max_pool(&[1, 2, 2, 1], &[1, 2, 2, 1], Padding::Valid);
+    // A size-1 window with stride 2 still moves elements; one with padding too.
+    let strided = x.reduce_window(
+        ReduceKind::Sum,
+        &[1, 1, 1, 1],
+        &[2, 1, 1, 1],
+        &[(0, 0), (0, 0), (1, 0), (0, 0)],
+    );
+    let trivial = x.reduce_window(ReduceKind::Min, &[1; 4], &[1; 4], &[(0, 0); 4]);
+    let p = finish(b, &[&pooled, &strided, &trivial]);
+    assert_eq!(
+        rule(&p, &pooled),
+        "([i, j, k, l])->([i, j, k, l]) {i=8, j=16, k=16, l=4} permutation={j, k}"
+    );
+    assert_eq!(
+        rule(&p, &strided),
+        "([i, j, k, l])->([i, j, k, l]) {i=8, j=16, k=17, l=4} permutation={i, k}"
+    );
+    assert_eq!(
+        rule(&p, &trivial),
+        "([i, j, k, l])->([i, j, k, l]) {i=8, j=16, k=16, l=4}"
+    );
+}
+
 // ---- propagation -----------------------------------------------------------------------
 
 #[test]
@@ -333,6 +363,30 @@ fn reduction_over_a_sharded_dim() {
     assert_eq!(of(&p, &over_model), "(data, _)");
     assert_eq!(of(&p, &over_data), "(model, _)");
     assert_eq!(of(&p, &over_free), "(data, model)");
+}
+
+#[test]
+fn pooling_keeps_batch_feature_and_split_spatial_dims() {
+    let b = Builder::new("pool");
+    let x = param(&b, "x", &[8, 16, 16, 4], Some("(data, model, _, _)"));
+    let pooled = x.max_pool(&[1, 2, 2, 1], &[1, 2, 2, 1], Padding::Same);
+    let averaged = pooled.avg_pool(&[1, 3, 3, 1], &[1, 1, 1, 1], Padding::Same, true);
+    // Backward: the result's feature dim reaches the operand through the window.
+    let y = param(&b, "y", &[8, 16, 16, 4], None);
+    let summed = y
+        .reduce_window(
+            ReduceKind::Sum,
+            &[1, 3, 1, 1],
+            &[1, 1, 1, 1],
+            &[(0, 0), (1, 1), (0, 0), (0, 0)],
+        )
+        .shard(sh("(_, _, _, model)"));
+    let p = run(&finish(b, &[&averaged, &summed]));
+    // Batch passes through; the split spatial dim is a permutation factor that stays
+    // split (the partitioner exchanges halos or gathers it).
+    assert_eq!(of(&p, &pooled), "(data, model, _, _)");
+    assert_eq!(of(&p, &averaged), "(data, model, _, _)");
+    assert_eq!(of(&p, &y), "(_, _, _, model)");
 }
 
 #[test]

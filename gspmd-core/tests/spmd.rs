@@ -4,7 +4,7 @@
 //!
 //! Tolerance: |got - want| <= 1e-4 * max(1, max |want|) (f32 sums in another order).
 
-use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
+use gspmd_core::ir::{Builder, DType, Literal, Padding, Program, Tensor, einsum};
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::{Executable, compile};
@@ -378,6 +378,37 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
             .warnings
             .iter()
             .any(|w| w.contains("slice along split dims [0]") && w.contains("spmd.rs")),
+        "{:?}",
+        exe.spmd.warnings
+    );
+}
+
+#[test]
+fn pooling_on_an_image_split_by_batch_and_height() {
+    let p = build("pool", |b| {
+        let x = b
+            .parameter("x", [4, 10, 7, 3], DType::F32)
+            .annotate(s("(data, model, _, _)"));
+        let pooled = x.max_pool(&[1, 2, 2, 1], &[1, 2, 2, 1], Padding::Same);
+        let smooth = pooled.avg_pool(&[1, 3, 3, 1], &[1, 1, 1, 1], Padding::Same, false);
+        vec![smooth.upsample_nearest(&[1, 2, 2, 1]).relu()]
+    });
+    check_on_all_meshes(&p);
+}
+
+#[test]
+fn gathering_a_split_windowed_dim_is_reported_at_the_user_line() {
+    let b = Builder::new("pool");
+    let x = b
+        .parameter("x", [8, 16, 16, 4], DType::F32)
+        .annotate(s("(data, model, _, _)"));
+    let w = [1, 2, 2, 1];
+    let (y, line) = (x.max_pool(&w, &w, Padding::Valid), line!());
+    let exe = compile24(&b.finish(&[&y]).unwrap());
+    let at = format!("spmd.rs:{line}");
+    assert!(
+        exe.spmd.warnings.iter().any(|w| w.contains(&at)
+            && w.contains("reduce_window along split dims [1]: windowed dim gathered whole")),
         "{:?}",
         exe.spmd.warnings
     );

@@ -5,8 +5,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    AxisGroup, Builder, DType, DotDims, Location, Op, ReduceKind, Tensor, TensorType, einsum,
-    infer_type, verify,
+    AxisGroup, Builder, DType, DotDims, Location, Op, Padding, ReduceKind, Tensor, TensorType,
+    WindowDim, einsum, infer_type, verify,
 };
 use gspmd_core::sharding::Sharding;
 
@@ -166,6 +166,88 @@ fn pad_sizes_that_overflow_or_do_not_fit() {
     assert!(message.contains("too large"), "{message}");
     let message = pad_error(-3, -3, 0);
     assert!(message.contains("negative size -2"), "{message}");
+}
+
+/// Applies `op` to an `f32[4, 6]` in a new builder; checks that this gives one error of
+/// `name` at the caller's line and returns its message.
+#[track_caller]
+fn window_error(name: &str, op: impl FnOnce(&Tensor) -> Tensor) -> String {
+    let line = std::panic::Location::caller().line();
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4, 6]);
+    let _y = op(&x);
+    one_shape_error(b, name, line)
+}
+
+#[test]
+fn bad_windows_are_one_error_at_the_user_line() {
+    use ReduceKind::{Max, Sum};
+    let rw = "reduce_window";
+    let none = [(0, 0), (0, 0)];
+    let m = window_error(rw, |x| x.reduce_window(Max, &[2], &[1, 1], &none));
+    assert!(m.contains("need one entry per dim of f32[4,6]"), "{m}");
+    let one = [WindowDim::new(1, 1, (0, 0))];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &one));
+    assert!(m.contains("window of rank 1 for f32[4,6]"), "{m}");
+    let m = window_error(rw, |x| x.reduce_window(Sum, &[2, 2], &[1, 0], &none));
+    assert!(m.contains("window dim 1 has size 2, stride 0"), "{m}");
+    let m = window_error(rw, |x| x.reduce_window(Sum, &[0, 2], &[1, 1], &none));
+    assert!(m.contains("window dim 0 has size 0"), "{m}");
+    let pads = [(0, 1), (0, 0)];
+    let m = window_error(rw, |x| x.reduce_window(Max, &[6, 1], &[1, 1], &pads));
+    assert!(
+        m.contains("spans 6 elements, more than the 5 of dim 0"),
+        "{m}"
+    );
+    let dilated = WindowDim::new(3, 1, (0, 0)).with_window_dilation(3);
+    let [one] = one;
+    let window = [one, dilated];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &window));
+    assert!(
+        m.contains("window dim 1 spans 7 elements, more than the 6"),
+        "{m}"
+    );
+    let m = window_error(rw, |x| x.ne(x).reduce_window(Max, &[1, 1], &[1, 1], &none));
+    assert!(m.contains("cannot reduce pred[4,6]"), "{m}");
+}
+
+#[test]
+fn window_sizes_that_overflow_are_errors() {
+    use ReduceKind::Max;
+    let rw = "reduce_window";
+    let pads = [(usize::MAX, 1), (0, 0)];
+    let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &pads));
+    assert!(m.contains("window dim 0 of f32[4,6] overflows"), "{m}");
+    let huge = WindowDim::new(3, 1, (0, 0)).with_window_dilation(usize::MAX);
+    let window = [huge, WindowDim::new(1, 1, (0, 0))];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &window));
+    assert!(m.contains("window dim 0 of f32[4,6] overflows"), "{m}");
+    // Each padded dim fits; the result of 2^80 elements does not.
+    let pads = [(BIG, 0), (BIG, 0)];
+    let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &pads));
+    assert!(m.contains("too large"), "{m}");
+}
+
+#[test]
+fn pooling_and_upsampling_errors_name_the_user_line() {
+    let rw = "reduce_window";
+    let m = window_error(rw, |x| x.max_pool(&[2, 2, 1], &[1, 1], Padding::Same));
+    assert!(m.contains("need one entry per dim"), "{m}");
+    let m = window_error(rw, |x| x.avg_pool(&[5, 1], &[1, 1], Padding::Valid, false));
+    assert!(m.contains("spans 5 elements, more than the 4"), "{m}");
+    // A poisoned operand: the first error only.
+    let same = Padding::Same;
+    let m = window_error("reshape", |x| x.reshape([5]).max_pool(&[2], &[2], same));
+    assert!(m.contains("cannot reshape"), "{m}");
+    let m = window_error("upsample_nearest", |x| x.upsample_nearest(&[2]));
+    assert!(
+        m.contains("factors [2] need one entry of at least 1 per dim"),
+        "{m}"
+    );
+    let m = window_error("upsample_nearest", |x| x.upsample_nearest(&[2, 0]));
+    assert!(m.contains("factors [2, 0]"), "{m}");
+    let m = window_error("broadcast", |x| x.upsample_nearest(&[BIG, BIG]));
+    assert!(m.contains("too large"), "{m}");
 }
 
 #[test]

@@ -7,6 +7,9 @@
 //!   positions equal to the result; ties share it equally (half each for a binary tie,
 //!   `1/k` each for `k` tied positions of a reduction), which is also what central
 //!   differences measure at a tie.
+//! - `reduce_window` max/min: the cotangent of each window goes to the FIRST of its
+//!   elements (in row-major window order) equal to the result, as XLA's
+//!   `select_and_scatter` (JAX's max-pool gradient) does; a tie gets it exactly once.
 //! - `abs`: the derivative is `sign(x)`, 0 at `x = 0`.
 //! - `power(x, y)`: `d/dx = y x^(y-1)`, taken as 0 where `y = 0`;
 //!   `d/dy = x^y log(x)`, taken as 0 where `x = 0`.
@@ -16,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId,
+    BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId, WindowDim,
 };
 
 /// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
@@ -34,6 +37,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => true,
         K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
         K::ShardingConstraint => true,
+        K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
         K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
     }
@@ -126,6 +130,7 @@ pub(super) fn operand_cotangent(
             limit[*dim] = offset + x_shape[*dim];
             Some(e.slice(ct, start, limit, vec![1; x_shape.len()])?)
         }
+        Op::ReduceWindow { kind, window } => Some(reduce_window(e, *kind, window, x, y, ct)?),
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
@@ -292,6 +297,95 @@ fn reduce(
             let share = e.broadcast(share, &x_shape, &kept)?;
             e.mul(mask, share)
         }
+    }
+}
+
+/// `reduce_window` of `x` to `y`, built from slices and pads, one window offset `k` at
+/// a time (windows are small): the padded-operand elements that every window sees at
+/// offset `k` form a strided slice, and a pad with interior `stride - 1` (negative
+/// edges cropping the padding) scatters a result-shaped value back onto them. Sum:
+/// every offset gets the whole cotangent. Max/min: offset `k` gets it where its
+/// element equals the result and no earlier offset took it.
+fn reduce_window(
+    e: &mut Appender<'_>,
+    kind: ReduceKind,
+    window: &[WindowDim],
+    x: ValueId,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let (x_shape, y_shape) = (e.shape(x), e.shape(y));
+    let rank = x_shape.len();
+    let count: usize = window.iter().map(|w| w.size).product();
+    // The operand padded with the identity, for max/min's comparisons.
+    let padded = match kind {
+        ReduceKind::Sum => None,
+        ReduceKind::Max | ReduceKind::Min => {
+            let identity = if kind == ReduceKind::Max {
+                f32::NEG_INFINITY
+            } else {
+                f32::INFINITY
+            };
+            let low = window.iter().map(|w| w.padding_low as i64).collect();
+            let high = window.iter().map(|w| w.padding_high as i64).collect();
+            Some(e.pad(x, identity, low, high, vec![0; rank])?)
+        }
+    };
+    let mut taken = None;
+    let mut total = None;
+    for i in 0..count {
+        // Offset `i` of the window, row-major, in padded-operand elements.
+        let mut offset = vec![0; rank];
+        let mut rest = i;
+        for d in (0..rank).rev() {
+            offset[d] = (rest % window[d].size) * window[d].window_dilation;
+            rest /= window[d].size;
+        }
+        let part = match padded {
+            None => ct,
+            Some(padded) => {
+                let limit = (0..rank)
+                    .map(|d| offset[d] + (y_shape[d] - 1) * window[d].stride + 1)
+                    .collect();
+                let stride = window.iter().map(|w| w.stride).collect();
+                let seen = e.slice(padded, offset.clone(), limit, stride)?;
+                let mut hit = e.compare(CompareOp::Eq, seen, y)?;
+                if let Some(t) = taken {
+                    let free = e.unary(UnaryOp::Not, t)?;
+                    hit = e.binary(BinaryOp::And, hit, free)?;
+                }
+                // The last offset's mask is not needed: no offset comes after it.
+                if i + 1 < count {
+                    taken = Some(match taken {
+                        Some(t) => e.binary(BinaryOp::Or, t, hit)?,
+                        None => hit,
+                    });
+                }
+                let zeros = e.zeros_like(ct)?;
+                e.select(hit, ct, zeros)?
+            }
+        };
+        // Result element `j` saw operand element `j * stride + offset - padding_low`.
+        let low: Vec<i64> = (0..rank)
+            .map(|d| offset[d] as i64 - window[d].padding_low as i64)
+            .collect();
+        let high = (0..rank)
+            .map(|d| {
+                let last = low[d] + ((y_shape[d] - 1) * window[d].stride) as i64;
+                x_shape[d] as i64 - 1 - last
+            })
+            .collect();
+        let interior = window.iter().map(|w| w.stride - 1).collect();
+        let scattered = e.pad(part, 0.0, low, high, interior)?;
+        total = Some(match total {
+            Some(t) => e.add(t, scattered)?,
+            None => scattered,
+        });
+    }
+    match total {
+        Some(t) => Ok(t),
+        // A window has at least one element; an empty sum of cotangents is zero.
+        None => e.zeros_like(x),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Result-type inference for every primitive op: the one place that knows each op's
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
-use super::op::{BinaryOp, DotDims, Op, UnaryOp};
+use super::op::{BinaryOp, DotDims, Op, UnaryOp, WindowDim};
 use crate::types::{DType, TensorType, checked_num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
@@ -193,6 +193,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             }
             Ok(TensorType::new(shape, first.dtype))
         }
+        Op::ReduceWindow { window, .. } => infer_reduce_window(window, operands[0]),
         Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
             Ok(operands[0].clone())
         }
@@ -318,6 +319,43 @@ fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorT
             .map(|d| rhs.shape[d]),
     );
     Ok(TensorType::new(shape, lhs.dtype))
+}
+
+fn infer_reduce_window(window: &[WindowDim], t: &TensorType) -> Result<TensorType, String> {
+    if window.len() != t.rank() {
+        return Err(format!(
+            "window of rank {} for {t}: needs one window dim per operand dim",
+            window.len()
+        ));
+    }
+    if t.dtype == DType::Bool {
+        return Err(format!("cannot reduce {t}"));
+    }
+    let shape = (t.shape.iter().zip(window).enumerate())
+        .map(|(d, (&n, w))| {
+            if w.size == 0 || w.stride == 0 || w.window_dilation == 0 {
+                return Err(format!(
+                    "window dim {d} has size {}, stride {} and dilation {}: each must be at least 1",
+                    w.size, w.stride, w.window_dilation
+                ));
+            }
+            let overflow = || format!("window dim {d} of {t} overflows");
+            let padded = (n.checked_add(w.padding_low))
+                .and_then(|p| p.checked_add(w.padding_high))
+                .ok_or_else(overflow)?;
+            let span = ((w.size - 1).checked_mul(w.window_dilation))
+                .and_then(|s| s.checked_add(1))
+                .ok_or_else(overflow)?;
+            if span > padded {
+                return Err(format!(
+                    "window dim {d} spans {span} elements, more than the {padded} of dim {d} of {t} padded by {}_{}",
+                    w.padding_low, w.padding_high
+                ));
+            }
+            Ok((padded - span) / w.stride + 1)
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    Ok(TensorType::new(shape, t.dtype))
 }
 
 /// Size of a dim of `n` elements padded by `low` and `high` (negative: cropped) with

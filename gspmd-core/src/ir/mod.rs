@@ -8,6 +8,7 @@ mod infer;
 mod literal;
 mod op;
 mod operators;
+mod pooling;
 mod printer;
 mod program;
 mod verifier;
@@ -18,6 +19,9 @@ pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
-pub use op::{Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp};
+pub use op::{
+    Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp, WindowDim,
+};
+pub use pooling::Padding;
 pub use program::{Node, Origin, Program};
 pub use verifier::verify;

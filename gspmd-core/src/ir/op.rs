@@ -94,6 +94,56 @@ pub struct DotDims {
     pub rhs_contracting: Vec<usize>,
 }
 
+/// One dim of a `reduce_window`'s window (XLA's `WindowDimension`, without base
+/// dilation or reversal): the window covers `size` elements `window_dilation` apart,
+/// starts every `stride` elements of the operand padded by `padding_low` and
+/// `padding_high` elements, and the padding holds the reduction's identity.
+///
+/// Result size along the dim: `(padding_low + n + padding_high - span) / stride + 1`,
+/// where `span = (size - 1) * window_dilation + 1` must not exceed the padded size.
+/// Result element `j` combines padded-operand elements `j * stride + k *
+/// window_dilation` for `k` in `0..size`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WindowDim {
+    /// Number of elements the window covers (>= 1).
+    pub size: usize,
+    /// Step between successive windows (>= 1).
+    pub stride: usize,
+    /// Identity elements before the first operand element.
+    pub padding_low: usize,
+    /// Identity elements after the last operand element.
+    pub padding_high: usize,
+    /// Distance between the window's elements (>= 1; XLA's `rhs_dilate`).
+    pub window_dilation: usize,
+}
+
+impl WindowDim {
+    /// A window of `size` every `stride` elements, padded by `padding`, not dilated.
+    pub fn new(size: usize, stride: usize, padding: (usize, usize)) -> Self {
+        WindowDim {
+            size,
+            stride,
+            padding_low: padding.0,
+            padding_high: padding.1,
+            window_dilation: 1,
+        }
+    }
+
+    /// The same window with its elements `window_dilation` apart.
+    pub fn with_window_dilation(self, window_dilation: usize) -> Self {
+        WindowDim {
+            window_dilation,
+            ..self
+        }
+    }
+
+    /// True when the window leaves the dim alone: size 1, stride 1, no padding (result
+    /// element `j` is operand element `j`).
+    pub fn is_trivial(&self) -> bool {
+        self.size == 1 && self.stride == 1 && self.padding_low == 0 && self.padding_high == 0
+    }
+}
+
 /// The devices that take part together in a collective: those that share their
 /// coordinates on every mesh axis not in `axes`. A member's index in the group is the
 /// mixed-radix number of its coordinates along `axes`, the first axis major.
@@ -185,6 +235,15 @@ pub enum Op {
     },
     /// Joins operands along `dim`; all other dims equal.
     Concatenate(usize),
+    /// XLA's `reduce_window` with the identity of `kind` as init value and padding:
+    /// result element `j` combines the operand elements under the window placed at `j`
+    /// (see [`WindowDim`]).
+    ReduceWindow {
+        /// Combining function.
+        kind: ReduceKind,
+        /// One entry per operand dim.
+        window: Vec<WindowDim>,
+    },
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
@@ -281,6 +340,7 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Pad { .. } => "pad",
             Op::Concatenate(_) => "concatenate",
+            Op::ReduceWindow { .. } => "reduce_window",
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
             Op::DynamicSlice(_) => "dynamic_slice",
@@ -342,6 +402,11 @@ impl Op {
             Op::Slice { .. } => OpKind::Slice,
             Op::Pad { .. } => OpKind::Pad,
             Op::Concatenate(_) => OpKind::Concatenate,
+            Op::ReduceWindow { kind, .. } => match kind {
+                ReduceKind::Sum => OpKind::ReduceWindowSum,
+                ReduceKind::Max => OpKind::ReduceWindowMax,
+                ReduceKind::Min => OpKind::ReduceWindowMin,
+            },
             Op::AxisIndex(_) => OpKind::AxisIndex,
             Op::DynamicSlice(_) => OpKind::DynamicSlice,
             Op::AllReduce { .. } => OpKind::AllReduce,
@@ -366,6 +431,7 @@ impl Op {
             | Op::Transpose(_)
             | Op::Reduce { .. }
             | Op::Slice { .. }
+            | Op::ReduceWindow { .. }
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
             | Op::ReduceScatter { .. }
@@ -409,6 +475,7 @@ impl Op {
             | Op::Slice { .. }
             | Op::Pad { .. }
             | Op::Concatenate(_)
+            | Op::ReduceWindow { .. }
             | Op::AxisIndex(_)
             | Op::DynamicSlice(_)
             | Op::ShardingConstraint => None,
@@ -459,7 +526,7 @@ impl std::fmt::Display for Arity {
 macro_rules! op_kinds {
     ($($(#[$doc:meta])* $kind:ident,)*) => {
         /// What an [`Op`] is, without its attributes: one kind per op variant, and one
-        /// per sub-op of `Unary`, `Binary`, `Compare` and `Reduce` (each has its own
+        /// per sub-op of `Unary`, `Binary`, `Compare`, `Reduce` and `ReduceWindow` (each has its own
         /// kernel and VJP rule). Tests measure op coverage in kinds.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum OpKind {
@@ -552,6 +619,12 @@ op_kinds! {
     Pad,
     /// [`Op::Concatenate`].
     Concatenate,
+    /// [`Op::ReduceWindow`] with [`ReduceKind::Sum`].
+    ReduceWindowSum,
+    /// [`Op::ReduceWindow`] with [`ReduceKind::Max`].
+    ReduceWindowMax,
+    /// [`Op::ReduceWindow`] with [`ReduceKind::Min`].
+    ReduceWindowMin,
     /// [`Op::AxisIndex`].
     AxisIndex,
     /// [`Op::DynamicSlice`].
@@ -591,6 +664,7 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::ShardingConstraint => false,
+            K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
     }
 
@@ -608,6 +682,7 @@ impl OpKind {
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
+            K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
     }
 
@@ -627,6 +702,8 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
             K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
+            // A window sums neighbouring elements of one dim; nothing is left pending.
+            K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
     }
 }

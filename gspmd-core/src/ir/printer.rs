@@ -12,7 +12,7 @@
 use std::fmt::{self, Write};
 
 use super::literal::Literal;
-use super::op::{CompareOp, Op, ReduceKind};
+use super::op::{CompareOp, Op, ReduceKind, WindowDim};
 use super::program::{Node, Program};
 use crate::types::join;
 
@@ -69,6 +69,7 @@ fn op_head(op: &Op) -> String {
             }
         ),
         Op::Reduce { kind, .. } => format!("reduce.{}", reduce_name(*kind)),
+        Op::ReduceWindow { kind, .. } => format!("reduce_window.{}", reduce_name(*kind)),
         Op::Parameter { index, .. } => format!("parameter.{index}"),
         _ => op.name().to_string(),
     }
@@ -132,6 +133,22 @@ fn attributes(op: &Op) -> String {
             format!(", padding={}", parts.join("x"))
         }
         Op::Concatenate(dim) => format!(", dim={dim}"),
+        Op::ReduceWindow { window, .. } => {
+            // XLA's window text; `rhs_dilate` only when some dim is dilated.
+            let each = |f: &dyn Fn(&WindowDim) -> String| {
+                window.iter().map(f).collect::<Vec<_>>().join("x")
+            };
+            let mut s = format!(
+                ", window={{size={} stride={} pad={}",
+                each(&|w| w.size.to_string()),
+                each(&|w| w.stride.to_string()),
+                each(&|w| format!("{}_{}", w.padding_low, w.padding_high)),
+            );
+            if window.iter().any(|w| w.window_dilation != 1) {
+                s += &format!(" rhs_dilate={}", each(&|w| w.window_dilation.to_string()));
+            }
+            s + "}"
+        }
         Op::AxisIndex(group) => format!(", axes={group}"),
         Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),

@@ -150,6 +150,14 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             }
             rule.operands = vec![rule.result.clone(); node.operands.len()];
         }
+        Op::ReduceWindow { window, .. } => {
+            // Shardy's rule for windowed ops: a dim the window leaves alone passes
+            // through; a windowed dim is a permutation factor (it may stay split, the
+            // partitioner exchanging halos).
+            let moved = |d: usize| !window.get(d).is_some_and(|w| w.is_trivial());
+            rule.result = windowed_factors(&mut rule, operand_shape(0), result_shape, moved);
+            rule.operands = vec![rule.result.clone()];
+        }
         Op::AxisIndex(_)
         | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
@@ -181,7 +189,7 @@ fn own_factors(rule: &mut OpShardingRule, shape: &[usize]) -> TensorFactors {
 
 /// Factors shared dim by dim by an operand and a result of the same rank: pass-through
 /// where the op leaves the dim alone, a permutation factor (of the larger of the two
-/// sizes) where it `moved` elements along the dim.
+/// sizes) where it `moved` elements along the dim (slice, pad, reduce_window).
 fn windowed_factors(
     rule: &mut OpShardingRule,
     operand: &[usize],

@@ -15,7 +15,8 @@ use ndarray::{
 };
 
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp, infer_type,
+    BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp, WindowDim,
+    infer_type,
 };
 
 /// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
@@ -77,6 +78,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
             interior,
         } => pad(operands[0], operands[1], low, high, interior)?,
         Op::Concatenate(dim) => concatenate(operands, *dim)?,
+        Op::ReduceWindow { kind, window } => {
+            reduce_window(*kind, operands[0], window, &result.shape)?
+        }
         Op::ShardingConstraint => operands[0].clone(),
         Op::DynamicSlice(sizes) => {
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
@@ -469,6 +473,108 @@ fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Literal, Stri
             ReduceKind::Sum => fold_dims(a, dims, 0, i32::wrapping_add),
             ReduceKind::Max => fold_dims(a, dims, i32::MIN, i32::max),
             ReduceKind::Min => fold_dims(a, dims, i32::MAX, i32::min),
+        }),
+        Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
+    })
+}
+
+/// `reduce_window`: for every result position (row-major) and every window offset,
+/// the operand element under it, or nothing for a padding position (the identity).
+/// The window's offsets are listed once per call; the loop allocates nothing, and a
+/// window wholly inside the operand is read without bounds checks.
+fn reduce_window(
+    kind: ReduceKind,
+    x: &Literal,
+    window: &[WindowDim],
+    shape: &[usize],
+) -> Result<Literal, String> {
+    fn windows<T: Copy>(
+        a: &ArrayD<T>,
+        window: &[WindowDim],
+        shape: &[usize],
+        identity: T,
+        f: impl Fn(T, T) -> T,
+    ) -> Result<ArrayD<T>, String> {
+        let rank = shape.len();
+        let a = a.as_standard_layout();
+        let (dims, data) = (a.shape(), a.as_slice().unwrap_or_default());
+        // Row-major element strides of the operand.
+        let mut strides = vec![1; rank];
+        for d in (0..rank.saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * dims[d + 1];
+        }
+        // Offsets from the window's start of every window element, `rank` per element,
+        // row-major, and the same as linear offsets.
+        let count: usize = window.iter().map(|w| w.size).product();
+        let mut offsets = vec![0isize; count * rank];
+        let mut linear = vec![0isize; count];
+        for (i, lin) in linear.iter_mut().enumerate() {
+            let mut rest = i;
+            for d in (0..rank).rev() {
+                let o = ((rest % window[d].size) * window[d].window_dilation) as isize;
+                offsets[i * rank + d] = o;
+                *lin += o * strides[d] as isize;
+                rest /= window[d].size;
+            }
+        }
+        // The window's extent per dim: a window from `start` lies in the operand when
+        // `0 <= start` and `start + span <= dim`.
+        let span: Vec<isize> = (window.iter())
+            .map(|w| ((w.size - 1) * w.window_dilation + 1) as isize)
+            .collect();
+        let total: usize = shape.iter().product();
+        let mut out = Vec::with_capacity(total);
+        let mut start = vec![0isize; rank];
+        let mut position = vec![0usize; rank];
+        for _ in 0..total {
+            let (mut inside, mut base) = (true, 0isize);
+            for d in 0..rank {
+                let w = &window[d];
+                start[d] = (position[d] * w.stride) as isize - w.padding_low as isize;
+                inside &= start[d] >= 0 && start[d] + span[d] <= dims[d] as isize;
+                base += start[d] * strides[d] as isize;
+            }
+            let mut acc = identity;
+            if inside {
+                // No padding under the window: no bounds checks.
+                for &o in &linear {
+                    acc = f(acc, data[(base + o) as usize]);
+                }
+            } else {
+                'offsets: for o in (0..count).map(|i| &offsets[i * rank..(i + 1) * rank]) {
+                    let mut at = 0;
+                    for d in 0..rank {
+                        let i = start[d] + o[d];
+                        if i < 0 || i as usize >= dims[d] {
+                            continue 'offsets;
+                        }
+                        at += i as usize * strides[d];
+                    }
+                    acc = f(acc, data[at]);
+                }
+            }
+            out.push(acc);
+            // The next result position, row-major.
+            for d in (0..rank).rev() {
+                position[d] += 1;
+                if position[d] < shape[d] {
+                    break;
+                }
+                position[d] = 0;
+            }
+        }
+        ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
+    }
+    Ok(match x {
+        Literal::F32(a) => Literal::F32(match kind {
+            ReduceKind::Sum => windows(a, window, shape, 0.0, |p, q| p + q)?,
+            ReduceKind::Max => windows(a, window, shape, f32::NEG_INFINITY, max_nan)?,
+            ReduceKind::Min => windows(a, window, shape, f32::INFINITY, min_nan)?,
+        }),
+        Literal::I32(a) => Literal::I32(match kind {
+            ReduceKind::Sum => windows(a, window, shape, 0, i32::wrapping_add)?,
+            ReduceKind::Max => windows(a, window, shape, i32::MIN, i32::max)?,
+            ReduceKind::Min => windows(a, window, shape, i32::MAX, i32::min)?,
         }),
         Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
     })

@@ -8,6 +8,7 @@ mod data_movement;
 mod elementwise;
 mod reduce;
 mod shape;
+mod window;
 
 use super::emit::Emitter;
 use super::value::PValue;
@@ -39,6 +40,9 @@ pub(crate) fn partition_node(
         }
         Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) => {
             data_movement::windowed(em, node, operands, target)
+        }
+        Op::ReduceWindow { window, .. } => {
+            window::reduce_window(em, node, window, &operands[0], target)
         }
         Op::AxisIndex(_)
         | Op::DynamicSlice(_)
