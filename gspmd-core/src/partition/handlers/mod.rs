@@ -46,7 +46,8 @@ pub(crate) fn partition_node(
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => {
             Err(em.error("already a per-device op: partition a global program"))
         }
     }
