@@ -9,6 +9,8 @@ mod elementwise;
 mod reduce;
 mod shape;
 
+pub(crate) use data_movement::rotate;
+
 use super::emit::Emitter;
 use super::value::PValue;
 use crate::error::Result;
