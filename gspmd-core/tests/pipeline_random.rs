@@ -231,7 +231,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..20) {
+        match self.rng.random_range(0..21) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -245,6 +245,7 @@ impl Gen<'_> {
             16 => self.concatenate(),
             17 => self.normalization(),
             18 => self.source(),
+            19 => self.roll(),
             _ => self.convert(),
         }
     }
@@ -596,6 +597,17 @@ impl Gen<'_> {
         let value =
             a.t.scalar_like(f64::from(self.rng.random_range(-4..=4)) / 2.0);
         let r = a.t.pad(&value, &low, &high, &interior);
+        self.push(r, a.exact);
+    }
+
+    fn roll(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let dim = self.rng.random_range(0..a.t.rank());
+        let n = a.t.shape()[dim] as i64;
+        let shift = self.rng.random_range(-n..=n);
+        let r = a.t.roll(shift, dim as isize);
         self.push(r, a.exact);
     }
 
