@@ -134,47 +134,22 @@ pub(crate) fn exchange(
         let head = em.slice_dim(v.id, dim, 0, plan.data_right)?;
         parts.push(em.shift(head, &axes, -1, false)?);
     }
-    let mut buffer = match parts.as_slice() {
+    let buffer = match parts.as_slice() {
         [only] => *only,
         _ => em.emit(Op::Concatenate(dim), &parts)?,
     };
     // Reach past the data halos only covers positions outside the array: any value.
-    let (extra_left, extra_right) = (
+    let buffer = widen(
+        em,
+        buffer,
+        dim,
         plan.reach_left - plan.data_left,
         plan.reach_right - plan.data_right,
-    );
-    if extra_left + extra_right > 0 {
-        let ty = em.ty(buffer).clone();
-        let zero = em.scalar(ty.dtype, 0.0)?;
-        let (mut low, mut high) = (vec![0; ty.rank()], vec![0; ty.rank()]);
-        low[dim] = extra_left as i64;
-        high[dim] = extra_right as i64;
-        let interior = vec![0; ty.rank()];
-        buffer = em.emit(
-            Op::Pad {
-                low,
-                high,
-                interior,
-            },
-            &[buffer, zero],
-        )?;
-    }
+    )?;
     // The window of device i starts at buffer index reach_left + offset + i*(step - c).
+    let drift = step as i64 - c as i64;
     let first = plan.reach_left as i64 + offset;
-    let window = if step == c {
-        em.slice_dim(buffer, dim, first as usize, first as usize + len)?
-    } else {
-        let index = em.emit(Op::AxisIndex(em.group(&axes)), &[])?;
-        let drift = em.scalar(DType::I32, (step as i64 - c as i64) as f64)?;
-        let drift = em.emit(Op::Binary(BinaryOp::Mul), &[index, drift])?;
-        let first = em.scalar(DType::I32, first as f64)?;
-        let start = em.emit(Op::Binary(BinaryOp::Add), &[drift, first])?;
-        let mut starts = vec![None; em.ty(buffer).rank()];
-        starts[dim] = Some(start);
-        let mut sizes = em.shape(buffer);
-        sizes[dim] = len;
-        em.dynamic_slice(buffer, &starts, &sizes)?
-    };
+    let window = cut(em, buffer, &axes, dim, (drift, first), len)?;
     let Some(fill) = fill else { return Ok(window) };
     let last_end = (plan.shards as i64 - 1) * step as i64 + offset + len as i64;
     if offset >= 0 && last_end <= plan.size as i64 {
@@ -184,6 +159,75 @@ pub(crate) fn exchange(
     let inside = positions_inside(em, &shape, dim, (&axes, step, offset), plan.size)?;
     let fill = em.splat(fill, &shape)?;
     em.emit(Op::Select, &[inside, window, fill])
+}
+
+/// The window of `x`, which every device holds whole along `window.dim` (`size`
+/// elements), over the group of `axes`: a local `dynamic_slice`, no communication.
+/// Positions outside the array hold arbitrary values.
+pub(crate) fn window_of_whole(
+    em: &mut Emitter,
+    x: ValueId,
+    axes: &[String],
+    window: Window,
+    size: usize,
+) -> Result<ValueId> {
+    let Window {
+        dim,
+        step,
+        offset,
+        len,
+    } = window;
+    let shards = em.mesh.axes_size(axes) as i64;
+    let last_end = (shards - 1) * step as i64 + offset + len as i64;
+    let (left, right) = ((-offset).max(0), (last_end - size as i64).max(0));
+    let x = widen(em, x, dim, left as usize, right as usize)?;
+    cut(em, x, axes, dim, (step as i64, left + offset), len)
+}
+
+/// `x` with `low` and `high` elements of any value added along `dim`.
+fn widen(em: &mut Emitter, x: ValueId, dim: usize, low: usize, high: usize) -> Result<ValueId> {
+    if low + high == 0 {
+        return Ok(x);
+    }
+    let ty = em.ty(x).clone();
+    let zero = em.scalar(ty.dtype, 0.0)?;
+    let (mut lows, mut highs) = (vec![0; ty.rank()], vec![0; ty.rank()]);
+    lows[dim] = low as i64;
+    highs[dim] = high as i64;
+    let interior = vec![0; ty.rank()];
+    em.emit(
+        Op::Pad {
+            low: lows,
+            high: highs,
+            interior,
+        },
+        &[x, zero],
+    )
+}
+
+/// `len` elements of `x` along `dim` from index `axis_index(axes) * drift + first`: a
+/// static slice when `drift` is 0, else a `dynamic_slice`.
+fn cut(
+    em: &mut Emitter,
+    x: ValueId,
+    axes: &[String],
+    dim: usize,
+    (drift, first): (i64, i64),
+    len: usize,
+) -> Result<ValueId> {
+    if drift == 0 {
+        return em.slice_dim(x, dim, first as usize, first as usize + len);
+    }
+    let index = em.emit(Op::AxisIndex(em.group(axes)), &[])?;
+    let drift = em.scalar(DType::I32, drift as f64)?;
+    let drift = em.emit(Op::Binary(BinaryOp::Mul), &[index, drift])?;
+    let first = em.scalar(DType::I32, first as f64)?;
+    let start = em.emit(Op::Binary(BinaryOp::Add), &[drift, first])?;
+    let mut starts = vec![None; em.ty(x).rank()];
+    starts[dim] = Some(start);
+    let mut sizes = em.shape(x);
+    sizes[dim] = len;
+    em.dynamic_slice(x, &starts, &sizes)
 }
 
 /// `v` rotated along `dim`, which `v` splits evenly: element `p` of the result is

@@ -3,13 +3,14 @@
 //!
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice with stride 1, pad
-//! without interior padding; see `partition::halo`); otherwise it is made whole and the
-//! op runs on it locally, with a warning when that gathers a split dim. Dims the op
-//! leaves alone keep the target's axes.
+//! without interior padding, each operand of a concatenate; see `partition::halo`);
+//! otherwise it is made whole and the op runs on it locally, with a warning when that
+//! gathers a split dim. Dims the op leaves alone keep the target's axes.
 
 use super::super::emit::Emitter;
 use super::super::fusion::Rotation;
 use super::super::halo::{self, HaloPlan, Window};
+use super::super::mask::positions_inside;
 use super::super::reshard::reshard;
 use super::super::value::PValue;
 use super::{reduced, with_dims};
@@ -136,7 +137,7 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
         Op::Slice { .. } => Err("a strided slice has no halo plan"),
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
         Op::Pad { .. } => Err("interior padding has no halo plan"),
-        _ => Err("concatenate has no halo plan"),
+        _ => Err("not a windowed op"),
     }
 }
 
@@ -147,6 +148,12 @@ pub(super) fn windowed(
     operands: &[PValue],
     target: &Sharding,
 ) -> Result<PValue> {
+    if let Op::Concatenate(dim) = node.op {
+        let split = |o: &PValue| em.mesh.axes_size(&o.sharding.dims[dim].axes) > 1;
+        if em.mesh.axes_size(&target.dims[dim].axes) > 1 && operands.iter().any(split) {
+            return concatenate(em, node, dim, operands, target);
+        }
+    }
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
     let mut halos: Vec<HaloPlan> = Vec::new();
@@ -216,6 +223,73 @@ pub(super) fn windowed(
         let local = em.shape(x.id);
         em.emit(local_op(&node.op, &local, &whole), &ids)?
     };
+    Ok(PValue {
+        id,
+        global: node.ty.clone(),
+        sharding: want,
+    })
+}
+
+/// Concatenate along `dim`, which the target splits and some operand does: output
+/// block `i` takes from operand `j` (starting at `o_j` in the result) the window of its
+/// positions `i * chunk - o_j ..`, by halo exchange when the operand is split along
+/// `dim` and the window reaches at most one neighbour, else from the operand made whole
+/// along `dim` (a gather of that operand alone, warned when it was split); a select by
+/// position picks each element's operand.
+fn concatenate(
+    em: &mut Emitter,
+    node: &Node,
+    dim: usize,
+    operands: &[PValue],
+    target: &Sharding,
+) -> Result<PValue> {
+    let want = reduced(target);
+    let axes = target.dims[dim].axes.clone();
+    let shards = em.mesh.axes_size(&axes);
+    let chunk = node.ty.shape[dim].div_ceil(shards);
+    let mut whole_dims: Vec<Vec<String>> = want.dims.iter().map(|d| d.axes.clone()).collect();
+    whole_dims[dim].clear();
+    let whole = with_dims(whole_dims, Vec::new());
+    let (mut result, mut start, mut gathered) = (None, 0, Vec::new());
+    for (j, o) in operands.iter().enumerate() {
+        let size = o.global.shape[dim];
+        let window = Window {
+            dim,
+            step: chunk,
+            offset: -(start as i64),
+            len: chunk,
+        };
+        let split = em.mesh.axes_size(&o.sharding.dims[dim].axes) > 1;
+        let part = match halo::plan(size, shards, window).filter(|_| split) {
+            Some(plan) => {
+                let x = reshard(em, o, &want)?;
+                halo::exchange(em, &x, &plan, None)?
+            }
+            None => {
+                if split {
+                    gathered.push(j);
+                }
+                let x = reshard(em, o, &whole)?;
+                halo::window_of_whole(em, x.id, &axes, window, size)?
+            }
+        };
+        result = Some(match result {
+            None => part,
+            Some(acc) => {
+                let shape = em.shape(part);
+                let first = -(start as i64);
+                let inside = positions_inside(em, &shape, dim, (&axes, chunk, first), size)?;
+                em.emit(Op::Select, &[inside, part, acc])?
+            }
+        });
+        start += size;
+    }
+    if !gathered.is_empty() {
+        em.warn(format!(
+            "concatenate gathers dim {dim} of operands {gathered:?} whole (a window reaches past a neighbour's block)"
+        ));
+    }
+    let id = result.ok_or_else(|| em.error("concatenate of no operands"))?;
     Ok(PValue {
         id,
         global: node.ty.clone(),
