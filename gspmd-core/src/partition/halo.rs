@@ -44,6 +44,13 @@ pub(crate) struct Window {
     pub len: usize,
 }
 
+impl Window {
+    /// One past the last position the window of the last of `shards` shards reads.
+    fn last_end(&self, shards: usize) -> i64 {
+        (shards as i64 - 1) * self.step as i64 + self.offset + self.len as i64
+    }
+}
+
 /// A halo exchange for a window of a value split in `shards` chunks of `chunk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HaloPlan {
@@ -104,8 +111,8 @@ pub(crate) fn plan(size: usize, shards: usize, window: Window) -> Option<HaloPla
 
 /// `v`'s window along `plan`'s dim, which `v` is split along: the local block with
 /// that dim replaced by the window's `len` elements. Positions outside the global array
-/// hold `fill` (a scalar) when given; without it the caller guarantees that only its
-/// own padding reads them, and they hold arbitrary values.
+/// hold `fill` (a scalar) when given; without it they hold arbitrary values (the
+/// caller's result padding or a select by position must be all that reads them).
 pub(crate) fn exchange(
     em: &mut Emitter,
     v: &PValue,
@@ -151,8 +158,7 @@ pub(crate) fn exchange(
     let first = plan.reach_left as i64 + offset;
     let window = cut(em, buffer, &axes, dim, (drift, first), len)?;
     let Some(fill) = fill else { return Ok(window) };
-    let last_end = (plan.shards as i64 - 1) * step as i64 + offset + len as i64;
-    if offset >= 0 && last_end <= plan.size as i64 {
+    if offset >= 0 && plan.window.last_end(plan.shards) <= plan.size as i64 {
         return Ok(window);
     }
     let shape = em.shape(window);
@@ -177,8 +183,7 @@ pub(crate) fn window_of_whole(
         offset,
         len,
     } = window;
-    let shards = em.mesh.axes_size(axes) as i64;
-    let last_end = (shards - 1) * step as i64 + offset + len as i64;
+    let last_end = window.last_end(em.mesh.axes_size(axes));
     let (left, right) = ((-offset).max(0), (last_end - size as i64).max(0));
     let x = widen(em, x, dim, left as usize, right as usize)?;
     cut(em, x, axes, dim, (step as i64, left + offset), len)
