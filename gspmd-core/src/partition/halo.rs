@@ -145,7 +145,8 @@ pub(crate) fn exchange(
         [only] => *only,
         _ => em.emit(Op::Concatenate(dim), &parts)?,
     };
-    // Reach past the data halos only covers positions outside the array: any value.
+    // Reach past the data halos covers only positions outside the array or read by no
+    // window on this device: any value.
     let buffer = widen(
         em,
         buffer,
