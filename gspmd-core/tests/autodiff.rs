@@ -631,6 +631,18 @@ fn concatenate_slices_the_cotangent() {
     check_gradients(&program, &inputs, &[0, 1, 2]);
 }
 
+#[test]
+fn roll_rotates_the_cotangent_back() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300);
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 5]);
+        let rolled = x.roll(2, 1).roll(-1, 0);
+        weighted_sum(&rolled, &mut rng)
+    });
+    let x = uniform_f32(&mut rng, &[4, 5], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
 // ---- shardings --------------------------------------------------------------------------------
 
 fn spec(dims: &[&[&str]]) -> Sharding {
@@ -934,6 +946,14 @@ fn spmd_ops_are_not_differentiable() {
             Op::CollectivePermute {
                 group: group.clone(),
                 from: group.axes.clone(),
+            },
+            vec![4],
+        ),
+        (
+            Op::CollectiveShift {
+                group: group.clone(),
+                offset: 1,
+                wrap: false,
             },
             vec![4],
         ),

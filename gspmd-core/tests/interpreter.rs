@@ -446,6 +446,35 @@ fn strided_slices() {
 }
 
 #[test]
+fn roll_moves_elements_cyclically_like_jnp_roll() {
+    let out = run(
+        |b| {
+            let v = b.iota([5], 0, DType::I32);
+            // m[r][c] = 10 r + c.
+            let m = b
+                .iota([2, 3], 0, DType::I32)
+                .mul(&b.full([2, 3], DType::I32, 10.0))
+                .add(&b.iota([2, 3], 1, DType::I32));
+            vec![
+                v.roll(1, 0),
+                v.roll(-2, 0),
+                v.roll(7, -1),
+                v.roll(5, 0),
+                m.roll(1, 1),
+                m.roll(-1, 0),
+            ]
+        },
+        &[],
+    );
+    assert_i32(&out[0], &[5], &[4, 0, 1, 2, 3]);
+    assert_i32(&out[1], &[5], &[2, 3, 4, 0, 1]);
+    assert_i32(&out[2], &[5], &[3, 4, 0, 1, 2]);
+    assert_i32(&out[3], &[5], &[0, 1, 2, 3, 4]);
+    assert_i32(&out[4], &[2, 3], &[2, 0, 1, 12, 10, 11]);
+    assert_i32(&out[5], &[2, 3], &[10, 11, 12, 0, 1, 2]);
+}
+
+#[test]
 fn pad_negative_edges_and_interior() {
     let out = run(
         |b| {

@@ -174,6 +174,28 @@ fn slice_pad_concatenate_iota_select() {
     check(&p, 5, 5);
 }
 
+/// Stride-1 slices, pads without interior padding, slices of pads and rolls take the
+/// halo paths when their dim is split on both sides (one-hop halos, non-constant ones,
+/// edge fill, uneven shards); the others gather.
+#[test]
+fn halo_slices_pads_and_rolls() {
+    let p = build("halo", |b| {
+        let x = b.parameter("x", [13, 16], DType::F32);
+        let v = x.scalar_like(0.25);
+        let padded = x.pad(&v, &[1, 2], &[1, 0], &[0, 0]);
+        vec![
+            x.slice(&[1, 2], &[12, 9], &[1, 1]),
+            x.pad(&v, &[2, -1], &[-3, 2], &[0, 0]),
+            padded.slice(&[0, 3], &[14, 18], &[1, 1]),
+            padded.slice(&[2, 0], &[15, 16], &[1, 1]),
+            x.roll(3, 0),
+            x.roll(-1, 1),
+            x.roll(9, 1),
+        ]
+    });
+    check(&p, 12, 8);
+}
+
 #[test]
 fn windowed_reductions_pooling_and_upsampling() {
     let p = build("window", |b| {

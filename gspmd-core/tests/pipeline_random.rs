@@ -233,7 +233,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..21) {
+        match self.rng.random_range(0..22) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -248,6 +248,7 @@ impl Gen<'_> {
             17 => self.normalization(),
             18 => self.source(),
             19 => self.windowed(),
+            20 => self.roll(),
             _ => self.convert(),
         }
     }
@@ -599,6 +600,17 @@ impl Gen<'_> {
         let value =
             a.t.scalar_like(f64::from(self.rng.random_range(-4..=4)) / 2.0);
         let r = a.t.pad(&value, &low, &high, &interior);
+        self.push(r, a.exact);
+    }
+
+    fn roll(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let dim = self.rng.random_range(0..a.t.rank());
+        let n = a.t.shape()[dim] as i64;
+        let shift = self.rng.random_range(-n..=n);
+        let r = a.t.roll(shift, dim as isize);
         self.push(r, a.exact);
     }
 
@@ -1013,7 +1025,8 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
             | Op::AllGather { .. }
             | Op::ReduceScatter { .. }
             | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. } => return Err("an SPMD op in a global program".into()),
+            | Op::CollectivePermute { .. }
+            | Op::CollectiveShift { .. } => return Err("an SPMD op in a global program".into()),
         };
         errors.push(error.mapv(|v| if v.is_nan() { f32::INFINITY } else { v.abs() }));
         values.push(value);

@@ -224,6 +224,19 @@ fn rules_of_reduce_window() {
 // ---- propagation -----------------------------------------------------------------------
 
 #[test]
+fn roll_and_slices_of_a_pad_keep_the_split_dim() {
+    let b = Builder::new("windowed");
+    let x = param(&b, "x", &[8, 32, 32, 8], Some("(_, model, data, _)"));
+    let rolled = x.roll(1, 1);
+    let padded = x.pad(&b.scalar(0.0), &[0, 1, 1, 0], &[0, 1, 1, 0], &[0; 4]);
+    let tap = padded.slice(&[0, 2, 0, 0], &[8, 34, 32, 8], &[1; 4]);
+    let p = run(&finish(b, &[&rolled, &tap]));
+    assert_eq!(of(&p, &rolled), "(_, model, data, _)");
+    assert_eq!(of(&p, &padded), "(_, model, data, _)");
+    assert_eq!(of(&p, &tap), "(_, model, data, _)");
+}
+
+#[test]
 fn paper_bd_df_to_bf() {
     let b = Builder::new("bd_df");
     let x = param(&b, "x", &[8, 16], Some("(data, _)"));

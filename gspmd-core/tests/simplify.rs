@@ -370,23 +370,24 @@ fn all_gathers(program: &Program) -> (usize, usize) {
 }
 
 #[test]
-fn nine_windows_of_one_padded_input_gather_it_once() {
+fn nine_windows_of_one_padded_input_exchange_each_halo_once() {
     let program = nine_slices();
     let m = mesh(&[("h", 4)]);
-    // Without simplification: the pad gathers x (no halo exchange yet), and each of the
-    // nine slices gathers the padded value again.
+    // Without simplification: each slice of the pad reads x's neighbours itself; the
+    // three windows starting one row up (down) each shift x's last (first) row.
     let propagated = propagate(&program, &m).unwrap();
     let unsimplified = partition(&propagated, &m).unwrap();
+    let stats = unsimplified.collectives();
     assert_eq!(
-        all_gathers(&unsimplified.program),
-        (1, 9),
+        (stats.count("collective_shift"), stats.total()),
+        (6, 6),
         "{}",
         unsimplified.report()
     );
-    // compile merges the nine gathers of the padded value into one.
+    // compile merges the equal shifts: one each way, no gather.
     let exe = check_on_mesh(&program, &m);
-    assert_eq!(all_gathers(&exe.spmd.program), (1, 1), "{}", exe.report());
-    assert_eq!(exe.spmd.collectives().count("all_gather"), 2);
+    assert_eq!(all_gathers(&exe.spmd.program), (0, 0), "{}", exe.report());
+    assert_eq!(exe.spmd.collectives().count("collective_shift"), 2);
     assert_eq!(exe.spmd.collectives().total(), 2);
     assert!(exe.spmd.program.nodes.len() < unsimplified.program.nodes.len());
 }

@@ -370,14 +370,15 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
         let x = b
             .parameter("x", [16, 8], DType::F32)
             .annotate(s("(data, model)"));
-        vec![x.slice_axis(0, 1, 9)]
+        // A strided slice has no halo plan (a stride-1 slice exchanges halos).
+        vec![x.slice(&[1, 0], &[9, 8], &[2, 1])]
     });
     let exe = compile24(&p);
     assert!(
-        exe.spmd
-            .warnings
-            .iter()
-            .any(|w| w.contains("slice along split dims [0]") && w.contains("spmd.rs")),
+        exe.spmd.warnings.iter().any(|w| {
+            w.contains("slice gathers split dims whole (dim 0: a strided slice has no halo plan)")
+                && w.contains("spmd.rs")
+        }),
         "{:?}",
         exe.spmd.warnings
     );
@@ -487,4 +488,122 @@ fn an_unreduced_output_assembles_to_the_sum() {
     check_on_all_meshes(&p);
     let exe = compile24(&p);
     assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+}
+
+// ---- halo exchange ----------------------------------------------------------------------
+
+/// A 3x3 SAME convolution of `x` (NHWC, one weight per tap, no channel mixing) written
+/// as one pad by 1 on H and W and nine shifted slices, summed.
+fn same_conv_as_pad_and_slices(x: &Tensor) -> Tensor {
+    let shape = x.shape().to_vec();
+    let zero = x.scalar_like(0.0);
+    let padded = x.pad(&zero, &[0, 1, 1, 0], &[0, 1, 1, 0], &[0; 4]);
+    let mut sum: Option<Tensor> = None;
+    for di in 0..3 {
+        for dj in 0..3 {
+            let start = [0, di, dj, 0];
+            let limit = [shape[0], di + shape[1], dj + shape[2], shape[3]];
+            let tap = &padded.slice(&start, &limit, &[1; 4]) * (1 + 3 * di + dj) as f32;
+            sum = Some(match sum {
+                Some(s) => s + tap,
+                None => tap,
+            });
+        }
+    }
+    sum.unwrap()
+}
+
+#[test]
+fn slices_pads_rolls_and_concatenates_on_split_dims_match_the_reference() {
+    for annotation in ["(data, model)", "(model, data)", "((data, model), _)"] {
+        let p = build("windowed", |b| {
+            let x = b
+                .parameter("x", [10, 7], DType::F32)
+                .annotate(s(annotation));
+            let v = b.scalar(0.5);
+            vec![
+                x.slice_axis(0, 1, 9),
+                x.slice_axis(1, 3, 7),
+                x.slice(&[2, 1], &[10, 6], &[1, 1]),
+                x.pad(&v, &[2, -1], &[-1, 3], &[0, 0]),
+                x.pad(&v, &[0, 4], &[5, 0], &[0, 0]),
+                x.pad(&v, &[-3, 0], &[-2, 0], &[0, 0]),
+                x.pad(&v, &[1, 1], &[1, 1], &[0, 0])
+                    .slice(&[2, 0], &[11, 8], &[1, 1]),
+                x.roll(1, 0),
+                x.roll(-3, 1),
+                x.roll(7, 0),
+                b.concatenate(&[&x, &x.slice_axis(0, 0, 3)], 0),
+            ]
+        });
+        check_on_all_meshes(&p);
+    }
+    let conv = build("conv", |b| {
+        let x = b
+            .parameter("x", [2, 10, 6, 3], DType::F32)
+            .annotate(s("(_, data, model, _)"));
+        vec![same_conv_as_pad_and_slices(&x)]
+    });
+    check_on_all_meshes(&conv);
+}
+
+fn h4() -> Mesh {
+    Mesh::new([("h", 4)]).unwrap()
+}
+
+#[test]
+fn same_conv_as_pad_and_slices_exchanges_one_row_each_way() {
+    let p = build("conv", |b| {
+        let x = b
+            .parameter("x", [8, 32, 32, 8], DType::F32)
+            .annotate(s("(_, h, _, _)"));
+        vec![same_conv_as_pad_and_slices(&x)]
+    });
+    let exe = compile(&p, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    let row = 8 * 32 * 8 * 4;
+    assert_eq!(
+        (
+            stats.count("collective_shift"),
+            stats.total(),
+            stats.bytes()
+        ),
+        (2, 2, 2 * row),
+        "{}",
+        exe.report()
+    );
+    let shifts = exe
+        .spmd
+        .program
+        .nodes
+        .iter()
+        .filter(|n| n.op.is_collective());
+    for node in shifts {
+        assert_eq!(node.ty.shape, vec![8, 1, 32, 8], "{}", exe.report());
+    }
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+}
+
+#[test]
+fn roll_by_one_along_a_split_dim_is_one_collective_shift() {
+    let p = build("roll", |b| {
+        let x = b.parameter("x", [32, 8], DType::F32).annotate(s("(h, _)"));
+        vec![x.roll(1, 0)]
+    });
+    let exe = compile(&p, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    assert_eq!(
+        (
+            stats.count("collective_shift"),
+            stats.total(),
+            stats.bytes()
+        ),
+        (1, 1, 8 * 4),
+        "{}",
+        exe.report()
+    );
+    let inputs = [input(&[32, 8], 0)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    assert_eq!(want, got);
 }

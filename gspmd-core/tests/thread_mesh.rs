@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Literal, Program, ReduceKind, Tensor};
+use gspmd_core::ir::{
+    AxisGroup, Builder, DType, Literal, Location, Op, Program, ReduceKind, Tensor, TensorType,
+};
+use gspmd_core::partition::SpmdProgram;
 use gspmd_core::runtime::{DeviceContext, ThreadMesh, interpret, interpret_with_memory_limit};
-use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use gspmd_core::{Error, Result};
 use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
 
@@ -1020,5 +1023,108 @@ fn the_limit_is_on_live_values_not_on_one_value() {
             assert!(is_tanh(&cause, f32_bytes(n / 2), per_device - 1), "{cause}")
         }
         other => panic!("{other:?}"),
+    }
+}
+
+// ---- collective shift ------------------------------------------------------------------
+
+/// A per-device program `collective_shift(x)` over `axes`, with `x` split along dim 0
+/// over `axes` in blocks of two rows.
+fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdProgram {
+    let n = mesh.axes_size(axes);
+    let global = TensorType::new(vec![2 * n, 3], DType::I32);
+    let mut program = Program::new("shift");
+    let x = program
+        .push_op(
+            Op::Parameter {
+                index: 0,
+                ty: TensorType::new(vec![2, 3], DType::I32),
+            },
+            &[],
+            Location::caller(),
+        )
+        .unwrap();
+    let group = AxisGroup {
+        axes: axes.to_vec(),
+        size: n,
+    };
+    let y = program
+        .push_op(
+            Op::CollectiveShift {
+                group,
+                offset,
+                wrap,
+            },
+            &[x],
+            Location::caller(),
+        )
+        .unwrap();
+    program.params = vec![x];
+    program.outputs = vec![y];
+    let sharding = Sharding::new([
+        DimSharding::closed(axes.to_vec()),
+        DimSharding::closed::<String>([]),
+    ]);
+    SpmdProgram {
+        program,
+        mesh: mesh.clone(),
+        inputs: vec![(global.clone(), sharding.clone())],
+        outputs: vec![(global, sharding)],
+        warnings: vec![],
+    }
+}
+
+/// Member `i` holds rows `2i, 2i+1`; after the shift it holds member `i - offset`'s rows
+/// (modulo the group size with `wrap`), or zeros when there is no such member.
+fn check_shift(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) {
+    let n = mesh.axes_size(axes);
+    let x = ArrayD::from_shape_fn(IxDyn(&[2 * n, 3]), |ix| (ix[0] * 3 + ix[1]) as i32 + 1);
+    let expected = ArrayD::from_shape_fn(IxDyn(&[2 * n, 3]), |ix| {
+        let (i, row) = ((ix[0] / 2) as i64, ix[0] % 2);
+        let source = if wrap {
+            (i - offset).rem_euclid(n as i64)
+        } else {
+            i - offset
+        };
+        if (0..n as i64).contains(&source) {
+            x[[source as usize * 2 + row, ix[1]]]
+        } else {
+            0
+        }
+    });
+    let spmd = shift_program(mesh, axes, offset, wrap);
+    let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
+    let out = spmd.run(&thread_mesh, &[x.into()]).unwrap();
+    assert_eq!(
+        out[0],
+        expected.into(),
+        "{mesh}, axes {axes:?}, offset {offset}, wrap {wrap}"
+    );
+    // Only devices that receive from another count: none when the shift moves nothing.
+    let moves = if wrap {
+        offset.rem_euclid(n as i64) != 0
+    } else {
+        offset != 0 && offset.unsigned_abs() < n as u64
+    };
+    let bytes = spmd.collectives().bytes();
+    assert_eq!(bytes, if moves { 2 * 3 * 4 } else { 0 }, "{offset} {wrap}");
+}
+
+#[test]
+fn collective_shift_moves_blocks_along_the_group() {
+    let meshes = [
+        Mesh::new([("x", 4)]).unwrap(),
+        Mesh::new([("x", 1)]).unwrap(),
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::with_device_order([("data", 4), ("model", 2)], vec![3, 6, 0, 5, 1, 7, 2, 4]).unwrap(),
+    ];
+    for mesh in &meshes {
+        for list in axis_lists(mesh).into_iter().filter(|l| !l.is_empty()) {
+            for offset in [-2, -1, 0, 1, 2, 5] {
+                for wrap in [false, true] {
+                    check_shift(mesh, &list, offset, wrap);
+                }
+            }
+        }
     }
 }

@@ -499,3 +499,14 @@ fn annotate_rank_mismatch_is_one_error_at_the_user_line() {
         other => panic!("expected Error::ShardingRank, got {other:?}"),
     }
 }
+
+#[test]
+fn roll_along_a_missing_axis_is_one_error_at_the_call() {
+    let b = Builder::new("roll");
+    let x = f32_param(&b, "x", &[4, 3]);
+    let line = line!() + 1;
+    let y = x.roll(1, 2);
+    let _ = y.roll(1, 0);
+    let message = one_shape_error(b, "roll", line);
+    assert!(message.contains("axis 2 out of range"), "{message}");
+}

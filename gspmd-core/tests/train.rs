@@ -6,7 +6,7 @@
 //! the loss and every parameter, at every step (f32 sums in another order).
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, Literal, Op, Program, Tensor, einsum};
+use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
 use gspmd_core::partition::SpmdProgram;
 use gspmd_core::runtime::{uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -456,14 +456,8 @@ fn collectives(spmd: &SpmdProgram) -> Vec<(&'static str, String, usize)> {
         .iter()
         .filter(|n| n.op.is_collective())
         .map(|n| {
-            let axes = match &n.op {
-                Op::AllReduce { group, .. }
-                | Op::AllGather { group, .. }
-                | Op::ReduceScatter { group, .. }
-                | Op::AllToAll { group, .. }
-                | Op::CollectivePermute { group, .. } => group.axes.join(","),
-                _ => unreachable!("not a collective"),
-            };
+            let group = n.op.collective_group().expect("a collective has a group");
+            let axes = group.axes.join(",");
             let elements = p.ty(n.operands[0]).shape.iter().product();
             (n.op.name(), axes, elements)
         })

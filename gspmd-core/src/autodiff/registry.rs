@@ -40,6 +40,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
         K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
+        K::CollectiveShift => false,
     }
 }
 
@@ -140,7 +141,8 @@ pub(super) fn operand_cotangent(
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => return Err(not_differentiable(node, y)),
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
 }

@@ -224,6 +224,20 @@ fn same_builder(state: &Shared, t: &Tensor, location: Location) -> bool {
 
 /// Normalises a possibly negative axis; records an error when out of range. `None`
 /// without an error for a poisoned `t`.
+/// `t[start..limit]` along dim `a`, all of the other dims.
+fn slice_along(t: &Tensor, a: usize, start: usize, limit: usize, location: Location) -> Tensor {
+    let mut lo = vec![0; t.rank()];
+    let mut hi = t.shape().to_vec();
+    lo[a] = start;
+    hi[a] = limit;
+    let op = Op::Slice {
+        start: lo,
+        limit: hi,
+        stride: vec![1; t.rank()],
+    };
+    push_at(t, op, location)
+}
+
 fn axis(t: &Tensor, axis: isize, op: &'static str, location: Location) -> Option<usize> {
     if any_poisoned(&[t]) {
         return None;
@@ -566,16 +580,31 @@ impl Tensor {
         let Some(a) = axis(self, axis_, "slice", location) else {
             return self.poisoned();
         };
-        let mut lo = vec![0; self.rank()];
-        let mut hi = self.shape().to_vec();
-        lo[a] = start;
-        hi[a] = limit;
-        let op = Op::Slice {
-            start: lo,
-            limit: hi,
-            stride: vec![1; self.rank()],
+        slice_along(self, a, start, limit, location)
+    }
+
+    /// `jnp.roll(self, shift, axis)`: element `i` along `axis` (negative counts from the
+    /// end) moves to `(i + shift) mod n`. A composite, `concatenate(self[k:], self[:k])`
+    /// with `k = -shift mod n`, which the partitioner recognises as a rotation (on an
+    /// evenly split dim: at most two collective shifts, one when `|shift|` is at most a
+    /// shard).
+    #[track_caller]
+    pub fn roll(&self, shift: i64, axis_: isize) -> Tensor {
+        let location = Location::caller();
+        let Some(a) = axis(self, axis_, "roll", location) else {
+            return self.poisoned();
         };
-        push_at(self, op, location)
+        let n = self.shape()[a];
+        let k = match n {
+            0 => 0,
+            _ => (n - shift.rem_euclid(n as i64) as usize) % n,
+        };
+        if k == 0 {
+            return self.clone();
+        }
+        let head = slice_along(self, a, k, n, location);
+        let tail = slice_along(self, a, 0, k, location);
+        push_in(&self.state, Op::Concatenate(a), &[&head, &tail], location)
     }
 
     /// Pads with `value` (a scalar tensor of the same dtype).

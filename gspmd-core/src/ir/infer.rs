@@ -197,6 +197,7 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
             Ok(operands[0].clone())
         }
+        Op::CollectiveShift { .. } => Ok(operands[0].clone()),
         Op::AxisIndex(_) => Ok(TensorType::new(vec![], DType::I32)),
         Op::DynamicSlice(sizes) => {
             let t = operands[0];

@@ -294,6 +294,21 @@ pub enum Op {
         /// The senders' index order.
         from: Vec<String>,
     },
+    /// Shifts operands along a group (XLA's collective-permute with the source-target
+    /// pairs `(i, i + offset)`, e.g. a halo exchange with neighbours): the member at group
+    /// index `i` receives the operand of member `i - offset`. With `wrap` indices are
+    /// taken modulo the group size (a rotation); without it a member with no source
+    /// (`i - offset` outside the group) receives zeros (`false`), as XLA's
+    /// collective-permute gives a device that is no target. The pairs are computed at run
+    /// time from the group, so the op's size does not grow with the device count.
+    CollectiveShift {
+        /// The devices that exchange, in group order.
+        group: AxisGroup,
+        /// How many group indices the operands move up (negative: down).
+        offset: i64,
+        /// Whether indices wrap around the group.
+        wrap: bool,
+    },
 
     /// Identity whose node carries a sharding annotation: pins a value's sharding
     /// mid-program (JAX's `with_sharding_constraint`).
@@ -349,6 +364,7 @@ impl Op {
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::AllToAll { .. } => "all_to_all",
             Op::CollectivePermute { .. } => "collective_permute",
+            Op::CollectiveShift { .. } => "collective_shift",
         }
     }
 
@@ -414,6 +430,7 @@ impl Op {
             Op::ReduceScatter { .. } => OpKind::ReduceScatter,
             Op::AllToAll { .. } => OpKind::AllToAll,
             Op::CollectivePermute { .. } => OpKind::CollectivePermute,
+            Op::CollectiveShift { .. } => OpKind::CollectiveShift,
             Op::ShardingConstraint => OpKind::ShardingConstraint,
         }
     }
@@ -437,6 +454,7 @@ impl Op {
             | Op::ReduceScatter { .. }
             | Op::AllToAll { .. }
             | Op::CollectivePermute { .. }
+            | Op::CollectiveShift { .. }
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
             Op::Select => Arity::Fixed(3),
@@ -458,7 +476,8 @@ impl Op {
             | Op::AllGather { group, .. }
             | Op::ReduceScatter { group, .. }
             | Op::AllToAll { group, .. }
-            | Op::CollectivePermute { group, .. } => Some(group),
+            | Op::CollectivePermute { group, .. }
+            | Op::CollectiveShift { group, .. } => Some(group),
             Op::Parameter { .. }
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -639,6 +658,8 @@ op_kinds! {
     AllToAll,
     /// [`Op::CollectivePermute`].
     CollectivePermute,
+    /// [`Op::CollectiveShift`].
+    CollectiveShift,
     /// [`Op::ShardingConstraint`].
     ShardingConstraint,
 }
@@ -656,7 +677,8 @@ impl OpKind {
             | K::AllGather
             | K::ReduceScatter
             | K::AllToAll
-            | K::CollectivePermute => true,
+            | K::CollectivePermute
+            | K::CollectiveShift => true,
             K::Parameter | K::Constant | K::Iota => false,
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
@@ -683,6 +705,7 @@ impl OpKind {
             K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
+            K::CollectiveShift => false,
         }
     }
 
@@ -704,6 +727,7 @@ impl OpKind {
             K::CollectivePermute | K::ShardingConstraint => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
+            K::CollectiveShift => false,
         }
     }
 }

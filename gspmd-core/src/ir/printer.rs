@@ -166,6 +166,11 @@ fn attributes(op: &Op) -> String {
         Op::CollectivePermute { group, from } => {
             format!(", axes={group}, from={{{}}}", from.join(","))
         }
+        Op::CollectiveShift {
+            group,
+            offset,
+            wrap,
+        } => format!(", axes={group}, offset={offset}, wrap={wrap}"),
         Op::Parameter { .. }
         | Op::Unary(_)
         | Op::Binary(_)

@@ -45,7 +45,8 @@ impl<'m> Emitter<'m> {
     }
 
     /// Appends `op(operands)`, typed by [`infer_type`]. A collective over a group of one
-    /// device is the identity and emits nothing.
+    /// device is the identity and emits nothing (a non-wrapping shift there would give
+    /// zeros: its callers read only the positions a real neighbour sends).
     pub fn emit(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
         if let Some(group) = op.collective_group()
             && group.size == 1
@@ -139,17 +140,49 @@ impl<'m> Emitter<'m> {
 
     /// Keeps the first `len` elements of `dim` (no-op if already that long).
     pub fn truncate(&mut self, x: ValueId, dim: usize, len: usize) -> Result<ValueId> {
+        self.slice_dim(x, dim, 0, len)
+    }
+
+    /// Elements `start..end` of `dim`, all of the other dims (no-op if that is all).
+    pub fn slice_dim(
+        &mut self,
+        x: ValueId,
+        dim: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<ValueId> {
         let shape = self.shape(x);
-        if shape[dim] == len {
+        if start == 0 && end == shape[dim] {
             return Ok(x);
         }
+        let mut first = vec![0; shape.len()];
+        first[dim] = start;
         let mut limit = shape.clone();
-        limit[dim] = len;
+        limit[dim] = end;
         self.emit(
             Op::Slice {
-                start: vec![0; shape.len()],
+                start: first,
                 limit,
                 stride: vec![1; shape.len()],
+            },
+            &[x],
+        )
+    }
+
+    /// [`Op::CollectiveShift`] of `x` by `offset` along the group of `axes`.
+    pub fn shift(
+        &mut self,
+        x: ValueId,
+        axes: &[String],
+        offset: i64,
+        wrap: bool,
+    ) -> Result<ValueId> {
+        let group = self.group(axes);
+        self.emit(
+            Op::CollectiveShift {
+                group,
+                offset,
+                wrap,
             },
             &[x],
         )

@@ -12,6 +12,8 @@
 //! sharding (`reshard` picks the cheapest composition of collectives).
 
 mod emit;
+mod fusion;
+mod halo;
 mod handlers;
 mod mask;
 mod report;
@@ -25,6 +27,7 @@ use crate::error::Result;
 use crate::ir::{Op, Program, TensorType, ValueId};
 use crate::sharding::{Mesh, Sharding};
 use emit::Emitter;
+use fusion::Fusion;
 
 /// A partitioned program: the per-device program plus how its inputs and outputs map to
 /// global arrays.
@@ -80,7 +83,12 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
     let mut em = Emitter::new(&program.name, mesh);
     let mut values: Vec<Option<PValue>> = vec![None; program.nodes.len()];
     let users = program.users();
+    let fusions = fusion::fusions(program);
+    let skipped = fusion::skipped(program, &fusions);
     for v in program.values() {
+        if skipped[v.index()] {
+            continue;
+        }
         let node = program.node(v);
         em.current = (v, node.op.name(), node.location);
         let target = node
@@ -89,16 +97,29 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
             .ok_or_else(|| em.error("the value has no sharding: run propagation first"))?;
         target.validate(mesh, node.ty.rank(), &format!("{}: {v}: ", node.location))?;
         let target = keep_sums_for_users(program, &users[v.index()], v, target);
-        let operands: Vec<PValue> = node
-            .operands
-            .iter()
-            .map(|o| {
-                values[o.index()]
-                    .clone()
-                    .ok_or_else(|| em.error(format!("operand {o} not partitioned")))
-            })
-            .collect::<Result<_>>()?;
-        let result = handlers::partition_node(&mut em, node, &operands, &target)?;
+        let operands = |em: &Emitter, ids: &[ValueId]| -> Result<Vec<PValue>> {
+            (ids.iter())
+                .map(|o| {
+                    values[o.index()]
+                        .clone()
+                        .ok_or_else(|| em.error(format!("operand {o} not partitioned")))
+                })
+                .collect()
+        };
+        let result = match &fusions[v.index()] {
+            Some(Fusion::Rotation(rotation)) => {
+                let a = operands(&em, &[rotation.source])?;
+                handlers::rotate(&mut em, node, &a[0], *rotation, &target)?
+            }
+            Some(Fusion::SliceOfPad { node: pad, .. }) => {
+                let ops = operands(&em, &pad.operands)?;
+                handlers::partition_node(&mut em, pad, &ops, &target)?
+            }
+            None => {
+                let ops = operands(&em, &node.operands)?;
+                handlers::partition_node(&mut em, node, &ops, &target)?
+            }
+        };
         let result = reshard::reshard(&mut em, &result, &target)?;
         let local = em.program.node_mut(result.id);
         local.sharding = Some(target);

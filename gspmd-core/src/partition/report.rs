@@ -8,7 +8,9 @@ use super::SpmdProgram;
 use crate::ir::{Node, Op, Program};
 
 /// Bytes one device receives in collective `node` of `program` (ring algorithms for
-/// all-reduce; zero for a non-collective).
+/// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
+/// that receives from another one; zero when none does (a shift by a multiple of the
+/// group size with wrap, or by the group size or more without).
 pub fn bytes_received(program: &Program, node: &Node) -> usize {
     let input = node
         .operands
@@ -21,6 +23,19 @@ pub fn bytes_received(program: &Program, node: &Node) -> usize {
         Op::AllReduce { group, .. } => 2 * fraction(group.size),
         Op::ReduceScatter { group, .. } | Op::AllToAll { group, .. } => fraction(group.size),
         Op::CollectivePermute { .. } => input,
+        Op::CollectiveShift {
+            group,
+            offset,
+            wrap,
+        } => {
+            let n = group.size as i64;
+            let moves = if *wrap {
+                offset.rem_euclid(n.max(1)) != 0
+            } else {
+                offset.unsigned_abs() < group.size as u64 && *offset != 0
+            };
+            if moves { input } else { 0 }
+        }
         _ => 0,
     }
 }

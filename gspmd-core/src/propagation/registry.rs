@@ -164,7 +164,8 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => {
             // Per-device ops: `propagate` rejects programs that contain them. No factors.
             let unfactored = |rank: usize| TensorFactors {
                 dims: vec![Vec::new(); rank],

@@ -93,7 +93,8 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => {
             return Err(format!(
                 "{} needs a device mesh: it runs only in a partitioned program",
                 op.name()

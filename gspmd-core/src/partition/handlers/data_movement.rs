@@ -1,12 +1,19 @@
 //! Values with no operands (parameter, constant, iota) and the ops that move data along
-//! a dim (slice, pad, concatenate). A dim such an op changes is made whole first and
-//! the op runs on it locally; dims it leaves alone keep the target's axes. (Halo
-//! exchange for sharded windowed dims is a later refinement; results are exact now.)
+//! a dim (slice, pad, concatenate, and rotations: `concatenate(a[k:], a[:k])`).
+//!
+//! A dim such an op changes keeps the target's axes when the operand is split along it
+//! too and a halo exchange gives each device its window (slice with stride 1, pad
+//! without interior padding, each operand of a concatenate; see `partition::halo`);
+//! otherwise it is made whole and the op runs on it locally, with a warning when that
+//! gathers a split dim. Dims the op leaves alone keep the target's axes.
 
 use super::super::emit::Emitter;
+use super::super::fusion::Rotation;
+use super::super::halo::{self, HaloPlan, Window};
+use super::super::mask::positions_inside;
 use super::super::reshard::reshard;
 use super::super::value::PValue;
-use super::with_dims;
+use super::{reduced, with_dims};
 use crate::error::Result;
 use crate::ir::{BinaryOp, DType, Node, Op, TensorType};
 use crate::sharding::Sharding;
@@ -116,21 +123,72 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
     }
 }
 
-/// Slice, pad and concatenate.
+/// The window of input positions output block `i` of `op` reads along `dim`, when
+/// output blocks are `chunk` long; `Err` says why there is none.
+fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str> {
+    let window = |offset: i64| Window {
+        dim,
+        step: chunk,
+        offset,
+        len: chunk,
+    };
+    match op {
+        Op::Slice { start, stride, .. } if stride[dim] == 1 => Ok(window(start[dim] as i64)),
+        Op::Slice { .. } => Err("a strided slice has no halo plan"),
+        Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
+        Op::Pad { .. } => Err("interior padding has no halo plan"),
+        _ => Err("not a windowed op"),
+    }
+}
+
+/// Slice, pad and concatenate (see the module doc).
 pub(super) fn windowed(
     em: &mut Emitter,
     node: &Node,
     operands: &[PValue],
     target: &Sharding,
 ) -> Result<PValue> {
+    if let Op::Concatenate(dim) = node.op {
+        let split = |o: &PValue| em.mesh.axes_size(&o.sharding.dims[dim].axes) > 1;
+        if em.mesh.axes_size(&target.dims[dim].axes) > 1 && operands.iter().any(split) {
+            return concatenate(em, node, dim, operands, target);
+        }
+    }
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
-    let dims: Vec<Vec<String>> = target
-        .dims
-        .iter()
-        .enumerate()
+    let mut halos: Vec<HaloPlan> = Vec::new();
+    let mut whole: Vec<usize> = Vec::new();
+    let mut gathered: Vec<String> = Vec::new();
+    for &d in &changed {
+        let shards = em.mesh.axes_size(&target.dims[d].axes);
+        let split =
+            |o: &PValue| o.global.rank() > d && em.mesh.axes_size(&o.sharding.dims[d].axes) > 1;
+        if shards == 1 || !operands.iter().any(split) {
+            whole.push(d);
+            continue;
+        }
+        let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards));
+        let plan = window.and_then(|w| {
+            halo::plan(shape[d], shards, w).ok_or("a window reaches past a neighbour's block")
+        });
+        match plan {
+            Ok(plan) => halos.push(plan),
+            Err(reason) => {
+                whole.push(d);
+                gathered.push(format!("dim {d}: {reason}"));
+            }
+        }
+    }
+    if !gathered.is_empty() {
+        em.warn(format!(
+            "{} gathers split dims whole ({})",
+            node.op.name(),
+            gathered.join("; ")
+        ));
+    }
+    let dims: Vec<Vec<String>> = (target.dims.iter().enumerate())
         .map(|(d, s)| {
-            if changed.contains(&d) {
+            if whole.contains(&d) {
                 Vec::new()
             } else {
                 s.axes.clone()
@@ -138,20 +196,6 @@ pub(super) fn windowed(
         })
         .collect();
     let want = with_dims(dims, Vec::new());
-    let split: Vec<usize> = (changed.iter().copied())
-        .filter(|&d| {
-            !target.dims[d].axes.is_empty()
-                || operands
-                    .iter()
-                    .any(|o| o.global.rank() > d && !o.sharding.dims[d].axes.is_empty())
-        })
-        .collect();
-    if !split.is_empty() {
-        em.warn(format!(
-            "{} along split dims {split:?} gathers them whole (no halo exchange yet)",
-            node.op.name()
-        ));
-    }
     let mut ids = Vec::with_capacity(operands.len());
     for o in operands {
         // Pad's padding value is a scalar: replicated.
@@ -162,11 +206,132 @@ pub(super) fn windowed(
         };
         ids.push(reshard(em, o, &w)?.id);
     }
-    let local = em.shape(ids[0]);
-    let id = em.emit(local_op(&node.op, &local, &changed), &ids)?;
+    let fill = matches!(node.op, Op::Pad { .. }).then(|| ids[1]);
+    let mut x = PValue {
+        id: ids[0],
+        global: operands[0].global.clone(),
+        sharding: want.clone(),
+    };
+    for plan in &halos {
+        x.id = halo::exchange(em, &x, plan, fill)?;
+        x.global.shape[plan.dim()] = node.ty.shape[plan.dim()];
+    }
+    ids[0] = x.id;
+    let id = if whole.is_empty() {
+        x.id
+    } else {
+        let local = em.shape(x.id);
+        em.emit(local_op(&node.op, &local, &whole), &ids)?
+    };
     Ok(PValue {
         id,
         global: node.ty.clone(),
         sharding: want,
     })
+}
+
+/// Concatenate along `dim`, which the target splits and some operand does: output
+/// block `i` takes from operand `j` (starting at `o_j` in the result) the window of its
+/// positions `i * chunk - o_j ..`, by halo exchange when the operand is split along
+/// `dim` and the window reaches at most one neighbour, else from the operand made whole
+/// along `dim` (a gather of that operand alone, warned when it was split); a select by
+/// position picks each element's operand.
+fn concatenate(
+    em: &mut Emitter,
+    node: &Node,
+    dim: usize,
+    operands: &[PValue],
+    target: &Sharding,
+) -> Result<PValue> {
+    let want = reduced(target);
+    let axes = target.dims[dim].axes.clone();
+    let shards = em.mesh.axes_size(&axes);
+    let chunk = node.ty.shape[dim].div_ceil(shards);
+    let mut whole_dims: Vec<Vec<String>> = want.dims.iter().map(|d| d.axes.clone()).collect();
+    whole_dims[dim].clear();
+    let whole = with_dims(whole_dims, Vec::new());
+    let (mut result, mut start, mut gathered) = (None, 0, Vec::new());
+    for (j, o) in operands.iter().enumerate() {
+        let size = o.global.shape[dim];
+        let window = Window {
+            dim,
+            step: chunk,
+            offset: -(start as i64),
+            len: chunk,
+        };
+        let split = em.mesh.axes_size(&o.sharding.dims[dim].axes) > 1;
+        let part = match halo::plan(size, shards, window).filter(|_| split) {
+            Some(plan) => {
+                let x = reshard(em, o, &want)?;
+                halo::exchange(em, &x, &plan, None)?
+            }
+            None => {
+                if split {
+                    gathered.push(j);
+                }
+                let x = reshard(em, o, &whole)?;
+                halo::window_of_whole(em, x.id, &axes, window, size)?
+            }
+        };
+        result = Some(match result {
+            None => part,
+            Some(acc) => {
+                let shape = em.shape(part);
+                let first = -(start as i64);
+                let inside = positions_inside(em, &shape, dim, (&axes, chunk, first), size)?;
+                em.emit(Op::Select, &[inside, part, acc])?
+            }
+        });
+        start += size;
+    }
+    if !gathered.is_empty() {
+        em.warn(format!(
+            "concatenate gathers dim {dim} of operands {gathered:?} whole (a window reaches past a neighbour's block)"
+        ));
+    }
+    let id = result.ok_or_else(|| em.error("concatenate of no operands"))?;
+    Ok(PValue {
+        id,
+        global: node.ty.clone(),
+        sharding: want,
+    })
+}
+
+/// A [`Rotation`] of `a`: on a dim the target splits evenly, the pieces
+/// of each block move with at most two wrapping collective shifts
+/// ([`halo::rotate`]); otherwise the dim is made whole and rotated locally.
+pub(crate) fn rotate(
+    em: &mut Emitter,
+    node: &Node,
+    a: &PValue,
+    rotation: Rotation,
+    target: &Sharding,
+) -> Result<PValue> {
+    let Rotation { dim, k, .. } = rotation;
+    let size = a.global.shape[dim];
+    let shards = em.mesh.axes_size(&target.dims[dim].axes);
+    let pv = |id, sharding| PValue {
+        id,
+        global: node.ty.clone(),
+        sharding,
+    };
+    if shards > 1 && size.is_multiple_of(shards) {
+        let want = reduced(target);
+        let a = reshard(em, a, &want)?;
+        let id = halo::rotate(em, &a, dim, k)?;
+        return Ok(pv(id, want));
+    }
+    if shards > 1 {
+        em.warn(format!(
+            "rotation along dim {dim} of {size} over {shards} shards (uneven) gathers it whole"
+        ));
+    }
+    let mut dims: Vec<Vec<String>> = target.dims.iter().map(|s| s.axes.clone()).collect();
+    dims[dim].clear();
+    let want = with_dims(dims, Vec::new());
+    let a = reshard(em, a, &want)?;
+    let high = em.slice_dim(a.id, dim, k, size)?;
+    let low = em.slice_dim(a.id, dim, 0, k)?;
+    let id = em.emit(Op::Concatenate(dim), &[high, low])?;
+    Ok(pv(id, want))
 }

@@ -10,6 +10,8 @@ mod reduce;
 mod shape;
 mod window;
 
+pub(crate) use data_movement::rotate;
+
 use super::emit::Emitter;
 use super::value::PValue;
 use crate::error::Result;
@@ -50,7 +52,8 @@ pub(crate) fn partition_node(
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => {
             Err(em.error("already a per-device op: partition a global program"))
         }
     }
