@@ -10,13 +10,19 @@
 //! - `abs`: the derivative is `sign(x)`, 0 at `x = 0`.
 //! - `power(x, y)`: `d/dx = y x^(y-1)`, taken as 0 where `y = 0`;
 //!   `d/dy = x^y log(x)`, taken as 0 where `x = 0`.
+//! - `convolution`: the input's cotangent is the convolution of the result's cotangent
+//!   with the spatially reversed kernel, in and out features swapped (per feature
+//!   group), lhs dilation = stride, stride = lhs dilation; the kernel's is the
+//!   convolution of the input (batch as feature, per group) with the result's cotangent
+//!   as kernel, rhs dilation = stride, stride = rhs dilation (JAX's transpose rules).
 //! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`, the
 //!   predicate of `select`, and `convert` to or from i32 or bool.
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId,
+    BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DType, DotDims, Node, Op, OpKind,
+    ReduceKind, UnaryOp, ValueId, WindowDim,
 };
 
 /// True when [`operand_cotangent`] has a rule for ops of `kind`: every op of a global
@@ -34,6 +40,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => true,
         K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
         K::ShardingConstraint => true,
+        K::Convolution | K::Reverse => true,
         K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
     }
@@ -126,6 +133,11 @@ pub(super) fn operand_cotangent(
             limit[*dim] = offset + x_shape[*dim];
             Some(e.slice(ct, start, limit, vec![1; x_shape.len()])?)
         }
+        Op::Convolution(config) => Some(match i {
+            0 => conv_input_cotangent(e, config, x, operands[1], ct)?,
+            _ => conv_kernel_cotangent(e, config, operands[0], x, ct)?,
+        }),
+        Op::Reverse(dims) => Some(e.reverse(ct, dims)?),
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
@@ -396,4 +408,148 @@ fn pad_operand(
         .collect();
     let stride = interior.iter().map(|&s| s + 1).collect();
     e.slice(restored, start, limit, stride)
+}
+
+/// Size of `n` elements with `dilation - 1` holes between neighbours.
+fn dilated(n: usize, dilation: usize) -> i64 {
+    ((n.max(1) - 1) * dilation + 1) as i64
+}
+
+/// `t` with dim `major` of size `outer * inner` (`outer` major) regrouped: the result is
+/// `[inner, outer * minor, rest..]` from `t`'s dims `[major, minor, rest..]` (given in
+/// `order`), i.e. the `outer` part moved from `major` into `minor`, major in it. This
+/// is how a feature-group count moves between feature dims (JAX's
+/// `_reshape_axis_out_of` then `_reshape_axis_into`).
+fn regroup(e: &mut Appender<'_>, t: ValueId, order: &[usize], outer: usize) -> Result<ValueId> {
+    let t = e.transpose(t, order)?;
+    let shape = e.shape(t);
+    let inner = shape[0] / outer;
+    let split = [&[outer, inner][..], &shape[1..]].concat();
+    let t = e.reshape(t, &split)?;
+    let mut perm: Vec<usize> = (0..split.len()).collect();
+    perm[..3].copy_from_slice(&[1, 0, 2]);
+    let t = e.transpose(t, &perm)?;
+    let merged = [&[inner, outer * shape[1]][..], &shape[2..]].concat();
+    e.reshape(t, &merged)
+}
+
+/// The cotangent of a convolution's input `x`: the result's cotangent convolved with the
+/// spatially reversed kernel, in and out features swapped.
+fn conv_input_cotangent(
+    e: &mut Appender<'_>,
+    config: &ConvConfig,
+    x: ValueId,
+    kernel: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let dn = &config.dims;
+    let groups = config.feature_group_count;
+    let (x_shape, k_shape, ct_shape) = (e.shape(x), e.shape(kernel), e.shape(ct));
+    // The kernel's out features become its in features; with groups, the group count
+    // moves from the out features into the in features.
+    let (kernel, kernel_input_feature, kernel_output_feature, kernel_spatial) = if groups == 1 {
+        let swapped = (dn.kernel_output_feature, dn.kernel_input_feature);
+        (kernel, swapped.0, swapped.1, dn.kernel_spatial.clone())
+    } else {
+        let order = [
+            &[dn.kernel_output_feature, dn.kernel_input_feature][..],
+            &dn.kernel_spatial,
+        ]
+        .concat();
+        let t = regroup(e, kernel, &order, groups)?;
+        (t, 0, 1, (2..order.len()).collect())
+    };
+    let mut reversed = kernel_spatial.clone();
+    reversed.sort_unstable();
+    let flipped = e.reverse(kernel, &reversed)?;
+    let window = (config.window.iter().enumerate())
+        .map(|(i, w)| {
+            let n = dilated(x_shape[dn.input_spatial[i]], w.lhs_dilation);
+            let k = dilated(k_shape[dn.kernel_spatial[i]], w.rhs_dilation);
+            let out = dilated(ct_shape[dn.output_spatial[i]], w.stride);
+            let low = k - w.padding_low - 1;
+            WindowDim {
+                stride: w.lhs_dilation,
+                padding_low: low,
+                padding_high: n + k - 1 - out - low,
+                lhs_dilation: w.stride,
+                rhs_dilation: w.rhs_dilation,
+            }
+        })
+        .collect();
+    let dims = ConvDimensionNumbers {
+        input_batch: dn.output_batch,
+        input_feature: dn.output_feature,
+        input_spatial: dn.output_spatial.clone(),
+        kernel_input_feature,
+        kernel_output_feature,
+        kernel_spatial,
+        output_batch: dn.input_batch,
+        output_feature: dn.input_feature,
+        output_spatial: dn.input_spatial.clone(),
+    };
+    let config = ConvConfig {
+        dims,
+        window,
+        feature_group_count: groups,
+    };
+    e.convolution(ct, flipped, config)
+}
+
+/// The cotangent of a convolution's kernel: the input, batch and feature swapped (with
+/// groups, the group count moved from the features into the new features), convolved
+/// with the result's cotangent as kernel.
+fn conv_kernel_cotangent(
+    e: &mut Appender<'_>,
+    config: &ConvConfig,
+    x: ValueId,
+    kernel: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let dn = &config.dims;
+    let groups = config.feature_group_count;
+    let (x_shape, k_shape, ct_shape) = (e.shape(x), e.shape(kernel), e.shape(ct));
+    let (lhs, input_batch, input_feature, input_spatial) = if groups == 1 {
+        (
+            x,
+            dn.input_feature,
+            dn.input_batch,
+            dn.input_spatial.clone(),
+        )
+    } else {
+        let order = [&[dn.input_feature, dn.input_batch][..], &dn.input_spatial].concat();
+        let t = regroup(e, x, &order, groups)?;
+        (t, 0, 1, (2..order.len()).collect())
+    };
+    let window = (config.window.iter().enumerate())
+        .map(|(i, w)| {
+            let n = dilated(x_shape[dn.input_spatial[i]], w.lhs_dilation);
+            let k = dilated(k_shape[dn.kernel_spatial[i]], w.rhs_dilation);
+            let out = dilated(ct_shape[dn.output_spatial[i]], w.stride);
+            WindowDim {
+                stride: w.rhs_dilation,
+                padding_low: w.padding_low,
+                padding_high: out - n + k - w.padding_low - 1,
+                lhs_dilation: w.lhs_dilation,
+                rhs_dilation: w.stride,
+            }
+        })
+        .collect();
+    let dims = ConvDimensionNumbers {
+        input_batch,
+        input_feature,
+        input_spatial,
+        kernel_input_feature: dn.output_batch,
+        kernel_output_feature: dn.output_feature,
+        kernel_spatial: dn.output_spatial.clone(),
+        output_batch: dn.kernel_input_feature,
+        output_feature: dn.kernel_output_feature,
+        output_spatial: dn.kernel_spatial.clone(),
+    };
+    let config = ConvConfig {
+        dims,
+        window,
+        feature_group_count: groups,
+    };
+    e.convolution(lhs, ct, config)
 }

@@ -1,7 +1,7 @@
 //! Result-type inference for every primitive op: the one place that knows each op's
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
-use super::op::{BinaryOp, DotDims, Op, UnaryOp};
+use super::op::{BinaryOp, ConvConfig, DotDims, Op, UnaryOp};
 use crate::types::{DType, TensorType, checked_num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
@@ -193,6 +193,11 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             }
             Ok(TensorType::new(shape, first.dtype))
         }
+        Op::Convolution(config) => infer_convolution(config, operands[0], operands[1]),
+        Op::Reverse(dims) => {
+            check_distinct_dims(dims, operands[0].rank(), "reverse")?;
+            Ok(operands[0].clone())
+        }
         Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
             Ok(operands[0].clone())
         }
@@ -318,6 +323,111 @@ fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorT
             .map(|d| rhs.shape[d]),
     );
     Ok(TensorType::new(shape, lhs.dtype))
+}
+
+/// Number of spatial dims a convolution may have.
+const CONV_SPATIAL_DIMS: std::ops::RangeInclusive<usize> = 1..=3;
+
+fn infer_convolution(
+    config: &ConvConfig,
+    input: &TensorType,
+    kernel: &TensorType,
+) -> Result<TensorType, String> {
+    let (dn, window, groups) = (&config.dims, &config.window, config.feature_group_count);
+    if input.dtype != kernel.dtype || input.dtype == DType::Bool {
+        return Err(format!(
+            "input {input} and kernel {kernel} must share a numeric dtype"
+        ));
+    }
+    let spatial = dn.input_spatial.len();
+    if !CONV_SPATIAL_DIMS.contains(&spatial)
+        || dn.kernel_spatial.len() != spatial
+        || dn.output_spatial.len() != spatial
+    {
+        return Err(format!(
+            "dimension numbers must name 1 to 3 spatial dims, the same number for input, kernel and output: {dn:?}"
+        ));
+    }
+    let rank = spatial + 2;
+    if input.rank() != rank || kernel.rank() != rank {
+        return Err(format!(
+            "input {input} and kernel {kernel} must have rank {rank} for {spatial} spatial dims"
+        ));
+    }
+    let all = |a: usize, b: usize, rest: &[usize]| [&[a, b][..], rest].concat();
+    let tensors = [
+        (
+            "input",
+            all(dn.input_batch, dn.input_feature, &dn.input_spatial),
+        ),
+        (
+            "kernel",
+            all(
+                dn.kernel_input_feature,
+                dn.kernel_output_feature,
+                &dn.kernel_spatial,
+            ),
+        ),
+        (
+            "output",
+            all(dn.output_batch, dn.output_feature, &dn.output_spatial),
+        ),
+    ];
+    for (what, dims) in &tensors {
+        check_distinct_dims_unsorted(dims, rank, &format!("{what} dimension numbers"))?;
+    }
+    if window.len() != spatial {
+        return Err(format!(
+            "window has {} dims for {spatial} spatial dims",
+            window.len()
+        ));
+    }
+    let features = input.shape[dn.input_feature];
+    let out_features = kernel.shape[dn.kernel_output_feature];
+    if groups == 0 || !features.is_multiple_of(groups) || !out_features.is_multiple_of(groups) {
+        return Err(format!(
+            "feature_group_count {groups} must divide the input features {features} and the output features {out_features}"
+        ));
+    }
+    if kernel.shape[dn.kernel_input_feature] != features / groups {
+        return Err(format!(
+            "kernel {kernel} has {} input features (dim {}), but input {input} has {features} features in {groups} group(s) of {}",
+            kernel.shape[dn.kernel_input_feature],
+            dn.kernel_input_feature,
+            features / groups
+        ));
+    }
+    let mut shape = vec![0; rank];
+    shape[dn.output_batch] = input.shape[dn.input_batch];
+    shape[dn.output_feature] = out_features;
+    for (i, w) in window.iter().enumerate() {
+        if w.stride == 0 || w.lhs_dilation == 0 || w.rhs_dilation == 0 {
+            return Err(format!(
+                "window dim {i}: stride {}, lhs dilation {} and rhs dilation {} must be at least 1",
+                w.stride, w.lhs_dilation, w.rhs_dilation
+            ));
+        }
+        let (n, k) = (
+            input.shape[dn.input_spatial[i]],
+            kernel.shape[dn.kernel_spatial[i]],
+        );
+        let overflow = || format!("window dim {i} of input {input} overflows");
+        let padded = padded_size(n, w.padding_low, w.padding_high, w.lhs_dilation - 1)
+            .ok_or_else(overflow)?;
+        let reach = dilated_size(k, w.rhs_dilation).ok_or_else(overflow)?;
+        if k == 0 || reach > padded {
+            return Err(format!(
+                "window dim {i}: window of {k} (dilated {reach}) does not fit the input's {n} elements (dilated and padded {padded})"
+            ));
+        }
+        shape[dn.output_spatial[i]] = ((padded - reach) / w.stride as i64 + 1) as usize;
+    }
+    Ok(TensorType::new(shape, input.dtype))
+}
+
+/// Size of `n` elements with `dilation - 1` holes between neighbours; `None` on overflow.
+fn dilated_size(n: usize, dilation: usize) -> Option<i64> {
+    padded_size(n, 0, 0, dilation.checked_sub(1)?)
 }
 
 /// Size of a dim of `n` elements padded by `low` and `high` (negative: cropped) with

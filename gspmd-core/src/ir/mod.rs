@@ -3,6 +3,7 @@
 
 mod append;
 mod builder;
+mod convolution;
 mod einsum;
 mod infer;
 mod literal;
@@ -15,9 +16,13 @@ mod verifier;
 pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements};
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
+pub use convolution::Padding;
 pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
-pub use op::{Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp};
+pub use op::{
+    Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DotDims, Op, OpKind,
+    ReduceKind, UnaryOp, WindowDim,
+};
 pub use program::{Node, Origin, Program};
 pub use verifier::verify;

@@ -2,7 +2,8 @@
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
 use super::literal::Literal;
-use crate::types::DType;
+use crate::error::Error;
+use crate::types::{DType, Location};
 
 /// Elementwise ops of one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,6 +93,131 @@ pub struct DotDims {
     pub lhs_contracting: Vec<usize>,
     /// Contracting dims of the rhs.
     pub rhs_contracting: Vec<usize>,
+}
+
+/// Dimension numbers of a `convolution` (XLA's `ConvolutionDimensionNumbers`): which
+/// dim of the input, the kernel and the output is batch, feature and each spatial dim.
+/// Dims may come in any order; spatial dim `i` of the three tensors belong together.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConvDimensionNumbers {
+    /// The input's batch dim.
+    pub input_batch: usize,
+    /// The input's feature dim.
+    pub input_feature: usize,
+    /// The input's spatial dims.
+    pub input_spatial: Vec<usize>,
+    /// The kernel's input-feature dim (contracted with the input's features).
+    pub kernel_input_feature: usize,
+    /// The kernel's output-feature dim.
+    pub kernel_output_feature: usize,
+    /// The kernel's spatial (window) dims.
+    pub kernel_spatial: Vec<usize>,
+    /// The output's batch dim.
+    pub output_batch: usize,
+    /// The output's feature dim.
+    pub output_feature: usize,
+    /// The output's spatial dims.
+    pub output_spatial: Vec<usize>,
+}
+
+impl ConvDimensionNumbers {
+    /// Dimension numbers from JAX's string form: `input` and `output` name each dim by
+    /// a letter, `N` batch and `C` feature; `kernel` with `O` output and `I` input
+    /// feature; every other letter is a spatial dim, and spatial dims are numbered in
+    /// the kernel's order (`("NHWC", "HWIO", "NHWC")` is TensorFlow's 2-D layout).
+    /// An [`Error::Shape`] at the caller's line names a letter missing, repeated, or
+    /// not in all three.
+    #[track_caller]
+    pub fn from_labels(input: &str, kernel: &str, output: &str) -> Result<Self, Error> {
+        let location = Location::caller();
+        Self::parse_labels(input, kernel, output).map_err(|message| Error::Shape {
+            op: "convolution",
+            location,
+            message,
+        })
+    }
+
+    fn parse_labels(input: &str, kernel: &str, output: &str) -> Result<Self, String> {
+        let spatial: Vec<char> = kernel.chars().filter(|c| !matches!(c, 'O' | 'I')).collect();
+        let find = |labels: &str, what: &str, c: char| -> Result<usize, String> {
+            let mut at = labels.char_indices().filter(|&(_, l)| l == c);
+            match (at.next(), at.next()) {
+                (Some((i, _)), None) => Ok(i),
+                (None, _) => Err(format!("{what} labels {labels:?} have no {c:?}")),
+                (Some(_), Some(_)) => Err(format!("{what} labels {labels:?} repeat {c:?}")),
+            }
+        };
+        let spatial_of = |labels: &str, what: &str| -> Result<Vec<usize>, String> {
+            if labels.chars().count() != spatial.len() + 2 {
+                return Err(format!(
+                    "{what} labels {labels:?} must have the kernel's {} spatial dims and two more",
+                    spatial.len()
+                ));
+            }
+            spatial.iter().map(|&c| find(labels, what, c)).collect()
+        };
+        Ok(ConvDimensionNumbers {
+            input_batch: find(input, "input", 'N')?,
+            input_feature: find(input, "input", 'C')?,
+            input_spatial: spatial_of(input, "input")?,
+            kernel_input_feature: find(kernel, "kernel", 'I')?,
+            kernel_output_feature: find(kernel, "kernel", 'O')?,
+            kernel_spatial: spatial_of(kernel, "kernel")?,
+            output_batch: find(output, "output", 'N')?,
+            output_feature: find(output, "output", 'C')?,
+            output_spatial: spatial_of(output, "output")?,
+        })
+    }
+}
+
+/// One spatial dim of a convolution's window (XLA's `WindowDimension`; the window's
+/// size is the kernel's spatial dim). Padding may be negative (crops), as in XLA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowDim {
+    /// Step between window positions (>= 1).
+    pub stride: usize,
+    /// Padding before the (dilated) input.
+    pub padding_low: i64,
+    /// Padding after the (dilated) input.
+    pub padding_high: i64,
+    /// Input (base) dilation: `lhs_dilation - 1` holes between input elements (>= 1).
+    pub lhs_dilation: usize,
+    /// Kernel (window) dilation: `rhs_dilation - 1` holes between kernel taps (>= 1).
+    pub rhs_dilation: usize,
+}
+
+impl Default for WindowDim {
+    /// Stride 1, no padding, no dilation.
+    fn default() -> Self {
+        WindowDim {
+            stride: 1,
+            padding_low: 0,
+            padding_high: 0,
+            lhs_dilation: 1,
+            rhs_dilation: 1,
+        }
+    }
+}
+
+impl WindowDim {
+    /// True when the window moves nothing for a kernel dim of `size`: size 1, stride 1,
+    /// no padding or dilation; the output dim then equals the input dim element for
+    /// element.
+    pub fn is_trivial(&self, size: usize) -> bool {
+        size == 1 && *self == WindowDim::default()
+    }
+}
+
+/// The attributes of a `convolution` (XLA's `conv_general_dilated`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConvConfig {
+    /// Which dims are batch, feature and spatial.
+    pub dims: ConvDimensionNumbers,
+    /// One entry per spatial dim.
+    pub window: Vec<WindowDim>,
+    /// Input features are cut in this many groups, each convolved with its own slice of
+    /// the kernel's output features (grouped; depthwise when it equals the features).
+    pub feature_group_count: usize,
 }
 
 /// The devices that take part together in a collective: those that share their
@@ -185,6 +311,11 @@ pub enum Op {
     },
     /// Joins operands along `dim`; all other dims equal.
     Concatenate(usize),
+    /// `convolution(input, kernel)`: XLA's general dilated convolution (cross-correlation,
+    /// as XLA and every framework compute it).
+    Convolution(ConvConfig),
+    /// Reverses the order of elements along `dims` (sorted, distinct).
+    Reverse(Vec<usize>),
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
@@ -281,6 +412,8 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Pad { .. } => "pad",
             Op::Concatenate(_) => "concatenate",
+            Op::Convolution(_) => "convolution",
+            Op::Reverse(_) => "reverse",
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
             Op::DynamicSlice(_) => "dynamic_slice",
@@ -342,6 +475,8 @@ impl Op {
             Op::Slice { .. } => OpKind::Slice,
             Op::Pad { .. } => OpKind::Pad,
             Op::Concatenate(_) => OpKind::Concatenate,
+            Op::Convolution(_) => OpKind::Convolution,
+            Op::Reverse(_) => OpKind::Reverse,
             Op::AxisIndex(_) => OpKind::AxisIndex,
             Op::DynamicSlice(_) => OpKind::DynamicSlice,
             Op::AllReduce { .. } => OpKind::AllReduce,
@@ -366,6 +501,7 @@ impl Op {
             | Op::Transpose(_)
             | Op::Reduce { .. }
             | Op::Slice { .. }
+            | Op::Reverse(_)
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
             | Op::ReduceScatter { .. }
@@ -373,6 +509,7 @@ impl Op {
             | Op::CollectivePermute { .. }
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
+            Op::Convolution(_) => Arity::Fixed(2),
             Op::Select => Arity::Fixed(3),
             Op::Concatenate(_) => Arity::AtLeast(1),
             // The operand, then one start index per dim.
@@ -409,6 +546,8 @@ impl Op {
             | Op::Slice { .. }
             | Op::Pad { .. }
             | Op::Concatenate(_)
+            | Op::Convolution(_)
+            | Op::Reverse(_)
             | Op::AxisIndex(_)
             | Op::DynamicSlice(_)
             | Op::ShardingConstraint => None,
@@ -552,6 +691,10 @@ op_kinds! {
     Pad,
     /// [`Op::Concatenate`].
     Concatenate,
+    /// [`Op::Convolution`].
+    Convolution,
+    /// [`Op::Reverse`].
+    Reverse,
     /// [`Op::AxisIndex`].
     AxisIndex,
     /// [`Op::DynamicSlice`].
@@ -590,6 +733,7 @@ impl OpKind {
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::Convolution | K::Reverse => false,
             K::ShardingConstraint => false,
         }
     }
@@ -606,18 +750,20 @@ impl OpKind {
             K::Parameter | K::Constant | K::Iota => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::Convolution | K::Reverse => false,
             K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         }
     }
 
     /// True for ops whose result is a partial sum when an operand dim they sum over
-    /// (a contracting dim of `dot_general`, a dim of a `reduce` sum) is split: each
+    /// (a contracting dim of `dot_general`, the input features of a `convolution`, a dim
+    /// of a `reduce` sum) is split: each
     /// device then holds a summand, a pending sum the partitioner may keep unreduced.
     pub fn makes_partial_sums(self) -> bool {
         use OpKind as K;
         match self {
-            K::DotGeneral | K::ReduceSum => true,
+            K::DotGeneral | K::ReduceSum | K::Convolution => true,
             // Max and min are not sums; the collectives already combine across devices.
             K::ReduceMax | K::ReduceMin | K::AllReduce | K::ReduceScatter => false,
             K::Parameter | K::Constant | K::Iota => false,
@@ -625,6 +771,7 @@ impl OpKind {
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
+            K::Reverse => false,
             K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
         }

@@ -12,7 +12,7 @@
 use std::fmt::{self, Write};
 
 use super::literal::Literal;
-use super::op::{CompareOp, Op, ReduceKind};
+use super::op::{CompareOp, ConvConfig, ConvDimensionNumbers, Op, ReduceKind};
 use super::program::{Node, Program};
 use crate::types::join;
 
@@ -132,6 +132,8 @@ fn attributes(op: &Op) -> String {
             format!(", padding={}", parts.join("x"))
         }
         Op::Concatenate(dim) => format!(", dim={dim}"),
+        Op::Convolution(config) => convolution_attributes(config),
+        Op::Reverse(dims) => format!(", dims={{{}}}", join(dims)),
         Op::AxisIndex(group) => format!(", axes={group}"),
         Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
@@ -158,6 +160,70 @@ fn attributes(op: &Op) -> String {
         | Op::Reshape(_)
         | Op::ShardingConstraint => String::new(),
     }
+}
+
+/// XLA's form, without the window's size (the kernel's spatial dims give it):
+/// `, window={stride=1x1 pad=1_1x1_1}, dim_labels=b01f_01io->b01f`, then
+/// `lhs_dilate`/`rhs_dilate` where some dilation is not 1 and `feature_group_count`
+/// where it is not 1.
+fn convolution_attributes(config: &ConvConfig) -> String {
+    let w = &config.window;
+    let each = |f: &dyn Fn(&super::op::WindowDim) -> String| -> String {
+        w.iter().map(f).collect::<Vec<_>>().join("x")
+    };
+    let mut window = format!(
+        "stride={} pad={}",
+        each(&|d| d.stride.to_string()),
+        each(&|d| format!("{}_{}", d.padding_low, d.padding_high))
+    );
+    if w.iter().any(|d| d.lhs_dilation != 1) {
+        window += &format!(" lhs_dilate={}", each(&|d| d.lhs_dilation.to_string()));
+    }
+    if w.iter().any(|d| d.rhs_dilation != 1) {
+        window += &format!(" rhs_dilate={}", each(&|d| d.rhs_dilation.to_string()));
+    }
+    let mut s = format!(
+        ", window={{{window}}}, dim_labels={}",
+        dim_labels(&config.dims)
+    );
+    if config.feature_group_count != 1 {
+        s += &format!(", feature_group_count={}", config.feature_group_count);
+    }
+    s
+}
+
+/// `b01f_01io->b01f`: a letter per dim of input, kernel and output; spatial dims by
+/// their number.
+fn dim_labels(dn: &ConvDimensionNumbers) -> String {
+    let labels = |(a, la): (usize, char), (b, lb): (usize, char), spatial: &[usize]| {
+        // A malformed node (dims out of range) prints `?` rather than panicking.
+        let mut l = vec!['?'; spatial.len() + 2];
+        let named = spatial.iter().zip('0'..='9').chain([(&a, la), (&b, lb)]);
+        for (&d, c) in named {
+            if let Some(slot) = l.get_mut(d) {
+                *slot = c;
+            }
+        }
+        l.into_iter().collect::<String>()
+    };
+    format!(
+        "{}_{}->{}",
+        labels(
+            (dn.input_batch, 'b'),
+            (dn.input_feature, 'f'),
+            &dn.input_spatial
+        ),
+        labels(
+            (dn.kernel_input_feature, 'i'),
+            (dn.kernel_output_feature, 'o'),
+            &dn.kernel_spatial
+        ),
+        labels(
+            (dn.output_batch, 'b'),
+            (dn.output_feature, 'f'),
+            &dn.output_spatial
+        ),
+    )
 }
 
 fn reduce_name(kind: ReduceKind) -> &'static str {

@@ -1,5 +1,5 @@
 //! Values with no operands (parameter, constant, iota) and the ops that move data along
-//! a dim (slice, pad, concatenate). A dim such an op changes is made whole first and
+//! a dim (slice, pad, concatenate, reverse). A dim such an op changes is made whole first and
 //! the op runs on it locally; dims it leaves alone keep the target's axes. (Halo
 //! exchange for sharded windowed dims is a later refinement; results are exact now.)
 
@@ -74,6 +74,7 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
             .filter(|&d| low[d] != 0 || high[d] != 0 || interior[d] != 0)
             .collect(),
         Op::Concatenate(dim) => vec![*dim],
+        Op::Reverse(dims) => dims.clone(),
         _ => Vec::new(),
     }
 }
@@ -116,7 +117,7 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
     }
 }
 
-/// Slice, pad and concatenate.
+/// Slice, pad, concatenate and reverse.
 pub(super) fn windowed(
     em: &mut Emitter,
     node: &Node,

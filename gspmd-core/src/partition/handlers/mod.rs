@@ -4,6 +4,7 @@
 //! the result — which the driver then reshards to the target if it is not there yet.
 
 mod contraction;
+mod convolution;
 mod data_movement;
 mod elementwise;
 mod reduce;
@@ -37,7 +38,10 @@ pub(crate) fn partition_node(
         Op::DotGeneral(dims) => {
             contraction::dot_general(em, dims, &operands[0], &operands[1], target)
         }
-        Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) => {
+        Op::Convolution(config) => {
+            convolution::convolution(em, node, config, &operands[0], &operands[1], target)
+        }
+        Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) | Op::Reverse(_) => {
             data_movement::windowed(em, node, operands, target)
         }
         Op::AxisIndex(_)
