@@ -415,22 +415,51 @@ fn dilated(n: usize, dilation: usize) -> i64 {
     ((n.max(1) - 1) * dilation + 1) as i64
 }
 
-/// `t` with dim `major` of size `outer * inner` (`outer` major) regrouped: the result is
-/// `[inner, outer * minor, rest..]` from `t`'s dims `[major, minor, rest..]` (given in
-/// `order`), i.e. the `outer` part moved from `major` into `minor`, major in it. This
-/// is how a feature-group count moves between feature dims (JAX's
+/// `t` (dims `major`, `minor`, then `spatial`) arranged for a transposed convolution in
+/// which the two swap roles: returns the tensor and the dims that now play `major`'s
+/// and `minor`'s parts, and the spatial dims. With `groups > 1`, `major` (of size
+/// `groups * inner`, groups major) loses the group count to `minor`: `t` is
+/// transposed and reshaped to `[inner, groups * minor, spatial..]` (JAX's
 /// `_reshape_axis_out_of` then `_reshape_axis_into`).
-fn regroup(e: &mut Appender<'_>, t: ValueId, order: &[usize], outer: usize) -> Result<ValueId> {
-    let t = e.transpose(t, order)?;
+fn move_groups(
+    e: &mut Appender<'_>,
+    t: ValueId,
+    [major, minor]: [usize; 2],
+    spatial: &[usize],
+    groups: usize,
+) -> Result<(ValueId, usize, usize, Vec<usize>)> {
+    if groups == 1 {
+        return Ok((t, major, minor, spatial.to_vec()));
+    }
+    let order = [&[major, minor][..], spatial].concat();
+    let t = e.transpose(t, &order)?;
     let shape = e.shape(t);
-    let inner = shape[0] / outer;
-    let split = [&[outer, inner][..], &shape[1..]].concat();
+    let inner = shape[0] / groups;
+    let split = [&[groups, inner][..], &shape[1..]].concat();
     let t = e.reshape(t, &split)?;
     let mut perm: Vec<usize> = (0..split.len()).collect();
     perm[..3].copy_from_slice(&[1, 0, 2]);
     let t = e.transpose(t, &perm)?;
-    let merged = [&[inner, outer * shape[1]][..], &shape[2..]].concat();
-    e.reshape(t, &merged)
+    let merged = [&[inner, groups * shape[1]][..], &shape[2..]].concat();
+    let t = e.reshape(t, &merged)?;
+    Ok((t, 0, 1, (2..order.len()).collect()))
+}
+
+/// Spatial dim `i` of a convolution of `x` by `kernel` into `y`, each dilated as the
+/// window says: the input by the lhs dilation, the kernel by the rhs dilation, the
+/// output by the stride.
+fn dilated_sizes(
+    e: &Appender<'_>,
+    config: &ConvConfig,
+    [x, kernel, y]: [ValueId; 3],
+    i: usize,
+) -> [i64; 3] {
+    let (dn, w) = (&config.dims, &config.window[i]);
+    [
+        dilated(e.ty(x).shape[dn.input_spatial[i]], w.lhs_dilation),
+        dilated(e.ty(kernel).shape[dn.kernel_spatial[i]], w.rhs_dilation),
+        dilated(e.ty(y).shape[dn.output_spatial[i]], w.stride),
+    ]
 }
 
 /// The cotangent of a convolution's input `x`: the result's cotangent convolved with the
@@ -444,29 +473,17 @@ fn conv_input_cotangent(
 ) -> Result<ValueId> {
     let dn = &config.dims;
     let groups = config.feature_group_count;
-    let (x_shape, k_shape, ct_shape) = (e.shape(x), e.shape(kernel), e.shape(ct));
     // The kernel's out features become its in features; with groups, the group count
     // moves from the out features into the in features.
-    let (kernel, kernel_input_feature, kernel_output_feature, kernel_spatial) = if groups == 1 {
-        let swapped = (dn.kernel_output_feature, dn.kernel_input_feature);
-        (kernel, swapped.0, swapped.1, dn.kernel_spatial.clone())
-    } else {
-        let order = [
-            &[dn.kernel_output_feature, dn.kernel_input_feature][..],
-            &dn.kernel_spatial,
-        ]
-        .concat();
-        let t = regroup(e, kernel, &order, groups)?;
-        (t, 0, 1, (2..order.len()).collect())
-    };
+    let major_minor = [dn.kernel_output_feature, dn.kernel_input_feature];
+    let (t, kernel_input_feature, kernel_output_feature, kernel_spatial) =
+        move_groups(e, kernel, major_minor, &dn.kernel_spatial, groups)?;
     let mut reversed = kernel_spatial.clone();
     reversed.sort_unstable();
-    let flipped = e.reverse(kernel, &reversed)?;
+    let flipped = e.reverse(t, &reversed)?;
     let window = (config.window.iter().enumerate())
         .map(|(i, w)| {
-            let n = dilated(x_shape[dn.input_spatial[i]], w.lhs_dilation);
-            let k = dilated(k_shape[dn.kernel_spatial[i]], w.rhs_dilation);
-            let out = dilated(ct_shape[dn.output_spatial[i]], w.stride);
+            let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
             let low = k - w.padding_low - 1;
             WindowDim {
                 stride: w.lhs_dilation,
@@ -508,24 +525,12 @@ fn conv_kernel_cotangent(
 ) -> Result<ValueId> {
     let dn = &config.dims;
     let groups = config.feature_group_count;
-    let (x_shape, k_shape, ct_shape) = (e.shape(x), e.shape(kernel), e.shape(ct));
-    let (lhs, input_batch, input_feature, input_spatial) = if groups == 1 {
-        (
-            x,
-            dn.input_feature,
-            dn.input_batch,
-            dn.input_spatial.clone(),
-        )
-    } else {
-        let order = [&[dn.input_feature, dn.input_batch][..], &dn.input_spatial].concat();
-        let t = regroup(e, x, &order, groups)?;
-        (t, 0, 1, (2..order.len()).collect())
-    };
+    let major_minor = [dn.input_feature, dn.input_batch];
+    let (lhs, input_batch, input_feature, input_spatial) =
+        move_groups(e, x, major_minor, &dn.input_spatial, groups)?;
     let window = (config.window.iter().enumerate())
         .map(|(i, w)| {
-            let n = dilated(x_shape[dn.input_spatial[i]], w.lhs_dilation);
-            let k = dilated(k_shape[dn.kernel_spatial[i]], w.rhs_dilation);
-            let out = dilated(ct_shape[dn.output_spatial[i]], w.stride);
+            let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
             WindowDim {
                 stride: w.rhs_dilation,
                 padding_low: w.padding_low,

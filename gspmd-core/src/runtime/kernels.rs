@@ -31,6 +31,24 @@ macro_rules! each_dtype {
     };
 }
 
+/// Applies a dtype-generic array expression to two numeric literals of one dtype: in
+/// `$body`, `$a` and `$b` bind their `ArrayD<T>`s (f32 or i32); other dtypes are `Err`.
+macro_rules! numeric_pair {
+    ($x:expr, $y:expr, ($a:ident, $b:ident) => $body:expr) => {
+        match ($x, $y) {
+            (Literal::F32($a), Literal::F32($b)) => Literal::F32($body),
+            (Literal::I32($a), Literal::I32($b)) => Literal::I32($body),
+            (x, y) => {
+                return Err(format!(
+                    "operands {} and {} must share a numeric dtype",
+                    type_of(x),
+                    type_of(y)
+                ));
+            }
+        }
+    };
+}
+
 /// Computes `op` on `operands`, whose result must have type `result`.
 ///
 /// The operand types are checked against the op's shape rules first, so a call that
@@ -66,7 +84,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::Reshape(shape) => each_dtype!(operands[0], a => reshape(a, shape)?),
         Op::Transpose(perm) => each_dtype!(operands[0], a => transpose(a, perm)),
         Op::Reduce { kind, dims } => reduce(*kind, operands[0], dims)?,
-        Op::DotGeneral(dd) => dot_general(dd, operands[0], operands[1], &result.shape)?,
+        Op::DotGeneral(dd) => {
+            numeric_pair!(operands[0], operands[1], (a, b) => dot_general(dd, a, b, &result.shape)?)
+        }
         Op::Slice {
             start,
             limit,
@@ -78,7 +98,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
             interior,
         } => pad(operands[0], operands[1], low, high, interior)?,
         Op::Concatenate(dim) => concatenate(operands, *dim)?,
-        Op::Convolution(config) => convolution(config, operands[0], operands[1], &result.shape)?,
+        Op::Convolution(config) => {
+            numeric_pair!(operands[0], operands[1], (x, k) => convolution(config, x, k, &result.shape)?)
+        }
         Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
         Op::ShardingConstraint => operands[0].clone(),
         Op::DynamicSlice(sizes) => {
@@ -519,26 +541,7 @@ impl DotScalar for i32 {
 /// `dot_general`: the lhs is transposed and reshaped to `[batch, M, K]`, the rhs to
 /// `[batch, K, N]`, each batch is one 2-D matrix product, and the `[batch, M, N]`
 /// result is reshaped to `shape` (batch dims, lhs free dims, rhs free dims).
-fn dot_general(
-    dd: &DotDims,
-    lhs: &Literal,
-    rhs: &Literal,
-    shape: &[usize],
-) -> Result<Literal, String> {
-    Ok(match (lhs, rhs) {
-        (Literal::F32(a), Literal::F32(b)) => Literal::F32(dot_arrays(dd, a, b, shape)?),
-        (Literal::I32(a), Literal::I32(b)) => Literal::I32(dot_arrays(dd, a, b, shape)?),
-        _ => {
-            return Err(format!(
-                "operands {} and {} must share a numeric dtype",
-                type_of(lhs),
-                type_of(rhs)
-            ));
-        }
-    })
-}
-
-fn dot_arrays<T: DotScalar>(
+fn dot_general<T: DotScalar>(
     dd: &DotDims,
     lhs: &ArrayD<T>,
     rhs: &ArrayD<T>,
@@ -603,26 +606,7 @@ fn grouped<T: Clone>(
 /// of a `[batch * positions, group features * taps]` matrix, which the matmul of
 /// `dot_general` multiplies by the group's kernel `[group features * taps, group output
 /// features]`; the products are placed in the output's dim order.
-fn convolution(
-    config: &ConvConfig,
-    input: &Literal,
-    kernel: &Literal,
-    shape: &[usize],
-) -> Result<Literal, String> {
-    Ok(match (input, kernel) {
-        (Literal::F32(x), Literal::F32(k)) => Literal::F32(conv_arrays(config, x, k, shape)?),
-        (Literal::I32(x), Literal::I32(k)) => Literal::I32(conv_arrays(config, x, k, shape)?),
-        _ => {
-            return Err(format!(
-                "input {} and kernel {} must share a numeric dtype",
-                type_of(input),
-                type_of(kernel)
-            ));
-        }
-    })
-}
-
-fn conv_arrays<T: DotScalar>(
+fn convolution<T: DotScalar>(
     config: &ConvConfig,
     input: &ArrayD<T>,
     kernel: &ArrayD<T>,

@@ -47,7 +47,7 @@ pub(super) fn convolution(
     }
     if !gathered.is_empty() {
         em.warn(format!(
-            "convolution: spatial dims {gathered:?} gathered whole until halo exchange"
+            "spatial dims {gathered:?} gathered whole until halo exchange"
         ));
     }
     let split = |v: &PValue, d: usize| !v.sharding.dims[d].axes.is_empty();
@@ -58,7 +58,7 @@ pub(super) fn convolution(
             || !target.dims[dn.output_feature].axes.is_empty())
     {
         em.warn(format!(
-            "convolution: features in {} groups gathered whole",
+            "features in {} groups gathered whole",
             config.feature_group_count
         ));
     }
