@@ -233,3 +233,46 @@ fn reduce_name(kind: ReduceKind) -> &'static str {
         ReduceKind::Min => "min",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::{Builder, ConvDimensionNumbers, DType, Padding};
+
+    /// The text of the last node of a program holding `conv` of an input and kernel.
+    fn conv_text(input: &[usize], kernel: &[usize], labels: [&str; 3], dilated: bool) -> String {
+        let b = Builder::new("p");
+        let x = b.parameter("x", input.to_vec(), DType::F32);
+        let k = b.parameter("k", kernel.to_vec(), DType::F32);
+        let [i, kl, o] = labels;
+        let dn = ConvDimensionNumbers::from_labels(i, kl, o).unwrap();
+        let (lhs, rhs, groups): (&[usize], &[usize], usize) = if dilated {
+            (&[1, 2], &[2, 1], 2)
+        } else {
+            (&[], &[], 1)
+        };
+        let y = x.conv_general_dilated(&k, &[1, 2], Padding::Same, lhs, rhs, &dn, groups);
+        let p = b.finish(&[&y]).unwrap();
+        let text = p.to_string();
+        let line = text.lines().find(|l| l.contains("convolution")).unwrap();
+        line.split("  //").next().unwrap().trim().to_string()
+    }
+
+    #[test]
+    fn convolution_prints_window_and_dim_labels_as_xla() {
+        assert_eq!(
+            conv_text(
+                &[8, 32, 32, 8],
+                &[3, 3, 8, 16],
+                ["NHWC", "HWIO", "NHWC"],
+                false
+            ),
+            "%2 = convolution(%0, %1), window={stride=1x2 pad=1_1x0_1}, \
+             dim_labels=b01f_01io->b01f : f32[8,32,16,16]"
+        );
+        assert_eq!(
+            conv_text(&[8, 4, 6, 5], &[2, 2, 5, 2], ["NCHW", "OIHW", "NHWC"], true),
+            "%2 = convolution(%0, %1), window={stride=1x2 pad=4_4x0_1 lhs_dilate=1x2 \
+             rhs_dilate=2x1}, dim_labels=bf01_oi01->b01f, feature_group_count=2 : f32[8,6,5,2]"
+        );
+    }
+}
