@@ -1399,6 +1399,38 @@ fn conv2d_same_and_valid_and_i32() {
 }
 
 #[test]
+fn convolution_of_empty_operands() {
+    // No batch, no features, an empty spatial dim reached only through padding: zeros
+    // (or nothing) of the shapes the window arithmetic gives.
+    let outs = run(
+        |b| {
+            let case = |i: usize, x: &[usize], k: &[usize], pad: i64| {
+                let x = f32_param(b, &format!("x{i}"), x);
+                let k = f32_param(b, &format!("k{i}"), k);
+                let p = gspmd_core::ir::Padding::Explicit(vec![(pad, pad); 2]);
+                x.conv2d(&k, [1, 1], p)
+            };
+            vec![
+                case(0, &[0, 4, 4, 2], &[3, 3, 2, 3], 1),
+                case(1, &[1, 4, 4, 0], &[3, 3, 0, 3], 1),
+                case(2, &[1, 0, 4, 2], &[1, 3, 2, 3], 1),
+            ]
+        },
+        &[
+            f32s(&[0, 4, 4, 2], &[]),
+            f32s(&[3, 3, 2, 3], &[1.0; 54]),
+            f32s(&[1, 4, 4, 0], &[]),
+            f32s(&[3, 3, 0, 3], &[]),
+            f32s(&[1, 0, 4, 2], &[]),
+            f32s(&[1, 3, 2, 3], &[1.0; 18]),
+        ],
+    );
+    assert_f32(&outs[0], &[0, 4, 4, 3], &[]);
+    assert_f32(&outs[1], &[1, 4, 4, 3], &[0.0; 48]);
+    assert_f32(&outs[2], &[1, 2, 4, 3], &[0.0; 24]);
+}
+
+#[test]
 fn reverse_along_some_dims() {
     let out = run(
         |b| {

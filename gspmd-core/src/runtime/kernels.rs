@@ -603,8 +603,8 @@ fn grouped<T: Clone>(
 
 /// `convolution` as im2col: for each feature group, every output position's window of
 /// the input (zeros where it covers padding or a hole of the lhs dilation) becomes a row
-/// of a `[batch * positions, group features * taps]` matrix, which the matmul of
-/// `dot_general` multiplies by the group's kernel `[group features * taps, group output
+/// of a `[batch * positions, taps * group features]` matrix, which the matmul of
+/// `dot_general` multiplies by the group's kernel `[taps * group features, group output
 /// features]`; the products are placed in the output's dim order.
 fn convolution<T: DotScalar>(
     config: &ConvConfig,
@@ -614,48 +614,54 @@ fn convolution<T: DotScalar>(
 ) -> Result<ArrayD<T>, String> {
     let dn = &config.dims;
     let groups = config.feature_group_count;
-    let canonical = |a: &ArrayD<T>, first: [usize; 2], spatial: &[usize]| {
-        let perm = [&first[..], spatial].concat();
+    // Input [N, spatial.., C], kernel [O, spatial.., I], both row-major: a window tap
+    // then reads a group's features as one contiguous run.
+    let canonical = |a: &ArrayD<T>, first: usize, spatial: &[usize], last: usize| {
+        let perm = [&[first][..], spatial, &[last]].concat();
         a.view()
             .permuted_axes(IxDyn(&perm))
             .as_standard_layout()
             .into_owned()
     };
-    // Input [N, C, spatial..], kernel [O, I, spatial..], both row-major.
-    let x = canonical(input, [dn.input_batch, dn.input_feature], &dn.input_spatial);
+    let x = canonical(input, dn.input_batch, &dn.input_spatial, dn.input_feature);
     let k = canonical(
         kernel,
-        [dn.kernel_output_feature, dn.kernel_input_feature],
+        dn.kernel_output_feature,
         &dn.kernel_spatial,
+        dn.kernel_input_feature,
     );
-    let (batch, features) = (x.shape()[0], x.shape()[1]);
-    let (out_features, group_features) = (k.shape()[0], k.shape()[1]);
+    let rank = x.ndim();
+    let (batch, features) = (x.shape()[0], x.shape()[rank - 1]);
+    let (out_features, group_features) = (k.shape()[0], k.shape()[rank - 1]);
     let group_out = out_features / groups;
     let out_spatial: Vec<usize> = dn.output_spatial.iter().map(|&d| shape[d]).collect();
     let positions: usize = out_spatial.iter().product();
-    let taps: usize = k.shape()[2..].iter().product();
-    let block: usize = x.shape()[2..].iter().product();
+    let taps: usize = k.shape()[1..rank - 1].iter().product();
+    let block: usize = x.shape()[1..rank - 1].iter().product();
     let offsets = window_offsets(
         &config.window,
-        &x.shape()[2..],
-        &k.shape()[2..],
+        &x.shape()[1..rank - 1],
+        &k.shape()[1..rank - 1],
         &out_spatial,
     );
     let xs = x.as_slice().ok_or("input is not contiguous")?;
     let k3 = k
-        .into_shape_with_order((groups, group_out, group_features * taps))
+        .into_shape_with_order((groups, group_out, taps * group_features))
         .map_err(|e| format!("cannot group the kernel: {e}"))?;
     let mut out = Array3::<T>::default((groups, batch * positions, group_out));
-    let mut cols = Array2::<T>::default((batch * positions, group_features * taps));
+    let mut cols = Array2::<T>::default((batch * positions, taps * group_features));
     for g in 0..groups {
         for (r, mut row) in cols.outer_iter_mut().enumerate() {
             let (b, p) = (r / positions.max(1), r % positions.max(1));
             let row = row.as_slice_mut().ok_or("im2col row is not contiguous")?;
             let window = &offsets[p * taps..(p + 1) * taps];
-            for c in 0..group_features {
-                let base = (b * features + g * group_features + c) * block;
-                for (dst, off) in row[c * taps..(c + 1) * taps].iter_mut().zip(window) {
-                    *dst = off.map_or_else(T::default, |o| xs[base + o]);
+            for (dst, off) in row.chunks_exact_mut(group_features.max(1)).zip(window) {
+                match off {
+                    Some(o) => {
+                        let src = (b * block + o) * features + g * group_features;
+                        dst.copy_from_slice(&xs[src..src + group_features]);
+                    }
+                    None => dst.fill(T::default()),
                 }
             }
         }
