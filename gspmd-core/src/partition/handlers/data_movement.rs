@@ -1,6 +1,6 @@
 //! Values with no operands (parameter, constant, iota) and the ops that move data along
-//! a dim (slice, pad, concatenate). A dim such an op changes is made whole first and
-//! the op runs on it locally; dims it leaves alone keep the target's axes. (Halo
+//! a dim (slice, pad, concatenate, reverse, and reduce_window's windowed dims). A dim
+//! such an op changes is made whole first and the op runs on it locally; dims it leaves alone keep the target's axes. (Halo
 //! exchange for sharded windowed dims is a later refinement; results are exact now.)
 
 use super::super::emit::Emitter;
@@ -74,6 +74,12 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
             .filter(|&d| low[d] != 0 || high[d] != 0 || interior[d] != 0)
             .collect(),
         Op::Concatenate(dim) => vec![*dim],
+        Op::Reverse(dims) => dims.clone(),
+        // A dim the window leaves alone (size 1, stride 1, no padding or dilation) is
+        // elementwise; `local_op` keeps the global window, which fits any block there.
+        Op::ReduceWindow { window, .. } => (0..window.len())
+            .filter(|&d| !window[d].is_trivial())
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -116,7 +122,9 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
     }
 }
 
-/// Slice, pad and concatenate.
+/// Slice, pad, concatenate, reverse and reduce_window: the changed (windowed) dims
+/// are made whole first, so no block padding ever falls under a window (max and min
+/// never see it).
 pub(super) fn windowed(
     em: &mut Emitter,
     node: &Node,
