@@ -275,12 +275,12 @@ mod tests {
                 ["NHWC", "HWIO", "NHWC"],
                 false
             ),
-            "%2 = convolution(%0, %1), window={stride=1x2 pad=1_1x0_1}, \
+            "%2 = convolution(%0, %1), window={size=3x3 stride=1x2 pad=1_1x0_1}, \
              dim_labels=b01f_01io->b01f : f32[8,32,16,16]"
         );
         assert_eq!(
             conv_text(&[8, 4, 6, 5], &[2, 2, 5, 2], ["NCHW", "OIHW", "NHWC"], true),
-            "%2 = convolution(%0, %1), window={stride=1x2 pad=4_4x0_1 lhs_dilate=1x2 \
+            "%2 = convolution(%0, %1), window={size=5x2 stride=1x2 pad=4_4x0_1 lhs_dilate=1x2 \
              rhs_dilate=2x1}, dim_labels=bf01_oi01->b01f, feature_group_count=2 : f32[8,6,5,2]"
         );
     }
