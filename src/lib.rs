@@ -60,7 +60,9 @@ pub use ndarray;
 /// `Literal`s, and the reference `interpret`er to compare with).
 pub mod prelude {
     pub use crate::{model, shard};
-    pub use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
+    pub use gspmd_core::ir::{
+        Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum,
+    };
     pub use gspmd_core::runtime::{ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
     pub use gspmd_core::{Error, Executable, Result, compile};

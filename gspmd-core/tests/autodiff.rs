@@ -22,6 +22,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
+mod conv_cases;
 mod op_coverage;
 
 // ---- random inputs ---------------------------------------------------------------------
@@ -640,6 +641,36 @@ fn roll_rotates_the_cotangent_back() {
         weighted_sum(&rolled, &mut rng)
     });
     let x = uniform_f32(&mut rng, &[4, 5], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn convolution_rules_match_finite_differences() {
+    // 1-D, 2-D, 3-D; strides, positive and negative padding, lhs and rhs dilation,
+    // feature groups and depthwise (see `conv_cases`).
+    for (i, case) in conv_cases::cases().iter().enumerate() {
+        println!("{}", case.name);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300 + i as u64);
+        let program = trace(|b| {
+            let (_, _, y) = case.trace(b, DType::F32);
+            weighted_sum(&y, &mut rng)
+        });
+        let inputs = [
+            uniform_f32(&mut rng, case.input, -1.0, 1.0),
+            uniform_f32(&mut rng, case.kernel, -1.0, 1.0),
+        ];
+        check_gradients(&program, &inputs, &[0, 1]);
+    }
+}
+
+#[test]
+fn reverse_reverses_the_cotangent() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1400);
+    let program = trace(|b| {
+        let x = param(b, "x", &[3, 4, 2]);
+        weighted_sum(&x.reverse(&[0, 2]), &mut rng)
+    });
+    let x = uniform_f32(&mut rng, &[3, 4, 2], -1.0, 1.0);
     check_gradients(&program, &[x], &[0]);
 }
 

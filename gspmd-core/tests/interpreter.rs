@@ -3,14 +3,15 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    Builder, DType, DotDims, Literal, OpKind, Padding, ReduceKind, Tensor, WindowDim, einsum,
-    verify,
+    Builder, ConvDimensionNumbers, DType, DotDims, Literal, OpKind, Padding, ReduceKind, Tensor,
+    WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 
+mod conv_cases;
 mod op_coverage;
 
 // ---- helpers ---------------------------------------------------------------------------
@@ -1341,7 +1342,10 @@ fn naive_reduce_window(
 ) -> (Vec<usize>, Vec<f32>) {
     let out_shape: Vec<usize> = (shape.iter().zip(window))
         .map(|(&n, w)| {
-            (n + w.padding_low + w.padding_high - (w.size - 1) * w.window_dilation - 1) / w.stride
+            (n as i64 + w.padding_low + w.padding_high
+                - ((w.size - 1) * w.window_dilation) as i64
+                - 1) as usize
+                / w.stride
                 + 1
         })
         .collect();
@@ -1359,7 +1363,7 @@ fn naive_reduce_window(
             let idx: Vec<i64> = (0..shape.len())
                 .map(|d| {
                     let w = &window[d];
-                    (at[d] * w.stride + off[d] * w.window_dilation) as i64 - w.padding_low as i64
+                    (at[d] * w.stride + off[d] * w.window_dilation) as i64 - w.padding_low
                 })
                 .collect();
             if idx.iter().zip(shape).all(|(&i, &n)| i >= 0 && i < n as i64) {
@@ -1504,7 +1508,7 @@ fn reduce_window_prints_like_xla() {
     );
     let w = WindowDim::new(2, 1, (0, 0)).with_window_dilation(2);
     let one = WindowDim::new(1, 1, (0, 0));
-    let z = x.reduce_window_with(ReduceKind::Sum, &[w.clone(), w.clone(), w, one]);
+    let z = x.reduce_window_with(ReduceKind::Sum, &[w, w, w, one]);
     let text = b.finish(&[&y, &z]).unwrap().to_string();
     assert!(
         text.contains(
@@ -1518,6 +1522,197 @@ fn reduce_window_prints_like_xla() {
         ),
         "{text}"
     );
+}
+
+// ---- convolution and reverse ------------------------------------------------------------
+
+/// The convolution by its definition: output element `[b, o, p..]` sums, over the
+/// input features `c` of `o`'s group and the kernel taps `t..`, input `[b, g * cg + c,
+/// i..]` times kernel `[o, c, t..]`, where `i * lhs_dilation = p * stride + t *
+/// rhs_dilation - padding_low` (no term where that has no integer solution in range).
+fn naive_conv(
+    x: &ArrayD<f32>,
+    k: &ArrayD<f32>,
+    dn: &ConvDimensionNumbers,
+    window: &[WindowDim],
+    groups: usize,
+    out_shape: &[usize],
+) -> ArrayD<f32> {
+    let cg = k.shape()[dn.kernel_input_feature];
+    let og = k.shape()[dn.kernel_output_feature] / groups;
+    let taps: Vec<usize> = dn.kernel_spatial.iter().map(|&d| k.shape()[d]).collect();
+    let mut out = ArrayD::zeros(IxDyn(out_shape));
+    for (oi, v) in out.indexed_iter_mut() {
+        let o = oi[dn.output_feature];
+        let mut acc = 0.0;
+        for c in 0..cg {
+            for t in ndarray::indices(IxDyn(&taps)) {
+                let mut xi = vec![0; x.ndim()];
+                let mut ki = vec![0; k.ndim()];
+                xi[dn.input_batch] = oi[dn.output_batch];
+                xi[dn.input_feature] = (o / og) * cg + c;
+                ki[dn.kernel_input_feature] = c;
+                ki[dn.kernel_output_feature] = o;
+                let mut inside = true;
+                for (d, w) in window.iter().enumerate() {
+                    let q = (oi[dn.output_spatial[d]] * w.stride + t[d] * w.window_dilation) as i64
+                        - w.padding_low;
+                    let l = w.base_dilation as i64;
+                    let n = x.shape()[dn.input_spatial[d]] as i64;
+                    inside &= q >= 0 && q % l == 0 && q / l < n;
+                    xi[dn.input_spatial[d]] = (q.max(0) / l) as usize;
+                    ki[dn.kernel_spatial[d]] = t[d];
+                }
+                if inside {
+                    acc += x[IxDyn(&xi)] * k[IxDyn(&ki)];
+                }
+            }
+        }
+        *v = acc;
+    }
+    out
+}
+
+/// Deterministic values in [-1, 1] on a 1/8 grid.
+fn grid_values(shape: &[usize], seed: usize) -> ArrayD<f32> {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|i| ((i * 7 + seed * 5) % 17) as f32 / 8.0 - 1.0);
+    ArrayD::from_shape_vec(IxDyn(shape), v.collect()).unwrap()
+}
+
+#[test]
+fn convolution_matches_the_definition_in_every_configuration() {
+    for case in conv_cases::cases() {
+        let (x, k) = (grid_values(case.input, 1), grid_values(case.kernel, 2));
+        let b = Builder::new("conv");
+        let (_, _, y) = case.trace(&b, DType::F32);
+        let program = b.finish(&[&y]).unwrap();
+        verify(&program).unwrap();
+        let out = interpret(
+            &program,
+            &[Literal::F32(x.clone()), Literal::F32(k.clone())],
+        )
+        .unwrap();
+        op_coverage::record("interpreted", &program);
+        let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op)
+        else {
+            panic!("{}: not a convolution:\n{program}", case.name);
+        };
+        let shape = program.ty(program.outputs[0]).shape.clone();
+        let want = naive_conv(&x, &k, &config.dims, &config.window, case.groups, &shape);
+        let want: Vec<f32> = want.iter().copied().collect();
+        println!("{}: {shape:?}", case.name);
+        assert_f32(&out[0], &shape, &want);
+    }
+}
+
+#[test]
+fn convolution_output_shapes_by_hand() {
+    // (input, kernel, output) per case, from the window arithmetic
+    // (low + dilated input + high - dilated window) / stride + 1.
+    let shapes: [&[usize]; 7] = [
+        &[2, 4, 4],
+        &[2, 3, 3, 5],
+        &[1, 3, 6, 4],
+        &[2, 5, 5, 6],
+        &[1, 3, 3, 8],
+        &[3, 2, 3, 7, 3],
+        &[3, 5, 6, 6],
+    ];
+    for (case, want) in conv_cases::cases().iter().zip(shapes) {
+        let b = Builder::new("conv");
+        let (_, _, y) = case.trace(&b, DType::F32);
+        assert_eq!(y.shape(), want, "{}", case.name);
+    }
+}
+
+#[test]
+fn conv2d_same_and_valid_and_i32() {
+    // 1 image 4x4x1, 3x3 kernel of ones: SAME sums each 3x3 neighbourhood, VALID the
+    // 2x2 interior ones; i32 runs the same kernel with integer arithmetic.
+    let x: Vec<i32> = (0..16).collect();
+    let outs = run(
+        |b| {
+            let x = b.parameter("x", [1, 4, 4, 1], DType::I32);
+            let k = b.full([3, 3, 1, 1], DType::I32, 1.0);
+            vec![
+                x.conv2d(&k, [1, 1], gspmd_core::ir::Padding::Same),
+                x.conv2d(&k, [1, 1], gspmd_core::ir::Padding::Valid),
+                x.conv2d(&k, [2, 2], gspmd_core::ir::Padding::Same),
+            ]
+        },
+        &[i32s(&[1, 4, 4, 1], &x)],
+    );
+    let at = |r: i64, c: i64| -> i32 {
+        let mut s = 0;
+        for i in r - 1..=r + 1 {
+            for j in c - 1..=c + 1 {
+                if (0..4).contains(&i) && (0..4).contains(&j) {
+                    s += (i * 4 + j) as i32;
+                }
+            }
+        }
+        s
+    };
+    let same: Vec<i32> = (0..16).map(|p| at(p / 4, p % 4)).collect();
+    assert_i32(&outs[0], &[1, 4, 4, 1], &same);
+    assert_i32(
+        &outs[1],
+        &[1, 2, 2, 1],
+        &[at(1, 1), at(1, 2), at(2, 1), at(2, 2)],
+    );
+    // Stride 2, SAME: out 2x2, total padding (2-1)*2+3-4 = 1, all of it high.
+    assert_i32(
+        &outs[2],
+        &[1, 2, 2, 1],
+        &[at(1, 1), at(1, 3), at(3, 1), at(3, 3)],
+    );
+}
+
+#[test]
+fn convolution_of_empty_operands() {
+    // No batch, no features, an empty spatial dim reached only through padding: zeros
+    // (or nothing) of the shapes the window arithmetic gives.
+    let outs = run(
+        |b| {
+            let case = |i: usize, x: &[usize], k: &[usize], pad: i64| {
+                let x = f32_param(b, &format!("x{i}"), x);
+                let k = f32_param(b, &format!("k{i}"), k);
+                let p = gspmd_core::ir::Padding::Explicit(vec![(pad, pad); 2]);
+                x.conv2d(&k, [1, 1], p)
+            };
+            vec![
+                case(0, &[0, 4, 4, 2], &[3, 3, 2, 3], 1),
+                case(1, &[1, 4, 4, 0], &[3, 3, 0, 3], 1),
+                case(2, &[1, 0, 4, 2], &[1, 3, 2, 3], 1),
+            ]
+        },
+        &[
+            f32s(&[0, 4, 4, 2], &[]),
+            f32s(&[3, 3, 2, 3], &[1.0; 54]),
+            f32s(&[1, 4, 4, 0], &[]),
+            f32s(&[3, 3, 0, 3], &[]),
+            f32s(&[1, 0, 4, 2], &[]),
+            f32s(&[1, 3, 2, 3], &[1.0; 18]),
+        ],
+    );
+    assert_f32(&outs[0], &[0, 4, 4, 3], &[]);
+    assert_f32(&outs[1], &[1, 4, 4, 3], &[0.0; 48]);
+    assert_f32(&outs[2], &[1, 2, 4, 3], &[0.0; 24]);
+}
+
+#[test]
+fn reverse_along_some_dims() {
+    let out = run(
+        |b| {
+            let x = b.parameter("x", [2, 3], DType::I32);
+            vec![x.reverse(&[1]), x.reverse(&[0, 1]), x.reverse(&[])]
+        },
+        &[i32s(&[2, 3], &[0, 1, 2, 3, 4, 5])],
+    );
+    assert_i32(&out[0], &[2, 3], &[2, 1, 0, 5, 4, 3]);
+    assert_i32(&out[1], &[2, 3], &[5, 4, 3, 2, 1, 0]);
+    assert_i32(&out[2], &[2, 3], &[0, 1, 2, 3, 4, 5]);
 }
 
 /// Every op kind of a global program is interpreted by some test above (through

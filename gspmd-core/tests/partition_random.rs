@@ -14,6 +14,7 @@ use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
+mod conv_cases;
 mod op_coverage;
 
 fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
@@ -242,6 +243,30 @@ fn integer_and_bool_values() {
         vec![x.sum(&[1]), t.convert(DType::I32).max_over(&[0]), t]
     });
     check(&p, 5, 6);
+}
+
+#[test]
+fn convolutions_in_every_configuration() {
+    for (i, case) in conv_cases::cases().iter().enumerate() {
+        let p = build(case.name, |b| {
+            let (x, _, y) = case.trace(b, DType::F32);
+            // A second user of the input, so the input's sharding is not only the
+            // convolution's.
+            vec![y, x.neg()]
+        });
+        check(&p, 3, 10 + i as u64);
+    }
+}
+
+#[test]
+fn reverse_and_a_conv2d_chain() {
+    let p = build("reverse", |b| {
+        let x = b.parameter("x", [3, 6, 5, 4], DType::F32);
+        let k = b.parameter("k", [3, 3, 4, 6], DType::F32);
+        let y = x.conv2d(&k, [1, 1], gspmd_core::ir::Padding::Same).relu();
+        vec![y.reverse(&[1, 3]), x.reverse(&[0])]
+    });
+    check(&p, 5, 20);
 }
 
 /// The SPMD-only op kinds (axis_index, dynamic_slice, every collective) get their

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    BinaryOp, Builder, DType, DotDims, Literal, Op, OpKind, Padding, Program, ReduceKind, Tensor,
-    TensorType, UnaryOp, ValueId, WindowDim, einsum,
+    BinaryOp, Builder, ConvDimensionNumbers, DType, DotDims, Literal, Op, OpKind, Padding, Program,
+    ReduceKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -233,7 +233,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..22) {
+        match self.rng.random_range(0..24) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -249,6 +249,8 @@ impl Gen<'_> {
             18 => self.source(),
             19 => self.windowed(),
             20 => self.roll(),
+            21 => self.convolution(),
+            22 => self.reverse(),
             _ => self.convert(),
         }
     }
@@ -614,6 +616,95 @@ impl Gen<'_> {
         self.push(r, a.exact);
     }
 
+    /// `convolution` of a pool value of rank 3 or 4 (or a new one of rank 3 to 5): its
+    /// dims, the kernel's and the output's take random roles; the window random sizes,
+    /// strides, padding (negative too), dilations; random feature groups.
+    fn convolution(&mut self) {
+        let a = match self.operand(|v| Self::numeric(v) && (3..=4).contains(&v.t.rank())) {
+            Some(a) if self.rng.random_ratio(2, 3) => a,
+            _ => {
+                let rank = self.rng.random_range(3..=5);
+                let shape: Vec<usize> =
+                    (0..rank).map(|_| 1 + self.rng.random_range(0..6)).collect();
+                self.parameter(shape, DType::F32)
+            }
+        };
+        let sa = a.t.shape().to_vec();
+        let rank = sa.len();
+        let roles = |rng: &mut Xoshiro256PlusPlus| {
+            let mut order: Vec<usize> = (0..rank).collect();
+            order.shuffle(rng);
+            order
+        };
+        let (x, k, o) = (roles(self.rng), roles(self.rng), roles(self.rng));
+        let dn = ConvDimensionNumbers {
+            input_batch: x[0],
+            input_feature: x[1],
+            input_spatial: x[2..].to_vec(),
+            kernel_input_feature: k[0],
+            kernel_output_feature: k[1],
+            kernel_spatial: k[2..].to_vec(),
+            output_batch: o[0],
+            output_feature: o[1],
+            output_spatial: o[2..].to_vec(),
+        };
+        let features = sa[dn.input_feature];
+        let divisors: Vec<usize> = (1..=features).filter(|g| features % g == 0).collect();
+        let groups = if self.rng.random_ratio(1, 2) {
+            1
+        } else {
+            *divisors.choose(self.rng).expect("1 divides")
+        };
+        let mut kernel_shape = vec![0; rank];
+        kernel_shape[dn.kernel_input_feature] = features / groups;
+        kernel_shape[dn.kernel_output_feature] = groups * (1 + self.rng.random_range(0..3));
+        let mut out_elements = sa[dn.input_batch] * kernel_shape[dn.kernel_output_feature];
+        let (mut strides, mut pads, mut lhs, mut rhs) = (vec![], vec![], vec![], vec![]);
+        for i in 0..rank - 2 {
+            let n = sa[dn.input_spatial[i]] as i64;
+            let size = 1 + self.rng.random_range(0..3);
+            let stride = 1 + self.rng.random_range(0..3) * usize::from(self.rng.random_ratio(1, 2));
+            let l = if self.rng.random_ratio(1, 4) { 2 } else { 1 };
+            let r = if self.rng.random_ratio(1, 4) { 2 } else { 1 };
+            let low = self.rng.random_range(-1..=2);
+            let dilated = (n - 1) * l as i64 + 1;
+            let reach = (size as i64 - 1) * r as i64 + 1;
+            // Enough high padding for one window at least.
+            let high = self.rng.random_range(-1..=2).max(reach - low - dilated);
+            kernel_shape[dn.kernel_spatial[i]] = size;
+            out_elements *= ((low + dilated + high - reach) / stride as i64 + 1) as usize;
+            strides.push(stride);
+            pads.push((low, high));
+            lhs.push(l);
+            rhs.push(r);
+        }
+        if out_elements > MAX_ELEMENTS {
+            return;
+        }
+        let kernel = self.value_of(&kernel_shape, a.t.dtype(), false);
+        let r = a.t.conv_general_dilated(
+            &kernel.t,
+            &strides,
+            Padding::Explicit(pads),
+            &lhs,
+            &rhs,
+            &dn,
+            groups,
+        );
+        self.push(r, a.t.dtype() == DType::I32);
+    }
+
+    fn reverse(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let dims: Vec<usize> = (0..a.t.rank())
+            .filter(|_| self.rng.random_ratio(1, 2))
+            .collect();
+        let r = a.t.reverse(&dims);
+        self.push(r, a.exact);
+    }
+
     fn concatenate(&mut self) {
         let Some(a) = self.operand(|v| v.t.rank() > 0) else {
             return;
@@ -695,12 +786,12 @@ impl Gen<'_> {
                         let w = if self.rng.random_ratio(1, 4) {
                             WindowDim::new(size, stride, (0, 0)).with_window_dilation(2)
                         } else {
-                            let low = self.rng.random_range(0..size);
-                            let high = self.rng.random_range(0..size);
+                            let low = self.rng.random_range(0..size as i64);
+                            let high = self.rng.random_range(0..size as i64);
                             WindowDim::new(size, stride, (low, high))
                         };
-                        let span = (w.size - 1) * w.window_dilation + 1;
-                        if span > n + w.padding_low + w.padding_high {
+                        let span = ((w.size - 1) * w.window_dilation + 1) as i64;
+                        if span > n as i64 + w.padding_low + w.padding_high {
                             WindowDim::new(1, stride, (0, 0))
                         } else {
                             w
@@ -709,8 +800,8 @@ impl Gen<'_> {
                     .collect();
                 let out: Vec<usize> = (shape.iter().zip(&window))
                     .map(|(&n, w)| {
-                        let span = (w.size - 1) * w.window_dilation + 1;
-                        (n + w.padding_low + w.padding_high - span) / w.stride + 1
+                        let span = ((w.size - 1) * w.window_dilation + 1) as i64;
+                        (n as i64 + w.padding_low + w.padding_high - span) as usize / w.stride + 1
                     })
                     .collect();
                 if elements(&out) > MAX_ELEMENTS {
@@ -995,7 +1086,8 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
                     apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
                 }
             },
-            Op::DotGeneral(_) => {
+            // Bilinear: e(a)·|b| + |a|·e(b) + |a|·|b| (the last for the sum's rounding).
+            Op::DotGeneral(_) | Op::Convolution(_) => {
                 let dot = |a: &ArrayD<f32>, b: &ArrayD<f32>| apply(&node.op, &f32s(&[a, b]));
                 dot(e[0], &x[1])? + dot(&x[0], e[1])? + dot(&x[0], &x[1])?
             }
@@ -1017,6 +1109,7 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
             | Op::Slice { .. }
             | Op::Pad { .. }
             | Op::Concatenate(_)
+            | Op::Reverse(_)
             | Op::ShardingConstraint => apply(&node.op, &f32s(&e))?,
             Op::Compare(_) => return Err("a compare with an f32 result".into()),
             Op::AxisIndex(_)

@@ -4,7 +4,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    Builder, DType, Op, OpKind, Padding, Program, ReduceKind, Tensor, ValueId, einsum,
+    Builder, ConvDimensionNumbers, DType, Op, OpKind, Padding, Program, ReduceKind, Tensor,
+    ValueId, einsum,
 };
 use gspmd_core::propagation::{explain, propagate, sharding_rule};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -219,6 +220,70 @@ fn rules_of_reduce_window() {
         rule(&p, &trivial),
         "([i, j, k, l])->([i, j, k, l]) {i=8, j=16, k=16, l=4}"
     );
+}
+
+#[test]
+fn rules_of_convolution_and_reverse() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 32, 32, 8], None);
+    let k3 = param(&b, "k3", &[3, 3, 8, 16], None);
+    let k1 = param(&b, "k1", &[1, 1, 8, 16], None);
+    let kg = param(&b, "kg", &[3, 3, 2, 16], None);
+    let same = x.conv2d(&k3, [1, 1], Padding::Same);
+    let pointwise = x.conv2d(&k1, [1, 1], Padding::Valid);
+    let dn = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").unwrap();
+    let grouped = x.conv_general_dilated(&kg, &[1, 1], Padding::Same, &[], &[], &dn, 4);
+    let flipped = x.reverse(&[1, 3]);
+    let p = finish(b, &[&same, &pointwise, &grouped, &flipped]);
+    // Batch i and output features j pass through, input features k are a reduction,
+    // H and W (l, n) are permutation factors, the kernel's window (m, o) is replicated.
+    assert_eq!(
+        rule(&p, &same),
+        "([i, l, n, k], [m, o, k, j])->([i, l, n, j]) {i=8, j=16, k=8, l=32, m=3, n=32, o=3} \
+         reduction={k} need_replication={m, o} permutation={l, n}"
+    );
+    // A 1x1 window moves nothing: H and W pass through like batch dims.
+    assert_eq!(
+        rule(&p, &pointwise),
+        "([i, l, m, k], [1, 1, k, j])->([i, l, m, j]) {i=8, j=16, k=8, l=32, m=32} reduction={k}"
+    );
+    // Feature groups: the feature factors are not split (yet).
+    assert_eq!(
+        rule(&p, &grouped),
+        "([i, m, o, k], [n, p, l, j])->([i, m, o, j]) {i=8, j=16, k=8, l=2, m=32, n=3, o=32, p=3} \
+         need_replication={j, k, l, n, p} permutation={m, o}"
+    );
+    assert_eq!(
+        rule(&p, &flipped),
+        "([i, j, k, l])->([i, j, k, l]) {i=8, j=32, k=32, l=8} permutation={j, l}"
+    );
+}
+
+#[test]
+fn convolution_passes_batch_and_features_and_keeps_spatial_splits() {
+    let b = Builder::new("conv");
+    let x = param(&b, "x", &[8, 32, 32, 8], Some("(data, _, _, _)"));
+    let k = param(&b, "k", &[3, 3, 8, 16], Some("(_, _, _, model)"));
+    let y = x.conv2d(&k, [1, 1], Padding::Same);
+    let rows = param(&b, "rows", &[8, 32, 32, 8], Some("(_, model, _, _)"));
+    let z = rows.conv2d(&k, [1, 1], Padding::Same).reverse(&[1]);
+    let p = run(&finish(b, &[&y, &z]));
+    assert_eq!(of(&p, &y), "(data, _, _, model)");
+    // The rows stay split through the convolution (a permutation factor: halo
+    // exchange for the partitioner) and through the reverse.
+    assert_eq!(of(&p, &z), "(_, model, _, _)");
+}
+
+#[test]
+fn convolution_input_features_are_a_reduction() {
+    let b = Builder::new("conv");
+    let x = param(&b, "x", &[8, 16, 16, 8], Some("(data, _, _, model)"));
+    let k = param(&b, "k", &[1, 1, 8, 4], None);
+    let y = x.conv2d(&k, [1, 1], Padding::Valid);
+    let p = run(&finish(b, &[&y]));
+    // The kernel's input features follow the input's; the result has no feature split.
+    assert_eq!(of(&p, &k), "(_, _, model, _)");
+    assert_eq!(of(&p, &y), "(data, _, _, _)");
 }
 
 // ---- propagation -----------------------------------------------------------------------

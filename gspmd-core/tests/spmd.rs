@@ -4,7 +4,10 @@
 //!
 //! Tolerance: |got - want| <= 1e-4 * max(1, max |want|) (f32 sums in another order).
 
-use gspmd_core::ir::{Builder, DType, Literal, Padding, Program, Tensor, einsum};
+use gspmd_core::autodiff::grad;
+use gspmd_core::ir::{
+    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum,
+};
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::{Executable, compile};
@@ -384,6 +387,104 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
     );
 }
 
+// ---- convolution --------------------------------------------------------------------
+
+/// A small conv net on NHWC images: 3x3 SAME, ReLU, a strided 3x3 with dilation, a
+/// depthwise 3x3, a reversed 1x1; `x` and the kernels annotated as given.
+fn conv_net(b: &Builder, x: &str, k: &str) -> Tensor {
+    let x = b.parameter("x", [4, 8, 6, 3], DType::F32).annotate(s(x));
+    let k1 = b.parameter("k1", [3, 3, 3, 8], DType::F32).annotate(s(k));
+    let k2 = b.parameter("k2", [3, 3, 8, 8], DType::F32).annotate(s(k));
+    let k3 = b.parameter("k3", [3, 3, 1, 8], DType::F32);
+    let k4 = b.parameter("k4", [1, 1, 8, 4], DType::F32);
+    let nhwc = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").unwrap();
+    let h = x.conv2d(&k1, [1, 1], Padding::Same).relu();
+    let h = h.conv_general_dilated(&k2, &[2, 1], Padding::Same, &[], &[1, 2], &nhwc, 1);
+    let h = h.conv_general_dilated(&k3, &[1, 1], Padding::Same, &[], &[], &nhwc, 8);
+    h.tanh()
+        .conv2d(&k4, [1, 1], Padding::Valid)
+        .reverse(&[1, 2])
+}
+
+#[test]
+fn conv_net_and_its_gradient_on_every_mesh() {
+    for (x, k) in [
+        ("(data, _, _, _)", "(_, _, _, model)"),
+        ("(_, model, _, _)", "(_, _, _, _)"),
+        ("(data, _, _, model)", "(_, _, model, _)"),
+    ] {
+        let p = build("conv_net", |b| vec![conv_net(b, x, k)]);
+        check_on_all_meshes(&p);
+        let loss = build("conv_loss", |b| {
+            let y = conv_net(b, x, k);
+            vec![y.mul(&y).sum(&[0, 1, 2, 3])]
+        });
+        check_on_all_meshes(&grad(&loss, 0, &[0, 1, 2, 3, 4]).unwrap());
+    }
+}
+
+#[test]
+fn conv_split_on_batch_and_output_features_needs_no_communication() {
+    let p = build("conv", |b| {
+        let x = b
+            .parameter("x", [8, 16, 16, 4], DType::F32)
+            .annotate(s("(data, _, _, _)"));
+        let k = b
+            .parameter("k", [3, 3, 4, 8], DType::F32)
+            .annotate(s("(_, _, _, model)"));
+        vec![x.conv2d(&k, [1, 1], Padding::Same)]
+    });
+    let exe = compile24(&p);
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+}
+
+#[test]
+fn conv_split_on_input_features_all_reduces_like_a_dot() {
+    let p = build("conv", |b| {
+        let x = b
+            .parameter("x", [8, 16, 16, 4], DType::F32)
+            .annotate(s("(data, _, _, model)"));
+        let k = b
+            .parameter("k", [3, 3, 4, 8], DType::F32)
+            .annotate(s("(_, _, model, _)"));
+        vec![
+            x.conv2d(&k, [1, 1], Padding::Same)
+                .shard(s("(data, _, _, _)")),
+        ]
+    });
+    let exe = compile24(&p);
+    let stats = exe.spmd.collectives();
+    assert_eq!(
+        (stats.count("all_reduce"), stats.total()),
+        (1, 1),
+        "{}",
+        exe.report()
+    );
+}
+
+#[test]
+fn conv_split_on_rows_is_gathered_whole_with_a_warning_at_the_users_line() {
+    let mut line = 0;
+    let p = build("conv", |b| {
+        let x = b
+            .parameter("x", [8, 32, 32, 8], DType::F32)
+            .annotate(s("(_, model, _, _)"));
+        let k = b.parameter("k", [3, 3, 8, 8], DType::F32);
+        let y;
+        (y, line) = (x.conv2d(&k, [1, 1], Padding::Same), line!());
+        vec![y]
+    });
+    let exe = compile24(&p);
+    let line = format!("spmd.rs:{line}:");
+    assert!(
+        exe.spmd.warnings.iter().any(|w| w.contains(&line)
+            && w.contains("spatial dims [0] gathered whole until halo exchange")),
+        "{:?}",
+        exe.spmd.warnings
+    );
+}
+
 #[test]
 fn pooling_on_an_image_split_by_batch_and_height() {
     let p = build("pool", |b| {
@@ -398,18 +499,58 @@ fn pooling_on_an_image_split_by_batch_and_height() {
 }
 
 #[test]
-fn gathering_a_split_windowed_dim_is_reported_at_the_user_line() {
-    let b = Builder::new("pool");
+fn pooling_along_a_split_dim_exchanges_halos_only() {
+    // [8, 32, 32, 8] with H split 4 ways (8 rows per device).
+    let pooled = |window: [usize; 4], strides: [usize; 4]| {
+        build("pool", |b| {
+            let x = b
+                .parameter("x", [8, 32, 32, 8], DType::F32)
+                .annotate(s("(_, h, _, _)"));
+            vec![x.max_pool(&window, &strides, Padding::Same)]
+        })
+    };
+    let row = 8 * 32 * 8 * 4;
+    // 2x2 windows at stride 2 never cross a block boundary: no communication.
+    // 3x3 SAME windows at stride 1 need one row from each neighbour.
+    for (window, strides, shifts) in [
+        ([1, 2, 2, 1], [1, 2, 2, 1], 0),
+        ([1, 3, 3, 1], [1, 1, 1, 1], 2),
+    ] {
+        let p = pooled(window, strides);
+        let exe = compile(&p, &h4()).unwrap();
+        let stats = exe.spmd.collectives();
+        assert_eq!(
+            (
+                stats.count("collective_shift"),
+                stats.total(),
+                stats.bytes()
+            ),
+            (shifts, shifts, shifts * row),
+            "{}",
+            exe.report()
+        );
+        assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+        let inputs = [input(&[8, 32, 32, 8], 0)];
+        let want = interpret(&p, &inputs).unwrap();
+        let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+        assert_eq!(want, got);
+    }
+}
+
+#[test]
+fn gathering_a_split_dim_is_reported_at_the_user_line() {
+    let b = Builder::new("reverse");
     let x = b
         .parameter("x", [8, 16, 16, 4], DType::F32)
         .annotate(s("(data, model, _, _)"));
-    let w = [1, 2, 2, 1];
-    let (y, line) = (x.max_pool(&w, &w, Padding::Valid), line!());
+    let (y, line) = (x.reverse(&[1]), line!());
     let exe = compile24(&b.finish(&[&y]).unwrap());
     let at = format!("spmd.rs:{line}");
     assert!(
-        exe.spmd.warnings.iter().any(|w| w.contains(&at)
-            && w.contains("reduce_window along split dims [1]: windowed dim gathered whole")),
+        exe.spmd
+            .warnings
+            .iter()
+            .any(|w| w.contains(&at) && w.contains("a reversal mirrors blocks")),
         "{:?}",
         exe.spmd.warnings
     );

@@ -5,8 +5,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    AxisGroup, Builder, DType, DotDims, Location, Op, Padding, ReduceKind, Tensor, TensorType,
-    WindowDim, einsum, infer_type, verify,
+    AxisGroup, Builder, ConvDimensionNumbers, DType, DotDims, Location, Op, Padding, ReduceKind,
+    Tensor, TensorType, WindowDim, einsum, infer_type, verify,
 };
 use gspmd_core::sharding::Sharding;
 
@@ -209,13 +209,21 @@ fn bad_windows_are_one_error_at_the_user_line() {
     );
     let m = window_error(rw, |x| x.ne(x).reduce_window(Max, &[1, 1], &[1, 1], &none));
     assert!(m.contains("cannot reduce pred[4,6]"), "{m}");
+    // The window type is shared with convolution; reduce_window takes neither base
+    // dilation nor negative padding.
+    let based = [WindowDim::new(1, 1, (0, 0)).with_base_dilation(2), one];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &based));
+    assert!(m.contains("reduce_window takes no base dilation"), "{m}");
+    let cropped = [(-1, 0), (0, 0)];
+    let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &cropped));
+    assert!(m.contains("padding -1_0"), "{m}");
 }
 
 #[test]
 fn window_sizes_that_overflow_are_errors() {
     use ReduceKind::Max;
     let rw = "reduce_window";
-    let pads = [(usize::MAX, 1), (0, 0)];
+    let pads = [(i64::MAX, 1), (0, 0)];
     let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &pads));
     assert!(m.contains("window dim 0 of f32[4,6] overflows"), "{m}");
     let huge = WindowDim::new(3, 1, (0, 0)).with_window_dilation(usize::MAX);
@@ -223,7 +231,7 @@ fn window_sizes_that_overflow_are_errors() {
     let m = window_error(rw, |x| x.reduce_window_with(Max, &window));
     assert!(m.contains("window dim 0 of f32[4,6] overflows"), "{m}");
     // Each padded dim fits; the result of 2^80 elements does not.
-    let pads = [(BIG, 0), (BIG, 0)];
+    let pads = [(1 << 40, 0), (1 << 40, 0)];
     let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &pads));
     assert!(m.contains("too large"), "{m}");
 }
@@ -509,4 +517,154 @@ fn roll_along_a_missing_axis_is_one_error_at_the_call() {
     let _ = y.roll(1, 0);
     let message = one_shape_error(b, "roll", line);
     assert!(message.contains("axis 2 out of range"), "{message}");
+}
+
+// ---- convolution and reverse -----------------------------------------------------------
+
+fn nhwc() -> ConvDimensionNumbers {
+    ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").unwrap()
+}
+
+/// One bad convolution of an `[2, 6, 6, 4]` NHWC input with `kernel`: the message of
+/// the one error, at the line of the call.
+fn conv_error(
+    kernel: &[usize],
+    strides: &[usize],
+    padding: Padding,
+    rhs_dilation: &[usize],
+    dn: &ConvDimensionNumbers,
+    groups: usize,
+) -> String {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 6, 6, 4]);
+    let k = f32_param(&b, "k", kernel);
+    let line = line!() + 1;
+    let _y = x.conv_general_dilated(&k, strides, padding, &[], rhs_dilation, dn, groups);
+    one_shape_error(b, "convolution", line)
+}
+
+#[test]
+fn every_bad_convolution_is_one_error_at_the_user_line() {
+    let ok_kernel: &[usize] = &[3, 3, 4, 8];
+    let same = || Padding::Same;
+    let mut repeated = nhwc();
+    repeated.input_feature = repeated.input_batch;
+    let mut out_of_range = nhwc();
+    out_of_range.kernel_spatial[1] = 7;
+    let mut too_few = nhwc();
+    too_few.output_spatial.pop();
+    let cases: Vec<(String, &str)> = vec![
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[], &repeated, 1),
+            "input dimension numbers",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[], &out_of_range, 1),
+            "kernel dimension numbers",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[], &too_few, 1),
+            "the same number for input, kernel and output",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 0], same(), &[], &nhwc(), 1),
+            "stride 0",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[0, 1], &nhwc(), 1),
+            "window dilation 0",
+        ),
+        (
+            conv_error(ok_kernel, &[1], same(), &[], &nhwc(), 1),
+            "window_strides has 1 entries for 2 spatial dims",
+        ),
+        (
+            conv_error(&[7, 3, 4, 8], &[1, 1], Padding::Valid, &[], &nhwc(), 1),
+            "window dim 0 spans 7 elements, more than the 6 of dim 1",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], Padding::Valid, &[3, 1], &nhwc(), 1),
+            "window dim 0 spans 7 elements",
+        ),
+        (
+            conv_error(
+                &[3, 3, 4, 8],
+                &[1, 1],
+                Padding::Explicit(vec![(-4, 0), (0, 0)]),
+                &[],
+                &nhwc(),
+                1,
+            ),
+            "more than the 2 of dim 1",
+        ),
+        (
+            conv_error(&[3, 3, 1, 8], &[1, 1], same(), &[], &nhwc(), 3),
+            "feature_group_count 3 must divide the input features 4",
+        ),
+        (
+            conv_error(&[3, 3, 2, 7], &[1, 1], same(), &[], &nhwc(), 2),
+            "must divide the input features 4 and the output features 7",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[], &nhwc(), 0),
+            "feature_group_count 0",
+        ),
+        (
+            conv_error(ok_kernel, &[1, 1], same(), &[], &nhwc(), 2),
+            "has 4 input features (dim 2), but input f32[2,6,6,4] has 4 features in 2 group(s) of 2",
+        ),
+        (
+            conv_error(&[3, 3, 8], &[1, 1], same(), &[], &nhwc(), 1),
+            "must have rank 4",
+        ),
+    ];
+    for (message, needle) in cases {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+}
+
+#[test]
+fn bad_convolution_labels_and_dtypes_are_errors_at_the_user_line() {
+    for (labels, needle) in [
+        (
+            ["NHWCD", "HWIO", "NHWC"],
+            "input labels \"NHWCD\" must have",
+        ),
+        (
+            ["NHWC", "HWIO", "NHWD"],
+            "output labels \"NHWD\" have no 'C'",
+        ),
+        (["NHHC", "HWIO", "NHWC"], "input labels \"NHHC\" repeat 'H'"),
+    ] {
+        let [i, k, o] = labels;
+        let (got, line) = (ConvDimensionNumbers::from_labels(i, k, o), line!());
+        match got {
+            Err(Error::Shape {
+                op: "convolution",
+                location,
+                message,
+            }) => {
+                assert_at(location, line);
+                assert!(message.contains(needle), "{needle:?} not in {message:?}");
+            }
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+    }
+    let b = Builder::new("t");
+    let x = b.parameter("x", [1, 4, 4, 2], DType::I32);
+    let k = f32_param(&b, "k", &[3, 3, 2, 2]);
+    let (_y, line) = (x.conv2d(&k, [1, 1], Padding::Same), line!());
+    let message = one_shape_error(b, "convolution", line);
+    assert!(message.contains("must share a numeric dtype"), "{message}");
+}
+
+#[test]
+fn reverse_of_bad_dims_is_one_error_at_the_user_line() {
+    for dims in [&[2][..], &[1, 0], &[0, 0]] {
+        let b = Builder::new("t");
+        let x = f32_param(&b, "x", &[2, 3]);
+        let (_y, line) = (x.reverse(dims), line!());
+        let message = one_shape_error(b, "reverse", line);
+        assert!(message.contains("reverse dims"), "{message}");
+    }
 }

@@ -13,13 +13,19 @@
 //! - `abs`: the derivative is `sign(x)`, 0 at `x = 0`.
 //! - `power(x, y)`: `d/dx = y x^(y-1)`, taken as 0 where `y = 0`;
 //!   `d/dy = x^y log(x)`, taken as 0 where `x = 0`.
+//! - `convolution`: the input's cotangent is the convolution of the result's cotangent
+//!   with the spatially reversed kernel, in and out features swapped (per feature
+//!   group), lhs dilation = stride, stride = lhs dilation; the kernel's is the
+//!   convolution of the input (batch as feature, per group) with the result's cotangent
+//!   as kernel, rhs dilation = stride, stride = rhs dilation (JAX's transpose rules).
 //! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`, the
 //!   predicate of `select`, and `convert` to or from i32 or bool.
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Node, Op, OpKind, ReduceKind, UnaryOp, ValueId, WindowDim,
+    BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DType, DotDims, Node, Op, OpKind,
+    ReduceKind, UnaryOp, ValueId, WindowDim,
 };
 
 /// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
@@ -38,6 +44,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
         K::ShardingConstraint => true,
         K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
+        K::Convolution | K::Reverse => true,
         K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
@@ -132,6 +139,11 @@ pub(super) fn operand_cotangent(
             Some(e.slice(ct, start, limit, vec![1; x_shape.len()])?)
         }
         Op::ReduceWindow { kind, window } => Some(reduce_window(e, *kind, window, x, y, ct)?),
+        Op::Convolution(config) => Some(match i {
+            0 => conv_input_cotangent(e, config, x, operands[1], ct)?,
+            _ => conv_kernel_cotangent(e, config, operands[0], x, ct)?,
+        }),
+        Op::Reverse(dims) => Some(e.reverse(ct, dims)?),
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
@@ -328,8 +340,8 @@ fn reduce_window(
             } else {
                 f32::INFINITY
             };
-            let low = window.iter().map(|w| w.padding_low as i64).collect();
-            let high = window.iter().map(|w| w.padding_high as i64).collect();
+            let low = window.iter().map(|w| w.padding_low).collect();
+            let high = window.iter().map(|w| w.padding_high).collect();
             Some(e.pad(x, identity, low, high, vec![0; rank])?)
         }
     };
@@ -369,7 +381,7 @@ fn reduce_window(
         };
         // Result element `j` saw operand element `j * stride + offset - padding_low`.
         let low: Vec<i64> = (0..rank)
-            .map(|d| offset[d] as i64 - window[d].padding_low as i64)
+            .map(|d| offset[d] as i64 - window[d].padding_low)
             .collect();
         let high = (0..rank)
             .map(|d| {
@@ -492,4 +504,149 @@ fn pad_operand(
         .collect();
     let stride = interior.iter().map(|&s| s + 1).collect();
     e.slice(restored, start, limit, stride)
+}
+
+/// Size of `n` elements with `dilation - 1` holes between neighbours.
+fn dilated(n: usize, dilation: usize) -> i64 {
+    ((n.max(1) - 1) * dilation + 1) as i64
+}
+
+/// `t` (dims `major`, `minor`, then `spatial`) arranged for a transposed convolution in
+/// which the two swap roles: returns the tensor and the dims that now play `major`'s
+/// and `minor`'s parts, and the spatial dims. With `groups > 1`, `major` (of size
+/// `groups * inner`, groups major) loses the group count to `minor`: `t` is
+/// transposed and reshaped to `[inner, groups * minor, spatial..]` (JAX's
+/// `_reshape_axis_out_of` then `_reshape_axis_into`).
+fn move_groups(
+    e: &mut Appender<'_>,
+    t: ValueId,
+    [major, minor]: [usize; 2],
+    spatial: &[usize],
+    groups: usize,
+) -> Result<(ValueId, usize, usize, Vec<usize>)> {
+    if groups == 1 {
+        return Ok((t, major, minor, spatial.to_vec()));
+    }
+    let order = [&[major, minor][..], spatial].concat();
+    let t = e.transpose(t, &order)?;
+    let shape = e.shape(t);
+    let inner = shape[0] / groups;
+    let split = [&[groups, inner][..], &shape[1..]].concat();
+    let t = e.reshape(t, &split)?;
+    let mut perm: Vec<usize> = (0..split.len()).collect();
+    perm[..3].copy_from_slice(&[1, 0, 2]);
+    let t = e.transpose(t, &perm)?;
+    let merged = [&[inner, groups * shape[1]][..], &shape[2..]].concat();
+    let t = e.reshape(t, &merged)?;
+    Ok((t, 0, 1, (2..order.len()).collect()))
+}
+
+/// Spatial dim `i` of a convolution of `x` by `kernel` into `y`, each dilated as the
+/// window says: the input by the lhs dilation, the kernel by the rhs dilation, the
+/// output by the stride.
+fn dilated_sizes(
+    e: &Appender<'_>,
+    config: &ConvConfig,
+    [x, kernel, y]: [ValueId; 3],
+    i: usize,
+) -> [i64; 3] {
+    let (dn, w) = (&config.dims, &config.window[i]);
+    [
+        dilated(e.ty(x).shape[dn.input_spatial[i]], w.base_dilation),
+        dilated(e.ty(kernel).shape[dn.kernel_spatial[i]], w.window_dilation),
+        dilated(e.ty(y).shape[dn.output_spatial[i]], w.stride),
+    ]
+}
+
+/// The cotangent of a convolution's input `x`: the result's cotangent convolved with the
+/// spatially reversed kernel, in and out features swapped.
+fn conv_input_cotangent(
+    e: &mut Appender<'_>,
+    config: &ConvConfig,
+    x: ValueId,
+    kernel: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let dn = &config.dims;
+    let groups = config.feature_group_count;
+    // The kernel's out features become its in features; with groups, the group count
+    // moves from the out features into the in features.
+    let major_minor = [dn.kernel_output_feature, dn.kernel_input_feature];
+    let (t, kernel_input_feature, kernel_output_feature, kernel_spatial) =
+        move_groups(e, kernel, major_minor, &dn.kernel_spatial, groups)?;
+    let mut reversed = kernel_spatial.clone();
+    reversed.sort_unstable();
+    let flipped = e.reverse(t, &reversed)?;
+    let window = (config.window.iter().enumerate())
+        .map(|(i, w)| {
+            let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
+            let low = k - w.padding_low - 1;
+            // The flipped kernel is the same size: the window keeps its size.
+            WindowDim::new(w.size, w.base_dilation, (low, n + k - 1 - out - low))
+                .with_base_dilation(w.stride)
+                .with_window_dilation(w.window_dilation)
+        })
+        .collect();
+    let dims = ConvDimensionNumbers {
+        input_batch: dn.output_batch,
+        input_feature: dn.output_feature,
+        input_spatial: dn.output_spatial.clone(),
+        kernel_input_feature,
+        kernel_output_feature,
+        kernel_spatial,
+        output_batch: dn.input_batch,
+        output_feature: dn.input_feature,
+        output_spatial: dn.input_spatial.clone(),
+    };
+    let config = ConvConfig {
+        dims,
+        window,
+        feature_group_count: groups,
+    };
+    e.convolution(ct, flipped, config)
+}
+
+/// The cotangent of a convolution's kernel: the input, batch and feature swapped (with
+/// groups, the group count moved from the features into the new features), convolved
+/// with the result's cotangent as kernel.
+fn conv_kernel_cotangent(
+    e: &mut Appender<'_>,
+    config: &ConvConfig,
+    x: ValueId,
+    kernel: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let dn = &config.dims;
+    let groups = config.feature_group_count;
+    let major_minor = [dn.input_feature, dn.input_batch];
+    let (lhs, input_batch, input_feature, input_spatial) =
+        move_groups(e, x, major_minor, &dn.input_spatial, groups)?;
+    let window = (config.window.iter().enumerate())
+        .map(|(i, w)| {
+            let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
+            // The result's cotangent is the kernel: the window is its spatial dim.
+            let size = e.ty(ct).shape[dn.output_spatial[i]];
+            let high = out - n + k - w.padding_low - 1;
+            WindowDim::new(size, w.window_dilation, (w.padding_low, high))
+                .with_base_dilation(w.base_dilation)
+                .with_window_dilation(w.stride)
+        })
+        .collect();
+    let dims = ConvDimensionNumbers {
+        input_batch,
+        input_feature,
+        input_spatial,
+        kernel_input_feature: dn.output_batch,
+        kernel_output_feature: dn.output_feature,
+        kernel_spatial: dn.output_spatial.clone(),
+        output_batch: dn.kernel_input_feature,
+        output_feature: dn.kernel_output_feature,
+        output_spatial: dn.kernel_spatial.clone(),
+    };
+    let config = ConvConfig {
+        dims,
+        window,
+        feature_group_count: groups,
+    };
+    e.convolution(lhs, ct, config)
 }

@@ -4,8 +4,8 @@
 //! emit nothing.
 
 use super::{
-    BinaryOp, CompareOp, DType, DotDims, Literal, Location, Node, Op, Program, ReduceKind,
-    TensorType, UnaryOp, ValueId,
+    BinaryOp, CompareOp, ConvConfig, DType, DotDims, Literal, Location, Node, Op, Program,
+    ReduceKind, TensorType, UnaryOp, ValueId,
 };
 use crate::error::{Error, Result};
 use crate::sharding::Sharding;
@@ -234,6 +234,23 @@ impl<'p> Appender<'p> {
 
     pub(crate) fn dot_general(&mut self, x: ValueId, y: ValueId, dims: DotDims) -> Result<ValueId> {
         self.push(Op::DotGeneral(dims), &[x, y])
+    }
+
+    pub(crate) fn convolution(
+        &mut self,
+        input: ValueId,
+        kernel: ValueId,
+        config: ConvConfig,
+    ) -> Result<ValueId> {
+        self.push(Op::Convolution(config), &[input, kernel])
+    }
+
+    /// `x` reversed along `dims`; `x` itself when `dims` is empty.
+    pub(crate) fn reverse(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
+        if dims.is_empty() {
+            return Ok(x);
+        }
+        self.push(Op::Reverse(dims.to_vec()), &[x])
     }
 
     /// A `sharding_constraint` pinning `x` to `sharding`; `x` itself for `None`.

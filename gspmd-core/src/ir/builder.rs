@@ -618,6 +618,12 @@ impl Tensor {
         push_in(&self.state, op, &[self, value], Location::caller())
     }
 
+    /// Reverses the element order along `dims` (sorted, distinct).
+    #[track_caller]
+    pub fn reverse(&self, dims: &[usize]) -> Tensor {
+        push_at(self, Op::Reverse(dims.to_vec()), Location::caller())
+    }
+
     // ---- reductions --------------------------------------------------------------------
 
     /// Reduces `dims` with `kind`; `keep_dims` keeps them as size-1 dims.

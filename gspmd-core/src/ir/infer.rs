@@ -1,7 +1,7 @@
 //! Result-type inference for every primitive op: the one place that knows each op's
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
-use super::op::{BinaryOp, DotDims, Op, UnaryOp, WindowDim};
+use super::op::{BinaryOp, ConvConfig, DotDims, Op, UnaryOp, WindowDim};
 use crate::types::{DType, TensorType, checked_num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
@@ -194,6 +194,11 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             Ok(TensorType::new(shape, first.dtype))
         }
         Op::ReduceWindow { window, .. } => infer_reduce_window(window, operands[0]),
+        Op::Convolution(config) => infer_convolution(config, operands[0], operands[1]),
+        Op::Reverse(dims) => {
+            check_distinct_dims(dims, operands[0].rank(), "reverse")?;
+            Ok(operands[0].clone())
+        }
         Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
             Ok(operands[0].clone())
         }
@@ -332,31 +337,140 @@ fn infer_reduce_window(window: &[WindowDim], t: &TensorType) -> Result<TensorTyp
     if t.dtype == DType::Bool {
         return Err(format!("cannot reduce {t}"));
     }
-    let shape = (t.shape.iter().zip(window).enumerate())
-        .map(|(d, (&n, w))| {
-            if w.size == 0 || w.stride == 0 || w.window_dilation == 0 {
+    let shape = (window.iter().enumerate())
+        .map(|(d, w)| {
+            if w.base_dilation != 1 || w.padding_low < 0 || w.padding_high < 0 {
                 return Err(format!(
-                    "window dim {d} has size {}, stride {} and dilation {}: each must be at least 1",
-                    w.size, w.stride, w.window_dilation
+                    "window dim {d} has base dilation {} and padding {}_{}: reduce_window takes no base dilation nor negative padding",
+                    w.base_dilation, w.padding_low, w.padding_high
                 ));
             }
-            let overflow = || format!("window dim {d} of {t} overflows");
-            let padded = (n.checked_add(w.padding_low))
-                .and_then(|p| p.checked_add(w.padding_high))
-                .ok_or_else(overflow)?;
-            let span = ((w.size - 1).checked_mul(w.window_dilation))
-                .and_then(|s| s.checked_add(1))
-                .ok_or_else(overflow)?;
-            if span > padded {
-                return Err(format!(
-                    "window dim {d} spans {span} elements, more than the {padded} of dim {d} of {t} padded by {}_{}",
-                    w.padding_low, w.padding_high
-                ));
-            }
-            Ok((padded - span) / w.stride + 1)
+            window_output_size(d, w, t, d)
         })
         .collect::<Result<Vec<usize>, String>>()?;
     Ok(TensorType::new(shape, t.dtype))
+}
+
+/// Number of spatial dims a convolution may have.
+const CONV_SPATIAL_DIMS: std::ops::RangeInclusive<usize> = 1..=3;
+
+fn infer_convolution(
+    config: &ConvConfig,
+    input: &TensorType,
+    kernel: &TensorType,
+) -> Result<TensorType, String> {
+    let (dn, window, groups) = (&config.dims, &config.window, config.feature_group_count);
+    if input.dtype != kernel.dtype || input.dtype == DType::Bool {
+        return Err(format!(
+            "input {input} and kernel {kernel} must share a numeric dtype"
+        ));
+    }
+    let spatial = dn.input_spatial.len();
+    if !CONV_SPATIAL_DIMS.contains(&spatial)
+        || dn.kernel_spatial.len() != spatial
+        || dn.output_spatial.len() != spatial
+    {
+        return Err(format!(
+            "dimension numbers must name 1 to 3 spatial dims, the same number for input, kernel and output: {dn:?}"
+        ));
+    }
+    let rank = spatial + 2;
+    if input.rank() != rank || kernel.rank() != rank {
+        return Err(format!(
+            "input {input} and kernel {kernel} must have rank {rank} for {spatial} spatial dims"
+        ));
+    }
+    let all = |a: usize, b: usize, rest: &[usize]| [&[a, b][..], rest].concat();
+    let tensors = [
+        (
+            "input",
+            all(dn.input_batch, dn.input_feature, &dn.input_spatial),
+        ),
+        (
+            "kernel",
+            all(
+                dn.kernel_input_feature,
+                dn.kernel_output_feature,
+                &dn.kernel_spatial,
+            ),
+        ),
+        (
+            "output",
+            all(dn.output_batch, dn.output_feature, &dn.output_spatial),
+        ),
+    ];
+    for (what, dims) in &tensors {
+        check_distinct_dims_unsorted(dims, rank, &format!("{what} dimension numbers"))?;
+    }
+    if window.len() != spatial {
+        return Err(format!(
+            "window has {} dims for {spatial} spatial dims",
+            window.len()
+        ));
+    }
+    let features = input.shape[dn.input_feature];
+    let out_features = kernel.shape[dn.kernel_output_feature];
+    if groups == 0 || !features.is_multiple_of(groups) || !out_features.is_multiple_of(groups) {
+        return Err(format!(
+            "feature_group_count {groups} must divide the input features {features} and the output features {out_features}"
+        ));
+    }
+    if kernel.shape[dn.kernel_input_feature] != features / groups {
+        return Err(format!(
+            "kernel {kernel} has {} input features (dim {}), but input {input} has {features} features in {groups} group(s) of {}",
+            kernel.shape[dn.kernel_input_feature],
+            dn.kernel_input_feature,
+            features / groups
+        ));
+    }
+    let mut shape = vec![0; rank];
+    shape[dn.output_batch] = input.shape[dn.input_batch];
+    shape[dn.output_feature] = out_features;
+    for (i, w) in window.iter().enumerate() {
+        let k = kernel.shape[dn.kernel_spatial[i]];
+        if w.size != k {
+            return Err(format!(
+                "window dim {i} has size {}, but the kernel {kernel} has {k} (dim {})",
+                w.size, dn.kernel_spatial[i]
+            ));
+        }
+        shape[dn.output_spatial[i]] = window_output_size(i, w, input, dn.input_spatial[i])?;
+    }
+    Ok(TensorType::new(shape, input.dtype))
+}
+
+/// The result size of window dim `i` over dim `dim` of `t` (see [`WindowDim`]), or a
+/// message naming what does not fit.
+fn window_output_size(
+    i: usize,
+    w: &WindowDim,
+    t: &TensorType,
+    dim: usize,
+) -> Result<usize, String> {
+    if w.size == 0 || w.stride == 0 || w.window_dilation == 0 || w.base_dilation == 0 {
+        return Err(format!(
+            "window dim {i} has size {}, stride {}, window dilation {} and base dilation {}: each must be at least 1",
+            w.size, w.stride, w.window_dilation, w.base_dilation
+        ));
+    }
+    let n = t.shape[dim];
+    let overflow = || format!("window dim {i} of {t} overflows");
+    let padded =
+        padded_size(n, w.padding_low, w.padding_high, w.base_dilation - 1).ok_or_else(overflow)?;
+    let span = dilated_size(w.size, w.window_dilation).ok_or_else(overflow)?;
+    if span > padded {
+        return Err(format!(
+            "window dim {i} spans {span} elements, more than the {padded} of dim {dim} of {t} dilated by {} and padded by {}_{}",
+            w.base_dilation, w.padding_low, w.padding_high
+        ));
+    }
+    let stride = i64::try_from(w.stride).unwrap_or(i64::MAX);
+    usize::try_from((padded - span) / stride + 1).map_err(|_| overflow())
+}
+
+/// Size of `n` elements with `dilation - 1` holes between neighbours; `None` on overflow.
+fn dilated_size(n: usize, dilation: usize) -> Option<i64> {
+    padded_size(n, 0, 0, dilation.checked_sub(1)?)
 }
 
 /// Size of a dim of `n` elements padded by `low` and `high` (negative: cropped) with

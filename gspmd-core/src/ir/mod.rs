@@ -3,6 +3,7 @@
 
 mod append;
 mod builder;
+mod convolution;
 mod einsum;
 mod infer;
 mod literal;
@@ -20,8 +21,8 @@ pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
 pub use op::{
-    Arity, AxisGroup, BinaryOp, CompareOp, DotDims, Op, OpKind, ReduceKind, UnaryOp, WindowDim,
+    Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DotDims, Op, OpKind,
+    Padding, ReduceKind, UnaryOp, WindowDim,
 };
-pub use pooling::Padding;
 pub use program::{Node, Origin, Program};
 pub use verifier::verify;

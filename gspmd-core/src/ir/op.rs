@@ -2,7 +2,8 @@
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
 use super::literal::Literal;
-use crate::types::DType;
+use crate::error::Error;
+use crate::types::{DType, Location};
 
 /// Elementwise ops of one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,38 +95,47 @@ pub struct DotDims {
     pub rhs_contracting: Vec<usize>,
 }
 
-/// One dim of a `reduce_window`'s window (XLA's `WindowDimension`, without base
-/// dilation or reversal): the window covers `size` elements `window_dilation` apart,
-/// starts every `stride` elements of the operand padded by `padding_low` and
-/// `padding_high` elements, and the padding holds the reduction's identity.
+/// One dim of a window (XLA's `WindowDimension`, without reversal), shared by
+/// `reduce_window` (one per operand dim) and `convolution` (one per spatial dim, `size`
+/// being the kernel's dim there). The operand dim of `n` elements is dilated by
+/// `base_dilation` (`base_dilation - 1` holes between neighbours, XLA's `lhs_dilate`)
+/// and padded by `padding_low` and `padding_high` elements (negative: cropped); a window
+/// of `size` elements `window_dilation` apart (XLA's `rhs_dilate`) starts every
+/// `stride` elements of that.
 ///
-/// Result size along the dim: `(padding_low + n + padding_high - span) / stride + 1`,
-/// where `span = (size - 1) * window_dilation + 1` must not exceed the padded size.
-/// Result element `j` combines padded-operand elements `j * stride + k *
-/// window_dilation` for `k` in `0..size`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Result size along the dim: `(padded - span) / stride + 1`, where `padded =
+/// padding_low + (n - 1) * base_dilation + 1 + padding_high` and `span = (size - 1) *
+/// window_dilation + 1` must not exceed it. Result element `j` combines padded-operand
+/// elements `j * stride + k * window_dilation` for `k` in `0..size`.
+///
+/// `reduce_window` takes neither base dilation nor negative padding (its shape rule
+/// says so); the padding holds the reduction's identity, a convolution's zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowDim {
     /// Number of elements the window covers (>= 1).
     pub size: usize,
     /// Step between successive windows (>= 1).
     pub stride: usize,
-    /// Identity elements before the first operand element.
-    pub padding_low: usize,
-    /// Identity elements after the last operand element.
-    pub padding_high: usize,
+    /// Padding before the first (dilated) operand element; negative crops.
+    pub padding_low: i64,
+    /// Padding after the last (dilated) operand element; negative crops.
+    pub padding_high: i64,
     /// Distance between the window's elements (>= 1; XLA's `rhs_dilate`).
     pub window_dilation: usize,
+    /// Distance between the operand's elements (>= 1; XLA's `lhs_dilate`).
+    pub base_dilation: usize,
 }
 
 impl WindowDim {
     /// A window of `size` every `stride` elements, padded by `padding`, not dilated.
-    pub fn new(size: usize, stride: usize, padding: (usize, usize)) -> Self {
+    pub fn new(size: usize, stride: usize, padding: (i64, i64)) -> Self {
         WindowDim {
             size,
             stride,
             padding_low: padding.0,
             padding_high: padding.1,
             window_dilation: 1,
+            base_dilation: 1,
         }
     }
 
@@ -137,11 +147,154 @@ impl WindowDim {
         }
     }
 
-    /// True when the window leaves the dim alone: size 1, stride 1, no padding (result
-    /// element `j` is operand element `j`).
-    pub fn is_trivial(&self) -> bool {
-        self.size == 1 && self.stride == 1 && self.padding_low == 0 && self.padding_high == 0
+    /// The same window over the operand with its elements `base_dilation` apart.
+    pub fn with_base_dilation(self, base_dilation: usize) -> Self {
+        WindowDim {
+            base_dilation,
+            ..self
+        }
     }
+
+    /// True when the window leaves the dim alone: size 1, stride 1, no padding or
+    /// dilation (result element `j` is operand element `j`).
+    pub fn is_trivial(&self) -> bool {
+        *self == WindowDim::new(1, 1, (0, 0))
+    }
+}
+
+/// How a windowed op (pooling, convolution) pads its operand, per windowed dim
+/// (TensorFlow's, JAX's and Flax's names).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Padding {
+    /// No padding: only windows that fit wholly in the operand.
+    Valid,
+    /// `ceil(n / stride)` results per dim (`n` the base-dilated size): padded by
+    /// `(ceil(n / stride) - 1) * stride + span - n` (at least 0, `span` the dilated
+    /// window), half of it before (rounded down), the rest after.
+    Same,
+    /// `(low, high)` per windowed dim; negative crops (convolution only).
+    Explicit(Vec<(i64, i64)>),
+}
+
+impl Padding {
+    /// The `(low, high)` padding of `dims` windowed dims, `extent(i)` giving dim `i`'s
+    /// base-dilated size, its window's dilated span and its stride; a message when an
+    /// explicit list has another length. A zero stride gets no padding (the shape rule
+    /// reports the stride).
+    pub(crate) fn resolve(
+        &self,
+        dims: usize,
+        extent: impl Fn(usize) -> (usize, usize, usize),
+    ) -> Result<Vec<(i64, i64)>, String> {
+        match self {
+            Padding::Explicit(p) if p.len() == dims => Ok(p.clone()),
+            Padding::Explicit(p) => Err(format!(
+                "padding has {} entries for {dims} windowed dims",
+                p.len()
+            )),
+            Padding::Valid => Ok(vec![(0, 0); dims]),
+            Padding::Same => Ok((0..dims)
+                .map(|i| match extent(i) {
+                    (n, span, stride) if stride > 0 => {
+                        let out = n.div_ceil(stride);
+                        let total = (out.saturating_sub(1).saturating_mul(stride))
+                            .saturating_add(span)
+                            .saturating_sub(n);
+                        let total = i64::try_from(total).unwrap_or(i64::MAX);
+                        (total / 2, total - total / 2)
+                    }
+                    _ => (0, 0),
+                })
+                .collect()),
+        }
+    }
+}
+
+/// Dimension numbers of a `convolution` (XLA's `ConvolutionDimensionNumbers`): which
+/// dim of the input, the kernel and the output is batch, feature and each spatial dim.
+/// Dims may come in any order; spatial dim `i` of the three tensors belong together.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConvDimensionNumbers {
+    /// The input's batch dim.
+    pub input_batch: usize,
+    /// The input's feature dim.
+    pub input_feature: usize,
+    /// The input's spatial dims.
+    pub input_spatial: Vec<usize>,
+    /// The kernel's input-feature dim (contracted with the input's features).
+    pub kernel_input_feature: usize,
+    /// The kernel's output-feature dim.
+    pub kernel_output_feature: usize,
+    /// The kernel's spatial (window) dims.
+    pub kernel_spatial: Vec<usize>,
+    /// The output's batch dim.
+    pub output_batch: usize,
+    /// The output's feature dim.
+    pub output_feature: usize,
+    /// The output's spatial dims.
+    pub output_spatial: Vec<usize>,
+}
+
+impl ConvDimensionNumbers {
+    /// Dimension numbers from JAX's string form: `input` and `output` name each dim by
+    /// a letter, `N` batch and `C` feature; `kernel` with `O` output and `I` input
+    /// feature; every other letter is a spatial dim, and spatial dims are numbered in
+    /// the kernel's order (`("NHWC", "HWIO", "NHWC")` is TensorFlow's 2-D layout).
+    /// An [`Error::Shape`] at the caller's line names a letter missing, repeated, or
+    /// not in all three.
+    #[track_caller]
+    pub fn from_labels(input: &str, kernel: &str, output: &str) -> Result<Self, Error> {
+        let location = Location::caller();
+        Self::parse_labels(input, kernel, output).map_err(|message| Error::Shape {
+            op: "convolution",
+            location,
+            message,
+        })
+    }
+
+    fn parse_labels(input: &str, kernel: &str, output: &str) -> Result<Self, String> {
+        let spatial: Vec<char> = kernel.chars().filter(|c| !matches!(c, 'O' | 'I')).collect();
+        let find = |labels: &str, what: &str, c: char| -> Result<usize, String> {
+            let mut at = labels.char_indices().filter(|&(_, l)| l == c);
+            match (at.next(), at.next()) {
+                (Some((i, _)), None) => Ok(i),
+                (None, _) => Err(format!("{what} labels {labels:?} have no {c:?}")),
+                (Some(_), Some(_)) => Err(format!("{what} labels {labels:?} repeat {c:?}")),
+            }
+        };
+        let spatial_of = |labels: &str, what: &str| -> Result<Vec<usize>, String> {
+            if labels.chars().count() != spatial.len() + 2 {
+                return Err(format!(
+                    "{what} labels {labels:?} must have the kernel's {} spatial dims and two more",
+                    spatial.len()
+                ));
+            }
+            spatial.iter().map(|&c| find(labels, what, c)).collect()
+        };
+        Ok(ConvDimensionNumbers {
+            input_batch: find(input, "input", 'N')?,
+            input_feature: find(input, "input", 'C')?,
+            input_spatial: spatial_of(input, "input")?,
+            kernel_input_feature: find(kernel, "kernel", 'I')?,
+            kernel_output_feature: find(kernel, "kernel", 'O')?,
+            kernel_spatial: spatial_of(kernel, "kernel")?,
+            output_batch: find(output, "output", 'N')?,
+            output_feature: find(output, "output", 'C')?,
+            output_spatial: spatial_of(output, "output")?,
+        })
+    }
+}
+
+/// The attributes of a `convolution` (XLA's `conv_general_dilated`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConvConfig {
+    /// Which dims are batch, feature and spatial.
+    pub dims: ConvDimensionNumbers,
+    /// One entry per spatial dim.
+    pub window: Vec<WindowDim>,
+    /// Input features are cut in this many groups, each convolved with its own slice of
+    /// the kernel's output features (grouped; depthwise when it equals the features).
+    pub feature_group_count: usize,
 }
 
 /// The devices that take part together in a collective: those that share their
@@ -244,6 +397,11 @@ pub enum Op {
         /// One entry per operand dim.
         window: Vec<WindowDim>,
     },
+    /// `convolution(input, kernel)`: XLA's general dilated convolution (cross-correlation,
+    /// as XLA and every framework compute it).
+    Convolution(ConvConfig),
+    /// Reverses the order of elements along `dims` (sorted, distinct).
+    Reverse(Vec<usize>),
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
@@ -356,6 +514,8 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Concatenate(_) => "concatenate",
             Op::ReduceWindow { .. } => "reduce_window",
+            Op::Convolution(_) => "convolution",
+            Op::Reverse(_) => "reverse",
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
             Op::DynamicSlice(_) => "dynamic_slice",
@@ -423,6 +583,8 @@ impl Op {
                 ReduceKind::Max => OpKind::ReduceWindowMax,
                 ReduceKind::Min => OpKind::ReduceWindowMin,
             },
+            Op::Convolution(_) => OpKind::Convolution,
+            Op::Reverse(_) => OpKind::Reverse,
             Op::AxisIndex(_) => OpKind::AxisIndex,
             Op::DynamicSlice(_) => OpKind::DynamicSlice,
             Op::AllReduce { .. } => OpKind::AllReduce,
@@ -449,6 +611,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::Slice { .. }
             | Op::ReduceWindow { .. }
+            | Op::Reverse(_)
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
             | Op::ReduceScatter { .. }
@@ -457,6 +620,7 @@ impl Op {
             | Op::CollectiveShift { .. }
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
+            Op::Convolution(_) => Arity::Fixed(2),
             Op::Select => Arity::Fixed(3),
             Op::Concatenate(_) => Arity::AtLeast(1),
             // The operand, then one start index per dim.
@@ -495,6 +659,8 @@ impl Op {
             | Op::Pad { .. }
             | Op::Concatenate(_)
             | Op::ReduceWindow { .. }
+            | Op::Convolution(_)
+            | Op::Reverse(_)
             | Op::AxisIndex(_)
             | Op::DynamicSlice(_)
             | Op::ShardingConstraint => None,
@@ -644,6 +810,10 @@ op_kinds! {
     ReduceWindowMax,
     /// [`Op::ReduceWindow`] with [`ReduceKind::Min`].
     ReduceWindowMin,
+    /// [`Op::Convolution`].
+    Convolution,
+    /// [`Op::Reverse`].
+    Reverse,
     /// [`Op::AxisIndex`].
     AxisIndex,
     /// [`Op::DynamicSlice`].
@@ -685,6 +855,7 @@ impl OpKind {
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::Convolution | K::Reverse => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
@@ -702,6 +873,7 @@ impl OpKind {
             K::Parameter | K::Constant | K::Iota => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
+            K::Convolution | K::Reverse => false,
             K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
@@ -710,12 +882,13 @@ impl OpKind {
     }
 
     /// True for ops whose result is a partial sum when an operand dim they sum over
-    /// (a contracting dim of `dot_general`, a dim of a `reduce` sum) is split: each
+    /// (a contracting dim of `dot_general`, the input features of a `convolution`, a dim
+    /// of a `reduce` sum) is split: each
     /// device then holds a summand, a pending sum the partitioner may keep unreduced.
     pub fn makes_partial_sums(self) -> bool {
         use OpKind as K;
         match self {
-            K::DotGeneral | K::ReduceSum => true,
+            K::DotGeneral | K::ReduceSum | K::Convolution => true,
             // Max and min are not sums; the collectives already combine across devices.
             K::ReduceMax | K::ReduceMin | K::AllReduce | K::ReduceScatter => false,
             K::Parameter | K::Constant | K::Iota => false,
@@ -723,6 +896,7 @@ impl OpKind {
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
+            K::Reverse => false,
             K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.

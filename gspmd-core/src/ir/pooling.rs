@@ -6,35 +6,8 @@
 //! an NHWC image pooled 2x2 takes `window = [1, 2, 2, 1]`.
 
 use super::builder::{Tensor, any_poisoned};
-use super::op::{Op, ReduceKind, WindowDim};
+use super::op::{Op, Padding, ReduceKind, WindowDim};
 use crate::types::Location;
-
-/// How a pooling layer pads its operand (TensorFlow's, JAX's and Flax's names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Padding {
-    /// No padding: only windows that fit wholly in the operand.
-    Valid,
-    /// `ceil(n / stride)` results per dim: padded by `(ceil(n / stride) - 1) * stride +
-    /// window - n` (at least 0), half of it before (rounded down), the rest after.
-    Same,
-}
-
-impl Padding {
-    /// The `(low, high)` padding of a dim of `n` elements for `window` and `stride`.
-    /// A zero stride gets none (the shape rule reports the stride).
-    fn of(self, n: usize, window: usize, stride: usize) -> (usize, usize) {
-        match self {
-            Padding::Same if stride > 0 => {
-                let out = n.div_ceil(stride);
-                let total = (out.saturating_sub(1) * stride)
-                    .saturating_add(window)
-                    .saturating_sub(n);
-                (total / 2, total - total / 2)
-            }
-            Padding::Same | Padding::Valid => (0, 0),
-        }
-    }
-}
 
 impl Tensor {
     /// XLA's `reduce_window` with `kind`'s identity as init value and padding: per dim a
@@ -46,7 +19,7 @@ impl Tensor {
         kind: ReduceKind,
         window: &[usize],
         strides: &[usize],
-        padding: &[(usize, usize)],
+        padding: &[(i64, i64)],
     ) -> Tensor {
         let location = Location::caller();
         if any_poisoned(&[self]) {
@@ -79,8 +52,10 @@ impl Tensor {
     /// Max pooling: the maximum of each window (padding never wins: it is `-inf`).
     #[track_caller]
     pub fn max_pool(&self, window: &[usize], strides: &[usize], padding: Padding) -> Tensor {
-        let pads = self.pool_padding(window, strides, padding);
-        self.reduce_window(ReduceKind::Max, window, strides, &pads)
+        match self.pool_padding(window, strides, &padding) {
+            Ok(pads) => self.reduce_window(ReduceKind::Max, window, strides, &pads),
+            Err(message) => self.fail("max_pool", Location::caller(), message),
+        }
     }
 
     /// Average pooling: the sum of each window divided by its element count. With
@@ -95,7 +70,10 @@ impl Tensor {
         padding: Padding,
         count_include_pad: bool,
     ) -> Tensor {
-        let pads = self.pool_padding(window, strides, padding);
+        let pads = match self.pool_padding(window, strides, &padding) {
+            Ok(pads) => pads,
+            Err(message) => return self.fail("avg_pool", Location::caller(), message),
+        };
         let sum = self.reduce_window(ReduceKind::Sum, window, strides, &pads);
         if any_poisoned(&[&sum]) {
             return sum;
@@ -147,16 +125,19 @@ impl Tensor {
         b.reshape(shape)
     }
 
-    /// The `(low, high)` padding of each dim for a pooling layer; `padding`'s own
-    /// length mismatches are left to `reduce_window` to report.
+    /// The `(low, high)` padding of each dim for a pooling layer; a message for an
+    /// explicit list of the wrong length. `window`'s and `strides`' own length
+    /// mismatches are left to `reduce_window` to report.
     fn pool_padding(
         &self,
         window: &[usize],
         strides: &[usize],
-        padding: Padding,
-    ) -> Vec<(usize, usize)> {
-        (self.shape().iter().zip(window).zip(strides))
-            .map(|((&n, &w), &s)| padding.of(n, w, s))
-            .collect()
+        padding: &Padding,
+    ) -> Result<Vec<(i64, i64)>, String> {
+        let shape = self.shape();
+        padding.resolve(self.rank(), |d| {
+            let at = |v: &[usize]| v.get(d).copied().unwrap_or(1);
+            (shape[d], at(window), at(strides))
+        })
     }
 }

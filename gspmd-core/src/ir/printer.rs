@@ -12,7 +12,7 @@
 use std::fmt::{self, Write};
 
 use super::literal::Literal;
-use super::op::{CompareOp, Op, ReduceKind, WindowDim};
+use super::op::{CompareOp, ConvConfig, ConvDimensionNumbers, Op, ReduceKind, WindowDim};
 use super::program::{Node, Program};
 use crate::types::join;
 
@@ -133,22 +133,9 @@ fn attributes(op: &Op) -> String {
             format!(", padding={}", parts.join("x"))
         }
         Op::Concatenate(dim) => format!(", dim={dim}"),
-        Op::ReduceWindow { window, .. } => {
-            // XLA's window text; `rhs_dilate` only when some dim is dilated.
-            let each = |f: &dyn Fn(&WindowDim) -> String| {
-                window.iter().map(f).collect::<Vec<_>>().join("x")
-            };
-            let mut s = format!(
-                ", window={{size={} stride={} pad={}",
-                each(&|w| w.size.to_string()),
-                each(&|w| w.stride.to_string()),
-                each(&|w| format!("{}_{}", w.padding_low, w.padding_high)),
-            );
-            if window.iter().any(|w| w.window_dilation != 1) {
-                s += &format!(" rhs_dilate={}", each(&|w| w.window_dilation.to_string()));
-            }
-            s + "}"
-        }
+        Op::ReduceWindow { window, .. } => format!(", window={}", window_text(window)),
+        Op::Convolution(config) => convolution_attributes(config),
+        Op::Reverse(dims) => format!(", dims={{{}}}", join(dims)),
         Op::AxisIndex(group) => format!(", axes={group}"),
         Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
@@ -182,10 +169,124 @@ fn attributes(op: &Op) -> String {
     }
 }
 
+/// XLA's form, without the window's size (the kernel's spatial dims give it):
+/// `, window={stride=1x1 pad=1_1x1_1}, dim_labels=b01f_01io->b01f`, then
+/// `lhs_dilate`/`rhs_dilate` where some dilation is not 1 and `feature_group_count`
+/// where it is not 1.
+/// XLA's window text: `{size=3x3 stride=1x1 pad=1_1x1_1}`, `lhs_dilate` and
+/// `rhs_dilate` only when some dim is dilated.
+fn window_text(w: &[WindowDim]) -> String {
+    let each = |f: &dyn Fn(&WindowDim) -> String| -> String {
+        w.iter().map(f).collect::<Vec<_>>().join("x")
+    };
+    let mut s = format!(
+        "{{size={} stride={} pad={}",
+        each(&|d| d.size.to_string()),
+        each(&|d| d.stride.to_string()),
+        each(&|d| format!("{}_{}", d.padding_low, d.padding_high))
+    );
+    if w.iter().any(|d| d.base_dilation != 1) {
+        s += &format!(" lhs_dilate={}", each(&|d| d.base_dilation.to_string()));
+    }
+    if w.iter().any(|d| d.window_dilation != 1) {
+        s += &format!(" rhs_dilate={}", each(&|d| d.window_dilation.to_string()));
+    }
+    s + "}"
+}
+
+fn convolution_attributes(config: &ConvConfig) -> String {
+    let mut s = format!(
+        ", window={}, dim_labels={}",
+        window_text(&config.window),
+        dim_labels(&config.dims)
+    );
+    if config.feature_group_count != 1 {
+        s += &format!(", feature_group_count={}", config.feature_group_count);
+    }
+    s
+}
+
+/// `b01f_01io->b01f`: a letter per dim of input, kernel and output; spatial dims by
+/// their number.
+fn dim_labels(dn: &ConvDimensionNumbers) -> String {
+    let labels = |(a, la): (usize, char), (b, lb): (usize, char), spatial: &[usize]| {
+        // A malformed node (dims out of range) prints `?` rather than panicking.
+        let mut l = vec!['?'; spatial.len() + 2];
+        let named = spatial.iter().zip('0'..='9').chain([(&a, la), (&b, lb)]);
+        for (&d, c) in named {
+            if let Some(slot) = l.get_mut(d) {
+                *slot = c;
+            }
+        }
+        l.into_iter().collect::<String>()
+    };
+    format!(
+        "{}_{}->{}",
+        labels(
+            (dn.input_batch, 'b'),
+            (dn.input_feature, 'f'),
+            &dn.input_spatial
+        ),
+        labels(
+            (dn.kernel_input_feature, 'i'),
+            (dn.kernel_output_feature, 'o'),
+            &dn.kernel_spatial
+        ),
+        labels(
+            (dn.output_batch, 'b'),
+            (dn.output_feature, 'f'),
+            &dn.output_spatial
+        ),
+    )
+}
+
 fn reduce_name(kind: ReduceKind) -> &'static str {
     match kind {
         ReduceKind::Sum => "sum",
         ReduceKind::Max => "max",
         ReduceKind::Min => "min",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::{Builder, ConvDimensionNumbers, DType, Padding};
+
+    /// The text of the last node of a program holding `conv` of an input and kernel.
+    fn conv_text(input: &[usize], kernel: &[usize], labels: [&str; 3], dilated: bool) -> String {
+        let b = Builder::new("p");
+        let x = b.parameter("x", input.to_vec(), DType::F32);
+        let k = b.parameter("k", kernel.to_vec(), DType::F32);
+        let [i, kl, o] = labels;
+        let dn = ConvDimensionNumbers::from_labels(i, kl, o).unwrap();
+        let (lhs, rhs, groups): (&[usize], &[usize], usize) = if dilated {
+            (&[1, 2], &[2, 1], 2)
+        } else {
+            (&[], &[], 1)
+        };
+        let y = x.conv_general_dilated(&k, &[1, 2], Padding::Same, lhs, rhs, &dn, groups);
+        let p = b.finish(&[&y]).unwrap();
+        let text = p.to_string();
+        let line = text.lines().find(|l| l.contains("convolution")).unwrap();
+        line.split("  //").next().unwrap().trim().to_string()
+    }
+
+    #[test]
+    fn convolution_prints_window_and_dim_labels_as_xla() {
+        assert_eq!(
+            conv_text(
+                &[8, 32, 32, 8],
+                &[3, 3, 8, 16],
+                ["NHWC", "HWIO", "NHWC"],
+                false
+            ),
+            "%2 = convolution(%0, %1), window={size=3x3 stride=1x2 pad=1_1x0_1}, \
+             dim_labels=b01f_01io->b01f : f32[8,32,16,16]"
+        );
+        assert_eq!(
+            conv_text(&[8, 4, 6, 5], &[2, 2, 5, 2], ["NCHW", "OIHW", "NHWC"], true),
+            "%2 = convolution(%0, %1), window={size=5x2 stride=1x2 pad=4_4x0_1 lhs_dilate=1x2 \
+             rhs_dilate=2x1}, dim_labels=bf01_oi01->b01f, feature_group_count=2 : f32[8,6,5,2]"
+        );
     }
 }

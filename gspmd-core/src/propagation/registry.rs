@@ -3,7 +3,7 @@
 
 use super::factor_propagation::Direction;
 use super::rule::{FactorKind, OpShardingRule, TensorFactors};
-use crate::ir::{Op, Program, ValueId};
+use crate::ir::{ConvConfig, Op, Program, ValueId};
 
 /// The sharding rule of the op defining `value`.
 ///
@@ -158,6 +158,16 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             rule.result = windowed_factors(&mut rule, operand_shape(0), result_shape, moved);
             rule.operands = vec![rule.result.clone()];
         }
+        Op::Convolution(config) => {
+            let (input, kernel) = (operand_shape(0), operand_shape(1));
+            (rule.operands, rule.result) =
+                convolution_factors(&mut rule, config, [input, kernel, result_shape]);
+        }
+        Op::Reverse(dims) => {
+            let operand = operand_shape(0);
+            rule.result = windowed_factors(&mut rule, operand, result_shape, |d| dims.contains(&d));
+            rule.operands = vec![rule.result.clone()];
+        }
         Op::AxisIndex(_)
         | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
@@ -208,6 +218,89 @@ fn windowed_factors(
         })
         .collect();
     TensorFactors { dims }
+}
+
+/// Shardy's convolution rule: batch (input and output) and output features (kernel and
+/// output) pass through; input features (input and kernel) are a reduction; spatial
+/// dim `i` of input and output is one permutation factor, or pass-through where the
+/// window moves nothing ([`crate::ir::WindowDim::is_trivial`]), and the kernel's spatial
+/// dims need replication. With feature groups, the feature dims need replication
+/// (splitting a feature factor across groups is not implemented). A malformed config
+/// (dims out of range) gives unfactored tensors.
+fn convolution_factors(
+    rule: &mut OpShardingRule,
+    config: &ConvConfig,
+    [input, kernel, result]: [&[usize]; 3],
+) -> (Vec<TensorFactors>, TensorFactors) {
+    let dn = &config.dims;
+    let unfactored = |rank: usize| TensorFactors {
+        dims: vec![Vec::new(); rank],
+    };
+    let (mut x, mut k, mut out) = (
+        unfactored(input.len()),
+        unfactored(kernel.len()),
+        unfactored(result.len()),
+    );
+    let fits = |dims: &[usize], rank: usize| dims.iter().all(|&d| d < rank);
+    let all_fit = fits(&[dn.input_batch, dn.input_feature], input.len())
+        && fits(&dn.input_spatial, input.len())
+        && fits(
+            &[dn.kernel_input_feature, dn.kernel_output_feature],
+            kernel.len(),
+        )
+        && fits(&dn.kernel_spatial, kernel.len())
+        && fits(&[dn.output_batch, dn.output_feature], result.len())
+        && fits(&dn.output_spatial, result.len())
+        && config.window.len() == dn.input_spatial.len()
+        && dn.kernel_spatial.len() == dn.input_spatial.len()
+        && dn.output_spatial.len() == dn.input_spatial.len();
+    if !all_fit {
+        return (vec![x, k], out);
+    }
+    let grouped = config.feature_group_count != 1;
+    let feature_kind = |kind| {
+        if grouped {
+            FactorKind::NeedReplication
+        } else {
+            kind
+        }
+    };
+    let batch = rule.add_factor(input[dn.input_batch], FactorKind::PassThrough);
+    x.dims[dn.input_batch].push(batch);
+    out.dims[dn.output_batch].push(batch);
+    let features = kernel[dn.kernel_output_feature];
+    let f_out = rule.add_factor(features, feature_kind(FactorKind::PassThrough));
+    k.dims[dn.kernel_output_feature].push(f_out);
+    out.dims[dn.output_feature].push(f_out);
+    if grouped {
+        let f_in = rule.add_factor(input[dn.input_feature], FactorKind::NeedReplication);
+        x.dims[dn.input_feature].push(f_in);
+        let f_k = rule.add_factor(kernel[dn.kernel_input_feature], FactorKind::NeedReplication);
+        k.dims[dn.kernel_input_feature].push(f_k);
+    } else {
+        let f_in = rule.add_factor(input[dn.input_feature], FactorKind::Reduction);
+        x.dims[dn.input_feature].push(f_in);
+        k.dims[dn.kernel_input_feature].push(f_in);
+    }
+    for (i, w) in config.window.iter().enumerate() {
+        let (xd, kd, od) = (
+            dn.input_spatial[i],
+            dn.kernel_spatial[i],
+            dn.output_spatial[i],
+        );
+        if w.is_trivial() {
+            let f = rule.add_factor(input[xd], FactorKind::PassThrough);
+            x.dims[xd].push(f);
+            out.dims[od].push(f);
+        } else {
+            let f = rule.add_factor(input[xd].max(result[od]), FactorKind::Permutation);
+            x.dims[xd].push(f);
+            out.dims[od].push(f);
+            let kf = rule.add_factor(w.size, FactorKind::NeedReplication);
+            k.dims[kd].push(kf);
+        }
+    }
+    (vec![x, k], out)
 }
 
 /// Factors of a row-major reshape: both shapes are cut into their common factors by

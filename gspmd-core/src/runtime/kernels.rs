@@ -10,13 +10,13 @@
 //! Every result is in standard (row-major, contiguous) layout.
 
 use ndarray::{
-    Array1, Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, IxDyn, Slice, Zip,
+    Array1, Array2, Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, IxDyn, Slice, Zip,
     linalg::general_mat_mul,
 };
 
 use crate::ir::{
-    BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp, WindowDim,
-    infer_type,
+    BinaryOp, CompareOp, ConvConfig, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp,
+    WindowDim, infer_type,
 };
 
 /// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
@@ -27,6 +27,24 @@ macro_rules! each_dtype {
             Literal::F32($a) => Literal::F32($body),
             Literal::I32($a) => Literal::I32($body),
             Literal::Bool($a) => Literal::Bool($body),
+        }
+    };
+}
+
+/// Applies a dtype-generic array expression to two numeric literals of one dtype: in
+/// `$body`, `$a` and `$b` bind their `ArrayD<T>`s (f32 or i32); other dtypes are `Err`.
+macro_rules! numeric_pair {
+    ($x:expr, $y:expr, ($a:ident, $b:ident) => $body:expr) => {
+        match ($x, $y) {
+            (Literal::F32($a), Literal::F32($b)) => Literal::F32($body),
+            (Literal::I32($a), Literal::I32($b)) => Literal::I32($body),
+            (x, y) => {
+                return Err(format!(
+                    "operands {} and {} must share a numeric dtype",
+                    type_of(x),
+                    type_of(y)
+                ));
+            }
         }
     };
 }
@@ -66,7 +84,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::Reshape(shape) => each_dtype!(operands[0], a => reshape(a, shape)?),
         Op::Transpose(perm) => each_dtype!(operands[0], a => transpose(a, perm)),
         Op::Reduce { kind, dims } => reduce(*kind, operands[0], dims)?,
-        Op::DotGeneral(dd) => dot_general(dd, operands[0], operands[1], &result.shape)?,
+        Op::DotGeneral(dd) => {
+            numeric_pair!(operands[0], operands[1], (a, b) => dot_general(dd, a, b, &result.shape)?)
+        }
         Op::Slice {
             start,
             limit,
@@ -81,6 +101,10 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::ReduceWindow { kind, window } => {
             reduce_window(*kind, operands[0], window, &result.shape)?
         }
+        Op::Convolution(config) => {
+            numeric_pair!(operands[0], operands[1], (x, k) => convolution(config, x, k, &result.shape)?)
+        }
+        Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
         Op::ShardingConstraint => operands[0].clone(),
         Op::DynamicSlice(sizes) => {
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
@@ -426,6 +450,19 @@ fn pad(
     })
 }
 
+/// Reverses the element order along `dims`.
+fn reverse<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+    a.slice_each_axis(|ax| {
+        let step = if dims.contains(&ax.axis.index()) {
+            -1
+        } else {
+            1
+        };
+        Slice::new(0, None, step)
+    })
+    .to_owned()
+}
+
 fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
     fn join<T: Clone>(
         operands: &[&Literal],
@@ -610,26 +647,7 @@ impl DotScalar for i32 {
 /// `dot_general`: the lhs is transposed and reshaped to `[batch, M, K]`, the rhs to
 /// `[batch, K, N]`, each batch is one 2-D matrix product, and the `[batch, M, N]`
 /// result is reshaped to `shape` (batch dims, lhs free dims, rhs free dims).
-fn dot_general(
-    dd: &DotDims,
-    lhs: &Literal,
-    rhs: &Literal,
-    shape: &[usize],
-) -> Result<Literal, String> {
-    Ok(match (lhs, rhs) {
-        (Literal::F32(a), Literal::F32(b)) => Literal::F32(dot_arrays(dd, a, b, shape)?),
-        (Literal::I32(a), Literal::I32(b)) => Literal::I32(dot_arrays(dd, a, b, shape)?),
-        _ => {
-            return Err(format!(
-                "operands {} and {} must share a numeric dtype",
-                type_of(lhs),
-                type_of(rhs)
-            ));
-        }
-    })
-}
-
-fn dot_arrays<T: DotScalar>(
+fn dot_general<T: DotScalar>(
     dd: &DotDims,
     lhs: &ArrayD<T>,
     rhs: &ArrayD<T>,
@@ -685,4 +703,144 @@ fn grouped<T: Clone>(
         .to_shape(sizes)
         .map(|c| c.into_owned())
         .map_err(|e| format!("cannot group dims {groups:?} of {:?}: {e}", a.shape()))
+}
+
+// ---- convolution -----------------------------------------------------------------------
+
+/// `convolution` as im2col: for each feature group, every output position's window of
+/// the input (zeros where it covers padding or a hole of the lhs dilation) becomes a row
+/// of a `[batch * positions, taps * group features]` matrix, which the matmul of
+/// `dot_general` multiplies by the group's kernel `[taps * group features, group output
+/// features]`; the products are placed in the output's dim order.
+fn convolution<T: DotScalar>(
+    config: &ConvConfig,
+    input: &ArrayD<T>,
+    kernel: &ArrayD<T>,
+    shape: &[usize],
+) -> Result<ArrayD<T>, String> {
+    let dn = &config.dims;
+    let groups = config.feature_group_count;
+    // Input [N, spatial.., C], kernel [O, spatial.., I], both row-major: a window tap
+    // then reads a group's features as one contiguous run.
+    let canonical = |a: &ArrayD<T>, first: usize, spatial: &[usize], last: usize| {
+        let perm = [&[first][..], spatial, &[last]].concat();
+        a.view()
+            .permuted_axes(IxDyn(&perm))
+            .as_standard_layout()
+            .into_owned()
+    };
+    let x = canonical(input, dn.input_batch, &dn.input_spatial, dn.input_feature);
+    let k = canonical(
+        kernel,
+        dn.kernel_output_feature,
+        &dn.kernel_spatial,
+        dn.kernel_input_feature,
+    );
+    let rank = x.ndim();
+    let (batch, features) = (x.shape()[0], x.shape()[rank - 1]);
+    let (out_features, group_features) = (k.shape()[0], k.shape()[rank - 1]);
+    let group_out = out_features / groups;
+    let out_spatial: Vec<usize> = dn.output_spatial.iter().map(|&d| shape[d]).collect();
+    let positions: usize = out_spatial.iter().product();
+    let taps: usize = k.shape()[1..rank - 1].iter().product();
+    let block: usize = x.shape()[1..rank - 1].iter().product();
+    let offsets = window_offsets(
+        &config.window,
+        &x.shape()[1..rank - 1],
+        &k.shape()[1..rank - 1],
+        &out_spatial,
+    );
+    let xs = x.as_slice().ok_or("input is not contiguous")?;
+    let k3 = k
+        .into_shape_with_order((groups, group_out, taps * group_features))
+        .map_err(|e| format!("cannot group the kernel: {e}"))?;
+    let mut out = Array3::<T>::default((groups, batch * positions, group_out));
+    let mut cols = Array2::<T>::default((batch * positions, taps * group_features));
+    for g in 0..groups {
+        for (r, mut row) in cols.outer_iter_mut().enumerate() {
+            let (b, p) = (r / positions.max(1), r % positions.max(1));
+            let row = row.as_slice_mut().ok_or("im2col row is not contiguous")?;
+            let window = &offsets[p * taps..(p + 1) * taps];
+            for (dst, off) in row.chunks_exact_mut(group_features.max(1)).zip(window) {
+                match off {
+                    Some(o) => {
+                        let src = (b * block + o) * features + g * group_features;
+                        dst.copy_from_slice(&xs[src..src + group_features]);
+                    }
+                    None => dst.fill(T::default()),
+                }
+            }
+        }
+        T::matmul_into(
+            cols.view(),
+            k3.index_axis(Axis(0), g).t(),
+            out.index_axis_mut(Axis(0), g),
+        );
+    }
+    // [G, N * P, O/G] -> [N, P, G, O/G] = [N, spatial.., O] -> the output's dim order.
+    let canonical_shape = [&[batch][..], &out_spatial, &[out_features]].concat();
+    let out = out
+        .into_shape_with_order((groups, batch, positions, group_out))
+        .map_err(|e| format!("cannot split the product: {e}"))?
+        .permuted_axes([1, 2, 0, 3])
+        .as_standard_layout()
+        .into_owned()
+        .into_dyn()
+        .into_shape_with_order(IxDyn(&canonical_shape))
+        .map_err(|e| format!("cannot shape the product: {e}"))?;
+    let mut perm = vec![0; shape.len()];
+    perm[dn.output_feature] = out_spatial.len() + 1;
+    for (i, &d) in dn.output_spatial.iter().enumerate() {
+        perm[d] = i + 1;
+    }
+    perm[dn.output_batch] = 0;
+    Ok(out.permuted_axes(IxDyn(&perm)))
+}
+
+/// For output position `p` and kernel tap `t` (both row-major over the spatial dims),
+/// entry `p * taps + t` is the row-major offset of the input element the tap sees, or
+/// `None` where it sees padding or a hole of the lhs dilation.
+fn window_offsets(
+    window: &[WindowDim],
+    input: &[usize],
+    kernel: &[usize],
+    output: &[usize],
+) -> Vec<Option<usize>> {
+    // Per spatial dim, entry `o * kernel[d] + t`: the input index output `o` sees by tap `t`.
+    let per_dim: Vec<Vec<Option<usize>>> = (0..window.len())
+        .map(|d| {
+            let w = &window[d];
+            let dilation = w.base_dilation as i64;
+            (0..output[d] * kernel[d])
+                .map(|ot| {
+                    let (o, t) = (ot / kernel[d], ot % kernel[d]);
+                    let q = (o * w.stride + t * w.window_dilation) as i64 - w.padding_low;
+                    (q >= 0 && q % dilation == 0)
+                        .then_some((q / dilation) as usize)
+                        .filter(|&i| i < input[d])
+                })
+                .collect()
+        })
+        .collect();
+    let mut strides = vec![1; input.len()];
+    for d in (0..input.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * input[d + 1];
+    }
+    let positions: usize = output.iter().product();
+    let taps: usize = kernel.iter().product();
+    let mut offsets = Vec::with_capacity(positions * taps);
+    for p in 0..positions {
+        for t in 0..taps {
+            let (mut p_rest, mut t_rest, mut offset) = (p, t, Some(0));
+            for d in (0..window.len()).rev() {
+                let (o, k) = (p_rest % output[d], t_rest % kernel[d]);
+                (p_rest, t_rest) = (p_rest / output[d], t_rest / kernel[d]);
+                offset = offset
+                    .zip(per_dim[d][o * kernel[d] + k])
+                    .map(|(a, i)| a + i * strides[d]);
+            }
+            offsets.push(offset);
+        }
+    }
+    offsets
 }

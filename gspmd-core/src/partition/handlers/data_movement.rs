@@ -1,11 +1,13 @@
 //! Values with no operands (parameter, constant, iota) and the ops that move data along
-//! a dim (slice, pad, concatenate, and rotations: `concatenate(a[k:], a[:k])`).
+//! a dim (slice, pad, concatenate, reverse, reduce_window's windowed dims, and
+//! rotations: `concatenate(a[k:], a[:k])`).
 //!
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice with stride 1, pad
-//! without interior padding, each operand of a concatenate; see `partition::halo`);
-//! otherwise it is made whole and the op runs on it locally, with a warning when that
-//! gathers a split dim. Dims the op leaves alone keep the target's axes.
+//! without interior padding, reduce_window without base dilation, each operand of a
+//! concatenate; see `partition::halo`); otherwise it is made whole and the op runs on it
+//! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
+//! the target's axes.
 
 use super::super::emit::Emitter;
 use super::super::fusion::Rotation;
@@ -13,6 +15,7 @@ use super::super::halo::{self, HaloPlan, Window};
 use super::super::mask::positions_inside;
 use super::super::reshard::reshard;
 use super::super::value::PValue;
+use super::reduce::identity;
 use super::{reduced, with_dims};
 use crate::error::Result;
 use crate::ir::{BinaryOp, DType, Node, Op, TensorType};
@@ -81,6 +84,12 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
             .filter(|&d| low[d] != 0 || high[d] != 0 || interior[d] != 0)
             .collect(),
         Op::Concatenate(dim) => vec![*dim],
+        Op::Reverse(dims) => dims.clone(),
+        // A dim the window leaves alone (size 1, stride 1, no padding or dilation) is
+        // elementwise; `local_op` keeps the global window, which fits any block there.
+        Op::ReduceWindow { window, .. } => (0..window.len())
+            .filter(|&d| !window[d].is_trivial())
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -119,6 +128,20 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
                 .map(|d| if keep(d) { interior[d] } else { 0 })
                 .collect(),
         },
+        // A dim with a halo holds exactly the input window of its output block: the
+        // window slides over it without padding.
+        Op::ReduceWindow { kind, window } => Op::ReduceWindow {
+            kind: *kind,
+            window: (window.iter().enumerate())
+                .map(|(d, w)| {
+                    let mut w = *w;
+                    if !keep(d) {
+                        (w.padding_low, w.padding_high) = (0, 0);
+                    }
+                    w
+                })
+                .collect(),
+        },
         other => other.clone(),
     }
 }
@@ -137,11 +160,23 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
         Op::Slice { .. } => Err("a strided slice has no halo plan"),
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
         Op::Pad { .. } => Err("interior padding has no halo plan"),
+        // Output `j` reads `j * stride - low + k * dilation` for `k < size`.
+        Op::ReduceWindow { window, .. } if window[dim].base_dilation == 1 => {
+            let w = &window[dim];
+            Ok(Window {
+                dim,
+                step: chunk * w.stride,
+                offset: -w.padding_low,
+                len: (chunk - 1) * w.stride + (w.size - 1) * w.window_dilation + 1,
+            })
+        }
+        Op::ReduceWindow { .. } => Err("base dilation has no halo plan"),
+        Op::Reverse(_) => Err("a reversal mirrors blocks: no halo plan"),
         _ => Err("not a windowed op"),
     }
 }
 
-/// Slice, pad and concatenate (see the module doc).
+/// Slice, pad, concatenate, reverse and reduce_window (see the module doc).
 pub(super) fn windowed(
     em: &mut Emitter,
     node: &Node,
@@ -206,7 +241,13 @@ pub(super) fn windowed(
         };
         ids.push(reshard(em, o, &w)?.id);
     }
-    let fill = matches!(node.op, Op::Pad { .. }).then(|| ids[1]);
+    // Positions outside the array read as the padding value (pad) or the reduction's
+    // identity (reduce_window).
+    let fill = match &node.op {
+        Op::Pad { .. } => Some(ids[1]),
+        Op::ReduceWindow { kind, .. } => Some(em.scalar(node.ty.dtype, identity(*kind))?),
+        _ => None,
+    };
     let mut x = PValue {
         id: ids[0],
         global: operands[0].global.clone(),
@@ -217,7 +258,9 @@ pub(super) fn windowed(
         x.global.shape[plan.dim()] = node.ty.shape[plan.dim()];
     }
     ids[0] = x.id;
-    let id = if whole.is_empty() {
+    // Slice and pad are done once every windowed dim has its window; a reduction still
+    // has to run over its windows.
+    let id = if whole.is_empty() && !matches!(node.op, Op::ReduceWindow { .. }) {
         x.id
     } else {
         let local = em.shape(x.id);

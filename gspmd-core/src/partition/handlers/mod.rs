@@ -4,11 +4,11 @@
 //! the result — which the driver then reshards to the target if it is not there yet.
 
 mod contraction;
+mod convolution;
 mod data_movement;
 mod elementwise;
 mod reduce;
 mod shape;
-mod window;
 
 pub(crate) use data_movement::rotate;
 
@@ -40,12 +40,14 @@ pub(crate) fn partition_node(
         Op::DotGeneral(dims) => {
             contraction::dot_general(em, dims, &operands[0], &operands[1], target)
         }
-        Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) => {
-            data_movement::windowed(em, node, operands, target)
+        Op::Convolution(config) => {
+            convolution::convolution(em, node, config, &operands[0], &operands[1], target)
         }
-        Op::ReduceWindow { window, .. } => {
-            window::reduce_window(em, node, window, &operands[0], target)
-        }
+        Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Concatenate(_)
+        | Op::Reverse(_)
+        | Op::ReduceWindow { .. } => data_movement::windowed(em, node, operands, target),
         Op::AxisIndex(_)
         | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
