@@ -77,6 +77,11 @@ fn meshes() -> Vec<Mesh> {
 /// Partitions `program` with `trials` random sharding assignments on every mesh and
 /// compares each run with the interpreter.
 fn check(program: &Program, trials: usize, seed: u64) {
+    check_with(program, trials, seed, |_, _| {});
+}
+
+/// [`check`], with `fix` overriding some of the random shardings on each mesh.
+fn check_with(program: &Program, trials: usize, seed: u64, fix: impl Fn(&Mesh, &mut Program)) {
     let inputs: Vec<Literal> = program
         .params
         .iter()
@@ -92,6 +97,7 @@ fn check(program: &Program, trials: usize, seed: u64) {
             for node in &mut p.nodes {
                 node.sharding = Some(random_sharding(&mut rng, &mesh, node.ty.rank()));
             }
+            fix(&mesh, &mut p);
             let what = format!("{} on {mesh}, trial {trial}", program.name);
             let spmd = partition(&p, &mesh).unwrap_or_else(|e| panic!("{what}: {e}\n{p}"));
             let got = spmd
@@ -255,6 +261,59 @@ fn convolutions_in_every_configuration() {
             vec![y, x.neg()]
         });
         check(&p, 3, 10 + i as u64);
+    }
+}
+
+/// Convolutions with a spatial dim split over every mesh axis, the rest random: the
+/// input and the output split alike along it (a halo exchange of the input), or the
+/// kernel split along it (a spatial contraction: partial sums); uneven blocks (10 rows
+/// on 4 or 8 devices), strides, dilations and negative padding.
+#[test]
+fn convolutions_split_along_spatial_dims() {
+    let rows = |name, strides, padding, rhs_dilation| conv_cases::ConvCase {
+        name,
+        labels: ["NHWC", "HWIO", "NHWC"],
+        input: &[2, 10, 6, 3],
+        kernel: &[3, 3, 3, 4],
+        strides,
+        padding,
+        lhs_dilation: &[],
+        rhs_dilation,
+        groups: 1,
+    };
+    let mut cases = conv_cases::cases();
+    cases.extend([
+        rows("10 rows, 3x3 SAME", &[1, 1], &[(1, 1), (1, 1)], &[]),
+        rows("10 rows, stride 2", &[2, 1], &[(1, 1), (0, 0)], &[]),
+        rows("10 rows, dilation 2", &[1, 1], &[(2, 2), (1, 1)], &[2, 1]),
+        rows(
+            "10 rows, negative padding",
+            &[1, 2],
+            &[(-1, 2), (0, -1)],
+            &[],
+        ),
+    ]);
+    for (i, case) in cases.iter().enumerate() {
+        let p = build(case.name, |b| vec![case.trace(b, DType::F32).2]);
+        let dn = case.dims();
+        let (conv, x, k) = (p.outputs[0], p.params[0], p.params[1]);
+        for d in 0..case.strides.len() {
+            for contracted in [false, true] {
+                let split = |node: &mut gspmd_core::ir::Node, dim: usize, mesh: &Mesh| {
+                    let mut dims = vec![Vec::new(); node.ty.rank()];
+                    dims[dim] = mesh.axis_names().map(String::from).collect();
+                    node.sharding = Some(Sharding::new(dims.into_iter().map(DimSharding::closed)));
+                };
+                check_with(&p, 2, 100 + i as u64, |mesh, p| {
+                    if contracted {
+                        split(p.node_mut(k), dn.kernel_spatial[d], mesh);
+                    } else {
+                        split(p.node_mut(x), dn.input_spatial[d], mesh);
+                        split(p.node_mut(conv), dn.output_spatial[d], mesh);
+                    }
+                });
+            }
+        }
     }
 }
 

@@ -463,26 +463,73 @@ fn conv_split_on_input_features_all_reduces_like_a_dot() {
     );
 }
 
+/// x: [8, 32, 32, 8] (NHWC) with H split over `h`, convolved 3x3 SAME at stride 1.
+fn conv_on_split_rows(b: &Builder) -> Tensor {
+    let x = b
+        .parameter("x", [8, 32, 32, 8], DType::F32)
+        .annotate(s("(_, h, _, _)"));
+    let k = b.parameter("k", [3, 3, 8, 8], DType::F32);
+    x.conv2d(&k, [1, 1], Padding::Same)
+}
+
 #[test]
-fn conv_split_on_rows_is_gathered_whole_with_a_warning_at_the_users_line() {
-    let mut line = 0;
-    let p = build("conv", |b| {
-        let x = b
-            .parameter("x", [8, 32, 32, 8], DType::F32)
-            .annotate(s("(_, model, _, _)"));
-        let k = b.parameter("k", [3, 3, 8, 8], DType::F32);
-        let y;
-        (y, line) = (x.conv2d(&k, [1, 1], Padding::Same), line!());
-        vec![y]
-    });
-    let exe = compile24(&p);
-    let line = format!("spmd.rs:{line}:");
+fn conv_split_on_rows_exchanges_one_row_each_way() {
+    let p = build("conv", |b| vec![conv_on_split_rows(b)]);
+    let exe = compile(&p, &h4()).unwrap();
+    assert_one_row_shifted_each_way(&exe);
+    let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
     assert!(
-        exe.spmd.warnings.iter().any(|w| w.contains(&line)
-            && w.contains("spatial dims [0] gathered whole until halo exchange")),
-        "{:?}",
-        exe.spmd.warnings
+        max_diff(&want[0], &got[0]) <= 1e-5,
+        "{}",
+        max_diff(&want[0], &got[0])
     );
+}
+
+#[test]
+fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gradient() {
+    let loss = build("conv_loss", |b| {
+        let y = conv_on_split_rows(b);
+        vec![y.mul(&y).sum(&[0, 1, 2, 3])]
+    });
+    let g = grad(&loss, 0, &[0, 1]).unwrap();
+    let exe = compile(&g, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    // The forward's and the input gradient's halos: one row of x, one of the
+    // cotangent, each way; the kernel gradient's window of x is the forward's (CSE),
+    // its partial sums are reduce-scattered to the [3, 3, 8, 8] gradient split 4 ways
+    // on its first dim; the loss's partial sum is all-reduced.
+    let row = 8 * 32 * 8 * 4;
+    let counts = [
+        "collective_shift",
+        "reduce_scatter",
+        "all_reduce",
+        "all_gather",
+    ]
+    .map(|kind| stats.count(kind));
+    assert_eq!(
+        (counts, stats.total(), stats.bytes()),
+        ([4, 1, 1, 0], 6, 4 * row + 2304 + 6),
+        "{}",
+        exe.report()
+    );
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
+    let want = interpret(&g, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    for (w, o) in want.iter().zip(&got) {
+        let scale = w
+            .as_f32()
+            .unwrap()
+            .iter()
+            .fold(1.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            max_diff(w, o) <= 1e-4 * scale,
+            "{} vs {scale}",
+            max_diff(w, o)
+        );
+    }
 }
 
 #[test]
@@ -701,6 +748,12 @@ fn same_conv_as_pad_and_slices_exchanges_one_row_each_way() {
         vec![same_conv_as_pad_and_slices(&x)]
     });
     let exe = compile(&p, &h4()).unwrap();
+    assert_one_row_shifted_each_way(&exe);
+}
+
+/// `exe`'s only collectives are two shifts of one row of W x C f32 ([8, 1, 32, 8] of an
+/// [8, 32, 32, 8] image with H split over `h`), and it has no warning.
+fn assert_one_row_shifted_each_way(exe: &Executable) {
     let stats = exe.spmd.collectives();
     let row = 8 * 32 * 8 * 4;
     assert_eq!(

@@ -27,7 +27,7 @@ use super::emit::Emitter;
 use super::mask::positions_inside;
 use super::value::PValue;
 use crate::error::Result;
-use crate::ir::{BinaryOp, DType, Op, ValueId};
+use crate::ir::{BinaryOp, DType, Op, ValueId, WindowDim};
 
 /// Which global positions along `dim` each device needs: the device at shard index `i`
 /// needs `i * step + offset .. i * step + offset + len` (positions outside the array
@@ -51,6 +51,27 @@ impl Window {
     }
 }
 
+/// The window of operand positions that output blocks of `chunk` elements of a
+/// windowed op (reduce_window, convolution) read along `dim` through `w`: output `j`
+/// reads `j * stride - padding_low + k * window_dilation` for `k < size`, so block `i`
+/// reads `len = (chunk - 1) * stride + (size - 1) * window_dilation + 1` positions from
+/// `i * chunk * stride - padding_low`. `Err` says why there is none (base dilation, an
+/// empty output).
+pub(crate) fn sliding(w: &WindowDim, dim: usize, chunk: usize) -> Result<Window, &'static str> {
+    if w.base_dilation != 1 {
+        return Err("base dilation has no halo plan");
+    }
+    if chunk == 0 {
+        return Err("an empty output has no halo plan");
+    }
+    Ok(Window {
+        dim,
+        step: chunk * w.stride,
+        offset: -w.padding_low,
+        len: (chunk - 1) * w.stride + (w.size - 1) * w.window_dilation + 1,
+    })
+}
+
 /// A halo exchange for a window of a value split in `shards` chunks of `chunk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HaloPlan {
@@ -71,6 +92,11 @@ impl HaloPlan {
     /// The dim the window moves along.
     pub fn dim(&self) -> usize {
         self.window.dim
+    }
+
+    /// The number of shards the dim is split in.
+    pub fn shards(&self) -> usize {
+        self.shards
     }
 }
 

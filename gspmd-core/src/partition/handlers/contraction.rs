@@ -8,8 +8,15 @@
 //! is not split on it), the product runs locally on the blocks, and the partial sums
 //! over the contracting axes are reduced by `all_reduce`, or `reduce_scatter` when the
 //! result is split on that axis, or kept pending when the target is unreduced.
+//!
+//! A convolution's windowed spatial dims split along the lhs take a halo exchange of
+//! the lhs block after the reshard ([`Contraction::halos`]): either a result dim (the
+//! lhs dim keeps the target's axes of its output dim, which no contracting choice may
+//! take) or a *spatial contraction* (a contracting pair whose rhs dim is the window:
+//! both operands keep the rhs's axes, the result is a partial sum over them).
 
 use super::super::emit::Emitter;
+use super::super::halo::{self, HaloPlan};
 use super::super::mask::mask_padding;
 use super::super::reshard::{plan_reshard, reshard};
 use super::super::value::PValue;
@@ -34,8 +41,14 @@ pub(super) struct Contraction {
     /// alike). A result dim with neither is computed whole (a convolution's windowed
     /// spatial dim); operand dims named nowhere are taken whole.
     pub result: Vec<(Option<usize>, Option<usize>)>,
-    /// The contracted (lhs dim, rhs dim) pairs: split, they leave partial sums.
+    /// The contracted (lhs dim, rhs dim) pairs: split, they leave partial sums. Pairs
+    /// whose lhs dim has a halo come first.
     pub contracting: Vec<(usize, usize)>,
+    /// Halo exchanges of the resharded lhs, one per lhs dim, positions outside the
+    /// array read as 0. The lhs dim is a result factor (split over the target's axes of
+    /// its result dim) or the lhs side of a contracting pair (split over the rhs's axes
+    /// of that pair); each plan is built for that many shards.
+    pub halos: Vec<HaloPlan>,
     pub lhs_rank: usize,
     pub rhs_rank: usize,
     /// Multiply-adds per (result element, contracted index) pair: a convolution's
@@ -88,20 +101,28 @@ impl Contraction {
         rhs: &PValue,
         target: &Sharding,
     ) -> Vec<Vec<Vec<String>>> {
+        let halo = |l: &usize| self.halos.iter().any(|p| p.dim() == *l);
         let batch_axes: Vec<&String> = (target.dims.iter().zip(&self.result))
-            .filter(|(_, from)| matches!(from, (Some(_), Some(_))))
+            .filter(|(_, from)| {
+                matches!(from, (Some(_), Some(_))) || from.0.is_some_and(|l| halo(&l))
+            })
             .flat_map(|(d, _)| &d.axes)
             .collect();
         let mut choices: Vec<Vec<Vec<String>>> = vec![Vec::new()];
         for &(l, r) in &self.contracting {
             // The target's pending-sum axes split a contracting dim for free (a slice)
             // and leave exactly the partial sums it keeps.
-            let options = [
-                lhs.sharding.dims[l].axes.clone(),
-                rhs.sharding.dims[r].axes.clone(),
-                Vec::new(),
-                target.unreduced.clone(),
-            ];
+            // A spatial contraction is split where its window (the rhs) is.
+            let options = if halo(&l) {
+                vec![rhs.sharding.dims[r].axes.clone()]
+            } else {
+                vec![
+                    lhs.sharding.dims[l].axes.clone(),
+                    rhs.sharding.dims[r].axes.clone(),
+                    Vec::new(),
+                    target.unreduced.clone(),
+                ]
+            };
             let mut next = Vec::new();
             for prefix in &choices {
                 let used: Vec<&String> = prefix.iter().flatten().collect();
@@ -176,13 +197,27 @@ pub(super) fn contract(
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, st)| st)
         .ok_or_else(|| em.error("no strategy"))?;
-    let l = reshard(em, lhs, &with_dims(best.lhs, Vec::new()))?;
+    let mut l = reshard(em, lhs, &with_dims(best.lhs, Vec::new()))?;
     let r = reshard(em, rhs, &with_dims(best.rhs, Vec::new()))?;
-    // Padding of uneven contracting dims must not enter the sums.
-    let (lhs_con, rhs_con): (Vec<usize>, Vec<usize>) = c.contracting.iter().copied().unzip();
-    let lid = mask_padding(em, &l, &lhs_con, 0.0)?;
+    // Padding of uneven contracting dims must not enter the sums; a window's positions
+    // outside the array are 0 already.
+    let mut lhs_con: Vec<usize> = Vec::new();
+    for &(d, _) in &c.contracting {
+        if !c.halos.iter().any(|p| p.dim() == d) {
+            lhs_con.push(d);
+        }
+    }
+    let rhs_con: Vec<usize> = c.contracting.iter().map(|&(_, r)| r).collect();
+    l.id = mask_padding(em, &l, &lhs_con, 0.0)?;
+    for plan in &c.halos {
+        if em.mesh.axes_size(&l.sharding.dims[plan.dim()].axes) != plan.shards() {
+            return Err(em.error("a halo plan does not match the contraction's strategy"));
+        }
+        let zero = em.scalar(lhs.global.dtype, 0.0)?;
+        l.id = halo::exchange(em, &l, plan, Some(zero))?;
+    }
     let rid = mask_padding(em, &r, &rhs_con, 0.0)?;
-    let id = em.emit(local_op, &[lid, rid])?;
+    let id = em.emit(local_op, &[l.id, rid])?;
     Ok(PValue {
         id,
         global,
@@ -224,6 +259,7 @@ pub(super) fn dot_general(
         lhs_rank: lhs.global.rank(),
         rhs_rank: rhs.global.rank(),
         taps: 1.0,
+        halos: Vec::new(),
     };
     let global = TensorType::new(global_shape, lhs.global.dtype);
     contract(em, &c, lhs, rhs, target, global, Op::DotGeneral(dd.clone()))

@@ -2,16 +2,108 @@
 //! (kernel and output) keep the target's axes, input features (input and kernel) are
 //! contracted like a dot's contracting dims (partial sums, reduced by the driver's
 //! reshard), and spatial dims where the window moves nothing pass through like batch
-//! dims. Spatial dims with a real window are computed whole — gathered, with a warning
-//! naming the user's line, until halo exchange exists — and so are the feature dims of
-//! a grouped convolution.
+//! dims. A spatial dim with a real window is
+//!
+//! - else *windowed* when the input and the target's output are split along it: output
+//!   block `i` reads the input window of [`halo::sliding`] (chunk `ceil(out / shards)`),
+//!   which a halo exchange gives each device; the local convolution runs on that
+//!   window without padding, the kernel's dim whole;
+//! - a *spatial contraction* when the kernel is split along it (a kernel gradient,
+//!   whose "kernel" is the split cotangent): each device convolves
+//!   the input window its kernel rows reach (the same formula with the roles of kernel
+//!   and output swapped) with its own kernel rows, padding rows of an uneven kernel
+//!   masked to 0, and the result is a partial sum over the kernel's axes (computed
+//!   whole along the dim; the driver's reshard reduces it to the target);
+//! - otherwise computed whole — gathered, with a warning naming the user's line and the
+//!   reason, when the input or kernel was split along it.
+//!
+//! The feature dims of a grouped convolution are computed whole.
 
 use super::super::emit::Emitter;
+use super::super::halo::{self, HaloPlan};
 use super::super::value::PValue;
 use super::contraction::{Contraction, contract};
 use crate::error::Result;
-use crate::ir::{ConvConfig, Node};
+use crate::ir::{ConvConfig, Node, Op, WindowDim};
 use crate::sharding::Sharding;
+
+/// How spatial dim `i` of a convolution is partitioned.
+enum Spatial {
+    /// Output blocks read halo-exchanged input windows.
+    Windowed(HaloPlan),
+    /// Kernel blocks read halo-exchanged input windows; the sum over them is pending.
+    Contracted(HaloPlan),
+    /// Computed whole; `Some(reason)` when that gathers a split operand.
+    Whole(Option<&'static str>),
+}
+
+/// The partitioning of the non-trivial spatial dim `i` (see the module doc).
+fn spatial(
+    em: &Emitter,
+    config: &ConvConfig,
+    i: usize,
+    (input, kernel): (&PValue, &PValue),
+    target: &Sharding,
+    out_size: usize,
+) -> Spatial {
+    let dn = &config.dims;
+    let (x, k, out) = (
+        dn.input_spatial[i],
+        dn.kernel_spatial[i],
+        dn.output_spatial[i],
+    );
+    let w = &config.window[i];
+    let shards = |axes: &[String]| em.mesh.axes_size(axes);
+    let (x_shards, k_shards) = (
+        shards(&input.sharding.dims[x].axes),
+        shards(&kernel.sharding.dims[k].axes),
+    );
+    let out_shards = shards(&target.dims[out].axes);
+    let plan = |window: Result<halo::Window, &'static str>, n: usize| {
+        window.and_then(|win| {
+            halo::plan(input.global.shape[x], n, win)
+                .ok_or("a window reaches past a neighbour's block")
+        })
+    };
+    if k_shards > 1 {
+        let k_axes = &kernel.sharding.dims[k].axes;
+        let other_spatial = (dn.output_spatial.iter()).filter(|&&d| d != out);
+        if other_spatial
+            .flat_map(|&d| &target.dims[d].axes)
+            .any(|a| k_axes.contains(a))
+        {
+            return Spatial::Whole(Some(
+                "the target splits another spatial dim over the kernel's axes",
+            ));
+        }
+        // The kernel's rows slide over the input as the output's do in the forward
+        // direction: output and kernel swap sizes, strides and dilations.
+        let swapped = WindowDim {
+            size: out_size,
+            stride: w.window_dilation,
+            window_dilation: w.stride,
+            ..*w
+        };
+        let chunk = kernel.global.shape[k].div_ceil(k_shards);
+        return match plan(halo::sliding(&swapped, x, chunk), k_shards) {
+            Ok(p) => Spatial::Contracted(p),
+            Err(reason) => Spatial::Whole(Some(reason)),
+        };
+    }
+    if x_shards == 1 {
+        return Spatial::Whole(None);
+    }
+    if out_shards == 1 {
+        return Spatial::Whole(Some("the target's output is not split along it"));
+    }
+    match plan(
+        halo::sliding(w, x, out_size.div_ceil(out_shards)),
+        out_shards,
+    ) {
+        Ok(p) => Spatial::Windowed(p),
+        Err(reason) => Spatial::Whole(Some(reason)),
+    }
+}
 
 pub(super) fn convolution(
     em: &mut Emitter,
@@ -29,7 +121,8 @@ pub(super) fn convolution(
     if !grouped {
         result[dn.output_feature] = (None, Some(dn.kernel_output_feature));
     }
-    let mut gathered = Vec::new();
+    let mut local = config.clone();
+    let (mut halos, mut contracting, mut gathered) = (Vec::new(), Vec::new(), Vec::new());
     for (i, w) in config.window.iter().enumerate() {
         let (x, k, out) = (
             dn.input_spatial[i],
@@ -38,16 +131,32 @@ pub(super) fn convolution(
         );
         if w.is_trivial() {
             result[out] = (Some(x), None);
-        } else if !input.sharding.dims[x].axes.is_empty()
-            || !target.dims[out].axes.is_empty()
-            || !kernel.sharding.dims[k].axes.is_empty()
-        {
-            gathered.push(i);
+            continue;
         }
+        let out_size = node.ty.shape[out];
+        match spatial(em, config, i, (input, kernel), target, out_size) {
+            Spatial::Windowed(plan) => {
+                result[out] = (Some(x), None);
+                halos.push(plan);
+            }
+            Spatial::Contracted(plan) => {
+                contracting.push((x, k));
+                local.window[i].size = kernel.global.shape[k].div_ceil(plan.shards());
+                halos.push(plan);
+            }
+            Spatial::Whole(None) => continue,
+            Spatial::Whole(Some(reason)) => {
+                gathered.push(format!("spatial dim {i}: {reason}"));
+                continue;
+            }
+        }
+        // The exchanged window holds exactly what the local block reads.
+        (local.window[i].padding_low, local.window[i].padding_high) = (0, 0);
     }
     if !gathered.is_empty() {
         em.warn(format!(
-            "spatial dims {gathered:?} gathered whole until halo exchange"
+            "convolution gathers split dims whole ({})",
+            gathered.join("; ")
         ));
     }
     let split = |v: &PValue, d: usize| !v.sharding.dims[d].axes.is_empty();
@@ -62,11 +171,9 @@ pub(super) fn convolution(
             config.feature_group_count
         ));
     }
-    let contracting = if grouped {
-        Vec::new()
-    } else {
-        vec![(dn.input_feature, dn.kernel_input_feature)]
-    };
+    if !grouped {
+        contracting.push((dn.input_feature, dn.kernel_input_feature));
+    }
     let c = Contraction {
         result,
         contracting,
@@ -77,7 +184,15 @@ pub(super) fn convolution(
             .iter()
             .map(|&d| kernel.global.shape[d] as f64)
             .product(),
+        halos,
     };
-    let local = node.op.clone();
-    contract(em, &c, input, kernel, target, node.ty.clone(), local)
+    contract(
+        em,
+        &c,
+        input,
+        kernel,
+        target,
+        node.ty.clone(),
+        Op::Convolution(local),
+    )
 }

@@ -160,17 +160,7 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
         Op::Slice { .. } => Err("a strided slice has no halo plan"),
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
         Op::Pad { .. } => Err("interior padding has no halo plan"),
-        // Output `j` reads `j * stride - low + k * dilation` for `k < size`.
-        Op::ReduceWindow { window, .. } if window[dim].base_dilation == 1 => {
-            let w = &window[dim];
-            Ok(Window {
-                dim,
-                step: chunk * w.stride,
-                offset: -w.padding_low,
-                len: (chunk - 1) * w.stride + (w.size - 1) * w.window_dilation + 1,
-            })
-        }
-        Op::ReduceWindow { .. } => Err("base dilation has no halo plan"),
+        Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
         Op::Reverse(_) => Err("a reversal mirrors blocks: no halo plan"),
         _ => Err("not a windowed op"),
     }
