@@ -17,6 +17,8 @@
 //! cargo run --release --example train_transformer -- 50      # fewer steps
 //! ```
 
+mod common;
+
 use std::time::Instant;
 
 use gspmd::models::transformer::language_model;
@@ -24,7 +26,6 @@ use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
 use gspmd::runtime::uniform_f32;
 use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -130,53 +131,29 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let started = Instant::now();
     let mut trainer = Trainer::on_mesh(step.clone(), mesh.clone(), initial.clone())?;
-    if let gspmd::train::Engine::Mesh { exe, .. } = trainer.engine() {
-        println!(
-            "compiled the training step for {mesh} in {:.2?}: {} global ops -> {} per-device ops",
-            started.elapsed(),
-            exe.propagated.nodes.len(),
-            exe.spmd.program.nodes.len()
-        );
-        println!("collectives per step:\n{}", exe.spmd.collectives());
-    }
+    common::report_compiled(&trainer, started.elapsed());
 
     // The first steps on one device, as the oracle.
     let mut reference = Trainer::reference(step.clone(), initial)?;
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
-    let mut max_diff = 0.0f32;
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} step {pos}/{len}  loss {msg}  [{elapsed_precise}]")
-            .expect("valid template"),
-    );
-    let mut first_loss = None;
-    let mut last_losses = Vec::new();
-    let timer = Instant::now();
-    for i in 0..steps {
-        let data = batch(&mut data_rng);
-        let loss = trainer.step(&data)?;
-        if i < CHECKED_STEPS {
-            let want = reference.step(&data)?;
-            max_diff = max_diff.max((loss - want).abs() / want.abs().max(1.0));
-        }
-        first_loss.get_or_insert(loss);
-        last_losses.push(loss);
-        if last_losses.len() > 20 {
-            last_losses.remove(0);
-        }
-        let tokens_per_s = ((i + 1) * BATCH * SEQ) as f64 / timer.elapsed().as_secs_f64();
-        bar.set_message(format!("{loss:.4}  {tokens_per_s:.0} tokens/s"));
-        bar.inc(1);
-    }
-    bar.finish();
-    let elapsed = timer.elapsed();
-    let mean_last = last_losses.iter().sum::<f32>() / last_losses.len().max(1) as f32;
+    let run = common::train(
+        &mut trainer,
+        &mut reference,
+        steps,
+        CHECKED_STEPS,
+        20,
+        BATCH * SEQ,
+        "tokens",
+        || batch(&mut data_rng),
+    )?;
+    let max_diff = run.max_diff;
     println!(
-        "loss {:.4} at step 1 -> {mean_last:.4} (mean of the last {} steps); {:.1} ms/step, {:.0} tokens/s",
-        first_loss.unwrap_or(f32::NAN),
-        last_losses.len(),
-        elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
-        (steps * BATCH * SEQ) as f64 / elapsed.as_secs_f64()
+        "loss {:.4} at step 1 -> {:.4} (mean of the last {} steps); {:.1} ms/step, {:.0} tokens/s",
+        run.first,
+        run.mean_last,
+        run.window,
+        run.elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
+        (steps * BATCH * SEQ) as f64 / run.elapsed.as_secs_f64()
     );
     println!(
         "first {CHECKED_STEPS} losses vs the single-device reference: max relative difference {max_diff:.2e}"
