@@ -3,19 +3,14 @@
 //! devices, and on the reference interpreter, in one criterion group. Images/s = 4 /
 //! step time (batch 4 of 32x32). 2 cores here: 4 device threads share them.
 
+mod common;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gspmd::models::unet::denoise;
-use gspmd::ndarray::{ArrayD, IxDyn};
-use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::Trainer;
 
 const BATCH: usize = 4;
 const SIZE: usize = 32;
-
-fn literal(shape: &[usize], f: impl Fn(usize) -> f32) -> Literal {
-    let n: usize = shape.iter().product();
-    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(f).collect()).expect("shape fits"))
-}
 
 fn bench(c: &mut Criterion) {
     let model = denoise::trace(denoise::Dims {
@@ -24,30 +19,14 @@ fn bench(c: &mut Criterion) {
         W: SIZE,
     })
     .expect("traces");
-    let trained: Vec<usize> = (2..model.params.len()).collect();
-    let optimizer = Optimizer::AdamW {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    };
-    let step = step_program(&model, 0, &trained, &optimizer).expect("builds");
-    let initial: Vec<Literal> = trained
-        .iter()
-        .map(|&i| {
-            literal(&model.ty(model.params[i]).shape, |k| {
-                ((k * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2
-            })
-        })
-        .collect();
+    let (step, initial) = common::adamw_step(&model, 2);
     let image = [BATCH, SIZE, SIZE, 1];
-    let clean = |k: usize| if (k / 7) % 3 == 0 { 0.8 } else { 0.0 };
+    let clean = |k: usize| if (k / 7).is_multiple_of(3) { 0.8 } else { 0.0 };
     let data = vec![
-        literal(&image, |k| {
+        common::literal(&image, |k| {
             clean(k) + ((k * 31 % 17) as f32 / 17.0 - 0.5) * 0.4
         }),
-        literal(&image, clean),
+        common::literal(&image, clean),
     ];
 
     let mut group = c.benchmark_group("train_step_unet_b4x32x32");

@@ -24,7 +24,6 @@ use std::time::Instant;
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::runtime::uniform_f32;
 use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -72,28 +71,16 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// Initial weights: uniform, scaled by 1/sqrt(fan-in) (the first dim after the stacked
-/// layer dim; all of it for embeddings).
-fn init(program: &Program, trained: &[usize], rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
-    trained
-        .iter()
-        .map(|&i| {
-            let shape = program.ty(program.params[i]).shape.clone();
-            let name = program
-                .node(program.params[i])
-                .name
-                .clone()
-                .unwrap_or_default();
-            let fan_in = match name.as_str() {
-                "embed" | "position" => 1,
-                "wo" => shape[1] * shape[2],
-                _ if shape.len() > 2 => shape[1],
-                _ => shape[0],
-            };
-            let scale = 1.0 / (fan_in as f32).sqrt();
-            uniform_f32(rng, &shape, -scale, scale)
-        })
-        .collect()
+/// The bound of a weight's uniform initial values: 1/sqrt(fan-in) (the first dim after
+/// the stacked layer dim; all of it for embeddings).
+fn init_bound(name: &str, shape: &[usize]) -> f32 {
+    let fan_in = match name {
+        "embed" | "position" => 1,
+        "wo" => shape[1] * shape[2],
+        _ if shape.len() > 2 => shape[1],
+        _ => shape[0],
+    };
+    1.0 / (fan_in as f32).sqrt()
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -114,16 +101,10 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = language_model::trace(dims)?;
     // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
     let trained: Vec<usize> = (3..model.params.len()).collect();
-    let optimizer = Optimizer::AdamW {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    };
+    let optimizer = Optimizer::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = language_model::mesh([2, 4])?;
-    let initial = init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(7));
+    let initial = common::uniform_init(&model, &trained, 7, init_bound);
 
     println!(
         "model: {} layers, d_model {}, {} heads, vocabulary {VOCAB}, batch {BATCH} x {SEQ} tokens",
@@ -165,7 +146,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut resumed = Trainer::on_mesh(
         step,
         mesh,
-        init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(0)),
+        common::uniform_init(&model, &trained, 0, init_bound),
     )?;
     resumed.restore(&load_checkpoint(&path)?)?;
     let data = batch(&mut data_rng);

@@ -27,7 +27,6 @@ use gspmd::ir::Op;
 use gspmd::models::unet::denoise;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::runtime::uniform_f32;
 use gspmd::train::{Optimizer, Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -76,19 +75,6 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// He-uniform initial weights: `±sqrt(6 / fan_in)`, fan-in the kernel's window times
-/// its input channels (HWIO).
-fn init(program: &Program, trained: &[usize], rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
-    trained
-        .iter()
-        .map(|&i| {
-            let shape = program.ty(program.params[i]).shape.clone();
-            let bound = (6.0 / (shape[0] * shape[1] * shape[2]) as f32).sqrt();
-            uniform_f32(rng, &shape, -bound, bound)
-        })
-        .collect()
-}
-
 /// Bytes per device that gathering the input of every convolution of `exe`'s step
 /// (forward and backward) along its split spatial dims would receive: the input's
 /// per-device block times (shards of its spatial dims - 1). Returns the bytes and the
@@ -128,16 +114,14 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     // Parameters 0 and 1 are the noisy and the clean images; the rest are trained.
     let trained: Vec<usize> = (2..model.params.len()).collect();
-    let optimizer = Optimizer::AdamW {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    };
+    let optimizer = Optimizer::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = denoise::mesh([2, 4])?;
-    let initial = init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(7));
+    // He-uniform: `±sqrt(6 / fan_in)`, fan-in the kernel's window times its input
+    // channels (HWIO).
+    let initial = common::uniform_init(&model, &trained, 7, |_, shape| {
+        (6.0 / (shape[0] * shape[1] * shape[2]) as f32).sqrt()
+    });
 
     println!(
         "U-Net denoiser: {BATCH} images of {SIZE}x{SIZE}, channels 8 and 16, batch over `data`, height over `space`"

@@ -5,13 +5,16 @@
 use std::time::{Duration, Instant};
 
 use gspmd::prelude::*;
+use gspmd::runtime::uniform_f32;
 use gspmd::train::{Engine, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
 
 /// Prints how long `trainer`'s step took to compile (`compile_time`), its op counts
 /// before and after partitioning and its collectives per step; returns the compiled
 /// step (`None` on the reference interpreter).
-pub fn report_compiled<'a>(trainer: &'a Trainer, compile_time: Duration) -> Option<&'a Executable> {
+pub fn report_compiled(trainer: &Trainer, compile_time: Duration) -> Option<&Executable> {
     let Engine::Mesh { exe, .. } = trainer.engine() else {
         return None;
     };
@@ -23,6 +26,25 @@ pub fn report_compiled<'a>(trainer: &'a Trainer, compile_time: Duration) -> Opti
     );
     println!("collectives per step:\n{}", exe.spmd.collectives());
     Some(exe)
+}
+
+/// Initial values of `program`'s parameters `trained`, each uniform in `±bound(name,
+/// shape)` (its name and shape), drawn in order from a generator seeded with `seed`.
+pub fn uniform_init(
+    program: &Program,
+    trained: &[usize],
+    seed: u64,
+    bound: impl Fn(&str, &[usize]) -> f32,
+) -> Vec<Literal> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    trained
+        .iter()
+        .map(|&i| {
+            let node = program.node(program.params[i]);
+            let b = bound(node.name.as_deref().unwrap_or_default(), &node.ty.shape);
+            uniform_f32(&mut rng, &node.ty.shape, -b, b)
+        })
+        .collect()
 }
 
 /// What [`train`] measured.

@@ -29,35 +29,8 @@ pub fn up(x: &Tensor, skip: &Tensor, w_up: &Tensor, w_merge: &Tensor) -> Tensor 
     conv_relu(&joined, w_merge)
 }
 
-/// The U-Net's prediction for NHWC `x` (one channel in, one out).
-#[crate::model(mesh = (data, space), out = (data, space, _, _))]
-#[allow(clippy::too_many_arguments)]
-pub fn unet(
-    #[shard(data, space, _, _)] x: Tensor<B, H, W, 1>,
-    #[shard(_, _, _, _)] down1a: Tensor<3, 3, 1, 8>,
-    #[shard(_, _, _, _)] down1b: Tensor<3, 3, 8, 8>,
-    #[shard(_, _, _, _)] down2: Tensor<3, 3, 8, 16>,
-    #[shard(_, _, _, _)] bottleneck: Tensor<3, 3, 16, 16>,
-    #[shard(_, _, _, _)] up2: Tensor<3, 3, 16, 16>,
-    #[shard(_, _, _, _)] merge2: Tensor<3, 3, 32, 16>,
-    #[shard(_, _, _, _)] up1: Tensor<3, 3, 16, 8>,
-    #[shard(_, _, _, _)] merge1: Tensor<3, 3, 16, 8>,
-    #[shard(_, _, _, _)] out: Tensor<1, 1, 8, 1>,
-) -> Tensor<B, H, W, 1> {
-    #[shard(data, space, _, _)]
-    let skip1 = conv_relu(&conv_relu(&x, &down1a), &down1b);
-    #[shard(data, space, _, _)]
-    let skip2 = conv_relu(&pool(&skip1), &down2);
-    #[shard(data, space, _, _)]
-    let deep = conv_relu(&pool(&skip2), &bottleneck);
-    #[shard(data, space, _, _)]
-    let y2 = up(&deep, &skip2, &up2, &merge2);
-    let y1 = up(&y2, &skip1, &up1, &merge1);
-    y1.conv2d(&out, [1, 1], Padding::Valid)
-}
-
-/// The denoising loss: the mean squared error of [`unet()`]'s prediction for `noisy`
-/// against `clean`.
+/// The denoising loss of the U-Net: the mean squared error of its prediction for
+/// `noisy` (NHWC, one channel in and out) against `clean`.
 #[crate::model(mesh = (data, space))]
 #[allow(clippy::too_many_arguments)]
 pub fn denoise(
@@ -73,9 +46,16 @@ pub fn denoise(
     #[shard(_, _, _, _)] merge1: Tensor<3, 3, 16, 8>,
     #[shard(_, _, _, _)] out: Tensor<1, 1, 8, 1>,
 ) -> Tensor {
-    let predicted = unet(
-        noisy, down1a, down1b, down2, bottleneck, up2, merge2, up1, merge1, out,
-    );
+    #[shard(data, space, _, _)]
+    let skip1 = conv_relu(&conv_relu(&noisy, &down1a), &down1b);
+    #[shard(data, space, _, _)]
+    let skip2 = conv_relu(&pool(&skip1), &down2);
+    #[shard(data, space, _, _)]
+    let deep = conv_relu(&pool(&skip2), &bottleneck);
+    #[shard(data, space, _, _)]
+    let y2 = up(&deep, &skip2, &up2, &merge2);
+    #[shard(data, space, _, _)]
+    let predicted = up(&y2, &skip1, &up1, &merge1).conv2d(&out, [1, 1], Padding::Valid);
     let error = &predicted - &clean;
     (&error * &error).mean(&[0, 1, 2, 3])
 }
