@@ -3,20 +3,17 @@
 //! one criterion group so ratios are read off one run. Tokens/s = 256 / step time
 //! (batch 16 x 16 tokens). 2 cores here: 8 device threads share them.
 
+mod common;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::Trainer;
 
 const BATCH: usize = 16;
 const SEQ: usize = 16;
 const VOCAB: usize = 16;
-
-fn literal(shape: &[usize], f: impl Fn(usize) -> f32) -> Literal {
-    let n: usize = shape.iter().product();
-    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(f).collect()).expect("shape fits"))
-}
 
 fn bench(c: &mut Criterion) {
     let dims = language_model::Dims {
@@ -30,30 +27,14 @@ fn bench(c: &mut Criterion) {
         F: 256,
     };
     let model = language_model::trace(dims).expect("traces");
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let optimizer = Optimizer::AdamW {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    };
-    let step = step_program(&model, 0, &trained, &optimizer).expect("builds");
-    let initial: Vec<Literal> = trained
-        .iter()
-        .map(|&i| {
-            literal(&model.ty(model.params[i]).shape, |k| {
-                ((k * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2
-            })
-        })
-        .collect();
+    let (step, initial) = common::adamw_step(&model, 3);
     let tokens = Literal::I32(ArrayD::from_shape_fn(IxDyn(&[BATCH, SEQ]), |ix| {
         ((ix[0] * 5 + ix[1] * 3) % VOCAB) as i32
     }));
     let targets = Literal::I32(ArrayD::from_shape_fn(IxDyn(&[BATCH, SEQ]), |ix| {
         ((ix[0] + ix[1] * 7) % VOCAB) as i32
     }));
-    let data = vec![tokens, targets, literal(&[BATCH, SEQ], |_| 1.0)];
+    let data = vec![tokens, targets, common::literal(&[BATCH, SEQ], |_| 1.0)];
 
     let mut group = c.benchmark_group("train_step_lm_2x64_b16x16");
     group.sample_size(15);

@@ -17,14 +17,14 @@
 //! cargo run --release --example train_transformer -- 50      # fewer steps
 //! ```
 
+mod common;
+
 use std::time::Instant;
 
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::runtime::uniform_f32;
 use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -71,28 +71,16 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// Initial weights: uniform, scaled by 1/sqrt(fan-in) (the first dim after the stacked
-/// layer dim; all of it for embeddings).
-fn init(program: &Program, trained: &[usize], rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
-    trained
-        .iter()
-        .map(|&i| {
-            let shape = program.ty(program.params[i]).shape.clone();
-            let name = program
-                .node(program.params[i])
-                .name
-                .clone()
-                .unwrap_or_default();
-            let fan_in = match name.as_str() {
-                "embed" | "position" => 1,
-                "wo" => shape[1] * shape[2],
-                _ if shape.len() > 2 => shape[1],
-                _ => shape[0],
-            };
-            let scale = 1.0 / (fan_in as f32).sqrt();
-            uniform_f32(rng, &shape, -scale, scale)
-        })
-        .collect()
+/// The bound of a weight's uniform initial values: 1/sqrt(fan-in) (the first dim after
+/// the stacked layer dim; all of it for embeddings).
+fn init_bound(name: &str, shape: &[usize]) -> f32 {
+    let fan_in = match name {
+        "embed" | "position" => 1,
+        "wo" => shape[1] * shape[2],
+        _ if shape.len() > 2 => shape[1],
+        _ => shape[0],
+    };
+    1.0 / (fan_in as f32).sqrt()
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -113,16 +101,10 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = language_model::trace(dims)?;
     // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
     let trained: Vec<usize> = (3..model.params.len()).collect();
-    let optimizer = Optimizer::AdamW {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    };
+    let optimizer = Optimizer::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = language_model::mesh([2, 4])?;
-    let initial = init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(7));
+    let initial = common::uniform_init(&model, &trained, 7, init_bound);
 
     println!(
         "model: {} layers, d_model {}, {} heads, vocabulary {VOCAB}, batch {BATCH} x {SEQ} tokens",
@@ -130,53 +112,29 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let started = Instant::now();
     let mut trainer = Trainer::on_mesh(step.clone(), mesh.clone(), initial.clone())?;
-    if let gspmd::train::Engine::Mesh { exe, .. } = trainer.engine() {
-        println!(
-            "compiled the training step for {mesh} in {:.2?}: {} global ops -> {} per-device ops",
-            started.elapsed(),
-            exe.propagated.nodes.len(),
-            exe.spmd.program.nodes.len()
-        );
-        println!("collectives per step:\n{}", exe.spmd.collectives());
-    }
+    common::report_compiled(&trainer, started.elapsed());
 
     // The first steps on one device, as the oracle.
     let mut reference = Trainer::reference(step.clone(), initial)?;
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
-    let mut max_diff = 0.0f32;
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} step {pos}/{len}  loss {msg}  [{elapsed_precise}]")
-            .expect("valid template"),
-    );
-    let mut first_loss = None;
-    let mut last_losses = Vec::new();
-    let timer = Instant::now();
-    for i in 0..steps {
-        let data = batch(&mut data_rng);
-        let loss = trainer.step(&data)?;
-        if i < CHECKED_STEPS {
-            let want = reference.step(&data)?;
-            max_diff = max_diff.max((loss - want).abs() / want.abs().max(1.0));
-        }
-        first_loss.get_or_insert(loss);
-        last_losses.push(loss);
-        if last_losses.len() > 20 {
-            last_losses.remove(0);
-        }
-        let tokens_per_s = ((i + 1) * BATCH * SEQ) as f64 / timer.elapsed().as_secs_f64();
-        bar.set_message(format!("{loss:.4}  {tokens_per_s:.0} tokens/s"));
-        bar.inc(1);
-    }
-    bar.finish();
-    let elapsed = timer.elapsed();
-    let mean_last = last_losses.iter().sum::<f32>() / last_losses.len().max(1) as f32;
+    let run = common::train(
+        &mut trainer,
+        &mut reference,
+        steps,
+        CHECKED_STEPS,
+        20,
+        BATCH * SEQ,
+        "tokens",
+        || batch(&mut data_rng),
+    )?;
+    let max_diff = run.max_diff;
     println!(
-        "loss {:.4} at step 1 -> {mean_last:.4} (mean of the last {} steps); {:.1} ms/step, {:.0} tokens/s",
-        first_loss.unwrap_or(f32::NAN),
-        last_losses.len(),
-        elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
-        (steps * BATCH * SEQ) as f64 / elapsed.as_secs_f64()
+        "loss {:.4} at step 1 -> {:.4} (mean of the last {} steps); {:.1} ms/step, {:.0} tokens/s",
+        run.first,
+        run.mean_last,
+        run.window,
+        run.elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
+        (steps * BATCH * SEQ) as f64 / run.elapsed.as_secs_f64()
     );
     println!(
         "first {CHECKED_STEPS} losses vs the single-device reference: max relative difference {max_diff:.2e}"
@@ -188,7 +146,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut resumed = Trainer::on_mesh(
         step,
         mesh,
-        init(&model, &trained, &mut Xoshiro256PlusPlus::seed_from_u64(0)),
+        common::uniform_init(&model, &trained, 0, init_bound),
     )?;
     resumed.restore(&load_checkpoint(&path)?)?;
     let data = batch(&mut data_rng);

@@ -1,10 +1,12 @@
-//! The library's Transformer language model: traced, compiled for several meshes, run
-//! on threads and compared with the reference interpreter, forward and gradient.
+//! The library's models (the Transformer language model, the U-Net denoiser): traced,
+//! compiled for several meshes, run on threads and compared with the reference
+//! interpreter, forward and gradient.
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
 use gspmd::ir::Literal;
 use gspmd::models::transformer::language_model;
+use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::{ThreadMesh, interpret};
 use ndarray::{ArrayD, IxDyn};
@@ -72,6 +74,32 @@ fn language_model_and_its_gradient_match_the_reference_on_meshes() {
     );
     for (data, model) in [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)] {
         let mesh = language_model::mesh([data, model]).unwrap();
+        let exe = compile(&program, &mesh).unwrap();
+        let threads = ThreadMesh::new(mesh.clone()).unwrap();
+        let got = exe.run(&threads, &inputs).unwrap();
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            let d = max_rel_diff(w, g);
+            assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
+        }
+    }
+}
+
+#[test]
+fn unet_denoiser_and_its_gradient_match_the_reference_on_spatial_meshes() {
+    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 }).unwrap();
+    let trained: Vec<usize> = (2..forward.params.len()).collect();
+    let program = grad(&forward, 0, &trained).unwrap();
+    let inputs: Vec<Literal> = (program.params.iter().enumerate())
+        .map(|(k, &p)| {
+            let shape = &program.ty(p).shape;
+            let n: usize = shape.iter().product();
+            let f = |i: usize| ((i * 2_654_435_761 + k * 97) % 1000) as f32 / 2000.0 - 0.2;
+            Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(f).collect()).unwrap())
+        })
+        .collect();
+    let want = interpret(&program, &inputs).unwrap();
+    for (data, space) in [(1, 2), (2, 2), (1, 4), (2, 4)] {
+        let mesh = denoise::mesh([data, space]).unwrap();
         let exe = compile(&program, &mesh).unwrap();
         let threads = ThreadMesh::new(mesh.clone()).unwrap();
         let got = exe.run(&threads, &inputs).unwrap();

@@ -2,3 +2,4 @@
 //! shared by the examples, the tests and the benches.
 
 pub mod transformer;
+pub mod unet;

@@ -38,6 +38,18 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// AdamW with learning rate `lr`, `beta1 = 0.9`, `beta2 = 0.99`, `eps = 1e-8` and no
+    /// weight decay: the setting of the examples and benches.
+    pub fn adamw(lr: f32) -> Self {
+        Optimizer::AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+
     /// Names of the state tensors kept per trained parameter, each shaped and sharded
     /// like it: none for plain SGD, `momentum` for SGD with momentum, `m` and `v` for
     /// AdamW. The step program names them `<slot>(<parameter>)`.
