@@ -181,7 +181,7 @@ fn slice_pad_concatenate_iota_select() {
     check(&p, 5, 5);
 }
 
-/// Stride-1 slices, pads without interior padding, slices of pads and rolls take the
+/// Slices (strided too), pads without interior padding, slices of pads and rolls take the
 /// halo paths when their dim is split on both sides (one-hop halos, non-constant ones,
 /// edge fill, uneven shards); the others gather.
 #[test]
@@ -198,6 +198,11 @@ fn halo_slices_pads_and_rolls() {
             x.roll(3, 0),
             x.roll(-1, 1),
             x.roll(9, 1),
+            // Strided: windows of (chunk - 1) * stride + 1, some moving faster than the
+            // blocks (a non-constant halo), some reaching past a neighbour (gathered).
+            x.slice(&[1, 0], &[13, 16], &[2, 3]),
+            x.slice(&[0, 5], &[11, 16], &[3, 2]),
+            padded.slice(&[3, 1], &[15, 17], &[4, 5]),
         ]
     });
     check(&p, 12, 8);

@@ -372,15 +372,17 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
     let p = build("window", |b| {
         let x = b
             .parameter("x", [16, 8], DType::F32)
-            .annotate(s("(data, model)"));
-        // A strided slice has no halo plan (a stride-1 slice exchanges halos).
-        vec![x.slice(&[1, 0], &[9, 8], &[2, 1])]
+            .annotate(s("(model, data)"));
+        // Output block 0 (one element) reads position 10, in block 2 of 4: past its
+        // neighbour, so no halo plan.
+        vec![x.slice(&[10, 0], &[16, 8], &[2, 1])]
     });
     let exe = compile24(&p);
     assert!(
         exe.spmd.warnings.iter().any(|w| {
-            w.contains("slice gathers split dims whole (dim 0: a strided slice has no halo plan)")
-                && w.contains("spmd.rs")
+            w.contains(
+                "slice gathers split dims whole (dim 0: a window reaches past a neighbour's block)",
+            ) && w.contains("spmd.rs")
         }),
         "{:?}",
         exe.spmd.warnings
@@ -796,6 +798,22 @@ fn roll_by_one_along_a_split_dim_is_one_collective_shift() {
         "{}",
         exe.report()
     );
+    let inputs = [input(&[32, 8], 0)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    assert_eq!(want, got);
+}
+
+#[test]
+fn strided_slice_of_a_split_dim_needs_no_collective() {
+    let p = build("strided", |b| {
+        let x = b.parameter("x", [32, 8], DType::F32).annotate(s("(h, _)"));
+        // x[::2]: output block i (4 rows) reads rows 8i, 8i + 2, .., 8i + 6 of block i.
+        vec![x.slice(&[0, 0], &[32, 8], &[2, 1]).annotate(s("(h, _)"))]
+    });
+    let exe = compile(&p, &h4()).unwrap();
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
     let inputs = [input(&[32, 8], 0)];
     let want = interpret(&p, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();

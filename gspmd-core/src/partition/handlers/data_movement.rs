@@ -3,7 +3,7 @@
 //! rotations: `concatenate(a[k:], a[:k])`).
 //!
 //! A dim such an op changes keeps the target's axes when the operand is split along it
-//! too and a halo exchange gives each device its window (slice with stride 1, pad
+//! too and a halo exchange gives each device its window (slice, pad
 //! without interior padding, reduce_window without base dilation, each operand of a
 //! concatenate; see `partition::halo`); otherwise it is made whole and the op runs on it
 //! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
@@ -94,7 +94,10 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
     }
 }
 
-/// The op with its attributes restricted to local blocks: unchanged dims are taken whole.
+/// The op with its attributes restricted to local blocks: the dims in `changed` (made
+/// whole) keep the op's attributes; the others are taken whole, except that a slice
+/// strides from 0 over a dim holding its halo window (a dim the op leaves alone has
+/// stride 1).
 fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
     let keep = |d: usize| changed.contains(&d);
     match op {
@@ -109,9 +112,7 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
             limit: (0..local.len())
                 .map(|d| if keep(d) { limit[d] } else { local[d] })
                 .collect(),
-            stride: (0..local.len())
-                .map(|d| if keep(d) { stride[d] } else { 1 })
-                .collect(),
+            stride: stride.clone(),
         },
         Op::Pad {
             low,
@@ -157,7 +158,15 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
     };
     match op {
         Op::Slice { start, stride, .. } if stride[dim] == 1 => Ok(window(start[dim] as i64)),
-        Op::Slice { .. } => Err("a strided slice has no halo plan"),
+        // Output `j` of block `i` reads `start + (i * chunk + j) * stride`, `j < chunk`;
+        // `local_op` strides over the window from 0.
+        Op::Slice { .. } if chunk == 0 => Err("an empty output has no halo plan"),
+        Op::Slice { start, stride, .. } => Ok(Window {
+            dim,
+            step: chunk * stride[dim],
+            offset: start[dim] as i64,
+            len: (chunk - 1) * stride[dim] + 1,
+        }),
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
         Op::Pad { .. } => Err("interior padding has no halo plan"),
         Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
@@ -248,9 +257,14 @@ pub(super) fn windowed(
         x.global.shape[plan.dim()] = node.ty.shape[plan.dim()];
     }
     ids[0] = x.id;
-    // Slice and pad are done once every windowed dim has its window; a reduction still
-    // has to run over its windows.
-    let id = if whole.is_empty() && !matches!(node.op, Op::ReduceWindow { .. }) {
+    // Stride-1 slices and pads are done once every windowed dim has its window; a
+    // strided slice still strides over its windows, a reduction reduces them.
+    let done = match &node.op {
+        Op::Slice { stride, .. } => stride.iter().all(|&s| s == 1),
+        Op::ReduceWindow { .. } => false,
+        _ => true,
+    };
+    let id = if whole.is_empty() && done {
         x.id
     } else {
         let local = em.shape(x.id);
