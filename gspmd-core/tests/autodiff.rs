@@ -985,6 +985,7 @@ fn spmd_ops_are_not_differentiable() {
                 group: group.clone(),
                 offset: 1,
                 wrap: false,
+                mirror: false,
             },
             vec![4],
         ),

@@ -328,7 +328,9 @@ fn reverse_and_a_conv2d_chain() {
         let x = b.parameter("x", [3, 6, 5, 4], DType::F32);
         let k = b.parameter("k", [3, 3, 4, 6], DType::F32);
         let y = x.conv2d(&k, [1, 1], gspmd_core::ir::Padding::Same).relu();
-        vec![y.reverse(&[1, 3]), x.reverse(&[0])]
+        // Uneven splits: the mirrored blocks start mid-block (two mirrored shifts).
+        let z = b.parameter("z", [13, 7], DType::F32);
+        vec![y.reverse(&[1, 3]), x.reverse(&[0]), z.reverse(&[0, 1])]
     });
     check(&p, 5, 20);
 }

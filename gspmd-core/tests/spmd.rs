@@ -588,18 +588,21 @@ fn pooling_along_a_split_dim_exchanges_halos_only() {
 
 #[test]
 fn gathering_a_split_dim_is_reported_at_the_user_line() {
-    let b = Builder::new("reverse");
+    let b = Builder::new("slice");
     let x = b
         .parameter("x", [8, 16, 16, 4], DType::F32)
         .annotate(s("(data, model, _, _)"));
-    let (y, line) = (x.reverse(&[1]), line!());
+    // Output block 0 of dim 1 (one row) reads row 10, in block 2 of 4: past its
+    // neighbour, so the dim is gathered.
+    let (start, limit) = ([0, 10, 0, 0], [8, 16, 16, 4]);
+    let (y, line) = (x.slice(&start, &limit, &[1, 2, 1, 1]), line!());
     let exe = compile24(&b.finish(&[&y]).unwrap());
     let at = format!("spmd.rs:{line}");
     assert!(
         exe.spmd
             .warnings
             .iter()
-            .any(|w| w.contains(&at) && w.contains("a reversal mirrors blocks")),
+            .any(|w| w.contains(&at) && w.contains("a window reaches past a neighbour's block")),
         "{:?}",
         exe.spmd.warnings
     );
@@ -813,6 +816,32 @@ fn strided_slice_of_a_split_dim_needs_no_collective() {
     });
     let exe = compile(&p, &h4()).unwrap();
     assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    let inputs = [input(&[32, 8], 0)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    assert_eq!(want, got);
+}
+
+#[test]
+fn reverse_of_a_split_dim_is_one_mirrored_shift() {
+    let p = build("reverse", |b| {
+        let x = b.parameter("x", [32, 8], DType::F32).annotate(s("(h, _)"));
+        vec![x.reverse(&[0]).annotate(s("(h, _)"))]
+    });
+    let exe = compile(&p, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    // Device i receives block 3 - i ([8, 8] f32) and reverses it.
+    assert_eq!(
+        (
+            stats.count("collective_shift"),
+            stats.total(),
+            stats.bytes()
+        ),
+        (1, 1, 8 * 8 * 4),
+        "{}",
+        exe.report()
+    );
     assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
     let inputs = [input(&[32, 8], 0)];
     let want = interpret(&p, &inputs).unwrap();

@@ -1054,6 +1054,7 @@ fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdP
                 group,
                 offset,
                 wrap,
+                mirror: false,
             },
             &[x],
             Location::caller(),

@@ -308,6 +308,24 @@ pub struct AxisGroup {
     pub size: usize,
 }
 
+impl AxisGroup {
+    /// The `(source, target)` group indices of an [`Op::CollectiveShift`] over this
+    /// group: member `i` sends to `t + offset`, where `t` is `size - 1 - i` with `mirror`
+    /// and `i` without; the target is taken modulo `size` with `wrap`, else only the
+    /// pairs whose target lies in the group are kept (a member left without a source
+    /// receives zeros). Each member sends to at most one and receives from at most one.
+    pub fn shift_pairs(&self, offset: i64, wrap: bool, mirror: bool) -> Vec<(usize, usize)> {
+        let n = self.size as i64;
+        (0..n)
+            .filter_map(|i| {
+                let t = if mirror { n - 1 - i } else { i } + offset;
+                let t = if wrap { t.rem_euclid(n) } else { t };
+                (0..n).contains(&t).then_some((i as usize, t as usize))
+            })
+            .collect()
+    }
+}
+
 impl std::fmt::Display for AxisGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{{{}}}", self.axes.join(","))
@@ -457,8 +475,11 @@ pub enum Op {
     /// index `i` receives the operand of member `i - offset`. With `wrap` indices are
     /// taken modulo the group size (a rotation); without it a member with no source
     /// (`i - offset` outside the group) receives zeros (`false`), as XLA's
-    /// collective-permute gives a device that is no target. The pairs are computed at run
-    /// time from the group, so the op's size does not grow with the device count.
+    /// collective-permute gives a device that is no target. With `mirror` the group is
+    /// reversed first: member `i` receives the operand of member `size - 1 - (i - offset)`
+    /// (a reversal of a split dim moves block `size - 1 - i` to member `i`). The pairs are
+    /// computed at run time from the group ([`AxisGroup::shift_pairs`]), so the op's size
+    /// does not grow with the device count.
     CollectiveShift {
         /// The devices that exchange, in group order.
         group: AxisGroup,
@@ -466,6 +487,8 @@ pub enum Op {
         offset: i64,
         /// Whether indices wrap around the group.
         wrap: bool,
+        /// Whether member `i` sends to `size - 1 - i` (before `offset`) instead of `i`.
+        mirror: bool,
     },
 
     /// Identity whose node carries a sharding annotation: pins a value's sharding

@@ -157,7 +157,11 @@ fn attributes(op: &Op) -> String {
             group,
             offset,
             wrap,
-        } => format!(", axes={group}, offset={offset}, wrap={wrap}"),
+            mirror,
+        } => {
+            let mirror = if *mirror { ", mirror=true" } else { "" };
+            format!(", axes={group}, offset={offset}, wrap={wrap}{mirror}")
+        }
         Op::Parameter { .. }
         | Op::Unary(_)
         | Op::Binary(_)

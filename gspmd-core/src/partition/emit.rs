@@ -177,12 +177,31 @@ impl<'m> Emitter<'m> {
         offset: i64,
         wrap: bool,
     ) -> Result<ValueId> {
+        self.collective_shift(x, axes, offset, wrap, false)
+    }
+
+    /// [`Op::CollectiveShift`] of `x` with `mirror`, by `offset` without wrap, along the
+    /// group of `axes`: member `i` receives member `size - 1 - (i - offset)`'s `x`
+    /// (zeros when that is outside the group).
+    pub fn mirror(&mut self, x: ValueId, axes: &[String], offset: i64) -> Result<ValueId> {
+        self.collective_shift(x, axes, offset, false, true)
+    }
+
+    fn collective_shift(
+        &mut self,
+        x: ValueId,
+        axes: &[String],
+        offset: i64,
+        wrap: bool,
+        mirror: bool,
+    ) -> Result<ValueId> {
         let group = self.group(axes);
         self.emit(
             Op::CollectiveShift {
                 group,
                 offset,
                 wrap,
+                mirror,
             },
             &[x],
         )

@@ -21,7 +21,9 @@
 //! side has no plan (the caller gathers the dim instead).
 //!
 //! [`rotate`] is the cyclic case: a rotation of an evenly split dim moves at most two
-//! pieces of each block, each with one wrapping shift.
+//! pieces of each block, each with one wrapping shift. [`mirror`] is the reversal: each
+//! block reversed locally, then moved to the mirrored device with at most two mirrored
+//! shifts (one when the split is even).
 
 use super::emit::Emitter;
 use super::mask::positions_inside;
@@ -287,4 +289,34 @@ pub(crate) fn rotate(em: &mut Emitter, v: &PValue, dim: usize, k: usize) -> Resu
     }
     let second = piece(em, 0, m, q + 1)?;
     em.emit(Op::Concatenate(dim), &[first, second])
+}
+
+/// `v` reversed along `dim`, which `v` is split along (evenly or not): element `p` of the
+/// result is element `size - 1 - p` of `v`. With `k` shards of `c` and `pad = k*c - size
+/// = q*c + m`, output block `i` reverses input positions `(k-1-i-q)*c - m ..` (`c` of
+/// them): the reversal of `block(k-1-i-q)[..c-m]` followed by that of
+/// `block(k-2-i-q)[c-m..]`. Each device reverses its block locally; the two pieces move
+/// with one mirrored shift each (offsets `-q` and `-q-1`, no wrap), the second only when
+/// `m > 0`. A piece a device receives from outside the group lands on the result's
+/// padding (arbitrary values).
+pub(crate) fn mirror(em: &mut Emitter, v: &PValue, dim: usize) -> Result<ValueId> {
+    let axes = v.sharding.dims[dim].axes.clone();
+    let k = em.mesh.axes_size(&axes);
+    let size = v.global.shape[dim];
+    let c = size.div_ceil(k);
+    let pad = k * c - size;
+    let (q, m) = (pad / c.max(1), pad % c.max(1));
+    let reversed = em.emit(Op::Reverse(vec![dim]), &[v.id])?;
+    let head = if m == 0 {
+        reversed
+    } else {
+        em.slice_dim(reversed, dim, m, c)?
+    };
+    let head = em.mirror(head, &axes, -(q as i64))?;
+    if m == 0 {
+        return Ok(head);
+    }
+    let tail = em.slice_dim(reversed, dim, 0, m)?;
+    let tail = em.mirror(tail, &axes, -(q as i64) - 1)?;
+    em.emit(Op::Concatenate(dim), &[head, tail])
 }

@@ -9,8 +9,10 @@ use crate::ir::{Node, Op, Program};
 
 /// Bytes one device receives in collective `node` of `program` (ring algorithms for
 /// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
-/// that receives from another one; zero when none does (a shift by a multiple of the
-/// group size with wrap, or by the group size or more without).
+/// that receives from another one; zero when none does (every pair of
+/// [`AxisGroup::shift_pairs`](crate::ir::AxisGroup::shift_pairs) keeps its operand: a
+/// shift by a multiple of the group size with wrap, by the group size or more without, a
+/// mirror of a group of one).
 pub fn bytes_received(program: &Program, node: &Node) -> usize {
     let input = node
         .operands
@@ -27,14 +29,14 @@ pub fn bytes_received(program: &Program, node: &Node) -> usize {
             group,
             offset,
             wrap,
+            mirror,
         } => {
-            let n = group.size as i64;
-            let moves = if *wrap {
-                offset.rem_euclid(n.max(1)) != 0
+            let pairs = group.shift_pairs(*offset, *wrap, *mirror);
+            if pairs.iter().any(|(s, t)| s != t) {
+                input
             } else {
-                offset.unsigned_abs() < group.size as u64 && *offset != 0
-            };
-            if moves { input } else { 0 }
+                0
+            }
         }
         _ => 0,
     }

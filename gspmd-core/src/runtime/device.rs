@@ -56,28 +56,14 @@ fn eval_on_device(
             group,
             offset,
             wrap,
-        } => comm.collective_permute(&group.axes, &shift_pairs(group.size, *offset, *wrap), x()),
+            mirror,
+        } => {
+            let pairs = group.shift_pairs(*offset, *wrap, *mirror);
+            comm.collective_permute(&group.axes, &pairs, x())
+        }
         op => return kernels::eval(op, operands, &node.ty),
     };
     collective.map_err(|e| e.to_string())
-}
-
-/// The `(source, target)` group indices of a collective shift by `offset` over a group of
-/// `size`: `(i, i + offset)` for every member `i`, the target taken modulo `size` with
-/// `wrap`, else only the pairs whose target lies in the group (the members left without
-/// a source receive zeros).
-fn shift_pairs(size: usize, offset: i64, wrap: bool) -> Vec<(usize, usize)> {
-    let n = size as i64;
-    (0..n)
-        .filter_map(|i| {
-            let j = if wrap {
-                (i + offset).rem_euclid(n)
-            } else {
-                i + offset
-            };
-            (0..n).contains(&j).then_some((i as usize, j as usize))
-        })
-        .collect()
 }
 
 /// The `(source, target)` group indices of a collective permute: the receiver at group

@@ -5,7 +5,8 @@
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice, pad
 //! without interior padding, reduce_window without base dilation, each operand of a
-//! concatenate; see `partition::halo`); otherwise it is made whole and the op runs on it
+//! concatenate; see `partition::halo`), or, for a reverse, each block is reversed and
+//! moved to the mirrored device (`halo::mirror`); otherwise it is made whole and the op runs on it
 //! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
 //! the target's axes.
 
@@ -131,6 +132,8 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
         },
         // A dim with a halo holds exactly the input window of its output block: the
         // window slides over it without padding.
+        // The other reversed dims are mirrored across devices (`halo::mirror`).
+        Op::Reverse(dims) => Op::Reverse(dims.iter().copied().filter(|&d| keep(d)).collect()),
         Op::ReduceWindow { kind, window } => Op::ReduceWindow {
             kind: *kind,
             window: (window.iter().enumerate())
@@ -170,7 +173,6 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
         Op::Pad { .. } => Err("interior padding has no halo plan"),
         Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
-        Op::Reverse(_) => Err("a reversal mirrors blocks: no halo plan"),
         _ => Err("not a windowed op"),
     }
 }
@@ -191,6 +193,7 @@ pub(super) fn windowed(
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
     let mut halos: Vec<HaloPlan> = Vec::new();
+    let mut mirrored: Vec<usize> = Vec::new();
     let mut whole: Vec<usize> = Vec::new();
     let mut gathered: Vec<String> = Vec::new();
     for &d in &changed {
@@ -199,6 +202,10 @@ pub(super) fn windowed(
             |o: &PValue| o.global.rank() > d && em.mesh.axes_size(&o.sharding.dims[d].axes) > 1;
         if shards == 1 || !operands.iter().any(split) {
             whole.push(d);
+            continue;
+        }
+        if let Op::Reverse(_) = node.op {
+            mirrored.push(d);
             continue;
         }
         let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards));
@@ -255,6 +262,9 @@ pub(super) fn windowed(
     for plan in &halos {
         x.id = halo::exchange(em, &x, plan, fill)?;
         x.global.shape[plan.dim()] = node.ty.shape[plan.dim()];
+    }
+    for &d in &mirrored {
+        x.id = halo::mirror(em, &x, d)?;
     }
     ids[0] = x.id;
     // Stride-1 slices and pads are done once every windowed dim has its window; a
