@@ -3,10 +3,10 @@
 //! rotations: `concatenate(a[k:], a[:k])`).
 //!
 //! A dim such an op changes keeps the target's axes when the operand is split along it
-//! too and a halo exchange gives each device its window (slice, pad
-//! without interior padding, reduce_window without base dilation, each operand of a
-//! concatenate; see `partition::halo`), or, for a reverse, each block is reversed and
-//! moved to the mirrored device (`halo::mirror`); otherwise it is made whole and the op runs on it
+//! too and a halo exchange gives each device its window (slice, pad without interior
+//! padding, reduce_window without base dilation, each operand of a concatenate; see
+//! `partition::halo`), or, for a reverse, each block is reversed and moved to the
+//! mirrored device (`halo::mirror`); otherwise it is made whole and the op runs on it
 //! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
 //! the target's axes.
 
@@ -130,10 +130,10 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
                 .map(|d| if keep(d) { interior[d] } else { 0 })
                 .collect(),
         },
-        // A dim with a halo holds exactly the input window of its output block: the
-        // window slides over it without padding.
         // The other reversed dims are mirrored across devices (`halo::mirror`).
         Op::Reverse(dims) => Op::Reverse(dims.iter().copied().filter(|&d| keep(d)).collect()),
+        // A dim with a halo holds exactly the input window of its output block: the
+        // window slides over it without padding.
         Op::ReduceWindow { kind, window } => Op::ReduceWindow {
             kind: *kind,
             window: (window.iter().enumerate())
