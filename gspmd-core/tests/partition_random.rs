@@ -203,6 +203,11 @@ fn halo_slices_pads_and_rolls() {
             x.slice(&[1, 0], &[13, 16], &[2, 3]),
             x.slice(&[0, 5], &[11, 16], &[3, 2]),
             padded.slice(&[3, 1], &[15, 17], &[4, 5]),
+            // Interior padding: windows spread locally and cut at a per-device offset.
+            x.pad(&v, &[1, 0], &[1, 2], &[1, 2]),
+            x.pad(&v, &[0, 3], &[2, 0], &[2, 1]),
+            x.pad(&v, &[-1, -2], &[-2, 1], &[1, 3]),
+            x.pad(&v, &[4, -3], &[0, -4], &[3, 1]),
         ]
     });
     check(&p, 12, 8);

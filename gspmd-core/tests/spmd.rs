@@ -784,6 +784,37 @@ fn assert_one_row_shifted_each_way(exe: &Executable) {
 }
 
 #[test]
+fn interior_pad_along_a_split_dim_exchanges_halos_only() {
+    // [16, 8] with rows split 4 ways (4 per device); the output has 33 rows, 9 per
+    // device: block i spreads input rows 4i - 1 .. 4i + 6 (one row from the left
+    // neighbour, two from the right) and cuts 9 rows from i + 1.
+    let p = build("interior_pad", |b| {
+        let x = b.parameter("x", [16, 8], DType::F32).annotate(s("(h, _)"));
+        let v = x.scalar_like(0.5);
+        vec![x.pad(&v, &[1, 0], &[1, 0], &[1, 0])]
+    });
+    let exe = compile(&p, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    let row = 8 * 4;
+    assert_eq!(
+        (
+            stats.count("collective_shift"),
+            stats.count("all_gather"),
+            stats.total(),
+            stats.bytes()
+        ),
+        (2, 0, 2, 3 * row),
+        "{}",
+        exe.report()
+    );
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    let inputs = [input(&[16, 8], 0)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    assert_eq!(want, got);
+}
+
+#[test]
 fn roll_by_one_along_a_split_dim_is_one_collective_shift() {
     let p = build("roll", |b| {
         let x = b.parameter("x", [32, 8], DType::F32).annotate(s("(h, _)"));

@@ -240,8 +240,9 @@ fn widen(em: &mut Emitter, x: ValueId, dim: usize, low: usize, high: usize) -> R
 }
 
 /// `len` elements of `x` along `dim` from index `axis_index(axes) * drift + first`: a
-/// static slice when `drift` is 0, else a `dynamic_slice`.
-fn cut(
+/// static slice when `drift` is 0, else a `dynamic_slice`. The caller keeps every
+/// shard's cut inside `x`.
+pub(crate) fn cut(
     em: &mut Emitter,
     x: ValueId,
     axes: &[String],

@@ -3,8 +3,9 @@
 //! rotations: `concatenate(a[k:], a[:k])`).
 //!
 //! A dim such an op changes keeps the target's axes when the operand is split along it
-//! too and a halo exchange gives each device its window (slice, pad without interior
-//! padding, reduce_window without base dilation, each operand of a concatenate; see
+//! too and a halo exchange gives each device its window (slice, pad — with interior
+//! padding the window is then spread locally and cut at a per-device offset —
+//! reduce_window without base dilation, each operand of a concatenate; see
 //! `partition::halo`), or, for a reverse, each block is reversed and moved to the
 //! mirrored device (`halo::mirror`); otherwise it is made whole and the op runs on it
 //! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
@@ -19,7 +20,7 @@ use super::super::value::PValue;
 use super::reduce::identity;
 use super::{reduced, with_dims};
 use crate::error::Result;
-use crate::ir::{BinaryOp, DType, Node, Op, TensorType};
+use crate::ir::{BinaryOp, DType, Node, Op, TensorType, ValueId};
 use crate::sharding::Sharding;
 
 /// Parameters arrive as local blocks; constants are built whole and sliced; iota counts
@@ -151,8 +152,9 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
 }
 
 /// The window of input positions output block `i` of `op` reads along `dim`, when
-/// output blocks are `chunk` long; `Err` says why there is none.
-fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str> {
+/// output blocks are `chunk` long on each of `shards` shards; `Err` says why there is
+/// none.
+fn halo_window(op: &Op, dim: usize, chunk: usize, shards: usize) -> Result<Window, &'static str> {
     let window = |offset: i64| Window {
         dim,
         step: chunk,
@@ -171,10 +173,63 @@ fn halo_window(op: &Op, dim: usize, chunk: usize) -> Result<Window, &'static str
             len: (chunk - 1) * stride[dim] + 1,
         }),
         Op::Pad { low, interior, .. } if interior[dim] == 0 => Ok(window(-low[dim])),
-        Op::Pad { .. } => Err("interior padding has no halo plan"),
+        // Interior padding: see `spread`.
+        Op::Pad { .. } if chunk == 0 => Err("an empty output has no halo plan"),
+        Op::Pad { low, interior, .. } => {
+            let s = interior[dim] as i64 + 1;
+            let (c, k) = (chunk as i64, shards as i64);
+            let phase = (-low[dim]).rem_euclid(s);
+            Ok(Window {
+                dim,
+                step: chunk / s as usize,
+                offset: (-low[dim]).div_euclid(s),
+                len: (((k - 1) * (c % s) + phase + c) as usize).div_ceil(s as usize),
+            })
+        }
         Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
         _ => Err("not a windowed op"),
     }
+}
+
+/// Output block `i` (of `chunk` elements along `dim`, which `axes` split) of a pad with
+/// `low` and `interior` padding, from `window`: the input positions
+/// `i * b + e .. i * b + e + len` with stride `s = interior + 1`, `chunk = b * s + r`
+/// (`r < s`), `e = floor(-low / s)`, `phase = (-low) mod s` and
+/// `len = ceil(((shards - 1) * r + phase + chunk) / s)` (`halo_window`), those
+/// outside the array already holding the pad value `value`.
+///
+/// Output position `p` holds input `q` when `p = low + q * s`, else `value`. The window
+/// padded locally with `interior` between and after its elements (`len * s` long) holds
+/// at index `j * s` input `i * b + e + j`, i.e. output position
+/// `low + (i * b + e + j) * s = i * b * s - phase + j * s`, and `value` elsewhere: it
+/// starts at output position `i * chunk - (i * r + phase)`. So the block is its `chunk`
+/// elements from `i * r + phase` (linear in `i`: one `dynamic_slice`, a static slice
+/// when `s` divides `chunk`), which fit since `(shards - 1) * r + phase + chunk <=
+/// len * s`. An out-of-array input lands only on the low or high padding, which holds
+/// `value` anyway.
+fn spread(
+    em: &mut Emitter,
+    window: ValueId,
+    (axes, dim): (&[String], usize),
+    (low, interior): (i64, usize),
+    value: ValueId,
+    chunk: usize,
+) -> Result<ValueId> {
+    let rank = em.ty(window).rank();
+    let (lows, mut highs, mut interiors) = (vec![0; rank], vec![0; rank], vec![0; rank]);
+    highs[dim] = interior as i64;
+    interiors[dim] = interior;
+    let padded = em.emit(
+        Op::Pad {
+            low: lows,
+            high: highs,
+            interior: interiors,
+        },
+        &[window, value],
+    )?;
+    let s = interior as i64 + 1;
+    let (r, phase) = (chunk as i64 % s, (-low).rem_euclid(s));
+    halo::cut(em, padded, axes, dim, (r, phase), chunk)
 }
 
 /// Slice, pad, concatenate, reverse and reduce_window (see the module doc).
@@ -208,7 +263,7 @@ pub(super) fn windowed(
             mirrored.push(d);
             continue;
         }
-        let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards));
+        let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards), shards);
         let plan = window.and_then(|w| {
             halo::plan(shape[d], shards, w).ok_or("a window reaches past a neighbour's block")
         });
@@ -260,8 +315,16 @@ pub(super) fn windowed(
         sharding: want.clone(),
     };
     for plan in &halos {
+        let d = plan.dim();
         x.id = halo::exchange(em, &x, plan, fill)?;
-        x.global.shape[plan.dim()] = node.ty.shape[plan.dim()];
+        if let (Op::Pad { low, interior, .. }, Some(fill)) = (&node.op, fill)
+            && interior[d] != 0
+        {
+            let chunk = node.ty.shape[d].div_ceil(plan.shards());
+            let axes = &x.sharding.dims[d].axes;
+            x.id = spread(em, x.id, (axes, d), (low[d], interior[d]), fill, chunk)?;
+        }
+        x.global.shape[d] = node.ty.shape[d];
     }
     for &d in &mirrored {
         x.id = halo::mirror(em, &x, d)?;
