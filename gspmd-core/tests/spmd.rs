@@ -535,6 +535,45 @@ fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gr
 }
 
 #[test]
+fn strided_conv_gradient_on_split_rows_gathers_nothing() {
+    // Stride 2: the input gradient is a convolution with base dilation 2, partitioned
+    // as an interior pad (halos) and an undilated convolution (halos).
+    let loss = build("strided_conv_loss", |b| {
+        let x = b
+            .parameter("x", [8, 32, 32, 8], DType::F32)
+            .annotate(s("(_, h, _, _)"));
+        let k = b.parameter("k", [3, 3, 8, 8], DType::F32);
+        let y = x.conv2d(&k, [2, 2], Padding::Same);
+        vec![y.mul(&y).sum(&[0, 1, 2, 3])]
+    });
+    let g = grad(&loss, 0, &[0, 1]).unwrap();
+    let exe = compile(&g, &h4()).unwrap();
+    let stats = exe.spmd.collectives();
+    assert_eq!(stats.count("all_gather"), 0, "{}", exe.report());
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
+    let want = interpret(&g, &inputs).unwrap();
+    let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
+    for (w, o) in want.iter().zip(&got) {
+        let scale = w
+            .as_f32()
+            .unwrap()
+            .iter()
+            .fold(1.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            max_diff(w, o) <= 1e-4 * scale,
+            "{} vs {scale}",
+            max_diff(w, o)
+        );
+    }
+    println!(
+        "strided conv fwd+bwd on h=4: {} collectives, {} bytes per device",
+        stats.total(),
+        stats.bytes()
+    );
+}
+
+#[test]
 fn pooling_on_an_image_split_by_batch_and_height() {
     let p = build("pool", |b| {
         let x = b

@@ -2,9 +2,10 @@
 //! (kernel and output) keep the target's axes, input features (input and kernel) are
 //! contracted like a dot's contracting dims (partial sums, reduced by the driver's
 //! reshard), and spatial dims where the window moves nothing pass through like batch
-//! dims. A spatial dim with a real window is
+//! dims. Base (lhs) dilation along a split input dim is first made an explicit,
+//! partitioned interior `pad` (see `undilated`). A spatial dim with a real window is
 //!
-//! - else *windowed* when the input and the target's output are split along it: output
+//! - *windowed* when the input and the target's output are split along it: output
 //!   block `i` reads the input window of [`halo::sliding`] (chunk `ceil(out / shards)`),
 //!   which a halo exchange gives each device; the local convolution runs on that
 //!   window without padding, the kernel's dim whole;
@@ -26,6 +27,62 @@ use super::contraction::{Contraction, contract};
 use crate::error::Result;
 use crate::ir::{ConvConfig, Node, Op, WindowDim};
 use crate::sharding::Sharding;
+
+/// Base (lhs) dilation along dims the input is split along, made explicit: the input
+/// padded with `base_dilation - 1` zeros between elements (a partitioned interior `pad`,
+/// which exchanges halos: see `data_movement::windowed`) and the convolution's window
+/// undilated there — the same convolution (XLA's definition of base dilation), now with
+/// a window `halo::sliding` can plan. `None` when no split dim is base-dilated (an input
+/// gradient of a strided convolution is).
+fn undilated(
+    em: &mut Emitter,
+    node: &Node,
+    config: &ConvConfig,
+    input: &PValue,
+) -> Result<Option<(PValue, ConvConfig)>> {
+    let dn = &config.dims;
+    let rank = input.global.rank();
+    let mut interior = vec![0; rank];
+    let mut local = config.clone();
+    for (i, w) in config.window.iter().enumerate() {
+        let x = dn.input_spatial[i];
+        if w.base_dilation > 1 && em.mesh.axes_size(&input.sharding.dims[x].axes) > 1 {
+            interior[x] = w.base_dilation - 1;
+            local.window[i].base_dilation = 1;
+        }
+    }
+    if interior.iter().all(|&n| n == 0) {
+        return Ok(None);
+    }
+    let mut dilated = input.global.clone();
+    for (d, n) in dilated.shape.iter_mut().enumerate() {
+        *n = (*n).saturating_sub(1) * (interior[d] + 1) + usize::from(*n > 0);
+    }
+    let pad = Op::Pad {
+        low: vec![0; rank],
+        high: vec![0; rank],
+        interior,
+    };
+    let zero = PValue {
+        id: em.scalar(dilated.dtype, 0.0)?,
+        global: crate::ir::TensorType::new(vec![], dilated.dtype),
+        sharding: Sharding::replicated(0),
+    };
+    let pad_node = Node {
+        op: pad,
+        operands: Vec::new(),
+        ty: dilated,
+        annotation: None,
+        sharding: None,
+        origin: None,
+        name: None,
+        location: node.location,
+    };
+    let mut want = input.sharding.clone();
+    want.unreduced.clear();
+    let x = super::data_movement::windowed(em, &pad_node, &[input.clone(), zero], &want)?;
+    Ok(Some((x, local)))
+}
 
 /// How spatial dim `i` of a convolution is partitioned.
 enum Spatial {
@@ -113,6 +170,9 @@ pub(super) fn convolution(
     kernel: &PValue,
     target: &Sharding,
 ) -> Result<PValue> {
+    if let Some((input, config)) = undilated(em, node, config, input)? {
+        return convolution(em, node, &config, &input, kernel, target);
+    }
     let dn = &config.dims;
     let grouped = config.feature_group_count != 1;
     let rank = node.ty.rank();
