@@ -34,6 +34,26 @@ fn max_diff(want: &Literal, got: &Literal) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// max(1, max |x|) over `want`'s elements: what the tolerance 1e-4 is relative to.
+fn scale(want: &Literal) -> f32 {
+    want.as_f32()
+        .unwrap()
+        .iter()
+        .fold(1.0f32, |m, x| m.max(x.abs()))
+}
+
+/// Every output within 1e-4 of the reference's, relative to [`scale`].
+fn assert_close(want: &[Literal], got: &[Literal]) {
+    for (w, o) in want.iter().zip(got) {
+        let scale = scale(w);
+        assert!(
+            max_diff(w, o) <= 1e-4 * scale,
+            "{} vs {scale}",
+            max_diff(w, o)
+        );
+    }
+}
+
 /// The mesh matrix: {1}, {2}, {4}, {8} (1-D meshes carry the other axis with size 1),
 /// {2x2}, {2x4}, {4x2} with a non-default device order, and {2x2x2}.
 fn meshes() -> Vec<Mesh> {
@@ -66,14 +86,9 @@ fn check_on_all_meshes(program: &Program) {
             .run(&threads, &inputs)
             .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", program.name));
         for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            let scale = w
-                .as_f32()
-                .unwrap()
-                .iter()
-                .fold(1.0f32, |m, x| m.max(x.abs()));
             let d = max_diff(w, g);
             assert!(
-                d <= 1e-4 * scale,
+                d <= 1e-4 * scale(w),
                 "{} on {mesh}, output {k}: max diff {d}\n{}",
                 program.name,
                 exe.report()
@@ -520,18 +535,7 @@ fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gr
     let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
     let want = interpret(&g, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
-    for (w, o) in want.iter().zip(&got) {
-        let scale = w
-            .as_f32()
-            .unwrap()
-            .iter()
-            .fold(1.0f32, |m, v| m.max(v.abs()));
-        assert!(
-            max_diff(w, o) <= 1e-4 * scale,
-            "{} vs {scale}",
-            max_diff(w, o)
-        );
-    }
+    assert_close(&want, &got);
 }
 
 #[test]
@@ -554,18 +558,7 @@ fn strided_conv_gradient_on_split_rows_gathers_nothing() {
     let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
     let want = interpret(&g, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
-    for (w, o) in want.iter().zip(&got) {
-        let scale = w
-            .as_f32()
-            .unwrap()
-            .iter()
-            .fold(1.0f32, |m, v| m.max(v.abs()));
-        assert!(
-            max_diff(w, o) <= 1e-4 * scale,
-            "{} vs {scale}",
-            max_diff(w, o)
-        );
-    }
+    assert_close(&want, &got);
     println!(
         "strided conv fwd+bwd on h=4: {} collectives, {} bytes per device",
         stats.total(),

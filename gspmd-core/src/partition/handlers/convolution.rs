@@ -25,7 +25,7 @@ use super::super::halo::{self, HaloPlan};
 use super::super::value::PValue;
 use super::contraction::{Contraction, contract};
 use crate::error::Result;
-use crate::ir::{ConvConfig, Node, Op, WindowDim};
+use crate::ir::{ConvConfig, Node, Op, TensorType, WindowDim};
 use crate::sharding::Sharding;
 
 /// Base (lhs) dilation along dims the input is split along, made explicit: the input
@@ -65,7 +65,7 @@ fn undilated(
     };
     let zero = PValue {
         id: em.scalar(dilated.dtype, 0.0)?,
-        global: crate::ir::TensorType::new(vec![], dilated.dtype),
+        global: TensorType::new(vec![], dilated.dtype),
         sharding: Sharding::replicated(0),
     };
     let pad_node = Node {
