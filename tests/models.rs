@@ -1,10 +1,12 @@
-//! The library's models (the Transformer language model, the U-Net denoiser): traced,
+//! The library's models (the Transformer language model, the mixture of experts, the
+//! U-Net denoiser): traced,
 //! compiled for several meshes, run on threads and compared with the reference
 //! interpreter, forward and gradient.
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
 use gspmd::ir::Literal;
+use gspmd::models::moe::moe_language_model;
 use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
@@ -106,6 +108,53 @@ fn unet_denoiser_and_its_gradient_match_the_reference_on_spatial_meshes() {
         for (k, (w, g)) in want.iter().zip(&got).enumerate() {
             let d = max_rel_diff(w, g);
             assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
+        }
+    }
+}
+
+#[test]
+fn mixture_of_experts_and_its_gradient_match_the_reference_with_all_to_all_dispatch() {
+    let dims = moe_language_model::Dims {
+        G: 8,
+        S: 6,
+        V: 8,
+        M: 8,
+        N: 2,
+        K: 4,
+        E: 4,
+        H: 8,
+    };
+    // Capacity 2 of the 12 choices per group and 4 experts: some tokens are dropped.
+    let forward = moe_language_model::trace(dims, 2).unwrap();
+    let trained: Vec<usize> = (3..forward.params.len()).collect();
+    let program = grad(&forward, 0, &trained).unwrap();
+    let inputs = inputs(&program);
+    let want = interpret(&program, &inputs).unwrap();
+    let counts = want[1].as_f32().unwrap();
+    assert_eq!(
+        counts.sum(),
+        8.0 * 6.0,
+        "every token chooses one expert first"
+    );
+    for (data, expert) in [(1, 1), (2, 1), (1, 4), (2, 2), (2, 4)] {
+        let mesh = moe_language_model::mesh([data, expert]).unwrap();
+        let exe = compile(&program, &mesh).unwrap();
+        let threads = ThreadMesh::new(mesh.clone()).unwrap();
+        let got = exe.run(&threads, &inputs).unwrap();
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            let d = max_rel_diff(w, g);
+            assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
+        }
+        if expert > 1 {
+            // Dispatch and combine forward, and their mirror images backward.
+            let forward_exe = compile(&forward, &mesh).unwrap();
+            assert_eq!(
+                forward_exe.spmd.collectives().count("all_to_all"),
+                2,
+                "{mesh}"
+            );
+            assert_eq!(exe.spmd.collectives().count("all_to_all"), 4, "{mesh}");
+            assert_eq!(exe.spmd.collectives().count("all_gather"), 0, "{mesh}");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Models written with the DSL, ready to trace: the paper's workloads as library code,
 //! shared by the examples, the tests and the benches.
 
+pub mod moe;
 pub mod transformer;
 pub mod unet;

@@ -1,0 +1,163 @@
+//! A GShard mixture-of-experts language model (paper section 5.2; Lepikhin et al.,
+//! "GShard", 2020): a Transformer layer whose feed-forward network is a set of experts,
+//! each token sent to its two best experts.
+//!
+//! Tokens are cut in groups `G` (the batch); every group routes its `S` tokens
+//! independently, so gating is local to the devices that hold the group. Each expert
+//! takes at most `capacity` tokens per group (the rest are dropped: they pass through the
+//! residual connection only). Dispatch is the einsum `gsec,gsm->egcm`: annotated with the
+//! experts over `expert`, it moves from "groups split over all devices" to "experts split
+//! over `expert`" — one all-to-all — and the combine `gsec,egcm->gsm` is the all-to-all
+//! back. The auxiliary load-balancing loss (GShard's `mean(density * density_proxy)`,
+//! scaled by `E²`) pushes the router towards equal loads.
+
+use super::transformer::{attention, one_hot};
+use crate::ir::{DType, Tensor, einsum};
+
+/// What the router decides for `x: [G, S, M]`.
+pub struct Routing {
+    /// `[G, S, E, C]`: the weight of expert `e`'s output at capacity slot `c` in token
+    /// `(g, s)`'s result (zero where the token was not routed there).
+    pub combine: Tensor,
+    /// `[G, S, E, C]`: 1 where token `(g, s)` is sent to slot `c` of expert `e`.
+    pub dispatch: Tensor,
+    /// The load-balancing loss, an f32 scalar (1 when the loads are equal).
+    pub aux_loss: Tensor,
+    /// `[E]`: how many tokens chose each expert first (before capacity), as f32.
+    pub counts: Tensor,
+}
+
+/// `x` broadcast to `shape`, its dims going to `dims`.
+fn spread(x: &Tensor, shape: &[usize], dims: &[usize]) -> Tensor {
+    x.broadcast_in_dim(shape.to_vec(), dims)
+}
+
+/// GShard's top-2 gating of `x: [G, S, M]` with router weights `wg: [M, E]`, at most
+/// `capacity` tokens per expert and group. Second choices are kept whatever their gate
+/// (GShard samples them by gate; this router is deterministic), and queue behind every
+/// first choice of the same expert.
+pub fn top2_gating(x: &Tensor, wg: &Tensor, capacity: usize) -> Routing {
+    let (groups, seq, experts) = (x.shape()[0], x.shape()[1], wg.shape()[1]);
+    let gates = einsum("gsm,me->gse", x, wg).softmax(-1);
+    let first = one_hot(&argmax(&gates), experts);
+    let aux_loss =
+        (&first.mean(&[1]) * &gates.mean(&[1])).mean(&[0, 1]) * (experts * experts) as f32;
+    let counts = first.sum(&[0, 1]);
+    let second = one_hot(&argmax(&(&gates * &(1.0 - &first))), experts);
+
+    // Slot of each token in its expert's queue: first choices in token order, then
+    // second choices; tokens past the capacity are dropped.
+    let fits = |position: &Tensor| {
+        position
+            .lt(&position.scalar_like(capacity as f64))
+            .convert(DType::F32)
+    };
+    let position1 = &(cumsum(&first) - 1.0) * &first;
+    let first = &first * &fits(&position1);
+    let taken = spread(&first.sum(&[1]), &[groups, seq, experts], &[0, 2]);
+    let position2 = &(&(cumsum(&second) - 1.0) + &taken) * &second;
+    let second = &second * &fits(&position2);
+
+    let gate1 = (&gates * &first).sum(&[-1]);
+    let gate2 = (&gates * &second).sum(&[-1]);
+    let norm = &(&gate1 + &gate2) + 1e-9;
+    let shape = [groups, seq, experts, capacity];
+    // `[G, S, E, C]`: expert mask times the one-hot of the token's slot.
+    let route = |mask: &Tensor, position: &Tensor| {
+        let slot = one_hot(&(position * mask).sum(&[-1]).convert(DType::I32), capacity);
+        &spread(mask, &shape, &[0, 1, 2]) * &spread(&slot, &shape, &[0, 1, 3])
+    };
+    let (route1, route2) = (route(&first, &position1), route(&second, &position2));
+    let combine = &(&spread(&(&gate1 / &norm), &shape, &[0, 1]) * &route1)
+        + &(&spread(&(&gate2 / &norm), &shape, &[0, 1]) * &route2);
+    Routing {
+        combine,
+        dispatch: &route1 + &route2,
+        aux_loss,
+        counts,
+    }
+}
+
+/// The mixture-of-experts feed-forward layer over `x: [G, S, M]`: router `wg: [M, E]`,
+/// expert weights `wi: [E, M, H]` and `wo: [E, H, M]` (split over `expert`). Returns the
+/// layer's output, the load-balancing loss and the per-expert first-choice counts.
+#[crate::model(mesh = (data, expert))]
+pub fn moe_ffn(
+    x: Tensor<G, S, M>,
+    wg: Tensor<M, E>,
+    wi: Tensor<E, M, H>,
+    wo: Tensor<E, H, M>,
+    capacity: usize,
+) -> (Tensor<G, S, M>, Tensor, Tensor<E>) {
+    let routing = top2_gating(&x, &wg, capacity);
+    #[shard(expert, data, _, _)]
+    let dispatched = einsum("gsec,gsm->egcm", &routing.dispatch, &x);
+    #[shard(expert, data, _, _)]
+    let hidden = einsum("egcm,emh->egch", &dispatched, &wi).gelu();
+    #[shard(expert, data, _, _)]
+    let expert_out = einsum("egch,ehm->egcm", &hidden, &wo);
+    #[shard((data, expert), _, _)]
+    let combined = einsum("gsec,egcm->gsm", &routing.combine, &expert_out);
+    (combined, routing.aux_loss, routing.counts)
+}
+
+/// The weight of the load-balancing loss in the training loss (GShard's 1e-2).
+pub const AUX_LOSS_WEIGHT: f32 = 0.01;
+
+/// A one-layer language model with self-attention and a [`moe_ffn()`] feed-forward layer:
+/// returns the training loss (the mean weighted next-token cross-entropy plus
+/// [`AUX_LOSS_WEIGHT`] times the load-balancing loss) and the per-expert counts.
+/// Groups (the batch) are split over both mesh axes; dense weights are replicated.
+#[crate::model(mesh = (data, expert))]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_language_model(
+    #[shard((data, expert), _)] tokens: Tensor<G, S, i32>,
+    #[shard((data, expert), _)] targets: Tensor<G, S, i32>,
+    #[shard((data, expert), _)] weights: Tensor<G, S>,
+    #[shard(_, _)] embed: Tensor<V, M>,
+    #[shard(_, _)] position: Tensor<S, M>,
+    #[shard(_, _, _)] wq: Tensor<M, N, K>,
+    #[shard(_, _, _)] wk: Tensor<M, N, K>,
+    #[shard(_, _, _)] wv: Tensor<M, N, K>,
+    #[shard(_, _, _)] wo: Tensor<N, K, M>,
+    #[shard(_, _)] wg: Tensor<M, E>,
+    #[shard(expert, _, _)] w_in: Tensor<E, M, H>,
+    #[shard(expert, _, _)] w_out: Tensor<E, H, M>,
+    #[shard(_, _)] unembed: Tensor<M, V>,
+    capacity: usize,
+) -> (Tensor, Tensor<E>) {
+    let vocab = embed.shape()[0];
+    #[shard((data, expert), _, _)]
+    let x = &einsum("gsv,vm->gsm", &one_hot(&tokens, vocab), &embed) + &position;
+    let x = &x + &attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
+    let (ffn, aux_loss, counts) = moe_ffn(x.layer_norm(-1, 1e-5), wg, w_in, w_out, capacity);
+    let x = &x + &ffn;
+    let logits = einsum("gsm,mv->gsv", &x.layer_norm(-1, 1e-5), &unembed);
+    let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
+    let cross_entropy = -((&log_p * &weights).sum(&[0, 1]) / weights.sum(&[0, 1]));
+    (&cross_entropy + &(aux_loss * AUX_LOSS_WEIGHT), counts)
+}
+
+// TEMPORARY until Tensor::argmax / cumsum land.
+fn argmax(x: &Tensor) -> Tensor {
+    let b = x.builder();
+    let shape = x.shape().to_vec();
+    let r = shape.len();
+    let m = x
+        .reduce(crate::ir::ReduceKind::Max, &[-1], true)
+        .broadcast_to(shape.clone());
+    let idx = b.iota(shape.clone(), r - 1, DType::I32);
+    let big = idx.scalar_like(shape[r - 1] as f64);
+    x.eq(&m)
+        .select(&idx, &big)
+        .reduce(crate::ir::ReduceKind::Min, &[-1], false)
+}
+fn cumsum(x: &Tensor) -> Tensor {
+    let s = x.shape()[1];
+    let b = x.builder();
+    let tri = b
+        .iota([s, s], 0, DType::I32)
+        .le(&b.iota([s, s], 1, DType::I32))
+        .convert(DType::F32);
+    einsum("gse,st->gte", x, &tri)
+}
