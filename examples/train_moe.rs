@@ -10,7 +10,8 @@
 //! 3.47; a model that has learned the rule drives the loss towards 0.
 //!
 //! The first steps also run on the reference interpreter (one device) and their losses
-//! are compared. Before and after training it prints how many tokens pick each expert
+//! are compared; the run fails if they differ, or if the loss does not halve in the
+//! default 300 steps. Before and after training it prints how many tokens pick each expert
 //! first: the load-balancing loss keeps them near equal.
 //!
 //! ```text
@@ -41,6 +42,8 @@ const EXPERTS: usize = 4;
 const CAPACITY: usize = 3 * SEQ / EXPERTS;
 /// The data inputs of the model: tokens, targets and loss weights.
 const DATA: usize = 3;
+/// Steps by default: the loss must at least halve in as many.
+const STEPS: usize = 300;
 /// Steps compared with the reference interpreter.
 const CHECKED_STEPS: usize = 3;
 
@@ -111,7 +114,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
-        .unwrap_or(300);
+        .unwrap_or(STEPS);
     let dims = moe_language_model::Dims {
         G: GROUPS,
         S: SEQ,
@@ -169,6 +172,13 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     if run.max_diff > 1e-4 {
         return Err(format!("the mesh differs from the reference by {}", run.max_diff).into());
+    }
+    if steps >= STEPS && run.mean_last >= 0.5 * run.first {
+        return Err(format!(
+            "the loss did not halve in {steps} steps: {} -> {}",
+            run.first, run.mean_last
+        )
+        .into());
     }
     Ok(())
 }
