@@ -23,8 +23,7 @@
 //!   convolution of the input (batch as feature, per group) with the result's cotangent
 //!   as kernel, rhs dilation = stride, stride = rhs dilation (JAX's transpose rules).
 //! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`,
-//!   `is_finite`, the
-//!   predicate of `select`, and `convert` to or from i32 or bool.
+//!   `is_finite`, the predicate of `select`, and `convert` to or from i32 or bool.
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
