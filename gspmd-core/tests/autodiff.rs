@@ -163,7 +163,7 @@ fn check_gradients(program: &Program, inputs: &[Literal], wrt: &[usize]) -> Vec<
 #[test]
 fn unary_rules_match_finite_differences() {
     type Method = fn(&Tensor) -> Tensor;
-    let cases: [(&str, Method, f32, f32); 8] = [
+    let cases: [(&str, Method, f32, f32); 11] = [
         ("negate", Tensor::neg, -2.0, 2.0),
         ("abs", Tensor::abs, 0.2, 2.0), // signed below: away from the kink
         ("exponential", Tensor::exp, -2.0, 1.5),
@@ -172,6 +172,9 @@ fn unary_rules_match_finite_differences() {
         ("rsqrt", Tensor::rsqrt, 0.5, 2.0),
         ("tanh", Tensor::tanh, -2.0, 2.0),
         ("logistic", Tensor::logistic, -3.0, 3.0),
+        ("sine", Tensor::sin, -4.0, 4.0),
+        ("cosine", Tensor::cos, -4.0, 4.0),
+        ("erf", Tensor::erf, -2.5, 2.5),
     ];
     for (i, (name, method, lo, hi)) in cases.into_iter().enumerate() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(100 + i as u64);
@@ -199,7 +202,7 @@ fn abs_has_zero_gradient_at_zero() {
 #[test]
 fn binary_rules_match_finite_differences() {
     type Method = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, Method); 7] = [
+    let cases: [(&str, Method); 8] = [
         ("add", Tensor::add),
         ("subtract", Tensor::sub),
         ("multiply", Tensor::mul),
@@ -207,6 +210,7 @@ fn binary_rules_match_finite_differences() {
         ("maximum", Tensor::max),
         ("minimum", Tensor::min),
         ("power", Tensor::pow),
+        ("remainder", Tensor::rem),
     ];
     for (i, (name, method)) in cases.into_iter().enumerate() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(200 + i as u64);
@@ -223,6 +227,7 @@ fn binary_rules_match_finite_differences() {
                 uniform_f32(&mut rng, &[2, 3], 0.5, 2.0),
                 uniform_f32(&mut rng, &[2, 3], -1.5, 1.5),
             ),
+            "remainder" => away_from_multiples(&mut rng, &[2, 3]),
             // `b` a clear distance from `a`: no ties within eps.
             _ => {
                 let a = uniform_f32(&mut rng, &[2, 3], -2.0, 2.0);
@@ -236,6 +241,77 @@ fn binary_rules_match_finite_differences() {
         println!("{name}");
         check_gradients(&program, &[a, c], &[0, 1]);
     }
+}
+
+/// `(a, b)` with `a / b` in `n + [0.2, 0.8]` for an integer `n` in `[-3, 3)` and `|b|`
+/// in `[0.5, 2)`: a remainder `a - b trunc(a/b)` at least `0.2 |b|` from its jumps.
+fn away_from_multiples(rng: &mut Xoshiro256PlusPlus, shape: &[usize]) -> (Literal, Literal) {
+    let b = array(rng, shape, |r| signed(r, 0.5, 2.0));
+    let a: Vec<f32> = values(&b)
+        .iter()
+        .map(|v| v * (rng.random_range(-3..3) as f32 + rng.random_range(0.2..0.8)))
+        .collect();
+    (f32s(shape, &a), b)
+}
+
+/// floor, ceil, round and sign are piecewise constant and `is_finite` bool-valued: no
+/// gradient flows through them (JAX's zero derivative), which central differences
+/// away from the jumps confirm; `x` still reaches the loss through a select on
+/// `is_finite`.
+#[test]
+fn rounding_ops_and_is_finite_pass_no_gradient() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(250);
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3]);
+        let steps = x.floor() + x.ceil() + x.round() + x.sign();
+        let guarded = x.is_finite().select(&x.tanh(), &x);
+        weighted_sum(&steps, &mut rng).add(&weighted_sum(&guarded, &mut rng))
+    });
+    // At least 0.1 from integers, half-integers and 0.
+    let x = array(&mut rng, &[2, 3], |r| {
+        let quarter = if r.random_bool(0.5) { 0.25 } else { 0.75 };
+        r.random_range(-3..3) as f32 + quarter + r.random_range(-0.15..0.15)
+    });
+    check_gradients(&program, std::slice::from_ref(&x), &[0]);
+    // Through the steps alone: exactly zero.
+    let program = trace(|b| {
+        let x = param(b, "x", &[2, 3]);
+        (x.floor() + x.ceil() + x.round() + x.sign()).sum(&[0, 1])
+    });
+    let g = check_gradients(&program, &[x], &[0]);
+    assert!(values(&g[0]).iter().all(|&v| v == 0.0), "{g:?}");
+}
+
+/// The exact GELU, clamping and Python's floor remainder, composites of the primitives
+/// above, away from their kinks and jumps.
+#[test]
+fn math_composites_match_finite_differences() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(260);
+    let program = trace(|b| {
+        let (x, a, d) = (
+            param(b, "x", &[2, 3]),
+            param(b, "a", &[2, 3]),
+            param(b, "d", &[2, 3]),
+        );
+        let clamped = x.clamp_scalar(-1.0, 1.0) + x.clamp(&a.neg().abs().neg(), &a.abs());
+        weighted_sum(&x.gelu_exact(), &mut rng)
+            .add(&weighted_sum(&clamped, &mut rng))
+            .add(&weighted_sum(&a.remainder(&d), &mut rng))
+    });
+    let (a, d) = away_from_multiples(&mut rng, &[2, 3]);
+    // x at least 0.1 from the bounds +-1 and +-|a|.
+    let x: Vec<f32> = values(&a)
+        .iter()
+        .map(|v| {
+            loop {
+                let x = rng.random_range(-3.0f32..3.0);
+                if (x.abs() - 1.0).abs() > 0.1 && (x.abs() - v.abs()).abs() > 0.1 {
+                    break x;
+                }
+            }
+        })
+        .collect();
+    check_gradients(&program, &[f32s(&[2, 3], &x), a, d], &[0, 1, 2]);
 }
 
 #[test]

@@ -333,6 +333,158 @@ fn convert_edge_cases() {
     );
 }
 
+// ---- math ops --------------------------------------------------------------------------
+
+#[test]
+fn sin_cos_and_erf_match_references() {
+    let xs = [0.0f32, 0.5, 1.0, -1.0, 2.0, -3.0, 10.0];
+    // erf from tables (std has none).
+    let erf = [
+        0.0,
+        0.520_499_9,
+        0.842_700_8,
+        -0.842_700_8,
+        0.995_322_3,
+        -0.999_977_9,
+        1.0,
+    ];
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[7]);
+            vec![x.sin(), x.cos(), x.erf()]
+        },
+        &[f32s(&[7], &xs)],
+    );
+    let by =
+        |f: fn(f64) -> f64| -> Vec<f32> { xs.iter().map(|&v| f(f64::from(v)) as f32).collect() };
+    assert_f32(&out[0], &[7], &by(f64::sin));
+    assert_f32(&out[1], &[7], &by(f64::cos));
+    assert_f32(&out[2], &[7], &erf);
+}
+
+#[test]
+fn floor_ceil_round_sign_and_is_finite_by_hand() {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let xs = [
+        -2.5f32, -1.5, -0.5, 0.5, 1.5, 2.5, 1.7, -1.2, 0.0, -0.0, inf, nan,
+    ];
+    let out = run(
+        |b| {
+            let x = f32_param(b, "x", &[12]);
+            let i = b.parameter("i", [4], DType::I32);
+            vec![
+                x.floor(),
+                x.ceil(),
+                x.round(),
+                x.sign(),
+                x.is_finite(),
+                i.sign(),
+            ]
+        },
+        &[f32s(&[12], &xs), i32s(&[4], &[-7, 0, 3, i32::MIN])],
+    );
+    let tail = [inf, nan];
+    let with_tail = |head: &[f32]| [head, &tail].concat();
+    assert_f32(
+        &out[0],
+        &[12],
+        &with_tail(&[-3., -2., -1., 0., 1., 2., 1., -2., 0., -0.]),
+    );
+    assert_f32(
+        &out[1],
+        &[12],
+        &with_tail(&[-2., -1., -0., 1., 2., 3., 2., -1., 0., -0.]),
+    );
+    // Ties to even, as jnp.round and torch.round.
+    assert_f32(
+        &out[2],
+        &[12],
+        &with_tail(&[-2., -2., -0., 0., 2., 2., 2., -1., 0., -0.]),
+    );
+    assert_f32(
+        &out[3],
+        &[12],
+        &[-1., -1., -1., 1., 1., 1., 1., -1., 0., -0., 1., nan],
+    );
+    // Signed zeros kept: round(-0.5) and sign(-0) are -0.
+    let bits = |l: &Literal, i: usize| l.as_f32().unwrap().as_slice().unwrap()[i].to_bits();
+    assert_eq!(bits(&out[2], 2), (-0.0f32).to_bits());
+    assert_eq!(bits(&out[3], 9), (-0.0f32).to_bits());
+    let mut finite = [true; 12];
+    finite[10] = false;
+    finite[11] = false;
+    assert_bool(&out[4], &[12], &finite);
+    assert_i32(&out[5], &[4], &[-1, 0, 1, -1]);
+}
+
+#[test]
+fn remainder_truncates_like_fmod_and_xla() {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let out = run(
+        |b| {
+            let (x, y) = (f32_param(b, "a", &[7]), f32_param(b, "b", &[7]));
+            let i = b.parameter("i", [7], DType::I32);
+            let j = b.parameter("j", [7], DType::I32);
+            vec![x.rem(&y), &i % &j, i.div(&j), &x % 2.0]
+        },
+        &[
+            f32s(&[7], &[7., -7., 7., 5.5, 1., inf, 3.]),
+            f32s(&[7], &[3., 3., -3., 2., 0., 2., inf]),
+            i32s(&[7], &[7, -7, 7, -7, 5, i32::MIN, i32::MIN]),
+            i32s(&[7], &[2, 2, -2, -2, 0, -1, 3]),
+        ],
+    );
+    // The sign of the dividend; x % 0 and inf % y are NaN, x % inf = x.
+    assert_f32(&out[0], &[7], &[1., -1., 1., 1.5, nan, nan, 3.]);
+    // XLA's integer remainder and division: x % 0 = x, x / 0 = -1, MIN / -1 = MIN,
+    // MIN % -1 = 0; both truncate toward zero.
+    assert_i32(&out[1], &[7], &[1, -1, 1, -1, 5, 0, -2]);
+    assert_i32(&out[2], &[7], &[3, -3, -3, 3, -1, i32::MIN, -715_827_882]);
+    assert_f32(&out[3], &[7], &[1., -1., 1., 1.5, 1., nan, 1.]);
+}
+
+#[test]
+fn python_remainder_floor_divide_clamp_and_exact_gelu() {
+    let out = run(
+        |b| {
+            let (x, y) = (f32_param(b, "a", &[5]), f32_param(b, "b", &[5]));
+            let i = b.parameter("i", [5], DType::I32);
+            let j = b.parameter("j", [5], DType::I32);
+            let g = f32_param(b, "g", &[5]);
+            vec![
+                x.remainder(&y),
+                i.remainder(&j),
+                x.floor_divide(&y),
+                i.floor_divide(&j),
+                x.clamp_scalar(-1.0, 2.0),
+                x.clamp(&y.neg(), &y.abs()),
+                g.gelu_exact(),
+            ]
+        },
+        &[
+            f32s(&[5], &[7., -7., 7., -7., 6.]),
+            f32s(&[5], &[3., 3., -3., -3., 3.]),
+            i32s(&[5], &[7, -7, 7, -7, -6]),
+            i32s(&[5], &[3, 3, -3, -3, 0]),
+            f32s(&[5], &[0., 1., -1., 2., 0.5]),
+        ],
+    );
+    // The sign of the divisor, as Python's %; exact multiples give 0.
+    assert_f32(&out[0], &[5], &[1., 2., -2., -1., 0.]);
+    assert_i32(&out[1], &[5], &[1, 2, -2, -1, -6]);
+    assert_f32(&out[2], &[5], &[2., -3., -3., 2., 2.]);
+    // -6 // 0 = -1 (XLA's division by zero; the remainder is -6 then).
+    assert_i32(&out[3], &[5], &[2, -3, -3, 2, -1]);
+    assert_f32(&out[4], &[5], &[2., -1., 2., -1., 2.]);
+    assert_f32(&out[5], &[5], &[3., -3., 3., 3., 3.]);
+    // x Phi(x), Phi the standard normal CDF.
+    assert_f32(
+        &out[6],
+        &[5],
+        &[0., 0.841_344_7, -0.158_655_25, 1.954_499_7, 0.345_731_23],
+    );
+}
+
 // ---- generated arrays ------------------------------------------------------------------
 
 #[test]

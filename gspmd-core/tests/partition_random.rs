@@ -261,6 +261,25 @@ fn integer_and_bool_values() {
     check(&p, 5, 6);
 }
 
+/// The math ops on uneven dims under random shardings (padding holds arbitrary values:
+/// no kernel may fail on it); the i32 divisors hold zeros (XLA's `x / 0 = -1`,
+/// `x % 0 = x`).
+#[test]
+fn math_ops_on_uneven_dims() {
+    let p = build("math", |b| {
+        let x = b.parameter("x", [5, 7], DType::F32);
+        let y = b.parameter("y", [5, 7], DType::F32);
+        let i = b.parameter("i", [5, 7], DType::I32);
+        let j = b.parameter("j", [5, 7], DType::I32);
+        let steps = x.floor() + x.ceil() + (&x * 2.0).round() + x.sign();
+        let waves = x.sin() * y.cos() + x.erf() + x.gelu_exact();
+        let rests = &x % &y + x.remainder(&y) + x.floor_divide(&y) + x.clamp(&y, &(&y + 1.0));
+        let ints = &i / &j + &i % &j + i.remainder(&j) + i.floor_divide(&j) + j.sign();
+        vec![steps + waves + rests, ints, (&x / &y).is_finite()]
+    });
+    check(&p, 5, 8);
+}
+
 #[test]
 fn convolutions_in_every_configuration() {
     for (i, case) in conv_cases::cases().iter().enumerate() {

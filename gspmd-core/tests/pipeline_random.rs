@@ -233,7 +233,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..24) {
+        match self.rng.random_range(0..25) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -251,6 +251,7 @@ impl Gen<'_> {
             20 => self.roll(),
             21 => self.convolution(),
             22 => self.reverse(),
+            23 => self.jumps(),
             _ => self.convert(),
         }
     }
@@ -268,7 +269,7 @@ impl Gen<'_> {
             };
             return self.push(r, true);
         }
-        let (r, exact) = match self.rng.random_range(0..8) {
+        let (r, exact) = match self.rng.random_range(0..11) {
             0 => (t.neg(), a.exact),
             1 => (t.abs(), a.exact),
             2 => (t.tanh(), false),
@@ -276,9 +277,56 @@ impl Gen<'_> {
             4 => (t.tanh().exp(), false),
             5 => ((t.abs() + 1.0).sqrt(), false),
             6 => ((t.abs() + 1.0).log(), false),
+            7 => (t.sin(), false),
+            8 => (t.cos(), false),
+            9 => (t.gelu_exact(), false),
             _ => (t.relu(), a.exact),
         };
         self.push(r, exact);
+    }
+
+    /// Ops with jumps (floor, ceil, round, sign, remainders, floor and integer division)
+    /// and `is_finite`, on exact operands only: both programs then apply them to the
+    /// same values (an argument rounded differently across a jump would be no error of
+    /// the partitioner). Their results are small integers or grid values, exact again.
+    fn jumps(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.exact) else {
+            return;
+        };
+        let shape = self.broadcastable(a.t.shape());
+        let b = self.value_of(&shape, a.t.dtype(), true);
+        if broadcast_elements(a.t.shape(), b.t.shape()) > MAX_ELEMENTS {
+            return;
+        }
+        let (t, b) = (&a.t, &b.t);
+        if t.dtype() == DType::I32 {
+            // The inputs hold zeros: division and remainder by zero included.
+            let r = match self.rng.random_range(0..5) {
+                0 => t.sign(),
+                1 => t / b,
+                2 => t % b,
+                3 => t.remainder(b),
+                _ => t.floor_divide(b),
+            };
+            return self.push(r, true);
+        }
+        // A divisor of at least 1/2 keeps the quotients small.
+        let divisor = b.abs() + 0.5;
+        let r = match self.rng.random_range(0..10) {
+            0 => t.floor(),
+            1 => t.ceil(),
+            // The 1/8 grid of the inputs holds ties: half to even.
+            2 => t.round(),
+            3 => t.sign(),
+            4 => t % &divisor,
+            5 => t.remainder(&(b - 0.25)),
+            6 => t.floor_divide(&divisor),
+            7 => t.clamp_scalar(-1.0, 0.5),
+            8 => t.clamp(&b.neg(), &b.abs()),
+            // x / 0 and 0 / 0 where b holds zeros.
+            _ => (t / b).is_finite().select(t, b),
+        };
+        self.push(r, true);
     }
 
     fn binary(&mut self) {
@@ -986,9 +1034,20 @@ const TOLERANCE: f32 = 1e-4;
 /// derivative (`e(a) + e(b)` for add and subtract, `e(a)|b| + |a|e(b)` for multiply,
 /// `(e(a) + |v| e(b)) / |b|` for divide, `|f'(x)| e(x)` for unary ops, ...) and, where
 /// that is not 0, add `|v|` for their own rounding of a different argument. Comparisons
-/// are not covered: the generator only compares values that are exact in any order. A
-/// bound that is not a number (a log at 0) leaves the element unchecked (`inf`).
+/// are not covered: the generator only compares values that are exact in any order.
+/// Ops with jumps (floor, ceil, round, sign, remainder) are exact where their operands
+/// are (0), and unchecked elsewhere (`inf`): an argument rounded across a jump moves the
+/// result by a whole step; the generator only applies them to exact values. A bound
+/// that is not a number (a log at 0) leaves the element unchecked (`inf`).
 fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>>, String> {
+    /// The error of an op with jumps: none from exact operands, else unbounded.
+    fn jumps(_: f32, _: f32, _: f32, ea: f32, eb: f32) -> f32 {
+        if ea == 0.0 && eb == 0.0 {
+            0.0
+        } else {
+            f32::INFINITY
+        }
+    }
     let mut values: Vec<Literal> = Vec::with_capacity(program.nodes.len());
     let mut errors: Vec<ArrayD<f32>> = Vec::with_capacity(program.nodes.len());
     for node in &program.nodes {
@@ -1047,7 +1106,16 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
                 UnaryOp::Rsqrt => elementwise(true, |v, a, _, ea, _| v * ea / (2.0 * a)),
                 UnaryOp::Tanh => elementwise(true, |v, _, _, ea, _| (1.0 - v * v) * ea),
                 UnaryOp::Logistic => elementwise(true, |v, _, _, ea, _| v * (1.0 - v) * ea),
+                UnaryOp::Sin => elementwise(true, |_, a, _, ea, _| a.cos().abs() * ea),
+                UnaryOp::Cos => elementwise(true, |_, a, _, ea, _| a.sin().abs() * ea),
+                UnaryOp::Erf => elementwise(true, |_, a, _, ea, _| {
+                    std::f32::consts::FRAC_2_SQRT_PI * (-a * a).exp() * ea
+                }),
+                UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign => {
+                    elementwise(false, jumps)
+                }
                 UnaryOp::Not => return Err("`not` of an f32".into()),
+                UnaryOp::IsFinite => return Err("an `is_finite` with an f32 result".into()),
             },
             Op::Binary(op) => match op {
                 BinaryOp::Add | BinaryOp::Sub => elementwise(true, |_, _, _, ea, eb| ea + eb),
@@ -1058,6 +1126,7 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
                 BinaryOp::Pow => {
                     elementwise(true, |v, a, b, ea, eb| v * (b * ea / a + a.ln().abs() * eb))
                 }
+                BinaryOp::Rem => elementwise(false, jumps),
                 BinaryOp::And | BinaryOp::Or => return Err("a logical op of f32s".into()),
             },
             Op::Reduce { kind, dims } => match kind {

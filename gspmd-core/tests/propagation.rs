@@ -481,6 +481,15 @@ fn every_elementwise_op_passes_the_sharding_through() {
         x.rsqrt(),
         x.tanh(),
         x.logistic(),
+        x.sin(),
+        x.cos(),
+        x.erf(),
+        x.floor(),
+        x.ceil(),
+        x.round(),
+        x.sign(),
+        // A bool result, split like its operand.
+        x.is_finite(),
     ];
     let binary = [
         x.add(&y),
@@ -490,6 +499,7 @@ fn every_elementwise_op_passes_the_sharding_through() {
         x.max(&y),
         x.min(&y),
         x.pow(&y),
+        x.rem(&y),
     ];
     let compares = [x.eq(&y), x.ne(&y), x.lt(&y), x.le(&y), x.gt(&y), x.ge(&y)];
     let (p, q) = (&compares[0], &compares[1]);
@@ -515,6 +525,25 @@ fn every_elementwise_op_passes_the_sharding_through() {
             "{}",
             program.node(id(t)).op.name()
         );
+    }
+}
+
+/// The math ops are elementwise both ways: a constraint on a result after a chain of
+/// them splits the operand they started from, and its rule maps dims one to one.
+#[test]
+fn math_ops_pass_a_result_sharding_back_to_their_operands() {
+    let b = Builder::new("math");
+    let x = param(&b, "x", &[8, 16], None);
+    let y = param(&b, "y", &[8, 16], None);
+    let chain = x.sin().cos().erf().floor().ceil().round().sign().rem(&y);
+    let finite = chain.is_finite();
+    let out = finite.shard(sh("(model, data)"));
+    let p = finish(b, &[&out]);
+    assert_eq!(rule(&p, &finite), "([i, j])->([i, j]) {i=8, j=16}");
+    assert_eq!(rule(&p, &chain), "([i, j], [i, j])->([i, j]) {i=8, j=16}");
+    let program = run(&p);
+    for t in [&x, &y, &chain, &finite] {
+        assert_eq!(of(&program, t), "(model, data)");
     }
 }
 

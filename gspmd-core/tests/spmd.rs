@@ -696,6 +696,49 @@ fn unreduced_annotations_are_exact() {
     );
 }
 
+/// No math op is linear: asked for pending sums (a result kept unreduced), each first
+/// reduces its split-contraction operand, since the sign, floor or remainder of each
+/// device's summand is not that of the sum. The operands are rounded to integers
+/// first, so the contraction is exact in any order and the ops with jumps see the same
+/// values on the mesh as in the reference.
+#[test]
+fn math_ops_reduce_pending_sums_first() {
+    let p = build("math", |b| {
+        let x = b
+            .parameter("x", [8, 4], DType::F32)
+            .annotate(s("(_, model)"));
+        let w = b
+            .parameter("w", [4, 6], DType::F32)
+            .annotate(s("(model, _)"));
+        let (x, w) = ((&x * 4.0).round(), (&w * 4.0).round());
+        // Each op's own result annotated with pending sums: its handler's target.
+        let partial = |t: Tensor| t.annotate(s("(_, _) unreduced={model}"));
+        let y = partial(x.matmul(&w));
+        let yi = y.convert(DType::I32);
+        let results = [
+            y.sign(),
+            y.floor(),
+            y.ceil(),
+            (&y * 0.25).round(),
+            (&y * 0.1).sin(),
+            (&y * 0.1).cos(),
+            (&y * 0.1).erf(),
+            &y % 3.0,
+            y.remainder(&y.scalar_like(-3.0)),
+            (&y / &y).is_finite().select(&y, &y.abs()),
+            // i32: y / sign(y) is |y|, and -1 where y = 0 (XLA's division by zero).
+            (&yi / &yi.sign() + &yi % &yi.sign()).convert(DType::F32),
+        ];
+        let sum = results
+            .into_iter()
+            .map(partial)
+            .reduce(|a, b| a + b)
+            .unwrap();
+        vec![sum.shard(s("(data, _)"))]
+    });
+    check_on_all_meshes(&p);
+}
+
 /// An output the user keeps unreduced comes back as a global array holding the sum of
 /// the partial values; the dot's partial sums flow into the constraint with no
 /// collective at all.

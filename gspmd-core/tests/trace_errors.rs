@@ -668,3 +668,69 @@ fn reverse_of_bad_dims_is_one_error_at_the_user_line() {
         assert!(message.contains("reverse dims"), "{message}");
     }
 }
+
+// ---- math ops ------------------------------------------------------------------------
+
+/// Traces `build` (which returns the line of its one bad call) and checks the one
+/// `Error::Shape` of `op` there, whose message contains `want`.
+fn math_error(op: &str, want: &str, build: impl FnOnce(&Builder) -> u32) {
+    let b = Builder::new("t");
+    let line = build(&b);
+    let message = one_shape_error(b, op, line);
+    assert!(message.contains(want), "{op}: {message}");
+}
+
+fn i32_param(b: &Builder) -> Tensor {
+    b.parameter("i", [3], DType::I32)
+}
+
+/// Each dtype misuse of a math op is one `Error::Shape` of that op at the user's line,
+/// also inside a composite (the failing primitive is named; the later ops on its
+/// poisoned result record nothing).
+#[test]
+fn math_ops_of_the_wrong_dtype_are_one_error_at_the_user_line() {
+    let not_f32 = "needs an f32 operand, got i32[3]";
+    let mixed = "operands f32[3] and i32[3] differ";
+    math_error("is_finite", not_f32, |b| {
+        let (_y, line) = (i32_param(b).is_finite(), line!());
+        line
+    });
+    math_error("floor", not_f32, |b| {
+        let (_y, line) = (i32_param(b).floor(), line!());
+        line
+    });
+    math_error("erf", not_f32, |b| {
+        let (_y, line) = (i32_param(b).gelu_exact(), line!());
+        line
+    });
+    math_error("sign", "needs numeric operands, got pred[3]", |b| {
+        let p = b.parameter("p", [3], DType::Bool);
+        let (_y, line) = (p.sign(), line!());
+        line
+    });
+    math_error("remainder", mixed, |b| {
+        let (x, i) = (f32_param(b, "x", &[3]), i32_param(b));
+        let (_y, line) = (x.rem(&i), line!());
+        line
+    });
+    math_error("remainder", mixed, |b| {
+        let (x, i) = (f32_param(b, "x", &[3]), i32_param(b));
+        let (_y, line) = (&x % &i, line!());
+        line
+    });
+    math_error("remainder", mixed, |b| {
+        let (x, i) = (f32_param(b, "x", &[3]), i32_param(b));
+        let (_y, line) = (x.remainder(&i), line!());
+        line
+    });
+    math_error("divide", mixed, |b| {
+        let (x, i) = (f32_param(b, "x", &[3]), i32_param(b));
+        let (_y, line) = (x.floor_divide(&i), line!());
+        line
+    });
+    math_error("maximum", mixed, |b| {
+        let (x, i) = (f32_param(b, "x", &[3]), i32_param(b));
+        let (_y, line) = (x.clamp(&i, &x), line!());
+        line
+    });
+}

@@ -9,10 +9,12 @@
 //!
 //! Rules and conventions (the registry's documentation has the details):
 //! - unary: `negate`, `abs` (`sign(x)`, 0 at 0), `exponential`, `log`, `sqrt`, `rsqrt`,
-//!   `tanh`, `logistic`; `not` has no gradient;
-//! - binary: `add`, `subtract`, `multiply`, `divide`, `power` (both operands),
-//!   `maximum`/`minimum` (ties split the cotangent in halves, as JAX's `lax.max`);
-//!   `and`/`or` have none;
+//!   `tanh`, `logistic`, `sine`, `cosine`, `erf`; `not` and `is_finite` have no
+//!   gradient; `floor`, `ceil`, `round` and `sign` are piecewise constant: their
+//!   results are constants of the sweep (JAX's zero derivative);
+//! - binary: `add`, `subtract`, `multiply`, `divide`, `power`, `remainder` (both
+//!   operands), `maximum`/`minimum` (ties split the cotangent in halves, as JAX's
+//!   `lax.max`); `and`/`or` have none;
 //! - `select`: the cotangent goes to the chosen branch, zeros to the other; none to the
 //!   predicate or through `compare`;
 //! - `convert`: identity from f32 to f32; no gradient to or from i32 and bool;

@@ -11,6 +11,10 @@
 //!   elements (in row-major window order) equal to the result, as XLA's
 //!   `select_and_scatter` (JAX's max-pool gradient) does; a tie gets it exactly once.
 //! - `abs`: the derivative is `sign(x)`, 0 at `x = 0`.
+//! - `floor`, `ceil`, `round` and `sign` are piecewise constant: no gradient flows
+//!   through them (JAX's zero derivative; at the jumps too).
+//! - `remainder(a, b) = a - b trunc(a/b)`: `d/da = 1`, `d/db = -trunc(a/b)`, away from
+//!   the jumps where `a/b` is an integer.
 //! - `power(x, y)`: `d/dx = y x^(y-1)`, taken as 0 where `y = 0`;
 //!   `d/dy = x^y log(x)`, taken as 0 where `x = 0`.
 //! - `convolution`: the input's cotangent is the convolution of the result's cotangent
@@ -18,8 +22,8 @@
 //!   group), lhs dilation = stride, stride = lhs dilation; the kernel's is the
 //!   convolution of the input (batch as feature, per group) with the result's cotangent
 //!   as kernel, rhs dilation = stride, stride = rhs dilation (JAX's transpose rules).
-//! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`, the
-//!   predicate of `select`, and `convert` to or from i32 or bool.
+//! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`,
+//!   `is_finite`, the predicate of `select`, and `convert` to or from i32 or bool.
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
@@ -40,6 +44,8 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => true,
         K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => true,
         K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge => true,
+        K::Sin | K::Cos | K::Erf | K::Floor | K::Ceil | K::Round | K::Sign | K::IsFinite => true,
+        K::Rem => true,
         K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => true,
         K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
         K::ShardingConstraint => true,
@@ -49,6 +55,17 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
     }
+}
+
+/// False for the piecewise-constant ops (`floor`, `ceil`, `round`, `sign`): their
+/// derivative is zero wherever it exists (JAX's convention), so the sweep treats their
+/// results as constants and emits no backward code for what only reaches the loss
+/// through them.
+pub(super) fn passes_gradient(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Unary(UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign)
+    )
 }
 
 /// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
@@ -187,7 +204,13 @@ fn unary(
     ct: ValueId,
 ) -> Result<Option<ValueId>> {
     let dy_dx = match op {
-        UnaryOp::Not => return Ok(None),
+        // Bool-valued, or piecewise constant (not `passes_gradient`: never reached).
+        UnaryOp::Not
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Sign
+        | UnaryOp::IsFinite => return Ok(None),
         UnaryOp::Neg => return e.unary(UnaryOp::Neg, ct).map(Some),
         UnaryOp::Log => return e.div(ct, x).map(Some),
         UnaryOp::Exp => y,
@@ -215,6 +238,18 @@ fn unary(
         UnaryOp::Logistic => {
             let rest = e.rsub(1.0, y)?;
             e.mul(y, rest)?
+        }
+        UnaryOp::Sin => e.unary(UnaryOp::Cos, x)?,
+        UnaryOp::Cos => {
+            let sin = e.unary(UnaryOp::Sin, x)?;
+            e.unary(UnaryOp::Neg, sin)?
+        }
+        // 2/sqrt(pi) e^(-x^2)
+        UnaryOp::Erf => {
+            let sq = e.mul(x, x)?;
+            let minus_sq = e.unary(UnaryOp::Neg, sq)?;
+            let g = e.unary(UnaryOp::Exp, minus_sq)?;
+            e.scale(g, std::f32::consts::FRAC_2_SQRT_PI)?
         }
     };
     e.mul(ct, dy_dx).map(Some)
@@ -244,6 +279,15 @@ fn binary(
             e.unary(UnaryOp::Neg, t)?
         }
         (BinaryOp::Max | BinaryOp::Min, _) => tie_share(e, this, other, y, ct)?,
+        (BinaryOp::Rem, 0) => ct,
+        // y = a - b trunc(a/b): d/db = -trunc(a/b), the integer (a - y) / b rounded.
+        (BinaryOp::Rem, _) => {
+            let multiple = e.sub(a, y)?;
+            let q = e.div(multiple, b)?;
+            let n = e.unary(UnaryOp::Round, q)?;
+            let t = e.mul(ct, n)?;
+            e.unary(UnaryOp::Neg, t)?
+        }
         // b a^(b-1), 0 where b = 0.
         (BinaryOp::Pow, 0) => {
             let ones = e.full(&e.shape(b), 1.0)?;

@@ -2,7 +2,7 @@
 //! asking the [registry](super::registry) for each operand's cotangent and summing the
 //! cotangents of values used several times. It knows no op.
 
-use super::registry::{is_differentiable, not_differentiable, operand_cotangent};
+use super::registry::{is_differentiable, not_differentiable, operand_cotangent, passes_gradient};
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
@@ -120,14 +120,14 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     Ok(out)
 }
 
-/// The values that depend on one of `params` through f32 values: the only ones a
-/// cotangent can flow into.
+/// The values that depend on one of `params` through f32 values and ops that
+/// [`passes_gradient`]: the only ones a cotangent can flow into.
 fn active_values(program: &Program, params: &[ValueId]) -> Vec<bool> {
     let mut active = vec![false; program.nodes.len()];
     for v in program.values() {
         let node = program.node(v);
-        active[v.index()] = node.ty.dtype == DType::F32
-            && (params.contains(&v) || node.operands.iter().any(|o| active[o.index()]));
+        let depends = passes_gradient(&node.op) && node.operands.iter().any(|o| active[o.index()]);
+        active[v.index()] = node.ty.dtype == DType::F32 && (params.contains(&v) || depends);
     }
     active
 }

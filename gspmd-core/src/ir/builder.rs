@@ -412,6 +412,23 @@ impl Tensor {
         logistic => Logistic;
         /// Logical not.
         not => Not;
+        /// Sine.
+        sin => Sin;
+        /// Cosine.
+        cos => Cos;
+        /// The error function (exact GELU: [`Tensor::gelu_exact`]).
+        erf => Erf;
+        /// Largest integer not above `x` (f32).
+        floor => Floor;
+        /// Smallest integer not below `x` (f32).
+        ceil => Ceil;
+        /// Nearest integer, ties to even, as `jnp.round` and `torch.round`: `0.5 -> 0`,
+        /// `1.5 -> 2`, `-2.5 -> -2` (f32).
+        round => Round;
+        /// `-1`, `0` or `1` by the sign of `x` (f32, i32); NaN stays NaN.
+        sign => Sign;
+        /// True where `x` is neither infinite nor NaN: an f32 operand, a bool result.
+        is_finite => IsFinite;
     }
 
     binary_methods! {
@@ -421,7 +438,7 @@ impl Tensor {
         sub => Sub;
         /// `a * b`.
         mul => Mul;
-        /// `a / b`.
+        /// `a / b`; i32 division truncates toward zero, and `a / 0 = -1` (XLA's).
         div => Div;
         /// Elementwise maximum.
         max => Max;
@@ -433,6 +450,10 @@ impl Tensor {
         and => And;
         /// Logical or.
         or => Or;
+        /// Truncated remainder `a - b trunc(a/b)`, the sign of `a` (C's `fmod`, XLA's
+        /// `remainder`; i32: `a % 0 = a`). Python's floor modulo is
+        /// [`Tensor::remainder`].
+        rem => Rem;
     }
 
     compare_methods! {

@@ -31,11 +31,19 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let t = operands[0];
             let is_logical = *u == UnaryOp::Not;
             check_dtype(t, is_logical)?;
-            let transcendental = !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not);
-            if transcendental && t.dtype != DType::F32 {
+            let f32_only = !matches!(
+                u,
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Not
+            );
+            if f32_only && t.dtype != DType::F32 {
                 return Err(format!("needs an f32 operand, got {t}"));
             }
-            Ok(t.clone())
+            // `is_finite` is a predicate: f32 in, bool out.
+            let dtype = match u {
+                UnaryOp::IsFinite => DType::Bool,
+                _ => t.dtype,
+            };
+            Ok(TensorType::new(t.shape.clone(), dtype))
         }
         Op::Binary(b) => {
             let (a, c) = (operands[0], operands[1]);

@@ -7,6 +7,7 @@ mod convolution;
 mod einsum;
 mod infer;
 mod literal;
+mod math;
 mod op;
 mod operators;
 mod pooling;

@@ -26,6 +26,23 @@ pub enum UnaryOp {
     Logistic,
     /// Logical not (bool only).
     Not,
+    /// Sine (f32).
+    Sin,
+    /// Cosine (f32).
+    Cos,
+    /// The error function `2/sqrt(pi) * integral_0^x e^(-t^2) dt` (f32).
+    Erf,
+    /// Largest integer not above `x` (f32).
+    Floor,
+    /// Smallest integer not below `x` (f32).
+    Ceil,
+    /// Nearest integer, ties to even (`jnp.round`, `torch.round`, XLA's
+    /// `round_nearest_even`; f32): `round(0.5) = 0`, `round(1.5) = 2`, `round(-2.5) = -2`.
+    Round,
+    /// `-1`, `0` or `1` by the sign of `x` (f32 and i32); `sign(±0) = ±0`, `sign(NaN) = NaN`.
+    Sign,
+    /// True where `x` is neither infinite nor NaN (f32 operand, bool result).
+    IsFinite,
 }
 
 /// Elementwise ops of two operands of the same shape and dtype.
@@ -49,6 +66,10 @@ pub enum BinaryOp {
     And,
     /// Logical or (bool only).
     Or,
+    /// Truncated remainder `a - b * trunc(a / b)`, with the sign of the dividend `a`
+    /// (C's `fmod` for f32, XLA's `remainder`); for i32 `a % 0 = a` and `MIN % -1 = 0`,
+    /// as XLA.
+    Rem,
 }
 
 /// Elementwise comparisons; the result is bool.
@@ -513,6 +534,14 @@ impl Op {
                 UnaryOp::Tanh => "tanh",
                 UnaryOp::Logistic => "logistic",
                 UnaryOp::Not => "not",
+                UnaryOp::Sin => "sine",
+                UnaryOp::Cos => "cosine",
+                UnaryOp::Erf => "erf",
+                UnaryOp::Floor => "floor",
+                UnaryOp::Ceil => "ceil",
+                UnaryOp::Round => "round_nearest_even",
+                UnaryOp::Sign => "sign",
+                UnaryOp::IsFinite => "is_finite",
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",
@@ -524,6 +553,7 @@ impl Op {
                 BinaryOp::Pow => "power",
                 BinaryOp::And => "and",
                 BinaryOp::Or => "or",
+                BinaryOp::Rem => "remainder",
             },
             Op::Compare(_) => "compare",
             Op::Select => "select",
@@ -567,6 +597,14 @@ impl Op {
                 UnaryOp::Tanh => OpKind::Tanh,
                 UnaryOp::Logistic => OpKind::Logistic,
                 UnaryOp::Not => OpKind::Not,
+                UnaryOp::Sin => OpKind::Sin,
+                UnaryOp::Cos => OpKind::Cos,
+                UnaryOp::Erf => OpKind::Erf,
+                UnaryOp::Floor => OpKind::Floor,
+                UnaryOp::Ceil => OpKind::Ceil,
+                UnaryOp::Round => OpKind::Round,
+                UnaryOp::Sign => OpKind::Sign,
+                UnaryOp::IsFinite => OpKind::IsFinite,
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => OpKind::Add,
@@ -578,6 +616,7 @@ impl Op {
                 BinaryOp::Pow => OpKind::Pow,
                 BinaryOp::And => OpKind::And,
                 BinaryOp::Or => OpKind::Or,
+                BinaryOp::Rem => OpKind::Rem,
             },
             Op::Compare(c) => match c {
                 CompareOp::Eq => OpKind::Eq,
@@ -773,6 +812,22 @@ op_kinds! {
     Logistic,
     /// [`UnaryOp::Not`].
     Not,
+    /// [`UnaryOp::Sin`].
+    Sin,
+    /// [`UnaryOp::Cos`].
+    Cos,
+    /// [`UnaryOp::Erf`].
+    Erf,
+    /// [`UnaryOp::Floor`].
+    Floor,
+    /// [`UnaryOp::Ceil`].
+    Ceil,
+    /// [`UnaryOp::Round`].
+    Round,
+    /// [`UnaryOp::Sign`].
+    Sign,
+    /// [`UnaryOp::IsFinite`].
+    IsFinite,
     /// [`BinaryOp::Add`].
     Add,
     /// [`BinaryOp::Sub`].
@@ -791,6 +846,8 @@ op_kinds! {
     And,
     /// [`BinaryOp::Or`].
     Or,
+    /// [`BinaryOp::Rem`].
+    Rem,
     /// [`CompareOp::Eq`].
     Eq,
     /// [`CompareOp::Ne`].
@@ -876,6 +933,10 @@ impl OpKind {
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
+            K::Sin | K::Cos | K::Erf | K::Floor | K::Ceil | K::Round | K::Sign | K::IsFinite => {
+                false
+            }
+            K::Rem => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
@@ -892,6 +953,10 @@ impl OpKind {
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => true,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => true,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => true,
+            K::Sin | K::Cos | K::Erf | K::Floor | K::Ceil | K::Round | K::Sign | K::IsFinite => {
+                true
+            }
+            K::Rem => true,
             K::ShardingConstraint => true,
             K::Parameter | K::Constant | K::Iota => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
@@ -918,6 +983,10 @@ impl OpKind {
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
+            K::Sin | K::Cos | K::Erf | K::Floor | K::Ceil | K::Round | K::Sign | K::IsFinite => {
+                false
+            }
+            K::Rem => false,
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
             K::Reverse => false,
             K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,

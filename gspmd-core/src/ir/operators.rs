@@ -1,7 +1,8 @@
-//! `std::ops` for traced [`Tensor`]s: `a + b`, `&a * 2.0`, `-x`, with NumPy broadcasting.
+//! `std::ops` for traced [`Tensor`]s: `a + b`, `&a * 2.0`, `-x`, `a % b` (truncated, as
+//! Rust's: [`Tensor::rem`]), with NumPy broadcasting.
 //! Each forwards to the method of the same name, so the user's source line is kept.
 
-use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::ops::{Add, Div, Mul, Neg, Rem, Sub};
 
 use super::builder::Tensor;
 
@@ -71,6 +72,7 @@ binary_operator! {
     Sub sub;
     Mul mul;
     Div div;
+    Rem rem;
 }
 
 impl Neg for &Tensor {

@@ -189,6 +189,7 @@ fn zip_with<A: Copy, B: Copy, R>(x: &ArrayD<A>, y: &ArrayD<B>, f: impl Fn(A, B) 
 fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
     let undefined = || not_defined(&Op::Unary(op), x.dtype());
     Ok(match x {
+        Literal::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.mapv(f32::is_finite)),
         Literal::F32(a) => Literal::F32(match op {
             UnaryOp::Neg => a.mapv(|v| -v),
             UnaryOp::Abs => a.mapv(f32::abs),
@@ -198,11 +199,19 @@ fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
             UnaryOp::Rsqrt => a.mapv(|v| v.sqrt().recip()),
             UnaryOp::Tanh => a.mapv(f32::tanh),
             UnaryOp::Logistic => a.mapv(|v| 1.0 / (1.0 + (-v).exp())),
-            UnaryOp::Not => return Err(undefined()),
+            UnaryOp::Sin => a.mapv(f32::sin),
+            UnaryOp::Cos => a.mapv(f32::cos),
+            UnaryOp::Erf => a.mapv(libm::erff),
+            UnaryOp::Floor => a.mapv(f32::floor),
+            UnaryOp::Ceil => a.mapv(f32::ceil),
+            UnaryOp::Round => a.mapv(f32::round_ties_even),
+            UnaryOp::Sign => a.mapv(sign_f32),
+            UnaryOp::Not | UnaryOp::IsFinite => return Err(undefined()),
         }),
         Literal::I32(a) => Literal::I32(match op {
             UnaryOp::Neg => a.mapv(i32::wrapping_neg),
             UnaryOp::Abs => a.mapv(i32::wrapping_abs),
+            UnaryOp::Sign => a.mapv(i32::signum),
             _ => return Err(undefined()),
         }),
         Literal::Bool(a) => Literal::Bool(match op {
@@ -222,9 +231,24 @@ pub(crate) fn min_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || a < b { a } else { b }
 }
 
+/// XLA's `sign`: `-1`, `1`, or the operand itself for `±0` and NaN.
+fn sign_f32(v: f32) -> f32 {
+    if v == 0.0 || v.is_nan() {
+        v
+    } else {
+        v.signum()
+    }
+}
+
 /// XLA's integer division: truncates toward zero; `x / 0 = -1`; `MIN / -1 = MIN`.
 fn div_i32(a: i32, b: i32) -> i32 {
     if b == 0 { -1 } else { a.wrapping_div(b) }
+}
+
+/// XLA's integer remainder, the partner of [`div_i32`]: the sign of the dividend;
+/// `x % 0 = x`; `MIN % -1 = 0`.
+fn rem_i32(a: i32, b: i32) -> i32 {
+    if b == 0 { a } else { a.wrapping_rem(b) }
 }
 
 /// XLA's integer power: negative exponents give 0 except for bases 1 and -1.
@@ -254,6 +278,8 @@ fn binary(op: BinaryOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
             BinaryOp::Max => zip_with(a, b, max_nan),
             BinaryOp::Min => zip_with(a, b, min_nan),
             BinaryOp::Pow => zip_with(a, b, f32::powf),
+            // Rust's `%` on floats is C's `fmod`: exact, the sign of the dividend.
+            BinaryOp::Rem => zip_with(a, b, |p, q| p % q),
             BinaryOp::And | BinaryOp::Or => return Err(undefined()),
         }),
         (Literal::I32(a), Literal::I32(b)) => Literal::I32(match op {
@@ -264,6 +290,7 @@ fn binary(op: BinaryOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
             BinaryOp::Max => zip_with(a, b, i32::max),
             BinaryOp::Min => zip_with(a, b, i32::min),
             BinaryOp::Pow => zip_with(a, b, pow_i32),
+            BinaryOp::Rem => zip_with(a, b, rem_i32),
             BinaryOp::And | BinaryOp::Or => return Err(undefined()),
         }),
         (Literal::Bool(a), Literal::Bool(b)) => Literal::Bool(match op {
