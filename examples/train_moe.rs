@@ -83,7 +83,7 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
 /// The bound of a weight's uniform initial values: 1/sqrt(fan-in).
 fn init_bound(name: &str, shape: &[usize]) -> f32 {
     let fan_in = match name {
-        "embed" | "position" => 1,
+        "embed" => 1,
         "wo" => shape[0] * shape[1],
         "w_in" | "w_out" => shape[1],
         _ => shape[0],

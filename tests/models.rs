@@ -7,7 +7,7 @@ use gspmd::autodiff::grad;
 use gspmd::compile;
 use gspmd::ir::Literal;
 use gspmd::models::moe::moe_language_model;
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{language_model, rotary};
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::{ThreadMesh, interpret};
@@ -156,5 +156,33 @@ fn mixture_of_experts_and_its_gradient_match_the_reference_with_all_to_all_dispa
             assert_eq!(exe.spmd.collectives().count("all_to_all"), 4, "{mesh}");
             assert_eq!(exe.spmd.collectives().count("all_gather"), 0, "{mesh}");
         }
+    }
+}
+
+#[test]
+fn rotary_positions_rotate_pairs_by_position_times_frequency() {
+    let (b, h, s, k) = (1, 2, 5, 4);
+    let builder = Builder::new("rotary");
+    let x = builder.parameter("x", [b, h, s, k], DType::F32);
+    let program = builder.finish(&[&rotary(&x)]).unwrap();
+    let x = inputs(&program).remove(0);
+    let got = interpret(&program, std::slice::from_ref(&x))
+        .unwrap()
+        .remove(0);
+    let (x, got) = (x.as_f32().unwrap(), got.as_f32().unwrap());
+    for (index, &value) in got.indexed_iter() {
+        let (pos, i) = (index[2], index[3] % (k / 2));
+        let angle = pos as f64 * 10000f64.powf(-2.0 * i as f64 / k as f64);
+        let at = |j: usize| f64::from(x[[index[0], index[1], pos, j]]);
+        let (x1, x2) = (at(i), at(i + k / 2));
+        let want = if index[3] < k / 2 {
+            x1 * angle.cos() - x2 * angle.sin()
+        } else {
+            x2 * angle.cos() + x1 * angle.sin()
+        };
+        assert!(
+            (f64::from(value) - want).abs() < 1e-5,
+            "{index:?}: {value} vs {want}"
+        );
     }
 }

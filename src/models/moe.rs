@@ -11,7 +11,7 @@
 //! back. The auxiliary load-balancing loss (GShard's `mean(density * density_proxy)`,
 //! scaled by `E²`) pushes the router towards equal loads.
 
-use super::transformer::{attention, one_hot};
+use super::transformer::{one_hot, rotary_attention};
 use crate::ir::{DType, Tensor, einsum};
 
 /// What the router decides for `x: [G, S, M]`.
@@ -104,7 +104,8 @@ pub fn moe_ffn(
 /// The weight of the load-balancing loss in the training loss (GShard's 1e-2).
 pub const AUX_LOSS_WEIGHT: f32 = 0.01;
 
-/// A one-layer language model with self-attention and a [`moe_ffn()`] feed-forward layer:
+/// A one-layer language model with self-attention (rotary positions) and a [`moe_ffn()`]
+/// feed-forward layer:
 /// returns the training loss (the mean weighted next-token cross-entropy plus
 /// [`AUX_LOSS_WEIGHT`] times the load-balancing loss) and the per-expert counts.
 /// Groups (the batch) are split over both mesh axes; dense weights are replicated.
@@ -115,7 +116,6 @@ pub fn moe_language_model(
     #[shard((data, expert), _)] targets: Tensor<G, S, i32>,
     #[shard((data, expert), _)] weights: Tensor<G, S>,
     #[shard(_, _)] embed: Tensor<V, M>,
-    #[shard(_, _)] position: Tensor<S, M>,
     #[shard(_, _, _)] wq: Tensor<M, N, K>,
     #[shard(_, _, _)] wk: Tensor<M, N, K>,
     #[shard(_, _, _)] wv: Tensor<M, N, K>,
@@ -128,8 +128,8 @@ pub fn moe_language_model(
 ) -> (Tensor, Tensor<E>) {
     let vocab = embed.shape()[0];
     #[shard((data, expert), _, _)]
-    let x = &einsum("gsv,vm->gsm", &one_hot(&tokens, vocab), &embed) + &position;
-    let x = &x + &attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
+    let x = einsum("gsv,vm->gsm", &one_hot(&tokens, vocab), &embed);
+    let x = &x + &rotary_attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
     let (ffn, aux_loss, counts) = moe_ffn(x.layer_norm(-1, 1e-5), wg, w_in, w_out, capacity);
     let x = &x + &ffn;
     let logits = einsum("gsm,mv->gsv", &x.layer_norm(-1, 1e-5), &unembed);

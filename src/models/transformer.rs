@@ -27,8 +27,44 @@ pub fn causal(scores: &Tensor) -> Tensor {
 /// Causal multi-head self-attention over `x: [B, S, D]` with `wq, wk, wv: [D, H, K]`
 /// and `wo: [H, K, D]`.
 pub fn attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    let q = einsum("bsd,dhk->bhsk", x, wq).named("q");
-    let k = einsum("btd,dhk->bhtk", x, wk);
+    attend(x, wq, wk, wv, wo, |t| t.clone())
+}
+
+/// [`attention()`] with rotary positions: queries and keys pass through [`rotary()`], so
+/// that scores depend on the distance between query and key (no position table needed).
+pub fn rotary_attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
+    attend(x, wq, wk, wv, wo, rotary)
+}
+
+/// Rotary position embedding (RoFormer, Su et al. 2021) of `x: [B, H, S, K]`, `K` even:
+/// at position `s`, the pair of elements `i` and `i + K/2` is rotated by the angle
+/// `s * 10000^(-2i/K)`.
+pub fn rotary(x: &Tensor) -> Tensor {
+    let (seq, k) = (x.shape()[2], x.shape()[3]);
+    let half = k / 2;
+    let b = x.builder();
+    let position = b.iota([seq, half], 0, DType::F32);
+    let frequency = (b.iota([seq, half], 1, DType::F32) * (-2.0 * 10000f32.ln() / k as f32)).exp();
+    let angle = &position * &frequency;
+    let spread = |t: Tensor| t.broadcast_in_dim([x.shape()[0], x.shape()[1], seq, half], &[2, 3]);
+    let (cos, sin) = (spread(angle.cos()), spread(angle.sin()));
+    let (x1, x2) = (x.slice_axis(-1, 0, half), x.slice_axis(-1, half, k));
+    let first = &(&x1 * &cos) - &(&x2 * &sin);
+    let second = &(&x2 * &cos) + &(&x1 * &sin);
+    b.concatenate(&[&first, &second], 3)
+}
+
+/// Attention with `position` applied to the queries and keys.
+fn attend(
+    x: &Tensor,
+    wq: &Tensor,
+    wk: &Tensor,
+    wv: &Tensor,
+    wo: &Tensor,
+    position: impl Fn(&Tensor) -> Tensor,
+) -> Tensor {
+    let q = position(&einsum("bsd,dhk->bhsk", x, wq)).named("q");
+    let k = position(&einsum("btd,dhk->bhtk", x, wk));
     let v = einsum("btd,dhk->bhtk", x, wv);
     let scale = 1.0 / (q.shape()[3] as f32).sqrt();
     let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale)).named("scores");
