@@ -2,7 +2,8 @@
 //! run on the thread mesh, compare with the reference interpreter), with golden checks
 //! of what they communicate against the plan that gathers the split dim:
 //! - `dynamic_slice` of a dim split 4 ways: the devices holding the window contribute
-//!   their part (zeros elsewhere) to one all-reduce of the window, no all-gather;
+//!   their part (zeros elsewhere) to one all-reduce of the window, no all-gather (none
+//!   at all when the user keeps the window's sum pending);
 //! - `dynamic_update_slice` into a split dim: each device writes its overlap, no
 //!   collective;
 //! - `cumsum` / `cumprod` along a split dim: one all-gather of the shard totals (one
@@ -115,6 +116,26 @@ fn dynamic_slice_of_a_split_dim_all_reduces_the_window_not_the_dim() {
     println!(
         "dynamic_slice [16, 64] of f32[1000, 64] split 4 ways: 6,144 B/device, against 192,000 B to gather the dim"
     );
+}
+
+/// A window whose user asks for the sum over `model` unreduced is left pending: no
+/// collective at all, and the output assembles (sums) to the window.
+#[test]
+fn a_window_kept_pending_needs_no_collective() {
+    let b = Builder::new("pending_window");
+    let x = b
+        .parameter("x", [1000, 64], DType::F32)
+        .annotate(s("(model, _)"));
+    let i = b.parameter("i", [], DType::I32);
+    let zero = b.constant(i32_scalar(0));
+    let window = x.dynamic_slice(&[&i, &zero], &[16, 64]);
+    let pending = window.shard(s("(_, _) unreduced={model}"));
+    let program = b.finish(&[&pending]).expect("traces");
+    for i in [245, 990] {
+        let inputs = [grid(&[1000, 64], 7), i32_scalar(i)];
+        let exe = compile_and_check(&program, &mesh14(), &inputs);
+        assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    }
 }
 
 /// On 2x4, a batch split over `data` passes through; the window along the dim split
