@@ -23,7 +23,7 @@ use super::super::reshard::reshard;
 use super::super::value::PValue;
 use super::{reduced, with_dims};
 use crate::error::Result;
-use crate::ir::{BinaryOp, CompareOp, DType, Op, ValueId};
+use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, ReduceKind, ValueId};
 use crate::sharding::Sharding;
 
 /// The start indices, replicated: one i32 scalar per dim.
@@ -77,6 +77,7 @@ fn pad_both(em: &mut Emitter, x: ValueId, pad: &[usize]) -> Result<ValueId> {
 /// `dynamic_slice(x, starts..)` to `sizes` (see the module doc).
 pub(super) fn dynamic_slice(
     em: &mut Emitter,
+    node: &Node,
     sizes: &[usize],
     operands: &[PValue],
     target: &Sharding,
@@ -144,14 +145,14 @@ pub(super) fn dynamic_slice(
     if dtype == DType::Bool && !pending.is_empty() {
         // Pending sums of bools do not exist: add the 0/1 parts now.
         let group = em.group(&pending);
-        let kind = crate::ir::ReduceKind::Sum;
+        let kind = ReduceKind::Sum;
         id = em.emit(Op::AllReduce { group, kind }, &[id])?;
         id = em.emit(Op::Convert(DType::Bool), &[id])?;
         sharding.unreduced.clear();
     }
     Ok(PValue {
         id,
-        global: crate::ir::TensorType::new(sizes.to_vec(), dtype),
+        global: node.ty.clone(),
         sharding,
     })
 }
@@ -159,7 +160,7 @@ pub(super) fn dynamic_slice(
 /// `dynamic_update_slice(x, update, starts..)` (see the module doc).
 pub(super) fn dynamic_update_slice(
     em: &mut Emitter,
-    node: &crate::ir::Node,
+    node: &Node,
     operands: &[PValue],
     target: &Sharding,
 ) -> Result<PValue> {

@@ -46,7 +46,9 @@ pub(crate) fn partition_node(
         Op::Convolution(config) => {
             convolution::convolution(em, node, config, &operands[0], &operands[1], target)
         }
-        Op::DynamicSlice(sizes) => dynamic_slicing::dynamic_slice(em, sizes, operands, target),
+        Op::DynamicSlice(sizes) => {
+            dynamic_slicing::dynamic_slice(em, node, sizes, operands, target)
+        }
         Op::DynamicUpdateSlice => dynamic_slicing::dynamic_update_slice(em, node, operands, target),
         Op::Cumulative { kind, dim, reverse } => {
             scan::cumulative(em, (*kind, *dim, *reverse), &operands[0], target)
