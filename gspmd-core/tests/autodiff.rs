@@ -750,6 +750,101 @@ fn reverse_reverses_the_cotangent() {
     check_gradients(&program, &[x], &[0]);
 }
 
+fn start(b: &Builder, v: i32) -> Tensor {
+    b.constant(i32s(&[], &[v]))
+}
+
+#[test]
+fn dynamic_slice_writes_the_cotangent_into_zeros() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1500);
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 5]);
+        let inside = x.dynamic_slice(&[&start(b, 1), &start(b, 2)], &[2, 3]);
+        // Clamped to (2, 0); dim 1 whole.
+        let clamped = x.dynamic_slice(&[&start(b, 9), &start(b, -4)], &[2, 5]);
+        weighted_sum(&inside, &mut rng).add(&weighted_sum(&clamped, &mut rng))
+    });
+    let x = uniform_f32(&mut rng, &[4, 5], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+#[test]
+fn dynamic_update_slice_splits_the_cotangent_at_the_window() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1600);
+    let program = trace(|b| {
+        let (x, u) = (param(b, "x", &[4, 5]), param(b, "u", &[2, 2]));
+        let once = x.dynamic_update_slice(&u, &[&start(b, 1), &start(b, 7)]);
+        let twice = once.dynamic_update_slice(&u.mul(&u), &[&start(b, -1), &start(b, 3)]);
+        weighted_sum(&twice, &mut rng)
+    });
+    let inputs = [
+        uniform_f32(&mut rng, &[4, 5], -1.0, 1.0),
+        uniform_f32(&mut rng, &[2, 2], -1.0, 1.0),
+    ];
+    check_gradients(&program, &inputs, &[0, 1]);
+}
+
+#[test]
+fn cumsum_gradient_is_the_reversed_cumsum() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1700);
+    let program = trace(|b| {
+        let x = param(b, "x", &[3, 5]);
+        let forward = x.cumsum(1);
+        let backward = x.cumulative(gspmd_core::ir::CumulativeKind::Sum, 0, true);
+        weighted_sum(&forward, &mut rng).add(&weighted_sum(&backward, &mut rng))
+    });
+    let x = uniform_f32(&mut rng, &[3, 5], -1.0, 1.0);
+    check_gradients(&program, &[x], &[0]);
+}
+
+/// The cumprod rule divides by nothing: exact with zeros in `x`, one or two per lane.
+#[test]
+fn cumprod_gradient_is_exact_with_zeros() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1800);
+    let program = trace(|b| {
+        let x = param(b, "x", &[3, 5]);
+        let forward = x.cumprod(1);
+        let backward = x.cumulative(gspmd_core::ir::CumulativeKind::Prod, 1, true);
+        let columns = x.cumprod(0);
+        weighted_sum(&forward, &mut rng)
+            .add(&weighted_sum(&backward, &mut rng))
+            .add(&weighted_sum(&columns, &mut rng))
+    });
+    let mut x = values(&uniform_f32(&mut rng, &[3, 5], 0.5, 1.5));
+    for (i, v) in x.iter_mut().enumerate() {
+        if rng.random_bool(0.5) {
+            *v = -*v;
+        }
+        // Row 0 has one zero, row 1 two, row 2 none.
+        if [2, 6, 8].contains(&i) {
+            *v = 0.0;
+        }
+    }
+    let grads = check_gradients(&program, &[f32s(&[3, 5], &x)], &[0]);
+    assert!(values(&grads[0]).iter().all(|g| g.is_finite()));
+}
+
+/// `argsort`, `argmax` and `argmin` have integer results: no gradient flows through
+/// them, but one flows around them (here through values they select).
+#[test]
+fn sorting_indices_pass_no_gradient() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1900);
+    let program = trace(|b| {
+        let x = param(b, "x", &[3, 4]);
+        let order = x.argsort(1, true).convert(DType::F32);
+        let first = x
+            .argmax(1)
+            .convert(DType::F32)
+            .add(&x.argmin(1).convert(DType::F32));
+        let picked = x.mul(&order).sum(&[1]).mul(&first);
+        weighted_sum(&picked, &mut rng)
+    });
+    // Distinct values, at least 0.1 apart: the order does not change within `EPS`.
+    let mut grid: Vec<f32> = (0..12).map(|v| v as f32 / 10.0 - 0.55).collect();
+    grid.shuffle(&mut rng);
+    check_gradients(&program, &[f32s(&[3, 4], &grid)], &[0]);
+}
+
 // ---- shardings --------------------------------------------------------------------------------
 
 fn spec(dims: &[&[&str]]) -> Sharding {
@@ -1018,7 +1113,6 @@ fn spmd_ops_are_not_differentiable() {
     // Each op on `x: f32[4]`, with its result shape.
     let ops = [
         (Op::AxisIndex(group.clone()), vec![]),
-        (Op::DynamicSlice(vec![2]), vec![2]),
         (
             Op::AllReduce {
                 group: group.clone(),
@@ -1073,11 +1167,6 @@ fn spmd_ops_are_not_differentiable() {
         let x = program.params[0];
         let (operands, dtype) = match op {
             Op::AxisIndex(_) => (vec![], DType::I32),
-            Op::DynamicSlice(_) => {
-                let start = Op::Constant(Literal::full(&[], DType::I32, 1.0));
-                let start = program.push(node(start, vec![], vec![], DType::I32));
-                (vec![x, start], DType::F32)
-            }
             _ => (vec![x], DType::F32),
         };
         let name = op.name();

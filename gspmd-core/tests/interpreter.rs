@@ -1867,6 +1867,145 @@ fn reverse_along_some_dims() {
     assert_i32(&out[2], &[2, 3], &[0, 1, 2, 3, 4, 5]);
 }
 
+/// An i32 scalar constant (a start index).
+fn start(b: &Builder, v: i32) -> Tensor {
+    b.constant(i32s(&[], &[v]))
+}
+
+#[test]
+fn dynamic_slice_clamps_its_starts_so_the_block_fits() {
+    let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[3, 4]);
+            let s = |v| start(b, v);
+            vec![
+                x.dynamic_slice(&[&s(1), &s(1)], &[2, 2]),
+                // Out of range on both sides: the block at the far edges.
+                x.dynamic_slice(&[&s(-5), &s(9)], &[2, 3]),
+                // A whole dim ignores its start.
+                x.dynamic_slice(&[&s(2), &s(7)], &[1, 4]),
+                x.dynamic_slice(&[&s(0), &s(0)], &[3, 4]),
+            ]
+        },
+        &[f32s(&[3, 4], &x)],
+    );
+    assert_f32(&outs[0], &[2, 2], &[5., 6., 9., 10.]);
+    assert_f32(&outs[1], &[2, 3], &[1., 2., 3., 5., 6., 7.]);
+    assert_f32(&outs[2], &[1, 4], &[8., 9., 10., 11.]);
+    assert_f32(&outs[3], &[3, 4], &x);
+}
+
+#[test]
+fn dynamic_update_slice_writes_a_clamped_block() {
+    let outs = run(
+        |b| {
+            let x = b.parameter("x", [2, 4], DType::I32);
+            let u = b.parameter("u", [1, 2], DType::I32);
+            let flags = b.parameter("flags", [5], DType::Bool);
+            let on = b.constant(bools(&[2], &[true, true]));
+            let s = |v| start(b, v);
+            vec![
+                x.dynamic_update_slice(&u, &[&s(1), &s(1)]),
+                x.dynamic_update_slice(&u, &[&s(-3), &s(100)]),
+                flags.dynamic_update_slice(&on, &[&s(2)]),
+            ]
+        },
+        &[
+            i32s(&[2, 4], &[0, 1, 2, 3, 4, 5, 6, 7]),
+            i32s(&[1, 2], &[-1, -2]),
+            bools(&[5], &[false; 5]),
+        ],
+    );
+    assert_i32(&outs[0], &[2, 4], &[0, 1, 2, 3, 4, -1, -2, 7]);
+    assert_i32(&outs[1], &[2, 4], &[0, 1, -1, -2, 4, 5, 6, 7]);
+    assert_bool(&outs[2], &[5], &[false, false, true, true, false]);
+}
+
+#[test]
+fn cumulative_sums_and_products_forward_and_reversed() {
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            let n = b.parameter("n", [3], DType::I32);
+            vec![
+                x.cumsum(1),
+                x.cumsum(-2),
+                x.cumprod(1),
+                x.cumulative(gspmd_core::ir::CumulativeKind::Sum, 1, true),
+                x.cumulative(gspmd_core::ir::CumulativeKind::Prod, 0, true),
+                n.cumprod(0),
+            ]
+        },
+        &[m23(), i32s(&[3], &[i32::MAX, 2, 3])],
+    );
+    assert_f32(&outs[0], &[2, 3], &[1., 3., 6., 4., 9., 15.]);
+    assert_f32(&outs[1], &[2, 3], &[1., 2., 3., 5., 7., 9.]);
+    assert_f32(&outs[2], &[2, 3], &[1., 2., 6., 4., 20., 120.]);
+    assert_f32(&outs[3], &[2, 3], &[6., 5., 3., 15., 11., 6.]);
+    assert_f32(&outs[4], &[2, 3], &[4., 10., 18., 4., 5., 6.]);
+    // i32 products wrap.
+    let wrapped = i32::MAX.wrapping_mul(2);
+    assert_i32(
+        &outs[5],
+        &[3],
+        &[i32::MAX, wrapped, wrapped.wrapping_mul(3)],
+    );
+}
+
+#[test]
+fn argsort_is_stable_and_orders_nan_as_the_largest() {
+    let nan = f32::NAN;
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 4]);
+            let f = b.parameter("f", [3], DType::Bool);
+            vec![
+                x.argsort(1, false),
+                x.argsort(-1, true),
+                x.argsort(0, false),
+                f.argsort(0, false),
+            ]
+        },
+        &[
+            f32s(&[2, 4], &[3., nan, -0.0, 0.0, 2., 2., 1., 2.]),
+            bools(&[3], &[true, false, true]),
+        ],
+    );
+    // Ties (-0 and 0; the 2s) keep their order in both directions.
+    assert_i32(&outs[0], &[2, 4], &[2, 3, 0, 1, 2, 0, 1, 3]);
+    assert_i32(&outs[1], &[2, 4], &[1, 0, 2, 3, 0, 1, 3, 2]);
+    assert_i32(&outs[2], &[2, 4], &[1, 1, 0, 0, 0, 0, 1, 1]);
+    assert_i32(&outs[3], &[3], &[1, 0, 2]);
+}
+
+#[test]
+fn argmax_and_argmin_pick_the_first_extreme() {
+    let nan = f32::NAN;
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[3, 3]);
+            let n = b.parameter("n", [4], DType::I32);
+            vec![
+                x.argmax(1),
+                x.argmin(-1),
+                x.argmax(0),
+                n.argmax(0),
+                n.argmin(0),
+            ]
+        },
+        &[
+            f32s(&[3, 3], &[1., 5., 5., 2., nan, nan, -1., -1., 0.]),
+            i32s(&[4], &[3, -2, 7, -2]),
+        ],
+    );
+    assert_i32(&outs[0], &[3], &[1, 1, 2]);
+    assert_i32(&outs[1], &[3], &[0, 1, 0]);
+    assert_i32(&outs[2], &[3], &[1, 1, 1]);
+    assert_i32(&outs[3], &[], &[2]);
+    assert_i32(&outs[4], &[], &[1]);
+}
+
 /// Every op kind of a global program is interpreted by some test above (through
 /// [`run`]); the SPMD-only ones are rejected (`spmd_only_op_is_a_runtime_error_with_location`).
 #[test]

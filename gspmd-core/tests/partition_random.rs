@@ -280,6 +280,39 @@ fn math_ops_on_uneven_dims() {
     check(&p, 5, 8);
 }
 
+/// Dynamic slices and updates of f32, i32 and bool values along uneven dims at starts
+/// in range, out of range and from parameters; scans forward and reversed; sorts.
+#[test]
+fn dynamic_slices_scans_and_sorts() {
+    let p = build("along", |b| {
+        let x = b.parameter("x", [7, 9], DType::F32);
+        let n = b.parameter("n", [10, 3], DType::I32);
+        let s = b.parameter("s", [], DType::I32);
+        let c = |v: f64| b.full(Vec::<usize>::new(), DType::I32, v);
+        let u = b.parameter("u", [3, 4], DType::F32);
+        let flags = n.gt(&n.scalar_like(0.0));
+        let on = b.full(vec![4, 3], DType::Bool, 1.0);
+        let far = c(-7.0);
+        vec![
+            x.dynamic_slice(&[&s, &c(5.0)], &[3, 4]),
+            x.dynamic_slice(&[&c(20.0), &far], &[7, 2]),
+            n.dynamic_slice(&[&(&s + &c(6.0)), &c(1.0)], &[4, 3]),
+            flags.dynamic_slice(&[&c(3.0), &c(0.0)], &[5, 3]),
+            x.dynamic_update_slice(&u, &[&c(2.0), &(&s + &c(4.0))]),
+            flags.dynamic_update_slice(&on, &[&s, &c(0.0)]),
+            x.cumsum(0),
+            x.cumulative(gspmd_core::ir::CumulativeKind::Sum, 1, true),
+            n.cumprod(0),
+            x.cumulative(gspmd_core::ir::CumulativeKind::Prod, 0, true),
+            x.argsort(0, true),
+            n.argsort(1, false),
+            x.argmax(0),
+            n.argmin(0),
+        ]
+    });
+    check(&p, 4, 8);
+}
+
 #[test]
 fn convolutions_in_every_configuration() {
     for (i, case) in conv_cases::cases().iter().enumerate() {

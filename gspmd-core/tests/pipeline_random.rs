@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    BinaryOp, Builder, ConvDimensionNumbers, DType, DotDims, Literal, Op, OpKind, Padding, Program,
-    ReduceKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
+    BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Literal, Op, OpKind,
+    Padding, Program, ReduceKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -233,7 +233,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..25) {
+        match self.rng.random_range(0..28) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -252,8 +252,84 @@ impl Gen<'_> {
             21 => self.convolution(),
             22 => self.reverse(),
             23 => self.jumps(),
+            24 => self.dynamic_slicing(),
+            25 => self.scan(),
+            26 => self.sort(),
             _ => self.convert(),
         }
+    }
+
+    /// A random i32 start index for a dim of `n`: a constant in `-3..n + 3`, an i32
+    /// scalar of the pool, or a parameter (inputs hold -4..=4) plus a constant; the
+    /// op clamps each, so out-of-range starts are as likely as in-range ones.
+    fn start_index(&mut self, n: usize) -> Tensor {
+        let value = self.rng.random_range(-3..n as i64 + 3) as f64;
+        match self.rng.random_range(0..4) {
+            0 => self.value_of(&[], DType::I32, false).t,
+            1 => {
+                let p = self.value_of(&[], DType::I32, false).t;
+                &p + &p.scalar_like(value)
+            }
+            _ => self.b.constant(Literal::full(&[], DType::I32, value)),
+        }
+    }
+
+    /// `dynamic_slice` or `dynamic_update_slice` with random sizes (a dim kept whole
+    /// now and then) and random starts.
+    fn dynamic_slicing(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let sizes: Vec<usize> = (a.t.shape().iter())
+            .map(|&n| match self.rng.random_ratio(1, 3) {
+                true => n,
+                false => 1 + self.rng.random_range(0..n),
+            })
+            .collect();
+        let starts: Vec<Tensor> = (a.t.shape().iter()).map(|&n| self.start_index(n)).collect();
+        let starts: Vec<&Tensor> = starts.iter().collect();
+        if self.rng.random_ratio(1, 2) {
+            let r = a.t.dynamic_slice(&starts, &sizes);
+            self.push(r, a.exact);
+        } else {
+            let update = self.value_of(&sizes, a.t.dtype(), false);
+            let r = a.t.dynamic_update_slice(&update.t, &starts);
+            self.push(r, a.exact && update.exact);
+        }
+    }
+
+    /// `cumsum` or `cumprod` (of values clamped to `[-2, 2]`, so products stay small),
+    /// forward or reversed.
+    fn scan(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
+            return;
+        };
+        let dim = self.rng.random_range(0..a.t.rank()) as isize
+            - a.t.rank() as isize * isize::from(self.rng.random_ratio(1, 4));
+        let reverse = self.rng.random_ratio(1, 3);
+        let i32 = a.t.dtype() == DType::I32;
+        let (r, exact) = if self.rng.random_ratio(1, 2) {
+            (a.t.cumulative(CumulativeKind::Sum, dim, reverse), a.exact)
+        } else {
+            let small = a.t.max(&a.t.scalar_like(-2.0)).min(&a.t.scalar_like(2.0));
+            (small.cumulative(CumulativeKind::Prod, dim, reverse), i32)
+        };
+        self.push(r, exact);
+    }
+
+    /// `argsort` (any dtype), `argmax` or `argmin` of a value exact in any order, so that
+    /// the mesh sees the same order as the reference.
+    fn sort(&mut self) {
+        let Some(a) = self.operand(|v| v.exact && v.t.rank() > 0) else {
+            return;
+        };
+        let dim = self.rng.random_range(0..a.t.rank()) as isize;
+        let r = match self.rng.random_range(0..4) {
+            0 if Self::numeric(&a) => a.t.argmax(dim),
+            1 if Self::numeric(&a) => a.t.argmin(dim),
+            _ => a.t.argsort(dim, self.rng.random_ratio(1, 2)),
+        };
+        self.push(r, true);
     }
 
     fn unary(&mut self) {
@@ -1181,8 +1257,43 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
             | Op::Reverse(_)
             | Op::ShardingConstraint => apply(&node.op, &f32s(&e))?,
             Op::Compare(_) => return Err("a compare with an f32 result".into()),
+            // Moves: the operand's (and update's) errors moved alike; starts are exact.
+            Op::DynamicSlice(_) | Op::DynamicUpdateSlice => {
+                let data = if matches!(node.op, Op::DynamicSlice(_)) {
+                    1
+                } else {
+                    2
+                };
+                let mut args = f32s(&e[..data]);
+                args.extend(operands[data..].iter().map(|&l| l.clone()));
+                apply(&node.op, &args)?
+            }
+            Op::Cumulative { kind, dim, reverse } => {
+                let scan = |kind, a: &ArrayD<f32>| {
+                    let op = Op::Cumulative {
+                        kind,
+                        dim: *dim,
+                        reverse: *reverse,
+                    };
+                    apply(&op, &f32s(&[a]))
+                };
+                match kind {
+                    // Like a reduce sum, per prefix.
+                    CumulativeKind::Sum => {
+                        scan(CumulativeKind::Sum, e[0])? + scan(CumulativeKind::Sum, &x[0])?
+                    }
+                    // Each prefix product carries each factor's error times the other
+                    // factors (at most the product of max(|x|, 1)), and rounds once per
+                    // factor, in any order: `M Σe + k |v|`.
+                    CumulativeKind::Prod => {
+                        let big = scan(CumulativeKind::Prod, &x[0].mapv(|v| v.max(1.0)))?;
+                        let count = scan(CumulativeKind::Sum, &x[0].mapv(|_| 1.0))?;
+                        big * scan(CumulativeKind::Sum, e[0])? + count * &y
+                    }
+                }
+            }
+            Op::Argsort { .. } => return Err("an argsort with an f32 result".into()),
             Op::AxisIndex(_)
-            | Op::DynamicSlice(_)
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
             | Op::ReduceScatter { .. }

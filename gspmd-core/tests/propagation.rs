@@ -444,6 +444,66 @@ fn reduction_over_a_sharded_dim() {
 }
 
 #[test]
+fn rules_of_dynamic_slices_scans_and_sorts() {
+    let b = Builder::new("rules");
+    let x = param(&b, "x", &[8, 16], None);
+    let u = param(&b, "u", &[8, 4], None);
+    let s = b.constant(gspmd_core::ir::Literal::full(&[], DType::I32, 3.0));
+    let sliced = x.dynamic_slice(&[&s, &s], &[8, 4]);
+    let updated = x.dynamic_update_slice(&u, &[&s, &s]);
+    let scanned = x.cumsum(1);
+    let sorted = x.argsort(0, false);
+    let p = finish(b, &[&sliced, &updated, &scanned, &sorted]);
+    // A dim sliced to fewer elements needs replication; a whole one passes through.
+    assert_eq!(
+        rule(&p, &sliced),
+        "([i, j], [], [])->([i, j]) {i=8, j=16} need_replication={j}"
+    );
+    // The operand passes through; the update's smaller dim is its own factor.
+    assert_eq!(
+        rule(&p, &updated),
+        "([i, j], [i, k], [], [])->([i, j]) {i=8, j=16, k=4} need_replication={k}"
+    );
+    assert_eq!(
+        rule(&p, &scanned),
+        "([i, j])->([i, j]) {i=8, j=16} permutation={j}"
+    );
+    assert_eq!(
+        rule(&p, &sorted),
+        "([i, j])->([i, j]) {i=8, j=16} need_replication={i}"
+    );
+}
+
+#[test]
+fn dynamic_slices_scans_and_sorts_keep_the_dims_they_leave_whole() {
+    let b = Builder::new("along");
+    let x = param(&b, "x", &[8, 16], Some("(data, model)"));
+    let u = param(&b, "u", &[8, 4], None);
+    let s = b.constant(gspmd_core::ir::Literal::full(&[], DType::I32, 3.0));
+    let sliced = x.dynamic_slice(&[&s, &s], &[8, 4]);
+    let updated = x.dynamic_update_slice(&u, &[&s, &s]);
+    let scanned = x.cumsum(1);
+    let product = x.cumprod(0);
+    let sorted = x.argsort(1, true);
+    let top = x.argmax(1);
+    let p = run(&finish(
+        b,
+        &[&sliced, &updated, &scanned, &product, &sorted, &top],
+    ));
+    // The sliced (sorted) dim of 16 does not pass `model` on; the whole dim keeps `data`.
+    assert_eq!(of(&p, &sliced), "(data, _)");
+    assert_eq!(of(&p, &sorted), "(data, _)");
+    // The update's whole dim follows the operand; its dim of 4 is its own.
+    assert_eq!(of(&p, &u), "(data, _)");
+    assert_eq!(of(&p, &updated), "(data, model)");
+    // A scanned dim stays split.
+    assert_eq!(of(&p, &scanned), "(data, model)");
+    assert_eq!(of(&p, &product), "(data, model)");
+    // argmax: reduce and compare, the reduced dim gone.
+    assert_eq!(of(&p, &top), "(data)");
+}
+
+#[test]
 fn pooling_keeps_batch_feature_and_split_spatial_dims() {
     let b = Builder::new("pool");
     let x = param(&b, "x", &[8, 16, 16, 4], Some("(data, model, _, _)"));

@@ -734,3 +734,97 @@ fn math_ops_of_the_wrong_dtype_are_one_error_at_the_user_line() {
         line
     });
 }
+
+// ---- dynamic slices, scans and sorting ---------------------------------------------------
+
+/// Each bad use, traced on `x: f32[4, 6]`, is one error of `op` at the call's line whose
+/// message contains `needle`.
+#[test]
+fn bad_dynamic_slices_scans_and_sorts_are_one_error_at_the_user_line() {
+    type Case = fn(&Builder, &Tensor) -> (Tensor, u32);
+    let cases: Vec<(&str, &str, Case)> = vec![
+        ("dynamic_slice", "i32 scalars, got f32[]", |b, x| {
+            let f = b.scalar(1.0);
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            (x.dynamic_slice(&[&s, &f], &[2, 2]), line!())
+        }),
+        ("dynamic_slice", "i32 scalars, got i32[1]", |b, x| {
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            let v = b.full(vec![1], DType::I32, 0.0);
+            (x.dynamic_slice(&[&s, &v], &[2, 2]), line!())
+        }),
+        ("dynamic_slice", "one of each per dim", |b, x| {
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            (x.dynamic_slice(&[&s], &[2, 2]), line!())
+        }),
+        ("dynamic_slice", "do not fit f32[4,6]", |b, x| {
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            (x.dynamic_slice(&[&s, &s], &[5, 2]), line!())
+        }),
+        ("dynamic_update_slice", "does not fit f32[4,6]", |b, x| {
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            let u = b.parameter("u", [2, 7], DType::F32);
+            (x.dynamic_update_slice(&u, &[&s, &s]), line!())
+        }),
+        ("dynamic_update_slice", "does not fit f32[4,6]", |b, x| {
+            let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+            let u = b.parameter("u", [2, 2], DType::I32);
+            (x.dynamic_update_slice(&u, &[&s, &s]), line!())
+        }),
+        (
+            "dynamic_update_slice",
+            "1 start indices for f32[4,6]",
+            |b, x| {
+                let s = b.full(Vec::<usize>::new(), DType::I32, 0.0);
+                let u = b.parameter("u", [2, 2], DType::F32);
+                (x.dynamic_update_slice(&u, &[&s]), line!())
+            },
+        ),
+        ("dynamic_update_slice", "i32 scalars, got f32[]", |b, x| {
+            let (s, f) = (b.full(Vec::<usize>::new(), DType::I32, 0.0), b.scalar(0.0));
+            let u = b.parameter("u", [2, 2], DType::F32);
+            (x.dynamic_update_slice(&u, &[&f, &s]), line!())
+        }),
+        ("cumsum", "axis 2 out of range", |_, x| {
+            (x.cumsum(2), line!())
+        }),
+        ("cumprod", "axis -3 out of range", |_, x| {
+            (x.cumprod(-3), line!())
+        }),
+        ("cumsum", "cannot scan dim 0 of pred[3]", |b, _| {
+            let p = b.parameter("p", [3], DType::Bool);
+            (p.cumsum(0), line!())
+        }),
+        ("argsort", "axis 5 out of range", |_, x| {
+            (x.argsort(5, false), line!())
+        }),
+        ("argmax", "axis -3 out of range", |_, x| {
+            (x.argmax(-3), line!())
+        }),
+        (
+            "argmin",
+            "numeric tensor with elements along dim 0, got f32[0,6]",
+            |b, _| {
+                let e = b.parameter("e", [0, 6], DType::F32);
+                (e.argmin(0), line!())
+            },
+        ),
+        (
+            "argmax",
+            "numeric tensor with elements along dim 0, got pred[3]",
+            |b, _| {
+                let p = b.parameter("p", [3], DType::Bool);
+                (p.argmax(0), line!())
+            },
+        ),
+    ];
+    for (op, needle, case) in cases {
+        let b = Builder::new("t");
+        let x = f32_param(&b, "x", &[4, 6]);
+        let (y, line) = case(&b, &x);
+        // Later ops on the poisoned result record nothing more.
+        let _ = y.exp();
+        let message = one_shape_error(b, op, line);
+        assert!(message.contains(needle), "{op}: {message}");
+    }
+}

@@ -29,7 +29,13 @@
 //!   padding value gets the sum over the padded positions); `concatenate` slices;
 //! - `sharding_constraint`: the cotangent gets a `sharding_constraint` with the same
 //!   annotation;
-//! - `axis_index`, `dynamic_slice` and the collectives: [`crate::Error::NotDifferentiable`]
+//! - `dynamic_slice` writes the cotangent into zeros with `dynamic_update_slice` at the
+//!   same starts; `dynamic_update_slice` gives the operand the cotangent with the window
+//!   zeroed and the update the window (`dynamic_slice`); starts get none;
+//! - `cumsum`: the reversed `cumsum` of the cotangent; `cumprod`: a division-free
+//!   `O(n^2)` composite per lane (exact where elements are 0);
+//! - `argsort` (an i32 result) passes no gradient, like `compare`;
+//! - `axis_index` and the collectives: [`crate::Error::NotDifferentiable`]
 //!   (they only exist in partitioned programs).
 
 mod registry;

@@ -23,13 +23,16 @@
 //!   convolution of the input (batch as feature, per group) with the result's cotangent
 //!   as kernel, rhs dilation = stride, stride = rhs dilation (JAX's transpose rules).
 //! - No gradient flows into bool or integer values: `not`, `and`, `or`, `compare`,
-//!   `is_finite`, the predicate of `select`, and `convert` to or from i32 or bool.
+//!   `is_finite`, `argsort`, the predicate of `select`, the start indices of
+//!   `dynamic_slice` and `dynamic_update_slice`, and `convert` to or from i32 or bool.
+//! - `cumprod`: `dx_j = sum_{k >= j} ct_k prod_{i <= k, i != j} x_i`, built without
+//!   dividing by `x` (so exact where `x` is 0) at `O(n^2)` per lane (see [`cumprod`]).
 
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{
-    BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DType, DotDims, Node, Op, OpKind,
-    ReduceKind, UnaryOp, ValueId, WindowDim,
+    BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Node,
+    Op, OpKind, ReduceKind, UnaryOp, ValueId, WindowDim,
 };
 
 /// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
@@ -51,7 +54,10 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::ShardingConstraint => true,
         K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
         K::Convolution | K::Reverse => true,
-        K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
+        K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => true,
+        // An i32 result: like `compare`, it passes no gradient but has a rule.
+        K::Argsort => true,
+        K::AxisIndex | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
     }
@@ -71,7 +77,7 @@ pub(super) fn passes_gradient(op: &Op) -> bool {
 /// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
 /// cotangent is `ct`, emitted through `e`; `Ok(None)` when no gradient flows along that
 /// edge. `node` belongs to a verified program, so its operand count and attributes fit
-/// its op. The SPMD-only ops (axis_index, dynamic_slice, collectives) are
+/// its op. The SPMD-only ops (axis_index, collectives) are
 /// [`Error::NotDifferentiable`].
 pub(super) fn operand_cotangent(
     e: &mut Appender<'_>,
@@ -160,12 +166,48 @@ pub(super) fn operand_cotangent(
             0 => conv_input_cotangent(e, config, x, operands[1], ct)?,
             _ => conv_kernel_cotangent(e, config, operands[0], x, ct)?,
         }),
+        Op::DynamicSlice(_) => match i {
+            // The cotangent written into zeros at the same (clamped) starts.
+            0 => {
+                let zeros = e.zeros_like(x)?;
+                let starts = &operands[1..];
+                Some(e.push(Op::DynamicUpdateSlice, &[&[zeros, ct], starts].concat())?)
+            }
+            _ => None,
+        },
+        Op::DynamicUpdateSlice => {
+            let starts = &operands[2..];
+            match i {
+                // The operand's cotangent: `ct` with the overwritten window zeroed.
+                0 => {
+                    let zeros = e.zeros_like(operands[1])?;
+                    Some(e.push(Op::DynamicUpdateSlice, &[&[ct, zeros], starts].concat())?)
+                }
+                1 => {
+                    let sizes = e.shape(x);
+                    Some(e.push(Op::DynamicSlice(sizes), &[&[ct], starts].concat())?)
+                }
+                _ => None,
+            }
+        }
+        Op::Cumulative { kind, dim, reverse } => Some(match kind {
+            // Element `j` feeds results `j..` (reversed: `..=j`): the scan the other way.
+            CumulativeKind::Sum => e.push(
+                Op::Cumulative {
+                    kind: *kind,
+                    dim: *dim,
+                    reverse: !reverse,
+                },
+                &[ct],
+            )?,
+            CumulativeKind::Prod => cumprod(e, *dim, *reverse, x, ct)?,
+        }),
+        Op::Argsort { .. } => None,
         Op::Reverse(dims) => Some(e.reverse(ct, dims)?),
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
         Op::AxisIndex(_)
-        | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
@@ -330,6 +372,59 @@ fn tie_share(
     let share = e.select(tie, half, ct)?;
     let zeros = e.zeros_like(ct)?;
     e.select(chosen, share, zeros)
+}
+
+/// The cotangent of `x` for `y = cumprod(x)` along `dim` (size `n`), without dividing
+/// by `x` (exact where elements are 0): `dx_j = sum_k [k >= j] ct_k prod_{i <= k, i != j}
+/// x_i` (reversed: `k <= j`, `i >= k`). A new dim `j` is inserted before `dim`; `x`
+/// broadcast along it with its diagonal `i == j` set to 1 is scanned along `dim` (now
+/// `k`), multiplied by the cotangent, masked to `k >= j` and summed over `k`. Costs
+/// `n` times the memory and work of the forward scan: `O(n^2)` per lane.
+fn cumprod(
+    e: &mut Appender<'_>,
+    dim: usize,
+    reverse: bool,
+    x: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let shape = e.shape(x);
+    let n = shape[dim];
+    let mut wide = shape.clone();
+    wide.insert(dim, n);
+    let (j, k) = (dim, dim + 1);
+    let spread: Vec<usize> = (0..wide.len()).filter(|&d| d != j).collect();
+    let iota = |e: &mut Appender<'_>, d: usize| {
+        let op = Op::Iota {
+            shape: wide.clone(),
+            dim: d,
+            dtype: DType::I32,
+        };
+        e.push(op, &[])
+    };
+    let (jj, kk) = (iota(e, j)?, iota(e, k)?);
+    let diagonal = e.compare(CompareOp::Eq, jj, kk)?;
+    let xs = e.broadcast(x, &wide, &spread)?;
+    let ones = e.full(&wide, 1.0)?;
+    let others = e.select(diagonal, ones, xs)?;
+    let products = e.push(
+        Op::Cumulative {
+            kind: CumulativeKind::Prod,
+            dim: k,
+            reverse,
+        },
+        &[others],
+    )?;
+    let cts = e.broadcast(ct, &wide, &spread)?;
+    let terms = e.mul(products, cts)?;
+    let reaches = if reverse {
+        CompareOp::Le
+    } else {
+        CompareOp::Ge
+    };
+    let reaches = e.compare(reaches, kk, jj)?;
+    let zeros = e.zeros_like(terms)?;
+    let terms = e.select(reaches, terms, zeros)?;
+    e.reduce_sum(terms, &[k])
 }
 
 /// `reduce` of `x` over `dims` to `y`.

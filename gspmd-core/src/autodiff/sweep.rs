@@ -26,7 +26,7 @@ use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 ///   alike (GSPMD section 3.6).
 ///
 /// A program holding an op that is not [`is_differentiable`] (the SPMD-only ops
-/// axis_index, dynamic_slice and the collectives, which only exist in partitioned
+/// axis_index and the collectives, which only exist in partitioned
 /// programs) gives [`Error::NotDifferentiable`] for the first one. See
 /// [`super`] for the rules and their conventions at ties and kinks.
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {

@@ -203,6 +203,46 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         }
         Op::ReduceWindow { window, .. } => infer_reduce_window(window, operands[0]),
         Op::Convolution(config) => infer_convolution(config, operands[0], operands[1]),
+        Op::DynamicSlice(sizes) => {
+            let t = operands[0];
+            if sizes.len() != t.rank() || sizes.iter().zip(&t.shape).any(|(s, d)| s > d) {
+                return Err(format!(
+                    "slice sizes {sizes:?} do not fit {t}: one size per dim, none larger"
+                ));
+            }
+            check_starts(&operands[1..], t)?;
+            Ok(TensorType::new(sizes.clone(), t.dtype))
+        }
+        Op::DynamicUpdateSlice => {
+            let (t, u) = (operands[0], operands[1]);
+            let fits = u.rank() == t.rank() && u.shape.iter().zip(&t.shape).all(|(a, b)| a <= b);
+            if u.dtype != t.dtype || !fits {
+                return Err(format!(
+                    "update {u} does not fit {t}: same rank and dtype, no dim larger"
+                ));
+            }
+            check_starts(&operands[2..], t)?;
+            Ok(t.clone())
+        }
+        Op::Cumulative { dim, .. } => {
+            let t = operands[0];
+            if *dim >= t.rank() || t.dtype == DType::Bool {
+                return Err(format!("cannot scan dim {dim} of {t}"));
+            }
+            Ok(t.clone())
+        }
+        Op::Argsort { dim, .. } => {
+            let t = operands[0];
+            if *dim >= t.rank() {
+                return Err(format!("sort dim {dim} out of range for {t}"));
+            }
+            if i32::try_from(t.shape[*dim]).is_err() {
+                return Err(format!(
+                    "dim {dim} of {t} has more elements than i32 indexes"
+                ));
+            }
+            Ok(TensorType::new(t.shape.clone(), DType::I32))
+        }
         Op::Reverse(dims) => {
             check_distinct_dims(dims, operands[0].rank(), "reverse")?;
             Ok(operands[0].clone())
@@ -212,19 +252,6 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
         }
         Op::CollectiveShift { .. } => Ok(operands[0].clone()),
         Op::AxisIndex(_) => Ok(TensorType::new(vec![], DType::I32)),
-        Op::DynamicSlice(sizes) => {
-            let t = operands[0];
-            if sizes.len() != t.rank() || sizes.iter().zip(&t.shape).any(|(s, d)| s > d) {
-                return Err(format!("slice sizes {sizes:?} do not fit {t}"));
-            }
-            if let Some(bad) = operands[1..]
-                .iter()
-                .find(|i| i.rank() != 0 || i.dtype != DType::I32)
-            {
-                return Err(format!("start indices must be i32 scalars, got {bad}"));
-            }
-            Ok(TensorType::new(sizes.clone(), t.dtype))
-        }
         Op::AllGather { group, dim } => {
             let t = operands[0];
             let mut shape = t.shape.clone();
@@ -489,6 +516,24 @@ fn padded_size(n: usize, low: i64, high: i64, interior: usize) -> Option<i64> {
     low.checked_add(n)?
         .checked_add(interior_total)?
         .checked_add(high)
+}
+
+/// `starts` are one i32 scalar per dim of `t` (the start indices of a dynamic slice or
+/// update).
+fn check_starts(starts: &[&TensorType], t: &TensorType) -> Result<(), String> {
+    if starts.len() != t.rank() {
+        return Err(format!(
+            "{} start indices for {t}: needs one per dim",
+            starts.len()
+        ));
+    }
+    match starts
+        .iter()
+        .find(|i| i.rank() != 0 || i.dtype != DType::I32)
+    {
+        Some(bad) => Err(format!("start indices must be i32 scalars, got {bad}")),
+        None => Ok(()),
+    }
 }
 
 fn check_dtype(t: &TensorType, logical: bool) -> Result<(), String> {

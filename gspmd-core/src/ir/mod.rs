@@ -1,9 +1,11 @@
 //! The intermediate representation: an SSA [`Program`] of primitive [`Op`]s over typed
 //! values, the [`Builder`] that traces it, its verifier and its text printer.
 
+mod along_dim;
 mod append;
 mod builder;
 mod convolution;
+mod dynamic_slicing;
 mod einsum;
 mod infer;
 mod literal;
@@ -22,8 +24,8 @@ pub use einsum::einsum;
 pub use infer::infer_type;
 pub use literal::Literal;
 pub use op::{
-    Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DotDims, Op, OpKind,
-    Padding, ReduceKind, UnaryOp, WindowDim,
+    Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,
+    DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,
 };
 pub use program::{Node, Origin, Program};
 pub use verifier::verify;

@@ -100,6 +100,25 @@ pub enum ReduceKind {
     Min,
 }
 
+/// The combining function of a scan ([`Op::Cumulative`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CumulativeKind {
+    /// Running sum; identity 0.
+    Sum,
+    /// Running product; identity 1.
+    Prod,
+}
+
+impl CumulativeKind {
+    /// The identity of the combining function (as f64; converted to the element type).
+    pub fn identity(self) -> f64 {
+        match self {
+            CumulativeKind::Sum => 0.0,
+            CumulativeKind::Prod => 1.0,
+        }
+    }
+}
+
 /// Dimension numbers of a `dot_general` (XLA's `DotDimensionNumbers`).
 ///
 /// The result's dims are: batch dims (in `lhs_batch` order), then lhs dims that are
@@ -439,15 +458,39 @@ pub enum Op {
     /// `convolution(input, kernel)`: XLA's general dilated convolution (cross-correlation,
     /// as XLA and every framework compute it).
     Convolution(ConvConfig),
+    /// `dynamic_slice(operand, start_0, .., start_r-1)`: the `sizes` block at i32 scalar
+    /// start indices, each clamped to `0..=dim - size` so that the block fits (as XLA).
+    /// The partitioner also emits it to cut blocks at per-device offsets.
+    DynamicSlice(Vec<usize>),
+    /// `dynamic_update_slice(operand, update, start_0, .., start_r-1)`: the operand with
+    /// the block `update` (same rank and dtype, no dim larger) written at i32 scalar start
+    /// indices, each clamped to `0..=dim - update dim` so that the block fits (as XLA).
+    DynamicUpdateSlice,
+    /// Inclusive scan along `dim` with `kind`: result element `j` combines operand
+    /// elements `0..=j` (with `reverse`, `j..n`), in that order.
+    Cumulative {
+        /// Combining function.
+        kind: CumulativeKind,
+        /// The scanned dim.
+        dim: usize,
+        /// Scan from the last element to the first.
+        reverse: bool,
+    },
+    /// The i32 indices that sort the operand along `dim` (a stable sort: equal elements
+    /// keep their order). A NaN is greater than every number and equal to NaN (ascending:
+    /// NaNs last; descending: first); `-0.0` equals `0.0`; `false < true`.
+    Argsort {
+        /// The sorted dim.
+        dim: usize,
+        /// Largest first.
+        descending: bool,
+    },
     /// Reverses the order of elements along `dims` (sorted, distinct).
     Reverse(Vec<usize>),
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
     AxisIndex(AxisGroup),
-    /// `dynamic_slice(operand, start_0, .., start_r-1)`: the `sizes` block at i32 scalar
-    /// start indices, each clamped so that the block fits (as XLA).
-    DynamicSlice(Vec<usize>),
     /// Combines the operand across the devices of `group` with `kind`.
     AllReduce {
         /// The devices that combine.
@@ -568,10 +611,16 @@ impl Op {
             Op::Concatenate(_) => "concatenate",
             Op::ReduceWindow { .. } => "reduce_window",
             Op::Convolution(_) => "convolution",
+            Op::DynamicSlice(_) => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
+            Op::Cumulative { kind, .. } => match kind {
+                CumulativeKind::Sum => "cumsum",
+                CumulativeKind::Prod => "cumprod",
+            },
+            Op::Argsort { .. } => "argsort",
             Op::Reverse(_) => "reverse",
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
-            Op::DynamicSlice(_) => "dynamic_slice",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -646,9 +695,15 @@ impl Op {
                 ReduceKind::Min => OpKind::ReduceWindowMin,
             },
             Op::Convolution(_) => OpKind::Convolution,
+            Op::DynamicSlice(_) => OpKind::DynamicSlice,
+            Op::DynamicUpdateSlice => OpKind::DynamicUpdateSlice,
+            Op::Cumulative { kind, .. } => match kind {
+                CumulativeKind::Sum => OpKind::CumulativeSum,
+                CumulativeKind::Prod => OpKind::CumulativeProd,
+            },
+            Op::Argsort { .. } => OpKind::Argsort,
             Op::Reverse(_) => OpKind::Reverse,
             Op::AxisIndex(_) => OpKind::AxisIndex,
-            Op::DynamicSlice(_) => OpKind::DynamicSlice,
             Op::AllReduce { .. } => OpKind::AllReduce,
             Op::AllGather { .. } => OpKind::AllGather,
             Op::ReduceScatter { .. } => OpKind::ReduceScatter,
@@ -683,10 +738,13 @@ impl Op {
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
             Op::Convolution(_) => Arity::Fixed(2),
-            Op::Select => Arity::Fixed(3),
-            Op::Concatenate(_) => Arity::AtLeast(1),
             // The operand, then one start index per dim.
             Op::DynamicSlice(sizes) => Arity::Fixed(sizes.len() + 1),
+            // The operand, the update, then one start index per dim (at least two).
+            Op::DynamicUpdateSlice => Arity::AtLeast(2),
+            Op::Cumulative { .. } | Op::Argsort { .. } => Arity::Fixed(1),
+            Op::Select => Arity::Fixed(3),
+            Op::Concatenate(_) => Arity::AtLeast(1),
         }
     }
 
@@ -722,9 +780,12 @@ impl Op {
             | Op::Concatenate(_)
             | Op::ReduceWindow { .. }
             | Op::Convolution(_)
+            | Op::DynamicSlice(_)
+            | Op::DynamicUpdateSlice
+            | Op::Cumulative { .. }
+            | Op::Argsort { .. }
             | Op::Reverse(_)
             | Op::AxisIndex(_)
-            | Op::DynamicSlice(_)
             | Op::ShardingConstraint => None,
         }
     }
@@ -892,12 +953,20 @@ op_kinds! {
     ReduceWindowMin,
     /// [`Op::Convolution`].
     Convolution,
+    /// [`Op::DynamicSlice`].
+    DynamicSlice,
+    /// [`Op::DynamicUpdateSlice`].
+    DynamicUpdateSlice,
+    /// [`Op::Cumulative`] with [`CumulativeKind::Sum`].
+    CumulativeSum,
+    /// [`Op::Cumulative`] with [`CumulativeKind::Prod`].
+    CumulativeProd,
+    /// [`Op::Argsort`].
+    Argsort,
     /// [`Op::Reverse`].
     Reverse,
     /// [`Op::AxisIndex`].
     AxisIndex,
-    /// [`Op::DynamicSlice`].
-    DynamicSlice,
     /// [`Op::AllReduce`].
     AllReduce,
     /// [`Op::AllGather`].
@@ -915,14 +984,12 @@ op_kinds! {
 }
 
 impl OpKind {
-    /// True for ops that only exist in partitioned programs (collectives, axis_index,
-    /// dynamic_slice): the propagation, autodiff and the reference interpreter reject
-    /// them.
+    /// True for ops that only exist in partitioned programs (collectives, axis_index):
+    /// the propagation, autodiff and the reference interpreter reject them.
     pub fn is_spmd_only(self) -> bool {
         use OpKind as K;
         match self {
             K::AxisIndex
-            | K::DynamicSlice
             | K::AllReduce
             | K::AllGather
             | K::ReduceScatter
@@ -940,6 +1007,8 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
+            K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
+            K::Argsort => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
@@ -962,7 +1031,9 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
-            K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
+            K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
+            K::Argsort => false,
+            K::AxisIndex | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
@@ -971,7 +1042,7 @@ impl OpKind {
 
     /// True for ops whose result is a partial sum when an operand dim they sum over
     /// (a contracting dim of `dot_general`, the input features of a `convolution`, a dim
-    /// of a `reduce` sum) is split: each
+    /// of a `reduce` sum, a sliced dim of a `dynamic_slice`) is split: each
     /// device then holds a summand, a pending sum the partitioner may keep unreduced.
     pub fn makes_partial_sums(self) -> bool {
         use OpKind as K;
@@ -989,7 +1060,12 @@ impl OpKind {
             K::Rem => false,
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
             K::Reverse => false,
-            K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
+            // Each device holds the part of the window inside its block, zeros elsewhere.
+            K::DynamicSlice => true,
+            // A scan along a split dim combines the shard totals itself.
+            K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
+            K::Argsort => false,
+            K::AxisIndex | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,

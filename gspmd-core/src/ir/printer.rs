@@ -135,9 +135,12 @@ fn attributes(op: &Op) -> String {
         Op::Concatenate(dim) => format!(", dim={dim}"),
         Op::ReduceWindow { window, .. } => format!(", window={}", window_text(window)),
         Op::Convolution(config) => convolution_attributes(config),
+        Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
+        Op::DynamicUpdateSlice => String::new(),
+        Op::Cumulative { dim, reverse, .. } => format!(", dim={dim}, reverse={reverse}"),
+        Op::Argsort { dim, descending } => format!(", dim={dim}, descending={descending}"),
         Op::Reverse(dims) => format!(", dims={{{}}}", join(dims)),
         Op::AxisIndex(group) => format!(", axes={group}"),
-        Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
         Op::AllGather { group, dim } => format!(", axes={group}, dim={dim}"),
         Op::ReduceScatter { group, kind, dim } => {

@@ -8,16 +8,14 @@ use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{BinaryOp, CompareOp, DType, Op, ValueId};
 
-/// A bool array of `shape`: whether the element at local index `k` along `dim` holds a
-/// global position inside `0..size`, where the position is
-/// `axis_index(axes) * stride + first + k` (a block laid out in group order, starting
-/// `first` elements from its shard's start).
-pub(crate) fn positions_inside(
+/// An i32 array of `shape`: the global position `axis_index(axes) * stride + first + k`
+/// of the element at local index `k` along `dim` (a block laid out in group order,
+/// starting `first` elements from its shard's start).
+pub(crate) fn global_positions(
     em: &mut Emitter,
     shape: &[usize],
     dim: usize,
     (axes, stride, first): (&[String], usize, i64),
-    size: usize,
 ) -> Result<ValueId> {
     let iota = em.emit(
         Op::Iota {
@@ -33,7 +31,19 @@ pub(crate) fn positions_inside(
         offset = em.emit(Op::Binary(BinaryOp::Add), &[offset, first])?;
     }
     let offset = em.splat(offset, shape)?;
-    let pos = em.emit(Op::Binary(BinaryOp::Add), &[iota, offset])?;
+    em.emit(Op::Binary(BinaryOp::Add), &[iota, offset])
+}
+
+/// A bool array of `shape`: whether the element at local index `k` along `dim` holds a
+/// global position (see [`global_positions`]) inside `0..size`.
+pub(crate) fn positions_inside(
+    em: &mut Emitter,
+    shape: &[usize],
+    dim: usize,
+    (axes, stride, first): (&[String], usize, i64),
+    size: usize,
+) -> Result<ValueId> {
+    let pos = global_positions(em, shape, dim, (axes, stride, first))?;
     let size = em.scalar(DType::I32, size as f64)?;
     let size = em.splat(size, shape)?;
     let below = em.emit(Op::Compare(CompareOp::Lt), &[pos, size])?;

@@ -145,9 +145,7 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         }
         Op::Concatenate(dim) => {
             rule.result = own_factors(&mut rule, result_shape);
-            if let Some(&[f]) = rule.result.dims.get(*dim).map(Vec::as_slice) {
-                rule.factors[f].kind = FactorKind::Permutation;
-            }
+            set_kind(&mut rule, *dim, FactorKind::Permutation);
             rule.operands = vec![rule.result.clone(); node.operands.len()];
         }
         Op::ReduceWindow { window, .. } => {
@@ -163,13 +161,54 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             (rule.operands, rule.result) =
                 convolution_factors(&mut rule, config, [input, kernel, result_shape]);
         }
+        Op::DynamicSlice(_) => {
+            // Shardy's rule: a dim the slice keeps whole passes through; a sliced dim is
+            // one factor that needs replication (the partitioner still takes it split:
+            // each device contributes the part of the window it holds to a sum).
+            let operand = operand_shape(0);
+            rule.result = windowed_factors(&mut rule, operand, result_shape, |_| false);
+            for (d, fs) in rule.result.dims.iter().enumerate() {
+                if operand.get(d) != result_shape.get(d) {
+                    rule.factors[fs[0]].kind = FactorKind::NeedReplication;
+                }
+            }
+            rule.operands = vec![rule.result.clone()];
+            rule.operands
+                .extend(scalars(node.operands.len().saturating_sub(1)));
+        }
+        Op::DynamicUpdateSlice => {
+            // The operand passes through to the result (each device writes the part of
+            // the update inside its block); an update dim smaller than the operand's is a
+            // factor of its own that needs replication.
+            let (operand, update) = (operand_shape(0), operand_shape(1));
+            rule.result = own_factors(&mut rule, operand);
+            let update_dims = (update.iter().enumerate())
+                .map(|(d, &size)| match rule.result.dims.get(d) {
+                    Some(fs) if operand[d] == size => fs.clone(),
+                    _ => vec![rule.add_factor(size, FactorKind::NeedReplication)],
+                })
+                .collect();
+            rule.operands = vec![rule.result.clone(), TensorFactors { dims: update_dims }];
+            rule.operands
+                .extend(scalars(node.operands.len().saturating_sub(2)));
+        }
+        Op::Cumulative { dim, .. } => {
+            // The scanned dim may stay split: the partitioner combines shard totals.
+            rule.result = own_factors(&mut rule, result_shape);
+            set_kind(&mut rule, *dim, FactorKind::Permutation);
+            rule.operands = vec![rule.result.clone()];
+        }
+        Op::Argsort { dim, .. } => {
+            rule.result = own_factors(&mut rule, result_shape);
+            set_kind(&mut rule, *dim, FactorKind::NeedReplication);
+            rule.operands = vec![rule.result.clone()];
+        }
         Op::Reverse(dims) => {
             let operand = operand_shape(0);
             rule.result = windowed_factors(&mut rule, operand, result_shape, |d| dims.contains(&d));
             rule.operands = vec![rule.result.clone()];
         }
         Op::AxisIndex(_)
-        | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
@@ -195,6 +234,18 @@ fn own_factors(rule: &mut OpShardingRule, shape: &[usize]) -> TensorFactors {
         dims: (shape.iter())
             .map(|&size| vec![rule.add_factor(size, FactorKind::PassThrough)])
             .collect(),
+    }
+}
+
+/// `n` scalar tensors (start indices): no dims, no factors.
+fn scalars(n: usize) -> Vec<TensorFactors> {
+    vec![TensorFactors::default(); n]
+}
+
+/// Makes the result's factor along `dim` of kind `kind` (nothing for a dim out of range).
+fn set_kind(rule: &mut OpShardingRule, dim: usize, kind: FactorKind) {
+    if let Some(&[f]) = rule.result.dims.get(dim).map(Vec::as_slice) {
+        rule.factors[f].kind = kind;
     }
 }
 

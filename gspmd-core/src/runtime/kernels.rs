@@ -15,8 +15,8 @@ use ndarray::{
 };
 
 use crate::ir::{
-    BinaryOp, CompareOp, ConvConfig, DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp,
-    WindowDim, infer_type,
+    BinaryOp, CompareOp, ConvConfig, CumulativeKind, DType, DotDims, Literal, Op, ReduceKind,
+    TensorType, UnaryOp, WindowDim, infer_type,
 };
 
 /// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
@@ -104,14 +104,21 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::Convolution(config) => {
             numeric_pair!(operands[0], operands[1], (x, k) => convolution(config, x, k, &result.shape)?)
         }
-        Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
-        Op::ShardingConstraint => operands[0].clone(),
         Op::DynamicSlice(sizes) => {
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
             let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
             let stride = vec![1; sizes.len()];
             each_dtype!(operands[0], a => slice(a, &starts, &limit, &stride))
         }
+        Op::DynamicUpdateSlice => {
+            let update = operands[1];
+            let starts = dynamic_starts(operands[0], &operands[2..], &update.shape())?;
+            dynamic_update_slice(operands[0], update, &starts)?
+        }
+        Op::Cumulative { kind, dim, reverse } => cumulative(*kind, operands[0], *dim, *reverse)?,
+        Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending),
+        Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
+        Op::ShardingConstraint => operands[0].clone(),
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
@@ -417,6 +424,104 @@ fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<V
             Ok(i64::from(v).clamp(0, max) as usize)
         })
         .collect()
+}
+
+/// `x` with `update` written at `starts` (which fit).
+fn dynamic_update_slice(
+    x: &Literal,
+    update: &Literal,
+    starts: &[usize],
+) -> Result<Literal, String> {
+    fn write<T: Clone>(a: &ArrayD<T>, u: &ArrayD<T>, starts: &[usize]) -> ArrayD<T> {
+        let mut out = a.clone();
+        out.slice_each_axis_mut(|ax| {
+            let d = ax.axis.index();
+            Slice::from(starts[d]..starts[d] + u.shape()[d])
+        })
+        .assign(u);
+        out
+    }
+    Ok(match (x, update) {
+        (Literal::F32(a), Literal::F32(u)) => Literal::F32(write(a, u, starts)),
+        (Literal::I32(a), Literal::I32(u)) => Literal::I32(write(a, u, starts)),
+        (Literal::Bool(a), Literal::Bool(u)) => Literal::Bool(write(a, u, starts)),
+        _ => return Err(dtype_mismatch(x, update)),
+    })
+}
+
+/// Inclusive scan along `dim`: element `j` is `f(element j - 1 of the scan, x_j)`,
+/// from the last element down with `reverse`.
+fn cumulative(
+    kind: CumulativeKind,
+    x: &Literal,
+    dim: usize,
+    reverse: bool,
+) -> Result<Literal, String> {
+    fn scan<T: Copy>(a: &ArrayD<T>, dim: usize, reverse: bool, f: fn(T, T) -> T) -> ArrayD<T> {
+        let mut out = a.clone();
+        let mut view = out.view_mut();
+        if reverse {
+            view.invert_axis(Axis(dim));
+        }
+        view.accumulate_axis_inplace(Axis(dim), |&prev, cur| *cur = f(prev, *cur));
+        out
+    }
+    Ok(match (x, kind) {
+        (Literal::F32(a), CumulativeKind::Sum) => Literal::F32(scan(a, dim, reverse, |p, q| p + q)),
+        (Literal::F32(a), CumulativeKind::Prod) => {
+            Literal::F32(scan(a, dim, reverse, |p, q| p * q))
+        }
+        (Literal::I32(a), CumulativeKind::Sum) => {
+            Literal::I32(scan(a, dim, reverse, i32::wrapping_add))
+        }
+        (Literal::I32(a), CumulativeKind::Prod) => {
+            Literal::I32(scan(a, dim, reverse, i32::wrapping_mul))
+        }
+        (Literal::Bool(_), _) => return Err(format!("cannot scan {}", type_of(x))),
+    })
+}
+
+/// [`Op::Argsort`]'s order of f32s: NaN above every number and equal to NaN; `-0.0`
+/// equals `0.0`.
+fn total_order(a: &f32, b: &f32) -> std::cmp::Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Greater,
+        (false, true) => std::cmp::Ordering::Less,
+        (false, false) => a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal),
+    }
+}
+
+/// The i32 indices that stably sort each lane along `dim` (see [`Op::Argsort`]).
+fn argsort(x: &Literal, dim: usize, descending: bool) -> Literal {
+    fn indices<T>(
+        a: &ArrayD<T>,
+        dim: usize,
+        descending: bool,
+        order: fn(&T, &T) -> std::cmp::Ordering,
+    ) -> ArrayD<i32> {
+        let mut out = ArrayD::zeros(a.raw_dim());
+        let mut order_of = Vec::new();
+        for (lane, mut result) in a.lanes(Axis(dim)).into_iter().zip(out.lanes_mut(Axis(dim))) {
+            order_of.clear();
+            order_of.extend(0..lane.len());
+            // `sort_by` is stable: equal elements keep their order either way.
+            order_of.sort_by(|&i, &j| match descending {
+                false => order(&lane[i], &lane[j]),
+                true => order(&lane[j], &lane[i]),
+            });
+            // The shape rule keeps the dim within i32.
+            for (r, &i) in result.iter_mut().zip(&order_of) {
+                *r = i as i32;
+            }
+        }
+        out
+    }
+    Literal::I32(match x {
+        Literal::F32(a) => indices(a, dim, descending, total_order),
+        Literal::I32(a) => indices(a, dim, descending, i32::cmp),
+        Literal::Bool(a) => indices(a, dim, descending, bool::cmp),
+    })
 }
 
 /// Edge padding (negative removes) and interior padding: the operand is first written

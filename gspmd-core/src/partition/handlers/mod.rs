@@ -6,9 +6,12 @@
 mod contraction;
 mod convolution;
 mod data_movement;
+mod dynamic_slicing;
 mod elementwise;
 mod reduce;
+mod scan;
 mod shape;
+mod sort;
 
 pub(crate) use data_movement::rotate;
 
@@ -43,13 +46,20 @@ pub(crate) fn partition_node(
         Op::Convolution(config) => {
             convolution::convolution(em, node, config, &operands[0], &operands[1], target)
         }
+        Op::DynamicSlice(sizes) => {
+            dynamic_slicing::dynamic_slice(em, node, sizes, operands, target)
+        }
+        Op::DynamicUpdateSlice => dynamic_slicing::dynamic_update_slice(em, node, operands, target),
+        Op::Cumulative { kind, dim, reverse } => {
+            scan::cumulative(em, (*kind, *dim, *reverse), &operands[0], target)
+        }
+        Op::Argsort { dim, .. } => sort::argsort(em, node, *dim, &operands[0], target),
         Op::Slice { .. }
         | Op::Pad { .. }
         | Op::Concatenate(_)
         | Op::Reverse(_)
         | Op::ReduceWindow { .. } => data_movement::windowed(em, node, operands, target),
         Op::AxisIndex(_)
-        | Op::DynamicSlice(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
