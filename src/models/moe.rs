@@ -39,11 +39,11 @@ fn spread(x: &Tensor, shape: &[usize], dims: &[usize]) -> Tensor {
 pub fn top2_gating(x: &Tensor, wg: &Tensor, capacity: usize) -> Routing {
     let (groups, seq, experts) = (x.shape()[0], x.shape()[1], wg.shape()[1]);
     let gates = einsum("gsm,me->gse", x, wg).softmax(-1);
-    let first = one_hot(&argmax(&gates), experts);
+    let first = one_hot(&gates.argmax(-1), experts);
     let aux_loss =
         (&first.mean(&[1]) * &gates.mean(&[1])).mean(&[0, 1]) * (experts * experts) as f32;
     let counts = first.sum(&[0, 1]);
-    let second = one_hot(&argmax(&(&gates * &(1.0 - &first))), experts);
+    let second = one_hot(&(&gates * &(1.0 - &first)).argmax(-1), experts);
 
     // Slot of each token in its expert's queue: first choices in token order, then
     // second choices; tokens past the capacity are dropped.
@@ -52,10 +52,10 @@ pub fn top2_gating(x: &Tensor, wg: &Tensor, capacity: usize) -> Routing {
             .lt(&position.scalar_like(capacity as f64))
             .convert(DType::F32)
     };
-    let position1 = &(cumsum(&first) - 1.0) * &first;
+    let position1 = &(first.cumsum(1) - 1.0) * &first;
     let first = &first * &fits(&position1);
     let taken = spread(&first.sum(&[1]), &[groups, seq, experts], &[0, 2]);
-    let position2 = &(&(cumsum(&second) - 1.0) + &taken) * &second;
+    let position2 = &(&(second.cumsum(1) - 1.0) + &taken) * &second;
     let second = &second * &fits(&position2);
 
     let gate1 = (&gates * &first).sum(&[-1]);
@@ -136,28 +136,4 @@ pub fn moe_language_model(
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
     let cross_entropy = -((&log_p * &weights).sum(&[0, 1]) / weights.sum(&[0, 1]));
     (&cross_entropy + &(aux_loss * AUX_LOSS_WEIGHT), counts)
-}
-
-// TEMPORARY until Tensor::argmax / cumsum land.
-fn argmax(x: &Tensor) -> Tensor {
-    let b = x.builder();
-    let shape = x.shape().to_vec();
-    let r = shape.len();
-    let m = x
-        .reduce(crate::ir::ReduceKind::Max, &[-1], true)
-        .broadcast_to(shape.clone());
-    let idx = b.iota(shape.clone(), r - 1, DType::I32);
-    let big = idx.scalar_like(shape[r - 1] as f64);
-    x.eq(&m)
-        .select(&idx, &big)
-        .reduce(crate::ir::ReduceKind::Min, &[-1], false)
-}
-fn cumsum(x: &Tensor) -> Tensor {
-    let s = x.shape()[1];
-    let b = x.builder();
-    let tri = b
-        .iota([s, s], 0, DType::I32)
-        .le(&b.iota([s, s], 1, DType::I32))
-        .convert(DType::F32);
-    einsum("gse,st->gte", x, &tri)
 }
