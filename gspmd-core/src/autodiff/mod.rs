@@ -30,6 +30,7 @@
 //! - `axis_index`, `dynamic_slice` and the collectives: [`crate::Error::NotDifferentiable`]
 //!   (they only exist in partitioned programs).
 
+mod indexing;
 mod registry;
 mod sweep;
 

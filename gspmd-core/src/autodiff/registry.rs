@@ -45,6 +45,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::ShardingConstraint => true,
         K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
         K::Convolution | K::Reverse => true,
+        K::Gather | K::ScatterAdd | K::ScatterReplace => true,
         K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
@@ -144,6 +145,11 @@ pub(super) fn operand_cotangent(
             _ => conv_kernel_cotangent(e, config, operands[0], x, ct)?,
         }),
         Op::Reverse(dims) => Some(e.reverse(ct, dims)?),
+        Op::Gather(dims) => super::indexing::gather(e, dims, [operands[0], operands[1]], ct, i)?,
+        Op::Scatter { dims, kind } => {
+            let xs = [operands[0], operands[1], operands[2]];
+            super::indexing::scatter(e, dims, *kind, xs, ct, i)?
+        }
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),

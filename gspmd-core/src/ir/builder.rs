@@ -238,7 +238,7 @@ fn slice_along(t: &Tensor, a: usize, start: usize, limit: usize, location: Locat
     push_at(t, op, location)
 }
 
-fn axis(t: &Tensor, axis: isize, op: &'static str, location: Location) -> Option<usize> {
+pub(super) fn axis(t: &Tensor, axis: isize, op: &'static str, location: Location) -> Option<usize> {
     if any_poisoned(&[t]) {
         return None;
     }

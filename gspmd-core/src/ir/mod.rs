@@ -5,8 +5,10 @@ mod append;
 mod builder;
 mod convolution;
 mod einsum;
+pub(crate) mod indexing;
 mod infer;
 mod literal;
+mod lookup;
 mod op;
 mod operators;
 mod pooling;
@@ -18,8 +20,11 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
+pub(crate) use indexing::{EmitOps, Indexing};
+pub use indexing::{GatherDims, ScatterDims, ScatterKind};
 pub use infer::infer_type;
 pub use literal::Literal;
+pub use lookup::embedding;
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, DotDims, Op, OpKind,
     Padding, ReduceKind, UnaryOp, WindowDim,

@@ -1,6 +1,7 @@
 //! The primitive op set. High-level ops (matmul, einsum, softmax, ...) are built from
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
+use super::indexing::{GatherDims, ScatterDims, ScatterKind};
 use super::literal::Literal;
 use crate::error::Error;
 use crate::types::{DType, Location};
@@ -420,6 +421,18 @@ pub enum Op {
     Convolution(ConvConfig),
     /// Reverses the order of elements along `dims` (sorted, distinct).
     Reverse(Vec<usize>),
+    /// `gather(operand, start_indices)`: XLA's gather (see [`GatherDims`]); i32 indices,
+    /// each start clamped so that its slice fits in the operand.
+    Gather(GatherDims),
+    /// `scatter(operand, scatter_indices, updates)`: XLA's scatter (see
+    /// [`ScatterDims`]) combining with `kind`; i32 indices, an update whose window would
+    /// not fit in the operand is skipped whole.
+    Scatter {
+        /// Which dims of the updates and indices go where in the operand.
+        dims: ScatterDims,
+        /// How an update combines with the operand element it lands on.
+        kind: ScatterKind,
+    },
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
@@ -539,6 +552,11 @@ impl Op {
             Op::ReduceWindow { .. } => "reduce_window",
             Op::Convolution(_) => "convolution",
             Op::Reverse(_) => "reverse",
+            Op::Gather(_) => "gather",
+            Op::Scatter { kind, .. } => match kind {
+                ScatterKind::Add => "scatter_add",
+                ScatterKind::Replace => "scatter",
+            },
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
             Op::DynamicSlice(_) => "dynamic_slice",
@@ -608,6 +626,11 @@ impl Op {
             },
             Op::Convolution(_) => OpKind::Convolution,
             Op::Reverse(_) => OpKind::Reverse,
+            Op::Gather(_) => OpKind::Gather,
+            Op::Scatter { kind, .. } => match kind {
+                ScatterKind::Add => OpKind::ScatterAdd,
+                ScatterKind::Replace => OpKind::ScatterReplace,
+            },
             Op::AxisIndex(_) => OpKind::AxisIndex,
             Op::DynamicSlice(_) => OpKind::DynamicSlice,
             Op::AllReduce { .. } => OpKind::AllReduce,
@@ -644,6 +667,8 @@ impl Op {
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
             Op::Convolution(_) => Arity::Fixed(2),
+            Op::Gather(_) => Arity::Fixed(2),
+            Op::Scatter { .. } => Arity::Fixed(3),
             Op::Select => Arity::Fixed(3),
             Op::Concatenate(_) => Arity::AtLeast(1),
             // The operand, then one start index per dim.
@@ -684,6 +709,8 @@ impl Op {
             | Op::ReduceWindow { .. }
             | Op::Convolution(_)
             | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::Scatter { .. }
             | Op::AxisIndex(_)
             | Op::DynamicSlice(_)
             | Op::ShardingConstraint => None,
@@ -837,6 +864,12 @@ op_kinds! {
     Convolution,
     /// [`Op::Reverse`].
     Reverse,
+    /// [`Op::Gather`].
+    Gather,
+    /// [`Op::Scatter`] with [`ScatterKind::Add`].
+    ScatterAdd,
+    /// [`Op::Scatter`] with [`ScatterKind::Replace`].
+    ScatterReplace,
     /// [`Op::AxisIndex`].
     AxisIndex,
     /// [`Op::DynamicSlice`].
@@ -879,6 +912,7 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
@@ -897,6 +931,7 @@ impl OpKind {
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::AxisIndex | K::DynamicSlice | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
@@ -920,6 +955,9 @@ impl OpKind {
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
             K::Broadcast | K::Reshape | K::Transpose | K::Slice | K::Pad | K::Concatenate => false,
             K::Reverse => false,
+            // Their pending sums arise only in the partitioner's own plans (a split
+            // indexed dim), which reduce them unless the target keeps them.
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::AxisIndex | K::DynamicSlice | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.

@@ -136,6 +136,25 @@ fn attributes(op: &Op) -> String {
         Op::ReduceWindow { window, .. } => format!(", window={}", window_text(window)),
         Op::Convolution(config) => convolution_attributes(config),
         Op::Reverse(dims) => format!(", dims={{{}}}", join(dims)),
+        Op::Gather(d) => format!(
+            ", offset_dims={{{}}}, collapsed_slice_dims={{{}}}, operand_batching_dims={{{}}}, start_indices_batching_dims={{{}}}, start_index_map={{{}}}, index_vector_dim={}, slice_sizes={{{}}}",
+            join(&d.offset_dims),
+            join(&d.collapsed_slice_dims),
+            join(&d.operand_batching_dims),
+            join(&d.start_indices_batching_dims),
+            join(&d.start_index_map),
+            d.index_vector_dim,
+            join(&d.slice_sizes)
+        ),
+        Op::Scatter { dims: d, .. } => format!(
+            ", update_window_dims={{{}}}, inserted_window_dims={{{}}}, input_batching_dims={{{}}}, scatter_indices_batching_dims={{{}}}, scatter_dims_to_operand_dims={{{}}}, index_vector_dim={}",
+            join(&d.update_window_dims),
+            join(&d.inserted_window_dims),
+            join(&d.input_batching_dims),
+            join(&d.scatter_indices_batching_dims),
+            join(&d.scatter_dims_to_operand_dims),
+            d.index_vector_dim
+        ),
         Op::AxisIndex(group) => format!(", axes={group}"),
         Op::DynamicSlice(sizes) => format!(", sizes={{{}}}", join(sizes)),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
