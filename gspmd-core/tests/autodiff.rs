@@ -724,13 +724,7 @@ fn scatter_add_passes_the_cotangent_and_gathers_it_for_the_updates() {
 #[test]
 fn scatter_replace_zeroes_the_written_positions_of_the_operand_cotangent() {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(1502);
-    let dims = ScatterDims {
-        update_window_dims: vec![1],
-        inserted_window_dims: vec![0],
-        scatter_dims_to_operand_dims: vec![0],
-        index_vector_dim: 1,
-        ..ScatterDims::default()
-    };
+    let dims = ScatterDims::along(0, 2);
     let program = trace(|b| {
         let x = param(b, "x", &[5, 2]);
         let index = b.parameter("index", [3], DType::I32);

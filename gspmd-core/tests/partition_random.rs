@@ -360,13 +360,7 @@ fn gathers_and_scatters_with_indices_out_of_range() {
         // Distinct rows 6, 4, .., -2: the last two out of range.
         let two = b.full([5], DType::I32, 2.0);
         let distinct = b.iota([5], 0, DType::I32).reverse(&[0]).mul(&two).sub(&two);
-        let rows_at = ScatterDims {
-            update_window_dims: vec![1],
-            inserted_window_dims: vec![0],
-            scatter_dims_to_operand_dims: vec![0],
-            index_vector_dim: 1,
-            ..ScatterDims::default()
-        };
+        let rows_at = ScatterDims::along(0, 2);
         let replaced = table.scatter(&distinct, &rows, &rows_at);
         // Windows of 2 x 2 at (row, col) starts along dim 0 of `starts`.
         let windows = GatherDims {

@@ -836,13 +836,7 @@ impl Gen<'_> {
                 let offset = self.rng.random_range(-2..=2);
                 let index = index.add(&self.b.full([n], DType::I32, f64::from(offset)));
                 let u = self.value_of(&rows, dtype, false);
-                let dims = ScatterDims {
-                    update_window_dims: (0..rank).filter(|&k| k != dim).collect(),
-                    inserted_window_dims: vec![dim],
-                    scatter_dims_to_operand_dims: vec![dim],
-                    index_vector_dim: 1,
-                    ..ScatterDims::default()
-                };
+                let dims = ScatterDims::along(dim, rank);
                 (a.t.scatter(&index, &u.t, &dims), u)
             }
             _ => {

@@ -285,13 +285,7 @@ fn rules_of_gather_and_scatter() {
     let picks = b.parameter("picks", [4, 3], DType::I32);
     let looked_up = table.embedding(&ids);
     let added = table.index_add(0, &index, &rows);
-    let rows_at = ScatterDims {
-        update_window_dims: vec![1],
-        inserted_window_dims: vec![0],
-        scatter_dims_to_operand_dims: vec![0],
-        index_vector_dim: 1,
-        ..ScatterDims::default()
-    };
+    let rows_at = ScatterDims::along(0, 2);
     let replaced = table.scatter(&index, &rows, &rows_at);
     let along = x.take_along_dim(&picks, 1);
     let p = finish(b, &[&looked_up, &added, &replaced, &along]);

@@ -104,6 +104,19 @@ impl GatherDims {
 }
 
 impl ScatterDims {
+    /// The scatter of whole slices along `dim` of a rank-`rank` operand at rank-1
+    /// indices: update `i` (the updates' slice `i` along `dim`) lands on the operand's
+    /// slice `indices[i]` (PyTorch's `index_add`, `index_copy`).
+    pub fn along(dim: usize, rank: usize) -> Self {
+        ScatterDims {
+            update_window_dims: (0..rank).filter(|&k| k != dim).collect(),
+            inserted_window_dims: vec![dim],
+            scatter_dims_to_operand_dims: vec![dim],
+            index_vector_dim: 1,
+            ..ScatterDims::default()
+        }
+    }
+
     /// The layout shared with gather.
     pub(crate) fn indexing(&self) -> Indexing<'_> {
         Indexing {

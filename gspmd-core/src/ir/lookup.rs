@@ -153,15 +153,8 @@ impl Tensor {
             );
             return self.fail("index_add", location, message);
         }
-        let dims = ScatterDims {
-            update_window_dims: (0..self.rank()).filter(|&k| k != d).collect(),
-            inserted_window_dims: vec![d],
-            scatter_dims_to_operand_dims: vec![d],
-            index_vector_dim: 1,
-            ..ScatterDims::default()
-        };
         let op = Op::Scatter {
-            dims,
+            dims: ScatterDims::along(d, self.rank()),
             kind: ScatterKind::Add,
         };
         push(self, op, &[index, source], location)
