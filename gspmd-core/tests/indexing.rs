@@ -15,7 +15,7 @@ fn s(text: &str) -> Sharding {
     text.parse().unwrap()
 }
 
-/// f32 values on a grid in [-1.5, 1.5), i32 ids in `-3 ..= vocab + 3`: out of range at
+/// f32 values on a grid in [-1.5, 1.5), bools, i32 ids in `-3 ..= vocab + 3`: out of range at
 /// both ends for a vocabulary of `vocab` rows.
 fn input(shape: &[usize], dtype: DType, seed: usize, vocab: i32) -> Literal {
     let n: usize = shape.iter().product();
@@ -26,7 +26,11 @@ fn input(shape: &[usize], dtype: DType, seed: usize, vocab: i32) -> Literal {
                 .collect();
             Literal::I32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
         }
-        _ => {
+        DType::Bool => {
+            let v: Vec<bool> = (0..n).map(|i| (i * 7 + seed) % 3 == 0).collect();
+            Literal::Bool(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
+        }
+        DType::F32 => {
             let v: Vec<f32> = (0..n)
                 .map(|i| ((i * 7 + seed * 13) % 29) as f32 / 9.0 - 1.5)
                 .collect();
@@ -209,4 +213,25 @@ fn ids_out_of_range_agree_with_the_reference_on_uneven_vocabularies() {
         });
         run_and_compare(&grad(&loss, 0, &[0]).unwrap(), mesh, vocab as i32);
     }
+}
+
+/// A pending sum of bools is their `or` (the collectives' sum for bool): the rows a
+/// device does not hold are `false`, so the vocabulary-parallel lookup holds for bools.
+#[test]
+fn bool_lookups_are_vocabulary_parallel_too() {
+    let p = build("flags", |b| {
+        let flags = b
+            .parameter("flags", [V, 2], DType::Bool)
+            .annotate(s("(model, _)"));
+        let ids = b.parameter("ids", [3], DType::I32);
+        vec![flags.embedding(&ids)]
+    });
+    let exe = run_and_compare(&p, &mesh24(), V as i32);
+    let stats = exe.spmd.collectives();
+    assert_eq!(
+        (stats.count("all_reduce"), stats.total()),
+        (1, 1),
+        "{}",
+        exe.report()
+    );
 }

@@ -355,6 +355,7 @@ fn gathers_and_scatters_with_indices_out_of_range() {
         let index = b.parameter("index", [5], DType::I32);
         let starts = b.parameter("starts", [2, 4], DType::I32);
         let looked_up = table.embedding(&ids);
+        let flags = b.parameter("flags", [7, 3], DType::Bool).embedding(&ids);
         let along = x.take_along_dim(&picks, 1);
         let added = table.index_add(0, &index, &rows);
         // Distinct rows 6, 4, .., -2: the last two out of range.
@@ -372,7 +373,7 @@ fn gathers_and_scatters_with_indices_out_of_range() {
         };
         let window = x.gather(&starts, &windows);
         let scattered = x.scatter_add(&starts, &window, &windows.to_scatter());
-        vec![looked_up, along, added, replaced, window, scattered]
+        vec![looked_up, flags, along, added, replaced, window, scattered]
     });
     check(&p, 6, 41);
 }

@@ -15,7 +15,8 @@
 //!   blocks of `c` rows. Each device offsets the starts by `-axis_index(A) * c`. A
 //!   gather first clamps the global start as the op would (into `[0, n - 1]`), tests
 //!   the local one against `[0, c)`, zeroes the rows it does not hold and leaves a
-//!   pending sum over `A` (one all-reduce, or a reduce-scatter); uneven blocks are
+//!   pending sum over `A` (one all-reduce, or a reduce-scatter; for bools the
+//!   collectives' sum is an `or`, so it holds for them too); uneven blocks are
 //!   exact, a clamped start lies below `n`. A scatter writes only the updates that
 //!   land in its block (its local bounds skip the others), and its result stays split
 //!   over `A`; a start out of range lands outside every block or in the padding past
