@@ -373,7 +373,20 @@ fn gathers_and_scatters_with_indices_out_of_range() {
         };
         let window = x.gather(&starts, &windows);
         let scattered = x.scatter_add(&starts, &window, &windows.to_scatter());
-        vec![looked_up, flags, along, added, replaced, window, scattered]
+        // `along` added back where it came from: batching dims pair rows.
+        let pairs = GatherDims {
+            collapsed_slice_dims: vec![1],
+            operand_batching_dims: vec![0],
+            start_indices_batching_dims: vec![0],
+            start_index_map: vec![1],
+            index_vector_dim: 2,
+            slice_sizes: vec![1, 1],
+            ..GatherDims::default()
+        };
+        let back = x.scatter_add(&picks, &along, &pairs.to_scatter());
+        vec![
+            looked_up, flags, along, added, replaced, window, scattered, back,
+        ]
     });
     check(&p, 6, 41);
 }
