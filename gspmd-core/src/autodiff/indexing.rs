@@ -11,7 +11,7 @@
 //!   not only the one that won.
 
 use crate::error::Result;
-use crate::ir::indexing::{all_within, clamp_starts, i32_scalar, per_component, zero_where_not};
+use crate::ir::indexing::{all_within, clamp_starts, start_range, zero_where_not};
 use crate::ir::{Appender, DType, GatherDims, Op, ScatterDims, ScatterKind, ValueId};
 
 /// The cotangent of operand `i` (0: operand, 1: indices) of `gather(x, indices)`.
@@ -66,13 +66,7 @@ pub(super) fn scatter(
         }
         (2, _) => {
             let read = e.push(Op::Gather(dims.to_gather(sizes.clone())), &[ct, indices])?;
-            let zero = i32_scalar(e, 0)?;
-            let n = ix.index_map.len();
-            let lo = per_component(e, indices, ix.index_vector_dim, &vec![zero; n])?;
-            let highest = (ix.index_map.iter())
-                .map(|&d| i32_scalar(e, (shape[d] - sizes[d]) as i64))
-                .collect::<Result<Vec<_>>>()?;
-            let hi = per_component(e, indices, ix.index_vector_dim, &highest)?;
+            let (lo, hi) = start_range(e, indices, ix, &shape, &sizes)?;
             let applied = all_within(e, indices, ix.index_vector_dim, lo, hi)?;
             let batch = ix.data_batch(update_shape.len());
             Some(zero_where_not(e, read, applied, &batch, DType::F32)?)

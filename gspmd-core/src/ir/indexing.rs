@@ -399,8 +399,8 @@ pub(crate) fn infer_scatter(
     Ok(operand.clone())
 }
 
-/// What [`clamp_between`] and [`all_within`] need of the program being built: the
-/// gradient rules' `Appender` and the partitioner's emitter both provide it.
+/// What the index arithmetic below needs of the program being built: the gradient
+/// rules' `Appender` and the partitioner's emitter both provide it.
 pub(crate) trait EmitOps {
     /// Appends `op(operands)`, typed by its shape rule.
     fn emit_op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId>;
@@ -453,7 +453,7 @@ pub(crate) fn i32_scalar(e: &mut impl EmitOps, value: i64) -> Result<ValueId> {
 }
 
 /// `indices` with every element clamped to `[lo, hi]` (arrays shaped like it).
-pub(crate) fn clamp_between(
+fn clamp_between(
     e: &mut impl EmitOps,
     indices: ValueId,
     lo: ValueId,
@@ -463,25 +463,40 @@ pub(crate) fn clamp_between(
     e.emit_op(Op::Binary(BinaryOp::Max), &[below, lo])
 }
 
-/// A gather's start `indices` clamped as the gather clamps them: component `k` to
-/// `[0, operand_shape[d] - slice_sizes[d]]`, `d` the operand dim it starts.
+/// The range of starts whose window fits, shaped like `indices`: component `k` may
+/// lie in `[0, operand_shape[d] - window[d]]`, `d` the operand dim it starts.
+pub(crate) fn start_range(
+    e: &mut impl EmitOps,
+    indices: ValueId,
+    ix: Indexing<'_>,
+    operand_shape: &[usize],
+    window: &[usize],
+) -> Result<(ValueId, ValueId)> {
+    let zero = i32_scalar(e, 0)?;
+    let vd = ix.index_vector_dim;
+    let lo = per_component(e, indices, vd, &vec![zero; ix.index_map.len()])?;
+    let highest = (ix.index_map.iter())
+        .map(|&d| i32_scalar(e, operand_shape[d] as i64 - window[d] as i64))
+        .collect::<Result<Vec<_>>>()?;
+    let hi = per_component(e, indices, vd, &highest)?;
+    Ok((lo, hi))
+}
+
+/// A gather's start `indices` clamped as the gather clamps them (into
+/// [`start_range`]).
 pub(crate) fn clamp_starts(
     e: &mut impl EmitOps,
     indices: ValueId,
     dims: &GatherDims,
     operand_shape: &[usize],
 ) -> Result<ValueId> {
-    let zero = i32_scalar(e, 0)?;
-    let lo = per_component(
+    let (lo, hi) = start_range(
         e,
         indices,
-        dims.index_vector_dim,
-        &vec![zero; dims.start_index_map.len()],
+        dims.indexing(),
+        operand_shape,
+        &dims.slice_sizes,
     )?;
-    let highest = (dims.start_index_map.iter())
-        .map(|&d| i32_scalar(e, (operand_shape[d] - dims.slice_sizes[d]) as i64))
-        .collect::<Result<Vec<_>>>()?;
-    let hi = per_component(e, indices, dims.index_vector_dim, &highest)?;
     clamp_between(e, indices, lo, hi)
 }
 

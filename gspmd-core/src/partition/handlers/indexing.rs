@@ -31,7 +31,9 @@ use super::super::reshard::{plan_reshard, reshard};
 use super::super::value::PValue;
 use super::with_dims;
 use crate::error::Result;
-use crate::ir::indexing::{all_within, clamp_starts, i32_scalar, per_component, zero_where_not};
+use crate::ir::indexing::{
+    all_within, clamp_starts, i32_scalar, per_component, start_range, zero_where_not,
+};
 use crate::ir::{
     BinaryOp, GatherDims, Indexing, Op, ScatterDims, ScatterKind, TensorType, ValueId,
 };
@@ -220,14 +222,8 @@ fn in_block(
     local_operand: &[usize],
     local_window: &[usize],
 ) -> Result<ValueId> {
-    let vd = ix.index_vector_dim;
-    let zero = i32_scalar(em, 0)?;
-    let lo = per_component(em, starts, vd, &vec![zero; ix.index_map.len()])?;
-    let lasts = (ix.index_map.iter())
-        .map(|&d| i32_scalar(em, local_operand[d] as i64 - local_window[d] as i64))
-        .collect::<Result<Vec<_>>>()?;
-    let hi = per_component(em, starts, vd, &lasts)?;
-    all_within(em, starts, vd, lo, hi)
+    let (lo, hi) = start_range(em, starts, ix, local_operand, local_window)?;
+    all_within(em, starts, ix.index_vector_dim, lo, hi)
 }
 
 pub(super) fn gather(
