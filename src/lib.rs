@@ -61,7 +61,7 @@ pub use ndarray;
 pub mod prelude {
     pub use crate::{model, shard};
     pub use gspmd_core::ir::{
-        Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum,
+        Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
     };
     pub use gspmd_core::runtime::{ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};

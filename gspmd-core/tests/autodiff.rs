@@ -11,8 +11,8 @@
 use gspmd_core::Error;
 use gspmd_core::autodiff::{grad, is_differentiable};
 use gspmd_core::ir::{
-    AxisGroup, Builder, DType, DotDims, Literal, Location, Node, Op, OpKind, Padding, Program,
-    ReduceKind, Tensor, ValueId, WindowDim, einsum, verify,
+    AxisGroup, Builder, DType, DotDims, GatherDims, Literal, Location, Node, Op, OpKind, Padding,
+    Program, ReduceKind, ScatterDims, Tensor, ValueId, WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::runtime::uniform_f32;
@@ -843,6 +843,70 @@ fn sorting_indices_pass_no_gradient() {
     let mut grid: Vec<f32> = (0..12).map(|v| v as f32 / 10.0 - 0.55).collect();
     grid.shuffle(&mut rng);
     check_gradients(&program, &[f32s(&[3, 4], &grid)], &[0]);
+}
+
+#[test]
+fn gather_adds_the_cotangent_back_at_the_clamped_starts() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1500);
+    // Repeated, negative and too large ids; slices of two rows with an index vector.
+    let dims = GatherDims {
+        offset_dims: vec![1, 2],
+        start_index_map: vec![0, 1],
+        index_vector_dim: 1,
+        slice_sizes: vec![2, 2],
+        ..GatherDims::default()
+    };
+    let program = trace(|b| {
+        let table = param(b, "table", &[5, 3]);
+        let ids = b.parameter("ids", [2, 3], DType::I32);
+        let starts = b.parameter("starts", [3, 2], DType::I32);
+        let rows = weighted_sum(&table.embedding(&ids), &mut rng);
+        rows.add(&weighted_sum(&table.gather(&starts, &dims), &mut rng))
+    });
+    let table = uniform_f32(&mut rng, &[5, 3], -1.0, 1.0);
+    let ids = i32s(&[2, 3], &[1, 4, 1, -2, 7, 0]);
+    let starts = i32s(&[3, 2], &[0, 1, 4, 2, -1, 0]);
+    check_gradients(&program, &[table, ids, starts], &[0]);
+}
+
+#[test]
+fn scatter_add_passes_the_cotangent_and_gathers_it_for_the_updates() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1501);
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 3]);
+        let index = b.parameter("index", [5], DType::I32);
+        let source = param(b, "source", &[5, 3]);
+        weighted_sum(&x.index_add(0, &index, &source), &mut rng)
+    });
+    let x = uniform_f32(&mut rng, &[4, 3], -1.0, 1.0);
+    let source = uniform_f32(&mut rng, &[5, 3], -1.0, 1.0);
+    // Row 9 and -1 are skipped: their updates get no gradient.
+    let index = i32s(&[5], &[2, 9, 2, -1, 0]);
+    let grads = check_gradients(&program, &[x, index, source], &[0, 2]);
+    let updates = grads[1].as_f32().unwrap().as_slice().unwrap();
+    assert!(
+        updates[3..6]
+            .iter()
+            .chain(&updates[9..12])
+            .all(|&v| v == 0.0)
+    );
+}
+
+#[test]
+fn scatter_replace_zeroes_the_written_positions_of_the_operand_cotangent() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1502);
+    let dims = ScatterDims::along(0, 2);
+    let program = trace(|b| {
+        let x = param(b, "x", &[5, 2]);
+        let index = b.parameter("index", [3], DType::I32);
+        let updates = param(b, "updates", &[3, 2]);
+        weighted_sum(&x.scatter(&index, &updates, &dims), &mut rng)
+    });
+    let x = uniform_f32(&mut rng, &[5, 2], -1.0, 1.0);
+    let updates = uniform_f32(&mut rng, &[3, 2], -1.0, 1.0);
+    // Distinct rows; 5 is out of range.
+    let index = i32s(&[3], &[3, 5, 0]);
+    check_gradients(&program, &[x, index, updates], &[0, 2]);
 }
 
 // ---- shardings --------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, DotDims, Literal, OpKind, Padding, ReduceKind, Tensor,
-    WindowDim, einsum, verify,
+    Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Literal, OpKind, Padding,
+    ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
@@ -2004,6 +2004,131 @@ fn argmax_and_argmin_pick_the_first_extreme() {
     assert_i32(&outs[2], &[3], &[1, 1, 1]);
     assert_i32(&outs[3], &[], &[2]);
     assert_i32(&outs[4], &[], &[1]);
+}
+
+#[test]
+fn take_and_embedding_clamp_indices() {
+    let out = run(
+        |b| {
+            let table = f32_param(b, "table", &[4, 2]);
+            let ids = b.parameter("ids", [2, 2], DType::I32);
+            let cols = b.parameter("cols", [2], DType::I32);
+            vec![
+                table.embedding(&ids),
+                table.take(&cols, -1),
+                table.take(&cols, 0),
+            ]
+        },
+        &[
+            f32s(&[4, 2], &[0., 1., 2., 3., 4., 5., 6., 7.]),
+            i32s(&[2, 2], &[3, 0, 5, -1]),
+            i32s(&[2], &[1, -7]),
+        ],
+    );
+    // Ids 5 and -1 clamp to rows 3 and 0.
+    assert_f32(&out[0], &[2, 2, 2], &[6., 7., 0., 1., 6., 7., 0., 1.]);
+    // Columns 1 and 0 of each row.
+    assert_f32(&out[1], &[4, 2], &[1., 0., 3., 2., 5., 4., 7., 6.]);
+    assert_f32(&out[2], &[2, 2], &[2., 3., 0., 1.]);
+}
+
+#[test]
+fn take_along_dim_pairs_the_other_dims() {
+    let out = run1(
+        |b| {
+            let x = b.parameter("x", [2, 3], DType::I32);
+            let i = b.parameter("i", [2, 2], DType::I32);
+            x.take_along_dim(&i, 1)
+        },
+        &[
+            i32s(&[2, 3], &[0, 1, 2, 3, 4, 5]),
+            i32s(&[2, 2], &[2, 0, 1, 9]),
+        ],
+    );
+    assert_i32(&out, &[2, 2], &[2, 0, 4, 5]);
+}
+
+#[test]
+fn gather_with_an_index_vector_clamps_each_slice_into_the_operand() {
+    let dims = GatherDims {
+        offset_dims: vec![1, 2],
+        start_index_map: vec![0, 1],
+        index_vector_dim: 1,
+        slice_sizes: vec![2, 2],
+        ..GatherDims::default()
+    };
+    let out = run(
+        |b| {
+            let x = b.parameter("x", [4, 3], DType::I32);
+            let flags = b.parameter("flags", [4, 3], DType::Bool);
+            let i = b.parameter("i", [2, 2], DType::I32);
+            vec![x.gather(&i, &dims), flags.gather(&i, &dims)]
+        },
+        &[
+            i32s(&[4, 3], &(0..12).collect::<Vec<_>>()),
+            bools(
+                &[4, 3],
+                &[
+                    true, false, true, false, true, false, true, false, true, false, true, false,
+                ],
+            ),
+            i32s(&[2, 2], &[0, 1, 3, 2]),
+        ],
+    );
+    // (0, 1): rows 0-1, cols 1-2; (3, 2) clamps to (2, 1).
+    assert_i32(&out[0], &[2, 2, 2], &[1, 2, 4, 5, 7, 8, 10, 11]);
+    assert_bool(
+        &out[1],
+        &[2, 2, 2],
+        &[false, true, true, false, false, true, true, false],
+    );
+}
+
+#[test]
+fn index_add_accumulates_duplicates_and_skips_rows_out_of_range() {
+    let out = run1(
+        |b| {
+            let x = f32_param(b, "x", &[4, 2]);
+            let index = b.parameter("index", [5], DType::I32);
+            let source = f32_param(b, "source", &[5, 2]);
+            x.index_add(0, &index, &source)
+        },
+        &[
+            f32s(&[4, 2], &[1.; 8]),
+            i32s(&[5], &[1, 1, 7, -1, 3]),
+            f32s(
+                &[5, 2],
+                &[1., 2., 10., 20., 100., 200., 1000., 2000., 5., 6.],
+            ),
+        ],
+    );
+    assert_f32(&out, &[4, 2], &[1., 1., 12., 23., 1., 1., 6., 7.]);
+}
+
+#[test]
+fn scatter_replace_skips_windows_out_of_range_and_the_last_duplicate_wins() {
+    let dims = ScatterDims {
+        update_window_dims: vec![1],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: 1,
+        ..ScatterDims::default()
+    };
+    let out = run(
+        |b| {
+            let x = b.parameter("x", [5], DType::I32);
+            let i = b.parameter("i", [4, 1], DType::I32);
+            let u = b.parameter("u", [4, 2], DType::I32);
+            vec![x.scatter(&i, &u, &dims), x.scatter_add(&i, &u, &dims)]
+        },
+        &[
+            i32s(&[5], &[0; 5]),
+            i32s(&[4, 1], &[3, 4, 1, 3]),
+            i32s(&[4, 2], &[1, 2, 3, 4, 5, 6, 7, 8]),
+        ],
+    );
+    // Start 4 would write past the end: skipped; start 3 twice: the second wins.
+    assert_i32(&out[0], &[5], &[0, 5, 6, 7, 8]);
+    assert_i32(&out[1], &[5], &[0, 5, 6, 8, 10]);
 }
 
 /// Every op kind of a global program is interpreted by some test above (through

@@ -5,7 +5,8 @@
 //! reshards between arbitrary tilings, uneven dims and device orders.
 
 use gspmd_core::ir::{
-    Builder, DType, Literal, OpKind, Padding, Program, ReduceKind, Tensor, WindowDim,
+    Builder, DType, GatherDims, Literal, OpKind, Padding, Program, ReduceKind, ScatterDims, Tensor,
+    WindowDim,
 };
 use gspmd_core::partition::partition;
 use gspmd_core::runtime::{ThreadMesh, interpret};
@@ -394,6 +395,54 @@ fn reverse_and_a_conv2d_chain() {
 
 /// The SPMD-only op kinds (axis_index, dynamic_slice, every collective) get their
 /// coverage here: each is in some partitioned program a test above runs and checks.
+#[test]
+fn gathers_and_scatters_with_indices_out_of_range() {
+    let p = build("indexing", |b| {
+        // An uneven vocabulary of 7 rows; ids in -4..=4 (some out of range).
+        let table = b.parameter("table", [7, 3], DType::F32);
+        let ids = b.parameter("ids", [5, 2], DType::I32);
+        let x = b.parameter("x", [5, 6], DType::F32);
+        let picks = b.parameter("picks", [5, 3], DType::I32);
+        let rows = b.parameter("rows", [5, 3], DType::F32);
+        let index = b.parameter("index", [5], DType::I32);
+        let starts = b.parameter("starts", [2, 4], DType::I32);
+        let looked_up = table.embedding(&ids);
+        let flags = b.parameter("flags", [7, 3], DType::Bool).embedding(&ids);
+        let along = x.take_along_dim(&picks, 1);
+        let added = table.index_add(0, &index, &rows);
+        // Distinct rows 6, 4, .., -2: the last two out of range.
+        let two = b.full([5], DType::I32, 2.0);
+        let distinct = b.iota([5], 0, DType::I32).reverse(&[0]).mul(&two).sub(&two);
+        let rows_at = ScatterDims::along(0, 2);
+        let replaced = table.scatter(&distinct, &rows, &rows_at);
+        // Windows of 2 x 2 at (row, col) starts along dim 0 of `starts`.
+        let windows = GatherDims {
+            offset_dims: vec![0, 2],
+            start_index_map: vec![0, 1],
+            index_vector_dim: 0,
+            slice_sizes: vec![2, 2],
+            ..GatherDims::default()
+        };
+        let window = x.gather(&starts, &windows);
+        let scattered = x.scatter_add(&starts, &window, &windows.to_scatter());
+        // `along` added back where it came from: batching dims pair rows.
+        let pairs = GatherDims {
+            collapsed_slice_dims: vec![1],
+            operand_batching_dims: vec![0],
+            start_indices_batching_dims: vec![0],
+            start_index_map: vec![1],
+            index_vector_dim: 2,
+            slice_sizes: vec![1, 1],
+            ..GatherDims::default()
+        };
+        let back = x.scatter_add(&picks, &along, &pairs.to_scatter());
+        vec![
+            looked_up, flags, along, added, replaced, window, scattered, back,
+        ]
+    });
+    check(&p, 6, 41);
+}
+
 #[test]
 fn covers_every_op_kind() {
     let kinds = op_coverage::kinds_checked("covers_every_op_kind");

@@ -20,8 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Literal, Op, OpKind,
-    Padding, Program, ReduceKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
+    BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, GatherDims, Literal,
+    Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor, TensorType,
+    UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -233,7 +234,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..28) {
+        match self.rng.random_range(0..30) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -255,6 +256,8 @@ impl Gen<'_> {
             24 => self.dynamic_slicing(),
             25 => self.scan(),
             26 => self.sort(),
+            27 => self.gather(),
+            28 => self.scatter(),
             _ => self.convert(),
         }
     }
@@ -829,6 +832,166 @@ impl Gen<'_> {
         self.push(r, a.exact);
     }
 
+    /// Random i32 indices of `shape` (from the pool or a parameter: values mostly in
+    /// -4..=4, so out of range for many dims).
+    fn indices(&mut self, shape: &[usize]) -> Tensor {
+        self.value_of(shape, DType::I32, false).t
+    }
+
+    /// Random raw dimension numbers over an operand of `shape`: a non-empty shuffled
+    /// index map, a window size per operand dim (whole, or random for indexed dims),
+    /// some one-element windows dropped, 0-2 batch dims with the index vector dim at a
+    /// random place, and the window dims at random places of the data. Returns the
+    /// dimension numbers (as a gather's) and the indices' shape.
+    fn random_indexing(&mut self, operand: &[usize]) -> (GatherDims, Vec<usize>) {
+        let r = operand.len();
+        let mut map: Vec<usize> = (0..r).filter(|_| self.rng.random_ratio(1, 2)).collect();
+        if map.is_empty() {
+            map.push(self.rng.random_range(0..r));
+        }
+        map.shuffle(self.rng);
+        let sizes: Vec<usize> = (0..r)
+            .map(|d| match map.contains(&d) && self.rng.random_ratio(2, 3) {
+                true if self.rng.random_ratio(1, 2) => 1,
+                true => self.rng.random_range(1..=operand[d]),
+                false => operand[d],
+            })
+            .collect();
+        let dropped: Vec<usize> = (0..r)
+            .filter(|&d| sizes[d] == 1 && self.rng.random_ratio(2, 3))
+            .collect();
+        let q = self.rng.random_range(0..3);
+        let mut indices = shape(self.rng, q);
+        let vd = if map.len() == 1 && self.rng.random_ratio(1, 4) {
+            // An implicit index vector dim.
+            indices.len()
+        } else {
+            let vd = self.rng.random_range(0..=indices.len());
+            indices.insert(vd, map.len());
+            vd
+        };
+        let window_len = r - dropped.len();
+        let batch_len = indices.len() - usize::from(vd < indices.len());
+        let mut positions: Vec<usize> = (0..window_len + batch_len).collect();
+        positions.shuffle(self.rng);
+        let mut window: Vec<usize> = positions[..window_len].to_vec();
+        window.sort_unstable();
+        let dims = GatherDims {
+            offset_dims: window,
+            collapsed_slice_dims: dropped,
+            start_index_map: map,
+            index_vector_dim: vd,
+            slice_sizes: sizes.clone(),
+            ..GatherDims::default()
+        };
+        (dims, indices)
+    }
+
+    /// `take`, `take_along_dim`, an embedding lookup or a raw gather, at random
+    /// indices.
+    fn gather(&mut self) {
+        let Some(a) = self.operand(|v| v.t.rank() > 0) else {
+            return;
+        };
+        let (r, rank) = (a.t.shape().to_vec(), a.t.rank());
+        let dim = self.rng.random_range(0..rank);
+        let result = match self.rng.random_range(0..3) {
+            0 => {
+                let q = self.rng.random_range(0..3);
+                let ids = shape(self.rng, q);
+                if elements(&r) / r[dim].max(1) * elements(&ids) > MAX_ELEMENTS {
+                    return;
+                }
+                let ids = self.indices(&ids);
+                match rank {
+                    2 if dim == 0 => a.t.embedding(&ids),
+                    _ => a.t.take(&ids, dim as isize - rank as isize),
+                }
+            }
+            1 => {
+                let mut ids = r.clone();
+                ids[dim] = dim_size(self.rng);
+                if elements(&ids) > MAX_ELEMENTS {
+                    return;
+                }
+                let ids = self.indices(&ids);
+                a.t.take_along_dim(&ids, dim as isize)
+            }
+            _ => {
+                let (dims, ids) = self.random_indexing(&r);
+                let batch: usize = (0..ids.len())
+                    .filter(|&d| d != dims.index_vector_dim)
+                    .map(|d| ids[d])
+                    .product();
+                if elements(&dims.slice_sizes) * batch > MAX_ELEMENTS {
+                    return;
+                }
+                let ids = self.indices(&ids);
+                a.t.gather(&ids, &dims)
+            }
+        };
+        self.push(result, a.exact);
+    }
+
+    /// `index_add`, a scatter-replace of distinct rows (an iota, maybe reversed, plus
+    /// an offset that sends some out of range), or a raw scatter-add at random indices.
+    fn scatter(&mut self) {
+        let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
+            return;
+        };
+        let (r, rank, dtype) = (a.t.shape().to_vec(), a.t.rank(), a.t.dtype());
+        let dim = self.rng.random_range(0..rank);
+        let (result, u) = match self.rng.random_range(0..3) {
+            0 => {
+                let mut rows = r.clone();
+                rows[dim] = dim_size(self.rng);
+                let index = self.indices(&[rows[dim]]);
+                let u = self.value_of(&rows, dtype, false);
+                (a.t.index_add(dim as isize, &index, &u.t), u)
+            }
+            1 => {
+                let mut rows = r.clone();
+                rows[dim] = self.rng.random_range(1..=r[dim]);
+                let n = rows[dim];
+                let mut index = self.b.iota([n], 0, DType::I32);
+                if self.rng.random_ratio(1, 2) {
+                    index = index.reverse(&[0]);
+                }
+                let offset = self.rng.random_range(-2..=2);
+                let index = index.add(&self.b.full([n], DType::I32, f64::from(offset)));
+                let u = self.value_of(&rows, dtype, false);
+                let dims = ScatterDims::along(dim, rank);
+                (a.t.scatter(&index, &u.t, &dims), u)
+            }
+            _ => {
+                let (g, ids) = self.random_indexing(&r);
+                let batch: Vec<usize> = (0..ids.len())
+                    .filter(|&d| d != g.index_vector_dim)
+                    .map(|d| ids[d])
+                    .collect();
+                let windows: Vec<usize> = (0..rank)
+                    .filter(|d| !g.collapsed_slice_dims.contains(d))
+                    .map(|d| g.slice_sizes[d])
+                    .collect();
+                let (mut w, mut bt) = (windows.iter(), batch.iter());
+                let updates: Vec<usize> = (0..windows.len() + batch.len())
+                    .map(|d| match g.offset_dims.contains(&d) {
+                        true => *w.next().unwrap(),
+                        false => *bt.next().unwrap(),
+                    })
+                    .collect();
+                if elements(&updates) > MAX_ELEMENTS {
+                    return;
+                }
+                let dims = g.to_scatter();
+                let ids = self.indices(&ids);
+                let u = self.value_of(&updates, dtype, false);
+                (a.t.scatter_add(&ids, &u.t, &dims), u)
+            }
+        };
+        self.push(result, a.exact && u.exact);
+    }
+
     fn concatenate(&mut self) {
         let Some(a) = self.operand(|v| v.t.rank() > 0) else {
             return;
@@ -1231,6 +1394,35 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
                     apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
                 }
             },
+            // A sum of the operand and the updates landing on each element.
+            Op::Scatter {
+                kind: ScatterKind::Add,
+                ..
+            } => {
+                let add = |a: &ArrayD<f32>, u: &ArrayD<f32>| {
+                    apply(
+                        &node.op,
+                        &[
+                            Literal::F32(a.clone()),
+                            operands[1].clone(),
+                            Literal::F32(u.clone()),
+                        ],
+                    )
+                };
+                add(e[0], e[2])? + add(&x[0], &x[2])?
+            }
+            Op::Scatter {
+                kind: ScatterKind::Replace,
+                ..
+            } => apply(
+                &node.op,
+                &[
+                    Literal::F32(e[0].clone()),
+                    operands[1].clone(),
+                    Literal::F32(e[2].clone()),
+                ],
+            )?,
+            Op::Gather(_) => apply(&node.op, &[Literal::F32(e[0].clone()), operands[1].clone()])?,
             // Bilinear: e(a)·|b| + |a|·e(b) + |a|·|b| (the last for the sum's rounding).
             Op::DotGeneral(_) | Op::Convolution(_) => {
                 let dot = |a: &ArrayD<f32>, b: &ArrayD<f32>| apply(&node.op, &f32s(&[a, b]));

@@ -4,8 +4,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, Op, OpKind, Padding, Program, ReduceKind, Tensor,
-    ValueId, einsum,
+    Builder, ConvDimensionNumbers, DType, Op, OpKind, Padding, Program, ReduceKind, ScatterDims,
+    Tensor, ValueId, einsum,
 };
 use gspmd_core::propagation::{explain, propagate, sharding_rule};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -272,6 +272,64 @@ fn convolution_passes_batch_and_features_and_keeps_spatial_splits() {
     // The rows stay split through the convolution (a permutation factor: halo
     // exchange for the partitioner) and through the reverse.
     assert_eq!(of(&p, &z), "(_, model, _, _)");
+}
+
+#[test]
+fn rules_of_gather_and_scatter() {
+    let b = Builder::new("rules");
+    let table = param(&b, "table", &[16, 8], None);
+    let ids = b.parameter("ids", [4, 6], DType::I32);
+    let index = b.parameter("index", [5], DType::I32);
+    let rows = param(&b, "rows", &[5, 8], None);
+    let x = param(&b, "x", &[4, 10], None);
+    let picks = b.parameter("picks", [4, 3], DType::I32);
+    let looked_up = table.embedding(&ids);
+    let added = table.index_add(0, &index, &rows);
+    let rows_at = ScatterDims::along(0, 2);
+    let replaced = table.scatter(&index, &rows, &rows_at);
+    let along = x.take_along_dim(&picks, 1);
+    let p = finish(b, &[&looked_up, &added, &replaced, &along]);
+    // The ids' dims (i, j) pass through to the result; the vocabulary k is indexed,
+    // a reduction (split, each device looks up its own rows into a partial sum).
+    assert_eq!(
+        rule(&p, &looked_up),
+        "([k, l], [i, j])->([i, j, l]) {i=4, j=6, k=16, l=8} reduction={k}"
+    );
+    // The updates' rows i add up (a reduction); the vocabulary j passes through from
+    // the operand to the result, the features k through all three.
+    assert_eq!(
+        rule(&p, &added),
+        "([j, k], [i], [i, k])->([j, k]) {i=5, j=16, k=8} reduction={i}"
+    );
+    // Replacing needs the updates whole, in order.
+    assert_eq!(
+        rule(&p, &replaced),
+        "([j, k], [i], [i, k])->([j, k]) {i=5, j=16, k=8} need_replication={i}"
+    );
+    // Batching dims: operand dim 0, indices dim 0 and result dim 0 are one factor.
+    assert_eq!(
+        rule(&p, &along),
+        "([i, k], [i, j])->([i, j]) {i=4, j=3, k=10} reduction={k}"
+    );
+}
+
+#[test]
+fn an_embedding_keeps_the_table_split_by_vocabulary_and_the_ids_by_batch() {
+    let b = Builder::new("embedding");
+    let table = param(&b, "table", &[16, 8], Some("(model, _)"));
+    let ids = b
+        .parameter("ids", [4, 6], DType::I32)
+        .annotate(sh("(data, _)"));
+    let x = param(&b, "x", &[4, 10], Some("(data, _)"));
+    let picks = b.parameter("picks", [4, 3], DType::I32);
+    let rows = table.embedding(&ids);
+    let along = x.take_along_dim(&picks, 1);
+    let p = run(&finish(b, &[&rows, &along]));
+    assert_eq!(of(&p, &table), "(model, _)");
+    assert_eq!(of(&p, &rows), "(data, _, _)");
+    // The batching dim carries `data` to the indices and the result.
+    assert_eq!(of(&p, &picks), "(data, _)");
+    assert_eq!(of(&p, &along), "(data, _)");
 }
 
 #[test]

@@ -5,8 +5,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{
-    AxisGroup, Builder, ConvDimensionNumbers, DType, DotDims, Location, Op, Padding, ReduceKind,
-    Tensor, TensorType, WindowDim, einsum, infer_type, verify,
+    AxisGroup, Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Location, Op, Padding,
+    ReduceKind, ScatterDims, Tensor, TensorType, WindowDim, einsum, infer_type, verify,
 };
 use gspmd_core::sharding::Sharding;
 
@@ -826,5 +826,148 @@ fn bad_dynamic_slices_scans_and_sorts_are_one_error_at_the_user_line() {
         let _ = y.exp();
         let message = one_shape_error(b, op, line);
         assert!(message.contains(needle), "{op}: {message}");
+    }
+}
+
+/// The message of the one error of `op` that `build` records at the line it returns.
+fn indexing_error(op: &str, build: impl FnOnce(&Builder) -> u32) -> String {
+    let b = Builder::new("t");
+    let line = build(&b);
+    one_shape_error(b, op, line)
+}
+
+#[test]
+fn every_bad_gather_and_scatter_is_one_error_at_the_user_line() {
+    let window = |offset: Vec<usize>, collapsed: Vec<usize>, sizes: Vec<usize>| GatherDims {
+        offset_dims: offset,
+        collapsed_slice_dims: collapsed,
+        start_index_map: vec![0],
+        index_vector_dim: 1,
+        slice_sizes: sizes,
+        ..GatherDims::default()
+    };
+    let rows = ScatterDims::along(0, 2);
+    let table = |b: &Builder| f32_param(b, "table", &[4, 3]);
+    let ids = |b: &Builder, shape: &[usize]| b.parameter("ids", shape.to_vec(), DType::I32);
+    let cases: Vec<(String, &str)> = vec![
+        (
+            indexing_error("gather", |b| {
+                let f = f32_param(b, "f", &[2]);
+                (table(b).take(&f, 0), line!()).1
+            }),
+            "indices must be i32, got f32[2]",
+        ),
+        (
+            indexing_error("take", |b| (table(b).take(&ids(b, &[2]), 2), line!()).1),
+            "axis 2 out of range for f32[4,3]",
+        ),
+        (
+            indexing_error("take_along_dim", |b| {
+                (table(b).take_along_dim(&ids(b, &[2, 2]), 1), line!()).1
+            }),
+            "must have the rank of f32[4,3] and its sizes except along dim 1",
+        ),
+        (
+            indexing_error("embedding", |b| {
+                let t = f32_param(b, "t", &[4, 3, 2]);
+                (t.embedding(&ids(b, &[5])), line!()).1
+            }),
+            "the table f32[4,3,2] must be [vocabulary, features]",
+        ),
+        (
+            indexing_error("index_add", |b| {
+                let source = f32_param(b, "source", &[2, 4]);
+                (table(b).index_add(0, &ids(b, &[2]), &source), line!()).1
+            }),
+            "a source of shape [2, 3] (got f32[2,4])",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = window(vec![1, 2], vec![], vec![5, 3]);
+                (table(b).gather(&ids(b, &[2, 1]), &dims), line!()).1
+            }),
+            "slice size 5 does not fit dim 0 of f32[4,3]",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = window(vec![1], vec![0], vec![2, 3]);
+                (table(b).gather(&ids(b, &[2, 1]), &dims), line!()).1
+            }),
+            "collapsed and batching dims must have slice size 1, dim 0 has 2",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = window(vec![1], vec![0], vec![1, 3]);
+                (table(b).gather(&ids(b, &[2, 2]), &dims), line!()).1
+            }),
+            "index vectors of 2 components (dim 1 of i32[2,2]) for an index map of 1 entries",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = window(vec![1, 2], vec![0], vec![1, 3]);
+                (table(b).gather(&ids(b, &[2, 1]), &dims), line!()).1
+            }),
+            "2 window dims [1, 2] for the 1 operand dims",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = GatherDims {
+                    index_vector_dim: 3,
+                    ..window(vec![1], vec![0], vec![1, 3])
+                };
+                (table(b).gather(&ids(b, &[2, 1]), &dims), line!()).1
+            }),
+            "index_vector_dim 3 out of range for indices i32[2,1]",
+        ),
+        (
+            indexing_error("gather", |b| {
+                let dims = GatherDims {
+                    operand_batching_dims: vec![1],
+                    start_indices_batching_dims: vec![0],
+                    ..window(vec![], vec![0], vec![1, 1])
+                };
+                (table(b).gather(&ids(b, &[2, 1]), &dims), line!()).1
+            }),
+            "batching dims differ: operand dim 1 of f32[4,3] is 3 but indices dim 0 of i32[2,1] is 2",
+        ),
+        (
+            indexing_error("scatter_add", |b| {
+                let updates = f32_param(b, "updates", &[3, 3]);
+                let (t, i) = (table(b), ids(b, &[2]));
+                let (_y, line) = (t.scatter_add(&i, &updates, &rows), line!());
+                line
+            }),
+            "updates dim 0 of f32[3,3] is 3 but the indices' batch dim is 2",
+        ),
+        (
+            indexing_error("scatter", |b| {
+                let dims = ScatterDims {
+                    inserted_window_dims: vec![],
+                    update_window_dims: vec![1, 2],
+                    ..rows.clone()
+                };
+                let updates = f32_param(b, "updates", &[2, 5, 3]);
+                (table(b).scatter(&ids(b, &[2]), &updates, &dims), line!()).1
+            }),
+            "the updates' window of 5 along operand dim 0 does not fit f32[4,3]",
+        ),
+        (
+            indexing_error("scatter_add", |b| {
+                let flags = b.parameter("flags", [4, 3], DType::Bool);
+                let updates = b.parameter("updates", [2, 3], DType::Bool);
+                (flags.scatter_add(&ids(b, &[2]), &updates, &rows), line!()).1
+            }),
+            "cannot add into pred[4,3]",
+        ),
+        (
+            indexing_error("scatter", |b| {
+                let updates = b.parameter("updates", [2, 3], DType::I32);
+                (table(b).scatter(&ids(b, &[2]), &updates, &rows), line!()).1
+            }),
+            "updates i32[2,3] and operand f32[4,3] differ in dtype",
+        ),
+    ];
+    for (message, needle) in cases {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
     }
 }

@@ -38,6 +38,7 @@
 //! - `axis_index` and the collectives: [`crate::Error::NotDifferentiable`]
 //!   (they only exist in partitioned programs).
 
+mod indexing;
 mod registry;
 mod sweep;
 

@@ -57,6 +57,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => true,
         // An i32 result: like `compare`, it passes no gradient but has a rule.
         K::Argsort => true,
+        K::Gather | K::ScatterAdd | K::ScatterReplace => true,
         K::AxisIndex | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
@@ -204,6 +205,11 @@ pub(super) fn operand_cotangent(
         }),
         Op::Argsort { .. } => None,
         Op::Reverse(dims) => Some(e.reverse(ct, dims)?),
+        Op::Gather(dims) => super::indexing::gather(e, dims, [operands[0], operands[1]], ct, i)?,
+        Op::Scatter { dims, kind } => {
+            let xs = [operands[0], operands[1], operands[2]];
+            super::indexing::scatter(e, dims, *kind, xs, ct, i)?
+        }
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),

@@ -312,3 +312,13 @@ impl<'p> Appender<'p> {
         self.program.node_mut(v).name = Some(name);
     }
 }
+
+impl super::EmitOps for Appender<'_> {
+    fn emit_op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.push(op, operands)
+    }
+
+    fn shape_of(&self, v: ValueId) -> Vec<usize> {
+        self.shape(v)
+    }
+}

@@ -247,6 +247,10 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             check_distinct_dims(dims, operands[0].rank(), "reverse")?;
             Ok(operands[0].clone())
         }
+        Op::Gather(dims) => super::indexing::infer_gather(dims, operands[0], operands[1]),
+        Op::Scatter { dims, kind } => {
+            super::indexing::infer_scatter(dims, *kind, operands[0], operands[1], operands[2])
+        }
         Op::ShardingConstraint | Op::AllReduce { .. } | Op::CollectivePermute { .. } => {
             Ok(operands[0].clone())
         }

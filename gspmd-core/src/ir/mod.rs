@@ -7,8 +7,10 @@ mod builder;
 mod convolution;
 mod dynamic_slicing;
 mod einsum;
+pub(crate) mod indexing;
 mod infer;
 mod literal;
+mod lookup;
 mod math;
 mod op;
 mod operators;
@@ -21,8 +23,11 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
+pub(crate) use indexing::{EmitOps, Indexing};
+pub use indexing::{GatherDims, ScatterDims, ScatterKind};
 pub use infer::infer_type;
 pub use literal::Literal;
+pub use lookup::embedding;
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,
     DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,

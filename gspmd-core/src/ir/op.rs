@@ -1,6 +1,7 @@
 //! The primitive op set. High-level ops (matmul, einsum, softmax, ...) are built from
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
+use super::indexing::{GatherDims, ScatterDims, ScatterKind};
 use super::literal::Literal;
 use crate::error::Error;
 use crate::types::{DType, Location};
@@ -487,6 +488,18 @@ pub enum Op {
     },
     /// Reverses the order of elements along `dims` (sorted, distinct).
     Reverse(Vec<usize>),
+    /// `gather(operand, start_indices)`: XLA's gather (see [`GatherDims`]); i32 indices,
+    /// each start clamped so that its slice fits in the operand.
+    Gather(GatherDims),
+    /// `scatter(operand, scatter_indices, updates)`: XLA's scatter (see
+    /// [`ScatterDims`]) combining with `kind`; i32 indices, an update whose window would
+    /// not fit in the operand is skipped whole.
+    Scatter {
+        /// Which dims of the updates and indices go where in the operand.
+        dims: ScatterDims,
+        /// How an update combines with the operand element it lands on.
+        kind: ScatterKind,
+    },
     // ---- SPMD ops: only in partitioned (per-device) programs -------------------------
     /// The device's index in the group spanned by `axes`: an i32 scalar
     /// (`jax.lax.axis_index`); no operands.
@@ -619,6 +632,11 @@ impl Op {
             },
             Op::Argsort { .. } => "argsort",
             Op::Reverse(_) => "reverse",
+            Op::Gather(_) => "gather",
+            Op::Scatter { kind, .. } => match kind {
+                ScatterKind::Add => "scatter_add",
+                ScatterKind::Replace => "scatter",
+            },
             Op::ShardingConstraint => "sharding_constraint",
             Op::AxisIndex(_) => "axis_index",
             Op::AllReduce { .. } => "all_reduce",
@@ -703,6 +721,11 @@ impl Op {
             },
             Op::Argsort { .. } => OpKind::Argsort,
             Op::Reverse(_) => OpKind::Reverse,
+            Op::Gather(_) => OpKind::Gather,
+            Op::Scatter { kind, .. } => match kind {
+                ScatterKind::Add => OpKind::ScatterAdd,
+                ScatterKind::Replace => OpKind::ScatterReplace,
+            },
             Op::AxisIndex(_) => OpKind::AxisIndex,
             Op::AllReduce { .. } => OpKind::AllReduce,
             Op::AllGather { .. } => OpKind::AllGather,
@@ -738,6 +761,8 @@ impl Op {
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
             Op::Convolution(_) => Arity::Fixed(2),
+            Op::Gather(_) => Arity::Fixed(2),
+            Op::Scatter { .. } => Arity::Fixed(3),
             // The operand, then one start index per dim.
             Op::DynamicSlice(sizes) => Arity::Fixed(sizes.len() + 1),
             // The operand, the update, then one start index per dim (at least two).
@@ -785,6 +810,8 @@ impl Op {
             | Op::Cumulative { .. }
             | Op::Argsort { .. }
             | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::Scatter { .. }
             | Op::AxisIndex(_)
             | Op::ShardingConstraint => None,
         }
@@ -965,6 +992,12 @@ op_kinds! {
     Argsort,
     /// [`Op::Reverse`].
     Reverse,
+    /// [`Op::Gather`].
+    Gather,
+    /// [`Op::Scatter`] with [`ScatterKind::Add`].
+    ScatterAdd,
+    /// [`Op::Scatter`] with [`ScatterKind::Replace`].
+    ScatterReplace,
     /// [`Op::AxisIndex`].
     AxisIndex,
     /// [`Op::AllReduce`].
@@ -1009,6 +1042,7 @@ impl OpKind {
             K::Convolution | K::Reverse => false,
             K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
             K::Argsort => false,
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
         }
@@ -1033,6 +1067,7 @@ impl OpKind {
             K::Convolution | K::Reverse => false,
             K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
             K::Argsort => false,
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::AxisIndex | K::AllReduce | K::AllGather => false,
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
@@ -1065,6 +1100,9 @@ impl OpKind {
             // A scan along a split dim combines the shard totals itself.
             K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
             K::Argsort => false,
+            // Their pending sums arise only in the partitioner's own plans (a split
+            // indexed dim), which reduce them unless the target keeps them.
+            K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::AxisIndex | K::AllGather | K::AllToAll => false,
             K::CollectivePermute | K::ShardingConstraint => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.

@@ -140,6 +140,25 @@ fn attributes(op: &Op) -> String {
         Op::Cumulative { dim, reverse, .. } => format!(", dim={dim}, reverse={reverse}"),
         Op::Argsort { dim, descending } => format!(", dim={dim}, descending={descending}"),
         Op::Reverse(dims) => format!(", dims={{{}}}", join(dims)),
+        Op::Gather(d) => format!(
+            ", offset_dims={{{}}}, collapsed_slice_dims={{{}}}, operand_batching_dims={{{}}}, start_indices_batching_dims={{{}}}, start_index_map={{{}}}, index_vector_dim={}, slice_sizes={{{}}}",
+            join(&d.offset_dims),
+            join(&d.collapsed_slice_dims),
+            join(&d.operand_batching_dims),
+            join(&d.start_indices_batching_dims),
+            join(&d.start_index_map),
+            d.index_vector_dim,
+            join(&d.slice_sizes)
+        ),
+        Op::Scatter { dims: d, .. } => format!(
+            ", update_window_dims={{{}}}, inserted_window_dims={{{}}}, input_batching_dims={{{}}}, scatter_indices_batching_dims={{{}}}, scatter_dims_to_operand_dims={{{}}}, index_vector_dim={}",
+            join(&d.update_window_dims),
+            join(&d.inserted_window_dims),
+            join(&d.input_batching_dims),
+            join(&d.scatter_indices_batching_dims),
+            join(&d.scatter_dims_to_operand_dims),
+            d.index_vector_dim
+        ),
         Op::AxisIndex(group) => format!(", axes={group}"),
         Op::AllReduce { group, kind } => format!(", axes={group}, to_apply={}", reduce_name(*kind)),
         Op::AllGather { group, dim } => format!(", axes={group}, dim={dim}"),

@@ -207,3 +207,13 @@ impl<'m> Emitter<'m> {
         )
     }
 }
+
+impl crate::ir::EmitOps for Emitter<'_> {
+    fn emit_op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.emit(op, operands)
+    }
+
+    fn shape_of(&self, v: ValueId) -> Vec<usize> {
+        self.shape(v)
+    }
+}

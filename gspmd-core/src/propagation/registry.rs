@@ -3,7 +3,7 @@
 
 use super::factor_propagation::Direction;
 use super::rule::{FactorKind, OpShardingRule, TensorFactors};
-use crate::ir::{ConvConfig, Op, Program, ValueId};
+use crate::ir::{ConvConfig, Indexing, Op, Program, ScatterKind, ValueId};
 
 /// The sharding rule of the op defining `value`.
 ///
@@ -208,6 +208,40 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             rule.result = windowed_factors(&mut rule, operand, result_shape, |d| dims.contains(&d));
             rule.operands = vec![rule.result.clone()];
         }
+        Op::Gather(dims) => {
+            let (operand, indices) = (operand_shape(0), operand_shape(1));
+            let (o, i, data) = indexing_factors(
+                &mut rule,
+                dims.indexing(),
+                [operand, indices, result_shape],
+                &dims.slice_sizes,
+                FactorKind::PassThrough,
+                FactorKind::Reduction,
+            );
+            rule.operands = vec![o, i];
+            rule.result = data;
+        }
+        Op::Scatter { dims, kind } => {
+            let (operand, indices, updates) =
+                (operand_shape(0), operand_shape(1), operand_shape(2));
+            let ix = dims.indexing();
+            // Updates split along their batch dims add up (partial sums); replacing
+            // needs them whole, in order.
+            let batch = match kind {
+                ScatterKind::Add => FactorKind::Reduction,
+                ScatterKind::Replace => FactorKind::NeedReplication,
+            };
+            let (o, i, data) = indexing_factors(
+                &mut rule,
+                ix,
+                [operand, indices, updates],
+                &ix.window_sizes(operand.len(), updates),
+                batch,
+                FactorKind::PassThrough,
+            );
+            rule.result = o.clone();
+            rule.operands = vec![o, i, data];
+        }
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
@@ -226,6 +260,87 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         }
     }
     rule
+}
+
+/// Shardy's gather/scatter rule over the operand, the indices and the data (a
+/// gather's result, a scatter's updates), given the window size per operand dim: the
+/// batching dims of operand and indices and the data's batch dim are one pass-through
+/// factor; the other indices batch dims and the data's are one factor of `batch` kind;
+/// a window dim the window covers whole passes through between operand and data; an
+/// indexed dim (in the index map) with a one-element window is an operand factor of
+/// `indexed` kind (a gather's like a contracting dim: split, each device looks up its
+/// own range into a partial sum); every other operand dim and the index vector dim
+/// need replication. A malformed op (dims out of range) gives unfactored tensors.
+fn indexing_factors(
+    rule: &mut OpShardingRule,
+    ix: Indexing<'_>,
+    [operand, indices, data]: [&[usize]; 3],
+    window: &[usize],
+    batch: FactorKind,
+    indexed: FactorKind,
+) -> (TensorFactors, TensorFactors, TensorFactors) {
+    let unfactored = |rank: usize| TensorFactors {
+        dims: vec![Vec::new(); rank],
+    };
+    let (mut o, mut i, mut x) = (
+        unfactored(operand.len()),
+        unfactored(indices.len()),
+        unfactored(data.len()),
+    );
+    let operand_window = ix.operand_window(operand.len());
+    let (indices_batch, data_batch) = (ix.indices_batch(indices.len()), ix.data_batch(data.len()));
+    let fits = window.len() == operand.len()
+        && operand_window.len() == ix.window.len()
+        && indices_batch.len() == data_batch.len()
+        && ix.window.iter().all(|&d| d < data.len())
+        && (ix.operand_batching.iter().zip(ix.indices_batching))
+            .all(|(&a, &b)| a < operand.len() && b < indices.len())
+        && ix.index_map.iter().all(|&d| d < operand.len());
+    if !fits {
+        return (o, i, x);
+    }
+    let need = FactorKind::NeedReplication;
+    for (&ib, &db) in indices_batch.iter().zip(&data_batch) {
+        let kind = match ix.indices_batching.iter().position(|&b| b == ib) {
+            Some(j) => {
+                let f = rule.add_factor(indices[ib], FactorKind::PassThrough);
+                o.dims[ix.operand_batching[j]].push(f);
+                f
+            }
+            None => rule.add_factor(indices[ib], batch),
+        };
+        i.dims[ib].push(kind);
+        x.dims[db].push(kind);
+    }
+    if ix.explicit_vector(indices.len()) && indices[ix.index_vector_dim] != 1 {
+        i.dims[ix.index_vector_dim].push(rule.add_factor(indices[ix.index_vector_dim], need));
+    }
+    for d in 0..operand.len() {
+        if ix.operand_batching.contains(&d) {
+            continue;
+        }
+        let data_dim = (operand_window.iter().position(|&w| w == d)).map(|k| ix.window[k]);
+        if window[d] == operand[d] && operand[d] != 1 {
+            let f = rule.add_factor(operand[d], FactorKind::PassThrough);
+            o.dims[d].push(f);
+            if let Some(dd) = data_dim {
+                x.dims[dd].push(f);
+            }
+            continue;
+        }
+        let kind = if window[d] == 1 && ix.index_map.contains(&d) {
+            indexed
+        } else {
+            need
+        };
+        if operand[d] != 1 {
+            o.dims[d].push(rule.add_factor(operand[d], kind));
+        }
+        if let Some(dd) = data_dim.filter(|_| window[d] != 1) {
+            x.dims[dd].push(rule.add_factor(window[d], need));
+        }
+    }
+    (o, i, x)
 }
 
 /// One new pass-through factor per dim of `shape`.

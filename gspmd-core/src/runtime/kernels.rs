@@ -9,6 +9,8 @@
 //!
 //! Every result is in standard (row-major, contiguous) layout.
 
+mod indexing;
+
 use ndarray::{
     Array1, Array2, Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, IxDyn, Slice, Zip,
     linalg::general_mat_mul,
@@ -103,6 +105,10 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         }
         Op::Convolution(config) => {
             numeric_pair!(operands[0], operands[1], (x, k) => convolution(config, x, k, &result.shape)?)
+        }
+        Op::Gather(dims) => indexing::gather(dims, operands[0], operands[1], &result.shape)?,
+        Op::Scatter { dims, kind } => {
+            indexing::scatter(dims, *kind, operands[0], operands[1], operands[2])?
         }
         Op::DynamicSlice(sizes) => {
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;

@@ -8,6 +8,7 @@ mod convolution;
 mod data_movement;
 mod dynamic_slicing;
 mod elementwise;
+mod indexing;
 mod reduce;
 mod scan;
 mod shape;
@@ -59,6 +60,13 @@ pub(crate) fn partition_node(
         | Op::Concatenate(_)
         | Op::Reverse(_)
         | Op::ReduceWindow { .. } => data_movement::windowed(em, node, operands, target),
+        Op::Gather(dims) => {
+            indexing::gather(em, dims, &node.ty, &operands[0], &operands[1], target)
+        }
+        Op::Scatter { dims, kind } => {
+            let xs = [&operands[0], &operands[1], &operands[2]];
+            indexing::scatter(em, dims, *kind, xs, target)
+        }
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
