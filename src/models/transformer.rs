@@ -3,9 +3,11 @@
 //! weights split over both axes, so each device stores `1/(data*model)` of every weight,
 //! gathers it just before use and reduce-scatters its gradient (weight-update sharding).
 //!
-//! Tokens enter as `i32` ids and are embedded by a one-hot matmul (no gather op needed);
-//! the loss is the cross-entropy of the next-token logits, weighted per position so
-//! that positions whose target is unpredictable can be left out.
+//! Tokens enter as `i32` ids and are looked up in an embedding table split over `model`
+//! by vocabulary (Megatron's vocabulary-parallel embedding: each device looks up the ids
+//! in its range, then one all-reduce); the logits and the cross-entropy stay split by
+//! vocabulary too. The loss is weighted per position so that positions whose target is
+//! unpredictable can be left out.
 
 use crate::ir::{DType, Tensor, einsum};
 
@@ -132,8 +134,8 @@ pub fn language_model(
     #[shard(data, _)] tokens: Tensor<B, S, i32>,
     #[shard(data, _)] targets: Tensor<B, S, i32>,
     #[shard(data, _)] weights: Tensor<B, S>,
-    #[shard(_, model)] embed: Tensor<V, D>,
-    #[shard(_, model)] position: Tensor<S, D>,
+    #[shard(model, _)] embed: Tensor<V, D>,
+    #[shard(_, _)] position: Tensor<S, D>,
     #[shard(_, data, model, _)] wq: Tensor<L, D, H, K>,
     #[shard(_, data, model, _)] wk: Tensor<L, D, H, K>,
     #[shard(_, data, model, _)] wv: Tensor<L, D, H, K>,
@@ -144,7 +146,7 @@ pub fn language_model(
 ) -> Tensor {
     let vocab = embed.shape()[0];
     #[shard(data, _, _)]
-    let x = &einsum("bsv,vd->bsd", &one_hot(&tokens, vocab), &embed) + &position;
+    let x = &embed.embedding(&tokens) + &position;
     let x = stack(x, wq, wk, wv, wo, w1, w2);
     let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &unembed);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
