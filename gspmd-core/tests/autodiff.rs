@@ -824,6 +824,26 @@ fn cumprod_gradient_is_exact_with_zeros() {
     assert!(values(&grads[0]).iter().all(|g| g.is_finite()));
 }
 
+/// Sorted values and the top k are gathers of the input: each picked element gets the
+/// cotangent of its place.
+#[test]
+fn sort_and_top_k_values_pass_the_gradient_to_the_picked_elements() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1950);
+    let program = trace(|b| {
+        let x = param(b, "x", &[3, 4]);
+        let (sorted, _) = x.sort(1, false);
+        let (top, _) = x.top_k(2, 0);
+        weighted_sum(&sorted, &mut rng).add(&weighted_sum(&top, &mut rng))
+    });
+    // Distinct values, at least 0.1 apart: the order does not change within `EPS`.
+    let mut grid: Vec<f32> = (0..12).map(|v| v as f32 / 10.0 - 0.55).collect();
+    grid.shuffle(&mut rng);
+    let grads = check_gradients(&program, &[f32s(&[3, 4], &grid)], &[0]);
+    // Column-wise, the smallest of three elements is not in the top 2: only the sort
+    // reaches it.
+    assert!(values(&grads[0]).iter().all(|g| *g != 0.0));
+}
+
 /// `argsort`, `argmax` and `argmin` have integer results: no gradient flows through
 /// them, but one flows around them (here through values they select).
 #[test]

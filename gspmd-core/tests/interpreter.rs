@@ -1980,6 +1980,27 @@ fn argsort_is_stable_and_orders_nan_as_the_largest() {
 }
 
 #[test]
+fn sort_and_top_k_pick_values_with_their_indices() {
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 4]);
+            let (values, indices) = x.sort(1, false);
+            let (top, top_indices) = x.top_k(2, -1);
+            let (column_max, column_argmax) = x.top_k(1, 0);
+            vec![values, indices, top, top_indices, column_max, column_argmax]
+        },
+        &[f32s(&[2, 4], &[3., 1., 2., 1., 0., 5., 5., -1.])],
+    );
+    assert_f32(&outs[0], &[2, 4], &[1., 1., 2., 3., -1., 0., 5., 5.]);
+    assert_i32(&outs[1], &[2, 4], &[1, 3, 2, 0, 3, 0, 1, 2]);
+    // Ties: the lower index first.
+    assert_f32(&outs[2], &[2, 2], &[3., 2., 5., 5.]);
+    assert_i32(&outs[3], &[2, 2], &[0, 2, 1, 2]);
+    assert_f32(&outs[4], &[1, 4], &[3., 5., 5., 1.]);
+    assert_i32(&outs[5], &[1, 4], &[0, 1, 1, 0]);
+}
+
+#[test]
 fn argmax_and_argmin_pick_the_first_extreme() {
     let nan = f32::NAN;
     let outs = run(

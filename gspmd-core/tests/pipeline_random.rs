@@ -327,10 +327,16 @@ impl Gen<'_> {
             return;
         };
         let dim = self.rng.random_range(0..a.t.rank()) as isize;
-        let r = match self.rng.random_range(0..4) {
+        let n = a.t.shape()[dim as usize];
+        let descending = self.rng.random_ratio(1, 2);
+        // Sorted values and the top k are the operand's elements, exact as it is.
+        let r = match self.rng.random_range(0..6) {
             0 if Self::numeric(&a) => a.t.argmax(dim),
             1 if Self::numeric(&a) => a.t.argmin(dim),
-            _ => a.t.argsort(dim, self.rng.random_ratio(1, 2)),
+            2 => a.t.sort(dim, descending).0,
+            3 if n > 0 => a.t.top_k(self.rng.random_range(1..=n), dim).0,
+            4 if n > 0 => a.t.top_k(self.rng.random_range(1..=n), dim).1,
+            _ => a.t.argsort(dim, descending),
         };
         self.push(r, true);
     }

@@ -785,6 +785,15 @@ fn bad_dynamic_slices_scans_and_sorts_are_one_error_at_the_user_line() {
             let u = b.parameter("u", [2, 2], DType::F32);
             (x.dynamic_update_slice(&u, &[&f, &s]), line!())
         }),
+        ("top_k", "k = 0 must be in 1..=4", |_, x| {
+            (x.top_k(0, 0).0, line!())
+        }),
+        ("top_k", "k = 7 must be in 1..=6", |_, x| {
+            (x.top_k(7, -1).0, line!())
+        }),
+        ("top_k", "axis 2 out of range", |_, x| {
+            (x.top_k(1, 2).1, line!())
+        }),
         ("cumsum", "axis 2 out of range", |_, x| {
             (x.cumsum(2), line!())
         }),

@@ -1,6 +1,8 @@
 //! Ops along one dim of a [`Tensor`]: inclusive scans (`cumsum`, `cumprod`, reversed
-//! too), `argsort`, and `argmax` / `argmin` (composites of a reduction, a comparison and
-//! a reduction of indices, which partition like their parts).
+//! too), `argsort`, `argmax` / `argmin` (composites of a reduction, a comparison and
+//! a reduction of indices, which partition like their parts), and `sort` / `top_k`
+//! (`argsort`, then the values picked by `take_along_dim`: their gradient flows back
+//! through the gather to the picked elements).
 
 use super::builder::{Tensor, any_poisoned, axis, push, push_at, push_reduce};
 use super::op::{BinaryOp, CompareOp, CumulativeKind, Op, ReduceKind};
@@ -56,6 +58,36 @@ impl Tensor {
             return self.poisoned();
         };
         push_at(self, Op::Argsort { dim, descending }, location)
+    }
+
+    /// This tensor sorted along `dim` and the i32 indices that sort it (`torch.sort`):
+    /// `(values, indices)`, stable, largest first when `descending`, NaN ordered as in
+    /// [`Tensor::argsort`].
+    #[track_caller]
+    pub fn sort(&self, dim: isize, descending: bool) -> (Tensor, Tensor) {
+        let indices = self.argsort(dim, descending);
+        (self.take_along_dim(&indices, dim), indices)
+    }
+
+    /// The `k` largest elements along `dim` and their i32 indices, largest first, equal
+    /// elements in index order (`torch.topk`; `jax.lax.top_k` is `dim = -1`):
+    /// `(values, indices)`, each with `k` elements along `dim`. An [`Error::Shape`]
+    /// at the caller's line unless `1 <= k <= ` the dim's size.
+    ///
+    /// [`Error::Shape`]: crate::error::Error::Shape
+    #[track_caller]
+    pub fn top_k(&self, k: usize, dim: isize) -> (Tensor, Tensor) {
+        let location = Location::caller();
+        let Some(d) = axis(self, dim, "top_k", location) else {
+            return (self.poisoned(), self.poisoned());
+        };
+        let n = self.shape()[d];
+        if k == 0 || k > n {
+            let message = format!("k = {k} must be in 1..={n} (dim {d} of {})", self.ty());
+            return (self.fail("top_k", location, message), self.poisoned());
+        }
+        let indices = self.argsort(dim, true).slice_axis(d as isize, 0, k);
+        (self.take_along_dim(&indices, dim), indices)
     }
 
     /// The i32 index of the first maximum along `dim`, which is removed (`jnp.argmax`).
