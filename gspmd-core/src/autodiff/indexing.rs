@@ -11,7 +11,7 @@
 //!   not only the one that won.
 
 use crate::error::Result;
-use crate::ir::indexing::{all_within, clamp_starts, start_range, zero_where_not};
+use crate::ir::index_arithmetic::{all_within, clamp_starts, start_range, zero_where_not};
 use crate::ir::{Appender, DType, GatherDims, Op, ScatterDims, ScatterKind, ValueId};
 
 /// The cotangent of operand `i` (0: operand, 1: indices) of `gather(x, indices)`.

@@ -7,6 +7,7 @@ mod builder;
 mod convolution;
 mod dynamic_slicing;
 mod einsum;
+pub(crate) mod index_arithmetic;
 pub(crate) mod indexing;
 mod infer;
 mod literal;
@@ -23,7 +24,8 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
-pub(crate) use indexing::{EmitOps, Indexing};
+pub(crate) use index_arithmetic::EmitOps;
+pub(crate) use indexing::Indexing;
 pub use indexing::{GatherDims, ScatterDims, ScatterKind};
 pub use infer::infer_type;
 pub use literal::Literal;

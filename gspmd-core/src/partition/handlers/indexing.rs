@@ -31,7 +31,7 @@ use super::super::reshard::{plan_reshard, reshard};
 use super::super::value::PValue;
 use super::with_dims;
 use crate::error::Result;
-use crate::ir::indexing::{
+use crate::ir::index_arithmetic::{
     all_within, clamp_starts, i32_scalar, per_component, start_range, zero_where_not,
 };
 use crate::ir::{
