@@ -27,7 +27,7 @@ fn input(shape: &[usize], dtype: DType, seed: usize, vocab: i32) -> Literal {
             Literal::I32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
         }
         DType::Bool => {
-            let v: Vec<bool> = (0..n).map(|i| (i * 7 + seed) % 3 == 0).collect();
+            let v: Vec<bool> = (0..n).map(|i| (i * 7 + seed).is_multiple_of(3)).collect();
             Literal::Bool(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
         }
         DType::F32 => {

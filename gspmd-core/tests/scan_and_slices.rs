@@ -210,7 +210,7 @@ fn cumsum_along_a_split_dim_gathers_only_the_shard_totals() {
         let exe = compile_and_check(
             &scan(CumulativeKind::Sum, reverse, false),
             &mesh24(),
-            &[x.clone()],
+            std::slice::from_ref(&x),
         );
         // Local totals [4, 1] f32 gathered to [4, 4]: 48 bytes received per device.
         assert_eq!(collective(&exe, "all_gather"), (1, 48), "{}", exe.report());
