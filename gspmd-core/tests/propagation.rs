@@ -889,6 +889,88 @@ mod properties {
     }
 }
 
+// ---- control flow (regions) -------------------------------------------------------------
+
+/// The sharding of region value `v` of the flow op defining `result`.
+fn region_sharding(p: &Program, result: &Tensor, region: usize, v: usize) -> String {
+    let Op::Flow { flow, .. } = &p.node(id(result)).op else {
+        panic!("{} is not a flow op", id(result));
+    };
+    let r = flow.regions()[region];
+    r.node(ValueId(v as u32))
+        .sharding
+        .as_ref()
+        .map_or("<none>".into(), ToString::to_string)
+}
+
+/// GSPMD 3.5: a `while`'s carried value, the condition's and body's parameters, the
+/// body's result and the loop's result share one sharding; a captured value keeps its
+/// own inside the body; the loop's result passes its sharding on to its users.
+#[test]
+fn while_loop_state_shares_one_sharding() {
+    let b = Builder::new("while");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let w = param(&b, "w", &[16, 16], Some("(_, model)"));
+    let r = b.while_loop(
+        |s| s[0].sum(&[0, 1]).lt(&s[0].builder().scalar(100.0)),
+        |s| vec![s[0].matmul(&w).tanh().add(&s[0])],
+        &[x],
+    );
+    let after = r[0].exp();
+    let p = run(&finish(b, &[&after]));
+    assert_eq!(of(&p, &r[0]), "(data, _)");
+    assert_eq!(of(&p, &after), "(data, _)");
+    // cond: %0 the carried value; body: %0 carried, %1 the captured weight, and the
+    // body's output pinned to the carried sharding at the back edge.
+    assert_eq!(region_sharding(&p, &r[0], 0, 0), "(data, _)");
+    assert_eq!(region_sharding(&p, &r[0], 1, 0), "(data, _)");
+    assert_eq!(region_sharding(&p, &r[0], 1, 1), "(_, model)");
+    let Op::Flow { flow, .. } = &p.node(id(&r[0])).op else {
+        unreachable!()
+    };
+    let body = flow.regions()[1];
+    let out = body.node(body.outputs[0]);
+    assert_eq!(out.sharding.as_ref().unwrap().to_string(), "(data, _)");
+    // Inside the body the matmul's result follows its operands: (data, model).
+    let dot = (body.nodes.iter())
+        .find(|n| matches!(n.op, Op::DotGeneral(_)))
+        .unwrap();
+    assert_eq!(dot.sharding.as_ref().unwrap().to_string(), "(data, model)");
+}
+
+/// A scan's carried value shares its initial value's sharding; a stacked operand's
+/// slice takes its sharding without the leading dim, and the stacked dim is not split
+/// (phase 1) even where an annotation would suggest it; a `cond`'s branches take the
+/// captured values' shardings and `on_false` returns what `on_true` does.
+#[test]
+fn scan_slices_and_cond_branches_take_the_operands_shardings() {
+    let b = Builder::new("scan");
+    let xs = param(&b, "xs", &[3, 8, 16], Some("(_, data, model)"));
+    let init = param(&b, "init", &[8, 16], Some("(_, model)"));
+    let (carry, ys) = b.scan(&[xs], &[init], |c, x| {
+        (vec![c[0].add(&x[0])], vec![x[0].tanh()])
+    });
+    let pred = b.parameter("p", vec![], DType::Bool);
+    let r = b.cond(
+        &pred,
+        |_| vec![carry[0].exp()],
+        |inner| vec![carry[0].mul(&inner.scalar(2.0))],
+    );
+    let p = run(&finish(b, &[&ys[0], &r[0]]));
+    assert_eq!(of(&p, &carry[0]), "(_, model)");
+    assert_eq!(region_sharding(&p, &carry[0], 0, 0), "(_, model)");
+    assert_eq!(region_sharding(&p, &carry[0], 0, 1), "(data, model)");
+    assert!(of(&p, &ys[0]).starts_with("(_, "), "{}", of(&p, &ys[0]));
+    // on_true's parameter is the captured carry; its output, exp of it, keeps it.
+    assert_eq!(region_sharding(&p, &r[0], 0, 0), "(_, model)");
+    let Op::Flow { flow, .. } = &p.node(id(&r[0])).op else {
+        unreachable!()
+    };
+    let on_false = flow.regions()[1];
+    let out = on_false.node(on_false.outputs[0]);
+    assert_eq!(out.sharding.as_ref().unwrap().to_string(), "(_, model)");
+}
+
 /// Every op kind of a global program has its sharding rule printed or is propagated
 /// through and checked by a test above (through [`rule`] or [`run`]).
 #[test]

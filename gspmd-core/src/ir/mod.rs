@@ -4,9 +4,11 @@
 mod along_dim;
 mod append;
 mod builder;
+mod control_flow;
 mod convolution;
 mod dynamic_slicing;
 mod einsum;
+mod flow;
 mod infer;
 mod literal;
 mod math;
@@ -21,6 +23,7 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
+pub use flow::Flow;
 pub use infer::infer_type;
 pub use literal::Literal;
 pub use op::{

@@ -1,6 +1,9 @@
 //! The primitive op set. High-level ops (matmul, einsum, softmax, ...) are built from
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
+use std::sync::Arc;
+
+use super::flow::Flow;
 use super::literal::Literal;
 use crate::error::Error;
 use crate::types::{DType, Location};
@@ -558,6 +561,15 @@ pub enum Op {
     /// Identity whose node carries a sharding annotation: pins a value's sharding
     /// mid-program (JAX's `with_sharding_constraint`).
     ShardingConstraint,
+    /// Result number `result` of a control-flow op with regions (`while`, `scan`,
+    /// `cond`; see [`Flow`]). Every result of one instance is its own node with the
+    /// same `flow` and operands; the op runs once for all of them.
+    Flow {
+        /// The op and its regions, shared by the instance's result nodes.
+        flow: Arc<Flow>,
+        /// Which of the op's results this node is.
+        result: usize,
+    },
 }
 
 impl Op {
@@ -620,6 +632,7 @@ impl Op {
             Op::Argsort { .. } => "argsort",
             Op::Reverse(_) => "reverse",
             Op::ShardingConstraint => "sharding_constraint",
+            Op::Flow { flow, .. } => flow.name(),
             Op::AxisIndex(_) => "axis_index",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
@@ -711,6 +724,11 @@ impl Op {
             Op::CollectivePermute { .. } => OpKind::CollectivePermute,
             Op::CollectiveShift { .. } => OpKind::CollectiveShift,
             Op::ShardingConstraint => OpKind::ShardingConstraint,
+            Op::Flow { flow, .. } => match **flow {
+                Flow::While { .. } => OpKind::While,
+                Flow::Scan { .. } => OpKind::Scan,
+                Flow::Cond { .. } => OpKind::Cond,
+            },
         }
     }
 
@@ -745,6 +763,8 @@ impl Op {
             Op::Cumulative { .. } | Op::Argsort { .. } => Arity::Fixed(1),
             Op::Select => Arity::Fixed(3),
             Op::Concatenate(_) => Arity::AtLeast(1),
+            // The flow's signature rule counts its operands.
+            Op::Flow { .. } => Arity::AtLeast(0),
         }
     }
 
@@ -786,6 +806,7 @@ impl Op {
             | Op::Argsort { .. }
             | Op::Reverse(_)
             | Op::AxisIndex(_)
+            | Op::Flow { .. }
             | Op::ShardingConstraint => None,
         }
     }
@@ -981,6 +1002,12 @@ op_kinds! {
     CollectiveShift,
     /// [`Op::ShardingConstraint`].
     ShardingConstraint,
+    /// [`Op::Flow`] with [`Flow::While`].
+    While,
+    /// [`Op::Flow`] with [`Flow::Scan`].
+    Scan,
+    /// [`Op::Flow`] with [`Flow::Cond`].
+    Cond,
 }
 
 impl OpKind {
@@ -1011,6 +1038,7 @@ impl OpKind {
             K::Argsort => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 
@@ -1037,6 +1065,7 @@ impl OpKind {
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 
@@ -1070,6 +1099,7 @@ impl OpKind {
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 }

@@ -33,6 +33,9 @@ use crate::sharding::Mesh;
 ///   minor axes.
 /// - `origin`: per dim, the annotated value whose annotation supplied the dim's axes.
 ///
+/// The regions of control-flow ops are propagated afterwards, with the shardings of
+/// their operands as a fixed boundary (see `regions`).
+///
 /// Unannotated values start open and unsplit. When tensors disagree on a factor, the
 /// largest one keeps its axes and the others are left to be resharded by the
 /// partitioner.
@@ -76,6 +79,7 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
         node.sharding = Some(final_sharding(state, node.annotation.as_ref(), mesh));
         node.origin = Some(origin(state));
     }
+    super::regions::propagate_regions(&mut out, program, mesh)?;
     Ok(out)
 }
 

@@ -2,10 +2,14 @@
 //! local [`kernels`](super::kernels). Its results are the oracle for every test.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
+use crate::ir::{Flow, Literal, Node, Op, Program, TensorType, ValueId};
 
+use super::flow::run_flow;
 use super::kernels;
 use super::memory::available_memory;
 
@@ -47,13 +51,37 @@ pub fn interpret_with_memory_limit(
 /// against `memory_limit`; over it is an [`Error::OutOfMemory`] for that node, so no
 /// allocation beyond the limit is attempted. Scratch space inside a kernel is not
 /// counted.
+///
+/// Control flow ([`Op::Flow`]) runs its regions through this same loop with the same
+/// `eval` (so collectives inside a loop body run once per iteration), each region run
+/// limited to the bytes left by the live values. The op runs once per instance: the
+/// first of its result nodes computes all results, the others take theirs; results
+/// waiting for their node are not counted as live.
 pub(crate) fn execute(
     program: &Program,
     inputs: &[Literal],
     memory_limit: usize,
     mut eval: impl FnMut(&Node, &[&Literal]) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
+    execute_dyn(program, inputs, memory_limit, &mut eval)
+}
+
+/// The results of flow instances computed for one result node and waiting for the
+/// others: keyed by the op's regions and its operands.
+type Pending = HashMap<(*const Flow, Vec<ValueId>), Vec<Option<Literal>>>;
+
+/// Computes one node from its operands (an `Err` message on failure).
+type Eval<'a> = dyn FnMut(&Node, &[&Literal]) -> Result<Literal, String> + 'a;
+
+/// [`execute`] with the evaluator as a trait object, so that regions recurse.
+fn execute_dyn(
+    program: &Program,
+    inputs: &[Literal],
+    memory_limit: usize,
+    eval: &mut Eval<'_>,
+) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
+    let mut pending: Pending = HashMap::new();
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
     let mut live: usize = 0;
@@ -93,7 +121,25 @@ pub(crate) fn execute(
                         _ => Err(fail(format!("operand {o} is not available"))),
                     })
                     .collect::<Result<Vec<&Literal>>>()?;
-                Cow::Owned(eval(node, &operands).map_err(fail)?)
+                match &node.op {
+                    Op::Flow { flow, result } => {
+                        let key = (Arc::as_ptr(flow), node.operands.clone());
+                        let results = match pending.entry(key) {
+                            Entry::Occupied(slot) => slot.into_mut(),
+                            Entry::Vacant(slot) => {
+                                let left = memory_limit - live;
+                                let mut run = |region: &Program, args: &[Literal], limit| {
+                                    execute_dyn(region, args, limit, eval)
+                                };
+                                let all = run_flow(flow, &operands, left, &mut run, &fail)?;
+                                slot.insert(all.into_iter().map(Some).collect())
+                            }
+                        };
+                        let value = results.get_mut(*result).and_then(Option::take);
+                        Cow::Owned(value.ok_or_else(|| fail(format!("no result {result}")))?)
+                    }
+                    _ => Cow::Owned(eval(node, &operands).map_err(fail)?),
+                }
             }
         };
         values[i] = Some(value);

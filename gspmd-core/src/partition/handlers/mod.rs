@@ -8,6 +8,7 @@ mod convolution;
 mod data_movement;
 mod dynamic_slicing;
 mod elementwise;
+mod flow;
 mod reduce;
 mod scan;
 mod shape;
@@ -59,6 +60,7 @@ pub(crate) fn partition_node(
         | Op::Concatenate(_)
         | Op::Reverse(_)
         | Op::ReduceWindow { .. } => data_movement::windowed(em, node, operands, target),
+        Op::Flow { flow, result } => flow::flow(em, node, flow, *result, operands),
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
