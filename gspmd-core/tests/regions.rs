@@ -227,3 +227,31 @@ fn nested_loops_and_cond_on_meshes() {
         check_on_meshes(&p, &inputs(&p, k));
     }
 }
+
+/// The printer nests each region under the first result node of its op, one level
+/// deeper per region level; the op's other result nodes name that node.
+#[test]
+fn regions_print_nested() {
+    let p = build("printed", |b| {
+        let x = b.parameter("x", [2], DType::F32);
+        b.fori_loop(2, &[x], |_, c| b.fori_loop(1, c, |_, c| vec![c[0].exp()]))
+    });
+    let text = p.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{text}"))
+    };
+    let indent = |i: usize| lines[i].len() - lines[i].trim_start().len();
+    let outer = at("= scan(%1, %0), result=0");
+    assert_eq!(indent(outer), 2, "{text}");
+    assert_eq!(indent(outer + 1), 4, "{text}");
+    assert!(lines[outer + 1].trim() == "body {", "{text}");
+    let inner = at("exponential");
+    assert_eq!(indent(inner), 10, "{text}");
+    assert!(text.contains("// regions of %2"), "{text}");
+    // The counter's constants and increment are located at the user's `fori_loop`.
+    assert!(!text.contains("control_flow.rs"), "{text}");
+}

@@ -11,11 +11,11 @@
 use std::sync::Arc;
 
 use super::builder::{
-    Builder, Tensor, capture_parameter, close_region, region_builder, seed_capture,
+    Builder, Tensor, capture_parameter, close_region, push, region_builder, seed_capture,
 };
 use super::flow::Flow;
 use super::literal::Literal;
-use super::op::Op;
+use super::op::{BinaryOp, Op};
 use super::program::Program;
 use crate::error::Error;
 use crate::types::{DType, Location, TensorType, ValueId};
@@ -246,18 +246,26 @@ impl Builder {
         body: impl FnOnce(&Tensor, &[Tensor]) -> Vec<Tensor>,
     ) -> Vec<Tensor> {
         let location = Location::caller();
-        let zero = self.constant(Literal::full(&[], DType::I32, 0.0));
-        let mut carried = vec![zero];
+        let host = self.innermost(&init.iter().collect::<Vec<_>>());
+        let counter = |b: &Builder, value: f64| {
+            let op = Op::Constant(Literal::full(&[], DType::I32, value));
+            let id = b.push_ids(op, &[], location);
+            id.map_or_else(
+                || b.poisoned(TensorType::new(vec![], DType::I32)),
+                |id| b.handle(id),
+            )
+        };
+        let mut carried = vec![counter(&host, 0.0)];
         carried.extend_from_slice(init);
-        let (out, _) = self.scan_of_length(
+        let (out, _) = host.scan_of_length(
             &[],
             &carried,
             (n, false),
             false,
             |carry, _| {
                 let i = &carry[0];
-                let one = i.builder().constant(Literal::full(&[], DType::I32, 1.0));
-                let mut next = vec![i.add(&one)];
+                let one = counter(&i.builder(), 1.0);
+                let mut next = vec![push(i, Op::Binary(BinaryOp::Add), &[&one], location)];
                 next.extend(body(i, &carry[1..]));
                 (next, Vec::new())
             },

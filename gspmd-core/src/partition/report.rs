@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Arc;
 
 use super::SpmdProgram;
-use crate::ir::{Node, Op, Program};
+use crate::ir::{Flow, Node, Op, Program};
 
 /// Bytes one device receives in collective `node` of `program` (ring algorithms for
 /// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
@@ -50,15 +51,33 @@ pub struct CollectiveStats {
 }
 
 impl CollectiveStats {
-    /// Counts the collectives of `program`.
+    /// Counts the collectives of `program`, with those inside the regions of its
+    /// control-flow ops counted once per region: once per iteration of a loop (whose
+    /// trip count may be a run-time value).
     pub fn of(program: &Program) -> Self {
-        let mut by_kind = BTreeMap::new();
-        for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
-            let e: &mut (usize, usize) = by_kind.entry(node.op.name()).or_default();
-            e.0 += 1;
-            e.1 += bytes_received(program, node);
+        let mut stats = CollectiveStats::default();
+        stats.add(program, &mut Vec::new());
+        stats
+    }
+
+    /// Adds the collectives of `program` and of the regions not in `seen` (an
+    /// instance's result nodes share their regions).
+    fn add(&mut self, program: &Program, seen: &mut Vec<*const Flow>) {
+        for node in &program.nodes {
+            if let Op::Flow { flow, .. } = &node.op
+                && !seen.contains(&Arc::as_ptr(flow))
+            {
+                seen.push(Arc::as_ptr(flow));
+                for region in flow.regions() {
+                    self.add(region, seen);
+                }
+            }
+            if node.op.is_collective() {
+                let e: &mut (usize, usize) = self.by_kind.entry(node.op.name()).or_default();
+                e.0 += 1;
+                e.1 += bytes_received(program, node);
+            }
         }
-        CollectiveStats { by_kind }
     }
 
     /// Number of collectives of kind `name`.

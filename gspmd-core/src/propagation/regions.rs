@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::propagate;
 use crate::error::Result;
-use crate::ir::{Flow, Node, Op, Program};
+use crate::ir::{Flow, Op, Program};
 use crate::sharding::{Mesh, Sharding};
 
 /// Replaces the regions of every flow op of `propagated` (the propagated copy of
@@ -109,19 +109,7 @@ fn pinned(
         r.node_mut(p).annotation = Some(s.clone());
     }
     for (j, s) in outputs.iter().enumerate() {
-        let o = r.outputs[j];
-        let source = r.node(o);
-        let constraint = Node {
-            op: Op::ShardingConstraint,
-            operands: vec![o],
-            ty: source.ty.clone(),
-            annotation: Some(s.clone()),
-            sharding: None,
-            origin: None,
-            name: None,
-            location: source.location,
-        };
-        r.outputs[j] = r.push(constraint);
+        r.constrain_output(j, s.clone(), false);
     }
     propagate(&r, mesh)
 }

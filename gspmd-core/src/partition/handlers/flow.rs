@@ -29,7 +29,10 @@ pub(super) fn flow(
     result: usize,
     operands: &[PValue],
 ) -> Result<PValue> {
-    let boundary = boundary(flow);
+    // The regions with one boundary; their parameters and outputs say how the
+    // operands and results are sharded.
+    let pinned = with_boundary(flow);
+    let boundary = boundary(&pinned);
     let mut locals = Vec::with_capacity(operands.len());
     for (x, s) in operands.iter().zip(&boundary) {
         locals.push(reshard(em, x, s)?.id);
@@ -38,7 +41,7 @@ pub(super) fn flow(
         Some(f) => f.clone(),
         None => {
             let mut warnings = Vec::new();
-            let local = flow.try_map_regions(|region| {
+            let local = pinned.try_map_regions(|region| {
                 let spmd = crate::partition::partition(region, em.mesh)?;
                 warnings.extend(spmd.warnings);
                 Ok::<_, crate::error::Error>(spmd.program)
@@ -59,8 +62,63 @@ pub(super) fn flow(
     Ok(PValue {
         id,
         global: node.ty.clone(),
-        sharding: result_sharding(flow, result),
+        sharding: result_sharding(&pinned, result),
     })
+}
+
+/// `flow` with one boundary for all its regions: the secondary region's parameters
+/// (a `while`'s condition, a `cond`'s `on_false`) sharded like the first's, and
+/// outputs resharded where the boundary needs it: a body's carried outputs to their
+/// parameters' shardings (so the back edge needs nothing), a condition to a replicated
+/// scalar, `on_false`'s outputs to `on_true`'s. Propagation leaves regions so already;
+/// a program sharded otherwise (by hand, or at random in tests) gets the
+/// `sharding_constraint`s here.
+fn with_boundary(flow: &Flow) -> Flow {
+    let pin = |region: &Program, params: Option<&Program>, outputs: &[Sharding]| {
+        let mut r = region.clone();
+        if let Some(first) = params {
+            for (&p, &q) in r.params.clone().iter().zip(&first.params) {
+                r.node_mut(p).sharding = Some(sharding_of(first, q));
+            }
+        }
+        for (j, s) in outputs.iter().enumerate() {
+            if sharding_of(&r, r.outputs[j]) != *s {
+                r.constrain_output(j, s.clone(), true);
+            }
+        }
+        r
+    };
+    let params_of = |r: &Program, n: usize| -> Vec<Sharding> {
+        r.params[..n].iter().map(|&p| sharding_of(r, p)).collect()
+    };
+    match flow {
+        Flow::While { cond, body } => Flow::While {
+            cond: pin(cond, Some(body), &[Sharding::replicated(0)]),
+            body: pin(body, None, &params_of(body, body.outputs.len())),
+        },
+        Flow::Scan {
+            body,
+            carried,
+            stacked,
+            length,
+            reverse,
+        } => Flow::Scan {
+            body: pin(body, None, &params_of(body, *carried)),
+            carried: *carried,
+            stacked: *stacked,
+            length: *length,
+            reverse: *reverse,
+        },
+        Flow::Cond { on_true, on_false } => {
+            let outputs: Vec<Sharding> = (on_true.outputs.iter())
+                .map(|&o| sharding_of(on_true, o))
+                .collect();
+            Flow::Cond {
+                on_true: on_true.clone(),
+                on_false: pin(on_false, Some(on_true), &outputs),
+            }
+        }
+    }
 }
 
 /// The sharding of a region parameter or output (set by propagation).
