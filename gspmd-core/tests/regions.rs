@@ -255,3 +255,26 @@ fn regions_print_nested() {
     // The counter's constants and increment are located at the user's `fori_loop`.
     assert!(!text.contains("control_flow.rs"), "{text}");
 }
+
+/// A sharding chosen inside a loop body (a constraint on the new state) becomes the
+/// loop state's: the unannotated initial value is split alike, and the per-device
+/// program has no reshard of the state at the back edge or before the loop.
+#[test]
+fn a_constraint_in_the_body_shards_the_whole_loop_state() {
+    let p = build("body_sharded", |b| {
+        let x = b.parameter("x", [8, 12], DType::F32);
+        let r = b.fori_loop(3, &[x], |_, c| {
+            vec![c[0].tanh().add(&c[0]).shard(s("(data, model)"))]
+        });
+        r
+    });
+    let exe = compile(&p, &Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
+    assert_eq!(
+        exe.spmd.inputs[0].1.to_string(),
+        "(data, model)",
+        "{}",
+        exe.report()
+    );
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    check_on_meshes(&p, &inputs(&p, 0));
+}

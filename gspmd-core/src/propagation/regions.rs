@@ -1,22 +1,29 @@
-//! Regions: once the enclosing program's shardings are final, each flow op's regions
-//! are propagated with their boundary fixed (GSPMD section 3.5: the loop state, the
-//! body's parameters and its results share one sharding).
+//! Regions (GSPMD section 3.5: a loop's state, its body's parameters and its body's
+//! results share one sharding; Shardy's data-flow edges).
 //!
-//! The boundary is the operands' shardings: a region parameter gets its operand's
-//! sharding as a closed annotation (a scan's slice: the stacked operand's without its
-//! leading dim), and each carried output of a body gets a `sharding_constraint` to its
-//! initial value's sharding, so the state keeps one sharding across iterations and the
-//! back edge needs no reshard. A `cond`'s `on_false` outputs are constrained to what
-//! propagation gave `on_true`'s. Shardings inside a region do not flow back out
-//! (phase 1): the carried values take the sharding their initial values propagate to.
+//! - Across the boundary ([`carried_hints`]): each loop body is propagated with its
+//!   carried parameters open (seeded with the initial values' shardings); where the
+//!   body refines a carried value (its parameter or its result gets more axes, e.g.
+//!   from a `#[shard]` inside the body), the refinement becomes an open annotation of
+//!   the loop's result and the enclosing program is propagated again, until no body
+//!   refines anything. The result's sharding then flows to the initial value and to the
+//!   loop's users like any annotation. A loop result the user annotated keeps the
+//!   user's sharding (the body reshards to it).
+//! - With the boundary fixed ([`propagate_regions`]): a carried value's boundary is
+//!   its loop result's sharding (its initial value's when the result is unused); a
+//!   region parameter gets its operand's sharding as a closed annotation (a scan's
+//!   slice: the stacked operand's without its leading dim) and each carried output of a
+//!   body a `sharding_constraint` to the boundary, so the state keeps one sharding
+//!   across iterations and the back edge needs no reshard. A `cond`'s `on_false`
+//!   outputs are constrained to what propagation gave `on_true`'s.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::propagate;
 use crate::error::Result;
-use crate::ir::{Flow, Op, Program};
-use crate::sharding::{Mesh, Sharding};
+use crate::ir::{Flow, Op, Program, ValueId};
+use crate::sharding::{DimSharding, Mesh, Sharding};
 
 /// Replaces the regions of every flow op of `propagated` (the propagated copy of
 /// `original`, node for node) by their propagated form. Result nodes of one instance
@@ -28,16 +35,19 @@ pub(super) fn propagate_regions(
 ) -> Result<()> {
     // Keyed by the original's regions, which outlive the loop, so no address is reused.
     let mut done: HashMap<(*const Flow, Vec<Sharding>), Arc<Flow>> = HashMap::new();
+    let results = instance_results(propagated);
     for v in original.values() {
         let Op::Flow { flow, result } = &original.node(v).op else {
             continue;
         };
-        let boundary: Vec<Sharding> = (propagated.node(v).operands.iter())
-            .map(|&o| {
-                let node = propagated.node(o);
-                (node.sharding.clone()).unwrap_or_else(|| Sharding::replicated(node.ty.rank()))
-            })
-            .collect();
+        let operands = &propagated.node(v).operands;
+        let mut boundary = operand_shardings(propagated, operands);
+        let instance = &results[&(Arc::as_ptr(flow), operands.clone())];
+        for (j, s) in boundary.iter_mut().enumerate().take(carried_count(flow)) {
+            if let Some(Some(r)) = instance.get(j) {
+                s.clone_from(r);
+            }
+        }
         let key = (Arc::as_ptr(flow), boundary);
         let flow = match done.get(&key) {
             Some(f) => f.clone(),
@@ -53,6 +63,121 @@ pub(super) fn propagate_regions(
         };
     }
     Ok(())
+}
+
+/// The shardings of `operands` (replicated where propagation has not set one).
+fn operand_shardings(program: &Program, operands: &[ValueId]) -> Vec<Sharding> {
+    (operands.iter())
+        .map(|&o| {
+            let node = program.node(o);
+            (node.sharding.clone()).unwrap_or_else(|| Sharding::replicated(node.ty.rank()))
+        })
+        .collect()
+}
+
+/// How many of `flow`'s results are carried values (which equal some operand's type).
+fn carried_count(flow: &Flow) -> usize {
+    match flow {
+        Flow::While { body, .. } => body.outputs.len(),
+        Flow::Scan { carried, .. } => *carried,
+        Flow::Cond { .. } => 0,
+    }
+}
+
+/// For each flow instance of `program` (its regions and operands), the sharding of
+/// each of its result nodes present.
+type Instances = HashMap<(*const Flow, Vec<ValueId>), Vec<Option<Sharding>>>;
+
+fn instance_results(program: &Program) -> Instances {
+    let mut instances: Instances = HashMap::new();
+    for node in &program.nodes {
+        if let Op::Flow { flow, result } = &node.op {
+            let slots = instances
+                .entry((Arc::as_ptr(flow), node.operands.clone()))
+                .or_default();
+            if slots.len() <= *result {
+                slots.resize(*result + 1, None);
+            }
+            slots[*result].clone_from(&node.sharding);
+        }
+    }
+    instances
+}
+
+/// Open annotations for loop results that their bodies refine: for each carried
+/// result of `program` (propagated without looking into regions), the body is
+/// propagated with its carried parameters open, seeded with the initial values'
+/// shardings (the rest closed: captures and slices are what they are); when the
+/// body's parameter or result for that value has all of the result's axes and more,
+/// the richer one (the body's result first) is returned as an open annotation.
+pub(super) fn carried_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueId, Sharding)>> {
+    let mut views: HashMap<(*const Flow, Vec<ValueId>), Program> = HashMap::new();
+    let mut hints = Vec::new();
+    for v in program.values() {
+        let node = program.node(v);
+        let Op::Flow { flow, result } = &node.op else {
+            continue;
+        };
+        let n = carried_count(flow);
+        if *result >= n {
+            continue;
+        }
+        let key = (Arc::as_ptr(flow), node.operands.clone());
+        let body = match views.get(&key) {
+            Some(body) => body,
+            None => {
+                let boundary = operand_shardings(program, &node.operands);
+                let body = match &**flow {
+                    Flow::While { body, .. } => body,
+                    Flow::Scan { body, .. } => body,
+                    Flow::Cond { .. } => continue,
+                };
+                let params = slice_params(flow, &boundary);
+                let mut seeded = body.clone();
+                for (i, (&p, s)) in body.params.iter().zip(params).enumerate() {
+                    let s = if i < n { opened(&s) } else { s };
+                    seeded.node_mut(p).annotation = Some(s);
+                }
+                views.entry(key).or_insert(propagate(&seeded, mesh)?)
+            }
+        };
+        let current = node.sharding.clone().unwrap_or_default();
+        let of = |v: ValueId| body.node(v).sharding.clone().unwrap_or_default();
+        let candidates = [of(body.outputs[*result]), of(body.params[*result])];
+        if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
+            hints.push((v, opened(richer)));
+        }
+    }
+    Ok(hints)
+}
+
+/// The region parameters' shardings for operands sharded as `boundary`: a scan's
+/// slices lose the stacked dim.
+fn slice_params(flow: &Flow, boundary: &[Sharding]) -> Vec<Sharding> {
+    let mut params = boundary.to_vec();
+    if let Flow::Scan {
+        carried, stacked, ..
+    } = flow
+    {
+        for p in &mut params[*carried..carried + stacked] {
+            p.dims.remove(0);
+        }
+    }
+    params
+}
+
+/// `s` with every dim open (its axes kept, more may be appended) and nothing
+/// unreduced or explicitly replicated.
+fn opened(s: &Sharding) -> Sharding {
+    Sharding::new(s.dims.iter().map(|d| DimSharding::open(d.axes.clone())))
+}
+
+/// True if `richer` has every dim of `s` as a prefix and more axes in all.
+fn refines(richer: &Sharding, s: &Sharding) -> bool {
+    let count = |x: &Sharding| x.dims.iter().map(|d| d.axes.len()).sum::<usize>();
+    richer.dims.len() == s.dims.len()
+        && (richer.dims.iter().zip(&s.dims)).all(|(r, d)| r.axes.starts_with(&d.axes))
+        && count(richer) > count(s)
 }
 
 /// `flow` with its regions propagated for operands sharded as `boundary`.
@@ -73,10 +198,7 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
             reverse,
         } => {
             let (n, k) = (*carried, *stacked);
-            let mut params = boundary.to_vec();
-            for p in &mut params[n..n + k] {
-                p.dims.remove(0);
-            }
+            let params = slice_params(flow, boundary);
             Flow::Scan {
                 body: pinned(body, &params, &boundary[..n], mesh)?,
                 carried: n,
