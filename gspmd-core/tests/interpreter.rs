@@ -2125,3 +2125,20 @@ fn covers_every_op_kind() {
     let global = |k: OpKind| !k.is_spmd_only();
     op_coverage::assert_kinds("interpreted", kinds.get("interpreted"), global, global);
 }
+
+/// Two nodes reading the same result of one loop (a program no simplification has
+/// merged) both get it; the loop runs once.
+#[test]
+fn a_loop_result_read_by_two_nodes() {
+    let b = Builder::new("twice");
+    let x = b.parameter("x", [2], DType::F32);
+    let r = b.fori_loop(2, &[x], |_, c| vec![c[0].add(&c[0])]);
+    let mut program = b.finish(&[&r[0]]).unwrap();
+    let node = program.node(r[0].id().unwrap()).clone();
+    let again = program.push(node);
+    program.outputs.push(again);
+    verify(&program).unwrap();
+    let out = interpret(&program, &[f32s(&[2], &[1.0, -2.0])]).unwrap();
+    assert_f32(&out[0], &[2], &[4.0, -8.0]);
+    assert_f32(&out[1], &[2], &[4.0, -8.0]);
+}

@@ -22,7 +22,7 @@ use crate::types::Location;
 use crate::types::{DType, Shape, TensorType, ValueId};
 
 #[derive(Debug)]
-pub(super) struct State {
+struct State {
     program: Program,
     errors: Vec<Error>,
     /// A region's builder: the builder of the enclosing program, whose values (and its
@@ -47,7 +47,7 @@ impl State {
     }
 }
 
-pub(super) type Shared = Rc<RefCell<State>>;
+type Shared = Rc<RefCell<State>>;
 
 /// Records a program from ops applied to [`Tensor`] handles.
 #[derive(Debug, Clone)]
@@ -234,7 +234,7 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
 
 /// Records `error` in the builder `state`, or, if that region's builder is closed, in
 /// its nearest open ancestor (so it reaches `finish`).
-pub(super) fn record(state: &Shared, error: Error) {
+fn record(state: &Shared, error: Error) {
     let mut at = state.clone();
     loop {
         let parent = {
@@ -324,12 +324,7 @@ fn encloses(outer: &Shared, state: &Shared) -> bool {
 
 /// The region parameter of the builder `state` standing for the parent's value
 /// `outer` of type `ty`, appended (named `capture.N`) on first use.
-pub(super) fn capture(
-    state: &Shared,
-    outer: ValueId,
-    ty: &TensorType,
-    location: Location,
-) -> ValueId {
+fn capture(state: &Shared, outer: ValueId, ty: &TensorType, location: Location) -> ValueId {
     let mut st = state.borrow_mut();
     if let Some(&(_, inner)) = st.captures.iter().find(|(o, _)| *o == outer) {
         return inner;

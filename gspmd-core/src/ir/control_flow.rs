@@ -45,13 +45,13 @@ impl<'b> Regions<'b> {
 
     /// Traces `f` into a region called `name` whose first parameters are `params`
     /// (name and type); `f` gets the region's builder and those parameters and returns
-    /// the region's results. Returns how many it returned.
+    /// the region's results.
     fn trace(
         &mut self,
         name: &str,
         params: &[(String, TensorType)],
         f: impl FnOnce(&Builder, &[Tensor]) -> Vec<Tensor>,
-    ) -> usize {
+    ) {
         let b = region_builder(self.parent, name);
         let handles: Vec<Tensor> = (params.iter())
             .map(|(n, ty)| b.parameter_at(n, ty.clone(), self.location))
@@ -65,7 +65,6 @@ impl<'b> Regions<'b> {
             self.captures = captures;
             (program, self.captures.len())
         }));
-        outputs.len()
     }
 
     /// The traced regions, each with a parameter for every capture, and the captured
@@ -85,8 +84,8 @@ impl<'b> Regions<'b> {
 }
 
 impl Builder {
-    /// Appends the `count` result nodes of `flow` on `operands` (the flow's own
-    /// operands, then `captures`); poisoned handles of `types` if anything failed.
+    /// Appends one result node of type `types[i]` per result of `flow` on `operands`
+    /// then the captured values; poisoned handles of `types` if anything failed.
     fn flow_results(
         &self,
         flow: Option<(Flow, Vec<ValueId>)>,

@@ -54,9 +54,10 @@ pub fn interpret_with_memory_limit(
 ///
 /// Control flow ([`Op::Flow`]) runs its regions through this same loop with the same
 /// `eval` (so collectives inside a loop body run once per iteration), each region run
-/// limited to the bytes left by the live values. The op runs once per instance: the
-/// first of its result nodes computes all results, the others take theirs; results
-/// waiting for their node are not counted as live.
+/// limited to the bytes left by the live values. The op runs once per instance (its
+/// regions and operands): the first of its result nodes computes all results, the
+/// others take theirs; results waiting for their node are not counted as live, and
+/// the instance is dropped once every result was taken.
 pub(crate) fn execute(
     program: &Program,
     inputs: &[Literal],
@@ -66,9 +67,29 @@ pub(crate) fn execute(
     execute_dyn(program, inputs, memory_limit, &mut eval)
 }
 
+/// A flow instance: the op's regions and its operands.
+type Instance = (*const Flow, Vec<ValueId>);
+
 /// The results of flow instances computed for one result node and waiting for the
-/// others: keyed by the op's regions and its operands.
-type Pending = HashMap<(*const Flow, Vec<ValueId>), Vec<Option<Literal>>>;
+/// others, each with how many of the instance's result nodes still read it.
+type Pending = HashMap<Instance, Vec<(Option<Literal>, usize)>>;
+
+/// For each flow instance of `program`, how many result nodes read each result.
+fn result_reads(program: &Program) -> HashMap<Instance, Vec<usize>> {
+    let mut reads: HashMap<Instance, Vec<usize>> = HashMap::new();
+    for node in &program.nodes {
+        if let Op::Flow { flow, result } = &node.op {
+            let counts = reads
+                .entry((Arc::as_ptr(flow), node.operands.clone()))
+                .or_default();
+            if counts.len() <= *result {
+                counts.resize(*result + 1, 0);
+            }
+            counts[*result] += 1;
+        }
+    }
+    reads
+}
 
 /// Computes one node from its operands (an `Err` message on failure).
 type Eval<'a> = dyn FnMut(&Node, &[&Literal]) -> Result<Literal, String> + 'a;
@@ -81,6 +102,7 @@ fn execute_dyn(
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
+    let reads = result_reads(program);
     let mut pending: Pending = HashMap::new();
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
@@ -124,7 +146,7 @@ fn execute_dyn(
                 match &node.op {
                     Op::Flow { flow, result } => {
                         let key = (Arc::as_ptr(flow), node.operands.clone());
-                        let results = match pending.entry(key) {
+                        let results = match pending.entry(key.clone()) {
                             Entry::Occupied(slot) => slot.into_mut(),
                             Entry::Vacant(slot) => {
                                 let left = memory_limit - live;
@@ -132,10 +154,24 @@ fn execute_dyn(
                                     execute_dyn(region, args, limit, eval)
                                 };
                                 let all = run_flow(flow, &operands, left, &mut run, &fail)?;
-                                slot.insert(all.into_iter().map(Some).collect())
+                                let counts = reads.get(&key).map_or(&[][..], Vec::as_slice);
+                                let reads_of = |j| counts.get(j).copied().unwrap_or(0);
+                                let all = all.into_iter().enumerate();
+                                // A result no node reads is dropped now.
+                                slot.insert(
+                                    all.map(|(j, r)| ((reads_of(j) > 0).then_some(r), reads_of(j)))
+                                        .collect(),
+                                )
                             }
                         };
-                        let value = results.get_mut(*result).and_then(Option::take);
+                        // The last node reading a result takes it; earlier ones copy it.
+                        let value = results.get_mut(*result).and_then(|(r, left)| {
+                            *left = left.saturating_sub(1);
+                            if *left == 0 { r.take() } else { r.clone() }
+                        });
+                        if results.iter().all(|(r, _)| r.is_none()) {
+                            pending.remove(&key);
+                        }
                         Cow::Owned(value.ok_or_else(|| fail(format!("no result {result}")))?)
                     }
                     _ => Cow::Owned(eval(node, &operands).map_err(fail)?),
