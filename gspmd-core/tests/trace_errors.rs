@@ -970,3 +970,25 @@ fn a_value_of_a_body_used_after_it_is_an_error() {
     let message = one_shape_error(b, "trace", line);
     assert!(message.contains("traced inside a region"), "{message}");
 }
+
+#[test]
+fn finishing_a_region_builder_is_an_error_not_a_broken_loop() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let mut finished = None;
+    let line = line!() + 2;
+    let r = b.fori_loop(2, &[x], |_, c| {
+        finished = Some(c[0].builder().finish(&[&c[0]]));
+        vec![c[0].exp()]
+    });
+    match finished.unwrap() {
+        Err(Error::Shape { op, location, .. }) => {
+            assert_eq!(op, "trace");
+            assert_at(location, line);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // The loop itself is intact.
+    let program = b.finish(&[&r[0]]).unwrap();
+    verify(&program).unwrap();
+}

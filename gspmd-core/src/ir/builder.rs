@@ -166,6 +166,14 @@ impl Builder {
     #[track_caller]
     pub fn finish(self, outputs: &[&Tensor]) -> Result<Program> {
         let location = Location::caller();
+        if self.state.borrow().parent.is_some() {
+            // A region's builder is finished by the loop or branch that made it.
+            return Err(Error::Shape {
+                op: "trace",
+                location,
+                message: "finish was called on the builder of a loop body or branch".into(),
+            });
+        }
         for t in outputs {
             same_builder(&self.state, t, location);
         }
