@@ -43,14 +43,14 @@ use crate::sharding::Mesh;
 /// largest one keeps its axes and the others are left to be resharded by the
 /// partitioner.
 pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
-    // Shardings loop bodies give their carried values go back to the loop results as
-    // open annotations (`regions::carried_hints`) until there are none; each round only
+    // Shardings regions give the flow results go back to them as open annotations
+    // (`regions::result_hints`) until there are none; each round only
     // appends axes to some result, so there are at most `values x mesh axes` rounds.
     let mut hinted = Cow::Borrowed(program);
     let mut out = propagate_flat(&hinted, mesh)?;
     for _ in 0..program.nodes.len() * mesh.axes().len() {
-        let mut hints = super::regions::carried_hints(&out, mesh)?;
-        // A loop result the user annotated keeps the user's sharding.
+        let mut hints = super::regions::result_hints(&out, mesh)?;
+        // A flow result the user annotated keeps the user's sharding.
         hints.retain(|(v, _)| program.node(*v).annotation.is_none());
         if hints.is_empty() {
             break;

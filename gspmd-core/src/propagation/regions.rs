@@ -1,14 +1,15 @@
 //! Regions (GSPMD section 3.5: a loop's state, its body's parameters and its body's
 //! results share one sharding; Shardy's data-flow edges).
 //!
-//! - Across the boundary ([`carried_hints`]): each loop body is propagated with its
-//!   carried parameters open (seeded with the initial values' shardings); where the
-//!   body refines a carried value (its parameter or its result gets more axes, e.g.
-//!   from a `#[shard]` inside the body), the refinement becomes an open annotation of
-//!   the loop's result and the enclosing program is propagated again, until no body
-//!   refines anything. The result's sharding then flows to the initial value and to the
-//!   loop's users like any annotation. A loop result the user annotated keeps the
-//!   user's sharding (the body reshards to it).
+//! - Across the boundary ([`result_hints`]): each loop body (a `cond`'s `on_true`) is
+//!   propagated with its carried parameters open (seeded with the initial values'
+//!   shardings); where the region refines a result (a carried value's parameter or
+//!   body result, a scan's stacked output, a branch result gets more axes, e.g. from a
+//!   `#[shard]` inside), the refinement becomes an open annotation of the result and the
+//!   enclosing program is propagated again, until no region refines anything. The
+//!   result's sharding then flows to the initial value and to the users like any
+//!   annotation. A result the user annotated keeps the user's sharding (the region
+//!   reshards to it).
 //! - With the boundary fixed ([`propagate_regions`]): a carried value's boundary is
 //!   its loop result's sharding (its initial value's when the result is unused); a
 //!   region parameter gets its operand's sharding as a closed annotation (a scan's
@@ -104,13 +105,16 @@ fn instance_results(program: &Program) -> Instances {
     instances
 }
 
-/// Open annotations for loop results that their bodies refine: for each carried
-/// result of `program` (propagated without looking into regions), the body is
-/// propagated with its carried parameters open, seeded with the initial values'
-/// shardings (the rest closed: captures and slices are what they are); when the
-/// body's parameter or result for that value has all of the result's axes and more,
-/// the richer one (the body's result first) is returned as an open annotation.
-pub(super) fn carried_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueId, Sharding)>> {
+/// Open annotations for flow results that their regions refine. For each flow
+/// instance of `program` (propagated without looking into regions) its first region
+/// (a loop's body, a `cond`'s `on_true`) is propagated with its carried parameters
+/// open, seeded with the initial values' shardings, the other parameters closed at
+/// their operands' (captures and slices are what they are). A result's candidates: for
+/// a carried value the body's result, then its parameter; for a scan's stacked output
+/// the body's output with the stacked dim whole; for a `cond` result `on_true`'s. The
+/// first candidate with all of the result's axes and more is returned as an open
+/// annotation of the result.
+pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueId, Sharding)>> {
     let mut views: HashMap<(*const Flow, Vec<ValueId>), Program> = HashMap::new();
     let mut hints = Vec::new();
     for v in program.values() {
@@ -119,31 +123,37 @@ pub(super) fn carried_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(Value
             continue;
         };
         let n = carried_count(flow);
-        if *result >= n {
-            continue;
-        }
         let key = (Arc::as_ptr(flow), node.operands.clone());
-        let body = match views.get(&key) {
-            Some(body) => body,
+        let region = match views.get(&key) {
+            Some(region) => region,
             None => {
                 let boundary = operand_shardings(program, &node.operands);
-                let body = match &**flow {
-                    Flow::While { body, .. } => body,
-                    Flow::Scan { body, .. } => body,
-                    Flow::Cond { .. } => continue,
+                let (region, params) = match &**flow {
+                    Flow::While { body, .. } | Flow::Scan { body, .. } => {
+                        (body, slice_params(flow, &boundary))
+                    }
+                    Flow::Cond { on_true, .. } => (on_true, boundary[1..].to_vec()),
                 };
-                let params = slice_params(flow, &boundary);
-                let mut seeded = body.clone();
-                for (i, (&p, s)) in body.params.iter().zip(params).enumerate() {
+                let mut seeded = region.clone();
+                for (i, (&p, s)) in region.params.iter().zip(params).enumerate() {
                     let s = if i < n { opened(&s) } else { s };
                     seeded.node_mut(p).annotation = Some(s);
                 }
                 views.entry(key).or_insert(propagate(&seeded, mesh)?)
             }
         };
+        let of = |v: ValueId| region.node(v).sharding.clone().unwrap_or_default();
+        let output = of(region.outputs[*result]);
+        let candidates = match **flow {
+            _ if *result < n => vec![output, of(region.params[*result])],
+            Flow::Scan { .. } => {
+                let mut dims = vec![DimSharding::closed(Vec::<String>::new())];
+                dims.extend(output.dims);
+                vec![Sharding::new(dims)]
+            }
+            Flow::While { .. } | Flow::Cond { .. } => vec![output],
+        };
         let current = node.sharding.clone().unwrap_or_default();
-        let of = |v: ValueId| body.node(v).sharding.clone().unwrap_or_default();
-        let candidates = [of(body.outputs[*result]), of(body.params[*result])];
         if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
             hints.push((v, opened(richer)));
         }
