@@ -157,6 +157,13 @@ fn loop_body_is_partitioned_once_with_its_collectives_inside() {
                 .collect();
             assert_eq!(gathers.len(), 1, "{local}");
             assert_eq!(gathers[0].op.name(), "all_gather", "{local}");
+            // The report lists it under its loop, once.
+            let report = exe.report();
+            let listed = report
+                .lines()
+                .filter(|l| l.contains(" scan body: "))
+                .count();
+            assert_eq!(listed, 1, "{report}");
             (local.nodes.len(), body.nodes.len())
         })
         .collect();

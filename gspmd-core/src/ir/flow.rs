@@ -94,6 +94,15 @@ impl Flow {
         }
     }
 
+    /// The regions' names, in [`Flow::regions`] order.
+    pub fn region_names(&self) -> &'static [&'static str] {
+        match self {
+            Flow::While { .. } => &["cond", "body"],
+            Flow::Scan { .. } => &["body"],
+            Flow::Cond { .. } => &["on_true", "on_false"],
+        }
+    }
+
     /// The same op with each region replaced by `f(region)` (attributes kept); the
     /// first error of `f` if any.
     pub fn try_map_regions<E>(

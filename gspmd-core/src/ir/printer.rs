@@ -48,12 +48,7 @@ fn write_body(f: &mut fmt::Formatter<'_>, program: &Program, depth: usize) -> fm
         }
         writeln!(f)?;
         printed.push((flow, &node.operands, v));
-        let names: &[&str] = match **flow {
-            Flow::While { .. } => &["cond", "body"],
-            Flow::Scan { .. } => &["body"],
-            Flow::Cond { .. } => &["on_true", "on_false"],
-        };
-        for (name, region) in names.iter().zip(flow.regions()) {
+        for (name, region) in flow.region_names().iter().zip(flow.regions()) {
             writeln!(f, "{indent}  {name} {{")?;
             write_body(f, region, depth + 2)?;
             writeln!(f, "{indent}  }}")?;

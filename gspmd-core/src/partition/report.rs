@@ -124,31 +124,52 @@ impl SpmdProgram {
     }
 
     /// The per-device program, then one line per collective (axes, bytes per device,
-    /// the user's source line), the totals and the partitioner's warnings.
+    /// the user's source line; a collective in a region named by the flow op and the
+    /// region: once per iteration), the totals and the partitioner's warnings.
     pub fn report(&self) -> String {
         let mut out = format!(
             "// partitioned for {}\n{}\n\ncollectives:\n",
             self.mesh, self.program
         );
-        for v in self.program.values() {
-            let node = self.program.node(v);
-            if node.op.is_collective() {
-                let _ = writeln!(
-                    out,
-                    "  {v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
-                    node.op.name(),
-                    node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
-                    self.program.ty(node.operands[0]),
-                    node.ty,
-                    bytes_received(&self.program, node),
-                    node.location
-                );
-            }
-        }
+        collective_lines(&mut out, &self.program, "", &mut Vec::new());
         let _ = write!(out, "{}", self.collectives());
         for w in &self.warnings {
             let _ = write!(out, "\nwarning: {w}");
         }
         out
+    }
+}
+
+/// Appends one line per collective of `program` and of its regions (each once; a
+/// region's lines start with `within`, the path of flow ops and regions to it).
+fn collective_lines(
+    out: &mut String,
+    program: &Program,
+    within: &str,
+    seen: &mut Vec<*const Flow>,
+) {
+    for v in program.values() {
+        let node = program.node(v);
+        if let Op::Flow { flow, .. } = &node.op
+            && !seen.contains(&Arc::as_ptr(flow))
+        {
+            seen.push(Arc::as_ptr(flow));
+            for (name, region) in flow.region_names().iter().zip(flow.regions()) {
+                let path = format!("{within}{v} {} {name}: ", flow.name());
+                collective_lines(out, region, &path, seen);
+            }
+        }
+        if node.op.is_collective() {
+            let _ = writeln!(
+                out,
+                "  {within}{v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
+                node.op.name(),
+                node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
+                program.ty(node.operands[0]),
+                node.ty,
+                bytes_received(program, node),
+                node.location
+            );
+        }
     }
 }
