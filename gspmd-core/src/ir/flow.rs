@@ -6,8 +6,33 @@
 //! same `Arc<Flow>` and the same operands (see ARCHITECTURE.md, "Regions"). A result no
 //! one reads is dead code like any other value; the loop runs while one is read.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::op::Op;
 use super::program::Program;
-use crate::types::TensorType;
+use crate::types::{TensorType, ValueId};
+
+/// One instance of a flow op: its regions (by address) and its operands. Its result
+/// nodes are the `Op::Flow` nodes with both.
+pub type FlowInstance = (*const Flow, Vec<ValueId>);
+
+/// For each flow instance of `program` (not of its regions), the nodes of each of its
+/// results (none for a result no node reads).
+pub fn flow_instances(program: &Program) -> HashMap<FlowInstance, Vec<Vec<ValueId>>> {
+    let mut instances: HashMap<FlowInstance, Vec<Vec<ValueId>>> = HashMap::new();
+    for v in program.values() {
+        let node = program.node(v);
+        if let Op::Flow { flow, result } = &node.op {
+            let slots = (instances.entry((Arc::as_ptr(flow), node.operands.clone()))).or_default();
+            if slots.len() <= *result {
+                slots.resize(*result + 1, Vec::new());
+            }
+            slots[*result].push(v);
+        }
+    }
+    instances
+}
 
 /// A control-flow op and its regions. Operands and region parameters line up; the
 /// trailing `captures` are values of the enclosing program that the regions read.

@@ -23,7 +23,7 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
-pub use flow::Flow;
+pub use flow::{Flow, FlowInstance, flow_instances};
 pub use infer::infer_type;
 pub use literal::Literal;
 pub use op::{

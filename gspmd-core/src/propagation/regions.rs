@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::propagate;
 use crate::error::Result;
-use crate::ir::{Flow, Op, Program, ValueId};
+use crate::ir::{Flow, Op, Program, ValueId, flow_instances};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 
 /// Replaces the regions of every flow op of `propagated` (the propagated copy of
@@ -36,17 +36,18 @@ pub(super) fn propagate_regions(
 ) -> Result<()> {
     // Keyed by the original's regions, which outlive the loop, so no address is reused.
     let mut done: HashMap<(*const Flow, Vec<Sharding>), Arc<Flow>> = HashMap::new();
-    let results = instance_results(propagated);
+    let instances = flow_instances(propagated);
     for v in original.values() {
         let Op::Flow { flow, result } = &original.node(v).op else {
             continue;
         };
         let operands = &propagated.node(v).operands;
         let mut boundary = operand_shardings(propagated, operands);
-        let instance = &results[&(Arc::as_ptr(flow), operands.clone())];
+        let instance = &instances[&(Arc::as_ptr(flow), operands.clone())];
         for (j, s) in boundary.iter_mut().enumerate().take(carried_count(flow)) {
-            if let Some(Some(r)) = instance.get(j) {
-                s.clone_from(r);
+            let result = instance.get(j).and_then(|nodes| nodes.first());
+            if let Some(sharding) = result.and_then(|&r| propagated.node(r).sharding.as_ref()) {
+                s.clone_from(sharding);
             }
         }
         let key = (Arc::as_ptr(flow), boundary);
@@ -83,26 +84,6 @@ fn carried_count(flow: &Flow) -> usize {
         Flow::Scan { carried, .. } => *carried,
         Flow::Cond { .. } => 0,
     }
-}
-
-/// For each flow instance of `program` (its regions and operands), the sharding of
-/// each of its result nodes present.
-type Instances = HashMap<(*const Flow, Vec<ValueId>), Vec<Option<Sharding>>>;
-
-fn instance_results(program: &Program) -> Instances {
-    let mut instances: Instances = HashMap::new();
-    for node in &program.nodes {
-        if let Op::Flow { flow, result } = &node.op {
-            let slots = instances
-                .entry((Arc::as_ptr(flow), node.operands.clone()))
-                .or_default();
-            if slots.len() <= *result {
-                slots.resize(*result + 1, None);
-            }
-            slots[*result].clone_from(&node.sharding);
-        }
-    }
-    instances
 }
 
 /// Open annotations for flow results that their regions refine. For each flow
@@ -200,22 +181,9 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
                 body: pinned(body, boundary, &boundary[..n], mesh)?,
             }
         }
-        Flow::Scan {
-            body,
-            carried,
-            stacked,
-            length,
-            reverse,
-        } => {
-            let (n, k) = (*carried, *stacked);
+        Flow::Scan { carried, .. } => {
             let params = slice_params(flow, boundary);
-            Flow::Scan {
-                body: pinned(body, &params, &boundary[..n], mesh)?,
-                carried: n,
-                stacked: k,
-                length: *length,
-                reverse: *reverse,
-            }
+            flow.try_map_regions(|body| pinned(body, &params, &boundary[..*carried], mesh))?
         }
         Flow::Cond { on_true, on_false } => {
             let on_true = pinned(on_true, &boundary[1..], &[], mesh)?;

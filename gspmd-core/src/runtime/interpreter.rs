@@ -7,7 +7,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::ir::{Flow, Literal, Node, Op, Program, TensorType, ValueId};
+use crate::ir::{FlowInstance, Literal, Node, Op, Program, TensorType, ValueId, flow_instances};
 
 use super::flow::run_flow;
 use super::kernels;
@@ -67,29 +67,9 @@ pub(crate) fn execute(
     execute_dyn(program, inputs, memory_limit, &mut eval)
 }
 
-/// A flow instance: the op's regions and its operands.
-type Instance = (*const Flow, Vec<ValueId>);
-
 /// The results of flow instances computed for one result node and waiting for the
 /// others, each with how many of the instance's result nodes still read it.
-type Pending = HashMap<Instance, Vec<(Option<Literal>, usize)>>;
-
-/// For each flow instance of `program`, how many result nodes read each result.
-fn result_reads(program: &Program) -> HashMap<Instance, Vec<usize>> {
-    let mut reads: HashMap<Instance, Vec<usize>> = HashMap::new();
-    for node in &program.nodes {
-        if let Op::Flow { flow, result } = &node.op {
-            let counts = reads
-                .entry((Arc::as_ptr(flow), node.operands.clone()))
-                .or_default();
-            if counts.len() <= *result {
-                counts.resize(*result + 1, 0);
-            }
-            counts[*result] += 1;
-        }
-    }
-    reads
-}
+type Pending = HashMap<FlowInstance, Vec<(Option<Literal>, usize)>>;
 
 /// Computes one node from its operands (an `Err` message on failure).
 type Eval<'a> = dyn FnMut(&Node, &[&Literal]) -> Result<Literal, String> + 'a;
@@ -102,7 +82,7 @@ fn execute_dyn(
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
-    let reads = result_reads(program);
+    let instances = flow_instances(program);
     let mut pending: Pending = HashMap::new();
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
@@ -154,8 +134,8 @@ fn execute_dyn(
                                     execute_dyn(region, args, limit, eval)
                                 };
                                 let all = run_flow(flow, &operands, left, &mut run, &fail)?;
-                                let counts = reads.get(&key).map_or(&[][..], Vec::as_slice);
-                                let reads_of = |j| counts.get(j).copied().unwrap_or(0);
+                                let nodes = instances.get(&key).map_or(&[][..], Vec::as_slice);
+                                let reads_of = |j| nodes.get(j).map_or(0, Vec::len);
                                 let all = all.into_iter().enumerate();
                                 // A result no node reads is dropped now.
                                 slot.insert(

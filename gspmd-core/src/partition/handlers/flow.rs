@@ -11,6 +11,7 @@
 //! are replicated scalars, computed from replicated values or by collectives whose
 //! result is the same on every device.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -96,19 +97,12 @@ fn with_boundary(flow: &Flow) -> Flow {
             cond: pin(cond, Some(body), &[Sharding::replicated(0)]),
             body: pin(body, None, &params_of(body, body.outputs.len())),
         },
-        Flow::Scan {
-            body,
-            carried,
-            stacked,
-            length,
-            reverse,
-        } => Flow::Scan {
-            body: pin(body, None, &params_of(body, *carried)),
-            carried: *carried,
-            stacked: *stacked,
-            length: *length,
-            reverse: *reverse,
-        },
+        Flow::Scan { carried, .. } => {
+            let pin_body =
+                |body: &Program| Ok::<_, Infallible>(pin(body, None, &params_of(body, *carried)));
+            let Ok(pinned) = flow.try_map_regions(pin_body);
+            pinned
+        }
         Flow::Cond { on_true, on_false } => {
             let outputs: Vec<Sharding> = (on_true.outputs.iter())
                 .map(|&o| sharding_of(on_true, o))
