@@ -559,3 +559,39 @@ fn raw_identifiers_name_axes_symbols_and_values_without_r_hash() {
         .unwrap();
     assert_eq!(got, want);
 }
+
+// ---- control flow ----------------------------------------------------------------
+
+/// A layer stack as one `scan`: `#[shard] let` inside the loop body's closure pins a
+/// value of the body (the constraint is traced into the region).
+#[gspmd::model(mesh = (data, model))]
+pub fn scanned_layers(
+    #[shard(data, _)] x: Tensor<B, D>,
+    #[shard(_, _, model)] w: Tensor<L, D, D>,
+) -> Tensor<B, D> {
+    let b = x.builder();
+    let (carry, _) = b.scan(&[w], &[x], |c, w| {
+        #[shard(data, model)]
+        let h = c[0].matmul(&w[0]).tanh(); // scanned: hidden
+        (vec![h], vec![])
+    });
+    carry[0].clone()
+}
+
+#[test]
+fn shard_let_inside_a_loop_body_constrains_the_body() {
+    let p = scanned_layers::trace(scanned_layers::Dims { B: 8, D: 16, L: 3 }).unwrap();
+    gspmd::ir::verify(&p).unwrap();
+    assert_eq!(count(&p, "scan"), 1);
+    assert_eq!(count(&p, "sharding_constraint"), 0);
+    let scan = p.nodes.iter().find(|n| n.op.name() == "scan").unwrap();
+    let Op::Flow { flow, .. } = &scan.op else {
+        panic!("{}", scan.op.name())
+    };
+    let body = flow.regions()[0];
+    let h = named(body, "h");
+    assert_eq!(h.len(), 1);
+    assert!(matches!(h[0].op, Op::ShardingConstraint));
+    assert_eq!(annotation(h[0]), "(data, model)");
+    assert_eq!(h[0].location.line, line_of("// scanned: hidden") - 1);
+}

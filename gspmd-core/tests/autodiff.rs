@@ -1277,6 +1277,53 @@ fn spmd_ops_are_not_differentiable() {
     }
 }
 
+/// Control flow has no reverse-mode rule yet (phase 2 of regions): `grad` of a loss
+/// reached through a `while`, `scan` or `cond` is [`Error::NotDifferentiable`] at the
+/// line that traced it.
+#[test]
+fn control_flow_is_not_differentiable_yet() {
+    type Traced = fn(&Builder, &Tensor) -> Tensor;
+    let cases: [(&str, Traced); 3] = [
+        ("while", |b, x| {
+            let r = b.while_loop(
+                |s| s[0].sum(&[0]).lt(&s[0].builder().scalar(10.0)),
+                |s| vec![s[0].mul(&s[0].builder().scalar(2.0))],
+                &[x.abs().add(&b.scalar(1.0))],
+            );
+            r[0].clone()
+        }),
+        ("scan", |b, x| {
+            let xs = x.reshape([4, 1]);
+            let (carry, _) = b.scan(&[xs], &[b.scalar(0.0)], |c, x| {
+                (vec![c[0].add(&x[0].sum(&[0]))], vec![])
+            });
+            carry[0].clone()
+        }),
+        ("cond", |b, x| {
+            let pred = b.constant(Literal::full(&[], DType::Bool, 1.0));
+            let r = b.cond(&pred, |_| vec![x.sum(&[0])], |_| vec![x.max_over(&[0])]);
+            r[0].clone()
+        }),
+    ];
+    for (name, traced) in cases {
+        let b = Builder::new(name);
+        let x = param(&b, "x", &[4]);
+        let y = traced(&b, &x);
+        let program = b.finish(&[&y]).unwrap();
+        let flow = program.node(y.id().unwrap()).op.kind();
+        match grad(&program, 0, &[0]) {
+            Err(e @ Error::NotDifferentiable { .. }) => {
+                let shown = e.to_string();
+                assert!(shown.contains(&format!("= {name}")), "{shown}");
+                assert!(shown.contains("control flow"), "{shown}");
+                assert!(shown.contains("tests/autodiff.rs:"), "{shown}");
+            }
+            other => panic!("{name}: expected NotDifferentiable, got {other:?}"),
+        }
+        op_coverage::record_kinds("not_differentiable", [flow]);
+    }
+}
+
 // ---- builder losses -------------------------------------------------------------------------------
 
 #[test]

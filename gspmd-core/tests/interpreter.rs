@@ -2152,6 +2152,117 @@ fn scatter_replace_skips_windows_out_of_range_and_the_last_duplicate_wins() {
     assert_i32(&out[1], &[5], &[0, 5, 6, 8, 10]);
 }
 
+// ---- control flow (regions) -------------------------------------------------------------
+
+/// `while i < n { i += 1; x *= 2 }` with the trip count `n` a run-time input.
+#[test]
+fn while_loop_with_run_time_trip_count() {
+    let build = |b: &Builder| {
+        let x = b.parameter("x", [2], DType::F32);
+        let n = b.parameter("n", [], DType::I32);
+        let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
+        b.while_loop(
+            |s| s[0].lt(&n),
+            |s| {
+                let one = s[0].builder().constant(Literal::full(&[], DType::I32, 1.0));
+                vec![s[0].add(&one), s[1].mul(&s[1].builder().scalar(2.0))]
+            },
+            &[zero, x],
+        )
+    };
+    let x = f32s(&[2], &[1.5, -3.0]);
+    for (n, factor) in [(0, 1.0), (1, 2.0), (3, 8.0)] {
+        let out = run(build, &[x.clone(), i32s(&[], &[n])]);
+        assert_i32(&out[0], &[], &[n]);
+        assert_f32(&out[1], &[2], &[1.5 * factor, -3.0 * factor]);
+    }
+}
+
+/// A running sum over the rows of `xs` with the row sums as per-iteration outputs,
+/// forwards and in reverse, against a loop by hand.
+#[test]
+fn scan_carries_state_and_stacks_outputs() {
+    let data = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    for reverse in [false, true] {
+        let out = run(
+            |b| {
+                let xs = b.parameter("xs", [4, 2], DType::F32);
+                let init = b.parameter("init", [2], DType::F32);
+                let body = |c: &[Tensor], x: &[Tensor]| {
+                    let next = c[0].add(&x[0]);
+                    (vec![next.clone()], vec![next.sum(&[0]), x[0].neg()])
+                };
+                let (carry, ys) = if reverse {
+                    b.scan_reverse(&[xs], &[init], body)
+                } else {
+                    b.scan(&[xs], &[init], body)
+                };
+                carry.into_iter().chain(ys).collect()
+            },
+            &[f32s(&[4, 2], &data), f32s(&[2], &[10.0, 20.0])],
+        );
+        let mut carry = [10.0f32, 20.0];
+        let mut sums = [0.0f32; 4];
+        let order: Vec<usize> = if reverse {
+            vec![3, 2, 1, 0]
+        } else {
+            vec![0, 1, 2, 3]
+        };
+        for i in order {
+            carry = [carry[0] + data[2 * i], carry[1] + data[2 * i + 1]];
+            sums[i] = carry[0] + carry[1];
+        }
+        assert_f32(&out[0], &[2], &carry);
+        assert_f32(&out[1], &[4], &sums);
+        let negated: Vec<f32> = data.iter().map(|v| -v).collect();
+        assert_f32(&out[2], &[4, 2], &negated);
+    }
+}
+
+/// A `fori_loop` nested in a `fori_loop`, the inner body reading a parameter of the
+/// outermost program (captured through both regions) and both counters.
+#[test]
+fn nested_loops_capture_through_every_level() {
+    let out = run1(
+        |b| {
+            let w = b.parameter("w", [], DType::F32);
+            let acc = b.scalar(0.0);
+            let outer = b.fori_loop(3, &[acc], |i, c| {
+                let fi = i.convert(DType::F32);
+                b.fori_loop(2, c, |j, c| {
+                    let fj = j.convert(DType::F32);
+                    vec![c[0].add(&w.mul(&fi.add(&fj)))]
+                })
+            });
+            outer[0].clone()
+        },
+        &[f32s(&[], &[0.5])],
+    );
+    // sum over i < 3, j < 2 of 0.5 * (i + j) = 0.5 * (2 * 3 + 3 * 1) = 4.5
+    assert_f32(&out, &[], &[4.5]);
+}
+
+/// `cond` runs the branch the predicate picks; branches capture values of the program.
+#[test]
+fn cond_takes_one_branch() {
+    for (p, expected) in [(true, [2.0f32, 4.0]), (false, [0.0, 1.0])] {
+        let out = run1(
+            |b| {
+                let pred = b.parameter("p", [], DType::Bool);
+                let x = b.parameter("x", [2], DType::F32);
+                let r = b.cond(
+                    &pred,
+                    |_| vec![x.add(&x)],
+                    |inner| vec![x.sub(&inner.full([2], DType::F32, 1.0))],
+                );
+                r[0].clone()
+            },
+            &[bools(&[], &[p]), f32s(&[2], &[1.0, 2.0])],
+        );
+        assert_f32(&out, &[2], &expected);
+    }
+}
+
 /// Every op kind of a global program is interpreted by some test above (through
 /// [`run`]); the SPMD-only ones are rejected (`spmd_only_op_is_a_runtime_error_with_location`).
 #[test]
@@ -2159,4 +2270,21 @@ fn covers_every_op_kind() {
     let kinds = op_coverage::kinds_checked("covers_every_op_kind");
     let global = |k: OpKind| !k.is_spmd_only();
     op_coverage::assert_kinds("interpreted", kinds.get("interpreted"), global, global);
+}
+
+/// Two nodes reading the same result of one loop (a program no simplification has
+/// merged) both get it; the loop runs once.
+#[test]
+fn a_loop_result_read_by_two_nodes() {
+    let b = Builder::new("twice");
+    let x = b.parameter("x", [2], DType::F32);
+    let r = b.fori_loop(2, &[x], |_, c| vec![c[0].add(&c[0])]);
+    let mut program = b.finish(&[&r[0]]).unwrap();
+    let node = program.node(r[0].id().unwrap()).clone();
+    let again = program.push(node);
+    program.outputs.push(again);
+    verify(&program).unwrap();
+    let out = interpret(&program, &[f32s(&[2], &[1.0, -2.0])]).unwrap();
+    assert_f32(&out[0], &[2], &[4.0, -8.0]);
+    assert_f32(&out[1], &[2], &[4.0, -8.0]);
 }

@@ -4,9 +4,12 @@
 //! assignment of shardings, not only the ones propagation picks, so this explores
 //! reshards between arbitrary tilings, uneven dims and device orders.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use gspmd_core::ir::{
-    Builder, DType, GatherDims, Literal, OpKind, Padding, Program, ReduceKind, ScatterDims, Tensor,
-    WindowDim,
+    Builder, DType, Flow, GatherDims, Literal, Op, OpKind, Padding, Program, ReduceKind,
+    ScatterDims, Tensor, WindowDim,
 };
 use gspmd_core::partition::partition;
 use gspmd_core::runtime::{ThreadMesh, interpret};
@@ -95,9 +98,7 @@ fn check_with(program: &Program, trials: usize, seed: u64, fix: impl Fn(&Mesh, &
         let threads = ThreadMesh::new(mesh.clone()).unwrap();
         for trial in 0..trials {
             let mut p = program.clone();
-            for node in &mut p.nodes {
-                node.sharding = Some(random_sharding(&mut rng, &mesh, node.ty.rank()));
-            }
+            randomize(&mut p, &mut rng, &mesh, &mut HashMap::new());
             fix(&mesh, &mut p);
             let what = format!("{} on {mesh}, trial {trial}", program.name);
             let spmd = partition(&p, &mesh).unwrap_or_else(|e| panic!("{what}: {e}\n{p}"));
@@ -108,6 +109,40 @@ fn check_with(program: &Program, trials: usize, seed: u64, fix: impl Fn(&Mesh, &
                 assert_close(w, g, &format!("{what}, output {k}\n{p}\n{}", spmd.report()));
             }
             op_coverage::record("partitioned", &spmd.program);
+        }
+    }
+}
+
+/// Gives every value of `program` a random sharding, in the regions of its control
+/// flow ops too (each instance's regions once: `done` maps the regions seen to their
+/// randomized form).
+fn randomize(
+    program: &mut Program,
+    rng: &mut Xoshiro256PlusPlus,
+    mesh: &Mesh,
+    done: &mut HashMap<*const Flow, Arc<Flow>>,
+) {
+    for node in &mut program.nodes {
+        node.sharding = Some(random_sharding(rng, mesh, node.ty.rank()));
+        if let Op::Flow { flow, result } = &node.op {
+            let key = Arc::as_ptr(flow);
+            let randomized = match done.get(&key) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = flow.try_map_regions(|r| {
+                        let mut r = r.clone();
+                        randomize(&mut r, rng, mesh, &mut HashMap::new());
+                        Ok::<_, ()>(r)
+                    });
+                    let f = Arc::new(f.unwrap());
+                    done.insert(key, f.clone());
+                    f
+                }
+            };
+            node.op = Op::Flow {
+                flow: randomized,
+                result: *result,
+            };
         }
     }
 }
@@ -391,6 +426,46 @@ fn reverse_and_a_conv2d_chain() {
         vec![y.reverse(&[1, 3]), x.reverse(&[0]), z.reverse(&[0, 1])]
     });
     check(&p, 5, 20);
+}
+
+/// Loops and branches under random shardings of everything, the carried state, the
+/// regions' values and the stacked operands included (uneven dims): a `while` with a
+/// matmul in its body and a condition reading the state, a scan with stacked outputs,
+/// forwards and reversed, nested loops and a `cond`.
+#[test]
+fn control_flow_under_random_shardings() {
+    let p = build("flow", |b| {
+        let x = b.parameter("x", [6, 5], DType::F32);
+        let w = b.parameter("w", [5, 5], DType::F32);
+        let xs = b.parameter("xs", [3, 6, 5], DType::F32);
+        let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
+        let looped = b.while_loop(
+            |s| {
+                let bound = s[0].builder().constant(Literal::full(&[], DType::I32, 3.0));
+                s[0].lt(&bound)
+                    .and(&s[1].abs().sum(&[0, 1]).lt(&b.scalar(1e6)))
+            },
+            |s| {
+                let one = s[0].builder().constant(Literal::full(&[], DType::I32, 1.0));
+                vec![s[0].add(&one), s[1].matmul(&w).tanh().add(&s[1])]
+            },
+            &[zero, x.clone()],
+        );
+        let (carry, ys) = b.scan(std::slice::from_ref(&xs), &[looped[1].clone()], |c, x| {
+            let next = c[0].matmul(&w).add(&x[0]).tanh();
+            (vec![next.clone()], vec![next.sum(&[1])])
+        });
+        let (back, _) = b.scan_reverse(&[xs], std::slice::from_ref(&x), |c, x| {
+            (vec![c[0].mul(&x[0])], vec![])
+        });
+        let nested = b.fori_loop(2, &[carry[0].clone()], |_, c| {
+            b.fori_loop(2, c, |j, c| vec![c[0].add(&j.convert(DType::F32))])
+        });
+        let pred = ys[0].sum(&[0, 1]).gt(&b.scalar(0.0));
+        let branch = b.cond(&pred, |_| vec![nested[0].exp()], |_| vec![back[0].neg()]);
+        vec![ys[0].clone(), branch[0].clone(), looped[1].clone()]
+    });
+    check(&p, 4, 11);
 }
 
 /// The SPMD-only op kinds (axis_index, dynamic_slice, every collective) get their

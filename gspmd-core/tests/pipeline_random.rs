@@ -20,9 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use gspmd_core::ir::{
-    BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, GatherDims, Literal,
-    Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor, TensorType,
-    UnaryOp, ValueId, WindowDim, einsum,
+    BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Flow, GatherDims,
+    Literal, Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor,
+    TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -234,7 +234,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..30) {
+        match self.rng.random_range(0..31) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -258,6 +258,7 @@ impl Gen<'_> {
             26 => self.sort(),
             27 => self.gather(),
             28 => self.scatter(),
+            29 => self.control_flow(),
             _ => self.convert(),
         }
     }
@@ -318,6 +319,103 @@ impl Gen<'_> {
             (small.cumulative(CumulativeKind::Prod, dim, reverse), i32)
         };
         self.push(r, exact);
+    }
+
+    /// A sharding constraint of a rank-`rank` value inside a region, as often as the
+    /// case annotates values.
+    fn region_constraint(&mut self, rank: usize) -> Option<Sharding> {
+        (self.rng.random_range(0..8) < self.annotate_rate)
+            .then(|| random_sharding(self.rng, self.mesh, rank))
+    }
+
+    /// Control flow on an f32 value `a`: a scan over its leading dim (the body a dot
+    /// with a captured weight when a slice has rank 2 or more), a `fori_loop`, a
+    /// `while_loop` counting to a constant, or a `cond` on an exact i32 predicate. Loop
+    /// bodies sometimes constrain the carried value (which the loop then carries with
+    /// the initial value's sharding).
+    fn control_flow(&mut self) {
+        let Some(a) = self.operand(|v| v.t.dtype() == DType::F32) else {
+            return;
+        };
+        let pin = |t: Tensor, s: &Option<Sharding>| match s {
+            Some(s) => t.shard(s.clone()),
+            None => t,
+        };
+        let b = self.b.clone();
+        match self.rng.random_range(0..4) {
+            0 if a.t.rank() > 0 => {
+                let slice = a.t.shape()[1..].to_vec();
+                let init = self.value_of(&slice, DType::F32, false);
+                let w = match slice.last() {
+                    Some(&k) if slice.len() >= 2 => Some(self.value_of(&[k, k], DType::F32, false)),
+                    _ => None,
+                };
+                let s = self.region_constraint(slice.len());
+                let reverse = self.rng.random_ratio(1, 3);
+                let body = |c: &[Tensor], x: &[Tensor]| {
+                    let mixed = match &w {
+                        Some(w) => c[0].matmul(&w.t).tanh(),
+                        None => c[0].tanh(),
+                    };
+                    let next = pin(mixed.add(&x[0]), &s);
+                    let y = next.mul(&x[0].builder().scalar(0.5));
+                    (vec![next], vec![y])
+                };
+                let (carry, ys) = if reverse {
+                    b.scan_reverse(std::slice::from_ref(&a.t), &[init.t], body)
+                } else {
+                    b.scan(std::slice::from_ref(&a.t), &[init.t], body)
+                };
+                self.push(carry[0].clone(), false);
+                self.push(ys[0].clone(), false);
+            }
+            0 | 1 => {
+                let n = self.rng.random_range(0..4);
+                let other = self.value_of(a.t.shape(), DType::F32, false);
+                let s = self.region_constraint(a.t.rank());
+                let r = b.fori_loop(n, std::slice::from_ref(&a.t), |i, c| {
+                    let fi = i.convert(DType::F32);
+                    let half = c[0].mul(&i.builder().scalar(0.5));
+                    vec![pin(half.add(&fi).add(&other.t), &s)]
+                });
+                self.push(r[0].clone(), false);
+            }
+            2 => {
+                let limit = self.rng.random_range(0..4);
+                let s = self.region_constraint(a.t.rank());
+                let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
+                let r = b.while_loop(
+                    |st| {
+                        let bound = st[0].builder().constant(Literal::full(
+                            &[],
+                            DType::I32,
+                            f64::from(limit),
+                        ));
+                        st[0].lt(&bound)
+                    },
+                    |st| {
+                        let one = st[0]
+                            .builder()
+                            .constant(Literal::full(&[], DType::I32, 1.0));
+                        let quarter = st[1].mul(&st[1].builder().scalar(0.25));
+                        vec![st[0].add(&one), pin(st[1].tanh().add(&quarter), &s)]
+                    },
+                    &[zero, a.t.clone()],
+                );
+                self.push(r[1].clone(), false);
+            }
+            _ => {
+                let p = self.value_of(&[], DType::I32, true);
+                let other = self.value_of(a.t.shape(), DType::F32, false);
+                let pred = p.t.gt(&b.constant(Literal::full(&[], DType::I32, 0.0)));
+                let r = b.cond(
+                    &pred,
+                    |inner| vec![a.t.mul(&inner.scalar(0.5)).tanh()],
+                    |inner| vec![a.t.sub(&other.t).mul(&inner.scalar(2.0))],
+                );
+                self.push(r[0].clone(), false);
+            }
+        }
     }
 
     /// `argsort` (any dtype), `argmax` or `argmin` of a value exact in any order, so that
@@ -1285,6 +1383,20 @@ const TOLERANCE: f32 = 1e-4;
 /// result by a whole step; the generator only applies them to exact values. A bound
 /// that is not a number (a log at 0) leaves the element unchecked (`inf`).
 fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>>, String> {
+    let exact: Vec<ArrayD<f32>> = (inputs.iter())
+        .map(|l| ArrayD::zeros(IxDyn(&l.shape())))
+        .collect();
+    Ok(values_and_errors(program, inputs, &exact)?.1)
+}
+
+/// The outputs of `program` on `inputs` whose error scales are `input_errors`, and the
+/// outputs' error scales (see [`error_scales`]). A control-flow op carries values and
+/// errors through its regions as the interpreter carries values.
+fn values_and_errors(
+    program: &Program,
+    inputs: &[Literal],
+    input_errors: &[ArrayD<f32>],
+) -> Result<(Vec<Literal>, Vec<ArrayD<f32>>), String> {
     /// The error of an op with jumps: none from exact operands, else unbounded.
     fn jumps(_: f32, _: f32, _: f32, ea: f32, eb: f32) -> f32 {
         if ea == 0.0 && eb == 0.0 {
@@ -1297,11 +1409,17 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
     let mut errors: Vec<ArrayD<f32>> = Vec::with_capacity(program.nodes.len());
     for node in &program.nodes {
         let operands: Vec<&Literal> = node.operands.iter().map(|o| &values[o.index()]).collect();
+        let e: Vec<&ArrayD<f32>> = node.operands.iter().map(|o| &errors[o.index()]).collect();
+        let mut flow_error = None;
         let value = match &node.op {
             Op::Parameter { index, .. } => inputs[*index].clone(),
+            Op::Flow { flow, result } => {
+                let (mut v, mut fe) = flow_values_and_errors(flow, &operands, &e)?;
+                flow_error = Some(fe.swap_remove(*result));
+                v.swap_remove(*result)
+            }
             op => kernels::eval(op, &operands, &node.ty)?,
         };
-        let e: Vec<&ArrayD<f32>> = node.operands.iter().map(|o| &errors[o.index()]).collect();
         let x: Vec<ArrayD<f32>> = operands.iter().map(|l| magnitude(l)).collect();
         let y = magnitude(&value);
         let f32_ty = TensorType::new(node.ty.shape.clone(), DType::F32);
@@ -1341,7 +1459,9 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
         };
         let error = match &node.op {
             _ if node.ty.dtype != DType::F32 => ArrayD::zeros(y.raw_dim()),
-            Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => ArrayD::zeros(y.raw_dim()),
+            Op::Parameter { index, .. } => input_errors[*index].clone(),
+            Op::Constant(_) | Op::Iota { .. } => ArrayD::zeros(y.raw_dim()),
+            Op::Flow { .. } => flow_error.take().ok_or("a flow result without its error")?,
             Op::Convert(_) if operands[0].dtype() != DType::F32 => ArrayD::zeros(y.raw_dim()),
             Op::Unary(u) => match u {
                 UnaryOp::Neg | UnaryOp::Abs => e[0].clone(),
@@ -1502,11 +1622,134 @@ fn error_scales(program: &Program, inputs: &[Literal]) -> Result<Vec<ArrayD<f32>
         errors.push(error.mapv(|v| if v.is_nan() { f32::INFINITY } else { v.abs() }));
         values.push(value);
     }
-    Ok(program
+    let outputs = program
+        .outputs
+        .iter()
+        .map(|o| values[o.index()].clone())
+        .collect();
+    let output_errors = program
         .outputs
         .iter()
         .map(|o| errors[o.index()].clone())
-        .collect())
+        .collect();
+    Ok((outputs, output_errors))
+}
+
+/// All results of a control-flow op and their error scales: its regions run by
+/// [`values_and_errors`] (a branch or trip count follows the values; the generator
+/// only makes predicates and conditions that are exact).
+fn flow_values_and_errors(
+    flow: &Flow,
+    values: &[&Literal],
+    errors: &[&ArrayD<f32>],
+) -> Result<(Vec<Literal>, Vec<ArrayD<f32>>), String> {
+    let mut v: Vec<Literal> = values.iter().map(|&l| l.clone()).collect();
+    let mut e: Vec<ArrayD<f32>> = errors.iter().map(|&a| a.clone()).collect();
+    let truth = |l: &Literal| l.as_bool().and_then(|a| a.iter().next().copied());
+    match flow {
+        Flow::While { cond, body } => {
+            let n = body.outputs.len();
+            while truth(&values_and_errors(cond, &v, &e)?.0[0]).ok_or("a bad condition")? {
+                let (nv, ne) = values_and_errors(body, &v, &e)?;
+                v.splice(..n, nv);
+                e.splice(..n, ne);
+            }
+            v.truncate(n);
+            e.truncate(n);
+            Ok((v, e))
+        }
+        Flow::Scan {
+            body,
+            carried,
+            stacked,
+            length,
+            reverse,
+        } => {
+            let (n, k) = (*carried, *stacked);
+            let xs: Vec<Literal> = v.drain(n..n + k).collect();
+            let xe: Vec<ArrayD<f32>> = e.drain(n..n + k).collect();
+            let mut ys: Vec<Vec<(Literal, ArrayD<f32>)>> = Vec::new();
+            for step in 0..*length {
+                let i = if *reverse { length - 1 - step } else { step };
+                let mut args = v[..n].to_vec();
+                args.extend(xs.iter().map(|x| index_leading(x, i)));
+                args.extend_from_slice(&v[n..]);
+                let mut arg_errors = e[..n].to_vec();
+                arg_errors.extend(
+                    xe.iter()
+                        .map(|x| x.index_axis(ndarray::Axis(0), i).to_owned()),
+                );
+                arg_errors.extend_from_slice(&e[n..]);
+                let (mut nv, mut ne) = values_and_errors(body, &args, &arg_errors)?;
+                ys.push(nv.split_off(n).into_iter().zip(ne.split_off(n)).collect());
+                v.splice(..n, nv);
+                e.splice(..n, ne);
+            }
+            if *reverse {
+                ys.reverse();
+            }
+            v.truncate(n);
+            e.truncate(n);
+            for (j, &o) in body.outputs[n..].iter().enumerate() {
+                let ty = body.ty(o);
+                let mut shape = vec![*length];
+                shape.extend_from_slice(&ty.shape);
+                let column = ys.iter().map(|y| y[j].0.clone());
+                v.push(stack(column, &shape, ty.dtype)?);
+                let errors = ys.iter().map(|y| Literal::F32(y[j].1.clone()));
+                match stack(errors, &shape, DType::F32)? {
+                    Literal::F32(a) => e.push(a),
+                    _ => return Err("stacked errors are not f32".into()),
+                }
+            }
+            Ok((v, e))
+        }
+        Flow::Cond { on_true, on_false } => {
+            let branch = if truth(&v[0]).ok_or("a bad predicate")? {
+                on_true
+            } else {
+                on_false
+            };
+            values_and_errors(branch, &v[1..], &e[1..])
+        }
+    }
+}
+
+/// `x[i]` along the leading dim.
+fn index_leading(x: &Literal, i: usize) -> Literal {
+    match x {
+        Literal::F32(a) => Literal::F32(a.index_axis(ndarray::Axis(0), i).to_owned()),
+        Literal::I32(a) => Literal::I32(a.index_axis(ndarray::Axis(0), i).to_owned()),
+        Literal::Bool(a) => Literal::Bool(a.index_axis(ndarray::Axis(0), i).to_owned()),
+    }
+}
+
+/// `parts` stacked along a new leading dim into a value of `shape`.
+fn stack(
+    parts: impl Iterator<Item = Literal>,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Literal, String> {
+    let rows: Vec<Literal> = parts
+        .map(|p| {
+            let mut one = vec![1];
+            one.extend(p.shape());
+            kernels::eval(
+                &Op::Reshape(one.clone()),
+                &[&p],
+                &TensorType::new(one, dtype),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    if rows.is_empty() {
+        return Ok(Literal::full(shape, dtype, 0.0));
+    }
+    let refs: Vec<&Literal> = rows.iter().collect();
+    kernels::eval(
+        &Op::Concatenate(0),
+        &refs,
+        &TensorType::new(shape.to_vec(), dtype),
+    )
 }
 
 /// `|v|` as f32 (bools as 0 and 1).

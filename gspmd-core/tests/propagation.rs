@@ -947,6 +947,119 @@ mod properties {
     }
 }
 
+// ---- control flow (regions) -------------------------------------------------------------
+
+/// The sharding of region value `v` of the flow op defining `result`.
+fn region_sharding(p: &Program, result: &Tensor, region: usize, v: usize) -> String {
+    let Op::Flow { flow, .. } = &p.node(id(result)).op else {
+        panic!("{} is not a flow op", id(result));
+    };
+    let r = flow.regions()[region];
+    r.node(ValueId(v as u32))
+        .sharding
+        .as_ref()
+        .map_or("<none>".into(), ToString::to_string)
+}
+
+/// GSPMD 3.5: a `while`'s carried value, the condition's and body's parameters, the
+/// body's result and the loop's result share one sharding; a captured value keeps its
+/// own inside the body; the loop's result passes its sharding on to its users. The
+/// body refines the state: `s + tanh(s @ w)` with `w` split on its output features
+/// splits the state's features too, so the state is (data, model) while the initial
+/// value keeps its closed annotation (it is resharded on entry, a local slice).
+#[test]
+fn while_loop_state_shares_one_sharding() {
+    let b = Builder::new("while");
+    let x = param(&b, "x", &[8, 16], Some("(data, _)"));
+    let w = param(&b, "w", &[16, 16], Some("(_, model)"));
+    let r = b.while_loop(
+        |s| s[0].sum(&[0, 1]).lt(&s[0].builder().scalar(100.0)),
+        |s| vec![s[0].matmul(&w).tanh().add(&s[0])],
+        std::slice::from_ref(&x),
+    );
+    let after = r[0].exp();
+    let p = run(&finish(b, &[&after]));
+    assert_eq!(of(&p, &x), "(data, _)");
+    assert_eq!(of(&p, &r[0]), "(data, model)");
+    assert_eq!(of(&p, &after), "(data, model)");
+    // cond: %0 the carried value; body: %0 carried, %1 the captured weight, and the
+    // body's output pinned to the carried sharding at the back edge.
+    assert_eq!(region_sharding(&p, &r[0], 0, 0), "(data, model)");
+    assert_eq!(region_sharding(&p, &r[0], 1, 0), "(data, model)");
+    assert_eq!(region_sharding(&p, &r[0], 1, 1), "(_, model)");
+    let Op::Flow { flow, .. } = &p.node(id(&r[0])).op else {
+        unreachable!()
+    };
+    let body = flow.regions()[1];
+    let out = body.node(body.outputs[0]);
+    assert_eq!(out.sharding.as_ref().unwrap().to_string(), "(data, model)");
+    // Inside the body the matmul's result follows its operands: (data, model).
+    let dot = (body.nodes.iter())
+        .find(|n| matches!(n.op, Op::DotGeneral(_)))
+        .unwrap();
+    assert_eq!(dot.sharding.as_ref().unwrap().to_string(), "(data, model)");
+}
+
+/// The fixed point across the region boundary: a sharding decided inside the body (a
+/// constraint on the new state) becomes the loop state's, so the initial value, the
+/// body's parameter and result, and the loop's result and users all take it; nothing
+/// is left to reshard at the back edge. The user's annotations are unchanged.
+#[test]
+fn a_sharding_inside_the_body_flows_out_to_the_loop_state() {
+    let b = Builder::new("while");
+    let x = param(&b, "x", &[8, 16], None);
+    let y = x.tanh();
+    let r = b.fori_loop(3, std::slice::from_ref(&y), |_, c| {
+        vec![c[0].exp().shard(sh("(data, model)"))]
+    });
+    let after = r[0].neg();
+    let p = run(&finish(b, &[&after]));
+    for t in [&x, &y, &r[0], &after] {
+        assert_eq!(of(&p, t), "(data, model)", "{p}");
+    }
+    // The scan's carried values: the counter, then the state.
+    assert_eq!(region_sharding(&p, &r[0], 0, 1), "(data, model)");
+    assert!(p.node(id(&r[0])).annotation.is_none());
+}
+
+/// A scan's carried value shares its initial value's sharding, refined by the body
+/// (`c + x` adds the slice's `data`); a stacked operand's slice takes its sharding
+/// without the leading dim, and the stacked dim is not split (phase 1) even where an
+/// annotation would suggest it; the stacked outputs and a `cond`'s results take what
+/// the regions give them; a `cond`'s branches take the captured values' shardings and
+/// `on_false` returns what `on_true` does.
+#[test]
+fn scan_slices_and_cond_branches_take_the_operands_shardings() {
+    let b = Builder::new("scan");
+    let xs = param(&b, "xs", &[3, 8, 16], Some("(_, data, model)"));
+    let init = param(&b, "init", &[8, 16], Some("(_, model)"));
+    let (carry, ys) = b.scan(&[xs], &[init], |c, x| {
+        (vec![c[0].add(&x[0])], vec![x[0].tanh()])
+    });
+    let pred = b.parameter("p", vec![], DType::Bool);
+    let r = b.cond(
+        &pred,
+        |_| vec![carry[0].exp()],
+        |inner| vec![carry[0].mul(&inner.scalar(2.0))],
+    );
+    let p = run(&finish(b, &[&ys[0], &r[0]]));
+    assert_eq!(of(&p, &carry[0]), "(data, model)");
+    assert_eq!(region_sharding(&p, &carry[0], 0, 0), "(data, model)");
+    assert_eq!(region_sharding(&p, &carry[0], 0, 1), "(data, model)");
+    // The stacked output takes the body's `y` sharding, the stacked dim whole; the
+    // cond's result takes its branches'.
+    assert_eq!(of(&p, &ys[0]), "(_, data, model)");
+    assert_eq!(of(&p, &r[0]), "(data, model)");
+    // on_true's parameter is the captured carry; its output, exp of it, keeps it.
+    assert_eq!(region_sharding(&p, &r[0], 0, 0), "(data, model)");
+    let Op::Flow { flow, .. } = &p.node(id(&r[0])).op else {
+        unreachable!()
+    };
+    let on_false = flow.regions()[1];
+    let out = on_false.node(on_false.outputs[0]);
+    assert_eq!(out.sharding.as_ref().unwrap().to_string(), "(data, model)");
+}
+
 /// Every op kind of a global program has its sharding rule printed or is propagated
 /// through and checked by a test above (through [`rule`] or [`run`]).
 #[test]

@@ -489,3 +489,45 @@ fn simplified_programs_run_right_on_meshes() {
         }
     }
 }
+
+// ---- control flow (regions) --------------------------------------------------------
+
+/// A loop is kept while one of its results is used and its unused result nodes go;
+/// two equal loops on the same operands merge result by result; dead code inside a
+/// region goes, its parameters stay. The simplified program computes the same bits.
+#[test]
+fn loops_are_pure_ops_to_cse_and_dce() {
+    let b = Builder::new("loops");
+    let x = b.parameter("x", [4], DType::F32);
+    let w = b.parameter("w", [4], DType::F32);
+    let trace_loop = || {
+        b.fori_loop(3, &[x.clone(), w.clone()], |_, c| {
+            let _dead = c[1].exp();
+            vec![c[0].mul(&c[1]).tanh(), c[1].clone()]
+        })
+    };
+    let (first, second) = (trace_loop(), trace_loop());
+    // Only result 0 of each loop is used; both loops compute the same.
+    let program = b.finish(&[&first[0].add(&second[0])]).unwrap();
+    assert_eq!(count(&program, "scan"), 6);
+    let simplified = simplify(&program, Stage::Sharded).unwrap();
+    // One loop, one result node left (the counter and `w` results are unused).
+    assert_eq!(count(&simplified, "scan"), 1, "{simplified}");
+    let Some(Op::Flow { flow, .. }) = simplified
+        .nodes
+        .iter()
+        .map(|n| &n.op)
+        .find(|op| op.name() == "scan")
+    else {
+        panic!("{simplified}")
+    };
+    let body = flow.regions()[0];
+    assert_eq!(count(body, "exponential"), 0, "{simplified}");
+    assert_eq!(body.params.len(), 3, "{simplified}");
+    let inputs = sample_inputs(&program, 7);
+    let (want, got) = (
+        interpret(&program, &inputs).unwrap(),
+        interpret(&simplified, &inputs).unwrap(),
+    );
+    assert_same_bits(&want, &got, "simplified loops");
+}

@@ -980,3 +980,167 @@ fn every_bad_gather_and_scatter_is_one_error_at_the_user_line() {
         assert!(message.contains(needle), "{needle:?} not in {message:?}");
     }
 }
+
+// ---- control flow (regions) ----------------------------------------------------------
+
+/// `b.scalar(v)` in the region builder of `t`.
+fn scalar_beside(t: &Tensor, v: f32) -> Tensor {
+    t.builder().scalar(v)
+}
+
+#[test]
+fn while_body_returning_another_type_is_one_error_at_the_loop() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let line = line!() + 1;
+    let r = b.while_loop(
+        |s| s[0].sum(&[0]).lt(&scalar_beside(&s[0], 1.0)),
+        |s| vec![s[0].sum(&[0])],
+        &[x],
+    );
+    let _after = r[0].exp();
+    let message = one_shape_error(b, "while", line);
+    assert!(
+        message.contains("the body region returns (f32[]) but the carried values are (f32[4])"),
+        "{message}"
+    );
+}
+
+#[test]
+fn while_condition_must_be_a_bool_scalar() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[4]);
+    let line = line!() + 1;
+    let _r = b.while_loop(|s| s[0].sum(&[0]), |s| vec![s[0].exp()], &[x]);
+    let message = one_shape_error(b, "while", line);
+    assert!(
+        message.contains("the condition must return one pred[] but returns (f32[])"),
+        "{message}"
+    );
+}
+
+#[test]
+fn scan_stacked_operands_need_one_leading_dim() {
+    let b = Builder::new("t");
+    let (xs, ys) = (f32_param(&b, "xs", &[3, 2]), f32_param(&b, "ys", &[4, 2]));
+    let init = f32_param(&b, "init", &[2]);
+    let line = line!() + 1;
+    let (carry, stacked) = b.scan(&[xs, ys], &[init], |c, x| {
+        (vec![c[0].add(&x[0])], vec![x[1].clone()])
+    });
+    // The results are poisoned: using them records nothing more.
+    let _more = carry[0].add(&stacked[0].sum(&[0]));
+    let message = one_shape_error(b, "scan", line);
+    assert!(
+        message.contains("one leading dim: f32[3,2] and f32[4,2]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn scan_without_a_stacked_operand_points_to_fori_loop() {
+    let b = Builder::new("t");
+    let init = f32_param(&b, "init", &[2]);
+    let line = line!() + 1;
+    let (_carry, _) = b.scan(&[], &[init], |c, _| (vec![c[0].exp()], vec![]));
+    let message = one_shape_error(b, "scan", line);
+    assert!(message.contains("fori_loop"), "{message}");
+}
+
+#[test]
+fn scan_body_changing_the_carried_type_is_an_error() {
+    let b = Builder::new("t");
+    let xs = f32_param(&b, "xs", &[3, 2]);
+    let init = f32_param(&b, "init", &[2]);
+    let line = line!() + 1;
+    let (_carry, _ys) = b.scan(&[xs], &[init], |c, x| {
+        (vec![c[0].convert(DType::I32)], vec![x[0].clone()])
+    });
+    let message = one_shape_error(b, "scan", line);
+    assert!(
+        message.contains("returns (i32[2], f32[2]) but the carried values are (f32[2])"),
+        "{message}"
+    );
+}
+
+#[test]
+fn cond_predicate_must_be_a_bool_scalar() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let p = f32_param(&b, "p", &[]);
+    let line = line!() + 1;
+    let _r = b.cond(&p, |_| vec![x.exp()], |_| vec![x.neg()]);
+    let message = one_shape_error(b, "cond", line);
+    assert!(
+        message.contains("the predicate must be pred[], got f32[]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn cond_branches_must_return_the_same_types() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let p = b.parameter("p", vec![], DType::Bool);
+    let line = line!() + 1;
+    let _r = b.cond(&p, |_| vec![x.exp()], |_| vec![x.sum(&[0])]);
+    let message = one_shape_error(b, "cond", line);
+    assert!(
+        message.contains("the on_false region returns (f32[]) but on_true's results are (f32[2])"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_bad_op_inside_a_body_is_one_error_at_its_line() {
+    let b = Builder::new("t");
+    let xs = f32_param(&b, "xs", &[3, 2]);
+    let init = f32_param(&b, "init", &[2]);
+    let line = line!() + 2;
+    let (carry, _) = b.scan(&[xs], &[init], |c, x| {
+        let bad = c[0].matmul(&x[0].reshape([1, 2]));
+        (vec![bad], vec![])
+    });
+    let _after = carry[0].exp();
+    let message = one_shape_error(b, "matmul", line);
+    assert!(message.contains("inner dims 2 and 1 differ"), "{message}");
+}
+
+#[test]
+fn a_value_of_a_body_used_after_it_is_an_error() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let mut leaked = None;
+    let _r = b.fori_loop(2, std::slice::from_ref(&x), |_, c| {
+        let y = c[0].exp();
+        leaked = Some(y.clone());
+        vec![y]
+    });
+    let leaked = leaked.unwrap();
+    let line = line!() + 1;
+    let _bad = x.add(&leaked);
+    let message = one_shape_error(b, "trace", line);
+    assert!(message.contains("traced inside a region"), "{message}");
+}
+
+#[test]
+fn finishing_a_region_builder_is_an_error_not_a_broken_loop() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let mut finished = None;
+    let line = line!() + 2;
+    let r = b.fori_loop(2, &[x], |_, c| {
+        finished = Some(c[0].builder().finish(&[&c[0]]));
+        vec![c[0].exp()]
+    });
+    match finished.unwrap() {
+        Err(Error::Shape { op, location, .. }) => {
+            assert_eq!(op, "trace");
+            assert_at(location, line);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // The loop itself is intact.
+    let program = b.finish(&[&r[0]]).unwrap();
+    verify(&program).unwrap();
+}

@@ -36,7 +36,9 @@
 //!   `O(n^2)` composite per lane (exact where elements are 0);
 //! - `argsort` (an i32 result) passes no gradient, like `compare`;
 //! - `axis_index` and the collectives: [`crate::Error::NotDifferentiable`]
-//!   (they only exist in partitioned programs).
+//!   (they only exist in partitioned programs);
+//! - `while`, `scan`, `cond`: [`crate::Error::NotDifferentiable`] for now (their
+//!   reverse-mode rules, a reverse scan over stacked residuals, are phase 2 of regions).
 
 mod indexing;
 mod registry;

@@ -37,7 +37,8 @@ use crate::ir::{
 
 /// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
 /// program (bool- and integer-valued ones pass no gradient, but have a rule), and none
-/// of the SPMD-only ops: [`super::grad`] rejects a program holding one with
+/// of the SPMD-only ops nor the control-flow ops (`while`, `scan`, `cond`):
+/// [`super::grad`] rejects a program holding one with
 /// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
 /// finite-difference test for every differentiable kind, the error for every other one.
 pub fn is_differentiable(kind: OpKind) -> bool {
@@ -61,6 +62,8 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::AxisIndex | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
+        // Phase 2 of regions: scan and cond get VJPs (a reverse scan over residuals).
+        K::While | K::Scan | K::Cond => false,
     }
 }
 
@@ -219,7 +222,8 @@ pub(super) fn operand_cotangent(
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
-        | Op::CollectiveShift { .. } => return Err(not_differentiable(node, y)),
+        | Op::CollectiveShift { .. }
+        | Op::Flow { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
 }
@@ -230,7 +234,11 @@ pub(super) fn not_differentiable(node: &Node, y: ValueId) -> Error {
         value: y,
         op: node.op.name(),
         location: node.location,
-        message: "an SPMD op is not differentiable in a global program".into(),
+        message: if matches!(node.op, Op::Flow { .. }) {
+            "control flow has no reverse-mode rule yet".into()
+        } else {
+            "an SPMD op is not differentiable in a global program".into()
+        },
     }
 }
 

@@ -27,7 +27,7 @@ use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 ///
 /// A program holding an op that is not [`is_differentiable`] (the SPMD-only ops
 /// axis_index and the collectives, which only exist in partitioned
-/// programs) gives [`Error::NotDifferentiable`] for the first one. See
+/// programs; the control-flow ops `while`, `scan` and `cond`, until they get rules) gives [`Error::NotDifferentiable`] for the first one. See
 /// [`super`] for the rules and their conventions at ties and kinks.
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     verify(program)?;

@@ -25,6 +25,26 @@ use crate::types::{DType, Shape, TensorType, ValueId};
 struct State {
     program: Program,
     errors: Vec<Error>,
+    /// A region's builder: the builder of the enclosing program, whose values (and its
+    /// ancestors') may be used here and become *captures* (see `capture`).
+    parent: Option<Shared>,
+    /// Captured values: the value in the parent's program and the region parameter
+    /// standing for it, in parameter order.
+    captures: Vec<(ValueId, ValueId)>,
+    /// A region's builder after its region was made: ops on its handles are errors.
+    closed: bool,
+}
+
+impl State {
+    fn new(program: Program, parent: Option<Shared>) -> Self {
+        State {
+            program,
+            errors: Vec::new(),
+            parent,
+            captures: Vec::new(),
+            closed: false,
+        }
+    }
 }
 
 type Shared = Rc<RefCell<State>>;
@@ -48,12 +68,8 @@ pub struct Tensor {
 impl Builder {
     /// A builder for a program called `name`.
     pub fn new(name: impl Into<String>) -> Self {
-        let program = Program::new(name);
         Builder {
-            state: Rc::new(RefCell::new(State {
-                program,
-                errors: Vec::new(),
-            })),
+            state: Rc::new(RefCell::new(State::new(Program::new(name), None))),
         }
     }
 
@@ -62,8 +78,11 @@ impl Builder {
     /// [`Error::Shape`] for a type too large to hold (see [`TensorType`]).
     #[track_caller]
     pub fn parameter(&self, name: &str, shape: impl Into<Shape>, dtype: DType) -> Tensor {
-        let location = Location::caller();
-        let ty = TensorType::new(shape, dtype);
+        self.parameter_at(name, TensorType::new(shape, dtype), Location::caller())
+    }
+
+    /// [`Builder::parameter`] of type `ty` traced at `location`.
+    pub(super) fn parameter_at(&self, name: &str, ty: TensorType, location: Location) -> Tensor {
         let (index, first) = {
             let st = self.state.borrow();
             let p = &st.program;
@@ -147,6 +166,14 @@ impl Builder {
     #[track_caller]
     pub fn finish(self, outputs: &[&Tensor]) -> Result<Program> {
         let location = Location::caller();
+        if self.state.borrow().parent.is_some() {
+            // A region's builder is finished by the loop or branch that made it.
+            return Err(Error::Shape {
+                op: "trace",
+                location,
+                message: "finish was called on the builder of a loop body or branch".into(),
+            });
+        }
         for t in outputs {
             same_builder(&self.state, t, location);
         }
@@ -185,12 +212,17 @@ pub(super) fn any_poisoned(tensors: &[&Tensor]) -> bool {
 }
 
 fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> Tensor {
+    let state = &innermost(state, operands);
     let poisoned = |ty| poisoned_in(state, ty);
+    if state.borrow().closed {
+        record(state, closed_error(location));
+        return poisoned(TensorType::new(vec![], DType::F32));
+    }
     let mut ids = Vec::with_capacity(operands.len());
     for t in operands {
-        match t.id {
-            Some(id) if same_builder(state, t, location) => ids.push(id),
-            _ => return poisoned(TensorType::new(vec![], DType::F32)),
+        match t.id.and_then(|_| resolve(state, t, location)) {
+            Some(id) => ids.push(id),
+            None => return poisoned(TensorType::new(vec![], DType::F32)),
         }
     }
     let mut st = state.borrow_mut();
@@ -205,6 +237,240 @@ fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> 
             drop(st);
             poisoned(TensorType::new(vec![], DType::F32))
         }
+    }
+}
+
+/// Records `error` in the builder `state`, or, if that region's builder is closed, in
+/// its nearest open ancestor (so it reaches `finish`).
+fn record(state: &Shared, error: Error) {
+    let mut at = state.clone();
+    loop {
+        let parent = {
+            let st = at.borrow();
+            if !st.closed {
+                break;
+            }
+            st.parent.clone()
+        };
+        match parent {
+            Some(p) => at = p,
+            None => break,
+        }
+    }
+    at.borrow_mut().errors.push(error);
+}
+
+fn closed_error(location: Location) -> Error {
+    Error::Shape {
+        op: "trace",
+        location,
+        message: "a tensor traced inside a region (a loop body or branch) was used outside it"
+            .into(),
+    }
+}
+
+/// The id in the builder `state` of the (not poisoned) value `t`: its own id if `t` is
+/// of this builder; if `t` is of an enclosing builder, the region parameter capturing
+/// it (made on first use, through every region level in between). A tensor of any
+/// other builder is an error recorded at `location`.
+fn resolve(state: &Shared, t: &Tensor, location: Location) -> Option<ValueId> {
+    if Rc::ptr_eq(state, &t.state) {
+        return t.id;
+    }
+    let parent = state.borrow().parent.clone();
+    match parent {
+        Some(parent) if encloses(&t.state, &parent) => {
+            let outer = resolve(&parent, t, location)?;
+            Some(capture(state, outer, &t.ty, location))
+        }
+        _ => {
+            let inner = t.state.borrow().parent.is_some() && t.state.borrow().closed;
+            record(
+                state,
+                if inner {
+                    closed_error(location)
+                } else {
+                    Error::Shape {
+                        op: "trace",
+                        location,
+                        message: "a tensor from another builder was used".into(),
+                    }
+                },
+            );
+            None
+        }
+    }
+}
+
+/// The builder an op of `state`'s on `operands` goes to: the innermost of `state` and
+/// the operands' builders, when each encloses the next (an op inside a loop body on a
+/// value of the body and one of the enclosing program is the body's); `state` when
+/// some are unrelated (resolving the operands then reports it).
+fn innermost(state: &Shared, operands: &[&Tensor]) -> Shared {
+    let mut inner = state.clone();
+    for t in operands {
+        if encloses(&inner, &t.state) {
+            inner = t.state.clone();
+        } else if !encloses(&t.state, &inner) {
+            return state.clone();
+        }
+    }
+    inner
+}
+
+/// True if `outer` is `state` or one of its ancestors.
+fn encloses(outer: &Shared, state: &Shared) -> bool {
+    let mut at = Some(state.clone());
+    while let Some(s) = at {
+        if Rc::ptr_eq(&s, outer) {
+            return true;
+        }
+        at = s.borrow().parent.clone();
+    }
+    false
+}
+
+/// The region parameter of the builder `state` standing for the parent's value
+/// `outer` of type `ty`, appended (named `capture.N`) on first use.
+fn capture(state: &Shared, outer: ValueId, ty: &TensorType, location: Location) -> ValueId {
+    let mut st = state.borrow_mut();
+    if let Some(&(_, inner)) = st.captures.iter().find(|(o, _)| *o == outer) {
+        return inner;
+    }
+    let k = st.captures.len();
+    let inner = capture_parameter(&mut st.program, k, ty, location);
+    st.captures.push((outer, inner));
+    inner
+}
+
+/// Appends parameter `capture.k` of type `ty` to the region `program`: the region's
+/// parameter for its `k`-th captured value.
+pub(super) fn capture_parameter(
+    program: &mut Program,
+    k: usize,
+    ty: &TensorType,
+    location: Location,
+) -> ValueId {
+    let index = program.params.len();
+    let id = program.push(crate::ir::Node {
+        op: Op::Parameter {
+            index,
+            ty: ty.clone(),
+        },
+        operands: Vec::new(),
+        ty: ty.clone(),
+        annotation: None,
+        sharding: None,
+        origin: None,
+        name: Some(format!("capture.{k}")),
+        location,
+    });
+    program.params.push(id);
+    id
+}
+
+/// A builder for a region of the program of `parent`: its parameters are made by the
+/// caller, then `seed`'s parent values are captured first, in order (a sibling
+/// region's captures, so that sibling regions take their captures in one order).
+pub(super) fn region_builder(parent: &Builder, name: &str) -> Builder {
+    let state = State::new(Program::new(name), Some(parent.state.clone()));
+    Builder {
+        state: Rc::new(RefCell::new(state)),
+    }
+}
+
+/// Captures `outer` (a value of the parent's program of type `ty`) in the region
+/// builder `region`, at `location`.
+pub(super) fn seed_capture(region: &Builder, outer: ValueId, ty: &TensorType, location: Location) {
+    capture(&region.state, outer, ty, location);
+}
+
+/// Closes the region builder `region` with `outputs` as its results: moves its errors
+/// to the parent and returns its program and the parent values it captured (in
+/// parameter order), or `None` if an op failed or an output is poisoned. Later ops on
+/// its handles are errors.
+///
+/// With `quiet` (an operand of the flow op is already poisoned, so the region was
+/// traced only to count its results) its errors are dropped: one mistake, one error.
+pub(super) fn close_region(
+    region: &Builder,
+    outputs: &[Tensor],
+    location: Location,
+    quiet: bool,
+) -> Option<(Program, Vec<(ValueId, TensorType)>)> {
+    let ids: Vec<Option<ValueId>> = (outputs.iter())
+        .map(|t| t.id.and_then(|_| resolve(&region.state, t, location)))
+        .collect();
+    let mut st = region.state.borrow_mut();
+    st.closed = true;
+    let errors = std::mem::take(&mut st.errors);
+    let parent = st.parent.clone();
+    if let Some(parent) = parent.as_ref().filter(|_| !quiet) {
+        for e in errors.iter().cloned() {
+            record(parent, e);
+        }
+    }
+    let ids: Option<Vec<ValueId>> = ids.into_iter().collect();
+    match ids {
+        Some(ids) if errors.is_empty() => {
+            let mut program = st.program.clone();
+            program.outputs = ids;
+            let captures = (st.captures.iter())
+                .map(|&(outer, inner)| (outer, program.ty(inner).clone()))
+                .collect();
+            Some((program, captures))
+        }
+        _ => None,
+    }
+}
+
+impl Builder {
+    /// The builder where an op of this builder on `operands` is traced: the innermost
+    /// of this one and theirs (see `innermost`).
+    pub(super) fn innermost(&self, operands: &[&Tensor]) -> Builder {
+        Builder {
+            state: innermost(&self.state, operands),
+        }
+    }
+
+    /// A handle to value `id` of this builder's program (a result just appended).
+    pub(super) fn handle(&self, id: ValueId) -> Tensor {
+        let ty = self.state.borrow().program.ty(id).clone();
+        Tensor {
+            state: self.state.clone(),
+            id: Some(id),
+            ty,
+        }
+    }
+
+    /// Appends `op` on the values `operands` of this builder's program (a flow op on
+    /// its operands and captures); errors as [`Tensor`] ops.
+    pub(super) fn push_ids(
+        &self,
+        op: Op,
+        operands: &[ValueId],
+        location: Location,
+    ) -> Option<ValueId> {
+        let mut st = self.state.borrow_mut();
+        match st.program.push_op(op, operands, location) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                st.errors.push(e);
+                None
+            }
+        }
+    }
+
+    /// The id of `t` in this builder's program (capturing it if it belongs to an
+    /// enclosing builder); `None`, with an error recorded, for a poisoned handle or one
+    /// of an unrelated builder.
+    pub(super) fn resolve(&self, t: &Tensor, location: Location) -> Option<ValueId> {
+        t.id.and_then(|_| resolve(&self.state, t, location))
+    }
+
+    /// A poisoned handle of type `ty` in this builder.
+    pub(super) fn poisoned(&self, ty: TensorType) -> Tensor {
+        poisoned_in(&self.state, ty)
     }
 }
 

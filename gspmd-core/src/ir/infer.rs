@@ -255,6 +255,14 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             Ok(operands[0].clone())
         }
         Op::CollectiveShift { .. } => Ok(operands[0].clone()),
+        Op::Flow { flow, result } => {
+            let results = flow.result_types(operands)?;
+            let count = results.len();
+            results
+                .into_iter()
+                .nth(*result)
+                .ok_or_else(|| format!("result {result} of a {} with {count} results", flow.name()))
+        }
         Op::AxisIndex(_) => Ok(TensorType::new(vec![], DType::I32)),
         Op::AllGather { group, dim } => {
             let t = operands[0];

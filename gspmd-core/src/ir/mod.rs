@@ -4,9 +4,11 @@
 mod along_dim;
 mod append;
 mod builder;
+mod control_flow;
 mod convolution;
 mod dynamic_slicing;
 mod einsum;
+mod flow;
 pub(crate) mod index_arithmetic;
 pub(crate) mod indexing;
 mod infer;
@@ -24,6 +26,7 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
+pub use flow::{Flow, FlowInstance, flow_instances};
 pub(crate) use index_arithmetic::EmitOps;
 pub(crate) use indexing::Indexing;
 pub use indexing::{GatherDims, ScatterDims, ScatterKind};

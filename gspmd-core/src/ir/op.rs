@@ -1,6 +1,9 @@
 //! The primitive op set. High-level ops (matmul, einsum, softmax, ...) are built from
 //! these by the [`crate::ir::Builder`]; passes only ever see primitives.
 
+use std::sync::Arc;
+
+use super::flow::Flow;
 use super::indexing::{GatherDims, ScatterDims, ScatterKind};
 use super::literal::Literal;
 use crate::error::Error;
@@ -571,6 +574,15 @@ pub enum Op {
     /// Identity whose node carries a sharding annotation: pins a value's sharding
     /// mid-program (JAX's `with_sharding_constraint`).
     ShardingConstraint,
+    /// Result number `result` of a control-flow op with regions (`while`, `scan`,
+    /// `cond`; see [`Flow`]). Every result of one instance is its own node with the
+    /// same `flow` and operands; the op runs once for all of them.
+    Flow {
+        /// The op and its regions, shared by the instance's result nodes.
+        flow: Arc<Flow>,
+        /// Which of the op's results this node is.
+        result: usize,
+    },
 }
 
 impl Op {
@@ -638,6 +650,7 @@ impl Op {
                 ScatterKind::Replace => "scatter",
             },
             Op::ShardingConstraint => "sharding_constraint",
+            Op::Flow { flow, .. } => flow.name(),
             Op::AxisIndex(_) => "axis_index",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
@@ -734,6 +747,11 @@ impl Op {
             Op::CollectivePermute { .. } => OpKind::CollectivePermute,
             Op::CollectiveShift { .. } => OpKind::CollectiveShift,
             Op::ShardingConstraint => OpKind::ShardingConstraint,
+            Op::Flow { flow, .. } => match **flow {
+                Flow::While { .. } => OpKind::While,
+                Flow::Scan { .. } => OpKind::Scan,
+                Flow::Cond { .. } => OpKind::Cond,
+            },
         }
     }
 
@@ -770,6 +788,8 @@ impl Op {
             Op::Cumulative { .. } | Op::Argsort { .. } => Arity::Fixed(1),
             Op::Select => Arity::Fixed(3),
             Op::Concatenate(_) => Arity::AtLeast(1),
+            // The flow's signature rule counts its operands.
+            Op::Flow { .. } => Arity::AtLeast(0),
         }
     }
 
@@ -813,6 +833,7 @@ impl Op {
             | Op::Gather(_)
             | Op::Scatter { .. }
             | Op::AxisIndex(_)
+            | Op::Flow { .. }
             | Op::ShardingConstraint => None,
         }
     }
@@ -1014,6 +1035,12 @@ op_kinds! {
     CollectiveShift,
     /// [`Op::ShardingConstraint`].
     ShardingConstraint,
+    /// [`Op::Flow`] with [`Flow::While`].
+    While,
+    /// [`Op::Flow`] with [`Flow::Scan`].
+    Scan,
+    /// [`Op::Flow`] with [`Flow::Cond`].
+    Cond,
 }
 
 impl OpKind {
@@ -1045,6 +1072,7 @@ impl OpKind {
             K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 
@@ -1072,6 +1100,7 @@ impl OpKind {
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 
@@ -1108,6 +1137,7 @@ impl OpKind {
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
+            K::While | K::Scan | K::Cond => false,
         }
     }
 }

@@ -10,22 +10,52 @@
 //! ```
 
 use std::fmt::{self, Write};
+use std::sync::Arc;
 
+use super::flow::Flow;
 use super::literal::Literal;
 use super::op::{CompareOp, ConvConfig, ConvDimensionNumbers, Op, ReduceKind, WindowDim};
 use super::program::{Node, Program};
-use crate::types::join;
+use crate::types::{ValueId, join};
 
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "program {} {{", self.name)?;
-        for v in self.values() {
-            writeln!(f, "  {v} = {}", NodeText(self.node(v)))?;
-        }
-        let outs: Vec<String> = self.outputs.iter().map(ToString::to_string).collect();
-        writeln!(f, "  return {}", outs.join(", "))?;
+        write_body(f, self, 1)?;
         write!(f, "}}")
     }
+}
+
+/// The nodes and the `return` line of `program`, `depth` levels indented. A flow op's
+/// regions follow its first result node, one level deeper; the instance's other result
+/// nodes name that node.
+fn write_body(f: &mut fmt::Formatter<'_>, program: &Program, depth: usize) -> fmt::Result {
+    let indent = "  ".repeat(depth);
+    let mut printed: Vec<(&Arc<Flow>, &[ValueId], ValueId)> = Vec::new();
+    for v in program.values() {
+        let node = program.node(v);
+        write!(f, "{indent}{v} = {}", NodeText(node))?;
+        let Op::Flow { flow, .. } = &node.op else {
+            writeln!(f)?;
+            continue;
+        };
+        let same = |&&(g, operands, _): &&(&Arc<Flow>, &[ValueId], ValueId)| {
+            Arc::ptr_eq(g, flow) && operands == node.operands.as_slice()
+        };
+        if let Some(&(_, _, first)) = printed.iter().find(same) {
+            writeln!(f, "  // regions of {first}")?;
+            continue;
+        }
+        writeln!(f)?;
+        printed.push((flow, &node.operands, v));
+        for (name, region) in flow.region_names().iter().zip(flow.regions()) {
+            writeln!(f, "{indent}  {name} {{")?;
+            write_body(f, region, depth + 2)?;
+            writeln!(f, "{indent}  }}")?;
+        }
+    }
+    let outs: Vec<String> = program.outputs.iter().map(ToString::to_string).collect();
+    writeln!(f, "{indent}return {}", outs.join(", "))
 }
 
 /// One node's text after `%N = `.
@@ -184,6 +214,19 @@ fn attributes(op: &Op) -> String {
             let mirror = if *mirror { ", mirror=true" } else { "" };
             format!(", axes={group}, offset={offset}, wrap={wrap}{mirror}")
         }
+        Op::Flow { flow, result } => match **flow {
+            Flow::Scan {
+                carried,
+                stacked,
+                length,
+                reverse,
+                ..
+            } => format!(
+                ", result={result}, carried={carried}, stacked={stacked}, length={length}, \
+                 reverse={reverse}"
+            ),
+            Flow::While { .. } | Flow::Cond { .. } => format!(", result={result}"),
+        },
         Op::Parameter { .. }
         | Op::Unary(_)
         | Op::Binary(_)

@@ -120,6 +120,26 @@ impl Program {
         }))
     }
 
+    /// Routes output `j` through a new `sharding_constraint` to `sharding` (its
+    /// annotation; also its complete sharding when `complete`, for a program already
+    /// propagated), located at the output's node; returns the new output.
+    pub fn constrain_output(&mut self, j: usize, sharding: Sharding, complete: bool) -> ValueId {
+        let o = self.outputs[j];
+        let source = self.node(o);
+        let constraint = Node {
+            op: Op::ShardingConstraint,
+            operands: vec![o],
+            ty: source.ty.clone(),
+            sharding: complete.then(|| sharding.clone()),
+            annotation: Some(sharding),
+            origin: None,
+            name: None,
+            location: source.location,
+        };
+        self.outputs[j] = self.push(constraint);
+        self.outputs[j]
+    }
+
     /// For each value, the values that use it as an operand (in program order).
     pub fn users(&self) -> Vec<Vec<ValueId>> {
         let mut users = vec![Vec::new(); self.nodes.len()];

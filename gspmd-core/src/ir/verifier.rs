@@ -3,6 +3,9 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
+use std::sync::Arc;
+
+use super::flow::Flow;
 use super::infer::infer_type;
 use super::op::Op;
 use super::program::Program;
@@ -16,11 +19,15 @@ use crate::types::TensorType;
 /// - no two parameters have the same name ([`Error::DuplicateName`]);
 /// - annotations have the value's rank and use no axis twice;
 ///   `sharding_constraint` nodes carry an annotation;
-/// - outputs are defined values.
+/// - outputs are defined values;
+/// - the regions of control-flow ops are well formed (recursively); their signatures
+///   fit the operands (the op's shape rule checks that).
 ///
 /// Returns all violations together ([`Error::Many`] when several).
 pub fn verify(program: &Program) -> Result<()> {
     let mut errors = Vec::new();
+    let mut regions_checked: Vec<*const Flow> = Vec::new();
+    let mut region_errors = Vec::new();
     let mut sharding_errors = Vec::new();
     let n = program.nodes.len();
     for v in program.values() {
@@ -45,6 +52,18 @@ pub fn verify(program: &Program) -> Result<()> {
                 node.ty
             )),
             Err(message) => fail(format!("{}: {message}", node.op.name())),
+        }
+        if let Op::Flow { flow, .. } = &node.op
+            && !regions_checked.contains(&Arc::as_ptr(flow))
+        {
+            regions_checked.push(Arc::as_ptr(flow));
+            for region in flow.regions() {
+                match verify(region) {
+                    Ok(()) => {}
+                    Err(Error::Many(list)) => region_errors.extend(list),
+                    Err(e) => region_errors.push(e),
+                }
+            }
         }
         if let Op::Parameter { index, .. } = node.op
             && program.params.get(index) != Some(&v)
@@ -130,6 +149,7 @@ pub fn verify(program: &Program) -> Result<()> {
             });
         }
     }
+    errors.append(&mut region_errors);
     errors.append(&mut sharding_errors);
     Error::from_list(errors)
 }

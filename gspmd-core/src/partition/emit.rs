@@ -1,8 +1,11 @@
 //! [`Emitter`]: appends typed nodes to the per-device program being built, and the
 //! small SPMD idioms every handler needs (axis index, shard offsets, scalar constants).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
-use crate::ir::{AxisGroup, DType, Literal, Location, Op, Program, TensorType, ValueId};
+use crate::ir::{AxisGroup, DType, Flow, Literal, Location, Op, Program, TensorType, ValueId};
 use crate::sharding::Mesh;
 
 /// Builds the per-device program. Every node gets the location of the global node being
@@ -14,6 +17,10 @@ pub(crate) struct Emitter<'m> {
     pub current: (ValueId, &'static str, Location),
     /// Notes on costly choices (whole-dim gathers), each naming the value and location.
     pub warnings: Vec<String>,
+    /// The per-device form of each flow op's regions partitioned so far, keyed by the
+    /// global program's regions (alive while partitioning): an instance's result nodes
+    /// share one.
+    pub flows: HashMap<*const Flow, Arc<Flow>>,
 }
 
 impl<'m> Emitter<'m> {
@@ -23,6 +30,7 @@ impl<'m> Emitter<'m> {
             mesh,
             current: (ValueId(0), "", Location::synthetic()),
             warnings: Vec::new(),
+            flows: HashMap::new(),
         }
     }
 

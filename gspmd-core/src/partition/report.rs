@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Arc;
 
 use super::SpmdProgram;
-use crate::ir::{Node, Op, Program};
+use crate::ir::{Flow, Node, Op, Program};
 
 /// Bytes one device receives in collective `node` of `program` (ring algorithms for
 /// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
@@ -50,15 +51,33 @@ pub struct CollectiveStats {
 }
 
 impl CollectiveStats {
-    /// Counts the collectives of `program`.
+    /// Counts the collectives of `program`, with those inside the regions of its
+    /// control-flow ops counted once per region: once per iteration of a loop (whose
+    /// trip count may be a run-time value).
     pub fn of(program: &Program) -> Self {
-        let mut by_kind = BTreeMap::new();
-        for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
-            let e: &mut (usize, usize) = by_kind.entry(node.op.name()).or_default();
-            e.0 += 1;
-            e.1 += bytes_received(program, node);
+        let mut stats = CollectiveStats::default();
+        stats.add(program, &mut Vec::new());
+        stats
+    }
+
+    /// Adds the collectives of `program` and of the regions not in `seen` (an
+    /// instance's result nodes share their regions).
+    fn add(&mut self, program: &Program, seen: &mut Vec<*const Flow>) {
+        for node in &program.nodes {
+            if let Op::Flow { flow, .. } = &node.op
+                && !seen.contains(&Arc::as_ptr(flow))
+            {
+                seen.push(Arc::as_ptr(flow));
+                for region in flow.regions() {
+                    self.add(region, seen);
+                }
+            }
+            if node.op.is_collective() {
+                let e: &mut (usize, usize) = self.by_kind.entry(node.op.name()).or_default();
+                e.0 += 1;
+                e.1 += bytes_received(program, node);
+            }
         }
-        CollectiveStats { by_kind }
     }
 
     /// Number of collectives of kind `name`.
@@ -105,31 +124,52 @@ impl SpmdProgram {
     }
 
     /// The per-device program, then one line per collective (axes, bytes per device,
-    /// the user's source line), the totals and the partitioner's warnings.
+    /// the user's source line; a collective in a region named by the flow op and the
+    /// region: once per iteration), the totals and the partitioner's warnings.
     pub fn report(&self) -> String {
         let mut out = format!(
             "// partitioned for {}\n{}\n\ncollectives:\n",
             self.mesh, self.program
         );
-        for v in self.program.values() {
-            let node = self.program.node(v);
-            if node.op.is_collective() {
-                let _ = writeln!(
-                    out,
-                    "  {v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
-                    node.op.name(),
-                    node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
-                    self.program.ty(node.operands[0]),
-                    node.ty,
-                    bytes_received(&self.program, node),
-                    node.location
-                );
-            }
-        }
+        collective_lines(&mut out, &self.program, "", &mut Vec::new());
         let _ = write!(out, "{}", self.collectives());
         for w in &self.warnings {
             let _ = write!(out, "\nwarning: {w}");
         }
         out
+    }
+}
+
+/// Appends one line per collective of `program` and of its regions (each once; a
+/// region's lines start with `within`, the path of flow ops and regions to it).
+fn collective_lines(
+    out: &mut String,
+    program: &Program,
+    within: &str,
+    seen: &mut Vec<*const Flow>,
+) {
+    for v in program.values() {
+        let node = program.node(v);
+        if let Op::Flow { flow, .. } = &node.op
+            && !seen.contains(&Arc::as_ptr(flow))
+        {
+            seen.push(Arc::as_ptr(flow));
+            for (name, region) in flow.region_names().iter().zip(flow.regions()) {
+                let path = format!("{within}{v} {} {name}: ", flow.name());
+                collective_lines(out, region, &path, seen);
+            }
+        }
+        if node.op.is_collective() {
+            let _ = writeln!(
+                out,
+                "  {within}{v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
+                node.op.name(),
+                node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
+                program.ty(node.operands[0]),
+                node.ty,
+                bytes_received(program, node),
+                node.location
+            );
+        }
     }
 }

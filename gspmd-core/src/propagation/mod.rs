@@ -6,12 +6,14 @@
 //! - `factor_sharding`: a dim's axes projected onto its factors, and refined through one;
 //! - `factor_propagation`: one step at one op;
 //! - `propagate`: the driver ([`propagate`]), with priorities and fixed-point sweeps;
+//! - `regions`: the regions of control-flow ops, propagated with a fixed boundary;
 //! - `explain`: [`explain`], where a value's sharding came from.
 
 mod explain;
 mod factor_propagation;
 mod factor_sharding;
 mod propagate;
+mod regions;
 mod registry;
 mod rule;
 mod state;

@@ -15,6 +15,8 @@
 //! `values × mesh axes` changes: propagation terminates, and its cost depends on the
 //! number of mesh axes, never on the number of devices.
 
+use std::borrow::Cow;
+
 use super::factor_propagation::{Step, Strategy, propagate_op};
 use super::registry::{OP_PRIORITY_LEVELS, direction_at, sharding_rule};
 use super::rule::OpShardingRule;
@@ -33,10 +35,42 @@ use crate::sharding::Mesh;
 ///   minor axes.
 /// - `origin`: per dim, the annotated value whose annotation supplied the dim's axes.
 ///
+/// Control flow (see `regions`): a loop's carried values take the shardings their
+/// initial values and the loop body give them (a fixed point across the region
+/// boundary); then each region is propagated with that boundary fixed.
+///
 /// Unannotated values start open and unsplit. When tensors disagree on a factor, the
 /// largest one keeps its axes and the others are left to be resharded by the
 /// partitioner.
 pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
+    // Shardings regions give the flow results go back to them as open annotations
+    // (`regions::result_hints`) until there are none; each round only
+    // appends axes to some result, so there are at most `values x mesh axes` rounds.
+    let mut hinted = Cow::Borrowed(program);
+    let mut out = propagate_flat(&hinted, mesh)?;
+    for _ in 0..program.nodes.len() * mesh.axes().len() {
+        let mut hints = super::regions::result_hints(&out, mesh)?;
+        // A flow result the user annotated keeps the user's sharding.
+        hints.retain(|(v, _)| program.node(*v).annotation.is_none());
+        if hints.is_empty() {
+            break;
+        }
+        let h = hinted.to_mut();
+        for (v, s) in hints {
+            h.node_mut(v).annotation = Some(s);
+        }
+        out = propagate_flat(&hinted, mesh)?;
+    }
+    super::regions::propagate_regions(&mut out, program, mesh)?;
+    // The hints were this function's own annotations, not the user's.
+    for (node, original) in out.nodes.iter_mut().zip(&program.nodes) {
+        node.annotation.clone_from(&original.annotation);
+    }
+    Ok(out)
+}
+
+/// [`propagate`] of the enclosing program alone (regions untouched).
+fn propagate_flat(program: &Program, mesh: &Mesh) -> Result<Program> {
     validate_annotations(program, mesh)?;
     verify(program)?;
     reject_per_device_ops(program)?;

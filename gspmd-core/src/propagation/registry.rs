@@ -3,7 +3,7 @@
 
 use super::factor_propagation::Direction;
 use super::rule::{FactorKind, OpShardingRule, TensorFactors};
-use crate::ir::{ConvConfig, Indexing, Op, Program, ScatterKind, ValueId};
+use crate::ir::{ConvConfig, Flow, Indexing, Op, Program, ScatterKind, ValueId};
 
 /// The sharding rule of the op defining `value`.
 ///
@@ -33,6 +33,36 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             let shared = own_factors(&mut rule, result_shape);
             rule.operands = vec![shared.clone(); node.operands.len()];
             rule.result = shared;
+        }
+        Op::Flow { flow, result } => {
+            // A carried value's result shares its factors with its initial value (the
+            // regions are propagated afterwards with this boundary fixed:
+            // `super::regions`); a stacked dim is not split (phase 1: a scan slices
+            // every stacked operand whole along it).
+            let carried = match **flow {
+                Flow::While { .. } => usize::MAX,
+                Flow::Scan { carried, .. } => carried,
+                Flow::Cond { .. } => 0,
+            };
+            let stacked = match **flow {
+                Flow::Scan {
+                    carried, stacked, ..
+                } => carried..carried + stacked,
+                Flow::While { .. } | Flow::Cond { .. } => 0..0,
+            };
+            rule.result = own_factors(&mut rule, result_shape);
+            let stacked_result = matches!(**flow, Flow::Scan { .. }) && *result >= carried;
+            stacked_dim_replicated(&mut rule.result, &mut rule.factors, stacked_result);
+            rule.operands = (0..node.operands.len())
+                .map(|i| {
+                    if i == *result && i < carried {
+                        return rule.result.clone();
+                    }
+                    let mut factors = own_factors(&mut rule, operand_shape(i));
+                    stacked_dim_replicated(&mut factors, &mut rule.factors, stacked.contains(&i));
+                    factors
+                })
+                .collect();
         }
         Op::Broadcast { dims, .. } => {
             rule.result = own_factors(&mut rule, result_shape);
@@ -349,6 +379,19 @@ fn own_factors(rule: &mut OpShardingRule, shape: &[usize]) -> TensorFactors {
         dims: (shape.iter())
             .map(|&size| vec![rule.add_factor(size, FactorKind::PassThrough)])
             .collect(),
+    }
+}
+
+/// Marks the leading dim's factor of `tensor` as needing replication when `stacked`
+/// (a scan's stacked dim).
+fn stacked_dim_replicated(
+    tensor: &mut TensorFactors,
+    factors: &mut [super::rule::Factor],
+    stacked: bool,
+) {
+    let leading = tensor.dims.first().and_then(|d| d.first());
+    if let (true, Some(&f)) = (stacked, leading) {
+        factors[f].kind = FactorKind::NeedReplication;
     }
 }
 

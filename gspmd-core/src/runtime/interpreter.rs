@@ -2,10 +2,14 @@
 //! local [`kernels`](super::kernels). Its results are the oracle for every test.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
+use crate::ir::{FlowInstance, Literal, Node, Op, Program, TensorType, ValueId, flow_instances};
 
+use super::flow::run_flow;
 use super::kernels;
 use super::memory::available_memory;
 
@@ -47,13 +51,39 @@ pub fn interpret_with_memory_limit(
 /// against `memory_limit`; over it is an [`Error::OutOfMemory`] for that node, so no
 /// allocation beyond the limit is attempted. Scratch space inside a kernel is not
 /// counted.
+///
+/// Control flow ([`Op::Flow`]) runs its regions through this same loop with the same
+/// `eval` (so collectives inside a loop body run once per iteration), each region run
+/// limited to the bytes left by the live values. The op runs once per instance (its
+/// regions and operands): the first of its result nodes computes all results, the
+/// others take theirs; results waiting for their node are not counted as live, and
+/// the instance is dropped once every result was taken.
 pub(crate) fn execute(
     program: &Program,
     inputs: &[Literal],
     memory_limit: usize,
     mut eval: impl FnMut(&Node, &[&Literal]) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
+    execute_dyn(program, inputs, memory_limit, &mut eval)
+}
+
+/// The results of flow instances computed for one result node and waiting for the
+/// others, each with how many of the instance's result nodes still read it.
+type Pending = HashMap<FlowInstance, Vec<(Option<Literal>, usize)>>;
+
+/// Computes one node from its operands (an `Err` message on failure).
+type Eval<'a> = dyn FnMut(&Node, &[&Literal]) -> Result<Literal, String> + 'a;
+
+/// [`execute`] with the evaluator as a trait object, so that regions recurse.
+fn execute_dyn(
+    program: &Program,
+    inputs: &[Literal],
+    memory_limit: usize,
+    eval: &mut Eval<'_>,
+) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
+    let instances = flow_instances(program);
+    let mut pending: Pending = HashMap::new();
     let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
     let mut live: usize = 0;
@@ -93,7 +123,39 @@ pub(crate) fn execute(
                         _ => Err(fail(format!("operand {o} is not available"))),
                     })
                     .collect::<Result<Vec<&Literal>>>()?;
-                Cow::Owned(eval(node, &operands).map_err(fail)?)
+                match &node.op {
+                    Op::Flow { flow, result } => {
+                        let key = (Arc::as_ptr(flow), node.operands.clone());
+                        let results = match pending.entry(key.clone()) {
+                            Entry::Occupied(slot) => slot.into_mut(),
+                            Entry::Vacant(slot) => {
+                                let left = memory_limit - live;
+                                let mut run = |region: &Program, args: &[Literal], limit| {
+                                    execute_dyn(region, args, limit, eval)
+                                };
+                                let all = run_flow(flow, &operands, left, &mut run, &fail)?;
+                                let nodes = instances.get(&key).map_or(&[][..], Vec::as_slice);
+                                let reads_of = |j| nodes.get(j).map_or(0, Vec::len);
+                                let all = all.into_iter().enumerate();
+                                // A result no node reads is dropped now.
+                                slot.insert(
+                                    all.map(|(j, r)| ((reads_of(j) > 0).then_some(r), reads_of(j)))
+                                        .collect(),
+                                )
+                            }
+                        };
+                        // The last node reading a result takes it; earlier ones copy it.
+                        let value = results.get_mut(*result).and_then(|(r, left)| {
+                            *left = left.saturating_sub(1);
+                            if *left == 0 { r.take() } else { r.clone() }
+                        });
+                        if results.iter().all(|(r, _)| r.is_none()) {
+                            pending.remove(&key);
+                        }
+                        Cow::Owned(value.ok_or_else(|| fail(format!("no result {result}")))?)
+                    }
+                    _ => Cow::Owned(eval(node, &operands).map_err(fail)?),
+                }
             }
         };
         values[i] = Some(value);

@@ -125,6 +125,12 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending),
         Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
         Op::ShardingConstraint => operands[0].clone(),
+        Op::Flow { flow, .. } => {
+            return Err(format!(
+                "{} has regions: the evaluation loop runs it, not a kernel",
+                flow.name()
+            ));
+        }
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }

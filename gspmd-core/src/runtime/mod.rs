@@ -9,6 +9,7 @@
 mod blocks;
 mod communicator;
 mod device;
+mod flow;
 mod interpreter;
 // Public only for the random pipeline test's error bounds; not part of the API.
 #[doc(hidden)]

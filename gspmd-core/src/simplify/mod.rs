@@ -12,8 +12,13 @@ mod dce;
 
 pub(crate) use dce::eliminate_dead_code;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
 use crate::error::Result;
-use crate::ir::{Origin, Program, ValueId, verify};
+use crate::ir::{Flow, Op, Origin, Program, ValueId, verify};
 
 /// Where in the pipeline a program is simplified: whether its shardings are decided,
 /// which decides what common-subexpression elimination may merge.
@@ -41,7 +46,40 @@ pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
 /// [`simplify`] of a program known to pass [`verify`] (`compile` verifies once, and the
 /// partitioner's output is well formed by construction).
 pub(crate) fn simplify_verified(program: &Program, stage: Stage) -> Program {
-    dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(program, stage))
+    let program = simplify_regions(program, stage);
+    dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(&program, stage))
+}
+
+/// `program` with the regions of its control-flow ops simplified (recursively; a
+/// region keeps its parameters and outputs, so its signature is unchanged). The result
+/// nodes of one instance keep sharing one `Arc<Flow>`. To CSE and DCE a flow op is one
+/// pure function of its operands per result: equal instances merge, and the op stays
+/// while one of its results is used.
+fn simplify_regions(program: &Program, stage: Stage) -> Cow<'_, Program> {
+    if !program
+        .nodes
+        .iter()
+        .any(|n| matches!(n.op, Op::Flow { .. }))
+    {
+        return Cow::Borrowed(program);
+    }
+    let mut out = program.clone();
+    // Keyed by `program`'s regions, which outlive the loop, so no address is reused.
+    let mut done: HashMap<*const Flow, Arc<Flow>> = HashMap::new();
+    for (node, original) in out.nodes.iter_mut().zip(&program.nodes) {
+        if let Op::Flow { flow, result } = &original.op {
+            let simplified = done.entry(Arc::as_ptr(flow)).or_insert_with(|| {
+                let simplify = |r: &Program| Ok::<_, Infallible>(simplify_verified(r, stage));
+                let Ok(f) = flow.try_map_regions(simplify);
+                Arc::new(f)
+            });
+            node.op = Op::Flow {
+                flow: simplified.clone(),
+                result: *result,
+            };
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// What becomes of one node when a program is rebuilt.

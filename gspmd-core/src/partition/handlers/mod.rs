@@ -8,6 +8,7 @@ mod convolution;
 mod data_movement;
 mod dynamic_slicing;
 mod elementwise;
+mod flow;
 mod indexing;
 mod reduce;
 mod scan;
@@ -67,6 +68,7 @@ pub(crate) fn partition_node(
             let xs = [&operands[0], &operands[1], &operands[2]];
             indexing::scatter(em, dims, *kind, xs, target)
         }
+        Op::Flow { flow, result } => flow::flow(em, node, flow, *result, operands),
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }

@@ -1,0 +1,166 @@
+//! Control flow (`while`, `scan`, `cond`): each region is partitioned once into a
+//! per-device region, so its collectives run once per iteration at run time and the
+//! per-device program does not grow with the trip count.
+//!
+//! Propagation fixed each region's boundary (`propagation::regions`): parameters
+//! sharded like their operands, carried outputs constrained to the same sharding. The
+//! handler reshards the operands to that boundary (a scan's stacked operand with its
+//! leading dim whole; the predicate replicated), so the carried state keeps its
+//! sharding across iterations with no reshard at the back edge. Every device runs the
+//! same number of iterations and takes the same branch: the condition and predicate
+//! are replicated scalars, computed from replicated values or by collectives whose
+//! result is the same on every device.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::ir::{Flow, Node, Op, Program};
+use crate::partition::emit::Emitter;
+use crate::partition::reshard::reshard;
+use crate::partition::value::PValue;
+use crate::sharding::{DimSharding, Sharding};
+
+/// Partitions result `result` of the flow op `node`; the driver reshards the result
+/// to the value's target.
+pub(super) fn flow(
+    em: &mut Emitter,
+    node: &Node,
+    flow: &Arc<Flow>,
+    result: usize,
+    operands: &[PValue],
+) -> Result<PValue> {
+    // The regions with one boundary; their parameters and outputs say how the
+    // operands and results are sharded.
+    let pinned = with_boundary(flow);
+    let boundary = boundary(&pinned);
+    let mut locals = Vec::with_capacity(operands.len());
+    for (x, s) in operands.iter().zip(&boundary) {
+        locals.push(reshard(em, x, s)?.id);
+    }
+    let local_flow = match em.flows.get(&Arc::as_ptr(flow)) {
+        Some(f) => f.clone(),
+        None => {
+            let mut warnings = Vec::new();
+            let local = pinned.try_map_regions(|region| {
+                let spmd = crate::partition::partition(region, em.mesh)?;
+                warnings.extend(spmd.warnings);
+                Ok::<_, crate::error::Error>(spmd.program)
+            })?;
+            em.warnings.extend(warnings);
+            let local = Arc::new(local);
+            em.flows.insert(Arc::as_ptr(flow), local.clone());
+            local
+        }
+    };
+    let id = em.emit(
+        Op::Flow {
+            flow: local_flow,
+            result,
+        },
+        &locals,
+    )?;
+    Ok(PValue {
+        id,
+        global: node.ty.clone(),
+        sharding: result_sharding(&pinned, result),
+    })
+}
+
+/// `flow` with one boundary for all its regions: the secondary region's parameters
+/// (a `while`'s condition, a `cond`'s `on_false`) sharded like the first's, and
+/// outputs resharded where the boundary needs it: a body's carried outputs to their
+/// parameters' shardings (so the back edge needs nothing), a condition to a replicated
+/// scalar, `on_false`'s outputs to `on_true`'s. Propagation leaves regions so already;
+/// a program sharded otherwise (by hand, or at random in tests) gets the
+/// `sharding_constraint`s here.
+fn with_boundary(flow: &Flow) -> Flow {
+    let pin = |region: &Program, params: Option<&Program>, outputs: &[Sharding]| {
+        let mut r = region.clone();
+        if let Some(first) = params {
+            for (&p, &q) in r.params.clone().iter().zip(&first.params) {
+                r.node_mut(p).sharding = Some(sharding_of(first, q));
+            }
+        }
+        for (j, s) in outputs.iter().enumerate() {
+            if sharding_of(&r, r.outputs[j]) != *s {
+                r.constrain_output(j, s.clone(), true);
+            }
+        }
+        r
+    };
+    let params_of = |r: &Program, n: usize| -> Vec<Sharding> {
+        r.params[..n].iter().map(|&p| sharding_of(r, p)).collect()
+    };
+    match flow {
+        Flow::While { cond, body } => Flow::While {
+            cond: pin(cond, Some(body), &[Sharding::replicated(0)]),
+            body: pin(body, None, &params_of(body, body.outputs.len())),
+        },
+        Flow::Scan { carried, .. } => {
+            let pin_body =
+                |body: &Program| Ok::<_, Infallible>(pin(body, None, &params_of(body, *carried)));
+            let Ok(pinned) = flow.try_map_regions(pin_body);
+            pinned
+        }
+        Flow::Cond { on_true, on_false } => {
+            let outputs: Vec<Sharding> = (on_true.outputs.iter())
+                .map(|&o| sharding_of(on_true, o))
+                .collect();
+            Flow::Cond {
+                on_true: on_true.clone(),
+                on_false: pin(on_false, Some(on_true), &outputs),
+            }
+        }
+    }
+}
+
+/// The sharding of a region parameter or output (set by propagation).
+fn sharding_of(region: &Program, v: crate::ir::ValueId) -> Sharding {
+    let node = region.node(v);
+    (node.sharding.clone()).unwrap_or_else(|| Sharding::replicated(node.ty.rank()))
+}
+
+/// `s` with a whole leading dim added: a stacked operand or result.
+fn stacked(s: Sharding) -> Sharding {
+    let mut dims = vec![DimSharding::closed(Vec::<String>::new())];
+    dims.extend(s.dims);
+    Sharding { dims, ..s }
+}
+
+/// The sharding each operand of `flow` must have: its region parameter's.
+fn boundary(flow: &Flow) -> Vec<Sharding> {
+    match flow {
+        Flow::While { body, .. } => body.params.iter().map(|&p| sharding_of(body, p)).collect(),
+        Flow::Scan {
+            body,
+            carried,
+            stacked: k,
+            ..
+        } => (body.params.iter().enumerate())
+            .map(|(i, &p)| {
+                let s = sharding_of(body, p);
+                if (*carried..carried + k).contains(&i) {
+                    stacked(s)
+                } else {
+                    s
+                }
+            })
+            .collect(),
+        Flow::Cond { on_true, .. } => std::iter::once(Sharding::replicated(0))
+            .chain(on_true.params.iter().map(|&p| sharding_of(on_true, p)))
+            .collect(),
+    }
+}
+
+/// The sharding of result `result` as the per-device op leaves it.
+fn result_sharding(flow: &Flow, result: usize) -> Sharding {
+    match flow {
+        Flow::While { body, .. } => sharding_of(body, body.outputs[result]),
+        Flow::Scan { body, carried, .. } => {
+            let s = sharding_of(body, body.outputs[result]);
+            if result < *carried { s } else { stacked(s) }
+        }
+        Flow::Cond { on_true, .. } => sharding_of(on_true, on_true.outputs[result]),
+    }
+}

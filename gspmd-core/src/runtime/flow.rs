@@ -1,0 +1,145 @@
+//! Running control flow ([`Flow`]): the regions of `while`, `scan` and `cond` run
+//! through the same evaluation loop as the program holding them, so a region of a
+//! per-device program calls the communicator like any other node (every device takes
+//! the same trip count and branch: see ARCHITECTURE.md, "Regions").
+
+use ndarray::{ArrayD, Axis, IxDyn};
+
+use crate::error::{Error, Result};
+use crate::ir::{DType, Flow, Literal, Program, TensorType};
+
+/// Runs one region on `inputs`, its live values limited to the given bytes: the
+/// caller's evaluation loop, recursively.
+pub(super) type RunRegion<'a> = dyn FnMut(&Program, &[Literal], usize) -> Result<Vec<Literal>> + 'a;
+
+/// All results of `flow` on `operands` (see [`Flow`] for each op's semantics), with
+/// `memory_limit` bytes for each region run. A region's error is returned as it is;
+/// a fault of the op itself (a predicate that is not a bool scalar, which the verifier
+/// rules out) is `fail(message)`.
+pub(super) fn run_flow(
+    flow: &Flow,
+    operands: &[&Literal],
+    memory_limit: usize,
+    run: &mut RunRegion<'_>,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<Vec<Literal>> {
+    let owned = |xs: &[&Literal]| -> Vec<Literal> { xs.iter().map(|&x| x.clone()).collect() };
+    Ok(match flow {
+        Flow::While { cond, body } => {
+            let n = body.outputs.len();
+            let mut inputs = owned(operands);
+            loop {
+                let p = run(cond, &inputs, memory_limit)?;
+                if !truth(&p[0]).map_err(fail)? {
+                    break;
+                }
+                let next = run(body, &inputs, memory_limit)?;
+                for (slot, value) in inputs.iter_mut().zip(next) {
+                    *slot = value;
+                }
+            }
+            inputs.truncate(n);
+            inputs
+        }
+        Flow::Scan {
+            body,
+            carried,
+            stacked,
+            length,
+            reverse,
+        } => {
+            let (n, k) = (*carried, *stacked);
+            let mut inputs = owned(operands);
+            let xs: Vec<Literal> = inputs.drain(n..n + k).collect();
+            let mut ys: Vec<Vec<Literal>> = Vec::new();
+            for step in 0..*length {
+                let i = if *reverse { length - 1 - step } else { step };
+                let mut args = inputs[..n].to_vec();
+                args.extend(xs.iter().map(|x| index_leading(x, i)));
+                args.extend_from_slice(&inputs[n..]);
+                let mut outs = run(body, &args, memory_limit)?;
+                ys.push(outs.split_off(n));
+                for (slot, value) in inputs.iter_mut().zip(outs) {
+                    *slot = value;
+                }
+            }
+            if *reverse {
+                ys.reverse();
+            }
+            inputs.truncate(n);
+            let y_types = body.outputs[n..].iter().map(|&o| body.ty(o));
+            for (j, ty) in y_types.enumerate() {
+                let column: Vec<&Literal> = ys.iter().map(|y| &y[j]).collect();
+                inputs.push(stack(&column, ty).map_err(fail)?);
+            }
+            inputs
+        }
+        Flow::Cond { on_true, on_false } => {
+            let branch = if truth(operands[0]).map_err(fail)? {
+                on_true
+            } else {
+                on_false
+            };
+            run(branch, &owned(&operands[1..]), memory_limit)?
+        }
+    })
+}
+
+/// The value of a bool scalar.
+fn truth(p: &Literal) -> std::result::Result<bool, String> {
+    match p.as_bool().and_then(|a| a.iter().next().copied()) {
+        Some(b) if p.shape().is_empty() => Ok(b),
+        _ => Err(format!("a predicate must be pred[], got {}", p.dtype())),
+    }
+}
+
+/// `x[i]`: the leading dim removed.
+fn index_leading(x: &Literal, i: usize) -> Literal {
+    match x {
+        Literal::F32(a) => Literal::F32(a.index_axis(Axis(0), i).to_owned()),
+        Literal::I32(a) => Literal::I32(a.index_axis(Axis(0), i).to_owned()),
+        Literal::Bool(a) => Literal::Bool(a.index_axis(Axis(0), i).to_owned()),
+    }
+}
+
+/// `parts` (each of type `ty`) stacked along a new leading dim; a part of another type
+/// is an `Err`.
+fn stack(parts: &[&Literal], ty: &TensorType) -> std::result::Result<Literal, String> {
+    if let Some(p) = parts
+        .iter()
+        .find(|p| p.dtype() != ty.dtype || p.shape() != ty.shape)
+    {
+        return Err(format!(
+            "a scan output is {:?} where {ty} was declared",
+            p.shape()
+        ));
+    }
+    let mut shape = vec![parts.len()];
+    shape.extend_from_slice(&ty.shape);
+    fn gather<T: Clone>(
+        shape: &[usize],
+        parts: impl Iterator<Item = T>,
+    ) -> std::result::Result<ArrayD<T>, String> {
+        ArrayD::from_shape_vec(IxDyn(shape), parts.collect()).map_err(|e| e.to_string())
+    }
+    Ok(match ty.dtype {
+        DType::F32 => Literal::F32(gather(
+            &shape,
+            parts
+                .iter()
+                .flat_map(|p| p.as_f32().into_iter().flatten().copied()),
+        )?),
+        DType::I32 => Literal::I32(gather(
+            &shape,
+            parts
+                .iter()
+                .flat_map(|p| p.as_i32().into_iter().flatten().copied()),
+        )?),
+        DType::Bool => Literal::Bool(gather(
+            &shape,
+            parts
+                .iter()
+                .flat_map(|p| p.as_bool().into_iter().flatten().copied()),
+        )?),
+    })
+}

@@ -1,0 +1,287 @@
+//! Control flow with regions (`while`, `scan`, `fori_loop`, `cond`) through the whole
+//! pipeline: printing, simplification, propagation across the region boundary, and
+//! partitioned runs on thread meshes against the reference interpreter.
+//!
+//! Tolerance: |got - want| <= 1e-4 * max(1, max |want|) (f32 sums in another order).
+
+use gspmd_core::compile;
+use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, Tensor};
+use gspmd_core::runtime::{ThreadMesh, interpret};
+use gspmd_core::sharding::{Mesh, Sharding};
+use ndarray::{ArrayD, IxDyn};
+
+fn s(text: &str) -> Sharding {
+    text.parse().unwrap()
+}
+
+fn f32_input(shape: &[usize], seed: usize) -> Literal {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| (((i * 7 + seed * 13) % 29) as f32 / 9.0 - 1.5) * 0.5)
+        .collect();
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
+}
+
+/// Deterministic inputs: f32 by [`f32_input`], i32 scalars `int`.
+fn inputs(program: &Program, int: i32) -> Vec<Literal> {
+    (program.params.iter().enumerate())
+        .map(|(i, &p)| match program.ty(p).dtype {
+            DType::I32 => Literal::full(&program.ty(p).shape, DType::I32, f64::from(int)),
+            _ => f32_input(&program.ty(p).shape, i),
+        })
+        .collect()
+}
+
+fn build(name: &str, f: impl FnOnce(&Builder) -> Vec<Tensor>) -> Program {
+    let b = Builder::new(name);
+    let outs = f(&b);
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    b.finish(&refs).unwrap()
+}
+
+fn meshes() -> Vec<Mesh> {
+    vec![
+        Mesh::new([("data", 1), ("model", 2)]).unwrap(),
+        Mesh::new([("data", 4), ("model", 1)]).unwrap(),
+        Mesh::new([("data", 2), ("model", 2)]).unwrap(),
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::with_device_order([("data", 4), ("model", 2)], vec![5, 2, 7, 0, 3, 6, 1, 4]).unwrap(),
+    ]
+}
+
+/// Every output of `program` compiled for each mesh and run on threads is within the
+/// tolerance of the interpreter's.
+fn check_on_meshes(program: &Program, inputs: &[Literal]) {
+    let want = interpret(program, inputs).unwrap();
+    for mesh in meshes() {
+        let exe =
+            compile(program, &mesh).unwrap_or_else(|e| panic!("{} on {mesh}: {e}", program.name));
+        let threads = ThreadMesh::new(mesh.clone()).unwrap();
+        let got = (exe.run(&threads, inputs))
+            .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", program.name));
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            match (w.as_f32(), g.as_f32()) {
+                (Some(a), Some(b)) => {
+                    let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+                    let d = a
+                        .iter()
+                        .zip(b.iter())
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f32::max);
+                    assert!(
+                        d <= 1e-4 * scale,
+                        "{} on {mesh}, output {k}: {d}\n{}",
+                        program.name,
+                        exe.report()
+                    );
+                }
+                _ => assert_eq!(w, g, "{} on {mesh}, output {k}", program.name),
+            }
+        }
+    }
+}
+
+/// `x <- tanh(x @ w[l])` for each layer `l` of the stacked weights, as one scan; the
+/// weights' output features split over `model`, the activations over `data`.
+fn scanned_mlp(b: &Builder, layers: usize, batch: usize, d: usize) -> Tensor {
+    let x = b
+        .parameter("x", [batch, d], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = b
+        .parameter("w", [layers, d, d], DType::F32)
+        .annotate(s("(_, _, model)"));
+    let (carry, _) = b.scan(&[w], &[x], |c, w| (vec![c[0].matmul(&w[0]).tanh()], vec![]));
+    carry[0].clone()
+}
+
+/// The same layers unrolled by a Rust `for` loop over slices of the stacked weights.
+fn unrolled_mlp(b: &Builder, layers: usize, batch: usize, d: usize) -> Tensor {
+    let mut x = b
+        .parameter("x", [batch, d], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = b
+        .parameter("w", [layers, d, d], DType::F32)
+        .annotate(s("(_, _, model)"));
+    for l in 0..layers {
+        let wl = w.slice_axis(0, l, l + 1).reshape([d, d]);
+        x = x.matmul(&wl).tanh();
+    }
+    x
+}
+
+/// A scan over stacked layer weights `[L, D, D]` computes what the unrolled model
+/// does, on one device and on every mesh.
+#[test]
+fn scan_over_stacked_layers_equals_the_unrolled_model() {
+    let scanned = build("scan_mlp", |b| vec![scanned_mlp(b, 3, 8, 16)]);
+    let unrolled = build("unrolled_mlp", |b| vec![unrolled_mlp(b, 3, 8, 16)]);
+    let inputs = inputs(&scanned, 0);
+    let (a, b) = (
+        interpret(&scanned, &inputs).unwrap(),
+        interpret(&unrolled, &inputs).unwrap(),
+    );
+    let (a, b) = (a[0].as_f32().unwrap(), b[0].as_f32().unwrap());
+    let d = a
+        .iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(d <= 1e-5, "scan vs unrolled: {d}");
+    check_on_meshes(&scanned, &inputs);
+}
+
+/// The body is partitioned once: its collective (the all-gather that brings the
+/// activations back to the carried sharding) is inside the loop, the per-device
+/// program has one scan and no collective outside it, and its size does not depend on
+/// the number of layers.
+#[test]
+fn loop_body_is_partitioned_once_with_its_collectives_inside() {
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let sizes: Vec<(usize, usize)> = [2, 12, 48]
+        .iter()
+        .map(|&layers| {
+            let p = build("scan_mlp", |b| vec![scanned_mlp(b, layers, 8, 16)]);
+            let exe = compile(&p, &mesh).unwrap();
+            let local = &exe.spmd.program;
+            assert!(local.nodes.iter().all(|n| !n.op.is_collective()), "{local}");
+            let scans: Vec<&Op> = (local.nodes.iter().map(|n| &n.op))
+                .filter(|op| op.kind() == OpKind::Scan)
+                .collect();
+            assert_eq!(scans.len(), 1, "{local}");
+            let Op::Flow { flow, .. } = scans[0] else {
+                unreachable!()
+            };
+            let body = flow.regions()[0];
+            let gathers: Vec<_> = (body.nodes.iter())
+                .filter(|n| n.op.is_collective())
+                .collect();
+            assert_eq!(gathers.len(), 1, "{local}");
+            assert_eq!(gathers[0].op.name(), "all_gather", "{local}");
+            // The report lists it under its loop, once.
+            let report = exe.report();
+            let listed = report
+                .lines()
+                .filter(|l| l.contains(" scan body: "))
+                .count();
+            assert_eq!(listed, 1, "{report}");
+            (local.nodes.len(), body.nodes.len())
+        })
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+}
+
+/// A `while` whose trip count is a run-time input, with a matmul needing a collective
+/// in the body and the condition reading the sharded state through a reduction: every
+/// device runs the same iterations.
+#[test]
+fn while_with_run_time_trip_count_on_meshes() {
+    let p = build("while", |b| {
+        let x = b
+            .parameter("x", [8, 12], DType::F32)
+            .annotate(s("(data, model)"));
+        let w = b
+            .parameter("w", [12, 12], DType::F32)
+            .annotate(s("(model, _)"));
+        let n = b.parameter("n", [], DType::I32);
+        let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
+
+        b.while_loop(
+            |st| {
+                let small = st[1].abs().sum(&[0, 1]).lt(&st[1].builder().scalar(1e6));
+                st[0].lt(&n).and(&small)
+            },
+            |st| {
+                let one = st[0]
+                    .builder()
+                    .constant(Literal::full(&[], DType::I32, 1.0));
+                vec![st[0].add(&one), st[1].matmul(&w).tanh().add(&st[1])]
+            },
+            &[zero, x],
+        )
+    });
+    for n in [0, 1, 4] {
+        check_on_meshes(&p, &inputs(&p, n));
+    }
+}
+
+/// Nested loops and a `cond` on a run-time predicate on meshes: the inner loop's body
+/// captures a sharded weight through both regions.
+#[test]
+fn nested_loops_and_cond_on_meshes() {
+    let p = build("nested", |b| {
+        let x = b
+            .parameter("x", [8, 6], DType::F32)
+            .annotate(s("(data, _)"));
+        let w = b
+            .parameter("w", [6, 6], DType::F32)
+            .annotate(s("(_, model)"));
+        let k = b.parameter("k", [], DType::I32);
+        let outer = b.fori_loop(2, &[x], |_, c| {
+            b.fori_loop(3, c, |j, c| {
+                let fj = j.convert(DType::F32).mul(&j.builder().scalar(0.1));
+                vec![c[0].matmul(&w).tanh().add(&fj)]
+            })
+        });
+        let pred = k.gt(&b.constant(Literal::full(&[], DType::I32, 2.0)));
+        let r = b.cond(
+            &pred,
+            |_| vec![outer[0].matmul(&w)],
+            |inner| vec![outer[0].mul(&inner.scalar(-1.0))],
+        );
+        vec![outer[0].clone(), r[0].clone()]
+    });
+    for k in [1, 3] {
+        check_on_meshes(&p, &inputs(&p, k));
+    }
+}
+
+/// The printer nests each region under the first result node of its op, one level
+/// deeper per region level; the op's other result nodes name that node.
+#[test]
+fn regions_print_nested() {
+    let p = build("printed", |b| {
+        let x = b.parameter("x", [2], DType::F32);
+        b.fori_loop(2, &[x], |_, c| b.fori_loop(1, c, |_, c| vec![c[0].exp()]))
+    });
+    let text = p.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{text}"))
+    };
+    let indent = |i: usize| lines[i].len() - lines[i].trim_start().len();
+    let outer = at("= scan(%1, %0), result=0");
+    assert_eq!(indent(outer), 2, "{text}");
+    assert_eq!(indent(outer + 1), 4, "{text}");
+    assert!(lines[outer + 1].trim() == "body {", "{text}");
+    let inner = at("exponential");
+    assert_eq!(indent(inner), 10, "{text}");
+    assert!(text.contains("// regions of %2"), "{text}");
+    // The counter's constants and increment are located at the user's `fori_loop`.
+    assert!(!text.contains("control_flow.rs"), "{text}");
+}
+
+/// A sharding chosen inside a loop body (a constraint on the new state) becomes the
+/// loop state's: the unannotated initial value is split alike, and the per-device
+/// program has no reshard of the state at the back edge or before the loop.
+#[test]
+fn a_constraint_in_the_body_shards_the_whole_loop_state() {
+    let p = build("body_sharded", |b| {
+        let x = b.parameter("x", [8, 12], DType::F32);
+
+        b.fori_loop(3, &[x], |_, c| {
+            vec![c[0].tanh().add(&c[0]).shard(s("(data, model)"))]
+        })
+    });
+    let exe = compile(&p, &Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
+    assert_eq!(
+        exe.spmd.inputs[0].1.to_string(),
+        "(data, model)",
+        "{}",
+        exe.report()
+    );
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    check_on_meshes(&p, &inputs(&p, 0));
+}
