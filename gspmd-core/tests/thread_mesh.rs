@@ -1031,6 +1031,22 @@ fn the_limit_is_on_live_values_not_on_one_value() {
 /// A per-device program `collective_shift(x)` over `axes`, with `x` split along dim 0
 /// over `axes` in blocks of two rows.
 fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdProgram {
+    let group = AxisGroup {
+        axes: axes.to_vec(),
+        size: mesh.axes_size(axes),
+    };
+    let op = Op::CollectiveShift {
+        group,
+        offset,
+        wrap,
+        mirror: false,
+    };
+    collective_program(mesh, axes, op)
+}
+
+/// A per-device program applying `op` to blocks of `[2 n, 3]` rows split over `axes`
+/// (`n` devices), its output split alike.
+fn collective_program(mesh: &Mesh, axes: &[String], op: Op) -> SpmdProgram {
     let n = mesh.axes_size(axes);
     let global = TensorType::new(vec![2 * n, 3], DType::I32);
     let mut program = Program::new("shift");
@@ -1044,22 +1060,7 @@ fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdP
             Location::caller(),
         )
         .unwrap();
-    let group = AxisGroup {
-        axes: axes.to_vec(),
-        size: n,
-    };
-    let y = program
-        .push_op(
-            Op::CollectiveShift {
-                group,
-                offset,
-                wrap,
-                mirror: false,
-            },
-            &[x],
-            Location::caller(),
-        )
-        .unwrap();
+    let y = program.push_op(op, &[x], Location::caller()).unwrap();
     program.params = vec![x];
     program.outputs = vec![y];
     let sharding = Sharding::new([
@@ -1109,6 +1110,49 @@ fn check_shift(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) {
     };
     let bytes = spmd.collectives().bytes();
     assert_eq!(bytes, if moves { 2 * 3 * 4 } else { 0 }, "{offset} {wrap}");
+}
+
+/// A collective permute counts the bytes of a block exactly when it changes what some
+/// device holds (blocks are distinct): a permute whose senders are the receivers
+/// (the same order, or orders differing only in axes of size 1) moves nothing.
+#[test]
+fn collective_permute_counts_bytes_only_when_a_device_receives_from_another() {
+    let meshes = [
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::new([("x", 2), ("one", 1), ("y", 2)]).unwrap(),
+    ];
+    let mut moved_and_not = [false; 2];
+    for mesh in &meshes {
+        for receivers in axis_lists(mesh).into_iter().filter(|l| !l.is_empty()) {
+            for from in axis_lists(mesh) {
+                let same_axes =
+                    from.len() == receivers.len() && from.iter().all(|a| receivers.contains(a));
+                if !same_axes {
+                    continue;
+                }
+                let n = mesh.axes_size(&receivers);
+                let group = AxisGroup {
+                    axes: receivers.clone(),
+                    size: n,
+                };
+                let op = Op::CollectivePermute { group, from };
+                let spmd = collective_program(mesh, &receivers, op);
+                let x = ArrayD::from_shape_fn(IxDyn(&[2 * n, 3]), |ix| (ix[0] * 3 + ix[1]) as i32);
+                let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
+                let out = spmd.run(&thread_mesh, &[x.clone().into()]).unwrap();
+                let moved = out[0] != x.into();
+                moved_and_not[usize::from(moved)] = true;
+                let bytes = spmd.collectives().bytes();
+                assert_eq!(
+                    bytes,
+                    if moved { 2 * 3 * 4 } else { 0 },
+                    "{}",
+                    spmd.report()
+                );
+            }
+        }
+    }
+    assert_eq!(moved_and_not, [true, true]);
 }
 
 #[test]

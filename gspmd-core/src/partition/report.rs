@@ -6,14 +6,30 @@ use std::fmt::Write;
 
 use super::SpmdProgram;
 use crate::ir::{Node, Op, Program};
+use crate::sharding::Mesh;
 
-/// Bytes one device receives in collective `node` of `program` (ring algorithms for
-/// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
-/// that receives from another one; zero when none does (every pair of
+/// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
+/// reordered) moves data between devices on `mesh`: unless the two orders agree once
+/// the axes of size 1 are dropped, some device's source is another device.
+pub(crate) fn permute_moves_data(mesh: &Mesh, receivers: &[String], senders: &[String]) -> bool {
+    let spanning = |axes: &[String]| -> Vec<String> {
+        (axes.iter())
+            .filter(|a| mesh.axes_size(std::slice::from_ref(*a)) > 1)
+            .cloned()
+            .collect()
+    };
+    spanning(receivers) != spanning(senders)
+}
+
+/// Bytes one device of `mesh` receives in collective `node` of `program` (ring
+/// algorithms for all-reduce; zero for a non-collective), counting only bytes that
+/// cross devices. For a collective permute or shift: the bytes of a device that
+/// receives from another one; zero when none does (a permute whose senders' order is
+/// the receivers', [`permute_moves_data`]; a shift where every pair of
 /// [`AxisGroup::shift_pairs`](crate::ir::AxisGroup::shift_pairs) keeps its operand: a
 /// shift by a multiple of the group size with wrap, by the group size or more without, a
 /// mirror of a group of one).
-pub fn bytes_received(program: &Program, node: &Node) -> usize {
+pub fn bytes_received(program: &Program, node: &Node, mesh: &Mesh) -> usize {
     let input = node
         .operands
         .first()
@@ -24,7 +40,9 @@ pub fn bytes_received(program: &Program, node: &Node) -> usize {
         Op::AllGather { .. } => output - input,
         Op::AllReduce { group, .. } => 2 * fraction(group.size),
         Op::ReduceScatter { group, .. } | Op::AllToAll { group, .. } => fraction(group.size),
-        Op::CollectivePermute { .. } => input,
+        Op::CollectivePermute { group, from } if permute_moves_data(mesh, &group.axes, from) => {
+            input
+        }
         Op::CollectiveShift {
             group,
             offset,
@@ -50,13 +68,13 @@ pub struct CollectiveStats {
 }
 
 impl CollectiveStats {
-    /// Counts the collectives of `program`.
-    pub fn of(program: &Program) -> Self {
+    /// Counts the collectives of `program`, partitioned for `mesh`.
+    pub fn of(program: &Program, mesh: &Mesh) -> Self {
         let mut by_kind = BTreeMap::new();
         for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
             let e: &mut (usize, usize) = by_kind.entry(node.op.name()).or_default();
             e.0 += 1;
-            e.1 += bytes_received(program, node);
+            e.1 += bytes_received(program, node, mesh);
         }
         CollectiveStats { by_kind }
     }
@@ -101,7 +119,7 @@ impl std::fmt::Display for CollectiveStats {
 impl SpmdProgram {
     /// Collective statistics of the per-device program.
     pub fn collectives(&self) -> CollectiveStats {
-        CollectiveStats::of(&self.program)
+        CollectiveStats::of(&self.program, &self.mesh)
     }
 
     /// The per-device program, then one line per collective (axes, bytes per device,
@@ -121,7 +139,7 @@ impl SpmdProgram {
                     node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
                     self.program.ty(node.operands[0]),
                     node.ty,
-                    bytes_received(&self.program, node),
+                    bytes_received(&self.program, node, &self.mesh),
                     node.location
                 );
             }

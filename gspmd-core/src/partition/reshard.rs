@@ -10,7 +10,8 @@
 //! - all-to-all: move a dim's last axis to the end of another dim; receives
 //!   `(k - 1)/k` of the local size;
 //! - permute: deal the same blocks to other devices (same shard count per dim);
-//!   receives one local size.
+//!   receives one local size, nothing when every device's source is itself (the two
+//!   axis orders agree up to axes of size 1; then nothing is emitted).
 //!
 //! With uneven dims (shards rounded up) a move is only taken when every device's new
 //! block is inside what it holds or receives; the search routes around the others
@@ -20,6 +21,7 @@
 use std::collections::HashMap;
 
 use super::emit::Emitter;
+use super::report::permute_moves_data;
 use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
@@ -148,7 +150,13 @@ impl Planner<'_> {
                 let same_counts =
                     (0..s.len()).all(|d| mesh.axes_size(&t[d]) == mesh.axes_size(&s[d]));
                 if same_counts && &t != s {
-                    out.push((Step::Permute { to: t.clone() }, t, local));
+                    let (receivers, senders) = (flat(&t), flat(s));
+                    let cost = if permute_moves_data(mesh, &receivers, &senders) {
+                        local
+                    } else {
+                        0.0
+                    };
+                    out.push((Step::Permute { to: t.clone() }, t, cost));
                 }
             }
         }
@@ -200,6 +208,12 @@ impl Planner<'_> {
         plan.reverse();
         (plan, total)
     }
+}
+
+/// The axes of a tiling, dim by dim: a device's shard index over them is its index in
+/// the row-major order of blocks.
+fn flat(t: &Tiling) -> Vec<String> {
+    t.iter().flatten().cloned().collect()
 }
 
 /// Every non-empty ordered selection of distinct items.
@@ -463,8 +477,10 @@ fn emit_step(
             em.truncate(x, *from, chunk(shape, &t, *from, mesh))
         }
         Step::Permute { to } => {
-            let receivers: Vec<String> = to.iter().flatten().cloned().collect();
-            let from: Vec<String> = s.iter().flatten().cloned().collect();
+            let (receivers, from) = (flat(to), flat(s));
+            if !permute_moves_data(mesh, &receivers, &from) {
+                return Ok(x);
+            }
             let group = em.group(&receivers);
             em.emit(Op::CollectivePermute { group, from }, &[x])
         }
@@ -562,6 +578,15 @@ mod tests {
             s = next;
         }
         total
+    }
+
+    #[test]
+    fn reordering_around_a_size_one_axis_moves_nothing() {
+        let m = Mesh::new([("x", 2), ("one", 1)]).unwrap();
+        let (from, to) = (t(&[&["x", "one"], &[]]), t(&[&["one", "x"], &[]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 0.0, "{p:?}");
     }
 
     #[test]
