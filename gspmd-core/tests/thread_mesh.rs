@@ -325,6 +325,51 @@ fn axis_lists_cover_both_orders() {
     assert_eq!(lists.len(), 5);
 }
 
+/// A sub-axis is a mixed-radix digit of its axis: the major and minor halves of
+/// `model` together index like `model`, each group member inverts its index, and a
+/// part listed with an overlapping one (or not dividing the axis) is an error.
+#[test]
+fn sub_axes_index_digits_of_their_axis() {
+    let meshes = [
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::with_device_order([("data", 2), ("model", 4)], vec![3, 6, 0, 5, 1, 7, 2, 4]).unwrap(),
+    ];
+    let (major, minor) = (Mesh::sub_axis("model", 1, 2), Mesh::sub_axis("model", 2, 2));
+    for mesh in &meshes {
+        assert_eq!(mesh.axis_size(&major), Some(2));
+        for device in 0..8 {
+            let whole = mesh.group_index(device, &["data", "model"]).unwrap();
+            let parts = [&"data".to_string(), &major, &minor];
+            assert_eq!(mesh.group_index(device, &parts).unwrap(), whole);
+            let swapped = [&minor, &"data".to_string(), &major];
+            let index = mesh.group_index(device, &swapped).unwrap();
+            let [d, m] = [whole / 4, whole % 4];
+            assert_eq!(index, (m % 2) * 4 + d * 2 + m / 2, "{mesh} device {device}");
+            for i in 0..8 {
+                let member = mesh.group_member(device, &swapped, i).unwrap();
+                assert_eq!(mesh.group_index(member, &swapped).unwrap(), i);
+            }
+            let quarter = [Mesh::sub_axis("model", 1, 2), "data".into()];
+            let member = mesh.group_member(device, &quarter, 0).unwrap();
+            // Only the major digit of model and data change.
+            let m_member = mesh.group_index(member, &["model"]).unwrap();
+            assert_eq!(m_member % 2, m % 2);
+        }
+        for bad in [
+            vec!["model".to_string(), minor.clone()],
+            vec![major.clone(), major.clone()],
+            vec![Mesh::sub_axis("model", 1, 3)],
+            vec![Mesh::sub_axis("model", 4, 2)],
+            vec![Mesh::sub_axis("model", 1, 1)],
+        ] {
+            assert!(
+                matches!(mesh.group_index(0, &bad), Err(Error::AxisGroup { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+}
+
 // ---- failures --------------------------------------------------------------------------
 
 /// Runs `f` on another thread and fails the test if it takes more than `limit`.

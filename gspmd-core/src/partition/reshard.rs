@@ -7,11 +7,16 @@
 //! Its moves are:
 //! - slice: append axes to a dim; each device keeps its sub-block; free;
 //! - gather: drop a dim's trailing axes; receives `(k - 1)` local sizes;
-//! - all-to-all: move a dim's last axis to the end of another dim; receives
-//!   `(k - 1)/k` of the local size;
+//! - all-to-all: move a dim's trailing axes (one or several, one collective over all
+//!   of them) to the end of another dim; receives `(k - 1)/k` of the local size;
 //! - permute: deal the same blocks to other devices (same shard count per dim);
 //!   receives one local size, nothing when every device's source is itself (the two
-//!   axis orders agree up to axes of size 1; then nothing is emitted).
+//!   axis orders agree up to axes of size 1; then nothing is emitted);
+//! - axis move: split a dim over the target's axes for it instead of its own, when each
+//!   new block lies inside one old block: a free local slice, then one permute over
+//!   [sub-axes](Mesh::sub_axis) ([`AxisMove`]); receives one new local size.
+//!
+//! Among plans receiving equally many bytes the one with the fewest collectives wins.
 //!
 //! With uneven dims (shards rounded up) a move is only taken when every device's new
 //! block is inside what it holds or receives; the search routes around the others
@@ -41,14 +46,97 @@ enum Step {
         dim: usize,
         axes: Vec<String>,
     },
+    /// Moves the trailing `axes` of dim `from` to the end of dim `to` (one all-to-all
+    /// over all of them).
     AllToAll {
         from: usize,
         to: usize,
-        axis: String,
+        axes: Vec<String>,
     },
     Permute {
         to: Tiling,
     },
+    /// Splits dim `dim` over `to` instead of its axes: a free local slice, then one
+    /// collective-permute ([`AxisMove`]).
+    MoveAxes {
+        dim: usize,
+        to: Vec<String>,
+    },
+}
+
+/// Moving dim `d` of tiling `s` from its axes `A` (`n` shards) to axes `u` (`n * r`
+/// shards, each new block inside one old block, `u` used by no other dim): `u` read as
+/// mixed-radix digits is a major part `P` (`n` shards, cutting an axis into
+/// [sub-axes](Mesh::sub_axis) where needed) and a minor part `Q` (`r`). Every device
+/// first keeps sub-block `Q`-index of its old block (free), then receives it from the
+/// device whose `A`-index is its `P`-index and whose `Q`-index is its own: a
+/// collective-permute with receivers over `P ++ Q ++ (A \ P)` and senders over
+/// `A ++ Q ++ (P \ A)`. `(data) -> (model)` with data=2, model=4: keep the half of
+/// the rows given by model's minor digit, then swap data and model's major digit.
+#[derive(Debug, Clone, PartialEq)]
+struct AxisMove {
+    /// `Q`: the (sub-)axes each device slices its old block over first.
+    minor: Vec<String>,
+    /// The receivers' group order.
+    receivers: Vec<String>,
+    /// The senders' order (the same (sub-)axes).
+    senders: Vec<String>,
+}
+
+impl AxisMove {
+    /// The move of dim `d` of `s` to `u` on `mesh` for a value of `shape`, if `u` is a
+    /// new set of axes whose blocks each lie inside one old block and whose minor part
+    /// uses no axis of the old ones.
+    fn plan(mesh: &Mesh, shape: &[usize], s: &Tiling, d: usize, u: &[String]) -> Option<Self> {
+        let a = &s[d];
+        let others_use = |x: &String| s.iter().enumerate().any(|(j, t)| j != d && t.contains(x));
+        if a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
+            return None;
+        }
+        let (n, total) = (mesh.axes_size(a), mesh.axes_size(u));
+        if !total.is_multiple_of(n) {
+            return None;
+        }
+        let r = total / n;
+        let mut t = s.clone();
+        t[d] = u.to_vec();
+        if chunk(shape, s, d, mesh) != r * chunk(shape, &t, d, mesh) {
+            return None;
+        }
+        // Cut `u` after its digits of product `n`.
+        let (mut major, mut minor) = (Vec::new(), Vec::new());
+        let mut prefix = 1;
+        for axis in u {
+            let size = mesh.axes_size(std::slice::from_ref(axis));
+            if prefix == n {
+                minor.push(axis.clone());
+            } else if n.is_multiple_of(prefix * size) {
+                major.push(axis.clone());
+                prefix *= size;
+            } else if (n / prefix) > 1
+                && n.is_multiple_of(prefix)
+                && size.is_multiple_of(n / prefix)
+            {
+                let k = n / prefix;
+                major.push(Mesh::sub_axis(axis, 1, k));
+                minor.push(Mesh::sub_axis(axis, k, size / k));
+                prefix = n;
+            } else {
+                return None;
+            }
+        }
+        let parent = |x: &String| x.split_once(":(").map_or(x.as_str(), |p| p.0).to_string();
+        if minor.iter().any(|q| a.contains(&parent(q))) {
+            return None;
+        }
+        let a_not_p: Vec<String> = a.iter().filter(|x| !major.contains(x)).cloned().collect();
+        let p_not_a: Vec<String> = major.iter().filter(|x| !a.contains(x)).cloned().collect();
+        Some(AxisMove {
+            receivers: [major, minor.clone(), a_not_p].concat(),
+            senders: [a.clone(), minor.clone(), p_not_a].concat(),
+            minor,
+        })
+    }
 }
 
 /// Chunk (padded local length) of dim `d` under `t`.
@@ -114,13 +202,14 @@ impl Planner<'_> {
                     out.push((Step::Gather { dim: d, axes }, t, local * (k as f64 - 1.0)));
                 }
             }
-            // All-to-all: move the last axis of `d` to the end of another dim.
-            if let Some(axis) = s[d].last() {
-                let k = mesh.axes_size(std::slice::from_ref(axis));
+            // All-to-all: move the trailing `len` axes of `d` to the end of another dim.
+            for len in 1..=s[d].len() {
+                let axes = s[d][s[d].len() - len..].to_vec();
+                let k = mesh.axes_size(&axes);
                 for j in (0..s.len()).filter(|&j| j != d) {
                     let mut t = s.clone();
-                    t[d].pop();
-                    t[j].push(axis.clone());
+                    t[d].truncate(s[d].len() - len);
+                    t[j].extend(axes.iter().cloned());
                     let split_ok = slice_is_local(
                         mesh.axes_size(&s[j]),
                         chunk(shape, s, j, mesh),
@@ -132,11 +221,31 @@ impl Planner<'_> {
                         let step = Step::AllToAll {
                             from: d,
                             to: j,
-                            axis: axis.clone(),
+                            axes: axes.clone(),
                         };
                         out.push((step, t, local * (k as f64 - 1.0) / k as f64));
                     }
                 }
+            }
+        }
+        // Axis moves: a dim to the target's axes, by a local slice and one permute.
+        for (d, u) in self.target.iter().enumerate() {
+            if let Some(mv) = AxisMove::plan(mesh, shape, s, d, u) {
+                let mut t = s.clone();
+                t[d] = u.clone();
+                let cost = if permute_moves_data(mesh, &mv.receivers, &mv.senders) {
+                    local_elems(shape, &t, mesh)
+                } else {
+                    0.0
+                };
+                out.push((
+                    Step::MoveAxes {
+                        dim: d,
+                        to: u.clone(),
+                    },
+                    t,
+                    cost,
+                ));
             }
         }
         // Permutes: to the target extended by the axes it does not use.
@@ -163,13 +272,16 @@ impl Planner<'_> {
         out
     }
 
-    /// Cheapest plan from `from` to the target (fewest steps among equal costs), and its
-    /// cost in elements received per device.
+    /// Cheapest plan from `from` to the target (fewest collectives, then fewest steps,
+    /// among equal costs), and its cost in elements received per device. A step that
+    /// receives nothing emits no collective (a slice, a collective over one device, a
+    /// permute where every device is its own source).
     fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
-        type Entry = (f64, usize, Option<(Tiling, Step)>);
+        // (elements received, (collectives, steps), how the state was reached).
+        type Entry = (f64, (usize, usize), Option<(Tiling, Step)>);
         let mut best: HashMap<Tiling, Entry> = HashMap::new();
         let mut done: HashMap<Tiling, ()> = HashMap::new();
-        best.insert(from.clone(), (0.0, 0, None));
+        best.insert(from.clone(), (0.0, (0, 0), None));
         loop {
             let next = best
                 .iter()
@@ -189,7 +301,8 @@ impl Planner<'_> {
             }
             done.insert(state.clone(), ());
             for (step, t, c) in self.neighbours(&state) {
-                let entry = (cost + c, steps + 1, Some((state.clone(), step)));
+                let counts = (steps.0 + usize::from(c > 0.0), steps.1 + 1);
+                let entry = (cost + c, counts, Some((state.clone(), step)));
                 match best.get(&t) {
                     Some(e) if (e.0, e.1) <= (entry.0, entry.1) => {}
                     _ => {
@@ -429,11 +542,12 @@ fn apply(s: &Tiling, step: &Step) -> Tiling {
     match step {
         Step::Slice { dim, axes } => t[*dim].extend(axes.iter().cloned()),
         Step::Gather { dim, axes } => t[*dim].truncate(s[*dim].len() - axes.len()),
-        Step::AllToAll { from, to, axis } => {
-            t[*from].pop();
-            t[*to].push(axis.clone());
+        Step::AllToAll { from, to, axes } => {
+            t[*from].truncate(s[*from].len() - axes.len());
+            t[*to].extend(axes.iter().cloned());
         }
         Step::Permute { to } => t = to.clone(),
+        Step::MoveAxes { dim, to } => t[*dim] = to.clone(),
     }
     t
 }
@@ -448,23 +562,14 @@ fn emit_step(
     let mesh = em.mesh;
     let t = apply(s, step);
     match step {
-        Step::Slice { dim, axes } => {
-            let c_new = chunk(shape, &t, *dim, mesh);
-            let x = em.pad_to(x, *dim, mesh.axes_size(axes) * c_new)?;
-            let start = em.block_offset(axes, c_new)?;
-            let mut starts = vec![None; shape.len()];
-            starts[*dim] = Some(start);
-            let mut sizes = em.shape(x);
-            sizes[*dim] = c_new;
-            em.dynamic_slice(x, &starts, &sizes)
-        }
+        Step::Slice { dim, axes } => slice_block(em, x, *dim, axes, chunk(shape, &t, *dim, mesh)),
         Step::Gather { dim, axes } => {
             let group = em.group(axes);
             let x = em.emit(Op::AllGather { group, dim: *dim }, &[x])?;
             em.truncate(x, *dim, chunk(shape, &t, *dim, mesh))
         }
-        Step::AllToAll { from, to, axis } => {
-            let group = em.group(std::slice::from_ref(axis));
+        Step::AllToAll { from, to, axes } => {
+            let group = em.group(axes);
             let x = em.pad_to(x, *to, group.size * chunk(shape, &t, *to, mesh))?;
             let x = em.emit(
                 Op::AllToAll {
@@ -484,7 +589,40 @@ fn emit_step(
             let group = em.group(&receivers);
             em.emit(Op::CollectivePermute { group, from }, &[x])
         }
+        Step::MoveAxes { dim, to } => {
+            let mv = AxisMove::plan(mesh, shape, s, *dim, to)
+                .ok_or_else(|| em.error(format!("no move of dim {dim} to {to:?}")))?;
+            let c_new = chunk(shape, &t, *dim, mesh);
+            let x = slice_block(em, x, *dim, &mv.minor, c_new)?;
+            if !permute_moves_data(mesh, &mv.receivers, &mv.senders) {
+                return Ok(x);
+            }
+            let group = em.group(&mv.receivers);
+            let from = mv.senders;
+            em.emit(Op::CollectivePermute { group, from }, &[x])
+        }
     }
+}
+
+/// Block `axes`-index of `c_new` rows along `dim` of `x` (padded first to `axes`
+/// blocks): the local slice that splits a dim further over `axes` (none if empty).
+fn slice_block(
+    em: &mut Emitter,
+    x: ValueId,
+    dim: usize,
+    axes: &[String],
+    c_new: usize,
+) -> Result<ValueId> {
+    if axes.is_empty() {
+        return Ok(x);
+    }
+    let x = em.pad_to(x, dim, em.mesh.axes_size(axes) * c_new)?;
+    let start = em.block_offset(axes, c_new)?;
+    let mut starts = vec![None; em.shape(x).len()];
+    starts[dim] = Some(start);
+    let mut sizes = em.shape(x);
+    sizes[dim] = c_new;
+    em.dynamic_slice(x, &starts, &sizes)
 }
 
 #[cfg(test)]
@@ -539,8 +677,10 @@ mod tests {
         }
         assert_eq!(s, t(&[&["model"]]));
         assert!(
-            p.iter()
-                .any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })),
+            p.iter().any(|s| matches!(
+                s,
+                Step::Permute { .. } | Step::AllToAll { .. } | Step::MoveAxes { .. }
+            )),
             "{p:?}"
         );
     }
@@ -554,7 +694,7 @@ mod tests {
             vec![Step::AllToAll {
                 from: 0,
                 to: 1,
-                axis: "model".into()
+                axes: vec!["model".into()]
             }]
         );
     }
@@ -578,6 +718,41 @@ mod tests {
             s = next;
         }
         total
+    }
+
+    #[test]
+    fn data_to_model_is_a_local_slice_and_one_permute() {
+        let m = mesh24();
+        let (from, to) = (t(&[&["data"], &[]]), t(&[&["model"], &[]]));
+        let p = plan(&m, &[32, 64], &from, &to);
+        let step = Step::MoveAxes {
+            dim: 0,
+            to: vec!["model".into()],
+        };
+        assert_eq!(p, vec![step]);
+        assert_eq!(cost(&m, &[32, 64], &from, &to, &p), 8.0 * 64.0);
+        let mv = AxisMove::plan(&m, &[32, 64], &from, 0, &to[0]).unwrap();
+        let (major, minor) = (Mesh::sub_axis("model", 1, 2), Mesh::sub_axis("model", 2, 2));
+        assert_eq!(mv.minor, vec![minor.clone()]);
+        assert_eq!(
+            mv.receivers,
+            vec![major.clone(), minor.clone(), "data".into()]
+        );
+        assert_eq!(mv.senders, vec!["data".into(), minor, major]);
+    }
+
+    #[test]
+    fn moving_two_axes_between_dims_is_one_all_to_all_over_both() {
+        let m = Mesh::new([("a", 2), ("b", 2)]).unwrap();
+        let (from, to) = (t(&[&["a", "b"], &[]]), t(&[&[], &["a", "b"]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        let step = Step::AllToAll {
+            from: 0,
+            to: 1,
+            axes: vec!["a".into(), "b".into()],
+        };
+        assert_eq!(p, vec![step]);
+        assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 16.0 * 3.0 / 4.0);
     }
 
     #[test]
