@@ -7,8 +7,8 @@
 
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
-use gspmd_core::partition::SpmdProgram;
-use gspmd_core::runtime::{uniform_f32, uniform_i32};
+use gspmd_core::partition::{SpmdProgram, partition};
+use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::train::{
     Engine, Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
@@ -488,13 +488,13 @@ fn sharding_of(program: &Program, name: &str) -> String {
 ///   the local gradient `16 * 32 / m` elements; nothing else needs communication
 ///   (`relu`'s mask is `(data, model)` like `dh`);
 /// - the update and the optimizer state are sharded like each weight: elementwise, no
-///   collective.
+///   collective;
+/// - the three all-reduces over `data` (the loss and the two weight gradients) are
+///   independent: the combiner makes them one of their elements flattened.
 fn expected_megatron(batch: usize, a: usize, m: usize) -> Vec<(&'static str, String, usize)> {
     let mut want = vec![
         ("all_reduce", "model".to_string(), batch / a * 16),
-        ("all_reduce", "data".to_string(), 1),
-        ("all_reduce", "data".to_string(), 16 * 32 / m),
-        ("all_reduce", "data".to_string(), 16 * 32 / m),
+        ("all_reduce", "data".to_string(), 1 + 2 * (16 * 32 / m)),
     ];
     want.sort();
     want
@@ -569,6 +569,57 @@ fn golden_weight_update_sharding() {
         }
         assert_eq!(sharding_of(&exe.propagated, "grad(w)"), "(data, model)");
         assert_eq!(sharding_of(&exe.propagated, "m(w)"), "(data, model)");
+    }
+}
+
+/// A data-parallel MLP step (batch over `data`, four replicated weights): the four
+/// weight-gradient all-reduces (and the loss's) are independent, so the combiner makes
+/// them one all-reduce of the same bytes, and the step computes bitwise what it computes
+/// uncombined (every element is summed in the same order).
+#[test]
+fn golden_data_parallel_gradients_are_one_combined_all_reduce() {
+    let b = Builder::new("dp_mlp");
+    let mut h = b
+        .parameter("x", [16, 8], DType::F32)
+        .annotate(s("(data, _)"));
+    for (i, [rows, cols]) in [[8, 16], [16, 16], [16, 16], [16, 4]]
+        .into_iter()
+        .enumerate()
+    {
+        let w = b.parameter(&format!("w{i}"), [rows, cols], DType::F32);
+        h = h.matmul(&w);
+        if i < 3 {
+            h = h.tanh();
+        }
+    }
+    let t = b
+        .parameter("target", [16, 4], DType::F32)
+        .annotate(s("(data, _)"));
+    let model = b.finish(&[&h.mse(&t)]).unwrap();
+    let step = step_program(&model, 0, &[1, 2, 3, 4], &sgd(0.1, 0.0)).unwrap();
+    let inputs = sample_inputs(&step.program, 7);
+    for mesh in [
+        Mesh::new([("data", 4)]).unwrap(),
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+    ] {
+        let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
+        let uncombined = partition(&exe.propagated, &mesh).unwrap();
+        let (before, after) = (uncombined.collectives(), exe.spmd.collectives());
+        assert_eq!(
+            before.count("all_reduce"),
+            5,
+            "{mesh}:\n{}",
+            uncombined.report()
+        );
+        assert_eq!(
+            (after.count("all_reduce"), after.total(), after.bytes()),
+            (1, 1, before.bytes()),
+            "{mesh}:\n{}",
+            exe.spmd.report()
+        );
+        let threads = ThreadMesh::new(mesh.clone()).unwrap();
+        let want = uncombined.run(&threads, &inputs).unwrap();
+        assert_eq!(exe.run(&threads, &inputs).unwrap(), want, "{mesh}");
     }
 }
 
