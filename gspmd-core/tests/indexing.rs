@@ -154,7 +154,7 @@ fn the_embedding_gradient_adds_into_the_local_vocabulary_with_no_collective_on_t
         );
         if table_sized {
             assert_eq!(node.op.name(), "all_reduce", "{report}");
-            assert_eq!(node.ty.shape, vec![V / 4 * D + 1], "{report}");
+            assert_eq!(node.ty.shape, vec![1, V / 4 * D + 1], "{report}");
         }
     }
     assert_eq!(stats.total(), 2, "{report}");

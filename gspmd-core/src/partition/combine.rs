@@ -1,8 +1,11 @@
-//! Combining collectives (XLA's `AllReduceCombiner`): all-reduces of a per-device
-//! program over the same group, with the same reduce kind and dtype, and no dependency
-//! path between them, become one all-reduce of their operands flattened and
-//! concatenated, each result sliced back out. One round trip instead of several (the
-//! gradient all-reduces of a data-parallel step); the same bytes.
+//! Combining collectives (XLA's `AllReduceCombiner`, `AllGatherCombiner`,
+//! `ReduceScatterCombiner`): collectives of a per-device program of one kind, over the
+//! same group, with the same reduce kind and dtype, and no dependency path between
+//! them, become one collective of their operands flattened and concatenated, each
+//! result cut back out. One round trip instead of several (the gradient all-reduces of
+//! a data-parallel step); the same bytes. An all-gather's or a reduce-scatter's operand
+//! is first laid out with its `group.size` blocks along its dim major (`[k, n / k]`),
+//! so the combined buffer's blocks are the members' blocks side by side.
 //!
 //! Every element is reduced over the same devices in the same order whether it travels
 //! alone or in a combined buffer, so results are bitwise equal. Independence is judged
@@ -18,19 +21,44 @@ use crate::error::Result;
 use crate::ir::{AxisGroup, DType, Node, Op, Program, ReduceKind, ValueId};
 use crate::types::{Location, num_elements};
 
-/// Combined all-reduces carry at most this many bytes per device (XLA's default
-/// threshold for its all-reduce combiner, 30 MiB); an all-reduce over more is left alone.
+/// Combined collectives carry at most this many bytes per device in their result (XLA's
+/// default threshold for its all-reduce combiner, 30 MiB); a larger one is left alone.
 pub(crate) const COMBINE_THRESHOLD_BYTES: usize = 30 * 1024 * 1024;
 
-/// What all-reduces must share to be combined.
+/// The collectives the combiner merges, with what their op must share besides the group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    AllReduce(ReduceKind),
+    AllGather,
+    ReduceScatter(ReduceKind),
+}
+
+/// What collectives must share to be combined.
 #[derive(Debug, Clone, PartialEq)]
 struct Key {
+    kind: Kind,
     group: AxisGroup,
-    kind: ReduceKind,
     dtype: DType,
 }
 
-/// All-reduces to combine into one, in program order.
+impl Key {
+    /// The key of `node` if it is a collective the combiner merges.
+    fn of(node: &Node) -> Option<Key> {
+        let (kind, group) = match &node.op {
+            Op::AllReduce { group, kind } => (Kind::AllReduce(*kind), group),
+            Op::AllGather { group, .. } => (Kind::AllGather, group),
+            Op::ReduceScatter { group, kind, .. } => (Kind::ReduceScatter(*kind), group),
+            _ => return None,
+        };
+        Some(Key {
+            kind,
+            group: group.clone(),
+            dtype: node.ty.dtype,
+        })
+    }
+}
+
+/// Collectives to combine into one, in program order.
 #[derive(Debug, Clone)]
 struct Combined {
     key: Key,
@@ -38,22 +66,18 @@ struct Combined {
     bytes: usize,
 }
 
-/// `program` with its independent all-reduces of one group, kind and dtype combined, up
-/// to [`COMBINE_THRESHOLD_BYTES`] each (see the module docs).
-pub(crate) fn combine_all_reduces(program: &Program) -> Result<Program> {
+/// `program` with its independent all-reduces, all-gathers and reduce-scatters of one
+/// group, reduce kind and dtype combined, up to [`COMBINE_THRESHOLD_BYTES`] each (see
+/// the module docs).
+pub(crate) fn combine_collectives(program: &Program) -> Result<Program> {
     let users = program.users();
     let mut groups: Vec<Combined> = Vec::new();
     // `member_of[v]`: the group all-reduce `v` joined.
     let mut member_of: Vec<Option<usize>> = vec![None; program.nodes.len()];
     for v in program.values() {
         let node = program.node(v);
-        let Op::AllReduce { group, kind } = &node.op else {
+        let Some(key) = Key::of(node) else {
             continue;
-        };
-        let key = Key {
-            group: group.clone(),
-            kind: *kind,
-            dtype: node.ty.dtype,
         };
         let bytes = node.ty.size_in_bytes();
         if bytes == 0 || bytes > COMBINE_THRESHOLD_BYTES {
@@ -191,9 +215,10 @@ fn emit(program: &Program, combined: &[&Combined]) -> Result<Program> {
     Ok(out)
 }
 
-/// Appends one all-reduce of `operands` (the members' operands in `out`) flattened and
-/// concatenated, and each member's result sliced from it and reshaped back; returns the
-/// members' new values, each carrying its member's name and sharding.
+/// Appends one collective of `operands` (the members' operands in `out`) laid out as
+/// `[k, n / k]` blocks (all-reduce: `k` = 1) and concatenated, and each member's result
+/// cut from it and laid out back; returns the members' new values, each carrying its
+/// member's name and sharding.
 fn emit_combined(
     out: &mut Program,
     program: &Program,
@@ -202,34 +227,116 @@ fn emit_combined(
 ) -> Result<Vec<ValueId>> {
     let members: Vec<&Node> = group.members.iter().map(|m| program.node(*m)).collect();
     let location = members[0].location;
-    let lengths: Vec<usize> = members.iter().map(|m| num_elements(&m.ty.shape)).collect();
-    let mut flat = Vec::with_capacity(operands.len());
-    for (&x, &len) in operands.iter().zip(&lengths) {
-        flat.push(reshape(out, x, vec![len], location)?);
-    }
-    let joined = out.push_op(Op::Concatenate(0), &flat, location)?;
-    let op = Op::AllReduce {
-        group: group.key.group.clone(),
-        kind: group.key.kind,
+    let k = group.key.group.size;
+    let op = match group.key.kind {
+        Kind::AllReduce(kind) => Op::AllReduce {
+            group: group.key.group.clone(),
+            kind,
+        },
+        Kind::AllGather => Op::AllGather {
+            group: group.key.group.clone(),
+            dim: 0,
+        },
+        Kind::ReduceScatter(kind) => Op::ReduceScatter {
+            group: group.key.group.clone(),
+            kind,
+            dim: 0,
+        },
     };
-    let reduced = out.push_op(op, &[joined], location)?;
+    let mut laid_out = Vec::with_capacity(operands.len());
+    let mut widths = Vec::with_capacity(operands.len());
+    for (&x, member) in operands.iter().zip(&members) {
+        let x = match &member.op {
+            Op::ReduceScatter { dim, .. } => blocks_major(out, x, *dim, k, location)?,
+            _ => {
+                let n = num_elements(&out.ty(x).shape);
+                reshape(out, x, vec![1, n], location)?
+            }
+        };
+        widths.push(out.ty(x).shape[1]);
+        laid_out.push(x);
+    }
+    let joined = out.push_op(Op::Concatenate(1), &laid_out, location)?;
+    // `[1, total]`, or `[k, total]` for an all-gather (row `j` from device `j`).
+    let combined = out.push_op(op, &[joined], location)?;
+    let rows = out.ty(combined).shape[0];
     let mut results = Vec::with_capacity(members.len());
     let mut start = 0;
-    for (member, len) in members.iter().zip(lengths) {
+    for (member, width) in members.iter().zip(widths) {
         let slice = Op::Slice {
-            start: vec![start],
-            limit: vec![start + len],
-            stride: vec![1],
+            start: vec![0, start],
+            limit: vec![rows, start + width],
+            stride: vec![1, 1],
         };
-        start += len;
-        let part = out.push_op(slice, &[reduced], member.location)?;
-        let result = reshape(out, part, member.ty.shape.clone(), member.location)?;
+        start += width;
+        let part = out.push_op(slice, &[combined], member.location)?;
+        let result = match &member.op {
+            Op::AllGather { dim, .. } => {
+                let local = &program.ty(member.operands[0]).shape;
+                blocks_back(out, part, *dim, local, member.location)?
+            }
+            _ => reshape(out, part, member.ty.shape.clone(), member.location)?,
+        };
         let node = out.node_mut(result);
         node.name.clone_from(&member.name);
         node.sharding.clone_from(&member.sharding);
         results.push(result);
     }
     Ok(results)
+}
+
+/// `x` with its dim `dim` cut in `k` blocks laid out as `[k, n / k]`, block-major (the
+/// operand of a reduce-scatter over `k` devices along `dim`, as one along dim 0).
+fn blocks_major(
+    out: &mut Program,
+    x: ValueId,
+    dim: usize,
+    k: usize,
+    location: Location,
+) -> Result<ValueId> {
+    let shape = out.ty(x).shape.clone();
+    let n = num_elements(&shape);
+    let split: Vec<usize> = [&shape[..dim], &[k, shape[dim] / k], &shape[dim + 1..]].concat();
+    let x = reshape(out, x, split, location)?;
+    let perm: Vec<usize> = std::iter::once(dim)
+        .chain((0..=shape.len()).filter(|&i| i != dim))
+        .collect();
+    let x = transpose(out, x, perm, location)?;
+    reshape(out, x, vec![k, n / k], location)
+}
+
+/// The inverse of [`blocks_major`] for an all-gather's result: `part` is `[k, n]`, row
+/// `j` device `j`'s block of shape `local`; returns them concatenated along `dim`.
+fn blocks_back(
+    out: &mut Program,
+    part: ValueId,
+    dim: usize,
+    local: &[usize],
+    location: Location,
+) -> Result<ValueId> {
+    let k = out.ty(part).shape[0];
+    let x = reshape(out, part, [&[k][..], local].concat(), location)?;
+    let perm: Vec<usize> = (1..=dim)
+        .chain(std::iter::once(0))
+        .chain(dim + 1..=local.len())
+        .collect();
+    let x = transpose(out, x, perm, location)?;
+    let mut gathered = local.to_vec();
+    gathered[dim] *= k;
+    reshape(out, x, gathered, location)
+}
+
+/// `x` transposed by `perm`, or `x` itself if `perm` is the identity.
+fn transpose(
+    out: &mut Program,
+    x: ValueId,
+    perm: Vec<usize>,
+    location: Location,
+) -> Result<ValueId> {
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Ok(x);
+    }
+    out.push_op(Op::Transpose(perm), &[x], location)
 }
 
 /// `x` reshaped to `shape`, or `x` itself if it has that shape.

@@ -21,7 +21,7 @@ mod report;
 mod reshard;
 mod value;
 
-pub(crate) use combine::combine_all_reduces;
+pub(crate) use combine::combine_collectives;
 pub use report::CollectiveStats;
 pub(crate) use value::PValue;
 
