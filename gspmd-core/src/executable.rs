@@ -28,8 +28,9 @@ pub struct Executable {
 /// [`Stage::BeforePropagation`]), and again after partitioning, where equal collectives of one
 /// operand (several users resharding it alike) are merged into one. The value ids of
 /// [`Executable::propagated`] are those of the simplified program; parameter and output
-/// positions are unchanged. Last, independent all-reduces, all-gathers and reduce-scatters over the same
-/// devices are combined, one per kind (XLA's combiners; results bitwise equal).
+/// positions are unchanged. Last, independent all-reduces, all-gathers and
+/// reduce-scatters over the same devices are combined, one per kind (XLA's combiners;
+/// results bitwise equal).
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
     verify(program)?;
     let program = simplify_verified(program, Stage::BeforePropagation);

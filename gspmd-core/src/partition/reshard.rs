@@ -505,11 +505,17 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
             &[x],
         )?;
     }
+    let mut replicated_midway = false;
     for step in &plan.steps {
         x = emit_step(em, x, &shape, &tiling, step)?;
         tiling = apply(&tiling, step);
+        replicated_midway |= tiling.iter().all(Vec::is_empty);
     }
     let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
+    let split = |t: &[DimSharding]| t.iter().any(|d| !d.axes.is_empty());
+    if replicated_midway && split(&v.sharding.dims) && split(&target.dims) {
+        warn_full_rematerialization(em, v, target, &plan);
+    }
     if tiling != goal {
         return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
     }
@@ -521,6 +527,25 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         global: v.global.clone(),
         sharding: sharding_of(&goal, target.unreduced.clone()),
     })
+}
+
+/// Warns that resharding `v` to `target` by `plan` replicates it whole on every device
+/// although both shardings split it (XLA's "involuntary full rematerialization"),
+/// naming both shardings and the bytes, and suggesting the annotation that makes the
+/// value's producer emit it in the target's layout.
+fn warn_full_rematerialization(
+    em: &mut Emitter,
+    v: &PValue,
+    target: &Sharding,
+    plan: &ReshardPlan,
+) {
+    let bytes = plan.cost * v.global.dtype.size_in_bytes() as f64;
+    em.warn(format!(
+        "full rematerialization: resharding {} from {} to {target} replicates it on every \
+         device ({bytes} bytes received per device); annotate the value \
+         `.shard(\"{target}\")` where it is defined, so it is produced split as used here",
+        v.global, v.sharding
+    ));
 }
 
 /// `x` on the devices at index 0 along `axes`, zeros on the others: a replicated value
