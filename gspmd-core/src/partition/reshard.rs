@@ -8,7 +8,9 @@
 //! - slice: append axes to a dim; each device keeps its sub-block; free;
 //! - gather: drop a dim's trailing axes; receives `(k - 1)` local sizes;
 //! - all-to-all: move a dim's trailing axes (one or several, one collective over all
-//!   of them) to the end of another dim; receives `(k - 1)/k` of the local size;
+//!   of them), or the minor part of its last axis (a [sub-axis](Mesh::sub_axis), when
+//!   the target splits another dim over that axis), to the end of another dim;
+//!   receives `(k - 1)/k` of the local size;
 //! - permute: deal the same blocks to other devices (same shard count per dim);
 //!   receives one local size, nothing when every device's source is itself (the two
 //!   axis orders agree up to axes of size 1; then nothing is emitted);
@@ -17,6 +19,9 @@
 //!   [sub-axes](Mesh::sub_axis) ([`AxisMove`]); receives one new local size.
 //!
 //! Among plans receiving equally many bytes the one with the fewest collectives wins.
+//! States may hold sub-axes; adjacent parts of one axis are merged ([`normalize`]), and
+//! permutes go to the target cut into the parts a state holds, so `(data, model) ->
+//! (model, data)` is an all-to-all over `model:(2)2` and one permute (XLA's plan).
 //!
 //! With uneven dims (shards rounded up) a move is only taken when every device's new
 //! block is inside what it holds or receives; the search routes around the others
@@ -47,11 +52,13 @@ enum Step {
         axes: Vec<String>,
     },
     /// Moves the trailing `axes` of dim `from` to the end of dim `to` (one all-to-all
-    /// over all of them).
+    /// over all of them), leaving `from` split over `rest` (its other axes, and the
+    /// major part of its last axis when `axes` is that axis's minor part).
     AllToAll {
         from: usize,
         to: usize,
         axes: Vec<String>,
+        rest: Vec<String>,
     },
     Permute {
         to: Tiling,
@@ -89,8 +96,11 @@ impl AxisMove {
     /// uses no axis of the old ones.
     fn plan(mesh: &Mesh, shape: &[usize], s: &Tiling, d: usize, u: &[String]) -> Option<Self> {
         let a = &s[d];
-        let others_use = |x: &String| s.iter().enumerate().any(|(j, t)| j != d && t.contains(x));
-        if a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
+        let others_use = |x: &String| {
+            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| parent(y) == x))
+        };
+        let whole = a.iter().all(|x| parent(x) == x);
+        if !whole || a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
             return None;
         }
         let (n, total) = (mesh.axes_size(a), mesh.axes_size(u));
@@ -162,6 +172,51 @@ fn gather_is_exact(n_new: usize, c: usize, k: usize, c_new: usize) -> bool {
     n_new == 1 || k * c == c_new
 }
 
+/// The mesh axis a (sub-)axis name is a part of.
+fn parent(name: &str) -> &str {
+    name.split_once(":(").map_or(name, |p| p.0)
+}
+
+/// `(axis, pre, size)` of a (sub-)axis name on `mesh` (a whole axis: pre 1, its size).
+fn digits(mesh: &Mesh, name: &str) -> (String, usize, usize) {
+    let size = mesh.axes_size(&[name]);
+    let pre = (name
+        .split_once(":(")
+        .and_then(|(_, rest)| rest.split_once(')')))
+    .and_then(|(pre, _)| pre.parse().ok())
+    .unwrap_or(1);
+    (parent(name).to_string(), pre, size)
+}
+
+/// The name of the digits `pre`, `size` of `axis`: the axis itself when whole.
+fn part_name(mesh: &Mesh, axis: &str, pre: usize, size: usize) -> String {
+    if pre == 1 && size == mesh.axes_size(&[axis]) {
+        axis.to_string()
+    } else {
+        Mesh::sub_axis(axis, pre, size)
+    }
+}
+
+/// `t` with adjacent parts of one axis in a dim (a part, then the part right after it)
+/// merged, so a tiling has one name: the planner's states and the target compare
+/// equal however their parts were made.
+fn normalize(mesh: &Mesh, mut t: Tiling) -> Tiling {
+    for dim in &mut t {
+        let mut i = 0;
+        while i + 1 < dim.len() {
+            let (a, pre_a, size_a) = digits(mesh, &dim[i]);
+            let (b, pre_b, size_b) = digits(mesh, &dim[i + 1]);
+            if a == b && pre_b == pre_a * size_a {
+                dim[i] = part_name(mesh, &a, pre_a, size_a * size_b);
+                dim.remove(i + 1);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    t
+}
+
 struct Planner<'a> {
     mesh: &'a Mesh,
     shape: &'a [usize],
@@ -178,7 +233,7 @@ impl Planner<'_> {
             .target
             .iter()
             .flatten()
-            .filter(|a| !used.contains(a))
+            .filter(|a| !used.iter().any(|u| parent(u) == a.as_str()))
             .cloned()
             .collect();
         for d in 0..s.len() {
@@ -202,13 +257,39 @@ impl Planner<'_> {
                     out.push((Step::Gather { dim: d, axes }, t, local * (k as f64 - 1.0)));
                 }
             }
-            // All-to-all: move the trailing `len` axes of `d` to the end of another dim.
-            for len in 1..=s[d].len() {
-                let axes = s[d][s[d].len() - len..].to_vec();
+            // All-to-all: move the trailing `len` axes of `d`, or the minor part of its
+            // last axis, to the end of another dim.
+            let mut moves: Vec<(Vec<String>, Vec<String>)> = (1..=s[d].len())
+                .map(|len| {
+                    let cut = s[d].len() - len;
+                    (s[d][cut..].to_vec(), s[d][..cut].to_vec())
+                })
+                .collect();
+            // (Only a whole axis that the target splits another dim over is cut, once.)
+            let moved_elsewhere = |axis: &String| {
+                (self.target.iter().enumerate()).any(|(j, t)| j != d && t.contains(axis))
+            };
+            if let Some(last) = s[d]
+                .last()
+                .filter(|a| parent(a) == *a && moved_elsewhere(a))
+            {
+                let (axis, pre, size) = digits(mesh, last);
+                for k in (2..size).filter(|k| size.is_multiple_of(*k)) {
+                    let mut rest = s[d].clone();
+                    rest.pop();
+                    rest.push(part_name(mesh, &axis, pre, size / k));
+                    moves.push((vec![Mesh::sub_axis(&axis, pre * size / k, k)], rest));
+                }
+            }
+            for (axes, rest) in moves {
                 let k = mesh.axes_size(&axes);
+                let part = axes.iter().any(|a| parent(a) != a);
                 for j in (0..s.len()).filter(|&j| j != d) {
+                    if part && !self.target[j].iter().any(|a| a == parent(&axes[0])) {
+                        continue;
+                    }
                     let mut t = s.clone();
-                    t[d].truncate(s[d].len() - len);
+                    t[d].clone_from(&rest);
                     t[j].extend(axes.iter().cloned());
                     let split_ok = slice_is_local(
                         mesh.axes_size(&s[j]),
@@ -222,6 +303,7 @@ impl Planner<'_> {
                             from: d,
                             to: j,
                             axes: axes.clone(),
+                            rest: rest.clone(),
                         };
                         out.push((step, t, local * (k as f64 - 1.0) / k as f64));
                     }
@@ -248,14 +330,15 @@ impl Planner<'_> {
                 ));
             }
         }
-        // Permutes: to the target extended by the axes it does not use.
-        if self.target.iter().flatten().all(|a| used.contains(&a)) {
+        // Permutes: to the target (its axes cut in the parts this tiling uses) extended
+        // by the axes it does not use.
+        if let Some(target) = self.refined_target(&used) {
             let extra: Vec<String> = used
                 .iter()
-                .filter(|a| !self.target.iter().flatten().any(|b| b == **a))
+                .filter(|a| !target.iter().flatten().any(|b| b == **a))
                 .map(|a| (*a).clone())
                 .collect();
-            for t in extensions(self.target, &extra) {
+            for t in extensions(&target, &extra) {
                 let same_counts =
                     (0..s.len()).all(|d| mesh.axes_size(&t[d]) == mesh.axes_size(&s[d]));
                 if same_counts && &t != s {
@@ -270,6 +353,29 @@ impl Planner<'_> {
             }
         }
         out
+    }
+
+    /// The target with each axis replaced by the parts of it in `used`, major first; `None`
+    /// unless `used` covers every target axis whole or by parts.
+    fn refined_target(&self, used: &[&String]) -> Option<Tiling> {
+        let mesh = self.mesh;
+        let refine = |axis: &String| -> Option<Vec<String>> {
+            let mut parts: Vec<(usize, String)> = (used.iter())
+                .filter(|u| parent(u) == axis.as_str())
+                .map(|u| (digits(mesh, u).1, (*u).clone()))
+                .collect();
+            parts.sort();
+            let names: Vec<String> = parts.into_iter().map(|p| p.1).collect();
+            (mesh.axes_size(&names) == mesh.axes_size(std::slice::from_ref(axis))
+                && !names.is_empty())
+            .then_some(names)
+        };
+        (self.target.iter())
+            .map(|dim| {
+                let parts: Option<Vec<Vec<String>>> = dim.iter().map(refine).collect();
+                parts.map(|p| p.concat())
+            })
+            .collect()
     }
 
     /// Cheapest plan from `from` to the target (fewest collectives, then fewest steps,
@@ -301,6 +407,7 @@ impl Planner<'_> {
             }
             done.insert(state.clone(), ());
             for (step, t, c) in self.neighbours(&state) {
+                let t = normalize(self.mesh, t);
                 let counts = (steps.0 + usize::from(c > 0.0), steps.1 + 1);
                 let entry = (cost + c, counts, Some((state.clone(), step)));
                 match best.get(&t) {
@@ -508,7 +615,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     let mut replicated_midway = false;
     for step in &plan.steps {
         x = emit_step(em, x, &shape, &tiling, step)?;
-        tiling = apply(&tiling, step);
+        tiling = apply(mesh, &tiling, step);
         replicated_midway |= tiling.iter().all(Vec::is_empty);
     }
     let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
@@ -562,19 +669,25 @@ fn keep_one_copy(em: &mut Emitter, x: ValueId, axes: &[String]) -> Result<ValueI
     em.emit(Op::Select, &[first, x, zeros])
 }
 
-fn apply(s: &Tiling, step: &Step) -> Tiling {
+/// The tiling after `step` from `s` (normalized, see [`normalize`]).
+fn apply(mesh: &Mesh, s: &Tiling, step: &Step) -> Tiling {
     let mut t = s.clone();
     match step {
         Step::Slice { dim, axes } => t[*dim].extend(axes.iter().cloned()),
         Step::Gather { dim, axes } => t[*dim].truncate(s[*dim].len() - axes.len()),
-        Step::AllToAll { from, to, axes } => {
-            t[*from].truncate(s[*from].len() - axes.len());
+        Step::AllToAll {
+            from,
+            to,
+            axes,
+            rest,
+        } => {
+            t[*from].clone_from(rest);
             t[*to].extend(axes.iter().cloned());
         }
         Step::Permute { to } => t = to.clone(),
         Step::MoveAxes { dim, to } => t[*dim] = to.clone(),
     }
-    t
+    normalize(mesh, t)
 }
 
 fn emit_step(
@@ -585,7 +698,7 @@ fn emit_step(
     step: &Step,
 ) -> Result<crate::ir::ValueId> {
     let mesh = em.mesh;
-    let t = apply(s, step);
+    let t = apply(mesh, s, step);
     match step {
         Step::Slice { dim, axes } => slice_block(em, x, *dim, axes, chunk(shape, &t, *dim, mesh)),
         Step::Gather { dim, axes } => {
@@ -593,7 +706,7 @@ fn emit_step(
             let x = em.emit(Op::AllGather { group, dim: *dim }, &[x])?;
             em.truncate(x, *dim, chunk(shape, &t, *dim, mesh))
         }
-        Step::AllToAll { from, to, axes } => {
+        Step::AllToAll { from, to, axes, .. } => {
             let group = em.group(axes);
             let x = em.pad_to(x, *to, group.size * chunk(shape, &t, *to, mesh))?;
             let x = em.emit(
@@ -694,7 +807,7 @@ mod tests {
         // Whatever the route, no step may gather the dim whole (to 1 shard).
         let mut s = t(&[&["data"]]);
         for step in &p {
-            s = apply(&s, step);
+            s = apply(&m, &s, step);
             assert!(
                 !s[0].is_empty(),
                 "plan {p:?} passes through a replicated dim"
@@ -719,7 +832,8 @@ mod tests {
             vec![Step::AllToAll {
                 from: 0,
                 to: 1,
-                axes: vec!["model".into()]
+                axes: vec!["model".into()],
+                rest: vec![],
             }]
         );
     }
@@ -740,7 +854,7 @@ mod tests {
                 .find(|(st, _, _)| st == step)
                 .expect("plan steps are neighbours");
             total += c;
-            s = next;
+            s = normalize(mesh, next);
         }
         total
     }
@@ -775,6 +889,7 @@ mod tests {
             from: 0,
             to: 1,
             axes: vec!["a".into(), "b".into()],
+            rest: vec![],
         };
         assert_eq!(p, vec![step]);
         assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 16.0 * 3.0 / 4.0);
@@ -785,7 +900,7 @@ mod tests {
         let m = Mesh::new([("x", 2), ("one", 1)]).unwrap();
         let (from, to) = (t(&[&["x", "one"], &[]]), t(&[&["one", "x"], &[]]));
         let p = plan(&m, &[8, 8], &from, &to);
-        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&m, &s, st)), to);
         assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 0.0, "{p:?}");
     }
 
@@ -794,7 +909,7 @@ mod tests {
         let m = mesh24();
         let (from, to) = (t(&[&["data"], &["model"]]), t(&[&["model"], &["data"]]));
         let p = plan(&m, &[8, 8], &from, &to);
-        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&m, &s, st)), to);
         // Gathering everything receives 64 - 8 = 56 elements per device.
         let c = cost(&m, &[8, 8], &from, &to, &p);
         assert!(c < 56.0, "{p:?} costs {c}");
