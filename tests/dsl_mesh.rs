@@ -228,14 +228,15 @@ fn transformer_on_2x4_gathers_weights_over_data_and_reduces_activations_over_mod
     let data = vec!["data".to_string()];
     let model = vec!["model".to_string()];
     // Per layer: each of the 6 weights is split over `data` on its model dim and is
-    // all-gathered over `data` once, where it is used; the two matmuls contracting a
-    // `model`-split dim (attention output, FFN output) give partial sums all-reduced
-    // over `model`. Activations are never gathered.
+    // all-gathered over `data` once; those gathers depend on nothing but the weights, so
+    // the combiner makes them one. The two matmuls contracting a `model`-split dim
+    // (attention output, FFN output) give partial sums all-reduced over `model`, each
+    // depending on the one before. Activations are never gathered.
     let gathers: Vec<_> = all.iter().filter(|c| c.0 == "all_gather").collect();
     let reduces: Vec<_> = all.iter().filter(|c| c.0 == "all_reduce").collect();
-    assert_eq!(gathers.len(), 6 * LAYERS, "{}", exe.spmd.report());
+    assert_eq!(gathers.len(), 1, "{}", exe.spmd.report());
     assert_eq!(reduces.len(), 2 * LAYERS, "{}", exe.spmd.report());
-    assert_eq!(all.len(), 8 * LAYERS, "{}", exe.spmd.report());
+    assert_eq!(all.len(), 1 + 2 * LAYERS, "{}", exe.spmd.report());
     assert!(gathers.iter().all(|c| c.1 == data), "{all:?}");
     assert!(reduces.iter().all(|c| c.1 == model), "{all:?}");
     // Every all-reduce is of the local residual block [B/2, S, D].

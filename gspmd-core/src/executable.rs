@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::ir::{Literal, Program, verify};
-use crate::partition::{SpmdProgram, partition};
+use crate::partition::{SpmdProgram, combine_collectives, partition};
 use crate::propagation::propagate;
 use crate::runtime::{ThreadMesh, interpret};
 use crate::sharding::Mesh;
@@ -28,13 +28,16 @@ pub struct Executable {
 /// [`Stage::BeforePropagation`]), and again after partitioning, where equal collectives of one
 /// operand (several users resharding it alike) are merged into one. The value ids of
 /// [`Executable::propagated`] are those of the simplified program; parameter and output
-/// positions are unchanged.
+/// positions are unchanged. Last, independent all-reduces, all-gathers and
+/// reduce-scatters over the same devices are combined, one per kind (XLA's combiners;
+/// results bitwise equal).
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
     verify(program)?;
     let program = simplify_verified(program, Stage::BeforePropagation);
     let propagated = propagate(&program, mesh)?;
     let mut spmd = partition(&propagated, mesh)?;
     spmd.program = simplify_verified(&spmd.program, Stage::Sharded);
+    spmd.program = combine_collectives(&spmd.program)?;
     Ok(Executable { propagated, spmd })
 }
 

@@ -359,6 +359,84 @@ fn data_to_model_on_one_dim_never_gathers_the_whole_dim() {
     assert!(stats.bytes() < 32 * 4 * 4, "{}", exe.report());
 }
 
+/// A parameter of `shape` split as `from`, constrained to `to`.
+fn resharding(shape: &[usize], from: &str, to: &str) -> Program {
+    build(&format!("{from} -> {to}"), |b| {
+        let x = b
+            .parameter("x", shape.to_vec(), DType::F32)
+            .annotate(s(from));
+        vec![x.shard(s(to))]
+    })
+}
+
+/// `(data, _) -> (model, _)` on `[32, 64]`, data=2, model=4: each device keeps the
+/// quarter of its rows given by model's minor digit (a local slice), then one
+/// collective-permute swaps data and model's major digit: 8x64 f32 received per device
+/// (was a permute of 16x64 plus an all-gather).
+#[test]
+fn data_to_model_is_a_local_slice_and_one_collective_permute() {
+    let p = resharding(&[32, 64], "(data, _)", "(model, _)");
+    let exe = compile24(&p);
+    let stats = exe.spmd.collectives();
+    assert_eq!(
+        (
+            stats.count("collective_permute"),
+            stats.total(),
+            stats.bytes()
+        ),
+        (1, 1, 8 * 64 * 4),
+        "{}",
+        exe.report()
+    );
+    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    check_on_all_meshes(&p);
+}
+
+/// `(data) -> (model)` on `[10]`: blocks of 5 and of 3 nest nowhere, so the value is
+/// gathered whole and sliced again: a full rematerialization, warned with the op, the
+/// line, both shardings, the bytes and the annotation to add; `report()` lists it.
+#[test]
+fn full_rematerialization_is_warned_with_shardings_bytes_and_a_suggestion() {
+    let p = resharding(&[10], "(data)", "(model)");
+    let exe = compile24(&p);
+    let warning = "sharding_constraint: full rematerialization: resharding f32[10] from \
+                   (data) to (model) replicates it on every device (20 bytes received per \
+                   device); annotate the value `.shard(\"(model)\")` where it is defined, so \
+                   it is produced split as used here";
+    assert_eq!(exe.spmd.warnings.len(), 1, "{:?}", exe.spmd.warnings);
+    assert!(
+        exe.spmd.warnings[0].ends_with(warning),
+        "{}",
+        exe.spmd.warnings[0]
+    );
+    assert!(exe.spmd.warnings[0].starts_with("gspmd-core/tests/spmd.rs:"));
+    assert!(exe.report().contains("warning: "), "{}", exe.report());
+    assert!(exe.report().contains(warning), "{}", exe.report());
+    check_on_all_meshes(&p);
+}
+
+/// Swapping mesh axes between dims: `(data, model) -> (model, data)` on `[64, 128]`,
+/// data=2, model=4 (local 32x32 f32): an all-to-all over model's minor half (sub-axis
+/// `model:(2)2`) moves it to dim 0, then one collective-permute deals the 16x64 blocks:
+/// 6144 bytes per device, XLA's plan (was an all-gather plus an all-to-all, 15360).
+#[test]
+fn swapping_mesh_axes_between_dims_is_cheap_and_exact() {
+    let p = resharding(&[64, 128], "(data, model)", "(model, data)");
+    let exe = compile24(&p);
+    let stats = exe.spmd.collectives();
+    assert_eq!(
+        (
+            stats.count("all_to_all"),
+            stats.count("collective_permute"),
+            stats.bytes()
+        ),
+        (1, 1, 2048 + 4096),
+        "{}",
+        exe.report()
+    );
+    check_on_all_meshes(&p);
+}
+
 #[test]
 fn per_device_program_size_does_not_depend_on_the_device_count() {
     let p = build("size", |b| {

@@ -325,6 +325,51 @@ fn axis_lists_cover_both_orders() {
     assert_eq!(lists.len(), 5);
 }
 
+/// A sub-axis is a mixed-radix digit of its axis: the major and minor halves of
+/// `model` together index like `model`, each group member inverts its index, and a
+/// part listed with an overlapping one (or not dividing the axis) is an error.
+#[test]
+fn sub_axes_index_digits_of_their_axis() {
+    let meshes = [
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::with_device_order([("data", 2), ("model", 4)], vec![3, 6, 0, 5, 1, 7, 2, 4]).unwrap(),
+    ];
+    let (major, minor) = (Mesh::sub_axis("model", 1, 2), Mesh::sub_axis("model", 2, 2));
+    for mesh in &meshes {
+        assert_eq!(mesh.axis_size(&major), Some(2));
+        for device in 0..8 {
+            let whole = mesh.group_index(device, &["data", "model"]).unwrap();
+            let parts = [&"data".to_string(), &major, &minor];
+            assert_eq!(mesh.group_index(device, &parts).unwrap(), whole);
+            let swapped = [&minor, &"data".to_string(), &major];
+            let index = mesh.group_index(device, &swapped).unwrap();
+            let [d, m] = [whole / 4, whole % 4];
+            assert_eq!(index, (m % 2) * 4 + d * 2 + m / 2, "{mesh} device {device}");
+            for i in 0..8 {
+                let member = mesh.group_member(device, &swapped, i).unwrap();
+                assert_eq!(mesh.group_index(member, &swapped).unwrap(), i);
+            }
+            let quarter = [Mesh::sub_axis("model", 1, 2), "data".into()];
+            let member = mesh.group_member(device, &quarter, 0).unwrap();
+            // Only the major digit of model and data change.
+            let m_member = mesh.group_index(member, &["model"]).unwrap();
+            assert_eq!(m_member % 2, m % 2);
+        }
+        for bad in [
+            vec!["model".to_string(), minor.clone()],
+            vec![major.clone(), major.clone()],
+            vec![Mesh::sub_axis("model", 1, 3)],
+            vec![Mesh::sub_axis("model", 4, 2)],
+            vec![Mesh::sub_axis("model", 1, 1)],
+        ] {
+            assert!(
+                matches!(mesh.group_index(0, &bad), Err(Error::AxisGroup { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+}
+
 // ---- failures --------------------------------------------------------------------------
 
 /// Runs `f` on another thread and fails the test if it takes more than `limit`.
@@ -1031,6 +1076,22 @@ fn the_limit_is_on_live_values_not_on_one_value() {
 /// A per-device program `collective_shift(x)` over `axes`, with `x` split along dim 0
 /// over `axes` in blocks of two rows.
 fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdProgram {
+    let group = AxisGroup {
+        axes: axes.to_vec(),
+        size: mesh.axes_size(axes),
+    };
+    let op = Op::CollectiveShift {
+        group,
+        offset,
+        wrap,
+        mirror: false,
+    };
+    collective_program(mesh, axes, op)
+}
+
+/// A per-device program applying `op` to blocks of `[2 n, 3]` rows split over `axes`
+/// (`n` devices), its output split alike.
+fn collective_program(mesh: &Mesh, axes: &[String], op: Op) -> SpmdProgram {
     let n = mesh.axes_size(axes);
     let global = TensorType::new(vec![2 * n, 3], DType::I32);
     let mut program = Program::new("shift");
@@ -1044,22 +1105,7 @@ fn shift_program(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) -> SpmdP
             Location::caller(),
         )
         .unwrap();
-    let group = AxisGroup {
-        axes: axes.to_vec(),
-        size: n,
-    };
-    let y = program
-        .push_op(
-            Op::CollectiveShift {
-                group,
-                offset,
-                wrap,
-                mirror: false,
-            },
-            &[x],
-            Location::caller(),
-        )
-        .unwrap();
+    let y = program.push_op(op, &[x], Location::caller()).unwrap();
     program.params = vec![x];
     program.outputs = vec![y];
     let sharding = Sharding::new([
@@ -1109,6 +1155,49 @@ fn check_shift(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) {
     };
     let bytes = spmd.collectives().bytes();
     assert_eq!(bytes, if moves { 2 * 3 * 4 } else { 0 }, "{offset} {wrap}");
+}
+
+/// A collective permute counts the bytes of a block exactly when it changes what some
+/// device holds (blocks are distinct): a permute whose senders are the receivers
+/// (the same order, or orders differing only in axes of size 1) moves nothing.
+#[test]
+fn collective_permute_counts_bytes_only_when_a_device_receives_from_another() {
+    let meshes = [
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+        Mesh::new([("x", 2), ("one", 1), ("y", 2)]).unwrap(),
+    ];
+    let mut moved_and_not = [false; 2];
+    for mesh in &meshes {
+        for receivers in axis_lists(mesh).into_iter().filter(|l| !l.is_empty()) {
+            for from in axis_lists(mesh) {
+                let same_axes =
+                    from.len() == receivers.len() && from.iter().all(|a| receivers.contains(a));
+                if !same_axes {
+                    continue;
+                }
+                let n = mesh.axes_size(&receivers);
+                let group = AxisGroup {
+                    axes: receivers.clone(),
+                    size: n,
+                };
+                let op = Op::CollectivePermute { group, from };
+                let spmd = collective_program(mesh, &receivers, op);
+                let x = ArrayD::from_shape_fn(IxDyn(&[2 * n, 3]), |ix| (ix[0] * 3 + ix[1]) as i32);
+                let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
+                let out = spmd.run(&thread_mesh, &[x.clone().into()]).unwrap();
+                let moved = out[0] != x.into();
+                moved_and_not[usize::from(moved)] = true;
+                let bytes = spmd.collectives().bytes();
+                assert_eq!(
+                    bytes,
+                    if moved { 2 * 3 * 4 } else { 0 },
+                    "{}",
+                    spmd.report()
+                );
+            }
+        }
+    }
+    assert_eq!(moved_and_not, [true, true]);
 }
 
 #[test]

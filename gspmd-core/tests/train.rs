@@ -6,10 +6,11 @@
 //! the loss and every parameter, at every step (f32 sums in another order).
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum};
-use gspmd_core::partition::SpmdProgram;
-use gspmd_core::runtime::{uniform_f32, uniform_i32};
+use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum, verify};
+use gspmd_core::partition::{CollectiveStats, SpmdProgram, partition};
+use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
     Engine, Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
 };
@@ -488,13 +489,13 @@ fn sharding_of(program: &Program, name: &str) -> String {
 ///   the local gradient `16 * 32 / m` elements; nothing else needs communication
 ///   (`relu`'s mask is `(data, model)` like `dh`);
 /// - the update and the optimizer state are sharded like each weight: elementwise, no
-///   collective.
+///   collective;
+/// - the three all-reduces over `data` (the loss and the two weight gradients) are
+///   independent: the combiner makes them one of their elements flattened.
 fn expected_megatron(batch: usize, a: usize, m: usize) -> Vec<(&'static str, String, usize)> {
     let mut want = vec![
         ("all_reduce", "model".to_string(), batch / a * 16),
-        ("all_reduce", "data".to_string(), 1),
-        ("all_reduce", "data".to_string(), 16 * 32 / m),
-        ("all_reduce", "data".to_string(), 16 * 32 / m),
+        ("all_reduce", "data".to_string(), 1 + 2 * (16 * 32 / m)),
     ];
     want.sort();
     want
@@ -570,6 +571,84 @@ fn golden_weight_update_sharding() {
         assert_eq!(sharding_of(&exe.propagated, "grad(w)"), "(data, model)");
         assert_eq!(sharding_of(&exe.propagated, "m(w)"), "(data, model)");
     }
+}
+
+/// A step of `layers` (weights of those shapes, each annotated `weights`, tanh between),
+/// batch over `data`, trained by SGD.
+fn mlp_step(layers: &[[usize; 2]], weights: &str) -> Program {
+    let b = Builder::new("mlp_step");
+    let mut h = b
+        .parameter("x", [16, layers[0][0]], DType::F32)
+        .annotate(s("(data, _)"));
+    for (i, &shape) in layers.iter().enumerate() {
+        let w = b.parameter(&format!("w{i}"), shape, DType::F32);
+        h = h.matmul(&w.annotate(s(weights)));
+        if i + 1 < layers.len() {
+            h = h.tanh();
+        }
+    }
+    let out = layers[layers.len() - 1][1];
+    let t = b
+        .parameter("target", [16, out], DType::F32)
+        .annotate(s("(data, _)"));
+    let model = b.finish(&[&h.mse(&t)]).unwrap();
+    let trained: Vec<usize> = (1..=layers.len()).collect();
+    step_program(&model, 0, &trained, &sgd(0.1, 0.0))
+        .unwrap()
+        .program
+}
+
+/// Compiles `step` for `mesh` and partitions and simplifies it again without combining;
+/// checks that the combined program verifies, runs bitwise like the uncombined one and
+/// receives the same bytes, and returns both collective counts (uncombined, combined).
+fn combined_and_not(step: &Program, mesh: &Mesh) -> (CollectiveStats, CollectiveStats) {
+    let exe = gspmd_core::compile(step, mesh).unwrap();
+    let mut uncombined = partition(&exe.propagated, mesh).unwrap();
+    uncombined.program = simplify(&uncombined.program, Stage::Sharded).unwrap();
+    verify(&exe.spmd.program).unwrap();
+    let (before, after) = (uncombined.collectives(), exe.spmd.collectives());
+    assert_eq!(
+        after.bytes(),
+        before.bytes(),
+        "{mesh}:\n{}",
+        exe.spmd.report()
+    );
+    let inputs = sample_inputs(step, 7);
+    let threads = ThreadMesh::new(mesh.clone()).unwrap();
+    let want = uncombined.run(&threads, &inputs).unwrap();
+    assert_eq!(exe.run(&threads, &inputs).unwrap(), want, "{mesh}");
+    (before, after)
+}
+
+/// A data-parallel MLP step (batch over `data`, four replicated weights): the four
+/// weight-gradient all-reduces (and the loss's) are independent, so the combiner makes
+/// them one all-reduce of the same bytes, and the step computes bitwise what it computes
+/// uncombined (every element is summed in the same order).
+#[test]
+fn golden_data_parallel_gradients_are_one_combined_all_reduce() {
+    let step = mlp_step(&[[8, 16], [16, 16], [16, 16], [16, 4]], "(_, _)");
+    for mesh in [
+        Mesh::new([("data", 4)]).unwrap(),
+        Mesh::new([("data", 2), ("model", 4)]).unwrap(),
+    ] {
+        let (before, after) = combined_and_not(&step, &mesh);
+        assert_eq!(before.count("all_reduce"), 5, "{mesh}");
+        assert_eq!((after.count("all_reduce"), after.total()), (1, 1), "{mesh}");
+    }
+}
+
+/// Weight-update sharding (weights split over `data` like the batch): the forward's
+/// weight all-gathers are independent of each other, and so are the weight gradients'
+/// reduce-scatters: one of each, bitwise equal.
+#[test]
+fn golden_sharded_weights_gather_and_reduce_scatter_once_each() {
+    let step = mlp_step(&[[8, 16], [16, 16], [16, 4]], "(data, _)");
+    let mesh = Mesh::new([("data", 4)]).unwrap();
+    let (before, after) = combined_and_not(&step, &mesh);
+    assert!(before.count("all_gather") >= 3, "{before}");
+    assert!(before.count("reduce_scatter") >= 2, "{before}");
+    assert_eq!(after.count("all_gather"), 1, "{after}");
+    assert_eq!(after.count("reduce_scatter"), 1, "{after}");
 }
 
 // ---- checkpoints -------------------------------------------------------------------------

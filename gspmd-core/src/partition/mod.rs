@@ -11,6 +11,7 @@
 //! op needs, emits it, and the driver reshards the result to the value's propagated
 //! sharding (`reshard` picks the cheapest composition of collectives).
 
+mod combine;
 mod emit;
 mod fusion;
 mod halo;
@@ -20,6 +21,7 @@ mod report;
 mod reshard;
 mod value;
 
+pub(crate) use combine::combine_collectives;
 pub use report::CollectiveStats;
 pub(crate) use value::PValue;
 

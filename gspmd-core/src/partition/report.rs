@@ -7,14 +7,30 @@ use std::sync::Arc;
 
 use super::SpmdProgram;
 use crate::ir::{Flow, Node, Op, Program};
+use crate::sharding::Mesh;
 
-/// Bytes one device receives in collective `node` of `program` (ring algorithms for
-/// all-reduce; zero for a non-collective). For a collective shift: the bytes of a device
-/// that receives from another one; zero when none does (every pair of
+/// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
+/// reordered) moves data between devices on `mesh`: unless the two orders agree once
+/// the axes of size 1 are dropped, some device's source is another device.
+pub(crate) fn permute_moves_data(mesh: &Mesh, receivers: &[String], senders: &[String]) -> bool {
+    let spanning = |axes: &[String]| -> Vec<String> {
+        (axes.iter())
+            .filter(|a| mesh.axes_size(std::slice::from_ref(*a)) > 1)
+            .cloned()
+            .collect()
+    };
+    spanning(receivers) != spanning(senders)
+}
+
+/// Bytes one device of `mesh` receives in collective `node` of `program` (ring
+/// algorithms for all-reduce; zero for a non-collective), counting only bytes that
+/// cross devices. For a collective permute or shift: the bytes of a device that
+/// receives from another one; zero when none does (a permute whose senders' order is
+/// the receivers', [`permute_moves_data`]; a shift where every pair of
 /// [`AxisGroup::shift_pairs`](crate::ir::AxisGroup::shift_pairs) keeps its operand: a
 /// shift by a multiple of the group size with wrap, by the group size or more without, a
 /// mirror of a group of one).
-pub fn bytes_received(program: &Program, node: &Node) -> usize {
+pub fn bytes_received(program: &Program, node: &Node, mesh: &Mesh) -> usize {
     let input = node
         .operands
         .first()
@@ -25,7 +41,9 @@ pub fn bytes_received(program: &Program, node: &Node) -> usize {
         Op::AllGather { .. } => output - input,
         Op::AllReduce { group, .. } => 2 * fraction(group.size),
         Op::ReduceScatter { group, .. } | Op::AllToAll { group, .. } => fraction(group.size),
-        Op::CollectivePermute { .. } => input,
+        Op::CollectivePermute { group, from } if permute_moves_data(mesh, &group.axes, from) => {
+            input
+        }
         Op::CollectiveShift {
             group,
             offset,
@@ -51,31 +69,31 @@ pub struct CollectiveStats {
 }
 
 impl CollectiveStats {
-    /// Counts the collectives of `program`, with those inside the regions of its
-    /// control-flow ops counted once per region: once per iteration of a loop (whose
-    /// trip count may be a run-time value).
-    pub fn of(program: &Program) -> Self {
+    /// Counts the collectives of `program`, partitioned for `mesh`, with those inside
+    /// the regions of its control-flow ops counted once per region: once per iteration
+    /// of a loop (whose trip count may be a run-time value).
+    pub fn of(program: &Program, mesh: &Mesh) -> Self {
         let mut stats = CollectiveStats::default();
-        stats.add(program, &mut Vec::new());
+        stats.add(program, mesh, &mut Vec::new());
         stats
     }
 
     /// Adds the collectives of `program` and of the regions not in `seen` (an
     /// instance's result nodes share their regions).
-    fn add(&mut self, program: &Program, seen: &mut Vec<*const Flow>) {
+    fn add(&mut self, program: &Program, mesh: &Mesh, seen: &mut Vec<*const Flow>) {
         for node in &program.nodes {
             if let Op::Flow { flow, .. } = &node.op
                 && !seen.contains(&Arc::as_ptr(flow))
             {
                 seen.push(Arc::as_ptr(flow));
                 for region in flow.regions() {
-                    self.add(region, seen);
+                    self.add(region, mesh, seen);
                 }
             }
             if node.op.is_collective() {
                 let e: &mut (usize, usize) = self.by_kind.entry(node.op.name()).or_default();
                 e.0 += 1;
-                e.1 += bytes_received(program, node);
+                e.1 += bytes_received(program, node, mesh);
             }
         }
     }
@@ -120,7 +138,7 @@ impl std::fmt::Display for CollectiveStats {
 impl SpmdProgram {
     /// Collective statistics of the per-device program.
     pub fn collectives(&self) -> CollectiveStats {
-        CollectiveStats::of(&self.program)
+        CollectiveStats::of(&self.program, &self.mesh)
     }
 
     /// The per-device program, then one line per collective (axes, bytes per device,
@@ -131,7 +149,7 @@ impl SpmdProgram {
             "// partitioned for {}\n{}\n\ncollectives:\n",
             self.mesh, self.program
         );
-        collective_lines(&mut out, &self.program, "", &mut Vec::new());
+        collective_lines(&mut out, &self.program, &self.mesh, "", &mut Vec::new());
         let _ = write!(out, "{}", self.collectives());
         for w in &self.warnings {
             let _ = write!(out, "\nwarning: {w}");
@@ -145,6 +163,7 @@ impl SpmdProgram {
 fn collective_lines(
     out: &mut String,
     program: &Program,
+    mesh: &Mesh,
     within: &str,
     seen: &mut Vec<*const Flow>,
 ) {
@@ -156,7 +175,7 @@ fn collective_lines(
             seen.push(Arc::as_ptr(flow));
             for (name, region) in flow.region_names().iter().zip(flow.regions()) {
                 let path = format!("{within}{v} {} {name}: ", flow.name());
-                collective_lines(out, region, &path, seen);
+                collective_lines(out, region, mesh, &path, seen);
             }
         }
         if node.op.is_collective() {
@@ -167,7 +186,7 @@ fn collective_lines(
                 node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
                 program.ty(node.operands[0]),
                 node.ty,
-                bytes_received(program, node),
+                bytes_received(program, node, mesh),
                 node.location
             );
         }

@@ -7,10 +7,21 @@
 //! Its moves are:
 //! - slice: append axes to a dim; each device keeps its sub-block; free;
 //! - gather: drop a dim's trailing axes; receives `(k - 1)` local sizes;
-//! - all-to-all: move a dim's last axis to the end of another dim; receives
-//!   `(k - 1)/k` of the local size;
+//! - all-to-all: move a dim's trailing axes (one or several, one collective over all
+//!   of them), or the minor part of its last axis (a [sub-axis](Mesh::sub_axis), when
+//!   the target splits another dim over that axis), to the end of another dim;
+//!   receives `(k - 1)/k` of the local size;
 //! - permute: deal the same blocks to other devices (same shard count per dim);
-//!   receives one local size.
+//!   receives one local size, nothing when every device's source is itself (the two
+//!   axis orders agree up to axes of size 1; then nothing is emitted);
+//! - axis move: split a dim over the target's axes for it instead of its own, when each
+//!   new block lies inside one old block: a free local slice, then one permute over
+//!   [sub-axes](Mesh::sub_axis) ([`AxisMove`]); receives one new local size.
+//!
+//! Among plans receiving equally many bytes the one with the fewest collectives wins.
+//! States may hold sub-axes; adjacent parts of one axis are merged ([`normalize`]), and
+//! permutes go to the target cut into the parts a state holds, so `(data, model) ->
+//! (model, data)` is an all-to-all over `model:(2)2` and one permute (XLA's plan).
 //!
 //! With uneven dims (shards rounded up) a move is only taken when every device's new
 //! block is inside what it holds or receives; the search routes around the others
@@ -20,6 +31,7 @@
 use std::collections::HashMap;
 
 use super::emit::Emitter;
+use super::report::permute_moves_data;
 use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
@@ -39,14 +51,102 @@ enum Step {
         dim: usize,
         axes: Vec<String>,
     },
+    /// Moves the trailing `axes` of dim `from` to the end of dim `to` (one all-to-all
+    /// over all of them), leaving `from` split over `rest` (its other axes, and the
+    /// major part of its last axis when `axes` is that axis's minor part).
     AllToAll {
         from: usize,
         to: usize,
-        axis: String,
+        axes: Vec<String>,
+        rest: Vec<String>,
     },
     Permute {
         to: Tiling,
     },
+    /// Splits dim `dim` over `to` instead of its axes: a free local slice, then one
+    /// collective-permute ([`AxisMove`]).
+    MoveAxes {
+        dim: usize,
+        to: Vec<String>,
+    },
+}
+
+/// Moving dim `d` of tiling `s` from its axes `A` (`n` shards) to axes `u` (`n * r`
+/// shards, each new block inside one old block, `u` used by no other dim): `u` read as
+/// mixed-radix digits is a major part `P` (`n` shards, cutting an axis into
+/// [sub-axes](Mesh::sub_axis) where needed) and a minor part `Q` (`r`). Every device
+/// first keeps sub-block `Q`-index of its old block (free), then receives it from the
+/// device whose `A`-index is its `P`-index and whose `Q`-index is its own: a
+/// collective-permute with receivers over `P ++ Q ++ (A \ P)` and senders over
+/// `A ++ Q ++ (P \ A)`. `(data) -> (model)` with data=2, model=4: keep the half of
+/// the rows given by model's minor digit, then swap data and model's major digit.
+#[derive(Debug, Clone, PartialEq)]
+struct AxisMove {
+    /// `Q`: the (sub-)axes each device slices its old block over first.
+    minor: Vec<String>,
+    /// The receivers' group order.
+    receivers: Vec<String>,
+    /// The senders' order (the same (sub-)axes).
+    senders: Vec<String>,
+}
+
+impl AxisMove {
+    /// The move of dim `d` of `s` to `u` on `mesh` for a value of `shape`, if `u` is a
+    /// new set of axes whose blocks each lie inside one old block and whose minor part
+    /// uses no axis of the old ones.
+    fn plan(mesh: &Mesh, shape: &[usize], s: &Tiling, d: usize, u: &[String]) -> Option<Self> {
+        let a = &s[d];
+        let others_use = |x: &String| {
+            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| parent(y) == x))
+        };
+        let whole = a.iter().all(|x| parent(x) == x);
+        if !whole || a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
+            return None;
+        }
+        let (n, total) = (mesh.axes_size(a), mesh.axes_size(u));
+        if !total.is_multiple_of(n) {
+            return None;
+        }
+        let r = total / n;
+        let mut t = s.clone();
+        t[d] = u.to_vec();
+        if chunk(shape, s, d, mesh) != r * chunk(shape, &t, d, mesh) {
+            return None;
+        }
+        // Cut `u` after its digits of product `n`.
+        let (mut major, mut minor) = (Vec::new(), Vec::new());
+        let mut prefix = 1;
+        for axis in u {
+            let size = mesh.axes_size(std::slice::from_ref(axis));
+            if prefix == n {
+                minor.push(axis.clone());
+            } else if n.is_multiple_of(prefix * size) {
+                major.push(axis.clone());
+                prefix *= size;
+            } else if (n / prefix) > 1
+                && n.is_multiple_of(prefix)
+                && size.is_multiple_of(n / prefix)
+            {
+                let k = n / prefix;
+                major.push(Mesh::sub_axis(axis, 1, k));
+                minor.push(Mesh::sub_axis(axis, k, size / k));
+                prefix = n;
+            } else {
+                return None;
+            }
+        }
+        let parent = |x: &String| x.split_once(":(").map_or(x.as_str(), |p| p.0).to_string();
+        if minor.iter().any(|q| a.contains(&parent(q))) {
+            return None;
+        }
+        let a_not_p: Vec<String> = a.iter().filter(|x| !major.contains(x)).cloned().collect();
+        let p_not_a: Vec<String> = major.iter().filter(|x| !a.contains(x)).cloned().collect();
+        Some(AxisMove {
+            receivers: [major, minor.clone(), a_not_p].concat(),
+            senders: [a.clone(), minor.clone(), p_not_a].concat(),
+            minor,
+        })
+    }
 }
 
 /// Chunk (padded local length) of dim `d` under `t`.
@@ -72,6 +172,51 @@ fn gather_is_exact(n_new: usize, c: usize, k: usize, c_new: usize) -> bool {
     n_new == 1 || k * c == c_new
 }
 
+/// The mesh axis a (sub-)axis name is a part of.
+fn parent(name: &str) -> &str {
+    name.split_once(":(").map_or(name, |p| p.0)
+}
+
+/// `(axis, pre, size)` of a (sub-)axis name on `mesh` (a whole axis: pre 1, its size).
+fn digits(mesh: &Mesh, name: &str) -> (String, usize, usize) {
+    let size = mesh.axes_size(&[name]);
+    let pre = (name
+        .split_once(":(")
+        .and_then(|(_, rest)| rest.split_once(')')))
+    .and_then(|(pre, _)| pre.parse().ok())
+    .unwrap_or(1);
+    (parent(name).to_string(), pre, size)
+}
+
+/// The name of the digits `pre`, `size` of `axis`: the axis itself when whole.
+fn part_name(mesh: &Mesh, axis: &str, pre: usize, size: usize) -> String {
+    if pre == 1 && size == mesh.axes_size(&[axis]) {
+        axis.to_string()
+    } else {
+        Mesh::sub_axis(axis, pre, size)
+    }
+}
+
+/// `t` with adjacent parts of one axis in a dim (a part, then the part right after it)
+/// merged, so a tiling has one name: the planner's states and the target compare
+/// equal however their parts were made.
+fn normalize(mesh: &Mesh, mut t: Tiling) -> Tiling {
+    for dim in &mut t {
+        let mut i = 0;
+        while i + 1 < dim.len() {
+            let (a, pre_a, size_a) = digits(mesh, &dim[i]);
+            let (b, pre_b, size_b) = digits(mesh, &dim[i + 1]);
+            if a == b && pre_b == pre_a * size_a {
+                dim[i] = part_name(mesh, &a, pre_a, size_a * size_b);
+                dim.remove(i + 1);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    t
+}
+
 struct Planner<'a> {
     mesh: &'a Mesh,
     shape: &'a [usize],
@@ -88,7 +233,7 @@ impl Planner<'_> {
             .target
             .iter()
             .flatten()
-            .filter(|a| !used.contains(a))
+            .filter(|a| !used.iter().any(|u| parent(u) == a.as_str()))
             .cloned()
             .collect();
         for d in 0..s.len() {
@@ -112,13 +257,40 @@ impl Planner<'_> {
                     out.push((Step::Gather { dim: d, axes }, t, local * (k as f64 - 1.0)));
                 }
             }
-            // All-to-all: move the last axis of `d` to the end of another dim.
-            if let Some(axis) = s[d].last() {
-                let k = mesh.axes_size(std::slice::from_ref(axis));
+            // All-to-all: move the trailing `len` axes of `d`, or the minor part of its
+            // last axis, to the end of another dim.
+            let mut moves: Vec<(Vec<String>, Vec<String>)> = (1..=s[d].len())
+                .map(|len| {
+                    let cut = s[d].len() - len;
+                    (s[d][cut..].to_vec(), s[d][..cut].to_vec())
+                })
+                .collect();
+            // (Only a whole axis that the target splits another dim over is cut, once.)
+            let moved_elsewhere = |axis: &String| {
+                (self.target.iter().enumerate()).any(|(j, t)| j != d && t.contains(axis))
+            };
+            if let Some(last) = s[d]
+                .last()
+                .filter(|a| parent(a) == *a && moved_elsewhere(a))
+            {
+                let (axis, pre, size) = digits(mesh, last);
+                for k in (2..size).filter(|k| size.is_multiple_of(*k)) {
+                    let mut rest = s[d].clone();
+                    rest.pop();
+                    rest.push(part_name(mesh, &axis, pre, size / k));
+                    moves.push((vec![Mesh::sub_axis(&axis, pre * size / k, k)], rest));
+                }
+            }
+            for (axes, rest) in moves {
+                let k = mesh.axes_size(&axes);
+                let part = axes.iter().any(|a| parent(a) != a);
                 for j in (0..s.len()).filter(|&j| j != d) {
+                    if part && !self.target[j].iter().any(|a| a == parent(&axes[0])) {
+                        continue;
+                    }
                     let mut t = s.clone();
-                    t[d].pop();
-                    t[j].push(axis.clone());
+                    t[d].clone_from(&rest);
+                    t[j].extend(axes.iter().cloned());
                     let split_ok = slice_is_local(
                         mesh.axes_size(&s[j]),
                         chunk(shape, s, j, mesh),
@@ -130,38 +302,92 @@ impl Planner<'_> {
                         let step = Step::AllToAll {
                             from: d,
                             to: j,
-                            axis: axis.clone(),
+                            axes: axes.clone(),
+                            rest: rest.clone(),
                         };
                         out.push((step, t, local * (k as f64 - 1.0) / k as f64));
                     }
                 }
             }
         }
-        // Permutes: to the target extended by the axes it does not use.
-        if self.target.iter().flatten().all(|a| used.contains(&a)) {
+        // Axis moves: a dim to the target's axes, by a local slice and one permute.
+        for (d, u) in self.target.iter().enumerate() {
+            if let Some(mv) = AxisMove::plan(mesh, shape, s, d, u) {
+                let mut t = s.clone();
+                t[d] = u.clone();
+                let cost = if permute_moves_data(mesh, &mv.receivers, &mv.senders) {
+                    local_elems(shape, &t, mesh)
+                } else {
+                    0.0
+                };
+                out.push((
+                    Step::MoveAxes {
+                        dim: d,
+                        to: u.clone(),
+                    },
+                    t,
+                    cost,
+                ));
+            }
+        }
+        // Permutes: to the target (its axes cut in the parts this tiling uses) extended
+        // by the axes it does not use.
+        if let Some(target) = self.refined_target(&used) {
             let extra: Vec<String> = used
                 .iter()
-                .filter(|a| !self.target.iter().flatten().any(|b| b == **a))
+                .filter(|a| !target.iter().flatten().any(|b| b == **a))
                 .map(|a| (*a).clone())
                 .collect();
-            for t in extensions(self.target, &extra) {
+            for t in extensions(&target, &extra) {
                 let same_counts =
                     (0..s.len()).all(|d| mesh.axes_size(&t[d]) == mesh.axes_size(&s[d]));
                 if same_counts && &t != s {
-                    out.push((Step::Permute { to: t.clone() }, t, local));
+                    let (receivers, senders) = (flat(&t), flat(s));
+                    let cost = if permute_moves_data(mesh, &receivers, &senders) {
+                        local
+                    } else {
+                        0.0
+                    };
+                    out.push((Step::Permute { to: t.clone() }, t, cost));
                 }
             }
         }
         out
     }
 
-    /// Cheapest plan from `from` to the target (fewest steps among equal costs), and its
-    /// cost in elements received per device.
+    /// The target with each axis replaced by the parts of it in `used`, major first; `None`
+    /// unless `used` covers every target axis whole or by parts.
+    fn refined_target(&self, used: &[&String]) -> Option<Tiling> {
+        let mesh = self.mesh;
+        let refine = |axis: &String| -> Option<Vec<String>> {
+            let mut parts: Vec<(usize, String)> = (used.iter())
+                .filter(|u| parent(u) == axis.as_str())
+                .map(|u| (digits(mesh, u).1, (*u).clone()))
+                .collect();
+            parts.sort();
+            let names: Vec<String> = parts.into_iter().map(|p| p.1).collect();
+            (mesh.axes_size(&names) == mesh.axes_size(std::slice::from_ref(axis))
+                && !names.is_empty())
+            .then_some(names)
+        };
+        (self.target.iter())
+            .map(|dim| {
+                let parts: Option<Vec<Vec<String>>> = dim.iter().map(refine).collect();
+                parts.map(|p| p.concat())
+            })
+            .collect()
+    }
+
+    /// Cheapest plan from `from` to the target (fewest collectives, then fewest steps,
+    /// among equal costs), and its cost in elements received per device. A step that
+    /// receives nothing emits no collective (a slice, a collective over one device, a
+    /// permute where every device is its own source).
     fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
-        type Entry = (f64, usize, Option<(Tiling, Step)>);
+        // (elements received, (collectives, steps), how the state was reached).
+        type Entry = (f64, (usize, usize), Option<(Tiling, Step)>);
         let mut best: HashMap<Tiling, Entry> = HashMap::new();
         let mut done: HashMap<Tiling, ()> = HashMap::new();
-        best.insert(from.clone(), (0.0, 0, None));
+        best.insert(from.clone(), (0.0, (0, 0), None));
         loop {
             let next = best
                 .iter()
@@ -181,7 +407,9 @@ impl Planner<'_> {
             }
             done.insert(state.clone(), ());
             for (step, t, c) in self.neighbours(&state) {
-                let entry = (cost + c, steps + 1, Some((state.clone(), step)));
+                let t = normalize(self.mesh, t);
+                let counts = (steps.0 + usize::from(c > 0.0), steps.1 + 1);
+                let entry = (cost + c, counts, Some((state.clone(), step)));
                 match best.get(&t) {
                     Some(e) if (e.0, e.1) <= (entry.0, entry.1) => {}
                     _ => {
@@ -200,6 +428,12 @@ impl Planner<'_> {
         plan.reverse();
         (plan, total)
     }
+}
+
+/// The axes of a tiling, dim by dim: a device's shard index over them is its index in
+/// the row-major order of blocks.
+fn flat(t: &Tiling) -> Vec<String> {
+    t.iter().flatten().cloned().collect()
 }
 
 /// Every non-empty ordered selection of distinct items.
@@ -378,11 +612,17 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
             &[x],
         )?;
     }
+    let mut replicated_midway = false;
     for step in &plan.steps {
         x = emit_step(em, x, &shape, &tiling, step)?;
-        tiling = apply(&tiling, step);
+        tiling = apply(mesh, &tiling, step);
+        replicated_midway |= tiling.iter().all(Vec::is_empty);
     }
     let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
+    let split = |t: &[DimSharding]| t.iter().any(|d| !d.axes.is_empty());
+    if replicated_midway && split(&v.sharding.dims) && split(&target.dims) {
+        warn_full_rematerialization(em, v, target, &plan);
+    }
     if tiling != goal {
         return Err(em.error(format!("no resharding from {} to {target}", v.sharding)));
     }
@@ -394,6 +634,25 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         global: v.global.clone(),
         sharding: sharding_of(&goal, target.unreduced.clone()),
     })
+}
+
+/// Warns that resharding `v` to `target` by `plan` replicates it whole on every device
+/// although both shardings split it (XLA's "involuntary full rematerialization"),
+/// naming both shardings and the bytes, and suggesting the annotation that makes the
+/// value's producer emit it in the target's layout.
+fn warn_full_rematerialization(
+    em: &mut Emitter,
+    v: &PValue,
+    target: &Sharding,
+    plan: &ReshardPlan,
+) {
+    let bytes = plan.cost * v.global.dtype.size_in_bytes() as f64;
+    em.warn(format!(
+        "full rematerialization: resharding {} from {} to {target} replicates it on every \
+         device ({bytes} bytes received per device); annotate the value \
+         `.shard(\"{target}\")` where it is defined, so it is produced split as used here",
+        v.global, v.sharding
+    ));
 }
 
 /// `x` on the devices at index 0 along `axes`, zeros on the others: a replicated value
@@ -410,18 +669,25 @@ fn keep_one_copy(em: &mut Emitter, x: ValueId, axes: &[String]) -> Result<ValueI
     em.emit(Op::Select, &[first, x, zeros])
 }
 
-fn apply(s: &Tiling, step: &Step) -> Tiling {
+/// The tiling after `step` from `s` (normalized, see [`normalize`]).
+fn apply(mesh: &Mesh, s: &Tiling, step: &Step) -> Tiling {
     let mut t = s.clone();
     match step {
         Step::Slice { dim, axes } => t[*dim].extend(axes.iter().cloned()),
         Step::Gather { dim, axes } => t[*dim].truncate(s[*dim].len() - axes.len()),
-        Step::AllToAll { from, to, axis } => {
-            t[*from].pop();
-            t[*to].push(axis.clone());
+        Step::AllToAll {
+            from,
+            to,
+            axes,
+            rest,
+        } => {
+            t[*from].clone_from(rest);
+            t[*to].extend(axes.iter().cloned());
         }
         Step::Permute { to } => t = to.clone(),
+        Step::MoveAxes { dim, to } => t[*dim] = to.clone(),
     }
-    t
+    normalize(mesh, t)
 }
 
 fn emit_step(
@@ -432,25 +698,16 @@ fn emit_step(
     step: &Step,
 ) -> Result<crate::ir::ValueId> {
     let mesh = em.mesh;
-    let t = apply(s, step);
+    let t = apply(mesh, s, step);
     match step {
-        Step::Slice { dim, axes } => {
-            let c_new = chunk(shape, &t, *dim, mesh);
-            let x = em.pad_to(x, *dim, mesh.axes_size(axes) * c_new)?;
-            let start = em.block_offset(axes, c_new)?;
-            let mut starts = vec![None; shape.len()];
-            starts[*dim] = Some(start);
-            let mut sizes = em.shape(x);
-            sizes[*dim] = c_new;
-            em.dynamic_slice(x, &starts, &sizes)
-        }
+        Step::Slice { dim, axes } => slice_block(em, x, *dim, axes, chunk(shape, &t, *dim, mesh)),
         Step::Gather { dim, axes } => {
             let group = em.group(axes);
             let x = em.emit(Op::AllGather { group, dim: *dim }, &[x])?;
             em.truncate(x, *dim, chunk(shape, &t, *dim, mesh))
         }
-        Step::AllToAll { from, to, axis } => {
-            let group = em.group(std::slice::from_ref(axis));
+        Step::AllToAll { from, to, axes, .. } => {
+            let group = em.group(axes);
             let x = em.pad_to(x, *to, group.size * chunk(shape, &t, *to, mesh))?;
             let x = em.emit(
                 Op::AllToAll {
@@ -463,12 +720,47 @@ fn emit_step(
             em.truncate(x, *from, chunk(shape, &t, *from, mesh))
         }
         Step::Permute { to } => {
-            let receivers: Vec<String> = to.iter().flatten().cloned().collect();
-            let from: Vec<String> = s.iter().flatten().cloned().collect();
+            let (receivers, from) = (flat(to), flat(s));
+            if !permute_moves_data(mesh, &receivers, &from) {
+                return Ok(x);
+            }
             let group = em.group(&receivers);
             em.emit(Op::CollectivePermute { group, from }, &[x])
         }
+        Step::MoveAxes { dim, to } => {
+            let mv = AxisMove::plan(mesh, shape, s, *dim, to)
+                .ok_or_else(|| em.error(format!("no move of dim {dim} to {to:?}")))?;
+            let c_new = chunk(shape, &t, *dim, mesh);
+            let x = slice_block(em, x, *dim, &mv.minor, c_new)?;
+            if !permute_moves_data(mesh, &mv.receivers, &mv.senders) {
+                return Ok(x);
+            }
+            let group = em.group(&mv.receivers);
+            let from = mv.senders;
+            em.emit(Op::CollectivePermute { group, from }, &[x])
+        }
     }
+}
+
+/// Block `axes`-index of `c_new` rows along `dim` of `x` (padded first to `axes`
+/// blocks): the local slice that splits a dim further over `axes` (none if empty).
+fn slice_block(
+    em: &mut Emitter,
+    x: ValueId,
+    dim: usize,
+    axes: &[String],
+    c_new: usize,
+) -> Result<ValueId> {
+    if axes.is_empty() {
+        return Ok(x);
+    }
+    let x = em.pad_to(x, dim, em.mesh.axes_size(axes) * c_new)?;
+    let start = em.block_offset(axes, c_new)?;
+    let mut starts = vec![None; em.shape(x).len()];
+    starts[dim] = Some(start);
+    let mut sizes = em.shape(x);
+    sizes[dim] = c_new;
+    em.dynamic_slice(x, &starts, &sizes)
 }
 
 #[cfg(test)]
@@ -515,7 +807,7 @@ mod tests {
         // Whatever the route, no step may gather the dim whole (to 1 shard).
         let mut s = t(&[&["data"]]);
         for step in &p {
-            s = apply(&s, step);
+            s = apply(&m, &s, step);
             assert!(
                 !s[0].is_empty(),
                 "plan {p:?} passes through a replicated dim"
@@ -523,8 +815,10 @@ mod tests {
         }
         assert_eq!(s, t(&[&["model"]]));
         assert!(
-            p.iter()
-                .any(|s| matches!(s, Step::Permute { .. } | Step::AllToAll { .. })),
+            p.iter().any(|s| matches!(
+                s,
+                Step::Permute { .. } | Step::AllToAll { .. } | Step::MoveAxes { .. }
+            )),
             "{p:?}"
         );
     }
@@ -538,7 +832,8 @@ mod tests {
             vec![Step::AllToAll {
                 from: 0,
                 to: 1,
-                axis: "model".into()
+                axes: vec!["model".into()],
+                rest: vec![],
             }]
         );
     }
@@ -559,9 +854,54 @@ mod tests {
                 .find(|(st, _, _)| st == step)
                 .expect("plan steps are neighbours");
             total += c;
-            s = next;
+            s = normalize(mesh, next);
         }
         total
+    }
+
+    #[test]
+    fn data_to_model_is_a_local_slice_and_one_permute() {
+        let m = mesh24();
+        let (from, to) = (t(&[&["data"], &[]]), t(&[&["model"], &[]]));
+        let p = plan(&m, &[32, 64], &from, &to);
+        let step = Step::MoveAxes {
+            dim: 0,
+            to: vec!["model".into()],
+        };
+        assert_eq!(p, vec![step]);
+        assert_eq!(cost(&m, &[32, 64], &from, &to, &p), 8.0 * 64.0);
+        let mv = AxisMove::plan(&m, &[32, 64], &from, 0, &to[0]).unwrap();
+        let (major, minor) = (Mesh::sub_axis("model", 1, 2), Mesh::sub_axis("model", 2, 2));
+        assert_eq!(mv.minor, vec![minor.clone()]);
+        assert_eq!(
+            mv.receivers,
+            vec![major.clone(), minor.clone(), "data".into()]
+        );
+        assert_eq!(mv.senders, vec!["data".into(), minor, major]);
+    }
+
+    #[test]
+    fn moving_two_axes_between_dims_is_one_all_to_all_over_both() {
+        let m = Mesh::new([("a", 2), ("b", 2)]).unwrap();
+        let (from, to) = (t(&[&["a", "b"], &[]]), t(&[&[], &["a", "b"]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        let step = Step::AllToAll {
+            from: 0,
+            to: 1,
+            axes: vec!["a".into(), "b".into()],
+            rest: vec![],
+        };
+        assert_eq!(p, vec![step]);
+        assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 16.0 * 3.0 / 4.0);
+    }
+
+    #[test]
+    fn reordering_around_a_size_one_axis_moves_nothing() {
+        let m = Mesh::new([("x", 2), ("one", 1)]).unwrap();
+        let (from, to) = (t(&[&["x", "one"], &[]]), t(&[&["one", "x"], &[]]));
+        let p = plan(&m, &[8, 8], &from, &to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&m, &s, st)), to);
+        assert_eq!(cost(&m, &[8, 8], &from, &to, &p), 0.0, "{p:?}");
     }
 
     #[test]
@@ -569,7 +909,7 @@ mod tests {
         let m = mesh24();
         let (from, to) = (t(&[&["data"], &["model"]]), t(&[&["model"], &["data"]]));
         let p = plan(&m, &[8, 8], &from, &to);
-        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&s, st)), to);
+        assert_eq!(p.iter().fold(from.clone(), |s, st| apply(&m, &s, st)), to);
         // Gathering everything receives 64 - 8 = 56 elements per device.
         let c = cost(&m, &[8, 8], &from, &to, &p);
         assert!(c < 56.0, "{p:?} costs {c}");

@@ -98,9 +98,54 @@ impl Mesh {
         self.axes.iter().position(|a| a.0 == name)
     }
 
-    /// Size of axis `name`.
+    /// Size of axis `name`, or of the sub-axis `name` names (see [`Mesh::sub_axis`]).
     pub fn axis_size(&self, name: &str) -> Option<usize> {
-        self.axes.iter().find(|a| a.0 == name).map(|a| a.1)
+        self.part(name).map(|p| p.size)
+    }
+
+    /// The name of a sub-axis (Shardy's `axis:(pre)size`): `axis` cut in mixed-radix
+    /// digits, the part of `size` devices after the major parts of product `pre`. A
+    /// device's coordinate on it is `(c / (axis size / (pre * size))) % size`, where
+    /// `c` is its coordinate on `axis`; `size` must be above 1 and `pre * size` divide
+    /// the axis size. Collectives, `axis_index` and group indices take sub-axes
+    /// wherever they take axes (the partitioner's plans use them for moves on parts of
+    /// an axis); shardings do not.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::Mesh;
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// let (major, minor) = (Mesh::sub_axis("model", 1, 2), Mesh::sub_axis("model", 2, 2));
+    /// assert_eq!(major, "model:(1)2");
+    /// // Device 6 sits at data=1, model=2: model's major digit 1, minor digit 0.
+    /// assert_eq!(mesh.group_index(6, &[&minor, &major]).unwrap(), 1);
+    /// assert_eq!(mesh.group_index(6, &[&major, "data", &minor]).unwrap(), 1 * 4 + 1 * 2 + 0);
+    /// ```
+    pub fn sub_axis(axis: &str, pre: usize, size: usize) -> String {
+        format!("{axis}:({pre}){size}")
+    }
+
+    /// The digit of the mesh coordinates `name` stands for: an axis, or a valid
+    /// sub-axis of one.
+    fn part(&self, name: &str) -> Option<Part> {
+        let Some((axis, rest)) = name.split_once(":(") else {
+            let position = self.axis_index(name)?;
+            let size = self.axes[position].1;
+            return Some(Part {
+                position,
+                stride: 1,
+                size,
+            });
+        };
+        let (pre, size) = rest.split_once(')')?;
+        let (pre, size): (usize, usize) = (pre.parse().ok()?, size.parse().ok()?);
+        let position = self.axis_index(axis)?;
+        let whole = self.axes[position].1;
+        let span = pre.checked_mul(size)?;
+        (pre >= 1 && size >= 2 && whole.is_multiple_of(span)).then_some(Part {
+            position,
+            stride: whole / span,
+            size,
+        })
     }
 
     /// Number of devices along `axes` together: the product of their sizes. Names that
@@ -164,11 +209,11 @@ impl Mesh {
     /// assert_eq!(mesh.group_index(6, &["model", "data"]).unwrap(), 5);
     /// ```
     pub fn group_index<S: AsRef<str>>(&self, device: usize, axes: &[S]) -> Result<usize> {
-        let positions = self.axis_positions(axes)?;
+        let parts = self.parts(axes)?;
         let coords = self.coords_in_group(device, axes)?;
-        Ok(positions
+        Ok(parts
             .iter()
-            .fold(0, |index, &p| index * self.axes[p].1 + coords[p]))
+            .fold(0, |index, p| index * p.size + p.digit(coords[p.position])))
     }
 
     /// The member at `index` of `device`'s group over `axes`: the device whose
@@ -192,7 +237,7 @@ impl Mesh {
         axes: &[S],
         index: usize,
     ) -> Result<usize> {
-        let positions = self.axis_positions(axes)?;
+        let parts = self.parts(axes)?;
         let mut coords = self.coords_in_group(device, axes)?;
         let size = self.axes_size(axes);
         if index >= size {
@@ -202,9 +247,10 @@ impl Mesh {
             ));
         }
         let mut rest = index;
-        for &p in positions.iter().rev() {
-            coords[p] = rest % self.axes[p].1;
-            rest /= self.axes[p].1;
+        for p in parts.iter().rev() {
+            let c = coords[p.position];
+            coords[p.position] = c - p.digit(c) * p.stride + (rest % p.size) * p.stride;
+            rest /= p.size;
         }
         let position = coords
             .iter()
@@ -213,12 +259,12 @@ impl Mesh {
         Ok(self.device_ids[position])
     }
 
-    /// Positions of `axes` among the mesh's axes, in the order listed.
-    fn axis_positions<S: AsRef<str>>(&self, axes: &[S]) -> Result<Vec<usize>> {
-        let mut positions: Vec<usize> = Vec::with_capacity(axes.len());
+    /// The digits `axes` stand for, in the order listed.
+    fn parts<S: AsRef<str>>(&self, axes: &[S]) -> Result<Vec<Part>> {
+        let mut parts: Vec<Part> = Vec::with_capacity(axes.len());
         for axis in axes {
             let axis = axis.as_ref();
-            let position = self.axis_index(axis).ok_or_else(|| {
+            let part = self.part(axis).ok_or_else(|| {
                 self.group_error(
                     axes,
                     format!(
@@ -227,12 +273,12 @@ impl Mesh {
                     ),
                 )
             })?;
-            if positions.contains(&position) {
+            if parts.iter().any(|p| p.overlaps(&part)) {
                 return Err(self.group_error(axes, format!("mesh axis `{axis}` listed twice")));
             }
-            positions.push(position);
+            parts.push(part);
         }
-        Ok(positions)
+        Ok(parts)
     }
 
     /// The coordinates of `device`, or an error naming the group over `axes`.
@@ -252,6 +298,34 @@ impl Mesh {
     /// Comma-separated axis names, for error messages.
     pub fn axis_list(&self) -> String {
         self.axis_names().collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// A mixed-radix digit of one mesh coordinate: an axis (`stride` 1, its whole size) or
+/// a sub-axis of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Part {
+    /// The axis's position among the mesh's axes.
+    position: usize,
+    /// Product of the sizes of the axis's digits minor to this one.
+    stride: usize,
+    /// Number of values of the digit.
+    size: usize,
+}
+
+impl Part {
+    /// The digit of coordinate `c` on the part's axis.
+    fn digit(&self, c: usize) -> usize {
+        (c / self.stride) % self.size
+    }
+
+    /// True if the two parts share a digit of one axis (an axis listed twice, or with
+    /// a sub-axis of it).
+    fn overlaps(&self, other: &Part) -> bool {
+        self.position == other.position
+            && (self == other
+                || self.stride.max(other.stride)
+                    < (self.stride * self.size).min(other.stride * other.size))
     }
 }
 
