@@ -62,6 +62,25 @@ fn max_rel_diff(want: &Literal, got: &Literal) -> f32 {
         / scale
 }
 
+/// Compiles `program` for `mesh`, runs it on threads with `inputs` and asserts that
+/// every output is within 1e-4 (relative to its largest magnitude, at least 1) of the
+/// reference's `want`; returns the executable.
+fn assert_matches(
+    program: &Program,
+    mesh: &Mesh,
+    inputs: &[Literal],
+    want: &[Literal],
+) -> Executable {
+    let exe = compile(program, mesh).unwrap();
+    let threads = ThreadMesh::new(mesh.clone()).unwrap();
+    let got = exe.run(&threads, inputs).unwrap();
+    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+        let d = max_rel_diff(w, g);
+        assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
+    }
+    exe
+}
+
 #[test]
 fn language_model_and_its_gradient_match_the_reference_on_meshes() {
     let forward = language_model::trace(dims()).unwrap();
@@ -76,13 +95,7 @@ fn language_model_and_its_gradient_match_the_reference_on_meshes() {
     );
     for (data, model) in [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)] {
         let mesh = language_model::mesh([data, model]).unwrap();
-        let exe = compile(&program, &mesh).unwrap();
-        let threads = ThreadMesh::new(mesh.clone()).unwrap();
-        let got = exe.run(&threads, &inputs).unwrap();
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            let d = max_rel_diff(w, g);
-            assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
-        }
+        assert_matches(&program, &mesh, &inputs, &want);
     }
 }
 
@@ -102,13 +115,7 @@ fn unet_denoiser_and_its_gradient_match_the_reference_on_spatial_meshes() {
     let want = interpret(&program, &inputs).unwrap();
     for (data, space) in [(1, 2), (2, 2), (1, 4), (2, 4)] {
         let mesh = denoise::mesh([data, space]).unwrap();
-        let exe = compile(&program, &mesh).unwrap();
-        let threads = ThreadMesh::new(mesh.clone()).unwrap();
-        let got = exe.run(&threads, &inputs).unwrap();
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            let d = max_rel_diff(w, g);
-            assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
-        }
+        assert_matches(&program, &mesh, &inputs, &want);
     }
 }
 
@@ -138,13 +145,7 @@ fn mixture_of_experts_and_its_gradient_match_the_reference_with_all_to_all_dispa
     );
     for (data, expert) in [(1, 1), (2, 1), (1, 4), (2, 2), (2, 4)] {
         let mesh = moe_language_model::mesh([data, expert]).unwrap();
-        let exe = compile(&program, &mesh).unwrap();
-        let threads = ThreadMesh::new(mesh.clone()).unwrap();
-        let got = exe.run(&threads, &inputs).unwrap();
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            let d = max_rel_diff(w, g);
-            assert!(d < 1e-4, "{mesh}: output {k} differs by {d}");
-        }
+        let exe = assert_matches(&program, &mesh, &inputs, &want);
         if expert > 1 {
             // Dispatch and combine forward, and their mirror images backward.
             let forward_exe = compile(&forward, &mesh).unwrap();

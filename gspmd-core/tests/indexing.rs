@@ -4,11 +4,13 @@
 //! index-parallel lookup (no collective), and ids out of range and negative, every run
 //! compared with the reference interpreter.
 
+mod differential;
+
+use differential::compile_and_check;
+use gspmd_core::Executable;
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{Builder, DType, Literal, Program, ScatterDims, Tensor};
-use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
-use gspmd_core::{Executable, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn s(text: &str) -> Sharding {
@@ -52,29 +54,11 @@ fn build(name: &str, f: impl FnOnce(&Builder) -> Vec<Tensor>) -> Program {
     b.finish(&refs).unwrap()
 }
 
-/// Compiles `program` for `mesh`, runs it on threads and compares every output with
-/// the interpreter (f32 within 1e-4 of the largest value, others exactly).
+/// Compiles `program` for `mesh`, runs it on threads with [`inputs`] for `vocab` and
+/// compares every output with the interpreter (f32 within 1e-4 of the largest value,
+/// others exactly).
 fn run_and_compare(program: &Program, mesh: &Mesh, vocab: i32) -> Executable {
-    let inputs = inputs(program, vocab);
-    let want = interpret(program, &inputs).unwrap();
-    let exe = compile(program, mesh).unwrap_or_else(|e| panic!("{mesh}: {e}"));
-    let threads = ThreadMesh::new(mesh.clone()).unwrap();
-    let got = exe.run(&threads, &inputs).unwrap();
-    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-        match (w, g) {
-            (Literal::F32(a), Literal::F32(b)) => {
-                let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                let diff = (a.iter().zip(b)).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-                assert!(
-                    diff <= 1e-4 * scale,
-                    "{mesh}, output {k}: max diff {diff}\n{}",
-                    exe.report()
-                );
-            }
-            _ => assert_eq!(w, g, "{mesh}, output {k}\n{}", exe.report()),
-        }
-    }
-    exe
+    compile_and_check(program, mesh, &inputs(program, vocab), 1e-4)
 }
 
 fn mesh24() -> Mesh {

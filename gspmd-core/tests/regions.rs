@@ -4,9 +4,12 @@
 //!
 //! Tolerance: |got - want| <= 1e-4 * max(1, max |want|) (f32 sums in another order).
 
+mod differential;
+
+use differential::compile_and_check;
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, Tensor};
-use gspmd_core::runtime::{ThreadMesh, interpret};
+use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 
@@ -52,32 +55,8 @@ fn meshes() -> Vec<Mesh> {
 /// Every output of `program` compiled for each mesh and run on threads is within the
 /// tolerance of the interpreter's.
 fn check_on_meshes(program: &Program, inputs: &[Literal]) {
-    let want = interpret(program, inputs).unwrap();
     for mesh in meshes() {
-        let exe =
-            compile(program, &mesh).unwrap_or_else(|e| panic!("{} on {mesh}: {e}", program.name));
-        let threads = ThreadMesh::new(mesh.clone()).unwrap();
-        let got = (exe.run(&threads, inputs))
-            .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", program.name));
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            match (w.as_f32(), g.as_f32()) {
-                (Some(a), Some(b)) => {
-                    let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                    let d = a
-                        .iter()
-                        .zip(b.iter())
-                        .map(|(x, y)| (x - y).abs())
-                        .fold(0.0, f32::max);
-                    assert!(
-                        d <= 1e-4 * scale,
-                        "{} on {mesh}, output {k}: {d}\n{}",
-                        program.name,
-                        exe.report()
-                    );
-                }
-                _ => assert_eq!(w, g, "{} on {mesh}, output {k}", program.name),
-            }
-        }
+        compile_and_check(program, &mesh, inputs, 1e-4);
     }
 }
 

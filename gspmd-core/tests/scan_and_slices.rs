@@ -10,10 +10,11 @@
 //!   element per lane and device), never of the data;
 //! - `argsort` along a split dim gathers it (every index depends on the whole lane).
 
+mod differential;
+
+use gspmd_core::Executable;
 use gspmd_core::ir::{Builder, CumulativeKind, DType, Literal, Program, Tensor};
-use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
-use gspmd_core::{Executable, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn s(text: &str) -> Sharding {
@@ -44,25 +45,7 @@ fn i32_scalar(v: i32) -> Literal {
 /// Compiles `program` for `mesh`, runs it on `inputs` and checks every output against
 /// the interpreter: within `1e-5` of the largest magnitude for f32, exactly otherwise.
 fn compile_and_check(program: &Program, mesh: &Mesh, inputs: &[Literal]) -> Executable {
-    let exe = compile(program, mesh).expect("compiles");
-    let threads = ThreadMesh::new(mesh.clone()).expect("threads");
-    let want = interpret(program, inputs).expect("the reference runs");
-    let got = exe.run(&threads, inputs).expect("runs");
-    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-        match (w, g) {
-            (Literal::F32(a), Literal::F32(b)) => {
-                let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-                let diff = (a.iter().zip(b)).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-                assert!(
-                    diff <= 1e-5 * scale,
-                    "output {k}: off by {diff}\n{}",
-                    exe.report()
-                );
-            }
-            _ => assert_eq!(w, g, "output {k}\n{}", exe.report()),
-        }
-    }
-    exe
+    differential::compile_and_check(program, mesh, inputs, 1e-5)
 }
 
 /// `(count, bytes received per device)` of collectives of `kind`.
