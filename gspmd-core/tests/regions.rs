@@ -316,3 +316,37 @@ fn a_constraint_in_the_body_shards_the_whole_loop_state() {
     assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
     check_on_meshes(&p, &inputs(&p, 0));
 }
+
+/// A scan's stacked dim may be split outside the loop: the stacked operand split over
+/// `data` on its leading dim is gathered once at the loop's entry (one all-gather over
+/// `data`, outside the body), and the stacked output, wanted split the same way, is
+/// cut locally after the loop (no collective over `data` there).
+#[test]
+fn a_stacked_dim_split_outside_the_loop_is_gathered_once_at_entry() {
+    let p = build("split_stacked", |b| {
+        let xs = b
+            .parameter("xs", [8, 4, 12], DType::F32)
+            .annotate(s("(data, _, model)"));
+        let w = b.parameter("w", [12, 12], DType::F32);
+        let init = b.parameter("init", [4, 12], DType::F32);
+        let (c, ys) = b.scan(&[xs], &[init], |c, x| {
+            let h = x[0].matmul(&w).tanh().add(&c[0]);
+            (vec![h.clone()], vec![h.mul(&x[0])])
+        });
+        vec![c[0].clone(), ys[0].annotate(s("(data, _, _)"))]
+    });
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-4);
+    let outside: Vec<(&str, Vec<String>)> = (exe.spmd.program.nodes.iter())
+        .filter(|n| n.op.is_collective())
+        .map(|n| (n.op.name(), n.op.collective_group().unwrap().axes.clone()))
+        .collect();
+    let gather = |axis: &str| ("all_gather", vec![axis.to_string()]);
+    assert_eq!(
+        outside,
+        [gather("data"), gather("model")],
+        "{}",
+        exe.report()
+    );
+    check_on_meshes(&p, &inputs(&p, 0));
+}
