@@ -8,10 +8,10 @@ mod differential;
 
 use differential::compile_and_check;
 use gspmd_core::autodiff::grad;
-use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, Tensor};
-use gspmd_core::runtime::interpret;
+use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, ReduceKind, Tensor, verify};
+use gspmd_core::runtime::{interpret, interpret_with_memory_limit};
 use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::{Error, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn s(text: &str) -> Sharding {
@@ -349,4 +349,60 @@ fn a_stacked_dim_split_outside_the_loop_is_gathered_once_at_entry() {
         exe.report()
     );
     check_on_meshes(&p, &inputs(&p, 0));
+}
+
+/// Results of a flow instance waiting for their node count as live values: here the
+/// stacked output `ys` of a scan is read only after a large temporary, and the memory
+/// limit sees it (as it sees a scan's residuals kept for the backward pass).
+#[test]
+fn results_waiting_for_their_node_count_against_the_memory_limit() {
+    let n = 256;
+    let b = Builder::new("pending");
+    let x = b.parameter("x", [n], DType::F32);
+    let xs = b.parameter("xs", [4, n], DType::F32);
+    let (c, ys) = b.scan(
+        std::slice::from_ref(&xs),
+        std::slice::from_ref(&x),
+        |c, x| (vec![c[0].add(&x[0])], vec![c[0].mul(&c[0])]),
+    );
+    let traced = b.finish(&[&c[0], &ys[0]]).unwrap();
+    // The same program with a large temporary between the two result nodes.
+    let (r0, r1) = (c[0].id().unwrap(), ys[0].id().unwrap());
+    let mut program = Program::new("pending");
+    for node in &traced.nodes[..=r0.index()] {
+        program.push(node.clone());
+    }
+    let at = traced.node(r0).location;
+    let broadcast = Op::Broadcast {
+        shape: vec![16, n],
+        dims: vec![1],
+    };
+    let big = program.push_op(broadcast, &[r0], at).unwrap();
+    let sum = Op::Reduce {
+        kind: ReduceKind::Sum,
+        dims: vec![0, 1],
+    };
+    let total = program.push_op(sum, &[big], at).unwrap();
+    let late = program.push(traced.node(r1).clone());
+    program.params = traced.params.clone();
+    program.outputs = vec![total, late];
+    verify(&program).unwrap();
+
+    let inputs = inputs(&program, 0);
+    // At the broadcast: x, xs (read again by the late node), the carried result, the
+    // waiting ys and the temporary.
+    let (x_bytes, xs_bytes, big_bytes) = (4 * n, 16 * n, 64 * n);
+    let live_before = x_bytes + xs_bytes + x_bytes + xs_bytes;
+    let peak = live_before + big_bytes;
+    let want = interpret(&program, &inputs).unwrap();
+    assert_eq!(
+        interpret_with_memory_limit(&program, &inputs, peak).unwrap(),
+        want
+    );
+    match interpret_with_memory_limit(&program, &inputs, peak - 1) {
+        Err(Error::OutOfMemory {
+            op, bytes, live, ..
+        }) => assert_eq!((op, bytes, live), ("broadcast", big_bytes, live_before)),
+        other => panic!("{other:?}"),
+    }
 }
