@@ -9,16 +9,15 @@
 //!
 //! Every result is in standard (row-major, contiguous) layout.
 
+mod contraction;
 mod indexing;
+mod reduce;
 
-use ndarray::{
-    Array1, Array2, Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, IxDyn, Slice, Zip,
-    linalg::general_mat_mul,
-};
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
 
 use crate::ir::{
-    BinaryOp, CompareOp, ConvConfig, CumulativeKind, DType, DotDims, Literal, Op, ReduceKind,
-    TensorType, UnaryOp, WindowDim, infer_type,
+    BinaryOp, CompareOp, ConvConfig, CumulativeKind, DType, Literal, Op, ReduceKind, TensorType,
+    UnaryOp, WindowDim, infer_type,
 };
 
 /// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
@@ -85,9 +84,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         }
         Op::Reshape(shape) => each_dtype!(operands[0], a => reshape(a, shape)?),
         Op::Transpose(perm) => each_dtype!(operands[0], a => transpose(a, perm)),
-        Op::Reduce { kind, dims } => reduce(*kind, operands[0], dims)?,
+        Op::Reduce { kind, dims } => reduce::reduce(*kind, operands[0], dims)?,
         Op::DotGeneral(dd) => {
-            numeric_pair!(operands[0], operands[1], (a, b) => dot_general(dd, a, b, &result.shape)?)
+            numeric_pair!(operands[0], operands[1], (a, b) => contraction::dot_general(dd, a, b, &result.shape)?)
         }
         Op::Slice {
             start,
@@ -630,36 +629,6 @@ fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
 
 // ---- reductions ------------------------------------------------------------------------
 
-/// Folds `dims` away, last dim first so the remaining indices stay valid.
-fn fold_dims<T: Copy>(
-    a: &ArrayD<T>,
-    dims: &[usize],
-    identity: T,
-    f: impl Fn(T, T) -> T,
-) -> ArrayD<T> {
-    let mut out = a.clone();
-    for &d in dims.iter().rev() {
-        out = out.fold_axis(Axis(d), identity, |&acc, &v| f(acc, v));
-    }
-    out
-}
-
-fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Literal, String> {
-    Ok(match x {
-        Literal::F32(a) => Literal::F32(match kind {
-            ReduceKind::Sum => fold_dims(a, dims, 0.0, |p, q| p + q),
-            ReduceKind::Max => fold_dims(a, dims, f32::NEG_INFINITY, max_nan),
-            ReduceKind::Min => fold_dims(a, dims, f32::INFINITY, min_nan),
-        }),
-        Literal::I32(a) => Literal::I32(match kind {
-            ReduceKind::Sum => fold_dims(a, dims, 0, i32::wrapping_add),
-            ReduceKind::Max => fold_dims(a, dims, i32::MIN, i32::max),
-            ReduceKind::Min => fold_dims(a, dims, i32::MAX, i32::min),
-        }),
-        Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
-    })
-}
-
 /// `reduce_window`: for every result position (row-major) and every window offset,
 /// the operand element under it, or nothing for a padding position (the identity).
 /// The window's offsets are listed once per call; the loop allocates nothing, and a
@@ -764,91 +733,6 @@ fn reduce_window(
 
 // ---- contractions ----------------------------------------------------------------------
 
-/// Element types `dot_general` multiplies: `c = a · b` for 2-D operands.
-trait DotScalar: Copy + Default {
-    fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
-}
-
-impl DotScalar for f32 {
-    fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
-        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
-    }
-}
-
-impl DotScalar for i32 {
-    /// Wrapping arithmetic (XLA's), one rank-1 update per contracted index.
-    fn matmul_into(a: ArrayView2<'_, i32>, b: ArrayView2<'_, i32>, mut c: ArrayViewMut2<'_, i32>) {
-        c.fill(0);
-        for (col, row) in a.columns().into_iter().zip(b.rows()) {
-            Zip::from(&mut c)
-                .and_broadcast(&col.insert_axis(Axis(1)))
-                .and_broadcast(&row.insert_axis(Axis(0)))
-                .for_each(|c, &p, &q| *c = c.wrapping_add(p.wrapping_mul(q)));
-        }
-    }
-}
-
-/// `dot_general`: the lhs is transposed and reshaped to `[batch, M, K]`, the rhs to
-/// `[batch, K, N]`, each batch is one 2-D matrix product, and the `[batch, M, N]`
-/// result is reshaped to `shape` (batch dims, lhs free dims, rhs free dims).
-fn dot_general<T: DotScalar>(
-    dd: &DotDims,
-    lhs: &ArrayD<T>,
-    rhs: &ArrayD<T>,
-    shape: &[usize],
-) -> Result<ArrayD<T>, String> {
-    let free = |rank: usize, batch: &[usize], contracting: &[usize]| -> Vec<usize> {
-        (0..rank)
-            .filter(|d| !batch.contains(d) && !contracting.contains(d))
-            .collect()
-    };
-    let lhs_free = free(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
-    let rhs_free = free(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
-    let size = |a: &ArrayD<T>, dims: &[usize]| dims.iter().map(|&d| a.shape()[d]).product();
-    let batch: usize = size(lhs, &dd.lhs_batch);
-    let (m, k, n): (usize, usize, usize) = (
-        size(lhs, &lhs_free),
-        size(lhs, &dd.lhs_contracting),
-        size(rhs, &rhs_free),
-    );
-    let lhs3 = grouped(
-        lhs,
-        [&dd.lhs_batch, &lhs_free, &dd.lhs_contracting],
-        [batch, m, k],
-    )?;
-    let rhs3 = grouped(
-        rhs,
-        [&dd.rhs_batch, &dd.rhs_contracting, &rhs_free],
-        [batch, k, n],
-    )?;
-    let mut out = Array3::<T>::default((batch, m, n));
-    for ((a, b), c) in lhs3
-        .outer_iter()
-        .zip(rhs3.outer_iter())
-        .zip(out.outer_iter_mut())
-    {
-        T::matmul_into(a, b, c);
-    }
-    out.into_dyn()
-        .into_shape_with_order(IxDyn(shape))
-        .map_err(|e| format!("cannot reshape the product to {shape:?}: {e}"))
-}
-
-/// Transposes `a` so that the dim groups come in order, then reshapes it row-major to
-/// one dim per group, of sizes `sizes`.
-fn grouped<T: Clone>(
-    a: &ArrayD<T>,
-    groups: [&[usize]; 3],
-    sizes: [usize; 3],
-) -> Result<Array3<T>, String> {
-    let perm: Vec<usize> = groups.concat();
-    a.view()
-        .permuted_axes(IxDyn(&perm))
-        .to_shape(sizes)
-        .map(|c| c.into_owned())
-        .map_err(|e| format!("cannot group dims {groups:?} of {:?}: {e}", a.shape()))
-}
-
 // ---- convolution -----------------------------------------------------------------------
 
 /// `convolution` as im2col: for each feature group, every output position's window of
@@ -856,7 +740,7 @@ fn grouped<T: Clone>(
 /// of a `[batch * positions, taps * group features]` matrix, which the matmul of
 /// `dot_general` multiplies by the group's kernel `[taps * group features, group output
 /// features]`; the products are placed in the output's dim order.
-fn convolution<T: DotScalar>(
+fn convolution<T: contraction::DotScalar>(
     config: &ConvConfig,
     input: &ArrayD<T>,
     kernel: &ArrayD<T>,
