@@ -3,14 +3,14 @@
 //! plain row loop for the reductions. Shapes are the d_model-512 Transformer's (batch
 //! 16 x seq 128 tokens, 8 heads of 64): a projection, the attention scores
 //! `bqhd,bkhd->bhqk`, a reduction over the last dim (softmax, layer norm) and over
-//! the token dims (a bias gradient).
+//! the token dims (a bias gradient); `tanh` and `exp` against the library's (glibc's).
 //!
 //! `cargo bench -p gspmd-core --bench kernels`
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gspmd_core::ir::{DType, DotDims, Literal, Op, ReduceKind, TensorType};
+use gspmd_core::ir::{DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp};
 use gspmd_core::runtime::kernels::eval;
 use gspmd_core::runtime::uniform_f32;
 use ndarray::linalg::general_mat_mul;
@@ -157,5 +157,27 @@ fn reductions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, contractions, reductions);
+fn elementwise(c: &mut Criterion) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(2);
+    let mut group = c.benchmark_group("elementwise");
+    group.sample_size(10);
+    let x = uniform_f32(&mut rng, &[BATCH, SEQ, FFN], -4.0, 4.0);
+    let ty = f32_type(&[BATCH, SEQ, FFN]);
+    for (name, op, libm) in [
+        ("tanh", UnaryOp::Tanh, f32::tanh as fn(f32) -> f32),
+        ("exp", UnaryOp::Exp, f32::exp),
+    ] {
+        let op = Op::Unary(op);
+        group.bench_function(format!("{name}/runtime"), |bench| {
+            bench.iter(|| black_box(eval(&op, &[&x], &ty).expect("runs")))
+        });
+        let a = x.as_f32().expect("f32");
+        group.bench_function(format!("{name}/libm"), |bench| {
+            bench.iter(|| black_box(a.mapv(libm)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, contractions, reductions, elementwise);
 criterion_main!(benches);

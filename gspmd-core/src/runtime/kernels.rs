@@ -10,6 +10,7 @@
 //! Every result is in standard (row-major, contiguous) layout.
 
 mod contraction;
+mod elementary;
 mod indexing;
 mod reduce;
 
@@ -211,12 +212,12 @@ fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
         Literal::F32(a) => Literal::F32(match op {
             UnaryOp::Neg => a.mapv(|v| -v),
             UnaryOp::Abs => a.mapv(f32::abs),
-            UnaryOp::Exp => a.mapv(f32::exp),
+            UnaryOp::Exp => a.mapv(elementary::exp),
             UnaryOp::Log => a.mapv(f32::ln),
             UnaryOp::Sqrt => a.mapv(f32::sqrt),
             UnaryOp::Rsqrt => a.mapv(|v| v.sqrt().recip()),
-            UnaryOp::Tanh => a.mapv(f32::tanh),
-            UnaryOp::Logistic => a.mapv(|v| 1.0 / (1.0 + (-v).exp())),
+            UnaryOp::Tanh => a.mapv(elementary::tanh),
+            UnaryOp::Logistic => a.mapv(elementary::logistic),
             UnaryOp::Sin => a.mapv(f32::sin),
             UnaryOp::Cos => a.mapv(f32::cos),
             UnaryOp::Erf => a.mapv(libm::erff),
