@@ -40,8 +40,11 @@
 //! - [`Schedule::Circular`]: layer `l` lives on stage `l mod S` as repeat `l div S`
 //!   (round-robin); each iteration applies one layer. Stage `s` works at iteration `t`
 //!   on item `k = t - s` (microbatch `k mod M`, repeat `k div M`), so it picks its
-//!   repeat `r = clamp((t - s) div M, 0, R - 1)` with a `take_along_dim` whose index
-//!   is stage-split (index-parallel: no communication); `M R + S - 1` iterations.
+//!   repeat `r = clamp((t - s) div M, 0, R - 1)`: a stage-split index, applied as the
+//!   contraction `einsum("sr,sr..->s..")` of its one-hot with the weights (stage is a
+//!   batch dim, the repeat dim whole: no communication; a `take_along_dim` gather
+//!   does the same, but the runtime's gather kernel works element by element and is
+//!   slower at these sizes); `M R + S - 1` iterations.
 //!   The last stage's output of item `k` reaches stage 0 one iteration later but is
 //!   needed there only at iteration `k + M`: a queue `[S, M, mb, ...]` (split like
 //!   the buffer; only stage 0's row is read) holds it, written and read by
@@ -259,7 +262,7 @@ impl Pipeline {
             return fresh;
         };
         let m = t.scalar_like(self.microbatches as f64);
-        let slot = t.remainder(&m);
+        let slot = t.rem(&m);
         let mut starts = vec![&zero, &slot];
         starts.extend(std::iter::repeat_n(&zero, rank - 1));
         let mut block = queue.shape().to_vec();
@@ -273,7 +276,7 @@ impl Pipeline {
     fn enqueue(&self, queue: &Tensor, shifted: &Tensor, t: &Tensor) -> Tensor {
         let m = self.microbatches as i64;
         let lag = (self.stages as i64 - 1).rem_euclid(m);
-        let slot = (t + (m - lag) as f32).remainder(&t.scalar_like(m as f64));
+        let slot = (t + (m - lag) as f32).rem(&t.scalar_like(m as f64));
         let zero = t.scalar_like(0.0);
         let mut starts = vec![&zero, &slot];
         starts.extend(std::iter::repeat_n(&zero, shifted.rank() - 1));
@@ -310,23 +313,23 @@ impl Pipeline {
     }
 
     /// Each stage's weights `[S, ...]` of its repeat at iteration `t`:
-    /// `clamp((t - s) div M, 0, R - 1)` for stage `s`, picked per stage.
+    /// `clamp((t - s) div M, 0, R - 1)` for stage `s`, picked per stage by a one-hot
+    /// contraction over the repeat dim.
     fn current_repeat(&self, weights: &[Tensor], t: &Tensor) -> Vec<Tensor> {
-        let b = t.builder();
-        let stage = b.iota([self.stages], 0, DType::I32);
-        let m = t.scalar_like(self.microbatches as f64);
-        let r = (&t.broadcast_in_dim([self.stages], &[]) - &stage)
-            .floor_divide(&m.broadcast_in_dim([self.stages], &[]))
-            .clamp_scalar(0.0, (self.repeats - 1) as f64);
+        let stage = t.builder().iota([self.stages], 0, DType::I32);
+        // `t - s` is clamped at 0 before the (truncating) division: a floor division.
+        let r = (t.sub(&stage).max(&t.scalar_like(0.0)))
+            .div(&t.scalar_like(self.microbatches as f64))
+            .min(&t.scalar_like((self.repeats - 1) as f64));
+        let sr = [self.stages, self.repeats];
+        let one_hot = (t.builder().iota(sr, 1, DType::I32))
+            .eq(&r.broadcast_in_dim(sr, &[0]))
+            .convert(DType::F32);
         weights
             .iter()
             .map(|w| {
-                let mut shape = w.shape().to_vec();
-                shape[1] = 1;
-                let index = r.broadcast_in_dim(shape, &[0]);
-                let mut rest = w.shape().to_vec();
-                rest.remove(1);
-                w.take_along_dim(&index, 1).reshape(rest)
+                let rest: String = ('a'..='p').take(w.rank() - 2).collect();
+                einsum(&format!("sr,sr{rest}->s{rest}"), &one_hot, w)
             })
             .collect()
     }
