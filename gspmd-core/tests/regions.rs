@@ -406,3 +406,94 @@ fn results_waiting_for_their_node_count_against_the_memory_limit() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Random differential test of reverse mode through control flow: random shardings of
+/// the input, the weights and the loop state (a constraint inside the body), a random
+/// loop (`scan` over stacked weights, forward or reversed; `fori_loop` with a `cond`
+/// inside; a `cond` holding a scan), the gradient of `sum(out^2)` with respect to
+/// every parameter, partitioned on a random mesh and run on threads against the
+/// interpreter.
+#[test]
+fn random_gradients_through_control_flow_on_meshes() {
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::seq::IndexedRandom;
+    use rand::{RngExt, SeedableRng};
+    let rank2 = [
+        "(_, _)",
+        "(data, _)",
+        "(_, model)",
+        "(data, model)",
+        "(model, data)",
+        "((data, model), _)",
+    ];
+    let rank3 = [
+        "(_, _, _)",
+        "(_, data, model)",
+        "(_, _, model)",
+        "(_, model, _)",
+        "(data, _, _)",
+    ];
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+    for case in 0..24 {
+        let mesh = meshes().choose(&mut rng).unwrap().clone();
+        let pick2 = |rng: &mut Xoshiro256PlusPlus| s(rank2.choose(rng).unwrap());
+        let (xs, ws, cs) = (pick2(&mut rng), pick2(&mut rng), pick2(&mut rng));
+        let stack = s(rank3.choose(&mut rng).unwrap());
+        let (kind, reverse) = (rng.random_range(0..3), rng.random_ratio(1, 2));
+        let (batch, d, layers) = (4 * rng.random_range(1..3), 4 * rng.random_range(1..3), 3);
+        let name = format!("case {case}: kind {kind}, x {xs}, w {ws}, carry {cs}, stack {stack}");
+        let p = build("random_grad", |b| {
+            let x = b.parameter("x", [batch, d], DType::F32).annotate(xs);
+            let w = b.parameter("w", [d, d], DType::F32).annotate(ws);
+            let stacked = b
+                .parameter("stack", [layers, d, d], DType::F32)
+                .annotate(stack);
+            let layer = |c: &Tensor, w: &Tensor| c.matmul(w).tanh().shard(cs.clone());
+            let out = match kind {
+                0 => {
+                    let body = |c: &[Tensor], wl: &[Tensor]| {
+                        let h = layer(&c[0], &wl[0]);
+                        (vec![h.clone()], vec![h.mul(&x)])
+                    };
+                    let (c, ys) = if reverse {
+                        b.scan_reverse(std::slice::from_ref(&stacked), &[x.clone()], body)
+                    } else {
+                        b.scan(std::slice::from_ref(&stacked), &[x.clone()], body)
+                    };
+                    c[0].add(&ys[0].sum(&[0]))
+                }
+                1 => b.fori_loop(layers, &[x.clone()], |i, c| {
+                    let odd = i.rem(&i.scalar_like(2.0)).eq(&i.scalar_like(1.0));
+                    let r =
+                        i.builder()
+                            .cond(&odd, |_| vec![layer(&c[0], &w)], |_| vec![c[0].sin()]);
+                    vec![r[0].clone()]
+                })[0]
+                    .clone(),
+                _ => {
+                    let positive = w.sum(&[0, 1]).gt(&b.scalar(0.0));
+                    b.cond(
+                        &positive,
+                        |_| {
+                            let (c, _) =
+                                b.scan(std::slice::from_ref(&stacked), &[x.clone()], |c, wl| {
+                                    (vec![layer(&c[0], &wl[0])], vec![])
+                                });
+                            vec![c[0].clone()]
+                        },
+                        |_| vec![layer(&x, &w)],
+                    )[0]
+                    .clone()
+                }
+            };
+            vec![out.mul(&out).sum(&[0, 1])]
+        });
+        let g = grad(&p, 0, &[0, 1, 2]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut inputs = inputs(&g, 0);
+        if rng.random_ratio(1, 2) {
+            // The other branch of the `cond` on `sum(w) > 0`.
+            inputs[1] = Literal::F32(-inputs[1].as_f32().unwrap());
+        }
+        compile_and_check(&g, &mesh, &inputs, 1e-3);
+    }
+}
