@@ -11,7 +11,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Op, Program};
+use gspmd_core::ir::{Builder, DType, Program, distinct_flows};
 use gspmd_core::sharding::{Mesh, Sharding};
 
 const BATCH: usize = 16;
@@ -48,17 +48,10 @@ fn scanned(layers: usize) -> Program {
 
 /// Nodes of `program`, counting its regions' nodes once per region.
 fn op_count(program: &Program) -> usize {
-    let mut seen: Vec<*const gspmd_core::ir::Flow> = Vec::new();
-    let mut n = program.nodes.len();
-    for node in &program.nodes {
-        if let Op::Flow { flow, .. } = &node.op
-            && !seen.contains(&std::sync::Arc::as_ptr(flow))
-        {
-            seen.push(std::sync::Arc::as_ptr(flow));
-            n += flow.regions().iter().map(|r| op_count(r)).sum::<usize>();
-        }
-    }
-    n
+    let regions = distinct_flows(program)
+        .into_iter()
+        .flat_map(|(_, f)| f.regions());
+    program.nodes.len() + regions.map(op_count).sum::<usize>()
 }
 
 /// A model of `layers` layers, written one way.

@@ -7,10 +7,11 @@
 mod differential;
 
 use differential::compile_and_check;
-use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, Tensor};
-use gspmd_core::runtime::interpret;
+use gspmd_core::autodiff::grad;
+use gspmd_core::ir::{Builder, DType, Literal, Op, OpKind, Program, ReduceKind, Tensor, verify};
+use gspmd_core::runtime::{interpret, interpret_with_memory_limit};
 use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::{Error, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn s(text: &str) -> Sharding {
@@ -107,6 +108,57 @@ fn scan_over_stacked_layers_equals_the_unrolled_model() {
         .fold(0.0, f32::max);
     assert!(d <= 1e-5, "scan vs unrolled: {d}");
     check_on_meshes(&scanned, &inputs);
+}
+
+/// Reverse mode through the scan: the gradients of a loss of the scanned MLP with
+/// respect to the input and the stacked weights equal those of the unrolled model, on
+/// one device and partitioned on every mesh (the backward pass is a reverse scan whose
+/// body is partitioned once, like the forward one).
+#[test]
+fn scan_gradients_equal_the_unrolled_model_on_meshes() {
+    let loss = |model: fn(&Builder, usize, usize, usize) -> Tensor| {
+        move |b: &Builder| {
+            let y = model(b, 3, 8, 16);
+            vec![y.mul(&y).sum(&[0, 1])]
+        }
+    };
+    let scanned = grad(&build("scan_loss", loss(scanned_mlp)), 0, &[0, 1]).unwrap();
+    let unrolled = grad(&build("unrolled_loss", loss(unrolled_mlp)), 0, &[0, 1]).unwrap();
+    let inputs = inputs(&scanned, 0);
+    let (a, b) = (
+        interpret(&scanned, &inputs).unwrap(),
+        interpret(&unrolled, &inputs).unwrap(),
+    );
+    for (k, (a, b)) in a.iter().zip(&b).enumerate() {
+        let (a, b) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+        let d = (a.iter().zip(b.iter())).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(d <= 1e-4, "output {k}: scan vs unrolled gradient {d}");
+    }
+    check_on_meshes(&scanned, &inputs);
+}
+
+/// Reverse mode through a `cond` inside a `fori_loop`, partitioned on every mesh.
+#[test]
+fn fori_loop_and_cond_gradients_on_meshes() {
+    let p = build("fori_cond", |b| {
+        let x = b
+            .parameter("x", [8, 12], DType::F32)
+            .annotate(s("(data, model)"));
+        let w = b.parameter("w", [12, 12], DType::F32);
+        let out = b.fori_loop(3, &[x], |i, c| {
+            let even = i.rem(&i.scalar_like(2.0)).eq(&i.scalar_like(0.0));
+            let ib = i.builder();
+            let r = ib.cond(
+                &even,
+                |_| vec![c[0].matmul(&w).tanh()],
+                |_| vec![c[0].sin()],
+            );
+            vec![r[0].clone()]
+        });
+        vec![out[0].mul(&out[0]).sum(&[0, 1])]
+    });
+    let g = grad(&p, 0, &[0, 1]).unwrap();
+    check_on_meshes(&g, &inputs(&g, 0));
 }
 
 /// The body is partitioned once: its collective (the all-gather that brings the
@@ -263,4 +315,185 @@ fn a_constraint_in_the_body_shards_the_whole_loop_state() {
     );
     assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
     check_on_meshes(&p, &inputs(&p, 0));
+}
+
+/// A scan's stacked dim may be split outside the loop: the stacked operand split over
+/// `data` on its leading dim is gathered once at the loop's entry (one all-gather over
+/// `data`, outside the body), and the stacked output, wanted split the same way, is
+/// cut locally after the loop (no collective over `data` there).
+#[test]
+fn a_stacked_dim_split_outside_the_loop_is_gathered_once_at_entry() {
+    let p = build("split_stacked", |b| {
+        let xs = b
+            .parameter("xs", [8, 4, 12], DType::F32)
+            .annotate(s("(data, _, model)"));
+        let w = b.parameter("w", [12, 12], DType::F32);
+        let init = b.parameter("init", [4, 12], DType::F32);
+        let (c, ys) = b.scan(&[xs], &[init], |c, x| {
+            let h = x[0].matmul(&w).tanh().add(&c[0]);
+            (vec![h.clone()], vec![h.mul(&x[0])])
+        });
+        vec![c[0].clone(), ys[0].annotate(s("(data, _, _)"))]
+    });
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-4);
+    let outside: Vec<(&str, Vec<String>)> = (exe.spmd.program.nodes.iter())
+        .filter(|n| n.op.is_collective())
+        .map(|n| (n.op.name(), n.op.collective_group().unwrap().axes.clone()))
+        .collect();
+    let gather = |axis: &str| ("all_gather", vec![axis.to_string()]);
+    assert_eq!(
+        outside,
+        [gather("data"), gather("model")],
+        "{}",
+        exe.report()
+    );
+    check_on_meshes(&p, &inputs(&p, 0));
+}
+
+/// Results of a flow instance waiting for their node count as live values: here the
+/// stacked output `ys` of a scan is read only after a large temporary, and the memory
+/// limit sees it (as it sees a scan's residuals kept for the backward pass).
+#[test]
+fn results_waiting_for_their_node_count_against_the_memory_limit() {
+    let n = 256;
+    let b = Builder::new("pending");
+    let x = b.parameter("x", [n], DType::F32);
+    let xs = b.parameter("xs", [4, n], DType::F32);
+    let (c, ys) = b.scan(
+        std::slice::from_ref(&xs),
+        std::slice::from_ref(&x),
+        |c, x| (vec![c[0].add(&x[0])], vec![c[0].mul(&c[0])]),
+    );
+    let traced = b.finish(&[&c[0], &ys[0]]).unwrap();
+    // The same program with a large temporary between the two result nodes.
+    let (r0, r1) = (c[0].id().unwrap(), ys[0].id().unwrap());
+    let mut program = Program::new("pending");
+    for node in &traced.nodes[..=r0.index()] {
+        program.push(node.clone());
+    }
+    let at = traced.node(r0).location;
+    let broadcast = Op::Broadcast {
+        shape: vec![16, n],
+        dims: vec![1],
+    };
+    let big = program.push_op(broadcast, &[r0], at).unwrap();
+    let sum = Op::Reduce {
+        kind: ReduceKind::Sum,
+        dims: vec![0, 1],
+    };
+    let total = program.push_op(sum, &[big], at).unwrap();
+    let late = program.push(traced.node(r1).clone());
+    program.params = traced.params.clone();
+    program.outputs = vec![total, late];
+    verify(&program).unwrap();
+
+    let inputs = inputs(&program, 0);
+    // At the broadcast: x, xs (read again by the late node), the carried result, the
+    // waiting ys and the temporary.
+    let (x_bytes, xs_bytes, big_bytes) = (4 * n, 16 * n, 64 * n);
+    let live_before = x_bytes + xs_bytes + x_bytes + xs_bytes;
+    let peak = live_before + big_bytes;
+    let want = interpret(&program, &inputs).unwrap();
+    assert_eq!(
+        interpret_with_memory_limit(&program, &inputs, peak).unwrap(),
+        want
+    );
+    match interpret_with_memory_limit(&program, &inputs, peak - 1) {
+        Err(Error::OutOfMemory {
+            op, bytes, live, ..
+        }) => assert_eq!((op, bytes, live), ("broadcast", big_bytes, live_before)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Random differential test of reverse mode through control flow: random shardings of
+/// the input, the weights and the loop state (a constraint inside the body), a random
+/// loop (`scan` over stacked weights, forward or reversed; `fori_loop` with a `cond`
+/// inside; a `cond` holding a scan), the gradient of `sum(out^2)` with respect to
+/// every parameter, partitioned on a random mesh and run on threads against the
+/// interpreter.
+#[test]
+fn random_gradients_through_control_flow_on_meshes() {
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::seq::IndexedRandom;
+    use rand::{RngExt, SeedableRng};
+    let rank2 = [
+        "(_, _)",
+        "(data, _)",
+        "(_, model)",
+        "(data, model)",
+        "(model, data)",
+        "((data, model), _)",
+    ];
+    let rank3 = [
+        "(_, _, _)",
+        "(_, data, model)",
+        "(_, _, model)",
+        "(_, model, _)",
+        "(data, _, _)",
+    ];
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+    for case in 0..24 {
+        let mesh = meshes().choose(&mut rng).unwrap().clone();
+        let pick2 = |rng: &mut Xoshiro256PlusPlus| s(rank2.choose(rng).unwrap());
+        let (xs, ws, cs) = (pick2(&mut rng), pick2(&mut rng), pick2(&mut rng));
+        let stack = s(rank3.choose(&mut rng).unwrap());
+        let (kind, reverse) = (rng.random_range(0..3), rng.random_ratio(1, 2));
+        let (batch, d, layers) = (4 * rng.random_range(1..3), 4 * rng.random_range(1..3), 3);
+        let name = format!("case {case}: kind {kind}, x {xs}, w {ws}, carry {cs}, stack {stack}");
+        let p = build("random_grad", |b| {
+            let x = b.parameter("x", [batch, d], DType::F32).annotate(xs);
+            let w = b.parameter("w", [d, d], DType::F32).annotate(ws);
+            let stacked = b
+                .parameter("stack", [layers, d, d], DType::F32)
+                .annotate(stack);
+            let layer = |c: &Tensor, w: &Tensor| c.matmul(w).tanh().shard(cs.clone());
+            let out = match kind {
+                0 => {
+                    let body = |c: &[Tensor], wl: &[Tensor]| {
+                        let h = layer(&c[0], &wl[0]);
+                        (vec![h.clone()], vec![h.mul(&x)])
+                    };
+                    let (c, ys) = if reverse {
+                        b.scan_reverse(std::slice::from_ref(&stacked), &[x.clone()], body)
+                    } else {
+                        b.scan(std::slice::from_ref(&stacked), &[x.clone()], body)
+                    };
+                    c[0].add(&ys[0].sum(&[0]))
+                }
+                1 => b.fori_loop(layers, &[x.clone()], |i, c| {
+                    let odd = i.rem(&i.scalar_like(2.0)).eq(&i.scalar_like(1.0));
+                    let r =
+                        i.builder()
+                            .cond(&odd, |_| vec![layer(&c[0], &w)], |_| vec![c[0].sin()]);
+                    vec![r[0].clone()]
+                })[0]
+                    .clone(),
+                _ => {
+                    let positive = w.sum(&[0, 1]).gt(&b.scalar(0.0));
+                    b.cond(
+                        &positive,
+                        |_| {
+                            let (c, _) =
+                                b.scan(std::slice::from_ref(&stacked), &[x.clone()], |c, wl| {
+                                    (vec![layer(&c[0], &wl[0])], vec![])
+                                });
+                            vec![c[0].clone()]
+                        },
+                        |_| vec![layer(&x, &w)],
+                    )[0]
+                    .clone()
+                }
+            };
+            vec![out.mul(&out).sum(&[0, 1])]
+        });
+        let g = grad(&p, 0, &[0, 1, 2]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut inputs = inputs(&g, 0);
+        if rng.random_ratio(1, 2) {
+            // The other branch of the `cond` on `sum(w) > 0`.
+            inputs[1] = Literal::F32(-inputs[1].as_f32().unwrap());
+        }
+        compile_and_check(&g, &mesh, &inputs, 1e-3);
+    }
 }

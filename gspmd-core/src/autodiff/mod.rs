@@ -5,6 +5,8 @@
 //!
 //! - `sweep`: the generic reverse sweep (activity, cotangent accumulation, outputs).
 //! - `registry`: one vector-Jacobian rule per primitive op, in one exhaustive match.
+//! - `flow`: the rules of control flow (`scan`, `cond`), whose backward regions are
+//!   the VJPs of the forward regions.
 //! - `emit`: appends typed nodes located at the forward node they come from.
 //!
 //! Rules and conventions (the registry's documentation has the details):
@@ -37,9 +39,13 @@
 //! - `argsort` (an i32 result) passes no gradient, like `compare`;
 //! - `axis_index` and the collectives: [`crate::Error::NotDifferentiable`]
 //!   (they only exist in partitioned programs);
-//! - `while`, `scan`, `cond`: [`crate::Error::NotDifferentiable`] for now (their
-//!   reverse-mode rules, a reverse scan over stacked residuals, are phase 2 of regions).
+//! - `scan` and `fori_loop`: the forward scan also stacks the carried values each
+//!   iteration starts from; the backward pass is a scan the other way whose body
+//!   recomputes the forward body from them and runs its VJP (JAX's `scan` under
+//!   `jax.checkpoint`); `cond`: a `cond` of the branches' VJPs;
+//! - `while` (a run-time trip count): [`crate::Error::NotDifferentiable`], as in JAX.
 
+mod flow;
 mod indexing;
 mod registry;
 mod sweep;

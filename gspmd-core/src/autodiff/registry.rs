@@ -35,10 +35,10 @@ use crate::ir::{
     Op, OpKind, ReduceKind, UnaryOp, ValueId, WindowDim,
 };
 
-/// True when `operand_cotangent` has a rule for ops of `kind`: every op of a global
-/// program (bool- and integer-valued ones pass no gradient, but have a rule), and none
-/// of the SPMD-only ops nor the control-flow ops (`while`, `scan`, `cond`):
-/// [`super::grad`] rejects a program holding one with
+/// True when the sweep has a rule for ops of `kind`: every op of a global program
+/// (bool- and integer-valued ones pass no gradient, but have a rule; `scan` and `cond`
+/// have theirs in `autodiff::flow`), and none of the SPMD-only ops nor `while` (its trip
+/// count is a run-time value): [`super::grad`] rejects a program holding one with
 /// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
 /// finite-difference test for every differentiable kind, the error for every other one.
 pub fn is_differentiable(kind: OpKind) -> bool {
@@ -62,8 +62,8 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::AxisIndex | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
-        // Phase 2 of regions: scan and cond get VJPs (a reverse scan over residuals).
-        K::While | K::Scan | K::Cond => false,
+        K::Scan | K::Cond => true,
+        K::While => false,
     }
 }
 
@@ -222,8 +222,10 @@ pub(super) fn operand_cotangent(
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
-        | Op::CollectiveShift { .. }
-        | Op::Flow { .. } => return Err(not_differentiable(node, y)),
+        | Op::CollectiveShift { .. } => return Err(not_differentiable(node, y)),
+        // The sweep differentiates a flow instance as a whole (`super::flow`); a
+        // `while` is rejected before it starts.
+        Op::Flow { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
 }
@@ -235,7 +237,9 @@ pub(super) fn not_differentiable(node: &Node, y: ValueId) -> Error {
         op: node.op.name(),
         location: node.location,
         message: if matches!(node.op, Op::Flow { .. }) {
-            "control flow has no reverse-mode rule yet".into()
+            "a while_loop's trip count is a run-time value; reverse mode needs a static one \
+             (use fori_loop or scan)"
+                .into()
         } else {
             "an SPMD op is not differentiable in a global program".into()
         },

@@ -2,10 +2,14 @@
 //! asking the [registry](super::registry) for each operand's cotangent and summing the
 //! cotangents of values used several times. It knows no op.
 
+use std::sync::Arc;
+
+use super::flow::{FlowCall, flow_cotangents};
 use super::registry::{is_differentiable, not_differentiable, operand_cotangent, passes_gradient};
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
+use crate::ir::{DType, Literal, Op, Program, ValueId, flow_instances, verify};
+use crate::simplify::eliminate_dead_code;
 
 /// Reverse-mode gradient of `program`'s output number `loss` with respect to the
 /// parameters numbered `wrt`, as a new program.
@@ -13,8 +17,9 @@ use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 /// The loss must be an f32 scalar and each `wrt` parameter f32; otherwise, or for an
 /// index out of range, [`Error::GradRequest`]. The program is verified first.
 ///
-/// The result has the same parameters. Its nodes are the forward nodes unchanged (same
-/// order, so every `%i` keeps its id), then the backward nodes, each located at the
+/// The result has the same parameters. Its nodes are the forward nodes (same order and
+/// ops, so every `%i` keeps its id and value; a differentiated `scan`'s result nodes
+/// hold the same scan with its residuals as extra outputs), then the backward nodes, each located at the
 /// forward node it comes from. Its outputs are the original outputs, then one gradient
 /// per `wrt` entry, shaped like its parameter and named `grad(<parameter name>)`:
 /// - only values that depend on a `wrt` parameter and reach the loss get a cotangent,
@@ -26,14 +31,13 @@ use crate::ir::{DType, Literal, Op, Program, ValueId, verify};
 ///   alike (GSPMD section 3.6).
 ///
 /// A program holding an op that is not [`is_differentiable`] (the SPMD-only ops
-/// axis_index and the collectives, which only exist in partitioned
-/// programs; the control-flow ops `while`, `scan` and `cond`, until they get rules) gives [`Error::NotDifferentiable`] for the first one. See
+/// axis_index and the collectives, which only exist in partitioned programs; `while`,
+/// whose trip count is a run-time value) gives [`Error::NotDifferentiable`] for the
+/// first one (in a region: when the sweep reaches its flow op). See
 /// [`super`] for the rules and their conventions at ties and kinks.
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     verify(program)?;
-    if let Some(v) = (program.values()).find(|&v| !is_differentiable(program.node(v).op.kind())) {
-        return Err(not_differentiable(program.node(v), v));
-    }
+    check_differentiable(program)?;
     let request = |message: String| Error::GradRequest {
         program: program.name.clone(),
         message,
@@ -74,50 +78,158 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     let mut out = program.clone();
     out.name = format!("grad_{}", program.name);
     let mut e = Appender::new(&mut out, "gradient");
-    let mut cotangent: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    let mut seeds = Vec::new();
     if active[loss_value.index()] {
         e.location = program.node(loss_value).location;
-        cotangent[loss_value.index()] = Some(e.push(Op::Constant(Literal::scalar_f32(1.0)), &[])?);
+        seeds.push((
+            loss_value,
+            e.push(Op::Constant(Literal::scalar_f32(1.0)), &[])?,
+        ));
     }
+    let cotangent = backward(&mut e, program, &active, &seeds)?;
+    let gradients = (params.iter())
+        .map(|&p| gradient(&mut e, program, p, &cotangent))
+        .collect::<Result<Vec<ValueId>>>()?;
+    out.outputs.extend(gradients);
+    Ok(out)
+}
+
+/// The vector-Jacobian product of `region` as a program (the rules of control flow
+/// build their backward regions from it): its parameters are `region`'s, then one
+/// cotangent per entry of `seeds` (an output index; shaped like that output, named
+/// `ct(<output name>)`); its outputs are the gradients with respect to the parameters
+/// numbered `wrt` (each f32), as [`grad`] makes them. The forward nodes the gradients
+/// do not need are dropped. A region holding an op that is not [`is_differentiable`]
+/// is [`Error::NotDifferentiable`].
+pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Program> {
+    check_differentiable(region)?;
+    let params: Vec<ValueId> = wrt.iter().map(|&i| region.params[i]).collect();
+    let active = active_values(region, &params);
+    let mut out = region.clone();
+    out.name = format!("vjp_{}", region.name);
+    let mut e = Appender::new(&mut out, "gradient");
+    let seeds = (seeds.iter())
+        .map(|&s| {
+            let o = region.outputs[s];
+            e.location = region.node(o).location;
+            let name = format!("ct({})", param_name(region, o));
+            (o, e.parameter(name, region.ty(o).clone(), None).1)
+        })
+        .collect::<Vec<_>>();
+    let cotangent = backward(&mut e, region, &active, &seeds)?;
+    let gradients = (params.iter())
+        .map(|&p| gradient(&mut e, region, p, &cotangent))
+        .collect::<Result<Vec<ValueId>>>()?;
+    out.outputs = gradients;
+    Ok(eliminate_dead_code(&out))
+}
+
+/// [`Error::NotDifferentiable`] for the first op of `program` (not of its regions)
+/// that is not [`is_differentiable`].
+fn check_differentiable(program: &Program) -> Result<()> {
+    match (program.values()).find(|&v| !is_differentiable(program.node(v).op.kind())) {
+        Some(v) => Err(not_differentiable(program.node(v), v)),
+        None => Ok(()),
+    }
+}
+
+/// The reverse sweep over `program`, appending through `e` to its copy: starting from
+/// the cotangents `seeds` (a value of `program` and the cotangent given to it; seeds of
+/// inactive values are ignored, two seeds of one value add up), the cotangent of every
+/// active value that reaches a seed, indexed by value (`None` for the others). Each
+/// control-flow instance is differentiated as a whole, at its first result node, from
+/// the cotangents of all its results.
+fn backward(
+    e: &mut Appender<'_>,
+    program: &Program,
+    active: &[bool],
+    seeds: &[(ValueId, ValueId)],
+) -> Result<Vec<Option<ValueId>>> {
+    let mut cotangent: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    for &(v, ct) in seeds {
+        if active[v.index()] {
+            cotangent[v.index()] = Some(add_to(e, cotangent[v.index()], ct)?);
+        }
+    }
+    let instances = flow_instances(program);
     for (index, node) in program.nodes.iter().enumerate().rev() {
-        let Some(ct) = cotangent[index] else {
-            continue;
-        };
         let v = ValueId(index as u32);
         e.location = node.location;
-        for (i, &o) in node.operands.iter().enumerate() {
-            if !active[o.index()] {
+        let operand_cotangents = if let Op::Flow { flow, .. } = &node.op {
+            let results = &instances[&(Arc::as_ptr(flow), node.operands.clone())];
+            if results.iter().flatten().min() != Some(&v) {
                 continue;
             }
-            if let Some(c) = operand_cotangent(&mut e, node, v, ct, i)? {
-                let sum = match cotangent[o.index()] {
-                    Some(prev) => e.add(prev, c)?,
-                    None => c,
-                };
-                cotangent[o.index()] = Some(sum);
+            let cts = (results.iter())
+                .map(|nodes| {
+                    (nodes.iter().filter_map(|r| cotangent[r.index()]))
+                        .try_fold(None, |sum, c| add_to(e, sum, c).map(Some))
+                })
+                .collect::<Result<Vec<Option<ValueId>>>>()?;
+            if cts.iter().all(Option::is_none) {
+                continue;
+            }
+            let operands_active: Vec<bool> =
+                (node.operands.iter()).map(|o| active[o.index()]).collect();
+            let flow = FlowCall {
+                flow,
+                operands: &node.operands,
+                results,
+                operands_active: &operands_active,
+            };
+            flow_cotangents(e, &flow, &cts)?
+        } else {
+            let Some(ct) = cotangent[index] else {
+                continue;
+            };
+            (0..node.operands.len())
+                .map(|i| match active[node.operands[i].index()] {
+                    true => operand_cotangent(e, node, v, ct, i),
+                    false => Ok(None),
+                })
+                .collect::<Result<Vec<Option<ValueId>>>>()?
+        };
+        for (&o, c) in node.operands.iter().zip(operand_cotangents) {
+            if let Some(c) = c.filter(|_| active[o.index()]) {
+                cotangent[o.index()] = Some(add_to(e, cotangent[o.index()], c)?);
             }
         }
     }
+    Ok(cotangent)
+}
 
-    let mut gradients = Vec::with_capacity(params.len());
-    for &p in &params {
-        let node = program.node(p);
-        e.location = node.location;
-        let g = match cotangent[p.index()] {
-            Some(g) => g,
-            None => e.zeros_like(p)?,
-        };
-        let g = match &node.annotation {
-            Some(sharding) => e.constrain(g, Some(sharding.clone()))?,
-            None => g,
-        };
-        // One cotangent can serve two gradients (`wrt` naming a parameter twice, or
-        // `loss = a + b`); it keeps the first name.
-        e.name_if_unnamed(g, format!("grad({})", param_name(program, p)));
-        gradients.push(g);
+/// `sum + c`, or `c` when there is no sum yet: cotangents of a value used several
+/// times add up.
+fn add_to(e: &mut Appender<'_>, sum: Option<ValueId>, c: ValueId) -> Result<ValueId> {
+    match sum {
+        Some(prev) => e.add(prev, c),
+        None => Ok(c),
     }
-    out.outputs.extend(gradients);
-    Ok(out)
+}
+
+/// The gradient output for parameter `p` of `program`: its cotangent (zeros if none
+/// reached it), pinned to the parameter's annotation if it has one, named
+/// `grad(<parameter name>)` unless the value already has a name.
+fn gradient(
+    e: &mut Appender<'_>,
+    program: &Program,
+    p: ValueId,
+    cotangent: &[Option<ValueId>],
+) -> Result<ValueId> {
+    let node = program.node(p);
+    e.location = node.location;
+    let g = match cotangent[p.index()] {
+        Some(g) => g,
+        None => e.zeros_like(p)?,
+    };
+    let g = match &node.annotation {
+        Some(sharding) => e.constrain(g, Some(sharding.clone()))?,
+        None => g,
+    };
+    // One cotangent can serve two gradients (`wrt` naming a parameter twice, or
+    // `loss = a + b`); it keeps the first name.
+    e.name_if_unnamed(g, format!("grad({})", param_name(program, p)));
+    Ok(g)
 }
 
 /// The values that depend on one of `params` through f32 values and ops that
@@ -132,7 +244,7 @@ fn active_values(program: &Program, params: &[ValueId]) -> Vec<bool> {
     active
 }
 
-fn param_name(program: &Program, p: ValueId) -> String {
+pub(super) fn param_name(program: &Program, p: ValueId) -> String {
     program
         .node(p)
         .name

@@ -73,6 +73,13 @@ impl<'p> Appender<'p> {
         Ok(id)
     }
 
+    /// Replaces the op of the existing node `v` by `op`, which must give `v`'s type on
+    /// `v`'s operands (the autodiff of a scan adds outputs to the scan of its forward
+    /// result nodes).
+    pub(crate) fn replace_op(&mut self, v: ValueId, op: Op) {
+        self.program.node_mut(v).op = op;
+    }
+
     /// Appends `op` applied to `operands`.
     pub(crate) fn push(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
         self.push_annotated(op, operands, None)

@@ -34,6 +34,23 @@ pub fn flow_instances(program: &Program) -> HashMap<FlowInstance, Vec<Vec<ValueI
     instances
 }
 
+/// The distinct flow ops of `program` (not of its regions), each once with its first
+/// result node, in program order: the result nodes of an instance share one `Arc<Flow>`,
+/// so a walk over regions visits each region once.
+pub fn distinct_flows(program: &Program) -> Vec<(ValueId, &Arc<Flow>)> {
+    let mut seen: Vec<*const Flow> = Vec::new();
+    let mut flows = Vec::new();
+    for v in program.values() {
+        if let Op::Flow { flow, .. } = &program.node(v).op
+            && !seen.contains(&Arc::as_ptr(flow))
+        {
+            seen.push(Arc::as_ptr(flow));
+            flows.push((v, flow));
+        }
+    }
+    flows
+}
+
 /// A control-flow op and its regions. Operands and region parameters line up; the
 /// trailing `captures` are values of the enclosing program that the regions read.
 #[derive(Clone, PartialEq)]

@@ -26,7 +26,7 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use einsum::einsum;
-pub use flow::{Flow, FlowInstance, flow_instances};
+pub use flow::{Flow, FlowInstance, distinct_flows, flow_instances};
 pub(crate) use index_arithmetic::EmitOps;
 pub(crate) use indexing::Indexing;
 pub use indexing::{GatherDims, ScatterDims, ScatterKind};

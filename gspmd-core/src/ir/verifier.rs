@@ -3,9 +3,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use std::sync::Arc;
-
-use super::flow::Flow;
+use super::flow::distinct_flows;
 use super::infer::infer_type;
 use super::op::Op;
 use super::program::Program;
@@ -26,8 +24,6 @@ use crate::types::TensorType;
 /// Returns all violations together ([`Error::Many`] when several).
 pub fn verify(program: &Program) -> Result<()> {
     let mut errors = Vec::new();
-    let mut regions_checked: Vec<*const Flow> = Vec::new();
-    let mut region_errors = Vec::new();
     let mut sharding_errors = Vec::new();
     let n = program.nodes.len();
     for v in program.values() {
@@ -52,18 +48,6 @@ pub fn verify(program: &Program) -> Result<()> {
                 node.ty
             )),
             Err(message) => fail(format!("{}: {message}", node.op.name())),
-        }
-        if let Op::Flow { flow, .. } = &node.op
-            && !regions_checked.contains(&Arc::as_ptr(flow))
-        {
-            regions_checked.push(Arc::as_ptr(flow));
-            for region in flow.regions() {
-                match verify(region) {
-                    Ok(()) => {}
-                    Err(Error::Many(list)) => region_errors.extend(list),
-                    Err(e) => region_errors.push(e),
-                }
-            }
         }
         if let Op::Parameter { index, .. } = node.op
             && program.params.get(index) != Some(&v)
@@ -149,7 +133,15 @@ pub fn verify(program: &Program) -> Result<()> {
             });
         }
     }
-    errors.append(&mut region_errors);
+    for (_, flow) in distinct_flows(program) {
+        for region in flow.regions() {
+            match verify(region) {
+                Ok(()) => {}
+                Err(Error::Many(list)) => errors.extend(list),
+                Err(e) => errors.push(e),
+            }
+        }
+    }
     errors.append(&mut sharding_errors);
     Error::from_list(errors)
 }

@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Arc;
 
 use super::SpmdProgram;
-use crate::ir::{Flow, Node, Op, Program};
+use crate::ir::{Node, Op, Program, distinct_flows};
 use crate::sharding::Mesh;
 
 /// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
@@ -74,22 +73,18 @@ impl CollectiveStats {
     /// of a loop (whose trip count may be a run-time value).
     pub fn of(program: &Program, mesh: &Mesh) -> Self {
         let mut stats = CollectiveStats::default();
-        stats.add(program, mesh, &mut Vec::new());
+        stats.add(program, mesh);
         stats
     }
 
-    /// Adds the collectives of `program` and of the regions not in `seen` (an
-    /// instance's result nodes share their regions).
-    fn add(&mut self, program: &Program, mesh: &Mesh, seen: &mut Vec<*const Flow>) {
-        for node in &program.nodes {
-            if let Op::Flow { flow, .. } = &node.op
-                && !seen.contains(&Arc::as_ptr(flow))
-            {
-                seen.push(Arc::as_ptr(flow));
-                for region in flow.regions() {
-                    self.add(region, mesh, seen);
-                }
+    /// Adds the collectives of `program` and of its regions (each once).
+    fn add(&mut self, program: &Program, mesh: &Mesh) {
+        for (_, flow) in distinct_flows(program) {
+            for region in flow.regions() {
+                self.add(region, mesh);
             }
+        }
+        for node in &program.nodes {
             if node.op.is_collective() {
                 let e: &mut (usize, usize) = self.by_kind.entry(node.op.name()).or_default();
                 e.0 += 1;
@@ -149,7 +144,7 @@ impl SpmdProgram {
             "// partitioned for {}\n{}\n\ncollectives:\n",
             self.mesh, self.program
         );
-        collective_lines(&mut out, &self.program, &self.mesh, "", &mut Vec::new());
+        collective_lines(&mut out, &self.program, &self.mesh, "");
         let _ = write!(out, "{}", self.collectives());
         for w in &self.warnings {
             let _ = write!(out, "\nwarning: {w}");
@@ -160,22 +155,14 @@ impl SpmdProgram {
 
 /// Appends one line per collective of `program` and of its regions (each once; a
 /// region's lines start with `within`, the path of flow ops and regions to it).
-fn collective_lines(
-    out: &mut String,
-    program: &Program,
-    mesh: &Mesh,
-    within: &str,
-    seen: &mut Vec<*const Flow>,
-) {
+fn collective_lines(out: &mut String, program: &Program, mesh: &Mesh, within: &str) {
+    let mut flows = distinct_flows(program).into_iter().peekable();
     for v in program.values() {
         let node = program.node(v);
-        if let Op::Flow { flow, .. } = &node.op
-            && !seen.contains(&Arc::as_ptr(flow))
-        {
-            seen.push(Arc::as_ptr(flow));
+        if let Some((_, flow)) = flows.next_if(|&(first, _)| first == v) {
             for (name, region) in flow.region_names().iter().zip(flow.regions()) {
                 let path = format!("{within}{v} {} {name}: ", flow.name());
-                collective_lines(out, region, mesh, &path, seen);
+                collective_lines(out, region, mesh, &path);
             }
         }
         if node.op.is_collective() {

@@ -56,8 +56,9 @@ pub fn interpret_with_memory_limit(
 /// `eval` (so collectives inside a loop body run once per iteration), each region run
 /// limited to the bytes left by the live values. The op runs once per instance (its
 /// regions and operands): the first of its result nodes computes all results, the
-/// others take theirs; results waiting for their node are not counted as live, and
-/// the instance is dropped once every result was taken.
+/// others take theirs; results waiting for their node count as live (a scan's
+/// residuals kept for the backward pass are), and the instance is dropped once every
+/// result was taken.
 pub(crate) fn execute(
     program: &Program,
     inputs: &[Literal],
@@ -126,6 +127,13 @@ fn execute_dyn(
                 match &node.op {
                     Op::Flow { flow, result } => {
                         let key = (Arc::as_ptr(flow), node.operands.clone());
+                        let nodes = instances.get(&key).map_or(&[][..], Vec::as_slice);
+                        let size_of = |j: usize| {
+                            nodes
+                                .get(j)
+                                .and_then(|n| n.first())
+                                .map_or(0, |&r| program.nodes[r.index()].ty.size_in_bytes())
+                        };
                         let results = match pending.entry(key.clone()) {
                             Entry::Occupied(slot) => slot.into_mut(),
                             Entry::Vacant(slot) => {
@@ -134,20 +142,41 @@ fn execute_dyn(
                                     execute_dyn(region, args, limit, eval)
                                 };
                                 let all = run_flow(flow, &operands, left, &mut run, &fail)?;
-                                let nodes = instances.get(&key).map_or(&[][..], Vec::as_slice);
                                 let reads_of = |j| nodes.get(j).map_or(0, Vec::len);
+                                // Results waiting for their nodes are live; a result no
+                                // node reads is dropped now.
+                                let held: usize = (0..all.len())
+                                    .filter(|&j| reads_of(j) > 0)
+                                    .map(size_of)
+                                    .sum();
+                                if live.saturating_add(held) > memory_limit {
+                                    return Err(Error::OutOfMemory {
+                                        value: v,
+                                        op: node.op.name(),
+                                        location: node.location,
+                                        bytes: held,
+                                        live,
+                                        limit: memory_limit,
+                                    });
+                                }
+                                live += held;
                                 let all = all.into_iter().enumerate();
-                                // A result no node reads is dropped now.
                                 slot.insert(
                                     all.map(|(j, r)| ((reads_of(j) > 0).then_some(r), reads_of(j)))
                                         .collect(),
                                 )
                             }
                         };
-                        // The last node reading a result takes it; earlier ones copy it.
+                        // The last node reading a result takes it (the waiting copy
+                        // stops counting); earlier ones copy it.
                         let value = results.get_mut(*result).and_then(|(r, left)| {
                             *left = left.saturating_sub(1);
-                            if *left == 0 { r.take() } else { r.clone() }
+                            if *left == 0 {
+                                live -= size_of(*result);
+                                r.take()
+                            } else {
+                                r.clone()
+                            }
                         });
                         if results.iter().all(|(r, _)| r.is_none()) {
                             pending.remove(&key);
