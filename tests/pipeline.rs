@@ -7,9 +7,10 @@
 //! Tolerance: 1e-4 relative to the largest magnitude (at least 1): f32 sums in another
 //! order.
 
+use gspmd::autodiff::grad;
 use gspmd::compile;
 use gspmd::ir::{Flow, Location, Op, OpKind};
-use gspmd::models::pipeline::{Pipeline, Schedule, mlp_layer, mlp_stack};
+use gspmd::models::pipeline::{Pipeline, Schedule, mlp_layer, mlp_loss, mlp_stack};
 use gspmd::prelude::*;
 use gspmd::runtime::ThreadMesh;
 use ndarray::{ArrayD, IxDyn};
@@ -32,14 +33,19 @@ fn inputs(program: &Program) -> Vec<Literal> {
         .collect()
 }
 
+/// Rows per microbatch, features and hidden units of the test stacks.
+const ROWS: usize = 4;
+const FEATURES: usize = 8;
+const HIDDEN: usize = 16;
+
 fn dims(p: &Pipeline) -> mlp_stack::Dims {
     mlp_stack::Dims {
         M: p.microbatches,
-        B: 4,
-        D: 8,
+        B: ROWS,
+        D: FEATURES,
         S: p.stages,
         R: p.repeats,
-        F: 16,
+        F: HIDDEN,
     }
 }
 
@@ -125,9 +131,10 @@ fn partitioned_pipeline_equals_the_sequential_reference_with_data_parallel_micro
         let trace = |pipelined: bool| {
             let b = Builder::new("data_parallel_stack");
             let (m, r) = (p.microbatches, p.repeats);
-            let x = (b.parameter("x", [m, 4, 8], DType::F32)).annotate(sharding("(_, data, _)"));
-            let w1 = b.parameter("w1", [4, r, 8, 16], DType::F32);
-            let w2 = b.parameter("w2", [4, r, 16, 8], DType::F32);
+            let x = (b.parameter("x", [m, ROWS, FEATURES], DType::F32))
+                .annotate(sharding("(_, data, _)"));
+            let w1 = b.parameter("w1", [4, r, FEATURES, HIDDEN], DType::F32);
+            let w2 = b.parameter("w2", [4, r, HIDDEN, FEATURES], DType::F32);
             let weights = [
                 w1.annotate(sharding("(stage, _, _, _)")),
                 w2.annotate(sharding("(stage, _, _, _)")),
@@ -143,6 +150,43 @@ fn partitioned_pipeline_equals_the_sequential_reference_with_data_parallel_micro
         let want = &interpret(&sequential, &inputs).unwrap()[0];
         let exe = compile(&pipelined, &mesh).unwrap();
         assert_runs_to(&exe, &inputs, want, &format!("{p:?}"));
+    }
+}
+
+/// Reverse mode through the schedule's scan: the gradients of the pipelined loss with
+/// respect to the stacked weights equal the sequential layers' gradients, on the
+/// interpreter and partitioned on `(stage=4, model=2)`.
+#[test]
+fn pipelined_gradients_equal_the_sequential_ones() {
+    let mesh = mlp_loss::mesh([4, 2]).unwrap();
+    for p in [Pipeline::gpipe(4, 2, 5), Pipeline::circular(4, 2, 6)] {
+        let loss_dims = mlp_loss::Dims {
+            M: p.microbatches,
+            B: ROWS,
+            D: FEATURES,
+            S: p.stages,
+            R: p.repeats,
+            F: HIDDEN,
+        };
+        let grads = |pipelined: bool| {
+            let program = mlp_loss::trace(loss_dims, p, pipelined).unwrap();
+            grad(&program, 0, &[2, 3]).unwrap()
+        };
+        let (pipelined, sequential) = (grads(true), grads(false));
+        let inputs = inputs(&pipelined);
+        let want = interpret(&sequential, &inputs).unwrap();
+        let got = interpret(&pipelined, &inputs).unwrap();
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            let d = max_diff(w, g);
+            assert!(d <= TOLERANCE, "{p:?}: output {k} differs by {d}");
+        }
+        let exe = compile(&pipelined, &mesh).unwrap();
+        let threads = ThreadMesh::new(mesh.clone()).unwrap();
+        let got = exe.run(&threads, &inputs).unwrap();
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            let d = max_diff(w, g);
+            assert!(d <= TOLERANCE, "{p:?} on {mesh}: output {k} differs by {d}");
+        }
     }
 }
 

@@ -456,13 +456,21 @@ fn random_gradients_through_control_flow_on_meshes() {
                         (vec![h.clone()], vec![h.mul(&x)])
                     };
                     let (c, ys) = if reverse {
-                        b.scan_reverse(std::slice::from_ref(&stacked), &[x.clone()], body)
+                        b.scan_reverse(
+                            std::slice::from_ref(&stacked),
+                            std::slice::from_ref(&x),
+                            body,
+                        )
                     } else {
-                        b.scan(std::slice::from_ref(&stacked), &[x.clone()], body)
+                        b.scan(
+                            std::slice::from_ref(&stacked),
+                            std::slice::from_ref(&x),
+                            body,
+                        )
                     };
                     c[0].add(&ys[0].sum(&[0]))
                 }
-                1 => b.fori_loop(layers, &[x.clone()], |i, c| {
+                1 => b.fori_loop(layers, std::slice::from_ref(&x), |i, c| {
                     let odd = i.rem(&i.scalar_like(2.0)).eq(&i.scalar_like(1.0));
                     let r =
                         i.builder()
@@ -475,10 +483,11 @@ fn random_gradients_through_control_flow_on_meshes() {
                     b.cond(
                         &positive,
                         |_| {
-                            let (c, _) =
-                                b.scan(std::slice::from_ref(&stacked), &[x.clone()], |c, wl| {
-                                    (vec![layer(&c[0], &wl[0])], vec![])
-                                });
+                            let (c, _) = b.scan(
+                                std::slice::from_ref(&stacked),
+                                std::slice::from_ref(&x),
+                                |c, wl| (vec![layer(&c[0], &wl[0])], vec![]),
+                            );
                             vec![c[0].clone()]
                         },
                         |_| vec![layer(&x, &w)],
