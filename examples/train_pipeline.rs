@@ -156,12 +156,14 @@ fn forward_report(
     let pipelined = mlp_loss::trace(dims(), p, true)?;
     let sequential = mlp_loss::trace(dims(), p, false)?;
     let exe = compile(&pipelined, mesh)?;
+    let all = p.stages * p.iterations();
+    let idle = (0..all)
+        .filter(|&k| p.work(k / p.stages, k % p.stages).is_none())
+        .count();
     println!(
-        "{name}: {} iterations, bubble fraction {:.1}% ({} idle of {} iterations per stage)",
+        "{name}: {} iterations, bubble fraction {:.1}% ({idle} idle of {all} stage-iterations)",
         p.iterations(),
         100.0 * p.bubble_fraction(),
-        p.stages - 1,
-        p.iterations()
     );
     println!("  forward collectives:\n{}", loop_report(&exe));
     let threads = ThreadMesh::new(mesh.clone())?;
@@ -190,7 +192,6 @@ fn train(
     mesh: &Mesh,
     initial: &[Literal],
     steps: usize,
-    seed: u64,
     teacher: &Array2<f32>,
 ) -> Result<common::Run, Box<dyn std::error::Error>> {
     let optimizer = Optimizer::adamw(3e-3);
@@ -201,13 +202,12 @@ fn train(
     let reference_step = step_program(&sequential, 0, &trained, &optimizer)?;
     let started = Instant::now();
     let mut trainer = Trainer::on_mesh(step, mesh.clone(), initial.to_vec())?;
-    common::report_compiled(&trainer, started.elapsed());
-    if let gspmd::train::Engine::Mesh { exe, .. } = trainer.engine() {
-        println!("  training step loops:\n{}", loop_report(exe));
+    if let Some(exe) = common::report_compiled(&trainer, started.elapsed()) {
+        println!("  per loop (forward, then backward):\n{}", loop_report(exe));
     }
     let mut reference = Trainer::reference(reference_step, initial.to_vec())?;
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    let run = common::train(
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
+    Ok(common::train(
         &mut trainer,
         &mut reference,
         steps,
@@ -216,8 +216,7 @@ fn train(
         MICROBATCHES * ROWS,
         "rows",
         || batch(&mut rng, teacher),
-    )?;
-    Ok(run)
+    )?)
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -256,7 +255,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for (name, p) in schedules {
         println!("training the {name} pipeline:");
-        let run = train(p, &mesh, &initial, steps, 42, &teacher)?;
+        let run = train(p, &mesh, &initial, steps, &teacher)?;
         println!(
             "  loss {:.4} at step 1 -> {:.4} (mean of the last {} steps); {:.2} ms/step",
             run.first,
