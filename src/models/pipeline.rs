@@ -176,15 +176,13 @@ impl Pipeline {
         let (s, m) = (self.stages, self.microbatches);
         let mut row = xs.shape().to_vec();
         row[0] = s;
-        let buffer = self.stage_split(&b.full(row.clone(), xs.dtype(), 0.0));
-        let mut queue_shape = row.clone();
-        queue_shape.insert(1, m);
-        let queue = self.stage_split(&b.full(queue_shape, xs.dtype(), 0.0));
-        let counter = b.iota([self.iterations()], 0, DType::I32);
-        let mut init = vec![buffer];
+        let mut init = vec![self.stage_split(&b.full(row.clone(), xs.dtype(), 0.0))];
         if self.schedule == Schedule::Circular {
-            init.push(queue);
+            let mut queue = row.clone();
+            queue.insert(1, m);
+            init.push(self.stage_split(&b.full(queue, xs.dtype(), 0.0)));
         }
+        let counter = b.iota([self.iterations()], 0, DType::I32);
         let (_, ys) = b.scan(&[counter], &init, |carry, x| {
             let t = &x[0];
             let entering = self.stage0_input(xs, t, carry.get(1));
