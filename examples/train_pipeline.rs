@@ -26,10 +26,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gspmd::ir::{Flow, Op};
+use gspmd::ir::{Flow, distinct_flows};
 use gspmd::models::pipeline::{Pipeline, mlp_loss};
 use gspmd::ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use gspmd::partition::CollectiveStats;
@@ -108,14 +107,8 @@ fn loop_report(exe: &Executable) -> String {
     let (program, mesh) = (&exe.spmd.program, &exe.spmd.mesh);
     let mut out = String::new();
     let mut outside = CollectiveStats::of(program, mesh);
-    let mut seen = Vec::new();
-    for node in &program.nodes {
-        // Each instance once: the nodes of its results share the `Arc<Flow>`.
-        if let Op::Flow { flow, .. } = &node.op
-            && !seen.contains(&Arc::as_ptr(flow))
-            && let Flow::Scan { body, length, .. } = &**flow
-        {
-            seen.push(Arc::as_ptr(flow));
+    for (_, flow) in distinct_flows(program) {
+        if let Flow::Scan { body, length, .. } = &**flow {
             let stats = CollectiveStats::of(body, mesh);
             for (kind, (n, bytes)) in &stats.by_kind {
                 let total = outside.by_kind.entry(kind).or_default();

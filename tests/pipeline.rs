@@ -9,7 +9,7 @@
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
-use gspmd::ir::{Flow, Location, Op, OpKind};
+use gspmd::ir::{Flow, Location, Op, OpKind, distinct_flows};
 use gspmd::models::pipeline::{Pipeline, Schedule, mlp_layer, mlp_loss, mlp_stack};
 use gspmd::prelude::*;
 use gspmd::runtime::ThreadMesh;
@@ -219,13 +219,13 @@ fn the_loop_body_has_one_shift_per_iteration() {
                 let exe = compile(&mlp_stack::trace(dims(&p), p, true).unwrap(), &mesh).unwrap();
                 let local = &exe.spmd.program;
                 assert_eq!(collectives(local), ["all_reduce"], "{p:?}\n{local}");
-                let scans: Vec<&Op> = (local.nodes.iter().map(|n| &n.op))
-                    .filter(|op| op.kind() == OpKind::Scan)
-                    .collect();
-                let [Op::Flow { flow, .. }] = scans[..] else {
-                    panic!("{p:?}: not one scan\n{local}");
+                let flows = distinct_flows(local);
+                let [(_, flow)] = flows[..] else {
+                    panic!("{p:?}: not one loop\n{local}");
                 };
-                let body = flow.regions()[0];
+                let Flow::Scan { body, .. } = &**flow else {
+                    panic!("{p:?}: not a scan\n{local}");
+                };
                 let mut got = collectives(body);
                 got.sort();
                 let mut want = vec!["all_reduce"; layers_per_iteration];
@@ -300,12 +300,9 @@ fn bubble_fraction_is_the_counted_idle_share() {
             "{p:?}: {counted}"
         );
         let program = mlp_stack::trace(dims(&p), p, true).unwrap();
-        let lengths: Vec<usize> = (program.nodes.iter())
-            .filter_map(|n| match &n.op {
-                Op::Flow { flow, result: 0 } => match **flow {
-                    Flow::Scan { length, .. } => Some(length),
-                    _ => None,
-                },
+        let lengths: Vec<usize> = (distinct_flows(&program).into_iter())
+            .filter_map(|(_, flow)| match **flow {
+                Flow::Scan { length, .. } => Some(length),
                 _ => None,
             })
             .collect();
