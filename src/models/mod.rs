@@ -2,5 +2,6 @@
 //! shared by the examples, the tests and the benches.
 
 pub mod moe;
+pub mod pipeline;
 pub mod transformer;
 pub mod unet;
