@@ -98,7 +98,8 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
             .clone()
             .ok_or_else(|| em.error("the value has no sharding: run propagation first"))?;
         target.validate(mesh, node.ty.rank(), &format!("{}: {v}: ", node.location))?;
-        let target = keep_sums_for_users(program, &users[v.index()], v, target);
+        // One name per tiling (sub-axes merged), so handlers comparing axes agree.
+        let target = keep_sums_for_users(program, &users[v.index()], v, target.canonical(mesh));
         let operands = |em: &Emitter, ids: &[ValueId]| -> Result<Vec<PValue>> {
             (ids.iter())
                 .map(|o| {

@@ -35,7 +35,7 @@ use super::report::permute_moves_data;
 use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
-use crate::sharding::{DimSharding, Mesh, Sharding};
+use crate::sharding::{AxisPart, DimSharding, Mesh, Sharding};
 
 /// Per dim, the mesh axes it is split over.
 type Tiling = Vec<Vec<String>>;
@@ -97,9 +97,9 @@ impl AxisMove {
     fn plan(mesh: &Mesh, shape: &[usize], s: &Tiling, d: usize, u: &[String]) -> Option<Self> {
         let a = &s[d];
         let others_use = |x: &String| {
-            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| parent(y) == x))
+            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| overlap(mesh, x, y)))
         };
-        let whole = a.iter().all(|x| parent(x) == x);
+        let whole = a.iter().all(|x| is_whole(mesh, x));
         if !whole || a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
             return None;
         }
@@ -127,16 +127,15 @@ impl AxisMove {
                 && n.is_multiple_of(prefix)
                 && size.is_multiple_of(n / prefix)
             {
-                let k = n / prefix;
-                major.push(Mesh::sub_axis(axis, 1, k));
-                minor.push(Mesh::sub_axis(axis, k, size / k));
+                let (p, q) = mesh.axis_part(axis)?.split(n / prefix);
+                major.push(mesh.part_name(p));
+                minor.push(mesh.part_name(q));
                 prefix = n;
             } else {
                 return None;
             }
         }
-        let parent = |x: &String| x.split_once(":(").map_or(x.as_str(), |p| p.0).to_string();
-        if minor.iter().any(|q| a.contains(&parent(q))) {
+        if minor.iter().any(|q| a.iter().any(|x| overlap(mesh, q, x))) {
             return None;
         }
         let a_not_p: Vec<String> = a.iter().filter(|x| !major.contains(x)).cloned().collect();
@@ -172,49 +171,30 @@ fn gather_is_exact(n_new: usize, c: usize, k: usize, c_new: usize) -> bool {
     n_new == 1 || k * c == c_new
 }
 
-/// The mesh axis a (sub-)axis name is a part of.
-fn parent(name: &str) -> &str {
-    name.split_once(":(").map_or(name, |p| p.0)
+/// True if `name` is a whole mesh axis (not a sub-axis).
+fn is_whole(mesh: &Mesh, name: &str) -> bool {
+    mesh.axis_index(name).is_some()
 }
 
-/// `(axis, pre, size)` of a (sub-)axis name on `mesh` (a whole axis: pre 1, its size).
-fn digits(mesh: &Mesh, name: &str) -> (String, usize, usize) {
-    let size = mesh.axes_size(&[name]);
-    let pre = (name
-        .split_once(":(")
-        .and_then(|(_, rest)| rest.split_once(')')))
-    .and_then(|(pre, _)| pre.parse().ok())
-    .unwrap_or(1);
-    (parent(name).to_string(), pre, size)
-}
-
-/// The name of the digits `pre`, `size` of `axis`: the axis itself when whole.
-fn part_name(mesh: &Mesh, axis: &str, pre: usize, size: usize) -> String {
-    if pre == 1 && size == mesh.axes_size(&[axis]) {
-        axis.to_string()
-    } else {
-        Mesh::sub_axis(axis, pre, size)
+/// True if the (sub-)axes `x` and `y` share a digit of one mesh axis
+/// ([`AxisPart::overlaps`]).
+fn overlap(mesh: &Mesh, x: &str, y: &str) -> bool {
+    match (mesh.axis_part(x), mesh.axis_part(y)) {
+        (Some(p), Some(q)) => p.overlaps(&q),
+        _ => x == y,
     }
 }
 
-/// `t` with adjacent parts of one axis in a dim (a part, then the part right after it)
-/// merged, so a tiling has one name: the planner's states and the target compare
-/// equal however their parts were made.
-fn normalize(mesh: &Mesh, mut t: Tiling) -> Tiling {
-    for dim in &mut t {
-        let mut i = 0;
-        while i + 1 < dim.len() {
-            let (a, pre_a, size_a) = digits(mesh, &dim[i]);
-            let (b, pre_b, size_b) = digits(mesh, &dim[i + 1]);
-            if a == b && pre_b == pre_a * size_a {
-                dim[i] = part_name(mesh, &a, pre_a, size_a * size_b);
-                dim.remove(i + 1);
-            } else {
-                i += 1;
-            }
-        }
-    }
-    t
+/// `t` with each dim's axes in canonical form ([`Mesh::canonical_axes`]: adjacent parts
+/// of one axis merged), so a tiling has one name: the planner's states and the target
+/// compare equal however their parts were made.
+fn normalize(mesh: &Mesh, t: Tiling) -> Tiling {
+    t.iter().map(|d| mesh.canonical_axes(d)).collect()
+}
+
+/// The tiling of sharding `s`, normalized.
+fn tiling_of(mesh: &Mesh, s: &Sharding) -> Tiling {
+    normalize(mesh, s.dims.iter().map(|d| d.axes.clone()).collect())
 }
 
 struct Planner<'a> {
@@ -233,7 +213,7 @@ impl Planner<'_> {
             .target
             .iter()
             .flatten()
-            .filter(|a| !used.iter().any(|u| parent(u) == a.as_str()))
+            .filter(|a| !used.iter().any(|u| overlap(mesh, u, a)))
             .cloned()
             .collect();
         for d in 0..s.len() {
@@ -269,23 +249,23 @@ impl Planner<'_> {
             let moved_elsewhere = |axis: &String| {
                 (self.target.iter().enumerate()).any(|(j, t)| j != d && t.contains(axis))
             };
-            if let Some(last) = s[d]
-                .last()
-                .filter(|a| parent(a) == *a && moved_elsewhere(a))
+            if let Some(last) = (s[d].last())
+                .filter(|a| is_whole(mesh, a) && moved_elsewhere(a))
+                .and_then(|a| mesh.axis_part(a))
             {
-                let (axis, pre, size) = digits(mesh, last);
-                for k in (2..size).filter(|k| size.is_multiple_of(*k)) {
+                for k in (2..last.size).filter(|k| last.size.is_multiple_of(*k)) {
+                    let (major, minor) = last.split(last.size / k);
                     let mut rest = s[d].clone();
                     rest.pop();
-                    rest.push(part_name(mesh, &axis, pre, size / k));
-                    moves.push((vec![Mesh::sub_axis(&axis, pre * size / k, k)], rest));
+                    rest.push(mesh.part_name(major));
+                    moves.push((vec![mesh.part_name(minor)], rest));
                 }
             }
             for (axes, rest) in moves {
                 let k = mesh.axes_size(&axes);
-                let part = axes.iter().any(|a| parent(a) != a);
+                let part = axes.iter().any(|a| !is_whole(mesh, a));
                 for j in (0..s.len()).filter(|&j| j != d) {
-                    if part && !self.target[j].iter().any(|a| a == parent(&axes[0])) {
+                    if part && !self.target[j].iter().any(|a| overlap(mesh, a, &axes[0])) {
                         continue;
                     }
                     let mut t = s.clone();
@@ -360,9 +340,10 @@ impl Planner<'_> {
     fn refined_target(&self, used: &[&String]) -> Option<Tiling> {
         let mesh = self.mesh;
         let refine = |axis: &String| -> Option<Vec<String>> {
-            let mut parts: Vec<(usize, String)> = (used.iter())
-                .filter(|u| parent(u) == axis.as_str())
-                .map(|u| (digits(mesh, u).1, (*u).clone()))
+            let whole = mesh.axis_part(axis)?;
+            let mut parts: Vec<(AxisPart, String)> = (used.iter())
+                .filter_map(|u| Some((mesh.axis_part(u)?, (*u).clone())))
+                .filter(|(p, _)| whole.contains(p))
                 .collect();
             parts.sort();
             let names: Vec<String> = parts.into_iter().map(|p| p.1).collect();
@@ -519,8 +500,8 @@ pub(crate) fn plan_reshard(
     from: &Sharding,
     to: &Sharding,
 ) -> ReshardPlan {
-    let mut tiling: Tiling = from.dims.iter().map(|d| d.axes.clone()).collect();
-    let goal: Tiling = to.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut tiling = tiling_of(mesh, from);
+    let goal = tiling_of(mesh, to);
     let mut pending: Vec<String> = from
         .unreduced
         .iter()
@@ -585,7 +566,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     let mesh = em.mesh;
     let shape = v.global.shape.clone();
     let plan = plan_reshard(mesh, &shape, &v.sharding, target);
-    let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut tiling = tiling_of(mesh, &v.sharding);
     let mut x = v.id;
     for (d, axes) in &plan.reduce_scatters {
         let mut t = tiling.clone();
@@ -618,7 +599,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         tiling = apply(mesh, &tiling, step);
         replicated_midway |= tiling.iter().all(Vec::is_empty);
     }
-    let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
+    let goal = tiling_of(mesh, target);
     let split = |t: &[DimSharding]| t.iter().any(|d| !d.axes.is_empty());
     if replicated_midway && split(&v.sharding.dims) && split(&target.dims) {
         warn_full_rematerialization(em, v, target, &plan);

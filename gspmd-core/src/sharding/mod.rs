@@ -4,10 +4,12 @@
 mod mesh;
 mod parse;
 mod spec;
+mod sub_axis;
 mod tiling;
 mod visualize;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
+pub use sub_axis::AxisPart;
 pub use tiling::dim_shard;
 pub use visualize::visualize;
