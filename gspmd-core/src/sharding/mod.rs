@@ -11,5 +11,6 @@ mod visualize;
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
 pub use sub_axis::AxisPart;
+pub(crate) use sub_axis::{cut_at, merge_adjacent};
 pub use tiling::dim_shard;
 pub use visualize::visualize;

@@ -36,8 +36,9 @@ impl AxisPart {
     /// `model:(2)2` do not.
     pub fn overlaps(&self, other: &AxisPart) -> bool {
         self.axis == other.axis
-            && !(other.pre.is_multiple_of(self.pre * self.size)
-                || self.pre.is_multiple_of(other.pre * other.size))
+            && (self == other
+                || !(other.pre.is_multiple_of(self.pre * self.size)
+                    || self.pre.is_multiple_of(other.pre * other.size)))
     }
 
     /// True if every digit of `other` is a digit of `self`: the same axis, `other`
@@ -93,6 +94,35 @@ pub fn merge_adjacent(parts: &[AxisPart]) -> Vec<AxisPart> {
     out
 }
 
+/// `parts` with each part cut into smaller parts at the digit boundaries (`pre` and
+/// `pre * size`) that parts of `others` on its axis have inside it: two lists over the
+/// same digits, each cut at the other's boundaries, list the same parts (in their own
+/// orders). `[model]` cut at `[model:(2)2, model:(1)2]` is `[model:(1)2, model:(2)2]`.
+pub fn cut_at(parts: &[AxisPart], others: &[AxisPart]) -> Vec<AxisPart> {
+    let mut out = Vec::with_capacity(parts.len());
+    for p in parts {
+        let end = p.pre * p.size;
+        let mut bounds: Vec<usize> = (others.iter())
+            .filter(|q| q.axis == p.axis)
+            .flat_map(|q| [q.pre, q.pre * q.size])
+            .filter(|&b| b > p.pre && b < end && end.is_multiple_of(b))
+            .collect();
+        bounds.sort_unstable();
+        let mut start = p.pre;
+        for b in bounds.into_iter().chain([end]) {
+            if b > start && b.is_multiple_of(start) {
+                out.push(AxisPart {
+                    pre: start,
+                    size: b / start,
+                    ..*p
+                });
+                start = b;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +146,22 @@ mod tests {
         }));
         assert!(part(1, 4).contains(&part(2, 2)) && part(1, 4).contains(&part(1, 4)));
         assert!(!part(1, 2).contains(&part(2, 2)) && !part(2, 2).contains(&part(1, 4)));
+    }
+
+    #[test]
+    fn cutting_at_another_lists_boundaries() {
+        let swapped = [part(2, 2), part(1, 2)];
+        assert_eq!(cut_at(&[part(1, 4)], &swapped), [part(1, 2), part(2, 2)]);
+        assert_eq!(cut_at(&swapped, &[part(1, 4)]), swapped);
+        assert_eq!(
+            cut_at(
+                &[part(1, 8), AxisPart::whole(0, 2)],
+                &[part(2, 2), part(4, 2)]
+            ),
+            [part(1, 2), part(2, 2), part(4, 2), AxisPart::whole(0, 2)]
+        );
+        let whole = AxisPart::whole(0, 1);
+        assert!(whole.overlaps(&whole));
     }
 
     #[test]
