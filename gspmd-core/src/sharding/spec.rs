@@ -1,6 +1,7 @@
 //! [`Sharding`]: per tensor dim, the mesh axes it is split over.
 
 use super::mesh::{Mesh, split_sub_axis};
+use super::sub_axis::{AxisPart, cut_at};
 use crate::error::{Error, Result};
 
 /// How one tensor dim is split: over `axes`, major to minor (the dim is cut in
@@ -226,6 +227,44 @@ impl Sharding {
                 })
                 .collect(),
             replicated: mesh.canonical_axes(&self.replicated),
+            unreduced: self.unreduced.clone(),
+        }
+    }
+
+    /// The parts of mesh axes the dims and replicated axes use (names `mesh` does not
+    /// know are left out).
+    pub fn parts(&self, mesh: &Mesh) -> Vec<AxisPart> {
+        (self
+            .axes()
+            .chain(self.replicated.iter().map(String::as_str)))
+        .filter_map(|a| mesh.axis_part(a))
+        .collect()
+    }
+
+    /// The same sharding (the same tiling) with each (sub-)axis of its dims and
+    /// replicated axes cut at the digit boundaries that `parts` have inside it: `(x, _)`
+    /// cut at `x:(2)2` is `((x:(1)2, x:(2)2), _)`. Shardings cut at each other's parts
+    /// name every shared digit alike, so comparing their axes by name compares digits.
+    /// Unreduced axes stay whole.
+    pub fn cut_at(&self, mesh: &Mesh, parts: &[AxisPart]) -> Sharding {
+        let cut = |axes: &[String]| -> Vec<String> {
+            (axes.iter())
+                .flat_map(|a| match mesh.axis_part(a) {
+                    Some(p) => (cut_at(&[p], parts).into_iter())
+                        .map(|q| mesh.part_name(q))
+                        .collect(),
+                    None => vec![a.clone()],
+                })
+                .collect()
+        };
+        Sharding {
+            dims: (self.dims.iter())
+                .map(|d| DimSharding {
+                    axes: cut(&d.axes),
+                    ..d.clone()
+                })
+                .collect(),
+            replicated: cut(&self.replicated),
             unreduced: self.unreduced.clone(),
         }
     }
