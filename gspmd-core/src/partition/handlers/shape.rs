@@ -157,7 +157,10 @@ pub(super) fn reshape(
     let mut got_out = vec![Vec::new(); to.len()];
     for (gi, go) in reshape_groups(from, to) {
         let axes: Vec<String> = go.clone().flat_map(|d| t[d].clone()).collect();
-        let fits_out = spread(&axes, &to[go.clone()], em.mesh).is_some_and(|s| s == t[go.clone()]);
+        // Compared canonically: the target may name `model` in parts.
+        let fits_out = spread(&axes, &to[go.clone()], em.mesh).is_some_and(|s| {
+            (s.iter().zip(&t[go.clone()])).all(|(a, b)| *a == em.mesh.canonical_axes(b))
+        });
         if let (true, Some(spread_in)) = (fits_out, spread(&axes, &from[gi.clone()], em.mesh)) {
             for (k, d) in gi.enumerate() {
                 want_in[d] = spread_in[k].clone();
