@@ -155,6 +155,33 @@ fn annotation_uses_an_axis_twice() {
 }
 
 #[test]
+fn annotation_names_an_invalid_sub_axis() {
+    // model=2: a sub-axis of 4 does not divide it; size 1 is not a sub-axis.
+    for text in [
+        "(model:(1)4, _)",
+        "(model:(1)1, _)",
+        "(_, _) unreduced={model:(1)2}",
+    ] {
+        let e = assert_err!(
+            compile(&matmul_program(text), &mesh_2x2()),
+            Error::InvalidSubAxis { .. }
+        );
+        assert!(e.to_string().contains("tests/bad_input.rs:"), "{e}");
+    }
+}
+
+#[test]
+fn annotation_uses_overlapping_parts_of_an_axis() {
+    let on_4 = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    for text in ["(model, model:(2)2)", "((model:(1)4, model:(2)2), _)"] {
+        assert_err!(
+            compile(&matmul_program(text), &on_4),
+            Error::OverlappingAxes { .. }
+        );
+    }
+}
+
+#[test]
 fn annotation_has_the_wrong_rank() {
     let b = Builder::new("rank");
     let x = b.parameter("x", [4, 8], DType::F32);

@@ -95,6 +95,36 @@ pub enum Error {
         /// Which value and source location; may be empty.
         context: String,
     },
+    /// A sharding names a sub-axis `axis:(pre)size` that is not one: `size` below 2,
+    /// `pre` of 0, `pre * size` not dividing the axis size, or a sub-axis among the
+    /// unreduced axes (partial sums are kept over whole axes).
+    #[error("{context}invalid sub-axis `{axis}` in sharding {sharding}: {message}")]
+    InvalidSubAxis {
+        /// The sub-axis as written.
+        axis: String,
+        /// The sharding as written.
+        sharding: String,
+        /// What is wrong.
+        message: String,
+        /// Which value and source location; may be empty.
+        context: String,
+    },
+    /// A sharding uses two parts of one mesh axis that share devices' coordinates: an
+    /// axis and a sub-axis of it, or two sub-axes whose digits overlap
+    /// ([`AxisPart::overlaps`](crate::sharding::AxisPart::overlaps)).
+    #[error(
+        "{context}`{axis}` and `{other}` overlap in sharding {sharding} (parts of one mesh axis must be disjoint digits)"
+    )]
+    OverlappingAxes {
+        /// The first of the two, in the order written.
+        axis: String,
+        /// The second.
+        other: String,
+        /// The sharding as written.
+        sharding: String,
+        /// Which value and source location; may be empty.
+        context: String,
+    },
     /// A sharding has a different number of dims than the tensor it annotates.
     #[error("{context}sharding {sharding} has {spec_rank} dims but the tensor has rank {rank}")]
     ShardingRank {

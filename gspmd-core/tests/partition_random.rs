@@ -20,14 +20,19 @@ use rand::{RngExt, SeedableRng};
 
 mod conv_cases;
 mod op_coverage;
+mod random_axes;
 
+use random_axes::random_axes;
+
+/// A random valid sharding: each mesh axis, or sub-axis ([`random_axes`]), unused
+/// (1/3) or on a random dim.
 fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
-    let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
+    let mut axes = random_axes(rng, mesh);
     let mut dims = vec![Vec::new(); rank];
     if rank > 0 {
         while !axes.is_empty() {
             let a = axes.remove(rng.random_range(0..axes.len()));
-            // Each axis: unused (1/3) or on a random dim.
+            // Each (sub-)axis: unused (1/3) or on a random dim.
             if rng.random_range(0..3) > 0 {
                 dims[rng.random_range(0..rank)].push(a);
             }

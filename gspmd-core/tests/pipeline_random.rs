@@ -32,6 +32,10 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{RngExt, SeedableRng};
 
+mod random_axes;
+
+use random_axes::random_axes;
+
 // ---- randomness ----------------------------------------------------------------------
 
 /// A dim size in 1..=10, weighted towards sizes that do not divide evenly.
@@ -67,11 +71,11 @@ fn random_mesh(rng: &mut Xoshiro256PlusPlus) -> Mesh {
     }
 }
 
-/// A valid sharding of a rank-`rank` value: each mesh axis unused or appended to a random
-/// dim; dims closed or open, sometimes with a priority; rarely an explicitly replicated
-/// axis.
+/// A valid sharding of a rank-`rank` value: each mesh axis, or sub-axis
+/// ([`random_axes`]), unused or appended to a random dim; dims closed or open, sometimes
+/// with a priority; rarely an explicitly replicated axis.
 fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
-    let mut axes: Vec<String> = mesh.axis_names().map(String::from).collect();
+    let mut axes = random_axes(rng, mesh);
     axes.shuffle(rng);
     let mut dims: Vec<DimSharding> = (0..rank)
         .map(|_| {
@@ -1827,14 +1831,18 @@ fn exact_cancellation_is_judged_against_its_terms() {
 }
 
 /// Closed annotated dims must come out exactly as annotated; open ones may only gain
-/// minor axes; explicitly replicated axes stay unused.
-fn check_annotations(propagated: &Program) -> Result<(), String> {
+/// minor axes; explicitly replicated axes stay unused. Compared digit by digit: both
+/// shardings are cut at each other's sub-axis boundaries first (`x` annotated as
+/// `(x:(1)2, x:(2)2)` is kept).
+fn check_annotations(propagated: &Program, mesh: &Mesh) -> Result<(), String> {
     for v in propagated.values() {
         let node = propagated.node(v);
         let (Some(ann), Some(s)) = (&node.annotation, &node.sharding) else {
             continue;
         };
-        for (d, (a, got)) in ann.dims.iter().zip(&s.dims).enumerate() {
+        let parts = [ann.parts(mesh), s.parts(mesh)].concat();
+        let (ann_cut, s_cut) = (ann.cut_at(mesh, &parts), s.cut_at(mesh, &parts));
+        for (d, (a, got)) in ann_cut.dims.iter().zip(&s_cut.dims).enumerate() {
             let kept = if a.closed {
                 got.axes == a.axes
             } else {
@@ -1844,7 +1852,10 @@ fn check_annotations(propagated: &Program) -> Result<(), String> {
                 return Err(format!("{v} dim {d}: annotated {ann}, propagated {s}"));
             }
         }
-        if let Some(a) = s.axes().find(|a| ann.replicated.iter().any(|r| r == a)) {
+        if let Some(a) = s_cut
+            .axes()
+            .find(|a| ann_cut.replicated.iter().any(|r| r == a))
+        {
             return Err(format!(
                 "{v}: annotated {ann} replicated, propagated {s} uses {a}"
             ));
@@ -1890,7 +1901,7 @@ fn run_case(program: &Program, mesh: &Mesh, coverage: Option<&mut Coverage>) -> 
     let scales = error_scales(program, &inputs).map_err(|e| format!("error scales: {e}"))?;
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Executable, String> {
         let exe = compile(program, mesh).map_err(|e| format!("compile: {e}"))?;
-        check_annotations(&exe.propagated)
+        check_annotations(&exe.propagated, mesh)
             .map_err(|e| format!("annotation not kept: {e}\n{}", exe.propagated))?;
         let threads = ThreadMesh::new(mesh.clone()).map_err(|e| format!("mesh: {e}"))?;
         let got = exe

@@ -455,9 +455,41 @@ fn reshape_splits_a_sharded_dim() {
     let p = run(&finish(b, &[&y, &y2, &y3]));
     assert_eq!(of(&p, &y), "(data, _, _)");
     assert_eq!(of(&p, &y2), "(data, model, _)");
-    // `model` (4) does not cut the major factor 2 of the dim evenly, and axes cannot be
-    // split into sub-axes: the sharding does not cross the reshape.
-    assert_eq!(of(&p, &y3), "(_, _, _)");
+    // `model` (4) spans the major factor 2 of the dim: its major digit cuts the 2, its
+    // minor digit the 4 (Shardy's sub-axes).
+    assert_eq!(of(&p, &y3), "(model:(1)2, model:(2)2, _)");
+}
+
+#[test]
+fn reshape_merges_sub_axes_back_into_their_axis() {
+    let b = Builder::new("merge_sub_axes");
+    let x = param(&b, "x", &[2, 4, 16], Some("(model:(1)2, model:(2)2, _)"));
+    let y = x.reshape([8, 16]);
+    // Backward: the operand of a reshape to a dim on `model` gets `model`'s digits.
+    let u = param(&b, "u", &[2, 4, 16], None);
+    let v = u.reshape([8, 16]).shard(sh("(model, _)"));
+    // A split over `(data, model)` crosses the reshape as `data` and `model`'s digits
+    // wherever they fit: [4, 2, 16] takes `data` and `model`'s major digit on dim 0.
+    let w = param(&b, "w", &[8, 16], Some("((data, model), _)"));
+    let z = w.reshape([4, 2, 16]);
+    let p = run(&finish(b, &[&y, &v, &z]));
+    assert_eq!(of(&p, &y), "(model, _)");
+    assert_eq!(of(&p, &u), "(model:(1)2, model:(2)2, _)");
+    assert_eq!(of(&p, &z), "((data, model:(1)2), model:(2)2, _)");
+}
+
+#[test]
+fn sub_axes_never_overlap_an_axis_a_value_uses() {
+    // Elementwise ops cross first: `u`'s `model` on dim 2 reaches the reshape's result,
+    // which then cannot take `model`'s digits from the reshape on its dims 0 and 1.
+    let b = Builder::new("overlap");
+    let x = param(&b, "x", &[8, 16], Some("(model, _)"));
+    let y = x.reshape([2, 4, 16]);
+    let u = param(&b, "u", &[2, 4, 16], Some("(?, ?, model)"));
+    let s = &y + &u;
+    let p = run(&finish(b, &[&s]));
+    assert_eq!(of(&p, &y), "(_, _, model)");
+    assert_eq!(of(&p, &u), "(_, _, model)");
 }
 
 #[test]

@@ -392,6 +392,64 @@ fn data_to_model_is_a_local_slice_and_one_collective_permute() {
     check_on_all_meshes(&p);
 }
 
+/// Issue 12: a reshape `[8, 16] -> [2, 4, 16]` with dim 0 split over `model`=4 gives
+/// the result `model`'s digits as sub-axes, `(model:(1)2, model:(2)2, _)`: every device
+/// keeps its two rows, no collective. The reshape back merges them into `model`.
+#[test]
+fn reshape_splitting_a_sharded_dim_moves_nothing() {
+    let p = build("split_model", |b| {
+        let x = b
+            .parameter("x", [8, 16], DType::F32)
+            .annotate(s("(model, _)"));
+        let y = x.reshape([2, 4, 16]);
+        let z = (&y * &y).reshape([8, 16]);
+        vec![y, z]
+    });
+    let exe = compile24(&p);
+    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    let shardings: Vec<String> = (exe.spmd.outputs.iter())
+        .map(|(_, sharding)| sharding.to_string())
+        .collect();
+    assert_eq!(shardings, ["(model:(1)2, model:(2)2, _)", "(model, _)"]);
+    check_on_all_meshes(&p);
+}
+
+/// A value annotated with sub-axes of `model`, used by a dot whose result is split over
+/// `model`'s digits, then resharded to the digits swapped; the input's tiling spelled
+/// as `model` moves nothing. The dot gathers only `model`'s minor digit of `x` (not the
+/// whole of it); the swap is one all-to-all and one collective-permute.
+#[test]
+fn sub_axis_shardings_partition_like_their_axis() {
+    let p = build("sub_axes", |b| {
+        let x = b
+            .parameter("x", [8, 16], DType::F32)
+            .annotate(s("((model:(1)2, model:(2)2), _)"));
+        let w = b
+            .parameter("w", [16, 4], DType::F32)
+            .annotate(s("(_, model:(2)2)"));
+        let y = x.matmul(&w).shard(s("(model:(1)2, model:(2)2)"));
+        vec![
+            y.shard(s("((model:(2)2, model:(1)2), _)")),
+            x.shard(s("(model, _)")),
+        ]
+    });
+    let exe = compile24(&p);
+    let stats = exe.spmd.collectives();
+    let counts = ["all_gather", "all_to_all", "collective_permute"].map(|c| stats.count(c));
+    assert_eq!((counts, stats.total()), ([1, 1, 1], 3), "{}", exe.report());
+    // The all-gather is over `model:(2)2` only: 4 of x's 8 rows on each device.
+    let gathers = (exe.spmd.program.nodes.iter()).filter(|n| n.op.name() == "all_gather");
+    for node in gathers {
+        assert_eq!(node.ty.shape, [4, 16], "{}", exe.report());
+    }
+    let inputs = [input(&[8, 16], 0), input(&[16, 4], 1)];
+    let want = interpret(&p, &inputs).unwrap();
+    let got = exe
+        .run(&ThreadMesh::new(mesh24()).unwrap(), &inputs)
+        .unwrap();
+    assert_close(&want, &got);
+}
+
 /// `(data) -> (model)` on `[10]`: blocks of 5 and of 3 nest nowhere, so the value is
 /// gathered whole and sliced again: a full rematerialization, warned with the op, the
 /// line, both shardings, the bytes and the annotation to add; `report()` lists it.

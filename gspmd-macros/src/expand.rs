@@ -22,7 +22,7 @@ use syn::visit_mut::{self, VisitMut};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat};
 
 use crate::parse::{DType, DimDecl, LetShard, Model, Param, TensorDecl, same_ident};
-use crate::spec::ShardSpec;
+use crate::spec::{AxisSpec, ShardSpec};
 
 /// The body function: tensor types become `::gspmd::ir::Tensor`; with `constraints`,
 /// each `#[shard] let` also becomes a `sharding_constraint` (off when the model has
@@ -96,7 +96,7 @@ impl VisitMut for WrapLets<'_> {
 
 /// A `::gspmd::sharding::Sharding` struct literal for `spec`.
 pub fn sharding(spec: &ShardSpec) -> TokenStream {
-    let strings = |axes: &[Ident]| {
+    let strings = |axes: &[AxisSpec]| {
         let names = axes.iter().map(ToString::to_string);
         quote!(::std::vec![#(::std::string::String::from(#names)),*])
     };

@@ -57,8 +57,8 @@ use errors::Errors;
 /// `let name = value;` it inserts a `sharding_constraint` on the value (named after the
 /// binding). Entries: `_` replicated, `?` open (propagation may fill it), `axis`,
 /// `(a, b)` several axes major to minor, a trailing `?` to leave a dim open, `@N` a
-/// per-dim priority; then options `priority = N`, `unreduced = (axis, ..)`,
-/// `replicated = (axis, ..)`, `name = "..."`.
+/// per-dim priority, `model:(1)2` a sub-axis (Shardy's `axis:(pre)size`); then options
+/// `priority = N`, `unreduced = (axis, ..)`, `replicated = (axis, ..)`, `name = "..."`.
 ///
 /// **Generated.** The function itself, same name and visibility, over
 /// `gspmd::ir::Tensor` handles (callable from other models), and a module of the same

@@ -8,14 +8,18 @@
 //! option  := "priority" "=" INT | "unreduced" "=" axes | "replicated" "=" axes
 //!          | "name" "=" STRING
 //! axes    := axis | "(" axis ("," axis)* ")"
+//! axis    := NAME (":" "(" INT ")" INT)?       (a sub-axis `model:(pre)size`)
 //! ```
 //!
 //! `_` is a replicated closed dim, `?` an open dim propagation may fill, `data` a dim
 //! split over mesh axis `data`, `(data, model)` a dim split over both (major to minor);
 //! a trailing `?` leaves a dim with axes open, `@N` gives it user priority `N` (0 is
-//! the highest). This module only parses; names are checked in `validate`.
+//! the highest); `model:(1)2` is a sub-axis (Shardy's `axis:(pre)size`: the digit of
+//! `size` values of `model` after its major digits of product `pre`). This module only
+//! parses; names are checked in `validate`.
 
 use proc_macro2::TokenStream;
+use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
@@ -31,9 +35,9 @@ pub struct ShardSpec {
     /// `priority = N`: the priority of every dim without its own `@N`.
     pub priority: Option<u32>,
     /// `unreduced = (...)`: axes along which the value is a pending partial sum.
-    pub unreduced: Vec<Ident>,
+    pub unreduced: Vec<AxisSpec>,
     /// `replicated = (...)`: axes the value is explicitly replicated over.
-    pub replicated: Vec<Ident>,
+    pub replicated: Vec<AxisSpec>,
     /// `name = "..."`: a name for reports.
     pub name: Option<LitStr>,
     /// The spec's tokens, for errors about the spec as a whole.
@@ -42,17 +46,43 @@ pub struct ShardSpec {
 
 /// One dim of a spec.
 pub struct DimSpec {
-    /// Mesh axes, major to minor; empty for `_` and `?`.
-    pub axes: Vec<Ident>,
+    /// Mesh axes or sub-axes, major to minor; empty for `_` and `?`.
+    pub axes: Vec<AxisSpec>,
     /// True for `?` and a trailing `?`.
     pub open: bool,
     /// `@N`.
     pub priority: Option<u32>,
 }
 
+/// A mesh axis, or a sub-axis `model:(pre)size` of one, as written in a spec.
+pub struct AxisSpec {
+    /// The mesh axis (without `r#`).
+    pub name: Ident,
+    /// `(pre, size)` of a sub-axis; `None` for the whole axis.
+    pub sub: Option<(usize, usize)>,
+    /// The tokens written, for errors.
+    pub tokens: TokenStream,
+}
+
+impl std::fmt::Display for AxisSpec {
+    /// `model` or `model:(1)2`: the name the sharding gets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.sub {
+            Some((pre, size)) => write!(f, "{}:({pre}){size}", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
+impl ToTokens for AxisSpec {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        self.tokens.to_tokens(tokens);
+    }
+}
+
 impl ShardSpec {
     /// Every axis the spec names, in order of appearance (dims, unreduced, replicated).
-    pub fn axes(&self) -> impl Iterator<Item = &Ident> {
+    pub fn axes(&self) -> impl Iterator<Item = &AxisSpec> {
         self.dims
             .iter()
             .flat_map(|d| &d.axes)
@@ -106,8 +136,8 @@ impl Parse for ShardSpec {
 fn parse_option(key: &Ident, input: ParseStream, spec: &mut ShardSpec) -> syn::Result<()> {
     match key.to_string().as_str() {
         "priority" => spec.priority = Some(parse_priority(input)?),
-        "unreduced" => spec.unreduced = parse_axes(input)?,
-        "replicated" => spec.replicated = parse_axes(input)?,
+        "unreduced" => spec.unreduced = parse_list(input, parse_axis_spec)?,
+        "replicated" => spec.replicated = parse_list(input, parse_axis_spec)?,
         "name" => {
             let name = input.parse().map_err(|e| {
                 syn::Error::new(
@@ -140,22 +170,64 @@ fn parse_priority(input: ParseStream) -> syn::Result<u32> {
         .map_err(|_| syn::Error::new_spanned(&lit, &message))
 }
 
-/// `axis` or `(axis, ...)`.
+/// `axis` or `(axis, ...)`: mesh axis names (of `mesh = ...`).
 pub fn parse_axes(input: ParseStream) -> syn::Result<Vec<Ident>> {
+    parse_list(input, parse_axis)
+}
+
+/// `item` or `(item, ...)`.
+fn parse_list<T>(
+    input: ParseStream,
+    item: fn(ParseStream) -> syn::Result<T>,
+) -> syn::Result<Vec<T>> {
     if input.peek(token::Paren) {
         let content;
         let paren = syn::parenthesized!(content in input);
-        let axes: Punctuated<Ident, Token![,]> = content.parse_terminated(parse_axis, Token![,])?;
-        if axes.is_empty() {
+        let items: Punctuated<T, Token![,]> = content.parse_terminated(item, Token![,])?;
+        if items.is_empty() {
             return Err(syn::Error::new(
                 paren.span.join(),
                 "empty axis list: name at least one mesh axis, e.g. `(data)`",
             ));
         }
-        Ok(axes.into_iter().collect())
+        Ok(items.into_iter().collect())
     } else {
-        Ok(vec![parse_axis(input)?])
+        Ok(vec![item(input)?])
     }
+}
+
+/// A mesh axis name, then `:(pre)size` for a sub-axis.
+fn parse_axis_spec(input: ParseStream) -> syn::Result<AxisSpec> {
+    let name = parse_axis(input)?;
+    let mut tokens = name.to_token_stream();
+    if !input.peek(Token![:]) || input.peek(Token![::]) {
+        return Ok(AxisSpec {
+            name,
+            sub: None,
+            tokens,
+        });
+    }
+    let colon: Token![:] = input.parse()?;
+    let wanted = "expected `(pre)size` after `:`: a sub-axis is written `model:(1)2`";
+    if !input.peek(token::Paren) {
+        return Err(input.error(wanted));
+    }
+    let content;
+    let paren = syn::parenthesized!(content in input);
+    let pre: LitInt = content
+        .parse()
+        .map_err(|e| syn::Error::new(e.span(), wanted))?;
+    let size: LitInt = input
+        .parse()
+        .map_err(|e| syn::Error::new(e.span(), wanted))?;
+    colon.to_tokens(&mut tokens);
+    paren.surround(&mut tokens, |t| pre.to_tokens(t));
+    size.to_tokens(&mut tokens);
+    Ok(AxisSpec {
+        name,
+        sub: Some((pre.base10_parse()?, size.base10_parse()?)),
+        tokens,
+    })
 }
 
 /// One mesh axis name: an identifier other than `_`. The name is the identifier's text
@@ -208,7 +280,7 @@ impl Parse for DimSpec {
                 priority: None,
             }
         } else if input.peek(Ident::peek_any) || input.peek(token::Paren) {
-            let axes = parse_axes(input)?;
+            let axes = parse_list(input, parse_axis_spec)?;
             let open = input.peek(Token![?]);
             if open {
                 input.parse::<Token![?]>()?;

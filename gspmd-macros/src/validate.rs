@@ -12,7 +12,7 @@ use syn::{FnArg, Ident};
 
 use crate::errors::Errors;
 use crate::parse::{self, DimDecl, Model, TensorDecl};
-use crate::spec::ShardSpec;
+use crate::spec::{AxisSpec, ShardSpec};
 
 /// Checks `model`, adding what is wrong to `errors`.
 pub fn model(model: &Model, errors: &mut Errors) {
@@ -122,24 +122,38 @@ fn sharding(
     tensor: Option<(&TensorDecl, &str)>,
     errors: &mut Errors,
 ) {
-    let axes: Vec<&Ident> = spec.axes().collect();
+    let axes: Vec<&AxisSpec> = spec.axes().collect();
     for (i, axis) in axes.iter().enumerate() {
         if let Some(mesh) = mesh
-            && !mesh.contains(axis)
+            && !mesh.contains(&axis.name)
         {
             let names: Vec<String> = mesh.iter().map(ToString::to_string).collect();
             errors.spanned(
                 axis,
                 format!(
-                    "unknown mesh axis `{axis}`; the model's mesh axes are: {}",
+                    "unknown mesh axis `{}`; the model's mesh axes are: {}",
+                    axis.name,
                     names.join(", ")
                 ),
             );
         }
-        if axes[..i].contains(axis) {
+        if let Some(problem) = sub_axis_problem(axis, spec) {
+            errors.spanned(axis, problem);
+        }
+        let text = axis.to_string();
+        if axes[..i].iter().any(|a| a.to_string() == text) {
             errors.spanned(
                 axis,
-                format!("mesh axis `{axis}` is used twice in this sharding"),
+                format!("mesh axis `{text}` is used twice in this sharding"),
+            );
+        } else if let Some(other) = axes[..i].iter().find(|a| overlap(a, axis)) {
+            errors.spanned(
+                axis,
+                format!(
+                    "`{text}` overlaps `{other}` in this sharding: parts of one mesh axis \
+                     must be disjoint digits (`model:(1)2` and `model:(2)2`, not `model` \
+                     and `model:(1)2`)"
+                ),
             );
         }
     }
@@ -155,6 +169,40 @@ fn sharding(
             ),
         );
     }
+}
+
+/// What is wrong with `axis` as a sub-axis that can be told without the mesh sizes
+/// (whether `pre * size` divides the axis size is checked when the model is traced).
+fn sub_axis_problem(axis: &AxisSpec, spec: &ShardSpec) -> Option<String> {
+    let (pre, size) = axis.sub?;
+    if size < 2 {
+        Some(format!(
+            "sub-axis `{axis}` has size {size}: a sub-axis has at least 2 devices"
+        ))
+    } else if pre == 0 {
+        Some(format!(
+            "sub-axis `{axis}` has `pre` 0: it is at least 1 (`model:(1)2` is the major digit)"
+        ))
+    } else if spec.unreduced.iter().any(|u| std::ptr::eq(u, axis)) {
+        Some(format!(
+            "`{axis}` in `unreduced`: partial sums are kept over whole mesh axes"
+        ))
+    } else {
+        None
+    }
+}
+
+/// True if two axes of a spec share digits of one mesh axis: an axis and a sub-axis of
+/// it, or two sub-axes neither of which lies wholly major to the other.
+fn overlap(a: &AxisSpec, b: &AxisSpec) -> bool {
+    a.name == b.name
+        && match (a.sub, b.sub) {
+            (Some((pa, sa)), Some((pb, sb))) => {
+                !(pb.is_multiple_of(pa.saturating_mul(sa))
+                    || pa.is_multiple_of(pb.saturating_mul(sb)))
+            }
+            _ => true,
+        }
 }
 
 fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {

@@ -80,6 +80,25 @@ fn keep_sums_for_users(
     target
 }
 
+/// `target` and the shardings of `operands` relabelled with every (sub-)axis cut at
+/// the digit boundaries any of them has ([`Sharding::cut_at`]): the same tilings, named
+/// so that handlers comparing axes by name compare digits (`x` beside `x:(2)2` becomes
+/// `x:(1)2, x:(2)2`). Whole axes everywhere stay as they are.
+fn in_common_parts(
+    mesh: &Mesh,
+    target: &Sharding,
+    mut operands: Vec<PValue>,
+) -> (Sharding, Vec<PValue>) {
+    let parts: Vec<_> = (operands.iter().map(|o| &o.sharding))
+        .chain([target])
+        .flat_map(|s| s.parts(mesh))
+        .collect();
+    for o in &mut operands {
+        o.sharding = o.sharding.cut_at(mesh, &parts);
+    }
+    (target.cut_at(mesh, &parts), operands)
+}
+
 /// Partitions a propagated program (every node has a `sharding`) for `mesh`.
 pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
     let mut em = Emitter::new(&program.name, mesh);
@@ -98,7 +117,8 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
             .clone()
             .ok_or_else(|| em.error("the value has no sharding: run propagation first"))?;
         target.validate(mesh, node.ty.rank(), &format!("{}: {v}: ", node.location))?;
-        let target = keep_sums_for_users(program, &users[v.index()], v, target);
+        // One name per tiling (sub-axes merged), so handlers comparing axes agree.
+        let target = keep_sums_for_users(program, &users[v.index()], v, target.canonical(mesh));
         let operands = |em: &Emitter, ids: &[ValueId]| -> Result<Vec<PValue>> {
             (ids.iter())
                 .map(|o| {
@@ -111,15 +131,18 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
         let result = match &fusions[v.index()] {
             Some(Fusion::Rotation(rotation)) => {
                 let a = operands(&em, &[rotation.source])?;
-                handlers::rotate(&mut em, node, &a[0], *rotation, &target)?
+                let (cut, a) = in_common_parts(mesh, &target, a);
+                handlers::rotate(&mut em, node, &a[0], *rotation, &cut)?
             }
             Some(Fusion::SliceOfPad { node: pad, .. }) => {
                 let ops = operands(&em, &pad.operands)?;
-                handlers::partition_node(&mut em, pad, &ops, &target)?
+                let (cut, ops) = in_common_parts(mesh, &target, ops);
+                handlers::partition_node(&mut em, pad, &ops, &cut)?
             }
             None => {
                 let ops = operands(&em, &node.operands)?;
-                handlers::partition_node(&mut em, node, &ops, &target)?
+                let (cut, ops) = in_common_parts(mesh, &target, ops);
+                handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };
         let result = reshard::reshard(&mut em, &result, &target)?;

@@ -35,7 +35,7 @@ use super::report::permute_moves_data;
 use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
-use crate::sharding::{DimSharding, Mesh, Sharding};
+use crate::sharding::{AxisPart, DimSharding, Mesh, Sharding, cut_at};
 
 /// Per dim, the mesh axes it is split over.
 type Tiling = Vec<Vec<String>>;
@@ -47,9 +47,12 @@ enum Step {
         dim: usize,
         axes: Vec<String>,
     },
+    /// Gathers dim `dim` over `axes` (its trailing axes, or the minor part of its last
+    /// axis), leaving it split over `rest`.
     Gather {
         dim: usize,
         axes: Vec<String>,
+        rest: Vec<String>,
     },
     /// Moves the trailing `axes` of dim `from` to the end of dim `to` (one all-to-all
     /// over all of them), leaving `from` split over `rest` (its other axes, and the
@@ -97,9 +100,9 @@ impl AxisMove {
     fn plan(mesh: &Mesh, shape: &[usize], s: &Tiling, d: usize, u: &[String]) -> Option<Self> {
         let a = &s[d];
         let others_use = |x: &String| {
-            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| parent(y) == x))
+            (s.iter().enumerate()).any(|(j, t)| j != d && t.iter().any(|y| overlap(mesh, x, y)))
         };
-        let whole = a.iter().all(|x| parent(x) == x);
+        let whole = a.iter().all(|x| is_whole(mesh, x));
         if !whole || a.is_empty() || a.as_slice() == u || u.iter().any(others_use) {
             return None;
         }
@@ -127,20 +130,19 @@ impl AxisMove {
                 && n.is_multiple_of(prefix)
                 && size.is_multiple_of(n / prefix)
             {
-                let k = n / prefix;
-                major.push(Mesh::sub_axis(axis, 1, k));
-                minor.push(Mesh::sub_axis(axis, k, size / k));
+                let (p, q) = mesh.axis_part(axis)?.split(n / prefix);
+                major.push(mesh.part_name(p));
+                minor.push(mesh.part_name(q));
                 prefix = n;
             } else {
                 return None;
             }
         }
-        let parent = |x: &String| x.split_once(":(").map_or(x.as_str(), |p| p.0).to_string();
-        if minor.iter().any(|q| a.contains(&parent(q))) {
+        if minor.iter().any(|q| a.iter().any(|x| overlap(mesh, q, x))) {
             return None;
         }
-        let a_not_p: Vec<String> = a.iter().filter(|x| !major.contains(x)).cloned().collect();
-        let p_not_a: Vec<String> = major.iter().filter(|x| !a.contains(x)).cloned().collect();
+        let a_not_p = digits_minus(mesh, a, &major)?;
+        let p_not_a = digits_minus(mesh, &major, a)?;
         Some(AxisMove {
             receivers: [major, minor.clone(), a_not_p].concat(),
             senders: [a.clone(), minor.clone(), p_not_a].concat(),
@@ -172,49 +174,76 @@ fn gather_is_exact(n_new: usize, c: usize, k: usize, c_new: usize) -> bool {
     n_new == 1 || k * c == c_new
 }
 
-/// The mesh axis a (sub-)axis name is a part of.
-fn parent(name: &str) -> &str {
-    name.split_once(":(").map_or(name, |p| p.0)
+/// True if `name` is a whole mesh axis (not a sub-axis).
+fn is_whole(mesh: &Mesh, name: &str) -> bool {
+    mesh.axis_index(name).is_some()
 }
 
-/// `(axis, pre, size)` of a (sub-)axis name on `mesh` (a whole axis: pre 1, its size).
-fn digits(mesh: &Mesh, name: &str) -> (String, usize, usize) {
-    let size = mesh.axes_size(&[name]);
-    let pre = (name
-        .split_once(":(")
-        .and_then(|(_, rest)| rest.split_once(')')))
-    .and_then(|(pre, _)| pre.parse().ok())
-    .unwrap_or(1);
-    (parent(name).to_string(), pre, size)
-}
-
-/// The name of the digits `pre`, `size` of `axis`: the axis itself when whole.
-fn part_name(mesh: &Mesh, axis: &str, pre: usize, size: usize) -> String {
-    if pre == 1 && size == mesh.axes_size(&[axis]) {
-        axis.to_string()
-    } else {
-        Mesh::sub_axis(axis, pre, size)
+/// True if the (sub-)axes `x` and `y` share a digit of one mesh axis
+/// ([`AxisPart::overlaps`]).
+fn overlap(mesh: &Mesh, x: &str, y: &str) -> bool {
+    match (mesh.axis_part(x), mesh.axis_part(y)) {
+        (Some(p), Some(q)) => p.overlaps(&q),
+        _ => x == y,
     }
 }
 
-/// `t` with adjacent parts of one axis in a dim (a part, then the part right after it)
-/// merged, so a tiling has one name: the planner's states and the target compare
-/// equal however their parts were made.
-fn normalize(mesh: &Mesh, mut t: Tiling) -> Tiling {
-    for dim in &mut t {
-        let mut i = 0;
-        while i + 1 < dim.len() {
-            let (a, pre_a, size_a) = digits(mesh, &dim[i]);
-            let (b, pre_b, size_b) = digits(mesh, &dim[i + 1]);
-            if a == b && pre_b == pre_a * size_a {
-                dim[i] = part_name(mesh, &a, pre_a, size_a * size_b);
-                dim.remove(i + 1);
-            } else {
-                i += 1;
-            }
+/// The (sub-)axes of `x` whose digits no axis of `y` has: each axis of `x` is dropped
+/// when `y` holds it whole, inside one axis or cut in parts, and kept when `y` shares
+/// none of its digits. `None` when `y` holds only some of an axis's digits.
+fn digits_minus(mesh: &Mesh, x: &[String], y: &[String]) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for a in x {
+        let p = mesh.axis_part(a)?;
+        let shared: Vec<AxisPart> = (y.iter())
+            .filter_map(|b| mesh.axis_part(b))
+            .filter(|q| q.overlaps(&p))
+            .collect();
+        let covered = shared.iter().any(|q| q.contains(&p))
+            || (shared.iter().all(|q| p.contains(q))
+                && shared.iter().map(|q| q.size).product::<usize>() == p.size);
+        if shared.is_empty() {
+            out.push(a.clone());
+        } else if !covered {
+            return None;
         }
     }
-    t
+    Some(out)
+}
+
+/// Every cut of `dim` before its trailing axes: `(trailing axes, the others)`, one
+/// trailing axis first.
+fn trailing_cuts(dim: &[String]) -> Vec<(Vec<String>, Vec<String>)> {
+    (0..dim.len())
+        .rev()
+        .map(|cut| (dim[cut..].to_vec(), dim[..cut].to_vec()))
+        .collect()
+}
+
+/// Every cut of `last`, the last (sub-)axis of `dim`, into a major and a minor part:
+/// `([minor], dim with `last` replaced by major)`, for each proper divisor.
+fn minor_cuts(mesh: &Mesh, dim: &[String], last: AxisPart) -> Vec<(Vec<String>, Vec<String>)> {
+    (2..last.size)
+        .filter(|k| last.size.is_multiple_of(*k))
+        .map(|k| {
+            let (major, minor) = last.split(last.size / k);
+            let mut rest = dim[..dim.len() - 1].to_vec();
+            rest.push(mesh.part_name(major));
+            (vec![mesh.part_name(minor)], rest)
+        })
+        .collect()
+}
+
+/// `t` with each dim's axes in canonical form ([`Mesh::canonical_axes`]: adjacent parts
+/// of one axis merged), so a tiling has one name: the planner's states and the target
+/// compare equal however their parts were made.
+fn normalize(mesh: &Mesh, t: Tiling) -> Tiling {
+    t.iter().map(|d| mesh.canonical_axes(d)).collect()
+}
+
+/// The tiling of sharding `s`, normalized.
+fn tiling_of(mesh: &Mesh, s: &Sharding) -> Tiling {
+    normalize(mesh, s.dims.iter().map(|d| d.axes.clone()).collect())
 }
 
 struct Planner<'a> {
@@ -233,7 +262,7 @@ impl Planner<'_> {
             .target
             .iter()
             .flatten()
-            .filter(|a| !used.iter().any(|u| parent(u) == a.as_str()))
+            .filter(|a| !used.iter().any(|u| overlap(mesh, u, a)))
             .cloned()
             .collect();
         for d in 0..s.len() {
@@ -247,45 +276,42 @@ impl Planner<'_> {
                     out.push((Step::Slice { dim: d, axes: seq }, t, 0.0));
                 }
             }
-            // Gathers: drop the trailing `len` axes.
-            for len in 1..=s[d].len() {
-                let axes = s[d][s[d].len() - len..].to_vec();
+            // Gathers: drop the trailing `len` axes, or the minor part of the last
+            // axis when the target keeps a part of it on this dim.
+            let mut gathers: Vec<(Vec<String>, Vec<String>)> = trailing_cuts(&s[d]);
+            if let Some(last) = (s[d].last())
+                .filter(|a| self.target[d].iter().any(|b| overlap(mesh, a, b)))
+                .and_then(|a| mesh.axis_part(a))
+            {
+                gathers.extend(minor_cuts(mesh, &s[d], last));
+            }
+            for (axes, rest) in gathers {
                 let k = mesh.axes_size(&axes);
                 let mut t = s.clone();
-                t[d].truncate(s[d].len() - len);
+                t[d].clone_from(&rest);
                 if gather_is_exact(n / k, c, k, chunk(shape, &t, d, mesh)) {
-                    out.push((Step::Gather { dim: d, axes }, t, local * (k as f64 - 1.0)));
+                    let step = Step::Gather { dim: d, axes, rest };
+                    out.push((step, t, local * (k as f64 - 1.0)));
                 }
             }
             // All-to-all: move the trailing `len` axes of `d`, or the minor part of its
             // last axis, to the end of another dim.
-            let mut moves: Vec<(Vec<String>, Vec<String>)> = (1..=s[d].len())
-                .map(|len| {
-                    let cut = s[d].len() - len;
-                    (s[d][cut..].to_vec(), s[d][..cut].to_vec())
-                })
-                .collect();
+            let mut moves: Vec<(Vec<String>, Vec<String>)> = trailing_cuts(&s[d]);
             // (Only a whole axis that the target splits another dim over is cut, once.)
             let moved_elsewhere = |axis: &String| {
                 (self.target.iter().enumerate()).any(|(j, t)| j != d && t.contains(axis))
             };
-            if let Some(last) = s[d]
-                .last()
-                .filter(|a| parent(a) == *a && moved_elsewhere(a))
+            if let Some(last) = (s[d].last())
+                .filter(|a| is_whole(mesh, a) && moved_elsewhere(a))
+                .and_then(|a| mesh.axis_part(a))
             {
-                let (axis, pre, size) = digits(mesh, last);
-                for k in (2..size).filter(|k| size.is_multiple_of(*k)) {
-                    let mut rest = s[d].clone();
-                    rest.pop();
-                    rest.push(part_name(mesh, &axis, pre, size / k));
-                    moves.push((vec![Mesh::sub_axis(&axis, pre * size / k, k)], rest));
-                }
+                moves.extend(minor_cuts(mesh, &s[d], last));
             }
             for (axes, rest) in moves {
                 let k = mesh.axes_size(&axes);
-                let part = axes.iter().any(|a| parent(a) != a);
+                let part = axes.iter().any(|a| !is_whole(mesh, a));
                 for j in (0..s.len()).filter(|&j| j != d) {
-                    if part && !self.target[j].iter().any(|a| a == parent(&axes[0])) {
+                    if part && !self.target[j].iter().any(|a| overlap(mesh, a, &axes[0])) {
                         continue;
                     }
                     let mut t = s.clone();
@@ -360,9 +386,10 @@ impl Planner<'_> {
     fn refined_target(&self, used: &[&String]) -> Option<Tiling> {
         let mesh = self.mesh;
         let refine = |axis: &String| -> Option<Vec<String>> {
-            let mut parts: Vec<(usize, String)> = (used.iter())
-                .filter(|u| parent(u) == axis.as_str())
-                .map(|u| (digits(mesh, u).1, (*u).clone()))
+            let whole = mesh.axis_part(axis)?;
+            let mut parts: Vec<(AxisPart, String)> = (used.iter())
+                .filter_map(|u| Some((mesh.axis_part(u)?, (*u).clone())))
+                .filter(|(p, _)| whole.contains(p))
                 .collect();
             parts.sort();
             let names: Vec<String> = parts.into_iter().map(|p| p.1).collect();
@@ -519,8 +546,8 @@ pub(crate) fn plan_reshard(
     from: &Sharding,
     to: &Sharding,
 ) -> ReshardPlan {
-    let mut tiling: Tiling = from.dims.iter().map(|d| d.axes.clone()).collect();
-    let goal: Tiling = to.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut tiling = tiling_of(mesh, from);
+    let goal = tiling_of(mesh, to);
     let mut pending: Vec<String> = from
         .unreduced
         .iter()
@@ -585,7 +612,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     let mesh = em.mesh;
     let shape = v.global.shape.clone();
     let plan = plan_reshard(mesh, &shape, &v.sharding, target);
-    let mut tiling: Tiling = v.sharding.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut tiling = tiling_of(mesh, &v.sharding);
     let mut x = v.id;
     for (d, axes) in &plan.reduce_scatters {
         let mut t = tiling.clone();
@@ -618,7 +645,7 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
         tiling = apply(mesh, &tiling, step);
         replicated_midway |= tiling.iter().all(Vec::is_empty);
     }
-    let goal: Tiling = target.dims.iter().map(|d| d.axes.clone()).collect();
+    let goal = tiling_of(mesh, target);
     let split = |t: &[DimSharding]| t.iter().any(|d| !d.axes.is_empty());
     if replicated_midway && split(&v.sharding.dims) && split(&target.dims) {
         warn_full_rematerialization(em, v, target, &plan);
@@ -674,7 +701,7 @@ fn apply(mesh: &Mesh, s: &Tiling, step: &Step) -> Tiling {
     let mut t = s.clone();
     match step {
         Step::Slice { dim, axes } => t[*dim].extend(axes.iter().cloned()),
-        Step::Gather { dim, axes } => t[*dim].truncate(s[*dim].len() - axes.len()),
+        Step::Gather { dim, rest, .. } => t[*dim].clone_from(rest),
         Step::AllToAll {
             from,
             to,
@@ -690,6 +717,32 @@ fn apply(mesh: &Mesh, s: &Tiling, step: &Step) -> Tiling {
     normalize(mesh, t)
 }
 
+/// A collective-permute of `x` where the member at index `i` of its group over
+/// `receivers` receives from the member at index `i` over `senders` (the same digits
+/// of the mesh, possibly cut differently: both lists are cut into the same parts
+/// first); nothing when every device is its own source.
+fn emit_permute(
+    em: &mut Emitter,
+    x: ValueId,
+    receivers: &[String],
+    senders: &[String],
+) -> Result<ValueId> {
+    let mesh = em.mesh;
+    if !permute_moves_data(mesh, receivers, senders) {
+        return Ok(x);
+    }
+    let parts = |axes: &[String]| -> Vec<AxisPart> {
+        axes.iter().filter_map(|a| mesh.axis_part(a)).collect()
+    };
+    let (r, s) = (parts(receivers), parts(senders));
+    let names = |cut: Vec<AxisPart>| -> Vec<String> {
+        cut.into_iter().map(|p| mesh.part_name(p)).collect()
+    };
+    let group = em.group(&names(cut_at(&r, &s)));
+    let from = names(cut_at(&s, &r));
+    em.emit(Op::CollectivePermute { group, from }, &[x])
+}
+
 fn emit_step(
     em: &mut Emitter,
     x: crate::ir::ValueId,
@@ -701,7 +754,7 @@ fn emit_step(
     let t = apply(mesh, s, step);
     match step {
         Step::Slice { dim, axes } => slice_block(em, x, *dim, axes, chunk(shape, &t, *dim, mesh)),
-        Step::Gather { dim, axes } => {
+        Step::Gather { dim, axes, .. } => {
             let group = em.group(axes);
             let x = em.emit(Op::AllGather { group, dim: *dim }, &[x])?;
             em.truncate(x, *dim, chunk(shape, &t, *dim, mesh))
@@ -719,25 +772,13 @@ fn emit_step(
             )?;
             em.truncate(x, *from, chunk(shape, &t, *from, mesh))
         }
-        Step::Permute { to } => {
-            let (receivers, from) = (flat(to), flat(s));
-            if !permute_moves_data(mesh, &receivers, &from) {
-                return Ok(x);
-            }
-            let group = em.group(&receivers);
-            em.emit(Op::CollectivePermute { group, from }, &[x])
-        }
+        Step::Permute { to } => emit_permute(em, x, &flat(to), &flat(s)),
         Step::MoveAxes { dim, to } => {
             let mv = AxisMove::plan(mesh, shape, s, *dim, to)
                 .ok_or_else(|| em.error(format!("no move of dim {dim} to {to:?}")))?;
             let c_new = chunk(shape, &t, *dim, mesh);
             let x = slice_block(em, x, *dim, &mv.minor, c_new)?;
-            if !permute_moves_data(mesh, &mv.receivers, &mv.senders) {
-                return Ok(x);
-            }
-            let group = em.group(&mv.receivers);
-            let from = mv.senders;
-            em.emit(Op::CollectivePermute { group, from }, &[x])
+            emit_permute(em, x, &mv.receivers, &mv.senders)
         }
     }
 }

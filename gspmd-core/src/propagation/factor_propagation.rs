@@ -2,7 +2,7 @@
 //! onto the op's factors, choose each factor's axes, and refine every tensor that may
 //! take them. Knows no op: only the [`OpShardingRule`].
 
-use super::factor_sharding::{Sizes, project_dim, refine_factor};
+use super::factor_sharding::{project_dim, refine_factor};
 use super::rule::{FactorKind, OpShardingRule};
 use super::state::{Axis, ValueState};
 use crate::ir::ValueId;
@@ -39,39 +39,36 @@ pub(super) struct Step {
 }
 
 /// The axes one tensor offers for a factor.
-struct Candidate<'a> {
-    axes: &'a [Axis],
+struct Candidate {
+    axes: Vec<Axis>,
     elements: usize,
     origin: Option<ValueId>,
 }
 
 /// The axes a factor gets from its candidates, and the annotated value they come from.
-fn choose<'a>(
-    candidates: &mut [Candidate<'a>],
-    strategy: Strategy,
-) -> (&'a [Axis], Option<ValueId>) {
+fn choose(candidates: &mut [Candidate], strategy: Strategy) -> (&[Axis], Option<ValueId>) {
     // Largest first; the sort is stable, so ties go to the earlier tensor (operands in
     // order, then the result).
     candidates.sort_by_key(|c| std::cmp::Reverse(c.elements));
     let Some(first) = candidates.first() else {
         return (&[], None);
     };
-    let (mut axes, mut origin) = (first.axes, first.origin);
+    let (mut axes, mut origin) = (first.axes.as_slice(), first.origin);
     let largest_origin = first.origin;
-    let mut common = first.axes;
+    let mut common = first.axes.as_slice();
     let mut conflict = false;
     for c in &candidates[1..] {
         let shared = common
             .iter()
-            .zip(c.axes)
+            .zip(&c.axes)
             .take_while(|(a, b)| a == b)
             .count();
         common = &common[..shared];
         if c.axes.starts_with(axes) {
             if c.axes.len() > axes.len() {
-                (axes, origin) = (c.axes, c.origin);
+                (axes, origin) = (&c.axes, c.origin);
             }
-        } else if !axes.starts_with(c.axes) {
+        } else if !axes.starts_with(&c.axes) {
             conflict = true;
         }
     }
@@ -89,12 +86,9 @@ pub(super) fn propagate_op(
     operands: &[ValueId],
     result: ValueId,
     step: Step,
-    axis_sizes: &[usize],
 ) -> bool {
-    let factor_sizes: Vec<usize> = rule.factors.iter().map(|f| f.size).collect();
-    let sizes = Sizes {
-        factors: &factor_sizes,
-        axes: axis_sizes,
+    let sizes = |factors: &[usize]| -> Vec<usize> {
+        factors.iter().map(|&f| rule.factors[f].size).collect()
     };
     let values: Vec<ValueId> = operands.iter().copied().chain([result]).collect();
 
@@ -102,7 +96,7 @@ pub(super) fn propagate_op(
     let mut chosen: Vec<(Vec<Axis>, Option<ValueId>)> =
         vec![(Vec::new(), None); rule.factors.len()];
     {
-        let mut candidates: Vec<Vec<Candidate<'_>>> =
+        let mut candidates: Vec<Vec<Candidate>> =
             (0..rule.factors.len()).map(|_| Vec::new()).collect();
         for (&v, mapping) in values.iter().zip(rule.tensors()) {
             let state = &states[v.index()];
@@ -114,11 +108,11 @@ pub(super) fn propagate_op(
                 if axes.is_empty() {
                     continue;
                 }
-                let projection = project_dim(axes, state.shape[d], factors, sizes);
-                for (&f, range) in factors.iter().zip(projection.ranges) {
-                    if !range.is_empty() {
+                let projection = project_dim(axes, state.shape[d], &sizes(factors));
+                for (&f, axes) in factors.iter().zip(projection.axes) {
+                    if !axes.is_empty() {
                         candidates[f].push(Candidate {
-                            axes: &axes[range],
+                            axes,
                             elements: state.elements(),
                             origin: dim.origin,
                         });
@@ -143,9 +137,10 @@ pub(super) fn propagate_op(
         }
         let state = &mut states[v.index()];
         for (d, factors) in mapping.dims.iter().enumerate() {
+            let factor_sizes = sizes(factors);
             for (position, &f) in factors.iter().enumerate() {
                 let (axes, origin) = &chosen[f];
-                if axes.is_empty() || !refine_factor(state, d, factors, position, axes, sizes) {
+                if axes.is_empty() || !refine_factor(state, d, &factor_sizes, position, axes) {
                     continue;
                 }
                 changed = true;
@@ -163,9 +158,9 @@ pub(super) fn propagate_op(
 mod tests {
     use super::*;
 
-    fn candidate(axes: &[Axis], elements: usize) -> Candidate<'_> {
+    fn candidate(axes: &[usize], elements: usize) -> Candidate {
         Candidate {
-            axes,
+            axes: axes.iter().map(|&a| Axis::whole(a, 2)).collect(),
             elements,
             origin: None,
         }
@@ -174,14 +169,23 @@ mod tests {
     #[test]
     fn compatible_candidates_give_the_longest() {
         let mut cs = [candidate(&[0], 8), candidate(&[0, 1], 4), candidate(&[], 2)];
-        assert_eq!(choose(&mut cs, Strategy::ConflictFree).0, &[0, 1]);
+        assert_eq!(
+            choose(&mut cs, Strategy::ConflictFree).0,
+            candidate(&[0, 1], 0).axes
+        );
     }
 
     #[test]
     fn conflicts_give_the_common_prefix_or_the_largest_tensor() {
         let mut cs = [candidate(&[0, 1], 4), candidate(&[0, 2], 16)];
-        assert_eq!(choose(&mut cs, Strategy::ConflictFree).0, &[0]);
+        assert_eq!(
+            choose(&mut cs, Strategy::ConflictFree).0,
+            candidate(&[0], 0).axes
+        );
         let mut cs = [candidate(&[0, 1], 4), candidate(&[0, 2], 16)];
-        assert_eq!(choose(&mut cs, Strategy::PreferLargest).0, &[0, 2]);
+        assert_eq!(
+            choose(&mut cs, Strategy::PreferLargest).0,
+            candidate(&[0, 2], 0).axes
+        );
     }
 }

@@ -4,29 +4,23 @@
 //! A dim made of factors `[f0, f1]` (major to minor) and split over axes `[a0, a1, ...]`
 //! hands its axes to `f0` first, while they cut `f0` evenly, then to `f1`: a minor
 //! factor can only be split once the major one is split completely, otherwise the
-//! dim's shards would not be contiguous. The last factor of a dim also takes axes that
-//! cut it unevenly (its shards are padded). Axes that fit no factor *overflow*: they
-//! stay on the dim but propagate nowhere.
-
-use std::ops::Range;
+//! dim's shards would not be contiguous. An axis larger than what is left of a factor,
+//! and a multiple of it, is cut in [sub-axes](crate::sharding::Mesh::sub_axis): its
+//! major part completes the factor and its minor part goes on to the next one (`[8]`
+//! split over `model=4` as factors `[2, 4]` gives `model:(1)2` to the 2 and
+//! `model:(2)2` to the 4), as Shardy does. The last factor of a dim also takes axes
+//! that cut it unevenly (its shards are padded). Axes that fit no factor *overflow*:
+//! they stay on the dim but propagate nowhere.
 
 use super::state::{Axis, ValueState};
-
-/// Sizes the projection needs: of each factor of the op and of each mesh axis.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Sizes<'a> {
-    /// Size of each factor of the op's rule.
-    pub factors: &'a [usize],
-    /// Size of each mesh axis.
-    pub axes: &'a [usize],
-}
+use crate::sharding::merge_adjacent;
 
 /// A dim's axes split over the dim's factors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct DimProjection {
-    /// For each factor of the dim (in the dim's order), the range of the dim's axes it
-    /// holds.
-    pub ranges: Vec<Range<usize>>,
+    /// For each factor of the dim (in the dim's order), the (sub-)axes it holds, major
+    /// to minor; read in order they cut the dim as the dim's axes do.
+    pub axes: Vec<Vec<Axis>>,
     /// For each factor, how many pieces each of its shards could still be cut into.
     pub capacity: Vec<usize>,
     /// True if some of the dim's axes fit no factor.
@@ -50,63 +44,65 @@ fn accepts(capacity: usize, axis: usize, last: bool) -> bool {
     capacity > 1 && (capacity.is_multiple_of(axis) || last)
 }
 
-/// Splits `axes` (of a dim of size `dim_size` made of `factors`) over the factors, major
-/// first. A dim of one factor has the dim's own size as capacity (a permutation factor
-/// joins dims of different sizes); a compound dim's factors have the factors' sizes.
-pub(super) fn project_dim(
-    axes: &[Axis],
-    dim_size: usize,
-    factors: &[usize],
-    sizes: Sizes<'_>,
-) -> DimProjection {
+/// Splits `axes` (of a dim of size `dim_size` made of factors of sizes `factors`) over
+/// the factors, major first, cutting an axis in sub-axes where it spans the end of a
+/// factor that is not the last. A dim of one factor has the dim's own size as capacity
+/// (a permutation factor joins dims of different sizes); a compound dim's factors have
+/// the factors' sizes.
+pub(super) fn project_dim(axes: &[Axis], dim_size: usize, factors: &[usize]) -> DimProjection {
     let mut capacity: Vec<usize> = match factors {
         [_] => vec![dim_size],
-        fs => fs.iter().map(|&f| sizes.factors[f]).collect(),
+        fs => fs.to_vec(),
     };
-    let mut ranges = vec![0..0; factors.len()];
+    let mut parts = vec![Vec::new(); factors.len()];
     let mut k = 0;
-    let mut assigned = 0;
-    'axes: for &a in axes {
-        let size = sizes.axes[a];
+    let mut rest = axes.iter().copied();
+    // The axis being placed: the next of `axes`, or the minor part of a cut one.
+    let mut pending = rest.next();
+    'axes: while let Some(a) = pending {
         while k < factors.len() {
             let last = k + 1 == factors.len();
-            if accepts(capacity[k], size, last) {
-                capacity[k] = capacity[k].div_ceil(size);
-                ranges[k].end = assigned + 1;
-                assigned += 1;
+            if accepts(capacity[k], a.size, last) {
+                capacity[k] = capacity[k].div_ceil(a.size);
+                parts[k].push(a);
+                pending = rest.next();
+                continue 'axes;
+            }
+            if !last && capacity[k] > 1 && a.size.is_multiple_of(capacity[k]) {
+                let (major, minor) = a.split(capacity[k]);
+                parts[k].push(major);
+                capacity[k] = 1;
+                pending = Some(minor);
+                k += 1;
                 continue 'axes;
             }
             if capacity[k] > 1 || last {
-                break;
+                break 'axes;
             }
             k += 1;
-            ranges[k] = assigned..assigned;
         }
         break;
     }
-    // Factors not reached hold no axes: empty ranges after the assigned ones.
-    for range in ranges.iter_mut().skip(k + 1) {
-        *range = assigned..assigned;
-    }
     DimProjection {
-        ranges,
+        axes: parts,
         capacity,
-        overflow: assigned < axes.len(),
+        overflow: pending.is_some(),
     }
 }
 
 /// Appends to `dim` of `value` the axes of `target` that the factor at `position` in
-/// the dim's factor list lacks, as far as the factor can take them: its current axes
-/// must be a prefix of `target`, it must be the dim's extensible factor, each axis must
-/// be unused by the value and cut the factor as [`project_dim`] requires. Stops at the
-/// first axis that does not fit. Returns true if the dim changed.
+/// the dim's factor list (of sizes `factors`) lacks, as far as the factor can take
+/// them: its current axes must be a prefix of `target`, it must be the dim's extensible
+/// factor, each axis must overlap no axis the value uses and cut the factor as
+/// [`project_dim`] requires. Stops at the first axis that does not fit. The dim's axes
+/// stay in canonical form (adjacent parts of one axis merged). Returns true if the dim
+/// changed.
 pub(super) fn refine_factor(
     value: &mut ValueState,
     dim: usize,
     factors: &[usize],
     position: usize,
     target: &[Axis],
-    sizes: Sizes<'_>,
 ) -> bool {
     let Some(state) = value.dims.get(dim) else {
         return false;
@@ -114,11 +110,11 @@ pub(super) fn refine_factor(
     if state.closed {
         return false;
     }
-    let projection = project_dim(&state.axes, value.shape[dim], factors, sizes);
+    let projection = project_dim(&state.axes, value.shape[dim], factors);
     if projection.extensible() != Some(position) {
         return false;
     }
-    let current = &state.axes[projection.ranges[position].clone()];
+    let current = &projection.axes[position];
     if target.len() <= current.len() || !target.starts_with(current) {
         return false;
     }
@@ -126,17 +122,18 @@ pub(super) fn refine_factor(
     let mut capacity = projection.capacity[position];
     let mut added = Vec::new();
     for &a in &target[current.len()..] {
-        let size = sizes.axes[a];
-        if value.uses(a) || !accepts(capacity, size, last) {
+        if value.uses(a) || !accepts(capacity, a.size, last) {
             break;
         }
-        capacity = capacity.div_ceil(size);
+        capacity = capacity.div_ceil(a.size);
         added.push(a);
     }
     if added.is_empty() {
         return false;
     }
-    value.dims[dim].axes.extend(added);
+    let mut axes = projection.axes.concat();
+    axes.extend(added);
+    value.dims[dim].axes = merge_adjacent(&axes);
     true
 }
 
@@ -147,30 +144,52 @@ mod tests {
     // Mesh axes: 0 of size 2, 1 of size 4, 2 of size 2.
     const AXES: [usize; 3] = [2, 4, 2];
 
-    fn project(axes: &[Axis], dim_size: usize, factor_sizes: &[usize]) -> DimProjection {
-        let factors: Vec<usize> = (0..factor_sizes.len()).collect();
-        let sizes = Sizes {
-            factors: factor_sizes,
-            axes: &AXES,
-        };
-        project_dim(axes, dim_size, &factors, sizes)
+    fn project(axes: &[usize], dim_size: usize, factor_sizes: &[usize]) -> DimProjection {
+        let axes: Vec<Axis> = axes.iter().map(|&a| whole(a)).collect();
+        project_dim(&axes, dim_size, factor_sizes)
+    }
+
+    fn whole(a: usize) -> Axis {
+        Axis::whole(a, AXES[a])
+    }
+
+    fn part(a: usize, pre: usize, size: usize) -> Axis {
+        Axis { axis: a, pre, size }
     }
 
     #[test]
     fn compound_dim_fills_the_major_factor_first() {
         // 8 = 2 x 4 split over (axis0=2, axis1=4): one axis per factor.
         let p = project(&[0, 1], 8, &[2, 4]);
-        assert_eq!(p.ranges, vec![0..1, 1..2]);
+        assert_eq!(p.axes, vec![vec![whole(0)], vec![whole(1)]]);
         assert_eq!(p.capacity, vec![1, 1]);
         assert!(!p.overflow);
         assert_eq!(p.extensible(), None);
     }
 
     #[test]
-    fn an_axis_that_does_not_divide_a_major_factor_overflows() {
-        // 8 = 2 x 4 split over axis1 (size 4): it does not cut the factor of 2 evenly.
+    fn an_axis_spanning_a_major_factor_is_cut_in_sub_axes() {
+        // 8 = 2 x 4 split over axis1 (size 4): its major digit cuts the factor of 2,
+        // its minor digit the factor of 4 (which can take 2 more).
         let p = project(&[1], 8, &[2, 4]);
-        assert_eq!(p.ranges, vec![0..0, 0..0]);
+        assert_eq!(p.axes, vec![vec![part(1, 1, 2)], vec![part(1, 2, 2)]]);
+        assert_eq!(p.capacity, vec![1, 2]);
+        assert_eq!(p.extensible(), Some(1));
+        // 8 = 2 x 2 x 2 over axis1: one digit per factor... of which there are only
+        // two: the third factor is not reached.
+        let p = project(&[1], 8, &[2, 2, 2]);
+        assert_eq!(
+            p.axes,
+            vec![vec![part(1, 1, 2)], vec![part(1, 2, 2)], vec![]]
+        );
+        assert_eq!(p.extensible(), Some(2));
+    }
+
+    #[test]
+    fn an_axis_that_neither_divides_nor_spans_a_factor_overflows() {
+        // 12 = 3 x 4 split over axis1 (size 4): 4 neither divides 3 nor is a multiple.
+        let p = project(&[1], 12, &[3, 4]);
+        assert_eq!(p.axes, vec![vec![], vec![]]);
         assert!(p.overflow);
         assert_eq!(p.extensible(), None);
     }
@@ -179,7 +198,7 @@ mod tests {
     fn the_last_factor_takes_uneven_axes() {
         // A dim of 6 split 4 ways: shards of 2, padded.
         let p = project(&[1], 6, &[6]);
-        assert_eq!(p.ranges, vec![0..1]);
+        assert_eq!(p.axes, vec![vec![whole(1)]]);
         assert_eq!(p.capacity, vec![2]);
         assert_eq!(p.extensible(), Some(0));
     }
@@ -188,7 +207,7 @@ mod tests {
     fn a_partly_split_major_factor_is_the_one_to_extend() {
         // 8 = 4 x 2 split over axis0 (2): factor 0 can take one more axis of 2.
         let p = project(&[0], 8, &[4, 2]);
-        assert_eq!(p.ranges, vec![0..1, 1..1]);
+        assert_eq!(p.axes, vec![vec![whole(0)], vec![]]);
         assert_eq!(p.extensible(), Some(0));
     }
 }

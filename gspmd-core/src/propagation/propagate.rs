@@ -10,10 +10,13 @@
 //! 4. alternating forward and backward sweeps over the nodes until a sweep changes
 //!    nothing.
 //!
-//! Every step only appends axes to open dims (see [`super::factor_sharding`]), and a
-//! value holds each mesh axis at most once, so each loop ends after at most
-//! `values × mesh axes` changes: propagation terminates, and its cost depends on the
-//! number of mesh axes, never on the number of devices.
+//! Every step only appends (sub-)axes to open dims (see [`super::factor_sharding`]),
+//! overlapping none the value already uses: a whole axis of size 1 at most once, and
+//! otherwise parts of at least 2 devices, each change at least doubling the number of
+//! blocks the value is cut in. So each loop ends after at most
+//! `values × (log2(devices) + mesh axes)` changes ([`max_refinements`]). Propagation
+//! terminates, and its cost depends on the number of mesh axes and the logarithm of
+//! the number of devices.
 
 use std::borrow::Cow;
 
@@ -45,10 +48,11 @@ use crate::sharding::Mesh;
 pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
     // Shardings regions give the flow results go back to them as open annotations
     // (`regions::result_hints`) until there are none; each round only
-    // appends axes to some result, so there are at most `values x mesh axes` rounds.
+    // appends axes to some result, so there are at most `values x max_refinements`
+    // rounds.
     let mut hinted = Cow::Borrowed(program);
     let mut out = propagate_flat(&hinted, mesh)?;
-    for _ in 0..program.nodes.len() * mesh.axes().len() {
+    for _ in 0..program.nodes.len() * max_refinements(mesh) {
         let mut hints = super::regions::result_hints(&out, mesh)?;
         // A flow result the user annotated keeps the user's sharding.
         hints.retain(|(v, _)| program.node(*v).annotation.is_none());
@@ -69,6 +73,13 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
     Ok(out)
 }
 
+/// How many times one value's sharding can be refined on `mesh`: each refinement
+/// appends (sub-)axes that overlap none it has, so at most `log2(devices)` times by
+/// parts of at least 2 devices plus once per axis of size 1.
+fn max_refinements(mesh: &Mesh) -> usize {
+    mesh.num_devices().ilog2() as usize + mesh.axes().len()
+}
+
 /// [`propagate`] of the enclosing program alone (regions untouched).
 fn propagate_flat(program: &Program, mesh: &Mesh) -> Result<Program> {
     validate_annotations(program, mesh)?;
@@ -80,7 +91,6 @@ fn propagate_flat(program: &Program, mesh: &Mesh) -> Result<Program> {
         .values()
         .map(|v| sharding_rule(program, v))
         .collect();
-    let axis_sizes: Vec<usize> = mesh.axes().iter().map(|a| a.1).collect();
     // Ops with operands; the others have nothing to propagate across.
     let ops: Vec<ValueId> = (program.values())
         .filter(|&v| !program.node(v).operands.is_empty())
@@ -99,7 +109,7 @@ fn propagate_flat(program: &Program, mesh: &Mesh) -> Result<Program> {
                         direction,
                     };
                     let rule = &rules[v.index()];
-                    propagate_op(&mut states, rule, &node.operands, v, step, &axis_sizes)
+                    propagate_op(&mut states, rule, &node.operands, v, step)
                 };
                 sweep_to_fixed_point(&ops, visit);
             }

@@ -3,15 +3,17 @@
 //! annotated and at what priority, where each dim's axes came from).
 
 use crate::ir::{Origin, Program, ValueId, num_elements};
-use crate::sharding::{DimSharding, Mesh, Sharding};
+use crate::sharding::{AxisPart, DimSharding, Mesh, Sharding, merge_adjacent};
 
-/// A mesh axis, as its index in [`Mesh::axes`].
-pub(super) type Axis = usize;
+/// A mesh axis or a sub-axis of one ([`AxisPart`]; its `axis` indexes
+/// [`Mesh::axes`]).
+pub(super) type Axis = AxisPart;
 
 /// One dim of a value during propagation.
 #[derive(Debug, Clone)]
 pub(super) struct DimState {
-    /// Mesh axes, major to minor. Only ever appended to.
+    /// Mesh (sub-)axes, major to minor, in canonical form (adjacent parts of one axis
+    /// merged). Only ever refined: axes appended, or split in parts and appended to.
     pub axes: Vec<Axis>,
     /// A closed dim is never changed (a closed annotation dim).
     pub closed: bool,
@@ -48,9 +50,11 @@ pub(super) struct ValueState {
 }
 
 impl ValueState {
-    /// True if `axis` is already used by some dim or reserved.
+    /// True if `axis` overlaps an axis some dim uses or one reserved.
     pub fn uses(&self, axis: Axis) -> bool {
-        self.reserved.contains(&axis) || self.dims.iter().any(|d| d.axes.contains(&axis))
+        (self.reserved.iter())
+            .chain(self.dims.iter().flat_map(|d| &d.axes))
+            .any(|a| a.overlaps(&axis))
     }
 
     /// Number of elements (of the global shape).
@@ -95,7 +99,14 @@ impl Rounds {
 /// The initial state of every value: its annotation (with axes resolved against
 /// `mesh`; annotations must be validated), or fully open and empty.
 pub(super) fn initial_states(program: &Program, mesh: &Mesh, rounds: &Rounds) -> Vec<ValueState> {
-    let axis = |name: &String| mesh.axis_index(name);
+    let parts = |names: &[String]| -> Vec<Axis> {
+        merge_adjacent(
+            &names
+                .iter()
+                .filter_map(|n| mesh.axis_part(n))
+                .collect::<Vec<_>>(),
+        )
+    };
     (program.values())
         .map(|v| {
             let node = program.node(v);
@@ -116,7 +127,7 @@ pub(super) fn initial_states(program: &Program, mesh: &Mesh, rounds: &Rounds) ->
             };
             let dims = (annotation.dims.iter())
                 .map(|d| {
-                    let axes: Vec<Axis> = d.axes.iter().filter_map(axis).collect();
+                    let axes = parts(&d.axes);
                     DimState {
                         annotated: axes.len(),
                         origin: (!axes.is_empty()).then_some(v),
@@ -126,10 +137,7 @@ pub(super) fn initial_states(program: &Program, mesh: &Mesh, rounds: &Rounds) ->
                     }
                 })
                 .collect();
-            let reserved = (annotation.replicated.iter())
-                .chain(&annotation.unreduced)
-                .filter_map(axis)
-                .collect();
+            let reserved = [parts(&annotation.replicated), parts(&annotation.unreduced)].concat();
             ValueState {
                 shape,
                 dims,
@@ -146,7 +154,7 @@ pub(super) fn final_sharding(
     annotation: Option<&Sharding>,
     mesh: &Mesh,
 ) -> Sharding {
-    let name = |&a: &Axis| mesh.axes()[a].0.clone();
+    let name = |&a: &Axis| mesh.part_name(a);
     Sharding {
         dims: (state.dims.iter())
             .map(|d| DimSharding::closed(d.axes.iter().map(name)))

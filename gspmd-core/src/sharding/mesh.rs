@@ -1,5 +1,6 @@
 //! [`Mesh`]: named axes with sizes over an ordered list of devices.
 
+use super::sub_axis::{AxisPart, merge_adjacent};
 use crate::error::{Error, Result};
 
 /// A logical n-d array of devices with named axes (JAX's `Mesh`, Shardy's `sdy.mesh`).
@@ -109,7 +110,7 @@ impl Mesh {
     /// `c` is its coordinate on `axis`; `size` must be above 1 and `pre * size` divide
     /// the axis size. Collectives, `axis_index` and group indices take sub-axes
     /// wherever they take axes (the partitioner's plans use them for moves on parts of
-    /// an axis); shardings do not.
+    /// an axis), and so do shardings.
     ///
     /// ```
     /// # use gspmd_core::sharding::Mesh;
@@ -124,27 +125,77 @@ impl Mesh {
         format!("{axis}:({pre}){size}")
     }
 
-    /// The digit of the mesh coordinates `name` stands for: an axis, or a valid
-    /// sub-axis of one.
-    fn part(&self, name: &str) -> Option<Part> {
-        let Some((axis, rest)) = name.split_once(":(") else {
+    /// The axis or sub-axis `name` stands for: an axis of the mesh, or a valid
+    /// sub-axis of one (`pre` at least 1, `size` at least 2, `pre * size` dividing the
+    /// axis size); `None` otherwise. A sub-axis spanning its whole axis (`model:(1)4`
+    /// on `model=4`) is the axis.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::{AxisPart, Mesh};
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// assert_eq!(mesh.axis_part("model:(2)2"), Some(AxisPart { axis: 1, pre: 2, size: 2 }));
+    /// assert_eq!(mesh.axis_part("model:(1)4"), mesh.axis_part("model"));
+    /// assert_eq!(mesh.axis_part("model:(2)4"), None);
+    /// ```
+    pub fn axis_part(&self, name: &str) -> Option<AxisPart> {
+        let Some((axis, pre, size)) = split_sub_axis(name) else {
             let position = self.axis_index(name)?;
-            let size = self.axes[position].1;
-            return Some(Part {
-                position,
-                stride: 1,
-                size,
-            });
+            return Some(AxisPart::whole(position, self.axes[position].1));
         };
-        let (pre, size) = rest.split_once(')')?;
-        let (pre, size): (usize, usize) = (pre.parse().ok()?, size.parse().ok()?);
         let position = self.axis_index(axis)?;
-        let whole = self.axes[position].1;
         let span = pre.checked_mul(size)?;
-        (pre >= 1 && size >= 2 && whole.is_multiple_of(span)).then_some(Part {
-            position,
-            stride: whole / span,
+        (pre >= 1 && size >= 2 && self.axes[position].1.is_multiple_of(span)).then_some(AxisPart {
+            axis: position,
+            pre,
             size,
+        })
+    }
+
+    /// The name of `part`: the axis's own name when the part is the whole axis, else
+    /// its [`sub_axis`](Mesh::sub_axis) name. `part.axis` must be a position of the
+    /// mesh's axes.
+    pub fn part_name(&self, part: AxisPart) -> String {
+        let (name, size) = &self.axes[part.axis];
+        if part.is_whole(*size) {
+            name.clone()
+        } else {
+            Mesh::sub_axis(name, part.pre, part.size)
+        }
+    }
+
+    /// `axes` in canonical form: each name as [`part_name`](Mesh::part_name) gives it,
+    /// and a part followed directly by the next part of its axis merged with it
+    /// (`[model:(1)2, model:(2)2]` is `[model]`). Two lists that cut a dim the same way
+    /// have one canonical form. Names that are not (sub-)axes of the mesh are kept as
+    /// they are (validate shardings first).
+    pub fn canonical_axes<S: AsRef<str>>(&self, axes: &[S]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::with_capacity(axes.len());
+        let mut run: Vec<AxisPart> = Vec::new();
+        let flush = |run: &mut Vec<AxisPart>, out: &mut Vec<String>| {
+            out.extend(merge_adjacent(run).into_iter().map(|p| self.part_name(p)));
+            run.clear();
+        };
+        for name in axes {
+            match self.axis_part(name.as_ref()) {
+                Some(part) => run.push(part),
+                None => {
+                    flush(&mut run, &mut out);
+                    out.push(name.as_ref().to_string());
+                }
+            }
+        }
+        flush(&mut run, &mut out);
+        out
+    }
+
+    /// The digit of the mesh coordinates `name` stands for.
+    fn part(&self, name: &str) -> Option<Part> {
+        let p = self.axis_part(name)?;
+        Some(Part {
+            position: p.axis,
+            stride: self.axes[p.axis].1 / (p.pre * p.size),
+            size: p.size,
+            part: p,
         })
     }
 
@@ -311,6 +362,8 @@ struct Part {
     stride: usize,
     /// Number of values of the digit.
     size: usize,
+    /// The same digit as an axis part.
+    part: AxisPart,
 }
 
 impl Part {
@@ -319,14 +372,18 @@ impl Part {
         (c / self.stride) % self.size
     }
 
-    /// True if the two parts share a digit of one axis (an axis listed twice, or with
-    /// a sub-axis of it).
+    /// True if the two cannot be listed together ([`AxisPart::overlaps`]).
     fn overlaps(&self, other: &Part) -> bool {
-        self.position == other.position
-            && (self == other
-                || self.stride.max(other.stride)
-                    < (self.stride * self.size).min(other.stride * other.size))
+        self.part.overlaps(&other.part)
     }
+}
+
+/// `(axis, pre, size)` of a sub-axis name `axis:(pre)size`; `None` for a plain name or
+/// malformed digits.
+pub(super) fn split_sub_axis(name: &str) -> Option<(&str, usize, usize)> {
+    let (axis, rest) = name.split_once(":(")?;
+    let (pre, size) = rest.split_once(')')?;
+    Some((axis, pre.parse().ok()?, size.parse().ok()?))
 }
 
 /// The product of the axis sizes, or an error if it overflows.

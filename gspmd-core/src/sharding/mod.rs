@@ -4,10 +4,13 @@
 mod mesh;
 mod parse;
 mod spec;
+mod sub_axis;
 mod tiling;
 mod visualize;
 
 pub use mesh::Mesh;
 pub use spec::{DimSharding, Sharding};
+pub use sub_axis::AxisPart;
+pub(crate) use sub_axis::{cut_at, merge_adjacent};
 pub use tiling::dim_shard;
 pub use visualize::visualize;

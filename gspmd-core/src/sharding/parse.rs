@@ -4,13 +4,15 @@
 //! sharding := '(' [dim {',' dim}] ')' {attr}
 //! attr     := ('replicated' | 'unreduced') '=' '{' [axis {',' axis}] '}'   (each at most once)
 //! dim      := ('_' | '?' | axis ['?'] | '(' axis {',' axis} ')' ['?']) ['@' digits]
-//! axis     := identifier other than `_`
+//! axis     := name [':' '(' digits ')' digits]    (a sub-axis `name:(pre)size`)
+//! name     := identifier other than `_`
 //! ```
 //!
 //! Whitespace is allowed between any two tokens.
 
 use std::str::FromStr;
 
+use super::mesh::Mesh;
 use super::spec::{DimSharding, Sharding};
 use crate::error::{Error, Result};
 
@@ -98,14 +100,45 @@ impl<'a> Parser<'a> {
 
     fn axis(&mut self) -> ParseResult<String> {
         let start = self.pos;
-        match self.identifier() {
+        let name = match self.identifier() {
             Some("_") => {
                 self.pos = start;
-                Err(self.unexpected("a mesh axis name (`_` is not one)"))
+                return Err(self.unexpected("a mesh axis name (`_` is not one)"));
             }
-            Some(name) => Ok(name.to_string()),
-            None => Err(self.unexpected("a mesh axis name")),
+            Some(name) => name,
+            None => return Err(self.unexpected("a mesh axis name")),
+        };
+        self.sub_axis(name)
+    }
+
+    /// After an axis name: `:(pre)size` makes it a sub-axis ([`Mesh::sub_axis`]).
+    fn sub_axis(&mut self, name: &str) -> ParseResult<String> {
+        if !self.eat(':') {
+            return Ok(name.to_string());
         }
+        self.expect('(')?;
+        let pre = self.number("the digits of a sub-axis's `pre`")?;
+        self.expect(')')?;
+        let size = self.number("the digits of a sub-axis's size")?;
+        Ok(Mesh::sub_axis(name, pre, size))
+    }
+
+    /// Decimal digits, after optional whitespace.
+    fn number(&mut self, wanted: &str) -> ParseResult<usize> {
+        self.skip_ws();
+        let rest = self.rest();
+        let len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if len == 0 {
+            return Err(self.unexpected(wanted));
+        }
+        let digits = &rest[..len];
+        let n = digits
+            .parse()
+            .map_err(|_| format!("number `{digits}` at offset {} too large", self.pos))?;
+        self.pos += len;
+        Ok(n)
     }
 
     /// `axis {, axis} close`, after the opening bracket; at least one axis unless
@@ -182,7 +215,7 @@ impl<'a> Parser<'a> {
             } else {
                 match self.identifier() {
                     Some("_") => Vec::new(),
-                    Some(name) => vec![name.to_string()],
+                    Some(name) => vec![self.sub_axis(name)?],
                     None => {
                         return Err(self.unexpected("a dim sharding (`_`, `?`, axis or `(..)`)"));
                     }
@@ -197,20 +230,10 @@ impl<'a> Parser<'a> {
             }
         };
         if self.eat('@') {
-            self.skip_ws();
-            let rest = self.rest();
-            let len = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            if len == 0 {
-                return Err(self.unexpected("a priority (digits) after `@`"));
-            }
-            let digits = &rest[..len];
-            let priority = digits
-                .parse()
-                .map_err(|_| format!("priority `{digits}` at offset {} too large", self.pos))?;
-            self.pos += len;
-            dim = dim.with_priority(priority);
+            let priority = self.number("a priority (digits) after `@`")?;
+            dim = dim.with_priority(
+                u32::try_from(priority).map_err(|_| format!("priority {priority} too large"))?,
+            );
         }
         Ok(dim)
     }
@@ -245,6 +268,18 @@ mod tests {
             DimSharding::open(no_axes()).with_priority(4),
         ]);
         assert_eq!(s, expected);
+    }
+
+    #[test]
+    fn parses_sub_axes() {
+        let s = parse("(model:(1)2, (data, model : ( 2 ) 2)?, _) replicated={x:(1)3}").unwrap();
+        assert_eq!(s.dims[0], DimSharding::closed(["model:(1)2"]));
+        assert_eq!(s.dims[1], DimSharding::open(["data", "model:(2)2"]));
+        assert_eq!(s.replicated, ["x:(1)3"]);
+        assert_eq!(
+            s.to_string(),
+            "(model:(1)2, (data, model:(2)2)?, _) replicated={x:(1)3}"
+        );
     }
 
     #[test]
@@ -296,6 +331,13 @@ mod tests {
             "(a) sharded={x}",
             "(a) extra",
             "(1a)",
+            "(model:)",
+            "(model:2)",
+            "(model:(1))",
+            "(model:(x)2)",
+            "(model:(1)2x)",
+            "(model:(1)99999999999999999999999)",
+            "(_:(1)2)",
         ] {
             match parse(text) {
                 Err(Error::ParseSharding { text: t, message }) => {
@@ -329,8 +371,14 @@ mod tests {
         assert!(parse("(_) replicated={a}").unwrap().is_replicated());
     }
 
+    /// An axis name, or a sub-axis of one (the parser keeps any digits; validation
+    /// checks them against a mesh).
     fn axis_name() -> impl Strategy<Value = String> {
-        "[a-zA-Z_][a-zA-Z0-9_]{0,6}".prop_filter("`_` is not an axis", |s| s != "_")
+        let name = "[a-zA-Z_][a-zA-Z0-9_]{0,6}".prop_filter("`_` is not an axis", |s| s != "_");
+        (name, prop::option::of((0usize..20, 0usize..20))).prop_map(|(name, sub)| match sub {
+            Some((pre, size)) => Mesh::sub_axis(&name, pre, size),
+            None => name,
+        })
     }
 
     fn axes(max: usize) -> impl Strategy<Value = Vec<String>> {

@@ -1,13 +1,16 @@
 //! [`Sharding`]: per tensor dim, the mesh axes it is split over.
 
-use super::mesh::Mesh;
+use super::mesh::{Mesh, split_sub_axis};
+use super::sub_axis::{AxisPart, cut_at};
 use crate::error::{Error, Result};
 
 /// How one tensor dim is split: over `axes`, major to minor (the dim is cut in
-/// `product(axis sizes)` pieces; the first axis varies slowest).
+/// `product(axis sizes)` pieces; the first axis varies slowest). An axis may be a
+/// sub-axis `model:(2)2` ([`Mesh::sub_axis`]): a dim split over `model:(1)2` is cut in
+/// two by `model`'s major digit.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DimSharding {
-    /// Mesh axes, major to minor. Empty: the dim is not split.
+    /// Mesh axes or sub-axes, major to minor. Empty: the dim is not split.
     pub axes: Vec<String>,
     /// A closed dim is fixed; propagation may append axes to an open one (`?`).
     pub closed: bool,
@@ -121,9 +124,11 @@ impl Sharding {
     }
 
     /// Checks the sharding against `mesh` and a tensor of rank `rank`: every axis (of
-    /// dims, replicated and unreduced) is a mesh axis, no axis is used twice, and there
-    /// is one dim sharding per tensor dim. `context` (e.g. `"src/model.rs:12: %3: "`)
-    /// prefixes the error message.
+    /// dims, replicated and unreduced) is a mesh axis or a valid sub-axis of one
+    /// (`model:(2)2`: see [`Mesh::sub_axis`]), unreduced axes are whole, no axis is used
+    /// twice, no two parts of one axis overlap (an axis and a sub-axis of it, or two
+    /// sub-axes sharing digits), and there is one dim sharding per tensor dim.
+    /// `context` (e.g. `"src/model.rs:12: %3: "`) prefixes the error message.
     ///
     /// ```
     /// # use gspmd_core::sharding::{Mesh, Sharding};
@@ -131,26 +136,63 @@ impl Sharding {
     /// let s: Sharding = "(data, model)".parse().unwrap();
     /// assert!(s.validate(&mesh, 2, "").is_ok());
     /// assert!(s.validate(&mesh, 3, "").is_err());
+    /// let split: Sharding = "(model:(1)2, (data, model:(2)2))".parse().unwrap();
+    /// assert!(split.validate(&mesh, 2, "").is_ok());
+    /// let overlapping: Sharding = "(model:(1)2, model)".parse().unwrap();
+    /// assert!(overlapping.validate(&mesh, 2, "").is_err());
     /// ```
     pub fn validate(&self, mesh: &Mesh, rank: usize, context: &str) -> Result<()> {
-        let all_axes = self
+        let all_axes: Vec<&str> = self
             .axes()
             .chain(self.replicated.iter().map(String::as_str))
-            .chain(self.unreduced.iter().map(String::as_str));
-        for axis in all_axes {
-            if mesh.axis_index(axis).is_none() {
+            .chain(self.unreduced.iter().map(String::as_str))
+            .collect();
+        let mut parts = Vec::with_capacity(all_axes.len());
+        for &axis in &all_axes {
+            let invalid = |message: String| Error::InvalidSubAxis {
+                axis: axis.to_string(),
+                sharding: self.to_string(),
+                message,
+                context: context.to_string(),
+            };
+            let parent = split_sub_axis(axis).map_or(axis, |(parent, _, _)| parent);
+            let Some(position) = mesh.axis_index(parent) else {
                 return Err(Error::UnknownAxis {
                     axis: axis.to_string(),
                     sharding: self.to_string(),
                     available: mesh.axis_list(),
                     context: context.to_string(),
                 });
-            }
+            };
+            let Some(part) = mesh.axis_part(axis) else {
+                let whole = mesh.axes()[position].1;
+                return Err(invalid(sub_axis_problem(axis, whole)));
+            };
+            parts.push((axis, part));
         }
         if let Some(axis) = self.repeated_axis() {
             return Err(Error::DuplicateAxis {
                 axis: axis.to_string(),
                 sharding: self.to_string(),
+                context: context.to_string(),
+            });
+        }
+        for (i, (axis, part)) in parts.iter().enumerate() {
+            if let Some((other, _)) = parts[..i].iter().find(|(_, p)| p.overlaps(part)) {
+                return Err(Error::OverlappingAxes {
+                    axis: other.to_string(),
+                    other: axis.to_string(),
+                    sharding: self.to_string(),
+                    context: context.to_string(),
+                });
+            }
+        }
+        let whole = |a: &&String| mesh.axis_index(a).is_some();
+        if let Some(axis) = self.unreduced.iter().find(|a| !whole(a)) {
+            return Err(Error::InvalidSubAxis {
+                axis: axis.clone(),
+                sharding: self.to_string(),
+                message: "partial sums are kept over whole mesh axes, not sub-axes".into(),
                 context: context.to_string(),
             });
         }
@@ -163,6 +205,68 @@ impl Sharding {
             });
         }
         Ok(())
+    }
+
+    /// The same sharding with each dim's axes in canonical form
+    /// ([`Mesh::canonical_axes`]: `(model:(1)2, model:(2)2)` on `model=4` is `model`),
+    /// and the replicated axes too; two shardings that tile a tensor the same way
+    /// compare equal once canonical. Call [`Sharding::validate`] first.
+    ///
+    /// ```
+    /// # use gspmd_core::sharding::{Mesh, Sharding};
+    /// let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    /// let s: Sharding = "((model:(1)2, model:(2)2), data)".parse().unwrap();
+    /// assert_eq!(s.canonical(&mesh).to_string(), "(model, data)");
+    /// ```
+    pub fn canonical(&self, mesh: &Mesh) -> Sharding {
+        Sharding {
+            dims: (self.dims.iter())
+                .map(|d| DimSharding {
+                    axes: mesh.canonical_axes(&d.axes),
+                    ..d.clone()
+                })
+                .collect(),
+            replicated: mesh.canonical_axes(&self.replicated),
+            unreduced: self.unreduced.clone(),
+        }
+    }
+
+    /// The parts of mesh axes the dims and replicated axes use (names `mesh` does not
+    /// know are left out).
+    pub fn parts(&self, mesh: &Mesh) -> Vec<AxisPart> {
+        (self
+            .axes()
+            .chain(self.replicated.iter().map(String::as_str)))
+        .filter_map(|a| mesh.axis_part(a))
+        .collect()
+    }
+
+    /// The same sharding (the same tiling) with each (sub-)axis of its dims and
+    /// replicated axes cut at the digit boundaries that `parts` have inside it: `(x, _)`
+    /// cut at `x:(2)2` is `((x:(1)2, x:(2)2), _)`. Shardings cut at each other's parts
+    /// name every shared digit alike, so comparing their axes by name compares digits.
+    /// Unreduced axes stay whole.
+    pub fn cut_at(&self, mesh: &Mesh, parts: &[AxisPart]) -> Sharding {
+        let cut = |axes: &[String]| -> Vec<String> {
+            (axes.iter())
+                .flat_map(|a| match mesh.axis_part(a) {
+                    Some(p) => (cut_at(&[p], parts).into_iter())
+                        .map(|q| mesh.part_name(q))
+                        .collect(),
+                    None => vec![a.clone()],
+                })
+                .collect()
+        };
+        Sharding {
+            dims: (self.dims.iter())
+                .map(|d| DimSharding {
+                    axes: cut(&d.axes),
+                    ..d.clone()
+                })
+                .collect(),
+            replicated: cut(&self.replicated),
+            unreduced: self.unreduced.clone(),
+        }
     }
 
     /// The first mesh axis named twice across dims, replicated and unreduced axes.
@@ -178,6 +282,18 @@ impl Sharding {
             .enumerate()
             .find(|(i, a)| all[..*i].contains(a))
             .map(|(_, a)| a.as_str())
+    }
+}
+
+/// Why `name`, a sub-axis of an axis of size `whole`, is not a valid one.
+fn sub_axis_problem(name: &str, whole: usize) -> String {
+    match split_sub_axis(name) {
+        None => "not of the form `axis:(pre)size`".into(),
+        Some((_, 0, _)) => "`pre` must be at least 1".into(),
+        Some((_, _, size)) if size < 2 => format!("size {size} is below 2"),
+        Some((_, pre, size)) => {
+            format!("pre * size = {pre} * {size} does not divide the axis size {whole}")
+        }
     }
 }
 
@@ -201,6 +317,10 @@ mod tests {
             ("(data, model)", 2),
             ("((model, data)?@1, _, ?)", 3),
             ("(_) replicated={data} unreduced={model}", 1),
+            ("(model:(1)2, model:(2)2, _)", 3),
+            ("((data, model:(2)2), model:(1)2)", 2),
+            ("(model:(1)4)", 1),
+            ("(model:(1)2) replicated={model:(2)2}", 1),
         ] {
             assert_eq!(check(text, rank), Ok(()), "{text}");
         }
@@ -251,6 +371,89 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn invalid_sub_axes_say_why() {
+        for (text, axis, message) in [
+            (
+                "(model:(1)3)",
+                "model:(1)3",
+                "pre * size = 1 * 3 does not divide the axis size 4",
+            ),
+            (
+                "(model:(2)4)",
+                "model:(2)4",
+                "pre * size = 2 * 4 does not divide the axis size 4",
+            ),
+            ("(model:(1)1)", "model:(1)1", "size 1 is below 2"),
+            ("(model:(0)2)", "model:(0)2", "`pre` must be at least 1"),
+            (
+                "(_) unreduced={model:(1)2}",
+                "model:(1)2",
+                "partial sums are kept over whole mesh axes, not sub-axes",
+            ),
+        ] {
+            assert_eq!(
+                check(text, 1).unwrap_err(),
+                Error::InvalidSubAxis {
+                    axis: axis.into(),
+                    sharding: text.into(),
+                    message: message.into(),
+                    context: "src/model.rs:12: %3: ".into(),
+                },
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            check("(batch:(1)2)", 1),
+            Err(Error::UnknownAxis { axis, .. }) if axis == "batch:(1)2"
+        ));
+    }
+
+    #[test]
+    fn overlapping_parts_of_an_axis() {
+        for (text, first, second) in [
+            ("(model, model:(1)2)", "model", "model:(1)2"),
+            (
+                "((model:(1)2, data), model:(1)4)",
+                "model:(1)2",
+                "model:(1)4",
+            ),
+            ("(model:(2)2, _) replicated={model}", "model:(2)2", "model"),
+        ] {
+            assert_eq!(
+                check(text, 2).unwrap_err(),
+                Error::OverlappingAxes {
+                    axis: first.into(),
+                    other: second.into(),
+                    sharding: text.into(),
+                    context: "src/model.rs:12: %3: ".into(),
+                },
+                "{text}"
+            );
+        }
+        assert_eq!(
+            check("(model, model:(1)2)", 2).unwrap_err().to_string(),
+            "src/model.rs:12: %3: `model` and `model:(1)2` overlap in sharding \
+             (model, model:(1)2) (parts of one mesh axis must be disjoint digits)"
+        );
+    }
+
+    #[test]
+    fn canonical_merges_adjacent_parts() {
+        let m = mesh();
+        let canon = |text: &str| text.parse::<Sharding>().unwrap().canonical(&m).to_string();
+        assert_eq!(canon("((model:(1)2, model:(2)2), _)"), "(model, _)");
+        assert_eq!(
+            canon("(model:(1)2, model:(2)2)"),
+            "(model:(1)2, model:(2)2)"
+        );
+        assert_eq!(
+            canon("((model:(2)2, model:(1)2))"),
+            "((model:(2)2, model:(1)2))"
+        );
+        assert_eq!(canon("((model:(1)4, data)?@1)"), "((model, data)?@1)");
     }
 
     #[test]

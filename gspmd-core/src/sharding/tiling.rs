@@ -164,4 +164,27 @@ mod tests {
         assert_eq!(unsplit.num_shards(0, &mesh), 1);
         assert_eq!(sharding("((data, model)?)").local_shape(&mesh, &[10]), [2]);
     }
+
+    #[test]
+    fn sub_axes_cut_dims_by_digits_of_an_axis() {
+        let mesh = permuted_mesh();
+        let split = sharding("(model:(1)2, (data, model:(2)2))");
+        let reversed = sharding("((model:(2)2, model:(1)2))");
+        let whole = sharding("(model)");
+        for (position, &device) in mesh.device_ids().iter().enumerate() {
+            let (data, model) = (position / 4, position % 4);
+            assert_eq!(split.shard_index(0, &mesh, device), model / 2);
+            assert_eq!(split.shard_index(1, &mesh, device), data * 2 + model % 2);
+            assert_eq!(
+                reversed.shard_index(0, &mesh, device),
+                (model % 2) * 2 + model / 2
+            );
+            assert_eq!(
+                sharding("((model:(1)2, model:(2)2))").device_block(&mesh, &[8], device),
+                whole.device_block(&mesh, &[8], device)
+            );
+        }
+        assert_eq!(split.local_shape(&mesh, &[6, 8]), [3, 2]);
+        assert_eq!(reversed.num_shards(0, &mesh), 4);
+    }
 }

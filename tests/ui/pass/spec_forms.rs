@@ -14,9 +14,10 @@ fn forms(
     idx: Tensor<B, i32>,
     mask: Tensor<B, D, bool>,
     mut h: Tensor<4, D>,
+    #[shard((model:(1)2, data), model:(2)2, replicated = pipe:(2)2)] i: Tensor<B, D>,
 ) -> Tensor<B, D> {
     h = h.relu();
-    let _ = (&idx, &mask, &s);
+    let _ = (&idx, &mask, &s, &i);
     #[shard(data, ?, name = "sum")]
     let sum: Tensor = &(&(&a + &b) + &c) + &(&d - &e);
     sum + f + g.matmul(&h)
@@ -37,6 +38,7 @@ fn main() {
         "\"idx\" : i32[8]",
         "\"mask\" : pred[8,6]",
         "\"h\" : f32[4,6]",
+        "\"i\" : f32[8,6] annotation=((model:(1)2, data), model:(2)2) replicated={pipe:(2)2}",
         "\"sum\" : f32[8,6] annotation=(data, ?)",
     ] {
         assert!(text.contains(fragment), "missing `{fragment}` in\n{text}");

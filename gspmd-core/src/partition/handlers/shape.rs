@@ -110,24 +110,36 @@ fn reshape_groups(
 
 /// Spreads `axes` over the dims `shape` (major first) so that each device's block is one
 /// contiguous run of the flattened dims: every dim but the last split one is split
-/// completely, dims after it not at all, and every split is even. `None` if impossible.
+/// completely, dims after it not at all, and every split is even. An axis spanning the
+/// rest of a dim, and a multiple of it, is cut in [sub-axes](Mesh::sub_axis): its major
+/// part ends the dim, its minor part goes on to the next (`model`=4 over `[2, 4]` is
+/// `model:(1)2`, `model:(2)2`). Each dim's axes come in canonical form
+/// ([`Mesh::canonical_axes`]). `None` if impossible.
 fn spread(axes: &[String], shape: &[usize], mesh: &Mesh) -> Option<Vec<Vec<String>>> {
     let mut out = vec![Vec::new(); shape.len()];
     let mut d = 0;
     let mut left = shape.first().copied().unwrap_or(1);
     for a in axes {
-        let k = mesh.axis_size(a)?;
-        while left == 1 && d + 1 < shape.len() {
-            d += 1;
-            left = shape[d];
+        let mut part = mesh.axis_part(a)?;
+        loop {
+            while left == 1 && d + 1 < shape.len() {
+                d += 1;
+                left = shape[d];
+            }
+            if left.is_multiple_of(part.size) {
+                left /= part.size;
+                out.get_mut(d)?.push(mesh.part_name(part));
+                break;
+            }
+            if left == 1 || d + 1 == shape.len() || !part.size.is_multiple_of(left) {
+                return None;
+            }
+            let (major, minor) = part.split(left);
+            out[d].push(mesh.part_name(major));
+            (part, left) = (minor, 1);
         }
-        if left % k != 0 {
-            return None;
-        }
-        left /= k;
-        out.get_mut(d)?.push(a.clone());
     }
-    Some(out)
+    Some(out.iter().map(|dim| mesh.canonical_axes(dim)).collect())
 }
 
 /// `reshape`: local where each group of merged/split dims keeps every device's block
@@ -145,7 +157,10 @@ pub(super) fn reshape(
     let mut got_out = vec![Vec::new(); to.len()];
     for (gi, go) in reshape_groups(from, to) {
         let axes: Vec<String> = go.clone().flat_map(|d| t[d].clone()).collect();
-        let fits_out = spread(&axes, &to[go.clone()], em.mesh).is_some_and(|s| s == t[go.clone()]);
+        // Compared canonically: the target may name `model` in parts.
+        let fits_out = spread(&axes, &to[go.clone()], em.mesh).is_some_and(|s| {
+            (s.iter().zip(&t[go.clone()])).all(|(a, b)| *a == em.mesh.canonical_axes(b))
+        });
         if let (true, Some(spread_in)) = (fits_out, spread(&axes, &from[gi.clone()], em.mesh)) {
             for (k, d) in gi.enumerate() {
                 want_in[d] = spread_in[k].clone();
@@ -210,7 +225,16 @@ mod tests {
             spread(&ax(&["data"]), &[2, 4], &mesh),
             Some(vec![ax(&["data"]), vec![]])
         );
-        assert_eq!(spread(&ax(&["model"]), &[2, 4], &mesh), None);
+        assert_eq!(
+            spread(&ax(&["model"]), &[2, 4], &mesh),
+            Some(vec![ax(&["model:(1)2"]), ax(&["model:(2)2"])])
+        );
+        assert_eq!(
+            spread(&ax(&["model:(1)2", "model:(2)2"]), &[8], &mesh),
+            Some(vec![ax(&["model"])])
+        );
+        assert_eq!(spread(&ax(&["model"]), &[2, 3], &mesh), None);
+        assert_eq!(spread(&ax(&["model"]), &[3, 4], &mesh), None);
         assert_eq!(
             spread(&ax(&["data"]), &[8, 4], &mesh),
             Some(vec![ax(&["data"]), vec![]])
