@@ -251,6 +251,45 @@ fn the_loop_body_has_one_shift_per_iteration() {
     }
 }
 
+/// The training step's loops, forward and backward: each iteration's only collective
+/// over `stage` is one collective-shift (the backward of `roll` is the inverse
+/// rotation; the backward loop state keeps the buffer's stage split), the others are
+/// Megatron's all-reduces over `model`.
+#[test]
+fn the_backward_loop_body_has_one_shift_per_iteration() {
+    let mesh = mlp_loss::mesh([4, 2]).unwrap();
+    for p in [Pipeline::gpipe(4, 2, 5), Pipeline::circular(4, 2, 6)] {
+        let loss_dims = mlp_loss::Dims {
+            M: p.microbatches,
+            B: ROWS,
+            D: FEATURES,
+            S: p.stages,
+            R: p.repeats,
+            F: HIDDEN,
+        };
+        let program = mlp_loss::trace(loss_dims, p, true).unwrap();
+        let exe = compile(&grad(&program, 0, &[2, 3]).unwrap(), &mesh).unwrap();
+        let local = &exe.spmd.program;
+        let loops = distinct_flows(local);
+        assert_eq!(loops.len(), 2, "{p:?}: forward and backward loops\n{local}");
+        for (_, flow) in loops {
+            let body = flow.regions()[0];
+            let over = |axis: &str| -> Vec<&str> {
+                (body.nodes.iter())
+                    .filter(|n| n.op.collective_group().is_some_and(|g| g.axes == [axis]))
+                    .map(|n| n.op.name())
+                    .collect()
+            };
+            assert_eq!(over("stage"), ["collective_shift"], "{p:?}\n{body}");
+            let others = collectives(body).len() - 1;
+            assert!(
+                over("model").len() == others && over("model").iter().all(|&c| c == "all_reduce"),
+                "{p:?}\n{body}"
+            );
+        }
+    }
+}
+
 /// Counts the schedule's idle stage-iterations ([`Pipeline::work`] is `None`) and checks
 /// the schedule: every layer of every microbatch runs once, on the stage holding it,
 /// after the layer before it, and a microbatch moves one stage per iteration. The

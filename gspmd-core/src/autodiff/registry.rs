@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{
     BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Node,
-    Op, OpKind, ReduceKind, UnaryOp, ValueId, WindowDim,
+    Op, OpKind, Program, ReduceKind, Rotation, UnaryOp, ValueId, WindowDim, rotation,
 };
 
 /// True when the sweep has a rule for ops of `kind`: every op of a global program
@@ -228,6 +228,33 @@ pub(super) fn operand_cotangent(
         Op::Flow { .. } => return Err(not_differentiable(node, y)),
     };
     Ok(ct)
+}
+
+/// For a node that ends a pattern the partitioner handles as one (GSPMD 4.6), the
+/// cotangent that skips the node's operands and goes to the pattern's input, with that
+/// input; `None` for other nodes. A rotation `concatenate(a[k:], a[:k])` (`roll`)
+/// sends its cotangent to `a` by the inverse rotation — a rotation again, which moves
+/// only boundary pieces on a split dim — instead of padding each slice's piece back
+/// into zeros (which would gather the piece that wrapped around).
+pub(super) fn pattern_cotangent(
+    e: &mut Appender<'_>,
+    program: &Program,
+    node: &Node,
+    ct: ValueId,
+) -> Result<Option<(ValueId, ValueId)>> {
+    let Some(Rotation { source, dim, k }) = rotation(program, node) else {
+        return Ok(None);
+    };
+    let mut shape = e.shape(ct);
+    let n = shape[dim];
+    let rank = shape.len();
+    let mut start = vec![0; rank];
+    start[dim] = n - k;
+    let head = e.slice(ct, start.clone(), shape.clone(), vec![1; rank])?;
+    start[dim] = 0;
+    shape[dim] = n - k;
+    let tail = e.slice(ct, start, shape, vec![1; rank])?;
+    Ok(Some((source, e.push(Op::Concatenate(dim), &[head, tail])?)))
 }
 
 /// The error for `node` (defining `y`) when its op is not [`is_differentiable`].

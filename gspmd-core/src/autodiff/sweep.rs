@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use super::flow::{FlowCall, flow_cotangents};
-use super::registry::{is_differentiable, not_differentiable, operand_cotangent, passes_gradient};
+use super::registry::{
+    is_differentiable, not_differentiable, operand_cotangent, passes_gradient, pattern_cotangent,
+};
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{DType, Literal, Op, Program, ValueId, flow_instances, verify};
@@ -182,6 +184,10 @@ fn backward(
             let Some(ct) = cotangent[index] else {
                 continue;
             };
+            if let Some((input, c)) = pattern_cotangent(e, program, node, ct)? {
+                cotangent[input.index()] = Some(add_to(e, cotangent[input.index()], c)?);
+                continue;
+            }
             (0..node.operands.len())
                 .map(|i| match active[node.operands[i].index()] {
                     true => operand_cotangent(e, node, v, ct, i),

@@ -20,6 +20,7 @@ mod operators;
 mod pooling;
 mod printer;
 mod program;
+mod rotation;
 mod verifier;
 
 pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements};
@@ -38,4 +39,5 @@ pub use op::{
     DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,
 };
 pub use program::{Node, Origin, Program};
+pub(crate) use rotation::{Rotation, rotation};
 pub use verifier::verify;

@@ -10,18 +10,8 @@
 //!   neighbours directly (a 3x3 SAME convolution written as a pad and nine slices
 //!   exchanges one row each way, not the padded array's).
 
-use crate::ir::{Node, Op, Program, ValueId};
-
-/// `concatenate(a[k:], a[:k])` along `dim`: `a` rotated by `k` (jnp.roll by `-k`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rotation {
-    /// The rotated value `a`.
-    pub source: ValueId,
-    /// The dim it rotates along.
-    pub dim: usize,
-    /// Result element `p` is `a`'s element `(p + k) mod size`; `0 < k < size`.
-    pub k: usize,
-}
+pub(crate) use crate::ir::Rotation;
+use crate::ir::{Node, Op, Program, ValueId, rotation};
 
 /// How a node is partitioned when it ends a pattern.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,39 +90,6 @@ pub(crate) fn skipped(program: &Program, fusions: &[Option<Fusion>]) -> Vec<bool
         }
     }
     skip
-}
-
-/// The rotation `node` is, if it is a `concatenate` of two stride-1 slices of one value
-/// that take `[k, size)` and `[0, k)` of the concatenated dim and all of every other dim.
-fn rotation(program: &Program, node: &Node) -> Option<Rotation> {
-    let Op::Concatenate(dim) = node.op else {
-        return None;
-    };
-    let [high, low] = node.operands[..] else {
-        return None;
-    };
-    // (source, start, limit, size) of a slice along `dim` only.
-    let along_dim = |v: ValueId| {
-        let slice = program.node(v);
-        let Op::Slice {
-            start,
-            limit,
-            stride,
-        } = &slice.op
-        else {
-            return None;
-        };
-        let source = *slice.operands.first()?;
-        let shape = &program.ty(source).shape;
-        let whole = |d: usize| start[d] == 0 && limit[d] == shape[d];
-        let other_dims_whole = (0..shape.len()).all(|d| d == dim || whole(d));
-        (other_dims_whole && stride.iter().all(|&s| s == 1))
-            .then(|| (source, start[dim], limit[dim], shape[dim]))
-    };
-    let (a, k, end, size) = along_dim(high)?;
-    let (b, zero, k_low, _) = along_dim(low)?;
-    let rotates = a == b && zero == 0 && k_low == k && end == size && 0 < k && k < size;
-    rotates.then_some(Rotation { source: a, dim, k })
 }
 
 /// `node` as one pad, if it is a stride-1 slice of a pad without interior padding: the

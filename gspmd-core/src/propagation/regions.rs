@@ -94,8 +94,10 @@ fn carried_count(flow: &Flow) -> usize {
 /// a carried value the body's result, then its parameter; for a scan's stacked output
 /// the body's output with the stacked dim whole; for a `cond` result `on_true`'s. The
 /// first candidate with all of the result's axes and more is returned as an open
-/// annotation of the result.
+/// annotation of the result; for a carried value that no node reads, of its initial
+/// value (the operand).
 pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueId, Sharding)>> {
+    let instances = flow_instances(program);
     let mut views: HashMap<(*const Flow, Vec<ValueId>), Program> = HashMap::new();
     let mut hints = Vec::new();
     for v in program.values() {
@@ -105,6 +107,15 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
         };
         let n = carried_count(flow);
         let key = (Arc::as_ptr(flow), node.operands.clone());
+        // What to hint: this result node; at an instance's first node also the initial
+        // value of each carried value no node reads (the loop state still takes the
+        // body's sharding, which the boundary then gets from the initial value).
+        let mut targets = vec![(v, *result)];
+        if !views.contains_key(&key) {
+            let slots = &instances[&key];
+            let unread = (0..n).filter(|&j| slots.get(j).is_none_or(Vec::is_empty));
+            targets.extend(unread.map(|j| (node.operands[j], j)));
+        }
         let region = match views.get(&key) {
             Some(region) => region,
             None => {
@@ -124,19 +135,21 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
             }
         };
         let of = |v: ValueId| region.node(v).sharding.clone().unwrap_or_default();
-        let output = of(region.outputs[*result]);
-        let candidates = match **flow {
-            _ if *result < n => vec![output, of(region.params[*result])],
-            Flow::Scan { .. } => {
-                let mut dims = vec![DimSharding::closed(Vec::<String>::new())];
-                dims.extend(output.dims);
-                vec![Sharding::new(dims)]
+        for (target, result) in targets {
+            let output = of(region.outputs[result]);
+            let candidates = match **flow {
+                _ if result < n => vec![output, of(region.params[result])],
+                Flow::Scan { .. } => {
+                    let mut dims = vec![DimSharding::closed(Vec::<String>::new())];
+                    dims.extend(output.dims);
+                    vec![Sharding::new(dims)]
+                }
+                Flow::While { .. } | Flow::Cond { .. } => vec![output],
+            };
+            let current = program.node(target).sharding.clone().unwrap_or_default();
+            if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
+                hints.push((target, opened(richer)));
             }
-            Flow::While { .. } | Flow::Cond { .. } => vec![output],
-        };
-        let current = node.sharding.clone().unwrap_or_default();
-        if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
-            hints.push((v, opened(richer)));
         }
     }
     Ok(hints)
