@@ -77,8 +77,8 @@ fn all_reduce_vs_memcpy(c: &mut Criterion) {
 
 fn all_reduce_latency(c: &mut Criterion) {
     let mut group = c.benchmark_group("latency_2x4");
-    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 4)]).expect("mesh"))
-        .expect("threads");
+    let mesh =
+        ThreadMesh::new(Mesh::new([("data", 2), ("model", 4)]).expect("mesh")).expect("threads");
     store_zeros(&mesh, &[]);
     for (size, axes) in [
         (2, &["data"][..]),

@@ -387,19 +387,19 @@ fn one_dim(n: usize) -> Arc<ThreadMesh> {
 
 /// An all-reduce sum over `x` of `input(device, F32)`, checked against the expectation.
 fn assert_all_reduce_works(mesh: &Arc<ThreadMesh>) {
-    let mesh = Arc::clone(mesh);
+    let runner = Arc::clone(mesh);
     let outputs = within(Duration::from_secs(5), move || {
-        mesh.run(|ctx| {
+        runner.run(|ctx| {
             let x = input(ctx.device(), DType::F32);
             ctx.communicator()
                 .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
         })
     })
     .unwrap();
-    let n = outputs.len();
-    let all: Vec<Literal> = (0..n).map(|d| input(d, DType::F32)).collect();
-    for output in outputs {
-        assert_eq!(output, reduce(ReduceKind::Sum, &all));
+    for (device, output) in outputs.into_iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &axes(&["x"]));
+        let all: Vec<Literal> = members.iter().map(|&d| input(d, DType::F32)).collect();
+        assert_eq!(output, reduce(ReduceKind::Sum, &all), "device {device}");
     }
 }
 
@@ -563,25 +563,122 @@ fn devices_at_different_collectives_are_an_error() {
     assert_all_reduce_works(&mesh);
 }
 
+/// A 2x2 mesh `(a, x)` whose groups over `x` are devices {0, 1} and {2, 3}.
+fn two_groups() -> Arc<ThreadMesh> {
+    Arc::new(ThreadMesh::new(Mesh::new([("a", 2), ("x", 2)]).unwrap()).unwrap())
+}
+
+#[test]
+fn groups_synchronise_only_their_members() {
+    let mesh = two_groups();
+    // Devices 2 and 3 start only once devices 0 and 1 have finished three all-reduces
+    // over their group: a meeting of more than the group would wait for ever.
+    let finished = Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    let (runner, done) = (Arc::clone(&mesh), Arc::clone(&finished));
+    let outputs = within(Duration::from_secs(10), move || {
+        runner.run(move |ctx| {
+            let (count, changed) = &*done;
+            let mut x = input(ctx.device(), DType::F32);
+            if ctx.device() >= 2 {
+                let waited = changed
+                    .wait_timeout_while(count.lock().unwrap(), Duration::from_secs(5), |c| *c < 2)
+                    .unwrap();
+                if waited.1.timed_out() {
+                    return Err(Error::ThreadMesh("devices 0 and 1 were held up".into()));
+                }
+            }
+            for _ in 0..3 {
+                x = ctx
+                    .communicator()
+                    .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)?;
+            }
+            *count.lock().unwrap() += 1;
+            changed.notify_all();
+            Ok(x)
+        })
+    })
+    .unwrap();
+    for (device, output) in outputs.into_iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &axes(&["x"]));
+        let mut want = reduce(
+            ReduceKind::Sum,
+            &members
+                .iter()
+                .map(|&d| input(d, DType::F32))
+                .collect::<Vec<_>>(),
+        );
+        for _ in 0..2 {
+            want = reduce(ReduceKind::Sum, &[want.clone(), want]);
+        }
+        assert_eq!(output, want, "device {device}");
+    }
+}
+
+#[test]
+fn a_failure_in_one_group_releases_a_device_waiting_in_another() {
+    let mesh = two_groups();
+    // Device 3 arrives only after device 2 has left its collective: device 2 waits in
+    // the meeting of {2, 3} until the failure in {0, 1} (mismatched shapes) releases it.
+    let (left, arrive) = mpsc::channel::<()>();
+    let (left, arrive) = (Mutex::new(left), Mutex::new(arrive));
+    let (result, records) = record(&mesh, move |ctx| {
+        let len = if ctx.device() == 0 { 3 } else { 4 };
+        let x = Literal::full(&[len], DType::F32, 1.0);
+        if ctx.device() == 3 {
+            let released = arrive.lock().unwrap().recv_timeout(Duration::from_secs(4));
+            released.map_err(|_| Error::ThreadMesh("device 2 was not released".into()))?;
+        }
+        let y = ctx
+            .communicator()
+            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x);
+        if ctx.device() == 2 {
+            left.lock().unwrap().send(()).unwrap();
+        }
+        y
+    });
+    assert!(
+        matches!(result, Err(Error::Collective { .. })),
+        "{result:?}"
+    );
+    assert!(matches!(records[0], Some(Err(Error::Collective { .. }))));
+    assert!(matches!(records[1], Some(Err(Error::Collective { .. }))));
+    for device in [2, 3] {
+        assert!(
+            matches!(&records[device], Some(Err(Error::Aborted { device: d, .. })) if *d == device),
+            "device {device}: {:?}",
+            records[device]
+        );
+    }
+    assert_all_reduce_works(&mesh);
+}
+
 #[test]
 fn a_device_that_skips_a_collective_is_an_error_not_a_hang() {
-    let mesh = one_dim(4);
-    let (result, _) = record(&mesh, |ctx| {
-        let x = input(ctx.device(), DType::F32);
-        if ctx.device() == 2 {
-            return Ok(x);
-        }
-        ctx.communicator()
-            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
-    });
-    let message = result.unwrap_err().to_string();
-    assert!(
-        message.contains(
-            "devices [0, 1, 3] are at all_reduce(sum) over [x]; device 2 is at the end of its program"
+    // Device 2 skips an all-reduce over `x`. On one axis the others meet it at the end of
+    // the program; on 2x2 device 3 waits in the group {2, 3} for it while devices 0, 1
+    // and 2 wait at the end for device 3.
+    for (mesh, census) in [
+        (
+            one_dim(4),
+            "devices [0, 1, 3] are at all_reduce(sum) over [x]; device 2 is at the end of its program",
         ),
-        "{message}"
-    );
-    assert_all_reduce_works(&mesh);
+        (
+            two_groups(),
+            "devices [0, 1, 2] are at the end of its program; device 3 is at all_reduce(sum) over [x]",
+        ),
+    ] {
+        let (result, _) = record(&mesh, |ctx| {
+            let x = input(ctx.device(), DType::F32);
+            if ctx.device() == 2 {
+                return Ok(x);
+            }
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        });
+        let message = result.unwrap_err().to_string();
+        assert!(message.contains(census), "{message}");
+        assert_all_reduce_works(&mesh);
+    }
 }
 
 type Collective = Box<dyn Fn(&DeviceContext) -> Result<Literal> + Send + Sync>;
@@ -719,11 +816,13 @@ fn drop_joins_every_device_thread() {
 }
 
 #[test]
-fn all_reduce_writes_into_the_operand_buffer() {
+fn a_large_all_reduce_writes_into_the_operand_buffer() {
+    // Large enough for reduce-scatter then all-gather (small operands are reduced in one
+    // round into a fresh buffer).
     let mesh = ThreadMesh::new(Mesh::new([("x", 4)]).unwrap()).unwrap();
     let same = mesh
         .run(|ctx| {
-            let x = input(ctx.device(), DType::F32);
+            let x = Literal::full(&[64, 1024], DType::F32, ctx.device() as f64);
             let before = x.as_f32().unwrap().as_ptr() as usize;
             let y = ctx
                 .communicator()
