@@ -776,6 +776,50 @@ fn the_resident_store_persists_across_runs() {
 }
 
 #[test]
+fn settle_runs_on_every_device_in_the_run_and_knows_whether_all_succeeded() {
+    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
+    let stage = |fail: Option<usize>| {
+        move |ctx: &mut DeviceContext| {
+            let x = input(ctx.device(), DType::F32);
+            ctx.store_mut().insert("staged".into(), x);
+            match fail {
+                Some(device) if device == ctx.device() => Err(deliberate()),
+                _ => Ok(std::thread::current().id()),
+            }
+        }
+    };
+    // Keeps the staged value if every device succeeded, on the thread of its program.
+    let settle = |ctx: &mut DeviceContext, succeeded: bool| {
+        let staged = ctx.store_mut().remove("staged").unwrap();
+        if succeeded {
+            ctx.store_mut().insert("kept".into(), staged);
+        }
+        ctx.store_mut()
+            .insert("settled on".into(), Literal::full(&[], DType::Bool, 1.0));
+    };
+    let failed = mesh.run_then_settle(stage(Some(2)), settle);
+    assert!(matches!(failed, Err(Error::DeviceFailed { device: 2, .. })));
+    let stores = mesh.run(|ctx| Ok(ctx.store().clone())).unwrap();
+    for store in &stores {
+        assert!(store.contains_key("settled on") && !store.contains_key("kept"));
+        assert!(!store.contains_key("staged"));
+    }
+    let threads = mesh.run_then_settle(stage(None), settle).unwrap();
+    let kept = mesh
+        .run(|ctx| {
+            Ok((
+                ctx.store().get("kept").cloned(),
+                std::thread::current().id(),
+            ))
+        })
+        .unwrap();
+    for (device, (value, thread)) in kept.into_iter().enumerate() {
+        assert_eq!(value, Some(input(device, DType::F32)), "device {device}");
+        assert_eq!(thread, threads[device]);
+    }
+}
+
+#[test]
 fn results_are_indexed_by_device_and_threads_live_across_runs() {
     let mesh = ThreadMesh::new(
         Mesh::with_device_order([("data", 2), ("model", 2)], vec![2, 0, 3, 1]).unwrap(),
