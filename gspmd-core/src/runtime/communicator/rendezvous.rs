@@ -3,8 +3,8 @@
 //! those devices synchronise, once per round of a collective.
 //!
 //! Each device of a meeting posts where it is (its [`Call`]) and a shared buffer, and
-//! waits until every device of the meeting has posted; then all get every post of the
-//! round. Devices of other meetings run on. Meetings are made once per set of devices
+//! waits (yielding to the others for a short while, then asleep) until every device of
+//! the meeting has posted; then all get every post of the round. Devices of other meetings run on. Meetings are made once per set of devices
 //! and kept for the life of the rendezvous.
 //!
 //! Failure is mesh-wide. The rendezvous is *aborted* by the first failure: every device
@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::call::{Call, Post, Round, census};
 use crate::error::{Error, Result};
@@ -42,6 +42,8 @@ pub(super) struct Meeting {
     devices: Vec<usize>,
     state: Mutex<MeetingState>,
     round_done: Condvar,
+    /// Number of completed rounds, mirrored from the state for waiters that spin.
+    rounds: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,8 @@ struct MeetingState {
     /// The last completed round, until every waiter has picked it up.
     completed: Option<Round>,
     uncollected: usize,
+    /// Waiters asleep on the condition variable (the others spin).
+    sleepers: usize,
 }
 
 impl MeetingState {
@@ -108,6 +112,9 @@ struct AbortState {
 
 const NO_TIMEOUT: u64 = u64::MAX;
 
+/// How long a device yields to the others of its meeting before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
 impl Rendezvous {
     /// The rendezvous of `num_devices` devices at generation 0, waiting for ever.
     pub(crate) fn new(num_devices: usize) -> Self {
@@ -159,8 +166,10 @@ impl Rendezvous {
                     arrived: 0,
                     completed: None,
                     uncollected: 0,
+                    sleepers: 0,
                 }),
                 round_done: Condvar::new(),
+                rounds: AtomicU64::new(0),
             })
         });
         Arc::clone(meeting)
@@ -217,8 +226,11 @@ impl Rendezvous {
             state.round += 1;
             state.uncollected = size - 1;
             state.completed = (state.uncollected > 0).then(|| Arc::clone(&round));
+            meeting.rounds.store(state.round, Ordering::Release);
             if size > 1 {
                 self.blocked.fetch_sub(size - 1, Ordering::SeqCst);
+            }
+            if state.sleepers > 0 {
                 meeting.round_done.notify_all();
             }
             return Ok(round);
@@ -228,6 +240,18 @@ impl Rendezvous {
             drop(state);
             return Err(self.deadlock(device, generation, collective_error));
         }
+        // A meeting of a few threads usually completes within microseconds: yield to
+        // them for a while before sleeping (a sleep and wake-up costs tens of them).
+        drop(state);
+        let spin_start = Instant::now();
+        while meeting.rounds.load(Ordering::Acquire) == my_round
+            && !self.aborted.load(Ordering::SeqCst)
+            && spin_start.elapsed() < SPIN
+        {
+            std::thread::yield_now();
+        }
+        let mut state = lock(&meeting.state);
+        state.sleepers += 1;
         let waiting = |s: &mut MeetingState| {
             s.round == my_round
                 && s.generation == generation
@@ -247,6 +271,7 @@ impl Rendezvous {
                     .0
             }
         };
+        state.sleepers -= 1;
         if state.generation != generation {
             return Err(stale(device));
         }
