@@ -3,8 +3,8 @@
 //! those devices synchronise, once per round of a collective.
 //!
 //! Each device of a meeting posts where it is (its [`Call`]) and a shared buffer, and
-//! waits (yielding to the others for a short while, then asleep) until every device of
-//! the meeting has posted; then all get every post of the round. Devices of other meetings run on. Meetings are made once per set of devices
+//! waits (yielding to the others for up to the `spin` it is given, then asleep) until
+//! every device of the meeting has posted; then all get every post of the round. Devices of other meetings run on. Meetings are made once per set of devices
 //! and kept for the life of the rendezvous.
 //!
 //! Failure is mesh-wide. The rendezvous is *aborted* by the first failure: every device
@@ -112,8 +112,11 @@ struct AbortState {
 
 const NO_TIMEOUT: u64 = u64::MAX;
 
-/// How long a device yields to the others of its meeting before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a device waiting for a small collective yields to the others of its
+/// meeting before it sleeps: a sleep and wake-up costs tens of microseconds, but on an
+/// oversubscribed machine the yields steal time from devices still computing, so long
+/// waits (large collectives, the end of a program) do not spin.
+pub(super) const SPIN: Duration = Duration::from_micros(50);
 
 impl Rendezvous {
     /// The rendezvous of `num_devices` devices at generation 0, waiting for ever.
@@ -181,7 +184,8 @@ impl Rendezvous {
     }
 
     /// Posts `post` for `device` of run `generation` in `meeting`, waits until every
-    /// device of the meeting has posted, and returns all posts of the round by slot.
+    /// device of the meeting has posted (yielding for up to `spin` before sleeping),
+    /// and returns all posts of the round by slot.
     /// Errors: [`Error::Aborted`] once the rendezvous is aborted, or when `generation`
     /// is not the current run; [`Error::CollectiveTimeout`] (which aborts) when the
     /// others do not all arrive within the timeout; [`Error::Collective`] (which aborts)
@@ -192,6 +196,7 @@ impl Rendezvous {
         device: usize,
         generation: u64,
         post: Post,
+        spin: Duration,
     ) -> Result<Round> {
         let call = Arc::clone(&post.call);
         let collective_error = |message: String| Error::Collective {
@@ -240,13 +245,11 @@ impl Rendezvous {
             drop(state);
             return Err(self.deadlock(device, generation, collective_error));
         }
-        // A meeting of a few threads usually completes within microseconds: yield to
-        // them for a while before sleeping (a sleep and wake-up costs tens of them).
         drop(state);
         let spin_start = Instant::now();
         while meeting.rounds.load(Ordering::Acquire) == my_round
             && !self.aborted.load(Ordering::SeqCst)
-            && spin_start.elapsed() < SPIN
+            && spin_start.elapsed() < spin
         {
             std::thread::yield_now();
         }

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ndarray::{
     ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, IxDyn,
@@ -13,7 +14,7 @@ use ndarray::{
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::group::Group;
-use super::rendezvous::{Meeting, Rendezvous};
+use super::rendezvous::{Meeting, Rendezvous, SPIN};
 use crate::error::{Error, Result};
 use crate::ir::{DType, Literal, ReduceKind, TensorType};
 use crate::runtime::kernels::{max_nan, min_nan};
@@ -174,9 +175,15 @@ impl SharedMemoryCommunicator {
             operand: Some(operand.clone()),
             data: Some(Arc::clone(&mine)),
         };
+        let elements: usize = operand.shape.iter().product();
+        let spin = if elements <= ONE_ROUND_MAX_ELEMENTS {
+            SPIN
+        } else {
+            Duration::ZERO
+        };
         let round = self
             .rendezvous
-            .exchange(meeting, self.device, self.generation, post)?;
+            .exchange(meeting, self.device, self.generation, post, spin)?;
         check_calls(&round, meeting.devices(), &call).map_err(fail)?;
         for (&member, &slot) in joined.group.members.iter().zip(&joined.slots) {
             if let Some(theirs) = round[slot].operand.as_ref().filter(|t| **t != operand) {
@@ -206,7 +213,13 @@ impl SharedMemoryCommunicator {
         };
         let result = self
             .rendezvous
-            .exchange(&self.everyone, self.device, self.generation, post)
+            .exchange(
+                &self.everyone,
+                self.device,
+                self.generation,
+                post,
+                Duration::ZERO,
+            )
             .and_then(|round| {
                 check_calls(&round, self.everyone.devices(), &call).map_err(|message| {
                     Error::Collective {
@@ -519,7 +532,8 @@ const TILE: usize = 16 * 1024;
 
 /// Operands of at most this many elements are all-reduced in one round: each member
 /// reduces every posted operand itself, trading the group size times the arithmetic
-/// for one meeting instead of two.
+/// for one meeting instead of two. Collectives of such operands are small: their
+/// members spin a while before sleeping ([`SPIN`]).
 const ONE_ROUND_MAX_ELEMENTS: usize = 4096;
 
 /// Every member gets, element by element, the first member's operand combined with the
@@ -582,9 +596,9 @@ fn all_reduce_typed<T: Element>(
         operand: None,
         data: Some(Arc::new(T::literal(reduced))),
     };
-    let round = comm
-        .rendezvous
-        .exchange(&meeting, comm.device, comm.generation, post)?;
+    let round =
+        comm.rendezvous
+            .exchange(&meeting, comm.device, comm.generation, post, Duration::ZERO)?;
     let mut result = Arc::unwrap_or_clone(mine);
     let fail = |message: String| Error::Collective {
         device: comm.device,
