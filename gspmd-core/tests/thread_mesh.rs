@@ -918,6 +918,57 @@ fn all_reduce_handles_uneven_lengths_and_transposed_operands() {
 }
 
 #[test]
+fn all_reduce_sums_in_group_order_on_the_one_round_and_two_round_paths() {
+    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 4)]).unwrap()).unwrap();
+    let group_axes = axes(&["model", "data"]);
+    // Magnitudes spread over eight decades and mixed signs: f32 sums depend on order.
+    let operand = |device: usize, len: usize| -> ArrayD<f32> {
+        ArrayD::from_shape_fn(IxDyn(&[len]), |ix| {
+            let sign = if (device + ix[0]).is_multiple_of(3) {
+                -1.0
+            } else {
+                1.0
+            };
+            let scale = 10f32.powi(((device * 3 + ix[0]) % 8) as i32 - 4);
+            sign * (1.0 + ix[0] as f32 * 1e-3) * scale
+        })
+    };
+    // 7 elements take one round; 5000 (uneven chunks of 625) reduce-scatter first.
+    let lens = [7, 5000];
+    let run_axes = group_axes.clone();
+    let outputs = mesh
+        .run(move |ctx| {
+            let d = ctx.device();
+            lens.iter()
+                .map(|&len| {
+                    ctx.communicator().all_reduce(
+                        &run_axes,
+                        ReduceKind::Sum,
+                        operand(d, len).into(),
+                    )
+                })
+                .collect::<Result<Vec<Literal>>>()
+        })
+        .unwrap();
+    let bits = |a: &ArrayD<f32>| a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for (device, outs) in outputs.iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &group_axes);
+        for (&len, out) in lens.iter().zip(outs) {
+            let mut blocks: Vec<ArrayD<f32>> = members.iter().map(|&m| operand(m, len)).collect();
+            let want = fold(&blocks, |a, b| a + b);
+            assert_eq!(
+                bits(out.as_f32().unwrap()),
+                bits(&want),
+                "device {device}, {len}"
+            );
+            blocks.reverse();
+            let reversed = fold(&blocks, |a, b| a + b);
+            assert_ne!(bits(&reversed), bits(&want), "order-insensitive operands");
+        }
+    }
+}
+
+#[test]
 fn a_run_from_a_device_thread_is_an_error_not_a_deadlock() {
     let mesh = one_dim(4);
     let (runner, inner) = (Arc::clone(&mesh), Arc::clone(&mesh));
