@@ -617,6 +617,40 @@ fn groups_synchronise_only_their_members() {
 }
 
 #[test]
+fn a_group_of_one_meets_nobody() {
+    let mesh = one_dim(2);
+    // Device 1 starts only once device 0 has run collectives over no axes: any meeting
+    // of both would wait for ever.
+    let (done, start) = mpsc::channel::<()>();
+    let (done, start) = (Mutex::new(done), Mutex::new(start));
+    let runner = Arc::clone(&mesh);
+    let outputs = within(Duration::from_secs(10), move || {
+        runner.run(move |ctx| {
+            if ctx.device() == 1 {
+                let started = start.lock().unwrap().recv_timeout(Duration::from_secs(5));
+                started.map_err(|_| Error::ThreadMesh("device 0 was held up".into()))?;
+            }
+            let comm = ctx.communicator();
+            let x = input(ctx.device(), DType::F32);
+            let sum = comm.all_reduce(&[], ReduceKind::Sum, x.clone())?;
+            let gathered = comm.all_gather(&[], 1, x.clone())?;
+            let kept = comm.collective_permute(&[], &[(0, 0)], x.clone())?;
+            let dropped = comm.collective_permute(&[], &[], x)?;
+            if ctx.device() == 0 {
+                done.lock().unwrap().send(()).unwrap();
+            }
+            Ok([sum, gathered, kept, dropped])
+        })
+    })
+    .unwrap();
+    for (device, outs) in outputs.into_iter().enumerate() {
+        let x = input(device, DType::F32);
+        let zeros = Literal::full(&SHAPE, DType::F32, 0.0);
+        assert_eq!(outs, [x.clone(), x.clone(), x, zeros], "device {device}");
+    }
+}
+
+#[test]
 fn a_failure_in_one_group_releases_a_device_waiting_in_another() {
     let mesh = two_groups();
     // Device 3 arrives only after device 2 has left its collective: device 2 waits in
