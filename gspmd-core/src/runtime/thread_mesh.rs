@@ -78,9 +78,10 @@ struct Worker {
 /// Failure contract of [`ThreadMesh::run`]: when a device's program returns an error or
 /// panics, the communicator is aborted, so every device waiting in a collective returns
 /// promptly with [`Error::Aborted`]; the run returns the first failure, naming its
-/// device; the mesh is usable again for the next run. Every run ends with a meeting of
-/// all devices, so a device that skips a collective others entered is an error, not a
-/// hang.
+/// device; the mesh is usable again for the next run. A collective synchronises only
+/// the devices of its group; every run ends with a meeting of all devices, and devices
+/// left waiting for each other (one skipped a collective others entered) are an error
+/// at once, not a hang.
 ///
 /// Timeout: a device waits at most [`ThreadMesh::timeout`] (default
 /// [`ThreadMesh::DEFAULT_TIMEOUT`]) in a collective for the others; then the run is
