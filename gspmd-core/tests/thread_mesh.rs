@@ -385,21 +385,26 @@ fn one_dim(n: usize) -> Arc<ThreadMesh> {
     Arc::new(ThreadMesh::new(Mesh::new([("x", n)]).unwrap()).unwrap())
 }
 
+/// A 2x2 mesh `(a, x)` whose groups over `x` are devices {0, 1} and {2, 3}.
+fn two_groups() -> Arc<ThreadMesh> {
+    Arc::new(ThreadMesh::new(Mesh::new([("a", 2), ("x", 2)]).unwrap()).unwrap())
+}
+
 /// An all-reduce sum over `x` of `input(device, F32)`, checked against the expectation.
 fn assert_all_reduce_works(mesh: &Arc<ThreadMesh>) {
-    let mesh = Arc::clone(mesh);
+    let runner = Arc::clone(mesh);
     let outputs = within(Duration::from_secs(5), move || {
-        mesh.run(|ctx| {
+        runner.run(|ctx| {
             let x = input(ctx.device(), DType::F32);
             ctx.communicator()
                 .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
         })
     })
     .unwrap();
-    let n = outputs.len();
-    let all: Vec<Literal> = (0..n).map(|d| input(d, DType::F32)).collect();
-    for output in outputs {
-        assert_eq!(output, reduce(ReduceKind::Sum, &all));
+    for (device, output) in outputs.into_iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &axes(&["x"]));
+        let all: Vec<Literal> = members.iter().map(|&d| input(d, DType::F32)).collect();
+        assert_eq!(output, reduce(ReduceKind::Sum, &all), "device {device}");
     }
 }
 
@@ -517,8 +522,8 @@ fn mismatched_shapes_are_an_error_on_every_member() {
 }
 
 #[test]
-fn mismatched_dtypes_in_one_group_release_the_other_groups() {
-    let mesh = Arc::new(ThreadMesh::new(Mesh::new([("a", 2), ("x", 2)]).unwrap()).unwrap());
+fn mismatched_dtypes_in_one_group_fail_the_run_but_not_the_other_group() {
+    let mesh = two_groups();
     let (result, records) = record(&mesh, |ctx| {
         let dtype = if ctx.device() == 0 {
             DType::I32
@@ -533,17 +538,19 @@ fn mismatched_dtypes_in_one_group_release_the_other_groups() {
         matches!(result, Err(Error::Collective { .. })),
         "{result:?}"
     );
-    // Devices 0 and 1 form the faulty group; 2 and 3 are released by the abort.
+    // Devices 0 and 1 form the faulty group. Devices 2 and 3 synchronise only with each
+    // other: their all-reduce completes, unless the abort came first and released them
+    // (a device waiting in another group is released: see
+    // `a_failure_in_one_group_releases_a_device_waiting_in_another`).
     assert!(matches!(records[0], Some(Err(Error::Collective { .. }))));
     assert!(matches!(records[1], Some(Err(Error::Collective { .. }))));
-    assert!(matches!(
-        records[2],
-        Some(Err(Error::Aborted { device: 2, .. }))
-    ));
-    assert!(matches!(
-        records[3],
-        Some(Err(Error::Aborted { device: 3, .. }))
-    ));
+    for device in [2, 3] {
+        match &records[device] {
+            Some(Ok(sum)) => assert_eq!(*sum, Literal::full(&[4], DType::F32, 2.0)),
+            Some(Err(Error::Aborted { device: d, .. })) => assert_eq!(*d, device),
+            other => panic!("device {device}: {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -564,24 +571,150 @@ fn devices_at_different_collectives_are_an_error() {
 }
 
 #[test]
-fn a_device_that_skips_a_collective_is_an_error_not_a_hang() {
-    let mesh = one_dim(4);
-    let (result, _) = record(&mesh, |ctx| {
-        let x = input(ctx.device(), DType::F32);
-        if ctx.device() == 2 {
-            return Ok(x);
+fn groups_synchronise_only_their_members() {
+    let mesh = two_groups();
+    // Devices 2 and 3 start only once devices 0 and 1 have finished three all-reduces
+    // over their group: a meeting of more than the group would wait for ever.
+    let finished = Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    let (runner, done) = (Arc::clone(&mesh), Arc::clone(&finished));
+    let outputs = within(Duration::from_secs(10), move || {
+        runner.run(move |ctx| {
+            let (count, changed) = &*done;
+            let mut x = input(ctx.device(), DType::F32);
+            if ctx.device() >= 2 {
+                let waited = changed
+                    .wait_timeout_while(count.lock().unwrap(), Duration::from_secs(5), |c| *c < 2)
+                    .unwrap();
+                if waited.1.timed_out() {
+                    return Err(Error::ThreadMesh("devices 0 and 1 were held up".into()));
+                }
+            }
+            for _ in 0..3 {
+                x = ctx
+                    .communicator()
+                    .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)?;
+            }
+            *count.lock().unwrap() += 1;
+            changed.notify_all();
+            Ok(x)
+        })
+    })
+    .unwrap();
+    for (device, output) in outputs.into_iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &axes(&["x"]));
+        let mut want = reduce(
+            ReduceKind::Sum,
+            &members
+                .iter()
+                .map(|&d| input(d, DType::F32))
+                .collect::<Vec<_>>(),
+        );
+        for _ in 0..2 {
+            want = reduce(ReduceKind::Sum, &[want.clone(), want]);
         }
-        ctx.communicator()
-            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        assert_eq!(output, want, "device {device}");
+    }
+}
+
+#[test]
+fn a_group_of_one_meets_nobody() {
+    let mesh = one_dim(2);
+    // Device 1 starts only once device 0 has run collectives over no axes: any meeting
+    // of both would wait for ever.
+    let (done, start) = mpsc::channel::<()>();
+    let (done, start) = (Mutex::new(done), Mutex::new(start));
+    let runner = Arc::clone(&mesh);
+    let outputs = within(Duration::from_secs(10), move || {
+        runner.run(move |ctx| {
+            if ctx.device() == 1 {
+                let started = start.lock().unwrap().recv_timeout(Duration::from_secs(5));
+                started.map_err(|_| Error::ThreadMesh("device 0 was held up".into()))?;
+            }
+            let comm = ctx.communicator();
+            let x = input(ctx.device(), DType::F32);
+            let sum = comm.all_reduce(&[], ReduceKind::Sum, x.clone())?;
+            let gathered = comm.all_gather(&[], 1, x.clone())?;
+            let kept = comm.collective_permute(&[], &[(0, 0)], x.clone())?;
+            let dropped = comm.collective_permute(&[], &[], x)?;
+            if ctx.device() == 0 {
+                done.lock().unwrap().send(()).unwrap();
+            }
+            Ok([sum, gathered, kept, dropped])
+        })
+    })
+    .unwrap();
+    for (device, outs) in outputs.into_iter().enumerate() {
+        let x = input(device, DType::F32);
+        let zeros = Literal::full(&SHAPE, DType::F32, 0.0);
+        assert_eq!(outs, [x.clone(), x.clone(), x, zeros], "device {device}");
+    }
+}
+
+#[test]
+fn a_failure_in_one_group_releases_a_device_waiting_in_another() {
+    let mesh = two_groups();
+    // Device 3 arrives only after device 2 has left its collective: device 2 waits in
+    // the meeting of {2, 3} until the failure in {0, 1} (mismatched shapes) releases it.
+    let (left, arrive) = mpsc::channel::<()>();
+    let (left, arrive) = (Mutex::new(left), Mutex::new(arrive));
+    let (result, records) = record(&mesh, move |ctx| {
+        let len = if ctx.device() == 0 { 3 } else { 4 };
+        let x = Literal::full(&[len], DType::F32, 1.0);
+        if ctx.device() == 3 {
+            let released = arrive.lock().unwrap().recv_timeout(Duration::from_secs(4));
+            released.map_err(|_| Error::ThreadMesh("device 2 was not released".into()))?;
+        }
+        let y = ctx
+            .communicator()
+            .all_reduce(&axes(&["x"]), ReduceKind::Sum, x);
+        if ctx.device() == 2 {
+            left.lock().unwrap().send(()).unwrap();
+        }
+        y
     });
-    let message = result.unwrap_err().to_string();
     assert!(
-        message.contains(
-            "devices [0, 1, 3] are at all_reduce(sum) over [x]; device 2 is at the end of its program"
-        ),
-        "{message}"
+        matches!(result, Err(Error::Collective { .. })),
+        "{result:?}"
     );
+    assert!(matches!(records[0], Some(Err(Error::Collective { .. }))));
+    assert!(matches!(records[1], Some(Err(Error::Collective { .. }))));
+    for device in [2, 3] {
+        assert!(
+            matches!(&records[device], Some(Err(Error::Aborted { device: d, .. })) if *d == device),
+            "device {device}: {:?}",
+            records[device]
+        );
+    }
     assert_all_reduce_works(&mesh);
+}
+
+#[test]
+fn a_device_that_skips_a_collective_is_an_error_not_a_hang() {
+    // Device 2 skips an all-reduce over `x`. On one axis the others meet it at the end of
+    // the program; on 2x2 device 3 waits in the group {2, 3} for it while devices 0, 1
+    // and 2 wait at the end for device 3.
+    for (mesh, census) in [
+        (
+            one_dim(4),
+            "devices [0, 1, 3] are at all_reduce(sum) over [x]; device 2 is at the end of its program",
+        ),
+        (
+            two_groups(),
+            "devices [0, 1, 2] are at the end of its program; device 3 is at all_reduce(sum) over [x]",
+        ),
+    ] {
+        let (result, _) = record(&mesh, |ctx| {
+            let x = input(ctx.device(), DType::F32);
+            if ctx.device() == 2 {
+                return Ok(x);
+            }
+            ctx.communicator()
+                .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+        });
+        let message = result.unwrap_err().to_string();
+        assert!(message.contains(census), "{message}");
+        assert_all_reduce_works(&mesh);
+    }
 }
 
 type Collective = Box<dyn Fn(&DeviceContext) -> Result<Literal> + Send + Sync>;
@@ -679,6 +812,50 @@ fn the_resident_store_persists_across_runs() {
 }
 
 #[test]
+fn settle_runs_on_every_device_in_the_run_and_knows_whether_all_succeeded() {
+    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
+    let stage = |fail: Option<usize>| {
+        move |ctx: &mut DeviceContext| {
+            let x = input(ctx.device(), DType::F32);
+            ctx.store_mut().insert("staged".into(), x);
+            match fail {
+                Some(device) if device == ctx.device() => Err(deliberate()),
+                _ => Ok(std::thread::current().id()),
+            }
+        }
+    };
+    // Keeps the staged value if every device succeeded, on the thread of its program.
+    let settle = |ctx: &mut DeviceContext, succeeded: bool| {
+        let staged = ctx.store_mut().remove("staged").unwrap();
+        if succeeded {
+            ctx.store_mut().insert("kept".into(), staged);
+        }
+        ctx.store_mut()
+            .insert("settled on".into(), Literal::full(&[], DType::Bool, 1.0));
+    };
+    let failed = mesh.run_then_settle(stage(Some(2)), settle);
+    assert!(matches!(failed, Err(Error::DeviceFailed { device: 2, .. })));
+    let stores = mesh.run(|ctx| Ok(ctx.store().clone())).unwrap();
+    for store in &stores {
+        assert!(store.contains_key("settled on") && !store.contains_key("kept"));
+        assert!(!store.contains_key("staged"));
+    }
+    let threads = mesh.run_then_settle(stage(None), settle).unwrap();
+    let kept = mesh
+        .run(|ctx| {
+            Ok((
+                ctx.store().get("kept").cloned(),
+                std::thread::current().id(),
+            ))
+        })
+        .unwrap();
+    for (device, (value, thread)) in kept.into_iter().enumerate() {
+        assert_eq!(value, Some(input(device, DType::F32)), "device {device}");
+        assert_eq!(thread, threads[device]);
+    }
+}
+
+#[test]
 fn results_are_indexed_by_device_and_threads_live_across_runs() {
     let mesh = ThreadMesh::new(
         Mesh::with_device_order([("data", 2), ("model", 2)], vec![2, 0, 3, 1]).unwrap(),
@@ -719,11 +896,13 @@ fn drop_joins_every_device_thread() {
 }
 
 #[test]
-fn all_reduce_writes_into_the_operand_buffer() {
+fn a_large_all_reduce_writes_into_the_operand_buffer() {
+    // Large enough for reduce-scatter then all-gather (small operands are reduced in one
+    // round into a fresh buffer).
     let mesh = ThreadMesh::new(Mesh::new([("x", 4)]).unwrap()).unwrap();
     let same = mesh
         .run(|ctx| {
-            let x = input(ctx.device(), DType::F32);
+            let x = Literal::full(&[64, 1024], DType::F32, ctx.device() as f64);
             let before = x.as_f32().unwrap().as_ptr() as usize;
             let y = ctx
                 .communicator()
@@ -769,6 +948,57 @@ fn all_reduce_handles_uneven_lengths_and_transposed_operands() {
         assert_eq!(odd, sum(&[3, 5]).into());
         assert_eq!(tiny, max.clone().into());
         assert_eq!(t, sum(&[3, 5]).reversed_axes().into());
+    }
+}
+
+#[test]
+fn all_reduce_sums_in_group_order_on_the_one_round_and_two_round_paths() {
+    let mesh = ThreadMesh::new(Mesh::new([("data", 2), ("model", 4)]).unwrap()).unwrap();
+    let group_axes = axes(&["model", "data"]);
+    // Magnitudes spread over eight decades and mixed signs: f32 sums depend on order.
+    let operand = |device: usize, len: usize| -> ArrayD<f32> {
+        ArrayD::from_shape_fn(IxDyn(&[len]), |ix| {
+            let sign = if (device + ix[0]).is_multiple_of(3) {
+                -1.0
+            } else {
+                1.0
+            };
+            let scale = 10f32.powi(((device * 3 + ix[0]) % 8) as i32 - 4);
+            sign * (1.0 + ix[0] as f32 * 1e-3) * scale
+        })
+    };
+    // 7 elements take one round; 5000 (uneven chunks of 625) reduce-scatter first.
+    let lens = [7, 5000];
+    let run_axes = group_axes.clone();
+    let outputs = mesh
+        .run(move |ctx| {
+            let d = ctx.device();
+            lens.iter()
+                .map(|&len| {
+                    ctx.communicator().all_reduce(
+                        &run_axes,
+                        ReduceKind::Sum,
+                        operand(d, len).into(),
+                    )
+                })
+                .collect::<Result<Vec<Literal>>>()
+        })
+        .unwrap();
+    let bits = |a: &ArrayD<f32>| a.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for (device, outs) in outputs.iter().enumerate() {
+        let (members, _) = group_of(mesh.mesh(), device, &group_axes);
+        for (&len, out) in lens.iter().zip(outs) {
+            let mut blocks: Vec<ArrayD<f32>> = members.iter().map(|&m| operand(m, len)).collect();
+            let want = fold(&blocks, |a, b| a + b);
+            assert_eq!(
+                bits(out.as_f32().unwrap()),
+                bits(&want),
+                "device {device}, {len}"
+            );
+            blocks.reverse();
+            let reversed = fold(&blocks, |a, b| a + b);
+            assert_ne!(bits(&reversed), bits(&want), "order-insensitive operands");
+        }
     }
 }
 

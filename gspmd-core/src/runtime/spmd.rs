@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::blocks::{assemble, shard_literal};
 use super::device::run_on_device;
 use super::kernels;
-use super::thread_mesh::{Resident, ThreadMesh};
+use super::thread_mesh::{DeviceContext, Resident, ThreadMesh};
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType};
 use crate::partition::SpmdProgram;
@@ -149,7 +149,14 @@ impl SpmdProgram {
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
         let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
-        let results = mesh.run(move |ctx| {
+        let keys: Vec<String> = outputs
+            .iter()
+            .filter_map(|m| match m {
+                Output::Resident(key) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let on_device = move |ctx: &mut DeviceContext| {
             let device = ctx.device();
             let memory_limit = ctx.memory_limit();
             let (comm, store) = ctx.communicator_and_store();
@@ -180,31 +187,20 @@ impl SpmdProgram {
             }
             let outs = result?;
             Ok(stage_resident(outs, &modes, store))
-        });
-        // Every device staged its new resident values: make them current on all of
-        // them, or, if any device failed, on none.
-        let keys: Vec<String> = outputs
-            .iter()
-            .filter_map(|m| match m {
-                Output::Resident(key) => Some(key.clone()),
-                _ => None,
-            })
-            .collect();
-        let committed = results.is_ok();
-        if !keys.is_empty() {
-            let keys = keys.clone();
-            mesh.run(move |ctx| {
-                let store = ctx.store_mut();
-                for key in &keys {
-                    if let Some(v) = store.remove(&staged(key))
-                        && committed
-                    {
-                        store.insert(key.clone(), v);
-                    }
+        };
+        // Every device staged its new resident values: once its program has ended, each
+        // makes them current if every device succeeded, or drops them.
+        let settle = move |ctx: &mut DeviceContext, committed: bool| {
+            let store = ctx.store_mut();
+            for key in &keys {
+                if let Some(v) = store.remove(&staged(key))
+                    && committed
+                {
+                    store.insert(key.clone(), v);
                 }
-                Ok(())
-            })?;
-        }
+            }
+        };
+        let results = mesh.run_then_settle(on_device, settle);
         let results = results?;
         for (mode, (ty, sharding)) in outputs.iter().zip(&self.outputs) {
             if let Output::Resident(key) = mode {

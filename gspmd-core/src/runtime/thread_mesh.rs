@@ -78,9 +78,10 @@ struct Worker {
 /// Failure contract of [`ThreadMesh::run`]: when a device's program returns an error or
 /// panics, the communicator is aborted, so every device waiting in a collective returns
 /// promptly with [`Error::Aborted`]; the run returns the first failure, naming its
-/// device; the mesh is usable again for the next run. Every run ends with a meeting of
-/// all devices, so a device that skips a collective others entered is an error, not a
-/// hang.
+/// device; the mesh is usable again for the next run. A collective synchronises only
+/// the devices of its group; every run ends with a meeting of all devices, and devices
+/// left waiting for each other (one skipped a collective others entered) are an error
+/// at once, not a hang.
 ///
 /// Timeout: a device waits at most [`ThreadMesh::timeout`] (default
 /// [`ThreadMesh::DEFAULT_TIMEOUT`]) in a collective for the others; then the run is
@@ -234,6 +235,22 @@ impl ThreadMesh {
         F: Fn(&mut DeviceContext) -> Result<T> + Send + Sync + 'static,
         T: Send + 'static,
     {
+        self.run_then_settle(program, |_, _| {})
+    }
+
+    /// [`ThreadMesh::run`], then `settle(context, succeeded)` on each device once its
+    /// program has ended, in the same run: `succeeded` is whether every device's program
+    /// succeeded, which a device knows after the meeting at the end of its program. It
+    /// is the same on every device that settles, and true exactly when the run returns
+    /// `Ok`; so a program can stage values in the stores and `settle` make them current
+    /// on all devices or on none, without a second run. A device left behind by a
+    /// failed run settles with `false` when its program ends.
+    pub fn run_then_settle<T, F, S>(&self, program: F, settle: S) -> Result<Vec<T>>
+    where
+        F: Fn(&mut DeviceContext) -> Result<T> + Send + Sync + 'static,
+        S: Fn(&mut DeviceContext, bool) + Send + Sync + 'static,
+        T: Send + 'static,
+    {
         if let Some(device) = self.current_device() {
             return Err(Error::ReentrantRun { device });
         }
@@ -242,8 +259,8 @@ impl ThreadMesh {
         let memory_limit = self.memory_limit;
         // One handle per device and none kept here, so the program is dropped on the
         // thread of the last device to finish.
-        let program = Arc::new(program);
-        let mut programs: Vec<Arc<F>> = (1..self.workers.len())
+        let program = Arc::new((program, settle));
+        let mut programs: Vec<Arc<(F, S)>> = (1..self.workers.len())
             .map(|_| Arc::clone(&program))
             .collect();
         programs.push(program);
@@ -253,8 +270,11 @@ impl ThreadMesh {
             let job: Job = Box::new(move |context| {
                 context.communicator.join_run(generation);
                 context.memory_limit = memory_limit;
+                let (program, settle) = &*program;
+                let result = run_on_device(context, program);
+                settle(context, result.is_ok());
                 // The receiver may be gone (a run that ended without this device).
-                let _ = results.send((context.device(), run_on_device(context, &*program)));
+                let _ = results.send((context.device(), result));
             });
             if worker.jobs.send(job).is_err() {
                 self.rendezvous.abort(

@@ -7,10 +7,12 @@
 //! convention shard indices use ([`Mesh::group_index`]). An empty list makes every
 //! device a group of one.
 //!
-//! Submodules: `group` (a collective's members), `rendezvous` (the meeting of all
-//! devices: call checking, abort, timeout, runs), `shared_memory` (the collectives over
-//! shared buffers and their element combine functions).
+//! Submodules: `call` (where a device is at a meeting, what it posts, the census when
+//! devices disagree), `group` (a collective's members), `rendezvous` (the meetings of
+//! each group's devices, and the mesh-wide abort, timeout and runs), `shared_memory`
+//! (the collectives over shared buffers and their element combine functions).
 
+mod call;
 mod group;
 mod rendezvous;
 mod shared_memory;

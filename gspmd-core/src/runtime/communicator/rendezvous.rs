@@ -1,238 +1,302 @@
-//! The rendezvous: where all devices of a mesh meet, once per round of a collective.
+//! The rendezvous of a mesh's devices: one [`Meeting`] per set of devices that
+//! communicate (a collective group, or all devices at the end of a run), where only
+//! those devices synchronise, once per round of a collective.
 //!
-//! Each device posts where it is (its [`Call`]) and a shared buffer, and waits until
-//! every device has posted; then all get every post of the round. A rendezvous is
-//! *aborted* by the first failure: every waiting device is released and every later
-//! arrival fails at once. A *timeout* bounds how long a device waits for the others; on
-//! expiry it aborts, naming the devices that did not arrive. Runs are numbered
-//! (*generations*): [`Rendezvous::reset`] starts a new one, and a device still running
-//! an earlier run can neither post nor abort in it.
+//! Each device of a meeting posts where it is (its [`Call`]) and a shared buffer, and
+//! waits (yielding to the others for up to the `spin` it is given, then asleep) until
+//! every device of the meeting has posted; then all get every post of the round. Devices of other meetings run on. Meetings are made once per set of devices
+//! and kept for the life of the rendezvous.
+//!
+//! Failure is mesh-wide. The rendezvous is *aborted* by the first failure: every device
+//! waiting in any meeting is released and every later arrival fails at once. A
+//! *timeout* bounds how long a device waits for the others of its meeting; on expiry it
+//! aborts, naming the devices that did not arrive. When every device of the mesh waits
+//! in a meeting that cannot complete (they are at collectives of different groups that
+//! wait for each other), the last to arrive aborts at once with a census of where every
+//! device is. Runs are numbered (*generations*): [`Rendezvous::reset`] starts a new one,
+//! and a device still running an earlier run can neither post nor abort in it.
+//!
+//! Lock order: the meeting registry, then a meeting's state, then the abort state (a
+//! leaf: nothing is locked while it is held).
 
-use std::fmt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::call::{Call, Post, Round, census};
 use crate::error::{Error, Result};
-use crate::ir::{Literal, ReduceKind, TensorType};
 
-/// Where a device is at a rendezvous; every device must be at the same place.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Call {
-    /// A collective over the group of `axes`.
-    Collective { op: CollectiveOp, axes: Vec<String> },
-    /// The end of the device's program (the thread mesh's last rendezvous of a run).
-    End,
+/// No code run under these locks can panic, so a poisoned lock's state is sound.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A collective and its attributes.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum CollectiveOp {
-    AllReduce(ReduceKind),
-    AllGather { dim: usize },
-    ReduceScatter { kind: ReduceKind, dim: usize },
-    AllToAll { split_dim: usize, concat_dim: usize },
-    CollectivePermute { pairs: Vec<(usize, usize)> },
-}
-
-impl fmt::Display for Call {
-    /// `all_reduce(sum) over [data, model]`, `the end of its program`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (op, axes) = match self {
-            Call::Collective { op, axes } => (op, axes),
-            Call::End => return f.write_str("the end of its program"),
-        };
-        let kind_name = |kind: &ReduceKind| format!("{kind:?}").to_lowercase();
-        match op {
-            CollectiveOp::AllReduce(kind) => write!(f, "all_reduce({})", kind_name(kind)),
-            CollectiveOp::AllGather { dim } => write!(f, "all_gather(dim={dim})"),
-            CollectiveOp::ReduceScatter { kind, dim } => {
-                write!(f, "reduce_scatter({}, dim={dim})", kind_name(kind))
-            }
-            CollectiveOp::AllToAll {
-                split_dim,
-                concat_dim,
-            } => write!(
-                f,
-                "all_to_all(split_dim={split_dim}, concat_dim={concat_dim})"
-            ),
-            CollectiveOp::CollectivePermute { pairs } => {
-                write!(f, "collective_permute(pairs={pairs:?})")
-            }
-        }?;
-        write!(f, " over [{}]", axes.join(", "))
-    }
-}
-
-/// What one device contributes to one round of a rendezvous: where it is, the type of
-/// its operand, and the operand itself when its group needs it.
-#[derive(Debug, Clone)]
-pub(super) struct Post {
-    pub(super) call: Arc<Call>,
-    pub(super) operand: Option<TensorType>,
-    pub(super) data: Option<Arc<Literal>>,
-}
-
-/// All devices' posts of one completed round, indexed by device id.
-pub(super) type Round = Arc<Vec<Post>>;
-
-/// Checks that every device of `round` is at `call`; otherwise says where every device
-/// is (`devices [0, 1, 2] are at all_reduce(sum) over [x]; device 3 is at the end of its
-/// program`), the same message on every device.
-pub(super) fn check_calls(round: &[Post], call: &Call) -> Result<(), String> {
-    if round.iter().all(|p| *p.call == *call) {
-        return Ok(());
-    }
-    let mut places: Vec<(&Call, Vec<usize>)> = Vec::new();
-    for (device, post) in round.iter().enumerate() {
-        match places.iter_mut().find(|(c, _)| **c == *post.call) {
-            Some((_, devices)) => devices.push(device),
-            None => places.push((&post.call, vec![device])),
-        }
-    }
-    let census: Vec<String> = places
-        .iter()
-        .map(|(call, devices)| match devices.as_slice() {
-            [device] => format!("device {device} is at {call}"),
-            _ => format!("devices {devices:?} are at {call}"),
-        })
-        .collect();
-    Err(format!(
-        "devices disagree on the collective: {}",
-        census.join("; ")
-    ))
-}
-
-/// The meeting point of all devices of a mesh: each collective is one or more rounds in
-/// which every device posts a shared buffer and receives everyone's. Buffers are
-/// immutable `Arc`s, so a round needs no second barrier before buffers are reused.
+/// The meeting point of one set of devices: each collective of theirs is one or more
+/// rounds in which every one of them posts a shared buffer and receives everyone's.
+/// Buffers are immutable `Arc`s, so a round needs no second barrier before buffers are
+/// reused.
 #[derive(Debug)]
-pub(crate) struct Rendezvous {
-    num_devices: usize,
-    state: Mutex<RendezvousState>,
+pub(super) struct Meeting {
+    /// The devices that meet, in increasing id order: a device's *slot* is its position.
+    devices: Vec<usize>,
+    state: Mutex<MeetingState>,
     round_done: Condvar,
+    /// Number of completed rounds, mirrored from the state for waiters that spin.
+    rounds: AtomicU64,
 }
 
 #[derive(Debug)]
-struct RendezvousState {
-    /// The current run; posts and aborts of other runs are refused.
+struct MeetingState {
+    /// The run this meeting's rounds belong to.
     generation: u64,
-    /// How long a device waits for the others; `None` waits for ever.
-    timeout: Option<Duration>,
     /// Number of completed rounds.
     round: u64,
-    /// Posts of the round in progress, by device.
+    /// Posts of the round in progress, by slot.
     pending: Vec<Option<Post>>,
     arrived: usize,
     /// The last completed round, until every waiter has picked it up.
     completed: Option<Round>,
     uncollected: usize,
-    /// The first abort's error.
-    abort: Option<Error>,
+    /// Waiters asleep on the condition variable (the others spin).
+    sleepers: usize,
 }
 
+impl MeetingState {
+    /// An empty round of run `generation`.
+    fn clear(&mut self, generation: u64) {
+        self.generation = generation;
+        self.pending.iter_mut().for_each(|p| *p = None);
+        self.arrived = 0;
+        self.completed = None;
+        self.uncollected = 0;
+    }
+}
+
+impl Meeting {
+    /// The devices that meet, in increasing id order (the order of a round's posts).
+    pub(super) fn devices(&self) -> &[usize] {
+        &self.devices
+    }
+
+    /// The slot of `device` in this meeting's rounds.
+    pub(super) fn slot(&self, device: usize) -> Option<usize> {
+        self.devices.binary_search(&device).ok()
+    }
+}
+
+/// The meetings of all devices of a mesh, and the mesh-wide state of a run: its
+/// generation, its abort and the timeout.
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    num_devices: usize,
+    /// The meetings made so far, by their (sorted) devices.
+    meetings: Mutex<HashMap<Vec<usize>, Arc<Meeting>>>,
+    /// The current generation and its abort's cause.
+    abort: Mutex<AbortState>,
+    /// Mirrors of `abort` read without its lock: the current generation, and whether
+    /// it is aborted.
+    generation: AtomicU64,
+    aborted: AtomicBool,
+    /// How long a device waits in a round, in nanoseconds; [`NO_TIMEOUT`]: for ever.
+    timeout_nanos: AtomicU64,
+    /// Devices of the current run waiting in a round that has not completed.
+    blocked: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct AbortState {
+    generation: u64,
+    cause: Option<Error>,
+}
+
+const NO_TIMEOUT: u64 = u64::MAX;
+
+/// How long a device waiting for a small collective yields to the others of its
+/// meeting before it sleeps: a sleep and wake-up costs tens of microseconds, but on an
+/// oversubscribed machine the yields steal time from devices still computing, so long
+/// waits (large collectives, the end of a program) do not spin.
+pub(super) const SPIN: Duration = Duration::from_micros(50);
+
 impl Rendezvous {
-    /// A rendezvous of `num_devices` devices at generation 0, waiting for ever.
+    /// The rendezvous of `num_devices` devices at generation 0, waiting for ever.
     pub(crate) fn new(num_devices: usize) -> Self {
         Rendezvous {
             num_devices,
-            state: Mutex::new(RendezvousState {
+            meetings: Mutex::new(HashMap::new()),
+            abort: Mutex::new(AbortState {
                 generation: 0,
-                timeout: None,
-                round: 0,
-                pending: vec![None; num_devices],
-                arrived: 0,
-                completed: None,
-                uncollected: 0,
-                abort: None,
+                cause: None,
             }),
-            round_done: Condvar::new(),
+            generation: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            timeout_nanos: AtomicU64::new(NO_TIMEOUT),
+            blocked: AtomicUsize::new(0),
         }
-    }
-
-    /// No code run under this lock can panic, so a poisoned lock's state is sound.
-    fn lock(&self) -> MutexGuard<'_, RendezvousState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sets how long a device waits in a round for the others (`None`: for ever).
     pub(crate) fn set_timeout(&self, timeout: Option<Duration>) {
-        self.lock().timeout = timeout;
+        let nanos = timeout.map_or(NO_TIMEOUT, |t| {
+            u64::try_from(t.as_nanos()).map_or(NO_TIMEOUT - 1, |n| n.min(NO_TIMEOUT - 1))
+        });
+        self.timeout_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        let nanos = self.timeout_nanos.load(Ordering::Relaxed);
+        (nanos != NO_TIMEOUT).then(|| Duration::from_nanos(nanos))
     }
 
     /// The current generation: the one devices of the run being started must use.
     pub(crate) fn generation(&self) -> u64 {
-        self.lock().generation
+        self.generation.load(Ordering::SeqCst)
     }
 
-    /// Posts `post` for `device` of run `generation`, waits until every device has
-    /// posted, and returns all posts of the round. Errors: [`Error::Aborted`] once the
-    /// rendezvous is aborted, or when `generation` is not the current run;
-    /// [`Error::CollectiveTimeout`] (which aborts) when the others do not all arrive
-    /// within the timeout.
-    pub(super) fn exchange(&self, device: usize, generation: u64, post: Post) -> Result<Round> {
-        let mut state = self.lock();
-        if state.generation != generation {
+    /// The meeting of `devices` (sorted, distinct ids of this mesh), made on first use.
+    pub(super) fn meeting(&self, devices: Vec<usize>) -> Arc<Meeting> {
+        let mut meetings = lock(&self.meetings);
+        // Under the registry lock, so no reset can run between reading the generation
+        // and registering the meeting.
+        let generation = self.generation();
+        let meeting = meetings.entry(devices).or_insert_with_key(|devices| {
+            Arc::new(Meeting {
+                devices: devices.clone(),
+                state: Mutex::new(MeetingState {
+                    generation,
+                    round: 0,
+                    pending: vec![None; devices.len()],
+                    arrived: 0,
+                    completed: None,
+                    uncollected: 0,
+                    sleepers: 0,
+                }),
+                round_done: Condvar::new(),
+                rounds: AtomicU64::new(0),
+            })
+        });
+        Arc::clone(meeting)
+    }
+
+    /// The meeting of every device of the mesh.
+    pub(super) fn everyone(&self) -> Arc<Meeting> {
+        self.meeting((0..self.num_devices).collect())
+    }
+
+    /// Posts `post` for `device` of run `generation` in `meeting`, waits until every
+    /// device of the meeting has posted (yielding for up to `spin` before sleeping),
+    /// and returns all posts of the round by slot.
+    /// Errors: [`Error::Aborted`] once the rendezvous is aborted, or when `generation`
+    /// is not the current run; [`Error::CollectiveTimeout`] (which aborts) when the
+    /// others do not all arrive within the timeout; [`Error::Collective`] (which aborts)
+    /// when this arrival leaves every device of the mesh waiting.
+    pub(super) fn exchange(
+        &self,
+        meeting: &Meeting,
+        device: usize,
+        generation: u64,
+        post: Post,
+        spin: Duration,
+    ) -> Result<Round> {
+        let call = Arc::clone(&post.call);
+        let collective_error = |message: String| Error::Collective {
+            device,
+            collective: call.to_string(),
+            message,
+        };
+        let slot = meeting
+            .slot(device)
+            .ok_or_else(|| collective_error(format!("device {device} is not in this group")))?;
+        let mut state = lock(&meeting.state);
+        if state.generation != generation || self.generation() != generation {
             return Err(stale(device));
         }
-        if let Some(cause) = &state.abort {
-            return Err(aborted(device, cause));
+        if self.aborted.load(Ordering::SeqCst) {
+            drop(state);
+            return Err(self.aborted_error(device));
         }
-        if state.pending[device].is_some() {
-            return Err(Error::Collective {
-                device,
-                collective: post.call.to_string(),
-                message: "this device is already in a collective (called concurrently?)".into(),
-            });
+        if state.pending[slot].is_some() {
+            return Err(collective_error(
+                "this device is already in a collective (called concurrently?)".into(),
+            ));
         }
-        let call = Arc::clone(&post.call);
-        state.pending[device] = Some(post);
+        state.pending[slot] = Some(post);
         state.arrived += 1;
-        if state.arrived == self.num_devices {
+        let size = meeting.devices.len();
+        if state.arrived == size {
             // Every slot is filled: each arrival filled its own, distinct, slot.
             let round: Round =
                 Arc::new(state.pending.iter_mut().filter_map(Option::take).collect());
             state.arrived = 0;
             state.round += 1;
-            state.uncollected = self.num_devices - 1;
+            state.uncollected = size - 1;
             state.completed = (state.uncollected > 0).then(|| Arc::clone(&round));
-            self.round_done.notify_all();
+            meeting.rounds.store(state.round, Ordering::Release);
+            if size > 1 {
+                self.blocked.fetch_sub(size - 1, Ordering::SeqCst);
+            }
+            if state.sleepers > 0 {
+                meeting.round_done.notify_all();
+            }
             return Ok(round);
         }
         let my_round = state.round;
-        let waiting = |s: &mut RendezvousState| {
-            s.round == my_round && s.abort.is_none() && s.generation == generation
+        if self.blocked.fetch_add(1, Ordering::SeqCst) + 1 == self.num_devices {
+            drop(state);
+            return Err(self.deadlock(device, generation, collective_error));
+        }
+        drop(state);
+        let spin_start = Instant::now();
+        while meeting.rounds.load(Ordering::Acquire) == my_round
+            && !self.aborted.load(Ordering::SeqCst)
+            && spin_start.elapsed() < spin
+        {
+            std::thread::yield_now();
+        }
+        let mut state = lock(&meeting.state);
+        state.sleepers += 1;
+        let waiting = |s: &mut MeetingState| {
+            s.round == my_round
+                && s.generation == generation
+                && !self.aborted.load(Ordering::SeqCst)
         };
-        let mut state = match state.timeout {
-            None => self
+        let timeout = self.timeout();
+        let mut state = match timeout {
+            None => meeting
                 .round_done
                 .wait_while(state, waiting)
                 .unwrap_or_else(PoisonError::into_inner),
             Some(timeout) => {
-                self.round_done
+                meeting
+                    .round_done
                     .wait_timeout_while(state, timeout, waiting)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0
             }
         };
+        state.sleepers -= 1;
         if state.generation != generation {
             return Err(stale(device));
         }
         if state.round == my_round {
-            if let Some(cause) = &state.abort {
-                return Err(aborted(device, cause));
+            if self.aborted.load(Ordering::SeqCst) {
+                drop(state);
+                return Err(self.aborted_error(device));
             }
-            let missing = (0..self.num_devices)
-                .filter(|&d| state.pending[d].is_none())
+            let missing = (meeting.devices.iter().zip(&state.pending))
+                .filter(|(_, p)| p.is_none())
+                .map(|(&d, _)| d)
                 .collect();
-            let timeout = state.timeout.unwrap_or_default();
             let error = Error::CollectiveTimeout {
                 device,
                 collective: call.to_string(),
                 missing,
-                timeout,
+                timeout: timeout.unwrap_or_default(),
             };
-            state.abort = Some(error.clone());
-            self.round_done.notify_all();
+            // Recorded under the meeting's lock, so the round cannot complete now.
+            self.record_abort(generation, error.clone());
+            drop(state);
+            self.wake_all();
             return Err(error);
         }
         state.uncollected -= 1;
@@ -244,33 +308,93 @@ impl Rendezvous {
         round.ok_or_else(|| Error::ThreadMesh("completed round already collected".into()))
     }
 
+    /// The error of an arrival that left every device waiting: a census of where each
+    /// one is; aborts the run.
+    fn deadlock(
+        &self,
+        device: usize,
+        generation: u64,
+        collective_error: impl FnOnce(String) -> Error,
+    ) -> Error {
+        let mut places: Vec<(usize, Arc<Call>)> = Vec::with_capacity(self.num_devices);
+        for meeting in lock(&self.meetings).values() {
+            let state = lock(&meeting.state);
+            for (&d, post) in meeting.devices.iter().zip(&state.pending) {
+                if let Some(post) = post {
+                    places.push((d, Arc::clone(&post.call)));
+                }
+            }
+        }
+        places.sort_by_key(|(d, _)| *d);
+        let error = collective_error(format!(
+            "every device waits at a collective that others are not at: {}",
+            census(places.iter().map(|(d, call)| (*d, &**call)))
+        ));
+        self.abort(generation, error.clone());
+        // A concurrent abort (whose releases left the count stale) is the real cause.
+        match lock(&self.abort).cause.as_ref() {
+            Some(cause) if *cause != error => aborted(device, cause),
+            _ => error,
+        }
+    }
+
+    /// Records `error` as the cause of the abort of run `generation`, unless a cause is
+    /// recorded or that run is over.
+    fn record_abort(&self, generation: u64, error: Error) {
+        let mut abort = lock(&self.abort);
+        if abort.generation == generation && abort.cause.is_none() {
+            abort.cause = Some(error);
+            self.aborted.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Wakes every device waiting in any meeting.
+    fn wake_all(&self) {
+        for meeting in lock(&self.meetings).values() {
+            // Taking the lock orders this after any waiter's check of the abort flag.
+            let _state = lock(&meeting.state);
+            meeting.round_done.notify_all();
+        }
+    }
+
+    /// The error of a device refused by (or released by) the current abort.
+    fn aborted_error(&self, device: usize) -> Error {
+        match &lock(&self.abort).cause {
+            Some(cause) => aborted(device, cause),
+            None => stale(device),
+        }
+    }
+
     /// Records `error` as the cause of the abort of run `generation` (unless a cause is
     /// recorded, or that run is over) and wakes every waiting device.
     pub(crate) fn abort(&self, generation: u64, error: Error) {
-        let mut state = self.lock();
-        if state.generation == generation && state.abort.is_none() {
-            state.abort = Some(error);
-        }
-        self.round_done.notify_all();
+        self.record_abort(generation, error);
+        self.wake_all();
     }
 
     /// Whether the current run is aborted.
     pub(crate) fn is_aborted(&self) -> bool {
-        self.lock().abort.is_some()
+        self.aborted.load(Ordering::SeqCst)
     }
 
     /// Ends the current run: returns its abort's cause, if any, and starts the next
-    /// generation with an empty round. Devices still in the ended run (only possible
-    /// after an abort) are refused from then on.
+    /// generation with empty rounds in every meeting. Devices still in the ended run
+    /// (only possible after an abort) are refused from then on.
     pub(crate) fn reset(&self) -> Option<Error> {
-        let mut state = self.lock();
-        state.generation += 1;
-        state.pending.iter_mut().for_each(|p| *p = None);
-        state.arrived = 0;
-        state.completed = None;
-        state.uncollected = 0;
-        self.round_done.notify_all();
-        state.abort.take()
+        let meetings = lock(&self.meetings);
+        let (generation, cause) = {
+            let mut abort = lock(&self.abort);
+            abort.generation += 1;
+            self.generation.store(abort.generation, Ordering::SeqCst);
+            self.aborted.store(false, Ordering::SeqCst);
+            (abort.generation, abort.cause.take())
+        };
+        for meeting in meetings.values() {
+            lock(&meeting.state).clear(generation);
+            meeting.round_done.notify_all();
+        }
+        self.blocked.store(0, Ordering::SeqCst);
+        cause
     }
 }
 

@@ -1,7 +1,10 @@
 //! [`SharedMemoryCommunicator`]: the collectives for devices that are threads of one
 //! process, and the element combine functions of their reductions.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ndarray::{
     ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, IxDyn,
@@ -9,23 +12,46 @@ use ndarray::{
 };
 
 use super::Communicator;
+use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::group::Group;
-use super::rendezvous::{Call, CollectiveOp, Post, Rendezvous, Round, check_calls};
+use super::rendezvous::{Meeting, Rendezvous, SPIN};
 use crate::error::{Error, Result};
 use crate::ir::{DType, Literal, ReduceKind, TensorType};
 use crate::runtime::kernels::{max_nan, min_nan};
 use crate::sharding::Mesh;
 
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
-/// `Arc`s of the operands through a [`Rendezvous`] shared by all devices, and each
-/// member reads only the parts of the others' buffers it needs.
+/// `Arc`s of the operands in the [`Meeting`] of their group only (devices of other
+/// groups run on), and each member reads only the parts of the others' buffers it
+/// needs. A group of one meets nobody.
 #[derive(Debug, Clone)]
 pub(crate) struct SharedMemoryCommunicator {
     device: usize,
     mesh: Arc<Mesh>,
     rendezvous: Arc<Rendezvous>,
+    /// The meeting of every device, at the end of each program.
+    everyone: Arc<Meeting>,
+    /// This device's group over each axis list used so far, made on first use.
+    groups: RefCell<HashMap<Vec<String>, Arc<Joined>>>,
     /// The run (the rendezvous's generation) this device is in.
     generation: u64,
+}
+
+/// A device's group over an axis list, with the meeting where its members exchange
+/// (`None` for a group of one) and the slot in that meeting's rounds of each member, in
+/// group order.
+#[derive(Debug)]
+struct Joined {
+    group: Group,
+    meeting: Option<Arc<Meeting>>,
+    slots: Vec<usize>,
+}
+
+/// How a collective starts: alone (a group of one, for a collective that is then the
+/// identity) or with the first round of posts of its group.
+enum Start {
+    Alone(Literal),
+    Exchange(Exchange),
 }
 
 impl SharedMemoryCommunicator {
@@ -33,7 +59,9 @@ impl SharedMemoryCommunicator {
         SharedMemoryCommunicator {
             device,
             mesh,
+            everyone: rendezvous.everyone(),
             rendezvous,
+            groups: RefCell::new(HashMap::new()),
             generation: 0,
         }
     }
@@ -55,10 +83,36 @@ impl SharedMemoryCommunicator {
         result
     }
 
+    /// This device's group over `axes` and its meeting, made once per axis list.
+    fn joined(&self, axes: &[String]) -> Result<Arc<Joined>> {
+        if let Some(joined) = self.groups.borrow().get(axes) {
+            return Ok(Arc::clone(joined));
+        }
+        let group = Group::of(&self.mesh, self.device, axes)?;
+        let (meeting, slots) = if group.size() == 1 {
+            (None, vec![0])
+        } else {
+            let mut devices = group.members.clone();
+            devices.sort_unstable();
+            let meeting = self.rendezvous.meeting(devices);
+            let slots = (group.members.iter())
+                .map(|&m| meeting.slot(m).unwrap_or_default())
+                .collect();
+            (Some(meeting), slots)
+        };
+        let joined = Arc::new(Joined {
+            group,
+            meeting,
+            slots,
+        });
+        (self.groups.borrow_mut()).insert(axes.to_vec(), Arc::clone(&joined));
+        Ok(joined)
+    }
+
     /// Runs collective `op` over `axes` on `x`: resolves the group, runs `check` on `x`'s
-    /// shape, meets every device, checks that all are at the same collective and that
-    /// the group's operands agree in shape and dtype, then computes the result with
-    /// `compute`. A group of one needs no data: every collective but collective_permute
+    /// shape, meets the group, checks that all members are at the same collective and
+    /// that their operands agree in shape and dtype, then computes the result with
+    /// `compute`. A group of one meets nobody: every collective but collective_permute
     /// is then the identity. Any error aborts the communicator.
     fn collective(
         &self,
@@ -68,61 +122,84 @@ impl SharedMemoryCommunicator {
         check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
         compute: impl FnOnce(&Self, Exchange) -> Result<Literal>,
     ) -> Result<Literal> {
-        let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
-        let call = Arc::new(Call::Collective {
-            op,
-            axes: axes.to_vec(),
-        });
-        let result = self.start(call, axes, x, check).and_then(|ex| {
-            if ex.group.size() == 1 && identity_when_alone {
-                Ok(Arc::unwrap_or_clone(ex.mine))
-            } else {
-                compute(self, ex)
-            }
-        });
+        let result = self
+            .start(op, axes, x, check)
+            .and_then(|start| match start {
+                Start::Alone(x) => Ok(x),
+                Start::Exchange(ex) => compute(self, ex),
+            });
         self.abort_on_error(result)
     }
 
     fn start(
         &self,
-        call: Arc<Call>,
+        op: CollectiveOp,
         axes: &[String],
         x: Literal,
         check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
-    ) -> Result<Exchange> {
+    ) -> Result<Start> {
+        let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
+        let call = Arc::new(Call::Collective {
+            op,
+            axes: axes.to_vec(),
+        });
         let fail = |message: String| Error::Collective {
             device: self.device,
             collective: call.to_string(),
             message,
         };
-        let group = Group::of(&self.mesh, self.device, axes).map_err(|e| fail(e.to_string()))?;
+        let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
         let operand = literal_type(&x);
-        check(&group, &operand.shape).map_err(fail)?;
+        check(&joined.group, &operand.shape).map_err(fail)?;
+        let Some(meeting) = &joined.meeting else {
+            if identity_when_alone {
+                return Ok(Start::Alone(x));
+            }
+            let mine = Arc::new(x);
+            let own = Post {
+                call: Arc::clone(&call),
+                operand: None,
+                data: Some(Arc::clone(&mine)),
+            };
+            return Ok(Start::Exchange(Exchange {
+                device: self.device,
+                call,
+                joined,
+                mine,
+                round: Arc::new(vec![own]),
+            }));
+        };
         let mine = Arc::new(x);
         let post = Post {
             call: Arc::clone(&call),
             operand: Some(operand.clone()),
-            data: (group.size() > 1).then(|| Arc::clone(&mine)),
+            data: Some(Arc::clone(&mine)),
+        };
+        let elements: usize = operand.shape.iter().product();
+        let spin = if elements <= ONE_ROUND_MAX_ELEMENTS {
+            SPIN
+        } else {
+            Duration::ZERO
         };
         let round = self
             .rendezvous
-            .exchange(self.device, self.generation, post)?;
-        check_calls(&round, &call).map_err(fail)?;
-        for &member in &group.members {
-            if let Some(theirs) = round[member].operand.as_ref().filter(|t| **t != operand) {
+            .exchange(meeting, self.device, self.generation, post, spin)?;
+        check_calls(&round, meeting.devices(), &call).map_err(fail)?;
+        for (&member, &slot) in joined.group.members.iter().zip(&joined.slots) {
+            if let Some(theirs) = round[slot].operand.as_ref().filter(|t| **t != operand) {
                 return Err(fail(format!(
                     "operands differ across the group: device {} has {operand}, device {member} has {theirs}",
                     self.device
                 )));
             }
         }
-        Ok(Exchange {
+        Ok(Start::Exchange(Exchange {
             device: self.device,
             call,
-            group,
+            joined,
             mine,
             round,
-        })
+        }))
     }
 
     /// Meets every device at the end of their programs: an error if another device is
@@ -136,12 +213,20 @@ impl SharedMemoryCommunicator {
         };
         let result = self
             .rendezvous
-            .exchange(self.device, self.generation, post)
+            .exchange(
+                &self.everyone,
+                self.device,
+                self.generation,
+                post,
+                Duration::ZERO,
+            )
             .and_then(|round| {
-                check_calls(&round, &call).map_err(|message| Error::Collective {
-                    device: self.device,
-                    collective: call.to_string(),
-                    message,
+                check_calls(&round, self.everyone.devices(), &call).map_err(|message| {
+                    Error::Collective {
+                        device: self.device,
+                        collective: call.to_string(),
+                        message,
+                    }
                 })
             });
         self.abort_on_error(result)
@@ -153,12 +238,16 @@ impl SharedMemoryCommunicator {
 struct Exchange {
     device: usize,
     call: Arc<Call>,
-    group: Group,
+    joined: Arc<Joined>,
     mine: Arc<Literal>,
     round: Round,
 }
 
 impl Exchange {
+    fn group(&self) -> &Group {
+        &self.joined.group
+    }
+
     fn fail(&self, message: String) -> Error {
         Error::Collective {
             device: self.device,
@@ -169,20 +258,19 @@ impl Exchange {
 
     /// The group members' operands as `T` arrays, in group order.
     fn operands<T: Element>(&self) -> Result<Vec<&ArrayD<T>>> {
-        self.group
-            .members
-            .iter()
-            .map(|&m| self.operand(m))
-            .collect()
+        (0..self.group().size()).map(|i| self.operand(i)).collect()
     }
 
-    /// Device `member`'s operand as a `T` array.
-    fn operand<T: Element>(&self, member: usize) -> Result<&ArrayD<T>> {
-        self.round[member]
+    /// The operand of the member at group index `i` as a `T` array.
+    fn operand<T: Element>(&self, i: usize) -> Result<&ArrayD<T>> {
+        self.round[self.joined.slots[i]]
             .data
             .as_deref()
             .and_then(T::array)
-            .ok_or_else(|| self.fail(format!("device {member} shared no {} operand", T::DTYPE)))
+            .ok_or_else(|| {
+                let member = self.group().members[i];
+                self.fail(format!("device {member} shared no {} operand", T::DTYPE))
+            })
     }
 }
 
@@ -442,13 +530,30 @@ fn standard_layout(x: Literal) -> Literal {
 /// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
 const TILE: usize = 16 * 1024;
 
+/// Operands of at most this many elements are all-reduced in one round: each member
+/// reduces every posted operand itself, trading the group size times the arithmetic
+/// for one meeting instead of two. Collectives of such operands are small: their
+/// members spin a while before sleeping ([`SPIN`]).
+const ONE_ROUND_MAX_ELEMENTS: usize = 4096;
+
+/// Every member gets, element by element, the first member's operand combined with the
+/// others' in group order — on both paths (one round, or reduce-scatter then
+/// all-gather), so results are bitwise the same on every member and every path.
 fn all_reduce_typed<T: Element>(
     comm: &SharedMemoryCommunicator,
     ex: Exchange,
     kind: ReduceKind,
 ) -> Result<Literal> {
-    let n = ex.group.size();
     let len = ex.mine.shape().iter().product();
+    if len <= ONE_ROUND_MAX_ELEMENTS {
+        let operands = ex.operands::<T>()?;
+        let views: Vec<ArrayViewD<'_, T>> = operands.iter().map(|x| x.view()).collect();
+        return reduce_blocks(kind, &views)
+            .map(T::literal)
+            .ok_or_else(|| ex.fail("empty group".into()));
+    }
+    let n = ex.group().size();
+    let index = ex.group().index;
     let range = |i: usize| chunk_start(len, n, i)..chunk_start(len, n, i + 1);
     // Reduce-scatter: reduce my chunk of everyone's operand, a cache-sized tile at a time.
     let chunks: Vec<&[T]> = ex
@@ -456,7 +561,7 @@ fn all_reduce_typed<T: Element>(
         .into_iter()
         .map(|x| {
             x.as_slice()
-                .map(|all| &all[range(ex.group.index)])
+                .map(|all| &all[range(index)])
                 .ok_or_else(|| ex.fail("an operand is not in standard layout".into()))
         })
         .collect::<Result<_>>()?;
@@ -475,11 +580,12 @@ fn all_reduce_typed<T: Element>(
     let reduced = ArrayD::from_shape_vec(IxDyn(&[reduced.len()]), reduced)
         .map_err(|e| ex.fail(format!("reduced chunk: {e}")))?;
     drop(chunks);
+    let meeting = (ex.joined.meeting.clone()).ok_or_else(|| ex.fail("no meeting".into()))?;
     // All-gather the reduced chunks into my own operand's buffer, which nobody reads once
-    // every device has let go of the first round.
+    // every member has let go of the first round.
     let Exchange {
         call,
-        group,
+        joined,
         mine,
         round,
         ..
@@ -490,9 +596,9 @@ fn all_reduce_typed<T: Element>(
         operand: None,
         data: Some(Arc::new(T::literal(reduced))),
     };
-    let round = comm
-        .rendezvous
-        .exchange(comm.device, comm.generation, post)?;
+    let round =
+        comm.rendezvous
+            .exchange(&meeting, comm.device, comm.generation, post, Duration::ZERO)?;
     let mut result = Arc::unwrap_or_clone(mine);
     let fail = |message: String| Error::Collective {
         device: comm.device,
@@ -502,8 +608,8 @@ fn all_reduce_typed<T: Element>(
     let out = T::array_mut(&mut result)
         .and_then(|a| a.as_slice_mut())
         .ok_or_else(|| fail("own operand is not a standard-layout array".into()))?;
-    for (i, &member) in group.members.iter().enumerate() {
-        let chunk = round[member]
+    for (i, (&member, &slot)) in joined.group.members.iter().zip(&joined.slots).enumerate() {
+        let chunk = round[slot]
             .data
             .as_deref()
             .and_then(T::array)
@@ -536,13 +642,13 @@ fn block<T>(x: &ArrayD<T>, dim: usize, n: usize, index: usize) -> ArrayViewD<'_,
     x.slice_axis(Axis(dim), Slice::from(index * size..(index + 1) * size))
 }
 
-/// Block `ex.group.index` along `dim` of every member's operand, in group order.
+/// Block `ex.group().index` along `dim` of every member's operand, in group order.
 fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_, T>>> {
-    let n = ex.group.size();
+    let n = ex.group().size();
     Ok(ex
         .operands::<T>()?
         .into_iter()
-        .map(|x| block(x, dim, n, ex.group.index))
+        .map(|x| block(x, dim, n, ex.group().index))
         .collect())
 }
 
@@ -561,11 +667,10 @@ fn all_to_all_typed<T: Element>(
 }
 
 fn collective_permute_typed<T: Element>(ex: Exchange, pairs: &[(usize, usize)]) -> Result<Literal> {
-    match pairs.iter().find(|&&(_, target)| target == ex.group.index) {
-        Some(&(source, _)) if source == ex.group.index => Ok(Arc::unwrap_or_clone(ex.mine)),
-        Some(&(source, _)) => Ok(T::literal(
-            ex.operand::<T>(ex.group.members[source])?.clone(),
-        )),
+    let index = ex.group().index;
+    match pairs.iter().find(|&&(_, target)| target == index) {
+        Some(&(source, _)) if source == index => Ok(Arc::unwrap_or_clone(ex.mine)),
+        Some(&(source, _)) => Ok(T::literal(ex.operand::<T>(source)?.clone())),
         None => Ok(Literal::full(&ex.mine.shape(), T::DTYPE, 0.0)),
     }
 }

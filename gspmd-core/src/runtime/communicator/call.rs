@@ -1,0 +1,102 @@
+//! Where a device is at a rendezvous ([`Call`]), what it posts there ([`Post`]), and the
+//! census that says where every device is when they disagree.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ir::{Literal, ReduceKind, TensorType};
+
+/// Where a device is at a rendezvous; every device of a meeting must be at the same place.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Call {
+    /// A collective over the group of `axes`.
+    Collective { op: CollectiveOp, axes: Vec<String> },
+    /// The end of the device's program (the thread mesh's last meeting of a run, of all
+    /// devices).
+    End,
+}
+
+/// A collective and its attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum CollectiveOp {
+    AllReduce(ReduceKind),
+    AllGather { dim: usize },
+    ReduceScatter { kind: ReduceKind, dim: usize },
+    AllToAll { split_dim: usize, concat_dim: usize },
+    CollectivePermute { pairs: Vec<(usize, usize)> },
+}
+
+impl fmt::Display for Call {
+    /// `all_reduce(sum) over [data, model]`, `the end of its program`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (op, axes) = match self {
+            Call::Collective { op, axes } => (op, axes),
+            Call::End => return f.write_str("the end of its program"),
+        };
+        let kind_name = |kind: &ReduceKind| format!("{kind:?}").to_lowercase();
+        match op {
+            CollectiveOp::AllReduce(kind) => write!(f, "all_reduce({})", kind_name(kind)),
+            CollectiveOp::AllGather { dim } => write!(f, "all_gather(dim={dim})"),
+            CollectiveOp::ReduceScatter { kind, dim } => {
+                write!(f, "reduce_scatter({}, dim={dim})", kind_name(kind))
+            }
+            CollectiveOp::AllToAll {
+                split_dim,
+                concat_dim,
+            } => write!(
+                f,
+                "all_to_all(split_dim={split_dim}, concat_dim={concat_dim})"
+            ),
+            CollectiveOp::CollectivePermute { pairs } => {
+                write!(f, "collective_permute(pairs={pairs:?})")
+            }
+        }?;
+        write!(f, " over [{}]", axes.join(", "))
+    }
+}
+
+/// What one device contributes to one round of a rendezvous: where it is, the type of
+/// its operand, and the operand itself when its group needs it.
+#[derive(Debug, Clone)]
+pub(super) struct Post {
+    pub(super) call: Arc<Call>,
+    pub(super) operand: Option<TensorType>,
+    pub(super) data: Option<Arc<Literal>>,
+}
+
+/// The posts of one completed round of a meeting, by slot (the meeting's devices in
+/// increasing id order).
+pub(super) type Round = Arc<Vec<Post>>;
+
+/// Checks that every post of `round` (the posts of `devices`, in that order) is at
+/// `call`; otherwise the census of where they are, the same message on every device.
+pub(super) fn check_calls(round: &[Post], devices: &[usize], call: &Call) -> Result<(), String> {
+    if round.iter().all(|p| *p.call == *call) {
+        return Ok(());
+    }
+    let places = devices.iter().zip(round).map(|(&d, p)| (d, &*p.call));
+    Err(format!(
+        "devices disagree on the collective: {}",
+        census(places)
+    ))
+}
+
+/// Where devices are, grouped by place in order of first appearance: `devices [0, 1, 2]
+/// are at all_reduce(sum) over [x]; device 3 is at the end of its program`.
+pub(super) fn census<'a>(places: impl IntoIterator<Item = (usize, &'a Call)>) -> String {
+    let mut grouped: Vec<(&Call, Vec<usize>)> = Vec::new();
+    for (device, call) in places {
+        match grouped.iter_mut().find(|(c, _)| **c == *call) {
+            Some((_, devices)) => devices.push(device),
+            None => grouped.push((call, vec![device])),
+        }
+    }
+    let parts: Vec<String> = grouped
+        .iter()
+        .map(|(call, devices)| match devices.as_slice() {
+            [device] => format!("device {device} is at {call}"),
+            _ => format!("devices {devices:?} are at {call}"),
+        })
+        .collect();
+    parts.join("; ")
+}
