@@ -102,6 +102,9 @@ pub(crate) struct Rendezvous {
     timeout_nanos: AtomicU64,
     /// Devices of the current run waiting in a round that has not completed.
     blocked: AtomicUsize,
+    /// Per device, whether it waits in a round (so a timeout elsewhere does not name
+    /// it as missing: it is held up, not absent).
+    waiting: Box<[AtomicBool]>,
 }
 
 #[derive(Debug)]
@@ -132,6 +135,7 @@ impl Rendezvous {
             aborted: AtomicBool::new(false),
             timeout_nanos: AtomicU64::new(NO_TIMEOUT),
             blocked: AtomicUsize::new(0),
+            waiting: (0..num_devices).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 
@@ -235,12 +239,16 @@ impl Rendezvous {
             if size > 1 {
                 self.blocked.fetch_sub(size - 1, Ordering::SeqCst);
             }
+            for &d in &meeting.devices {
+                self.waiting[d].store(false, Ordering::SeqCst);
+            }
             if state.sleepers > 0 {
                 meeting.round_done.notify_all();
             }
             return Ok(round);
         }
         let my_round = state.round;
+        self.waiting[device].store(true, Ordering::SeqCst);
         if self.blocked.fetch_add(1, Ordering::SeqCst) + 1 == self.num_devices {
             drop(state);
             return Err(self.deadlock(device, generation, collective_error));
@@ -275,6 +283,9 @@ impl Rendezvous {
             }
         };
         state.sleepers -= 1;
+        // `waiting[device]` stays set on every way out but a completed round (whose
+        // completer clears it): a device that timed out was held up, not absent, for
+        // whoever times out next; the next run clears it.
         if state.generation != generation {
             return Err(stale(device));
         }
@@ -283,10 +294,16 @@ impl Rendezvous {
                 drop(state);
                 return Err(self.aborted_error(device));
             }
-            let missing = (meeting.devices.iter().zip(&state.pending))
+            // Absent devices: not here, and not held up waiting in another round (if
+            // every absent one waits elsewhere, all of them).
+            let absent: Vec<usize> = (meeting.devices.iter().zip(&state.pending))
                 .filter(|(_, p)| p.is_none())
                 .map(|(&d, _)| d)
                 .collect();
+            let unheld: Vec<usize> = (absent.iter().copied())
+                .filter(|&d| !self.waiting[d].load(Ordering::SeqCst))
+                .collect();
+            let missing = if unheld.is_empty() { absent } else { unheld };
             let error = Error::CollectiveTimeout {
                 device,
                 collective: call.to_string(),
@@ -394,6 +411,9 @@ impl Rendezvous {
             meeting.round_done.notify_all();
         }
         self.blocked.store(0, Ordering::SeqCst);
+        for w in &self.waiting {
+            w.store(false, Ordering::SeqCst);
+        }
         cause
     }
 }
