@@ -12,7 +12,8 @@ use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Engine, Optimizer, STEP_COUNT, Trainer, load_checkpoint, save_checkpoint, step_program,
+    Engine, Optimizer, STEP_COUNT, Schedule, StepOptions, TrainStep, Trainer, load_checkpoint,
+    save_checkpoint, step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
@@ -100,6 +101,7 @@ fn step_program_layout() {
             "x",
             "m(w)",
             "v(w)",
+            "learning_rate",
             "bias_correction1",
             "bias_correction2"
         ]
@@ -113,7 +115,7 @@ fn step_program_layout() {
         .collect();
     assert_eq!(outs, ["new(w)", "new(m(w))", "new(v(w))"]);
     assert_eq!(step.data, [1]);
-    assert_eq!(step.scalars, [4, 5]);
+    assert_eq!(step.scalars, [4, 5, 6]);
     let feedback: Vec<(usize, usize)> = step.feedback().collect();
     assert_eq!(feedback, [(1, 0), (2, 2), (3, 3)]);
 }
@@ -150,11 +152,82 @@ fn sgd_with_momentum_two_steps_by_hand() {
 fn plain_sgd_has_no_state() {
     let step = step_program(&tiny(), 0, &[0], &sgd(0.5, 0.0)).unwrap();
     assert!(step.params[0].state.is_empty());
-    assert_eq!(step.program.params.len(), 2);
+    // w, x and the learning rate.
+    assert_eq!(step.program.params.len(), 3);
     let mut t = Trainer::reference(step, vec![f32s(&[2], &W0)]).unwrap();
     t.step(&[f32s(&[2], &X)]).unwrap();
     // w - 0.5 (w - x) = (w + x) / 2.
     assert_near(&[0.75, -0.5], &values(&t.params().unwrap()[0].1), 1e-6, "w");
+}
+
+/// The learning rate is an input of the step: one program trains under any schedule,
+/// step `t` moving `w` by `lr * factor(t) * g`.
+#[test]
+fn a_schedule_sets_each_steps_learning_rate_without_rebuilding() {
+    let step = step_program(&tiny(), 0, &[0], &sgd(0.5, 0.0)).unwrap();
+    let schedule = Schedule::WarmupLinear {
+        warmup: 2,
+        total: 4,
+        final_fraction: 0.2,
+    };
+    let mut t = Trainer::reference(step.clone(), vec![f32s(&[2], &W0)])
+        .unwrap()
+        .with_schedule(schedule)
+        .unwrap();
+    let x = f32s(&[2], &X);
+    let mut w: Vec<f32> = W0.to_vec();
+    for step_number in 1..=5 {
+        let lr = 0.5 * schedule.factor(step_number);
+        assert_eq!(t.learning_rate(), lr);
+        t.step(std::slice::from_ref(&x)).unwrap();
+        for (w, x) in w.iter_mut().zip(X) {
+            *w -= lr * (*w - x);
+        }
+        let got = values(&t.params().unwrap()[0].1);
+        assert_near(&w, &got, 1e-6, &format!("w after step {step_number}"));
+    }
+    // Factors 0.5, 1, 0.6, 0.2, 0.2: warm-up, then down to the final fraction.
+    assert_eq!(
+        (1..=5).map(|t| schedule.factor(t)).collect::<Vec<_>>(),
+        [0.5, 1.0, 0.6, 0.2, 0.2]
+    );
+    let bad = Schedule::WarmupCosine {
+        warmup: 3,
+        total: 2,
+        final_fraction: 0.0,
+    };
+    let trainer = Trainer::reference(step, vec![f32s(&[2], &W0)]).unwrap();
+    assert!(matches!(
+        trainer.with_schedule(bad),
+        Err(Error::Optimizer { .. })
+    ));
+}
+
+/// Clipping by global norm: a gradient of norm above the limit is scaled down to it, one
+/// below is kept, and a bad limit is a typed error.
+#[test]
+fn clipping_scales_the_gradients_to_the_global_norm() {
+    let clip = |max: f32| StepOptions {
+        clip_global_norm: Some(max),
+    };
+    // g = w - x = [0.5, -3]: norm sqrt(9.25) = 3.041.
+    let norm = 9.25f32.sqrt();
+    for (max, scale) in [(1.0, 1.0 / norm), (10.0, 1.0)] {
+        let step = step_program_with(&tiny(), 0, &[0], &sgd(0.1, 0.0), &clip(max)).unwrap();
+        let mut t = Trainer::reference(step, vec![f32s(&[2], &W0)]).unwrap();
+        t.step(&[f32s(&[2], &X)]).unwrap();
+        let want = [1.0 - 0.1 * 0.5 * scale, -2.0 + 0.1 * 3.0 * scale];
+        assert_near(
+            &want,
+            &values(&t.params().unwrap()[0].1),
+            1e-6,
+            &format!("clip {max}"),
+        );
+    }
+    for max in [0.0, -1.0, f32::NAN] {
+        let e = step_program_with(&tiny(), 0, &[0], &sgd(0.1, 0.0), &clip(max));
+        assert!(matches!(e, Err(Error::Optimizer { .. })), "{max}: {e:?}");
+    }
 }
 
 /// AdamW as PyTorch defines it, in f64, one element at a time: (w, m, v) after step `t`.
@@ -384,7 +457,14 @@ const STEPS: usize = 5;
 /// the loss and every parameter after every step; checks that the loss decreases.
 fn train_everywhere(problem: &Problem, optimizer: Optimizer) {
     let step = step_program(&problem.model, 0, &problem.trained, &optimizer).unwrap();
-    let mut reference = Trainer::reference(step.clone(), problem.initial.clone()).unwrap();
+    train_step_everywhere(problem, step, Schedule::Constant);
+}
+
+/// Trains `step` on the reference and on every mesh with `schedule` and compares the
+/// loss and parameters step by step.
+fn train_step_everywhere(problem: &Problem, step: TrainStep, schedule: Schedule) {
+    let reference = Trainer::reference(step.clone(), problem.initial.clone()).unwrap();
+    let mut reference = reference.with_schedule(schedule).unwrap();
     let mut want = Vec::new();
     for _ in 0..STEPS {
         let loss = reference.step(&problem.data).unwrap();
@@ -405,6 +485,7 @@ fn train_everywhere(problem: &Problem, optimizer: Optimizer) {
     println!("{}: losses {losses:?}", problem.model.name);
     for mesh in meshes() {
         let mut t = Trainer::on_mesh(step.clone(), mesh.clone(), problem.initial.clone())
+            .and_then(|t| t.with_schedule(schedule))
             .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", problem.model.name));
         if let Engine::Mesh { exe, .. } = t.engine() {
             println!("{mesh}:\n{}", exe.spmd.collectives());
@@ -436,6 +517,29 @@ fn megatron_mlp_trains_like_the_interpreter_adamw() {
         &megatron(&mut Xoshiro256PlusPlus::seed_from_u64(2), 8),
         adamw(0.01, 0.01),
     );
+}
+
+/// A warm-up/cosine schedule and clipping on the Megatron MLP: the partitioned step
+/// (clipping's sum of squares is a partial sum per device) follows the interpreter.
+#[test]
+fn megatron_mlp_trains_like_the_interpreter_with_schedule_and_clipping() {
+    let problem = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(5), 8);
+    let options = StepOptions {
+        clip_global_norm: Some(0.5),
+    };
+    let step = step_program_with(
+        &problem.model,
+        0,
+        &problem.trained,
+        &adamw(0.05, 0.01),
+        &options,
+    );
+    let schedule = Schedule::WarmupCosine {
+        warmup: 2,
+        total: 5,
+        final_fraction: 0.1,
+    };
+    train_step_everywhere(&problem, step.unwrap(), schedule);
 }
 
 #[test]

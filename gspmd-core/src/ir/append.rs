@@ -314,6 +314,13 @@ impl<'p> Appender<'p> {
         self.div(x, s)
     }
 
+    /// `x * s` for an f32 scalar value `s`.
+    pub(crate) fn mul_scalar(&mut self, x: ValueId, s: ValueId) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let s = self.broadcast(s, &shape, &[])?;
+        self.mul(x, s)
+    }
+
     /// Names `v` for printed programs and reports.
     pub(crate) fn name(&mut self, v: ValueId, name: String) {
         self.program.node_mut(v).name = Some(name);

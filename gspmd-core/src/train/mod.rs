@@ -3,6 +3,7 @@
 //! and the optimizer state like the weights), and a host loop that runs it.
 //!
 //! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW), emitted as IR.
+//! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`].
 //! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
 //!   feeds outputs back as inputs.
@@ -10,10 +11,12 @@
 
 mod checkpoint;
 mod optimizer;
+mod schedule;
 mod step;
 mod trainer;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
 pub use optimizer::Optimizer;
-pub use step::{StateSlot, TrainStep, TrainedParam, step_program};
+pub use schedule::Schedule;
+pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
 pub use trainer::{Engine, STEP_COUNT, Trainer};

@@ -1,13 +1,16 @@
 //! [`Optimizer`]: the update rules, emitted as IR into the step program so that they are
 //! propagated and partitioned with the forward and backward passes.
 
+use super::schedule::Schedule;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{BinaryOp, UnaryOp, ValueId};
 
-/// An optimizer and its hyper-parameters. The learning rate and the other
-/// hyper-parameters are constants of the step program; per-step values (Adam's bias
-/// corrections) are f32 scalar inputs computed on the host ([`Optimizer::scalars`]).
+/// An optimizer and its hyper-parameters. The per-step values — the learning rate
+/// (`lr` times a [`Schedule`]'s factor) and Adam's bias corrections — are f32 scalar
+/// inputs of the step program computed on the host ([`Optimizer::scalars`]), so a
+/// schedule needs no recompile; the other hyper-parameters are constants of the
+/// program.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Optimizer {
     /// Stochastic gradient descent with heavy-ball momentum (PyTorch's `SGD` without
@@ -64,19 +67,28 @@ impl Optimizer {
     /// Names of the f32 scalar inputs the step program takes each step.
     pub fn scalar_inputs(&self) -> &'static [&'static str] {
         match self {
-            Optimizer::Sgd { .. } => &[],
-            Optimizer::AdamW { .. } => &["bias_correction1", "bias_correction2"],
+            Optimizer::Sgd { .. } => &["learning_rate"],
+            Optimizer::AdamW { .. } => &["learning_rate", "bias_correction1", "bias_correction2"],
         }
     }
 
-    /// Values of [`Optimizer::scalar_inputs`] for step `t` (the first step is 1): for
-    /// AdamW `1 - beta1^t` and `1 - beta2^t`, computed in f64.
-    pub fn scalars(&self, t: u64) -> Vec<f32> {
+    /// The peak learning rate (what a [`Schedule`] scales).
+    pub fn lr(&self) -> f32 {
         match *self {
-            Optimizer::Sgd { .. } => Vec::new(),
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => lr,
+        }
+    }
+
+    /// Values of [`Optimizer::scalar_inputs`] for step `t` (the first step is 1): the
+    /// learning rate `lr * schedule.factor(t)`; for AdamW also `1 - beta1^t` and
+    /// `1 - beta2^t`, computed in f64.
+    pub fn scalars(&self, t: u64, schedule: &Schedule) -> Vec<f32> {
+        let lr = self.lr() * schedule.factor(t);
+        match *self {
+            Optimizer::Sgd { .. } => vec![lr],
             Optimizer::AdamW { beta1, beta2, .. } => {
                 let correction = |beta: f32| (1.0 - f64::from(beta).powf(t as f64)) as f32;
-                vec![correction(beta1), correction(beta2)]
+                vec![lr, correction(beta1), correction(beta2)]
             }
         }
     }
@@ -133,26 +145,26 @@ impl Optimizer {
         scalars: &[ValueId],
     ) -> Result<(ValueId, Vec<ValueId>)> {
         match (*self, state, scalars) {
-            (Optimizer::Sgd { lr, .. }, [], []) => {
-                let step = a.scale(g, lr)?;
+            (Optimizer::Sgd { .. }, [], &[lr]) => {
+                let step = a.mul_scalar(g, lr)?;
                 Ok((a.binary(BinaryOp::Sub, w, step)?, Vec::new()))
             }
-            (Optimizer::Sgd { lr, momentum }, &[b], []) => {
+            (Optimizer::Sgd { momentum, .. }, &[b], &[lr]) => {
                 let decayed = a.scale(b, momentum)?;
                 let b = a.binary(BinaryOp::Add, decayed, g)?;
-                let step = a.scale(b, lr)?;
+                let step = a.mul_scalar(b, lr)?;
                 Ok((a.binary(BinaryOp::Sub, w, step)?, vec![b]))
             }
             (
                 Optimizer::AdamW {
-                    lr,
                     beta1,
                     beta2,
                     eps,
                     weight_decay,
+                    ..
                 },
                 &[m, v],
-                &[correction1, correction2],
+                &[lr, correction1, correction2],
             ) => {
                 let m_kept = a.scale(m, beta1)?;
                 let m_new = a.scale(g, 1.0 - beta1)?;
@@ -166,11 +178,13 @@ impl Optimizer {
                 let root = a.unary(UnaryOp::Sqrt, v_hat)?;
                 let denom = a.add_constant(root, eps)?;
                 let direction = a.binary(BinaryOp::Div, m_hat, denom)?;
-                let step = a.scale(direction, lr)?;
+                let step = a.mul_scalar(direction, lr)?;
                 let decayed = if weight_decay == 0.0 {
                     w
                 } else {
-                    a.scale(w, 1.0 - lr * weight_decay)?
+                    let decay = a.scale(lr, weight_decay)?;
+                    let kept = a.rsub(1.0, decay)?;
+                    a.mul_scalar(w, kept)?
                 };
                 Ok((a.binary(BinaryOp::Sub, decayed, step)?, vec![m, v]))
             }

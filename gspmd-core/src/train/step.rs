@@ -6,7 +6,7 @@ use super::optimizer::Optimizer;
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{DType, Program, TensorType, ValueId, verify};
+use crate::ir::{BinaryOp, DType, Program, TensorType, UnaryOp, ValueId, verify};
 use crate::simplify::eliminate_dead_code;
 
 /// One optimizer state tensor of a trained parameter.
@@ -33,6 +33,16 @@ pub struct TrainedParam {
     pub state: Vec<StateSlot>,
 }
 
+/// Options of [`step_program_with`] beyond the optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepOptions {
+    /// Clip the gradients to this global norm before the update (optax's
+    /// `clip_by_global_norm`): each gradient is scaled by `max / max(norm, max)`, where
+    /// `norm` is the 2-norm of all trained parameters' gradients together. `None`: no
+    /// clipping.
+    pub clip_global_norm: Option<f32>,
+}
+
 /// A training step program and what its inputs and outputs are.
 ///
 /// Inputs: the model's parameters at their model indices (trained ones and data), then
@@ -55,6 +65,8 @@ pub struct TrainStep {
     pub data: Vec<usize>,
     /// Input indices of the optimizer's per-step scalars.
     pub scalars: Vec<usize>,
+    /// The options it was built with.
+    pub options: StepOptions,
 }
 
 impl TrainStep {
@@ -90,7 +102,27 @@ pub fn step_program(
     trained: &[usize],
     optimizer: &Optimizer,
 ) -> Result<TrainStep> {
+    step_program_with(model, loss, trained, optimizer, &StepOptions::default())
+}
+
+/// [`step_program`] with `options` (gradient clipping). A clipping norm that is not
+/// finite and positive is an [`Error::Optimizer`].
+pub fn step_program_with(
+    model: &Program,
+    loss: usize,
+    trained: &[usize],
+    optimizer: &Optimizer,
+    options: &StepOptions,
+) -> Result<TrainStep> {
     optimizer.validate()?;
+    if let Some(max) = options.clip_global_norm
+        && !(max > 0.0 && max.is_finite())
+    {
+        return Err(Error::Optimizer {
+            optimizer: format!("{optimizer:?}"),
+            message: format!("clip_global_norm = {max} must be finite and > 0"),
+        });
+    }
     let request = |message: String| Error::TrainRequest {
         program: model.name.clone(),
         message,
@@ -110,7 +142,7 @@ pub fn step_program(
     let mut program = grad(model, loss, trained)?;
     program.name = format!("train_step_{}", model.name);
     let loss_value = program.outputs[loss];
-    let gradients = program.outputs[model.outputs.len()..].to_vec();
+    let mut gradients = program.outputs[model.outputs.len()..].to_vec();
     let weights: Vec<ValueId> = trained.iter().map(|&i| program.params[i]).collect();
     let names: Vec<String> = weights
         .iter()
@@ -155,6 +187,10 @@ pub fn step_program(
             state,
         });
     }
+    if let Some(max) = options.clip_global_norm {
+        a.location = a.describe(loss_value).2;
+        gradients = clip_by_global_norm(&mut a, &gradients, max)?;
+    }
     let (scalars, scalar_values): (Vec<usize>, Vec<ValueId>) = optimizer
         .scalar_inputs()
         .iter()
@@ -194,5 +230,33 @@ pub fn step_program(
         params,
         data,
         scalars,
+        options: *options,
     })
+}
+
+/// `gradients`, each scaled by `max / max(norm, max)` where `norm` is the 2-norm of
+/// all of them together.
+fn clip_by_global_norm(
+    a: &mut Appender<'_>,
+    gradients: &[ValueId],
+    max: f32,
+) -> Result<Vec<ValueId>> {
+    let mut total = None;
+    for &g in gradients {
+        let squares = a.mul(g, g)?;
+        let sum = a.sum_all(squares)?;
+        total = Some(match total {
+            Some(t) => a.add(t, sum)?,
+            None => sum,
+        });
+    }
+    let Some(total) = total else {
+        return Ok(Vec::new());
+    };
+    let norm = a.unary(UnaryOp::Sqrt, total)?;
+    a.name(norm, "grad_norm".into());
+    let max_value = a.full(&[], max)?;
+    let denominator = a.binary(BinaryOp::Max, norm, max_value)?;
+    let scale = a.div(max_value, denominator)?;
+    gradients.iter().map(|&g| a.mul_scalar(g, scale)).collect()
 }

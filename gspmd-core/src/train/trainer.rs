@@ -3,6 +3,7 @@
 //! they never leave the devices: each device keeps its block of every parameter and
 //! state tensor between steps, and only the data goes in and the loss comes out.
 
+use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
 use crate::executable::{Executable, compile};
@@ -59,6 +60,8 @@ pub struct Trainer {
     /// For each output: the input it becomes in the next step.
     feeds: Vec<Option<usize>>,
     steps_done: u64,
+    /// The learning rate of each step, as a multiple of the optimizer's.
+    schedule: Schedule,
 }
 
 impl Trainer {
@@ -109,6 +112,7 @@ impl Trainer {
             carried,
             feeds,
             steps_done: 0,
+            schedule: Schedule::Constant,
         };
         trainer.upload_carried()?;
         Ok(trainer)
@@ -163,7 +167,7 @@ impl Trainer {
         for (&index, value) in self.step.data.iter().zip(data) {
             self.inputs[index] = value.clone();
         }
-        let scalars = self.step.optimizer.scalars(self.steps_done + 1);
+        let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
         }
@@ -203,6 +207,20 @@ impl Trainer {
         };
         self.steps_done += 1;
         Ok(loss)
+    }
+
+    /// The same trainer with the learning rate of step `t` set to the optimizer's
+    /// `lr` times `schedule.factor(t)` (the step program is not rebuilt: the learning
+    /// rate is one of its inputs). A bad schedule is an [`Error::Optimizer`].
+    pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self> {
+        schedule.validate()?;
+        self.schedule = schedule;
+        Ok(self)
+    }
+
+    /// The learning rate the next step will use.
+    pub fn learning_rate(&self) -> f32 {
+        self.step.optimizer.lr() * self.schedule.factor(self.steps_done + 1)
     }
 
     /// The step program and its layout.
