@@ -209,6 +209,7 @@ fn a_schedule_sets_each_steps_learning_rate_without_rebuilding() {
 fn clipping_scales_the_gradients_to_the_global_norm() {
     let clip = |max: f32| StepOptions {
         clip_global_norm: Some(max),
+        ..StepOptions::default()
     };
     // g = w - x = [0.5, -3]: norm sqrt(9.25) = 3.041.
     let norm = 9.25f32.sqrt();
@@ -526,6 +527,7 @@ fn megatron_mlp_trains_like_the_interpreter_with_schedule_and_clipping() {
     let problem = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(5), 8);
     let options = StepOptions {
         clip_global_norm: Some(0.5),
+        ..StepOptions::default()
     };
     let step = step_program_with(
         &problem.model,
@@ -540,6 +542,53 @@ fn megatron_mlp_trains_like_the_interpreter_with_schedule_and_clipping() {
         final_fraction: 0.1,
     };
     train_step_everywhere(&problem, step.unwrap(), schedule);
+}
+
+/// Gradient accumulation over 2 microbatches of 4 rows trains like one batch of 8 (the
+/// loss is a mean, so the mean of the microbatch losses is the batch's), on the
+/// reference, and partitioned on every mesh like the reference.
+#[test]
+fn accumulating_two_microbatches_trains_like_one_batch() {
+    let full = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(6), 8);
+    let micro_model = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(0), 4).model;
+    let split = |lit: &Literal| {
+        let a = lit.as_f32().unwrap();
+        let shape: Vec<usize> = [2, 4]
+            .into_iter()
+            .chain(a.shape()[1..].iter().copied())
+            .collect();
+        Literal::F32(a.to_shape(IxDyn(&shape)).unwrap().to_owned())
+    };
+    let micro = Problem {
+        model: micro_model,
+        trained: full.trained.clone(),
+        initial: full.initial.clone(),
+        data: full.data.iter().map(split).collect(),
+    };
+    let options = StepOptions {
+        accumulate: Some(2),
+        ..StepOptions::default()
+    };
+    let optimizer = adamw(0.01, 0.01);
+    let whole = step_program(&full.model, 0, &full.trained, &optimizer).unwrap();
+    let accumulated =
+        step_program_with(&micro.model, 0, &micro.trained, &optimizer, &options).unwrap();
+    let mut a = Trainer::reference(whole, full.initial.clone()).unwrap();
+    let mut b = Trainer::reference(accumulated.clone(), micro.initial.clone()).unwrap();
+    for i in 1..=3 {
+        let (la, lb) = (a.step(&full.data).unwrap(), b.step(&micro.data).unwrap());
+        assert_near(&[la], &[lb], 1e-5 * la.abs().max(1.0), &format!("loss {i}"));
+        for ((name, pa), (_, pb)) in a.params().unwrap().iter().zip(&b.params().unwrap()) {
+            assert_close(pa, pb, &format!("{name} after step {i}"));
+        }
+    }
+    train_step_everywhere(&micro, accumulated, Schedule::Constant);
+    let bad = StepOptions {
+        accumulate: Some(0),
+        ..StepOptions::default()
+    };
+    let e = step_program_with(&micro.model, 0, &micro.trained, &optimizer, &bad);
+    assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");
 }
 
 #[test]

@@ -126,7 +126,7 @@ fn scan(
         .chain(ct_ys.take(ny))
         .chain(n + k..forward_params)
         .collect();
-    permute_params(&mut backward_body, &order);
+    backward_body.permute_params(&order);
     let backward = Arc::new(Flow::Scan {
         body: backward_body,
         carried: nc + nz,
@@ -225,15 +225,4 @@ fn cond(
         out[j + 1] = Some(e.push(op, &backward_operands)?);
     }
     Ok(out)
-}
-
-/// Reorders `program`'s parameters: new parameter `i` is old parameter `order[i]`.
-fn permute_params(program: &mut Program, order: &[usize]) {
-    let params: Vec<ValueId> = order.iter().map(|&i| program.params[i]).collect();
-    for (index, &p) in params.iter().enumerate() {
-        if let Op::Parameter { index: slot, .. } = &mut program.nodes[p.index()].op {
-            *slot = index;
-        }
-    }
-    program.params = params;
 }

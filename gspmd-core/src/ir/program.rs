@@ -80,6 +80,18 @@ impl Program {
         (0..self.nodes.len() as u32).map(ValueId)
     }
 
+    /// Reorders the parameters: new parameter `i` is old parameter `order[i]` (`order` a
+    /// permutation of the parameter indices). Nodes keep their ids.
+    pub(crate) fn permute_params(&mut self, order: &[usize]) {
+        let params: Vec<ValueId> = order.iter().map(|&i| self.params[i]).collect();
+        for (index, &p) in params.iter().enumerate() {
+            if let Op::Parameter { index: slot, .. } = &mut self.nodes[p.index()].op {
+                *slot = index;
+            }
+        }
+        self.params = params;
+    }
+
     /// Appends a node and returns its value id. The caller guarantees operands exist and
     /// `ty` is right; [`crate::ir::verify`] checks both.
     #[doc(hidden)]

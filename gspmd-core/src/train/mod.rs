@@ -4,11 +4,13 @@
 //!
 //! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW), emitted as IR.
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
-//! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`].
+//! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
+//!   `accumulate`: gradient accumulation over microbatches as a `scan`.
 //! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
 //!   feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
 
+mod accumulate;
 mod checkpoint;
 mod optimizer;
 mod schedule;

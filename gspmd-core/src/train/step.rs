@@ -2,6 +2,7 @@
 //! [`grad`]) and the optimizer update — so that propagation and partitioning see the
 //! whole step, and optimizer state is sharded like its parameter.
 
+use super::accumulate::accumulated_loss;
 use super::optimizer::Optimizer;
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
@@ -41,6 +42,12 @@ pub struct StepOptions {
     /// `norm` is the 2-norm of all trained parameters' gradients together. `None`: no
     /// clipping.
     pub clip_global_norm: Option<f32>,
+    /// Accumulate the gradients over this many microbatches: every data input (each
+    /// model parameter that is not trained) takes a leading dim of this size, one
+    /// microbatch per index, and the step's loss is the mean of the microbatches'
+    /// losses, computed by a `scan` (one microbatch's activations alive at a time; its
+    /// reverse pass sums the gradients). `None`: one batch.
+    pub accumulate: Option<usize>,
 }
 
 /// A training step program and what its inputs and outputs are.
@@ -105,8 +112,9 @@ pub fn step_program(
     step_program_with(model, loss, trained, optimizer, &StepOptions::default())
 }
 
-/// [`step_program`] with `options` (gradient clipping). A clipping norm that is not
-/// finite and positive is an [`Error::Optimizer`].
+/// [`step_program`] with `options` (gradient clipping, accumulation). A clipping norm
+/// that is not finite and positive is an [`Error::Optimizer`]; accumulation over 0
+/// microbatches an [`Error::TrainRequest`].
 pub fn step_program_with(
     model: &Program,
     loss: usize,
@@ -139,6 +147,29 @@ pub fn step_program_with(
             "parameter {p} is listed twice among the trained parameters (at {i})"
         )));
     }
+    let accumulated;
+    let (model, loss) = match options.accumulate {
+        None => (model, loss),
+        Some(k) => {
+            if k == 0 {
+                return Err(request("gradient accumulation over 0 microbatches".into()));
+            }
+            if let Some(&p) = trained.iter().find(|&&p| p >= model.params.len()) {
+                return Err(request(format!(
+                    "parameter {p} is out of range: the model has {} parameters",
+                    model.params.len()
+                )));
+            }
+            if loss >= model.outputs.len() {
+                return Err(request(format!(
+                    "loss output {loss} is out of range: the model has {} outputs",
+                    model.outputs.len()
+                )));
+            }
+            accumulated = accumulated_loss(model, loss, trained, k)?;
+            (&accumulated, 0)
+        }
+    };
     let mut program = grad(model, loss, trained)?;
     program.name = format!("train_step_{}", model.name);
     let loss_value = program.outputs[loss];
