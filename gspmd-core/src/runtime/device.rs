@@ -2,9 +2,11 @@
 //! to the [`kernels`](super::kernels); `axis_index` reads the device's mesh
 //! coordinates; collectives go to the [`Communicator`].
 
+use std::borrow::Cow;
+
 use super::communicator::Communicator;
-use super::interpreter::execute;
-use super::kernels;
+use super::interpreter::{eval_kernel, execute};
+use super::plan::Plan;
 use crate::error::Result;
 use crate::ir::{AxisGroup, DType, Literal, Node, Op, Program};
 use crate::sharding::Mesh;
@@ -19,17 +21,41 @@ pub fn run_on_device(
     inputs: &[Literal],
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
-    execute(program, inputs, memory_limit, |node, operands| {
-        eval_on_device(comm, node, operands)
-    })
+    run_planned(program, &Plan::new(program), comm, inputs, memory_limit)
 }
 
+/// [`run_on_device`] with the program's plan made beforehand ([`Plan::new`] of
+/// `program`).
+pub(crate) fn run_planned(
+    program: &Program,
+    plan: &Plan,
+    comm: &dyn Communicator,
+    inputs: &[Literal],
+    memory_limit: usize,
+) -> Result<Vec<Literal>> {
+    execute(
+        program,
+        plan,
+        inputs,
+        memory_limit,
+        |node, operands, typed| eval_on_device(comm, node, operands, typed),
+    )
+}
+
+/// One node on this device: a collective's operand is moved to the communicator when
+/// the loop hands it over (else copied); local ops go to [`eval_kernel`].
 fn eval_on_device(
     comm: &dyn Communicator,
     node: &Node,
-    operands: &[&Literal],
+    operands: Vec<Cow<'_, Literal>>,
+    typed: bool,
 ) -> Result<Literal, String> {
-    let x = || operands[0].clone();
+    let x = |operands: Vec<Cow<'_, Literal>>| -> Result<Literal, String> {
+        let first = operands.into_iter().next();
+        first
+            .map(Cow::into_owned)
+            .ok_or_else(|| format!("{} takes an operand", node.op.name()))
+    };
     let collective = match &node.op {
         Op::AxisIndex(group) => {
             let index = comm
@@ -38,19 +64,19 @@ fn eval_on_device(
                 .map_err(|e| e.to_string())?;
             return Ok(Literal::full(&[], DType::I32, index as f64));
         }
-        Op::AllReduce { group, kind } => comm.all_reduce(&group.axes, *kind, x()),
-        Op::AllGather { group, dim } => comm.all_gather(&group.axes, *dim, x()),
+        Op::AllReduce { group, kind } => comm.all_reduce(&group.axes, *kind, x(operands)?),
+        Op::AllGather { group, dim } => comm.all_gather(&group.axes, *dim, x(operands)?),
         Op::ReduceScatter { group, kind, dim } => {
-            comm.reduce_scatter(&group.axes, *kind, *dim, x())
+            comm.reduce_scatter(&group.axes, *kind, *dim, x(operands)?)
         }
         Op::AllToAll {
             group,
             split_dim,
             concat_dim,
-        } => comm.all_to_all(&group.axes, *split_dim, *concat_dim, x()),
+        } => comm.all_to_all(&group.axes, *split_dim, *concat_dim, x(operands)?),
         Op::CollectivePermute { group, from } => {
             let pairs = permute_pairs(comm.mesh(), comm.device(), group, from)?;
-            comm.collective_permute(&group.axes, &pairs, x())
+            comm.collective_permute(&group.axes, &pairs, x(operands)?)
         }
         Op::CollectiveShift {
             group,
@@ -59,9 +85,9 @@ fn eval_on_device(
             mirror,
         } => {
             let pairs = group.shift_pairs(*offset, *wrap, *mirror);
-            comm.collective_permute(&group.axes, &pairs, x())
+            comm.collective_permute(&group.axes, &pairs, x(operands)?)
         }
-        op => return kernels::eval(op, operands, &node.ty),
+        _ => return eval_kernel(node, operands, typed),
     };
     collective.map_err(|e| e.to_string())
 }
