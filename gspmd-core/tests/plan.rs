@@ -54,6 +54,16 @@ fn bits(lit: &Literal) -> Vec<u32> {
         .collect()
 }
 
+/// The bytes `interpret` allocates for `program` on `inputs`; checks its one output is
+/// bitwise that of [`node_by_node`].
+fn bytes_allocated(program: &Program, inputs: &[Literal]) -> usize {
+    let region = Region::new(GLOBAL);
+    let out = interpret(program, inputs).expect("runs");
+    let allocated = region.change().bytes_allocated;
+    assert_eq!(bits(&out[0]), bits(&node_by_node(program, inputs)[0]));
+    allocated
+}
+
 #[test]
 fn a_chain_of_unary_ops_allocates_one_array() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
@@ -61,18 +71,32 @@ fn a_chain_of_unary_ops_allocates_one_array() {
     let x = b.parameter("x", [N, N], DType::F32);
     let y = x.tanh().exp().neg().abs().sqrt().tanh();
     let program = b.finish(&[&y]).expect("traces");
-    let inputs = [input()];
+    let allocated = bytes_allocated(&program, &[input()]);
     let array_bytes = N * N * 4;
-    let region = Region::new(GLOBAL);
-    let out = interpret(&program, &inputs).expect("runs");
-    let allocated = region.change().bytes_allocated;
     // The first op reads the parameter (lent, not owned) and makes the one array; the
     // five others overwrite it.
     assert!(
         allocated < 2 * array_bytes,
         "{allocated} bytes allocated for six ops on {array_bytes}-byte arrays"
     );
-    assert_eq!(bits(&out[0]), bits(&node_by_node(&program, &inputs)[0]));
+}
+
+#[test]
+fn gelu_with_broadcast_scalars_allocates_two_arrays() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("gelu");
+    let x = b.parameter("x", [N, N], DType::F32);
+    let y = x.gelu();
+    let program = b.finish(&[&y]).expect("traces");
+    let allocated = bytes_allocated(&program, &[input()]);
+    let array_bytes = N * N * 4;
+    // Thirteen ops, four of them broadcasts of scalars: `x * x` and `0.5 * x` read
+    // only lent values and make the two arrays; the broadcasts are views; every other
+    // op overwrites an operand at its last use.
+    assert!(
+        allocated < 3 * array_bytes,
+        "{allocated} bytes allocated for GELU on {array_bytes}-byte arrays"
+    );
 }
 
 #[test]
@@ -81,14 +105,17 @@ fn in_place_results_are_bitwise_those_of_fresh_arrays() {
     let b = Builder::new("mixed");
     let x = b.parameter("x", [N, N], DType::F32);
     let w = b.parameter("w", [N, N], DType::F32);
-    // GELU (binary ops with broadcast scalars, tanh), a select and a same-dtype
-    // convert, with values dying on either side of a binary op.
+    let bias = b.parameter("bias", [N], DType::F32);
+    // GELU (binary ops with broadcast scalars, tanh), broadcast vectors on either
+    // side, a compare with a broadcast scalar, a select and a same-dtype convert,
+    // with values dying on either side of a binary op.
     let g = x.gelu();
-    let h = w.mul(&g).add(&x.exp());
+    let h = w.mul(&g).add(&x.exp()).add(&bias).sub(&bias.exp());
     let positive = h.gt(&h.scalar_like(0.0));
     let s = positive.select(&h.convert(DType::F32), &g.neg());
     let program = b.finish(&[&s, &h]).expect("traces");
-    let inputs = [input(), input()];
+    let bias = Literal::F32(ArrayD::from_shape_fn(IxDyn(&[N]), |i| i[0] as f32 * 0.01));
+    let inputs = [input(), input(), bias];
     let want = node_by_node(&program, &inputs);
     let got = interpret(&program, &inputs).expect("runs");
     for (g, w) in got.iter().zip(&want) {

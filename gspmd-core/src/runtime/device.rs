@@ -2,10 +2,9 @@
 //! to the [`kernels`](super::kernels); `axis_index` reads the device's mesh
 //! coordinates; collectives go to the [`Communicator`].
 
-use std::borrow::Cow;
-
 use super::communicator::Communicator;
 use super::interpreter::{eval_kernel, execute};
+use super::kernels::Operand;
 use super::plan::Plan;
 use crate::error::Result;
 use crate::ir::{AxisGroup, DType, Literal, Node, Op, Program};
@@ -47,14 +46,13 @@ pub(crate) fn run_planned(
 fn eval_on_device(
     comm: &dyn Communicator,
     node: &Node,
-    operands: Vec<Cow<'_, Literal>>,
+    operands: Vec<Operand<'_>>,
     typed: bool,
 ) -> Result<Literal, String> {
-    let x = |operands: Vec<Cow<'_, Literal>>| -> Result<Literal, String> {
+    let x = |operands: Vec<Operand<'_>>| -> Result<Literal, String> {
         let first = operands.into_iter().next();
-        first
-            .map(Cow::into_owned)
-            .ok_or_else(|| format!("{} takes an operand", node.op.name()))
+        let first = first.ok_or_else(|| format!("{} takes an operand", node.op.name()))?;
+        Ok(first.into_value()?.into_owned())
     };
     let collective = match &node.op {
         Op::AxisIndex(group) => {

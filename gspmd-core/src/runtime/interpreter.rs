@@ -10,8 +10,9 @@ use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::flow::run_flow;
 use super::kernels;
+use super::kernels::Operand;
 use super::memory::available_memory;
-use super::plan::Plan;
+use super::plan::{Plan, Step};
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -45,13 +46,17 @@ pub fn interpret_with_memory_limit(
 /// ([`kernels::eval`]), with the same errors as without a plan.
 pub(crate) fn eval_kernel(
     node: &Node,
-    operands: Vec<Cow<'_, Literal>>,
+    operands: Vec<Operand<'_>>,
     typed: bool,
 ) -> Result<Literal, String> {
     if typed {
         kernels::eval_typed(&node.op, operands, &node.ty)
     } else {
-        let refs: Vec<&Literal> = operands.iter().map(AsRef::as_ref).collect();
+        let values = operands
+            .into_iter()
+            .map(Operand::into_value)
+            .collect::<Result<Vec<_>, String>>()?;
+        let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
         kernels::eval(&node.op, &refs, &node.ty)
     }
 }
@@ -63,8 +68,10 @@ pub(crate) fn eval_kernel(
 ///
 /// `eval` gets the node, its operands — each handed over by value
 /// ([`Cow::Owned`]) when this node is its last use and it was computed by the loop,
-/// else lent — and whether they fit the node unchecked (the plan's type check passed
-/// and every operand has its node's type; see [`kernels::eval_typed`]).
+/// else lent; a broadcast the plan deferred as its operand's view — and whether they
+/// fit the node unchecked (the plan's type check passed and every operand has its
+/// node's type; see [`kernels::eval_typed`]). A deferred broadcast whose operand does
+/// not have its node's type is materialised like any node.
 ///
 /// Memory: every live value counts (parameters and constants too), by its type's size.
 /// Before a node's value is bound or computed, the live bytes plus its bytes are checked
@@ -84,7 +91,7 @@ pub(crate) fn execute(
     plan: &Plan,
     inputs: &[Literal],
     memory_limit: usize,
-    mut eval: impl FnMut(&Node, Vec<Cow<'_, Literal>>, bool) -> Result<Literal, String>,
+    mut eval: impl FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
     execute_dyn(program, plan, inputs, memory_limit, &mut eval)
 }
@@ -95,7 +102,7 @@ pub(crate) fn execute(
 type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 
 /// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
-type Eval<'a> = dyn FnMut(&Node, Vec<Cow<'_, Literal>>, bool) -> Result<Literal, String> + 'a;
+type Eval<'a> = dyn FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse.
 fn execute_dyn(
@@ -108,6 +115,8 @@ fn execute_dyn(
     check_inputs(program, inputs)?;
     let mut pending: Pending = HashMap::new();
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
+    // The deferred broadcasts computed as views of their operands (no value).
+    let mut views = vec![false; program.nodes.len()];
     let mut live: usize = 0;
     for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
         let v = ValueId(i as u32);
@@ -137,14 +146,24 @@ fn execute_dyn(
             ),
             Op::Constant(lit) => Cow::Borrowed(lit),
             _ => {
-                if let Some(o) = node
-                    .operands
-                    .iter()
-                    .find(|o| !matches!(values.get(o.index()), Some(Some(_))))
-                {
+                let available = |o: &&ValueId| {
+                    matches!(values.get(o.index()), Some(Some(_))) || views[o.index()]
+                };
+                if let Some(o) = node.operands.iter().find(|o| !available(o)) {
                     return Err(fail(format!("operand {o} is not available")));
                 }
-                let operands = gather_operands(&node.operands, &step.hand_over, &mut values);
+                let source_fits = |o: &ValueId| {
+                    values[o.index()]
+                        .as_deref()
+                        .is_some_and(|x| kernels::has_type(x, &program.nodes[o.index()].ty))
+                };
+                if step.deferred && node.operands.first().is_some_and(source_fits) {
+                    views[i] = true;
+                    continue_after(step, plan, &mut values, &mut views, &mut live);
+                    continue;
+                }
+                let operands = gather_operands(program, node, step, &mut values, &views)
+                    .ok_or_else(|| fail("a viewed operand is not available".into()))?;
                 match (&node.op, step.flow) {
                     (Op::Flow { flow, result }, Some(instance)) => {
                         let flow_plan = &plan.flows[instance];
@@ -168,6 +187,11 @@ fn execute_dyn(
                                         };
                                     execute_dyn(region, region_plan, args, limit, eval)
                                 };
+                                let operands = operands
+                                    .into_iter()
+                                    .map(Operand::into_value)
+                                    .collect::<Result<Vec<_>, String>>()
+                                    .map_err(&fail)?;
                                 let refs: Vec<&Literal> =
                                     operands.iter().map(AsRef::as_ref).collect();
                                 let all = run_flow(flow, &refs, left, &mut run, &fail)?;
@@ -213,20 +237,20 @@ fn execute_dyn(
                     }
                     _ => {
                         let typed = step.typed
-                            && operands
-                                .iter()
-                                .zip(&node.operands)
-                                .all(|(x, o)| kernels::has_type(x, &program.nodes[o.index()].ty));
+                            && operands.iter().zip(&node.operands).all(|(x, o)| match x {
+                                Operand::Value(x) => {
+                                    kernels::has_type(x, &program.nodes[o.index()].ty)
+                                }
+                                // Its operand was checked when it was deferred.
+                                Operand::Broadcast { .. } => true,
+                            });
                         Cow::Owned(eval(node, operands, typed).map_err(fail)?)
                     }
                 }
             }
         };
         values[i] = Some(value);
-        for o in &step.frees {
-            values[o.index()] = None;
-            live -= plan.steps[o.index()].bytes;
-        }
+        continue_after(step, plan, &mut values, &mut views, &mut live);
     }
     let mut outputs = Vec::with_capacity(plan.outputs.len());
     for (k, &(o, again)) in plan.outputs.iter().enumerate() {
@@ -247,16 +271,38 @@ fn execute_dyn(
     Ok(outputs)
 }
 
-/// The values of `operands` (all present in `values`): each one whose `hand_over` is
-/// set and that the loop owns is moved out of `values`, the others are lent.
+/// Drops the values `step` drops, and stops counting the bytes it frees.
+fn continue_after(
+    step: &Step,
+    plan: &Plan,
+    values: &mut [Option<Cow<'_, Literal>>],
+    views: &mut [bool],
+    live: &mut usize,
+) {
+    for o in &step.drops {
+        values[o.index()] = None;
+        views[o.index()] = false;
+    }
+    for o in &step.frees {
+        *live -= plan.steps[o.index()].bytes;
+    }
+}
+
+/// The operands of `node` (each present in `values` or in `views`): each one whose
+/// `hand_over` is set and that the loop owns is moved out of `values`, the others are
+/// lent; a view is its broadcast's operand with the broadcast's shape and dims. `None`
+/// if a view's operand is not in `values`.
 fn gather_operands<'v>(
-    operands: &[ValueId],
-    hand_over: &[bool],
+    program: &'v Program,
+    node: &Node,
+    step: &Step,
     values: &'v mut [Option<Cow<'_, Literal>>],
-) -> Vec<Cow<'v, Literal>> {
-    let mut owned: Vec<Option<Literal>> = operands
+    views: &[bool],
+) -> Option<Vec<Operand<'v>>> {
+    let mut owned: Vec<Option<Literal>> = node
+        .operands
         .iter()
-        .zip(hand_over)
+        .zip(&step.hand_over)
         .map(|(o, &last)| match values.get_mut(o.index()) {
             Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {
                 Some(Cow::Owned(lit)) => Some(lit),
@@ -266,12 +312,27 @@ fn gather_operands<'v>(
         })
         .collect();
     let values: &'v [Option<Cow<'_, Literal>>] = values;
-    operands
+    node.operands
         .iter()
         .zip(owned.iter_mut())
-        .filter_map(|(o, taken)| match taken.take() {
-            Some(lit) => Some(Cow::Owned(lit)),
-            None => values.get(o.index())?.as_deref().map(Cow::Borrowed),
+        .map(|(o, taken)| {
+            if let Some(lit) = taken.take() {
+                return Some(Operand::Value(Cow::Owned(lit)));
+            }
+            let broadcast = &program.nodes[o.index()];
+            match (&broadcast.op, views[o.index()]) {
+                (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
+                    source: values
+                        .get(broadcast.operands.first()?.index())?
+                        .as_deref()?,
+                    shape,
+                    dims,
+                }),
+                _ => values
+                    .get(o.index())?
+                    .as_deref()
+                    .map(|x| Operand::Value(Cow::Borrowed(x))),
+            }
         })
         .collect()
 }

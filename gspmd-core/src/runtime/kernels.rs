@@ -18,7 +18,7 @@ mod reduce;
 use std::borrow::Cow;
 
 pub(crate) use elementwise::{max_nan, min_nan};
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
 
 use crate::ir::{
     ConvConfig, CumulativeKind, DType, Literal, Op, ReduceKind, TensorType, WindowDim, infer_type,
@@ -70,21 +70,52 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
             "operands give {expected} but the node's type is {result}"
         ));
     }
-    eval_typed(
-        op,
-        operands.iter().map(|&o| Cow::Borrowed(o)).collect(),
-        result,
-    )
+    let operands = operands.iter().map(|&o| Operand::Value(Cow::Borrowed(o)));
+    eval_typed(op, operands.collect(), result)
+}
+
+/// An operand as the evaluation loop passes it to [`eval_typed`].
+#[derive(Debug)]
+pub(crate) enum Operand<'a> {
+    /// A value, lent or handed over (then free to overwrite).
+    Value(Cow<'a, Literal>),
+    /// The `broadcast_in_dim` of `source` (standard layout, fitting `shape` and
+    /// `dims`), not materialised: elementwise kernels read it as a strided view.
+    Broadcast {
+        /// The broadcast's operand.
+        source: &'a Literal,
+        /// The result shape.
+        shape: &'a [usize],
+        /// The result dim of each operand dim.
+        dims: &'a [usize],
+    },
+}
+
+impl<'a> Operand<'a> {
+    /// The operand as a literal, a broadcast materialised.
+    pub(crate) fn into_value(self) -> Result<Cow<'a, Literal>, String> {
+        match self {
+            Operand::Value(v) => Ok(v),
+            Operand::Broadcast {
+                source,
+                shape,
+                dims,
+            } => Ok(Cow::Owned(
+                each_dtype!(source, a => broadcast_in_dim(a.view(), shape, dims)?),
+            )),
+        }
+    }
 }
 
 /// [`eval`] without the check of the operand types, for operands known to fit: their
 /// types, given to [`infer_type`] with `op`, give `result` (an execution plan checks
-/// this once per program). An operand passed owned may be overwritten as the result
-/// (see the elementwise kernels). The kernel's result is still checked against
-/// `result`.
+/// this once per program). An operand passed owned may be overwritten as the result,
+/// and elementwise ops read a broadcast operand as a view (see the elementwise
+/// kernels); other ops get it materialised. The kernel's result is still checked
+/// against `result`.
 pub(crate) fn eval_typed(
     op: &Op,
-    operands: Vec<Cow<'_, Literal>>,
+    operands: Vec<Operand<'_>>,
     result: &TensorType,
 ) -> Result<Literal, String> {
     let given = operands.len();
@@ -98,20 +129,28 @@ pub(crate) fn eval_typed(
             let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
             elementwise::binary(*b, x, y)?
         }
+        Op::Compare(c) => {
+            let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
+            elementwise::compare(*c, x, y)?
+        }
         Op::Select => {
             let [p, t, f] = <[_; 3]>::try_from(operands).map_err(|_| arity(3))?;
-            elementwise::select(&p, t, f)?
+            elementwise::select(p, t, f)?
         }
         Op::Convert(dtype) => {
             let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
-            elementwise::convert(x, *dtype)
+            elementwise::convert(x.into_value()?, *dtype)
         }
         Op::ShardingConstraint => {
             let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
-            x.into_owned()
+            x.into_value()?.into_owned()
         }
         _ => {
-            let refs: Vec<&Literal> = operands.iter().map(AsRef::as_ref).collect();
+            let values = operands
+                .into_iter()
+                .map(Operand::into_value)
+                .collect::<Result<Vec<_>, String>>()?;
+            let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
             compute_borrowed(op, &refs, result)?
         }
     };
@@ -137,7 +176,6 @@ fn compute_borrowed(
         }
         Op::Constant(lit) => lit.clone(),
         Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
-        Op::Compare(c) => elementwise::compare(*c, operands[0], operands[1])?,
         Op::Broadcast { shape, dims } => {
             each_dtype!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
         }
@@ -200,7 +238,12 @@ fn compute_borrowed(
                 op.name()
             ));
         }
-        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Convert(_) | Op::ShardingConstraint => {
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::ShardingConstraint => {
             return Err(format!("{} takes its operands by value", op.name()));
         }
     };
@@ -238,11 +281,11 @@ fn not_defined(op: &Op, dtype: DType) -> String {
 }
 
 fn dtype_mismatch(a: &Literal, b: &Literal) -> String {
-    format!(
-        "operands of types {} and {} differ in dtype",
-        type_of(a),
-        type_of(b)
-    )
+    types_differ(&type_of(a), &type_of(b))
+}
+
+fn types_differ(a: &TensorType, b: &TensorType) -> String {
+    format!("operands of types {a} and {b} differ in dtype")
 }
 
 // ---- generated arrays ------------------------------------------------------------------
@@ -280,6 +323,30 @@ fn broadcast_in_dim<T: Clone>(
     v.broadcast(IxDyn(shape))
         .map(|b| b.to_owned())
         .ok_or_else(|| format!("cannot broadcast {from:?} to {shape:?} along {dims:?}"))
+}
+
+/// [`broadcast_in_dim`] of `a` as a view: zero strides along the result dims that
+/// repeat it. `None` if `a` is not in standard layout or does not fit.
+fn broadcast_view<'a, T>(
+    a: &'a ArrayD<T>,
+    shape: &[usize],
+    dims: &[usize],
+) -> Option<ArrayViewD<'a, T>> {
+    let elements = a.as_slice()?;
+    if dims.len() != a.ndim() {
+        return None;
+    }
+    let mut strides = vec![0; shape.len()];
+    let mut stride = 1;
+    for (&n, &d) in a.shape().iter().zip(dims).rev() {
+        match shape.get(d) {
+            Some(&m) if n == m && n != 1 => strides[d] = stride,
+            Some(_) if n == 1 => {}
+            _ => return None,
+        }
+        stride *= n;
+    }
+    ArrayViewD::from_shape(IxDyn(shape).strides(IxDyn(&strides)), elements).ok()
 }
 
 /// Row-major reshape.

@@ -28,11 +28,19 @@ pub(super) struct Step {
     /// The bytes of the node's value (its type's size).
     pub(super) bytes: usize,
     /// For each operand, whether this node reads it last and only once (and it is no
-    /// output): the loop may then hand the value over instead of lending it.
+    /// output, and no deferred broadcast of it is read by this node or later): the
+    /// loop may then hand the value over instead of lending it.
     pub(super) hand_over: Vec<bool>,
-    /// The values dropped once this node is computed, each once: the operands it reads
-    /// last, and its own value if nothing reads it and it is no output.
+    /// The values whose bytes stop counting once this node is computed, each once: the
+    /// operands it reads last, and its own value if nothing reads it and it is no
+    /// output. (A deferred broadcast counts its full bytes while it is live.)
     pub(super) frees: Vec<ValueId>,
+    /// The values dropped once this node is computed: as `frees`, except that the
+    /// operand of a deferred broadcast lives as long as the broadcast is read.
+    pub(super) drops: Vec<ValueId>,
+    /// A `broadcast_in_dim` read only by elementwise ops (binary, compare, select),
+    /// with `typed` set: not materialised, its readers view its operand.
+    pub(super) deferred: bool,
     /// Whether the op's shape rule, given the node types of the operands, gives the
     /// node's type: operands whose values have their node types then fit the kernel
     /// without a check at run time.
@@ -71,6 +79,32 @@ impl Plan {
                 *slot = None;
             }
         }
+        let typed: Vec<bool> = program
+            .nodes
+            .iter()
+            .map(|node| {
+                let types: Option<Vec<_>> = node
+                    .operands
+                    .iter()
+                    .map(|o| program.nodes.get(o.index()).map(|n| &n.ty))
+                    .collect();
+                types.is_some_and(|t| infer_type(&node.op, &t).is_ok_and(|ty| ty == node.ty))
+            })
+            .collect();
+        let deferred = deferred_broadcasts(program, &typed);
+        // `last`, with the operand of each deferred broadcast read until the broadcast's
+        // last reader.
+        let mut last_data = last.clone();
+        for (i, node) in program.nodes.iter().enumerate() {
+            for o in &node.operands {
+                if deferred.get(o.index()) == Some(&true) {
+                    let source = program.nodes[o.index()].operands[0].index();
+                    if let Some(Some(slot)) = last_data.get_mut(source) {
+                        *slot = (*slot).max(i);
+                    }
+                }
+            }
+        }
         let mut flow_index: HashMap<FlowInstance, usize> = HashMap::new();
         let mut flows = Vec::new();
         let instances = flow_instances(program);
@@ -79,25 +113,26 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let dies_here = |o: &ValueId| last.get(o.index()) == Some(&Some(i));
+                let dies =
+                    |last: &[Option<usize>], o: &ValueId| last.get(o.index()) == Some(&Some(i));
                 let once = |o: &ValueId| node.operands.iter().filter(|&p| p == o).count() == 1;
-                let mut frees: Vec<ValueId> = Vec::new();
-                for o in node
+                // The operands of the deferred broadcasts read here.
+                let viewed: Vec<ValueId> = node
                     .operands
                     .iter()
-                    .chain(std::iter::once(&ValueId(i as u32)))
-                {
-                    if dies_here(o) && !frees.contains(o) {
-                        frees.push(*o);
-                    }
-                }
-                let types: Option<Vec<_>> = node
-                    .operands
-                    .iter()
-                    .map(|o| program.nodes.get(o.index()).map(|n| &n.ty))
+                    .filter(|b| deferred.get(b.index()) == Some(&true))
+                    .map(|b| program.nodes[b.index()].operands[0])
                     .collect();
-                let typed =
-                    types.is_some_and(|t| infer_type(&node.op, &t).is_ok_and(|ty| ty == node.ty));
+                let dying = |last: &[Option<usize>]| {
+                    let mut values: Vec<ValueId> = Vec::new();
+                    let candidates = node.operands.iter().chain(&viewed);
+                    for o in candidates.chain(std::iter::once(&ValueId(i as u32))) {
+                        if dies(last, o) && !values.contains(o) {
+                            values.push(*o);
+                        }
+                    }
+                    values
+                };
                 let flow = match &node.op {
                     Op::Flow { flow, .. } => {
                         let key = (std::sync::Arc::as_ptr(flow), node.operands.clone());
@@ -126,10 +161,12 @@ impl Plan {
                     hand_over: node
                         .operands
                         .iter()
-                        .map(|o| dies_here(o) && once(o))
+                        .map(|o| dies(&last_data, o) && once(o) && !viewed.contains(o))
                         .collect(),
-                    frees,
-                    typed,
+                    frees: dying(&last),
+                    drops: dying(&last_data),
+                    deferred: deferred[i],
+                    typed: typed[i],
                     flow,
                 }
             })
@@ -154,6 +191,34 @@ impl Plan {
 pub(crate) struct PlannedProgram {
     pub(crate) program: Program,
     pub(crate) plan: Plan,
+}
+
+/// For each node, whether it is a deferred broadcast: a `broadcast_in_dim` with its
+/// types checked (`typed`), read by at least one node, only by binary, compare and
+/// select nodes, and no output.
+fn deferred_broadcasts(program: &Program, typed: &[bool]) -> Vec<bool> {
+    let mut deferred: Vec<bool> = program
+        .nodes
+        .iter()
+        .zip(typed)
+        .map(|(node, &typed)| typed && matches!(node.op, Op::Broadcast { .. }))
+        .collect();
+    let mut read = vec![false; program.nodes.len()];
+    for node in &program.nodes {
+        let elementwise = matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
+        for o in &node.operands {
+            if let Some(slot) = deferred.get_mut(o.index()) {
+                *slot &= elementwise;
+                read[o.index()] = true;
+            }
+        }
+    }
+    for o in &program.outputs {
+        if let Some(slot) = deferred.get_mut(o.index()) {
+            *slot = false;
+        }
+    }
+    deferred.iter().zip(read).map(|(&d, r)| d && r).collect()
 }
 
 impl PlannedProgram {

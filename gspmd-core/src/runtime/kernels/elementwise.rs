@@ -8,69 +8,120 @@
 
 use std::borrow::Cow;
 
-use ndarray::{ArrayD, Zip};
+use ndarray::{ArrayD, ArrayViewD, Zip};
 
-use super::{dtype_mismatch, elementary, not_defined, type_of};
-use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, UnaryOp};
+use super::{
+    Operand, broadcast_in_dim, broadcast_view, elementary, not_defined, type_of, types_differ,
+};
+use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp};
 
-/// A literal's elements, borrowed or owned (then free to overwrite).
-enum Elems<'a> {
-    F32(Cow<'a, ArrayD<f32>>),
-    I32(Cow<'a, ArrayD<i32>>),
-    Bool(Cow<'a, ArrayD<bool>>),
+/// An operand's elements: owned (then free to overwrite) or a view (of a lent value,
+/// or of a broadcast's operand).
+enum Arg<'a, T> {
+    Owned(ArrayD<T>),
+    View(ArrayViewD<'a, T>),
 }
 
-fn elems(lit: Cow<'_, Literal>) -> Elems<'_> {
-    match lit {
-        Cow::Borrowed(Literal::F32(a)) => Elems::F32(Cow::Borrowed(a)),
-        Cow::Borrowed(Literal::I32(a)) => Elems::I32(Cow::Borrowed(a)),
-        Cow::Borrowed(Literal::Bool(a)) => Elems::Bool(Cow::Borrowed(a)),
-        Cow::Owned(Literal::F32(a)) => Elems::F32(Cow::Owned(a)),
-        Cow::Owned(Literal::I32(a)) => Elems::I32(Cow::Owned(a)),
-        Cow::Owned(Literal::Bool(a)) => Elems::Bool(Cow::Owned(a)),
+impl<T> Arg<'_, T> {
+    fn view(&self) -> ArrayViewD<'_, T> {
+        match self {
+            Arg::Owned(a) => a.view(),
+            Arg::View(v) => v.view(),
+        }
     }
 }
 
-fn zip_with<A: Copy, B: Copy, R>(x: &ArrayD<A>, y: &ArrayD<B>, f: impl Fn(A, B) -> R) -> ArrayD<R> {
+/// An operand's elements by dtype.
+enum Elems<'a> {
+    F32(Arg<'a, f32>),
+    I32(Arg<'a, i32>),
+    Bool(Arg<'a, bool>),
+}
+
+/// The elements of `x`: a broadcast is a view of its operand, materialised only if
+/// that operand is not in standard layout.
+fn elems(x: Operand<'_>) -> Result<Elems<'_>, String> {
+    fn arg<'a, T: Clone>(
+        a: &'a ArrayD<T>,
+        shape: &[usize],
+        dims: &[usize],
+    ) -> Result<Arg<'a, T>, String> {
+        match broadcast_view(a, shape, dims) {
+            Some(v) => Ok(Arg::View(v)),
+            None => broadcast_in_dim(a.view(), shape, dims).map(Arg::Owned),
+        }
+    }
+    Ok(match x {
+        Operand::Value(Cow::Borrowed(Literal::F32(a))) => Elems::F32(Arg::View(a.view())),
+        Operand::Value(Cow::Borrowed(Literal::I32(a))) => Elems::I32(Arg::View(a.view())),
+        Operand::Value(Cow::Borrowed(Literal::Bool(a))) => Elems::Bool(Arg::View(a.view())),
+        Operand::Value(Cow::Owned(Literal::F32(a))) => Elems::F32(Arg::Owned(a)),
+        Operand::Value(Cow::Owned(Literal::I32(a))) => Elems::I32(Arg::Owned(a)),
+        Operand::Value(Cow::Owned(Literal::Bool(a))) => Elems::Bool(Arg::Owned(a)),
+        Operand::Broadcast {
+            source,
+            shape,
+            dims,
+        } => match source {
+            Literal::F32(a) => Elems::F32(arg(a, shape, dims)?),
+            Literal::I32(a) => Elems::I32(arg(a, shape, dims)?),
+            Literal::Bool(a) => Elems::Bool(arg(a, shape, dims)?),
+        },
+    })
+}
+
+/// The dtype of an operand.
+fn dtype_of(x: &Operand<'_>) -> DType {
+    match x {
+        Operand::Value(v) => v.dtype(),
+        Operand::Broadcast { source, .. } => source.dtype(),
+    }
+}
+
+fn zip_with<A: Copy, B: Copy, R>(
+    x: ArrayViewD<'_, A>,
+    y: ArrayViewD<'_, B>,
+    f: impl Fn(A, B) -> R,
+) -> ArrayD<R> {
     Zip::from(x).and(y).map_collect(|&a, &b| f(a, b))
 }
 
 /// `f` of each element: in place if `a` is owned.
-fn map_same<T: Copy>(a: Cow<'_, ArrayD<T>>, f: impl Fn(T) -> T) -> ArrayD<T> {
+fn map_same<T: Copy>(a: Arg<'_, T>, f: impl Fn(T) -> T) -> ArrayD<T> {
     match a {
-        Cow::Owned(mut a) => {
+        Arg::Owned(mut a) => {
             a.mapv_inplace(f);
             a
         }
-        Cow::Borrowed(a) => a.mapv(f),
+        Arg::View(a) => a.mapv(f),
     }
 }
 
 /// `f(a, b)` of each pair of elements (`a` and `b` of one shape): in place in whichever
 /// is owned.
-fn zip_same<T: Copy>(
-    a: Cow<'_, ArrayD<T>>,
-    b: Cow<'_, ArrayD<T>>,
-    f: impl Fn(T, T) -> T,
-) -> ArrayD<T> {
+fn zip_same<T: Copy>(a: Arg<'_, T>, b: Arg<'_, T>, f: impl Fn(T, T) -> T) -> ArrayD<T> {
     match (a, b) {
-        (Cow::Owned(mut a), b) => {
-            Zip::from(&mut a).and(&*b).for_each(|p, &q| *p = f(*p, q));
+        (Arg::Owned(mut a), b) => {
+            Zip::from(&mut a)
+                .and(b.view())
+                .for_each(|p, &q| *p = f(*p, q));
             a
         }
-        (a, Cow::Owned(mut b)) => {
-            Zip::from(&*a).and(&mut b).for_each(|&p, q| *q = f(p, *q));
+        (a, Arg::Owned(mut b)) => {
+            Zip::from(a.view())
+                .and(&mut b)
+                .for_each(|&p, q| *q = f(p, *q));
             b
         }
-        (a, b) => zip_with(&a, &b, f),
+        (Arg::View(a), Arg::View(b)) => zip_with(a, b, f),
     }
 }
 
-pub(super) fn unary(op: UnaryOp, x: Cow<'_, Literal>) -> Result<Literal, String> {
-    let dtype = x.dtype();
+pub(super) fn unary(op: UnaryOp, x: Operand<'_>) -> Result<Literal, String> {
+    let dtype = dtype_of(&x);
     let undefined = || not_defined(&Op::Unary(op), dtype);
-    Ok(match elems(x) {
-        Elems::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.mapv(f32::is_finite)),
+    Ok(match elems(x)? {
+        Elems::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.view().mapv(f32::is_finite)),
         Elems::F32(a) => Literal::F32(match op {
             UnaryOp::Neg => map_same(a, |v| -v),
             UnaryOp::Abs => map_same(a, f32::abs),
@@ -148,17 +199,10 @@ fn pow_i32(a: i32, b: i32) -> i32 {
     }
 }
 
-pub(super) fn binary(
-    op: BinaryOp,
-    x: Cow<'_, Literal>,
-    y: Cow<'_, Literal>,
-) -> Result<Literal, String> {
-    if x.dtype() != y.dtype() {
-        return Err(dtype_mismatch(&x, &y));
-    }
-    let dtype = x.dtype();
+pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Literal, String> {
+    let dtype = same_dtype(&x, &y)?;
     let undefined = || not_defined(&Op::Binary(op), dtype);
-    Ok(match (elems(x), elems(y)) {
+    Ok(match (elems(x)?, elems(y)?) {
         (Elems::F32(a), Elems::F32(b)) => Literal::F32(match op {
             BinaryOp::Add => zip_same(a, b, |p, q| p + q),
             BinaryOp::Sub => zip_same(a, b, |p, q| p - q),
@@ -194,9 +238,10 @@ pub(super) fn binary(
 
 fn compare_arrays<T: Copy + PartialOrd>(
     op: CompareOp,
-    a: &ArrayD<T>,
-    b: &ArrayD<T>,
+    a: Arg<'_, T>,
+    b: Arg<'_, T>,
 ) -> ArrayD<bool> {
+    let (a, b) = (a.view(), b.view());
     match op {
         CompareOp::Eq => zip_with(a, b, |p, q| p == q),
         CompareOp::Ne => zip_with(a, b, |p, q| p != q),
@@ -207,53 +252,68 @@ fn compare_arrays<T: Copy + PartialOrd>(
     }
 }
 
-pub(super) fn compare(op: CompareOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
-    Ok(Literal::Bool(match (x, y) {
-        (Literal::F32(a), Literal::F32(b)) => compare_arrays(op, a, b),
-        (Literal::I32(a), Literal::I32(b)) => compare_arrays(op, a, b),
-        (Literal::Bool(a), Literal::Bool(b)) => compare_arrays(op, a, b),
-        _ => return Err(dtype_mismatch(x, y)),
+/// The dtype of `x` and `y`, or `Err` naming their types if they differ.
+fn same_dtype(x: &Operand<'_>, y: &Operand<'_>) -> Result<DType, String> {
+    let type_of = |x: &Operand<'_>| match x {
+        Operand::Value(v) => type_of(v),
+        Operand::Broadcast { source, shape, .. } => TensorType::new(shape.to_vec(), source.dtype()),
+    };
+    if dtype_of(x) == dtype_of(y) {
+        Ok(dtype_of(x))
+    } else {
+        Err(types_differ(&type_of(x), &type_of(y)))
+    }
+}
+
+pub(super) fn compare(op: CompareOp, x: Operand<'_>, y: Operand<'_>) -> Result<Literal, String> {
+    let dtype = same_dtype(&x, &y)?;
+    Ok(Literal::Bool(match (elems(x)?, elems(y)?) {
+        (Elems::F32(a), Elems::F32(b)) => compare_arrays(op, a, b),
+        (Elems::I32(a), Elems::I32(b)) => compare_arrays(op, a, b),
+        (Elems::Bool(a), Elems::Bool(b)) => compare_arrays(op, a, b),
+        // The dtypes are equal (checked above).
+        _ => return Err(not_defined(&Op::Compare(op), dtype)),
     }))
 }
 
 pub(super) fn select(
-    pred: &Literal,
-    on_true: Cow<'_, Literal>,
-    on_false: Cow<'_, Literal>,
+    pred: Operand<'_>,
+    on_true: Operand<'_>,
+    on_false: Operand<'_>,
 ) -> Result<Literal, String> {
     /// `p ? t : f` elementwise: in place in whichever of `t` and `f` is owned.
-    fn pick<T: Clone>(p: &ArrayD<bool>, t: Cow<'_, ArrayD<T>>, f: Cow<'_, ArrayD<T>>) -> ArrayD<T> {
+    fn pick<T: Clone>(p: ArrayViewD<'_, bool>, t: Arg<'_, T>, f: Arg<'_, T>) -> ArrayD<T> {
         match (t, f) {
-            (Cow::Owned(mut t), f) => {
-                Zip::from(&mut t).and(p).and(&*f).for_each(|t, &p, f| {
+            (Arg::Owned(mut t), f) => {
+                Zip::from(&mut t).and(p).and(f.view()).for_each(|t, &p, f| {
                     if !p {
                         *t = f.clone();
                     }
                 });
                 t
             }
-            (t, Cow::Owned(mut f)) => {
-                Zip::from(&mut f).and(p).and(&*t).for_each(|f, &p, t| {
+            (t, Arg::Owned(mut f)) => {
+                Zip::from(&mut f).and(p).and(t.view()).for_each(|f, &p, t| {
                     if p {
                         *f = t.clone();
                     }
                 });
                 f
             }
-            (t, f) => Zip::from(p)
-                .and(&*t)
-                .and(&*f)
+            (Arg::View(t), Arg::View(f)) => Zip::from(p)
+                .and(t)
+                .and(f)
                 .map_collect(|&p, t, f| if p { t.clone() } else { f.clone() }),
         }
     }
-    let p = pred
-        .as_bool()
-        .ok_or_else(|| format!("predicate must be pred, got {}", type_of(pred)))?;
-    if on_true.dtype() != on_false.dtype() {
-        return Err(dtype_mismatch(&on_true, &on_false));
-    }
-    let dtype = on_true.dtype();
-    Ok(match (elems(on_true), elems(on_false)) {
+    let dtype = same_dtype(&on_true, &on_false)?;
+    let p = match elems(pred)? {
+        Elems::Bool(p) => p,
+        Elems::F32(_) => return Err("predicate must be pred, got f32".into()),
+        Elems::I32(_) => return Err("predicate must be pred, got i32".into()),
+    };
+    let p = p.view();
+    Ok(match (elems(on_true)?, elems(on_false)?) {
         (Elems::F32(t), Elems::F32(f)) => Literal::F32(pick(p, t, f)),
         (Elems::I32(t), Elems::I32(f)) => Literal::I32(pick(p, t, f)),
         (Elems::Bool(t), Elems::Bool(f)) => Literal::Bool(pick(p, t, f)),
