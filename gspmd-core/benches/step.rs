@@ -1,7 +1,10 @@
 //! Step time of a Megatron MLP block (forward) on a 1x2 thread mesh relative to the
 //! reference interpreter on one thread, in one criterion group so the ratio can be read
-//! off one run (2 cores here: ideal is 2x).
+//! off one run (2 cores here: ideal is 2x). First prints the allocations and bytes
+//! allocated per step (an instrumented global allocator; its counting is a few atomic
+//! adds per allocation).
 
+use std::alloc::System;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -10,6 +13,24 @@ use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Prints the allocations and bytes allocated by one call of `step` (after a warm-up
+/// call).
+fn count_allocations(label: &str, mut step: impl FnMut()) {
+    step();
+    let region = Region::new(GLOBAL);
+    step();
+    let stats = region.change();
+    println!(
+        "{label}: {} allocations, {:.1} MiB allocated per step",
+        stats.allocations,
+        stats.bytes_allocated as f64 / (1 << 20) as f64
+    );
+}
 
 fn mlp(batch: usize, d: usize, f: usize) -> Program {
     let parse = |text: &str| -> Sharding { text.parse().expect("valid sharding") };
@@ -39,6 +60,9 @@ fn bench(c: &mut Criterion) {
     let inputs = vec![input(&[batch, d]), input(&[d, f]), input(&[f, d])];
     let mut group = c.benchmark_group(format!("mlp_step_b{batch}_d{d}_f{f}"));
     group.sample_size(20);
+    count_allocations("interpreter_1_thread", || {
+        interpret(&program, &inputs).expect("runs");
+    });
     group.bench_function("interpreter_1_thread", |bench| {
         bench.iter(|| interpret(black_box(&program), black_box(&inputs)).expect("runs"))
     });
@@ -46,6 +70,9 @@ fn bench(c: &mut Criterion) {
         let mesh = Mesh::new([("data", data), ("model", model)]).expect("valid mesh");
         let exe = compile(&program, &mesh).expect("compiles");
         let threads = ThreadMesh::new(mesh).expect("threads start");
+        count_allocations(label, || {
+            exe.run(&threads, &inputs).expect("runs");
+        });
         group.bench_function(label, |bench| {
             bench.iter(|| {
                 exe.run(black_box(&threads), black_box(&inputs))

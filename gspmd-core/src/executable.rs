@@ -1,22 +1,30 @@
 //! [`compile`]: the whole pipeline for one mesh — verify, propagate, partition — and the
 //! [`Executable`] it returns.
 
+use std::sync::{Arc, OnceLock};
+
 use crate::error::Result;
 use crate::ir::{Literal, Program, verify};
 use crate::partition::{SpmdProgram, combine_collectives, partition};
 use crate::propagation::propagate;
-use crate::runtime::{ThreadMesh, interpret};
+use crate::runtime::{Input, Output, PlannedProgram, ThreadMesh, Value, interpret};
 use crate::sharding::Mesh;
 use crate::simplify::{Stage, simplify_verified};
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
+///
+/// The per-device program's execution plan is made at its first run and reused by
+/// every later [`run`](Executable::run) and [`execute`](Executable::execute) (training
+/// steps), as long as [`SpmdProgram::program`] is left as it was.
 #[derive(Debug, Clone)]
 pub struct Executable {
     /// The global program, simplified, after propagation (every node has a `sharding`).
     pub propagated: Program,
     /// The per-device program.
     pub spmd: SpmdProgram,
+    /// The plan of `spmd.program`, made at the first run.
+    planned: OnceLock<Arc<PlannedProgram>>,
 }
 
 /// Verifies `program`, simplifies it, completes its shardings for `mesh`, partitions it,
@@ -38,13 +46,41 @@ pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
     let mut spmd = partition(&propagated, mesh)?;
     spmd.program = simplify_verified(&spmd.program, Stage::Sharded);
     spmd.program = combine_collectives(&spmd.program)?;
-    Ok(Executable { propagated, spmd })
+    Ok(Executable {
+        propagated,
+        spmd,
+        planned: OnceLock::new(),
+    })
 }
 
 impl Executable {
     /// Runs on `mesh` with global inputs; returns global outputs. See [`SpmdProgram::run`].
     pub fn run(&self, mesh: &ThreadMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        self.spmd.run(mesh, inputs)
+        self.spmd.run_planned(&self.planned(), mesh, inputs)
+    }
+
+    /// [`SpmdProgram::execute`] with the executable's plan (made at the first run).
+    pub fn execute(
+        &self,
+        mesh: &ThreadMesh,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        self.spmd
+            .execute_planned(&self.planned(), mesh, inputs, outputs)
+    }
+
+    /// The plan of `spmd.program`: the one made at the first run, or a new one if
+    /// `spmd.program` was changed since.
+    fn planned(&self) -> Arc<PlannedProgram> {
+        let planned = self
+            .planned
+            .get_or_init(|| Arc::new(PlannedProgram::new(self.spmd.program.clone())));
+        if planned.program == self.spmd.program {
+            Arc::clone(planned)
+        } else {
+            Arc::new(PlannedProgram::new(self.spmd.program.clone()))
+        }
     }
 
     /// Runs on `mesh` and on the single-device reference interpreter with the same

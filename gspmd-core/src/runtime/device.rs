@@ -3,8 +3,9 @@
 //! coordinates; collectives go to the [`Communicator`].
 
 use super::communicator::Communicator;
-use super::interpreter::execute;
-use super::kernels;
+use super::interpreter::{eval_kernel, execute};
+use super::kernels::Operand;
+use super::plan::Plan;
 use crate::error::Result;
 use crate::ir::{AxisGroup, DType, Literal, Node, Op, Program};
 use crate::sharding::Mesh;
@@ -19,17 +20,40 @@ pub fn run_on_device(
     inputs: &[Literal],
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
-    execute(program, inputs, memory_limit, |node, operands| {
-        eval_on_device(comm, node, operands)
-    })
+    run_planned(program, &Plan::new(program), comm, inputs, memory_limit)
 }
 
+/// [`run_on_device`] with the program's plan made beforehand ([`Plan::new`] of
+/// `program`).
+pub(crate) fn run_planned(
+    program: &Program,
+    plan: &Plan,
+    comm: &dyn Communicator,
+    inputs: &[Literal],
+    memory_limit: usize,
+) -> Result<Vec<Literal>> {
+    execute(
+        program,
+        plan,
+        inputs,
+        memory_limit,
+        |node, operands, typed| eval_on_device(comm, node, operands, typed),
+    )
+}
+
+/// One node on this device: a collective's operand is moved to the communicator when
+/// the loop hands it over (else copied); local ops go to [`eval_kernel`].
 fn eval_on_device(
     comm: &dyn Communicator,
     node: &Node,
-    operands: &[&Literal],
+    operands: Vec<Operand<'_>>,
+    typed: bool,
 ) -> Result<Literal, String> {
-    let x = || operands[0].clone();
+    let x = |operands: Vec<Operand<'_>>| -> Result<Literal, String> {
+        let first = operands.into_iter().next();
+        let first = first.ok_or_else(|| format!("{} takes an operand", node.op.name()))?;
+        Ok(first.into_value()?.into_owned())
+    };
     let collective = match &node.op {
         Op::AxisIndex(group) => {
             let index = comm
@@ -38,19 +62,19 @@ fn eval_on_device(
                 .map_err(|e| e.to_string())?;
             return Ok(Literal::full(&[], DType::I32, index as f64));
         }
-        Op::AllReduce { group, kind } => comm.all_reduce(&group.axes, *kind, x()),
-        Op::AllGather { group, dim } => comm.all_gather(&group.axes, *dim, x()),
+        Op::AllReduce { group, kind } => comm.all_reduce(&group.axes, *kind, x(operands)?),
+        Op::AllGather { group, dim } => comm.all_gather(&group.axes, *dim, x(operands)?),
         Op::ReduceScatter { group, kind, dim } => {
-            comm.reduce_scatter(&group.axes, *kind, *dim, x())
+            comm.reduce_scatter(&group.axes, *kind, *dim, x(operands)?)
         }
         Op::AllToAll {
             group,
             split_dim,
             concat_dim,
-        } => comm.all_to_all(&group.axes, *split_dim, *concat_dim, x()),
+        } => comm.all_to_all(&group.axes, *split_dim, *concat_dim, x(operands)?),
         Op::CollectivePermute { group, from } => {
             let pairs = permute_pairs(comm.mesh(), comm.device(), group, from)?;
-            comm.collective_permute(&group.axes, &pairs, x())
+            comm.collective_permute(&group.axes, &pairs, x(operands)?)
         }
         Op::CollectiveShift {
             group,
@@ -59,9 +83,9 @@ fn eval_on_device(
             mirror,
         } => {
             let pairs = group.shift_pairs(*offset, *wrap, *mirror);
-            comm.collective_permute(&group.axes, &pairs, x())
+            comm.collective_permute(&group.axes, &pairs, x(operands)?)
         }
-        op => return kernels::eval(op, operands, &node.ty),
+        _ => return eval_kernel(node, operands, typed),
     };
     collective.map_err(|e| e.to_string())
 }

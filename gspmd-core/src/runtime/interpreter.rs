@@ -4,14 +4,15 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::ir::{FlowInstance, Literal, Node, Op, Program, TensorType, ValueId, flow_instances};
+use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::flow::run_flow;
 use super::kernels;
+use super::kernels::Operand;
 use super::memory::available_memory;
+use super::plan::{Plan, Step};
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -36,21 +37,47 @@ pub fn interpret_with_memory_limit(
     inputs: &[Literal],
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
-    execute(program, inputs, memory_limit, |node, operands| {
-        kernels::eval(&node.op, operands, &node.ty)
-    })
+    let plan = Plan::new(program);
+    execute(program, &plan, inputs, memory_limit, eval_kernel)
+}
+
+/// The kernel of `node` on `operands`: unchecked ([`kernels::eval_typed`]) if `typed`
+/// (the plan checked the node and the operands have their node types), else checked
+/// ([`kernels::eval`]), with the same errors as without a plan.
+pub(crate) fn eval_kernel(
+    node: &Node,
+    operands: Vec<Operand<'_>>,
+    typed: bool,
+) -> Result<Literal, String> {
+    if typed {
+        kernels::eval_typed(&node.op, operands, &node.ty)
+    } else {
+        let values = operands
+            .into_iter()
+            .map(Operand::into_value)
+            .collect::<Result<Vec<_>, String>>()?;
+        let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
+        kernels::eval(&node.op, &refs, &node.ty)
+    }
 }
 
 /// The evaluation loop shared by the reference interpreter and the per-device runtime:
 /// checks `inputs`, binds parameters and constants, computes every other node with
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
-/// after its last use, and returns the outputs.
+/// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
+///
+/// `eval` gets the node, its operands — each handed over by value
+/// ([`Cow::Owned`]) when this node is its last use and it was computed by the loop,
+/// else lent; a broadcast the plan deferred as its operand's view — and whether they
+/// fit the node unchecked (the plan's type check passed and every operand has its
+/// node's type; see [`kernels::eval_typed`]). A deferred broadcast whose operand does
+/// not have its node's type is materialised like any node.
 ///
 /// Memory: every live value counts (parameters and constants too), by its type's size.
 /// Before a node's value is bound or computed, the live bytes plus its bytes are checked
 /// against `memory_limit`; over it is an [`Error::OutOfMemory`] for that node, so no
-/// allocation beyond the limit is attempted. Scratch space inside a kernel is not
-/// counted.
+/// allocation beyond the limit is attempted. An operand handed over still counts until
+/// the node is computed. Scratch space inside a kernel is not counted.
 ///
 /// Control flow ([`Op::Flow`]) runs its regions through this same loop with the same
 /// `eval` (so collectives inside a loop body run once per iteration), each region run
@@ -61,34 +88,37 @@ pub fn interpret_with_memory_limit(
 /// result was taken.
 pub(crate) fn execute(
     program: &Program,
+    plan: &Plan,
     inputs: &[Literal],
     memory_limit: usize,
-    mut eval: impl FnMut(&Node, &[&Literal]) -> Result<Literal, String>,
+    mut eval: impl FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
-    execute_dyn(program, inputs, memory_limit, &mut eval)
+    execute_dyn(program, plan, inputs, memory_limit, &mut eval)
 }
 
-/// The results of flow instances computed for one result node and waiting for the
-/// others, each with how many of the instance's result nodes still read it.
-type Pending = HashMap<FlowInstance, Vec<(Option<Literal>, usize)>>;
+/// The results of flow instances (by index in [`Plan::flows`]) computed for one result
+/// node and waiting for the others, each with how many of the instance's result nodes
+/// still read it.
+type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 
-/// Computes one node from its operands (an `Err` message on failure).
-type Eval<'a> = dyn FnMut(&Node, &[&Literal]) -> Result<Literal, String> + 'a;
+/// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
+type Eval<'a> = dyn FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse.
 fn execute_dyn(
     program: &Program,
+    plan: &Plan,
     inputs: &[Literal],
     memory_limit: usize,
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
-    let instances = flow_instances(program);
     let mut pending: Pending = HashMap::new();
-    let last_use = last_uses(program);
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
+    // The deferred broadcasts computed as views of their operands (no value).
+    let mut views = vec![false; program.nodes.len()];
     let mut live: usize = 0;
-    for (i, node) in program.nodes.iter().enumerate() {
+    for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
         let v = ValueId(i as u32);
         let fail = |message: String| Error::Runtime {
             value: v,
@@ -96,7 +126,7 @@ fn execute_dyn(
             location: node.location,
             message,
         };
-        let bytes = node.ty.size_in_bytes();
+        let bytes = step.bytes;
         if live.saturating_add(bytes) > memory_limit {
             return Err(Error::OutOfMemory {
                 value: v,
@@ -116,33 +146,55 @@ fn execute_dyn(
             ),
             Op::Constant(lit) => Cow::Borrowed(lit),
             _ => {
-                let operands = node
-                    .operands
-                    .iter()
-                    .map(|o| match values.get(o.index()) {
-                        Some(Some(lit)) => Ok(lit.as_ref()),
-                        _ => Err(fail(format!("operand {o} is not available"))),
-                    })
-                    .collect::<Result<Vec<&Literal>>>()?;
-                match &node.op {
-                    Op::Flow { flow, result } => {
-                        let key = (Arc::as_ptr(flow), node.operands.clone());
-                        let nodes = instances.get(&key).map_or(&[][..], Vec::as_slice);
-                        let size_of = |j: usize| {
-                            nodes
-                                .get(j)
-                                .and_then(|n| n.first())
-                                .map_or(0, |&r| program.nodes[r.index()].ty.size_in_bytes())
-                        };
-                        let results = match pending.entry(key.clone()) {
+                let available = |o: &&ValueId| {
+                    matches!(values.get(o.index()), Some(Some(_))) || views[o.index()]
+                };
+                if let Some(o) = node.operands.iter().find(|o| !available(o)) {
+                    return Err(fail(format!("operand {o} is not available")));
+                }
+                let source_fits = |o: &ValueId| {
+                    values[o.index()]
+                        .as_deref()
+                        .is_some_and(|x| kernels::has_type(x, &program.nodes[o.index()].ty))
+                };
+                if step.deferred && node.operands.first().is_some_and(source_fits) {
+                    views[i] = true;
+                    continue_after(step, plan, &mut values, &mut views, &mut live);
+                    continue;
+                }
+                let operands = gather_operands(program, node, step, &mut values, &views)
+                    .ok_or_else(|| fail("a viewed operand is not available".into()))?;
+                match (&node.op, step.flow) {
+                    (Op::Flow { flow, result }, Some(instance)) => {
+                        let flow_plan = &plan.flows[instance];
+                        let size_of = |j: usize| flow_plan.results.get(j).map_or(0, |r| r.1);
+                        let reads_of = |j: usize| flow_plan.results.get(j).map_or(0, |r| r.0);
+                        let results = match pending.entry(instance) {
                             Entry::Occupied(slot) => slot.into_mut(),
                             Entry::Vacant(slot) => {
                                 let left = memory_limit - live;
+                                let regions = flow.regions();
                                 let mut run = |region: &Program, args: &[Literal], limit| {
-                                    execute_dyn(region, args, limit, eval)
+                                    let fresh;
+                                    let region_plan =
+                                        match regions.iter().position(|r| std::ptr::eq(*r, region))
+                                        {
+                                            Some(j) => &flow_plan.regions[j],
+                                            None => {
+                                                fresh = Plan::new(region);
+                                                &fresh
+                                            }
+                                        };
+                                    execute_dyn(region, region_plan, args, limit, eval)
                                 };
-                                let all = run_flow(flow, &operands, left, &mut run, &fail)?;
-                                let reads_of = |j| nodes.get(j).map_or(0, Vec::len);
+                                let operands = operands
+                                    .into_iter()
+                                    .map(Operand::into_value)
+                                    .collect::<Result<Vec<_>, String>>()
+                                    .map_err(&fail)?;
+                                let refs: Vec<&Literal> =
+                                    operands.iter().map(AsRef::as_ref).collect();
+                                let all = run_flow(flow, &refs, left, &mut run, &fail)?;
                                 // Results waiting for their nodes are live; a result no
                                 // node reads is dropped now.
                                 let held: usize = (0..all.len())
@@ -179,28 +231,30 @@ fn execute_dyn(
                             }
                         });
                         if results.iter().all(|(r, _)| r.is_none()) {
-                            pending.remove(&key);
+                            pending.remove(&instance);
                         }
                         Cow::Owned(value.ok_or_else(|| fail(format!("no result {result}")))?)
                     }
-                    _ => Cow::Owned(eval(node, &operands).map_err(fail)?),
+                    _ => {
+                        let typed = step.typed
+                            && operands.iter().zip(&node.operands).all(|(x, o)| match x {
+                                Operand::Value(x) => {
+                                    kernels::has_type(x, &program.nodes[o.index()].ty)
+                                }
+                                // Its operand was checked when it was deferred.
+                                Operand::Broadcast { .. } => true,
+                            });
+                        Cow::Owned(eval(node, operands, typed).map_err(fail)?)
+                    }
                 }
             }
         };
         values[i] = Some(value);
-        for o in node.operands.iter().chain(std::iter::once(&v)) {
-            if last_use[o.index()] == Some(i)
-                && let Some(slot) = values.get_mut(o.index())
-                && slot.take().is_some()
-            {
-                live -= program.nodes[o.index()].ty.size_in_bytes();
-            }
-        }
+        continue_after(step, plan, &mut values, &mut views, &mut live);
     }
-    let mut outputs = Vec::with_capacity(program.outputs.len());
-    for (k, &o) in program.outputs.iter().enumerate() {
+    let mut outputs = Vec::with_capacity(plan.outputs.len());
+    for (k, &(o, again)) in plan.outputs.iter().enumerate() {
         let slot = values.get_mut(o.index());
-        let again = program.outputs[k + 1..].contains(&o);
         let lit = match slot {
             Some(slot) if again => slot.clone(),
             Some(slot) => slot.take(),
@@ -215,6 +269,72 @@ fn execute_dyn(
         outputs.push(lit.into_owned());
     }
     Ok(outputs)
+}
+
+/// Drops the values `step` drops, and stops counting the bytes it frees.
+fn continue_after(
+    step: &Step,
+    plan: &Plan,
+    values: &mut [Option<Cow<'_, Literal>>],
+    views: &mut [bool],
+    live: &mut usize,
+) {
+    for o in &step.drops {
+        values[o.index()] = None;
+        views[o.index()] = false;
+    }
+    for o in &step.frees {
+        *live -= plan.steps[o.index()].bytes;
+    }
+}
+
+/// The operands of `node` (each present in `values` or in `views`): each one whose
+/// `hand_over` is set and that the loop owns is moved out of `values`, the others are
+/// lent; a view is its broadcast's operand with the broadcast's shape and dims. `None`
+/// if a view's operand is not in `values`.
+fn gather_operands<'v>(
+    program: &'v Program,
+    node: &Node,
+    step: &Step,
+    values: &'v mut [Option<Cow<'_, Literal>>],
+    views: &[bool],
+) -> Option<Vec<Operand<'v>>> {
+    let mut owned: Vec<Option<Literal>> = node
+        .operands
+        .iter()
+        .zip(&step.hand_over)
+        .map(|(o, &last)| match values.get_mut(o.index()) {
+            Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {
+                Some(Cow::Owned(lit)) => Some(lit),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let values: &'v [Option<Cow<'_, Literal>>] = values;
+    node.operands
+        .iter()
+        .zip(owned.iter_mut())
+        .map(|(o, taken)| {
+            if let Some(lit) = taken.take() {
+                return Some(Operand::Value(Cow::Owned(lit)));
+            }
+            let broadcast = &program.nodes[o.index()];
+            match (&broadcast.op, views[o.index()]) {
+                (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
+                    source: values
+                        .get(broadcast.operands.first()?.index())?
+                        .as_deref()?,
+                    shape,
+                    dims,
+                }),
+                _ => values
+                    .get(o.index())?
+                    .as_deref()
+                    .map(|x| Operand::Value(Cow::Borrowed(x))),
+            }
+        })
+        .collect()
 }
 
 /// Checks the number, dtypes and shapes of `inputs` against the program's parameters.
@@ -253,23 +373,4 @@ fn check_inputs(program: &Program, inputs: &[Literal]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// For each value, the index of the last node that uses it: the node itself if nothing
-/// does, `None` (never freed) for outputs.
-fn last_uses(program: &Program) -> Vec<Option<usize>> {
-    let mut last: Vec<Option<usize>> = (0..program.nodes.len()).map(Some).collect();
-    for (i, node) in program.nodes.iter().enumerate() {
-        for o in &node.operands {
-            if let Some(slot) = last.get_mut(o.index()) {
-                *slot = Some(i);
-            }
-        }
-    }
-    for o in &program.outputs {
-        if let Some(slot) = last.get_mut(o.index()) {
-            *slot = None;
-        }
-    }
-    last
 }

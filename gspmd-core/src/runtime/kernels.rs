@@ -11,14 +11,17 @@
 
 mod contraction;
 mod elementary;
+mod elementwise;
 mod indexing;
 mod reduce;
 
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
+use std::borrow::Cow;
+
+pub(crate) use elementwise::{max_nan, min_nan};
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
 
 use crate::ir::{
-    BinaryOp, CompareOp, ConvConfig, CumulativeKind, DType, Literal, Op, ReduceKind, TensorType,
-    UnaryOp, WindowDim, infer_type,
+    ConvConfig, CumulativeKind, DType, Literal, Op, ReduceKind, TensorType, WindowDim, infer_type,
 };
 
 /// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
@@ -67,6 +70,104 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
             "operands give {expected} but the node's type is {result}"
         ));
     }
+    let operands = operands.iter().map(|&o| Operand::Value(Cow::Borrowed(o)));
+    eval_typed(op, operands.collect(), result)
+}
+
+/// An operand as the evaluation loop passes it to [`eval_typed`].
+#[derive(Debug)]
+pub(crate) enum Operand<'a> {
+    /// A value, lent or handed over (then free to overwrite).
+    Value(Cow<'a, Literal>),
+    /// The `broadcast_in_dim` of `source` (standard layout, fitting `shape` and
+    /// `dims`), not materialised: elementwise kernels read it as a strided view.
+    Broadcast {
+        /// The broadcast's operand.
+        source: &'a Literal,
+        /// The result shape.
+        shape: &'a [usize],
+        /// The result dim of each operand dim.
+        dims: &'a [usize],
+    },
+}
+
+impl<'a> Operand<'a> {
+    /// The operand as a literal, a broadcast materialised.
+    pub(crate) fn into_value(self) -> Result<Cow<'a, Literal>, String> {
+        match self {
+            Operand::Value(v) => Ok(v),
+            Operand::Broadcast {
+                source,
+                shape,
+                dims,
+            } => Ok(Cow::Owned(
+                each_dtype!(source, a => broadcast_in_dim(a.view(), shape, dims)?),
+            )),
+        }
+    }
+}
+
+/// [`eval`] without the check of the operand types, for operands known to fit: their
+/// types, given to [`infer_type`] with `op`, give `result` (an execution plan checks
+/// this once per program). An operand passed owned may be overwritten as the result,
+/// and elementwise ops read a broadcast operand as a view (see the elementwise
+/// kernels); other ops get it materialised. The kernel's result is still checked
+/// against `result`.
+pub(crate) fn eval_typed(
+    op: &Op,
+    operands: Vec<Operand<'_>>,
+    result: &TensorType,
+) -> Result<Literal, String> {
+    let given = operands.len();
+    let arity = |n: usize| format!("{} takes {n} operands, given {given}", op.name());
+    let out = match op {
+        Op::Unary(u) => {
+            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            elementwise::unary(*u, x)?
+        }
+        Op::Binary(b) => {
+            let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
+            elementwise::binary(*b, x, y)?
+        }
+        Op::Compare(c) => {
+            let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
+            elementwise::compare(*c, x, y)?
+        }
+        Op::Select => {
+            let [p, t, f] = <[_; 3]>::try_from(operands).map_err(|_| arity(3))?;
+            elementwise::select(p, t, f)?
+        }
+        Op::Convert(dtype) => {
+            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            elementwise::convert(x.into_value()?, *dtype)
+        }
+        Op::ShardingConstraint => {
+            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            x.into_value()?.into_owned()
+        }
+        _ => {
+            let values = operands
+                .into_iter()
+                .map(Operand::into_value)
+                .collect::<Result<Vec<_>, String>>()?;
+            let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
+            compute_borrowed(op, &refs, result)?
+        }
+    };
+    let out = standard_layout(out);
+    if !has_type(&out, result) {
+        let got = type_of(&out);
+        return Err(format!("kernel produced {got}, expected {result}"));
+    }
+    Ok(out)
+}
+
+/// The kernels that read their operands by reference (see [`eval_typed`]).
+fn compute_borrowed(
+    op: &Op,
+    operands: &[&Literal],
+    result: &TensorType,
+) -> Result<Literal, String> {
     let out = match op {
         Op::Parameter { index, .. } => {
             return Err(format!(
@@ -75,11 +176,6 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         }
         Op::Constant(lit) => lit.clone(),
         Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
-        Op::Unary(u) => unary(*u, operands[0])?,
-        Op::Binary(b) => binary(*b, operands[0], operands[1])?,
-        Op::Compare(c) => compare(*c, operands[0], operands[1])?,
-        Op::Select => select(operands[0], operands[1], operands[2])?,
-        Op::Convert(dtype) => convert(operands[0], *dtype),
         Op::Broadcast { shape, dims } => {
             each_dtype!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
         }
@@ -124,7 +220,6 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         Op::Cumulative { kind, dim, reverse } => cumulative(*kind, operands[0], *dim, *reverse)?,
         Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending),
         Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
-        Op::ShardingConstraint => operands[0].clone(),
         Op::Flow { flow, .. } => {
             return Err(format!(
                 "{} has regions: the evaluation loop runs it, not a kernel",
@@ -143,13 +238,26 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
                 op.name()
             ));
         }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::ShardingConstraint => {
+            return Err(format!("{} takes its operands by value", op.name()));
+        }
     };
-    let out = standard_layout(out);
-    let got = type_of(&out);
-    if got != *result {
-        return Err(format!("kernel produced {got}, expected {result}"));
-    }
     Ok(out)
+}
+
+/// Whether `lit` has type `ty` (no allocation).
+pub(crate) fn has_type(lit: &Literal, ty: &TensorType) -> bool {
+    let shape = match lit {
+        Literal::F32(a) => a.shape(),
+        Literal::I32(a) => a.shape(),
+        Literal::Bool(a) => a.shape(),
+    };
+    lit.dtype() == ty.dtype && shape == ty.shape.as_slice()
 }
 
 fn type_of(lit: &Literal) -> TensorType {
@@ -173,11 +281,11 @@ fn not_defined(op: &Op, dtype: DType) -> String {
 }
 
 fn dtype_mismatch(a: &Literal, b: &Literal) -> String {
-    format!(
-        "operands of types {} and {} differ in dtype",
-        type_of(a),
-        type_of(b)
-    )
+    types_differ(&type_of(a), &type_of(b))
+}
+
+fn types_differ(a: &TensorType, b: &TensorType) -> String {
+    format!("operands of types {a} and {b} differ in dtype")
 }
 
 // ---- generated arrays ------------------------------------------------------------------
@@ -199,182 +307,6 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
     })
 }
 
-// ---- elementwise -----------------------------------------------------------------------
-
-fn zip_with<A: Copy, B: Copy, R>(x: &ArrayD<A>, y: &ArrayD<B>, f: impl Fn(A, B) -> R) -> ArrayD<R> {
-    Zip::from(x).and(y).map_collect(|&a, &b| f(a, b))
-}
-
-fn unary(op: UnaryOp, x: &Literal) -> Result<Literal, String> {
-    let undefined = || not_defined(&Op::Unary(op), x.dtype());
-    Ok(match x {
-        Literal::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.mapv(f32::is_finite)),
-        Literal::F32(a) => Literal::F32(match op {
-            UnaryOp::Neg => a.mapv(|v| -v),
-            UnaryOp::Abs => a.mapv(f32::abs),
-            UnaryOp::Exp => a.mapv(elementary::exp),
-            UnaryOp::Log => a.mapv(f32::ln),
-            UnaryOp::Sqrt => a.mapv(f32::sqrt),
-            UnaryOp::Rsqrt => a.mapv(|v| v.sqrt().recip()),
-            UnaryOp::Tanh => a.mapv(elementary::tanh),
-            UnaryOp::Logistic => a.mapv(elementary::logistic),
-            UnaryOp::Sin => a.mapv(f32::sin),
-            UnaryOp::Cos => a.mapv(f32::cos),
-            UnaryOp::Erf => a.mapv(libm::erff),
-            UnaryOp::Floor => a.mapv(f32::floor),
-            UnaryOp::Ceil => a.mapv(f32::ceil),
-            UnaryOp::Round => a.mapv(f32::round_ties_even),
-            UnaryOp::Sign => a.mapv(sign_f32),
-            UnaryOp::Not | UnaryOp::IsFinite => return Err(undefined()),
-        }),
-        Literal::I32(a) => Literal::I32(match op {
-            UnaryOp::Neg => a.mapv(i32::wrapping_neg),
-            UnaryOp::Abs => a.mapv(i32::wrapping_abs),
-            UnaryOp::Sign => a.mapv(i32::signum),
-            _ => return Err(undefined()),
-        }),
-        Literal::Bool(a) => Literal::Bool(match op {
-            UnaryOp::Not => a.mapv(|v| !v),
-            _ => return Err(undefined()),
-        }),
-    })
-}
-
-/// IEEE maximum that propagates NaN (XLA's `maximum`).
-pub(crate) fn max_nan(a: f32, b: f32) -> f32 {
-    if a.is_nan() || a > b { a } else { b }
-}
-
-/// IEEE minimum that propagates NaN (XLA's `minimum`).
-pub(crate) fn min_nan(a: f32, b: f32) -> f32 {
-    if a.is_nan() || a < b { a } else { b }
-}
-
-/// XLA's `sign`: `-1`, `1`, or the operand itself for `±0` and NaN.
-fn sign_f32(v: f32) -> f32 {
-    if v == 0.0 || v.is_nan() {
-        v
-    } else {
-        v.signum()
-    }
-}
-
-/// XLA's integer division: truncates toward zero; `x / 0 = -1`; `MIN / -1 = MIN`.
-fn div_i32(a: i32, b: i32) -> i32 {
-    if b == 0 { -1 } else { a.wrapping_div(b) }
-}
-
-/// XLA's integer remainder, the partner of [`div_i32`]: the sign of the dividend;
-/// `x % 0 = x`; `MIN % -1 = 0`.
-fn rem_i32(a: i32, b: i32) -> i32 {
-    if b == 0 { a } else { a.wrapping_rem(b) }
-}
-
-/// XLA's integer power: negative exponents give 0 except for bases 1 and -1.
-fn pow_i32(a: i32, b: i32) -> i32 {
-    match (a, b) {
-        (_, 0..) => a.wrapping_pow(b.unsigned_abs()),
-        (1, _) => 1,
-        (-1, _) => {
-            if b % 2 == 0 {
-                1
-            } else {
-                -1
-            }
-        }
-        _ => 0,
-    }
-}
-
-fn binary(op: BinaryOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
-    let undefined = || not_defined(&Op::Binary(op), x.dtype());
-    Ok(match (x, y) {
-        (Literal::F32(a), Literal::F32(b)) => Literal::F32(match op {
-            BinaryOp::Add => zip_with(a, b, |p, q| p + q),
-            BinaryOp::Sub => zip_with(a, b, |p, q| p - q),
-            BinaryOp::Mul => zip_with(a, b, |p, q| p * q),
-            BinaryOp::Div => zip_with(a, b, |p, q| p / q),
-            BinaryOp::Max => zip_with(a, b, max_nan),
-            BinaryOp::Min => zip_with(a, b, min_nan),
-            BinaryOp::Pow => zip_with(a, b, f32::powf),
-            // Rust's `%` on floats is C's `fmod`: exact, the sign of the dividend.
-            BinaryOp::Rem => zip_with(a, b, |p, q| p % q),
-            BinaryOp::And | BinaryOp::Or => return Err(undefined()),
-        }),
-        (Literal::I32(a), Literal::I32(b)) => Literal::I32(match op {
-            BinaryOp::Add => zip_with(a, b, i32::wrapping_add),
-            BinaryOp::Sub => zip_with(a, b, i32::wrapping_sub),
-            BinaryOp::Mul => zip_with(a, b, i32::wrapping_mul),
-            BinaryOp::Div => zip_with(a, b, div_i32),
-            BinaryOp::Max => zip_with(a, b, i32::max),
-            BinaryOp::Min => zip_with(a, b, i32::min),
-            BinaryOp::Pow => zip_with(a, b, pow_i32),
-            BinaryOp::Rem => zip_with(a, b, rem_i32),
-            BinaryOp::And | BinaryOp::Or => return Err(undefined()),
-        }),
-        (Literal::Bool(a), Literal::Bool(b)) => Literal::Bool(match op {
-            BinaryOp::And => zip_with(a, b, |p, q| p && q),
-            BinaryOp::Or => zip_with(a, b, |p, q| p || q),
-            _ => return Err(undefined()),
-        }),
-        _ => return Err(dtype_mismatch(x, y)),
-    })
-}
-
-fn compare_arrays<T: Copy + PartialOrd>(
-    op: CompareOp,
-    a: &ArrayD<T>,
-    b: &ArrayD<T>,
-) -> ArrayD<bool> {
-    match op {
-        CompareOp::Eq => zip_with(a, b, |p, q| p == q),
-        CompareOp::Ne => zip_with(a, b, |p, q| p != q),
-        CompareOp::Lt => zip_with(a, b, |p, q| p < q),
-        CompareOp::Le => zip_with(a, b, |p, q| p <= q),
-        CompareOp::Gt => zip_with(a, b, |p, q| p > q),
-        CompareOp::Ge => zip_with(a, b, |p, q| p >= q),
-    }
-}
-
-fn compare(op: CompareOp, x: &Literal, y: &Literal) -> Result<Literal, String> {
-    Ok(Literal::Bool(match (x, y) {
-        (Literal::F32(a), Literal::F32(b)) => compare_arrays(op, a, b),
-        (Literal::I32(a), Literal::I32(b)) => compare_arrays(op, a, b),
-        (Literal::Bool(a), Literal::Bool(b)) => compare_arrays(op, a, b),
-        _ => return Err(dtype_mismatch(x, y)),
-    }))
-}
-
-fn select(pred: &Literal, on_true: &Literal, on_false: &Literal) -> Result<Literal, String> {
-    fn pick<T: Clone>(p: &ArrayD<bool>, t: &ArrayD<T>, f: &ArrayD<T>) -> ArrayD<T> {
-        Zip::from(p)
-            .and(t)
-            .and(f)
-            .map_collect(|&p, t, f| if p { t.clone() } else { f.clone() })
-    }
-    let p = pred
-        .as_bool()
-        .ok_or_else(|| format!("predicate must be pred, got {}", type_of(pred)))?;
-    Ok(match (on_true, on_false) {
-        (Literal::F32(t), Literal::F32(f)) => Literal::F32(pick(p, t, f)),
-        (Literal::I32(t), Literal::I32(f)) => Literal::I32(pick(p, t, f)),
-        (Literal::Bool(t), Literal::Bool(f)) => Literal::Bool(pick(p, t, f)),
-        _ => return Err(dtype_mismatch(on_true, on_false)),
-    })
-}
-
-fn convert(x: &Literal, dtype: DType) -> Literal {
-    match (x, dtype) {
-        (Literal::F32(a), DType::I32) => Literal::I32(a.mapv(|v| v as i32)),
-        (Literal::F32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0.0)),
-        (Literal::I32(a), DType::F32) => Literal::F32(a.mapv(|v| v as f32)),
-        (Literal::I32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0)),
-        (Literal::Bool(a), DType::F32) => Literal::F32(a.mapv(|v| f32::from(u8::from(v)))),
-        (Literal::Bool(a), DType::I32) => Literal::I32(a.mapv(i32::from)),
-        (same, _) => same.clone(),
-    }
-}
-
 // ---- data movement ---------------------------------------------------------------------
 
 /// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]` (increasing).
@@ -391,6 +323,30 @@ fn broadcast_in_dim<T: Clone>(
     v.broadcast(IxDyn(shape))
         .map(|b| b.to_owned())
         .ok_or_else(|| format!("cannot broadcast {from:?} to {shape:?} along {dims:?}"))
+}
+
+/// [`broadcast_in_dim`] of `a` as a view: zero strides along the result dims that
+/// repeat it. `None` if `a` is not in standard layout or does not fit.
+fn broadcast_view<'a, T>(
+    a: &'a ArrayD<T>,
+    shape: &[usize],
+    dims: &[usize],
+) -> Option<ArrayViewD<'a, T>> {
+    let elements = a.as_slice()?;
+    if dims.len() != a.ndim() {
+        return None;
+    }
+    let mut strides = vec![0; shape.len()];
+    let mut stride = 1;
+    for (&n, &d) in a.shape().iter().zip(dims).rev() {
+        match shape.get(d) {
+            Some(&m) if n == m && n != 1 => strides[d] = stride,
+            Some(_) if n == 1 => {}
+            _ => return None,
+        }
+        stride *= n;
+    }
+    ArrayViewD::from_shape(IxDyn(shape).strides(IxDyn(&strides)), elements).ok()
 }
 
 /// Row-major reshape.

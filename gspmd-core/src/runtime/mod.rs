@@ -15,6 +15,7 @@ mod interpreter;
 #[doc(hidden)]
 pub mod kernels;
 mod memory;
+mod plan;
 mod sample;
 mod spmd;
 mod thread_mesh;
@@ -27,6 +28,7 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
+pub(crate) use plan::PlannedProgram;
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::blocks::{assemble, shard_literal};
-use super::device::run_on_device;
+use super::device::run_planned;
 use super::kernels;
+use super::plan::PlannedProgram;
 use super::thread_mesh::{DeviceContext, Resident, ThreadMesh};
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType};
@@ -115,18 +116,42 @@ impl SpmdProgram {
     /// Runs with global `inputs` and returns global outputs: [`SpmdProgram::execute`]
     /// with every input and output [`Global`](Input::Global).
     pub fn run(&self, mesh: &ThreadMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
+        let planned = Arc::new(PlannedProgram::new(self.program.clone()));
+        self.run_planned(&planned, mesh, inputs)
+    }
+
+    /// [`SpmdProgram::run`] with `planned`, the plan of [`SpmdProgram::program`].
+    pub(crate) fn run_planned(
+        &self,
+        planned: &Arc<PlannedProgram>,
+        mesh: &ThreadMesh,
+        inputs: &[Literal],
+    ) -> Result<Vec<Literal>> {
         let inputs: Vec<Input> = inputs.iter().map(Input::Global).collect();
         let outputs = vec![Output::Global; self.outputs.len()];
-        let values = self.execute(mesh, &inputs, &outputs)?;
+        let values = self.execute_planned(planned, mesh, &inputs, &outputs)?;
         Ok(values.into_iter().filter_map(Value::into_global).collect())
     }
 
     /// Runs on `mesh` (the mesh the program was partitioned for). Inputs are checked
     /// (count, global type, sharding of resident values, shapes of blocks) before any
     /// thread starts; a device failure is returned as an error, no device is left
-    /// waiting, and resident values keep their old contents.
+    /// waiting, and resident values keep their old contents. Plans the program for this
+    /// run; [`Executable::execute`](crate::Executable::execute) reuses one plan.
     pub fn execute(
         &self,
+        mesh: &ThreadMesh,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        let planned = Arc::new(PlannedProgram::new(self.program.clone()));
+        self.execute_planned(&planned, mesh, inputs, outputs)
+    }
+
+    /// [`SpmdProgram::execute`] with `planned`, the plan of [`SpmdProgram::program`].
+    pub(crate) fn execute_planned(
+        &self,
+        planned: &Arc<PlannedProgram>,
         mesh: &ThreadMesh,
         inputs: &[Input],
         outputs: &[Output],
@@ -144,7 +169,7 @@ impl SpmdProgram {
             });
         }
         let binds = self.bind_inputs(mesh, inputs)?;
-        let program = Arc::new(self.program.clone());
+        let planned = Arc::clone(planned);
         // Each device takes its own bindings (moved, not copied).
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
@@ -179,7 +204,7 @@ impl SpmdProgram {
             }
             let result = match missing {
                 Some(key) => Err(Error::MissingResident { device, key }),
-                None => run_on_device(&program, comm, &locals, memory_limit),
+                None => run_planned(&planned.program, &planned.plan, comm, &locals, memory_limit),
             };
             // Put moved resident inputs back before storing new outputs over them.
             for (i, key) in moved.into_iter().rev() {

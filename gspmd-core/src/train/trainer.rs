@@ -197,7 +197,7 @@ impl Trainer {
                         },
                     )
                     .collect();
-                let values = exe.spmd.execute(threads, &inputs, &outputs)?;
+                let values = exe.execute(threads, &inputs, &outputs)?;
                 let loss = values
                     .into_iter()
                     .nth(TrainStep::LOSS)

@@ -1,0 +1,230 @@
+//! The execution plan of a [`Program`]: what the evaluation loop needs to know of each
+//! node that does not depend on the inputs — where its value dies, which operands it
+//! may take over, whether its types were checked, its bytes, the flow instance it reads
+//! — worked out once per program (and its regions) instead of on every run.
+//!
+//! The plan holds no value and no address: it is `Send + Sync` and made once per
+//! executable (see [`PlannedProgram`]); the reference interpreter makes one per call.
+
+use std::collections::HashMap;
+
+use crate::ir::{FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
+
+/// How the evaluation loop runs one program (see [`Plan::new`]).
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// One per node, in node order.
+    pub(super) steps: Vec<Step>,
+    /// One per flow instance (regions and operands) of the program, not of its regions.
+    pub(super) flows: Vec<FlowPlan>,
+    /// The outputs in order, each with whether a later output repeats it (then the
+    /// value is copied, not moved, into this one).
+    pub(super) outputs: Vec<(ValueId, bool)>,
+}
+
+/// What the plan knows of one node.
+#[derive(Debug)]
+pub(super) struct Step {
+    /// The bytes of the node's value (its type's size).
+    pub(super) bytes: usize,
+    /// For each operand, whether this node reads it last and only once (and it is no
+    /// output, and no deferred broadcast of it is read by this node or later): the
+    /// loop may then hand the value over instead of lending it.
+    pub(super) hand_over: Vec<bool>,
+    /// The values whose bytes stop counting once this node is computed, each once: the
+    /// operands it reads last, and its own value if nothing reads it and it is no
+    /// output. (A deferred broadcast counts its full bytes while it is live.)
+    pub(super) frees: Vec<ValueId>,
+    /// The values dropped once this node is computed: as `frees`, except that the
+    /// operand of a deferred broadcast lives as long as the broadcast is read.
+    pub(super) drops: Vec<ValueId>,
+    /// A `broadcast_in_dim` read only by elementwise ops (binary, compare, select),
+    /// with `typed` set: not materialised, its readers view its operand.
+    pub(super) deferred: bool,
+    /// Whether the op's shape rule, given the node types of the operands, gives the
+    /// node's type: operands whose values have their node types then fit the kernel
+    /// without a check at run time.
+    pub(super) typed: bool,
+    /// For a flow result: its instance in [`Plan::flows`].
+    pub(super) flow: Option<usize>,
+}
+
+/// What the plan knows of one flow instance.
+#[derive(Debug)]
+pub(super) struct FlowPlan {
+    /// For each result of the op: how many nodes read it, and its bytes (0 if none).
+    pub(super) results: Vec<(usize, usize)>,
+    /// The plans of the op's regions, in [`Flow::regions`](crate::ir::Flow::regions)
+    /// order.
+    pub(super) regions: Vec<Plan>,
+}
+
+impl Plan {
+    /// The plan of `program` and, recursively, of its regions. Never fails: a node
+    /// whose types do not fit its op is planned unchecked (`typed == false`), so the
+    /// run reports it where the loop reaches it, as if there were no plan.
+    pub(crate) fn new(program: &Program) -> Plan {
+        let n = program.nodes.len();
+        // For each value, the last node reading it (itself if none); `None` for outputs.
+        let mut last: Vec<Option<usize>> = (0..n).map(Some).collect();
+        for (i, node) in program.nodes.iter().enumerate() {
+            for o in &node.operands {
+                if let Some(slot) = last.get_mut(o.index()) {
+                    *slot = Some(i);
+                }
+            }
+        }
+        for o in &program.outputs {
+            if let Some(slot) = last.get_mut(o.index()) {
+                *slot = None;
+            }
+        }
+        let typed: Vec<bool> = program
+            .nodes
+            .iter()
+            .map(|node| {
+                let types: Option<Vec<_>> = node
+                    .operands
+                    .iter()
+                    .map(|o| program.nodes.get(o.index()).map(|n| &n.ty))
+                    .collect();
+                types.is_some_and(|t| infer_type(&node.op, &t).is_ok_and(|ty| ty == node.ty))
+            })
+            .collect();
+        let deferred = deferred_broadcasts(program, &typed);
+        // `last`, with the operand of each deferred broadcast read until the broadcast's
+        // last reader.
+        let mut last_data = last.clone();
+        for (i, node) in program.nodes.iter().enumerate() {
+            for o in &node.operands {
+                if deferred.get(o.index()) == Some(&true) {
+                    let source = program.nodes[o.index()].operands[0].index();
+                    if let Some(Some(slot)) = last_data.get_mut(source) {
+                        *slot = (*slot).max(i);
+                    }
+                }
+            }
+        }
+        let mut flow_index: HashMap<FlowInstance, usize> = HashMap::new();
+        let mut flows = Vec::new();
+        let instances = flow_instances(program);
+        let steps = program
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let dies =
+                    |last: &[Option<usize>], o: &ValueId| last.get(o.index()) == Some(&Some(i));
+                let once = |o: &ValueId| node.operands.iter().filter(|&p| p == o).count() == 1;
+                // The operands of the deferred broadcasts read here.
+                let viewed: Vec<ValueId> = node
+                    .operands
+                    .iter()
+                    .filter(|b| deferred.get(b.index()) == Some(&true))
+                    .map(|b| program.nodes[b.index()].operands[0])
+                    .collect();
+                let dying = |last: &[Option<usize>]| {
+                    let mut values: Vec<ValueId> = Vec::new();
+                    let candidates = node.operands.iter().chain(&viewed);
+                    for o in candidates.chain(std::iter::once(&ValueId(i as u32))) {
+                        if dies(last, o) && !values.contains(o) {
+                            values.push(*o);
+                        }
+                    }
+                    values
+                };
+                let flow = match &node.op {
+                    Op::Flow { flow, .. } => {
+                        let key = (std::sync::Arc::as_ptr(flow), node.operands.clone());
+                        let next = flows.len();
+                        let index = *flow_index.entry(key.clone()).or_insert(next);
+                        if index == next {
+                            let readers = instances.get(&key).map_or(&[][..], Vec::as_slice);
+                            let results = readers
+                                .iter()
+                                .map(|nodes| {
+                                    let bytes = nodes
+                                        .first()
+                                        .map_or(0, |r| program.nodes[r.index()].ty.size_in_bytes());
+                                    (nodes.len(), bytes)
+                                })
+                                .collect();
+                            let regions = flow.regions().into_iter().map(Plan::new).collect();
+                            flows.push(FlowPlan { results, regions });
+                        }
+                        Some(index)
+                    }
+                    _ => None,
+                };
+                Step {
+                    bytes: node.ty.size_in_bytes(),
+                    hand_over: node
+                        .operands
+                        .iter()
+                        .map(|o| dies(&last_data, o) && once(o) && !viewed.contains(o))
+                        .collect(),
+                    frees: dying(&last),
+                    drops: dying(&last_data),
+                    deferred: deferred[i],
+                    typed: typed[i],
+                    flow,
+                }
+            })
+            .collect();
+        let outputs = program
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(k, &o)| (o, program.outputs[k + 1..].contains(&o)))
+            .collect();
+        Plan {
+            steps,
+            flows,
+            outputs,
+        }
+    }
+}
+
+/// A program with its plan: what every device thread of a run shares, made once per
+/// executable (see [`Executable`](crate::Executable)).
+#[derive(Debug)]
+pub(crate) struct PlannedProgram {
+    pub(crate) program: Program,
+    pub(crate) plan: Plan,
+}
+
+/// For each node, whether it is a deferred broadcast: a `broadcast_in_dim` with its
+/// types checked (`typed`), read by at least one node, only by binary, compare and
+/// select nodes, and no output.
+fn deferred_broadcasts(program: &Program, typed: &[bool]) -> Vec<bool> {
+    let mut deferred: Vec<bool> = program
+        .nodes
+        .iter()
+        .zip(typed)
+        .map(|(node, &typed)| typed && matches!(node.op, Op::Broadcast { .. }))
+        .collect();
+    let mut read = vec![false; program.nodes.len()];
+    for node in &program.nodes {
+        let elementwise = matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
+        for o in &node.operands {
+            if let Some(slot) = deferred.get_mut(o.index()) {
+                *slot &= elementwise;
+                read[o.index()] = true;
+            }
+        }
+    }
+    for o in &program.outputs {
+        if let Some(slot) = deferred.get_mut(o.index()) {
+            *slot = false;
+        }
+    }
+    deferred.iter().zip(read).map(|(&d, r)| d && r).collect()
+}
+
+impl PlannedProgram {
+    /// Plans `program`.
+    pub(crate) fn new(program: Program) -> Self {
+        let plan = Plan::new(&program);
+        PlannedProgram { program, plan }
+    }
+}

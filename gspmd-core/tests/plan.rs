@@ -1,0 +1,124 @@
+//! The execution plan's buffer reuse: elementwise ops on an operand at its last use
+//! write in place (counted with an instrumented global allocator), and the results are
+//! bitwise those of a fresh array for every op (node-by-node `kernels::eval`).
+
+use std::alloc::System;
+use std::sync::{Mutex, PoisonError};
+
+use gspmd_core::ir::{Builder, DType, Literal, Program};
+use gspmd_core::runtime::{interpret, kernels};
+use ndarray::{ArrayD, IxDyn};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Tests here count the process's allocations: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+const N: usize = 512;
+
+fn input() -> Literal {
+    let v = (0..N * N)
+        .map(|i| ((i % 29) as f32 - 14.0) * 0.07)
+        .collect();
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(&[N, N]), v).expect("shape fits"))
+}
+
+/// Each node of `program` computed from fresh arrays by the checked kernels.
+fn node_by_node(program: &Program, inputs: &[Literal]) -> Vec<Literal> {
+    let mut values: Vec<Literal> = Vec::new();
+    for node in &program.nodes {
+        let value = match &node.op {
+            gspmd_core::ir::Op::Parameter { index, .. } => inputs[*index].clone(),
+            op => {
+                let operands: Vec<&Literal> =
+                    node.operands.iter().map(|o| &values[o.index()]).collect();
+                kernels::eval(op, &operands, &node.ty).expect("kernel runs")
+            }
+        };
+        values.push(value);
+    }
+    program
+        .outputs
+        .iter()
+        .map(|o| values[o.index()].clone())
+        .collect()
+}
+
+fn bits(lit: &Literal) -> Vec<u32> {
+    lit.as_f32()
+        .expect("f32")
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// The bytes `interpret` allocates for `program` on `inputs`; checks its one output is
+/// bitwise that of [`node_by_node`].
+fn bytes_allocated(program: &Program, inputs: &[Literal]) -> usize {
+    let region = Region::new(GLOBAL);
+    let out = interpret(program, inputs).expect("runs");
+    let allocated = region.change().bytes_allocated;
+    assert_eq!(bits(&out[0]), bits(&node_by_node(program, inputs)[0]));
+    allocated
+}
+
+#[test]
+fn a_chain_of_unary_ops_allocates_one_array() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("chain");
+    let x = b.parameter("x", [N, N], DType::F32);
+    let y = x.tanh().exp().neg().abs().sqrt().tanh();
+    let program = b.finish(&[&y]).expect("traces");
+    let allocated = bytes_allocated(&program, &[input()]);
+    let array_bytes = N * N * 4;
+    // The first op reads the parameter (lent, not owned) and makes the one array; the
+    // five others overwrite it.
+    assert!(
+        allocated < 2 * array_bytes,
+        "{allocated} bytes allocated for six ops on {array_bytes}-byte arrays"
+    );
+}
+
+#[test]
+fn gelu_with_broadcast_scalars_allocates_two_arrays() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("gelu");
+    let x = b.parameter("x", [N, N], DType::F32);
+    let y = x.gelu();
+    let program = b.finish(&[&y]).expect("traces");
+    let allocated = bytes_allocated(&program, &[input()]);
+    let array_bytes = N * N * 4;
+    // Thirteen ops, four of them broadcasts of scalars: `x * x` and `0.5 * x` read
+    // only lent values and make the two arrays; the broadcasts are views; every other
+    // op overwrites an operand at its last use.
+    assert!(
+        allocated < 3 * array_bytes,
+        "{allocated} bytes allocated for GELU on {array_bytes}-byte arrays"
+    );
+}
+
+#[test]
+fn in_place_results_are_bitwise_those_of_fresh_arrays() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("mixed");
+    let x = b.parameter("x", [N, N], DType::F32);
+    let w = b.parameter("w", [N, N], DType::F32);
+    let bias = b.parameter("bias", [N], DType::F32);
+    // GELU (binary ops with broadcast scalars, tanh), broadcast vectors on either
+    // side, a compare with a broadcast scalar, a select and a same-dtype convert,
+    // with values dying on either side of a binary op.
+    let g = x.gelu();
+    let h = w.mul(&g).add(&x.exp()).add(&bias).sub(&bias.exp());
+    let positive = h.gt(&h.scalar_like(0.0));
+    let s = positive.select(&h.convert(DType::F32), &g.neg());
+    let program = b.finish(&[&s, &h]).expect("traces");
+    let bias = Literal::F32(ArrayD::from_shape_fn(IxDyn(&[N]), |i| i[0] as f32 * 0.01));
+    let inputs = [input(), input(), bias];
+    let want = node_by_node(&program, &inputs);
+    let got = interpret(&program, &inputs).expect("runs");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(bits(g), bits(w));
+    }
+}
