@@ -21,6 +21,7 @@ Setup: see benches/README.md.
 
 import argparse
 import os
+import re
 import statistics
 import time
 
@@ -134,12 +135,26 @@ def corrections(t):
     return np.float32(1.0 - BETA1**t), np.float32(1.0 - BETA2**t)
 
 
+def report(hlo):
+    """Prints how many collectives of each kind and how many fusions the optimized
+    per-device HLO module `hlo` runs (the instructions of every computation, so ops
+    inside a loop body count once)."""
+    kinds = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
+    shape = r"= (\([^)]*\)|\S+)"  # an array shape or a tuple of them
+    counts = {k: len(re.findall(rf"{shape} {k}(-start)?\(", hlo)) for k in kinds}
+    fusions = len(re.findall(rf"{shape} fusion\(", hlo))
+    listed = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    print(f"XLA's per-device program: {listed or 'no collectives'}; {fusions} fusions")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dump", required=True, help="file written by train_transformer --bench --dump")
     parser.add_argument("--mesh", default="2x4", help="DATAxMODEL (default 2x4)")
     parser.add_argument("--steps", type=int, default=30, help="steps in all (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="steps not timed (default 3)")
+    parser.add_argument("--report", action="store_true",
+                        help="also print the collectives and fusions of XLA's per-device program")
     args = parser.parse_args()
     data_size, model_size = (int(n) for n in args.mesh.split("x"))
     if args.steps <= args.warmup:
@@ -155,6 +170,10 @@ def main():
     params = {n: shard(n, dump[n]) for n in NAMES}
     m = {n: shard(n, np.zeros_like(dump[n])) for n in NAMES}
     v = {n: shard(n, np.zeros_like(dump[n])) for n in NAMES}
+
+    if args.report:
+        c1, c2 = corrections(1)
+        report(step.lower(params, m, v, *batches[0], c1, c2).compile().as_text())
 
     losses, times = [], []
     for i in range(args.steps):
