@@ -16,9 +16,22 @@
 //! cargo run --release --example train_transformer            # 300 steps
 //! cargo run --release --example train_transformer -- 50      # fewer steps
 //! ```
+//!
+//! With `--bench`, the step is timed instead (the comparison with JAX in
+//! `benches/README.md` uses it): no reference run and no checkpoint; after `--warmup`
+//! steps it prints the losses of the first steps and the median ms/step over the
+//! rest. `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 512` the
+//! d_model-512 model (8 heads of 64, FFN 2048, 128 tokens per sequence) in place of the
+//! default `small` one, and `--dump PATH` writes the initial parameters, the first
+//! batches and their losses as safetensors for `benches/jax/lm_step.py` to replay.
+//!
+//! ```text
+//! cargo run --release --example train_transformer -- 30 --bench --mesh 1x2 --dims 512
+//! ```
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use gspmd::models::transformer::language_model;
@@ -32,38 +45,37 @@ const BOS: i32 = 0;
 const SEP: i32 = 1;
 /// Content tokens are `2..VOCAB`.
 const VOCAB: usize = 16;
-const HALF: usize = 7;
-/// `BOS`, the content, `SEP`, the content reversed.
-const SEQ: usize = 2 * HALF + 2;
 const BATCH: usize = 16;
 /// Steps compared with the reference interpreter.
 const CHECKED_STEPS: usize = 3;
 
-/// One batch: tokens, next-token targets, and loss weights (1 on the reversed half).
-fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
-    let mut tokens = Vec::with_capacity(BATCH * SEQ);
-    let mut targets = Vec::with_capacity(BATCH * SEQ);
-    let mut weights = Vec::with_capacity(BATCH * SEQ);
+/// One batch of sequences `seq` tokens long (`BOS`, the content, `SEP`, the content
+/// reversed): tokens, next-token targets, and loss weights (1 on the reversed half).
+fn batch(rng: &mut Xoshiro256PlusPlus, seq: usize) -> Vec<Literal> {
+    let half = (seq - 2) / 2;
+    let mut tokens = Vec::with_capacity(BATCH * seq);
+    let mut targets = Vec::with_capacity(BATCH * seq);
+    let mut weights = Vec::with_capacity(BATCH * seq);
     for _ in 0..BATCH {
-        let content: Vec<i32> = (0..HALF)
+        let content: Vec<i32> = (0..half)
             .map(|_| rng.random_range(2..VOCAB as i32))
             .collect();
-        let mut seq = vec![BOS];
-        seq.extend(&content);
-        seq.push(SEP);
-        seq.extend(content.iter().rev());
-        for i in 0..SEQ {
-            tokens.push(seq[i]);
-            targets.push(seq.get(i + 1).copied().unwrap_or(BOS));
-            // Position i predicts seq[i + 1]: the reversed half starts after SEP.
-            weights.push(if (HALF + 1..SEQ - 1).contains(&i) {
+        let mut sequence = vec![BOS];
+        sequence.extend(&content);
+        sequence.push(SEP);
+        sequence.extend(content.iter().rev());
+        for i in 0..seq {
+            tokens.push(sequence[i]);
+            targets.push(sequence.get(i + 1).copied().unwrap_or(BOS));
+            // Position i predicts sequence[i + 1]: the reversed half starts after SEP.
+            weights.push(if (half + 1..seq - 1).contains(&i) {
                 1.0
             } else {
                 0.0
             });
         }
     }
-    let shape = IxDyn(&[BATCH, SEQ]);
+    let shape = IxDyn(&[BATCH, seq]);
     vec![
         Literal::I32(ArrayD::from_shape_vec(shape.clone(), tokens).expect("shape fits")),
         Literal::I32(ArrayD::from_shape_vec(shape.clone(), targets).expect("shape fits")),
@@ -83,31 +95,97 @@ fn init_bound(name: &str, shape: &[usize]) -> f32 {
     1.0 / (fan_in as f32).sqrt()
 }
 
-pub fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let steps: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(300);
-    let dims = language_model::Dims {
-        B: BATCH,
-        S: SEQ,
-        V: VOCAB,
-        D: 64,
-        L: 2,
-        H: 4,
-        K: 16,
-        F: 256,
+/// Steps whose losses `--bench` prints and whose batches `--dump` writes.
+const LOGGED_STEPS: usize = 5;
+
+/// The command line: see the module docs.
+struct Options {
+    steps: usize,
+    mesh: [usize; 2],
+    dims: language_model::Dims,
+    bench: bool,
+    warmup: usize,
+    dump: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse() -> Result<Self, String> {
+        let mut options = Options {
+            steps: 300,
+            mesh: [2, 4],
+            dims: dims("small")?,
+            bench: false,
+            warmup: 3,
+            dump: None,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+            match arg.as_str() {
+                "--bench" => options.bench = true,
+                "--mesh" => options.mesh = mesh_shape(&value()?)?,
+                "--dims" => options.dims = dims(&value()?)?,
+                "--warmup" => options.warmup = number(&value()?)?,
+                "--dump" => options.dump = Some(value()?.into()),
+                _ => options.steps = number(&arg)?,
+            }
+        }
+        Ok(options)
+    }
+}
+
+fn number(text: &str) -> Result<usize, String> {
+    text.parse().map_err(|_| format!("`{text}` is not a count"))
+}
+
+/// `DxM`: the sizes of the `data` and `model` axes.
+fn mesh_shape(text: &str) -> Result<[usize; 2], String> {
+    match text.split_once('x').map(|(d, m)| (number(d), number(m))) {
+        Some((Ok(d), Ok(m))) => Ok([d, m]),
+        _ => Err(format!("--mesh takes DATAxMODEL such as 2x4, not `{text}`")),
+    }
+}
+
+/// The model sizes: `small` (the default) or `512`.
+fn dims(name: &str) -> Result<language_model::Dims, String> {
+    let (seq, d, h, k, f) = match name {
+        "small" => (16, 64, 4, 16, 256),
+        "512" => (128, 512, 8, 64, 2048),
+        _ => return Err(format!("--dims takes small or 512, not `{name}`")),
     };
+    Ok(language_model::Dims {
+        B: BATCH,
+        S: seq,
+        V: VOCAB,
+        D: d,
+        L: 2,
+        H: h,
+        K: k,
+        F: f,
+    })
+}
+
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let options = Options::parse()?;
+    let (steps, dims) = (options.steps, options.dims);
     let model = language_model::trace(dims)?;
     // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
     let trained: Vec<usize> = (3..model.params.len()).collect();
     let optimizer = Optimizer::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
-    let mesh = language_model::mesh([2, 4])?;
+    let mesh = language_model::mesh(options.mesh)?;
     let initial = common::uniform_init(&model, &trained, 7, init_bound);
-
+    if options.bench {
+        let names = trained.iter().map(|&i| {
+            let node = model.node(model.params[i]);
+            node.name.clone().unwrap_or_default()
+        });
+        let named: Vec<(String, Literal)> = names.zip(initial.iter().cloned()).collect();
+        return bench(&options, Trainer::on_mesh(step, mesh, initial)?, &named);
+    }
+    let seq = dims.S;
     println!(
-        "model: {} layers, d_model {}, {} heads, vocabulary {VOCAB}, batch {BATCH} x {SEQ} tokens",
+        "model: {} layers, d_model {}, {} heads, vocabulary {VOCAB}, batch {BATCH} x {seq} tokens",
         dims.L, dims.D, dims.H
     );
     let started = Instant::now();
@@ -123,9 +201,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         steps,
         CHECKED_STEPS,
         20,
-        BATCH * SEQ,
+        BATCH * seq,
         "tokens",
-        || batch(&mut data_rng),
+        || batch(&mut data_rng, seq),
     )?;
     let max_diff = run.max_diff;
     println!(
@@ -134,7 +212,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         run.mean_last,
         run.window,
         run.elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
-        (steps * BATCH * SEQ) as f64 / run.elapsed.as_secs_f64()
+        (steps * BATCH * seq) as f64 / run.elapsed.as_secs_f64()
     );
     println!(
         "first {CHECKED_STEPS} losses vs the single-device reference: max relative difference {max_diff:.2e}"
@@ -149,7 +227,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         common::uniform_init(&model, &trained, 0, init_bound),
     )?;
     resumed.restore(&load_checkpoint(&path)?)?;
-    let data = batch(&mut data_rng);
+    let data = batch(&mut data_rng, seq);
     let (continued, reloaded) = (trainer.step(&data)?, resumed.step(&data)?);
     println!(
         "checkpoint {}: next loss {continued:.6} continuing, {reloaded:.6} after save+load",
@@ -160,6 +238,64 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
             "mismatch: continued {continued} vs reloaded {reloaded}, reference difference {max_diff}"
         )
         .into());
+    }
+    Ok(())
+}
+
+/// `--bench`: times `options.steps` steps of `trainer` (the median after `--warmup`),
+/// prints the first losses and, with `--dump`, writes `initial` (the parameters by
+/// name), the first batches (`tokens.<i>`, `targets.<i>`, `weights.<i>`) and their
+/// losses (`losses`).
+fn bench(
+    options: &Options,
+    mut trainer: Trainer,
+    initial: &[(String, Literal)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    if options.steps <= options.warmup {
+        return Err(format!(
+            "--bench needs more steps than the {} warm-up ones",
+            options.warmup
+        )
+        .into());
+    }
+    let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
+    let (mut losses, mut batches, mut times) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..options.steps {
+        let data = batch(&mut data_rng, options.dims.S);
+        let started = Instant::now();
+        let loss = trainer.step(&data)?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        if i >= options.warmup {
+            times.push(ms);
+        }
+        if i < LOGGED_STEPS {
+            println!("step {} loss {loss:.8}", i + 1);
+            losses.push(loss);
+            batches.push(data);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "mesh {}x{}, d_model {}: median {:.3} ms/step over {} steps (min {:.3}, max {:.3})",
+        options.mesh[0],
+        options.mesh[1],
+        options.dims.D,
+        times[times.len() / 2],
+        times.len(),
+        times[0],
+        times[times.len() - 1]
+    );
+    if let Some(path) = &options.dump {
+        let mut tensors = initial.to_vec();
+        for (i, data) in batches.into_iter().enumerate() {
+            for (name, value) in ["tokens", "targets", "weights"].into_iter().zip(data) {
+                tensors.push((format!("{name}.{i}"), value));
+            }
+        }
+        let n = losses.len();
+        let losses = ArrayD::from_shape_vec(IxDyn(&[n]), losses).expect("shape fits");
+        tensors.push(("losses".into(), Literal::F32(losses)));
+        save_checkpoint(path, &tensors)?;
     }
     Ok(())
 }
