@@ -15,6 +15,8 @@ mod interpreter;
 #[doc(hidden)]
 pub mod kernels;
 mod memory;
+#[cfg(feature = "mpi")]
+mod mpi_mesh;
 mod sample;
 mod spmd;
 mod thread_mesh;
@@ -27,6 +29,8 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
+#[cfg(feature = "mpi")]
+pub use mpi_mesh::MpiMesh;
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

@@ -13,10 +13,15 @@
 //! (the collectives over shared buffers and their element combine functions).
 
 mod call;
+mod combine;
 mod group;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod rendezvous;
 mod shared_memory;
 
+#[cfg(feature = "mpi")]
+pub(crate) use mpi::MpiCommunicator;
 pub(crate) use rendezvous::Rendezvous;
 pub(crate) use shared_memory::SharedMemoryCommunicator;
 
