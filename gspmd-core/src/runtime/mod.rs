@@ -2,7 +2,8 @@
 //! one device: it is the oracle every differential test compares the partitioned,
 //! multi-device run against. `kernels` computes each primitive op on host arrays and
 //! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
-//! device; per-device programs call the [`Communicator`] trait for collectives. Every
+//! device; per-device programs call the [`Communicator`] trait for collectives. With
+//! the `mpi` feature, `MpiMesh` runs the same per-device program on MPI ranks. Every
 //! run bounds the bytes of its live values by a memory limit ([`available_memory`] by
 //! default).
 

@@ -150,25 +150,16 @@ impl SpmdProgram {
     /// an error at the start, and any failure is an error on every rank (see
     /// [`MpiMesh`]).
     pub fn run_mpi(&self, mesh: &MpiMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        if mesh.mesh() != &self.mesh {
-            return Err(Error::WrongMesh {
-                partitioned_for: self.mesh.to_string(),
-                given: mesh.mesh().to_string(),
-            });
-        }
         let device = mesh.device();
+        // Every check is inside the run, so that a rank failing one tells the others.
         let outputs = mesh.run(&self.fingerprint(), |comm| {
-            if inputs.len() != self.inputs.len() {
-                return Err(Error::Input {
-                    index: inputs.len().min(self.inputs.len()),
-                    name: String::new(),
-                    message: format!(
-                        "the program takes {} inputs but {} were given",
-                        self.inputs.len(),
-                        inputs.len()
-                    ),
+            if mesh.mesh() != &self.mesh {
+                return Err(Error::WrongMesh {
+                    partitioned_for: self.mesh.to_string(),
+                    given: mesh.mesh().to_string(),
                 });
             }
+            self.check_input_count(inputs.len())?;
             let locals = (inputs.iter().enumerate())
                 .map(|(index, lit)| self.global_input_block(index, lit, device))
                 .collect::<Result<Vec<Literal>>>()?;

@@ -232,15 +232,7 @@ impl SpmdProgram {
 
     /// Checks `inputs` and turns each into what every device binds.
     fn bind_inputs(&self, mesh: &ThreadMesh, inputs: &[Input]) -> Result<Vec<Vec<Bind>>> {
-        if inputs.len() != self.inputs.len() {
-            let index = inputs.len().min(self.inputs.len());
-            let message = format!(
-                "the program takes {} inputs but {} were given",
-                self.inputs.len(),
-                inputs.len()
-            );
-            return Err(self.input_error(index, message));
-        }
+        self.check_input_count(inputs.len())?;
         let n = self.mesh.num_devices();
         let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); n];
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
@@ -327,6 +319,19 @@ impl SpmdProgram {
         assemble(&blocks, &sharding, &self.mesh, &ty.shape)
     }
 
+    /// An [`Error::Input`] unless `given` is the program's number of inputs.
+    pub(super) fn check_input_count(&self, given: usize) -> Result<()> {
+        if given == self.inputs.len() {
+            return Ok(());
+        }
+        let message = format!(
+            "the program takes {} inputs but {given} were given",
+            self.inputs.len()
+        );
+        Err(self.input_error(given.min(self.inputs.len()), message))
+    }
+
+    /// An [`Error::Input`] for input `index`, named after its parameter.
     fn input_error(&self, index: usize, message: String) -> Error {
         let name = self
             .program

@@ -278,10 +278,12 @@ fn views<'a, T>(
     shape: &[usize],
     n: usize,
 ) -> Result<Vec<ArrayViewD<'a, T>>, String> {
-    let len = flat.len() / n.max(1);
-    flat.chunks(len.max(1))
-        .take(n)
-        .map(|c| ArrayViewD::from_shape(IxDyn(shape), c).map_err(|e| e.to_string()))
+    let len: usize = shape.iter().product();
+    (0..n)
+        .map(|i| {
+            let part = flat.get(i * len..(i + 1) * len).ok_or("short receive")?;
+            ArrayViewD::from_shape(IxDyn(shape), part).map_err(|e| e.to_string())
+        })
         .collect()
 }
 
