@@ -10,9 +10,10 @@
 //! exchanges, and a circular pipeline with its shifts) with their gradients for each mesh
 //! shape of that many devices, runs them on the MPI ranks and on a thread mesh of the
 //! same shape, and fails unless every output is bitwise equal. Then the fault cases: a
-//! rank whose program differs, a rank whose program fails or panics mid-step; every rank
-//! must get an error naming the culprit in under a second, and the mesh must run the
-//! next program correctly.
+//! rank whose program differs, a rank whose program fails or panics mid-step, a rank
+//! running out of memory in a model's gradient; every rank must get an error naming the
+//! culprit in under a second, and the mesh must run the next program correctly. Last, a
+//! rank leaves the mesh while the others run on: they must get an error, not a hang.
 
 use std::time::{Duration, Instant};
 
@@ -206,6 +207,20 @@ fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     let started = Instant::now();
     let result = mpi.run("a step", |comm| step(comm, last, true));
     expect_error("a panicking rank", started, result, "injected panic")?;
+    // A model's gradient runs out of memory on rank 1 mid-program.
+    let mesh = language_model::mesh([1, ranks])?;
+    let case = cases(ranks)?.swap_remove(0);
+    let exe = compile(&case.program, &mesh)?;
+    let inputs = sample_inputs(&case.program, 7);
+    let mpi = mpi.reshape(mesh)?;
+    let limit = mpi.memory_limit();
+    let mpi = mpi.with_memory_limit(if me == 1 { 16 << 10 } else { limit });
+    let started = Instant::now();
+    let result = exe.run_mpi(&mpi, &inputs);
+    expect_error("out of memory on a rank", started, result, "out of memory")?;
+    let mpi = mpi
+        .with_memory_limit(limit)
+        .reshape(Mesh::new([("rank", ranks)])?)?;
     // The mesh runs the next program normally.
     let sum = mpi.run("a step", |comm| step(comm, usize::MAX, false))?;
     let want = (ranks * ranks * ranks) as f32;
@@ -227,7 +242,17 @@ fn main() -> Result<()> {
     }
     let mpi = differential(mpi, ranks)?;
     let mpi = faults(mpi, ranks)?;
-    if mpi.device() == 0 {
+    let me = mpi.device();
+    // The last rank leaves (drops its mesh) while the others run on: they get an error
+    // at their next collective, and nobody waits in MPI_Finalize for them.
+    if me == ranks - 1 {
+        drop(mpi);
+    } else {
+        let started = Instant::now();
+        let result = mpi.run("a step", |comm| step(comm, usize::MAX, false));
+        expect_error("a rank that left", started, result, "has left the mesh")?;
+    }
+    if me == 0 {
         println!("mpi_check: {ranks} ranks: all equal, all faults reported");
     }
     Ok(())

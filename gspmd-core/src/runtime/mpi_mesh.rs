@@ -30,12 +30,14 @@ use crate::sharding::Mesh;
 /// usable again afterwards. A rank that dies (a signal, `exit`) is MPI's to report:
 /// `mpirun` then ends the job.
 ///
-/// One `MpiMesh` per process: it initialises MPI, and dropping it finalises MPI.
+/// One `MpiMesh` per process: it initialises MPI, and dropping it finalises MPI, after
+/// telling the other ranks it leaves (those still running programs get an error at
+/// their next collective).
 pub struct MpiMesh {
     communicator: MpiCommunicator,
     memory_limit: usize,
     /// Dropped last: finalises MPI after the communicators are freed.
-    _universe: Universe,
+    universe: Universe,
 }
 
 impl MpiMesh {
@@ -59,7 +61,7 @@ impl MpiMesh {
         Ok(MpiMesh {
             communicator: MpiCommunicator::new(world, Arc::new(mesh)),
             memory_limit: available_memory() / ranks.max(1),
-            _universe: universe,
+            universe,
         })
     }
 
@@ -67,26 +69,23 @@ impl MpiMesh {
     /// rank (else an [`Error::MpiMesh`] naming the `mpirun -np` to use): to run
     /// programs compiled for another mesh shape (MPI is initialised once per process).
     /// Every rank reshapes at the same point of its program.
-    pub fn reshape(self, mesh: Mesh) -> Result<Self> {
-        let MpiMesh {
-            communicator,
-            memory_limit,
-            _universe: universe,
-        } = self;
-        if mesh.num_devices() != communicator.mesh().num_devices() {
+    pub fn reshape(mut self, mesh: Mesh) -> Result<Self> {
+        let old = self.mesh();
+        if let Some(rank) = self.communicator.has_left() {
+            return Err(Error::MpiMesh(format!(
+                "device {rank} has left mesh {old}: cannot reshape it"
+            )));
+        }
+        if mesh.num_devices() != old.num_devices() {
             return Err(Error::MpiMesh(format!(
                 "{} MPI ranks for mesh {mesh} of {} devices: launch with mpirun -np {}",
-                communicator.mesh().num_devices(),
+                old.num_devices(),
                 mesh.num_devices(),
                 mesh.num_devices()
             )));
         }
-        drop(communicator);
-        Ok(MpiMesh {
-            communicator: MpiCommunicator::new(universe.world(), Arc::new(mesh)),
-            memory_limit,
-            _universe: universe,
-        })
+        self.communicator = MpiCommunicator::new(self.universe.world(), Arc::new(mesh));
+        Ok(self)
     }
 
     /// This rank's device id.
@@ -135,6 +134,15 @@ impl MpiMesh {
             comm.fail(error);
         }
         result
+    }
+}
+
+impl Drop for MpiMesh {
+    /// Leaves the mesh before MPI is finalised: a rank still running programs gets an
+    /// error at its next collective rather than waiting for this one (which would wait
+    /// in `MPI_Finalize` for it).
+    fn drop(&mut self) {
+        self.communicator.leave();
     }
 }
 

@@ -43,6 +43,8 @@ const RECORD: usize = 512;
 /// The first byte of a record: where the rank is, or that it failed.
 const AT: u8 = 0;
 const FAILED: u8 = 1;
+/// The rank dropped its mesh: it takes part in no more meetings.
+const LEFT: u8 = 2;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
@@ -55,6 +57,9 @@ pub(crate) struct MpiCommunicator {
     groups: RefCell<HashMap<Vec<String>, Rc<Joined>>>,
     /// Whether the last error came from a meeting (so every rank has it already).
     met_failure: Cell<bool>,
+    /// The rank of the first record saying that its rank left, once one did: this
+    /// rank then meets nobody any more (the one who left is not coming).
+    left: Cell<Option<usize>>,
 }
 
 /// A rank's group over an axis list and the communicator of its members, whose ranks
@@ -74,6 +79,7 @@ impl MpiCommunicator {
             world,
             groups: RefCell::new(HashMap::new()),
             met_failure: Cell::new(false),
+            left: Cell::new(None),
         }
     }
 
@@ -81,10 +87,22 @@ impl MpiCommunicator {
     /// of the program): `Ok` if all are there; otherwise the same error on every rank —
     /// [`Error::Aborted`] with the first failed rank's error, or [`Error::Collective`]
     /// with a census of where the ranks are.
+    /// Once a rank has left (dropped its mesh), every meeting is an [`Error::MpiMesh`].
     pub(crate) fn meet(&self, place: &str) -> Result<()> {
+        let left = |rank: usize| {
+            Error::MpiMesh(format!(
+                "device {rank} has left the mesh (dropped its MpiMesh); device {} is at {place}",
+                self.device
+            ))
+        };
+        if let Some(rank) = self.left.get() {
+            return Err(left(rank));
+        }
         let records = self.exchange_records(AT, place);
         let failed = records.iter().enumerate().find(|(_, (s, _))| *s == FAILED);
-        let error = if let Some((rank, (_, message))) = failed {
+        let error = if let Some(rank) = self.left.get() {
+            left(rank)
+        } else if let Some((rank, (_, message))) = failed {
             Error::Aborted {
                 device: self.device,
                 cause: Box::new(Error::RankFailed {
@@ -112,12 +130,27 @@ impl MpiCommunicator {
     /// Reports `error` (this rank's program failed) at the meeting the other ranks are
     /// at or will reach next, unless it came from a meeting, which every rank saw.
     pub(crate) fn fail(&self, error: &Error) {
-        if !self.met_failure.replace(false) {
+        if !self.met_failure.replace(false) && self.left.get().is_none() {
             self.exchange_records(FAILED, &error.to_string());
         }
     }
 
-    /// The world all-gather of the ranks' records, as (status, text) by rank.
+    /// Tells the other ranks, at the meeting they are at or reach next, that this rank
+    /// leaves: they get an error there instead of waiting for it. Nothing if a rank has
+    /// left already (then nobody is meeting any more).
+    pub(crate) fn leave(&self) {
+        if self.left.get().is_none() {
+            self.exchange_records(LEFT, "left");
+        }
+    }
+
+    /// The rank that left the mesh, if one did.
+    pub(crate) fn has_left(&self) -> Option<usize> {
+        self.left.get()
+    }
+
+    /// The world all-gather of the ranks' records, as (status, text) by rank; notes the
+    /// first rank that left.
     fn exchange_records(&self, status: u8, text: &str) -> Vec<(u8, String)> {
         let mut mine = [0u8; RECORD];
         mine[0] = status;
@@ -128,12 +161,17 @@ impl MpiCommunicator {
         mine[1..=end].copy_from_slice(&text.as_bytes()[..end]);
         let mut all = vec![0u8; RECORD * self.mesh.num_devices()];
         self.world.all_gather_into(&mine[..], &mut all[..]);
-        all.chunks(RECORD)
+        let records: Vec<(u8, String)> = all
+            .chunks(RECORD)
             .map(|r| {
                 let len = r[1..].iter().position(|&b| b == 0).unwrap_or(RECORD - 1);
                 (r[0], String::from_utf8_lossy(&r[1..=len]).into_owned())
             })
-            .collect()
+            .collect();
+        if let Some(rank) = records.iter().position(|(s, _)| *s == LEFT) {
+            self.left.set(Some(rank));
+        }
+        records
     }
 
     /// This rank's group over `axes` and its communicator, split from the world once per
