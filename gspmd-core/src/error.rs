@@ -417,6 +417,20 @@ pub enum Error {
     /// The thread mesh could not start its threads or lost one.
     #[error("thread mesh: {0}")]
     ThreadMesh(String),
+    /// An MPI rank's program failed; the other ranks learn it at their next collective.
+    #[cfg(feature = "mpi")]
+    #[error("device {device} failed: {message}")]
+    RankFailed {
+        /// The failing rank (its device id).
+        device: usize,
+        /// Its error, as text (errors do not cross processes).
+        message: String,
+    },
+    /// The MPI mesh could not start (no MPI, or a world size other than the mesh's
+    /// device count) or was given a program for another mesh.
+    #[cfg(feature = "mpi")]
+    #[error("MPI mesh: {0}")]
+    MpiMesh(String),
 }
 
 fn display_list(errors: &[Error]) -> String {

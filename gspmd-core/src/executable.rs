@@ -83,6 +83,17 @@ impl Executable {
         }
     }
 
+    /// Runs on the MPI mesh `mesh`, every rank with the same global inputs; every rank
+    /// gets the global outputs. See [`SpmdProgram::run_mpi`].
+    #[cfg(feature = "mpi")]
+    pub fn run_mpi(
+        &self,
+        mesh: &crate::runtime::MpiMesh,
+        inputs: &[Literal],
+    ) -> Result<Vec<Literal>> {
+        self.spmd.run_mpi(mesh, inputs)
+    }
+
     /// Runs on `mesh` and on the single-device reference interpreter with the same
     /// global `inputs`, and compares the outputs: the check that the partitioned
     /// program computes what the model means.

@@ -28,7 +28,7 @@
 //! (gathering a dim whole is always possible, and so is slicing an unsplit dim).
 //! The search only depends on the number of axes and dims, never on device count.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use super::emit::Emitter;
 use super::report::permute_moves_data;
@@ -412,8 +412,10 @@ impl Planner<'_> {
     fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
         // (elements received, (collectives, steps), how the state was reached).
         type Entry = (f64, (usize, usize), Option<(Tiling, Step)>);
-        let mut best: HashMap<Tiling, Entry> = HashMap::new();
-        let mut done: HashMap<Tiling, ()> = HashMap::new();
+        // Ordered maps: ties go to the first tiling in order, so every process (every
+        // MPI rank) compiles the same plan.
+        let mut best: BTreeMap<Tiling, Entry> = BTreeMap::new();
+        let mut done: BTreeMap<Tiling, ()> = BTreeMap::new();
         best.insert(from.clone(), (0.0, (0, 0), None));
         loop {
             let next = best

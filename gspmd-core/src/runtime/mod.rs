@@ -2,7 +2,8 @@
 //! one device: it is the oracle every differential test compares the partitioned,
 //! multi-device run against. `kernels` computes each primitive op on host arrays and
 //! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
-//! device; per-device programs call the [`Communicator`] trait for collectives. Every
+//! device; per-device programs call the [`Communicator`] trait for collectives. With
+//! the `mpi` feature, `MpiMesh` runs the same per-device program on MPI ranks. Every
 //! run bounds the bytes of its live values by a memory limit ([`available_memory`] by
 //! default).
 
@@ -15,6 +16,8 @@ mod interpreter;
 #[doc(hidden)]
 pub mod kernels;
 mod memory;
+#[cfg(feature = "mpi")]
+mod mpi_mesh;
 mod plan;
 mod sample;
 mod spmd;
@@ -28,6 +31,8 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
+#[cfg(feature = "mpi")]
+pub use mpi_mesh::MpiMesh;
 pub(crate) use plan::PlannedProgram;
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};

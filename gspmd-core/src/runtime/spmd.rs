@@ -250,29 +250,14 @@ impl SpmdProgram {
             .map(|(k, blocks)| match &outputs[k] {
                 Output::Resident(_) => Ok(Value::Resident),
                 Output::Shards => Ok(Value::Shards(self.trimmed_blocks(k, blocks)?)),
-                Output::Global => {
-                    let (ty, sharding) = &self.outputs[k];
-                    let blocks = self.trimmed_blocks(k, blocks)?;
-                    let (blocks, sharding) = sum_partials(blocks, sharding, &self.mesh)?;
-                    Ok(Value::Global(assemble(
-                        &blocks, &sharding, &self.mesh, &ty.shape,
-                    )?))
-                }
+                Output::Global => Ok(Value::Global(self.global_output(k, blocks)?)),
             })
             .collect()
     }
 
     /// Checks `inputs` and turns each into what every device binds.
     fn bind_inputs(&self, mesh: &ThreadMesh, inputs: &[Input]) -> Result<Vec<Vec<Bind>>> {
-        if inputs.len() != self.inputs.len() {
-            let index = inputs.len().min(self.inputs.len());
-            let message = format!(
-                "the program takes {} inputs but {} were given",
-                self.inputs.len(),
-                inputs.len()
-            );
-            return Err(self.input_error(index, message));
-        }
+        self.check_input_count(inputs.len())?;
         let n = self.mesh.num_devices();
         let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); n];
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
@@ -286,13 +271,8 @@ impl SpmdProgram {
             }
             match input {
                 Input::Global(lit) => {
-                    let given = TensorType::new(lit.shape(), lit.dtype());
-                    if &given != ty {
-                        return Err(fail(format!("expected {ty}, given {given}")));
-                    }
                     for (device, b) in binds.iter_mut().enumerate() {
-                        let block = shard_literal(lit, sharding, &self.mesh, device);
-                        b.push(Bind::Host(pad_to(block, &local).map_err(fail)?));
+                        b.push(Bind::Host(self.global_input_block(index, lit, device)?));
                     }
                 }
                 Input::Shards(shards) => {
@@ -338,6 +318,45 @@ impl SpmdProgram {
         Ok(binds)
     }
 
+    /// Device `device`'s block of the global value `lit` of input `index`, padded to the
+    /// local shape; an [`Error::Input`] if `lit` is not of the input's type.
+    pub(super) fn global_input_block(
+        &self,
+        index: usize,
+        lit: &Literal,
+        device: usize,
+    ) -> Result<Literal> {
+        let (ty, sharding) = &self.inputs[index];
+        let given = TensorType::new(lit.shape(), lit.dtype());
+        if &given != ty {
+            return Err(self.input_error(index, format!("expected {ty}, given {given}")));
+        }
+        let local = sharding.local_shape(&self.mesh, &ty.shape);
+        let block = shard_literal(lit, sharding, &self.mesh, device);
+        pad_to(block, &local).map_err(|message| self.input_error(index, message))
+    }
+
+    /// Output `k` as a global array, from every device's block (by device id).
+    pub(super) fn global_output(&self, k: usize, blocks: Vec<Option<Literal>>) -> Result<Literal> {
+        let (ty, sharding) = &self.outputs[k];
+        let blocks = self.trimmed_blocks(k, blocks)?;
+        let (blocks, sharding) = sum_partials(blocks, sharding, &self.mesh)?;
+        assemble(&blocks, &sharding, &self.mesh, &ty.shape)
+    }
+
+    /// An [`Error::Input`] unless `given` is the program's number of inputs.
+    pub(super) fn check_input_count(&self, given: usize) -> Result<()> {
+        if given == self.inputs.len() {
+            return Ok(());
+        }
+        let message = format!(
+            "the program takes {} inputs but {given} were given",
+            self.inputs.len()
+        );
+        Err(self.input_error(given.min(self.inputs.len()), message))
+    }
+
+    /// An [`Error::Input`] for input `index`, named after its parameter.
     fn input_error(&self, index: usize, message: String) -> Error {
         let name = self
             .program

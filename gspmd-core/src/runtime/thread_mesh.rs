@@ -341,7 +341,8 @@ fn run_on_device<T>(
     }
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+/// The text of a panic payload.
+pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(ToString::to_string)

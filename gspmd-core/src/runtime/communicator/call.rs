@@ -83,10 +83,12 @@ pub(super) fn check_calls(round: &[Post], devices: &[usize], call: &Call) -> Res
 
 /// Where devices are, grouped by place in order of first appearance: `devices [0, 1, 2]
 /// are at all_reduce(sum) over [x]; device 3 is at the end of its program`.
-pub(super) fn census<'a>(places: impl IntoIterator<Item = (usize, &'a Call)>) -> String {
-    let mut grouped: Vec<(&Call, Vec<usize>)> = Vec::new();
+pub(super) fn census<P: PartialEq + fmt::Display>(
+    places: impl IntoIterator<Item = (usize, P)>,
+) -> String {
+    let mut grouped: Vec<(P, Vec<usize>)> = Vec::new();
     for (device, call) in places {
-        match grouped.iter_mut().find(|(c, _)| **c == *call) {
+        match grouped.iter_mut().find(|(c, _)| *c == call) {
             Some((_, devices)) => devices.push(device),
             None => grouped.push((call, vec![device])),
         }

@@ -10,13 +10,20 @@
 //! Submodules: `call` (where a device is at a meeting, what it posts, the census when
 //! devices disagree), `group` (a collective's members), `rendezvous` (the meetings of
 //! each group's devices, and the mesh-wide abort, timeout and runs), `shared_memory`
-//! (the collectives over shared buffers and their element combine functions).
+//! (the collectives over shared buffers), `combine` (the element types, their combine
+//! functions and the argument checks, shared by the backends so results are equal bit
+//! for bit) and, with the `mpi` feature, `mpi` (the collectives over MPI).
 
 mod call;
+mod combine;
 mod group;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod rendezvous;
 mod shared_memory;
 
+#[cfg(feature = "mpi")]
+pub(crate) use mpi::MpiCommunicator;
 pub(crate) use rendezvous::Rendezvous;
 pub(crate) use shared_memory::SharedMemoryCommunicator;
 

@@ -6,18 +6,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ndarray::{
-    ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, IxDyn,
-    Slice, Zip,
-};
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
+use super::combine::{
+    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
+    reduce_chunks, standard_layout,
+};
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
 use crate::error::{Error, Result};
-use crate::ir::{DType, Literal, ReduceKind, TensorType};
-use crate::runtime::kernels::{max_nan, min_nan};
+use crate::ir::{Literal, ReduceKind};
 use crate::sharding::Mesh;
 
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
@@ -109,38 +109,29 @@ impl SharedMemoryCommunicator {
         Ok(joined)
     }
 
-    /// Runs collective `op` over `axes` on `x`: resolves the group, runs `check` on `x`'s
-    /// shape, meets the group, checks that all members are at the same collective and
-    /// that their operands agree in shape and dtype, then computes the result with
-    /// `compute`. A group of one meets nobody: every collective but collective_permute
+    /// Runs collective `op` over `axes` on `x`: resolves the group, checks the arguments
+    /// against it and `x`'s shape, meets the group, checks that all members are at the
+    /// same collective and that their operands agree in shape and dtype, then computes
+    /// the result with `compute`. A group of one meets nobody: every collective but collective_permute
     /// is then the identity. Any error aborts the communicator.
     fn collective(
         &self,
         op: CollectiveOp,
         axes: &[String],
         x: Literal,
-        check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
         compute: impl FnOnce(&Self, Exchange) -> Result<Literal>,
     ) -> Result<Literal> {
-        let result = self
-            .start(op, axes, x, check)
-            .and_then(|start| match start {
-                Start::Alone(x) => Ok(x),
-                Start::Exchange(ex) => compute(self, ex),
-            });
+        let result = self.start(op, axes, x).and_then(|start| match start {
+            Start::Alone(x) => Ok(x),
+            Start::Exchange(ex) => compute(self, ex),
+        });
         self.abort_on_error(result)
     }
 
-    fn start(
-        &self,
-        op: CollectiveOp,
-        axes: &[String],
-        x: Literal,
-        check: impl FnOnce(&Group, &[usize]) -> Result<(), String>,
-    ) -> Result<Start> {
+    fn start(&self, op: CollectiveOp, axes: &[String], x: Literal) -> Result<Start> {
         let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
         let call = Arc::new(Call::Collective {
-            op,
+            op: op.clone(),
             axes: axes.to_vec(),
         });
         let fail = |message: String| Error::Collective {
@@ -150,7 +141,7 @@ impl SharedMemoryCommunicator {
         };
         let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
         let operand = literal_type(&x);
-        check(&joined.group, &operand.shape).map_err(fail)?;
+        check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
         let Some(meeting) = &joined.meeting else {
             if identity_when_alone {
                 return Ok(Start::Alone(x));
@@ -274,46 +265,6 @@ impl Exchange {
     }
 }
 
-fn literal_type(x: &Literal) -> TensorType {
-    TensorType::new(x.shape(), x.dtype())
-}
-
-fn check_dim(shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
-    if dim < shape.len() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {dim} is out of range for an operand of rank {}",
-            shape.len()
-        ))
-    }
-}
-
-fn check_divisible(group: &Group, shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
-    check_dim(shape, dim, what)?;
-    if shape[dim].is_multiple_of(group.size()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {dim} has size {} which the group size {} does not divide",
-            shape[dim],
-            group.size()
-        ))
-    }
-}
-
-/// Applies a generic function to the dtype of a literal: `by_dtype!(dtype, f(args))`
-/// calls `f::<f32>`, `f::<i32>` or `f::<bool>`.
-macro_rules! by_dtype {
-    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::Bool => $f::<bool>($($arg),*),
-        }
-    };
-}
-
 impl Communicator for SharedMemoryCommunicator {
     fn device(&self) -> usize {
         self.device
@@ -328,23 +279,15 @@ impl Communicator for SharedMemoryCommunicator {
     /// operand's buffer.
     fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
         let x = standard_layout(x);
-        self.collective(
-            CollectiveOp::AllReduce(kind),
-            axes,
-            x,
-            |_, _| Ok(()),
-            |comm, ex| by_dtype!(ex.mine.dtype(), all_reduce_typed(comm, ex, kind)),
-        )
+        self.collective(CollectiveOp::AllReduce(kind), axes, x, |comm, ex| {
+            by_dtype!(ex.mine.dtype(), all_reduce_typed(comm, ex, kind))
+        })
     }
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
-        self.collective(
-            CollectiveOp::AllGather { dim },
-            axes,
-            x,
-            |_, shape| check_dim(shape, dim, "dim"),
-            |_, ex| by_dtype!(ex.mine.dtype(), all_gather_typed(ex, dim)),
-        )
+        self.collective(CollectiveOp::AllGather { dim }, axes, x, |_, ex| {
+            by_dtype!(ex.mine.dtype(), all_gather_typed(ex, dim))
+        })
     }
 
     fn reduce_scatter(
@@ -358,7 +301,6 @@ impl Communicator for SharedMemoryCommunicator {
             CollectiveOp::ReduceScatter { kind, dim },
             axes,
             x,
-            |group, shape| check_divisible(group, shape, dim, "dim"),
             |_, ex| by_dtype!(ex.mine.dtype(), reduce_scatter_typed(ex, kind, dim)),
         )
     }
@@ -377,10 +319,6 @@ impl Communicator for SharedMemoryCommunicator {
             },
             axes,
             x,
-            |group, shape| {
-                check_divisible(group, shape, split_dim, "split_dim")?;
-                check_dim(shape, concat_dim, "concat_dim")
-            },
             |_, ex| by_dtype!(ex.mine.dtype(), all_to_all_typed(ex, split_dim, concat_dim)),
         )
     }
@@ -397,7 +335,6 @@ impl Communicator for SharedMemoryCommunicator {
             },
             axes,
             x,
-            |group, _| check_pairs(group, pairs),
             |_, ex| by_dtype!(ex.mine.dtype(), collective_permute_typed(ex, pairs)),
         )
     }
@@ -406,129 +343,6 @@ impl Communicator for SharedMemoryCommunicator {
         self.rendezvous.abort(self.generation, error);
     }
 }
-
-fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
-    for (i, &(source, target)) in pairs.iter().enumerate() {
-        if source >= group.size() || target >= group.size() {
-            return Err(format!(
-                "pair ({source}, {target}) names a group index beyond the group size {}",
-                group.size()
-            ));
-        }
-        if pairs[..i].iter().any(|&(s, _)| s == source) {
-            return Err(format!("source {source} appears in two pairs"));
-        }
-        if pairs[..i].iter().any(|&(_, t)| t == target) {
-            return Err(format!("target {target} appears in two pairs"));
-        }
-    }
-    Ok(())
-}
-
-// ---- typed kernels -------------------------------------------------------------------
-
-/// The element types of [`Literal`], with their reductions.
-trait Element: Copy + Send + Sync + 'static {
-    const DTYPE: DType;
-    fn array(x: &Literal) -> Option<&ArrayD<Self>>;
-    fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;
-    fn literal(a: ArrayD<Self>) -> Literal;
-    fn sum(a: Self, b: Self) -> Self;
-    fn max(a: Self, b: Self) -> Self;
-    fn min(a: Self, b: Self) -> Self;
-}
-
-macro_rules! element {
-    ($t:ty, $variant:ident, sum: $sum:expr, max: $max:expr, min: $min:expr) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$variant;
-            fn array(x: &Literal) -> Option<&ArrayD<Self>> {
-                match x {
-                    Literal::$variant(a) => Some(a),
-                    _ => None,
-                }
-            }
-            fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>> {
-                match x {
-                    Literal::$variant(a) => Some(a),
-                    _ => None,
-                }
-            }
-            fn literal(a: ArrayD<Self>) -> Literal {
-                Literal::$variant(a)
-            }
-            #[inline]
-            fn sum(a: Self, b: Self) -> Self {
-                $sum(a, b)
-            }
-            #[inline]
-            fn max(a: Self, b: Self) -> Self {
-                $max(a, b)
-            }
-            #[inline]
-            fn min(a: Self, b: Self) -> Self {
-                $min(a, b)
-            }
-        }
-    };
-}
-
-// NaN propagates and ties go to the later operand, exactly as in the kernels'
-// reductions (`kernels::max_nan`), so a reduction split over devices equals the
-// reference's.
-element!(f32, F32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
-element!(i32, I32, sum: i32::wrapping_add, max: Ord::max, min: Ord::min);
-// As in XLA, adding predicates is a logical or.
-element!(bool, Bool, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | b, min: |a: bool, b: bool| a & b);
-
-/// `acc = kind(acc, x)` elementwise; the match is outside the loop so each loop inlines
-/// its combiner.
-fn accumulate<T: Element, D: Dimension>(
-    kind: ReduceKind,
-    acc: ArrayViewMut<'_, T, D>,
-    x: ArrayView<'_, T, D>,
-) {
-    let zip = Zip::from(acc).and(x);
-    match kind {
-        ReduceKind::Sum => zip.for_each(|a, &b| *a = T::sum(*a, b)),
-        ReduceKind::Max => zip.for_each(|a, &b| *a = T::max(*a, b)),
-        ReduceKind::Min => zip.for_each(|a, &b| *a = T::min(*a, b)),
-    }
-}
-
-/// The elementwise `kind` reduction of same-shaped `blocks` (at least one).
-fn reduce_blocks<T: Element>(kind: ReduceKind, blocks: &[ArrayViewD<'_, T>]) -> Option<ArrayD<T>> {
-    let (first, rest) = blocks.split_first()?;
-    let mut acc = first.to_owned();
-    for block in rest {
-        accumulate(kind, acc.view_mut(), block.view());
-    }
-    Some(acc)
-}
-
-/// Start of chunk `i` when `len` elements are cut in `n` chunks whose sizes differ by
-/// at most one.
-fn chunk_start(len: usize, n: usize, i: usize) -> usize {
-    i * (len / n) + i.min(len % n)
-}
-
-fn standard_layout(x: Literal) -> Literal {
-    fn standard<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
-        if a.is_standard_layout() {
-            a
-        } else {
-            a.as_standard_layout().into_owned()
-        }
-    }
-    match x {
-        Literal::F32(a) => Literal::F32(standard(a)),
-        Literal::I32(a) => Literal::I32(standard(a)),
-        Literal::Bool(a) => Literal::Bool(standard(a)),
-    }
-}
-
-/// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
-const TILE: usize = 16 * 1024;
 
 /// Operands of at most this many elements are all-reduced in one round: each member
 /// reduces every posted operand itself, trading the group size times the arithmetic
@@ -565,18 +379,7 @@ fn all_reduce_typed<T: Element>(
                 .ok_or_else(|| ex.fail("an operand is not in standard layout".into()))
         })
         .collect::<Result<_>>()?;
-    let (first, rest) = chunks
-        .split_first()
-        .ok_or_else(|| ex.fail("empty group".into()))?;
-    let mut reduced: Vec<T> = Vec::with_capacity(first.len());
-    for start in (0..first.len()).step_by(TILE) {
-        let tile = start..(start + TILE).min(first.len());
-        reduced.extend_from_slice(&first[tile.clone()]);
-        for chunk in rest {
-            let acc = ArrayViewMut1::from(&mut reduced[tile.clone()]);
-            accumulate(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
-        }
-    }
+    let reduced = reduce_chunks(kind, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
     let reduced = ArrayD::from_shape_vec(IxDyn(&[reduced.len()]), reduced)
         .map_err(|e| ex.fail(format!("reduced chunk: {e}")))?;
     drop(chunks);
@@ -636,12 +439,6 @@ fn concatenate<T: Element>(
         .map_err(|e| ex.fail(format!("cannot concatenate along dim {dim}: {e}")))
 }
 
-/// Block `index` of `x` cut in `n` equal blocks along `dim` (which `n` divides).
-fn block<T>(x: &ArrayD<T>, dim: usize, n: usize, index: usize) -> ArrayViewD<'_, T> {
-    let size = x.shape()[dim] / n;
-    x.slice_axis(Axis(dim), Slice::from(index * size..(index + 1) * size))
-}
-
 /// Block `ex.group().index` along `dim` of every member's operand, in group order.
 fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_, T>>> {
     let n = ex.group().size();
@@ -672,24 +469,5 @@ fn collective_permute_typed<T: Element>(ex: Exchange, pairs: &[(usize, usize)]) 
         Some(&(source, _)) if source == index => Ok(Arc::unwrap_or_clone(ex.mine)),
         Some(&(source, _)) => Ok(T::literal(ex.operand::<T>(source)?.clone())),
         None => Ok(Literal::full(&ex.mine.shape(), T::DTYPE, 0.0)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_cover_the_range() {
-        for (len, n) in [(10, 3), (2, 4), (0, 2), (8, 8)] {
-            let starts: Vec<usize> = (0..=n).map(|i| chunk_start(len, n, i)).collect();
-            assert_eq!(starts[0], 0);
-            assert_eq!(starts[n], len);
-            assert!(
-                starts
-                    .windows(2)
-                    .all(|w| w[1] - w[0] <= len / n + 1 && w[0] <= w[1])
-            );
-        }
     }
 }

@@ -1,0 +1,244 @@
+//! What the communicators share: the element types of [`Literal`] and their combine
+//! functions (so every backend reduces in the same order and gets the same bits), the
+//! argument checks of the collectives, and the cutting of operands into blocks and chunks.
+
+use ndarray::{
+    ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, Slice,
+    Zip,
+};
+
+use super::call::CollectiveOp;
+use super::group::Group;
+use crate::ir::{DType, Literal, ReduceKind, TensorType};
+use crate::runtime::kernels::{max_nan, min_nan};
+
+pub(super) fn literal_type(x: &Literal) -> TensorType {
+    TensorType::new(x.shape(), x.dtype())
+}
+
+/// Checks the arguments of collective `op` against its group and the shape of the
+/// operand: dims in range and divisible by the group size, permute pairs within the
+/// group and one-to-one.
+pub(super) fn check_arguments(
+    op: &CollectiveOp,
+    group: &Group,
+    shape: &[usize],
+) -> Result<(), String> {
+    match op {
+        CollectiveOp::AllReduce(_) => Ok(()),
+        CollectiveOp::AllGather { dim } => check_dim(shape, *dim, "dim"),
+        CollectiveOp::ReduceScatter { dim, .. } => check_divisible(group, shape, *dim, "dim"),
+        CollectiveOp::AllToAll {
+            split_dim,
+            concat_dim,
+        } => {
+            check_divisible(group, shape, *split_dim, "split_dim")?;
+            check_dim(shape, *concat_dim, "concat_dim")
+        }
+        CollectiveOp::CollectivePermute { pairs } => check_pairs(group, pairs),
+    }
+}
+
+fn check_dim(shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
+    if dim < shape.len() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {dim} is out of range for an operand of rank {}",
+            shape.len()
+        ))
+    }
+}
+
+fn check_divisible(group: &Group, shape: &[usize], dim: usize, what: &str) -> Result<(), String> {
+    check_dim(shape, dim, what)?;
+    if shape[dim].is_multiple_of(group.size()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {dim} has size {} which the group size {} does not divide",
+            shape[dim],
+            group.size()
+        ))
+    }
+}
+
+/// Applies a generic function to the dtype of a literal: `by_dtype!(dtype, f(args))`
+/// calls `f::<f32>`, `f::<i32>` or `f::<bool>`.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            $crate::ir::DType::F32 => $f::<f32>($($arg),*),
+            $crate::ir::DType::I32 => $f::<i32>($($arg),*),
+            $crate::ir::DType::Bool => $f::<bool>($($arg),*),
+        }
+    };
+}
+pub(super) use by_dtype;
+
+fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
+    for (i, &(source, target)) in pairs.iter().enumerate() {
+        if source >= group.size() || target >= group.size() {
+            return Err(format!(
+                "pair ({source}, {target}) names a group index beyond the group size {}",
+                group.size()
+            ));
+        }
+        if pairs[..i].iter().any(|&(s, _)| s == source) {
+            return Err(format!("source {source} appears in two pairs"));
+        }
+        if pairs[..i].iter().any(|&(_, t)| t == target) {
+            return Err(format!("target {target} appears in two pairs"));
+        }
+    }
+    Ok(())
+}
+
+// ---- typed kernels -------------------------------------------------------------------
+
+/// The element types of [`Literal`], with their reductions.
+pub(super) trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn array(x: &Literal) -> Option<&ArrayD<Self>>;
+    fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;
+    fn literal(a: ArrayD<Self>) -> Literal;
+    fn sum(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, sum: $sum:expr, max: $max:expr, min: $min:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn array(x: &Literal) -> Option<&ArrayD<Self>> {
+                match x {
+                    Literal::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>> {
+                match x {
+                    Literal::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn literal(a: ArrayD<Self>) -> Literal {
+                Literal::$variant(a)
+            }
+            #[inline]
+            fn sum(a: Self, b: Self) -> Self {
+                $sum(a, b)
+            }
+            #[inline]
+            fn max(a: Self, b: Self) -> Self {
+                $max(a, b)
+            }
+            #[inline]
+            fn min(a: Self, b: Self) -> Self {
+                $min(a, b)
+            }
+        }
+    };
+}
+
+// NaN propagates and ties go to the later operand, exactly as in the kernels'
+// reductions (`kernels::max_nan`), so a reduction split over devices equals the
+// reference's.
+element!(f32, F32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
+element!(i32, I32, sum: i32::wrapping_add, max: Ord::max, min: Ord::min);
+// As in XLA, adding predicates is a logical or.
+element!(bool, Bool, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | b, min: |a: bool, b: bool| a & b);
+
+/// `acc = kind(acc, x)` elementwise; the match is outside the loop so each loop inlines
+/// its combiner.
+fn accumulate<T: Element, D: Dimension>(
+    kind: ReduceKind,
+    acc: ArrayViewMut<'_, T, D>,
+    x: ArrayView<'_, T, D>,
+) {
+    let zip = Zip::from(acc).and(x);
+    match kind {
+        ReduceKind::Sum => zip.for_each(|a, &b| *a = T::sum(*a, b)),
+        ReduceKind::Max => zip.for_each(|a, &b| *a = T::max(*a, b)),
+        ReduceKind::Min => zip.for_each(|a, &b| *a = T::min(*a, b)),
+    }
+}
+
+/// The elementwise `kind` reduction of same-shaped `blocks` (at least one).
+pub(super) fn reduce_blocks<T: Element>(
+    kind: ReduceKind,
+    blocks: &[ArrayViewD<'_, T>],
+) -> Option<ArrayD<T>> {
+    let (first, rest) = blocks.split_first()?;
+    let mut acc = first.to_owned();
+    for block in rest {
+        accumulate(kind, acc.view_mut(), block.view());
+    }
+    Some(acc)
+}
+
+/// Start of chunk `i` when `len` elements are cut in `n` chunks whose sizes differ by
+/// at most one.
+pub(super) fn chunk_start(len: usize, n: usize, i: usize) -> usize {
+    i * (len / n) + i.min(len % n)
+}
+
+pub(super) fn standard_layout(x: Literal) -> Literal {
+    fn standard<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
+        if a.is_standard_layout() {
+            a
+        } else {
+            a.as_standard_layout().into_owned()
+        }
+    }
+    match x {
+        Literal::F32(a) => Literal::F32(standard(a)),
+        Literal::I32(a) => Literal::I32(standard(a)),
+        Literal::Bool(a) => Literal::Bool(standard(a)),
+    }
+}
+
+/// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
+const TILE: usize = 16 * 1024;
+
+/// Block `index` of `x` cut in `n` equal blocks along `dim` (which `n` divides).
+pub(super) fn block<T>(x: &ArrayD<T>, dim: usize, n: usize, index: usize) -> ArrayViewD<'_, T> {
+    let size = x.shape()[dim] / n;
+    x.slice_axis(Axis(dim), Slice::from(index * size..(index + 1) * size))
+}
+
+/// The elementwise `kind` reduction of same-length `chunks` (at least one), combining the
+/// first chunk with the others in order, a cache-sized tile at a time.
+pub(super) fn reduce_chunks<T: Element>(kind: ReduceKind, chunks: &[&[T]]) -> Option<Vec<T>> {
+    let (first, rest) = chunks.split_first()?;
+    let mut reduced: Vec<T> = Vec::with_capacity(first.len());
+    for start in (0..first.len()).step_by(TILE) {
+        let tile = start..(start + TILE).min(first.len());
+        reduced.extend_from_slice(&first[tile.clone()]);
+        for chunk in rest {
+            let acc = ArrayViewMut1::from(&mut reduced[tile.clone()]);
+            accumulate(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
+        }
+    }
+    Some(reduced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_range() {
+        for (len, n) in [(10, 3), (2, 4), (0, 2), (8, 8)] {
+            let starts: Vec<usize> = (0..=n).map(|i| chunk_start(len, n, i)).collect();
+            assert_eq!(starts[0], 0);
+            assert_eq!(starts[n], len);
+            assert!(
+                starts
+                    .windows(2)
+                    .all(|w| w[1] - w[0] <= len / n + 1 && w[0] <= w[1])
+            );
+        }
+    }
+}

@@ -1,0 +1,538 @@
+//! [`MpiCommunicator`]: the collectives for devices that are MPI ranks (rank = device
+//! id), with the same results, bit for bit, as the shared-memory communicator.
+//!
+//! Every collective starts with a *meeting* of all ranks: a world all-gather of a
+//! fixed-size record saying where each rank is (the collective, its axes and its
+//! operand's type) or that it failed and why. SPMD programs call the same collectives
+//! in the same order on every device, so every rank meets every other at each
+//! collective, and all of them see the same records: when the records disagree or one
+//! says "failed", every rank returns the same error at the same meeting and no rank is
+//! left waiting in a data exchange. A rank whose program failed goes to one meeting
+//! with its error (see [`MpiCommunicator::fail`]); a run ends with a meeting of all.
+//!
+//! The data then moves on the group's own communicator, split from the world once per
+//! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
+//! all-gather calls of exactly the bytes each member needs. Reductions combine the
+//! members' chunks in group order with the combine functions of the shared-memory
+//! communicator, so both backends give equal bits.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::traits::CommunicatorCollectives;
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+
+use super::Communicator;
+use super::call::{Call, CollectiveOp, census};
+use super::combine::{
+    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
+    reduce_chunks,
+};
+use super::group::Group;
+use crate::error::{Error, Result};
+use crate::ir::{Literal, ReduceKind};
+use crate::sharding::Mesh;
+
+/// Bytes of one rank's record at a meeting; longer messages are cut.
+const RECORD: usize = 512;
+
+/// The first byte of a record: where the rank is, or that it failed.
+const AT: u8 = 0;
+const FAILED: u8 = 1;
+/// The rank dropped its mesh: it takes part in no more meetings.
+const LEFT: u8 = 2;
+
+/// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
+/// thread that initialised MPI.
+pub(crate) struct MpiCommunicator {
+    device: usize,
+    mesh: Arc<Mesh>,
+    world: SimpleCommunicator,
+    /// This rank's group over each axis list used so far and its communicator, split
+    /// from the world on first use.
+    groups: RefCell<HashMap<Vec<String>, Rc<Joined>>>,
+    /// Whether the last error came from a meeting (so every rank has it already).
+    met_failure: Cell<bool>,
+    /// The rank of the first record saying that its rank left, once one did: this
+    /// rank then meets nobody any more (the one who left is not coming).
+    left: Cell<Option<usize>>,
+}
+
+/// A rank's group over an axis list and the communicator of its members, whose ranks
+/// are the members' group indices.
+struct Joined {
+    group: Group,
+    comm: SimpleCommunicator,
+}
+
+impl MpiCommunicator {
+    /// The communicator of rank `world.rank()`, device of that id in `mesh`; the caller
+    /// checked that the world has one rank per device.
+    pub(crate) fn new(world: SimpleCommunicator, mesh: Arc<Mesh>) -> Self {
+        MpiCommunicator {
+            device: usize::try_from(world.rank()).unwrap_or_default(),
+            mesh,
+            world,
+            groups: RefCell::new(HashMap::new()),
+            met_failure: Cell::new(false),
+            left: Cell::new(None),
+        }
+    }
+
+    /// Meets every rank at `place` (e.g. a collective, or the start of a run with a hash
+    /// of the program): `Ok` if all are there; otherwise the same error on every rank —
+    /// [`Error::Aborted`] with the first failed rank's error, or [`Error::Collective`]
+    /// with a census of where the ranks are.
+    /// Once a rank has left (dropped its mesh), every meeting is an [`Error::MpiMesh`].
+    pub(crate) fn meet(&self, place: &str) -> Result<()> {
+        let left = |rank: usize| {
+            Error::MpiMesh(format!(
+                "device {rank} has left the mesh (dropped its MpiMesh); device {} is at {place}",
+                self.device
+            ))
+        };
+        if let Some(rank) = self.left.get() {
+            return Err(left(rank));
+        }
+        let records = self.exchange_records(AT, place);
+        let failed = records.iter().enumerate().find(|(_, (s, _))| *s == FAILED);
+        let error = if let Some(rank) = self.left.get() {
+            left(rank)
+        } else if let Some((rank, (_, message))) = failed {
+            Error::Aborted {
+                device: self.device,
+                cause: Box::new(Error::RankFailed {
+                    device: rank,
+                    message: message.clone(),
+                }),
+            }
+        } else if records.iter().all(|(_, p)| p == place) {
+            self.met_failure.set(false);
+            return Ok(());
+        } else {
+            Error::Collective {
+                device: self.device,
+                collective: place.to_string(),
+                message: format!(
+                    "ranks disagree: {}",
+                    census(records.iter().enumerate().map(|(r, (_, p))| (r, p)))
+                ),
+            }
+        };
+        self.met_failure.set(true);
+        Err(error)
+    }
+
+    /// Reports `error` (this rank's program failed) at the meeting the other ranks are
+    /// at or will reach next, unless it came from a meeting, which every rank saw.
+    pub(crate) fn fail(&self, error: &Error) {
+        if !self.met_failure.replace(false) && self.left.get().is_none() {
+            self.exchange_records(FAILED, &error.to_string());
+        }
+    }
+
+    /// Tells the other ranks, at the meeting they are at or reach next, that this rank
+    /// leaves: they get an error there instead of waiting for it. Nothing if a rank has
+    /// left already (then nobody is meeting any more).
+    pub(crate) fn leave(&self) {
+        if self.left.get().is_none() {
+            self.exchange_records(LEFT, "left");
+        }
+    }
+
+    /// The rank that left the mesh, if one did.
+    pub(crate) fn has_left(&self) -> Option<usize> {
+        self.left.get()
+    }
+
+    /// The world all-gather of the ranks' records, as (status, text) by rank; notes the
+    /// first rank that left.
+    fn exchange_records(&self, status: u8, text: &str) -> Vec<(u8, String)> {
+        let mut mine = [0u8; RECORD];
+        mine[0] = status;
+        let mut end = text.len().min(RECORD - 1);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        mine[1..=end].copy_from_slice(&text.as_bytes()[..end]);
+        let mut all = vec![0u8; RECORD * self.mesh.num_devices()];
+        self.world.all_gather_into(&mine[..], &mut all[..]);
+        let records: Vec<(u8, String)> = all
+            .chunks(RECORD)
+            .map(|r| {
+                let len = r[1..].iter().position(|&b| b == 0).unwrap_or(RECORD - 1);
+                (r[0], String::from_utf8_lossy(&r[1..=len]).into_owned())
+            })
+            .collect();
+        if let Some(rank) = records.iter().position(|(s, _)| *s == LEFT) {
+            self.left.set(Some(rank));
+        }
+        records
+    }
+
+    /// This rank's group over `axes` and its communicator, split from the world once per
+    /// axis list. Called by every rank at the same collective (after its meeting).
+    fn joined(&self, axes: &[String]) -> Result<Rc<Joined>> {
+        if let Some(joined) = self.groups.borrow().get(axes) {
+            return Ok(Rc::clone(joined));
+        }
+        let group = Group::of(&self.mesh, self.device, axes)?;
+        // The group's colour is its first member; ranks are ordered by group index.
+        let colour = Color::with_value(count(group.members[0])?);
+        let comm = self
+            .world
+            .split_by_color_with_key(colour, count(group.index)?)
+            .ok_or_else(|| Error::RankFailed {
+                device: self.device,
+                message: format!("MPI_Comm_split over {axes:?} gave no communicator"),
+            })?;
+        let joined = Rc::new(Joined { group, comm });
+        (self.groups.borrow_mut()).insert(axes.to_vec(), Rc::clone(&joined));
+        Ok(joined)
+    }
+
+    /// Runs collective `op` over `axes` on `x`: meets every rank, resolves the group,
+    /// checks the arguments against it and `x`'s shape, then runs `compute`. Every step
+    /// before `compute` fails on every rank alike (all ranks are at the same collective
+    /// with operands of one type).
+    fn collective(
+        &self,
+        op: CollectiveOp,
+        axes: &[String],
+        x: Literal,
+        compute: impl FnOnce(&Joined, Literal) -> Result<Literal, String>,
+    ) -> Result<Literal> {
+        let call = Call::Collective {
+            op: op.clone(),
+            axes: axes.to_vec(),
+        };
+        let operand = literal_type(&x);
+        self.meet(&format!("{call} of {operand}"))?;
+        let fail = |message: String| Error::Collective {
+            device: self.device,
+            collective: call.to_string(),
+            message,
+        };
+        let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
+        check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
+        compute(&joined, x).map_err(fail)
+    }
+
+    /// Every rank's `x`, by rank: for outputs, which after a successful run have one
+    /// shape and dtype on every rank (checked at the meeting).
+    pub(crate) fn gather_world(&self, x: Literal) -> Result<Vec<Literal>> {
+        self.meet(&format!(
+            "the gathering of an output of {}",
+            literal_type(&x)
+        ))?;
+        let n = self.mesh.num_devices();
+        by_dtype!(x.dtype(), gather_typed(&self.world, n, &x)).map_err(|message| {
+            Error::Collective {
+                device: self.device,
+                collective: "the gathering of an output".into(),
+                message,
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for MpiCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MpiCommunicator(device {} of {})",
+            self.device, self.mesh
+        )
+    }
+}
+
+/// An MPI count (a C int) for `n`.
+fn count(n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| Error::MpiMesh(format!("{n} elements exceed an MPI count")))
+}
+
+fn counts(sizes: &[usize]) -> Result<(Vec<i32>, Vec<i32>), String> {
+    let mut displs = Vec::with_capacity(sizes.len());
+    let mut at = 0usize;
+    for &s in sizes {
+        displs.push(count(at).map_err(|e| e.to_string())?);
+        at += s;
+    }
+    let counts = sizes
+        .iter()
+        .map(|&s| count(s).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    Ok((counts, displs))
+}
+
+/// Each member sends `send[displ(j)..][..send_sizes[j]]` to member `j` and receives
+/// `recv_sizes[i]` elements from member `i`, laid out in member order.
+fn all_to_all_v<T: Equivalence + Copy + Default>(
+    comm: &SimpleCommunicator,
+    send: &[T],
+    send_sizes: &[usize],
+    recv_sizes: &[usize],
+) -> Result<Vec<T>, String> {
+    let (send_counts, send_displs) = counts(send_sizes)?;
+    let (recv_counts, recv_displs) = counts(recv_sizes)?;
+    let mut recv = vec![T::default(); recv_sizes.iter().sum()];
+    {
+        let send = Partition::new(send, send_counts, send_displs);
+        let mut part = PartitionMut::new(&mut recv[..], recv_counts, recv_displs);
+        comm.all_to_all_varcount_into(&send, &mut part);
+    }
+    Ok(recv)
+}
+
+/// The members' `sizes[i]`-element pieces, concatenated in member order.
+fn all_gather_v<T: Equivalence + Copy + Default>(
+    comm: &SimpleCommunicator,
+    mine: &[T],
+    sizes: &[usize],
+) -> Result<Vec<T>, String> {
+    let (counts, displs) = counts(sizes)?;
+    let mut recv = vec![T::default(); sizes.iter().sum()];
+    {
+        let mut part = PartitionMut::new(&mut recv[..], counts, displs);
+        comm.all_gather_varcount_into(mine, &mut part);
+    }
+    Ok(recv)
+}
+
+/// The elements of `x` in standard (row-major) order.
+fn elements<T: Element>(x: &Literal) -> Result<Vec<T>, String> {
+    T::array(x)
+        .map(|a| a.iter().copied().collect())
+        .ok_or_else(|| format!("the operand is not {}", T::DTYPE))
+}
+
+/// `n` same-shaped arrays laid end to end in `flat`, as views.
+fn views<'a, T>(
+    flat: &'a [T],
+    shape: &[usize],
+    n: usize,
+) -> Result<Vec<ArrayViewD<'a, T>>, String> {
+    let len: usize = shape.iter().product();
+    (0..n)
+        .map(|i| {
+            let part = flat.get(i * len..(i + 1) * len).ok_or("short receive")?;
+            ArrayViewD::from_shape(IxDyn(shape), part).map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+fn literal<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Literal, String> {
+    ArrayD::from_shape_vec(IxDyn(shape), data)
+        .map(T::literal)
+        .map_err(|e| e.to_string())
+}
+
+fn concatenate<T: Element>(dim: usize, blocks: &[ArrayViewD<'_, T>]) -> Result<Literal, String> {
+    ndarray::concatenate(Axis(dim), blocks)
+        .map(T::literal)
+        .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"))
+}
+
+/// Every member's `x` (all of one shape), by member.
+fn gather_typed<T: Element + Equivalence + Default>(
+    comm: &SimpleCommunicator,
+    n: usize,
+    x: &Literal,
+) -> Result<Vec<Literal>, String> {
+    let mine = elements::<T>(x)?;
+    let all = all_gather_v(comm, &mine, &vec![mine.len(); n])?;
+    views(&all, &x.shape(), n)?
+        .into_iter()
+        .map(|v| Ok(T::literal(v.to_owned())))
+        .collect()
+}
+
+/// Reduce-scatter then all-gather of the flattened operand: member `i` receives chunk
+/// `i` of everyone's operand, combines them in group order, and every member gathers
+/// the reduced chunks — the shared-memory communicator's order and bits.
+fn all_reduce_typed<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    kind: ReduceKind,
+    x: Literal,
+) -> Result<Literal, String> {
+    let shape = x.shape();
+    let mine = elements::<T>(&x)?;
+    let (n, index) = (joined.group.size(), joined.group.index);
+    let len = mine.len();
+    let sizes: Vec<usize> = (0..n)
+        .map(|i| chunk_start(len, n, i + 1) - chunk_start(len, n, i))
+        .collect();
+    let received = all_to_all_v(&joined.comm, &mine, &sizes, &vec![sizes[index]; n])?;
+    let chunks: Vec<&[T]> = received.chunks(sizes[index].max(1)).take(n).collect();
+    let reduced = if sizes[index] == 0 {
+        Vec::new()
+    } else {
+        reduce_chunks(kind, &chunks).ok_or("empty group")?
+    };
+    literal(&shape, all_gather_v(&joined.comm, &reduced, &sizes)?)
+}
+
+fn all_gather_typed<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    dim: usize,
+    x: Literal,
+) -> Result<Literal, String> {
+    let n = joined.group.size();
+    let mine = elements::<T>(&x)?;
+    let all = all_gather_v(&joined.comm, &mine, &vec![mine.len(); n])?;
+    concatenate(dim, &views(&all, &x.shape(), n)?)
+}
+
+/// Sends block `j` of `x` along `dim` to member `j`; returns the blocks received, in
+/// sender order, and their shape.
+fn exchange_blocks<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    dim: usize,
+    x: &Literal,
+) -> Result<(Vec<T>, Vec<usize>), String> {
+    let n = joined.group.size();
+    let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let send: Vec<T> = (0..n)
+        .flat_map(|j| block(a, dim, n, j).iter().copied().collect::<Vec<T>>())
+        .collect();
+    let mut shape = x.shape();
+    shape[dim] /= n;
+    let size: usize = shape.iter().product();
+    Ok((
+        all_to_all_v(&joined.comm, &send, &vec![size; n], &vec![size; n])?,
+        shape,
+    ))
+}
+
+fn reduce_scatter_typed<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    kind: ReduceKind,
+    dim: usize,
+    x: Literal,
+) -> Result<Literal, String> {
+    let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
+    reduce_blocks(kind, &views(&received, &shape, joined.group.size())?)
+        .map(T::literal)
+        .ok_or_else(|| "empty group".into())
+}
+
+fn all_to_all_typed<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    split_dim: usize,
+    concat_dim: usize,
+    x: Literal,
+) -> Result<Literal, String> {
+    let (received, shape) = exchange_blocks::<T>(joined, split_dim, &x)?;
+    concatenate(concat_dim, &views(&received, &shape, joined.group.size())?)
+}
+
+/// Sends `x` to this member's target and receives from its source; a member that is
+/// no target gets zeros.
+fn collective_permute_typed<T: Element + Equivalence + Default>(
+    joined: &Joined,
+    pairs: &[(usize, usize)],
+    x: Literal,
+) -> Result<Literal, String> {
+    let (n, index) = (joined.group.size(), joined.group.index);
+    let mine = elements::<T>(&x)?;
+    let mut send_sizes = vec![0; n];
+    let mut recv_sizes = vec![0; n];
+    for &(source, target) in pairs {
+        if source == index {
+            send_sizes[target] = mine.len();
+        }
+        if target == index {
+            recv_sizes[source] = mine.len();
+        }
+    }
+    let received = all_to_all_v(&joined.comm, &mine, &send_sizes, &recv_sizes)?;
+    if received.is_empty() && !mine.is_empty() {
+        return Ok(Literal::full(&x.shape(), T::DTYPE, 0.0));
+    }
+    literal(&x.shape(), received)
+}
+
+impl Communicator for MpiCommunicator {
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
+        self.collective(CollectiveOp::AllReduce(kind), axes, x, |joined, x| {
+            by_dtype!(x.dtype(), all_reduce_typed(joined, kind, x))
+        })
+    }
+
+    fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
+        self.collective(CollectiveOp::AllGather { dim }, axes, x, |joined, x| {
+            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x))
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        axes: &[String],
+        kind: ReduceKind,
+        dim: usize,
+        x: Literal,
+    ) -> Result<Literal> {
+        self.collective(
+            CollectiveOp::ReduceScatter { kind, dim },
+            axes,
+            x,
+            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, kind, dim, x)),
+        )
+    }
+
+    fn all_to_all(
+        &self,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+        x: Literal,
+    ) -> Result<Literal> {
+        self.collective(
+            CollectiveOp::AllToAll {
+                split_dim,
+                concat_dim,
+            },
+            axes,
+            x,
+            |joined, x| {
+                by_dtype!(
+                    x.dtype(),
+                    all_to_all_typed(joined, split_dim, concat_dim, x)
+                )
+            },
+        )
+    }
+
+    fn collective_permute(
+        &self,
+        axes: &[String],
+        pairs: &[(usize, usize)],
+        x: Literal,
+    ) -> Result<Literal> {
+        self.collective(
+            CollectiveOp::CollectivePermute {
+                pairs: pairs.to_vec(),
+            },
+            axes,
+            x,
+            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x)),
+        )
+    }
+
+    /// Reports `error` to every rank at their next meeting (see [`MpiCommunicator::fail`]).
+    fn abort(&self, error: Error) {
+        self.fail(&error);
+    }
+}
