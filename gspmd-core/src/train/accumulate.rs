@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ir::{BinaryOp, DType, Flow, Literal, Node, Op, Program, TensorType, ValueId};
+use crate::ir::{Appender, BinaryOp, DType, Flow, Literal, Op, Program, TensorType, ValueId};
 use crate::sharding::{DimSharding, Sharding};
 
 /// The loss of `model` (its output `loss`, an f32 scalar) averaged over `k` microbatches:
@@ -30,23 +30,11 @@ pub(super) fn accumulated_loss(
     // the trained parameters (its captures).
     let mut body = model.clone();
     body.name = format!("{}_microbatch", model.name);
+    let mut a = Appender::new(&mut body, "gradient accumulation");
+    a.location = location;
     let scalar = TensorType::new(vec![], DType::F32);
-    let sum_index = body.params.len();
-    let sum = body.push(Node {
-        op: Op::Parameter {
-            index: sum_index,
-            ty: scalar.clone(),
-        },
-        operands: Vec::new(),
-        ty: scalar.clone(),
-        annotation: None,
-        sharding: None,
-        origin: None,
-        name: Some("loss_sum".into()),
-        location,
-    });
-    body.params.push(sum);
-    let next = body.push_op(Op::Binary(BinaryOp::Add), &[sum, loss_value], location)?;
+    let (sum_index, sum) = a.parameter("loss_sum".into(), scalar, None);
+    let next = a.add(sum, loss_value)?;
     body.outputs = vec![next];
     let order: Vec<usize> = std::iter::once(sum_index)
         .chain(data.iter().copied())
