@@ -4,9 +4,9 @@
 use std::sync::{Arc, OnceLock};
 
 use crate::error::Result;
-use crate::ir::{Literal, Program, verify};
-use crate::partition::{SpmdProgram, combine_collectives, partition};
-use crate::propagation::propagate;
+use crate::ir::{Literal, Program, ValueId, verify};
+use crate::partition::{SpmdProgram, collective_line, combine_collectives, partition};
+use crate::propagation::{explain, propagate};
 use crate::runtime::{Input, Output, PlannedProgram, ThreadMesh, Value, interpret};
 use crate::sharding::Mesh;
 use crate::simplify::{Stage, simplify_verified};
@@ -109,6 +109,35 @@ impl Executable {
             .zip(&got)
             .map(|(w, g)| Comparison::of(w, g))
             .collect())
+    }
+
+    /// What is known about global value `value` of [`propagated`](Self::propagated):
+    /// its sharding, per dim the user annotation it came from (name and source line,
+    /// [`crate::propagation::explain`]), and the collectives of the per-device program
+    /// that move it or serve the op defining it, each with its reason.
+    ///
+    /// ```text
+    /// %5 = dot_general : f32[8,32] sharding=(data, model)
+    ///   dim 0 (8): data, from the annotation of %0 "x" at src/main.rs:9
+    ///   dim 1 (32): model, from the annotation of %1 "w1" at src/main.rs:10
+    /// collectives:
+    ///   %14 all_reduce over ["model"]: f32[4,8] -> f32[4,8], 128 bytes/device  // src/main.rs:12
+    ///       why: result of %5 = dot_general at src/main.rs:12: ...
+    /// ```
+    pub fn explain(&self, value: ValueId) -> String {
+        let mut text = explain(&self.propagated, value);
+        let program = &self.spmd.program;
+        let touching: Vec<String> = (program.values())
+            .filter(|&c| program.node(c).why.iter().any(|w| w.touches(value)))
+            .map(|c| format!("  {}", collective_line(program, c, &self.spmd.mesh)))
+            .collect();
+        if touching.is_empty() {
+            text += "\nno collectives";
+        } else {
+            text += "\ncollectives:\n";
+            text += touching.concat().trim_end();
+        }
+        text
     }
 
     /// The propagated global program, then the partitioned program with its collectives.

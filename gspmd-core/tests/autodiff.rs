@@ -1192,6 +1192,7 @@ fn spmd_ops_are_not_differentiable() {
         origin: None,
         name: None,
         location,
+        why: Vec::new(),
     };
     let group = AxisGroup {
         axes: vec!["data".into()],

@@ -295,6 +295,7 @@ impl<'p> Appender<'p> {
             origin: None,
             name: Some(name),
             location: self.location,
+            why: Vec::new(),
         });
         self.program.params.push(id);
         (index, id)

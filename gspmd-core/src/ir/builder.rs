@@ -364,6 +364,7 @@ pub(super) fn capture_parameter(
         origin: None,
         name: Some(format!("capture.{k}")),
         location,
+        why: Vec::new(),
     });
     program.params.push(id);
     id

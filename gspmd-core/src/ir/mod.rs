@@ -22,6 +22,7 @@ mod printer;
 mod program;
 mod rotation;
 mod verifier;
+mod why;
 
 pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements};
 pub(crate) use append::Appender;
@@ -41,3 +42,4 @@ pub use op::{
 pub use program::{Node, Origin, Program};
 pub(crate) use rotation::{Rotation, rotation};
 pub use verifier::verify;
+pub use why::{Purpose, Source, Why};

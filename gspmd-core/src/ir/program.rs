@@ -1,6 +1,7 @@
 //! [`Program`]: an SSA list of [`Node`]s with parameters and outputs.
 
 use super::op::Op;
+use super::why::Why;
 use crate::error::{Error, Result};
 use crate::sharding::Sharding;
 use crate::types::Location;
@@ -34,6 +35,9 @@ pub struct Node {
     pub name: Option<String>,
     /// Where the value was traced.
     pub location: Location,
+    /// For a collective of a partitioned program: why it is there (several reasons
+    /// when equal collectives were merged or combined into one); empty otherwise.
+    pub why: Vec<Why>,
 }
 
 /// A program in SSA form: node `i` defines value `%i`. Parameters are the nodes whose op
@@ -129,6 +133,7 @@ impl Program {
             origin: None,
             name: None,
             location,
+            why: Vec::new(),
         }))
     }
 
@@ -147,6 +152,7 @@ impl Program {
             origin: None,
             name: None,
             location: source.location,
+            why: Vec::new(),
         };
         self.outputs[j] = self.push(constraint);
         self.outputs[j]

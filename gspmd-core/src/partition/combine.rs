@@ -259,6 +259,7 @@ fn emit_combined(
     let joined = out.push_op(Op::Concatenate(1), &laid_out, location)?;
     // `[1, total]`, or `[k, total]` for an all-gather (row `j` from device `j`).
     let combined = out.push_op(op, &[joined], location)?;
+    out.node_mut(combined).why = members.iter().flat_map(|m| m.why.clone()).collect();
     let rows = out.ty(combined).shape[0];
     let mut results = Vec::with_capacity(members.len());
     let mut start = 0;

@@ -4,15 +4,27 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::PValue;
 use crate::error::{Error, Result};
-use crate::ir::{AxisGroup, DType, Flow, Literal, Location, Op, Program, TensorType, ValueId};
-use crate::sharding::Mesh;
+use crate::ir::{
+    AxisGroup, DType, Flow, Literal, Location, Op, Program, Purpose, Source, TensorType, ValueId,
+    Why,
+};
+use crate::sharding::{Mesh, Sharding};
 
 /// Builds the per-device program. Every node gets the location of the global node being
 /// partitioned, so reports and errors point at the user's source line.
 pub(crate) struct Emitter<'m> {
     pub program: Program,
     pub mesh: &'m Mesh,
+    /// The global program being partitioned.
+    pub global: &'m Program,
+    /// The global value each per-device value holds, for the values the driver has
+    /// partitioned (a handler's intermediates are not listed).
+    pub globals: HashMap<ValueId, ValueId>,
+    /// Why the collectives emitted now are there, while a resharding is emitted;
+    /// `None`: they are part of the current op's partitioned algorithm.
+    pub reason: Option<Why>,
     /// The global value being partitioned and its source location.
     pub current: (ValueId, &'static str, Location),
     /// Notes on costly choices (whole-dim gathers), each naming the value and location.
@@ -24,10 +36,13 @@ pub(crate) struct Emitter<'m> {
 }
 
 impl<'m> Emitter<'m> {
-    pub fn new(name: &str, mesh: &'m Mesh) -> Self {
+    pub fn new(global: &'m Program, mesh: &'m Mesh) -> Self {
         Emitter {
-            program: Program::new(name),
+            program: Program::new(global.name.clone()),
             mesh,
+            global,
+            globals: HashMap::new(),
+            reason: None,
             current: (ValueId(0), "", Location::synthetic()),
             warnings: Vec::new(),
             flows: HashMap::new(),
@@ -54,16 +69,67 @@ impl<'m> Emitter<'m> {
 
     /// Appends `op(operands)`, typed by [`infer_type`]. A collective over a group of one
     /// device is the identity and emits nothing (a non-wrapping shift there would give
-    /// zeros: its callers read only the positions a real neighbour sends).
+    /// zeros: its callers read only the positions a real neighbour sends); any other
+    /// collective gets its [`Why`]: the current [`reason`](Self::reason), or part of
+    /// the current op's algorithm.
     pub fn emit(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
         if let Some(group) = op.collective_group()
             && group.size == 1
         {
             return Ok(operands[0]);
         }
+        let collective = op.is_collective();
         let location = self.current.2;
-        (self.program.push_op(op, operands, location))
-            .map_err(|e| self.error(format!("internal: {e}")))
+        let id = (self.program.push_op(op, operands, location))
+            .map_err(|e| self.error(format!("internal: {e}")))?;
+        if collective {
+            let why = (self.reason.clone()).unwrap_or_else(|| self.why(Purpose::Algorithm, None));
+            self.program.node_mut(id).why = vec![why];
+        }
+        Ok(id)
+    }
+
+    /// Why moving `v` to `target` for the current op: an operand of it (the global
+    /// value `v` holds, if the driver partitioned it), or the op's result (when `v` holds
+    /// the current value).
+    pub fn why_moving(&self, v: &PValue, target: &Sharding) -> Why {
+        let (user, ..) = self.current;
+        let value = self.globals.get(&v.id).copied();
+        let purpose = if value == Some(user) {
+            Purpose::Result
+        } else {
+            Purpose::Operand
+        };
+        let mut why = self.why(purpose, value);
+        why.from = Some(v.sharding.clone());
+        why.to = Some(target.clone());
+        if purpose == Purpose::Operand {
+            why.from_sources = value
+                .map(|o| Source::of(self.global, o))
+                .unwrap_or_default();
+        }
+        why
+    }
+
+    /// A [`Why`] of `purpose` for the current op, moving `value`, with the current
+    /// value's annotations as the required side's sources and no shardings yet.
+    fn why(&self, purpose: Purpose, value: Option<ValueId>) -> Why {
+        let (user, op, location) = self.current;
+        Why {
+            purpose,
+            user,
+            op,
+            location,
+            value,
+            from: None,
+            to: None,
+            from_sources: Vec::new(),
+            user_sharding: self.global.node(user).sharding.clone(),
+            to_sources: match purpose {
+                Purpose::Algorithm => Vec::new(),
+                _ => Source::of(self.global, user),
+            },
+        }
     }
 
     pub fn ty(&self, v: ValueId) -> &TensorType {

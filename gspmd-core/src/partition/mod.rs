@@ -23,6 +23,7 @@ mod value;
 
 pub(crate) use combine::combine_collectives;
 pub use report::CollectiveStats;
+pub(crate) use report::collective_line;
 pub(crate) use value::PValue;
 
 use crate::error::Result;
@@ -101,7 +102,7 @@ fn in_common_parts(
 
 /// Partitions a propagated program (every node has a `sharding`) for `mesh`.
 pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
-    let mut em = Emitter::new(&program.name, mesh);
+    let mut em = Emitter::new(program, mesh);
     let mut values: Vec<Option<PValue>> = vec![None; program.nodes.len()];
     let users = program.users();
     let fusions = fusion::fusions(program);
@@ -145,7 +146,9 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
                 handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };
+        em.globals.entry(result.id).or_insert(v);
         let result = reshard::reshard(&mut em, &result, &target)?;
+        em.globals.insert(result.id, v);
         let local = em.program.node_mut(result.id);
         local.sharding = Some(target);
         if local.name.is_none() {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::SpmdProgram;
-use crate::ir::{Node, Op, Program, distinct_flows};
+use crate::ir::{Node, Op, Program, ValueId, distinct_flows};
 use crate::sharding::Mesh;
 
 /// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
@@ -138,7 +138,8 @@ impl SpmdProgram {
 
     /// The per-device program, then one line per collective (axes, bytes per device,
     /// the user's source line; a collective in a region named by the flow op and the
-    /// region: once per iteration), the totals and the partitioner's warnings.
+    /// region: once per iteration) followed by a `why:` line per reason
+    /// ([`Node::why`]), the totals and the partitioner's warnings.
     pub fn report(&self) -> String {
         let mut out = format!(
             "// partitioned for {}\n{}\n\ncollectives:\n",
@@ -153,7 +154,7 @@ impl SpmdProgram {
     }
 }
 
-/// Appends one line per collective of `program` and of its regions (each once; a
+/// Appends one line per collective of `program` (and its reasons) and of its regions (each once; a
 /// region's lines start with `within`, the path of flow ops and regions to it).
 fn collective_lines(out: &mut String, program: &Program, mesh: &Mesh, within: &str) {
     let mut flows = distinct_flows(program).into_iter().peekable();
@@ -166,16 +167,27 @@ fn collective_lines(out: &mut String, program: &Program, mesh: &Mesh, within: &s
             }
         }
         if node.op.is_collective() {
-            let _ = writeln!(
-                out,
-                "  {within}{v} {} over {:?}: {} -> {}, {} bytes/device  // {}",
-                node.op.name(),
-                node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
-                program.ty(node.operands[0]),
-                node.ty,
-                bytes_received(program, node, mesh),
-                node.location
-            );
+            let _ = write!(out, "  {within}{}", collective_line(program, v, mesh));
         }
     }
+}
+
+/// Collective `v` of `program` partitioned for `mesh`: `%7 all_gather over ["model"]:
+/// f32[4,8] -> f32[4,32], 384 bytes/device  // model.rs:12`, then a `why:` line per
+/// reason.
+pub(crate) fn collective_line(program: &Program, v: ValueId, mesh: &Mesh) -> String {
+    let node = program.node(v);
+    let mut line = format!(
+        "{v} {} over {:?}: {} -> {}, {} bytes/device  // {}\n",
+        node.op.name(),
+        node.op.collective_group().map_or(&[][..], |g| &g.axes[..]),
+        program.ty(node.operands[0]),
+        node.ty,
+        bytes_received(program, node, mesh),
+        node.location
+    );
+    for why in &node.why {
+        let _ = writeln!(line, "      why: {why}");
+    }
+    line
 }

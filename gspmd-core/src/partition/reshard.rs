@@ -609,8 +609,18 @@ pub(crate) fn plan_reshard(
     plan
 }
 
-/// Moves `v` to `target` (see [`plan_reshard`]), emitting the collectives and slices.
+/// Moves `v` to `target` (see [`plan_reshard`]), emitting the collectives and slices,
+/// each collective with [`Emitter::why_moving`] as its reason.
 pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
+    let why = em.why_moving(v, target);
+    let outer = em.reason.replace(why);
+    let moved = reshard_as_planned(em, v, target);
+    em.reason = outer;
+    moved
+}
+
+/// [`reshard`] without setting the reason.
+fn reshard_as_planned(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result<PValue> {
     let mesh = em.mesh;
     let shape = v.global.shape.clone();
     let plan = plan_reshard(mesh, &shape, &v.sharding, target);
@@ -667,8 +677,9 @@ pub(crate) fn reshard(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
 
 /// Warns that resharding `v` to `target` by `plan` replicates it whole on every device
 /// although both shardings split it (XLA's "involuntary full rematerialization"),
-/// naming both shardings and the bytes, and suggesting the annotation that makes the
-/// value's producer emit it in the target's layout.
+/// naming both shardings and the bytes, suggesting the annotation that makes the
+/// value's producer emit it in the target's layout, and giving the reason (the
+/// annotations both shardings came from).
 fn warn_full_rematerialization(
     em: &mut Emitter,
     v: &PValue,
@@ -676,10 +687,15 @@ fn warn_full_rematerialization(
     plan: &ReshardPlan,
 ) {
     let bytes = plan.cost * v.global.dtype.size_in_bytes() as f64;
+    let why = em
+        .reason
+        .as_ref()
+        .map(|w| format!("; why: {w}"))
+        .unwrap_or_default();
     em.warn(format!(
         "full rematerialization: resharding {} from {} to {target} replicates it on every \
          device ({bytes} bytes received per device); annotate the value \
-         `.shard(\"{target}\")` where it is defined, so it is produced split as used here",
+         `.shard(\"{target}\")` where it is defined, so it is produced split as used here{why}",
         v.global, v.sharding
     ));
 }

@@ -1,6 +1,6 @@
 //! "Why is %12 sharded like this": the origin of each dim of a propagated value.
 
-use crate::ir::{Program, ValueId};
+use crate::ir::{Program, Source, ValueId};
 
 /// Explains the sharding of `value` in a program returned by
 /// [`crate::propagation::propagate`]: per dim, its axes and the annotated value they
@@ -15,9 +15,10 @@ pub fn explain(program: &Program, value: ValueId) -> String {
     let Some(node) = program.nodes.get(value.index()) else {
         return format!("{value} is not a value of program {}", program.name);
     };
-    let (Some(sharding), Some(origin)) = (&node.sharding, &node.origin) else {
+    let Some(sharding) = &node.sharding else {
         return format!("{value} has no sharding yet: run propagation first");
     };
+    let sources = Source::of(program, value);
     let mut text = format!(
         "{value} = {} : {} sharding={sharding}",
         node.op.name(),
@@ -31,15 +32,14 @@ pub fn explain(program: &Program, value: ValueId) -> String {
             continue;
         }
         text += &dim.axes.join(", ");
-        match origin.dims.get(d).copied().flatten() {
-            Some(o) if o == value => text += ", from its own annotation",
-            Some(o) => {
-                let source = program.node(o);
-                text += &format!(", from the annotation of {o}");
-                if let Some(name) = &source.name {
+        match sources.iter().find(|s| s.dim == d) {
+            Some(s) if s.value == value => text += ", from its own annotation",
+            Some(s) => {
+                text += &format!(", from the annotation of {}", s.value);
+                if let Some(name) = &s.name {
                     text += &format!(" \"{name}\"");
                 }
-                text += &format!(" at {}", source.location);
+                text += &format!(" at {}", s.location);
             }
             None => text += ", origin unknown",
         }

@@ -24,7 +24,7 @@ use crate::ir::{Literal, Node, Op, Program, ValueId};
 /// every device, so the devices still meet in the same collectives in the same order.
 ///
 /// The first node survives with its location and name (it takes the name of a merged
-/// node if it has none). Cost: one hash per node, plus comparisons with earlier nodes
+/// node if it has none) and the reasons ([`Node::why`]) of all merged collectives. Cost: one hash per node, plus comparisons with earlier nodes
 /// of the same hash.
 pub(super) fn eliminate_common_subexpressions(program: &Program, stage: Stage) -> Program {
     let keep_apart = match stage {

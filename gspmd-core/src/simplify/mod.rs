@@ -118,6 +118,11 @@ fn rebuild(program: &Program, fate: &[Fate]) -> Program {
                 if kept.name.is_none() {
                     kept.name.clone_from(&node.name);
                 }
+                for why in &node.why {
+                    if !kept.why.contains(why) {
+                        kept.why.push(why.clone());
+                    }
+                }
                 ids[v.index()] = Some(survivor);
             }
         }

@@ -77,6 +77,7 @@ fn undilated(
         origin: None,
         name: None,
         location: node.location,
+        why: Vec::new(),
     };
     let mut want = input.sharding.clone();
     want.unreduced.clear();
