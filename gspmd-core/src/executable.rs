@@ -140,6 +140,21 @@ impl Executable {
         text
     }
 
+    /// Writes [`html`](Self::html) to `path`.
+    pub fn write_html(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.html())
+    }
+
+    /// The report as one self-contained HTML page (inline CSS, SVG and script; nothing
+    /// fetched): summary figures, the partitioner's warnings, every collective with its
+    /// bytes per device and reasons, and the propagated program in collapsible sections
+    /// (one per named value, inside them one per source line), each value with its
+    /// sharding drawn as the mesh (one square per device, coloured by the block it
+    /// holds), its annotations and the collectives its op needed.
+    pub fn html(&self) -> String {
+        crate::report_html::page(&self.propagated, &self.spmd)
+    }
+
     /// The propagated global program, then the partitioned program with its collectives.
     pub fn report(&self) -> String {
         format!(

@@ -10,6 +10,7 @@ mod executable;
 pub mod ir;
 pub mod partition;
 pub mod propagation;
+mod report_html;
 pub mod runtime;
 pub mod sharding;
 pub mod simplify;

@@ -154,20 +154,33 @@ impl SpmdProgram {
     }
 }
 
-/// Appends one line per collective of `program` (and its reasons) and of its regions (each once; a
-/// region's lines start with `within`, the path of flow ops and regions to it).
+/// Appends one line per collective of `program` and of its regions (and its reasons;
+/// see [`visit_collectives`]).
 fn collective_lines(out: &mut String, program: &Program, mesh: &Mesh, within: &str) {
+    visit_collectives(program, within, &mut |within, program, v| {
+        let _ = write!(out, "  {within}{}", collective_line(program, v, mesh));
+    });
+}
+
+/// Calls `f(within, region, v)` for each collective `v` of `program` and of the regions
+/// of its control-flow ops, in program order, each region once, just before its flow
+/// op's first result; `within` is the path of flow ops and regions to it, prefixed by
+/// `within` (`%7 while body: `).
+pub(crate) fn visit_collectives<'p>(
+    program: &'p Program,
+    within: &str,
+    f: &mut dyn FnMut(&str, &'p Program, ValueId),
+) {
     let mut flows = distinct_flows(program).into_iter().peekable();
     for v in program.values() {
-        let node = program.node(v);
         if let Some((_, flow)) = flows.next_if(|&(first, _)| first == v) {
             for (name, region) in flow.region_names().iter().zip(flow.regions()) {
                 let path = format!("{within}{v} {} {name}: ", flow.name());
-                collective_lines(out, region, mesh, &path);
+                visit_collectives(region, &path, f);
             }
         }
-        if node.op.is_collective() {
-            let _ = write!(out, "  {within}{}", collective_line(program, v, mesh));
+        if program.node(v).op.is_collective() {
+            f(within, program, v);
         }
     }
 }
