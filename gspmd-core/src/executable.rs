@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::analysis::MemoryAnalysis;
+use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
 use crate::error::Result;
 use crate::ir::{Literal, Program, verify};
 use crate::partition::{SpmdProgram, combine_collectives, partition};
@@ -106,6 +106,12 @@ impl Executable {
     pub fn memory_analysis_with(&self, is_state: &dyn Fn(usize) -> bool) -> MemoryAnalysis {
         let planned = self.planned();
         MemoryAnalysis::of(&planned.program, &planned.plan, is_state)
+    }
+
+    /// What each device computes and receives in one run of the per-device program,
+    /// and the step time that gives on `device` (see [`CostAnalysis`]).
+    pub fn cost_analysis(&self, device: &DeviceModel) -> CostAnalysis {
+        CostAnalysis::of(&self.spmd.program, &self.spmd.mesh, device)
     }
 
     /// Runs on the MPI mesh `mesh`, every rank with the same global inputs; every rank

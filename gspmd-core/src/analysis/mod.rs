@@ -1,7 +1,10 @@
-//! Insight before running: what a compiled program will hold in memory
-//! ([`MemoryAnalysis`]) on each device, worked out from the per-device program and the
-//! runtime's execution plan without running it.
+//! Insight before running, from the per-device program alone: what each device will
+//! hold in memory ([`MemoryAnalysis`], over the runtime's execution plan) and what it
+//! will compute and receive ([`CostAnalysis`], with a step time for a
+//! [`DeviceModel`]).
 
+mod cost;
 mod memory;
 
+pub use cost::{CostAnalysis, DeviceModel};
 pub use memory::{MemoryAnalysis, MemoryBreakdown};

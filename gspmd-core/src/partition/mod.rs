@@ -23,6 +23,7 @@ mod value;
 
 pub(crate) use combine::combine_collectives;
 pub use report::CollectiveStats;
+pub(crate) use report::bytes_received;
 pub(crate) use value::PValue;
 
 use crate::error::Result;
