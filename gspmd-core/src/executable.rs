@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
 use crate::error::Result;
 use crate::ir::{Literal, Program, ValueId, verify};
 use crate::partition::{SpmdProgram, collective_line, combine_collectives, partition};
@@ -81,6 +82,36 @@ impl Executable {
         } else {
             Arc::new(PlannedProgram::new(self.spmd.program.clone()))
         }
+    }
+
+    /// What each device holds while it runs the per-device program (see
+    /// [`MemoryAnalysis`]), with the inputs named `<slot>(<parameter>)` for an optimizer
+    /// state slot (`m`, `v`, `momentum`: as [`step_program`](crate::train::step_program)
+    /// names them) counted as optimizer state.
+    pub fn memory_analysis(&self) -> MemoryAnalysis {
+        let program = &self.spmd.program;
+        let is_state = |i: usize| {
+            let name = program
+                .params
+                .get(i)
+                .and_then(|&p| program.node(p).name.as_deref());
+            name.and_then(|n| n.split_once('('))
+                .is_some_and(|(slot, rest)| STATE_SLOTS.contains(&slot) && rest.ends_with(')'))
+        };
+        self.memory_analysis_with(&is_state)
+    }
+
+    /// [`Executable::memory_analysis`] with `is_state(i)` telling whether input `i` is
+    /// optimizer state (e.g. from [`TrainStep::params`](crate::train::TrainStep)).
+    pub fn memory_analysis_with(&self, is_state: &dyn Fn(usize) -> bool) -> MemoryAnalysis {
+        let planned = self.planned();
+        MemoryAnalysis::of(&planned.program, &planned.plan, is_state)
+    }
+
+    /// What each device computes and receives in one run of the per-device program,
+    /// and the step time that gives on `device` (see [`CostAnalysis`]).
+    pub fn cost_analysis(&self, device: &DeviceModel) -> CostAnalysis {
+        CostAnalysis::of(&self.spmd.program, &self.spmd.mesh, device)
     }
 
     /// Runs on the MPI mesh `mesh`, every rank with the same global inputs; every rank
@@ -164,6 +195,9 @@ impl Executable {
         )
     }
 }
+
+/// The optimizer state slots of [`Optimizer::state_slots`](crate::train::Optimizer).
+const STATE_SLOTS: [&str; 3] = ["m", "v", "momentum"];
 
 /// How one output of a partitioned run compares with the reference interpreter's.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -4,6 +4,7 @@
 //! The pipeline is `trace → verify → propagate → partition → run`; every stage maps one
 //! value to the next and every intermediate prints as text. See `ARCHITECTURE.md`.
 
+pub mod analysis;
 pub mod autodiff;
 pub mod error;
 mod executable;

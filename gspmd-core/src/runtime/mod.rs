@@ -33,7 +33,7 @@ pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;
-pub(crate) use plan::PlannedProgram;
+pub(crate) use plan::{Plan, PlannedProgram};
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

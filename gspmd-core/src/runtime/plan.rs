@@ -14,49 +14,49 @@ use crate::ir::{FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
 #[derive(Debug)]
 pub(crate) struct Plan {
     /// One per node, in node order.
-    pub(super) steps: Vec<Step>,
+    pub(crate) steps: Vec<Step>,
     /// One per flow instance (regions and operands) of the program, not of its regions.
-    pub(super) flows: Vec<FlowPlan>,
+    pub(crate) flows: Vec<FlowPlan>,
     /// The outputs in order, each with whether a later output repeats it (then the
     /// value is copied, not moved, into this one).
-    pub(super) outputs: Vec<(ValueId, bool)>,
+    pub(crate) outputs: Vec<(ValueId, bool)>,
 }
 
 /// What the plan knows of one node.
 #[derive(Debug)]
-pub(super) struct Step {
+pub(crate) struct Step {
     /// The bytes of the node's value (its type's size).
-    pub(super) bytes: usize,
+    pub(crate) bytes: usize,
     /// For each operand, whether this node reads it last and only once (and it is no
     /// output, and no deferred broadcast of it is read by this node or later): the
     /// loop may then hand the value over instead of lending it.
-    pub(super) hand_over: Vec<bool>,
+    pub(crate) hand_over: Vec<bool>,
     /// The values whose bytes stop counting once this node is computed, each once: the
     /// operands it reads last, and its own value if nothing reads it and it is no
     /// output. (A deferred broadcast counts its full bytes while it is live.)
-    pub(super) frees: Vec<ValueId>,
+    pub(crate) frees: Vec<ValueId>,
     /// The values dropped once this node is computed: as `frees`, except that the
     /// operand of a deferred broadcast lives as long as the broadcast is read.
-    pub(super) drops: Vec<ValueId>,
+    pub(crate) drops: Vec<ValueId>,
     /// A `broadcast_in_dim` read only by elementwise ops (binary, compare, select),
     /// with `typed` set: not materialised, its readers view its operand.
-    pub(super) deferred: bool,
+    pub(crate) deferred: bool,
     /// Whether the op's shape rule, given the node types of the operands, gives the
     /// node's type: operands whose values have their node types then fit the kernel
     /// without a check at run time.
-    pub(super) typed: bool,
+    pub(crate) typed: bool,
     /// For a flow result: its instance in [`Plan::flows`].
-    pub(super) flow: Option<usize>,
+    pub(crate) flow: Option<usize>,
 }
 
 /// What the plan knows of one flow instance.
 #[derive(Debug)]
-pub(super) struct FlowPlan {
+pub(crate) struct FlowPlan {
     /// For each result of the op: how many nodes read it, and its bytes (0 if none).
-    pub(super) results: Vec<(usize, usize)>,
+    pub(crate) results: Vec<(usize, usize)>,
     /// The plans of the op's regions, in [`Flow::regions`](crate::ir::Flow::regions)
     /// order.
-    pub(super) regions: Vec<Plan>,
+    pub(crate) regions: Vec<Plan>,
 }
 
 impl Plan {

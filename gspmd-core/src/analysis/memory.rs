@@ -1,0 +1,278 @@
+//! Memory analysis of a per-device program: what one device holds while it runs, node
+//! by node, before anything runs.
+//!
+//! The walk follows the runtime's execution plan ([`Plan`]: which values each node
+//! drops, which operands it takes over, which broadcasts are views) and the runtime's
+//! buffer reuse, so that it predicts what the evaluation loop allocates:
+//!
+//! - inputs (parameters) are held by the caller for the whole step (resident weights
+//!   and optimizer state, data); constants live in the program; neither is allocated
+//!   by the run;
+//! - a deferred broadcast is a view of its operand: no buffer (its operand lives while
+//!   it is read);
+//! - an elementwise op (unary, binary, select, convert to the same dtype, a sharding
+//!   constraint) that takes over an operand of its result's type writes its result
+//!   into that operand's buffer: no new buffer;
+//! - every other node allocates its result while its operands are held, and a
+//!   collective whose operand is not taken over copies it first;
+//! - a control-flow instance copies its operands, runs its regions (each region's own
+//!   peak, recursively), and holds all its results until their nodes take them.
+//!
+//! Scratch space inside kernels is not counted.
+
+use std::fmt;
+
+use crate::ir::{Location, Node, Op, Program, ValueId};
+use crate::runtime::Plan;
+
+/// What one device holds while it runs a per-device program (see the module docs for
+/// the model): the peak, what it is made of, and the bytes live at each node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryAnalysis {
+    /// The most bytes held at once: every input, plus the values computed and live
+    /// while the peak node runs (its operands and its result both held).
+    pub peak_bytes: usize,
+    /// `peak_bytes` by kind.
+    pub breakdown: MemoryBreakdown,
+    /// The node at which the peak is reached.
+    pub peak_node: Option<ValueId>,
+    /// The largest computed value live at the peak, and where it was traced (`None`
+    /// for a value a pass built). `None` if no computed value is live there.
+    pub peak_value: Option<(ValueId, Option<Location>)>,
+    /// One entry per node of the program, in execution (node) order: the bytes held
+    /// while the node runs (inputs included).
+    pub timeline: Vec<usize>,
+}
+
+/// The bytes held at the peak, by kind; they add up to [`MemoryAnalysis::peak_bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryBreakdown {
+    /// Inputs that are not optimizer state: weights, data, scalars.
+    pub parameters: usize,
+    /// Inputs that are optimizer state (see
+    /// [`Executable::memory_analysis`](crate::Executable::memory_analysis)).
+    pub optimizer_state: usize,
+    /// Computed values held across the peak node for later nodes: in a training step,
+    /// the forward pass's activations kept for the backward pass.
+    pub activations_kept: usize,
+    /// The peak node's own working set: its result, its computed operands and the
+    /// copies it makes (a collective's operand, a control-flow instance's operands and
+    /// regions).
+    pub temporaries: usize,
+}
+
+impl MemoryBreakdown {
+    /// The sum of the four kinds.
+    pub fn total(&self) -> usize {
+        self.parameters + self.optimizer_state + self.activations_kept + self.temporaries
+    }
+}
+
+impl MemoryAnalysis {
+    /// The analysis of `program` run by the evaluation loop with `plan` ([`Plan::new`]
+    /// of `program`); `is_state(i)` tells whether input `i` is optimizer state.
+    pub(crate) fn of(program: &Program, plan: &Plan, is_state: &dyn Fn(usize) -> bool) -> Self {
+        let (mut parameters, mut optimizer_state) = (0, 0);
+        for (i, &p) in program.params.iter().enumerate() {
+            let bytes = program.ty(p).size_in_bytes();
+            if is_state(i) {
+                optimizer_state += bytes;
+            } else {
+                parameters += bytes;
+            }
+        }
+        let inputs = parameters + optimizer_state;
+        let walk = Walk::of(program, plan);
+        let peak = walk.peak;
+        let mut breakdown = MemoryBreakdown {
+            parameters,
+            optimizer_state,
+            ..MemoryBreakdown::default()
+        };
+        let mut peak_value = None;
+        if let Some(p) = peak {
+            let node = &program.nodes[p.index()];
+            let working = |v: ValueId| v == p || node.operands.contains(&v);
+            breakdown.temporaries = walk.transient;
+            for &(v, bytes) in &walk.live {
+                if working(v) {
+                    breakdown.temporaries += bytes;
+                } else {
+                    breakdown.activations_kept += bytes;
+                }
+            }
+            peak_value = (walk.live.iter())
+                .max_by_key(|&&(v, bytes)| (bytes, std::cmp::Reverse(v.index())))
+                .map(|&(v, _)| {
+                    let location = program.node(v).location;
+                    (v, (location != Location::synthetic()).then_some(location))
+                });
+        }
+        MemoryAnalysis {
+            peak_bytes: breakdown.total(),
+            breakdown,
+            peak_node: peak,
+            peak_value,
+            timeline: walk.held.iter().map(|&h| inputs + h).collect(),
+        }
+    }
+}
+
+/// The liveness walk of one program: computed bytes only (inputs excluded).
+struct Walk {
+    /// For each node: the computed bytes held while it runs.
+    held: Vec<usize>,
+    /// The first node with the most bytes held.
+    peak: Option<ValueId>,
+    /// The most computed bytes held at once.
+    max: usize,
+    /// At the peak: the copies the node makes and the results of control flow waiting
+    /// for their nodes.
+    transient: usize,
+    /// At the peak: the computed values holding a buffer, with their bytes (a value
+    /// written in place of its operand holds the operand's buffer).
+    live: Vec<(ValueId, usize)>,
+}
+
+impl Walk {
+    fn of(program: &Program, plan: &Plan) -> Walk {
+        let n = program.nodes.len();
+        // The bytes of the buffer each value holds now (0: none, or lent).
+        let mut buffer = vec![0usize; n];
+        // Whether the loop owns the value (it computed it): only then can a node take
+        // it over.
+        let mut owned = vec![false; n];
+        let mut live = 0usize;
+        // Results of flow instances computed and not yet taken by their nodes.
+        let mut pending: Vec<Option<Vec<usize>>> = vec![None; plan.flows.len()];
+        let mut pending_bytes = 0usize;
+        let mut walk = Walk {
+            held: Vec::with_capacity(n),
+            peak: None,
+            max: 0,
+            transient: 0,
+            live: Vec::new(),
+        };
+        for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
+            let operand_bytes = |k: usize| program.ty(node.operands[k]).size_in_bytes();
+            let taken = |k: usize| step.hand_over[k] && owned[node.operands[k].index()];
+            let mut copies = 0;
+            match (&node.op, step.flow) {
+                (Op::Parameter { .. } | Op::Constant(_), _) => {}
+                _ if step.deferred => {}
+                (Op::Flow { flow, result }, Some(instance)) => {
+                    let flow_plan = &plan.flows[instance];
+                    if pending[instance].is_none() {
+                        let results: Vec<usize> = (flow_plan.results.iter())
+                            .map(|&(reads, bytes)| if reads > 0 { bytes } else { 0 })
+                            .collect();
+                        let regions = flow_plan.regions.iter().zip(flow.regions());
+                        let inner = regions
+                            .map(|(plan, region)| Walk::of(region, plan).max)
+                            .max()
+                            .unwrap_or(0);
+                        copies = (0..node.operands.len()).map(operand_bytes).sum::<usize>() + inner;
+                        pending_bytes += results.iter().sum::<usize>();
+                        pending[instance] = Some(results);
+                    }
+                    let slot = pending[instance].as_mut().and_then(|r| r.get_mut(*result));
+                    let bytes = slot.map_or(0, std::mem::take);
+                    pending_bytes -= bytes;
+                    buffer[i] = bytes;
+                    live += bytes;
+                    owned[i] = true;
+                }
+                (op, _) => {
+                    let reuse = (step.typed)
+                        .then(|| in_place_operand(op, node, program, &taken))
+                        .flatten();
+                    if op.is_collective() && !node.operands.is_empty() && !taken(0) {
+                        copies = operand_bytes(0);
+                    }
+                    match reuse {
+                        // The operand's buffer becomes the result's: nothing new.
+                        Some(k) => {
+                            buffer[i] = std::mem::take(&mut buffer[node.operands[k].index()])
+                        }
+                        None => {
+                            buffer[i] = step.bytes;
+                            live += step.bytes;
+                        }
+                    }
+                    owned[i] = true;
+                }
+            }
+            let held = live + copies + pending_bytes;
+            if walk.peak.is_none() || held > walk.max {
+                walk.peak = Some(ValueId(i as u32));
+                walk.max = held;
+                walk.transient = copies + pending_bytes;
+                walk.live = (0..=i)
+                    .filter(|&v| buffer[v] > 0)
+                    .map(|v| (ValueId(v as u32), buffer[v]))
+                    .collect();
+            }
+            walk.held.push(held);
+            for o in &step.drops {
+                live -= std::mem::take(&mut buffer[o.index()]);
+            }
+        }
+        walk
+    }
+}
+
+/// The operand an elementwise kernel overwrites with its result (see the elementwise
+/// kernels): the first one taken over (`taken(k)`) whose type is the result's.
+fn in_place_operand(
+    op: &Op,
+    node: &Node,
+    program: &Program,
+    taken: &dyn Fn(usize) -> bool,
+) -> Option<usize> {
+    let candidates: &[usize] = match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Convert(_) | Op::ShardingConstraint => &[0, 1],
+        Op::Select => &[1, 2],
+        _ => return None,
+    };
+    candidates
+        .iter()
+        .copied()
+        .find(|&k| k < node.operands.len() && taken(k) && program.ty(node.operands[k]) == &node.ty)
+}
+
+impl fmt::Display for MemoryAnalysis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.breakdown;
+        writeln!(f, "peak memory per device: {}", bytes(self.peak_bytes))?;
+        writeln!(f, "  parameters       {}", bytes(b.parameters))?;
+        writeln!(f, "  optimizer state  {}", bytes(b.optimizer_state))?;
+        writeln!(f, "  activations kept {}", bytes(b.activations_kept))?;
+        write!(f, "  temporaries      {}", bytes(b.temporaries))?;
+        if let Some(p) = self.peak_node {
+            write!(f, "\nreached at {p}")?;
+        }
+        if let Some((v, location)) = self.peak_value {
+            write!(f, "; largest value live there: {v}")?;
+            if let Some(location) = location {
+                write!(f, " ({location})")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `n` bytes in the largest binary unit that keeps it at least 1.
+pub(crate) fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
