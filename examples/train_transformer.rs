@@ -17,6 +17,9 @@
 //! cargo run --release --example train_transformer -- 50      # fewer steps
 //! ```
 //!
+//! `--html PATH` also writes the compiled step's report as one HTML page
+//! (`Executable::write_html`: memory, collectives and why, shardings on the mesh).
+//!
 //! With `--bench`, the step is timed instead (the comparison with JAX in
 //! `benches/README.md` uses it): no reference run and no checkpoint; after `--warmup`
 //! steps it prints the losses of the first steps and the median ms/step over the
@@ -106,6 +109,7 @@ struct Options {
     bench: bool,
     warmup: usize,
     dump: Option<PathBuf>,
+    html: Option<PathBuf>,
 }
 
 impl Options {
@@ -117,6 +121,7 @@ impl Options {
             bench: false,
             warmup: 3,
             dump: None,
+            html: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -127,6 +132,7 @@ impl Options {
                 "--dims" => options.dims = dims(&value()?)?,
                 "--warmup" => options.warmup = number(&value()?)?,
                 "--dump" => options.dump = Some(value()?.into()),
+                "--html" => options.html = Some(value()?.into()),
                 _ => options.steps = number(&arg)?,
             }
         }
@@ -190,7 +196,11 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let started = Instant::now();
     let mut trainer = Trainer::on_mesh(step.clone(), mesh.clone(), initial.clone())?;
-    common::report_compiled(&trainer, started.elapsed());
+    let compiled = common::report_compiled(&trainer, started.elapsed());
+    if let (Some(path), Some(exe)) = (&options.html, compiled) {
+        exe.write_html(path)?;
+        println!("report: {}", path.display());
+    }
 
     // The first steps on one device, as the oracle.
     let mut reference = Trainer::reference(step.clone(), initial)?;

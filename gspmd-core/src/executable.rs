@@ -177,13 +177,15 @@ impl Executable {
     }
 
     /// The report as one self-contained HTML page (inline CSS, SVG and script; nothing
-    /// fetched): summary figures, the partitioner's warnings, every collective with its
+    /// fetched): summary figures, the partitioner's warnings, the memory per device
+    /// ([`memory_analysis`](Self::memory_analysis): the peak, what it is made of, the
+    /// bytes held at each node as a chart), every collective with its
     /// bytes per device and reasons, and the propagated program in collapsible sections
     /// (one per named value, inside them one per source line), each value with its
     /// sharding drawn as the mesh (one square per device, coloured by the block it
     /// holds), its annotations and the collectives its op needed.
     pub fn html(&self) -> String {
-        crate::report_html::page(&self.propagated, &self.spmd)
+        crate::report_html::page(&self.propagated, &self.spmd, &self.memory_analysis())
     }
 
     /// The propagated global program, then the partitioned program with its collectives.

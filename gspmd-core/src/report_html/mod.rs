@@ -1,16 +1,19 @@
 //! The compiled program as one self-contained HTML page
 //! ([`Executable::write_html`](crate::Executable::write_html)): inline CSS, SVG and a
-//! little JavaScript, nothing fetched. It shows the partitioner's warnings, every
+//! little JavaScript, nothing fetched. It shows the partitioner's warnings, the
+//! memory a device holds node by node (a chart), every
 //! collective with its bytes and reasons, and the global program grouped into
 //! collapsible sections (one per named value; inside, its values by source line),
 //! each value with its sharding drawn on the mesh and the collectives its op needed.
 
+mod chart;
 mod grid;
 
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::ir::{Op, Program, Purpose, ValueId, Why};
+use crate::analysis::{MemoryAnalysis, bytes};
+use crate::ir::{Location, Op, Program, Purpose, ValueId, Why};
 use crate::partition::{SpmdProgram, bytes_received, visit_collectives};
 use crate::sharding::{Mesh, Sharding};
 
@@ -48,8 +51,8 @@ struct Collective {
 }
 
 /// The page for `propagated` (the global program after propagation) partitioned into
-/// `spmd`.
-pub(crate) fn page(propagated: &Program, spmd: &SpmdProgram) -> String {
+/// `spmd`, whose memory per device is `memory`.
+pub(crate) fn page(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnalysis) -> String {
     let mesh = &spmd.mesh;
     let (collectives, by_user) = collectives(spmd);
     let stats = spmd.collectives();
@@ -66,8 +69,9 @@ pub(crate) fn page(propagated: &Program, spmd: &SpmdProgram) -> String {
 "#,
         name = escape(&propagated.name),
         mesh = escape(&mesh.to_string()),
-        cards = cards(propagated, spmd),
+        cards = cards(propagated, spmd, memory),
     );
+    html += &memory_section(spmd, memory);
     if !spmd.warnings.is_empty() {
         html += r#"<section id="warnings"><h2>Warnings</h2>"#;
         for w in &spmd.warnings {
@@ -111,14 +115,52 @@ fn mesh_layout(mesh: &Mesh) -> String {
     }
 }
 
-/// The summary cards: op counts, collectives, bytes, warnings.
-fn cards(propagated: &Program, spmd: &SpmdProgram) -> String {
+/// The memory section: the peak and what it is made of, and the timeline chart.
+fn memory_section(spmd: &SpmdProgram, memory: &MemoryAnalysis) -> String {
+    let program = &spmd.program;
+    let (mut peak, mut at) = (String::new(), String::new());
+    if let Some(p) = memory.peak_node {
+        at = format!("{p} {}", program.node(p).op.name());
+        let _ = write!(peak, "{at} ({})", program.node(p).location);
+    }
+    if let Some((v, location)) = memory.peak_value {
+        let _ = write!(peak, "; largest value live: {v}");
+        if let Some(location) = location {
+            let _ = write!(peak, " ({location})");
+        }
+    }
+    let collectives: Vec<(usize, &str)> = (program.nodes.iter().enumerate())
+        .filter(|(_, n)| n.op.is_collective())
+        .map(|(i, n)| (i, n.op.name()))
+        .collect();
+    let b = &memory.breakdown;
+    let parts: String = [
+        ("parameters", b.parameters),
+        ("optimizer state", b.optimizer_state),
+        ("activations kept", b.activations_kept),
+        ("temporaries", b.temporaries),
+    ]
+    .iter()
+    .map(|(label, n)| format!(r#"<span class="chip">{label}: {}</span>"#, bytes(*n)))
+    .collect();
+    format!(
+        r#"<section id="memory"><h2>Memory per device <small>peak {} at {}</small></h2><div class="kinds">{parts}</div>{}</section>
+"#,
+        bytes(memory.peak_bytes),
+        escape(&peak),
+        chart::memory_chart(memory, &collectives, &at),
+    )
+}
+
+/// The summary cards: op counts, collectives, bytes, peak memory, warnings.
+fn cards(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnalysis) -> String {
     let stats = spmd.collectives();
     [
         ("global ops", propagated.nodes.len().to_string()),
         ("per-device ops", spmd.program.nodes.len().to_string()),
         ("collectives", stats.total().to_string()),
         ("bytes received / device", stats.bytes().to_string()),
+        ("peak memory / device", bytes(memory.peak_bytes)),
         ("warnings", spmd.warnings.len().to_string()),
     ]
     .iter()
@@ -157,7 +199,10 @@ fn collectives(spmd: &SpmdProgram) -> (Vec<Collective>, HashMap<ValueId, Vec<usi
             let mut reasons: Vec<String> = (node.why.iter())
                 .map(|w| {
                     if within.is_empty() {
-                        by_user.entry(w.user).or_default().push(number);
+                        let numbers = by_user.entry(w.user).or_default();
+                        if numbers.last() != Some(&number) {
+                            numbers.push(number);
+                        }
                     }
                     reason(w, within.is_empty())
                 })
@@ -299,8 +344,8 @@ fn sections(program: &Program) -> Vec<Section> {
     sections
 }
 
-/// The program as `<details>` sections, each a table of its values under a line per
-/// source location, each value a row: id, name, op, type, sharding (text and grid, its
+/// The program as `<details>` sections (a long one cut into nested [`parts`]), each a
+/// table of its values under a line per source location, each value a row: id, name, op, type, sharding (text and grid, its
 /// annotations in a tooltip) and the collectives its partitioning emitted.
 fn program_sections(
     program: &Program,
@@ -309,45 +354,13 @@ fn program_sections(
     by_user: &HashMap<ValueId, Vec<usize>>,
     grids: &mut Grids,
 ) -> String {
-    let mut html = String::new();
-    for section in sections(program) {
-        let emitted: Vec<&Collective> = (section.values.iter())
-            .filter_map(|v| by_user.get(v))
-            .flatten()
-            .map(|&n| &collectives[n])
-            .collect();
-        let bytes: usize = emitted.iter().map(|c| c.bytes).sum();
-        let lines = {
-            let mut lines: Vec<u32> = (section.values.iter())
-                .map(|&v| program.node(v).location.line)
-                .collect();
-            lines.sort_unstable();
-            match (lines.first(), lines.last()) {
-                (Some(a), Some(b)) if a != b => format!("lines {a}–{b}"),
-                (Some(a), _) => format!("line {a}"),
-                _ => String::new(),
-            }
-        };
-        let open = if html.is_empty() { " open" } else { "" };
-        let _ = write!(
-            html,
-            r#"<details class="section"{open}><summary><b>{title}</b> <small>{n} values, {lines}</small>{coll}</summary>"#,
-            title = escape(&section.title),
-            n = section.values.len(),
-            coll = if emitted.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    r#" <span class="chip hot">{} collectives, {bytes} B</span>"#,
-                    emitted.len()
-                )
-            },
-        );
-        html += VALUES_TABLE;
-        for run in section
-            .values
-            .chunk_by(|&a, &b| program.node(a).location == program.node(b).location)
-        {
+    let named: HashMap<Location, &str> = (program.nodes.iter())
+        .filter(|n| !matches!(n.op, Op::Parameter { .. }))
+        .filter_map(|n| Some((n.location, n.name.as_deref()?)))
+        .collect();
+    let mut table = |values: &[ValueId]| {
+        let mut html = VALUES_TABLE.to_string();
+        for run in values.chunk_by(|&a, &b| program.node(a).location == program.node(b).location) {
             let location = program.node(run[0]).location;
             let _ = write!(
                 html,
@@ -358,10 +371,106 @@ fn program_sections(
                 html += &value_row(program, mesh, v, collectives, by_user, grids);
             }
         }
-        html += "</table>";
+        html + "</table>"
+    };
+    let summarize = |section: &Section| summary(program, section, collectives, by_user);
+    let mut html = String::new();
+    for (k, section) in sections(program).iter().enumerate() {
+        let open = if k == 0 { " open" } else { "" };
+        let _ = write!(
+            html,
+            r#"<details class="section"{open}><summary>{}</summary>"#,
+            summarize(section)
+        );
+        if section.values.len() > PART_SIZE {
+            for part in parts(program, &section.values, &named) {
+                let _ = write!(
+                    html,
+                    r#"<details class="part"><summary>{}</summary>{}</details>"#,
+                    summarize(&part),
+                    table(&part.values)
+                );
+            }
+        } else {
+            html += &table(&section.values);
+        }
         html += "</details>\n";
     }
     html
+}
+
+/// Sections longer than this are cut into [`parts`].
+const PART_SIZE: usize = 64;
+
+/// `values` (a long section) cut where a run of values traced at the line of a named
+/// value starts (`named`: location → name; not twice in a row for one name), so that
+/// a pass without names, like a backward pass walking the source up, shows where it
+/// is; each part titled by that name.
+fn parts(program: &Program, values: &[ValueId], named: &HashMap<Location, &str>) -> Vec<Section> {
+    let mut parts = vec![Section {
+        title: "start".into(),
+        values: Vec::new(),
+    }];
+    for &v in values {
+        let location = program.node(v).location;
+        if let Some(name) = named.get(&location)
+            && let Some(part) = parts.last()
+            && let Some(&previous) = part.values.last()
+        {
+            let title = format!("at {name} (line {})", location.line);
+            if program.node(previous).location != location && title != part.title {
+                parts.push(Section {
+                    title,
+                    values: Vec::new(),
+                });
+            }
+        }
+        if let Some(part) = parts.last_mut() {
+            part.values.push(v);
+        }
+    }
+    parts
+}
+
+/// A section's summary line: its title, how many values, its source lines, and the
+/// collectives its values' ops needed (each once, all of a combined one's bytes) with
+/// their bytes.
+fn summary(
+    program: &Program,
+    section: &Section,
+    collectives: &[Collective],
+    by_user: &HashMap<ValueId, Vec<usize>>,
+) -> String {
+    let mut emitted: Vec<usize> = (section.values.iter())
+        .filter_map(|v| by_user.get(v))
+        .flatten()
+        .copied()
+        .collect();
+    emitted.sort_unstable();
+    emitted.dedup();
+    let bytes: usize = emitted.iter().map(|&n| collectives[n].bytes).sum();
+    let mut lines: Vec<u32> = (section.values.iter())
+        .map(|&v| program.node(v).location.line)
+        .collect();
+    lines.sort_unstable();
+    let lines = match (lines.first(), lines.last()) {
+        (Some(a), Some(b)) if a != b => format!("lines {a}–{b}"),
+        (Some(a), _) => format!("line {a}"),
+        _ => String::new(),
+    };
+    let hot = if emitted.is_empty() {
+        String::new()
+    } else {
+        format!(
+            r#" <span class="chip hot">{} collectives, {bytes} B</span>"#,
+            emitted.len()
+        )
+    };
+    format!(
+        r#"<b>{}</b> <small>{} values, {lines}</small>{hot}"#,
+        escape(&section.title),
+        section.values.len()
+    )
 }
 
 /// One value's row (see [`program_sections`]).
