@@ -18,6 +18,7 @@
 //! members' chunks in group order with the combine functions of the shared-memory
 //! communicator, so both backends give equal bits.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -354,11 +355,13 @@ fn all_gather_v<T: Equivalence + Copy + Default>(
     Ok(recv)
 }
 
-/// The elements of `x` in standard (row-major) order.
-fn elements<T: Element>(x: &Literal) -> Result<Vec<T>, String> {
-    T::array(x)
-        .map(|a| a.iter().copied().collect())
-        .ok_or_else(|| format!("the operand is not {}", T::DTYPE))
+/// The elements of `x` in standard (row-major) order: borrowed when `x` is laid out so.
+fn elements<T: Element>(x: &Literal) -> Result<Cow<'_, [T]>, String> {
+    let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    Ok(match a.as_slice() {
+        Some(slice) => Cow::Borrowed(slice),
+        None => Cow::Owned(a.iter().copied().collect()),
+    })
 }
 
 /// `n` same-shaped arrays laid end to end in `flat`, as views.
@@ -447,9 +450,14 @@ fn exchange_blocks<T: Element + Equivalence + Default>(
 ) -> Result<(Vec<T>, Vec<usize>), String> {
     let n = joined.group.size();
     let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
-    let send: Vec<T> = (0..n)
-        .flat_map(|j| block(a, dim, n, j).iter().copied().collect::<Vec<T>>())
-        .collect();
+    let mut send: Vec<T> = Vec::with_capacity(a.len());
+    for j in 0..n {
+        let b = block(a, dim, n, j);
+        match b.as_slice() {
+            Some(contiguous) => send.extend_from_slice(contiguous),
+            None => send.extend(b.iter().copied()),
+        }
+    }
     let mut shape = x.shape();
     shape[dim] /= n;
     let size: usize = shape.iter().product();
