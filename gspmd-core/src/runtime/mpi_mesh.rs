@@ -305,27 +305,32 @@ impl SpmdProgram {
                 )
             })
         })?;
-        // Every rank succeeded: store the resident outputs, gather the others.
-        (locals.into_iter().zip(outputs).enumerate())
-            .map(|(k, (block, mode))| match mode {
+        // Every rank succeeded: gather the outputs that leave the devices, then (once
+        // every gathering succeeded too) store the resident ones.
+        let mut values = Vec::with_capacity(outputs.len());
+        let mut resident = Vec::new();
+        for (k, (block, mode)) in locals.into_iter().zip(outputs).enumerate() {
+            values.push(match mode {
                 Output::Resident(key) => {
-                    let (ty, sharding) = self.outputs[k].clone();
-                    mesh.store.borrow_mut().insert(key.clone(), block);
-                    (mesh.residents.borrow_mut()).insert(key.clone(), Resident { ty, sharding });
-                    Ok(Value::Resident)
+                    resident.push((k, key, block));
+                    Value::Resident
                 }
                 Output::Shards => {
                     let blocks = mesh.communicator.gather_world(block)?;
-                    let blocks = self.trimmed_blocks(k, blocks.into_iter().map(Some).collect())?;
-                    Ok(Value::Shards(blocks))
+                    Value::Shards(self.trimmed_blocks(k, blocks.into_iter().map(Some).collect())?)
                 }
                 Output::Global => {
                     let blocks = mesh.communicator.gather_world(block)?;
-                    let global = self.global_output(k, blocks.into_iter().map(Some).collect())?;
-                    Ok(Value::Global(global))
+                    Value::Global(self.global_output(k, blocks.into_iter().map(Some).collect())?)
                 }
-            })
-            .collect()
+            });
+        }
+        for (k, key, block) in resident {
+            let (ty, sharding) = self.outputs[k].clone();
+            mesh.store.borrow_mut().insert(key.clone(), block);
+            (mesh.residents.borrow_mut()).insert(key.clone(), Resident { ty, sharding });
+        }
+        Ok(values)
     }
 
     /// `program <hash> on mesh <mesh>`: a hash of the per-device program, its mesh and
