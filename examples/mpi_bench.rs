@@ -11,7 +11,7 @@
 //! 0 while the others wait; `mpi_yield_when_idle` keeps their waiting off the cores),
 //! and the copy of the same bytes by one thread, as bandwidth (bytes / time, where the
 //! bytes are the all-reduce's and all-to-all's operand and the all-gather's result) and
-//! as the ratio MPI / threads.
+//! as the ratios MPI / threads and MPI / memcpy (of bandwidths).
 
 use std::time::{Duration, Instant};
 
@@ -118,13 +118,13 @@ fn main() -> Result<()> {
             "{ranks} ranks (MPI) vs {ranks} threads (thread mesh) vs memcpy; GB/s = bytes / median time"
         );
         println!(
-            "{:<11} {:>6} {:>10} {:>10} {:>10} {:>12}",
-            "collective", "MiB", "MPI GB/s", "thr GB/s", "copy GB/s", "MPI/threads"
+            "{:<11} {:>6} {:>10} {:>10} {:>10} {:>12} {:>11}",
+            "collective", "MiB", "MPI GB/s", "thr GB/s", "copy GB/s", "MPI/threads", "MPI/memcpy"
         );
         for (k, &(c, bytes, _)) in rows.iter().enumerate() {
             let (m, t, copy) = (on_ranks[k], on_threads[k], copies[k]);
             println!(
-                "{:<11} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.2}",
+                "{:<11} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>11.3}",
                 match c {
                     Collective::Reduce => "all_reduce",
                     Collective::Gather => "all_gather",
@@ -134,7 +134,8 @@ fn main() -> Result<()> {
                 gb_per_s(bytes, m),
                 gb_per_s(bytes, t),
                 gb_per_s(bytes, copy),
-                t.as_secs_f64() / m.as_secs_f64()
+                t.as_secs_f64() / m.as_secs_f64(),
+                copy.as_secs_f64() / m.as_secs_f64()
             );
         }
     } else if mpi.device() == 0 {

@@ -12,8 +12,14 @@
 //! same shape, and fails unless every output is bitwise equal. Then the fault cases: a
 //! rank whose program differs, a rank whose program fails or panics mid-step, a rank
 //! running out of memory in a model's gradient; every rank must get an error naming the
-//! culprit in under a second, and the mesh must run the next program correctly. Last, a
-//! rank leaves the mesh while the others run on: they must get an error, not a hang.
+//! culprit in under a second, and the mesh must run the next program correctly. Then
+//! training: the language model's AdamW step on the ranks and on threads, with bitwise
+//! equal losses, and checkpoints saved on either loaded on the other. Last, a rank
+//! leaves the mesh while the others run on: they must get an error, not a hang.
+//!
+//! With `--stall`, the last rank stops responding (sleeps) before a collective, the
+//! others waiting with a one-second timeout: the job must end with a non-zero exit
+//! status and a message naming where they waited (`.ci/run` checks both).
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +32,7 @@ use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
 use gspmd::runtime::{Communicator, MpiMesh, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
+use gspmd::train::{Engine, Optimizer, Trainer, step_program};
 use gspmd::{Error, Result};
 
 /// A model's gradient program and the meshes of `ranks` devices it runs on.
@@ -35,8 +42,9 @@ struct Case {
     meshes: Vec<Mesh>,
 }
 
-fn cases(ranks: usize) -> Result<Vec<Case>> {
-    let lm = language_model::trace(language_model::Dims {
+/// The small language model of the differential and training checks.
+fn small_lm() -> Result<Program> {
+    language_model::trace(language_model::Dims {
         B: 4,
         S: 6,
         V: 8,
@@ -45,7 +53,11 @@ fn cases(ranks: usize) -> Result<Vec<Case>> {
         H: 4,
         K: 4,
         F: 32,
-    })?;
+    })
+}
+
+fn cases(ranks: usize) -> Result<Vec<Case>> {
+    let lm = small_lm()?;
     let moe = moe_language_model::trace(
         moe_language_model::Dims {
             G: 8,
@@ -112,6 +124,16 @@ fn cases(ranks: usize) -> Result<Vec<Case>> {
     ])
 }
 
+/// An error unless `a` and `b` are bitwise equal: `what` names them.
+fn same_bits(what: &str, a: &Literal, b: &Literal) -> Result<()> {
+    if a.shape() == b.shape() && bits(a) == bits(b) {
+        return Ok(());
+    }
+    Err(Error::MpiMesh(format!(
+        "{what} differs between MPI and threads"
+    )))
+}
+
 fn bits(l: &Literal) -> Vec<u32> {
     match l {
         Literal::F32(a) => a.iter().map(|x| x.to_bits()).collect(),
@@ -130,12 +152,7 @@ fn differential(mut mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
             let on_ranks = exe.run_mpi(&mpi, &inputs)?;
             let on_threads = exe.run(&ThreadMesh::new(mesh.clone())?, &inputs)?;
             for (k, (a, b)) in on_ranks.iter().zip(&on_threads).enumerate() {
-                if a.shape() != b.shape() || bits(a) != bits(b) {
-                    return Err(Error::MpiMesh(format!(
-                        "{} on {mesh}: output {k} differs between MPI and threads",
-                        case.name
-                    )));
-                }
+                same_bits(&format!("{} on {mesh}: output {k}", case.name), a, b)?;
             }
             if mpi.device() == 0 {
                 println!(
@@ -186,14 +203,19 @@ fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> Result<Literal>
 }
 
 fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
-    let mpi = mpi.reshape(Mesh::new([("rank", ranks)])?)?;
     let me = mpi.device();
     let last = ranks - 1;
-    // Rank 0 runs another program: every rank learns it at the start.
-    let fingerprint = if me == 0 { "program A" } else { "program B" };
+    // Rank 0 runs another model's executable, on a mesh of other axes: every rank
+    // learns it at the start, from the programs' hashes.
+    let mut models = cases(ranks)?;
+    let case = models.swap_remove(if me == 0 { 2 } else { 0 });
+    let mesh = case.meshes[0].clone();
+    let exe = compile(&case.program, &mesh)?;
+    let mpi = mpi.reshape(mesh)?;
     let started = Instant::now();
-    let result = mpi.run(fingerprint, |comm| step(comm, usize::MAX, false));
-    expect_error("different programs", started, result, "program A")?;
+    let result = exe.run_mpi(&mpi, &sample_inputs(&case.program, 7));
+    expect_error("different programs", started, result, "ranks disagree")?;
+    let mpi = mpi.reshape(Mesh::new([("rank", ranks)])?)?;
     // A rank fails after the first collective; the others are in the second.
     let started = Instant::now();
     let result = mpi.run("a step", |comm| step(comm, 1, false));
@@ -232,8 +254,110 @@ fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     Ok(mpi)
 }
 
+/// An error unless the losses `got` (MPI) and `want` (threads) are bitwise equal.
+fn same_loss(what: &str, got: f32, want: f32) -> Result<()> {
+    if got.to_bits() == want.to_bits() {
+        return Ok(());
+    }
+    Err(Error::MpiMesh(format!(
+        "{what}: loss {got} on MPI, {want} on threads"
+    )))
+}
+
+/// This process's `MpiMesh`, back from a trainer on MPI.
+fn mesh_of(trainer: Trainer) -> Result<MpiMesh> {
+    match trainer.into_engine() {
+        Engine::Mpi { mesh, .. } => Ok(mesh),
+        _ => Err(Error::MpiMesh("the trainer does not run on MPI".into())),
+    }
+}
+
+/// The small language model's AdamW step on the ranks and on a thread mesh of the same
+/// shape: three steps with bitwise equal losses and checkpoints; then a checkpoint saved
+/// on the ranks is loaded on threads and one saved on threads on the ranks, and the
+/// next step of each is bitwise equal to the original trainers'.
+fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
+    let model = small_lm()?;
+    // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
+    let trained: Vec<usize> = (3..model.params.len()).collect();
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let mesh = language_model::mesh([2, ranks / 2])?;
+    let shape = mesh.to_string();
+    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let data: Vec<Vec<Literal>> = (0..4)
+        .map(|seed| sample_inputs(&model, 100 + seed)[..3].to_vec())
+        .collect();
+    let me = mpi.device();
+    let mut on_ranks = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initial(1))?;
+    let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
+    for (i, batch) in data[..3].iter().enumerate() {
+        let what = format!("training step {}", i + 1);
+        same_loss(&what, on_ranks.step(batch)?, on_threads.step(batch)?)?;
+    }
+    let (ranks_state, threads_state) = (on_ranks.checkpoint()?, on_threads.checkpoint()?);
+    for ((name, a), (_, b)) in ranks_state.iter().zip(&threads_state) {
+        same_bits(&format!("checkpoint tensor `{name}`"), a, b)?;
+    }
+    // The thread trainers' file is written by rank 0 before the ranks' save, whose
+    // meeting at the end tells every rank that both files exist.
+    let dir = std::env::temp_dir();
+    let from_ranks = dir.join(format!("gspmd_mpi_check_{ranks}_ranks.safetensors"));
+    let from_threads = dir.join(format!("gspmd_mpi_check_{ranks}_threads.safetensors"));
+    if me == 0 {
+        on_threads.save(&from_threads)?;
+    }
+    on_ranks.save(&from_ranks)?;
+    let mut threads_from_ranks = Trainer::on_mesh(step.clone(), mesh.clone(), initial(2))?;
+    threads_from_ranks.load(&from_ranks)?;
+    let last = &data[3];
+    let want = on_threads.step(last)?;
+    same_loss("the step after a checkpoint", on_ranks.step(last)?, want)?;
+    same_loss(
+        "the step after an MPI checkpoint loaded on threads",
+        want,
+        threads_from_ranks.step(last)?,
+    )?;
+    let mpi = mesh_of(on_ranks)?;
+    let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
+    let mut ranks_from_threads = Trainer::on_mpi(step, mesh, mpi, initial(2))?;
+    ranks_from_threads.load(&from_threads)?;
+    on_threads.load(&from_threads)?;
+    same_loss(
+        "the step after a thread-mesh checkpoint loaded on MPI",
+        ranks_from_threads.step(last)?,
+        on_threads.step(last)?,
+    )?;
+    if me == 0 {
+        println!(
+            "training on {shape}: losses and checkpoints bitwise equal to the thread mesh, checkpoints load across runtimes"
+        );
+    }
+    mesh_of(ranks_from_threads)
+}
+
+/// `--stall`: the last rank sleeps before a collective that the others wait at for a
+/// second; the job must end, non-zero, with a message (this returns only on failure).
+fn stall(mpi: MpiMesh) -> Result<()> {
+    let mpi = mpi.with_timeout(Duration::from_secs(1));
+    let last = mpi.mesh().num_devices() - 1;
+    let started = Instant::now();
+    mpi.run("a step", |comm| {
+        if comm.device() == last {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        step(comm, usize::MAX, false)
+    })?;
+    Err(Error::MpiMesh(format!(
+        "a rank stalled for {:?} and the job went on",
+        started.elapsed()
+    )))
+}
+
 fn main() -> Result<()> {
     let mpi = MpiMesh::init()?;
+    if std::env::args().any(|a| a == "--stall") {
+        return stall(mpi);
+    }
     let ranks = mpi.mesh().num_devices();
     if ranks != 2 && ranks != 4 {
         return Err(Error::MpiMesh(format!(
@@ -242,6 +366,7 @@ fn main() -> Result<()> {
     }
     let mpi = differential(mpi, ranks)?;
     let mpi = faults(mpi, ranks)?;
+    let mpi = training(mpi, ranks)?;
     let me = mpi.device();
     // The last rank leaves (drops its mesh) while the others run on: they get an error
     // at their next collective, and nobody waits in MPI_Finalize for them.

@@ -31,6 +31,16 @@
 //! ```text
 //! cargo run --release --example train_transformer -- 30 --bench --mesh 1x2 --dims 512
 //! ```
+//!
+//! With `--mpi` (build with `--features mpi`), the same training runs on the ranks of an
+//! MPI job, one per device of the mesh; rank 0 also runs the first steps on a thread
+//! mesh of the same shape and fails unless the losses are bitwise equal; at the end the
+//! checkpoint is saved (by rank 0) as one safetensors file.
+//!
+//! ```text
+//! cargo build --release --features mpi --example train_transformer
+//! mpirun -np 8 target/release/examples/train_transformer 50 --mpi
+//! ```
 
 mod common;
 
@@ -110,6 +120,7 @@ struct Options {
     warmup: usize,
     dump: Option<PathBuf>,
     html: Option<PathBuf>,
+    mpi: bool,
 }
 
 impl Options {
@@ -122,12 +133,14 @@ impl Options {
             warmup: 3,
             dump: None,
             html: None,
+            mpi: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let mut value = || args.next().ok_or(format!("{arg} needs a value"));
             match arg.as_str() {
                 "--bench" => options.bench = true,
+                "--mpi" => options.mpi = true,
                 "--mesh" => options.mesh = mesh_shape(&value()?)?,
                 "--dims" => options.dims = dims(&value()?)?,
                 "--warmup" => options.warmup = number(&value()?)?,
@@ -181,6 +194,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = language_model::mesh(options.mesh)?;
     let initial = common::uniform_init(&model, &trained, 7, init_bound);
+    if options.mpi {
+        return train_on_mpi(&options, step, mesh, initial);
+    }
     if options.bench {
         let names = trained.iter().map(|&i| {
             let node = model.node(model.params[i]);
@@ -250,6 +266,62 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     Ok(())
+}
+
+/// `--mpi`: trains on the ranks of an MPI job (one per device of `mesh`); rank 0 also
+/// runs the first steps on a thread mesh of the same shape and fails unless their losses
+/// are bitwise equal; the checkpoint is saved at the end.
+#[cfg(feature = "mpi")]
+fn train_on_mpi(
+    options: &Options,
+    step: gspmd::train::TrainStep,
+    mesh: Mesh,
+    initial: Vec<Literal>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mpi = gspmd::runtime::MpiMesh::init()?;
+    let rank = mpi.device();
+    let mut trainer = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initial.clone())?;
+    let mut threads = (rank == 0)
+        .then(|| Trainer::on_mesh(step, mesh.clone(), initial))
+        .transpose()?;
+    let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
+    let started = Instant::now();
+    for i in 0..options.steps {
+        let data = batch(&mut data_rng, options.dims.S);
+        let loss = trainer.step(&data)?;
+        if let Some(threads) = threads.as_mut().filter(|_| i < CHECKED_STEPS) {
+            let want = threads.step(&data)?;
+            if loss.to_bits() != want.to_bits() {
+                let step = i + 1;
+                return Err(format!("step {step}: loss {loss} on MPI, {want} on threads").into());
+            }
+        }
+        if rank == 0 && (i % 10 == 0 || i + 1 == options.steps) {
+            println!("step {} loss {loss:.4}", i + 1);
+        }
+    }
+    let elapsed = started.elapsed();
+    let path = std::env::temp_dir().join("gspmd_train_transformer_mpi.safetensors");
+    trainer.save(&path)?;
+    if rank == 0 {
+        println!(
+            "{} steps on {mesh} over MPI ranks in {elapsed:.1?}; the first {CHECKED_STEPS} losses bitwise equal to the thread mesh; checkpoint {}",
+            options.steps,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--mpi` without the `mpi` feature: an error saying how to build.
+#[cfg(not(feature = "mpi"))]
+fn train_on_mpi(
+    _: &Options,
+    _: gspmd::train::TrainStep,
+    _: Mesh,
+    _: Vec<Literal>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--mpi needs the example built with --features mpi".into())
 }
 
 /// `--bench`: times `options.steps` steps of `trainer` (the median after `--warmup`),

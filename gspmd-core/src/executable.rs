@@ -122,7 +122,19 @@ impl Executable {
         mesh: &crate::runtime::MpiMesh,
         inputs: &[Literal],
     ) -> Result<Vec<Literal>> {
-        self.spmd.run_mpi(mesh, inputs)
+        self.spmd.run_mpi_planned(&self.planned(), mesh, inputs)
+    }
+
+    /// [`SpmdProgram::execute_mpi`] with the executable's plan (made at the first run).
+    #[cfg(feature = "mpi")]
+    pub fn execute_mpi(
+        &self,
+        mesh: &crate::runtime::MpiMesh,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        let fingerprint = self.spmd.fingerprint();
+        (self.spmd).execute_mpi_planned(&self.planned(), &fingerprint, mesh, inputs, outputs)
     }
 
     /// Runs on `mesh` and on the single-device reference interpreter with the same

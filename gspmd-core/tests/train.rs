@@ -875,7 +875,7 @@ fn resuming_from_a_checkpoint_continues_training() {
         first.step(&p.data).unwrap();
     }
     let path = temp_path("resume");
-    save_checkpoint(&path, &first.checkpoint().unwrap()).unwrap();
+    first.save(&path).unwrap();
 
     // A fresh trainer from other initial values, restored from the file.
     let other: Vec<Literal> = p
@@ -884,7 +884,7 @@ fn resuming_from_a_checkpoint_continues_training() {
         .map(|l| Literal::full(&l.shape(), DType::F32, 0.5))
         .collect();
     let mut resumed = Trainer::on_mesh(step, mesh, other).unwrap();
-    resumed.restore(&load_checkpoint(&path).unwrap()).unwrap();
+    resumed.load(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(resumed.steps_done(), 2);
     assert_eq!(resumed.checkpoint().unwrap(), first.checkpoint().unwrap());

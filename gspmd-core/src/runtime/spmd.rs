@@ -4,6 +4,7 @@
 //! parameters live on their devices across training steps.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::blocks::{assemble, shard_literal};
@@ -107,7 +108,7 @@ fn trim_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
 /// What each device binds to a parameter: a block sent from the host, or a key into its
 /// store (the value is moved out for the run and put back or replaced afterwards).
 #[derive(Debug, Clone)]
-enum Bind {
+pub(super) enum Bind {
     Host(Literal),
     Stored(String),
 }
@@ -168,7 +169,11 @@ impl SpmdProgram {
                 given: outputs.len(),
             });
         }
-        let binds = self.bind_inputs(mesh, inputs)?;
+        let binds = self.bind_inputs(
+            &|key| mesh.resident(key),
+            inputs,
+            0..self.mesh.num_devices(),
+        )?;
         let planned = Arc::clone(planned);
         // Each device takes its own bindings (moved, not copied).
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
@@ -187,29 +192,9 @@ impl SpmdProgram {
             let (comm, store) = ctx.communicator_and_store();
             let mine =
                 std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
-            let mut locals = Vec::with_capacity(mine.len());
-            let mut moved = Vec::new();
-            let mut missing = None;
-            for bind in mine {
-                match bind {
-                    Bind::Host(l) => locals.push(l),
-                    Bind::Stored(key) => match store.remove(&key) {
-                        Some(l) => {
-                            moved.push((locals.len(), key));
-                            locals.push(l);
-                        }
-                        None => missing = Some(key),
-                    },
-                }
-            }
-            let result = match missing {
-                Some(key) => Err(Error::MissingResident { device, key }),
-                None => run_planned(&planned.program, &planned.plan, comm, &locals, memory_limit),
-            };
-            // Put moved resident inputs back before storing new outputs over them.
-            for (i, key) in moved.into_iter().rev() {
-                store.insert(key, locals.swap_remove(i));
-            }
+            let result = run_bound(device, mine, store, |locals| {
+                run_planned(&planned.program, &planned.plan, comm, locals, memory_limit)
+            });
             let outs = result?;
             Ok(stage_resident(outs, &modes, store))
         };
@@ -255,11 +240,17 @@ impl SpmdProgram {
             .collect()
     }
 
-    /// Checks `inputs` and turns each into what every device binds.
-    fn bind_inputs(&self, mesh: &ThreadMesh, inputs: &[Input]) -> Result<Vec<Vec<Bind>>> {
+    /// Checks `inputs` (resident ones against `resident`, what the mesh holds under a
+    /// key) and turns each into what each of `devices` binds, by device in that range.
+    pub(super) fn bind_inputs(
+        &self,
+        resident: &dyn Fn(&str) -> Option<Resident>,
+        inputs: &[Input],
+        devices: Range<usize>,
+    ) -> Result<Vec<Vec<Bind>>> {
         self.check_input_count(inputs.len())?;
         let n = self.mesh.num_devices();
-        let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); n];
+        let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); devices.len()];
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
             let local = sharding.local_shape(&self.mesh, &ty.shape);
             let fail = |message: String| self.input_error(index, message);
@@ -271,7 +262,7 @@ impl SpmdProgram {
             }
             match input {
                 Input::Global(lit) => {
-                    for (device, b) in binds.iter_mut().enumerate() {
+                    for (device, b) in devices.clone().zip(&mut binds) {
                         b.push(Bind::Host(self.global_input_block(index, lit, device)?));
                     }
                 }
@@ -282,7 +273,8 @@ impl SpmdProgram {
                             shards.len()
                         )));
                     }
-                    for (device, (b, block)) in binds.iter_mut().zip(shards.iter()).enumerate() {
+                    for (device, b) in devices.clone().zip(&mut binds) {
+                        let block = &shards[device];
                         let expected: Vec<usize> = sharding
                             .device_block(&self.mesh, &ty.shape, device)
                             .iter()
@@ -300,7 +292,7 @@ impl SpmdProgram {
                     }
                 }
                 Input::Resident(key) => {
-                    let Some(r) = mesh.resident(key) else {
+                    let Some(r) = resident(key) else {
                         return Err(fail(format!("no resident value `{key}` on the mesh")));
                     };
                     if &r.ty != ty || &r.sharding != sharding {
@@ -372,7 +364,11 @@ impl SpmdProgram {
     }
 
     /// Output `k`'s blocks (by device) with the padding cut off.
-    fn trimmed_blocks(&self, k: usize, blocks: Vec<Option<Literal>>) -> Result<Vec<Literal>> {
+    pub(super) fn trimmed_blocks(
+        &self,
+        k: usize,
+        blocks: Vec<Option<Literal>>,
+    ) -> Result<Vec<Literal>> {
         let (ty, sharding): &(TensorType, Sharding) = &self.outputs[k];
         blocks
             .into_iter()
@@ -446,6 +442,41 @@ fn sum_partials(
     Ok((sums, reduced))
 }
 
+/// Runs `run` on device `device`'s local inputs, bound as `binds` says: stored ones are
+/// moved out of `store` for the run and put back after it, whatever its result (a key
+/// missing from `store` is an [`Error::MissingResident`] and `run` is not called).
+pub(super) fn run_bound<T>(
+    device: usize,
+    binds: Vec<Bind>,
+    store: &mut HashMap<String, Literal>,
+    run: impl FnOnce(&[Literal]) -> Result<T>,
+) -> Result<T> {
+    let mut locals = Vec::with_capacity(binds.len());
+    let mut moved = Vec::new();
+    let mut missing = None;
+    for bind in binds {
+        match bind {
+            Bind::Host(l) => locals.push(l),
+            Bind::Stored(key) => match store.remove(&key) {
+                Some(l) => {
+                    moved.push((locals.len(), key));
+                    locals.push(l);
+                }
+                None => missing = Some(key),
+            },
+        }
+    }
+    let result = match missing {
+        Some(key) => Err(Error::MissingResident { device, key }),
+        None => run(&locals),
+    };
+    // Put moved resident inputs back (before the caller stores new outputs over them).
+    for (i, key) in moved.into_iter().rev() {
+        store.insert(key, locals.swap_remove(i));
+    }
+    result
+}
+
 /// The store key under which a run stages a new resident value until every device has
 /// finished.
 fn staged(key: &str) -> String {
@@ -470,31 +501,72 @@ fn stage_resident(
         .collect()
 }
 
+/// What `key` holds once the global `value` is uploaded sharded as `sharding`, and the
+/// block (padded to the local shape) of each of `devices`, by device in that range.
+pub(super) fn resident_blocks(
+    mesh: &Mesh,
+    key: &str,
+    value: &Literal,
+    sharding: &Sharding,
+    devices: Range<usize>,
+) -> Result<(Resident, Vec<Literal>)> {
+    let ty = TensorType::new(value.shape(), value.dtype());
+    sharding.validate(mesh, ty.rank(), &format!("upload `{key}`: "))?;
+    let fail = |message: String| Error::Input {
+        index: 0,
+        name: key.to_string(),
+        message,
+    };
+    if !sharding.unreduced.is_empty() {
+        return Err(fail(format!(
+            "cannot upload a global value as unreduced over {:?}",
+            sharding.unreduced
+        )));
+    }
+    let local = sharding.local_shape(mesh, &ty.shape);
+    let blocks = devices
+        .map(|d| pad_to(shard_literal(value, sharding, mesh, d), &local))
+        .collect::<Result<Vec<Literal>, String>>()
+        .map_err(fail)?;
+    let resident = Resident {
+        ty,
+        sharding: sharding.clone(),
+    };
+    Ok((resident, blocks))
+}
+
+/// The global value of resident `r` from every device's block (padded), by device id.
+pub(super) fn assemble_resident(
+    mesh: &Mesh,
+    r: &Resident,
+    blocks: Vec<Literal>,
+) -> Result<Literal> {
+    let blocks = blocks
+        .into_iter()
+        .enumerate()
+        .map(|(d, b)| {
+            let shape: Vec<usize> = r
+                .sharding
+                .device_block(mesh, &r.ty.shape, d)
+                .iter()
+                .map(|b| b.1)
+                .collect();
+            trim_to(b, &shape)
+        })
+        .collect::<Result<Vec<Literal>, String>>()
+        .map_err(|message| Error::Assemble {
+            sharding: r.sharding.to_string(),
+            message,
+        })?;
+    assemble(&blocks, &r.sharding, mesh, &r.ty.shape)
+}
+
 impl ThreadMesh {
     /// Puts the global `value` on the devices under `key`, sharded as `sharding`
     /// (replacing what was there).
     pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
-        let ty = TensorType::new(value.shape(), value.dtype());
-        sharding.validate(self.mesh(), ty.rank(), &format!("upload `{key}`: "))?;
-        if !sharding.unreduced.is_empty() {
-            return Err(Error::Input {
-                index: 0,
-                name: key.to_string(),
-                message: format!(
-                    "cannot upload a global value as unreduced over {:?}",
-                    sharding.unreduced
-                ),
-            });
-        }
-        let local = sharding.local_shape(self.mesh(), &ty.shape);
-        let blocks = (0..self.mesh().num_devices())
-            .map(|d| pad_to(shard_literal(value, sharding, self.mesh(), d), &local))
-            .collect::<Result<Vec<Literal>, String>>()
-            .map_err(|message| Error::Input {
-                index: 0,
-                name: key.to_string(),
-                message,
-            })?;
+        let devices = 0..self.mesh().num_devices();
+        let (resident, blocks) = resident_blocks(self.mesh(), key, value, sharding, devices)?;
         let blocks = Arc::new(blocks);
         let k = key.to_string();
         self.run(move |ctx| {
@@ -502,13 +574,7 @@ impl ThreadMesh {
             ctx.store_mut().insert(k.clone(), blocks[device].clone());
             Ok(())
         })?;
-        self.set_resident(
-            key,
-            Some(Resident {
-                ty,
-                sharding: sharding.clone(),
-            }),
-        );
+        self.set_resident(key, Some(resident));
         Ok(())
     }
 
@@ -524,24 +590,7 @@ impl ThreadMesh {
                 Error::ThreadMesh(format!("device {device} holds no resident value `{k}`"))
             })
         })?;
-        let blocks = blocks
-            .into_iter()
-            .enumerate()
-            .map(|(d, b)| {
-                let shape: Vec<usize> = r
-                    .sharding
-                    .device_block(self.mesh(), &r.ty.shape, d)
-                    .iter()
-                    .map(|b| b.1)
-                    .collect();
-                trim_to(b, &shape)
-            })
-            .collect::<Result<Vec<Literal>, String>>()
-            .map_err(|message| Error::Assemble {
-                sharding: r.sharding.to_string(),
-                message,
-            })?;
-        assemble(&blocks, &r.sharding, self.mesh(), &r.ty.shape)
+        assemble_resident(self.mesh(), &r, blocks)
     }
 
     /// Drops the value resident under `key` from every device.

@@ -1,6 +1,7 @@
 //! Checkpoints: named global tensors in the safetensors format (a JSON header of names,
 //! dtypes, shapes and offsets, then little-endian row-major data), readable by other
-//! frameworks' safetensors loaders.
+//! frameworks' safetensors loaders. [`Trainer::save`] and [`Trainer::load`] write and
+//! read a trainer's checkpoint on any engine, MPI ranks included.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,6 +9,7 @@ use std::path::Path;
 use ndarray::{ArrayD, IxDyn};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
+use super::trainer::{Engine, Trainer};
 use crate::error::{Error, Result};
 use crate::ir::Literal;
 
@@ -74,6 +76,48 @@ pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>>
             Ok((name, lit))
         })
         .collect()
+}
+
+impl Trainer {
+    /// Writes [`Trainer::checkpoint`] to `path` with [`save_checkpoint`]: one file for
+    /// any engine. On MPI every rank calls it: the blocks are gathered, the rank of
+    /// device 0 writes the file, and every rank returns once it is written (or with its
+    /// error).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let tensors = self.checkpoint()?;
+        let place = format!("the saving of {}", path.display());
+        together(self.engine(), &place, |first| {
+            if first {
+                save_checkpoint(path, &tensors)
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    /// [`Trainer::restore`]s from the file at `path` (see [`load_checkpoint`]), saved
+    /// on any engine of the same step program. On MPI every rank calls it and reads the
+    /// file (a path every rank can read, such as a shared filesystem: each keeps only its
+    /// blocks); a rank that cannot read it is an error on every rank.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let place = format!("the loading of {}", path.display());
+        let tensors = together(self.engine(), &place, |_| load_checkpoint(path))?;
+        self.restore(&tensors)
+    }
+}
+
+/// Runs `work(first)` once per process of `engine` (`first`: this is the process of
+/// device 0): on MPI, inside a run of every rank at `place`, so that one rank's error is
+/// every rank's and every rank returns once all are done.
+#[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+fn together<T>(engine: &Engine, place: &str, work: impl FnOnce(bool) -> Result<T>) -> Result<T> {
+    #[cfg(feature = "mpi")]
+    if let Engine::Mpi { mesh, .. } = engine {
+        return mesh.run(place, |comm| work(comm.device() == 0));
+    }
+    work(true)
 }
 
 /// The tensor order recorded in `metadata` by [`save_checkpoint`]: keys

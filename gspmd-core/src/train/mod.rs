@@ -6,9 +6,10 @@
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
-//! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
-//!   feeds outputs back as inputs.
-//! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
+//! - `trainer`: [`Trainer`] runs steps on the reference interpreter, a thread mesh or (with
+//!   the `mpi` feature) MPI ranks and feeds outputs back as inputs.
+//! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
+//!   [`Trainer::save`] / [`Trainer::load`] on any engine.
 
 mod accumulate;
 mod checkpoint;

@@ -1,7 +1,8 @@
 //! [`Trainer`]: the training loop. It runs one step program per call and feeds the
 //! step's new parameters and optimizer state back as the next step's inputs. On a mesh
-//! they never leave the devices: each device keeps its block of every parameter and
-//! state tensor between steps, and only the data goes in and the loss comes out.
+//! (of threads or of MPI ranks) they never leave the devices: each device keeps its
+//! block of every parameter and state tensor between steps, and only the data goes in
+//! and the loss comes out.
 
 use super::schedule::Schedule;
 use super::step::TrainStep;
@@ -27,6 +28,18 @@ pub enum Engine {
         /// The devices.
         threads: ThreadMesh,
     },
+    /// The step compiled for a mesh and run on the ranks of an MPI job, one per device,
+    /// every rank driving its own trainer through the same calls. Each rank keeps its
+    /// blocks of the parameters and state between steps; [`Trainer::checkpoint`] and
+    /// [`Trainer::params`] gather them on every rank (save on one rank), and
+    /// [`Trainer::restore`] cuts each rank's blocks from the tensors given on every rank.
+    #[cfg(feature = "mpi")]
+    Mpi {
+        /// The compiled step.
+        exe: Box<Executable>,
+        /// This rank's device.
+        mesh: crate::runtime::MpiMesh,
+    },
 }
 
 impl Engine {
@@ -35,6 +48,15 @@ impl Engine {
         let exe = Box::new(compile(program, &mesh)?);
         let threads = ThreadMesh::new(mesh)?;
         Ok(Engine::Mesh { exe, threads })
+    }
+
+    /// Compiles `program` for `mesh` and makes the ranks of `mpi` its devices (see
+    /// [`MpiMesh::reshape`](crate::runtime::MpiMesh::reshape)); every rank calls it.
+    #[cfg(feature = "mpi")]
+    pub fn mpi(program: &Program, mesh: Mesh, mpi: crate::runtime::MpiMesh) -> Result<Self> {
+        let exe = Box::new(compile(program, &mesh)?);
+        let mesh = mpi.reshape(mesh)?;
+        Ok(Engine::Mpi { exe, mesh })
     }
 }
 
@@ -120,11 +142,16 @@ impl Trainer {
 
     /// On a mesh, puts every carried input's host value on the devices.
     fn upload_carried(&mut self) -> Result<()> {
-        if let Engine::Mesh { exe, threads } = &self.engine {
-            for (index, key) in self.carried.iter().enumerate() {
-                if let Some(key) = key {
-                    threads.upload(key, &self.inputs[index], &exe.spmd.inputs[index].1)?;
+        for (index, key) in self.carried.iter().enumerate() {
+            let Some(key) = key else { continue };
+            let value = &self.inputs[index];
+            match &self.engine {
+                Engine::Reference => {}
+                Engine::Mesh { exe, threads } => {
+                    threads.upload(key, value, &exe.spmd.inputs[index].1)?;
                 }
+                #[cfg(feature = "mpi")]
+                Engine::Mpi { exe, mesh } => mesh.upload(key, value, &exe.spmd.inputs[index].1)?,
             }
         }
         Ok(())
@@ -135,8 +162,30 @@ impl Trainer {
     fn carried_value(&self, index: usize) -> Result<Literal> {
         match (&self.engine, &self.carried[index]) {
             (Engine::Mesh { threads, .. }, Some(key)) => threads.fetch(key),
+            #[cfg(feature = "mpi")]
+            (Engine::Mpi { mesh, .. }, Some(key)) => mesh.fetch(key),
             _ => Ok(self.inputs[index].clone()),
         }
+    }
+
+    /// The inputs and outputs of a step on a mesh: carried values resident, the
+    /// rest global.
+    fn resident_io(&self) -> (Vec<Input<'_>>, Vec<Output>) {
+        let inputs = (self.inputs.iter().zip(&self.carried))
+            .map(|(value, key)| match key {
+                Some(key) => Input::Resident(key),
+                None => Input::Global(value),
+            })
+            .collect();
+        let outputs = (self.feeds.iter())
+            .map(
+                |feed| match feed.and_then(|input| self.carried[input].clone()) {
+                    Some(key) => Output::Resident(key),
+                    None => Output::Global,
+                },
+            )
+            .collect();
+        (inputs, outputs)
     }
 
     /// A trainer on the reference interpreter.
@@ -147,6 +196,20 @@ impl Trainer {
     /// A trainer whose step is compiled for `mesh` and run on its threads.
     pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: Vec<Literal>) -> Result<Self> {
         let engine = Engine::mesh(&step.program, mesh)?;
+        Trainer::new(step, engine, initial)
+    }
+
+    /// A trainer whose step is compiled for `mesh` and run on the ranks of `mpi`, one
+    /// per device: every rank of the job calls it with the same arguments, then makes
+    /// the same calls on its trainer (see [`Engine::Mpi`]).
+    #[cfg(feature = "mpi")]
+    pub fn on_mpi(
+        step: TrainStep,
+        mesh: Mesh,
+        mpi: crate::runtime::MpiMesh,
+        initial: Vec<Literal>,
+    ) -> Result<Self> {
+        let engine = Engine::mpi(&step.program, mesh, mpi)?;
         Trainer::new(step, engine, initial)
     }
 
@@ -183,26 +246,13 @@ impl Trainer {
                 loss
             }
             Engine::Mesh { exe, threads } => {
-                let inputs: Vec<Input> = (self.inputs.iter().zip(&self.carried))
-                    .map(|(value, key)| match key {
-                        Some(key) => Input::Resident(key),
-                        None => Input::Global(value),
-                    })
-                    .collect();
-                let outputs: Vec<Output> = (self.feeds.iter())
-                    .map(
-                        |feed| match feed.and_then(|input| self.carried[input].clone()) {
-                            Some(key) => Output::Resident(key),
-                            None => Output::Global,
-                        },
-                    )
-                    .collect();
-                let values = exe.execute(threads, &inputs, &outputs)?;
-                let loss = values
-                    .into_iter()
-                    .nth(TrainStep::LOSS)
-                    .and_then(Value::into_global);
-                loss_of(loss.as_ref())?
+                let (inputs, outputs) = self.resident_io();
+                global_loss(exe.execute(threads, &inputs, &outputs)?)?
+            }
+            #[cfg(feature = "mpi")]
+            Engine::Mpi { exe, mesh } => {
+                let (inputs, outputs) = self.resident_io();
+                global_loss(exe.execute_mpi(mesh, &inputs, &outputs)?)?
             }
         };
         self.steps_done += 1;
@@ -231,6 +281,12 @@ impl Trainer {
     /// The engine the steps run on.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The engine, to run other programs on its devices once training is done (on MPI,
+    /// the one `MpiMesh` of the process).
+    pub fn into_engine(self) -> Engine {
+        self.engine
     }
 
     /// Number of steps run (or restored from a checkpoint).
@@ -328,6 +384,13 @@ fn check(program: &Program, index: usize, name: &str, value: &Literal) -> Result
         });
     }
     Ok(())
+}
+
+/// The loss from a mesh step's outputs: [`loss_of`] the global one at
+/// [`TrainStep::LOSS`].
+fn global_loss(values: Vec<Value>) -> Result<f32> {
+    let loss = values.into_iter().nth(TrainStep::LOSS);
+    loss_of(loss.and_then(Value::into_global).as_ref())
 }
 
 /// The loss from the step's output, which must be an f32 scalar.

@@ -9,6 +9,8 @@
 //! says "failed", every rank returns the same error at the same meeting and no rank is
 //! left waiting in a data exchange. A rank whose program failed goes to one meeting
 //! with its error (see [`MpiCommunicator::fail`]); a run ends with a meeting of all.
+//! A meeting that some rank never reaches (it hangs) ends the job after the timeout:
+//! MPI has no way to cancel the all-gather, so the waiting rank calls `MPI_Abort`.
 //!
 //! The data then moves on the group's own communicator, split from the world once per
 //! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
@@ -16,10 +18,12 @@
 //! members' chunks in group order with the combine functions of the shared-memory
 //! communicator, so both backends give equal bits.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
@@ -46,6 +50,9 @@ const FAILED: u8 = 1;
 /// The rank dropped its mesh: it takes part in no more meetings.
 const LEFT: u8 = 2;
 
+/// The exit code of every rank when a meeting times out.
+const TIMED_OUT: i32 = 3;
+
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
 pub(crate) struct MpiCommunicator {
@@ -60,6 +67,8 @@ pub(crate) struct MpiCommunicator {
     /// The rank of the first record saying that its rank left, once one did: this
     /// rank then meets nobody any more (the one who left is not coming).
     left: Cell<Option<usize>>,
+    /// How long a meeting waits for every rank before the job is ended.
+    timeout: Cell<Duration>,
 }
 
 /// A rank's group over an axis list and the communicator of its members, whose ranks
@@ -71,8 +80,8 @@ struct Joined {
 
 impl MpiCommunicator {
     /// The communicator of rank `world.rank()`, device of that id in `mesh`; the caller
-    /// checked that the world has one rank per device.
-    pub(crate) fn new(world: SimpleCommunicator, mesh: Arc<Mesh>) -> Self {
+    /// checked that the world has one rank per device. Meetings wait at most `timeout`.
+    pub(crate) fn new(world: SimpleCommunicator, mesh: Arc<Mesh>, timeout: Duration) -> Self {
         MpiCommunicator {
             device: usize::try_from(world.rank()).unwrap_or_default(),
             mesh,
@@ -80,7 +89,18 @@ impl MpiCommunicator {
             groups: RefCell::new(HashMap::new()),
             met_failure: Cell::new(false),
             left: Cell::new(None),
+            timeout: Cell::new(timeout),
         }
+    }
+
+    /// How long a meeting waits for every rank before the job is ended.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout.get()
+    }
+
+    /// Sets [`MpiCommunicator::timeout`].
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
     }
 
     /// Meets every rank at `place` (e.g. a collective, or the start of a run with a hash
@@ -160,7 +180,12 @@ impl MpiCommunicator {
         }
         mine[1..=end].copy_from_slice(&text.as_bytes()[..end]);
         let mut all = vec![0u8; RECORD * self.mesh.num_devices()];
-        self.world.all_gather_into(&mine[..], &mut all[..]);
+        let place = match status {
+            AT => text,
+            FAILED => "the meeting where it reports its failure",
+            _ => "the meeting where it leaves",
+        };
+        self.all_gather_or_abort(&mine, &mut all, place);
         let records: Vec<(u8, String)> = all
             .chunks(RECORD)
             .map(|r| {
@@ -172,6 +197,33 @@ impl MpiCommunicator {
             self.left.set(Some(rank));
         }
         records
+    }
+
+    /// The world all-gather of `mine` into `all`; if some rank has not joined it after
+    /// the timeout, prints that this device waited at `place` and ends the job
+    /// (`MPI_Abort`: every rank exits with code [`TIMED_OUT`]).
+    fn all_gather_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
+        let timeout = self.timeout.get();
+        let deadline = Instant::now() + timeout;
+        mpi::request::scope(|scope| {
+            let mut request = self.world.immediate_all_gather_into(scope, mine, all);
+            loop {
+                match request.test() {
+                    Ok(_) => return,
+                    Err(pending) => request = pending,
+                }
+                if Instant::now() > deadline {
+                    eprintln!(
+                        "gspmd: device {} of {} waited {timeout:?} at {place} for ranks that \
+                         did not come (hung, or busy longer than the MpiMesh timeout): \
+                         aborting the MPI job",
+                        self.device, self.mesh
+                    );
+                    self.world.abort(TIMED_OUT);
+                }
+                std::thread::yield_now();
+            }
+        });
     }
 
     /// This rank's group over `axes` and its communicator, split from the world once per
@@ -303,11 +355,13 @@ fn all_gather_v<T: Equivalence + Copy + Default>(
     Ok(recv)
 }
 
-/// The elements of `x` in standard (row-major) order.
-fn elements<T: Element>(x: &Literal) -> Result<Vec<T>, String> {
-    T::array(x)
-        .map(|a| a.iter().copied().collect())
-        .ok_or_else(|| format!("the operand is not {}", T::DTYPE))
+/// The elements of `x` in standard (row-major) order: borrowed when `x` is laid out so.
+fn elements<T: Element>(x: &Literal) -> Result<Cow<'_, [T]>, String> {
+    let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    Ok(match a.as_slice() {
+        Some(slice) => Cow::Borrowed(slice),
+        None => Cow::Owned(a.iter().copied().collect()),
+    })
 }
 
 /// `n` same-shaped arrays laid end to end in `flat`, as views.
@@ -396,9 +450,14 @@ fn exchange_blocks<T: Element + Equivalence + Default>(
 ) -> Result<(Vec<T>, Vec<usize>), String> {
     let n = joined.group.size();
     let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
-    let send: Vec<T> = (0..n)
-        .flat_map(|j| block(a, dim, n, j).iter().copied().collect::<Vec<T>>())
-        .collect();
+    let mut send: Vec<T> = Vec::with_capacity(a.len());
+    for j in 0..n {
+        let b = block(a, dim, n, j);
+        match b.as_slice() {
+            Some(contiguous) => send.extend_from_slice(contiguous),
+            None => send.extend(b.iter().copied()),
+        }
+    }
     let mut shape = x.shape();
     shape[dim] /= n;
     let size: usize = shape.iter().product();
