@@ -304,7 +304,7 @@ fn bad_requests_are_typed_errors() {
         Err(Error::Optimizer { .. })
     ));
     assert!(matches!(
-        step_program(&p, 0, &[], &sgd(0.1, 0.0)),
+        step_program(&p, 0, &[] as &[usize], &sgd(0.1, 0.0)),
         Err(Error::TrainRequest { .. })
     ));
     assert!(matches!(
@@ -903,4 +903,256 @@ fn resuming_from_a_checkpoint_continues_training() {
         Err(Error::TrainerInput { name, .. }) if name == "v(w2)"
     ));
     assert_eq!(resumed.checkpoint().unwrap(), before);
+}
+
+// ---- (c) parameters by name, weight-decay masks, Adafactor --------------------------
+
+/// `loss = mse(x w + b, target)` with `x: [8, 16]` split over `data`, `w: [16, 8]` over
+/// both axes and `b: [8]` over `model`; parameters named as a tree (`dense.w`,
+/// `dense.bias`).
+fn dense(rng: &mut Xoshiro256PlusPlus) -> Problem {
+    let (batch, d, f) = (8, 16, 8);
+    let b = Builder::new("dense");
+    let x = b
+        .parameter("x", [batch, d], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = b
+        .parameter("dense.w", [d, f], DType::F32)
+        .annotate(s("(data, model)"));
+    let bias = b
+        .parameter("dense.bias", [f], DType::F32)
+        .annotate(s("(model)"));
+    let target = b
+        .parameter("target", [batch, f], DType::F32)
+        .annotate(s("(data, _)"));
+    let y = &x.matmul(&w) + &bias.broadcast_in_dim([batch, f], &[1]);
+    let loss = y.mse(&target);
+    Problem {
+        model: b.finish(&[&loss]).unwrap(),
+        trained: vec![1, 2],
+        initial: vec![
+            uniform_f32(rng, &[d, f], -0.5, 0.5),
+            uniform_f32(rng, &[f], -0.5, 0.5),
+        ],
+        data: vec![
+            uniform_f32(rng, &[batch, d], -1.0, 1.0),
+            uniform_f32(rng, &[batch, f], -1.0, 1.0),
+        ],
+    }
+}
+
+/// Patterns pick the same parameters as their indices, in index order; a pattern that
+/// matches nothing is a typed error naming it.
+#[test]
+fn trained_parameters_by_name_pattern() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(3));
+    let by_index = step_program(&problem.model, 0, &problem.trained, &sgd(0.1, 0.0)).unwrap();
+    for patterns in [
+        &["dense.*"][..],
+        &["dense.bias", "dense.w"],
+        &["*.w", "*bias"],
+    ] {
+        let by_name = step_program(&problem.model, 0, patterns, &sgd(0.1, 0.0)).unwrap();
+        assert_eq!(by_name.params, by_index.params, "{patterns:?}");
+        assert_eq!(by_name.data, [0, 3]);
+    }
+    let only_bias = step_program(&problem.model, 0, &["*.bias"], &sgd(0.1, 0.0)).unwrap();
+    assert_eq!(only_bias.params[0].name, "dense.bias");
+    assert_eq!(only_bias.data, [0, 1, 3]);
+    let err = step_program(&problem.model, 0, &["layers.*"], &sgd(0.1, 0.0)).unwrap_err();
+    assert!(
+        matches!(&err, Error::TrainRequest { message, .. } if message.contains("`layers.*`")),
+        "{err}"
+    );
+}
+
+/// `no_decay` exempts the matching parameters from AdamW's weight decay: one step moves
+/// `dense.bias` as AdamW without decay and `dense.w` as AdamW with it.
+#[test]
+fn weight_decay_mask_by_name() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(4));
+    let (lr, wd) = (0.1, 0.5);
+    let run = |no_decay: &[&str], weight_decay: f32| {
+        let options = StepOptions {
+            no_decay: no_decay.iter().map(|p| p.to_string()).collect(),
+            ..StepOptions::default()
+        };
+        let step = step_program_with(
+            &problem.model,
+            0,
+            &["dense.*"],
+            &adamw(lr, weight_decay),
+            &options,
+        )
+        .unwrap();
+        let mut t = Trainer::reference(step, problem.initial.clone()).unwrap();
+        t.step(&problem.data).unwrap();
+        t.params().unwrap()
+    };
+    let masked = run(&["*.bias"], wd);
+    let decayed = run(&[], wd);
+    let undecayed = run(&[], 0.0);
+    assert_eq!(masked[0], decayed[0], "dense.w decays");
+    assert_eq!(masked[1], undecayed[1], "dense.bias does not");
+    assert_ne!(decayed[1], undecayed[1], "the decay changes the bias");
+    let bad = StepOptions {
+        no_decay: vec!["*.scale".into()],
+        ..StepOptions::default()
+    };
+    assert!(matches!(
+        step_program_with(&problem.model, 0, &["dense.*"], &adamw(lr, wd), &bad),
+        Err(Error::TrainRequest { .. })
+    ));
+}
+
+/// Adafactor's state for one weight, on the host in f64: `[v_row, v_col]` for a
+/// matrix, `[v]` for a vector.
+struct HostAdafactor {
+    /// The weight's rows and columns (`rows == 1` for a vector, unfactored).
+    rows: usize,
+    cols: usize,
+    state: Vec<Vec<f64>>,
+}
+
+impl HostAdafactor {
+    fn new(shape: &[usize]) -> Self {
+        match *shape {
+            [rows, cols] => HostAdafactor {
+                rows,
+                cols,
+                state: vec![vec![0.0; rows], vec![0.0; cols]],
+            },
+            [n] => HostAdafactor {
+                rows: 1,
+                cols: n,
+                state: vec![vec![0.0; n]],
+            },
+            _ => panic!("rank 1 or 2"),
+        }
+    }
+
+    /// The paper's step `t` (relative step capped at `lr`, weight-scaled, clipped to an
+    /// update RMS of 1, `eps1 = 1e-30`, `eps2 = 1e-3`, `beta2_t = 1 - t^-0.8`).
+    fn step(&mut self, w: &mut [f64], g: &[f64], t: i32, lr: f64) {
+        let beta = 1.0 - f64::from(t).powf(-0.8);
+        let s: Vec<f64> = g.iter().map(|g| g * g + 1e-30).collect();
+        let (n, m) = (self.rows, self.cols);
+        let v: Vec<f64> = if self.state.len() == 2 {
+            for i in 0..n {
+                let mean = (0..m).map(|j| s[i * m + j]).sum::<f64>() / m as f64;
+                self.state[0][i] = beta * self.state[0][i] + (1.0 - beta) * mean;
+            }
+            for j in 0..m {
+                let mean = (0..n).map(|i| s[i * m + j]).sum::<f64>() / n as f64;
+                self.state[1][j] = beta * self.state[1][j] + (1.0 - beta) * mean;
+            }
+            let row_mean = self.state[0].iter().sum::<f64>() / n as f64;
+            (0..n * m)
+                .map(|k| self.state[0][k / m] * self.state[1][k % m] / row_mean)
+                .collect()
+        } else {
+            for (v, s) in self.state[0].iter_mut().zip(&s) {
+                *v = beta * *v + (1.0 - beta) * s;
+            }
+            self.state[0].clone()
+        };
+        let u: Vec<f64> = g.iter().zip(&v).map(|(g, v)| g / v.sqrt()).collect();
+        let rms = |x: &[f64]| (x.iter().map(|x| x * x).sum::<f64>() / x.len() as f64).sqrt();
+        let clip = (rms(&u) / 1.0).max(1.0);
+        let rho = lr.min(1.0 / f64::from(t).sqrt());
+        let alpha = rho * rms(w).max(1e-3);
+        for (w, u) in w.iter_mut().zip(&u) {
+            *w -= alpha * u / clip;
+        }
+    }
+}
+
+/// Three Adafactor steps of `dense` (a factored matrix and an unfactored vector)
+/// against the f64 host computation of the paper's algorithm, with the gradients of
+/// `mse(x w + b, target)` computed by hand.
+#[test]
+fn adafactor_three_steps_by_hand() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(5));
+    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let slots: Vec<(String, Vec<usize>)> = step
+        .params
+        .iter()
+        .flat_map(|p| &p.state)
+        .map(|s| {
+            let ty = step.program.ty(step.program.params[s.input]);
+            (s.name.clone(), ty.shape.clone())
+        })
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            ("v_row(dense.w)".to_string(), vec![16]),
+            ("v_col(dense.w)".to_string(), vec![8]),
+            ("v(dense.bias)".to_string(), vec![8]),
+        ]
+    );
+    let mut t = Trainer::reference(step, problem.initial.clone()).unwrap();
+    let f64s = |lit: &Literal| values(lit).into_iter().map(f64::from).collect::<Vec<_>>();
+    let (x, target) = (f64s(&problem.data[0]), f64s(&problem.data[1]));
+    let (mut w, mut b) = (f64s(&problem.initial[0]), f64s(&problem.initial[1]));
+    let (batch, d, f) = (8, 16, 8);
+    let (mut host_w, mut host_b) = (HostAdafactor::new(&[d, f]), HostAdafactor::new(&[f]));
+    for step_number in 1..=3 {
+        // dy = 2 (x w + b - target) / (batch f); gw = x^T dy; gb = sum over the batch.
+        let mut dy = vec![0.0; batch * f];
+        for r in 0..batch {
+            for c in 0..f {
+                let y = b[c] + (0..d).map(|k| x[r * d + k] * w[k * f + c]).sum::<f64>();
+                dy[r * f + c] = 2.0 * (y - target[r * f + c]) / (batch * f) as f64;
+            }
+        }
+        let gw: Vec<f64> = (0..d * f)
+            .map(|k| {
+                (0..batch)
+                    .map(|r| x[r * d + k / f] * dy[r * f + k % f])
+                    .sum()
+            })
+            .collect();
+        let gb: Vec<f64> = (0..f)
+            .map(|c| (0..batch).map(|r| dy[r * f + c]).sum())
+            .collect();
+        host_w.step(&mut w, &gw, step_number, 1e-2);
+        host_b.step(&mut b, &gb, step_number, 1e-2);
+        t.step(&problem.data).unwrap();
+        let ckpt = t.checkpoint().unwrap();
+        let want = [&w, &host_w.state[0], &host_w.state[1], &b, &host_b.state[0]];
+        for ((name, got), want) in ckpt.iter().zip(want) {
+            let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+            let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert_near(
+                &want,
+                &values(got),
+                1e-5 * scale,
+                &format!("{name} after step {step_number}"),
+            );
+        }
+    }
+}
+
+/// On a 2x4 mesh, Adafactor's factored accumulators of `dense.w` (split `(data,
+/// model)`) are split like the dims they keep: `v_row` over `data`, `v_col` over
+/// `model`; and training matches the interpreter on every mesh.
+#[test]
+fn adafactor_state_is_sharded_like_the_weights_dims() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(6));
+    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
+    let sharding = |name: &str| {
+        let slot = step
+            .params
+            .iter()
+            .flat_map(|p| &p.state)
+            .find(|s| s.name == name);
+        exe.spmd.inputs[slot.unwrap().input].1.to_string()
+    };
+    assert_eq!(sharding("v_row(dense.w)"), s("(data)").to_string());
+    assert_eq!(sharding("v_col(dense.w)"), s("(model)").to_string());
+    assert_eq!(sharding("v(dense.bias)"), s("(model)").to_string());
+    train_step_everywhere(&problem, step, Schedule::Constant);
 }
