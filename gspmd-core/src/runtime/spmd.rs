@@ -61,6 +61,30 @@ impl Value {
     }
 }
 
+/// Checks that `block` is device `device`'s unpadded block of a `ty` value sharded as
+/// `sharding` on `mesh`: its dtype and [`Sharding::device_block`]'s sizes.
+fn check_block(
+    block: &Literal,
+    ty: &TensorType,
+    sharding: &Sharding,
+    mesh: &Mesh,
+    device: usize,
+) -> Result<(), String> {
+    let expected: Vec<usize> = (sharding.device_block(mesh, &ty.shape, device))
+        .iter()
+        .map(|b| b.1)
+        .collect();
+    if block.shape() != expected || block.dtype() != ty.dtype {
+        return Err(format!(
+            "device {device}'s block is {}{:?}, expected {}{expected:?}",
+            block.dtype(),
+            block.shape(),
+            ty.dtype
+        ));
+    }
+    Ok(())
+}
+
 /// `lit` grown to `shape` with zeros at the end of each dim.
 fn pad_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
     let have = lit.shape();
@@ -283,19 +307,7 @@ impl SpmdProgram {
                         )));
                     }
                     for (device, (b, block)) in binds.iter_mut().zip(shards.iter()).enumerate() {
-                        let expected: Vec<usize> = sharding
-                            .device_block(&self.mesh, &ty.shape, device)
-                            .iter()
-                            .map(|b| b.1)
-                            .collect();
-                        if block.shape() != expected || block.dtype() != ty.dtype {
-                            return Err(fail(format!(
-                                "device {device}'s shard is {}{:?}, expected {}{expected:?}",
-                                block.dtype(),
-                                block.shape(),
-                                ty.dtype
-                            )));
-                        }
+                        check_block(block, ty, sharding, &self.mesh, device).map_err(fail)?;
                         b.push(Bind::Host(pad_to(block.clone(), &local).map_err(fail)?));
                     }
                 }
@@ -476,25 +488,51 @@ impl ThreadMesh {
     pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
         let ty = TensorType::new(value.shape(), value.dtype());
         sharding.validate(self.mesh(), ty.rank(), &format!("upload `{key}`: "))?;
+        let blocks = (0..self.mesh().num_devices())
+            .map(|d| shard_literal(value, sharding, self.mesh(), d))
+            .collect();
+        self.upload_blocks(key, &ty, sharding, blocks)
+    }
+
+    /// Puts a value of type `ty` on the devices under `key`, sharded as `sharding`,
+    /// from each device's block (`blocks[d]`: the unpadded block
+    /// [`Sharding::device_block`] gives device `d`), so that no global array is needed
+    /// (replacing what was there). A wrong block count, shape or dtype, or an unreduced
+    /// sharding, is an [`Error::Input`].
+    pub fn upload_blocks(
+        &self,
+        key: &str,
+        ty: &TensorType,
+        sharding: &Sharding,
+        blocks: Vec<Literal>,
+    ) -> Result<()> {
+        sharding.validate(self.mesh(), ty.rank(), &format!("upload `{key}`: "))?;
+        let fail = |message: String| Error::Input {
+            index: 0,
+            name: key.to_string(),
+            message,
+        };
         if !sharding.unreduced.is_empty() {
-            return Err(Error::Input {
-                index: 0,
-                name: key.to_string(),
-                message: format!(
-                    "cannot upload a global value as unreduced over {:?}",
-                    sharding.unreduced
-                ),
-            });
+            return Err(fail(format!(
+                "cannot upload a global value as unreduced over {:?}",
+                sharding.unreduced
+            )));
+        }
+        let n = self.mesh().num_devices();
+        if blocks.len() != n {
+            return Err(fail(format!(
+                "{} blocks given for {n} devices",
+                blocks.len()
+            )));
         }
         let local = sharding.local_shape(self.mesh(), &ty.shape);
-        let blocks = (0..self.mesh().num_devices())
-            .map(|d| pad_to(shard_literal(value, sharding, self.mesh(), d), &local))
+        let blocks = (blocks.into_iter().enumerate())
+            .map(|(d, block)| {
+                check_block(&block, ty, sharding, self.mesh(), d)?;
+                pad_to(block, &local)
+            })
             .collect::<Result<Vec<Literal>, String>>()
-            .map_err(|message| Error::Input {
-                index: 0,
-                name: key.to_string(),
-                message,
-            })?;
+            .map_err(fail)?;
         let blocks = Arc::new(blocks);
         let k = key.to_string();
         self.run(move |ctx| {
@@ -505,7 +543,7 @@ impl ThreadMesh {
         self.set_resident(
             key,
             Some(Resident {
-                ty,
+                ty: ty.clone(),
                 sharding: sharding.clone(),
             }),
         );

@@ -7,12 +7,15 @@
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
+//! - `init`: [`Initializer`], initial values by name from a counter-based generator,
+//!   made block by block on the devices that hold them.
 //! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
 //!   feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
 
 mod accumulate;
 mod checkpoint;
+mod init;
 mod names;
 mod optimizer;
 mod schedule;
@@ -20,8 +23,9 @@ mod step;
 mod trainer;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
+pub use init::{Init, Initializer};
 pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
-pub use trainer::{Engine, STEP_COUNT, Trainer};
+pub use trainer::{Engine, Initial, STEP_COUNT, Trainer};

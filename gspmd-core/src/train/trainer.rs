@@ -3,6 +3,7 @@
 //! they never leave the devices: each device keeps its block of every parameter and
 //! state tensor between steps, and only the data goes in and the loss comes out.
 
+use super::init::Initializer;
 use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
@@ -38,6 +39,33 @@ impl Engine {
     }
 }
 
+/// What a [`Trainer`]'s trained parameters start from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Initial {
+    /// One global array per trained parameter, in [`TrainStep::params`] order.
+    Values(Vec<Literal>),
+    /// Drawn by name; on a mesh each device makes only its blocks.
+    Init(Initializer),
+}
+
+impl From<Vec<Literal>> for Initial {
+    fn from(values: Vec<Literal>) -> Self {
+        Initial::Values(values)
+    }
+}
+
+impl From<Initializer> for Initial {
+    fn from(init: Initializer) -> Self {
+        Initial::Init(init)
+    }
+}
+
+impl From<&Initializer> for Initial {
+    fn from(init: &Initializer) -> Self {
+        Initial::Init(init.clone())
+    }
+}
+
 /// The device-store key of step input `index` named `name` (carried values only).
 fn resident_key(index: usize, name: &str) -> String {
     format!("train/{index}/{name}")
@@ -65,35 +93,27 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer starting from `initial` (one global array per trained parameter, in
-    /// [`TrainStep::params`] order) with zero optimizer state. A wrong count, dtype or
-    /// shape is an [`Error::TrainerInput`] naming the parameter.
-    pub fn new(step: TrainStep, engine: Engine, initial: Vec<Literal>) -> Result<Self> {
-        if initial.len() != step.params.len() {
+    /// A trainer starting from `initial` ([`Initial`]: one global array per trained
+    /// parameter in [`TrainStep::params`] order, or an [`Initializer`]) with zero
+    /// optimizer state. On a mesh an [`Initializer`] and the zero state make each
+    /// device's blocks only (no global array on the host). A wrong count, dtype or
+    /// shape, or a parameter no initializer rule names, is an [`Error::TrainerInput`]
+    /// naming the parameter.
+    pub fn new(step: TrainStep, engine: Engine, initial: impl Into<Initial>) -> Result<Self> {
+        let initial = initial.into();
+        if let Initial::Values(values) = &initial
+            && values.len() != step.params.len()
+        {
             return Err(Error::TrainerInput {
                 name: "initial parameters".into(),
                 message: format!(
                     "{} trained parameters but {} initial values",
                     step.params.len(),
-                    initial.len()
+                    values.len()
                 ),
             });
         }
-        // Every input starts as zeros of its type; data and scalars are set per step.
-        let mut inputs: Vec<Literal> = step
-            .program
-            .params
-            .iter()
-            .map(|&p| {
-                let ty = step.program.ty(p);
-                Literal::full(&ty.shape, ty.dtype, 0.0)
-            })
-            .collect();
-        for (p, value) in step.params.iter().zip(initial) {
-            check(&step.program, p.input, &p.name, &value)?;
-            inputs[p.input] = value;
-        }
-        let mut carried = vec![None; inputs.len()];
+        let mut carried = vec![None; step.program.params.len()];
         let mut feeds = vec![None; step.program.outputs.len()];
         for (output, input) in step.feedback() {
             let name = step
@@ -105,7 +125,65 @@ impl Trainer {
             carried[input] = Some(resident_key(input, &name));
             feeds[output] = Some(input);
         }
-        let mut trainer = Trainer {
+        let on_mesh = matches!(engine, Engine::Mesh { .. });
+        // Data and scalars start as zeros (set per step); carried inputs live on the
+        // devices on a mesh (an empty placeholder here), else on the host.
+        let mut inputs: Vec<Literal> = (step.program.params.iter().zip(&carried))
+            .map(|(&p, key)| {
+                let ty = step.program.ty(p);
+                match key {
+                    Some(_) if on_mesh => Literal::full(&[0], ty.dtype, 0.0),
+                    _ => Literal::full(&ty.shape, ty.dtype, 0.0),
+                }
+            })
+            .collect();
+        let mut given = vec![false; inputs.len()];
+        match &initial {
+            Initial::Values(values) => {
+                for (p, value) in step.params.iter().zip(values) {
+                    check(&step.program, p.input, &p.name, value)?;
+                    inputs[p.input] = value.clone();
+                    given[p.input] = true;
+                }
+            }
+            Initial::Init(init) if !on_mesh => {
+                for p in &step.params {
+                    let shape = &step.program.ty(step.program.params[p.input]).shape;
+                    inputs[p.input] = init.global(&p.name, shape)?;
+                }
+            }
+            Initial::Init(_) => {}
+        }
+        if let Engine::Mesh { exe, threads } = &engine {
+            let init = match &initial {
+                Initial::Init(init) => Some(init),
+                Initial::Values(_) => None,
+            };
+            for (index, key) in carried.iter().enumerate() {
+                let Some(key) = key else { continue };
+                let sharding = &exe.spmd.inputs[index].1;
+                if given[index] {
+                    threads.upload(key, &inputs[index], sharding)?;
+                    continue;
+                }
+                let ty = step.program.ty(step.program.params[index]);
+                let param = step.params.iter().find(|p| p.input == index);
+                let blocks = (0..threads.mesh().num_devices())
+                    .map(|d| {
+                        let block = sharding.device_block(threads.mesh(), &ty.shape, d);
+                        match (init, param) {
+                            (Some(init), Some(p)) => init.block(&p.name, &ty.shape, &block),
+                            _ => {
+                                let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
+                                Ok(Literal::full(&sizes, ty.dtype, 0.0))
+                            }
+                        }
+                    })
+                    .collect::<Result<Vec<Literal>>>()?;
+                threads.upload_blocks(key, ty, sharding, blocks)?;
+            }
+        }
+        Ok(Trainer {
             step,
             engine,
             inputs,
@@ -113,9 +191,7 @@ impl Trainer {
             feeds,
             steps_done: 0,
             schedule: Schedule::Constant,
-        };
-        trainer.upload_carried()?;
-        Ok(trainer)
+        })
     }
 
     /// On a mesh, puts every carried input's host value on the devices.
@@ -140,12 +216,12 @@ impl Trainer {
     }
 
     /// A trainer on the reference interpreter.
-    pub fn reference(step: TrainStep, initial: Vec<Literal>) -> Result<Self> {
+    pub fn reference(step: TrainStep, initial: impl Into<Initial>) -> Result<Self> {
         Trainer::new(step, Engine::Reference, initial)
     }
 
     /// A trainer whose step is compiled for `mesh` and run on its threads.
-    pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: Vec<Literal>) -> Result<Self> {
+    pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: impl Into<Initial>) -> Result<Self> {
         let engine = Engine::mesh(&step.program, mesh)?;
         Trainer::new(step, engine, initial)
     }
