@@ -12,8 +12,8 @@ use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Engine, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions, TrainStep, Trainer,
-    load_checkpoint, save_checkpoint, step_program, step_program_with,
+    Batch, Dataset, Engine, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions,
+    TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
@@ -1231,4 +1231,89 @@ fn initialiser_blocks_assemble_to_the_global_array() {
         mean.abs() < 0.1 && (var.sqrt() - 2.0).abs() < 0.1,
         "{mean} {var}"
     );
+}
+
+// ---- (e) datasets: shuffled batches cut for the mesh -----------------------------------
+
+/// 20 examples of `dense`'s data (`x: [16]`, `target: [8]` each).
+fn dense_dataset() -> Dataset {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(8);
+    Dataset::new(vec![
+        uniform_f32(&mut rng, &[20, 16], -1.0, 1.0),
+        uniform_f32(&mut rng, &[20, 8], -1.0, 1.0),
+    ])
+    .unwrap()
+}
+
+/// An epoch's order is a permutation fixed by the seed and epoch; batches of 8 from 20
+/// examples give 2 per epoch, from the order's first 16 examples.
+#[test]
+fn dataset_shuffles_by_seed() {
+    let data = dense_dataset();
+    let order = data.order(1, 0);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..20).collect::<Vec<_>>());
+    assert_eq!(order, data.order(1, 0));
+    assert_ne!(order, data.order(2, 0));
+    assert_ne!(order, data.order(1, 1));
+    let batches: Vec<(u64, Batch)> = data.batches(8, 2, 1, None).unwrap().collect();
+    assert_eq!(
+        batches.iter().map(|b| b.0).collect::<Vec<_>>(),
+        [0, 0, 1, 1]
+    );
+    assert_eq!(batches[1].1, Batch::Global(data.gather(&order[8..16])));
+    assert_eq!(
+        batches[2].1,
+        Batch::Global(data.gather(&data.order(1, 1)[..8]))
+    );
+    assert!(data.batches(21, 1, 1, None).is_err());
+    assert!(Dataset::new(vec![f32s(&[2], &[0.0; 2]), f32s(&[3], &[0.0; 3])]).is_err());
+}
+
+/// On a 2x4 mesh each device's blocks of a batch assemble to the global batch, and a
+/// step on the blocks gives the loss and parameters of a step on the global batch.
+#[test]
+fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(9));
+    let data = dense_dataset();
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut by_blocks = Trainer::on_mesh(step.clone(), mesh.clone(), dense_init(1)).unwrap();
+    let mut by_global = Trainer::on_mesh(step, mesh, dense_init(1)).unwrap();
+    let layout = by_blocks.data_layout().unwrap();
+    assert_eq!(layout.shardings[0].to_string(), s("(data, _)").to_string());
+    let cut = data.batches(8, 2, 5, Some(layout.clone())).unwrap();
+    let whole = data.batches(8, 2, 5, None).unwrap();
+    for ((_, blocks), (_, global)) in cut.zip(whole) {
+        let (Batch::Blocks(blocks), Batch::Global(global)) = (&blocks, &global) else {
+            panic!("a layout gives blocks, none global arrays");
+        };
+        for ((blocks, sharding), want) in blocks.iter().zip(&layout.shardings).zip(global) {
+            assert_eq!(blocks[0].shape()[0], 4, "half the batch per data row");
+            let got = gspmd_core::runtime::assemble(blocks, sharding, &layout.mesh, &want.shape())
+                .unwrap();
+            assert_eq!(&got, want);
+        }
+        let loss = by_blocks
+            .step_batch(&Batch::Blocks(blocks.clone()))
+            .unwrap();
+        assert_eq!(loss, by_global.step(global).unwrap());
+        assert_eq!(by_blocks.params().unwrap(), by_global.params().unwrap());
+    }
+    let mut reference = Trainer::reference(
+        step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap(),
+        dense_init(1),
+    )
+    .unwrap();
+    let blocks = data
+        .batches(8, 1, 5, Some(layout))
+        .unwrap()
+        .next()
+        .unwrap()
+        .1;
+    assert!(matches!(
+        reference.step_batch(&blocks),
+        Err(Error::TrainerInput { .. })
+    ));
 }

@@ -147,8 +147,11 @@ fn draw(init: &Init, shape: &[usize], key: u64, index: u64) -> f32 {
     }
 }
 
-/// SplitMix64's finaliser: a bijective 64-bit mix.
-fn mix(x: u64) -> u64 {
+/// SplitMix64's finaliser: a bijective 64-bit mix (also [`Dataset::order`]'s
+/// generator).
+///
+/// [`Dataset::order`]: super::Dataset::order
+pub(super) fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

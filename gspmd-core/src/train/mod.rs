@@ -9,12 +9,14 @@
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
 //! - `init`: [`Initializer`], initial values by name from a counter-based generator,
 //!   made block by block on the devices that hold them.
+//! - `data`: [`Dataset`], shuffled batches cut for the mesh (each device gets its block).
 //! - `trainer`: [`Trainer`] runs steps on the reference interpreter or a thread mesh and
 //!   feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format.
 
 mod accumulate;
 mod checkpoint;
+mod data;
 mod init;
 mod names;
 mod optimizer;
@@ -23,6 +25,7 @@ mod step;
 mod trainer;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
+pub use data::{Batch, Batches, DataLayout, Dataset};
 pub use init::{Init, Initializer};
 pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};

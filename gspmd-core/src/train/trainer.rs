@@ -3,6 +3,7 @@
 //! they never leave the devices: each device keeps its block of every parameter and
 //! state tensor between steps, and only the data goes in and the loss comes out.
 
+use super::data::{Batch, DataLayout};
 use super::init::Initializer;
 use super::schedule::Schedule;
 use super::step::TrainStep;
@@ -230,19 +231,64 @@ impl Trainer {
     /// that order) and returns the loss before the update. On success the parameters
     /// and optimizer state are the step's outputs; on error they are unchanged.
     pub fn step(&mut self, data: &[Literal]) -> Result<f32> {
-        if data.len() != self.step.data.len() {
-            return Err(Error::TrainerInput {
-                name: "data".into(),
-                message: format!(
-                    "the step takes {} data inputs but {} were given",
-                    self.step.data.len(),
-                    data.len()
-                ),
-            });
-        }
+        self.check_data_count(data.len())?;
         for (&index, value) in self.step.data.iter().zip(data) {
             self.inputs[index] = value.clone();
         }
+        self.run(None)
+    }
+
+    /// [`Trainer::step`] with a [`Batch`]: global arrays, or on a mesh each device's
+    /// blocks (as [`Dataset::batches`](super::Dataset::batches) cuts them for
+    /// [`Trainer::data_layout`]), bound to each device without a global batch. Blocks
+    /// on the reference interpreter are an [`Error::TrainerInput`].
+    pub fn step_batch(&mut self, batch: &Batch) -> Result<f32> {
+        match batch {
+            Batch::Global(data) => self.step(data),
+            Batch::Blocks(blocks) => {
+                self.check_data_count(blocks.len())?;
+                if !matches!(self.engine, Engine::Mesh { .. }) {
+                    return Err(Error::TrainerInput {
+                        name: "data".into(),
+                        message: "per-device blocks given to a trainer without a mesh".into(),
+                    });
+                }
+                self.run(Some(blocks))
+            }
+        }
+    }
+
+    /// Where the data inputs go on a mesh: the mesh and each data input's sharding
+    /// (`None` on the reference interpreter).
+    pub fn data_layout(&self) -> Option<DataLayout> {
+        match &self.engine {
+            Engine::Mesh { exe, .. } => Some(DataLayout {
+                mesh: exe.spmd.mesh.clone(),
+                shardings: (self.step.data.iter())
+                    .map(|&i| exe.spmd.inputs[i].1.clone())
+                    .collect(),
+            }),
+            Engine::Reference => None,
+        }
+    }
+
+    /// An [`Error::TrainerInput`] unless `count` data inputs were given.
+    fn check_data_count(&self, count: usize) -> Result<()> {
+        if count != self.step.data.len() {
+            return Err(Error::TrainerInput {
+                name: "data".into(),
+                message: format!(
+                    "the step takes {} data inputs but {count} were given",
+                    self.step.data.len(),
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the step on the data set in `inputs`, or, on a mesh, on `blocks` (per data
+    /// input, each device's block) if given.
+    fn run(&mut self, blocks: Option<&[Vec<Literal>]>) -> Result<f32> {
         let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
@@ -259,11 +305,15 @@ impl Trainer {
                 loss
             }
             Engine::Mesh { exe, threads } => {
-                let inputs: Vec<Input> = (self.inputs.iter().zip(&self.carried))
-                    .map(|(value, key)| match key {
-                        Some(key) => Input::Resident(key),
-                        None => Input::Global(value),
-                    })
+                let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
+                let inputs: Vec<Input> = (self.inputs.iter().zip(&self.carried).enumerate())
+                    .map(
+                        |(index, (value, key))| match (key, blocks.zip(data_position(index))) {
+                            (Some(key), _) => Input::Resident(key),
+                            (None, Some((blocks, j))) => Input::Shards(&blocks[j]),
+                            (None, None) => Input::Global(value),
+                        },
+                    )
                     .collect();
                 let outputs: Vec<Output> = (self.feeds.iter())
                     .map(
