@@ -1317,3 +1317,36 @@ fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
         Err(Error::TrainerInput { .. })
     ));
 }
+
+/// A warm-up + cosine schedule changes the learning rate of every step of a mesh
+/// trainer while the step is compiled once (the compile count on this thread), and the
+/// steps match the interpreter's under the same schedule.
+#[test]
+fn a_schedule_changes_the_lr_per_step_without_recompiling() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(10));
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.05, 0.0)).unwrap();
+    let schedule = Schedule::WarmupCosine {
+        warmup: 2,
+        total: 5,
+        final_fraction: 0.1,
+    };
+    let before = gspmd_core::compilations_on_this_thread();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut t = Trainer::on_mesh(step.clone(), mesh, dense_init(2))
+        .and_then(|t| t.with_schedule(schedule))
+        .unwrap();
+    let mut reference = Trainer::reference(step, dense_init(2))
+        .and_then(|t| t.with_schedule(schedule))
+        .unwrap();
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        rates.push(t.learning_rate());
+        let loss = t.step(&problem.data).unwrap();
+        let want = reference.step(&problem.data).unwrap();
+        assert_near(&[want], &[loss], 1e-4 * want.abs().max(1.0), "loss");
+    }
+    assert_eq!(gspmd_core::compilations_on_this_thread(), before + 1);
+    let want: Vec<f32> = (1..=5).map(|t| 0.05 * schedule.factor(t)).collect();
+    assert_eq!(rates, want);
+    assert!(rates.windows(2).all(|w| w[0] != w[1]), "{rates:?}");
+}
