@@ -1350,3 +1350,48 @@ fn a_schedule_changes_the_lr_per_step_without_recompiling() {
     assert_eq!(rates, want);
     assert!(rates.windows(2).all(|w| w[0] != w[1]), "{rates:?}");
 }
+
+/// The validation loss of the model compiled once for the mesh, on the trainer's current
+/// (resident) parameters, equals the interpreter's loss of the model on the fetched
+/// parameters, and leaves training unchanged.
+#[test]
+fn evaluating_held_out_data_on_the_resident_weights() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(12));
+    let held_out = dense(&mut Xoshiro256PlusPlus::seed_from_u64(13)).data;
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut t = Trainer::on_mesh(step.clone(), mesh, dense_init(3)).unwrap();
+    let mut reference = Trainer::reference(step, dense_init(3)).unwrap();
+    let eval = t.evaluator(&problem.model, 0).unwrap();
+    let eval_reference = reference.evaluator(&problem.model, 0).unwrap();
+    for _ in 0..3 {
+        let got = t.evaluate(&eval, &held_out).unwrap();
+        let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
+        let inputs = [
+            held_out[0].clone(),
+            params[0].clone(),
+            params[1].clone(),
+            held_out[1].clone(),
+        ];
+        let want = gspmd_core::runtime::interpret(&problem.model, &inputs).unwrap();
+        assert_near(&values(&want[0]), &[got], 1e-5, "validation loss");
+        let on_reference = reference.evaluate(&eval_reference, &held_out).unwrap();
+        assert_near(
+            &[on_reference],
+            &[got],
+            1e-5,
+            "validation loss on the interpreter",
+        );
+        let loss = t.step(&problem.data).unwrap();
+        assert_near(
+            &[reference.step(&problem.data).unwrap()],
+            &[loss],
+            1e-5,
+            "loss",
+        );
+    }
+    assert!(matches!(
+        t.evaluator(&problem.model, 1),
+        Err(Error::TrainRequest { .. })
+    ));
+}

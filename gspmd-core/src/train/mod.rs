@@ -31,4 +31,4 @@ pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
-pub use trainer::{Engine, Initial, STEP_COUNT, Trainer};
+pub use trainer::{Engine, Evaluator, Initial, STEP_COUNT, Trainer};

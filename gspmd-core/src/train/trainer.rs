@@ -466,3 +466,91 @@ fn loss_of(output: Option<&Literal>) -> Result<f32> {
             message: "the step did not return an f32 loss".into(),
         })
 }
+
+/// A model's forward program (its loss, no update) compiled once for a [`Trainer`]'s
+/// engine, to compute a validation loss on held-out data
+/// ([`Trainer::evaluate`]).
+pub struct Evaluator {
+    model: Program,
+    loss: usize,
+    /// The compiled model on a mesh.
+    exe: Option<Box<Executable>>,
+}
+
+impl Trainer {
+    /// An [`Evaluator`] of `model` (the program the step was built from) and its output
+    /// `loss`: compiled for the trainer's mesh (once), or run on the interpreter.
+    pub fn evaluator(&self, model: &Program, loss: usize) -> Result<Evaluator> {
+        let exe = match &self.engine {
+            Engine::Mesh { exe, .. } => Some(Box::new(compile(model, &exe.spmd.mesh)?)),
+            Engine::Reference => None,
+        };
+        if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
+            return Err(Error::TrainRequest {
+                program: model.name.clone(),
+                message: format!(
+                    "output {loss} of a model with {} outputs and {} parameters is not the \
+                     loss of this step's model",
+                    model.outputs.len(),
+                    model.params.len()
+                ),
+            });
+        }
+        Ok(Evaluator {
+            model: model.clone(),
+            loss,
+            exe,
+        })
+    }
+
+    /// The loss of `eval`'s model on `data` (one global array per [`TrainStep::data`]
+    /// input, in that order, shaped as the model's — without an accumulation dim) with
+    /// the current parameters, which are not changed. On a mesh a parameter sharded
+    /// alike in both programs is read where it resides; any other is fetched.
+    pub fn evaluate(&self, eval: &Evaluator, data: &[Literal]) -> Result<f32> {
+        self.check_data_count(data.len())?;
+        let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
+        match (&self.engine, &eval.exe) {
+            (Engine::Mesh { exe, threads }, Some(model_exe)) => {
+                let n = eval.model.params.len();
+                // A trained parameter is read in place if both programs shard it alike,
+                // else fetched (assembled on the host) and given as a global array.
+                let resident = |index: usize| {
+                    self.carried[index]
+                        .as_deref()
+                        .filter(|_| exe.spmd.inputs[index] == model_exe.spmd.inputs[index])
+                };
+                let fetched: Vec<Option<Literal>> = (0..n)
+                    .map(|i| match (data_position(i), resident(i)) {
+                        (None, None) => self.carried_value(i).map(Some),
+                        _ => Ok(None),
+                    })
+                    .collect::<Result<_>>()?;
+                let inputs: Vec<Input> = (0..n)
+                    .map(|i| match (data_position(i), &fetched[i]) {
+                        (Some(j), _) => Input::Global(&data[j]),
+                        (None, Some(value)) => Input::Global(value),
+                        (None, None) => Input::Resident(resident(i).unwrap_or_default()),
+                    })
+                    .collect();
+                let outputs = vec![Output::Global; eval.model.outputs.len()];
+                let values = model_exe.execute(threads, &inputs, &outputs)?;
+                let loss = values
+                    .into_iter()
+                    .nth(eval.loss)
+                    .and_then(Value::into_global);
+                loss_of(loss.as_ref())
+            }
+            _ => {
+                let inputs: Vec<Literal> = (0..eval.model.params.len())
+                    .map(|index| match data_position(index) {
+                        Some(j) => Ok(data[j].clone()),
+                        None => self.carried_value(index),
+                    })
+                    .collect::<Result<_>>()?;
+                let outputs = interpret(&eval.model, &inputs)?;
+                loss_of(outputs.get(eval.loss))
+            }
+        }
+    }
+}
