@@ -37,6 +37,17 @@ pub enum Init {
     },
 }
 
+impl Init {
+    /// [`Init::FanIn`] with scale 1: uniform in `±1 / sqrt(fan_in)`, the fan-in the
+    /// product of the sizes of dims `in_dims`.
+    pub fn fan_in(in_dims: &[usize]) -> Self {
+        Init::FanIn {
+            scale: 1.0,
+            in_dims: in_dims.to_vec(),
+        }
+    }
+}
+
 /// Initial values for a model's parameters by name: the first rule whose glob pattern
 /// ([`glob_match`]) matches a parameter's name decides its [`Init`]; `seed` keys the
 /// generator.
