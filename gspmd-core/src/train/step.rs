@@ -3,7 +3,7 @@
 //! whole step, and optimizer state is sharded like its parameter.
 
 use super::accumulate::accumulated_loss;
-use super::names::{Trainable, glob_match_any};
+use super::names::{Trainable, glob_match, glob_match_any};
 use super::optimizer::Optimizer;
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
@@ -242,7 +242,7 @@ pub fn step_program_with(
         });
     }
     if let Some(unused) =
-        (options.no_decay.iter()).find(|p| !names.iter().any(|n| glob_match_any(&[p], n)))
+        (options.no_decay.iter()).find(|p| !names.iter().any(|n| glob_match(p, n)))
     {
         return Err(request(format!(
             "no_decay pattern `{unused}` matches no trained parameter"
