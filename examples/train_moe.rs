@@ -26,7 +26,7 @@ use std::time::Instant;
 use gspmd::models::moe::moe_language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -80,15 +80,15 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// The bound of a weight's uniform initial values: 1/sqrt(fan-in).
-fn init_bound(name: &str, shape: &[usize]) -> f32 {
-    let fan_in = match name {
-        "embed" => 1,
-        "wo" => shape[0] * shape[1],
-        "w_in" | "w_out" => shape[1],
-        _ => shape[0],
-    };
-    1.0 / (fan_in as f32).sqrt()
+/// Initial values: uniform in ±1/sqrt(fan-in) (1 for the embedding, the heads and head
+/// dim for `wo`, the dim after the expert dim for the experts' weights).
+fn initializer(seed: u64) -> Initializer {
+    Initializer::new(seed)
+        .rule("embed", Init::Uniform { bound: 1.0 })
+        .rule("wo", Init::fan_in(&[0, 1]))
+        .rule("w_in", Init::fan_in(&[1]))
+        .rule("w_out", Init::fan_in(&[1]))
+        .rule("*", Init::fan_in(&[0]))
 }
 
 /// How many of `data`'s tokens pick each expert first, with the model's current
@@ -129,7 +129,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trained: Vec<usize> = (DATA..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3))?;
     let mesh = moe_language_model::mesh([2, 4])?;
-    let initial = common::uniform_init(&model, &trained, 7, init_bound);
+    let initial = initializer(7);
 
     println!(
         "model: d_model {}, {} heads, {EXPERTS} experts of hidden {} (capacity {CAPACITY} per group), vocabulary {VOCAB}, {GROUPS} groups x {SEQ} tokens",
@@ -157,6 +157,12 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         GROUPS * SEQ,
         "tokens",
         || batch(&mut data_rng),
+        None,
+    )?;
+    common::write_curves(
+        &common::output_path("train_moe_loss.svg"),
+        "MoE language model",
+        &run,
     )?;
     show("after training", &trainer)?;
     println!(

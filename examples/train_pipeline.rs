@@ -209,6 +209,7 @@ fn train(
         MICROBATCHES * ROWS,
         "rows",
         || batch(&mut rng, teacher),
+        None,
     )?)
 }
 
@@ -222,9 +223,15 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let probe = batch(&mut Xoshiro256PlusPlus::seed_from_u64(1), &teacher);
     let model = mlp_loss::trace(dims(), Pipeline::gpipe(STAGES, REPEATS, MICROBATCHES), true)?;
     let trained: Vec<usize> = (DATA..model.params.len()).collect();
-    let initial = common::uniform_init(&model, &trained, 7, |_, shape| {
-        0.5 / (shape[2] as f32).sqrt()
-    });
+    // Uniform in ±0.5/sqrt(fan-in), the fan-in after the stage and repeat dims.
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    let initial: Vec<Literal> = (trained.iter())
+        .map(|&i| {
+            let shape = &model.node(model.params[i]).ty.shape;
+            let bound = 0.5 / (shape[2] as f32).sqrt();
+            uniform_f32(&mut rng, shape, -bound, bound)
+        })
+        .collect();
     println!(
         "model: {} residual MLP layers (d {FEATURES}, hidden {HIDDEN}) on {STAGES} stages x {MODEL}-way model parallelism, {MICROBATCHES} microbatches of {ROWS} rows",
         STAGES * REPEATS
@@ -249,6 +256,12 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (name, p) in schedules {
         println!("training the {name} pipeline:");
         let run = train(p, &mesh, &initial, steps, &teacher)?;
+        let file = format!("train_pipeline_{}_loss.svg", name.to_lowercase());
+        common::write_curves(
+            &common::output_path(&file),
+            &format!("{name} pipeline"),
+            &run,
+        )?;
         println!(
             "  loss {:.4} at step 1 -> {:.4} (mean of the last {} steps); {:.2} ms/step",
             run.first,

@@ -7,26 +7,34 @@
 //! cannot be predicted). A model that has learned to reverse drives it towards 0; one
 //! that guesses uniformly sits at ln(14) = 2.64.
 //!
-//! The first steps also run on the reference interpreter (one device, no partitioning)
-//! and their losses are compared; at the end the sharded parameters are saved as a
-//! safetensors checkpoint, loaded into a fresh trainer, and one more step from each must
-//! give the same loss.
+//! The parameters are chosen and initialised by name (each device draws only its
+//! blocks), the learning rate warms up then follows a cosine (an input of the step: no
+//! recompile) and the gradients are clipped to a global norm of 1. The first steps also
+//! run on the reference interpreter (one device, no partitioning) and their losses are
+//! compared; every `--eval-every N` steps (default 50, 0: never) the loss on held-out
+//! sequences is computed by the forward program compiled once, on the resident weights;
+//! the loss curves are written to `--plot PATH` (default
+//! `target/train_transformer_loss.svg`) and a CSV beside it. At the end the sharded
+//! parameters are saved as a safetensors checkpoint, loaded into a fresh trainer, and one
+//! more step from each must give the same loss.
 //!
 //! ```text
 //! cargo run --release --example train_transformer            # 300 steps
-//! cargo run --release --example train_transformer -- 50      # fewer steps
+//! cargo run --release --example train_transformer -- 50 --eval-every 10
 //! ```
 //!
 //! `--html PATH` also writes the compiled step's report as one HTML page
 //! (`Executable::write_html`: memory, collectives and why, shardings on the mesh).
 //!
 //! With `--bench`, the step is timed instead (the comparison with JAX in
-//! `benches/README.md` uses it): no reference run and no checkpoint; after `--warmup`
+//! `benches/README.md` uses it): plain AdamW at a constant learning rate, no clipping,
+//! no reference run and no checkpoint; after `--warmup`
 //! steps it prints the losses of the first steps and the median ms/step over the
 //! rest. `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 512` the
 //! d_model-512 model (8 heads of 64, FFN 2048, 128 tokens per sequence) in place of the
-//! default `small` one, and `--dump PATH` writes the initial parameters, the first
-//! batches and their losses as safetensors for `benches/jax/lm_step.py` to replay.
+//! default `small` one, and `--dump PATH` writes the initial parameters (by the last
+//! part of their names: `wq`, `w1`, ..), the first batches and their losses as
+//! safetensors for `benches/jax/lm_step.py` to replay.
 //!
 //! ```text
 //! cargo run --release --example train_transformer -- 30 --bench --mesh 1x2 --dims 512
@@ -50,7 +58,10 @@ use std::time::Instant;
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
+use gspmd::train::{
+    Init, Initializer, Optimizer, Schedule, StepOptions, Trainer, load_checkpoint, save_checkpoint,
+    step_program, step_program_with,
+};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -96,17 +107,22 @@ fn batch(rng: &mut Xoshiro256PlusPlus, seq: usize) -> Vec<Literal> {
     ]
 }
 
-/// The bound of a weight's uniform initial values: 1/sqrt(fan-in) (the first dim after
-/// the stacked layer dim; all of it for embeddings).
-fn init_bound(name: &str, shape: &[usize]) -> f32 {
-    let fan_in = match name {
-        "embed" | "position" => 1,
-        "wo" => shape[1] * shape[2],
-        _ if shape.len() > 2 => shape[1],
-        _ => shape[0],
-    };
-    1.0 / (fan_in as f32).sqrt()
+/// The parameters that learn: all but the data (`tokens`, `targets`, `weights`).
+const TRAINED: [&str; 4] = ["embed", "position", "layers.*", "unembed"];
+
+/// Initial values by name: uniform in ±1/sqrt(fan-in) (the first dim after the stacked
+/// layer dim; the heads and head dim for `wo`; 1 for the embeddings).
+fn initializer(seed: u64) -> Initializer {
+    Initializer::new(seed)
+        .rule("embed", Init::Uniform { bound: 1.0 })
+        .rule("position", Init::Uniform { bound: 1.0 })
+        .rule("layers.attn.wo", Init::fan_in(&[1, 2]))
+        .rule("layers.*", Init::fan_in(&[1]))
+        .rule("unembed", Init::fan_in(&[0]))
 }
+
+/// Held-out batches for the validation loss.
+const HELD_OUT: usize = 4;
 
 /// Steps whose losses `--bench` prints and whose batches `--dump` writes.
 const LOGGED_STEPS: usize = 5;
@@ -121,6 +137,8 @@ struct Options {
     dump: Option<PathBuf>,
     html: Option<PathBuf>,
     mpi: bool,
+    eval_every: usize,
+    plot: PathBuf,
 }
 
 impl Options {
@@ -134,6 +152,8 @@ impl Options {
             dump: None,
             html: None,
             mpi: false,
+            eval_every: 50,
+            plot: common::output_path("train_transformer_loss.svg"),
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -146,6 +166,8 @@ impl Options {
                 "--warmup" => options.warmup = number(&value()?)?,
                 "--dump" => options.dump = Some(value()?.into()),
                 "--html" => options.html = Some(value()?.into()),
+                "--eval-every" => options.eval_every = number(&value()?)?,
+                "--plot" => options.plot = value()?.into(),
                 _ => options.steps = number(&arg)?,
             }
         }
@@ -188,22 +210,24 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse()?;
     let (steps, dims) = (options.steps, options.dims);
     let model = language_model::trace(dims)?;
-    // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let optimizer = Optimizer::adamw(3e-3);
-    let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = language_model::mesh(options.mesh)?;
-    let initial = common::uniform_init(&model, &trained, 7, init_bound);
-    if options.mpi {
-        return train_on_mpi(&options, step, mesh, initial);
-    }
     if options.bench {
-        let names = trained.iter().map(|&i| {
-            let node = model.node(model.params[i]);
-            node.name.clone().unwrap_or_default()
-        });
-        let named: Vec<(String, Literal)> = names.zip(initial.iter().cloned()).collect();
-        return bench(&options, Trainer::on_mesh(step, mesh, initial)?, &named);
+        let step = step_program(&model, 0, &TRAINED, &Optimizer::adamw(3e-3))?;
+        return bench(&options, Trainer::on_mesh(step, mesh, initializer(7))?);
+    }
+    // AdamW, gradients clipped to a global norm of 1, warm-up then cosine decay.
+    let clipped = StepOptions {
+        clip_global_norm: Some(1.0),
+        ..StepOptions::default()
+    };
+    let step = step_program_with(&model, 0, &TRAINED, &Optimizer::adamw(3e-3), &clipped)?;
+    let schedule = Schedule::WarmupCosine {
+        warmup: (steps / 10) as u64,
+        total: steps.max(1) as u64,
+        final_fraction: 0.1,
+    };
+    if options.mpi {
+        return train_on_mpi(&options, step, mesh, schedule);
     }
     let seq = dims.S;
     println!(
@@ -211,7 +235,8 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         dims.L, dims.D, dims.H
     );
     let started = Instant::now();
-    let mut trainer = Trainer::on_mesh(step.clone(), mesh.clone(), initial.clone())?;
+    let mut trainer =
+        Trainer::on_mesh(step.clone(), mesh.clone(), initializer(7))?.with_schedule(schedule)?;
     let compiled = common::report_compiled(&trainer, started.elapsed());
     if let (Some(path), Some(exe)) = (&options.html, compiled) {
         exe.write_html(path)?;
@@ -219,7 +244,25 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // The first steps on one device, as the oracle.
-    let mut reference = Trainer::reference(step.clone(), initial)?;
+    let mut reference =
+        Trainer::reference(step.clone(), initializer(7))?.with_schedule(schedule)?;
+    // The validation loss: the forward program compiled once, on held-out sequences.
+    let evaluator = trainer.evaluator(&model, 0)?;
+    let mut held_out_rng = Xoshiro256PlusPlus::seed_from_u64(4242);
+    let held_out: Vec<Vec<Literal>> = (0..HELD_OUT)
+        .map(|_| batch(&mut held_out_rng, seq))
+        .collect();
+    let mut validation_loss = |t: &Trainer| -> gspmd::Result<f32> {
+        let mut total = 0.0;
+        for data in &held_out {
+            total += t.evaluate(&evaluator, data)?;
+        }
+        Ok(total / HELD_OUT as f32)
+    };
+    let validation = (options.eval_every > 0).then_some(common::Validation {
+        every: options.eval_every,
+        loss: &mut validation_loss,
+    });
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let run = common::train(
         &mut trainer,
@@ -230,6 +273,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         BATCH * seq,
         "tokens",
         || batch(&mut data_rng, seq),
+        validation,
     )?;
     let max_diff = run.max_diff;
     println!(
@@ -240,18 +284,18 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         run.elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64,
         (steps * BATCH * seq) as f64 / run.elapsed.as_secs_f64()
     );
+    if let Some((step, loss)) = run.validation.last() {
+        println!("validation loss {loss:.4} after step {step} ({HELD_OUT} held-out batches)");
+    }
     println!(
         "first {CHECKED_STEPS} losses vs the single-device reference: max relative difference {max_diff:.2e}"
     );
+    common::write_curves(&options.plot, "Transformer LM, sequence reversal", &run)?;
 
     // Checkpoint: save, load into a fresh trainer, and take one more step from both.
     let path = std::env::temp_dir().join("gspmd_train_transformer.safetensors");
     save_checkpoint(&path, &trainer.checkpoint()?)?;
-    let mut resumed = Trainer::on_mesh(
-        step,
-        mesh,
-        common::uniform_init(&model, &trained, 0, init_bound),
-    )?;
+    let mut resumed = Trainer::on_mesh(step, mesh, initializer(0))?.with_schedule(schedule)?;
     resumed.restore(&load_checkpoint(&path)?)?;
     let data = batch(&mut data_rng, seq);
     let (continued, reloaded) = (trainer.step(&data)?, resumed.step(&data)?);
@@ -276,13 +320,14 @@ fn train_on_mpi(
     options: &Options,
     step: gspmd::train::TrainStep,
     mesh: Mesh,
-    initial: Vec<Literal>,
+    schedule: Schedule,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mpi = gspmd::runtime::MpiMesh::init()?;
     let rank = mpi.device();
-    let mut trainer = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initial.clone())?;
+    let mut trainer = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initializer(7))?
+        .with_schedule(schedule)?;
     let mut threads = (rank == 0)
-        .then(|| Trainer::on_mesh(step, mesh.clone(), initial))
+        .then(|| Trainer::on_mesh(step, mesh.clone(), initializer(7))?.with_schedule(schedule))
         .transpose()?;
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let started = Instant::now();
@@ -319,20 +364,16 @@ fn train_on_mpi(
     _: &Options,
     _: gspmd::train::TrainStep,
     _: Mesh,
-    _: Vec<Literal>,
+    _: Schedule,
 ) -> Result<(), Box<dyn std::error::Error>> {
     Err("--mpi needs the example built with --features mpi".into())
 }
 
 /// `--bench`: times `options.steps` steps of `trainer` (the median after `--warmup`),
-/// prints the first losses and, with `--dump`, writes `initial` (the parameters by
-/// name), the first batches (`tokens.<i>`, `targets.<i>`, `weights.<i>`) and their
-/// losses (`losses`).
-fn bench(
-    options: &Options,
-    mut trainer: Trainer,
-    initial: &[(String, Literal)],
-) -> Result<(), Box<dyn std::error::Error>> {
+/// prints the first losses and, with `--dump`, writes the initial parameters (named by
+/// the last part of their names), the first batches (`tokens.<i>`, `targets.<i>`,
+/// `weights.<i>`) and their losses (`losses`).
+fn bench(options: &Options, mut trainer: Trainer) -> Result<(), Box<dyn std::error::Error>> {
     if options.steps <= options.warmup {
         return Err(format!(
             "--bench needs more steps than the {} warm-up ones",
@@ -340,6 +381,9 @@ fn bench(
         )
         .into());
     }
+    let initial: Vec<(String, Literal)> = (trainer.params()?.into_iter())
+        .map(|(name, value)| (name.rsplit('.').next().unwrap_or(&name).to_string(), value))
+        .collect();
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let (mut losses, mut batches, mut times) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..options.steps {
@@ -368,7 +412,7 @@ fn bench(
         times[times.len() - 1]
     );
     if let Some(path) = &options.dump {
-        let mut tensors = initial.to_vec();
+        let mut tensors = initial;
         for (i, data) in batches.into_iter().enumerate() {
             for (name, value) in ["tokens", "targets", "weights"].into_iter().zip(data) {
                 tensors.push((format!("{name}.{i}"), value));

@@ -27,7 +27,7 @@ use gspmd::ir::Op;
 use gspmd::models::unet::denoise;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -119,9 +119,13 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mesh = denoise::mesh([2, 4])?;
     // He-uniform: `±sqrt(6 / fan_in)`, fan-in the kernel's window times its input
     // channels (HWIO).
-    let initial = common::uniform_init(&model, &trained, 7, |_, shape| {
-        (6.0 / (shape[0] * shape[1] * shape[2]) as f32).sqrt()
-    });
+    let initial = Initializer::new(7).rule(
+        "*",
+        Init::FanIn {
+            scale: 6f32.sqrt(),
+            in_dims: vec![0, 1, 2],
+        },
+    );
 
     println!(
         "U-Net denoiser: {BATCH} images of {SIZE}x{SIZE}, channels 8 and 16, batch over `data`, height over `space`"
@@ -148,6 +152,12 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         BATCH,
         "images",
         || batch(&mut data_rng),
+        None,
+    )?;
+    common::write_curves(
+        &common::output_path("train_unet_loss.svg"),
+        "U-Net denoising",
+        &run,
     )?;
     println!(
         "loss {:.4} at step 1 -> {:.4} (mean of the last {} steps, {:.2}x); {:.1} ms/step",

@@ -437,7 +437,7 @@ fn train_step_of_nothing() {
         momentum: 0.0,
     };
     assert_err!(
-        step_program(&regression(), 0, &[], &sgd),
+        step_program(&regression(), 0, &[] as &[usize], &sgd),
         Error::TrainRequest { .. }
     );
     assert_err!(

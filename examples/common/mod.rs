@@ -1,15 +1,14 @@
-//! What the training examples share: the report of the compiled step and the training
+//! What the training examples share: the report of the compiled step, the training
 //! loop (progress bar, the first steps checked against the single-device reference,
-//! the loss at step 1 and the mean of the last ones).
+//! the loss at step 1 and the mean of the last ones, a validation loss every few
+//! steps) and the loss curve written as SVG and CSV.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gspmd::prelude::*;
-use gspmd::runtime::uniform_f32;
 use gspmd::train::{Engine, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::SeedableRng;
-use rand::rngs::Xoshiro256PlusPlus;
 
 /// Prints how long `trainer`'s step took to compile (`compile_time`), its op counts
 /// before and after partitioning and its collectives per step; returns the compiled
@@ -28,27 +27,20 @@ pub fn report_compiled(trainer: &Trainer, compile_time: Duration) -> Option<&Exe
     Some(exe)
 }
 
-/// Initial values of `program`'s parameters `trained`, each uniform in `±bound(name,
-/// shape)` (its name and shape), drawn in order from a generator seeded with `seed`.
-pub fn uniform_init(
-    program: &Program,
-    trained: &[usize],
-    seed: u64,
-    bound: impl Fn(&str, &[usize]) -> f32,
-) -> Vec<Literal> {
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    trained
-        .iter()
-        .map(|&i| {
-            let node = program.node(program.params[i]);
-            let b = bound(node.name.as_deref().unwrap_or_default(), &node.ty.shape);
-            uniform_f32(&mut rng, &node.ty.shape, -b, b)
-        })
-        .collect()
+/// A validation loss every `every` steps (after steps `every`, `2 every`, ..).
+pub struct Validation<'a> {
+    /// Steps between validations; > 0.
+    pub every: usize,
+    /// The validation loss of the trainer's current parameters.
+    pub loss: &'a mut dyn FnMut(&Trainer) -> gspmd::Result<f32>,
 }
 
 /// What [`train`] measured.
 pub struct Run {
+    /// The loss of every step.
+    pub losses: Vec<f32>,
+    /// `(step, validation loss)` after each validated step.
+    pub validation: Vec<(usize, f32)>,
     /// The loss of step 1.
     pub first: f32,
     /// The mean loss of the last `window` steps.
@@ -63,8 +55,8 @@ pub struct Run {
 
 /// Trains `trainer` for `steps` steps on `batch()`es; the first `checked` steps also run
 /// on `reference` and their losses are compared (the difference relative to the
-/// reference's loss). The
-/// progress bar shows the loss and `items_per_step` `unit`s per second.
+/// reference's loss). The progress bar shows the loss, `items_per_step` `unit`s per
+/// second and the last validation loss (with `validation`).
 #[allow(clippy::too_many_arguments)]
 pub fn train(
     trainer: &mut Trainer,
@@ -75,14 +67,15 @@ pub fn train(
     items_per_step: usize,
     unit: &str,
     mut batch: impl FnMut() -> Vec<Literal>,
+    mut validation: Option<Validation<'_>>,
 ) -> gspmd::Result<Run> {
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} step {pos}/{len}  loss {msg}  [{elapsed_precise}]")
             .expect("valid template"),
     );
-    let (mut first, mut max_diff) = (None, 0.0f32);
-    let mut last = Vec::new();
+    let mut max_diff = 0.0f32;
+    let (mut losses, mut validated) = (Vec::with_capacity(steps), Vec::new());
     let timer = Instant::now();
     for i in 0..steps {
         let data = batch();
@@ -91,21 +84,95 @@ pub fn train(
             let want = reference.step(&data)?;
             max_diff = max_diff.max((loss - want).abs() / want.abs().max(1e-12));
         }
-        first.get_or_insert(loss);
-        last.push(loss);
-        if last.len() > window {
-            last.remove(0);
+        losses.push(loss);
+        if let Some(v) = &mut validation
+            && (i + 1) % v.every == 0
+        {
+            validated.push((i + 1, (v.loss)(trainer)?));
         }
         let rate = ((i + 1) * items_per_step) as f64 / timer.elapsed().as_secs_f64();
-        bar.set_message(format!("{loss:.4}  {rate:.0} {unit}/s"));
+        let shown = validated
+            .last()
+            .map_or(String::new(), |(_, v)| format!("  validation {v:.4}"));
+        bar.set_message(format!("{loss:.4}{shown}  {rate:.0} {unit}/s"));
         bar.inc(1);
     }
     bar.finish();
+    let last = &losses[losses.len().saturating_sub(window)..];
     Ok(Run {
-        first: first.unwrap_or(f32::NAN),
+        first: losses.first().copied().unwrap_or(f32::NAN),
         mean_last: last.iter().sum::<f32>() / last.len().max(1) as f32,
         window: last.len(),
         max_diff,
         elapsed: timer.elapsed(),
+        losses,
+        validation: validated,
     })
+}
+
+/// `target/<name>` (the directory made if missing): where the examples write plots.
+pub fn output_path(name: &str) -> PathBuf {
+    let dir = PathBuf::from("target");
+    // Best effort: a failure shows when the file is written.
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(name)
+}
+
+/// Writes `run`'s loss curve (and validation losses, if any) as an SVG at `svg` and
+/// the numbers as a CSV beside it (`step,loss,validation_loss`, the last empty on steps
+/// without validation); prints both paths.
+pub fn write_curves(svg: &Path, title: &str, run: &Run) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+
+    let csv = svg.with_extension("csv");
+    let mut text = String::from("step,loss,validation_loss\n");
+    for (i, loss) in run.losses.iter().enumerate() {
+        let step = i + 1;
+        let validation = run.validation.iter().find(|v| v.0 == step);
+        let validation = validation.map_or(String::new(), |v| v.1.to_string());
+        text.push_str(&format!("{step},{loss},{validation}\n"));
+    }
+    std::fs::write(&csv, text)?;
+
+    let train: Vec<(f32, f32)> = (run.losses.iter().enumerate())
+        .map(|(i, &l)| ((i + 1) as f32, l))
+        .collect();
+    let validation: Vec<(f32, f32)> = (run.validation.iter())
+        .map(|&(s, l)| (s as f32, l))
+        .collect();
+    let top = (train.iter().chain(&validation))
+        .map(|p| p.1)
+        .filter(|l| l.is_finite())
+        .fold(0.0f32, f32::max);
+    let root = SVGBackend::new(svg, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(1f32..train.len().max(2) as f32, 0f32..top * 1.05 + 1e-6)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss")
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(train, &BLUE))?
+        .label("training loss")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    if !validation.is_empty() {
+        chart
+            .draw_series(LineSeries::new(validation, RED.stroke_width(2)))?
+            .label("validation loss")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    println!("loss curve: {} and {}", svg.display(), csv.display());
+    Ok(())
 }

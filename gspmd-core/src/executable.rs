@@ -1,6 +1,7 @@
 //! [`compile`]: the whole pipeline for one mesh — verify, propagate, partition — and the
 //! [`Executable`] it returns.
 
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
@@ -28,6 +29,17 @@ pub struct Executable {
     planned: OnceLock<Arc<PlannedProgram>>,
 }
 
+thread_local! {
+    /// Calls of [`compile`] made on this thread.
+    static COMPILATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times [`compile`] has been called on the calling thread (for tests that
+/// check that something does not recompile, e.g. a learning-rate schedule).
+pub fn compilations_on_this_thread() -> u64 {
+    COMPILATIONS.with(Cell::get)
+}
+
 /// Verifies `program`, simplifies it, completes its shardings for `mesh`, partitions it,
 /// and simplifies the per-device program.
 ///
@@ -41,6 +53,7 @@ pub struct Executable {
 /// reduce-scatters over the same devices are combined, one per kind (XLA's combiners;
 /// results bitwise equal).
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
+    COMPILATIONS.with(|c| c.set(c.get() + 1));
     verify(program)?;
     let program = simplify_verified(program, Stage::BeforePropagation);
     let propagated = propagate(&program, mesh)?;

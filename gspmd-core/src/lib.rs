@@ -19,4 +19,4 @@ pub mod train;
 pub mod types;
 
 pub use error::{Error, Result};
-pub use executable::{Comparison, Executable, compile};
+pub use executable::{Comparison, Executable, compilations_on_this_thread, compile};

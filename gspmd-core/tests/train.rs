@@ -12,8 +12,8 @@ use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Engine, Optimizer, STEP_COUNT, Schedule, StepOptions, TrainStep, Trainer, load_checkpoint,
-    save_checkpoint, step_program, step_program_with,
+    Batch, Dataset, Engine, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions,
+    TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
@@ -304,7 +304,7 @@ fn bad_requests_are_typed_errors() {
         Err(Error::Optimizer { .. })
     ));
     assert!(matches!(
-        step_program(&p, 0, &[], &sgd(0.1, 0.0)),
+        step_program(&p, 0, &[] as &[usize], &sgd(0.1, 0.0)),
         Err(Error::TrainRequest { .. })
     ));
     assert!(matches!(
@@ -903,4 +903,495 @@ fn resuming_from_a_checkpoint_continues_training() {
         Err(Error::TrainerInput { name, .. }) if name == "v(w2)"
     ));
     assert_eq!(resumed.checkpoint().unwrap(), before);
+}
+
+// ---- (c) parameters by name, weight-decay masks, Adafactor --------------------------
+
+/// `loss = mse(x w + b, target)` with `x: [8, 16]` split over `data`, `w: [16, 8]` over
+/// both axes and `b: [8]` over `model`; parameters named as a tree (`dense.w`,
+/// `dense.bias`).
+fn dense(rng: &mut Xoshiro256PlusPlus) -> Problem {
+    let (batch, d, f) = (8, 16, 8);
+    let b = Builder::new("dense");
+    let x = b
+        .parameter("x", [batch, d], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = b
+        .parameter("dense.w", [d, f], DType::F32)
+        .annotate(s("(data, model)"));
+    let bias = b
+        .parameter("dense.bias", [f], DType::F32)
+        .annotate(s("(model)"));
+    let target = b
+        .parameter("target", [batch, f], DType::F32)
+        .annotate(s("(data, _)"));
+    let y = &x.matmul(&w) + &bias.broadcast_in_dim([batch, f], &[1]);
+    let loss = y.mse(&target);
+    Problem {
+        model: b.finish(&[&loss]).unwrap(),
+        trained: vec![1, 2],
+        initial: vec![
+            uniform_f32(rng, &[d, f], -0.5, 0.5),
+            uniform_f32(rng, &[f], -0.5, 0.5),
+        ],
+        data: vec![
+            uniform_f32(rng, &[batch, d], -1.0, 1.0),
+            uniform_f32(rng, &[batch, f], -1.0, 1.0),
+        ],
+    }
+}
+
+/// Patterns pick the same parameters as their indices, in index order; a pattern that
+/// matches nothing is a typed error naming it.
+#[test]
+fn trained_parameters_by_name_pattern() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(3));
+    let by_index = step_program(&problem.model, 0, &problem.trained, &sgd(0.1, 0.0)).unwrap();
+    for patterns in [
+        &["dense.*"][..],
+        &["dense.bias", "dense.w"],
+        &["*.w", "*bias"],
+    ] {
+        let by_name = step_program(&problem.model, 0, patterns, &sgd(0.1, 0.0)).unwrap();
+        assert_eq!(by_name.params, by_index.params, "{patterns:?}");
+        assert_eq!(by_name.data, [0, 3]);
+    }
+    let only_bias = step_program(&problem.model, 0, &["*.bias"], &sgd(0.1, 0.0)).unwrap();
+    assert_eq!(only_bias.params[0].name, "dense.bias");
+    assert_eq!(only_bias.data, [0, 1, 3]);
+    let err = step_program(&problem.model, 0, &["layers.*"], &sgd(0.1, 0.0)).unwrap_err();
+    assert!(
+        matches!(&err, Error::TrainRequest { message, .. } if message.contains("`layers.*`")),
+        "{err}"
+    );
+}
+
+/// `no_decay` exempts the matching parameters from AdamW's weight decay: one step moves
+/// `dense.bias` as AdamW without decay and `dense.w` as AdamW with it.
+#[test]
+fn weight_decay_mask_by_name() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(4));
+    let (lr, wd) = (0.1, 0.5);
+    let run = |no_decay: &[&str], weight_decay: f32| {
+        let options = StepOptions {
+            no_decay: no_decay.iter().map(|p| p.to_string()).collect(),
+            ..StepOptions::default()
+        };
+        let step = step_program_with(
+            &problem.model,
+            0,
+            &["dense.*"],
+            &adamw(lr, weight_decay),
+            &options,
+        )
+        .unwrap();
+        let mut t = Trainer::reference(step, problem.initial.clone()).unwrap();
+        t.step(&problem.data).unwrap();
+        t.params().unwrap()
+    };
+    let masked = run(&["*.bias"], wd);
+    let decayed = run(&[], wd);
+    let undecayed = run(&[], 0.0);
+    assert_eq!(masked[0], decayed[0], "dense.w decays");
+    assert_eq!(masked[1], undecayed[1], "dense.bias does not");
+    assert_ne!(decayed[1], undecayed[1], "the decay changes the bias");
+    let bad = StepOptions {
+        no_decay: vec!["*.scale".into()],
+        ..StepOptions::default()
+    };
+    assert!(matches!(
+        step_program_with(&problem.model, 0, &["dense.*"], &adamw(lr, wd), &bad),
+        Err(Error::TrainRequest { .. })
+    ));
+}
+
+/// Adafactor's state for one weight, on the host in f64: `[v_row, v_col]` for a
+/// matrix, `[v]` for a vector.
+struct HostAdafactor {
+    /// The weight's rows and columns (`rows == 1` for a vector, unfactored).
+    rows: usize,
+    cols: usize,
+    state: Vec<Vec<f64>>,
+}
+
+impl HostAdafactor {
+    fn new(shape: &[usize]) -> Self {
+        match *shape {
+            [rows, cols] => HostAdafactor {
+                rows,
+                cols,
+                state: vec![vec![0.0; rows], vec![0.0; cols]],
+            },
+            [n] => HostAdafactor {
+                rows: 1,
+                cols: n,
+                state: vec![vec![0.0; n]],
+            },
+            _ => panic!("rank 1 or 2"),
+        }
+    }
+
+    /// The paper's step `t` (relative step capped at `lr`, weight-scaled, clipped to an
+    /// update RMS of 1, `eps1 = 1e-30`, `eps2 = 1e-3`, `beta2_t = 1 - t^-0.8`).
+    fn step(&mut self, w: &mut [f64], g: &[f64], t: i32, lr: f64) {
+        let beta = 1.0 - f64::from(t).powf(-0.8);
+        let s: Vec<f64> = g.iter().map(|g| g * g + 1e-30).collect();
+        let (n, m) = (self.rows, self.cols);
+        let v: Vec<f64> = if self.state.len() == 2 {
+            for i in 0..n {
+                let mean = (0..m).map(|j| s[i * m + j]).sum::<f64>() / m as f64;
+                self.state[0][i] = beta * self.state[0][i] + (1.0 - beta) * mean;
+            }
+            for j in 0..m {
+                let mean = (0..n).map(|i| s[i * m + j]).sum::<f64>() / n as f64;
+                self.state[1][j] = beta * self.state[1][j] + (1.0 - beta) * mean;
+            }
+            let row_mean = self.state[0].iter().sum::<f64>() / n as f64;
+            (0..n * m)
+                .map(|k| self.state[0][k / m] * self.state[1][k % m] / row_mean)
+                .collect()
+        } else {
+            for (v, s) in self.state[0].iter_mut().zip(&s) {
+                *v = beta * *v + (1.0 - beta) * s;
+            }
+            self.state[0].clone()
+        };
+        let u: Vec<f64> = g.iter().zip(&v).map(|(g, v)| g / v.sqrt()).collect();
+        let rms = |x: &[f64]| (x.iter().map(|x| x * x).sum::<f64>() / x.len() as f64).sqrt();
+        let clip = (rms(&u) / 1.0).max(1.0);
+        let rho = lr.min(1.0 / f64::from(t).sqrt());
+        let alpha = rho * rms(w).max(1e-3);
+        for (w, u) in w.iter_mut().zip(&u) {
+            *w -= alpha * u / clip;
+        }
+    }
+}
+
+/// Three Adafactor steps of `dense` (a factored matrix and an unfactored vector)
+/// against the f64 host computation of the paper's algorithm, with the gradients of
+/// `mse(x w + b, target)` computed by hand.
+#[test]
+fn adafactor_three_steps_by_hand() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(5));
+    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let slots: Vec<(String, Vec<usize>)> = step
+        .params
+        .iter()
+        .flat_map(|p| &p.state)
+        .map(|s| {
+            let ty = step.program.ty(step.program.params[s.input]);
+            (s.name.clone(), ty.shape.clone())
+        })
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            ("v_row(dense.w)".to_string(), vec![16]),
+            ("v_col(dense.w)".to_string(), vec![8]),
+            ("v(dense.bias)".to_string(), vec![8]),
+        ]
+    );
+    let mut t = Trainer::reference(step, problem.initial.clone()).unwrap();
+    let f64s = |lit: &Literal| values(lit).into_iter().map(f64::from).collect::<Vec<_>>();
+    let (x, target) = (f64s(&problem.data[0]), f64s(&problem.data[1]));
+    let (mut w, mut b) = (f64s(&problem.initial[0]), f64s(&problem.initial[1]));
+    let (batch, d, f) = (8, 16, 8);
+    let (mut host_w, mut host_b) = (HostAdafactor::new(&[d, f]), HostAdafactor::new(&[f]));
+    for step_number in 1..=3 {
+        // dy = 2 (x w + b - target) / (batch f); gw = x^T dy; gb = sum over the batch.
+        let mut dy = vec![0.0; batch * f];
+        for r in 0..batch {
+            for c in 0..f {
+                let y = b[c] + (0..d).map(|k| x[r * d + k] * w[k * f + c]).sum::<f64>();
+                dy[r * f + c] = 2.0 * (y - target[r * f + c]) / (batch * f) as f64;
+            }
+        }
+        let gw: Vec<f64> = (0..d * f)
+            .map(|k| {
+                (0..batch)
+                    .map(|r| x[r * d + k / f] * dy[r * f + k % f])
+                    .sum()
+            })
+            .collect();
+        let gb: Vec<f64> = (0..f)
+            .map(|c| (0..batch).map(|r| dy[r * f + c]).sum())
+            .collect();
+        host_w.step(&mut w, &gw, step_number, 1e-2);
+        host_b.step(&mut b, &gb, step_number, 1e-2);
+        t.step(&problem.data).unwrap();
+        let ckpt = t.checkpoint().unwrap();
+        let want = [&w, &host_w.state[0], &host_w.state[1], &b, &host_b.state[0]];
+        for ((name, got), want) in ckpt.iter().zip(want) {
+            let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+            let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert_near(
+                &want,
+                &values(got),
+                1e-5 * scale,
+                &format!("{name} after step {step_number}"),
+            );
+        }
+    }
+}
+
+/// On a 2x4 mesh, Adafactor's factored accumulators of `dense.w` (split `(data,
+/// model)`) are split like the dims they keep: `v_row` over `data`, `v_col` over
+/// `model`; and training matches the interpreter on every mesh.
+#[test]
+fn adafactor_state_is_sharded_like_the_weights_dims() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(6));
+    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
+    let sharding = |name: &str| {
+        let slot = step
+            .params
+            .iter()
+            .flat_map(|p| &p.state)
+            .find(|s| s.name == name);
+        exe.spmd.inputs[slot.unwrap().input].1.to_string()
+    };
+    assert_eq!(sharding("v_row(dense.w)"), s("(data)").to_string());
+    assert_eq!(sharding("v_col(dense.w)"), s("(model)").to_string());
+    assert_eq!(sharding("v(dense.bias)"), s("(model)").to_string());
+    train_step_everywhere(&problem, step, Schedule::Constant);
+}
+
+// ---- (d) initialisers by name, sharded at creation ------------------------------------
+
+fn dense_init(seed: u64) -> Initializer {
+    Initializer::new(seed)
+        .rule(
+            "*.w",
+            Init::FanIn {
+                scale: 1.0,
+                in_dims: vec![0],
+            },
+        )
+        .rule("*.bias", Init::Normal { std: 0.1 })
+}
+
+/// Each device of a 2x4 mesh makes only its blocks of `dense.w` (split over both axes)
+/// and `dense.bias` (over `model`); fetched, they equal the unsharded initialisation
+/// bit for bit, and the interpreter's trainer starts from the same values.
+#[test]
+fn initialised_by_name_on_the_devices_equals_the_global_init() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(7));
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let init = dense_init(11);
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let on_mesh = Trainer::on_mesh(step.clone(), mesh, &init).unwrap();
+    let reference = Trainer::reference(step, &init).unwrap();
+    let want = [
+        init.global("dense.w", &[16, 8]).unwrap(),
+        init.global("dense.bias", &[8]).unwrap(),
+    ];
+    let bound = 1.0 / 4.0;
+    assert!(values(&want[0]).iter().all(|x| x.abs() <= bound));
+    assert!(values(&want[1]).iter().any(|x| x.abs() > 0.0));
+    for trainer in [&on_mesh, &reference] {
+        let got: Vec<Literal> = trainer.params().unwrap().into_iter().map(|p| p.1).collect();
+        assert_eq!(got, want);
+    }
+    // The state starts at zero on the devices too.
+    for (name, value) in on_mesh.checkpoint().unwrap() {
+        if name.starts_with("m(") || name.starts_with("v(") {
+            assert!(values(&value).iter().all(|&x| x == 0.0), "{name}");
+        }
+    }
+    // Another seed or name draws other values; an unnamed parameter is an error.
+    assert_ne!(dense_init(12).global("dense.w", &[16, 8]).unwrap(), want[0]);
+    assert_ne!(init.global("other.w", &[16, 8]).unwrap(), want[0]);
+    assert!(matches!(
+        init.global("dense.scale", &[8]),
+        Err(Error::TrainerInput { .. })
+    ));
+}
+
+/// Uneven blocks (`[5, 3]` over a 2x2 mesh) assemble to the global array, and a normal
+/// init has about the asked standard deviation.
+#[test]
+fn initialiser_blocks_assemble_to_the_global_array() {
+    let init = Initializer::new(3).rule("*", Init::Normal { std: 2.0 });
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let sharding = s("(data, model)");
+    let shape = [5, 3];
+    let blocks: Vec<Literal> = (0..4)
+        .map(|d| {
+            let block = sharding.device_block(&mesh, &shape, d);
+            init.block("x", &shape, &block).unwrap()
+        })
+        .collect();
+    let assembled = gspmd_core::runtime::assemble(&blocks, &sharding, &mesh, &shape).unwrap();
+    assert_eq!(assembled, init.global("x", &shape).unwrap());
+    let many = values(&init.global("x", &[10_000]).unwrap());
+    let mean = many.iter().sum::<f32>() / many.len() as f32;
+    let var = many.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / many.len() as f32;
+    assert!(
+        mean.abs() < 0.1 && (var.sqrt() - 2.0).abs() < 0.1,
+        "{mean} {var}"
+    );
+}
+
+// ---- (e) datasets: shuffled batches cut for the mesh -----------------------------------
+
+/// 20 examples of `dense`'s data (`x: [16]`, `target: [8]` each).
+fn dense_dataset() -> Dataset {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(8);
+    Dataset::new(vec![
+        uniform_f32(&mut rng, &[20, 16], -1.0, 1.0),
+        uniform_f32(&mut rng, &[20, 8], -1.0, 1.0),
+    ])
+    .unwrap()
+}
+
+/// An epoch's order is a permutation fixed by the seed and epoch; batches of 8 from 20
+/// examples give 2 per epoch, from the order's first 16 examples.
+#[test]
+fn dataset_shuffles_by_seed() {
+    let data = dense_dataset();
+    let order = data.order(1, 0);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..20).collect::<Vec<_>>());
+    assert_eq!(order, data.order(1, 0));
+    assert_ne!(order, data.order(2, 0));
+    assert_ne!(order, data.order(1, 1));
+    let batches: Vec<(u64, Batch)> = data.batches(8, 2, 1, None).unwrap().collect();
+    assert_eq!(
+        batches.iter().map(|b| b.0).collect::<Vec<_>>(),
+        [0, 0, 1, 1]
+    );
+    assert_eq!(batches[1].1, Batch::Global(data.gather(&order[8..16])));
+    assert_eq!(
+        batches[2].1,
+        Batch::Global(data.gather(&data.order(1, 1)[..8]))
+    );
+    assert!(data.batches(21, 1, 1, None).is_err());
+    assert!(Dataset::new(vec![f32s(&[2], &[0.0; 2]), f32s(&[3], &[0.0; 3])]).is_err());
+}
+
+/// On a 2x4 mesh each device's blocks of a batch assemble to the global batch, and a
+/// step on the blocks gives the loss and parameters of a step on the global batch.
+#[test]
+fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(9));
+    let data = dense_dataset();
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut by_blocks = Trainer::on_mesh(step.clone(), mesh.clone(), dense_init(1)).unwrap();
+    let mut by_global = Trainer::on_mesh(step, mesh, dense_init(1)).unwrap();
+    let layout = by_blocks.data_layout().unwrap();
+    assert_eq!(layout.shardings[0].to_string(), s("(data, _)").to_string());
+    let cut = data.batches(8, 2, 5, Some(layout.clone())).unwrap();
+    let whole = data.batches(8, 2, 5, None).unwrap();
+    for ((_, blocks), (_, global)) in cut.zip(whole) {
+        let (Batch::Blocks(blocks), Batch::Global(global)) = (&blocks, &global) else {
+            panic!("a layout gives blocks, none global arrays");
+        };
+        for ((blocks, sharding), want) in blocks.iter().zip(&layout.shardings).zip(global) {
+            assert_eq!(blocks[0].shape()[0], 4, "half the batch per data row");
+            let got = gspmd_core::runtime::assemble(blocks, sharding, &layout.mesh, &want.shape())
+                .unwrap();
+            assert_eq!(&got, want);
+        }
+        let loss = by_blocks
+            .step_batch(&Batch::Blocks(blocks.clone()))
+            .unwrap();
+        assert_eq!(loss, by_global.step(global).unwrap());
+        assert_eq!(by_blocks.params().unwrap(), by_global.params().unwrap());
+    }
+    let mut reference = Trainer::reference(
+        step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap(),
+        dense_init(1),
+    )
+    .unwrap();
+    let blocks = data
+        .batches(8, 1, 5, Some(layout))
+        .unwrap()
+        .next()
+        .unwrap()
+        .1;
+    assert!(matches!(
+        reference.step_batch(&blocks),
+        Err(Error::TrainerInput { .. })
+    ));
+}
+
+/// A warm-up + cosine schedule changes the learning rate of every step of a mesh
+/// trainer while the step is compiled once (the compile count on this thread), and the
+/// steps match the interpreter's under the same schedule.
+#[test]
+fn a_schedule_changes_the_lr_per_step_without_recompiling() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(10));
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.05, 0.0)).unwrap();
+    let schedule = Schedule::WarmupCosine {
+        warmup: 2,
+        total: 5,
+        final_fraction: 0.1,
+    };
+    let before = gspmd_core::compilations_on_this_thread();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut t = Trainer::on_mesh(step.clone(), mesh, dense_init(2))
+        .and_then(|t| t.with_schedule(schedule))
+        .unwrap();
+    let mut reference = Trainer::reference(step, dense_init(2))
+        .and_then(|t| t.with_schedule(schedule))
+        .unwrap();
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        rates.push(t.learning_rate());
+        let loss = t.step(&problem.data).unwrap();
+        let want = reference.step(&problem.data).unwrap();
+        assert_near(&[want], &[loss], 1e-4 * want.abs().max(1.0), "loss");
+    }
+    assert_eq!(gspmd_core::compilations_on_this_thread(), before + 1);
+    let want: Vec<f32> = (1..=5).map(|t| 0.05 * schedule.factor(t)).collect();
+    assert_eq!(rates, want);
+    assert!(rates.windows(2).all(|w| w[0] != w[1]), "{rates:?}");
+}
+
+/// The validation loss of the model compiled once for the mesh, on the trainer's current
+/// (resident) parameters, equals the interpreter's loss of the model on the fetched
+/// parameters, and leaves training unchanged.
+#[test]
+fn evaluating_held_out_data_on_the_resident_weights() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(12));
+    let held_out = dense(&mut Xoshiro256PlusPlus::seed_from_u64(13)).data;
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut t = Trainer::on_mesh(step.clone(), mesh, dense_init(3)).unwrap();
+    let mut reference = Trainer::reference(step, dense_init(3)).unwrap();
+    let eval = t.evaluator(&problem.model, 0).unwrap();
+    let eval_reference = reference.evaluator(&problem.model, 0).unwrap();
+    for _ in 0..3 {
+        let got = t.evaluate(&eval, &held_out).unwrap();
+        let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
+        let inputs = [
+            held_out[0].clone(),
+            params[0].clone(),
+            params[1].clone(),
+            held_out[1].clone(),
+        ];
+        let want = gspmd_core::runtime::interpret(&problem.model, &inputs).unwrap();
+        assert_near(&values(&want[0]), &[got], 1e-5, "validation loss");
+        let on_reference = reference.evaluate(&eval_reference, &held_out).unwrap();
+        assert_near(
+            &[on_reference],
+            &[got],
+            1e-5,
+            "validation loss on the interpreter",
+        );
+        let loss = t.step(&problem.data).unwrap();
+        assert_near(
+            &[reference.step(&problem.data).unwrap()],
+            &[loss],
+            1e-5,
+            "loss",
+        );
+    }
+    assert!(matches!(
+        t.evaluator(&problem.model, 1),
+        Err(Error::TrainRequest { .. })
+    ));
 }

@@ -128,21 +128,26 @@ pub fn stack(
 
 /// The language model's loss: the mean over positions (weighted by `weights`) of the
 /// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack()`].
+///
+/// Its parameters form a tree of names: the data `tokens`, `targets`, `weights`; then
+/// `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and `layers.ffn.{w1,w2}` (stacked
+/// over the `L` layers: dim 0 is the layer) and `unembed`, so `&["layers.*"]` picks the
+/// layers' weights.
 #[crate::model(mesh = (data, model))]
 #[allow(clippy::too_many_arguments)]
 pub fn language_model(
     #[shard(data, _)] tokens: Tensor<B, S, i32>,
     #[shard(data, _)] targets: Tensor<B, S, i32>,
     #[shard(data, _)] weights: Tensor<B, S>,
-    #[shard(model, _)] embed: Tensor<V, D>,
-    #[shard(_, _)] position: Tensor<S, D>,
-    #[shard(_, data, model, _)] wq: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _)] wk: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _)] wv: Tensor<L, D, H, K>,
-    #[shard(_, model, _, data)] wo: Tensor<L, H, K, D>,
-    #[shard(_, data, model)] w1: Tensor<L, D, F>,
-    #[shard(_, model, data)] w2: Tensor<L, F, D>,
-    #[shard(data, model)] unembed: Tensor<D, V>,
+    #[shard(model, _, name = "embed")] embed: Tensor<V, D>,
+    #[shard(_, _, name = "position")] position: Tensor<S, D>,
+    #[shard(_, data, model, _, name = "layers.attn.wq")] wq: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _, name = "layers.attn.wk")] wk: Tensor<L, D, H, K>,
+    #[shard(_, data, model, _, name = "layers.attn.wv")] wv: Tensor<L, D, H, K>,
+    #[shard(_, model, _, data, name = "layers.attn.wo")] wo: Tensor<L, H, K, D>,
+    #[shard(_, data, model, name = "layers.ffn.w1")] w1: Tensor<L, D, F>,
+    #[shard(_, model, data, name = "layers.ffn.w2")] w2: Tensor<L, F, D>,
+    #[shard(data, model, name = "unembed")] unembed: Tensor<D, V>,
 ) -> Tensor {
     let vocab = embed.shape()[0];
     #[shard(data, _, _)]

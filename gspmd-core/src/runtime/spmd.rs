@@ -62,6 +62,30 @@ impl Value {
     }
 }
 
+/// Checks that `block` is device `device`'s unpadded block of a `ty` value sharded as
+/// `sharding` on `mesh`: its dtype and [`Sharding::device_block`]'s sizes.
+fn check_block(
+    block: &Literal,
+    ty: &TensorType,
+    sharding: &Sharding,
+    mesh: &Mesh,
+    device: usize,
+) -> Result<(), String> {
+    let expected: Vec<usize> = (sharding.device_block(mesh, &ty.shape, device))
+        .iter()
+        .map(|b| b.1)
+        .collect();
+    if block.shape() != expected || block.dtype() != ty.dtype {
+        return Err(format!(
+            "device {device}'s block is {}{:?}, expected {}{expected:?}",
+            block.dtype(),
+            block.shape(),
+            ty.dtype
+        ));
+    }
+    Ok(())
+}
+
 /// `lit` grown to `shape` with zeros at the end of each dim.
 fn pad_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
     let have = lit.shape();
@@ -275,19 +299,7 @@ impl SpmdProgram {
                     }
                     for (device, b) in devices.clone().zip(&mut binds) {
                         let block = &shards[device];
-                        let expected: Vec<usize> = sharding
-                            .device_block(&self.mesh, &ty.shape, device)
-                            .iter()
-                            .map(|b| b.1)
-                            .collect();
-                        if block.shape() != expected || block.dtype() != ty.dtype {
-                            return Err(fail(format!(
-                                "device {device}'s shard is {}{:?}, expected {}{expected:?}",
-                                block.dtype(),
-                                block.shape(),
-                                ty.dtype
-                            )));
-                        }
+                        check_block(block, ty, sharding, &self.mesh, device).map_err(fail)?;
                         b.push(Bind::Host(pad_to(block.clone(), &local).map_err(fail)?));
                     }
                 }
@@ -501,6 +513,31 @@ fn stage_resident(
         .collect()
 }
 
+/// The error of uploading `key`.
+fn upload_error(key: &str, message: String) -> Error {
+    Error::Input {
+        index: 0,
+        name: key.to_string(),
+        message,
+    }
+}
+
+/// Checks that a global value of type `ty` can be uploaded under `key` sharded as
+/// `sharding`: a valid sharding of its rank, and not unreduced.
+fn check_upload(mesh: &Mesh, key: &str, ty: &TensorType, sharding: &Sharding) -> Result<()> {
+    sharding.validate(mesh, ty.rank(), &format!("upload `{key}`: "))?;
+    if !sharding.unreduced.is_empty() {
+        return Err(upload_error(
+            key,
+            format!(
+                "cannot upload a global value as unreduced over {:?}",
+                sharding.unreduced
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// What `key` holds once the global `value` is uploaded sharded as `sharding`, and the
 /// block (padded to the local shape) of each of `devices`, by device in that range.
 pub(super) fn resident_blocks(
@@ -511,23 +548,12 @@ pub(super) fn resident_blocks(
     devices: Range<usize>,
 ) -> Result<(Resident, Vec<Literal>)> {
     let ty = TensorType::new(value.shape(), value.dtype());
-    sharding.validate(mesh, ty.rank(), &format!("upload `{key}`: "))?;
-    let fail = |message: String| Error::Input {
-        index: 0,
-        name: key.to_string(),
-        message,
-    };
-    if !sharding.unreduced.is_empty() {
-        return Err(fail(format!(
-            "cannot upload a global value as unreduced over {:?}",
-            sharding.unreduced
-        )));
-    }
+    check_upload(mesh, key, &ty, sharding)?;
     let local = sharding.local_shape(mesh, &ty.shape);
     let blocks = devices
         .map(|d| pad_to(shard_literal(value, sharding, mesh, d), &local))
         .collect::<Result<Vec<Literal>, String>>()
-        .map_err(fail)?;
+        .map_err(|message| upload_error(key, message))?;
     let resident = Resident {
         ty,
         sharding: sharding.clone(),
@@ -567,6 +593,46 @@ impl ThreadMesh {
     pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
         let devices = 0..self.mesh().num_devices();
         let (resident, blocks) = resident_blocks(self.mesh(), key, value, sharding, devices)?;
+        self.store_blocks(key, resident, blocks)
+    }
+
+    /// Puts a value of type `ty` on the devices under `key`, sharded as `sharding`,
+    /// from each device's block (`blocks[d]`: the unpadded block
+    /// [`Sharding::device_block`] gives device `d`), so that no global array is needed
+    /// (replacing what was there). A wrong block count, shape or dtype, or an unreduced
+    /// sharding, is an [`Error::Input`].
+    pub fn upload_blocks(
+        &self,
+        key: &str,
+        ty: &TensorType,
+        sharding: &Sharding,
+        blocks: Vec<Literal>,
+    ) -> Result<()> {
+        check_upload(self.mesh(), key, ty, sharding)?;
+        let n = self.mesh().num_devices();
+        if blocks.len() != n {
+            return Err(upload_error(
+                key,
+                format!("{} blocks given for {n} devices", blocks.len()),
+            ));
+        }
+        let local = sharding.local_shape(self.mesh(), &ty.shape);
+        let blocks = (blocks.into_iter().enumerate())
+            .map(|(d, block)| {
+                check_block(&block, ty, sharding, self.mesh(), d)?;
+                pad_to(block, &local)
+            })
+            .collect::<Result<Vec<Literal>, String>>()
+            .map_err(|message| upload_error(key, message))?;
+        let resident = Resident {
+            ty: ty.clone(),
+            sharding: sharding.clone(),
+        };
+        self.store_blocks(key, resident, blocks)
+    }
+
+    /// Stores `blocks[d]` (padded) on device `d` under `key`, described by `resident`.
+    fn store_blocks(&self, key: &str, resident: Resident, blocks: Vec<Literal>) -> Result<()> {
         let blocks = Arc::new(blocks);
         let k = key.to_string();
         self.run(move |ctx| {

@@ -2,10 +2,14 @@
 //! so that propagation and partitioning see all of it (GSPMD shards the weight update
 //! and the optimizer state like the weights), and a host loop that runs it.
 //!
-//! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW), emitted as IR.
+//! - `names`: parameters by name: [`Trainable`] (glob patterns or indices), [`glob_match`].
+//! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW, Adafactor), emitted as IR.
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
+//! - `init`: [`Initializer`], initial values by name from a counter-based generator,
+//!   made block by block on the devices that hold them.
+//! - `data`: [`Dataset`], shuffled batches cut for the mesh (each device gets its block).
 //! - `trainer`: [`Trainer`] runs steps on the reference interpreter, a thread mesh or (with
 //!   the `mpi` feature) MPI ranks and feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
@@ -13,13 +17,19 @@
 
 mod accumulate;
 mod checkpoint;
+mod data;
+mod init;
+mod names;
 mod optimizer;
 mod schedule;
 mod step;
 mod trainer;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
-pub use optimizer::Optimizer;
+pub use data::{Batch, Batches, DataLayout, Dataset};
+pub use init::{Init, Initializer};
+pub use names::{Trainable, glob_match, glob_match_any, param_names};
+pub use optimizer::{Optimizer, Slot};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
-pub use trainer::{Engine, STEP_COUNT, Trainer};
+pub use trainer::{Engine, Evaluator, Initial, STEP_COUNT, Trainer};

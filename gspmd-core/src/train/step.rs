@@ -3,11 +3,13 @@
 //! whole step, and optimizer state is sharded like its parameter.
 
 use super::accumulate::accumulated_loss;
+use super::names::{Trainable, glob_match, glob_match_any};
 use super::optimizer::Optimizer;
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
 use crate::ir::{BinaryOp, DType, Program, TensorType, UnaryOp, ValueId, verify};
+use crate::sharding::Sharding;
 use crate::simplify::eliminate_dead_code;
 
 /// One optimizer state tensor of a trained parameter.
@@ -32,10 +34,12 @@ pub struct TrainedParam {
     pub output: usize,
     /// Its optimizer state, one per [`Optimizer::state_slots`].
     pub state: Vec<StateSlot>,
+    /// Whether weight decay applies to it (see [`StepOptions::no_decay`]).
+    pub decayed: bool,
 }
 
 /// Options of [`step_program_with`] beyond the optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepOptions {
     /// Clip the gradients to this global norm before the update (optax's
     /// `clip_by_global_norm`): each gradient is scaled by `max / max(norm, max)`, where
@@ -48,6 +52,12 @@ pub struct StepOptions {
     /// losses, computed by a `scan` (one microbatch's activations alive at a time; its
     /// reverse pass sums the gradients). `None`: one batch.
     pub accumulate: Option<usize>,
+    /// Glob patterns ([`glob_match`](super::glob_match)) of the trained parameters that the
+    /// optimizer's weight decay does not apply to, e.g. `["*.bias", "*.scale"]` (biases
+    /// and norm scales). Empty: every trained parameter decays (if the optimizer has
+    /// weight decay). A pattern matching no trained parameter is an
+    /// [`Error::TrainRequest`].
+    pub no_decay: Vec<String>,
 }
 
 /// A training step program and what its inputs and outputs are.
@@ -89,11 +99,13 @@ impl TrainStep {
 }
 
 /// Builds the training step of `model`: the gradient of its output number `loss` (an f32
-/// scalar) with respect to the parameters numbered `trained` (f32, distinct), and the
-/// update of each by `optimizer`.
+/// scalar) with respect to the `trained` parameters (f32, distinct; chosen by name
+/// patterns, `&["layers.*"]`, or by index, `&[3, 4]`: [`Trainable`]), and the update of
+/// each by `optimizer`.
 ///
 /// For each trained parameter, the optimizer state tensors are new parameters shaped
-/// like it and carrying its annotation, so the state is sharded like the weight. The
+/// like it (or like it without one dim, for a factored accumulator) and carrying its
+/// annotation (without that dim), so the state is sharded like the weight. The
 /// updated parameter and state pass through a `sharding_constraint` with that
 /// annotation (none if the parameter has none), so they come out sharded like the
 /// inputs they replace. Update nodes are located at their parameter's source line. The
@@ -101,12 +113,12 @@ impl TrainStep {
 /// dropped.
 ///
 /// Errors: [`Error::Optimizer`] for bad hyper-parameters, [`Error::TrainRequest`] for
-/// an empty or repeated `trained` list, and `grad`'s errors ([`Error::GradRequest`]: an
+/// an empty or repeated `trained` list or a pattern that matches nothing, and `grad`'s errors ([`Error::GradRequest`]: an
 /// index out of range, a loss that is not an f32 scalar, a non-f32 trained parameter).
 pub fn step_program(
     model: &Program,
     loss: usize,
-    trained: &[usize],
+    trained: impl Into<Trainable>,
     optimizer: &Optimizer,
 ) -> Result<TrainStep> {
     step_program_with(model, loss, trained, optimizer, &StepOptions::default())
@@ -118,11 +130,12 @@ pub fn step_program(
 pub fn step_program_with(
     model: &Program,
     loss: usize,
-    trained: &[usize],
+    trained: impl Into<Trainable>,
     optimizer: &Optimizer,
     options: &StepOptions,
 ) -> Result<TrainStep> {
     optimizer.validate()?;
+    let trained = &trained.into().resolve(model)?[..];
     if let Some(max) = options.clip_global_norm
         && !(max > 0.0 && max.is_finite())
     {
@@ -199,9 +212,18 @@ pub fn step_program_with(
         a.location = location;
         let mut state = Vec::new();
         let mut values = Vec::new();
-        for slot in optimizer.state_slots() {
-            let slot_name = format!("{slot}({name})");
-            let (index, v) = a.parameter(slot_name.clone(), ty.clone(), annotation.clone());
+        for slot in optimizer.state_slots(&ty.shape) {
+            let slot_name = format!("{}({name})", slot.name);
+            let (ty, annotation) = match slot.without_dim {
+                None => (ty.clone(), annotation.clone()),
+                Some(d) => {
+                    let mut shape = ty.shape.clone();
+                    shape.remove(d);
+                    let annotation = annotation.as_ref().map(|s| without_dim(s, d));
+                    (TensorType::new(shape, ty.dtype), annotation)
+                }
+            };
+            let (index, v) = a.parameter(slot_name.clone(), ty, annotation);
             state.push(StateSlot {
                 name: slot_name,
                 input: index,
@@ -216,7 +238,15 @@ pub fn step_program_with(
             input,
             output: 1 + i,
             state,
+            decayed: !glob_match_any(&options.no_decay, name),
         });
+    }
+    if let Some(unused) =
+        (options.no_decay.iter()).find(|p| !names.iter().any(|n| glob_match(p, n)))
+    {
+        return Err(request(format!(
+            "no_decay pattern `{unused}` matches no trained parameter"
+        )));
     }
     if let Some(max) = options.clip_global_norm {
         a.location = a.describe(loss_value).2;
@@ -235,12 +265,13 @@ pub fn step_program_with(
     {
         let (_, annotation, location) = a.describe(w);
         a.location = location;
-        let (w_new, s_new) = optimizer.emit_update(&mut a, w, g, state, &scalar_values)?;
+        let (w_new, s_new) =
+            optimizer.emit_update(&mut a, w, g, state, &scalar_values, p.decayed)?;
         let w_new = a.constrain(w_new, annotation.clone())?;
         a.name(w_new, format!("new({})", p.name));
         new_params.push(w_new);
-        for (slot, s) in p.state.iter().zip(s_new) {
-            let s = a.constrain(s, annotation.clone())?;
+        for ((slot, s), &old) in p.state.iter().zip(s_new).zip(state) {
+            let s = a.constrain(s, a.describe(old).1)?;
             a.name(s, format!("new({})", slot.name));
             new_state.push(s);
         }
@@ -261,8 +292,15 @@ pub fn step_program_with(
         params,
         data,
         scalars,
-        options: *options,
+        options: options.clone(),
     })
+}
+
+/// `sharding` without dim `dim` (the sharding of a factored accumulator).
+fn without_dim(sharding: &Sharding, dim: usize) -> Sharding {
+    let mut s = sharding.clone();
+    s.dims.remove(dim);
+    s
 }
 
 /// `gradients`, each scaled by `max / max(norm, max)` where `norm` is the 2-norm of

@@ -4,6 +4,8 @@
 //! block of every parameter and state tensor between steps, and only the data goes in
 //! and the loss comes out.
 
+use super::data::{Batch, DataLayout};
+use super::init::Initializer;
 use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
@@ -58,6 +60,62 @@ impl Engine {
         let mesh = mpi.reshape(mesh)?;
         Ok(Engine::Mpi { exe, mesh })
     }
+
+    /// The compiled step on a mesh (of threads or ranks); `None` on the interpreter.
+    fn executable(&self) -> Option<&Executable> {
+        match self {
+            Engine::Reference => None,
+            Engine::Mesh { exe, .. } => Some(exe),
+            #[cfg(feature = "mpi")]
+            Engine::Mpi { exe, .. } => Some(exe),
+        }
+    }
+
+    /// Runs `exe` (compiled for this engine's mesh) on its devices; on the interpreter
+    /// an [`Error::TrainerInput`].
+    fn execute(
+        &self,
+        exe: &Executable,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        match self {
+            Engine::Reference => Err(Error::TrainerInput {
+                name: exe.spmd.program.name.clone(),
+                message: "a partitioned program given to the reference interpreter".into(),
+            }),
+            Engine::Mesh { threads, .. } => exe.execute(threads, inputs, outputs),
+            #[cfg(feature = "mpi")]
+            Engine::Mpi { mesh, .. } => exe.execute_mpi(mesh, inputs, outputs),
+        }
+    }
+}
+
+/// What a [`Trainer`]'s trained parameters start from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Initial {
+    /// One global array per trained parameter, in [`TrainStep::params`] order.
+    Values(Vec<Literal>),
+    /// Drawn by name; on a mesh each device makes only its blocks.
+    Init(Initializer),
+}
+
+impl From<Vec<Literal>> for Initial {
+    fn from(values: Vec<Literal>) -> Self {
+        Initial::Values(values)
+    }
+}
+
+impl From<Initializer> for Initial {
+    fn from(init: Initializer) -> Self {
+        Initial::Init(init)
+    }
+}
+
+impl From<&Initializer> for Initial {
+    fn from(init: &Initializer) -> Self {
+        Initial::Init(init.clone())
+    }
 }
 
 /// The device-store key of step input `index` named `name` (carried values only).
@@ -87,35 +145,27 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer starting from `initial` (one global array per trained parameter, in
-    /// [`TrainStep::params`] order) with zero optimizer state. A wrong count, dtype or
-    /// shape is an [`Error::TrainerInput`] naming the parameter.
-    pub fn new(step: TrainStep, engine: Engine, initial: Vec<Literal>) -> Result<Self> {
-        if initial.len() != step.params.len() {
+    /// A trainer starting from `initial` ([`Initial`]: one global array per trained
+    /// parameter in [`TrainStep::params`] order, or an [`Initializer`]) with zero
+    /// optimizer state. On a mesh an [`Initializer`] and the zero state make each
+    /// device's blocks only (no global array on the host). A wrong count, dtype or
+    /// shape, or a parameter no initializer rule names, is an [`Error::TrainerInput`]
+    /// naming the parameter.
+    pub fn new(step: TrainStep, engine: Engine, initial: impl Into<Initial>) -> Result<Self> {
+        let initial = initial.into();
+        if let Initial::Values(values) = &initial
+            && values.len() != step.params.len()
+        {
             return Err(Error::TrainerInput {
                 name: "initial parameters".into(),
                 message: format!(
                     "{} trained parameters but {} initial values",
                     step.params.len(),
-                    initial.len()
+                    values.len()
                 ),
             });
         }
-        // Every input starts as zeros of its type; data and scalars are set per step.
-        let mut inputs: Vec<Literal> = step
-            .program
-            .params
-            .iter()
-            .map(|&p| {
-                let ty = step.program.ty(p);
-                Literal::full(&ty.shape, ty.dtype, 0.0)
-            })
-            .collect();
-        for (p, value) in step.params.iter().zip(initial) {
-            check(&step.program, p.input, &p.name, &value)?;
-            inputs[p.input] = value;
-        }
-        let mut carried = vec![None; inputs.len()];
+        let mut carried = vec![None; step.program.params.len()];
         let mut feeds = vec![None; step.program.outputs.len()];
         for (output, input) in step.feedback() {
             let name = step
@@ -127,7 +177,65 @@ impl Trainer {
             carried[input] = Some(resident_key(input, &name));
             feeds[output] = Some(input);
         }
-        let mut trainer = Trainer {
+        let on_mesh = matches!(engine, Engine::Mesh { .. });
+        // Data and scalars start as zeros (set per step); carried inputs live on the
+        // devices on a mesh (an empty placeholder here), else on the host.
+        let mut inputs: Vec<Literal> = (step.program.params.iter().zip(&carried))
+            .map(|(&p, key)| {
+                let ty = step.program.ty(p);
+                match key {
+                    Some(_) if on_mesh => Literal::full(&[0], ty.dtype, 0.0),
+                    _ => Literal::full(&ty.shape, ty.dtype, 0.0),
+                }
+            })
+            .collect();
+        let mut given = vec![false; inputs.len()];
+        match &initial {
+            Initial::Values(values) => {
+                for (p, value) in step.params.iter().zip(values) {
+                    check(&step.program, p.input, &p.name, value)?;
+                    inputs[p.input] = value.clone();
+                    given[p.input] = true;
+                }
+            }
+            Initial::Init(init) if !on_mesh => {
+                for p in &step.params {
+                    let shape = &step.program.ty(step.program.params[p.input]).shape;
+                    inputs[p.input] = init.global(&p.name, shape)?;
+                }
+            }
+            Initial::Init(_) => {}
+        }
+        if let Engine::Mesh { exe, threads } = &engine {
+            let init = match &initial {
+                Initial::Init(init) => Some(init),
+                Initial::Values(_) => None,
+            };
+            for (index, key) in carried.iter().enumerate() {
+                let Some(key) = key else { continue };
+                let sharding = &exe.spmd.inputs[index].1;
+                if given[index] {
+                    threads.upload(key, &inputs[index], sharding)?;
+                    continue;
+                }
+                let ty = step.program.ty(step.program.params[index]);
+                let param = step.params.iter().find(|p| p.input == index);
+                let blocks = (0..threads.mesh().num_devices())
+                    .map(|d| {
+                        let block = sharding.device_block(threads.mesh(), &ty.shape, d);
+                        match (init, param) {
+                            (Some(init), Some(p)) => init.block(&p.name, &ty.shape, &block),
+                            _ => {
+                                let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
+                                Ok(Literal::full(&sizes, ty.dtype, 0.0))
+                            }
+                        }
+                    })
+                    .collect::<Result<Vec<Literal>>>()?;
+                threads.upload_blocks(key, ty, sharding, blocks)?;
+            }
+        }
+        let trainer = Trainer {
             step,
             engine,
             inputs,
@@ -136,12 +244,16 @@ impl Trainer {
             steps_done: 0,
             schedule: Schedule::Constant,
         };
-        trainer.upload_carried()?;
+        // On MPI every rank made the global values above; each keeps its blocks.
+        #[cfg(feature = "mpi")]
+        if matches!(trainer.engine, Engine::Mpi { .. }) {
+            trainer.upload_carried()?;
+        }
         Ok(trainer)
     }
 
     /// On a mesh, puts every carried input's host value on the devices.
-    fn upload_carried(&mut self) -> Result<()> {
+    fn upload_carried(&self) -> Result<()> {
         for (index, key) in self.carried.iter().enumerate() {
             let Some(key) = key else { continue };
             let value = &self.inputs[index];
@@ -168,14 +280,22 @@ impl Trainer {
         }
     }
 
-    /// The inputs and outputs of a step on a mesh: carried values resident, the
-    /// rest global.
-    fn resident_io(&self) -> (Vec<Input<'_>>, Vec<Output>) {
-        let inputs = (self.inputs.iter().zip(&self.carried))
-            .map(|(value, key)| match key {
-                Some(key) => Input::Resident(key),
-                None => Input::Global(value),
-            })
+    /// The inputs and outputs of a step on a mesh: carried values resident, data
+    /// inputs as `blocks` (per data input, each device's block) if given, the rest
+    /// global.
+    fn resident_io<'a>(
+        &'a self,
+        blocks: Option<&'a [Vec<Literal>]>,
+    ) -> (Vec<Input<'a>>, Vec<Output>) {
+        let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
+        let inputs = (self.inputs.iter().zip(&self.carried).enumerate())
+            .map(
+                |(index, (value, key))| match (key, blocks.zip(data_position(index))) {
+                    (Some(key), _) => Input::Resident(key),
+                    (None, Some((blocks, j))) => Input::Shards(&blocks[j]),
+                    (None, None) => Input::Global(value),
+                },
+            )
             .collect();
         let outputs = (self.feeds.iter())
             .map(
@@ -189,12 +309,12 @@ impl Trainer {
     }
 
     /// A trainer on the reference interpreter.
-    pub fn reference(step: TrainStep, initial: Vec<Literal>) -> Result<Self> {
+    pub fn reference(step: TrainStep, initial: impl Into<Initial>) -> Result<Self> {
         Trainer::new(step, Engine::Reference, initial)
     }
 
     /// A trainer whose step is compiled for `mesh` and run on its threads.
-    pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: Vec<Literal>) -> Result<Self> {
+    pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: impl Into<Initial>) -> Result<Self> {
         let engine = Engine::mesh(&step.program, mesh)?;
         Trainer::new(step, engine, initial)
     }
@@ -207,7 +327,7 @@ impl Trainer {
         step: TrainStep,
         mesh: Mesh,
         mpi: crate::runtime::MpiMesh,
-        initial: Vec<Literal>,
+        initial: impl Into<Initial>,
     ) -> Result<Self> {
         let engine = Engine::mpi(&step.program, mesh, mpi)?;
         Trainer::new(step, engine, initial)
@@ -217,19 +337,62 @@ impl Trainer {
     /// that order) and returns the loss before the update. On success the parameters
     /// and optimizer state are the step's outputs; on error they are unchanged.
     pub fn step(&mut self, data: &[Literal]) -> Result<f32> {
-        if data.len() != self.step.data.len() {
-            return Err(Error::TrainerInput {
-                name: "data".into(),
-                message: format!(
-                    "the step takes {} data inputs but {} were given",
-                    self.step.data.len(),
-                    data.len()
-                ),
-            });
-        }
+        self.check_data_count(data.len())?;
         for (&index, value) in self.step.data.iter().zip(data) {
             self.inputs[index] = value.clone();
         }
+        self.run(None)
+    }
+
+    /// [`Trainer::step`] with a [`Batch`]: global arrays, or on a mesh each device's
+    /// blocks (as [`Dataset::batches`](super::Dataset::batches) cuts them for
+    /// [`Trainer::data_layout`]), bound to each device without a global batch. Blocks
+    /// on the reference interpreter are an [`Error::TrainerInput`].
+    pub fn step_batch(&mut self, batch: &Batch) -> Result<f32> {
+        match batch {
+            Batch::Global(data) => self.step(data),
+            Batch::Blocks(blocks) => {
+                self.check_data_count(blocks.len())?;
+                if matches!(self.engine, Engine::Reference) {
+                    return Err(Error::TrainerInput {
+                        name: "data".into(),
+                        message: "per-device blocks given to a trainer without a mesh".into(),
+                    });
+                }
+                self.run(Some(blocks))
+            }
+        }
+    }
+
+    /// Where the data inputs go on a mesh: the mesh and each data input's sharding
+    /// (`None` on the reference interpreter).
+    pub fn data_layout(&self) -> Option<DataLayout> {
+        let exe = self.engine.executable()?;
+        Some(DataLayout {
+            mesh: exe.spmd.mesh.clone(),
+            shardings: (self.step.data.iter())
+                .map(|&i| exe.spmd.inputs[i].1.clone())
+                .collect(),
+        })
+    }
+
+    /// An [`Error::TrainerInput`] unless `count` data inputs were given.
+    fn check_data_count(&self, count: usize) -> Result<()> {
+        if count != self.step.data.len() {
+            return Err(Error::TrainerInput {
+                name: "data".into(),
+                message: format!(
+                    "the step takes {} data inputs but {count} were given",
+                    self.step.data.len(),
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the step on the data set in `inputs`, or, on a mesh, on `blocks` (per data
+    /// input, each device's block) if given.
+    fn run(&mut self, blocks: Option<&[Vec<Literal>]>) -> Result<f32> {
         let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
@@ -245,14 +408,12 @@ impl Trainer {
                 }
                 loss
             }
-            Engine::Mesh { exe, threads } => {
-                let (inputs, outputs) = self.resident_io();
-                global_loss(exe.execute(threads, &inputs, &outputs)?)?
-            }
-            #[cfg(feature = "mpi")]
-            Engine::Mpi { exe, mesh } => {
-                let (inputs, outputs) = self.resident_io();
-                global_loss(exe.execute_mpi(mesh, &inputs, &outputs)?)?
+            engine => {
+                let exe = engine
+                    .executable()
+                    .expect("a mesh engine has an executable");
+                let (inputs, outputs) = self.resident_io(blocks);
+                global_loss(engine.execute(exe, &inputs, &outputs)?)?
             }
         };
         self.steps_done += 1;
@@ -402,4 +563,92 @@ fn loss_of(output: Option<&Literal>) -> Result<f32> {
             name: "loss".into(),
             message: "the step did not return an f32 loss".into(),
         })
+}
+
+/// A model's forward program (its loss, no update) compiled once for a [`Trainer`]'s
+/// engine, to compute a validation loss on held-out data
+/// ([`Trainer::evaluate`]).
+pub struct Evaluator {
+    model: Program,
+    loss: usize,
+    /// The compiled model on a mesh.
+    exe: Option<Box<Executable>>,
+}
+
+impl Trainer {
+    /// An [`Evaluator`] of `model` (the program the step was built from) and its output
+    /// `loss`: compiled for the trainer's mesh (once), or run on the interpreter.
+    pub fn evaluator(&self, model: &Program, loss: usize) -> Result<Evaluator> {
+        let exe = match self.engine.executable() {
+            Some(exe) => Some(Box::new(compile(model, &exe.spmd.mesh)?)),
+            None => None,
+        };
+        if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
+            return Err(Error::TrainRequest {
+                program: model.name.clone(),
+                message: format!(
+                    "output {loss} of a model with {} outputs and {} parameters is not the \
+                     loss of this step's model",
+                    model.outputs.len(),
+                    model.params.len()
+                ),
+            });
+        }
+        Ok(Evaluator {
+            model: model.clone(),
+            loss,
+            exe,
+        })
+    }
+
+    /// The loss of `eval`'s model on `data` (one global array per [`TrainStep::data`]
+    /// input, in that order, shaped as the model's — without an accumulation dim) with
+    /// the current parameters, which are not changed. On a mesh a parameter sharded
+    /// alike in both programs is read where it resides; any other is fetched.
+    pub fn evaluate(&self, eval: &Evaluator, data: &[Literal]) -> Result<f32> {
+        self.check_data_count(data.len())?;
+        let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
+        match (self.engine.executable(), &eval.exe) {
+            (Some(exe), Some(model_exe)) => {
+                let n = eval.model.params.len();
+                // A trained parameter is read in place if both programs shard it alike,
+                // else fetched (assembled on the host) and given as a global array.
+                let resident = |index: usize| {
+                    self.carried[index]
+                        .as_deref()
+                        .filter(|_| exe.spmd.inputs[index] == model_exe.spmd.inputs[index])
+                };
+                let fetched: Vec<Option<Literal>> = (0..n)
+                    .map(|i| match (data_position(i), resident(i)) {
+                        (None, None) => self.carried_value(i).map(Some),
+                        _ => Ok(None),
+                    })
+                    .collect::<Result<_>>()?;
+                let inputs: Vec<Input> = (0..n)
+                    .map(|i| match (data_position(i), &fetched[i]) {
+                        (Some(j), _) => Input::Global(&data[j]),
+                        (None, Some(value)) => Input::Global(value),
+                        (None, None) => Input::Resident(resident(i).unwrap_or_default()),
+                    })
+                    .collect();
+                let outputs = vec![Output::Global; eval.model.outputs.len()];
+                let values = self.engine.execute(model_exe, &inputs, &outputs)?;
+                let loss = values
+                    .into_iter()
+                    .nth(eval.loss)
+                    .and_then(Value::into_global);
+                loss_of(loss.as_ref())
+            }
+            _ => {
+                let inputs: Vec<Literal> = (0..eval.model.params.len())
+                    .map(|index| match data_position(index) {
+                        Some(j) => Ok(data[j].clone()),
+                        None => self.carried_value(index),
+                    })
+                    .collect::<Result<_>>()?;
+                let outputs = interpret(&eval.model, &inputs)?;
+                loss_of(outputs.get(eval.loss))
+            }
+        }
+    }
 }
