@@ -1340,6 +1340,8 @@ fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {
         DType::F32 => Literal::F32(a),
         DType::I32 => Literal::I32(a.mapv(|x| (x * 2.0) as i32)),
         DType::Bool => Literal::Bool(a.mapv(|x| x > 0.0)),
+        // The grid is exact in bf16 and f16.
+        DType::BF16 | DType::F16 => Literal::F32(a).convert(dtype),
     }
 }
 
@@ -1725,6 +1727,9 @@ fn index_leading(x: &Literal, i: usize) -> Literal {
         Literal::F32(a) => Literal::F32(a.index_axis(ndarray::Axis(0), i).to_owned()),
         Literal::I32(a) => Literal::I32(a.index_axis(ndarray::Axis(0), i).to_owned()),
         Literal::Bool(a) => Literal::Bool(a.index_axis(ndarray::Axis(0), i).to_owned()),
+        Literal::BF16(_) | Literal::F16(_) => {
+            index_leading(&x.convert(DType::F32), i).convert(x.dtype())
+        }
     }
 }
 
@@ -1762,6 +1767,7 @@ fn magnitude(v: &Literal) -> ArrayD<f32> {
         Literal::F32(a) => a.mapv(f32::abs),
         Literal::I32(a) => a.mapv(|x| x.unsigned_abs() as f32),
         Literal::Bool(a) => a.mapv(f32::from),
+        Literal::BF16(_) | Literal::F16(_) => magnitude(&v.convert(DType::F32)),
     }
 }
 
