@@ -26,7 +26,7 @@ fn bench(c: &mut Criterion) {
         K: 16,
         F: 256,
     };
-    let model = language_model::trace(dims).expect("traces");
+    let model = language_model::trace(dims, DType::F32).expect("traces");
     let (step, initial) = common::adamw_step(&model, 3);
     let tokens = Literal::I32(ArrayD::from_shape_fn(IxDyn(&[BATCH, SEQ]), |ix| {
         ((ix[0] * 5 + ix[1] * 3) % VOCAB) as i32

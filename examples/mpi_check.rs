@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
-use gspmd::ir::{Literal, Program, ReduceKind};
+use gspmd::ir::{DType, Literal, Program, ReduceKind};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_stack};
 use gspmd::models::transformer::language_model;
@@ -36,16 +36,19 @@ struct Case {
 }
 
 fn cases(ranks: usize) -> Result<Vec<Case>> {
-    let lm = language_model::trace(language_model::Dims {
-        B: 4,
-        S: 6,
-        V: 8,
-        D: 16,
-        L: 2,
-        H: 4,
-        K: 4,
-        F: 32,
-    })?;
+    let lm = language_model::trace(
+        language_model::Dims {
+            B: 4,
+            S: 6,
+            V: 8,
+            D: 16,
+            L: 2,
+            H: 4,
+            K: 4,
+            F: 32,
+        },
+        DType::F32,
+    )?;
     let moe = moe_language_model::trace(
         moe_language_model::Dims {
             G: 8,
