@@ -63,6 +63,8 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     /// `v` converted: floats round to nearest even, i32 truncates toward zero
     /// (saturating; NaN gives 0), bool is `v != 0`.
     fn from_f64(v: f64) -> Self;
+    /// `v` converted as [`Element::from_f64`] converts it.
+    fn from_f32(v: f32) -> Self;
     /// The bit pattern (zero-extended): what constants are compared and hashed by.
     fn bits(self) -> u32;
     /// The literal holding `a`.
@@ -72,7 +74,19 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
 }
 
 macro_rules! element {
-    ($t:ty, $variant:ident, |$x:ident| $to:expr, |$v:ident| $from:expr, |$b:ident| $bits:expr) => {
+    // A `half` type: its own conversions, its 16-bit pattern.
+    ($t:ident, $variant:ident, half) => {
+        element!(
+            $t,
+            $variant,
+            |x| x.to_f64(),
+            |v| $t::from_f64(v),
+            |w| $t::from_f32(w),
+            |x| u32::from(x.to_bits())
+        );
+    };
+    ($t:ty, $variant:ident, |$x:ident| $to:expr, |$v:ident| $from:expr, |$w:ident| $from32:expr,
+     |$b:ident| $bits:expr) => {
         impl Element for $t {
             const DTYPE: DType = DType::$variant;
             #[inline]
@@ -83,6 +97,10 @@ macro_rules! element {
             #[inline]
             fn from_f64($v: f64) -> Self {
                 $from
+            }
+            #[inline]
+            fn from_f32($w: f32) -> Self {
+                $from32
             }
             #[inline]
             fn bits(self) -> u32 {
@@ -102,18 +120,27 @@ macro_rules! element {
     };
 }
 
-element!(f32, F32, |x| f64::from(x), |v| v as f32, |x| x.to_bits());
-element!(bf16, BF16, |x| x.to_f64(), |v| bf16::from_f64(v), |x| {
-    u32::from(x.to_bits())
+element!(f32, F32, |x| f64::from(x), |v| v as f32, |w| w, |x| {
+    f32::to_bits(x)
 });
-element!(f16, F16, |x| x.to_f64(), |v| f16::from_f64(v), |x| {
-    u32::from(x.to_bits())
-});
-element!(i32, I32, |x| f64::from(x), |v| v as i32, |x| x
-    .cast_unsigned());
-element!(bool, Bool, |x| f64::from(u8::from(x)), |v| v != 0.0, |x| {
-    u32::from(x)
-});
+element!(bf16, BF16, half);
+element!(f16, F16, half);
+element!(
+    i32,
+    I32,
+    |x| f64::from(x),
+    |v| v as i32,
+    |w| w as i32,
+    |x| x.cast_unsigned()
+);
+element!(
+    bool,
+    Bool,
+    |x| f64::from(u8::from(x)),
+    |v| v != 0.0,
+    |w| w != 0.0,
+    |x| u32::from(x)
+);
 
 /// Calls a function generic over [`Element`] for a runtime dtype:
 /// `by_element!(dtype, f(args))` calls `f::<f32>(args)`, `f::<bf16>(args)`, ...
@@ -165,8 +192,16 @@ impl Literal {
     /// nearest even, to i32 toward zero (saturating; NaN gives 0), to bool `x != 0`,
     /// bool to 0/1. Converting to its own dtype copies.
     pub fn convert(&self, dtype: DType) -> Literal {
+        /// Floats go through f32, which holds bf16 and f16 exactly, so they round as
+        /// through f64, only faster (the float normalisation converts at every op).
         fn to<T: Element>(x: &Literal) -> Literal {
-            T::literal(with_literal!(x, a => a.mapv(|v| T::from_f64(v.to_f64()))))
+            T::literal(match x {
+                Literal::F32(a) => a.mapv(T::from_f32),
+                Literal::BF16(a) => a.mapv(|v| T::from_f32(v.to_f32())),
+                Literal::F16(a) => a.mapv(|v| T::from_f32(v.to_f32())),
+                Literal::I32(a) => a.mapv(|v| T::from_f64(v.to_f64())),
+                Literal::Bool(a) => a.mapv(|v| T::from_f64(v.to_f64())),
+            })
         }
         if dtype == self.dtype() {
             return self.clone();
@@ -236,6 +271,19 @@ mod tests {
             h.convert(DType::I32),
             Literal::full(&[2], DType::I32, f64::from(i32::MAX))
         );
+        // Through f32 and through f64, floats round alike (ties, subnormals, overflow).
+        for bits in (0..u32::MAX).step_by(65_537) {
+            let v = f32::from_bits(bits);
+            let same = |a: u32, b: u32| a == b || v.is_nan();
+            assert!(same(
+                bf16::from_f32(v).bits(),
+                bf16::from_f64(v.into()).bits()
+            ));
+            assert!(same(
+                f16::from_f32(v).bits(),
+                f16::from_f64(v.into()).bits()
+            ));
+        }
         let back = Literal::full(&[], DType::BF16, -2.5)
             .convert(DType::F16)
             .convert(DType::Bool);
