@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
-use gspmd::ir::{Literal, Program, ReduceKind};
+use gspmd::ir::{DType, Literal, Program, ReduceKind};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_stack};
 use gspmd::models::transformer::language_model;
@@ -44,16 +44,19 @@ struct Case {
 
 /// The small language model of the differential and training checks.
 fn small_lm() -> Result<Program> {
-    language_model::trace(language_model::Dims {
-        B: 4,
-        S: 6,
-        V: 8,
-        D: 16,
-        L: 2,
-        H: 4,
-        K: 4,
-        F: 32,
-    })
+    language_model::trace(
+        language_model::Dims {
+            B: 4,
+            S: 6,
+            V: 8,
+            D: 16,
+            L: 2,
+            H: 4,
+            K: 4,
+            F: 32,
+        },
+        DType::F32,
+    )
 }
 
 fn cases(ranks: usize) -> Result<Vec<Case>> {

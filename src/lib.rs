@@ -65,5 +65,5 @@ pub mod prelude {
     };
     pub use gspmd_core::runtime::{ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
-    pub use gspmd_core::{Error, Executable, Result, compile};
+    pub use gspmd_core::{Error, Executable, Result, bf16, compile, f16};
 }

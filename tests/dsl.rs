@@ -595,3 +595,38 @@ fn shard_let_inside_a_loop_body_constrains_the_body() {
     assert_eq!(annotation(h[0]), "(data, model)");
     assert_eq!(h[0].location.line, line_of("// scanned: hidden") - 1);
 }
+
+// ---- bf16 and f16 ----------------------------------------------------------------
+
+/// A bf16 layer with an f16 bias, its result declared bf16.
+#[gspmd::model(mesh = (data, model))]
+pub fn narrow_mlp(
+    #[shard(data, _)] x: Tensor<B, D, bf16>,
+    #[shard(_, model)] w: Tensor<D, F, bf16>,
+    bias: Tensor<F, f16>,
+) -> Tensor<B, F, bf16> {
+    &x.matmul(&w) + &bias.convert(DType::BF16)
+}
+
+#[test]
+fn bf16_and_f16_tensors_trace_and_run() {
+    let p = narrow_mlp::trace(narrow_mlp::Dims { B: 4, D: 8, F: 6 }).unwrap();
+    let dtypes: Vec<DType> = p.params.iter().map(|&v| p.ty(v).dtype).collect();
+    assert_eq!(dtypes, [DType::BF16, DType::BF16, DType::F16]);
+    assert_eq!(p.ty(p.outputs[0]).dtype, DType::BF16);
+    let inputs = [
+        Literal::full(&[4, 8], DType::BF16, 0.5),
+        Literal::full(&[8, 6], DType::BF16, 0.25),
+        Literal::full(&[6], DType::F16, -1.0),
+    ];
+    let out = interpret(&p, &inputs).unwrap();
+    // 8 * 0.5 * 0.25 - 1 = 0, exactly.
+    assert_eq!(out[0], Literal::full(&[4, 6], DType::BF16, 0.0));
+    // The prelude's types are the literals' element types.
+    let one: bf16 = bf16::from_f32(1.0);
+    assert_eq!(
+        Literal::full(&[], DType::BF16, 1.0).as_bf16().unwrap()[[]],
+        one
+    );
+    assert_eq!(f16::from_f32(1.0).to_f32(), 1.0);
+}

@@ -37,7 +37,7 @@ fn dims() -> language_model::Dims {
 
 /// `(predicted, counted)` bytes allocated by one step on a `data` x `model` mesh.
 fn step_peak(mesh: [usize; 2]) -> (usize, usize) {
-    let model = language_model::trace(dims()).expect("traces");
+    let model = language_model::trace(dims(), DType::F32).expect("traces");
     let trained: Vec<usize> = (3..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step");
     let mesh = language_model::mesh(mesh).expect("mesh");

@@ -77,16 +77,19 @@ fn check_rendered(browser: &Path, page: &Path) -> PathBuf {
 
 #[test]
 fn the_language_model_step_report_is_one_page_that_renders() {
-    let model = language_model::trace(language_model::Dims {
-        B: 8,
-        S: 16,
-        V: 64,
-        D: 64,
-        L: 2,
-        H: 4,
-        K: 16,
-        F: 256,
-    })
+    let model = language_model::trace(
+        language_model::Dims {
+            B: 8,
+            S: 16,
+            V: 64,
+            D: 64,
+            L: 2,
+            H: 4,
+            K: 16,
+            F: 256,
+        },
+        DType::F32,
+    )
     .unwrap();
     let trained: Vec<usize> = (3..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).unwrap();

@@ -68,16 +68,19 @@ fn check_step(model: &Program, trained: Vec<usize>, mesh: &Mesh) -> Executable {
 
 #[test]
 fn every_collective_of_the_example_steps_has_a_reason() {
-    let lm = language_model::trace(language_model::Dims {
-        B: 4,
-        S: 6,
-        V: 8,
-        D: 16,
-        L: 2,
-        H: 4,
-        K: 4,
-        F: 32,
-    })
+    let lm = language_model::trace(
+        language_model::Dims {
+            B: 4,
+            S: 6,
+            V: 8,
+            D: 16,
+            L: 2,
+            H: 4,
+            K: 4,
+            F: 32,
+        },
+        DType::F32,
+    )
     .unwrap();
     let trained = (3..lm.params.len()).collect();
     let exe = check_step(&lm, trained, &language_model::mesh([2, 4]).unwrap());

@@ -20,3 +20,5 @@ pub mod types;
 
 pub use error::{Error, Result};
 pub use executable::{Comparison, Executable, compilations_on_this_thread, compile};
+/// The 16-bit float element types of `DType::BF16` and `DType::F16`.
+pub use half::{bf16, f16};

@@ -1164,8 +1164,8 @@ fn bad_requests_are_errors() {
     let x = param(&b, "x", &[2, 3]);
     let n = b.parameter("n", vec![], DType::I32);
     let program = b.finish(&[&x.exp(), &x.sum(&[0, 1]), &n]).unwrap();
-    is_request(grad(&program, 0, &[0]), "f32[2,3], not an f32 scalar");
-    is_request(grad(&program, 2, &[0]), "i32[], not an f32 scalar");
+    is_request(grad(&program, 0, &[0]), "f32[2,3], not a float scalar");
+    is_request(grad(&program, 2, &[0]), "i32[], not a float scalar");
     is_request(grad(&program, 3, &[0]), "loss output 3 is out of range");
     is_request(grad(&program, 1, &[2]), "parameter 2 is out of range");
     is_request(grad(&program, 1, &[1]), "parameter 1 (n) is i32");

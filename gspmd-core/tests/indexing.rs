@@ -38,6 +38,7 @@ fn input(shape: &[usize], dtype: DType, seed: usize, vocab: i32) -> Literal {
                 .collect();
             Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
         }
+        DType::BF16 | DType::F16 => input(shape, DType::F32, seed, vocab).convert(dtype),
     }
 }
 

@@ -1250,7 +1250,12 @@ impl Gen<'_> {
         }
     }
 
+    /// `convert` of an i32 or bool value to f32 (or bool to i32); one time in three, a
+    /// [`Gen::narrow_round_trip`] instead.
     fn convert(&mut self) {
+        if self.rng.random_ratio(1, 3) {
+            return self.narrow_round_trip();
+        }
         let Some(a) = self.operand(|v| v.t.dtype() != DType::F32) else {
             return;
         };
@@ -1261,6 +1266,41 @@ impl Gen<'_> {
         };
         let r = a.t.convert(to);
         self.push(r, true);
+    }
+
+    /// bf16 (or f16) values: two exact f32 values converted down, added, subtracted or
+    /// compared (max, min), the result transposed or reversed under a random sharding
+    /// constraint (so it is resharded as bf16), and converted back. Exact values are on
+    /// a 1/8 grid, which rounding to bf16 or f16 keeps them on, and each of these ops
+    /// rounds once on identical operands wherever it runs: the result is exact (the
+    /// same bits on every mesh).
+    fn narrow_round_trip(&mut self) {
+        let Some(a) = self.operand(|v| v.t.dtype() == DType::F32 && v.exact && v.t.rank() > 0)
+        else {
+            return;
+        };
+        let dtype = if self.rng.random_ratio(1, 3) {
+            DType::F16
+        } else {
+            DType::BF16
+        };
+        let b = self.value_of(a.t.shape(), DType::F32, true);
+        let (x, y) = (a.t.convert(dtype), b.t.convert(dtype));
+        let r = match self.rng.random_range(0..4) {
+            0 => &x + &y,
+            1 => &x - &y,
+            2 => x.max(&y),
+            _ => x.min(&y),
+        };
+        let moved = if self.rng.random_ratio(1, 2) {
+            let mut perm: Vec<usize> = (0..r.rank()).collect();
+            perm.shuffle(self.rng);
+            r.transpose(&perm)
+        } else {
+            r.reverse(&[0])
+        };
+        let s = random_sharding(self.rng, self.mesh, moved.rank());
+        self.push(moved.shard(s).convert(DType::F32), true);
     }
 }
 
@@ -1340,6 +1380,8 @@ fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {
         DType::F32 => Literal::F32(a),
         DType::I32 => Literal::I32(a.mapv(|x| (x * 2.0) as i32)),
         DType::Bool => Literal::Bool(a.mapv(|x| x > 0.0)),
+        // The grid is exact in bf16 and f16.
+        DType::BF16 | DType::F16 => Literal::F32(a).convert(dtype),
     }
 }
 
@@ -1725,6 +1767,9 @@ fn index_leading(x: &Literal, i: usize) -> Literal {
         Literal::F32(a) => Literal::F32(a.index_axis(ndarray::Axis(0), i).to_owned()),
         Literal::I32(a) => Literal::I32(a.index_axis(ndarray::Axis(0), i).to_owned()),
         Literal::Bool(a) => Literal::Bool(a.index_axis(ndarray::Axis(0), i).to_owned()),
+        Literal::BF16(_) | Literal::F16(_) => {
+            index_leading(&x.convert(DType::F32), i).convert(x.dtype())
+        }
     }
 }
 
@@ -1762,6 +1807,7 @@ fn magnitude(v: &Literal) -> ArrayD<f32> {
         Literal::F32(a) => a.mapv(f32::abs),
         Literal::I32(a) => a.mapv(|x| x.unsigned_abs() as f32),
         Literal::Bool(a) => a.mapv(f32::from),
+        Literal::BF16(_) | Literal::F16(_) => magnitude(&v.convert(DType::F32)),
     }
 }
 
@@ -2103,10 +2149,14 @@ const MAX_STEPS: usize = 15;
 #[test]
 fn covers_every_op_kind() {
     let mut kinds = BTreeSet::new();
+    let mut narrow = BTreeSet::new();
     for seed in FIRST_SEED..FIRST_SEED + CASES {
         let (program, _) = random_case(seed, MAX_STEPS);
         kinds.extend(program.nodes.iter().map(|n| n.op.kind()));
+        let dtypes = program.nodes.iter().map(|n| n.ty.dtype.to_string());
+        narrow.extend(dtypes.filter(|d| d.ends_with("f16")));
     }
+    assert_eq!(narrow, BTreeSet::from(["bf16".into(), "f16".into()]));
     let missing: Vec<OpKind> = (OpKind::ALL.iter().copied())
         .filter(|k| !k.is_spmd_only() && !kinds.contains(k))
         .collect();

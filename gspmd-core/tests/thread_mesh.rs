@@ -29,6 +29,8 @@ fn input(device: usize, dtype: DType) -> Literal {
         DType::F32 => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) as f32 - 11.0).into(),
         DType::I32 => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) as i32 * 3 - 30).into(),
         DType::Bool => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) % 3 == 0).into(),
+        // Small integers: exact in bf16 and f16.
+        DType::BF16 | DType::F16 => input(device, DType::F32).convert(dtype),
     }
 }
 
@@ -117,6 +119,12 @@ const CASES: &[Case] = &[
     Case::ShiftUp(DType::F32),
     Case::ShiftUp(DType::Bool),
     Case::CycleDown(DType::I32),
+    Case::AllReduce(ReduceKind::Sum, DType::BF16),
+    Case::AllReduce(ReduceKind::Max, DType::F16),
+    Case::AllGather(0, DType::BF16),
+    Case::ReduceScatter(ReduceKind::Sum, 1, DType::F16),
+    Case::AllToAll(1, 0, DType::BF16),
+    Case::ShiftUp(DType::F16),
 ];
 
 fn pairs(case: Case, n: usize) -> Vec<(usize, usize)> {
@@ -172,6 +180,11 @@ fn reduce(kind: ReduceKind, inputs: &[Literal]) -> Literal {
         inputs.iter().map(|l| get(l).unwrap().clone()).collect()
     }
     match (&inputs[0], kind) {
+        // In f32, rounded once.
+        (x @ (Literal::BF16(_) | Literal::F16(_)), _) => {
+            let wide: Vec<Literal> = inputs.iter().map(|l| l.convert(DType::F32)).collect();
+            reduce(kind, &wide).convert(x.dtype())
+        }
         (Literal::F32(_), ReduceKind::Sum) => {
             fold(&arrays(inputs, Literal::as_f32), |a, b| a + b).into()
         }
@@ -208,6 +221,8 @@ fn block(x: &Literal, dim: usize, n: usize, index: usize) -> Literal {
     }
     match x {
         Literal::F32(a) => cut(a, dim, n, index).into(),
+        Literal::BF16(a) => cut(a, dim, n, index).into(),
+        Literal::F16(a) => cut(a, dim, n, index).into(),
         Literal::I32(a) => cut(a, dim, n, index).into(),
         Literal::Bool(a) => cut(a, dim, n, index).into(),
     }
@@ -224,6 +239,8 @@ fn concat(dim: usize, blocks: &[Literal]) -> Literal {
     }
     match &blocks[0] {
         Literal::F32(_) => cat(dim, blocks, Literal::as_f32).into(),
+        Literal::BF16(_) => cat(dim, blocks, Literal::as_bf16).into(),
+        Literal::F16(_) => cat(dim, blocks, Literal::as_f16).into(),
         Literal::I32(_) => cat(dim, blocks, Literal::as_i32).into(),
         Literal::Bool(_) => cat(dim, blocks, Literal::as_bool).into(),
     }
@@ -405,6 +422,39 @@ fn assert_all_reduce_works(mesh: &Arc<ThreadMesh>) {
         let (members, _) = group_of(mesh.mesh(), device, &axes(&["x"]));
         let all: Vec<Literal> = members.iter().map(|&d| input(d, DType::F32)).collect();
         assert_eq!(output, reduce(ReduceKind::Sum, &all), "device {device}");
+    }
+}
+
+/// A bf16 all-reduce sums in f32 and rounds once: `1 + 7 * 2^-8` is halfway between
+/// two bf16 values and rounds to even, `1 + 2^-7 * 4`; rounding after each addition would
+/// leave `1` (each `+ 2^-8` ties back down), so would summing in bf16.
+#[test]
+fn bf16_all_reduce_rounds_once() {
+    let mesh = one_dim(8);
+    // One round, and reduce-scatter then all-gather (more than 4096 elements).
+    for len in [3, 5000] {
+        let runner = Arc::clone(&mesh);
+        let outputs = within(Duration::from_secs(5), move || {
+            runner.run(move |ctx| {
+                let v = if ctx.device() == 0 {
+                    1.0
+                } else {
+                    2f64.powi(-8)
+                };
+                let x = Literal::full(&[len], DType::BF16, v);
+                ctx.communicator()
+                    .all_reduce(&axes(&["x"]), ReduceKind::Sum, x)
+            })
+        })
+        .unwrap();
+        let want = Literal::full(&[len], DType::BF16, 1.0 + 4.0 * 2f64.powi(-7));
+        assert_eq!(
+            want,
+            Literal::full(&[len], DType::BF16, 1.0 + 7.0 * 2f64.powi(-8))
+        );
+        for output in outputs {
+            assert_eq!(output, want, "{len} elements");
+        }
     }
 }
 

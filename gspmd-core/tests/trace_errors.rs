@@ -689,7 +689,7 @@ fn i32_param(b: &Builder) -> Tensor {
 /// poisoned result record nothing).
 #[test]
 fn math_ops_of_the_wrong_dtype_are_one_error_at_the_user_line() {
-    let not_f32 = "needs an f32 operand, got i32[3]";
+    let not_f32 = "needs a float operand, got i32[3]";
     let mixed = "operands f32[3] and i32[3] differ";
     math_error("is_finite", not_f32, |b| {
         let (_y, line) = (i32_param(b).is_finite(), line!());

@@ -144,6 +144,8 @@ fn symbol_index(symbols: &[&Ident], symbol: &Ident) -> usize {
 fn dtype(dtype: DType) -> TokenStream {
     match dtype {
         DType::F32 => quote!(::gspmd::ir::DType::F32),
+        DType::BF16 => quote!(::gspmd::ir::DType::BF16),
+        DType::F16 => quote!(::gspmd::ir::DType::F16),
         DType::I32 => quote!(::gspmd::ir::DType::I32),
         DType::Bool => quote!(::gspmd::ir::DType::Bool),
     }

@@ -94,6 +94,8 @@ impl std::fmt::Display for TensorDecl {
             .collect();
         match self.dtype {
             DType::F32 => {}
+            DType::BF16 => parts.push("bf16".into()),
+            DType::F16 => parts.push("f16".into()),
             DType::I32 => parts.push("i32".into()),
             DType::Bool => parts.push("bool".into()),
         }
@@ -119,6 +121,10 @@ pub enum DimDecl {
 pub enum DType {
     /// `f32` (the default).
     F32,
+    /// `bf16` (`gspmd::bf16`).
+    BF16,
+    /// `f16` (`gspmd::f16`).
+    F16,
     /// `i32`.
     I32,
     /// `bool`.
@@ -525,9 +531,11 @@ fn element_type(ident: &Ident) -> Option<Result<DType, String>> {
         "f32" => Some(Ok(DType::F32)),
         "i32" => Some(Ok(DType::I32)),
         "bool" => Some(Ok(DType::Bool)),
-        "f16" | "bf16" | "f64" | "f128" | "i8" | "i16" | "i64" | "i128" | "isize" | "u8"
-        | "u16" | "u32" | "u64" | "u128" | "usize" | "char" | "str" => Some(Err(format!(
-            "unsupported element type `{name}`; gspmd tensors are `f32`, `i32` or `bool`"
+        "bf16" => Some(Ok(DType::BF16)),
+        "f16" => Some(Ok(DType::F16)),
+        "f64" | "f128" | "i8" | "i16" | "i64" | "i128" | "isize" | "u8" | "u16" | "u32" | "u64"
+        | "u128" | "usize" | "char" | "str" => Some(Err(format!(
+            "unsupported element type `{name}`; gspmd tensors are `f32`, `bf16`, `f16`, `i32` or `bool`"
         ))),
         _ => None,
     }

@@ -74,6 +74,15 @@ fn attend(
     einsum("bhsk,hkd->bsd", &context, wo)
 }
 
+/// `t` converted to `dtype` (`t` itself if it has that dtype: no convert op).
+pub fn cast(t: &Tensor, dtype: DType) -> Tensor {
+    if t.dtype() == dtype {
+        t.clone()
+    } else {
+        t.convert(dtype)
+    }
+}
+
 /// `one_hot(ids)[.., v] = 1.0` where `ids[..] == v`, for `v < vocab`.
 pub fn one_hot(ids: &Tensor, vocab: usize) -> Tensor {
     let mut shape = ids.shape().to_vec();
@@ -133,6 +142,12 @@ pub fn stack(
 /// `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and `layers.ffn.{w1,w2}` (stacked
 /// over the `L` layers: dim 0 is the layer) and `unembed`, so `&["layers.*"]` picks the
 /// layers' weights.
+///
+/// `compute` is the dtype of the activations: `DType::F32`, or `DType::BF16` for mixed
+/// precision as in the GSPMD paper's setup: the weights stay f32 parameters (master
+/// weights, updated in f32), each is converted to bf16 where it is used (so it is
+/// gathered in bf16, and its gradient is reduced in bf16 and converted back to f32),
+/// the layers run in bf16, and the logits return to f32 for the loss.
 #[crate::model(mesh = (data, model))]
 #[allow(clippy::too_many_arguments)]
 pub fn language_model(
@@ -148,12 +163,23 @@ pub fn language_model(
     #[shard(_, data, model, name = "layers.ffn.w1")] w1: Tensor<L, D, F>,
     #[shard(_, model, data, name = "layers.ffn.w2")] w2: Tensor<L, F, D>,
     #[shard(data, model, name = "unembed")] unembed: Tensor<D, V>,
+    compute: DType,
 ) -> Tensor {
     let vocab = embed.shape()[0];
+    let low = |t: &Tensor| cast(t, compute);
     #[shard(data, _, _)]
-    let x = &embed.embedding(&tokens) + &position;
-    let x = stack(x, wq, wk, wv, wo, w1, w2);
-    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &unembed);
+    let x = &low(&embed).embedding(&tokens) + &low(&position);
+    let x = stack(
+        x,
+        low(&wq),
+        low(&wk),
+        low(&wv),
+        low(&wo),
+        low(&w1),
+        low(&w2),
+    );
+    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&unembed));
+    let logits = cast(&logits, DType::F32);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
     let total = (&log_p * &weights).sum(&[0, 1]);
     -(total / weights.sum(&[0, 1]))

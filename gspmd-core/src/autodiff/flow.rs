@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use super::sweep::{param_name, vjp};
 use crate::error::Result;
-use crate::ir::{Appender, DType, Flow, Op, Program, TensorType, ValueId};
+use crate::ir::{Appender, Flow, Op, Program, TensorType, ValueId};
 
 /// One flow instance of the forward program, as the sweep sees it.
 pub(super) struct FlowCall<'a> {
@@ -57,13 +57,13 @@ pub(super) fn flow_cotangents(
     }
 }
 
-fn is_f32(ty: &TensorType) -> bool {
-    ty.dtype == DType::F32
+fn is_float(ty: &TensorType) -> bool {
+    ty.dtype.is_float()
 }
 
 /// The VJP of a scan with `n` carried values, `k` stacked operands, `length`
-/// iterations. Backward scan layout (`nc` f32 carried values, `nz` active f32
-/// captures, `nx` active f32 stacked operands, `ny` outputs `y` with a cotangent):
+/// iterations. Backward scan layout (`nc` float carried values, `nz` active float
+/// captures, `nx` active float stacked operands, `ny` outputs `y` with a cotangent):
 /// - carried: the carried values' cotangents (`nc`), then the captures' gradient
 ///   sums (`nz`, from zeros);
 /// - stacked: the forward carries each iteration started from (all `n`), the forward
@@ -82,10 +82,10 @@ fn scan(
     let m = operands.len() - n - k;
     let p = body.outputs.len() - n;
     let param_ty = |j: usize| body.ty(body.params[j]);
-    let wanted = |j: usize| is_f32(param_ty(j)) && call.operands_active[j];
-    // Every f32 carried value takes part: a cotangent flows around the loop even to a
+    let wanted = |j: usize| is_float(param_ty(j)) && call.operands_active[j];
+    // Every float carried value takes part: a cotangent flows around the loop even to a
     // value whose initial value is inactive.
-    let carried: Vec<usize> = (0..n).filter(|&j| is_f32(param_ty(j))).collect();
+    let carried: Vec<usize> = (0..n).filter(|&j| is_float(param_ty(j))).collect();
     let xs: Vec<usize> = (n..n + k).filter(|&j| wanted(j)).collect();
     let zs: Vec<usize> = (n + k..n + k + m).filter(|&j| wanted(j)).collect();
     let ys: Vec<usize> = (0..p).filter(|&j| cts[n + j].is_some()).collect();
@@ -192,7 +192,7 @@ fn scan(
 
 /// The VJP of a `cond`: a `cond` on the same predicate over the captures and the
 /// results' cotangents, each branch the VJP of the forward one, returning the active
-/// f32 captures' gradients.
+/// float captures' gradients.
 fn cond(
     e: &mut Appender<'_>,
     call: &FlowCall<'_>,
@@ -203,7 +203,7 @@ fn cond(
     let operands = call.operands;
     // Branch parameter `j` is operand `j + 1`.
     let zs: Vec<usize> = (0..operands.len() - 1)
-        .filter(|&j| is_f32(e.ty(operands[j + 1])) && call.operands_active[j + 1])
+        .filter(|&j| is_float(e.ty(operands[j + 1])) && call.operands_active[j + 1])
         .collect();
     let ys: Vec<usize> = (0..cts.len()).filter(|&j| cts[j].is_some()).collect();
     let mut out = vec![None; operands.len()];

@@ -12,7 +12,7 @@
 
 use crate::error::Result;
 use crate::ir::index_arithmetic::{all_within, clamp_starts, start_range, zero_where_not};
-use crate::ir::{Appender, DType, GatherDims, Op, ScatterDims, ScatterKind, ValueId};
+use crate::ir::{Appender, GatherDims, Op, ScatterDims, ScatterKind, ValueId};
 
 /// The cotangent of operand `i` (0: operand, 1: indices) of `gather(x, indices)`.
 pub(super) fn gather(
@@ -22,7 +22,7 @@ pub(super) fn gather(
     ct: ValueId,
     i: usize,
 ) -> Result<Option<ValueId>> {
-    if i != 0 || e.ty(x).dtype != DType::F32 {
+    if i != 0 || !e.ty(x).dtype.is_float() {
         return Ok(None);
     }
     let shape = e.shape(x);
@@ -45,7 +45,8 @@ pub(super) fn scatter(
     ct: ValueId,
     i: usize,
 ) -> Result<Option<ValueId>> {
-    if e.ty(x).dtype != DType::F32 {
+    let dtype = e.ty(x).dtype;
+    if !dtype.is_float() {
         return Ok(None);
     }
     let ix = dims.indexing();
@@ -55,7 +56,7 @@ pub(super) fn scatter(
         (0, ScatterKind::Add) => Some(ct),
         (0, ScatterKind::Replace) => {
             let zeros = e.zeros_like(x)?;
-            let ones = e.full(&update_shape, 1.0)?;
+            let ones = e.full(&update_shape, dtype, 1.0)?;
             let replace = Op::Scatter {
                 dims: dims.clone(),
                 kind: ScatterKind::Replace,
@@ -69,7 +70,7 @@ pub(super) fn scatter(
             let (lo, hi) = start_range(e, indices, ix, &shape, &sizes)?;
             let applied = all_within(e, indices, ix.index_vector_dim, lo, hi)?;
             let batch = ix.data_batch(update_shape.len());
-            Some(zero_where_not(e, read, applied, &batch, DType::F32)?)
+            Some(zero_where_not(e, read, applied, &batch, dtype)?)
         }
         _ => None,
     })

@@ -104,7 +104,15 @@ pub(super) fn operand_cotangent(
                 Some(e.select(operands[0], t, f)?)
             }
         },
-        Op::Convert(to) => (*to == DType::F32 && e.ty(x).dtype == DType::F32).then_some(ct),
+        // Between floats the cotangent converts back; other conversions are constant.
+        Op::Convert(to) => {
+            let from = e.ty(x).dtype;
+            if to.is_float() && from.is_float() {
+                Some(e.push(Op::Convert(from), &[ct])?)
+            } else {
+                None
+            }
+        }
         Op::Broadcast { shape, dims } => {
             let x_shape = e.shape(x);
             // Result dims that are new, or that grew from size 1, are summed away.
@@ -305,7 +313,7 @@ fn unary(
             let zeros = e.zeros_like(x)?;
             let pos = e.compare(CompareOp::Gt, x, zeros)?;
             let neg = e.compare(CompareOp::Lt, x, zeros)?;
-            let (pos, neg) = (e.mask_f32(pos)?, e.mask_f32(neg)?);
+            let (pos, neg) = (e.mask_like(pos, x)?, e.mask_like(neg, x)?);
             e.sub(pos, neg)?
         }
         // 1 / (2 sqrt(x))
@@ -377,7 +385,7 @@ fn binary(
         }
         // b a^(b-1), 0 where b = 0.
         (BinaryOp::Pow, 0) => {
-            let ones = e.full(&e.shape(b), 1.0)?;
+            let ones = e.full(&e.shape(b), e.ty(b).dtype, 1.0)?;
             let b_minus_1 = e.sub(b, ones)?;
             let p = e.binary(BinaryOp::Pow, a, b_minus_1)?;
             let d = e.mul(b, p)?;
@@ -449,7 +457,7 @@ fn cumprod(
     let (jj, kk) = (iota(e, j)?, iota(e, k)?);
     let diagonal = e.compare(CompareOp::Eq, jj, kk)?;
     let xs = e.broadcast(x, &wide, &spread)?;
-    let ones = e.full(&wide, 1.0)?;
+    let ones = e.full(&wide, e.ty(x).dtype, 1.0)?;
     let others = e.select(diagonal, ones, xs)?;
     let products = e.push(
         Op::Cumulative {
@@ -489,7 +497,7 @@ fn reduce(
         ReduceKind::Max | ReduceKind::Min => {
             let y_b = e.broadcast(y, &x_shape, &kept)?;
             let chosen = e.compare(CompareOp::Eq, x, y_b)?;
-            let mask = e.mask_f32(chosen)?;
+            let mask = e.mask_like(chosen, x)?;
             let count = e.reduce_sum(mask, dims)?;
             let share = e.div(ct, count)?;
             let share = e.broadcast(share, &x_shape, &kept)?;

@@ -10,7 +10,7 @@ use super::registry::{
 };
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{DType, Literal, Op, Program, ValueId, flow_instances, verify};
+use crate::ir::{Literal, Op, Program, ValueId, flow_instances, verify};
 use crate::simplify::eliminate_dead_code;
 
 /// Reverse-mode gradient of `program`'s output number `loss` with respect to the
@@ -51,9 +51,9 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
         ))
     })?;
     let loss_ty = program.ty(loss_value);
-    if loss_ty.dtype != DType::F32 || loss_ty.rank() != 0 {
+    if !loss_ty.dtype.is_float() || loss_ty.rank() != 0 {
         return Err(request(format!(
-            "loss output {loss} ({loss_value}) is {loss_ty}, not an f32 scalar"
+            "loss output {loss} ({loss_value}) is {loss_ty}, not a float scalar"
         )));
     }
     let params = wrt
@@ -66,9 +66,9 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
                 ))
             })?;
             let ty = program.ty(p);
-            if ty.dtype != DType::F32 {
+            if !ty.dtype.is_float() {
                 return Err(request(format!(
-                    "parameter {index} ({}) is {ty}: only f32 parameters have gradients",
+                    "parameter {index} ({}) is {ty}: only float parameters have gradients",
                     param_name(program, p)
                 )));
             }
@@ -85,7 +85,7 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
         e.location = program.node(loss_value).location;
         seeds.push((
             loss_value,
-            e.push(Op::Constant(Literal::scalar_f32(1.0)), &[])?,
+            e.push(Op::Constant(Literal::full(&[], loss_ty.dtype, 1.0)), &[])?,
         ));
     }
     let cotangent = backward(&mut e, program, &active, &seeds)?;
@@ -238,14 +238,14 @@ fn gradient(
     Ok(g)
 }
 
-/// The values that depend on one of `params` through f32 values and ops that
+/// The values that depend on one of `params` through float values and ops that
 /// [`passes_gradient`]: the only ones a cotangent can flow into.
 fn active_values(program: &Program, params: &[ValueId]) -> Vec<bool> {
     let mut active = vec![false; program.nodes.len()];
     for v in program.values() {
         let node = program.node(v);
         let depends = passes_gradient(&node.op) && node.operands.iter().any(|o| active[o.index()]);
-        active[v.index()] = node.ty.dtype == DType::F32 && (params.contains(&v) || depends);
+        active[v.index()] = node.ty.dtype.is_float() && (params.contains(&v) || depends);
     }
     active
 }

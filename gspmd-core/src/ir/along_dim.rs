@@ -137,7 +137,7 @@ impl Tensor {
         };
         let extreme = spread(&push_reduce(self, kind, &[d as isize], true, location));
         let mut hit = push(self, Op::Compare(CompareOp::Eq), &[&extreme], location);
-        if self.dtype() == DType::F32 {
+        if self.dtype().is_float() {
             let nan = push(self, Op::Compare(CompareOp::Ne), &[self], location);
             hit = push(&hit, Op::Binary(BinaryOp::Or), &[&nan], location);
         }

@@ -85,16 +85,22 @@ impl<'p> Appender<'p> {
         self.push_annotated(op, operands, None)
     }
 
-    /// A `shape`-shaped f32 tensor of `value`: a scalar constant, broadcast if needed.
-    pub(crate) fn full(&mut self, shape: &[usize], value: f32) -> Result<ValueId> {
-        let scalar = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+    /// A `shape`-shaped `dtype` tensor of `value`: a scalar constant, broadcast if needed.
+    pub(crate) fn full(&mut self, shape: &[usize], dtype: DType, value: f32) -> Result<ValueId> {
+        let constant = Literal::full(&[], dtype, f64::from(value));
+        let scalar = self.push(Op::Constant(constant), &[])?;
         self.broadcast(scalar, shape, &[])
     }
 
-    /// `0` shaped like `v`.
+    /// `value` shaped and typed like `v`.
+    fn full_like(&mut self, v: ValueId, value: f32) -> Result<ValueId> {
+        let TensorType { shape, dtype } = self.ty(v).clone();
+        self.full(&shape, dtype, value)
+    }
+
+    /// `0` shaped and typed like `v`.
     pub(crate) fn zeros_like(&mut self, v: ValueId) -> Result<ValueId> {
-        let shape = self.shape(v);
-        self.full(&shape, 0.0)
+        self.full_like(v, 0.0)
     }
 
     pub(crate) fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
@@ -121,17 +127,15 @@ impl<'p> Appender<'p> {
         self.binary(BinaryOp::Div, x, y)
     }
 
-    /// `x * c` for an f32 constant `c`.
+    /// `x * c` for a constant `c` (in `x`'s dtype).
     pub(crate) fn scale(&mut self, x: ValueId, c: f32) -> Result<ValueId> {
-        let shape = self.shape(x);
-        let c = self.full(&shape, c)?;
+        let c = self.full_like(x, c)?;
         self.mul(x, c)
     }
 
-    /// `c - x` for an f32 constant `c`.
+    /// `c - x` for a constant `c` (in `x`'s dtype).
     pub(crate) fn rsub(&mut self, c: f32, x: ValueId) -> Result<ValueId> {
-        let shape = self.shape(x);
-        let c = self.full(&shape, c)?;
+        let c = self.full_like(x, c)?;
         self.sub(c, x)
     }
 
@@ -143,9 +147,10 @@ impl<'p> Appender<'p> {
         self.push(Op::Select, &[pred, t, f])
     }
 
-    /// A bool mask as f32 0/1.
-    pub(crate) fn mask_f32(&mut self, mask: ValueId) -> Result<ValueId> {
-        self.push(Op::Convert(DType::F32), &[mask])
+    /// A bool mask as 0/1 in the dtype of `like`.
+    pub(crate) fn mask_like(&mut self, mask: ValueId, like: ValueId) -> Result<ValueId> {
+        let dtype = self.ty(like).dtype;
+        self.push(Op::Convert(dtype), &[mask])
     }
 
     /// `broadcast_in_dim`; nothing if `x` already has `shape`.
@@ -221,7 +226,7 @@ impl<'p> Appender<'p> {
         self.push(op, &[x])
     }
 
-    /// Pads `x` with the f32 scalar `value`.
+    /// Pads `x` with the scalar `value` (in `x`'s dtype).
     pub(crate) fn pad(
         &mut self,
         x: ValueId,
@@ -230,7 +235,8 @@ impl<'p> Appender<'p> {
         high: Vec<i64>,
         interior: Vec<usize>,
     ) -> Result<ValueId> {
-        let value = self.push(Op::Constant(Literal::scalar_f32(value)), &[])?;
+        let value = Literal::full(&[], self.ty(x).dtype, f64::from(value));
+        let value = self.push(Op::Constant(value), &[])?;
         let op = Op::Pad {
             low,
             high,
@@ -301,10 +307,9 @@ impl<'p> Appender<'p> {
         (index, id)
     }
 
-    /// `x + c` for an f32 constant `c`.
+    /// `x + c` for a constant `c` (in `x`'s dtype).
     pub(crate) fn add_constant(&mut self, x: ValueId, c: f32) -> Result<ValueId> {
-        let shape = self.shape(x);
-        let c = self.full(&shape, c)?;
+        let c = self.full_like(x, c)?;
         self.add(x, c)
     }
 

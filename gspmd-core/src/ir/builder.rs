@@ -1184,7 +1184,7 @@ impl Tensor {
             &[&classes, &labels],
             location,
         );
-        let one_hot = push_at(&hit, Op::Convert(DType::F32), location);
+        let one_hot = push_at(&hit, Op::Convert(self.dtype()), location);
         let picked = self
             .log_softmax(-1)
             .binary(BinaryOp::Mul, &one_hot, location);

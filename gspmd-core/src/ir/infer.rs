@@ -31,14 +31,14 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             let t = operands[0];
             let is_logical = *u == UnaryOp::Not;
             check_dtype(t, is_logical)?;
-            let f32_only = !matches!(
+            let float_only = !matches!(
                 u,
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Not
             );
-            if f32_only && t.dtype != DType::F32 {
-                return Err(format!("needs an f32 operand, got {t}"));
+            if float_only && !t.dtype.is_float() {
+                return Err(format!("needs a float operand, got {t}"));
             }
-            // `is_finite` is a predicate: f32 in, bool out.
+            // `is_finite` is a predicate: float in, bool out.
             let dtype = match u {
                 UnaryOp::IsFinite => DType::Bool,
                 _ => t.dtype,
@@ -550,7 +550,7 @@ fn check_starts(starts: &[&TensorType], t: &TensorType) -> Result<(), String> {
 
 fn check_dtype(t: &TensorType, logical: bool) -> Result<(), String> {
     match (logical, t.dtype) {
-        (true, DType::Bool) | (false, DType::F32 | DType::I32) => Ok(()),
+        (true, DType::Bool) | (false, DType::F32 | DType::BF16 | DType::F16 | DType::I32) => Ok(()),
         (true, _) => Err(format!("logical op needs pred operands, got {t}")),
         (false, _) => Err(format!("arithmetic op needs numeric operands, got {t}")),
     }

@@ -1,6 +1,7 @@
 //! Host arrays with a runtime element type: constants in the IR, inputs and outputs of
 //! runs (XLA calls this a literal).
 
+use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 
 use crate::types::{DType, Shape};
@@ -10,17 +11,159 @@ use crate::types::{DType, Shape};
 pub enum Literal {
     /// f32 elements.
     F32(ArrayD<f32>),
+    /// bf16 elements.
+    BF16(ArrayD<bf16>),
+    /// f16 elements.
+    F16(ArrayD<f16>),
     /// i32 elements.
     I32(ArrayD<i32>),
     /// bool elements.
     Bool(ArrayD<bool>),
 }
 
+/// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
+/// `$a` binds the literal's `ArrayD<T>` (by reference when `$lit` is a reference) and
+/// the result is the same variant of `$body`'s array.
+macro_rules! map_literal {
+    ($lit:expr, $a:ident => $body:expr) => {
+        match $lit {
+            $crate::ir::Literal::F32($a) => $crate::ir::Literal::F32($body),
+            $crate::ir::Literal::BF16($a) => $crate::ir::Literal::BF16($body),
+            $crate::ir::Literal::F16($a) => $crate::ir::Literal::F16($body),
+            $crate::ir::Literal::I32($a) => $crate::ir::Literal::I32($body),
+            $crate::ir::Literal::Bool($a) => $crate::ir::Literal::Bool($body),
+        }
+    };
+}
+pub(crate) use map_literal;
+
+/// Evaluates a dtype-generic expression on a literal's array: in `$body`, `$a` binds the
+/// literal's `ArrayD<T>` (by reference when `$lit` is a reference); every arm must give
+/// the same type.
+macro_rules! with_literal {
+    ($lit:expr, $a:ident => $body:expr) => {
+        match $lit {
+            $crate::ir::Literal::F32($a) => $body,
+            $crate::ir::Literal::BF16($a) => $body,
+            $crate::ir::Literal::F16($a) => $body,
+            $crate::ir::Literal::I32($a) => $body,
+            $crate::ir::Literal::Bool($a) => $body,
+        }
+    };
+}
+pub(crate) use with_literal;
+
+/// The element types of [`Literal`] as values: conversions through f64, which holds every
+/// f32, bf16, f16, i32 and bool exactly, so a conversion rounds at most once.
+pub trait Element: Copy + Default + Send + Sync + 'static {
+    /// The dtype of `Self`.
+    const DTYPE: DType;
+    /// The exact value as an f64 (`true` is 1).
+    fn to_f64(self) -> f64;
+    /// `v` converted: floats round to nearest even, i32 truncates toward zero
+    /// (saturating; NaN gives 0), bool is `v != 0`.
+    fn from_f64(v: f64) -> Self;
+    /// `v` converted as [`Element::from_f64`] converts it.
+    fn from_f32(v: f32) -> Self;
+    /// The bit pattern (zero-extended): what constants are compared and hashed by.
+    fn bits(self) -> u32;
+    /// The literal holding `a`.
+    fn literal(a: ArrayD<Self>) -> Literal;
+    /// The array of `x`, if `x` has dtype `Self::DTYPE`.
+    fn array(x: &Literal) -> Option<&ArrayD<Self>>;
+}
+
+macro_rules! element {
+    // A `half` type: its own conversions, its 16-bit pattern.
+    ($t:ident, $variant:ident, half) => {
+        element!(
+            $t,
+            $variant,
+            |x| x.to_f64(),
+            |v| $t::from_f64(v),
+            |w| $t::from_f32(w),
+            |x| u32::from(x.to_bits())
+        );
+    };
+    ($t:ty, $variant:ident, |$x:ident| $to:expr, |$v:ident| $from:expr, |$w:ident| $from32:expr,
+     |$b:ident| $bits:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                let $x = self;
+                $to
+            }
+            #[inline]
+            fn from_f64($v: f64) -> Self {
+                $from
+            }
+            #[inline]
+            fn from_f32($w: f32) -> Self {
+                $from32
+            }
+            #[inline]
+            fn bits(self) -> u32 {
+                let $b = self;
+                $bits
+            }
+            fn literal(a: ArrayD<Self>) -> Literal {
+                Literal::$variant(a)
+            }
+            fn array(x: &Literal) -> Option<&ArrayD<Self>> {
+                match x {
+                    Literal::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| f64::from(x), |v| v as f32, |w| w, |x| {
+    f32::to_bits(x)
+});
+element!(bf16, BF16, half);
+element!(f16, F16, half);
+element!(
+    i32,
+    I32,
+    |x| f64::from(x),
+    |v| v as i32,
+    |w| w as i32,
+    |x| x.cast_unsigned()
+);
+element!(
+    bool,
+    Bool,
+    |x| f64::from(u8::from(x)),
+    |v| v != 0.0,
+    |w| w != 0.0,
+    |x| u32::from(x)
+);
+
+/// Calls a function generic over [`Element`] for a runtime dtype:
+/// `by_element!(dtype, f(args))` calls `f::<f32>(args)`, `f::<bf16>(args)`, ...
+macro_rules! by_element {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            $crate::types::DType::F32 => $f::<f32>($($arg),*),
+            $crate::types::DType::BF16 => $f::<::half::bf16>($($arg),*),
+            $crate::types::DType::F16 => $f::<::half::f16>($($arg),*),
+            $crate::types::DType::I32 => $f::<i32>($($arg),*),
+            $crate::types::DType::Bool => $f::<bool>($($arg),*),
+        }
+    };
+}
+pub(crate) use by_element;
+
 impl Literal {
     /// Element type.
     pub fn dtype(&self) -> DType {
         match self {
             Literal::F32(_) => DType::F32,
+            Literal::BF16(_) => DType::BF16,
+            Literal::F16(_) => DType::F16,
             Literal::I32(_) => DType::I32,
             Literal::Bool(_) => DType::Bool,
         }
@@ -28,11 +171,7 @@ impl Literal {
 
     /// Dims.
     pub fn shape(&self) -> Shape {
-        match self {
-            Literal::F32(a) => a.shape().to_vec(),
-            Literal::I32(a) => a.shape().to_vec(),
-            Literal::Bool(a) => a.shape().to_vec(),
-        }
+        with_literal!(self, a => a.shape().to_vec())
     }
 
     /// An f32 scalar.
@@ -40,55 +179,114 @@ impl Literal {
         Literal::F32(ArrayD::from_elem(IxDyn(&[]), v))
     }
 
-    /// A tensor of `shape` filled with `v` converted to `dtype` (non-zero is `true`).
+    /// A tensor of `shape` filled with `v` converted to `dtype` as [`Literal::convert`]
+    /// converts (non-zero is `true`).
     pub fn full(shape: &[usize], dtype: DType, v: f64) -> Self {
-        let dim = IxDyn(shape);
-        match dtype {
-            DType::F32 => Literal::F32(ArrayD::from_elem(dim, v as f32)),
-            DType::I32 => Literal::I32(ArrayD::from_elem(dim, v as i32)),
-            DType::Bool => Literal::Bool(ArrayD::from_elem(dim, v != 0.0)),
+        fn fill<T: Element>(shape: &[usize], v: f64) -> Literal {
+            T::literal(ArrayD::from_elem(IxDyn(shape), T::from_f64(v)))
         }
+        by_element!(dtype, fill(shape, v))
+    }
+
+    /// This literal converted to `dtype`, elementwise, rounding at most once: floats to
+    /// nearest even, to i32 toward zero (saturating; NaN gives 0), to bool `x != 0`,
+    /// bool to 0/1. Converting to its own dtype copies.
+    pub fn convert(&self, dtype: DType) -> Literal {
+        /// Floats go through f32, which holds bf16 and f16 exactly, so they round as
+        /// through f64, only faster (the float normalisation converts at every op).
+        fn to<T: Element>(x: &Literal) -> Literal {
+            T::literal(match x {
+                Literal::F32(a) => a.mapv(T::from_f32),
+                Literal::BF16(a) => a.mapv(|v| T::from_f32(v.to_f32())),
+                Literal::F16(a) => a.mapv(|v| T::from_f32(v.to_f32())),
+                Literal::I32(a) => a.mapv(|v| T::from_f64(v.to_f64())),
+                Literal::Bool(a) => a.mapv(|v| T::from_f64(v.to_f64())),
+            })
+        }
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        by_element!(dtype, to(self))
     }
 
     /// The f32 array, if this is one.
     pub fn as_f32(&self) -> Option<&ArrayD<f32>> {
-        match self {
-            Literal::F32(a) => Some(a),
-            _ => None,
-        }
+        f32::array(self)
+    }
+
+    /// The bf16 array, if this is one.
+    pub fn as_bf16(&self) -> Option<&ArrayD<bf16>> {
+        bf16::array(self)
+    }
+
+    /// The f16 array, if this is one.
+    pub fn as_f16(&self) -> Option<&ArrayD<f16>> {
+        f16::array(self)
     }
 
     /// The i32 array, if this is one.
     pub fn as_i32(&self) -> Option<&ArrayD<i32>> {
-        match self {
-            Literal::I32(a) => Some(a),
-            _ => None,
-        }
+        i32::array(self)
     }
 
     /// The bool array, if this is one.
     pub fn as_bool(&self) -> Option<&ArrayD<bool>> {
-        match self {
-            Literal::Bool(a) => Some(a),
-            _ => None,
+        bool::array(self)
+    }
+}
+
+impl<T: Element> From<ArrayD<T>> for Literal {
+    fn from(a: ArrayD<T>) -> Self {
+        T::literal(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions_round_once() {
+        // 1 + 2^-8 + 2^-20 rounds up in bf16 (the 2^-20 breaks the tie); via f32 then
+        // bf16 it is the same value, and an i32 above bf16's precision rounds to even.
+        let x = Literal::F32(ArrayD::from_elem(
+            IxDyn(&[1]),
+            1.0 + 2f32.powi(-8) + 2f32.powi(-20),
+        ));
+        let b = x.convert(DType::BF16);
+        assert_eq!(b.as_bf16().unwrap()[[0]].to_f32(), 1.0 + 2f32.powi(-7));
+        let i = Literal::I32(ArrayD::from_shape_vec(IxDyn(&[3]), vec![257, 259, -3]).unwrap());
+        let wide: Vec<f32> = i
+            .convert(DType::BF16)
+            .convert(DType::F32)
+            .as_f32()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(wide, vec![256.0, 260.0, -3.0]);
+        let h = Literal::full(&[2], DType::F16, 70000.0);
+        assert!(h.as_f16().unwrap()[[0]].is_infinite());
+        assert_eq!(
+            h.convert(DType::I32),
+            Literal::full(&[2], DType::I32, f64::from(i32::MAX))
+        );
+        // Through f32 and through f64, floats round alike (ties, subnormals, overflow).
+        for bits in (0..u32::MAX).step_by(65_537) {
+            let v = f32::from_bits(bits);
+            let same = |a: u32, b: u32| a == b || v.is_nan();
+            assert!(same(
+                bf16::from_f32(v).bits(),
+                bf16::from_f64(v.into()).bits()
+            ));
+            assert!(same(
+                f16::from_f32(v).bits(),
+                f16::from_f64(v.into()).bits()
+            ));
         }
-    }
-}
-
-impl From<ArrayD<f32>> for Literal {
-    fn from(a: ArrayD<f32>) -> Self {
-        Literal::F32(a)
-    }
-}
-
-impl From<ArrayD<i32>> for Literal {
-    fn from(a: ArrayD<i32>) -> Self {
-        Literal::I32(a)
-    }
-}
-
-impl From<ArrayD<bool>> for Literal {
-    fn from(a: ArrayD<bool>) -> Self {
-        Literal::Bool(a)
+        let back = Literal::full(&[], DType::BF16, -2.5)
+            .convert(DType::F16)
+            .convert(DType::Bool);
+        assert_eq!(back, Literal::full(&[], DType::Bool, 1.0));
     }
 }

@@ -33,7 +33,8 @@ pub(crate) use index_arithmetic::EmitOps;
 pub(crate) use indexing::Indexing;
 pub use indexing::{GatherDims, ScatterDims, ScatterKind};
 pub use infer::infer_type;
-pub use literal::Literal;
+pub use literal::{Element, Literal};
+pub(crate) use literal::{by_element, map_literal, with_literal};
 pub use lookup::embedding;
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,

@@ -7,18 +7,14 @@ use std::collections::HashSet;
 use ndarray::{ArrayD, AxisDescription, IxDyn, Slice};
 
 use crate::error::{Error, Result};
-use crate::ir::Literal;
+use crate::ir::{Element, Literal, by_element, map_literal};
 use crate::sharding::{Mesh, Sharding};
 
 /// `device`'s block of `lit` under `sharding` (unpadded: short or empty for the late
 /// shards of an uneven dim). Unreduced axes are ignored: each device gets the block.
 pub fn shard_literal(lit: &Literal, sharding: &Sharding, mesh: &Mesh, device: usize) -> Literal {
     let block = sharding.device_block(mesh, &lit.shape(), device);
-    match lit {
-        Literal::F32(a) => Literal::F32(slice_block(a, &block)),
-        Literal::I32(a) => Literal::I32(slice_block(a, &block)),
-        Literal::Bool(a) => Literal::Bool(slice_block(a, &block)),
-    }
+    map_literal!(lit, a => slice_block(a, &block))
 }
 
 /// The global value of `global_shape` from per-device blocks, `shards[d]` being device
@@ -66,20 +62,17 @@ pub fn assemble(
         }
         blocks.push(block);
     }
-    Ok(match &shards[0] {
-        Literal::F32(_) => {
-            Literal::F32(place_blocks(shards, &blocks, global_shape, Literal::as_f32))
-        }
-        Literal::I32(_) => {
-            Literal::I32(place_blocks(shards, &blocks, global_shape, Literal::as_i32))
-        }
-        Literal::Bool(_) => Literal::Bool(place_blocks(
-            shards,
-            &blocks,
-            global_shape,
-            Literal::as_bool,
-        )),
-    })
+    fn place<T: Element>(
+        shards: &[Literal],
+        blocks: &[Vec<(usize, usize)>],
+        global_shape: &[usize],
+    ) -> Literal {
+        T::literal(place_blocks(shards, blocks, global_shape, T::array))
+    }
+    Ok(by_element!(
+        shards[0].dtype(),
+        place(shards, &blocks, global_shape)
+    ))
 }
 
 /// The sub-array of `a` at `block` (`(offset, len)` per dim).

@@ -6,7 +6,7 @@
 use ndarray::{ArrayD, Axis, IxDyn};
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Flow, Literal, Program, TensorType};
+use crate::ir::{Element, Flow, Literal, Program, TensorType, by_element, map_literal};
 
 /// Runs one region on `inputs`, its live values limited to the given bytes: the
 /// caller's evaluation loop, recursively.
@@ -95,11 +95,7 @@ fn truth(p: &Literal) -> std::result::Result<bool, String> {
 
 /// `x[i]`: the leading dim removed.
 fn index_leading(x: &Literal, i: usize) -> Literal {
-    match x {
-        Literal::F32(a) => Literal::F32(a.index_axis(Axis(0), i).to_owned()),
-        Literal::I32(a) => Literal::I32(a.index_axis(Axis(0), i).to_owned()),
-        Literal::Bool(a) => Literal::Bool(a.index_axis(Axis(0), i).to_owned()),
-    }
+    map_literal!(x, a => a.index_axis(Axis(0), i).to_owned())
 }
 
 /// `parts` (each of type `ty`) stacked along a new leading dim; a part of another type
@@ -116,30 +112,16 @@ fn stack(parts: &[&Literal], ty: &TensorType) -> std::result::Result<Literal, St
     }
     let mut shape = vec![parts.len()];
     shape.extend_from_slice(&ty.shape);
-    fn gather<T: Clone>(
+    fn gather<T: Element>(
         shape: &[usize],
-        parts: impl Iterator<Item = T>,
-    ) -> std::result::Result<ArrayD<T>, String> {
-        ArrayD::from_shape_vec(IxDyn(shape), parts.collect()).map_err(|e| e.to_string())
+        parts: &[&Literal],
+    ) -> std::result::Result<Literal, String> {
+        let elements = parts
+            .iter()
+            .flat_map(|p| T::array(p).into_iter().flatten().copied());
+        ArrayD::from_shape_vec(IxDyn(shape), elements.collect())
+            .map(T::literal)
+            .map_err(|e| e.to_string())
     }
-    Ok(match ty.dtype {
-        DType::F32 => Literal::F32(gather(
-            &shape,
-            parts
-                .iter()
-                .flat_map(|p| p.as_f32().into_iter().flatten().copied()),
-        )?),
-        DType::I32 => Literal::I32(gather(
-            &shape,
-            parts
-                .iter()
-                .flat_map(|p| p.as_i32().into_iter().flatten().copied()),
-        )?),
-        DType::Bool => Literal::Bool(gather(
-            &shape,
-            parts
-                .iter()
-                .flat_map(|p| p.as_bool().into_iter().flatten().copied()),
-        )?),
-    })
+    by_element!(ty.dtype, gather(&shape, parts))
 }

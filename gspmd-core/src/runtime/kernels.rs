@@ -13,6 +13,7 @@ mod contraction;
 mod elementary;
 mod elementwise;
 mod indexing;
+mod narrow;
 mod reduce;
 
 use std::borrow::Cow;
@@ -21,20 +22,9 @@ pub(crate) use elementwise::{max_nan, min_nan};
 use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
 
 use crate::ir::{
-    ConvConfig, CumulativeKind, DType, Literal, Op, ReduceKind, TensorType, WindowDim, infer_type,
+    ConvConfig, CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim,
+    by_element, infer_type, map_literal, with_literal,
 };
-
-/// Applies a dtype-generic array expression to a literal, keeping its dtype: in `$body`,
-/// `$a` binds the literal's `ArrayD<T>` (by reference when `$lit` is a reference).
-macro_rules! each_dtype {
-    ($lit:expr, $a:ident => $body:expr) => {
-        match $lit {
-            Literal::F32($a) => Literal::F32($body),
-            Literal::I32($a) => Literal::I32($body),
-            Literal::Bool($a) => Literal::Bool($body),
-        }
-    };
-}
 
 /// Applies a dtype-generic array expression to two numeric literals of one dtype: in
 /// `$body`, `$a` and `$b` bind their `ArrayD<T>`s (f32 or i32); other dtypes are `Err`.
@@ -92,6 +82,14 @@ pub(crate) enum Operand<'a> {
 }
 
 impl<'a> Operand<'a> {
+    /// The operand's dtype.
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            Operand::Value(v) => v.dtype(),
+            Operand::Broadcast { source, .. } => source.dtype(),
+        }
+    }
+
     /// The operand as a literal, a broadcast materialised.
     pub(crate) fn into_value(self) -> Result<Cow<'a, Literal>, String> {
         match self {
@@ -101,7 +99,7 @@ impl<'a> Operand<'a> {
                 shape,
                 dims,
             } => Ok(Cow::Owned(
-                each_dtype!(source, a => broadcast_in_dim(a.view(), shape, dims)?),
+                map_literal!(source, a => broadcast_in_dim(a.view(), shape, dims)?),
             )),
         }
     }
@@ -118,6 +116,9 @@ pub(crate) fn eval_typed(
     operands: Vec<Operand<'_>>,
     result: &TensorType,
 ) -> Result<Literal, String> {
+    if narrow::computes_wide(op, &operands, result) {
+        return narrow::eval_wide(op, operands, result);
+    }
     let given = operands.len();
     let arity = |n: usize| format!("{} takes {n} operands, given {given}", op.name());
     let out = match op {
@@ -177,10 +178,10 @@ fn compute_borrowed(
         Op::Constant(lit) => lit.clone(),
         Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
         Op::Broadcast { shape, dims } => {
-            each_dtype!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
+            map_literal!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
         }
-        Op::Reshape(shape) => each_dtype!(operands[0], a => reshape(a, shape)?),
-        Op::Transpose(perm) => each_dtype!(operands[0], a => transpose(a, perm)),
+        Op::Reshape(shape) => map_literal!(operands[0], a => reshape(a, shape)?),
+        Op::Transpose(perm) => map_literal!(operands[0], a => transpose(a, perm)),
         Op::Reduce { kind, dims } => reduce::reduce(*kind, operands[0], dims)?,
         Op::DotGeneral(dd) => {
             numeric_pair!(operands[0], operands[1], (a, b) => contraction::dot_general(dd, a, b, &result.shape)?)
@@ -189,7 +190,7 @@ fn compute_borrowed(
             start,
             limit,
             stride,
-        } => each_dtype!(operands[0], a => slice(a, start, limit, stride)),
+        } => map_literal!(operands[0], a => slice(a, start, limit, stride)),
         Op::Pad {
             low,
             high,
@@ -210,7 +211,7 @@ fn compute_borrowed(
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
             let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
             let stride = vec![1; sizes.len()];
-            each_dtype!(operands[0], a => slice(a, &starts, &limit, &stride))
+            map_literal!(operands[0], a => slice(a, &starts, &limit, &stride))
         }
         Op::DynamicUpdateSlice => {
             let update = operands[1];
@@ -218,8 +219,8 @@ fn compute_borrowed(
             dynamic_update_slice(operands[0], update, &starts)?
         }
         Op::Cumulative { kind, dim, reverse } => cumulative(*kind, operands[0], *dim, *reverse)?,
-        Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending),
-        Op::Reverse(dims) => each_dtype!(operands[0], a => reverse(a, dims)),
+        Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending)?,
+        Op::Reverse(dims) => map_literal!(operands[0], a => reverse(a, dims)),
         Op::Flow { flow, .. } => {
             return Err(format!(
                 "{} has regions: the evaluation loop runs it, not a kernel",
@@ -252,11 +253,7 @@ fn compute_borrowed(
 
 /// Whether `lit` has type `ty` (no allocation).
 pub(crate) fn has_type(lit: &Literal, ty: &TensorType) -> bool {
-    let shape = match lit {
-        Literal::F32(a) => a.shape(),
-        Literal::I32(a) => a.shape(),
-        Literal::Bool(a) => a.shape(),
-    };
+    let shape = with_literal!(lit, a => a.shape());
     lit.dtype() == ty.dtype && shape == ty.shape.as_slice()
 }
 
@@ -273,15 +270,21 @@ fn standard_layout(lit: Literal) -> Literal {
             a.as_standard_layout().into_owned()
         }
     }
-    each_dtype!(lit, a => contiguous(a))
+    map_literal!(lit, a => contiguous(a))
 }
 
 fn not_defined(op: &Op, dtype: DType) -> String {
     format!("{} is not defined for {dtype}", op.name())
 }
 
-fn dtype_mismatch(a: &Literal, b: &Literal) -> String {
-    types_differ(&type_of(a), &type_of(b))
+/// The arrays of `a` and `b`, both of dtype `T`, or `Err` naming their types.
+fn same_dtype<'a, T: Element>(
+    a: &'a Literal,
+    b: &'a Literal,
+) -> Result<(&'a ArrayD<T>, &'a ArrayD<T>), String> {
+    T::array(a)
+        .zip(T::array(b))
+        .ok_or_else(|| types_differ(&type_of(a), &type_of(b)))
 }
 
 fn types_differ(a: &TensorType, b: &TensorType) -> String {
@@ -300,11 +303,14 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
         let count = Array1::from_iter((0..shape[dim]).map(f)).into_dyn();
         broadcast_in_dim(count.view(), shape, &[dim])
     }
-    Ok(match dtype {
-        DType::F32 => Literal::F32(counting(shape, dim, |i| i as f32)?),
-        DType::I32 => Literal::I32(counting(shape, dim, |i| i as i32)?),
-        DType::Bool => return Err("iota of bool".into()),
-    })
+    /// `0..shape[dim]` in `T` (exact below 2^24 for f32, rounded for bf16 and f16).
+    fn count_in<T: Element>(shape: &[usize], dim: usize) -> Result<Literal, String> {
+        counting(shape, dim, |i| T::from_f64(i as f64)).map(T::literal)
+    }
+    if dtype == DType::Bool {
+        return Err("iota of bool".into());
+    }
+    by_element!(dtype, count_in(shape, dim))
 }
 
 // ---- data movement ---------------------------------------------------------------------
@@ -400,21 +406,17 @@ fn dynamic_update_slice(
     update: &Literal,
     starts: &[usize],
 ) -> Result<Literal, String> {
-    fn write<T: Clone>(a: &ArrayD<T>, u: &ArrayD<T>, starts: &[usize]) -> ArrayD<T> {
+    fn write<T: Element>(x: &Literal, u: &Literal, starts: &[usize]) -> Result<Literal, String> {
+        let (a, u) = same_dtype::<T>(x, u)?;
         let mut out = a.clone();
         out.slice_each_axis_mut(|ax| {
             let d = ax.axis.index();
             Slice::from(starts[d]..starts[d] + u.shape()[d])
         })
         .assign(u);
-        out
+        Ok(T::literal(out))
     }
-    Ok(match (x, update) {
-        (Literal::F32(a), Literal::F32(u)) => Literal::F32(write(a, u, starts)),
-        (Literal::I32(a), Literal::I32(u)) => Literal::I32(write(a, u, starts)),
-        (Literal::Bool(a), Literal::Bool(u)) => Literal::Bool(write(a, u, starts)),
-        _ => return Err(dtype_mismatch(x, update)),
-    })
+    by_element!(x.dtype(), write(x, update, starts))
 }
 
 /// Inclusive scan along `dim`: element `j` is `f(element j - 1 of the scan, x_j)`,
@@ -445,7 +447,7 @@ fn cumulative(
         (Literal::I32(a), CumulativeKind::Prod) => {
             Literal::I32(scan(a, dim, reverse, i32::wrapping_mul))
         }
-        (Literal::Bool(_), _) => return Err(format!("cannot scan {}", type_of(x))),
+        (x, _) => return Err(format!("cannot scan {}", type_of(x))),
     })
 }
 
@@ -461,7 +463,7 @@ fn total_order(a: &f32, b: &f32) -> std::cmp::Ordering {
 }
 
 /// The i32 indices that stably sort each lane along `dim` (see [`Op::Argsort`]).
-fn argsort(x: &Literal, dim: usize, descending: bool) -> Literal {
+fn argsort(x: &Literal, dim: usize, descending: bool) -> Result<Literal, String> {
     fn indices<T>(
         a: &ArrayD<T>,
         dim: usize,
@@ -485,11 +487,12 @@ fn argsort(x: &Literal, dim: usize, descending: bool) -> Literal {
         }
         out
     }
-    Literal::I32(match x {
+    Ok(Literal::I32(match x {
         Literal::F32(a) => indices(a, dim, descending, total_order),
         Literal::I32(a) => indices(a, dim, descending, i32::cmp),
         Literal::Bool(a) => indices(a, dim, descending, bool::cmp),
-    })
+        x => return Err(format!("cannot sort {}", type_of(x))),
+    }))
 }
 
 /// Edge padding (negative removes) and interior padding: the operand is first written
@@ -502,17 +505,15 @@ fn pad(
     high: &[i64],
     interior: &[usize],
 ) -> Result<Literal, String> {
-    fn pad_array<T: Clone>(
-        a: &ArrayD<T>,
-        value: &ArrayD<T>,
+    fn pad_array<T: Element>(
+        x: &Literal,
+        value: &Literal,
         low: &[i64],
         high: &[i64],
         interior: &[usize],
-    ) -> Result<ArrayD<T>, String> {
-        let fill = value
-            .first()
-            .ok_or("padding value must be a scalar")?
-            .clone();
+    ) -> Result<Literal, String> {
+        let (a, value) = same_dtype::<T>(x, value)?;
+        let fill = *value.first().ok_or("padding value must be a scalar")?;
         let grow = |p: i64| p.max(0) as usize;
         let cut = |p: i64| (-p).max(0) as usize;
         let spread = |d: usize| match a.shape()[d] {
@@ -538,16 +539,9 @@ fn pad(
             let end = grown[d].saturating_sub(cut(high[d]));
             Slice::new(cut(low[d]).min(end) as isize, Some(end as isize), 1)
         });
-        Ok(out)
+        Ok(T::literal(out))
     }
-    Ok(match (x, value) {
-        (Literal::F32(a), Literal::F32(v)) => Literal::F32(pad_array(a, v, low, high, interior)?),
-        (Literal::I32(a), Literal::I32(v)) => Literal::I32(pad_array(a, v, low, high, interior)?),
-        (Literal::Bool(a), Literal::Bool(v)) => {
-            Literal::Bool(pad_array(a, v, low, high, interior)?)
-        }
-        _ => return Err(dtype_mismatch(x, value)),
-    })
+    by_element!(x.dtype(), pad_array(x, value, low, high, interior))
 }
 
 /// Reverses the element order along `dims`.
@@ -564,24 +558,18 @@ fn reverse<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
 }
 
 fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
-    fn join<T: Clone>(
-        operands: &[&Literal],
-        dim: usize,
-        get: fn(&Literal) -> Option<&ArrayD<T>>,
-    ) -> Result<ArrayD<T>, String> {
+    fn join<T: Element>(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
         let views = operands
             .iter()
-            .map(|l| get(l).map(|a| a.view()))
+            .map(|l| T::array(l).map(|a| a.view()))
             .collect::<Option<Vec<_>>>()
             .ok_or("concatenate operands differ in dtype")?;
-        ndarray::concatenate(Axis(dim), &views).map_err(|e| e.to_string())
+        ndarray::concatenate(Axis(dim), &views)
+            .map(T::literal)
+            .map_err(|e| e.to_string())
     }
     let first = operands.first().ok_or("concatenate needs an operand")?;
-    Ok(match first {
-        Literal::F32(_) => Literal::F32(join(operands, dim, Literal::as_f32)?),
-        Literal::I32(_) => Literal::I32(join(operands, dim, Literal::as_i32)?),
-        Literal::Bool(_) => Literal::Bool(join(operands, dim, Literal::as_bool)?),
-    })
+    by_element!(first.dtype(), join(operands, dim))
 }
 
 // ---- reductions ------------------------------------------------------------------------
@@ -684,7 +672,7 @@ fn reduce_window(
             ReduceKind::Max => windows(a, window, shape, i32::MIN, i32::max)?,
             ReduceKind::Min => windows(a, window, shape, i32::MAX, i32::min)?,
         }),
-        Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
+        x => return Err(format!("cannot reduce {}", type_of(x))),
     })
 }
 

@@ -11,7 +11,8 @@ use rand::{Rng, RngExt, SeedableRng};
 use crate::ir::{DType, Literal, Program};
 
 /// One input per parameter of `program`, of its type, drawn in parameter order from one
-/// generator seeded with `seed`: f32 uniform in `[-0.5, 0.5)`, i32 uniform in `0..8`,
+/// generator seeded with `seed`: f32 uniform in `[-0.5, 0.5)` (bf16 and f16: those values
+/// rounded), i32 uniform in `0..8`,
 /// bool true with probability one half. The same arguments always give the same inputs.
 pub fn sample_inputs(program: &Program, seed: u64) -> Vec<Literal> {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
@@ -22,6 +23,9 @@ pub fn sample_inputs(program: &Program, seed: u64) -> Vec<Literal> {
             let ty = program.ty(p);
             match ty.dtype {
                 DType::F32 => uniform_f32(&mut rng, &ty.shape, -0.5, 0.5),
+                DType::BF16 | DType::F16 => {
+                    uniform_f32(&mut rng, &ty.shape, -0.5, 0.5).convert(ty.dtype)
+                }
                 DType::I32 => uniform_i32(&mut rng, &ty.shape, 0, 8),
                 DType::Bool => Literal::Bool(from_fn(&ty.shape, || rng.random_bool(0.5))),
             }

@@ -6,7 +6,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
 use super::{Fate, Stage, rebuild};
-use crate::ir::{Literal, Node, Op, Program, ValueId};
+use crate::ir::{Element, Literal, Node, Op, Program, ValueId, by_element, with_literal};
 
 /// `program` with every node that equals an earlier one merged into it. Two nodes are
 /// equal when they have the same op with the same attributes, the same operands (after
@@ -106,22 +106,19 @@ fn same_computation(a: &Node, b: &Node) -> bool {
 
 fn hash_literal_bits(literal: &Literal, h: &mut impl Hasher) {
     literal.shape().hash(h);
-    match literal {
-        Literal::F32(a) => a.iter().for_each(|x| x.to_bits().hash(h)),
-        Literal::I32(a) => a.iter().for_each(|x| x.hash(h)),
-        Literal::Bool(a) => a.iter().for_each(|x| x.hash(h)),
-    }
+    literal.dtype().hash(h);
+    with_literal!(literal, a => a.iter().for_each(|x| x.bits().hash(h)));
 }
 
 /// Equal dtype, shape and element bit patterns.
 fn same_bits(x: &Literal, y: &Literal) -> bool {
-    match (x, y) {
-        (Literal::F32(a), Literal::F32(b)) => {
-            a.shape() == b.shape()
-                && a.iter()
-                    .zip(b.iter())
-                    .all(|(p, q)| p.to_bits() == q.to_bits())
+    fn same<T: Element>(x: &Literal, y: &Literal) -> bool {
+        match (T::array(x), T::array(y)) {
+            (Some(a), Some(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(p, q)| p.bits() == q.bits())
+            }
+            _ => false,
         }
-        _ => x == y,
     }
+    by_element!(x.dtype(), same(x, y))
 }

@@ -11,13 +11,15 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use super::trainer::{Engine, Trainer};
 use crate::error::{Error, Result};
-use crate::ir::Literal;
+use half::{bf16, f16};
+
+use crate::ir::{Element, Literal, with_literal};
 
 /// Header metadata key prefix recording the order tensors were given in: key
 /// `gspmd.order.<i>` holds the name of tensor `i`.
 const ORDER: &str = "gspmd.order.";
 
-/// Writes `tensors` (f32, i32 or bool; names distinct) to `path` as a safetensors file,
+/// Writes `tensors` (f32, bf16, f16, i32 or bool; names distinct) to `path` as a safetensors file,
 /// replacing it if it exists. Their order is kept in the header's metadata so that
 /// [`load_checkpoint`] returns them in the same order.
 pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) -> Result<()> {
@@ -49,7 +51,8 @@ pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) ->
 
 /// Reads the tensors of the safetensors file at `path`: in the order they were saved
 /// by [`save_checkpoint`], or in file order for a file written by another tool.
-/// F32, I32 and BOOL tensors are supported; any other dtype is an [`Error::Checkpoint`].
+/// F32, BF16, F16, I32 and BOOL tensors are supported; any other dtype is an
+/// [`Error::Checkpoint`].
 pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>> {
     let path = path.as_ref();
     let fail = |message: String| Error::Checkpoint {
@@ -154,59 +157,82 @@ fn saved_order(
     Ok(names)
 }
 
+/// An element type as safetensors stores it: its dtype and little-endian bytes.
+trait Stored: Element {
+    const STORED: Dtype;
+    /// Bytes per element.
+    const SIZE: usize;
+    fn write(self, out: &mut Vec<u8>);
+    /// The element of `bytes` (`SIZE` of them).
+    fn read(bytes: &[u8]) -> Result<Self, String>;
+}
+
+macro_rules! stored_le {
+    ($t:ty, $dtype:ident, $size:literal) => {
+        impl Stored for $t {
+            const STORED: Dtype = Dtype::$dtype;
+            const SIZE: usize = $size;
+            fn write(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read(bytes: &[u8]) -> Result<Self, String> {
+                let word = bytes.try_into().map_err(|_| "a truncated element")?;
+                Ok(<$t>::from_le_bytes(word))
+            }
+        }
+    };
+}
+
+stored_le!(f32, F32, 4);
+stored_le!(bf16, BF16, 2);
+stored_le!(f16, F16, 2);
+stored_le!(i32, I32, 4);
+
+impl Stored for bool {
+    const STORED: Dtype = Dtype::BOOL;
+    const SIZE: usize = 1;
+    fn write(self, out: &mut Vec<u8>) {
+        out.push(u8::from(self));
+    }
+    fn read(bytes: &[u8]) -> Result<Self, String> {
+        match bytes {
+            [0] => Ok(false),
+            [1] => Ok(true),
+            other => Err(format!("bool byte {other:?} is neither 0 nor 1")),
+        }
+    }
+}
+
 /// The safetensors dtype and little-endian bytes of `lit`, row-major.
 fn encode(lit: &Literal) -> (Dtype, Vec<u8>) {
-    match lit {
-        Literal::F32(a) => (Dtype::F32, a.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Literal::I32(a) => (Dtype::I32, a.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        Literal::Bool(a) => (Dtype::BOOL, a.iter().map(|&b| u8::from(b)).collect()),
+    fn bytes<T: Stored>(a: &ArrayD<T>) -> (Dtype, Vec<u8>) {
+        let mut out = Vec::with_capacity(a.len() * T::SIZE);
+        a.iter().for_each(|&x| x.write(&mut out));
+        (T::STORED, out)
     }
+    with_literal!(lit, a => bytes(a))
 }
 
 /// The literal a tensor view holds.
 fn decode(view: &TensorView<'_>) -> Result<Literal, String> {
-    let shape = IxDyn(view.shape());
-    let words = |data: &[u8]| -> Vec<[u8; 4]> {
-        data.chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
-            .collect()
-    };
-    let shaped = |e: ndarray::ShapeError| e.to_string();
+    fn elements<T: Stored>(view: &TensorView<'_>) -> Result<Literal, String> {
+        let v = view
+            .data()
+            .chunks(T::SIZE)
+            .map(T::read)
+            .collect::<Result<Vec<T>, String>>()?;
+        ArrayD::from_shape_vec(IxDyn(view.shape()), v)
+            .map(T::literal)
+            .map_err(|e| e.to_string())
+    }
     match view.dtype() {
-        Dtype::F32 => {
-            let v = words(view.data())
-                .into_iter()
-                .map(f32::from_le_bytes)
-                .collect();
-            ArrayD::from_shape_vec(shape, v)
-                .map(Literal::F32)
-                .map_err(shaped)
-        }
-        Dtype::I32 => {
-            let v = words(view.data())
-                .into_iter()
-                .map(i32::from_le_bytes)
-                .collect();
-            ArrayD::from_shape_vec(shape, v)
-                .map(Literal::I32)
-                .map_err(shaped)
-        }
-        Dtype::BOOL => {
-            let v = view
-                .data()
-                .iter()
-                .map(|&b| match b {
-                    0 => Ok(false),
-                    1 => Ok(true),
-                    other => Err(format!("bool byte {other} is neither 0 nor 1")),
-                })
-                .collect::<Result<Vec<bool>, String>>()?;
-            ArrayD::from_shape_vec(shape, v)
-                .map(Literal::Bool)
-                .map_err(shaped)
-        }
+        Dtype::F32 => elements::<f32>(view),
+        Dtype::BF16 => elements::<bf16>(view),
+        Dtype::F16 => elements::<f16>(view),
+        Dtype::I32 => elements::<i32>(view),
+        Dtype::BOOL => elements::<bool>(view),
         other => Err(format!(
-            "dtype {other:?} is not supported (f32, i32, bool are)"
+            "dtype {other:?} is not supported (f32, bf16, f16, i32, bool are)"
         )),
     }
 }

@@ -205,9 +205,5 @@ impl Iterator for Batches<'_> {
 
 /// Rows `rows` of `lit` along its leading dim, stacked in that order.
 fn take_rows(lit: &Literal, rows: &[usize]) -> Literal {
-    match lit {
-        Literal::F32(a) => Literal::F32(a.select(Axis(0), rows)),
-        Literal::I32(a) => Literal::I32(a.select(Axis(0), rows)),
-        Literal::Bool(a) => Literal::Bool(a.select(Axis(0), rows)),
-    }
+    crate::ir::map_literal!(lit, a => a.select(Axis(0), rows))
 }

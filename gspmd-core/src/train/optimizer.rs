@@ -414,12 +414,12 @@ impl Optimizer {
         let u = a.mul(g, inverse_root)?;
         let rms_u = root_mean_square(a, u)?;
         let ratio = a.scale(rms_u, 1.0 / clip_threshold)?;
-        let one = a.full(&[], 1.0)?;
+        let one = a.full(&[], a.ty(ratio).dtype, 1.0)?;
         let clip = a.binary(BinaryOp::Max, ratio, one)?;
         let u = a.div_scalar(u, clip)?;
         let alpha = if scale_parameter {
             let rms_w = root_mean_square(a, w)?;
-            let floor = a.full(&[], eps2)?;
+            let floor = a.full(&[], a.ty(rms_w).dtype, eps2)?;
             let scale = a.binary(BinaryOp::Max, rms_w, floor)?;
             a.mul(lr, scale)?
         } else {

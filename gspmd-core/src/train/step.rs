@@ -324,7 +324,7 @@ fn clip_by_global_norm(
     };
     let norm = a.unary(UnaryOp::Sqrt, total)?;
     a.name(norm, "grad_norm".into());
-    let max_value = a.full(&[], max)?;
+    let max_value = a.full(&[], DType::F32, max)?;
     let denominator = a.binary(BinaryOp::Max, norm, max_value)?;
     let scale = a.div(max_value, denominator)?;
     gradients.iter().map(|&g| a.mul_scalar(g, scale)).collect()

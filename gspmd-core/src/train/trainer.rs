@@ -486,8 +486,9 @@ impl Trainer {
 
     /// Sets the parameters, optimizer state and step count from `tensors` (as
     /// [`Trainer::checkpoint`] gives them; other names are ignored). Every one must be
-    /// present and typed as the step program expects, else [`Error::TrainerInput`] and
-    /// nothing changes.
+    /// present and typed as the step program expects (a float tensor of another float
+    /// dtype is converted: f32 weights load into bf16 parameters), else
+    /// [`Error::TrainerInput`] and nothing changes.
     pub fn restore(&mut self, tensors: &[(String, Literal)]) -> Result<()> {
         let find = |name: &str| {
             tensors
@@ -504,9 +505,9 @@ impl Trainer {
             let slots = std::iter::once((p.input, &p.name))
                 .chain(p.state.iter().map(|s| (s.input, &s.name)));
             for (input, name) in slots {
-                let value = find(name)?;
-                check(&self.step.program, input, name, value)?;
-                updates.push((input, value.clone()));
+                let value = float_to_fit(&self.step.program, input, find(name)?);
+                check(&self.step.program, input, name, &value)?;
+                updates.push((input, value));
             }
         }
         let count = find(STEP_COUNT)?;
@@ -529,6 +530,17 @@ impl Trainer {
         self.upload_carried()?;
         self.steps_done = steps_done;
         Ok(())
+    }
+}
+
+/// `value` converted to the dtype of input `index` of `program` when both are floats
+/// (an f32 checkpoint restored into bf16 parameters, or back), else `value`.
+fn float_to_fit(program: &Program, index: usize, value: &Literal) -> Literal {
+    let want = program.ty(program.params[index]).dtype;
+    if want.is_float() && value.dtype().is_float() {
+        value.convert(want)
+    } else {
+        value.clone()
     }
 }
 

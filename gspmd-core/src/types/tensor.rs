@@ -7,6 +7,11 @@ use std::fmt;
 pub enum DType {
     /// 32-bit float: activations and weights.
     F32,
+    /// bfloat16 (`half::bf16`: f32's exponent, 8 bits of significand): activations and
+    /// weights in mixed precision. Arithmetic runs in f32 (see `runtime::kernels`).
+    BF16,
+    /// IEEE half precision (`half::f16`). Arithmetic runs in f32, like [`DType::BF16`].
+    F16,
     /// 32-bit signed integer: indices, token ids.
     I32,
     /// Boolean: masks and predicates.
@@ -18,18 +23,38 @@ impl DType {
     pub const fn size_in_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
+            DType::BF16 | DType::F16 => 2,
             DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type (f32, bf16, f16): the dtypes of
+    /// differentiable values and of the transcendental functions.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::BF16 | DType::F16)
+    }
+
+    /// Whether this is a float narrower than f32 (bf16, f16), whose arithmetic the kernels
+    /// run in f32.
+    pub const fn is_narrow_float(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
+    }
+
+    /// The printed name, HLO style (`pred` for bool).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::I32 => "i32",
+            DType::Bool => "pred",
         }
     }
 }
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::I32 => "i32",
-            DType::Bool => "pred",
-        })
+        f.write_str(self.name())
     }
 }
 

@@ -1,5 +1,6 @@
 //! What the communicators share: the element types of [`Literal`] and their combine
-//! functions (so every backend reduces in the same order and gets the same bits), the
+//! functions (so every backend reduces in the same order and gets the same bits; bf16
+//! and f16 reduce in f32 and round once), the
 //! argument checks of the collectives, and the cutting of operands into blocks and chunks.
 
 use ndarray::{
@@ -9,7 +10,9 @@ use ndarray::{
 
 use super::call::CollectiveOp;
 use super::group::Group;
-use crate::ir::{DType, Literal, ReduceKind, TensorType};
+use half::{bf16, f16};
+
+use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal};
 use crate::runtime::kernels::{max_nan, min_nan};
 
 pub(super) fn literal_type(x: &Literal) -> TensorType {
@@ -64,11 +67,23 @@ fn check_divisible(group: &Group, shape: &[usize], dim: usize, what: &str) -> Re
 }
 
 /// Applies a generic function to the dtype of a literal: `by_dtype!(dtype, f(args))`
-/// calls `f::<f32>`, `f::<i32>` or `f::<bool>`.
+/// calls `f::<f32>`, `f::<bf16>`, `f::<f16>`, `f::<i32>` or `f::<bool>`;
+/// `by_dtype!(dtype, f(args), narrow => e)` gives `e` for bf16 and f16 (for a backend
+/// that moves them as f32).
 macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?), narrow => $narrow:expr) => {
+        match $dtype {
+            $crate::ir::DType::F32 => $f::<f32>($($arg),*),
+            $crate::ir::DType::I32 => $f::<i32>($($arg),*),
+            $crate::ir::DType::Bool => $f::<bool>($($arg),*),
+            $crate::ir::DType::BF16 | $crate::ir::DType::F16 => $narrow,
+        }
+    };
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
             $crate::ir::DType::F32 => $f::<f32>($($arg),*),
+            $crate::ir::DType::BF16 => $f::<::half::bf16>($($arg),*),
+            $crate::ir::DType::F16 => $f::<::half::f16>($($arg),*),
             $crate::ir::DType::I32 => $f::<i32>($($arg),*),
             $crate::ir::DType::Bool => $f::<bool>($($arg),*),
         }
@@ -96,72 +111,81 @@ fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
 
 // ---- typed kernels -------------------------------------------------------------------
 
-/// The element types of [`Literal`], with their reductions.
-pub(super) trait Element: Copy + Send + Sync + 'static {
-    const DTYPE: DType;
-    fn array(x: &Literal) -> Option<&ArrayD<Self>>;
+/// The element types of [`Literal`], with their reductions. Each reduces in an
+/// accumulator type `Acc`: itself, or f32 for bf16 and f16, which are widened (exactly),
+/// combined in f32 and rounded once at the end, as the kernels compute them.
+pub(super) trait Element: ir::Element {
+    /// The type reductions combine in.
+    type Acc: Copy + 'static;
     fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;
-    fn literal(a: ArrayD<Self>) -> Literal;
-    fn sum(a: Self, b: Self) -> Self;
-    fn max(a: Self, b: Self) -> Self;
-    fn min(a: Self, b: Self) -> Self;
+    fn widen(self) -> Self::Acc;
+    fn narrow(a: Self::Acc) -> Self;
+    fn sum(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
 }
 
 macro_rules! element {
-    ($t:ty, $variant:ident, sum: $sum:expr, max: $max:expr, min: $min:expr) => {
+    ($t:ty, $variant:ident, $acc:ty, widen: $widen:expr, narrow: $narrow:expr,
+     sum: $sum:expr, max: $max:expr, min: $min:expr) => {
         impl Element for $t {
-            const DTYPE: DType = DType::$variant;
-            fn array(x: &Literal) -> Option<&ArrayD<Self>> {
-                match x {
-                    Literal::$variant(a) => Some(a),
-                    _ => None,
-                }
-            }
+            type Acc = $acc;
             fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>> {
                 match x {
                     Literal::$variant(a) => Some(a),
                     _ => None,
                 }
             }
-            fn literal(a: ArrayD<Self>) -> Literal {
-                Literal::$variant(a)
+            #[inline]
+            fn widen(self) -> $acc {
+                $widen(self)
             }
             #[inline]
-            fn sum(a: Self, b: Self) -> Self {
+            fn narrow(a: $acc) -> Self {
+                $narrow(a)
+            }
+            #[inline]
+            fn sum(a: $acc, b: $acc) -> $acc {
                 $sum(a, b)
             }
             #[inline]
-            fn max(a: Self, b: Self) -> Self {
+            fn max(a: $acc, b: $acc) -> $acc {
                 $max(a, b)
             }
             #[inline]
-            fn min(a: Self, b: Self) -> Self {
+            fn min(a: $acc, b: $acc) -> $acc {
                 $min(a, b)
             }
         }
     };
 }
 
+fn same<T>(x: T) -> T {
+    x
+}
+
 // NaN propagates and ties go to the later operand, exactly as in the kernels'
 // reductions (`kernels::max_nan`), so a reduction split over devices equals the
 // reference's.
-element!(f32, F32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
-element!(i32, I32, sum: i32::wrapping_add, max: Ord::max, min: Ord::min);
+element!(f32, F32, f32, widen: same, narrow: same, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
+element!(bf16, BF16, f32, widen: bf16::to_f32, narrow: bf16::from_f32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
+element!(f16, F16, f32, widen: f16::to_f32, narrow: f16::from_f32, sum: |a: f32, b: f32| a + b, max: max_nan, min: min_nan);
+element!(i32, I32, i32, widen: same, narrow: same, sum: i32::wrapping_add, max: Ord::max, min: Ord::min);
 // As in XLA, adding predicates is a logical or.
-element!(bool, Bool, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | b, min: |a: bool, b: bool| a & b);
+element!(bool, Bool, bool, widen: same, narrow: same, sum: |a: bool, b: bool| a | b, max: |a: bool, b: bool| a | b, min: |a: bool, b: bool| a & b);
 
 /// `acc = kind(acc, x)` elementwise; the match is outside the loop so each loop inlines
 /// its combiner.
 fn accumulate<T: Element, D: Dimension>(
     kind: ReduceKind,
-    acc: ArrayViewMut<'_, T, D>,
+    acc: ArrayViewMut<'_, T::Acc, D>,
     x: ArrayView<'_, T, D>,
 ) {
     let zip = Zip::from(acc).and(x);
     match kind {
-        ReduceKind::Sum => zip.for_each(|a, &b| *a = T::sum(*a, b)),
-        ReduceKind::Max => zip.for_each(|a, &b| *a = T::max(*a, b)),
-        ReduceKind::Min => zip.for_each(|a, &b| *a = T::min(*a, b)),
+        ReduceKind::Sum => zip.for_each(|a, &b| *a = T::sum(*a, b.widen())),
+        ReduceKind::Max => zip.for_each(|a, &b| *a = T::max(*a, b.widen())),
+        ReduceKind::Min => zip.for_each(|a, &b| *a = T::min(*a, b.widen())),
     }
 }
 
@@ -171,11 +195,12 @@ pub(super) fn reduce_blocks<T: Element>(
     blocks: &[ArrayViewD<'_, T>],
 ) -> Option<ArrayD<T>> {
     let (first, rest) = blocks.split_first()?;
-    let mut acc = first.to_owned();
+    let mut acc = first.mapv(T::widen);
     for block in rest {
-        accumulate(kind, acc.view_mut(), block.view());
+        accumulate::<T, _>(kind, acc.view_mut(), block.view());
     }
-    Some(acc)
+    // No copy when `Acc` is `T`.
+    Some(acc.mapv_into_any(T::narrow))
 }
 
 /// Start of chunk `i` when `len` elements are cut in `n` chunks whose sizes differ by
@@ -192,11 +217,7 @@ pub(super) fn standard_layout(x: Literal) -> Literal {
             a.as_standard_layout().into_owned()
         }
     }
-    match x {
-        Literal::F32(a) => Literal::F32(standard(a)),
-        Literal::I32(a) => Literal::I32(standard(a)),
-        Literal::Bool(a) => Literal::Bool(standard(a)),
-    }
+    map_literal!(x, a => standard(a))
 }
 
 /// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
@@ -212,16 +233,17 @@ pub(super) fn block<T>(x: &ArrayD<T>, dim: usize, n: usize, index: usize) -> Arr
 /// first chunk with the others in order, a cache-sized tile at a time.
 pub(super) fn reduce_chunks<T: Element>(kind: ReduceKind, chunks: &[&[T]]) -> Option<Vec<T>> {
     let (first, rest) = chunks.split_first()?;
-    let mut reduced: Vec<T> = Vec::with_capacity(first.len());
+    let mut reduced: Vec<T::Acc> = Vec::with_capacity(first.len());
     for start in (0..first.len()).step_by(TILE) {
         let tile = start..(start + TILE).min(first.len());
-        reduced.extend_from_slice(&first[tile.clone()]);
+        reduced.extend(first[tile.clone()].iter().map(|&x| x.widen()));
         for chunk in rest {
             let acc = ArrayViewMut1::from(&mut reduced[tile.clone()]);
-            accumulate(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
+            accumulate::<T, _>(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
         }
     }
-    Some(reduced)
+    // Collected in place when `Acc` is `T`.
+    Some(reduced.into_iter().map(T::narrow).collect())
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use super::combine::{
 };
 use super::group::Group;
 use crate::error::{Error, Result};
-use crate::ir::{Literal, ReduceKind};
+use crate::ir::{DType, Literal, ReduceKind};
 use crate::sharding::Mesh;
 
 /// Bytes of one rank's record at a meeting; longer messages are cut.
@@ -271,6 +271,13 @@ impl MpiCommunicator {
         };
         let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
         check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
+        // bf16 and f16 travel as f32 (MPI has no datatype for them): exact, and a
+        // reduction of them then sums in f32 in group order and rounds once, as on the
+        // thread mesh (`combine`), so the results are bitwise the same.
+        if operand.dtype.is_narrow_float() {
+            let wide = compute(&joined, x.convert(DType::F32)).map_err(fail)?;
+            return Ok(wide.convert(operand.dtype));
+        }
         compute(&joined, x).map_err(fail)
     }
 
@@ -282,13 +289,17 @@ impl MpiCommunicator {
             literal_type(&x)
         ))?;
         let n = self.mesh.num_devices();
-        by_dtype!(x.dtype(), gather_typed(&self.world, n, &x)).map_err(|message| {
-            Error::Collective {
+        let narrow = || -> Result<Vec<Literal>, String> {
+            let wide = gather_typed::<f32>(&self.world, n, &x.convert(DType::F32))?;
+            Ok(wide.iter().map(|w| w.convert(x.dtype())).collect())
+        };
+        by_dtype!(x.dtype(), gather_typed(&self.world, n, &x), narrow => narrow()).map_err(
+            |message| Error::Collective {
                 device: self.device,
                 collective: "the gathering of an output".into(),
                 message,
-            }
-        })
+            },
+        )
     }
 }
 
@@ -515,6 +526,12 @@ fn collective_permute_typed<T: Element + Equivalence + Default>(
     literal(&x.shape(), received)
 }
 
+/// The error for a narrow float reaching a typed collective: [`MpiCommunicator::collective`]
+/// widens them first.
+fn wide_only(x: &Literal) -> Result<Literal, String> {
+    Err(format!("{} travels as f32", literal_type(x)))
+}
+
 impl Communicator for MpiCommunicator {
     fn device(&self) -> usize {
         self.device
@@ -526,13 +543,13 @@ impl Communicator for MpiCommunicator {
 
     fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
         self.collective(CollectiveOp::AllReduce(kind), axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_reduce_typed(joined, kind, x))
+            by_dtype!(x.dtype(), all_reduce_typed(joined, kind, x), narrow => wide_only(&x))
         })
     }
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
         self.collective(CollectiveOp::AllGather { dim }, axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x))
+            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x), narrow => wide_only(&x))
         })
     }
 
@@ -547,7 +564,7 @@ impl Communicator for MpiCommunicator {
             CollectiveOp::ReduceScatter { kind, dim },
             axes,
             x,
-            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, kind, dim, x)),
+            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, kind, dim, x), narrow => wide_only(&x)),
         )
     }
 
@@ -568,7 +585,8 @@ impl Communicator for MpiCommunicator {
             |joined, x| {
                 by_dtype!(
                     x.dtype(),
-                    all_to_all_typed(joined, split_dim, concat_dim, x)
+                    all_to_all_typed(joined, split_dim, concat_dim, x),
+                    narrow => wide_only(&x)
                 )
             },
         )
@@ -586,7 +604,7 @@ impl Communicator for MpiCommunicator {
             },
             axes,
             x,
-            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x)),
+            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x), narrow => wide_only(&x)),
         )
     }
 

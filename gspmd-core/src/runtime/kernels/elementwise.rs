@@ -58,6 +58,8 @@ fn elems(x: Operand<'_>) -> Result<Elems<'_>, String> {
         Operand::Value(Cow::Owned(Literal::F32(a))) => Elems::F32(Arg::Owned(a)),
         Operand::Value(Cow::Owned(Literal::I32(a))) => Elems::I32(Arg::Owned(a)),
         Operand::Value(Cow::Owned(Literal::Bool(a))) => Elems::Bool(Arg::Owned(a)),
+        // `narrow` computes these in f32.
+        Operand::Value(x) => return Err(format!("{} is computed in f32", type_of(&x))),
         Operand::Broadcast {
             source,
             shape,
@@ -66,16 +68,9 @@ fn elems(x: Operand<'_>) -> Result<Elems<'_>, String> {
             Literal::F32(a) => Elems::F32(arg(a, shape, dims)?),
             Literal::I32(a) => Elems::I32(arg(a, shape, dims)?),
             Literal::Bool(a) => Elems::Bool(arg(a, shape, dims)?),
+            x => return Err(format!("{} is computed in f32", type_of(x))),
         },
     })
-}
-
-/// The dtype of an operand.
-fn dtype_of(x: &Operand<'_>) -> DType {
-    match x {
-        Operand::Value(v) => v.dtype(),
-        Operand::Broadcast { source, .. } => source.dtype(),
-    }
 }
 
 fn zip_with<A: Copy, B: Copy, R>(
@@ -118,7 +113,7 @@ fn zip_same<T: Copy>(a: Arg<'_, T>, b: Arg<'_, T>, f: impl Fn(T, T) -> T) -> Arr
 }
 
 pub(super) fn unary(op: UnaryOp, x: Operand<'_>) -> Result<Literal, String> {
-    let dtype = dtype_of(&x);
+    let dtype = x.dtype();
     let undefined = || not_defined(&Op::Unary(op), dtype);
     Ok(match elems(x)? {
         Elems::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.view().mapv(f32::is_finite)),
@@ -258,8 +253,8 @@ fn same_dtype(x: &Operand<'_>, y: &Operand<'_>) -> Result<DType, String> {
         Operand::Value(v) => type_of(v),
         Operand::Broadcast { source, shape, .. } => TensorType::new(shape.to_vec(), source.dtype()),
     };
-    if dtype_of(x) == dtype_of(y) {
-        Ok(dtype_of(x))
+    if x.dtype() == y.dtype() {
+        Ok(x.dtype())
     } else {
         Err(types_differ(&type_of(x), &type_of(y)))
     }
@@ -322,15 +317,12 @@ pub(super) fn select(
     })
 }
 
-/// `x` converted to `dtype` (moved through unchanged if it already has it).
+/// `x` converted to `dtype` as [`Literal::convert`] converts (moved through unchanged
+/// if it already has it).
 pub(super) fn convert(x: Cow<'_, Literal>, dtype: DType) -> Literal {
-    match (x.as_ref(), dtype) {
-        (Literal::F32(a), DType::I32) => Literal::I32(a.mapv(|v| v as i32)),
-        (Literal::F32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0.0)),
-        (Literal::I32(a), DType::F32) => Literal::F32(a.mapv(|v| v as f32)),
-        (Literal::I32(a), DType::Bool) => Literal::Bool(a.mapv(|v| v != 0)),
-        (Literal::Bool(a), DType::F32) => Literal::F32(a.mapv(|v| f32::from(u8::from(v)))),
-        (Literal::Bool(a), DType::I32) => Literal::I32(a.mapv(i32::from)),
-        _ => x.into_owned(),
+    if x.dtype() == dtype {
+        x.into_owned()
+    } else {
+        x.convert(dtype)
     }
 }

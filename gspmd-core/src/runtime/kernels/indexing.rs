@@ -5,7 +5,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
-use crate::ir::{GatherDims, Indexing, Literal, ScatterDims, ScatterKind};
+use crate::ir::{GatherDims, Indexing, Literal, ScatterDims, ScatterKind, map_literal};
 
 /// `gather(operand, indices)` into a result of `shape`.
 pub(super) fn gather(
@@ -29,11 +29,7 @@ pub(super) fn gather(
         let v: Vec<T> = at.iter().flatten().map(|&p| flat[p].clone()).collect();
         ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())
     }
-    Ok(match operand {
-        Literal::F32(a) => Literal::F32(pick(a, &at, shape)?),
-        Literal::I32(a) => Literal::I32(pick(a, &at, shape)?),
-        Literal::Bool(a) => Literal::Bool(pick(a, &at, shape)?),
-    })
+    Ok(map_literal!(operand, a => pick(a, &at, shape)?))
 }
 
 /// `scatter(operand, indices, updates)` combining with `kind`, updates in row-major

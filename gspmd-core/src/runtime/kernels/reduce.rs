@@ -29,7 +29,7 @@ pub(super) fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Li
             ReduceKind::Max => fold_dims(a, dims, i32::MIN, i32::max)?,
             ReduceKind::Min => fold_dims(a, dims, i32::MAX, i32::min)?,
         }),
-        Literal::Bool(_) => return Err(format!("cannot reduce {}", type_of(x))),
+        x => return Err(format!("cannot reduce {}", type_of(x))),
     })
 }
 
