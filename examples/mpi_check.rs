@@ -140,6 +140,8 @@ fn same_bits(what: &str, a: &Literal, b: &Literal) -> Result<()> {
 fn bits(l: &Literal) -> Vec<u32> {
     match l {
         Literal::F32(a) => a.iter().map(|x| x.to_bits()).collect(),
+        Literal::BF16(a) => a.iter().map(|x| u32::from(x.to_bits())).collect(),
+        Literal::F16(a) => a.iter().map(|x| u32::from(x.to_bits())).collect(),
         Literal::I32(a) => a.iter().map(|&x| x as u32).collect(),
         Literal::Bool(a) => a.iter().map(|&x| u32::from(x)).collect(),
     }
