@@ -1,7 +1,7 @@
-//! The memory analysis against the allocator: for the example language model's training
-//! step on 1x1, 2x1 and 2x4 meshes, the peak that [`Executable::memory_analysis`]
-//! predicts is within 10% of the peak the process's allocator counts while the step
-//! runs.
+//! The memory analysis against the allocator: for the training steps of the examples'
+//! models (the language model, the U-Net, the mixture of experts; AdamW) on 1x1, 2x1
+//! and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
+//! of the peak the process's allocator counts while the step runs.
 //!
 //! What is compared: the bytes a step allocates beyond its inputs. Every input
 //! (weights, optimizer state, data) is resident on the devices before the measured run,
@@ -13,17 +13,26 @@
 //! The allocator counts the whole process: this file holds one test, so that no other
 //! test allocates while it measures.
 
+use gspmd::models::moe::moe_language_model;
 use gspmd::models::transformer::language_model;
+use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::{Input, Output, sample_inputs};
-use gspmd::train::{Optimizer, step_program};
+use gspmd::train::{Optimizer, TrainStep, step_program};
 use peak_alloc::PeakAlloc;
 
 #[global_allocator]
 static ALLOCATOR: PeakAlloc = PeakAlloc;
 
-fn dims() -> language_model::Dims {
-    language_model::Dims {
+/// The AdamW step of `model` training every parameter from `first` on.
+fn adamw_step(model: &Program, first: usize) -> TrainStep {
+    let trained: Vec<usize> = (first..model.params.len()).collect();
+    step_program(model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step")
+}
+
+/// The language model of `examples/train_transformer.rs`, larger.
+fn language_model_step() -> TrainStep {
+    let dims = language_model::Dims {
         B: 8,
         S: 32,
         V: 64,
@@ -32,15 +41,33 @@ fn dims() -> language_model::Dims {
         H: 4,
         K: 32,
         F: 512,
-    }
+    };
+    adamw_step(&language_model::trace(dims, DType::F32).expect("traces"), 3)
 }
 
-/// `(predicted, counted)` bytes allocated by one step on a `data` x `model` mesh.
-fn step_peak(mesh: [usize; 2]) -> (usize, usize) {
-    let model = language_model::trace(dims(), DType::F32).expect("traces");
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step");
-    let mesh = language_model::mesh(mesh).expect("mesh");
+/// The U-Net denoiser of `examples/train_unet.rs`, on larger images.
+fn unet_step() -> TrainStep {
+    let dims = denoise::Dims { B: 8, H: 64, W: 64 };
+    adamw_step(&denoise::trace(dims).expect("traces"), 2)
+}
+
+/// The mixture of experts of `examples/train_moe.rs`, larger.
+fn moe_step() -> TrainStep {
+    let dims = moe_language_model::Dims {
+        G: 16,
+        S: 32,
+        V: 32,
+        M: 64,
+        N: 4,
+        K: 16,
+        E: 4,
+        H: 256,
+    };
+    adamw_step(&moe_language_model::trace(dims, 24).expect("traces"), 3)
+}
+
+/// `(predicted, counted)` bytes allocated by one run of `step` on `mesh`.
+fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize) {
     let devices = mesh.num_devices();
     let exe = compile(&step.program, &mesh).expect("compiles");
     let analysis = exe.memory_analysis();
@@ -70,18 +97,31 @@ fn step_peak(mesh: [usize; 2]) -> (usize, usize) {
 
 #[test]
 fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
+    type Model = (
+        &'static str,
+        fn() -> TrainStep,
+        fn([usize; 2]) -> Result<Mesh>,
+    );
+    let models: [Model; 3] = [
+        ("language model", language_model_step, language_model::mesh),
+        ("U-Net", unet_step, denoise::mesh),
+        ("mixture of experts", moe_step, moe_language_model::mesh),
+    ];
     let mut failures = Vec::new();
-    for mesh in [[1, 1], [2, 1], [2, 4]] {
-        let (predicted, counted) = step_peak(mesh);
-        let error = (predicted as f64 - counted as f64).abs() / counted as f64;
-        println!(
-            "{}x{}: predicted {predicted} bytes, counted {counted} bytes ({:+.1}%)",
-            mesh[0],
-            mesh[1],
-            100.0 * (predicted as f64 / counted as f64 - 1.0)
-        );
-        if error > 0.10 {
-            failures.push(mesh);
+    for (name, step, mesh_of) in models {
+        let step = step();
+        for mesh in [[1, 1], [2, 1], [2, 4]] {
+            let (predicted, counted) = step_peak(&step, mesh_of(mesh).expect("mesh"));
+            let error = predicted as f64 / counted as f64 - 1.0;
+            println!(
+                "{name} {}x{}: predicted {predicted} bytes, counted {counted} bytes ({:+.1}%)",
+                mesh[0],
+                mesh[1],
+                100.0 * error
+            );
+            if error.abs() > 0.10 {
+                failures.push(format!("{name} on {}x{}", mesh[0], mesh[1]));
+            }
         }
     }
     assert!(failures.is_empty(), "off by more than 10% on {failures:?}");

@@ -15,14 +15,16 @@
 //!   into that operand's buffer: no new buffer;
 //! - every other node allocates its result while its operands are held, and a
 //!   collective whose operand is not taken over copies it first;
+//! - a convolution also holds its im2col scratch while it runs: its operands in a
+//!   canonical layout and the patch matrix, often several times its result;
 //! - a control-flow instance copies its operands, runs its regions (each region's own
 //!   peak, recursively), and holds all its results until their nodes take them.
 //!
-//! Scratch space inside kernels is not counted.
+//! Other scratch space inside kernels is not counted.
 
 use std::fmt;
 
-use crate::ir::{Location, Node, Op, Program, ValueId};
+use crate::ir::{ConvConfig, Location, Node, Op, Program, ValueId, num_elements};
 use crate::runtime::Plan;
 
 /// What one device holds while it runs a per-device program (see the module docs for
@@ -189,6 +191,9 @@ impl Walk {
                     if op.is_collective() && !node.operands.is_empty() && !taken(0) {
                         copies = operand_bytes(0);
                     }
+                    if let Op::Convolution(config) = op {
+                        copies = im2col_bytes(program, node, config);
+                    }
                     match reuse {
                         // The operand's buffer becomes the result's: nothing new.
                         Some(k) => {
@@ -219,6 +224,23 @@ impl Walk {
         }
         walk
     }
+}
+
+/// The scratch the convolution kernel holds besides its result: its operands copied to
+/// a canonical layout and the patch matrix (one row per output position, one column
+/// per kernel element of an output feature).
+fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
+    let [input, kernel] = [0, 1].map(|k| node.operands.get(k).map(|&o| program.ty(o)));
+    let (Some(input), Some(kernel)) = (input, kernel) else {
+        return 0;
+    };
+    let outputs = (kernel.shape.get(config.dims.kernel_output_feature))
+        .copied()
+        .unwrap_or(1)
+        .max(1);
+    let rows = num_elements(&node.ty.shape) / outputs;
+    let columns = num_elements(&kernel.shape) / outputs;
+    input.size_in_bytes() + kernel.size_in_bytes() + rows * columns * node.ty.dtype.size_in_bytes()
 }
 
 /// The operand an elementwise kernel overwrites with its result (see the elementwise

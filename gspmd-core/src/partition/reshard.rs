@@ -28,7 +28,8 @@
 //! (gathering a dim whole is always possible, and so is slicing an unsplit dim).
 //! The search only depends on the number of axes and dims, never on device count.
 
-use std::collections::BTreeMap;
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use super::emit::Emitter;
 use super::report::permute_moves_data;
@@ -36,6 +37,25 @@ use super::value::PValue;
 use crate::error::Result;
 use crate::ir::{CompareOp, DType, Op, ReduceKind, ValueId};
 use crate::sharding::{AxisPart, DimSharding, Mesh, Sharding, cut_at};
+
+/// A plan's cost (elements received per device), totally ordered for the search's
+/// frontier.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cost(f64);
+
+impl Eq for Cost {}
+
+impl PartialOrd for Cost {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Cost {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
 
 /// Per dim, the mesh axes it is split over.
 type Tiling = Vec<Vec<String>>;
@@ -412,29 +432,26 @@ impl Planner<'_> {
     fn plan(&self, from: &Tiling) -> (Vec<Step>, f64) {
         // (elements received, (collectives, steps), how the state was reached).
         type Entry = (f64, (usize, usize), Option<(Tiling, Step)>);
-        // Ordered maps: ties go to the first tiling in order, so every process (every
-        // MPI rank) compiles the same plan.
+        // Ordered maps, and the frontier ordered by (cost, counts, tiling): ties go to
+        // the first tiling in order, so every process (every MPI rank) compiles the same
+        // plan. A state whose entry improved after it was queued is skipped when its
+        // stale copy comes out.
         let mut best: BTreeMap<Tiling, Entry> = BTreeMap::new();
-        let mut done: BTreeMap<Tiling, ()> = BTreeMap::new();
+        let mut done: BTreeSet<Tiling> = BTreeSet::new();
+        let mut frontier = BinaryHeap::new();
         best.insert(from.clone(), (0.0, (0, 0), None));
-        loop {
-            let next = best
-                .iter()
-                .filter(|(t, _)| !done.contains_key(*t))
-                .min_by(|a, b| {
-                    (a.1.0, a.1.1)
-                        .partial_cmp(&(b.1.0, b.1.1))
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                })
-                .map(|(t, e)| (t.clone(), e.0, e.1));
-            // Gathering every dim whole, then slicing, always reaches the target.
-            let Some((state, cost, steps)) = next else {
-                return (Vec::new(), f64::INFINITY);
-            };
+        frontier.push(Reverse((Cost(0.0), (0, 0), from.clone())));
+        while let Some(Reverse((Cost(cost), steps, state))) = frontier.pop() {
+            let current = best
+                .get(&state)
+                .is_some_and(|e| (e.0, e.1) == (cost, steps));
+            if !current || done.contains(&state) {
+                continue;
+            }
             if &state == self.target {
                 break;
             }
-            done.insert(state.clone(), ());
+            done.insert(state.clone());
             for (step, t, c) in self.neighbours(&state) {
                 let t = normalize(self.mesh, t);
                 let counts = (steps.0 + usize::from(c > 0.0), steps.1 + 1);
@@ -442,6 +459,7 @@ impl Planner<'_> {
                 match best.get(&t) {
                     Some(e) if (e.0, e.1) <= (entry.0, entry.1) => {}
                     _ => {
+                        frontier.push(Reverse((Cost(entry.0), counts, t.clone())));
                         best.insert(t, entry);
                     }
                 }
