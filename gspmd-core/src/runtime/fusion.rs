@@ -78,10 +78,10 @@ enum Role {
     Other,
 }
 
-/// The role of node `i`: none unless its types were checked (`typed`), it is f32 and
-/// its operands come before it.
-fn role(node: &Node, i: usize, typed: bool) -> Role {
-    let ordered = node.operands.iter().all(|o| o.index() < i);
+/// The role of node `i` reading `operands`: none unless its types were checked
+/// (`typed`), it is f32 and its operands come before it.
+fn role(node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
+    let ordered = operands.iter().all(|o| o.index() < i);
     if !typed || !ordered || node.ty.dtype != DType::F32 {
         return Role::Other;
     }
@@ -103,35 +103,42 @@ fn role(node: &Node, i: usize, typed: bool) -> Role {
 }
 
 /// The fusion groups of `program` (see the module documentation for the rule), no
-/// node in two. `typed[i]`: node `i`'s types were checked (only checked nodes fuse).
-pub(crate) fn plan_groups(program: &Program, typed: &[bool]) -> Vec<Group> {
+/// node in two, with node `i` reading `operands[i]` (its operands, or as the plan
+/// resolves them) and `outputs` the program's outputs (likewise). `typed[i]`: node
+/// `i`'s types were checked (only checked nodes fuse).
+pub(crate) fn plan_groups(
+    program: &Program,
+    operands: &[Vec<ValueId>],
+    outputs: &[ValueId],
+    typed: &[bool],
+) -> Vec<Group> {
     let nodes = &program.nodes;
     let n = nodes.len();
-    let roles: Vec<Role> = (nodes.iter().zip(typed).enumerate())
-        .map(|(i, (x, &t))| role(x, i, t))
+    let roles: Vec<Role> = (nodes.iter().zip(operands).zip(typed).enumerate())
+        .map(|(i, ((x, o), &t))| role(x, o, i, t))
         .collect();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, node) in nodes.iter().enumerate() {
-        for o in &node.operands {
+    for (i, values) in operands.iter().enumerate() {
+        for o in values {
             if let Some(r) = readers.get_mut(o.index()) {
                 r.push(i);
             }
         }
     }
     let mut output = vec![false; n];
-    for o in &program.outputs {
+    for o in outputs {
         if let Some(slot) = output.get_mut(o.index()) {
             *slot = true;
         }
     }
-    let lowest_operand = |i: usize| nodes[i].operands.iter().map(|o| o.index()).min();
+    let lowest_operand = |i: usize| operands[i].iter().map(|o| o.index()).min();
     let mut claimed = vec![false; n];
     let mut in_group = vec![false; n];
     let mut groups = Vec::new();
     for root in (0..n).rev() {
         let shape = match roles[root] {
             Role::Elementwise => &nodes[root].ty.shape,
-            Role::TrailingReduce => match nodes[root].operands.first() {
+            Role::TrailingReduce => match operands[root].first() {
                 Some(o) => &nodes[o.index()].ty.shape,
                 None => continue,
             },
@@ -177,15 +184,20 @@ pub(crate) fn plan_groups(program: &Program, typed: &[bool]) -> Vec<Group> {
         for &m in &members {
             claimed[m] = true;
         }
-        groups.push(Group::new(program, &members, shape.clone()));
+        groups.push(Group::new(program, operands, &members, shape.clone()));
     }
     groups
 }
 
 impl Group {
-    /// The loop of the group of `members` (in node order; see [`plan_groups`]) over
-    /// `shape`.
-    fn new(program: &Program, members: &[usize], shape: Vec<usize>) -> Group {
+    /// The loop of the group of `members` (in node order; see [`plan_groups`], also
+    /// for `operands`) over `shape`.
+    fn new(
+        program: &Program,
+        operands: &[Vec<ValueId>],
+        members: &[usize],
+        shape: Vec<usize>,
+    ) -> Group {
         /// Where a member's elements are: a leaf's register or an op's.
         #[derive(Clone, Copy)]
         enum Ref {
@@ -213,7 +225,7 @@ impl Group {
                 Op::Broadcast { dims, .. } => leaf(
                     &mut leaves,
                     Leaf {
-                        value: node.operands[0],
+                        value: operands[m][0],
                         dims: Some(dims.clone()),
                     },
                 ),
@@ -222,8 +234,8 @@ impl Group {
                     continue;
                 }
                 op => {
-                    let mut args = Vec::with_capacity(node.operands.len());
-                    for o in &node.operands {
+                    let mut args = Vec::with_capacity(operands[m].len());
+                    for o in &operands[m] {
                         args.push(match refs.iter().find(|(v, _)| *v == o.index()) {
                             Some(&(_, r)) => r,
                             None => leaf(

@@ -126,8 +126,8 @@ fn execute_dyn(
             location: node.location,
             message,
         };
-        if step.fusion == Fusion::Inside {
-            // Computed by its group's loop at the root.
+        if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
+            // Computed by its group's loop at the root, or its readers read its operand.
             continue;
         }
         let bytes = step.bytes;
@@ -161,12 +161,12 @@ fn execute_dyn(
                         .as_deref()
                         .is_some_and(|x| kernels::has_type(x, &program.nodes[o.index()].ty))
                 };
-                if step.deferred && node.operands.first().is_some_and(source_fits) {
+                if step.deferred && step.reads.first().is_some_and(source_fits) {
                     views[i] = true;
                     continue_after(step, plan, &mut values, &mut views, &mut live);
                     continue;
                 }
-                let operands = gather_operands(program, step, &mut values, &views)
+                let operands = gather_operands(program, plan, step, &mut values, &views)
                     .ok_or_else(|| fail("a viewed operand is not available".into()))?;
                 match (&node.op, step.flow, step.fusion) {
                     (_, _, Fusion::Root(k)) => {
@@ -299,10 +299,12 @@ fn continue_after(
 
 /// The values `step` reads (each present in `values` or in `views`): each one whose
 /// `hand_over` is set and that the loop owns is moved out of `values`, the others are
-/// lent; a view is its broadcast's operand with the broadcast's shape and dims. `None`
+/// lent; a view is its broadcast's operand (as `plan` resolves it) with the broadcast's shape
+/// and dims. `None`
 /// if a view's operand is not in `values`.
 fn gather_operands<'v>(
     program: &'v Program,
+    plan: &Plan,
     step: &Step,
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
@@ -331,7 +333,7 @@ fn gather_operands<'v>(
             match (&broadcast.op, views[o.index()]) {
                 (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
                     source: values
-                        .get(broadcast.operands.first()?.index())?
+                        .get(plan.steps.get(o.index())?.reads.first()?.index())?
                         .as_deref()?,
                     shape,
                     dims,

@@ -34,6 +34,10 @@ pub(super) enum Fusion {
     Root(usize),
     /// Inside a group, not its root: not computed, never read.
     Inside,
+    /// A `dynamic_slice` of its operand's whole shape (as the partitioner emits for a
+    /// mesh axis of size 1): the identity whatever the start indices (they are
+    /// clamped to 0). Not computed: its readers read the operand.
+    Alias,
 }
 
 /// What the plan knows of one node.
@@ -85,10 +89,23 @@ impl Plan {
     pub(crate) fn new(program: &Program) -> Plan {
         let n = program.nodes.len();
         let typed = typed_nodes(program);
-        let groups = plan_groups(program, &typed);
-        let mut fusion = vec![Fusion::No; n];
-        let mut reads: Vec<Vec<ValueId>> =
-            program.nodes.iter().map(|x| x.operands.clone()).collect();
+        let alias = identity_slices(program, &typed);
+        let resolve = |o: &ValueId| alias.get(o.index()).copied().flatten().unwrap_or(*o);
+        // What each node reads with aliases resolved; an alias reads nothing.
+        let mut reads: Vec<Vec<ValueId>> = (program.nodes.iter().zip(&alias))
+            .map(|(x, a)| match a {
+                Some(_) => Vec::new(),
+                None => x.operands.iter().map(resolve).collect(),
+            })
+            .collect();
+        let program_outputs: Vec<ValueId> = program.outputs.iter().map(resolve).collect();
+        let groups = plan_groups(program, &reads, &program_outputs, &typed);
+        let mut fusion: Vec<Fusion> = (alias.iter())
+            .map(|a| match a {
+                Some(_) => Fusion::Alias,
+                None => Fusion::No,
+            })
+            .collect();
         for (k, group) in groups.iter().enumerate() {
             for m in &group.members {
                 fusion[m.index()] = Fusion::Inside;
@@ -108,19 +125,19 @@ impl Plan {
                 }
             }
         }
-        for o in &program.outputs {
+        for o in &program_outputs {
             if let Some(slot) = last.get_mut(o.index()) {
                 *slot = None;
             }
         }
-        let deferred = deferred_broadcasts(program, &typed, &reads, &fusion);
+        let deferred = deferred_broadcasts(program, &typed, &reads, &fusion, &program_outputs);
         // `last`, with the operand of each deferred broadcast read until the broadcast's
         // last reader.
         let mut last_data = last.clone();
         for (i, values) in reads.iter().enumerate() {
             for o in values {
                 if deferred.get(o.index()) == Some(&true) {
-                    let source = program.nodes[o.index()].operands[0].index();
+                    let source = reads[o.index()][0].index();
                     if let Some(Some(slot)) = last_data.get_mut(source) {
                         *slot = (*slot).max(i);
                     }
@@ -143,7 +160,7 @@ impl Plan {
                 let viewed: Vec<ValueId> = operands
                     .iter()
                     .filter(|b| deferred.get(b.index()) == Some(&true))
-                    .map(|b| program.nodes[b.index()].operands[0])
+                    .map(|b| reads[b.index()][0])
                     .collect();
                 let dying = |last: &[Option<usize>]| {
                     let mut values: Vec<ValueId> = Vec::new();
@@ -178,7 +195,7 @@ impl Plan {
                     }
                     _ => None,
                 };
-                let inside = fusion[i] == Fusion::Inside;
+                let inside = matches!(fusion[i], Fusion::Inside | Fusion::Alias);
                 Step {
                     bytes: if inside { 0 } else { node.ty.size_in_bytes() },
                     reads: operands.clone(),
@@ -200,11 +217,8 @@ impl Plan {
                 }
             })
             .collect();
-        let outputs = program
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(k, &o)| (o, program.outputs[k + 1..].contains(&o)))
+        let outputs = (program_outputs.iter().enumerate())
+            .map(|(k, &o)| (o, program_outputs[k + 1..].contains(&o)))
             .collect();
         Plan {
             steps,
@@ -221,6 +235,24 @@ impl Plan {
 pub(crate) struct PlannedProgram {
     pub(crate) program: Program,
     pub(crate) plan: Plan,
+}
+
+/// For each node that is an [`Fusion::Alias`] (with its types checked: `typed`), the
+/// value it forwards (through aliases of aliases).
+fn identity_slices(program: &Program, typed: &[bool]) -> Vec<Option<ValueId>> {
+    let mut alias: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    for (i, node) in program.nodes.iter().enumerate() {
+        let Op::DynamicSlice(sizes) = &node.op else {
+            continue;
+        };
+        let Some(&o) = node.operands.first().filter(|o| o.index() < i) else {
+            continue;
+        };
+        if typed[i] && program.nodes[o.index()].ty == node.ty && node.ty.shape == *sizes {
+            alias[i] = Some(alias[o.index()].unwrap_or(o));
+        }
+    }
+    alias
 }
 
 /// For each node, whether the op's shape rule, given the node types of the operands,
@@ -242,12 +274,14 @@ fn typed_nodes(program: &Program) -> Vec<bool> {
 
 /// For each node, whether it is a deferred broadcast: a `broadcast_in_dim` with its
 /// types checked (`typed`), read (by `reads`) by at least one node, only by binary,
-/// compare and select nodes and fusion roots (whose loops read views), and no output.
+/// compare and select nodes and fusion roots (whose loops read views), and none of
+/// `outputs` (the program's, aliases resolved).
 fn deferred_broadcasts(
     program: &Program,
     typed: &[bool],
     reads: &[Vec<ValueId>],
     fusion: &[Fusion],
+    outputs: &[ValueId],
 ) -> Vec<bool> {
     let mut deferred: Vec<bool> = program
         .nodes
@@ -266,7 +300,7 @@ fn deferred_broadcasts(
             }
         }
     }
-    for o in &program.outputs {
+    for o in outputs {
         if let Some(slot) = deferred.get_mut(o.index()) {
             *slot = false;
         }
