@@ -129,22 +129,12 @@ fn cases(ranks: usize) -> Result<Vec<Case>> {
 
 /// An error unless `a` and `b` are bitwise equal: `what` names them.
 fn same_bits(what: &str, a: &Literal, b: &Literal) -> Result<()> {
-    if a.shape() == b.shape() && bits(a) == bits(b) {
+    if a.shape() == b.shape() && a.bit_patterns() == b.bit_patterns() {
         return Ok(());
     }
     Err(Error::MpiMesh(format!(
         "{what} differs between MPI and threads"
     )))
-}
-
-fn bits(l: &Literal) -> Vec<u32> {
-    match l {
-        Literal::F32(a) => a.iter().map(|x| x.to_bits()).collect(),
-        Literal::BF16(a) => a.iter().map(|x| u32::from(x.to_bits())).collect(),
-        Literal::F16(a) => a.iter().map(|x| u32::from(x.to_bits())).collect(),
-        Literal::I32(a) => a.iter().map(|&x| x as u32).collect(),
-        Literal::Bool(a) => a.iter().map(|&x| u32::from(x)).collect(),
-    }
 }
 
 /// Runs every case on the MPI ranks and on threads; an error unless bitwise equal.

@@ -6,9 +6,12 @@ use std::alloc::System;
 use std::sync::{Mutex, PoisonError};
 
 use gspmd_core::ir::{Builder, DType, Literal, Program};
-use gspmd_core::runtime::{interpret, kernels};
+use gspmd_core::runtime::interpret;
 use ndarray::{ArrayD, IxDyn};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+mod node_by_node;
+use node_by_node::node_by_node;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -23,27 +26,6 @@ fn input() -> Literal {
         .map(|i| ((i % 29) as f32 - 14.0) * 0.07)
         .collect();
     Literal::F32(ArrayD::from_shape_vec(IxDyn(&[N, N]), v).expect("shape fits"))
-}
-
-/// Each node of `program` computed from fresh arrays by the checked kernels.
-fn node_by_node(program: &Program, inputs: &[Literal]) -> Vec<Literal> {
-    let mut values: Vec<Literal> = Vec::new();
-    for node in &program.nodes {
-        let value = match &node.op {
-            gspmd_core::ir::Op::Parameter { index, .. } => inputs[*index].clone(),
-            op => {
-                let operands: Vec<&Literal> =
-                    node.operands.iter().map(|o| &values[o.index()]).collect();
-                kernels::eval(op, &operands, &node.ty).expect("kernel runs")
-            }
-        };
-        values.push(value);
-    }
-    program
-        .outputs
-        .iter()
-        .map(|o| values[o.index()].clone())
-        .collect()
 }
 
 fn bits(lit: &Literal) -> Vec<u32> {

@@ -25,7 +25,7 @@
 use std::fmt;
 
 use crate::ir::{ConvConfig, Location, Node, Op, Program, ValueId, num_elements};
-use crate::runtime::Plan;
+use crate::runtime::{Fusion, Plan};
 
 /// What one device holds while it runs a per-device program (see the module docs for
 /// the model): the peak, what it is made of, and the bytes live at each node.
@@ -156,13 +156,26 @@ impl Walk {
             live: Vec::new(),
         };
         for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
-            let operand_bytes = |k: usize| program.ty(node.operands[k]).size_in_bytes();
-            let taken = |k: usize| step.hand_over[k] && owned[node.operands[k].index()];
+            if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
+                // Computed by its group's loop at the root, or read as its operand.
+                walk.held.push(live + pending_bytes);
+                continue;
+            }
+            let read_bytes = |k: usize| program.ty(step.reads[k]).size_in_bytes();
+            let taken = |k: usize| step.hand_over[k] && owned[step.reads[k].index()];
             let mut copies = 0;
-            match (&node.op, step.flow) {
-                (Op::Parameter { .. } | Op::Constant(_), _) => {}
+            // Whether the node computes a value into a buffer, and the read value whose
+            // buffer it takes over.
+            let (mut computed, mut reuse) = (false, None);
+            match (&node.op, step.flow, step.fusion) {
+                (Op::Parameter { .. } | Op::Constant(_), _, _) => {}
                 _ if step.deferred => {}
-                (Op::Flow { flow, result }, Some(instance)) => {
+                (_, _, Fusion::Root(k)) => {
+                    let group = &plan.groups[k];
+                    reuse = (0..step.reads.len()).find(|&j| taken(j) && group.writes_in_place(j));
+                    computed = true;
+                }
+                (Op::Flow { flow, result }, Some(instance), _) => {
                     let flow_plan = &plan.flows[instance];
                     if pending[instance].is_none() {
                         let results: Vec<usize> = (flow_plan.results.iter())
@@ -173,7 +186,7 @@ impl Walk {
                             .map(|(plan, region)| Walk::of(region, plan).max)
                             .max()
                             .unwrap_or(0);
-                        copies = (0..node.operands.len()).map(operand_bytes).sum::<usize>() + inner;
+                        copies = (0..step.reads.len()).map(read_bytes).sum::<usize>() + inner;
                         pending_bytes += results.iter().sum::<usize>();
                         pending[instance] = Some(results);
                     }
@@ -184,28 +197,29 @@ impl Walk {
                     live += bytes;
                     owned[i] = true;
                 }
-                (op, _) => {
-                    let reuse = (step.typed)
-                        .then(|| in_place_operand(op, node, program, &taken))
+                (op, _, _) => {
+                    reuse = (step.typed)
+                        .then(|| in_place_operand(op, node, &step.reads, program, &taken))
                         .flatten();
-                    if op.is_collective() && !node.operands.is_empty() && !taken(0) {
-                        copies = operand_bytes(0);
+                    if op.is_collective() && !step.reads.is_empty() && !taken(0) {
+                        copies = read_bytes(0);
                     }
                     if let Op::Convolution(config) = op {
                         copies = im2col_bytes(program, node, config);
                     }
-                    match reuse {
-                        // The operand's buffer becomes the result's: nothing new.
-                        Some(k) => {
-                            buffer[i] = std::mem::take(&mut buffer[node.operands[k].index()])
-                        }
-                        None => {
-                            buffer[i] = step.bytes;
-                            live += step.bytes;
-                        }
-                    }
-                    owned[i] = true;
+                    computed = true;
                 }
+            }
+            if computed {
+                match reuse {
+                    // The operand's buffer becomes the result's: nothing new.
+                    Some(k) => buffer[i] = std::mem::take(&mut buffer[step.reads[k].index()]),
+                    None => {
+                        buffer[i] = step.bytes;
+                        live += step.bytes;
+                    }
+                }
+                owned[i] = true;
             }
             let held = live + copies + pending_bytes;
             if walk.peak.is_none() || held > walk.max {
@@ -244,10 +258,12 @@ fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
 }
 
 /// The operand an elementwise kernel overwrites with its result (see the elementwise
-/// kernels): the first one taken over (`taken(k)`) whose type is the result's.
+/// kernels): the first one of `operands` (what the node reads) taken over (`taken(k)`)
+/// whose type is the result's.
 fn in_place_operand(
     op: &Op,
     node: &Node,
+    operands: &[ValueId],
     program: &Program,
     taken: &dyn Fn(usize) -> bool,
 ) -> Option<usize> {
@@ -259,7 +275,7 @@ fn in_place_operand(
     candidates
         .iter()
         .copied()
-        .find(|&k| k < node.operands.len() && taken(k) && program.ty(node.operands[k]) == &node.ty)
+        .find(|&k| k < operands.len() && taken(k) && program.ty(operands[k]) == &node.ty)
 }
 
 impl fmt::Display for MemoryAnalysis {

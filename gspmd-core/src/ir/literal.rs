@@ -209,6 +209,12 @@ impl Literal {
         by_element!(dtype, to(self))
     }
 
+    /// Each element's bit pattern (zero-extended, in logical order): what "bitwise
+    /// equal" compares (NaNs and signed zeros included).
+    pub fn bit_patterns(&self) -> Vec<u32> {
+        with_literal!(self, a => a.iter().map(|x| x.bits()).collect())
+    }
+
     /// The f32 array, if this is one.
     pub fn as_f32(&self) -> Option<&ArrayD<f32>> {
         f32::array(self)

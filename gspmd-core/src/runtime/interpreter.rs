@@ -12,7 +12,7 @@ use super::flow::run_flow;
 use super::kernels;
 use super::kernels::Operand;
 use super::memory::available_memory;
-use super::plan::{Plan, Step};
+use super::plan::{Fusion, Plan, Step};
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -126,6 +126,10 @@ fn execute_dyn(
             location: node.location,
             message,
         };
+        if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
+            // Computed by its group's loop at the root, or its readers read its operand.
+            continue;
+        }
         let bytes = step.bytes;
         if live.saturating_add(bytes) > memory_limit {
             return Err(Error::OutOfMemory {
@@ -149,7 +153,7 @@ fn execute_dyn(
                 let available = |o: &&ValueId| {
                     matches!(values.get(o.index()), Some(Some(_))) || views[o.index()]
                 };
-                if let Some(o) = node.operands.iter().find(|o| !available(o)) {
+                if let Some(o) = step.reads.iter().find(|o| !available(o)) {
                     return Err(fail(format!("operand {o} is not available")));
                 }
                 let source_fits = |o: &ValueId| {
@@ -157,15 +161,20 @@ fn execute_dyn(
                         .as_deref()
                         .is_some_and(|x| kernels::has_type(x, &program.nodes[o.index()].ty))
                 };
-                if step.deferred && node.operands.first().is_some_and(source_fits) {
+                if step.deferred && step.reads.first().is_some_and(source_fits) {
                     views[i] = true;
                     continue_after(step, plan, &mut values, &mut views, &mut live);
                     continue;
                 }
-                let operands = gather_operands(program, node, step, &mut values, &views)
+                let operands = gather_operands(program, plan, step, &mut values, &views)
                     .ok_or_else(|| fail("a viewed operand is not available".into()))?;
-                match (&node.op, step.flow) {
-                    (Op::Flow { flow, result }, Some(instance)) => {
+                match (&node.op, step.flow, step.fusion) {
+                    (_, _, Fusion::Root(k)) => {
+                        let group = plan.groups.get(k);
+                        let group = group.ok_or_else(|| fail("no fusion group".into()))?;
+                        Cow::Owned(group.run(operands).map_err(fail)?)
+                    }
+                    (Op::Flow { flow, result }, Some(instance), _) => {
                         let flow_plan = &plan.flows[instance];
                         let size_of = |j: usize| flow_plan.results.get(j).map_or(0, |r| r.1);
                         let reads_of = |j: usize| flow_plan.results.get(j).map_or(0, |r| r.0);
@@ -288,19 +297,20 @@ fn continue_after(
     }
 }
 
-/// The operands of `node` (each present in `values` or in `views`): each one whose
+/// The values `step` reads (each present in `values` or in `views`): each one whose
 /// `hand_over` is set and that the loop owns is moved out of `values`, the others are
-/// lent; a view is its broadcast's operand with the broadcast's shape and dims. `None`
+/// lent; a view is its broadcast's operand (as `plan` resolves it) with the broadcast's shape
+/// and dims. `None`
 /// if a view's operand is not in `values`.
 fn gather_operands<'v>(
     program: &'v Program,
-    node: &Node,
+    plan: &Plan,
     step: &Step,
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
 ) -> Option<Vec<Operand<'v>>> {
-    let mut owned: Vec<Option<Literal>> = node
-        .operands
+    let mut owned: Vec<Option<Literal>> = step
+        .reads
         .iter()
         .zip(&step.hand_over)
         .map(|(o, &last)| match values.get_mut(o.index()) {
@@ -312,7 +322,7 @@ fn gather_operands<'v>(
         })
         .collect();
     let values: &'v [Option<Cow<'_, Literal>>] = values;
-    node.operands
+    step.reads
         .iter()
         .zip(owned.iter_mut())
         .map(|(o, taken)| {
@@ -323,7 +333,7 @@ fn gather_operands<'v>(
             match (&broadcast.op, views[o.index()]) {
                 (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
                     source: values
-                        .get(broadcast.operands.first()?.index())?
+                        .get(plan.steps.get(o.index())?.reads.first()?.index())?
                         .as_deref()?,
                     shape,
                     dims,

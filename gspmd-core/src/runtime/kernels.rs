@@ -18,8 +18,9 @@ mod reduce;
 
 use std::borrow::Cow;
 
-pub(crate) use elementwise::{max_nan, min_nan};
+pub(crate) use elementwise::{WithBinary, WithUnary, f32_binary, f32_unary, max_nan, min_nan};
 use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
+pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
     ConvConfig, CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim,

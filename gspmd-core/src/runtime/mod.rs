@@ -11,6 +11,7 @@ mod blocks;
 mod communicator;
 mod device;
 mod flow;
+mod fusion;
 mod interpreter;
 // Public only for the random pipeline test's error bounds; not part of the API.
 #[doc(hidden)]
@@ -29,11 +30,14 @@ pub use communicator::Communicator;
 /// [`SpmdProgram::execute`](crate::partition::SpmdProgram): for fault-injection tests.
 #[doc(hidden)]
 pub use device::run_on_device;
+/// The fusion groups of a program's execution plan: for tests.
+#[doc(hidden)]
+pub use fusion::fusion_groups;
 pub use interpreter::{interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;
-pub(crate) use plan::{Plan, PlannedProgram};
+pub(crate) use plan::{Fusion, Plan, PlannedProgram};
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

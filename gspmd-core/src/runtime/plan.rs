@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::fusion::{Group, plan_groups};
 use crate::ir::{FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
 
 /// How the evaluation loop runs one program (see [`Plan::new`]).
@@ -20,14 +21,36 @@ pub(crate) struct Plan {
     /// The outputs in order, each with whether a later output repeats it (then the
     /// value is copied, not moved, into this one).
     pub(crate) outputs: Vec<(ValueId, bool)>,
+    /// The fusion groups (see [`fusion`](super::fusion)).
+    pub(crate) groups: Vec<Group>,
+}
+
+/// A node's part in fusion.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Fusion {
+    /// Not fused: the node runs on its own.
+    No,
+    /// The root of [`Plan::groups`]`[k]`: the group's loop runs here.
+    Root(usize),
+    /// Inside a group, not its root: not computed, never read.
+    Inside,
+    /// A `dynamic_slice` of its operand's whole shape (as the partitioner emits for a
+    /// mesh axis of size 1): the identity whatever the start indices (they are
+    /// clamped to 0). Not computed: its readers read the operand.
+    Alias,
 }
 
 /// What the plan knows of one node.
 #[derive(Debug)]
 pub(crate) struct Step {
-    /// The bytes of the node's value (its type's size).
+    /// The bytes of the node's value (its type's size; 0 inside a fusion group).
     pub(crate) bytes: usize,
-    /// For each operand, whether this node reads it last and only once (and it is no
+    /// The values the node reads: its operands; a group's root reads the group's
+    /// leaves, a node inside a group none.
+    pub(crate) reads: Vec<ValueId>,
+    /// Its part in fusion.
+    pub(crate) fusion: Fusion,
+    /// For each value of `reads`, whether this node reads it last and only once (and it is no
     /// output, and no deferred broadcast of it is read by this node or later): the
     /// loop may then hand the value over instead of lending it.
     pub(crate) hand_over: Vec<bool>,
@@ -65,40 +88,56 @@ impl Plan {
     /// run reports it where the loop reaches it, as if there were no plan.
     pub(crate) fn new(program: &Program) -> Plan {
         let n = program.nodes.len();
+        let typed = typed_nodes(program);
+        let alias = identity_slices(program, &typed);
+        let resolve = |o: &ValueId| alias.get(o.index()).copied().flatten().unwrap_or(*o);
+        // What each node reads with aliases resolved; an alias reads nothing.
+        let mut reads: Vec<Vec<ValueId>> = (program.nodes.iter().zip(&alias))
+            .map(|(x, a)| match a {
+                Some(_) => Vec::new(),
+                None => x.operands.iter().map(resolve).collect(),
+            })
+            .collect();
+        let program_outputs: Vec<ValueId> = program.outputs.iter().map(resolve).collect();
+        let groups = plan_groups(program, &reads, &program_outputs, &typed);
+        let mut fusion: Vec<Fusion> = (alias.iter())
+            .map(|a| match a {
+                Some(_) => Fusion::Alias,
+                None => Fusion::No,
+            })
+            .collect();
+        for (k, group) in groups.iter().enumerate() {
+            for m in &group.members {
+                fusion[m.index()] = Fusion::Inside;
+                reads[m.index()].clear();
+            }
+            if let Some(root) = group.members.last() {
+                fusion[root.index()] = Fusion::Root(k);
+                reads[root.index()] = group.leaves.iter().map(|l| l.value).collect();
+            }
+        }
         // For each value, the last node reading it (itself if none); `None` for outputs.
         let mut last: Vec<Option<usize>> = (0..n).map(Some).collect();
-        for (i, node) in program.nodes.iter().enumerate() {
-            for o in &node.operands {
+        for (i, values) in reads.iter().enumerate() {
+            for o in values {
                 if let Some(slot) = last.get_mut(o.index()) {
                     *slot = Some(i);
                 }
             }
         }
-        for o in &program.outputs {
+        for o in &program_outputs {
             if let Some(slot) = last.get_mut(o.index()) {
                 *slot = None;
             }
         }
-        let typed: Vec<bool> = program
-            .nodes
-            .iter()
-            .map(|node| {
-                let types: Option<Vec<_>> = node
-                    .operands
-                    .iter()
-                    .map(|o| program.nodes.get(o.index()).map(|n| &n.ty))
-                    .collect();
-                types.is_some_and(|t| infer_type(&node.op, &t).is_ok_and(|ty| ty == node.ty))
-            })
-            .collect();
-        let deferred = deferred_broadcasts(program, &typed);
+        let deferred = deferred_broadcasts(program, &typed, &reads, &fusion, &program_outputs);
         // `last`, with the operand of each deferred broadcast read until the broadcast's
         // last reader.
         let mut last_data = last.clone();
-        for (i, node) in program.nodes.iter().enumerate() {
-            for o in &node.operands {
+        for (i, values) in reads.iter().enumerate() {
+            for o in values {
                 if deferred.get(o.index()) == Some(&true) {
-                    let source = program.nodes[o.index()].operands[0].index();
+                    let source = reads[o.index()][0].index();
                     if let Some(Some(slot)) = last_data.get_mut(source) {
                         *slot = (*slot).max(i);
                     }
@@ -113,19 +152,19 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(i, node)| {
+                let operands = &reads[i];
                 let dies =
                     |last: &[Option<usize>], o: &ValueId| last.get(o.index()) == Some(&Some(i));
-                let once = |o: &ValueId| node.operands.iter().filter(|&p| p == o).count() == 1;
+                let once = |o: &ValueId| operands.iter().filter(|&p| p == o).count() == 1;
                 // The operands of the deferred broadcasts read here.
-                let viewed: Vec<ValueId> = node
-                    .operands
+                let viewed: Vec<ValueId> = operands
                     .iter()
                     .filter(|b| deferred.get(b.index()) == Some(&true))
-                    .map(|b| program.nodes[b.index()].operands[0])
+                    .map(|b| reads[b.index()][0])
                     .collect();
                 let dying = |last: &[Option<usize>]| {
                     let mut values: Vec<ValueId> = Vec::new();
-                    let candidates = node.operands.iter().chain(&viewed);
+                    let candidates = operands.iter().chain(&viewed);
                     for o in candidates.chain(std::iter::once(&ValueId(i as u32))) {
                         if dies(last, o) && !values.contains(o) {
                             values.push(*o);
@@ -156,31 +195,36 @@ impl Plan {
                     }
                     _ => None,
                 };
+                let inside = matches!(fusion[i], Fusion::Inside | Fusion::Alias);
                 Step {
-                    bytes: node.ty.size_in_bytes(),
-                    hand_over: node
-                        .operands
+                    bytes: if inside { 0 } else { node.ty.size_in_bytes() },
+                    reads: operands.clone(),
+                    fusion: fusion[i],
+                    hand_over: operands
                         .iter()
                         .map(|o| dies(&last_data, o) && once(o) && !viewed.contains(o))
                         .collect(),
-                    frees: dying(&last),
-                    drops: dying(&last_data),
+                    // A node inside a group is never computed: its value neither.
+                    frees: if inside { Vec::new() } else { dying(&last) },
+                    drops: if inside {
+                        Vec::new()
+                    } else {
+                        dying(&last_data)
+                    },
                     deferred: deferred[i],
                     typed: typed[i],
                     flow,
                 }
             })
             .collect();
-        let outputs = program
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(k, &o)| (o, program.outputs[k + 1..].contains(&o)))
+        let outputs = (program_outputs.iter().enumerate())
+            .map(|(k, &o)| (o, program_outputs[k + 1..].contains(&o)))
             .collect();
         Plan {
             steps,
             flows,
             outputs,
+            groups,
         }
     }
 }
@@ -193,10 +237,52 @@ pub(crate) struct PlannedProgram {
     pub(crate) plan: Plan,
 }
 
+/// For each node that is an [`Fusion::Alias`] (with its types checked: `typed`), the
+/// value it forwards (through aliases of aliases).
+fn identity_slices(program: &Program, typed: &[bool]) -> Vec<Option<ValueId>> {
+    let mut alias: Vec<Option<ValueId>> = vec![None; program.nodes.len()];
+    for (i, node) in program.nodes.iter().enumerate() {
+        let Op::DynamicSlice(sizes) = &node.op else {
+            continue;
+        };
+        let Some(&o) = node.operands.first().filter(|o| o.index() < i) else {
+            continue;
+        };
+        if typed[i] && program.nodes[o.index()].ty == node.ty && node.ty.shape == *sizes {
+            alias[i] = Some(alias[o.index()].unwrap_or(o));
+        }
+    }
+    alias
+}
+
+/// For each node, whether the op's shape rule, given the node types of the operands,
+/// gives the node's type.
+fn typed_nodes(program: &Program) -> Vec<bool> {
+    program
+        .nodes
+        .iter()
+        .map(|node| {
+            let types: Option<Vec<_>> = node
+                .operands
+                .iter()
+                .map(|o| program.nodes.get(o.index()).map(|n| &n.ty))
+                .collect();
+            types.is_some_and(|t| infer_type(&node.op, &t).is_ok_and(|ty| ty == node.ty))
+        })
+        .collect()
+}
+
 /// For each node, whether it is a deferred broadcast: a `broadcast_in_dim` with its
-/// types checked (`typed`), read by at least one node, only by binary, compare and
-/// select nodes, and no output.
-fn deferred_broadcasts(program: &Program, typed: &[bool]) -> Vec<bool> {
+/// types checked (`typed`), read (by `reads`) by at least one node, only by binary,
+/// compare and select nodes and fusion roots (whose loops read views), and none of
+/// `outputs` (the program's, aliases resolved).
+fn deferred_broadcasts(
+    program: &Program,
+    typed: &[bool],
+    reads: &[Vec<ValueId>],
+    fusion: &[Fusion],
+    outputs: &[ValueId],
+) -> Vec<bool> {
     let mut deferred: Vec<bool> = program
         .nodes
         .iter()
@@ -204,16 +290,17 @@ fn deferred_broadcasts(program: &Program, typed: &[bool]) -> Vec<bool> {
         .map(|(node, &typed)| typed && matches!(node.op, Op::Broadcast { .. }))
         .collect();
     let mut read = vec![false; program.nodes.len()];
-    for node in &program.nodes {
-        let elementwise = matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
-        for o in &node.operands {
+    for ((node, values), fusion) in program.nodes.iter().zip(reads).zip(fusion) {
+        let elementwise = matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select)
+            || matches!(fusion, Fusion::Root(_));
+        for o in values {
             if let Some(slot) = deferred.get_mut(o.index()) {
                 *slot &= elementwise;
                 read[o.index()] = true;
             }
         }
     }
-    for o in &program.outputs {
+    for o in outputs {
         if let Some(slot) = deferred.get_mut(o.index()) {
             *slot = false;
         }

@@ -112,29 +112,90 @@ fn zip_same<T: Copy>(a: Arg<'_, T>, b: Arg<'_, T>, f: impl Fn(T, T) -> T) -> Arr
     }
 }
 
+/// Something done with the scalar function of an f32 elementwise op of one operand,
+/// generic over the function so that each op compiles to its own loop (see
+/// [`f32_unary`]): the kernels here and the fused loops of the execution plan apply the
+/// same functions, so their results are bitwise equal.
+pub(crate) trait WithUnary {
+    /// What the use gives.
+    type Out;
+    /// Applies the use to the op's function `f`.
+    fn with(self, f: impl Fn(f32) -> f32 + Copy) -> Self::Out;
+}
+
+/// [`WithUnary`] for ops of two operands (see [`f32_binary`]).
+pub(crate) trait WithBinary {
+    /// What the use gives.
+    type Out;
+    /// Applies the use to the op's function `f`.
+    fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) -> Self::Out;
+}
+
+/// `w` applied to the f32 function of `op`; `None` if `op` has none (`not`, and
+/// `is_finite`, whose result is bool).
+pub(crate) fn f32_unary<W: WithUnary>(op: UnaryOp, w: W) -> Option<W::Out> {
+    Some(match op {
+        UnaryOp::Neg => w.with(|v| -v),
+        UnaryOp::Abs => w.with(f32::abs),
+        UnaryOp::Exp => w.with(elementary::exp),
+        UnaryOp::Log => w.with(f32::ln),
+        UnaryOp::Sqrt => w.with(f32::sqrt),
+        UnaryOp::Rsqrt => w.with(|v| v.sqrt().recip()),
+        UnaryOp::Tanh => w.with(elementary::tanh),
+        UnaryOp::Logistic => w.with(elementary::logistic),
+        UnaryOp::Sin => w.with(f32::sin),
+        UnaryOp::Cos => w.with(f32::cos),
+        UnaryOp::Erf => w.with(libm::erff),
+        UnaryOp::Floor => w.with(f32::floor),
+        UnaryOp::Ceil => w.with(f32::ceil),
+        UnaryOp::Round => w.with(f32::round_ties_even),
+        UnaryOp::Sign => w.with(sign_f32),
+        UnaryOp::Not | UnaryOp::IsFinite => return None,
+    })
+}
+
+/// `w` applied to the f32 function of `op`; `None` if `op` has none (`and`, `or`).
+pub(crate) fn f32_binary<W: WithBinary>(op: BinaryOp, w: W) -> Option<W::Out> {
+    Some(match op {
+        BinaryOp::Add => w.with(|p, q| p + q),
+        BinaryOp::Sub => w.with(|p, q| p - q),
+        BinaryOp::Mul => w.with(|p, q| p * q),
+        BinaryOp::Div => w.with(|p, q| p / q),
+        BinaryOp::Max => w.with(max_nan),
+        BinaryOp::Min => w.with(min_nan),
+        BinaryOp::Pow => w.with(f32::powf),
+        // Rust's `%` on floats is C's `fmod`: exact, the sign of the dividend.
+        BinaryOp::Rem => w.with(|p, q| p % q),
+        BinaryOp::And | BinaryOp::Or => return None,
+    })
+}
+
+/// [`map_same`] as a [`WithUnary`].
+struct MapSame<'a>(Arg<'a, f32>);
+
+impl WithUnary for MapSame<'_> {
+    type Out = ArrayD<f32>;
+    fn with(self, f: impl Fn(f32) -> f32 + Copy) -> ArrayD<f32> {
+        map_same(self.0, f)
+    }
+}
+
+/// [`zip_same`] as a [`WithBinary`].
+struct ZipSame<'a>(Arg<'a, f32>, Arg<'a, f32>);
+
+impl WithBinary for ZipSame<'_> {
+    type Out = ArrayD<f32>;
+    fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) -> ArrayD<f32> {
+        zip_same(self.0, self.1, f)
+    }
+}
+
 pub(super) fn unary(op: UnaryOp, x: Operand<'_>) -> Result<Literal, String> {
     let dtype = x.dtype();
     let undefined = || not_defined(&Op::Unary(op), dtype);
     Ok(match elems(x)? {
         Elems::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.view().mapv(f32::is_finite)),
-        Elems::F32(a) => Literal::F32(match op {
-            UnaryOp::Neg => map_same(a, |v| -v),
-            UnaryOp::Abs => map_same(a, f32::abs),
-            UnaryOp::Exp => map_same(a, elementary::exp),
-            UnaryOp::Log => map_same(a, f32::ln),
-            UnaryOp::Sqrt => map_same(a, f32::sqrt),
-            UnaryOp::Rsqrt => map_same(a, |v| v.sqrt().recip()),
-            UnaryOp::Tanh => map_same(a, elementary::tanh),
-            UnaryOp::Logistic => map_same(a, elementary::logistic),
-            UnaryOp::Sin => map_same(a, f32::sin),
-            UnaryOp::Cos => map_same(a, f32::cos),
-            UnaryOp::Erf => map_same(a, libm::erff),
-            UnaryOp::Floor => map_same(a, f32::floor),
-            UnaryOp::Ceil => map_same(a, f32::ceil),
-            UnaryOp::Round => map_same(a, f32::round_ties_even),
-            UnaryOp::Sign => map_same(a, sign_f32),
-            UnaryOp::Not | UnaryOp::IsFinite => return Err(undefined()),
-        }),
+        Elems::F32(a) => Literal::F32(f32_unary(op, MapSame(a)).ok_or_else(undefined)?),
         Elems::I32(a) => Literal::I32(match op {
             UnaryOp::Neg => map_same(a, i32::wrapping_neg),
             UnaryOp::Abs => map_same(a, i32::wrapping_abs),
@@ -198,18 +259,9 @@ pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Lit
     let dtype = same_dtype(&x, &y)?;
     let undefined = || not_defined(&Op::Binary(op), dtype);
     Ok(match (elems(x)?, elems(y)?) {
-        (Elems::F32(a), Elems::F32(b)) => Literal::F32(match op {
-            BinaryOp::Add => zip_same(a, b, |p, q| p + q),
-            BinaryOp::Sub => zip_same(a, b, |p, q| p - q),
-            BinaryOp::Mul => zip_same(a, b, |p, q| p * q),
-            BinaryOp::Div => zip_same(a, b, |p, q| p / q),
-            BinaryOp::Max => zip_same(a, b, max_nan),
-            BinaryOp::Min => zip_same(a, b, min_nan),
-            BinaryOp::Pow => zip_same(a, b, f32::powf),
-            // Rust's `%` on floats is C's `fmod`: exact, the sign of the dividend.
-            BinaryOp::Rem => zip_same(a, b, |p, q| p % q),
-            BinaryOp::And | BinaryOp::Or => return Err(undefined()),
-        }),
+        (Elems::F32(a), Elems::F32(b)) => {
+            Literal::F32(f32_binary(op, ZipSame(a, b)).ok_or_else(undefined)?)
+        }
         (Elems::I32(a), Elems::I32(b)) => Literal::I32(match op {
             BinaryOp::Add => zip_same(a, b, i32::wrapping_add),
             BinaryOp::Sub => zip_same(a, b, i32::wrapping_sub),

@@ -96,25 +96,59 @@ fn fold_block<T: Copy>(
 }
 
 /// Folds a contiguous row with eight independent accumulators (lane `j` takes the
-/// elements `j mod 8`), combined pairwise, then the tail.
+/// elements `j mod 8`), combined pairwise, then the tail (see [`Lanes`]).
 fn fold_row<T: Copy>(row: &[T], identity: T, f: impl Fn(T, T) -> T) -> T {
-    const LANES: usize = 8;
-    let mut acc = [identity; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for (a, &v) in acc.iter_mut().zip(chunk) {
-            *a = f(*a, v);
+    let (body, tail) = row.split_at(body_len(row.len()));
+    let mut lanes = Lanes::new(identity);
+    lanes.push(body, &f);
+    lanes.finish(tail, &f)
+}
+
+/// The number of accumulators of a row's fold ([`Lanes`]).
+const LANES: usize = 8;
+
+/// The length of the body of a row of `len` elements (see [`Lanes`]).
+pub(crate) fn body_len(len: usize) -> usize {
+    len - len % LANES
+}
+
+/// The fold of one row as [`reduce`] does it, fed piece by piece: the row's body (its
+/// first `len - len % 8` elements) in pieces of whole multiples of eight, each element
+/// to lane `j mod 8`; then [`Lanes::finish`] with the tail. A row fed so folds
+/// bitwise as `reduce` folds it, however it is cut.
+pub(crate) struct Lanes<T> {
+    acc: [T; LANES],
+}
+
+impl<T: Copy> Lanes<T> {
+    /// Lanes holding `identity`.
+    pub(crate) fn new(identity: T) -> Self {
+        Lanes {
+            acc: [identity; LANES],
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            acc[j] = f(acc[j], acc[j + width]);
+
+    /// Folds the next piece of the body (its length a multiple of the width; a
+    /// remainder is ignored) into the lanes with `f`.
+    pub(crate) fn push(&mut self, piece: &[T], f: impl Fn(T, T) -> T) {
+        for chunk in piece.chunks_exact(LANES) {
+            for (a, &v) in self.acc.iter_mut().zip(chunk) {
+                *a = f(*a, v);
+            }
         }
     }
-    tail.iter().fold(acc[0], |a, &v| f(a, v))
+
+    /// Combines the lanes pairwise and folds in the row's `tail`.
+    pub(crate) fn finish(mut self, tail: &[T], f: impl Fn(T, T) -> T) -> T {
+        let mut width = LANES;
+        while width > 1 {
+            width /= 2;
+            for j in 0..width {
+                self.acc[j] = f(self.acc[j], self.acc[j + width]);
+            }
+        }
+        tail.iter().fold(self.acc[0], |a, &v| f(a, v))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,631 @@
+//! Fusion: a chain of f32 elementwise ops, with the broadcasts it reads and an optional
+//! trailing reduction over the minor dims, run as one loop over contiguous memory
+//! instead of an array per op (softmax's `exp(x - max)` and sum, layer norm, GELU,
+//! the AdamW update).
+//!
+//! A [`Group`] is a plan-level decision: the program (the IR the partitioner sees) is
+//! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
+//! the group's loop where its root (its last node) would run. The loop walks the
+//! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
+//! outside the group, directly or through a broadcast, as a strided view) is loaded
+//! into a scratch register, each op writes its own register from earlier ones, and the
+//! last register is stored, or folded into the row's reduction.
+//!
+//! Results are bitwise those of the unfused kernels: every op applies the kernels'
+//! scalar function ([`f32_unary`], [`f32_binary`]), and a reduction
+//! folds each row as `reduce` does ([`Lanes`]), however the row is cut into chunks.
+//!
+//! The rule (see [`plan_groups`]): from the last node back, a group grows from an f32
+//! elementwise op or a reduction of trailing dims (its root) by every earlier f32
+//! elementwise op and broadcast of the loop's shape all of whose readers are in the
+//! group, and that is no output; a group is kept if it has at least two ops besides
+//! broadcasts.
+
+use std::borrow::Cow;
+
+use ndarray::ArrayD;
+
+use super::kernels::{
+    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, max_nan, min_nan,
+};
+use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
+
+/// The elements a fused loop computes at a time: each register holds one chunk.
+/// A multiple of the reduction's lane count, so that chunks cut a row's body whole.
+pub(crate) const CHUNK: usize = 256;
+
+/// One fusion group, planned once per program: its nodes and its loop.
+#[derive(Debug)]
+pub(crate) struct Group {
+    /// The group's nodes in node order; the last, the root, is the only one read
+    /// outside the group (or an output).
+    pub(crate) members: Vec<ValueId>,
+    /// The values the loop reads from outside the group, in register order.
+    pub(crate) leaves: Vec<Leaf>,
+    /// The shape the loop walks (the elementwise ops' shape).
+    shape: Vec<usize>,
+    /// The ops; op `k` writes register `leaves.len() + k`, from lower registers.
+    code: Vec<Instr>,
+    /// A trailing reduction: its kind and the number of dims it keeps (the minor
+    /// dims after them are folded).
+    reduce: Option<(ReduceKind, usize)>,
+}
+
+/// A value the fused loop reads.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Leaf {
+    /// The value.
+    pub(crate) value: ValueId,
+    /// `None`: the value has the loop's shape; else the value broadcast to it, operand
+    /// dim `i` becoming loop dim `dims[i]` (a broadcast in the group).
+    dims: Option<Vec<usize>>,
+}
+
+/// One op of a fused loop, on register indices.
+#[derive(Debug)]
+enum Instr {
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+}
+
+/// What a node may be in a group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Role {
+    Elementwise,
+    Broadcast,
+    /// A reduction of the operand's minor dims.
+    TrailingReduce,
+    Other,
+}
+
+/// The role of node `i` reading `operands`: none unless its types were checked
+/// (`typed`), it is f32 and its operands come before it.
+fn role(node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
+    let ordered = operands.iter().all(|o| o.index() < i);
+    if !typed || !ordered || node.ty.dtype != DType::F32 {
+        return Role::Other;
+    }
+    match &node.op {
+        Op::Unary(u) if !matches!(u, UnaryOp::Not | UnaryOp::IsFinite) => Role::Elementwise,
+        Op::Binary(b) if !matches!(b, BinaryOp::And | BinaryOp::Or) => Role::Elementwise,
+        Op::Broadcast { .. } => Role::Broadcast,
+        Op::Reduce { dims, .. } => {
+            let kept = node.ty.shape.len();
+            let trailing = dims.iter().enumerate().all(|(k, &d)| d == kept + k);
+            if trailing && !dims.is_empty() {
+                Role::TrailingReduce
+            } else {
+                Role::Other
+            }
+        }
+        _ => Role::Other,
+    }
+}
+
+/// The fusion groups of `program` (see the module documentation for the rule), no
+/// node in two, with node `i` reading `operands[i]` (its operands, or as the plan
+/// resolves them) and `outputs` the program's outputs (likewise). `typed[i]`: node
+/// `i`'s types were checked (only checked nodes fuse).
+pub(crate) fn plan_groups(
+    program: &Program,
+    operands: &[Vec<ValueId>],
+    outputs: &[ValueId],
+    typed: &[bool],
+) -> Vec<Group> {
+    let nodes = &program.nodes;
+    let n = nodes.len();
+    let roles: Vec<Role> = (nodes.iter().zip(operands).zip(typed).enumerate())
+        .map(|(i, ((x, o), &t))| role(x, o, i, t))
+        .collect();
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, values) in operands.iter().enumerate() {
+        for o in values {
+            if let Some(r) = readers.get_mut(o.index()) {
+                r.push(i);
+            }
+        }
+    }
+    let mut output = vec![false; n];
+    for o in outputs {
+        if let Some(slot) = output.get_mut(o.index()) {
+            *slot = true;
+        }
+    }
+    let lowest_operand = |i: usize| operands[i].iter().map(|o| o.index()).min();
+    let mut claimed = vec![false; n];
+    let mut in_group = vec![false; n];
+    let mut groups = Vec::new();
+    for root in (0..n).rev() {
+        let shape = match roles[root] {
+            Role::Elementwise => &nodes[root].ty.shape,
+            Role::TrailingReduce => match operands[root].first() {
+                Some(o) => &nodes[o.index()].ty.shape,
+                None => continue,
+            },
+            _ => continue,
+        };
+        if claimed[root] {
+            continue;
+        }
+        let mut members = vec![root];
+        in_group[root] = true;
+        let mut low = lowest_operand(root).unwrap_or(root);
+        let mut j = root;
+        while j > low {
+            j -= 1;
+            let fits = !claimed[j]
+                && !output[j]
+                && matches!(roles[j], Role::Elementwise | Role::Broadcast)
+                && nodes[j].ty.shape == *shape
+                && !readers[j].is_empty()
+                && readers[j]
+                    .iter()
+                    .all(|&r| in_group[r] && roles[r] != Role::Broadcast);
+            if fits {
+                in_group[j] = true;
+                members.push(j);
+                if roles[j] == Role::Elementwise {
+                    low = low.min(lowest_operand(j).unwrap_or(j));
+                }
+            }
+        }
+        for &m in &members {
+            in_group[m] = false;
+        }
+        members.reverse();
+        let ops = members
+            .iter()
+            .filter(|&&m| roles[m] == Role::Elementwise)
+            .count();
+        let reduces = usize::from(roles[root] == Role::TrailingReduce);
+        if ops == 0 || ops + reduces < 2 {
+            continue;
+        }
+        for &m in &members {
+            claimed[m] = true;
+        }
+        groups.push(Group::new(program, operands, &members, shape.clone()));
+    }
+    groups
+}
+
+impl Group {
+    /// The loop of the group of `members` (in node order; see [`plan_groups`], also
+    /// for `operands`) over `shape`.
+    fn new(
+        program: &Program,
+        operands: &[Vec<ValueId>],
+        members: &[usize],
+        shape: Vec<usize>,
+    ) -> Group {
+        /// Where a member's elements are: a leaf's register or an op's.
+        #[derive(Clone, Copy)]
+        enum Ref {
+            Leaf(usize),
+            Op(usize),
+        }
+        /// The register of leaf `l`, added if new.
+        fn leaf(leaves: &mut Vec<Leaf>, l: Leaf) -> Ref {
+            match leaves.iter().position(|x| *x == l) {
+                Some(k) => Ref::Leaf(k),
+                None => {
+                    leaves.push(l);
+                    Ref::Leaf(leaves.len() - 1)
+                }
+            }
+        }
+        let mut leaves: Vec<Leaf> = Vec::new();
+        // Each member's register by node index.
+        let mut refs: Vec<(usize, Ref)> = Vec::new();
+        let mut ops: Vec<(Op, Vec<Ref>)> = Vec::new();
+        let mut reduce = None;
+        for &m in members {
+            let node = &program.nodes[m];
+            let r = match &node.op {
+                Op::Broadcast { dims, .. } => leaf(
+                    &mut leaves,
+                    Leaf {
+                        value: operands[m][0],
+                        dims: Some(dims.clone()),
+                    },
+                ),
+                Op::Reduce { kind, .. } => {
+                    reduce = Some((*kind, node.ty.shape.len()));
+                    continue;
+                }
+                op => {
+                    let mut args = Vec::with_capacity(operands[m].len());
+                    for o in &operands[m] {
+                        args.push(match refs.iter().find(|(v, _)| *v == o.index()) {
+                            Some(&(_, r)) => r,
+                            None => leaf(
+                                &mut leaves,
+                                Leaf {
+                                    value: *o,
+                                    dims: None,
+                                },
+                            ),
+                        });
+                    }
+                    ops.push((op.clone(), args));
+                    Ref::Op(ops.len() - 1)
+                }
+            };
+            refs.push((m, r));
+        }
+        let base = leaves.len();
+        let register = |r: &Ref| match *r {
+            Ref::Leaf(k) => k,
+            Ref::Op(k) => base + k,
+        };
+        let code = ops
+            .iter()
+            .filter_map(|(op, args)| match (op, args.as_slice()) {
+                (Op::Unary(u), [a]) => Some(Instr::Unary(*u, register(a))),
+                (Op::Binary(b), [a, c]) => Some(Instr::Binary(*b, register(a), register(c))),
+                _ => None,
+            })
+            .collect();
+        Group {
+            members: members.iter().map(|&m| ValueId(m as u32)).collect(),
+            leaves,
+            shape,
+            code,
+            reduce,
+        }
+    }
+
+    /// Whether the loop may write its result into leaf `k`'s buffer when it is handed
+    /// over (an f32 array of the loop's shape in standard layout): no trailing
+    /// reduction, and the leaf is not broadcast.
+    pub(crate) fn writes_in_place(&self, k: usize) -> bool {
+        self.reduce.is_none() && self.leaves.get(k).is_some_and(|leaf| leaf.dims.is_none())
+    }
+
+    /// Runs the loop on the leaves' values (in [`Group::leaves`] order; a leaf without
+    /// dims may be a deferred broadcast). A leaf handed over with the loop's shape in
+    /// standard layout becomes the result's buffer (no reduction). `Err` if a leaf is
+    /// not f32 or does not fit its shape.
+    pub(crate) fn run(&self, operands: Vec<Operand<'_>>) -> Result<Literal, String> {
+        if operands.len() != self.leaves.len() {
+            return Err(format!(
+                "a fused loop of {} leaves given {} values",
+                self.leaves.len(),
+                operands.len()
+            ));
+        }
+        // The first owned leaf that fits is the result's buffer.
+        let mut buffer: Option<ArrayD<f32>> = None;
+        let mut held: Vec<Option<Operand<'_>>> = Vec::with_capacity(operands.len());
+        for (k, x) in operands.into_iter().enumerate() {
+            match x {
+                Operand::Value(Cow::Owned(Literal::F32(a)))
+                    if buffer.is_none()
+                        && self.writes_in_place(k)
+                        && a.is_standard_layout()
+                        && a.shape() == self.shape.as_slice() =>
+                {
+                    buffer = Some(a);
+                    held.push(None);
+                }
+                x => held.push(Some(x)),
+            }
+        }
+        let sources = self
+            .leaves
+            .iter()
+            .zip(&held)
+            .map(|(leaf, x)| match x {
+                None => Ok(Source::Buffer),
+                Some(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let mut regs = vec![[0f32; CHUNK]; self.leaves.len() + self.code.len()];
+        let total: usize = self.shape.iter().product();
+        match (self.reduce, buffer) {
+            (Some((kind, kept)), _) => {
+                let (outer, row) = (
+                    self.shape[..kept].iter().product(),
+                    self.shape[kept..].iter().product(),
+                );
+                let data = match kind {
+                    ReduceKind::Sum => {
+                        self.fold_rows(&sources, &mut regs, outer, row, 0.0, |p, q| p + q)
+                    }
+                    ReduceKind::Max => {
+                        self.fold_rows(&sources, &mut regs, outer, row, f32::NEG_INFINITY, max_nan)
+                    }
+                    ReduceKind::Min => {
+                        self.fold_rows(&sources, &mut regs, outer, row, f32::INFINITY, min_nan)
+                    }
+                };
+                shaped(&self.shape[..kept], data)
+            }
+            (None, Some(mut buffer)) => {
+                let out = buffer.as_slice_mut().ok_or("a standard-layout buffer")?;
+                for start in (0..total).step_by(CHUNK) {
+                    let len = CHUNK.min(total - start);
+                    let result = self.chunk(&sources, out, &mut regs, start, len);
+                    out[start..start + len].copy_from_slice(result);
+                }
+                Ok(Literal::F32(buffer))
+            }
+            (None, None) => {
+                let mut out = Vec::with_capacity(total);
+                for start in (0..total).step_by(CHUNK) {
+                    let len = CHUNK.min(total - start);
+                    out.extend_from_slice(self.chunk(&sources, &[], &mut regs, start, len));
+                }
+                shaped(&self.shape, out)
+            }
+        }
+    }
+
+    /// The reduction of each of `outer` rows of `row` elements with `f` (identity
+    /// `identity`), folded as [`Lanes`] fold.
+    fn fold_rows(
+        &self,
+        sources: &[Source<'_>],
+        regs: &mut [[f32; CHUNK]],
+        outer: usize,
+        row: usize,
+        identity: f32,
+        f: impl Fn(f32, f32) -> f32 + Copy,
+    ) -> Vec<f32> {
+        let body = body_len(row);
+        (0..outer)
+            .map(|r| {
+                let mut lanes = Lanes::new(identity);
+                let mut start = 0;
+                while start < row {
+                    let len = CHUNK.min(row - start);
+                    let values = self.chunk(sources, &[], regs, r * row + start, len);
+                    let in_body = body.saturating_sub(start).min(len);
+                    lanes.push(&values[..in_body], f);
+                    start += len;
+                    if start == row {
+                        return lanes.finish(&values[in_body..], f);
+                    }
+                }
+                identity
+            })
+            .collect()
+    }
+
+    /// Computes the `len` elements from flat index `start` of the loop: loads the
+    /// leaves (a [`Source::Buffer`] from `buffer`), runs the ops, and returns the last
+    /// register.
+    fn chunk<'r>(
+        &self,
+        sources: &[Source<'_>],
+        buffer: &[f32],
+        regs: &'r mut [[f32; CHUNK]],
+        start: usize,
+        len: usize,
+    ) -> &'r [f32] {
+        for (source, reg) in sources.iter().zip(regs.iter_mut()) {
+            source.load(&self.shape, buffer, start, &mut reg[..len]);
+        }
+        let base = self.leaves.len();
+        for (k, instr) in self.code.iter().enumerate() {
+            let (before, after) = regs.split_at_mut(base + k);
+            let dst = &mut after[0][..len];
+            match *instr {
+                Instr::Unary(op, a) => f32_unary(op, MapInto(&before[a][..len], dst)),
+                Instr::Binary(op, a, b) => {
+                    f32_binary(op, ZipInto(&before[a][..len], &before[b][..len], dst))
+                }
+            };
+        }
+        match regs.last() {
+            Some(last) => &last[..len],
+            None => &[],
+        }
+    }
+}
+
+/// `data` as an f32 literal of `shape`.
+fn shaped(shape: &[usize], data: Vec<f32>) -> Result<Literal, String> {
+    ArrayD::from_shape_vec(shape, data)
+        .map(Literal::F32)
+        .map_err(|e| e.to_string())
+}
+
+/// A unary op's function from one register into another.
+struct MapInto<'a>(&'a [f32], &'a mut [f32]);
+
+impl WithUnary for MapInto<'_> {
+    type Out = ();
+    fn with(self, f: impl Fn(f32) -> f32 + Copy) {
+        for (d, &a) in self.1.iter_mut().zip(self.0) {
+            *d = f(a);
+        }
+    }
+}
+
+/// A binary op's function from two registers into a third.
+struct ZipInto<'a>(&'a [f32], &'a [f32], &'a mut [f32]);
+
+impl WithBinary for ZipInto<'_> {
+    type Out = ();
+    fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) {
+        for ((d, &a), &b) in self.2.iter_mut().zip(self.0).zip(self.1) {
+            *d = f(a, b);
+        }
+    }
+}
+
+/// Where a leaf's elements are, as the loop reads them.
+enum Source<'a> {
+    /// In the result's buffer (the leaf was handed over), at the loop's flat index.
+    Buffer,
+    /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`;
+    /// `contiguous`: the strides are the loop shape's row-major ones.
+    Strided {
+        data: Cow<'a, [f32]>,
+        strides: Vec<usize>,
+        contiguous: bool,
+    },
+}
+
+impl<'a> Source<'a> {
+    /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`.
+    fn new(x: &'a Operand<'_>, dims: Option<&[usize]>, shape: &[usize]) -> Result<Self, String> {
+        let f32s = |lit: &'a Literal| match lit {
+            Literal::F32(a) => Ok(a),
+            other => Err(format!("a fused loop reads f32, given {}", other.dtype())),
+        };
+        // The value's elements, shape and strides over that shape.
+        let (array, value_shape, value_strides) = match x {
+            Operand::Value(v) => {
+                let a = f32s(v)?;
+                (a, a.shape().to_vec(), row_major(a.shape()))
+            }
+            Operand::Broadcast {
+                source,
+                shape: to,
+                dims,
+            } => {
+                let a = f32s(source)?;
+                let strides = map_strides(a.shape(), &row_major(a.shape()), to, dims)?;
+                (a, to.to_vec(), strides)
+            }
+        };
+        let identity: Vec<usize>;
+        let dims = match dims {
+            Some(dims) => dims,
+            None => {
+                identity = (0..value_shape.len()).collect();
+                &identity
+            }
+        };
+        let strides = map_strides(&value_shape, &value_strides, shape, dims)?;
+        let data = match array.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(array.iter().copied().collect()),
+        };
+        let contiguous = strides == row_major(shape);
+        Ok(Source::Strided {
+            data,
+            strides,
+            contiguous,
+        })
+    }
+
+    /// Writes the elements at flat indices `start..start + out.len()` of the loop over
+    /// `shape` into `out`.
+    fn load(&self, shape: &[usize], buffer: &[f32], start: usize, out: &mut [f32]) {
+        let (data, strides) = match self {
+            Source::Buffer => {
+                out.copy_from_slice(&buffer[start..start + out.len()]);
+                return;
+            }
+            Source::Strided {
+                data,
+                contiguous: true,
+                ..
+            } => {
+                out.copy_from_slice(&data[start..start + out.len()]);
+                return;
+            }
+            Source::Strided { data, strides, .. } => (data, strides),
+        };
+        // Not contiguous, so rank >= 1: runs along the minor dim.
+        let Some((&minor, outer_dims)) = shape.split_last() else {
+            return;
+        };
+        let (outer_strides, step) = strides.split_at(outer_dims.len());
+        let step = step[0];
+        let mut at = start;
+        let mut filled = 0;
+        while filled < out.len() {
+            let within = at % minor;
+            let mut rest = at / minor;
+            let mut base = 0;
+            for (&n, &s) in outer_dims.iter().zip(outer_strides).rev() {
+                base += (rest % n) * s;
+                rest /= n;
+            }
+            let run = (minor - within).min(out.len() - filled);
+            let dst = &mut out[filled..filled + run];
+            match step {
+                0 => dst.fill(data[base]),
+                1 => dst.copy_from_slice(&data[base + within..base + within + run]),
+                s => {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = data[base + (within + k) * s];
+                    }
+                }
+            }
+            filled += run;
+            at += run;
+        }
+    }
+}
+
+/// The row-major strides of `shape`, in elements.
+fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut stride = 1;
+    for (s, &n) in strides.iter_mut().zip(shape).rev() {
+        *s = stride;
+        stride *= n;
+    }
+    strides
+}
+
+/// The strides over `to` of a value of `shape` with `strides` broadcast to `to`, its
+/// dim `i` becoming dim `dims[i]` (0 along the dims that repeat it). `Err` if it does
+/// not fit.
+fn map_strides(
+    shape: &[usize],
+    strides: &[usize],
+    to: &[usize],
+    dims: &[usize],
+) -> Result<Vec<usize>, String> {
+    let misfit = || format!("cannot broadcast {shape:?} to {to:?} along {dims:?}");
+    if dims.len() != shape.len() {
+        return Err(misfit());
+    }
+    let mut out = vec![0; to.len()];
+    for ((&n, &s), &d) in shape.iter().zip(strides).zip(dims) {
+        match to.get(d) {
+            Some(&m) if m == n && n != 1 => out[d] = s,
+            Some(_) if n == 1 => {}
+            _ => return Err(misfit()),
+        }
+    }
+    Ok(out)
+}
+
+/// The fusion groups of `program`'s plan, each as its nodes in node order (the root
+/// last): for tests (see `gspmd-core/tests/fusion.rs`).
+pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
+    let plan = super::plan::Plan::new(program);
+    plan.groups.iter().map(|g| g.members.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A strided source reads broadcast rows, columns and transposes as the views do.
+    #[test]
+    fn strided_loads_follow_the_broadcast() {
+        let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let a = Literal::F32(ArrayD::from_shape_vec(&[2, 3][..], data).unwrap());
+        let x = Operand::Value(Cow::Borrowed(&a));
+        // [2, 3] onto [4, 2, 3] along dims 1, 2, and onto [3, 2] transposed.
+        let shape = [4, 2, 3];
+        let s = Source::new(&x, Some(&[1, 2]), &shape).unwrap();
+        let mut out = vec![0.0; 10];
+        s.load(&shape, &[], 4, &mut out);
+        assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
+        let shape = [3, 2];
+        let s = Source::new(&x, Some(&[1, 0]), &shape).unwrap();
+        let mut out = vec![0.0; 6];
+        s.load(&shape, &[], 0, &mut out);
+        assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert!(Source::new(&x, Some(&[0, 1]), &[3, 2]).is_err());
+    }
+}
