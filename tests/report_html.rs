@@ -108,7 +108,12 @@ fn the_language_model_step_report_is_one_page_that_renders() {
     let collectives = exe.spmd.collectives().total();
     assert!(collectives > 0);
     assert_eq!(count(&html, r#"<tr class="collective"#), collectives);
-    for name in ["parameters", "attended", "grad(layers.ffn.w1)", "new(layers.attn.wq)"] {
+    for name in [
+        "parameters",
+        "attended",
+        "grad(layers.ffn.w1)",
+        "new(layers.attn.wq)",
+    ] {
         assert!(
             html.contains(&format!("<b>{name}</b>")),
             "no section {name}"
