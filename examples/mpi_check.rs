@@ -14,12 +14,14 @@
 //! running out of memory in a model's gradient; every rank must get an error naming the
 //! culprit in under a second, and the mesh must run the next program correctly. Then
 //! training: the language model's AdamW step on the ranks and on threads, with bitwise
-//! equal losses, and checkpoints saved on either loaded on the other. Last, a rank
+//! equal losses, and checkpoints saved on either loaded on the other (on the ranks,
+//! rank 0 alone reads the file: the others are given a missing one). Last, a rank
 //! leaves the mesh while the others run on: they must get an error, not a hang.
 //!
 //! With `--stall`, the last rank stops responding (sleeps) before a collective, the
 //! others waiting with a one-second timeout: the job must end with a non-zero exit
-//! status and a message naming where they waited (`.ci/run` checks both).
+//! status and a message naming where they waited and the rank that did not come
+//! (`.ci/run` checks both).
 
 use std::time::{Duration, Instant};
 
@@ -315,7 +317,18 @@ fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     let mpi = mesh_of(on_ranks)?;
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
     let mut ranks_from_threads = Trainer::on_mpi(step, mesh, mpi, initial(2))?;
-    ranks_from_threads.load(&from_threads)?;
+    // Only rank 0 reads the file: the others are given a path that does not exist. A
+    // file missing on rank 0 is an error on every rank.
+    let missing = dir.join(format!("gspmd_mpi_check_{ranks}_missing.safetensors"));
+    let started = Instant::now();
+    let result = ranks_from_threads.load(&missing);
+    expect_error(
+        "a checkpoint missing on rank 0",
+        started,
+        result,
+        &missing.display().to_string(),
+    )?;
+    ranks_from_threads.load(if me == 0 { &from_threads } else { &missing })?;
     on_threads.load(&from_threads)?;
     same_loss(
         "the step after a thread-mesh checkpoint loaded on MPI",

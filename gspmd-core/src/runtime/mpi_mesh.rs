@@ -37,9 +37,9 @@ use crate::sharding::{Mesh, Sharding};
 ///
 /// A rank that stops responding (it hangs, or computes for longer than the timeout
 /// between two collectives) is detected by the others when they have waited
-/// [`MpiMesh::timeout`] at a collective: MPI cannot cancel a collective, so the first
-/// of them prints where it waited and ends the job with `MPI_Abort` (every rank exits
-/// non-zero).
+/// [`MpiMesh::timeout`] at a collective: MPI cannot take back what they sent, so the
+/// first of them prints where it waited and which ranks did not come, and ends the job
+/// with `MPI_Abort` (every rank exits non-zero).
 ///
 /// Resident values: like a [`ThreadMesh`]'s devices, each rank keeps its block of the
 /// values uploaded or stored under a key (see [`MpiMesh::upload`] and
@@ -184,6 +184,35 @@ impl MpiMesh {
         })?;
         let blocks = self.communicator.gather_world(block)?;
         assemble_resident(self.mesh(), &resident, blocks)
+    }
+
+    /// What `decode` makes of the bytes that `read` gives on device 0, on every rank,
+    /// which all call this at the same point with the same `place` (a name for the
+    /// meetings): only device 0 calls `read` (a file only it can see, say), then decodes
+    /// the bytes, in a run; its error is every rank's error. Then it broadcasts the bytes
+    /// and every other rank decodes them, in a second run (an error of one is every
+    /// rank's).
+    pub fn read_on_first<T>(
+        &self,
+        place: &str,
+        read: impl FnOnce() -> Result<Vec<u8>>,
+        decode: impl Fn(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        let first = self.run(&format!("the reading of {place}"), |comm| {
+            if comm.device() != 0 {
+                return Ok(None);
+            }
+            let bytes = read()?;
+            let value = decode(&bytes)?;
+            Ok(Some((bytes, value)))
+        })?;
+        self.run(&format!("the sending of {place}"), |_| match first {
+            Some((bytes, value)) => {
+                self.communicator.broadcast_bytes(place, bytes)?;
+                Ok(value)
+            }
+            None => decode(&self.communicator.broadcast_bytes(place, Vec::new())?),
+        })
     }
 
     /// Runs `program` on this rank, as every rank does at the same time: first checks

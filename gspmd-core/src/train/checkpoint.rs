@@ -55,13 +55,26 @@ pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) ->
 /// [`Error::Checkpoint`].
 pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>> {
     let path = path.as_ref();
+    decode_checkpoint(path, &read_checkpoint(path)?)
+}
+
+/// The bytes of the file at `path`.
+fn read_checkpoint(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::Checkpoint {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// The tensors of `buffer`, the bytes of the safetensors file at `path` (see
+/// [`load_checkpoint`]).
+fn decode_checkpoint(path: &Path, buffer: &[u8]) -> Result<Vec<(String, Literal)>> {
     let fail = |message: String| Error::Checkpoint {
         path: path.display().to_string(),
         message,
     };
-    let buffer = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-    let (_, metadata) = SafeTensors::read_metadata(&buffer).map_err(|e| fail(e.to_string()))?;
-    let file = SafeTensors::deserialize(&buffer).map_err(|e| fail(e.to_string()))?;
+    let (_, metadata) = SafeTensors::read_metadata(buffer).map_err(|e| fail(e.to_string()))?;
+    let file = SafeTensors::deserialize(buffer).map_err(|e| fail(e.to_string()))?;
     let names = match metadata.metadata() {
         Some(m) if m.keys().any(|k| k.starts_with(ORDER)) => {
             saved_order(m, &metadata.offset_keys()).map_err(fail)?
@@ -100,14 +113,22 @@ impl Trainer {
     }
 
     /// [`Trainer::restore`]s from the file at `path` (see [`load_checkpoint`]), saved
-    /// on any engine of the same step program. On MPI every rank calls it and reads the
-    /// file (a path every rank can read, such as a shared filesystem: each keeps only its
-    /// blocks); a rank that cannot read it is an error on every rank.
+    /// on any engine of the same step program. On MPI every rank calls it and only the
+    /// rank of device 0 reads the file (the others' `path` is not used): it sends the
+    /// file's bytes to every rank, which keeps its blocks (`MpiMesh::read_on_first`);
+    /// an error reading or decoding the file is an error on every rank.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let place = format!("the loading of {}", path.display());
-        let tensors = together(self.engine(), &place, |_| load_checkpoint(path))?;
-        self.restore(&tensors)
+        #[cfg(feature = "mpi")]
+        if let Engine::Mpi { mesh, .. } = self.engine() {
+            let tensors = mesh.read_on_first(
+                "a checkpoint",
+                || read_checkpoint(path),
+                |bytes| decode_checkpoint(path, bytes),
+            )?;
+            return self.restore(&tensors);
+        }
+        self.restore(&load_checkpoint(path)?)
     }
 }
 

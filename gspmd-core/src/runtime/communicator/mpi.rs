@@ -1,16 +1,18 @@
 //! [`MpiCommunicator`]: the collectives for devices that are MPI ranks (rank = device
 //! id), with the same results, bit for bit, as the shared-memory communicator.
 //!
-//! Every collective starts with a *meeting* of all ranks: a world all-gather of a
-//! fixed-size record saying where each rank is (the collective, its axes and its
-//! operand's type) or that it failed and why. SPMD programs call the same collectives
-//! in the same order on every device, so every rank meets every other at each
-//! collective, and all of them see the same records: when the records disagree or one
+//! Every collective starts with a *meeting* of all ranks: each sends every other a
+//! fixed-size record (point to point, so that a rank left waiting can name the ranks it
+//! lacks) saying where it is (the collective, its axes and its operand's type) or that
+//! it failed and why. SPMD programs call the same collectives in the same order on
+//! every device, so every rank meets every other at each collective, and all of them
+//! see the same records: when the records disagree or one
 //! says "failed", every rank returns the same error at the same meeting and no rank is
 //! left waiting in a data exchange. A rank whose program failed goes to one meeting
 //! with its error (see [`MpiCommunicator::fail`]); a run ends with a meeting of all.
 //! A meeting that some rank never reaches (it hangs) ends the job after the timeout:
-//! MPI has no way to cancel the all-gather, so the waiting rank calls `MPI_Abort`.
+//! MPI cannot take back a record sent, so the waiting rank names the ranks whose
+//! records it lacks and calls `MPI_Abort`.
 //!
 //! The data then moves on the group's own communicator, split from the world once per
 //! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
@@ -25,9 +27,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mpi::Tag;
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
-use mpi::traits::CommunicatorCollectives;
+use mpi::traits::{CommunicatorCollectives, Root};
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use super::Communicator;
@@ -52,6 +56,13 @@ const LEFT: u8 = 2;
 
 /// The exit code of every rank when a meeting times out.
 const TIMED_OUT: i32 = 3;
+
+/// The tag of the records' point-to-point messages on the world communicator (no other
+/// point-to-point message is sent there).
+const RECORD_TAG: Tag = 14;
+
+/// The most bytes one broadcast call moves (an MPI count is a C int).
+const BROADCAST_PIECE: usize = 1 << 30;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
@@ -169,8 +180,8 @@ impl MpiCommunicator {
         self.left.get()
     }
 
-    /// The world all-gather of the ranks' records, as (status, text) by rank; notes the
-    /// first rank that left.
+    /// Every rank's record (see [`MpiCommunicator::exchange_or_abort`]), as (status,
+    /// text) by rank; notes the first rank that left.
     fn exchange_records(&self, status: u8, text: &str) -> Vec<(u8, String)> {
         let mut mine = [0u8; RECORD];
         mine[0] = status;
@@ -185,7 +196,7 @@ impl MpiCommunicator {
             FAILED => "the meeting where it reports its failure",
             _ => "the meeting where it leaves",
         };
-        self.all_gather_or_abort(&mine, &mut all, place);
+        self.exchange_or_abort(&mine, &mut all, place);
         let records: Vec<(u8, String)> = all
             .chunks(RECORD)
             .map(|r| {
@@ -199,25 +210,57 @@ impl MpiCommunicator {
         records
     }
 
-    /// The world all-gather of `mine` into `all`; if some rank has not joined it after
-    /// the timeout, prints that this device waited at `place` and ends the job
-    /// (`MPI_Abort`: every rank exits with code [`TIMED_OUT`]).
-    fn all_gather_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
+    /// Sends `mine` to every other rank and receives theirs into `all` (rank `r`'s
+    /// record at `r * RECORD`, this rank's copied in): one non-blocking send and receive
+    /// per other rank, so that a rank left waiting knows whose records it lacks. If some
+    /// have not come after the timeout, prints that this device waited at `place` for
+    /// those ranks and ends the job (`MPI_Abort`: every rank exits with code
+    /// [`TIMED_OUT`]). Records from one sender arrive in the order sent (MPI does not
+    /// let messages of one source and tag overtake), so each meeting gets its own.
+    fn exchange_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
         let timeout = self.timeout.get();
         let deadline = Instant::now() + timeout;
+        let me = self.world.rank();
         mpi::request::scope(|scope| {
-            let mut request = self.world.immediate_all_gather_into(scope, mine, all);
-            loop {
-                match request.test() {
-                    Ok(_) => return,
-                    Err(pending) => request = pending,
+            // (rank, request): receives first, so that a peer's record finds its receive.
+            let mut pending = Vec::with_capacity(2 * self.mesh.num_devices());
+            for (rank, slot) in (0..self.world.size()).zip(all.chunks_mut(RECORD)) {
+                if rank == me {
+                    slot.copy_from_slice(mine);
+                } else {
+                    let peer = self.world.process_at_rank(rank);
+                    pending.push((
+                        rank,
+                        peer.immediate_receive_into_with_tag(scope, slot, RECORD_TAG),
+                    ));
                 }
-                if Instant::now() > deadline {
+            }
+            for rank in (0..self.world.size()).filter(|&r| r != me) {
+                let peer = self.world.process_at_rank(rank);
+                pending.push((rank, peer.immediate_send_with_tag(scope, mine, RECORD_TAG)));
+            }
+            while !pending.is_empty() {
+                pending = pending
+                    .into_iter()
+                    .filter_map(|(rank, request)| request.test().err().map(|r| (rank, r)))
+                    .collect();
+                if !pending.is_empty() && Instant::now() > deadline {
+                    let mut missing: Vec<i32> = pending.iter().map(|&(rank, _)| rank).collect();
+                    missing.sort_unstable();
+                    missing.dedup();
+                    let missing: Vec<String> = missing.iter().map(i32::to_string).collect();
+                    let devices = if missing.len() == 1 {
+                        "device"
+                    } else {
+                        "devices"
+                    };
                     eprintln!(
-                        "gspmd: device {} of {} waited {timeout:?} at {place} for ranks that \
-                         did not come (hung, or busy longer than the MpiMesh timeout): \
+                        "gspmd: device {} of {} waited {timeout:?} at {place} for {devices} {}, \
+                         which did not come (hung, or busy longer than the MpiMesh timeout): \
                          aborting the MPI job",
-                        self.device, self.mesh
+                        self.device,
+                        self.mesh,
+                        missing.join(", ")
                     );
                     self.world.abort(TIMED_OUT);
                 }
@@ -300,6 +343,23 @@ impl MpiCommunicator {
                 message,
             },
         )
+    }
+
+    /// Rank 0's `bytes` on every rank (the others pass any, e.g. none), after a meeting
+    /// at `place`: the length, then the bytes in pieces of at most [`BROADCAST_PIECE`].
+    pub(crate) fn broadcast_bytes(&self, place: &str, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
+        self.meet(&format!("the broadcast of {place}"))?;
+        let root = self.world.process_at_rank(0);
+        let mut len = bytes.len() as u64;
+        root.broadcast_into(&mut len);
+        let len = usize::try_from(len).map_err(|_| {
+            Error::MpiMesh(format!("{len} bytes of {place} exceed this rank's memory"))
+        })?;
+        bytes.resize(len, 0);
+        for piece in bytes.chunks_mut(BROADCAST_PIECE) {
+            root.broadcast_into(piece);
+        }
+        Ok(bytes)
     }
 }
 
