@@ -309,18 +309,7 @@ impl SpmdProgram {
         let device = mesh.device();
         // Every check is inside the run, so that a rank failing one tells the others.
         let locals = mesh.run(fingerprint, |comm| {
-            if mesh.mesh() != &self.mesh {
-                return Err(Error::WrongMesh {
-                    partitioned_for: self.mesh.to_string(),
-                    given: mesh.mesh().to_string(),
-                });
-            }
-            if outputs.len() != self.outputs.len() {
-                return Err(Error::OutputCount {
-                    expected: self.outputs.len(),
-                    given: outputs.len(),
-                });
-            }
+            self.check_target(mesh.mesh(), outputs.len())?;
             let mut binds =
                 self.bind_inputs(&|key| mesh.resident(key), inputs, device..device + 1)?;
             let mine = binds.pop().unwrap_or_default();

@@ -181,18 +181,7 @@ impl SpmdProgram {
         inputs: &[Input],
         outputs: &[Output],
     ) -> Result<Vec<Value>> {
-        if mesh.mesh() != &self.mesh {
-            return Err(Error::WrongMesh {
-                partitioned_for: self.mesh.to_string(),
-                given: mesh.mesh().to_string(),
-            });
-        }
-        if outputs.len() != self.outputs.len() {
-            return Err(Error::OutputCount {
-                expected: self.outputs.len(),
-                given: outputs.len(),
-            });
-        }
+        self.check_target(mesh.mesh(), outputs.len())?;
         let binds = self.bind_inputs(
             &|key| mesh.resident(key),
             inputs,
@@ -346,6 +335,24 @@ impl SpmdProgram {
         let blocks = self.trimmed_blocks(k, blocks)?;
         let (blocks, sharding) = sum_partials(blocks, sharding, &self.mesh)?;
         assemble(&blocks, &sharding, &self.mesh, &ty.shape)
+    }
+
+    /// An [`Error::WrongMesh`] unless `mesh` is the mesh the program was partitioned
+    /// for, an [`Error::OutputCount`] unless `outputs` is its number of outputs.
+    pub(super) fn check_target(&self, mesh: &Mesh, outputs: usize) -> Result<()> {
+        if mesh != &self.mesh {
+            return Err(Error::WrongMesh {
+                partitioned_for: self.mesh.to_string(),
+                given: mesh.to_string(),
+            });
+        }
+        if outputs != self.outputs.len() {
+            return Err(Error::OutputCount {
+                expected: self.outputs.len(),
+                given: outputs,
+            });
+        }
+        Ok(())
     }
 
     /// An [`Error::Input`] unless `given` is the program's number of inputs.
