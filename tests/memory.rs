@@ -8,7 +8,11 @@
 //! so the allocator's peak during the run, less what was allocated when it started, is
 //! what the devices allocate together; the prediction is the number of devices times
 //! the analysis's peak less its inputs (every device runs the same program on blocks of
-//! the same shapes, and collectives keep them in step).
+//! the same shapes). Collectives keep the devices of a group nearly in step, not in
+//! lockstep: a device can be ahead while a slower peer still holds the operand it
+//! posted, which [`MemoryAnalysis::in_flight_bytes`] bounds. The prediction is therefore
+//! the range from the in-step peak to it plus that bound, and the counted peak must lie
+//! within 10% of the range.
 //!
 //! The allocator counts the whole process: this file holds one test, so that no other
 //! test allocates while it measures.
@@ -66,8 +70,9 @@ fn moe_step() -> TrainStep {
     adamw_step(&moe_language_model::trace(dims, 24).expect("traces"), 3)
 }
 
-/// `(predicted, counted)` bytes allocated by one run of `step` on `mesh`.
-fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize) {
+/// `(predicted, most predicted, counted)` bytes allocated by one run of `step` on
+/// `mesh`.
+fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
     let devices = mesh.num_devices();
     let exe = compile(&step.program, &mesh).expect("compiles");
     let analysis = exe.memory_analysis();
@@ -92,7 +97,12 @@ fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize) {
     exe.execute(&threads, &inputs_resident, &outputs)
         .expect("runs");
     let counted = ALLOCATOR.peak_usage() - before;
-    (devices * (analysis.peak_bytes - inputs), counted)
+    let in_step = devices * (analysis.peak_bytes - inputs);
+    (
+        in_step,
+        in_step + devices * analysis.in_flight_bytes,
+        counted,
+    )
 }
 
 #[test]
@@ -111,10 +121,12 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
     for (name, step, mesh_of) in models {
         let step = step();
         for mesh in [[1, 1], [2, 1], [2, 4]] {
-            let (predicted, counted) = step_peak(&step, mesh_of(mesh).expect("mesh"));
-            let error = predicted as f64 / counted as f64 - 1.0;
+            let (low, high, counted) = step_peak(&step, mesh_of(mesh).expect("mesh"));
+            let nearest = counted.clamp(low, high);
+            let error = nearest as f64 / counted as f64 - 1.0;
             println!(
-                "{name} {}x{}: predicted {predicted} bytes, counted {counted} bytes ({:+.1}%)",
+                "{name} {}x{}: predicted {low}..={high} bytes, counted {counted} bytes \
+                 ({:+.1}%)",
                 mesh[0],
                 mesh[1],
                 100.0 * error

@@ -22,6 +22,7 @@
 //!
 //! Other scratch space inside kernels is not counted.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::ir::{ConvConfig, Location, Node, Op, Program, ValueId, num_elements};
@@ -44,6 +45,14 @@ pub struct MemoryAnalysis {
     /// One entry per node of the program, in execution (node) order: the bytes held
     /// while the node runs (inputs included).
     pub timeline: Vec<usize>,
+    /// How much more than `peak_bytes` a device can hold when the devices do not run in
+    /// step: a thread mesh's collectives share their operands rather than copying them,
+    /// so a device's operand stays allocated after the device has left the collective
+    /// until the slowest member of its group has read it. At most one such operand per
+    /// group the device meets in, so this is the sum over those groups (of more than one
+    /// device) of the largest operand posted there. `peak_bytes` assumes devices in
+    /// step; the truth lies between it and `peak_bytes + in_flight_bytes`.
+    pub in_flight_bytes: usize,
 }
 
 /// The bytes held at the peak, by kind; they add up to [`MemoryAnalysis::peak_bytes`].
@@ -116,7 +125,35 @@ impl MemoryAnalysis {
             peak_node: peak,
             peak_value,
             timeline: walk.held.iter().map(|&h| inputs + h).collect(),
+            in_flight_bytes: in_flight(program),
         }
+    }
+}
+
+/// [`MemoryAnalysis::in_flight_bytes`] of `program`, its control flow's regions
+/// included.
+fn in_flight(program: &Program) -> usize {
+    let mut largest = BTreeMap::new();
+    largest_operands(program, &mut largest);
+    largest.values().sum()
+}
+
+/// Raises `largest[axes]` to the bytes of every operand `program` posts to a collective
+/// over `axes` (of more than one device), recursively through regions.
+fn largest_operands<'p>(program: &'p Program, largest: &mut BTreeMap<&'p [String], usize>) {
+    for node in &program.nodes {
+        if let Op::Flow { flow, result: 0 } = &node.op {
+            for region in flow.regions() {
+                largest_operands(region, largest);
+            }
+        }
+        let Some(group) = node.op.collective_group().filter(|g| g.size > 1) else {
+            continue;
+        };
+        let operands = node.operands.iter();
+        let bytes = operands.map(|&o| program.ty(o).size_in_bytes()).sum();
+        let entry = largest.entry(&group.axes[..]).or_default();
+        *entry = (*entry).max(bytes);
     }
 }
 
@@ -286,6 +323,13 @@ impl fmt::Display for MemoryAnalysis {
         writeln!(f, "  optimizer state  {}", bytes(b.optimizer_state))?;
         writeln!(f, "  activations kept {}", bytes(b.activations_kept))?;
         write!(f, "  temporaries      {}", bytes(b.temporaries))?;
+        if self.in_flight_bytes > 0 {
+            let held = bytes(self.in_flight_bytes);
+            write!(
+                f,
+                "\n  (+ up to {held} of collective operands a slower peer still reads)"
+            )?;
+        }
         if let Some(p) = self.peak_node {
             write!(f, "\nreached at {p}")?;
         }

@@ -110,6 +110,7 @@ mod tests {
             peak_node: Some(ValueId(2)),
             peak_value: None,
             timeline: vec![1024, 2048, 4096, 1024],
+            in_flight_bytes: 0,
         };
         let svg = memory_chart(&memory, &[(1, "all_reduce")], "%2");
         let curve = svg.split(r#"<path class="curve" d=""#).nth(1).unwrap();
