@@ -79,7 +79,7 @@ fn mixed_precision(c: &mut Criterion) {
         let mesh = language_model::mesh([2, 4]).expect("valid mesh");
         let mut trainer = Trainer::on_mesh(step, mesh, initial).expect("compiles");
         if let Engine::Mesh { exe, .. } = trainer.engine() {
-            let stats = exe.spmd.collectives();
+            let stats = exe.spmd().collectives();
             println!(
                 "{compute}: {} collectives, {} bytes received per device per step",
                 stats.total(),

@@ -42,7 +42,7 @@ pub fn main() -> gspmd::Result<()> {
         program.name
     );
     println!("{:<8} {:<12} sharding", "value", "type");
-    let p = &exe.propagated;
+    let p = exe.propagated();
     for v in p.values() {
         let node = p.node(v);
         let is_output = p.outputs.contains(&v);
@@ -61,7 +61,7 @@ pub fn main() -> gspmd::Result<()> {
     }
 
     println!("\n== the per-device program and its collectives\n");
-    println!("{}", exe.spmd.report());
+    println!("{}", exe.spmd().report());
 
     let w1 = p.node(p.params[1]);
     if let Some(sharding) = &w1.sharding {

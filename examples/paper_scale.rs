@@ -71,7 +71,7 @@ fn analyse(c: &Config, x: usize, y: usize) -> Result<Row> {
     let memory = exe.memory_analysis();
     let cost = exe.cost_analysis(&DeviceModel::tpu_v3_core());
     // The trained weights are inputs 1..=6 (input 0 is the batch).
-    let program = &exe.spmd.program;
+    let program = &exe.spmd().program;
     let weights = (program.params[1..=6].iter())
         .map(|&p| program.ty(p).size_in_bytes())
         .sum();

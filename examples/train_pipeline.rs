@@ -104,7 +104,7 @@ fn one_line(stats: &CollectiveStats) -> String {
 /// One line per loop of `exe`'s per-device program (its trip count and its body's
 /// collectives, run once per iteration), then the collectives outside the loops.
 fn loop_report(exe: &Executable) -> String {
-    let (program, mesh) = (&exe.spmd.program, &exe.spmd.mesh);
+    let (program, mesh) = (&exe.spmd().program, &exe.spmd().mesh);
     let mut out = String::new();
     let mut outside = CollectiveStats::of(program, mesh);
     for (_, flow) in distinct_flows(program) {

@@ -80,7 +80,7 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
 /// per-device block times (shards of its spatial dims - 1). Returns the bytes and the
 /// number of convolutions that read a spatially split input.
 fn all_gather_plan_bytes(exe: &Executable) -> (usize, usize) {
-    let (program, mesh) = (&exe.propagated, &exe.spmd.mesh);
+    let (program, mesh) = (exe.propagated(), &exe.spmd().mesh);
     let (mut bytes, mut convs) = (0, 0);
     for node in &program.nodes {
         let Op::Convolution(config) = &node.op else {
@@ -138,7 +138,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
             "all-gather plan: {bytes} bytes received per device gathering the input of the {convs} \
              convolutions (forward and backward) that read a spatially split one"
         );
-        println!("partitioner warnings: {}", exe.spmd.warnings.len());
+        println!("partitioner warnings: {}", exe.spmd().warnings.len());
     }
 
     let mut reference = Trainer::reference(step, initial)?;

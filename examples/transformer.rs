@@ -27,7 +27,7 @@ pub fn main() -> gspmd::Result<()> {
     let program = transformer::trace(dims)?;
     let mesh = transformer::mesh([2, 4])?;
     let exe = compile(&program, &mesh)?;
-    let p = &exe.propagated;
+    let p = exe.propagated();
 
     println!(
         "== {} layers on {mesh}: key values after propagation\n",
@@ -56,8 +56,8 @@ pub fn main() -> gspmd::Result<()> {
     }
 
     // The report's tail: one line per collective (axes, shapes, the model's source
-    // line), totals and warnings. `exe.spmd.report()` also prints the whole program.
-    let report = exe.spmd.report();
+    // line), totals and warnings. `exe.spmd().report()` also prints the whole program.
+    let report = exe.spmd().report();
     let collectives = report.split_once("\ncollectives:\n").map_or("", |r| r.1);
     println!("\n== collectives of the per-device program\n\n{collectives}");
 

@@ -100,7 +100,7 @@ fn output_sharding(p: &Program, k: usize) -> String {
 
 /// Mesh axes of each collective of the per-device program, with the op's name.
 fn collectives(exe: &Executable) -> Vec<(&'static str, Vec<String>)> {
-    exe.spmd
+    exe.spmd()
         .program
         .nodes
         .iter()
@@ -133,7 +133,7 @@ fn mlp_runs_on_every_mesh() {
 #[test]
 fn mlp_shardings_after_propagation() {
     let exe = compile(&mlp_program(), &mesh24()).unwrap();
-    let p = &exe.propagated;
+    let p = exe.propagated();
     assert_eq!(shardings_of(p, "h"), ["(data, model)"]);
     assert_eq!(shardings_of(p, "x"), ["(data, _)"]);
     assert_eq!(shardings_of(p, "w1"), ["(_, model)"]);
@@ -152,10 +152,10 @@ fn mlp_on_2x4_has_exactly_one_all_reduce_over_model() {
         "{}",
         exe.report()
     );
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     // Ring all-reduce of f32[4, 16] over 4 devices: 2 * 3/4 of 256 bytes.
     assert_eq!(stats.bytes(), 2 * (4 * 16 * 4) * 3 / 4);
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
 }
 
 #[test]
@@ -202,7 +202,7 @@ fn one_transformer_block_alone_runs_on_every_mesh() {
 #[test]
 fn transformer_shardings_after_propagation_are_2d() {
     let exe = compile(&transformer_program(), &mesh24()).unwrap();
-    let p = &exe.propagated;
+    let p = exe.propagated();
     let every_layer = |s: &str| vec![s.to_string(); LAYERS];
     // Batch over `data`, heads over `model`, for the attention's values.
     for name in ["q", "scores", "context"] {
@@ -234,14 +234,14 @@ fn transformer_on_2x4_gathers_weights_over_data_and_reduces_activations_over_mod
     // depending on the one before. Activations are never gathered.
     let gathers: Vec<_> = all.iter().filter(|c| c.0 == "all_gather").collect();
     let reduces: Vec<_> = all.iter().filter(|c| c.0 == "all_reduce").collect();
-    assert_eq!(gathers.len(), 1, "{}", exe.spmd.report());
-    assert_eq!(reduces.len(), 2 * LAYERS, "{}", exe.spmd.report());
-    assert_eq!(all.len(), 1 + 2 * LAYERS, "{}", exe.spmd.report());
+    assert_eq!(gathers.len(), 1, "{}", exe.spmd().report());
+    assert_eq!(reduces.len(), 2 * LAYERS, "{}", exe.spmd().report());
+    assert_eq!(all.len(), 1 + 2 * LAYERS, "{}", exe.spmd().report());
     assert!(gathers.iter().all(|c| c.1 == data), "{all:?}");
     assert!(reduces.iter().all(|c| c.1 == model), "{all:?}");
     // Every all-reduce is of the local residual block [B/2, S, D].
     for n in exe
-        .spmd
+        .spmd()
         .program
         .nodes
         .iter()
@@ -249,7 +249,7 @@ fn transformer_on_2x4_gathers_weights_over_data_and_reduces_activations_over_mod
     {
         assert_eq!(n.ty.shape, [2, 4, 16]);
     }
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
 }
 
 #[test]
@@ -301,7 +301,7 @@ fn experts_run_on_every_mesh() {
 fn experts_on_2x2x2_all_reduce_once_over_expert_and_model() {
     let mesh = experts::mesh([2, 2, 2]).unwrap();
     let exe = compile(&experts_program(), &mesh).unwrap();
-    let p = &exe.propagated;
+    let p = exe.propagated();
     assert_eq!(shardings_of(p, "h"), ["(expert, data, model)"]);
     assert_eq!(output_sharding(p, 0), "(data, _)");
     // The second einsum contracts e (split over `expert`) and f (over `model`): its
@@ -314,6 +314,6 @@ fn experts_on_2x2x2_all_reduce_once_over_expert_and_model() {
             vec!["expert".to_string(), "model".to_string()]
         )],
         "{}",
-        exe.spmd.report()
+        exe.spmd().report()
     );
 }

@@ -81,12 +81,12 @@ fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
     let threads = ThreadMesh::new(mesh).expect("threads");
     let values = sample_inputs(&step.program, 3);
     let keys: Vec<String> = (0..values.len()).map(|i| format!("in/{i}")).collect();
-    for ((key, value), (_, sharding)) in keys.iter().zip(&values).zip(&exe.spmd.inputs) {
+    for ((key, value), (_, sharding)) in keys.iter().zip(&values).zip(&exe.spmd().inputs) {
         threads.upload(key, value, sharding).expect("uploads");
     }
     drop(values);
     let inputs_resident: Vec<Input> = keys.iter().map(|k| Input::Resident(k)).collect();
-    let outputs: Vec<Output> = (0..exe.spmd.outputs.len())
+    let outputs: Vec<Output> = (0..exe.spmd().outputs.len())
         .map(|k| Output::Resident(format!("out/{k}")))
         .collect();
     // A first run makes the plan, the outputs' slots and whatever the threads keep.

@@ -187,12 +187,12 @@ fn mixture_of_experts_and_its_gradient_match_the_reference_with_all_to_all_dispa
             // Dispatch and combine forward, and their mirror images backward.
             let forward_exe = compile(&forward, &mesh).unwrap();
             assert_eq!(
-                forward_exe.spmd.collectives().count("all_to_all"),
+                forward_exe.spmd().collectives().count("all_to_all"),
                 2,
                 "{mesh}"
             );
-            assert_eq!(exe.spmd.collectives().count("all_to_all"), 4, "{mesh}");
-            assert_eq!(exe.spmd.collectives().count("all_gather"), 0, "{mesh}");
+            assert_eq!(exe.spmd().collectives().count("all_to_all"), 4, "{mesh}");
+            assert_eq!(exe.spmd().collectives().count("all_gather"), 0, "{mesh}");
         }
     }
 }

@@ -30,7 +30,7 @@ fn memory_and_communication_scale_as_the_paper_says() {
     let mut points = Vec::new();
     for (x, y) in MESHES {
         let exe = compile(&step.program, &dense::mesh(x, y).expect("mesh")).expect("compiles");
-        let program = &exe.spmd.program;
+        let program = &exe.spmd().program;
         let weights: usize = (program.params[1..=6].iter())
             .map(|&p| program.ty(p).size_in_bytes())
             .sum();

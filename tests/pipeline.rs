@@ -81,13 +81,13 @@ fn pipelined_and_sequential(p: &Pipeline) -> (Program, Program, Vec<Literal>) {
 
 /// Asserts that `exe` run on its mesh with `inputs` gives `want` within the tolerance.
 fn assert_runs_to(exe: &Executable, inputs: &[Literal], want: &Literal, what: &str) {
-    let threads = ThreadMesh::new(exe.spmd.mesh.clone()).unwrap();
+    let threads = ThreadMesh::new(exe.spmd().mesh.clone()).unwrap();
     let got = exe.run(&threads, inputs).unwrap();
     let d = max_diff(want, &got[0]);
     assert!(
         d <= TOLERANCE,
         "{what} on {}: differs by {d}",
-        exe.spmd.mesh
+        exe.spmd().mesh
     );
 }
 
@@ -217,7 +217,7 @@ fn the_loop_body_has_one_shift_per_iteration() {
             .map(|microbatches| {
                 let p = Pipeline { microbatches, ..p };
                 let exe = compile(&mlp_stack::trace(dims(&p), p, true).unwrap(), &mesh).unwrap();
-                let local = &exe.spmd.program;
+                let local = &exe.spmd().program;
                 assert_eq!(collectives(local), ["all_reduce"], "{p:?}\n{local}");
                 let flows = distinct_flows(local);
                 let [(_, flow)] = flows[..] else {
@@ -269,7 +269,7 @@ fn the_backward_loop_body_has_one_shift_per_iteration() {
         };
         let program = mlp_loss::trace(loss_dims, p, true).unwrap();
         let exe = compile(&grad(&program, 0, &[2, 3]).unwrap(), &mesh).unwrap();
-        let local = &exe.spmd.program;
+        let local = &exe.spmd().program;
         let loops = distinct_flows(local);
         assert_eq!(loops.len(), 2, "{p:?}: forward and backward loops\n{local}");
         for (_, flow) in loops {

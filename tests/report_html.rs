@@ -103,9 +103,13 @@ fn the_language_model_step_report_is_one_page_that_renders() {
     for external in ["http://", "https://", " src=", "<link"] {
         assert!(!html.contains(external), "the page refers to `{external}`");
     }
-    let sharded = exe.propagated.nodes.iter().filter(|n| n.sharding.is_some());
+    let sharded = exe
+        .propagated()
+        .nodes
+        .iter()
+        .filter(|n| n.sharding.is_some());
     assert_eq!(count(&html, r#"<svg class="grid""#), sharded.count());
-    let collectives = exe.spmd.collectives().total();
+    let collectives = exe.spmd().collectives().total();
     assert!(collectives > 0);
     assert_eq!(count(&html, r#"<tr class="collective"#), collectives);
     for name in [

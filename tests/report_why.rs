@@ -40,7 +40,7 @@ fn check_step(model: &Program, trained: Vec<usize>, mesh: &Mesh) -> Executable {
     let step = step_program(model, 0, &trained, &Optimizer::adamw(1e-3)).unwrap();
     let exe = compile(&step.program, mesh).unwrap();
     let mut all = Vec::new();
-    reasons(&exe.spmd.program, &mut all);
+    reasons(&exe.spmd().program, &mut all);
     assert!(!all.is_empty(), "{}: no collectives", model.name);
     for (op, why) in &all {
         if why.purpose != Purpose::Algorithm {
@@ -85,10 +85,10 @@ fn every_collective_of_the_example_steps_has_a_reason() {
     let trained = (3..lm.params.len()).collect();
     let exe = check_step(&lm, trained, &language_model::mesh([2, 4]).unwrap());
     // explain: a parameter's sharding, its annotation line and the collectives on it.
-    let w = (exe.propagated.values())
+    let w = (exe.propagated().values())
         .find(|&v| {
             let uses = |c: &Node| c.why.iter().any(|w| w.touches(v));
-            exe.spmd.program.nodes.iter().any(uses)
+            exe.spmd().program.nodes.iter().any(uses)
         })
         .unwrap();
     let text = exe.explain(w);
@@ -134,8 +134,8 @@ fn a_conflicting_annotation_is_warned_with_both_lines_and_shardings() {
     let exe = compile(&program, &mesh).unwrap();
 
     let file = file!();
-    assert_eq!(exe.spmd.warnings.len(), 1, "{:?}", exe.spmd.warnings);
-    let warning = &exe.spmd.warnings[0];
+    assert_eq!(exe.spmd().warnings.len(), 1, "{:?}", exe.spmd().warnings);
+    let warning = &exe.spmd().warnings[0];
     for part in [
         format!("{file}:{second}: "),
         "full rematerialization".into(),
@@ -150,8 +150,8 @@ fn a_conflicting_annotation_is_warned_with_both_lines_and_shardings() {
         "{warning}"
     );
 
-    let resplit_id = (exe.propagated.values())
-        .find(|&v| exe.propagated.node(v).location.line == second)
+    let resplit_id = (exe.propagated().values())
+        .find(|&v| exe.propagated().node(v).location.line == second)
         .unwrap();
     let text = exe.explain(resplit_id);
     assert!(

@@ -19,11 +19,11 @@ pub fn report_compiled(trainer: &Trainer, compile_time: Duration) -> Option<&Exe
     };
     println!(
         "compiled the training step for {} in {compile_time:.2?}: {} global ops -> {} per-device ops",
-        exe.spmd.mesh,
-        exe.propagated.nodes.len(),
-        exe.spmd.program.nodes.len()
+        exe.spmd().mesh,
+        exe.propagated().nodes.len(),
+        exe.spmd().program.nodes.len()
     );
-    println!("collectives per step:\n{}", exe.spmd.collectives());
+    println!("collectives per step:\n{}", exe.spmd().collectives());
     Some(exe)
 }
 

@@ -65,7 +65,7 @@ fn depth(c: &mut Criterion) {
             let exe = compile(&build(layers), &mesh).expect("compiles");
             println!(
                 "{name:>8} L={layers:<2}: {} per-device ops",
-                op_count(&exe.spmd.program)
+                op_count(&exe.spmd().program)
             );
         }
     }

@@ -71,7 +71,7 @@ fn embedding_vs_one_hot(c: &mut Criterion) {
         let backward = grad(p, 0, &[0]).expect("differentiable");
         for (pass, prog) in [("forward", p), ("with_gradient", &backward)] {
             let exe = compile(prog, &mesh).expect("compiles");
-            let stats = exe.spmd.collectives();
+            let stats = exe.spmd().collectives();
             eprintln!(
                 "{name} {pass} on model=4: {} collectives, {} bytes received per device",
                 stats.total(),

@@ -2,6 +2,7 @@
 //! [`Executable`] it returns.
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
@@ -21,12 +22,13 @@ use crate::simplify::{Stage, simplify_verified};
 /// steps), as long as [`SpmdProgram::program`] is left as it was.
 #[derive(Debug, Clone)]
 pub struct Executable {
-    /// The global program, simplified, after propagation (every node has a `sharding`).
-    pub propagated: Program,
-    /// The per-device program.
-    pub spmd: SpmdProgram,
+    propagated: Program,
+    spmd: SpmdProgram,
     /// The plan of `spmd.program`, made at the first run.
     planned: OnceLock<Arc<PlannedProgram>>,
+    /// `spmd`'s [`SpmdProgram::fingerprint`], made at the first MPI run.
+    #[cfg(feature = "mpi")]
+    fingerprint: OnceLock<String>,
 }
 
 thread_local! {
@@ -64,10 +66,23 @@ pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
         propagated,
         spmd,
         planned: OnceLock::new(),
+        #[cfg(feature = "mpi")]
+        fingerprint: OnceLock::new(),
     })
 }
 
 impl Executable {
+    /// The global program, simplified, after propagation (every node has a `sharding`).
+    pub fn propagated(&self) -> &Program {
+        &self.propagated
+    }
+
+    /// The per-device program. An executable does not change once compiled, so what
+    /// it derives from this program (the plan, the fingerprint) is made once.
+    pub fn spmd(&self) -> &SpmdProgram {
+        &self.spmd
+    }
+
     /// Runs on `mesh` with global inputs; returns global outputs. See [`SpmdProgram::run`].
     pub fn run(&self, mesh: &ThreadMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
         self.spmd.run_planned(&self.planned(), mesh, inputs)
@@ -84,32 +99,28 @@ impl Executable {
             .execute_planned(&self.planned(), mesh, inputs, outputs)
     }
 
-    /// The plan of `spmd.program`: the one made at the first run, or a new one if
-    /// `spmd.program` was changed since.
+    /// The plan of `spmd.program`, made at the first run.
     fn planned(&self) -> Arc<PlannedProgram> {
         let planned = self
             .planned
             .get_or_init(|| Arc::new(PlannedProgram::new(self.spmd.program.clone())));
-        if planned.program == self.spmd.program {
-            Arc::clone(planned)
-        } else {
-            Arc::new(PlannedProgram::new(self.spmd.program.clone()))
-        }
+        Arc::clone(planned)
     }
 
     /// What each device holds while it runs the per-device program (see
-    /// [`MemoryAnalysis`]), with the inputs named `<slot>(<parameter>)` for an optimizer
-    /// state slot (`m`, `v`, `momentum`: as [`step_program`](crate::train::step_program)
-    /// names them) counted as optimizer state.
+    /// [`MemoryAnalysis`]), with the inputs named `<slot>(<name>)`, where `<name>` is
+    /// another input's name, counted as optimizer state: the names
+    /// [`step_program`](crate::train::step_program) gives every optimizer's slots
+    /// (`m(w)`, `v(w)`, `momentum(w)`, Adafactor's `v_row(w)` and `v_col(w)`).
     pub fn memory_analysis(&self) -> MemoryAnalysis {
         let program = &self.spmd.program;
+        let name = |p: &ValueId| program.node(*p).name.as_deref();
+        let names: HashSet<&str> = program.params.iter().filter_map(name).collect();
         let is_state = |i: usize| {
-            let name = program
-                .params
-                .get(i)
-                .and_then(|&p| program.node(p).name.as_deref());
-            name.and_then(|n| n.split_once('('))
-                .is_some_and(|(slot, rest)| STATE_SLOTS.contains(&slot) && rest.ends_with(')'))
+            let slot_of = (program.params.get(i).and_then(name))
+                .and_then(|n| n.split_once('('))
+                .and_then(|(_, rest)| rest.strip_suffix(')'));
+            slot_of.is_some_and(|weight| names.contains(weight))
         };
         self.memory_analysis_with(&is_state)
     }
@@ -135,7 +146,7 @@ impl Executable {
         mesh: &crate::runtime::MpiMesh,
         inputs: &[Literal],
     ) -> Result<Vec<Literal>> {
-        self.spmd.run_mpi_planned(&self.planned(), mesh, inputs)
+        (self.spmd).run_mpi_planned(&self.planned(), self.fingerprint(), mesh, inputs)
     }
 
     /// [`SpmdProgram::execute_mpi`] with the executable's plan (made at the first run).
@@ -146,8 +157,14 @@ impl Executable {
         inputs: &[Input],
         outputs: &[Output],
     ) -> Result<Vec<Value>> {
-        let fingerprint = self.spmd.fingerprint();
-        (self.spmd).execute_mpi_planned(&self.planned(), &fingerprint, mesh, inputs, outputs)
+        let fingerprint = self.fingerprint();
+        (self.spmd).execute_mpi_planned(&self.planned(), fingerprint, mesh, inputs, outputs)
+    }
+
+    /// [`SpmdProgram::fingerprint`] of the per-device program, made at the first MPI run.
+    #[cfg(feature = "mpi")]
+    fn fingerprint(&self) -> &str {
+        self.fingerprint.get_or_init(|| self.spmd.fingerprint())
     }
 
     /// Runs on `mesh` and on the single-device reference interpreter with the same
@@ -222,9 +239,6 @@ impl Executable {
         )
     }
 }
-
-/// The optimizer state slots of [`Optimizer::state_slots`](crate::train::Optimizer).
-const STATE_SLOTS: [&str; 3] = ["m", "v", "momentum"];
 
 /// How one output of a partitioned run compares with the reference interpreter's.
 #[derive(Debug, Clone, Copy, PartialEq)]

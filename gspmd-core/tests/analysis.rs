@@ -36,7 +36,7 @@ fn an_elementwise_chain_holds_one_buffer() {
     assert_eq!(m.breakdown.parameters, KIB);
     assert_eq!(m.breakdown.activations_kept, 0);
     assert_eq!(m.breakdown.temporaries, KIB);
-    assert_eq!(m.timeline.len(), exe.spmd.program.nodes.len());
+    assert_eq!(m.timeline.len(), exe.spmd().program.nodes.len());
     assert!(m.timeline.iter().all(|&t| t <= m.peak_bytes));
 }
 
@@ -114,4 +114,32 @@ fn the_tpu_preset_is_one_core_of_the_public_chip_figures() {
     let tpu = DeviceModel::tpu_v3_core();
     assert_eq!(tpu.flops_per_second, 61.5e12);
     assert!(tpu.link_bytes_per_second > 1e11);
+}
+
+#[test]
+fn every_optimizers_slots_are_optimizer_state() {
+    use gspmd_core::train::{Optimizer, step_program};
+    // A loss of two weights: a matrix (Adafactor factors its second moment into
+    // `v_row` and `v_col`) and a vector (one `v`); the data is a parameter, not state.
+    let model = build("model", |b| {
+        let x = b.parameter("x", [8, 16], DType::F32);
+        let w = b.parameter("w", [16, 32], DType::F32);
+        let bias = b.parameter("bias", [32], DType::F32);
+        let y = einsum("bd,df->bf", &x, &w).add(&bias.broadcast_to([8, 32]));
+        vec![y.mul(&y).sum(&[0, 1])]
+    });
+    for (optimizer, state_bytes) in [
+        // Adafactor: v_row(w) f32[16], v_col(w) f32[32], v(bias) f32[32].
+        (Optimizer::adafactor(1e-2), (16 + 32 + 32) * 4),
+        // AdamW: m and v like each weight.
+        (Optimizer::adamw(1e-3), 2 * (16 * 32 + 32) * 4),
+    ] {
+        let step = step_program(&model, 0, &[1, 2], &optimizer).expect("step");
+        let exe = compile(&step.program, &mesh(1, 1)).expect("compiles");
+        let m = exe.memory_analysis();
+        assert_eq!(
+            m.breakdown.optimizer_state, state_bytes,
+            "{optimizer:?}: {m}"
+        );
+    }
 }

@@ -188,7 +188,7 @@ fn a_one_device_mesh_equals_the_interpreter_bitwise() {
     let exe = compile(&program, &mesh).expect("compiles");
     // The partitioner cuts the value into one block per device: `dynamic_slice`s of the
     // whole shape, which the plan forwards, so GELU still fuses across them.
-    let local = &exe.spmd.program;
+    let local = &exe.spmd().program;
     assert!(local.nodes.iter().any(|n| n.op.name() == "dynamic_slice"));
     let groups = group_ops(local);
     assert!(

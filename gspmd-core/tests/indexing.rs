@@ -87,14 +87,14 @@ fn embedding(b: &Builder, vocab: usize) -> (Tensor, Tensor) {
 fn vocabulary_parallel_embedding_is_one_all_reduce_of_the_local_rows() {
     let p = build("embedding", |b| vec![embedding(b, V).1]);
     let exe = run_and_compare(&p, &mesh24(), V as i32);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (stats.count("all_reduce"), stats.total()),
         (1, 1),
         "{}",
         exe.report()
     );
-    let reduce = (exe.spmd.program.nodes.iter())
+    let reduce = (exe.spmd().program.nodes.iter())
         .find(|n| n.op.is_collective())
         .unwrap();
     // The local rows [B/data, S, D], summed over `model`.
@@ -116,11 +116,11 @@ fn the_embedding_gradient_adds_into_the_local_vocabulary_with_no_collective_on_t
     });
     let g = grad(&p, 0, &[0]).unwrap();
     let exe = run_and_compare(&g, &mesh24(), V as i32);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     let report = exe.report();
     assert_eq!(stats.count("all_gather"), 0, "{report}");
     // The scatter-add runs on the local vocabulary block [V/model, D].
-    let program = &exe.spmd.program;
+    let program = &exe.spmd().program;
     let scatter = (program.nodes.iter())
         .find(|n| n.op.name() == "scatter_add")
         .unwrap();
@@ -161,7 +161,7 @@ fn index_parallel_gather_with_a_replicated_table_needs_no_collective() {
         vec![table.embedding(&ids), x.take_along_dim(&picks, -1)]
     });
     let exe = run_and_compare(&p, &mesh24(), V as i32);
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn bool_lookups_are_vocabulary_parallel_too() {
         vec![flags.embedding(&ids)]
     });
     let exe = run_and_compare(&p, &mesh24(), V as i32);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (stats.count("all_reduce"), stats.total()),
         (1, 1),

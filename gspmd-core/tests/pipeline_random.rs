@@ -1926,16 +1926,16 @@ impl Coverage {
     fn record(&mut self, mesh: &Mesh, exe: &Executable) {
         self.cases += 1;
         self.multi_device += usize::from(mesh.num_devices() > 1);
-        for node in &exe.propagated.nodes {
+        for node in &exe.propagated().nodes {
             self.annotated += usize::from(node.annotation.is_some());
             if node.sharding.as_ref().is_some_and(|s| !s.is_replicated()) {
                 *self.split_values.entry(node.op.name()).or_default() += 1;
             }
         }
-        for (kind, (count, _)) in exe.spmd.collectives().by_kind {
+        for (kind, (count, _)) in exe.spmd().collectives().by_kind {
             *self.collectives.entry(kind).or_default() += count;
         }
-        self.warnings += exe.spmd.warnings.len();
+        self.warnings += exe.spmd().warnings.len();
     }
 }
 
@@ -1947,8 +1947,8 @@ fn run_case(program: &Program, mesh: &Mesh, coverage: Option<&mut Coverage>) -> 
     let scales = error_scales(program, &inputs).map_err(|e| format!("error scales: {e}"))?;
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Executable, String> {
         let exe = compile(program, mesh).map_err(|e| format!("compile: {e}"))?;
-        check_annotations(&exe.propagated, mesh)
-            .map_err(|e| format!("annotation not kept: {e}\n{}", exe.propagated))?;
+        check_annotations(exe.propagated(), mesh)
+            .map_err(|e| format!("annotation not kept: {e}\n{}", exe.propagated()))?;
         let threads = ThreadMesh::new(mesh.clone()).map_err(|e| format!("mesh: {e}"))?;
         let got = exe
             .run(&threads, &inputs)

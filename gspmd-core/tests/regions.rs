@@ -173,7 +173,7 @@ fn loop_body_is_partitioned_once_with_its_collectives_inside() {
         .map(|&layers| {
             let p = build("scan_mlp", |b| vec![scanned_mlp(b, layers, 8, 16)]);
             let exe = compile(&p, &mesh).unwrap();
-            let local = &exe.spmd.program;
+            let local = &exe.spmd().program;
             assert!(local.nodes.iter().all(|n| !n.op.is_collective()), "{local}");
             let scans: Vec<&Op> = (local.nodes.iter().map(|n| &n.op))
                 .filter(|op| op.kind() == OpKind::Scan)
@@ -308,12 +308,12 @@ fn a_constraint_in_the_body_shards_the_whole_loop_state() {
     });
     let exe = compile(&p, &Mesh::new([("data", 2), ("model", 2)]).unwrap()).unwrap();
     assert_eq!(
-        exe.spmd.inputs[0].1.to_string(),
+        exe.spmd().inputs[0].1.to_string(),
         "(data, model)",
         "{}",
         exe.report()
     );
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
     check_on_meshes(&p, &inputs(&p, 0));
 }
 
@@ -337,7 +337,7 @@ fn a_stacked_dim_split_outside_the_loop_is_gathered_once_at_entry() {
     });
     let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
     let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-4);
-    let outside: Vec<(&str, Vec<String>)> = (exe.spmd.program.nodes.iter())
+    let outside: Vec<(&str, Vec<String>)> = (exe.spmd().program.nodes.iter())
         .filter(|n| n.op.is_collective())
         .map(|n| (n.op.name(), n.op.collective_group().unwrap().axes.clone()))
         .collect();

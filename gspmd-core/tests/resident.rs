@@ -62,11 +62,11 @@ fn resident_parameters_across_steps_match_the_interpreter() {
     let (p, exe) = step();
     let threads = ThreadMesh::new(mesh()).unwrap();
     let mut w = lit(&[10, 7], 0.1);
-    threads.upload("w", &w, &exe.spmd.inputs[1].1).unwrap();
+    threads.upload("w", &w, &exe.spmd().inputs[1].1).unwrap();
     for k in 0..3 {
         let x = lit(&[6, 10], k as f32);
         let out = exe
-            .spmd
+            .spmd()
             .execute(
                 &threads,
                 &[Input::Global(&x), Input::Resident("w")],
@@ -104,10 +104,10 @@ fn shards_in_and_out_equal_the_global_path() {
     let global = exe.run(&threads, &[x.clone(), w.clone()]).unwrap();
     let m = mesh();
     let xs: Vec<Literal> = (0..8)
-        .map(|d| shard_literal(&x, &exe.spmd.inputs[0].1, &m, d))
+        .map(|d| shard_literal(&x, &exe.spmd().inputs[0].1, &m, d))
         .collect();
     let out = exe
-        .spmd
+        .spmd()
         .execute(
             &threads,
             &[Input::Shards(&xs), Input::Global(&w)],
@@ -121,7 +121,7 @@ fn shards_in_and_out_equal_the_global_path() {
     for (d, block) in blocks.iter().enumerate() {
         assert_eq!(
             block,
-            &shard_literal(&global[1], &exe.spmd.outputs[1].1, &m, d),
+            &shard_literal(&global[1], &exe.spmd().outputs[1].1, &m, d),
             "device {d}"
         );
     }
@@ -135,7 +135,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         .upload("w", &lit(&[10, 7], 0.0), &s("(model, _)"))
         .unwrap();
     let x = lit(&[6, 10], 0.0);
-    let r = exe.spmd.execute(
+    let r = exe.spmd().execute(
         &threads,
         &[Input::Global(&x), Input::Resident("w")],
         &[Output::Global, Output::Global],
@@ -146,7 +146,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         }) => assert!(message.contains("sharded"), "{message}"),
         other => panic!("{other:?}"),
     }
-    let missing = exe.spmd.execute(
+    let missing = exe.spmd().execute(
         &threads,
         &[Input::Global(&x), Input::Resident("nope")],
         &[Output::Global, Output::Global],
@@ -155,7 +155,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         matches!(missing, Err(Error::Input { index: 1, .. })),
         "{missing:?}"
     );
-    let bad_shards = exe.spmd.execute(
+    let bad_shards = exe.spmd().execute(
         &threads,
         &[Input::Shards(std::slice::from_ref(&x)), Input::Global(&x)],
         &[Output::Global, Output::Global],
@@ -171,8 +171,8 @@ fn a_failed_step_leaves_resident_values_unchanged() {
     let (_, exe) = step();
     let threads = ThreadMesh::new(mesh()).unwrap();
     let (x, w) = (lit(&[6, 10], 0.0), lit(&[10, 7], 3.0));
-    threads.upload("w", &w, &exe.spmd.inputs[1].1).unwrap();
-    threads.upload("x", &x, &exe.spmd.inputs[0].1).unwrap();
+    threads.upload("w", &w, &exe.spmd().inputs[1].1).unwrap();
+    threads.upload("x", &x, &exe.spmd().inputs[0].1).unwrap();
     // Device 3 loses `x`: it fails while the others run the step into a collective.
     threads
         .run(|ctx| {
@@ -182,7 +182,7 @@ fn a_failed_step_leaves_resident_values_unchanged() {
             Ok(())
         })
         .unwrap();
-    let r = exe.spmd.execute(
+    let r = exe.spmd().execute(
         &threads,
         &[Input::Resident("x"), Input::Resident("w")],
         &[Output::Global, Output::Resident("w".into())],
@@ -214,7 +214,7 @@ fn an_unreduced_parameter_takes_only_per_device_partial_sums() {
     let quarter = Literal::F32(lit(&[4, 4], 0.0).as_f32().unwrap().mapv(|v| v / 4.0));
     let shards = vec![quarter; 8];
     let out = exe
-        .spmd
+        .spmd()
         .execute(&threads, &[Input::Shards(&shards)], &[Output::Global])
         .unwrap();
     let Value::Global(got) = &out[0] else {

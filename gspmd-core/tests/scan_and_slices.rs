@@ -50,7 +50,7 @@ fn compile_and_check(program: &Program, mesh: &Mesh, inputs: &[Literal]) -> Exec
 
 /// `(count, bytes received per device)` of collectives of `kind`.
 fn collective(exe: &Executable, kind: &str) -> (usize, usize) {
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     stats.by_kind.get(kind).copied().unwrap_or_default()
 }
 
@@ -85,7 +85,7 @@ fn dynamic_slice_of_a_split_dim_all_reduces_the_window_not_the_dim() {
             "{}",
             exe.report()
         );
-        assert_eq!(exe.spmd.collectives().total(), 1, "{}", exe.report());
+        assert_eq!(exe.spmd().collectives().total(), 1, "{}", exe.report());
     }
     // Gathering the dim instead: each device receives the 3 blocks it lacks.
     let gathered = row_window(rows, true);
@@ -117,7 +117,7 @@ fn a_window_kept_pending_needs_no_collective() {
     for i in [245, 990] {
         let inputs = [grid(&[1000, 64], 7), i32_scalar(i)];
         let exe = compile_and_check(&program, &mesh14(), &inputs);
-        assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+        assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
     }
 }
 
@@ -139,14 +139,14 @@ fn dynamic_slice_on_a_2x4_mesh_reduces_over_the_sliced_dims_axes_only() {
     for (i, j) in [(0, 0), (3, 20), (-1, 93), (9, -50)] {
         let inputs = [grid(&[8, 100], 2), i32_scalar(i), i32_scalar(j)];
         let exe = compile_and_check(&program, &mesh24(), &inputs);
-        let propagated = exe.propagated.node(y.id().expect("traced"));
+        let propagated = exe.propagated().node(y.id().expect("traced"));
         assert_eq!(
             propagated.sharding.as_ref().map(ToString::to_string),
             Some("(data, _)".to_string())
         );
         // The [4, 10] local window, all-reduced over the 4 `model` devices.
         assert_eq!(collective(&exe, "all_reduce"), (1, 2 * 3 * 160 / 4));
-        assert_eq!(exe.spmd.collectives().total(), 1, "{}", exe.report());
+        assert_eq!(exe.spmd().collectives().total(), 1, "{}", exe.report());
     }
 }
 
@@ -164,7 +164,7 @@ fn dynamic_update_slice_into_a_split_dim_needs_no_collective() {
     for start in [0, 240, 990, -3] {
         let inputs = [grid(&[1000, 64], 3), grid(&[16, 64], 4), i32_scalar(start)];
         let exe = compile_and_check(&program, &mesh14(), &inputs);
-        assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+        assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
     }
 }
 
@@ -197,7 +197,7 @@ fn cumsum_along_a_split_dim_gathers_only_the_shard_totals() {
         );
         // Local totals [4, 1] f32 gathered to [4, 4]: 48 bytes received per device.
         assert_eq!(collective(&exe, "all_gather"), (1, 48), "{}", exe.report());
-        assert_eq!(exe.spmd.collectives().total(), 1, "{}", exe.report());
+        assert_eq!(exe.spmd().collectives().total(), 1, "{}", exe.report());
     }
     // Gathering the data: 3 of the 4 [4, 250] blocks arrive, then the local result is
     // sliced back.
@@ -226,7 +226,7 @@ fn cumprod_along_a_split_dim_is_exact_with_zeros_and_uneven_blocks() {
     // One gather of totals per scan, nothing else; the two f32 scans' gathers are
     // independent and combined into one.
     assert_eq!(collective(&exe, "all_gather").0, 2, "{}", exe.report());
-    assert_eq!(exe.spmd.collectives().total(), 2, "{}", exe.report());
+    assert_eq!(exe.spmd().collectives().total(), 2, "{}", exe.report());
 }
 
 #[test]

@@ -63,8 +63,8 @@ fn check_on_mesh(program: &Program, mesh: &Mesh) -> Executable {
         );
     }
     // The per-device program is simplified: simplifying it again changes nothing.
-    let again = simplify(&exe.spmd.program, Stage::Sharded).unwrap();
-    assert_eq!(again.nodes.len(), exe.spmd.program.nodes.len(), "{mesh}");
+    let again = simplify(&exe.spmd().program, Stage::Sharded).unwrap();
+    assert_eq!(again.nodes.len(), exe.spmd().program.nodes.len(), "{mesh}");
     exe
 }
 
@@ -152,8 +152,8 @@ fn cse_merges_equal_chains_and_the_result_still_runs_right() {
     ] {
         let exe = check_on_mesh(&program, &m);
         // compile's global program is the one simplified before propagation.
-        assert_eq!(exe.propagated.nodes.len(), global.nodes.len(), "{m}");
-        assert_eq!(count(&exe.spmd.program, "dot_general"), 1, "{m}");
+        assert_eq!(exe.propagated().nodes.len(), global.nodes.len(), "{m}");
+        assert_eq!(count(&exe.spmd().program, "dot_general"), 1, "{m}");
     }
 }
 
@@ -216,7 +216,7 @@ fn constraints_merge_only_with_the_same_annotation() {
         .collect();
     assert_eq!(annotations, ["(data, _)", "(_, model)"]);
     let exe = check_on_mesh(&program, &mesh(&[("data", 2), ("model", 2)]));
-    assert_eq!(count(&exe.propagated, "sharding_constraint"), 2);
+    assert_eq!(count(exe.propagated(), "sharding_constraint"), 2);
 }
 
 /// Two equal `exp(x)` nodes, sharded as given (as after propagation).
@@ -322,7 +322,7 @@ fn copies_of_an_iota_stay_apart_until_shardings_are_decided() {
     let unsimplified = partition(&propagate(&program, &m).unwrap(), &m).unwrap();
     let merged = simplify(&program, Stage::Sharded).unwrap();
     let merged = partition(&propagate(&merged, &m).unwrap(), &m).unwrap();
-    let (got, plain) = (exe.spmd.collectives(), unsimplified.collectives());
+    let (got, plain) = (exe.spmd().collectives(), unsimplified.collectives());
     assert!(got.bytes() <= plain.bytes(), "{got}\nvs\n{plain}");
     assert!(
         got.bytes() < merged.collectives().bytes(),
@@ -386,10 +386,10 @@ fn nine_windows_of_one_padded_input_exchange_each_halo_once() {
     );
     // compile merges the equal shifts: one each way, no gather.
     let exe = check_on_mesh(&program, &m);
-    assert_eq!(all_gathers(&exe.spmd.program), (0, 0), "{}", exe.report());
-    assert_eq!(exe.spmd.collectives().count("collective_shift"), 2);
-    assert_eq!(exe.spmd.collectives().total(), 2);
-    assert!(exe.spmd.program.nodes.len() < unsimplified.program.nodes.len());
+    assert_eq!(all_gathers(&exe.spmd().program), (0, 0), "{}", exe.report());
+    assert_eq!(exe.spmd().collectives().count("collective_shift"), 2);
+    assert_eq!(exe.spmd().collectives().total(), 2);
+    assert!(exe.spmd().program.nodes.len() < unsimplified.program.nodes.len());
 }
 
 // ---- simplify preserves results (spmd.rs-style programs) ---------------------------
@@ -471,18 +471,18 @@ fn simplified_programs_run_right_on_meshes() {
             let exe = check_on_mesh(&program, m);
             // Simplifying never adds communication to these programs.
             let plain = partition(&propagate(&program, m).unwrap(), m).unwrap();
-            let (got, plain) = (exe.spmd.collectives(), plain.collectives());
+            let (got, plain) = (exe.spmd().collectives(), plain.collectives());
             assert!(
                 got.bytes() <= plain.bytes(),
                 "{} on {m}: {got}\nvs\n{plain}",
                 program.name
             );
             // No node of the per-device program is unused.
-            let users = exe.spmd.program.users();
-            for v in exe.spmd.program.values() {
-                let node: &Node = exe.spmd.program.node(v);
+            let users = exe.spmd().program.users();
+            for v in exe.spmd().program.values() {
+                let node: &Node = exe.spmd().program.node(v);
                 let used = !users[v.index()].is_empty()
-                    || exe.spmd.program.outputs.contains(&v)
+                    || exe.spmd().program.outputs.contains(&v)
                     || matches!(node.op, Op::Parameter { .. });
                 assert!(used, "{} on {m}: {v} unused", program.name);
             }

@@ -290,7 +290,7 @@ fn megatron_forward_has_one_all_reduce_per_block_and_nothing_else() {
         vec![y.matmul(&w3).relu().matmul(&w4)]
     });
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (stats.count("all_reduce"), stats.total()),
         (2, 2),
@@ -299,7 +299,7 @@ fn megatron_forward_has_one_all_reduce_per_block_and_nothing_else() {
     );
     // Each all-reduce is of the [B, D] activation: local [B/2, D] f32.
     for node in exe
-        .spmd
+        .spmd()
         .program
         .nodes
         .iter()
@@ -321,7 +321,7 @@ fn contracting_sharded_dot_with_sharded_result_reduce_scatters() {
         vec![x.matmul(&w).shard(s("(_, model)"))]
     });
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (stats.count("reduce_scatter"), stats.total()),
         (1, 1),
@@ -339,7 +339,7 @@ fn data_to_model_on_one_dim_never_gathers_the_whole_dim() {
         vec![x.shard(s("(model, _)"))]
     });
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert!(
         stats.count("all_to_all") + stats.count("collective_permute") >= 1,
         "{}",
@@ -347,7 +347,7 @@ fn data_to_model_on_one_dim_never_gathers_the_whole_dim() {
     );
     // No all-gather may produce the whole dim (64 rows) on a device.
     for node in exe
-        .spmd
+        .spmd()
         .program
         .nodes
         .iter()
@@ -377,7 +377,7 @@ fn resharding(shape: &[usize], from: &str, to: &str) -> Program {
 fn data_to_model_is_a_local_slice_and_one_collective_permute() {
     let p = resharding(&[32, 64], "(data, _)", "(model, _)");
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (
             stats.count("collective_permute"),
@@ -388,7 +388,7 @@ fn data_to_model_is_a_local_slice_and_one_collective_permute() {
         "{}",
         exe.report()
     );
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     check_on_all_meshes(&p);
 }
 
@@ -406,8 +406,8 @@ fn reshape_splitting_a_sharded_dim_moves_nothing() {
         vec![y, z]
     });
     let exe = compile24(&p);
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
-    let shardings: Vec<String> = (exe.spmd.outputs.iter())
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
+    let shardings: Vec<String> = (exe.spmd().outputs.iter())
         .map(|(_, sharding)| sharding.to_string())
         .collect();
     assert_eq!(shardings, ["(model:(1)2, model:(2)2, _)", "(model, _)"]);
@@ -434,11 +434,11 @@ fn sub_axis_shardings_partition_like_their_axis() {
         ]
     });
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     let counts = ["all_gather", "all_to_all", "collective_permute"].map(|c| stats.count(c));
     assert_eq!((counts, stats.total()), ([1, 1, 1], 3), "{}", exe.report());
     // The all-gather is over `model:(2)2` only: 4 of x's 8 rows on each device.
-    let gathers = (exe.spmd.program.nodes.iter()).filter(|n| n.op.name() == "all_gather");
+    let gathers = (exe.spmd().program.nodes.iter()).filter(|n| n.op.name() == "all_gather");
     for node in gathers {
         assert_eq!(node.ty.shape, [4, 16], "{}", exe.report());
     }
@@ -462,13 +462,13 @@ fn full_rematerialization_is_warned_with_shardings_bytes_and_a_suggestion() {
                    (data) to (model) replicates it on every device (20 bytes received per \
                    device); annotate the value `.shard(\"(model)\")` where it is defined, so \
                    it is produced split as used here";
-    assert_eq!(exe.spmd.warnings.len(), 1, "{:?}", exe.spmd.warnings);
+    assert_eq!(exe.spmd().warnings.len(), 1, "{:?}", exe.spmd().warnings);
     assert!(
-        exe.spmd.warnings[0].contains(&format!("{warning}; why: operand %0")),
+        exe.spmd().warnings[0].contains(&format!("{warning}; why: operand %0")),
         "{}",
-        exe.spmd.warnings[0]
+        exe.spmd().warnings[0]
     );
-    assert!(exe.spmd.warnings[0].starts_with("gspmd-core/tests/spmd.rs:"));
+    assert!(exe.spmd().warnings[0].starts_with("gspmd-core/tests/spmd.rs:"));
     assert!(exe.report().contains("warning: "), "{}", exe.report());
     assert!(exe.report().contains(warning), "{}", exe.report());
     check_on_all_meshes(&p);
@@ -482,7 +482,7 @@ fn full_rematerialization_is_warned_with_shardings_bytes_and_a_suggestion() {
 fn swapping_mesh_axes_between_dims_is_cheap_and_exact() {
     let p = resharding(&[64, 128], "(data, model)", "(model, data)");
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (
             stats.count("all_to_all"),
@@ -505,11 +505,11 @@ fn per_device_program_size_does_not_depend_on_the_device_count() {
     let small = compile(&p, &Mesh::new([("data", 2), ("model", 4)]).unwrap()).unwrap();
     let large = compile(&p, &Mesh::new([("data", 32), ("model", 64)]).unwrap()).unwrap();
     assert_eq!(
-        small.spmd.program.nodes.len(),
-        large.spmd.program.nodes.len()
+        small.spmd().program.nodes.len(),
+        large.spmd().program.nodes.len()
     );
     let kinds = |e: &Executable| {
-        e.spmd
+        e.spmd()
             .program
             .nodes
             .iter()
@@ -531,13 +531,13 @@ fn gathering_a_split_dim_for_a_slice_is_reported() {
     });
     let exe = compile24(&p);
     assert!(
-        exe.spmd.warnings.iter().any(|w| {
+        exe.spmd().warnings.iter().any(|w| {
             w.contains(
                 "slice gathers split dims whole (dim 0: a window reaches past a neighbour's block)",
             ) && w.contains("spmd.rs")
         }),
         "{:?}",
-        exe.spmd.warnings
+        exe.spmd().warnings
     );
 }
 
@@ -589,8 +589,8 @@ fn conv_split_on_batch_and_output_features_needs_no_communication() {
         vec![x.conv2d(&k, [1, 1], Padding::Same)]
     });
     let exe = compile24(&p);
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
 }
 
 #[test]
@@ -608,7 +608,7 @@ fn conv_split_on_input_features_all_reduces_like_a_dot() {
         ]
     });
     let exe = compile24(&p);
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (stats.count("all_reduce"), stats.total()),
         (1, 1),
@@ -649,7 +649,7 @@ fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gr
     });
     let g = grad(&loss, 0, &[0, 1]).unwrap();
     let exe = compile(&g, &h4()).unwrap();
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     // The forward's and the input gradient's halos: one row of x, one of the
     // cotangent, each way; the kernel gradient's window of x is the forward's (CSE),
     // its partial sums are reduce-scattered to the [3, 3, 8, 8] gradient split 4 ways
@@ -668,7 +668,7 @@ fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gr
         "{}",
         exe.report()
     );
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
     let want = interpret(&g, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
@@ -689,9 +689,9 @@ fn strided_conv_gradient_on_split_rows_gathers_nothing() {
     });
     let g = grad(&loss, 0, &[0, 1]).unwrap();
     let exe = compile(&g, &h4()).unwrap();
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(stats.count("all_gather"), 0, "{}", exe.report());
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
     let want = interpret(&g, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
@@ -736,7 +736,7 @@ fn pooling_along_a_split_dim_exchanges_halos_only() {
     ] {
         let p = pooled(window, strides);
         let exe = compile(&p, &h4()).unwrap();
-        let stats = exe.spmd.collectives();
+        let stats = exe.spmd().collectives();
         assert_eq!(
             (
                 stats.count("collective_shift"),
@@ -747,7 +747,7 @@ fn pooling_along_a_split_dim_exchanges_halos_only() {
             "{}",
             exe.report()
         );
-        assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+        assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
         let inputs = [input(&[8, 32, 32, 8], 0)];
         let want = interpret(&p, &inputs).unwrap();
         let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
@@ -768,12 +768,12 @@ fn gathering_a_split_dim_is_reported_at_the_user_line() {
     let exe = compile24(&b.finish(&[&y]).unwrap());
     let at = format!("spmd.rs:{line}");
     assert!(
-        exe.spmd
+        exe.spmd()
             .warnings
             .iter()
             .any(|w| w.contains(&at) && w.contains("a window reaches past a neighbour's block")),
         "{:?}",
-        exe.spmd.warnings
+        exe.spmd().warnings
     );
 }
 
@@ -827,7 +827,7 @@ fn unreduced_annotations_are_exact() {
     // `kept` stays partial until the add's consumer reduces it: one all-reduce over
     // model (the two pending sums of `kept + made` are reduced together or apart).
     assert!(
-        exe.spmd.collectives().count("all_reduce") >= 1,
+        exe.spmd().collectives().count("all_reduce") >= 1,
         "{}",
         exe.report()
     );
@@ -892,7 +892,7 @@ fn an_unreduced_output_assembles_to_the_sum() {
     });
     check_on_all_meshes(&p);
     let exe = compile24(&p);
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
 }
 
 // ---- halo exchange ----------------------------------------------------------------------
@@ -971,7 +971,7 @@ fn same_conv_as_pad_and_slices_exchanges_one_row_each_way() {
 /// `exe`'s only collectives are two shifts of one row of W x C f32 ([8, 1, 32, 8] of an
 /// [8, 32, 32, 8] image with H split over `h`), and it has no warning.
 fn assert_one_row_shifted_each_way(exe: &Executable) {
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     let row = 8 * 32 * 8 * 4;
     assert_eq!(
         (
@@ -984,7 +984,7 @@ fn assert_one_row_shifted_each_way(exe: &Executable) {
         exe.report()
     );
     let shifts = exe
-        .spmd
+        .spmd()
         .program
         .nodes
         .iter()
@@ -992,7 +992,7 @@ fn assert_one_row_shifted_each_way(exe: &Executable) {
     for node in shifts {
         assert_eq!(node.ty.shape, vec![8, 1, 32, 8], "{}", exe.report());
     }
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
 }
 
 #[test]
@@ -1006,7 +1006,7 @@ fn interior_pad_along_a_split_dim_exchanges_halos_only() {
         vec![x.pad(&v, &[1, 0], &[1, 0], &[1, 0])]
     });
     let exe = compile(&p, &h4()).unwrap();
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     let row = 8 * 4;
     assert_eq!(
         (
@@ -1019,7 +1019,7 @@ fn interior_pad_along_a_split_dim_exchanges_halos_only() {
         "{}",
         exe.report()
     );
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[16, 8], 0)];
     let want = interpret(&p, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
@@ -1033,7 +1033,7 @@ fn roll_by_one_along_a_split_dim_is_one_collective_shift() {
         vec![x.roll(1, 0)]
     });
     let exe = compile(&p, &h4()).unwrap();
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     assert_eq!(
         (
             stats.count("collective_shift"),
@@ -1058,8 +1058,8 @@ fn strided_slice_of_a_split_dim_needs_no_collective() {
         vec![x.slice(&[0, 0], &[32, 8], &[2, 1]).annotate(s("(h, _)"))]
     });
     let exe = compile(&p, &h4()).unwrap();
-    assert_eq!(exe.spmd.collectives().total(), 0, "{}", exe.report());
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert_eq!(exe.spmd().collectives().total(), 0, "{}", exe.report());
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[32, 8], 0)];
     let want = interpret(&p, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();
@@ -1073,7 +1073,7 @@ fn reverse_of_a_split_dim_is_one_mirrored_shift() {
         vec![x.reverse(&[0]).annotate(s("(h, _)"))]
     });
     let exe = compile(&p, &h4()).unwrap();
-    let stats = exe.spmd.collectives();
+    let stats = exe.spmd().collectives();
     // Device i receives block 3 - i ([8, 8] f32) and reverses it.
     assert_eq!(
         (
@@ -1085,7 +1085,7 @@ fn reverse_of_a_split_dim_is_one_mirrored_shift() {
         "{}",
         exe.report()
     );
-    assert!(exe.spmd.warnings.is_empty(), "{:?}", exe.spmd.warnings);
+    assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[32, 8], 0)];
     let want = interpret(&p, &inputs).unwrap();
     let got = exe.run(&ThreadMesh::new(h4()).unwrap(), &inputs).unwrap();

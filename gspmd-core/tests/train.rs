@@ -489,7 +489,7 @@ fn train_step_everywhere(problem: &Problem, step: TrainStep, schedule: Schedule)
             .and_then(|t| t.with_schedule(schedule))
             .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", problem.model.name));
         if let Engine::Mesh { exe, .. } = t.engine() {
-            println!("{mesh}:\n{}", exe.spmd.collectives());
+            println!("{mesh}:\n{}", exe.spmd().collectives());
         }
         for (i, (loss, params)) in want.iter().enumerate() {
             let what = format!("{} on {mesh}, step {}", problem.model.name, i + 1);
@@ -661,15 +661,15 @@ fn check_megatron_step(batch: usize) {
         let mesh = Mesh::new([("data", a), ("model", m)]).unwrap();
         let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
         // The gradient keeps the weight's sharding, and so do the new weight and state.
-        assert_eq!(sharding_of(&exe.propagated, "grad(w1)"), "(_, model)");
+        assert_eq!(sharding_of(exe.propagated(), "grad(w1)"), "(_, model)");
         for name in ["new(w1)", "m(w1)", "v(w1)", "new(m(w1))", "new(v(w1))"] {
-            assert_eq!(sharding_of(&exe.propagated, name), "(_, model)", "{name}");
+            assert_eq!(sharding_of(exe.propagated(), name), "(_, model)", "{name}");
         }
         assert_eq!(
-            collectives(&exe.spmd),
+            collectives(exe.spmd()),
             expected_megatron(batch, a, m),
             "batch {batch} on {mesh}:\n{}",
-            exe.spmd.report()
+            exe.spmd().report()
         );
     }
 }
@@ -708,21 +708,21 @@ fn golden_weight_update_sharding() {
     for (a, m) in [(2, 2), (2, 4), (4, 2)] {
         let mesh = Mesh::new([("data", a), ("model", m)]).unwrap();
         let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
-        let report = exe.spmd.report();
-        let stats = exe.spmd.collectives();
+        let report = exe.spmd().report();
+        let stats = exe.spmd().collectives();
         assert!(stats.count("all_gather") >= 1, "{mesh}:\n{report}");
         assert!(stats.count("reduce_scatter") >= 1, "{mesh}:\n{report}");
         // No all-reduce of a weight-sized block: neither the full weight nor its
         // model-split part (the gradient before a data split) is all-reduced.
         let weight_sized = [16 * 8, 16 * 8 / m];
-        for (kind, axes, elements) in collectives(&exe.spmd) {
+        for (kind, axes, elements) in collectives(exe.spmd()) {
             assert!(
                 !(kind == "all_reduce" && weight_sized.contains(&elements)),
                 "{mesh}: all_reduce over {axes} of {elements} elements:\n{report}"
             );
         }
-        assert_eq!(sharding_of(&exe.propagated, "grad(w)"), "(data, model)");
-        assert_eq!(sharding_of(&exe.propagated, "m(w)"), "(data, model)");
+        assert_eq!(sharding_of(exe.propagated(), "grad(w)"), "(data, model)");
+        assert_eq!(sharding_of(exe.propagated(), "m(w)"), "(data, model)");
     }
 }
 
@@ -756,15 +756,15 @@ fn mlp_step(layers: &[[usize; 2]], weights: &str) -> Program {
 /// receives the same bytes, and returns both collective counts (uncombined, combined).
 fn combined_and_not(step: &Program, mesh: &Mesh) -> (CollectiveStats, CollectiveStats) {
     let exe = gspmd_core::compile(step, mesh).unwrap();
-    let mut uncombined = partition(&exe.propagated, mesh).unwrap();
+    let mut uncombined = partition(exe.propagated(), mesh).unwrap();
     uncombined.program = simplify(&uncombined.program, Stage::Sharded).unwrap();
-    verify(&exe.spmd.program).unwrap();
-    let (before, after) = (uncombined.collectives(), exe.spmd.collectives());
+    verify(&exe.spmd().program).unwrap();
+    let (before, after) = (uncombined.collectives(), exe.spmd().collectives());
     assert_eq!(
         after.bytes(),
         before.bytes(),
         "{mesh}:\n{}",
-        exe.spmd.report()
+        exe.spmd().report()
     );
     let inputs = sample_inputs(step, 7);
     let threads = ThreadMesh::new(mesh.clone()).unwrap();
@@ -1149,7 +1149,7 @@ fn adafactor_state_is_sharded_like_the_weights_dims() {
             .iter()
             .flat_map(|p| &p.state)
             .find(|s| s.name == name);
-        exe.spmd.inputs[slot.unwrap().input].1.to_string()
+        exe.spmd().inputs[slot.unwrap().input].1.to_string()
     };
     assert_eq!(sharding("v_row(dense.w)"), s("(data)").to_string());
     assert_eq!(sharding("v_col(dense.w)"), s("(model)").to_string());

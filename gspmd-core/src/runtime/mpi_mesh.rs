@@ -264,20 +264,22 @@ impl SpmdProgram {
     /// an error at the start, and any failure is an error on every rank (see
     /// [`MpiMesh`]).
     pub fn run_mpi(&self, mesh: &MpiMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        self.run_mpi_planned(&PlannedProgram::new(self.program.clone()), mesh, inputs)
+        let planned = PlannedProgram::new(self.program.clone());
+        self.run_mpi_planned(&planned, &self.fingerprint(), mesh, inputs)
     }
 
-    /// [`SpmdProgram::run_mpi`] with `planned`, the plan of [`SpmdProgram::program`].
+    /// [`SpmdProgram::run_mpi`] with `planned`, the plan of [`SpmdProgram::program`],
+    /// and `fingerprint`, its [`SpmdProgram::fingerprint`].
     pub(crate) fn run_mpi_planned(
         &self,
         planned: &PlannedProgram,
+        fingerprint: &str,
         mesh: &MpiMesh,
         inputs: &[Literal],
     ) -> Result<Vec<Literal>> {
         let inputs: Vec<Input> = inputs.iter().map(Input::Global).collect();
         let outputs = vec![Output::Global; self.outputs.len()];
-        let values =
-            self.execute_mpi_planned(planned, &self.fingerprint(), mesh, &inputs, &outputs)?;
+        let values = self.execute_mpi_planned(planned, fingerprint, mesh, &inputs, &outputs)?;
         Ok(values.into_iter().filter_map(Value::into_global).collect())
     }
 

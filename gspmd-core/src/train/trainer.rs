@@ -81,7 +81,7 @@ impl Engine {
     ) -> Result<Vec<Value>> {
         match self {
             Engine::Reference => Err(Error::TrainerInput {
-                name: exe.spmd.program.name.clone(),
+                name: exe.spmd().program.name.clone(),
                 message: "a partitioned program given to the reference interpreter".into(),
             }),
             Engine::Mesh { threads, .. } => exe.execute(threads, inputs, outputs),
@@ -213,7 +213,7 @@ impl Trainer {
             };
             for (index, key) in carried.iter().enumerate() {
                 let Some(key) = key else { continue };
-                let sharding = &exe.spmd.inputs[index].1;
+                let sharding = &exe.spmd().inputs[index].1;
                 if given[index] {
                     threads.upload(key, &inputs[index], sharding)?;
                     continue;
@@ -260,10 +260,12 @@ impl Trainer {
             match &self.engine {
                 Engine::Reference => {}
                 Engine::Mesh { exe, threads } => {
-                    threads.upload(key, value, &exe.spmd.inputs[index].1)?;
+                    threads.upload(key, value, &exe.spmd().inputs[index].1)?;
                 }
                 #[cfg(feature = "mpi")]
-                Engine::Mpi { exe, mesh } => mesh.upload(key, value, &exe.spmd.inputs[index].1)?,
+                Engine::Mpi { exe, mesh } => {
+                    mesh.upload(key, value, &exe.spmd().inputs[index].1)?
+                }
             }
         }
         Ok(())
@@ -369,9 +371,9 @@ impl Trainer {
     pub fn data_layout(&self) -> Option<DataLayout> {
         let exe = self.engine.executable()?;
         Some(DataLayout {
-            mesh: exe.spmd.mesh.clone(),
+            mesh: exe.spmd().mesh.clone(),
             shardings: (self.step.data.iter())
-                .map(|&i| exe.spmd.inputs[i].1.clone())
+                .map(|&i| exe.spmd().inputs[i].1.clone())
                 .collect(),
         })
     }
@@ -592,7 +594,7 @@ impl Trainer {
     /// `loss`: compiled for the trainer's mesh (once), or run on the interpreter.
     pub fn evaluator(&self, model: &Program, loss: usize) -> Result<Evaluator> {
         let exe = match self.engine.executable() {
-            Some(exe) => Some(Box::new(compile(model, &exe.spmd.mesh)?)),
+            Some(exe) => Some(Box::new(compile(model, &exe.spmd().mesh)?)),
             None => None,
         };
         if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
@@ -628,7 +630,7 @@ impl Trainer {
                 let resident = |index: usize| {
                     self.carried[index]
                         .as_deref()
-                        .filter(|_| exe.spmd.inputs[index] == model_exe.spmd.inputs[index])
+                        .filter(|_| exe.spmd().inputs[index] == model_exe.spmd().inputs[index])
                 };
                 let fetched: Vec<Option<Literal>> = (0..n)
                     .map(|i| match (data_position(i), resident(i)) {
