@@ -204,37 +204,46 @@ fn window_starts(
 ) -> Vec<Option<usize>> {
     let r = operand_shape.len();
     let stride = strides(operand_shape);
+    let indices = indices.as_standard_layout();
+    let flat = indices.as_slice().unwrap_or_default();
     let indices_shape = indices.shape();
+    let indices_stride = strides(indices_shape);
+    // The indices' offset step per component of an index vector, per batch dim, and
+    // the batch dim (position in `b`) of each indices batching dim.
+    let component = match ix.explicit_vector(indices_shape.len()) {
+        true => indices_stride[ix.index_vector_dim],
+        false => 0,
+    };
     let batch_dims = ix.indices_batch(indices_shape.len());
     let batch_shape: Vec<usize> = batch_dims.iter().map(|&d| indices_shape[d]).collect();
+    let batch_stride: Vec<usize> = batch_dims.iter().map(|&d| indices_stride[d]).collect();
+    let batching: Vec<(usize, usize)> = (ix.operand_batching.iter().zip(ix.indices_batching))
+        .map(|(&o, i)| (o, batch_dims.iter().position(|d| d == i).unwrap_or(0)))
+        .collect();
     let count: usize = batch_shape.iter().product();
     let mut bases = Vec::with_capacity(count);
     let mut b = vec![0; batch_shape.len()];
-    let mut coord = vec![0; indices_shape.len()];
     let mut start = vec![0i64; r];
     for _ in 0..count {
-        for (&d, &i) in batch_dims.iter().zip(&b) {
-            coord[d] = i;
-        }
+        let at: usize = b.iter().zip(&batch_stride).map(|(i, s)| i * s).sum();
         start.fill(0);
         for (k, &d) in ix.index_map.iter().enumerate() {
-            if ix.explicit_vector(coord.len()) {
-                coord[ix.index_vector_dim] = k;
-            }
-            start[d] = i64::from(indices[IxDyn(&coord)]);
+            start[d] = i64::from(flat[at + k * component]);
         }
-        for (&o, &i) in ix.operand_batching.iter().zip(ix.indices_batching) {
-            start[o] = coord[i] as i64;
+        for &(o, p) in &batching {
+            start[o] = b[p] as i64;
         }
         let mut fits = true;
+        let mut base = 0;
         for d in 0..r {
             let highest = operand_shape[d] as i64 - sizes[d] as i64;
             if clamp {
                 start[d] = start[d].clamp(0, highest);
             }
             fits &= (0..=highest).contains(&start[d]);
+            base += start[d].max(0) as usize * stride[d];
         }
-        bases.push(fits.then(|| (0..r).map(|d| start[d] as usize * stride[d]).sum::<usize>()));
+        bases.push(fits.then_some(base));
         next(&mut b, &batch_shape);
     }
     bases

@@ -518,26 +518,35 @@ fn copy<T: Copy>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &
 }
 
 /// Calls `f` with the source and destination offsets of every multi-index over `dims`
-/// (row-major), starting from `s` and `t`.
+/// (row-major), starting from `s` and `t`. The last dim is a plain loop, the others
+/// count as an odometer.
 fn each_offset(dims: &[Dim], mut s: isize, mut t: isize, mut f: impl FnMut(isize, isize)) {
-    let mut idx = vec![0; dims.len()];
+    let Some((last, outer)) = dims.split_last() else {
+        return f(s, t);
+    };
+    let mut idx = vec![0; outer.len()];
     loop {
-        f(s, t);
-        let mut d = dims.len();
+        let (mut si, mut ti) = (s, t);
+        for _ in 0..last.n {
+            f(si, ti);
+            si += last.from;
+            ti += last.to;
+        }
+        let mut d = outer.len();
         loop {
             if d == 0 {
                 return;
             }
             d -= 1;
             idx[d] += 1;
-            s += dims[d].from;
-            t += dims[d].to;
-            if idx[d] < dims[d].n {
+            s += outer[d].from;
+            t += outer[d].to;
+            if idx[d] < outer[d].n {
                 break;
             }
             idx[d] = 0;
-            s -= dims[d].from * dims[d].n as isize;
-            t -= dims[d].to * dims[d].n as isize;
+            s -= outer[d].from * outer[d].n as isize;
+            t -= outer[d].to * outer[d].n as isize;
         }
     }
 }
