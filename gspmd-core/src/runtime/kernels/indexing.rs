@@ -327,6 +327,40 @@ mod tests {
         )
     }
 
+    #[test]
+    fn batched_picks_are_runs_of_one() {
+        // `take_along_dim` of [3, 5] at [3, 4] indices: operand dim 0 pairs with the
+        // indices' dim 0, every window one element; starts out of range included.
+        let dims = GatherDims {
+            collapsed_slice_dims: vec![1],
+            operand_batching_dims: vec![0],
+            start_indices_batching_dims: vec![0],
+            start_index_map: vec![1],
+            index_vector_dim: 2,
+            slice_sizes: vec![1, 1],
+            ..GatherDims::default()
+        };
+        let picks = [0, 4, -1, 7, 2, 2, 3, 1, 4, 0, 9, -5];
+        let indices = Array::from_shape_vec(IxDyn(&[3, 4]), picks.to_vec()).unwrap();
+        let ix = dims.indexing();
+        let fast = Targets::new(ix, &[3, 5], &indices, &[3, 4], true);
+        let Targets::Runs { starts, len: 1 } = &fast else {
+            panic!("expected runs of one element, got {fast:?}");
+        };
+        let elements = positions(ix, &[3, 5], starts, &[3, 4]);
+        let operand = table(3, 5);
+        let want = gather_at(&operand, &Targets::Elements(elements), &[3, 4]).unwrap();
+        assert_eq!(gather_at(&operand, &fast, &[3, 4]).unwrap(), want);
+        // Row r, column picks[r * 4 + c] clamped to 0..5.
+        let clamped: Vec<usize> = (0..12)
+            .map(|i| 5 * (i / 4) + picks[i].clamp(0, 4) as usize)
+            .collect();
+        assert_eq!(
+            starts.iter().map(|s| s.unwrap()).collect::<Vec<_>>(),
+            clamped
+        );
+    }
+
     proptest! {
         /// Gathers and scatters through runs give the bits of the element-by-element
         /// path, out-of-range starts included (clamped, skipped), and runs are taken
