@@ -474,7 +474,7 @@ struct Dim {
 }
 
 /// Copies the block of `shape` at `from` in `src` to `to` in `dst`.
-fn copy<T: Copy>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &Layout) {
+fn copy<T: Copy + Default>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &Layout) {
     if shape.contains(&0) {
         return;
     }
@@ -566,16 +566,23 @@ fn run<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, m: Dim) {
 }
 
 /// Copies the `p.n x m.n` block of the partner dim `p` (contiguous in the source) and
-/// the minor dim `m` (contiguous in the destination) from `s` to `t`, tile by tile.
-fn tile<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, p: Dim, m: Dim) {
+/// the minor dim `m` (contiguous in the destination) from `s` to `t`, tile by tile: a
+/// tile's source runs are read into a local square, whose columns are written as
+/// destination runs.
+fn tile<T: Copy + Default>(src: &[T], dst: &mut [T], s: isize, t: isize, p: Dim, m: Dim) {
+    let mut square = [[T::default(); TILE]; TILE];
     for i0 in (0..p.n).step_by(TILE) {
+        let rows = TILE.min(p.n - i0);
         for j0 in (0..m.n).step_by(TILE) {
-            let len = TILE.min(m.n - j0);
-            for i in i0..(i0 + TILE).min(p.n) {
-                let row = (t + i as isize * p.to) as usize + j0;
-                let base = s + i as isize + j0 as isize * m.from;
-                for (j, out) in dst[row..row + len].iter_mut().enumerate() {
-                    *out = src[(base + j as isize * m.from) as usize];
+            let cols = TILE.min(m.n - j0);
+            for (j, line) in square[..cols].iter_mut().enumerate() {
+                let from = (s + i0 as isize + (j0 + j) as isize * m.from) as usize;
+                line[..rows].copy_from_slice(&src[from..from + rows]);
+            }
+            for i in 0..rows {
+                let row = (t + (i0 + i) as isize * p.to) as usize + j0;
+                for (out, line) in dst[row..row + cols].iter_mut().zip(&square) {
+                    *out = line[i];
                 }
             }
         }
