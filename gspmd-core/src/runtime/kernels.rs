@@ -13,13 +13,17 @@ mod contraction;
 mod elementary;
 mod elementwise;
 mod indexing;
+mod movement;
 mod narrow;
 mod reduce;
 
 use std::borrow::Cow;
 
+// The elementwise kernels' broadcast of an operand not in standard layout (otherwise
+// they read a view), for any element type.
 pub(crate) use elementwise::{WithBinary, WithUnary, f32_binary, f32_unary, max_nan, min_nan};
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
+use movement::generic::broadcast_in_dim;
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
@@ -100,7 +104,7 @@ impl<'a> Operand<'a> {
                 shape,
                 dims,
             } => Ok(Cow::Owned(
-                map_literal!(source, a => broadcast_in_dim(a.view(), shape, dims)?),
+                map_literal!(source, a => movement::broadcast_in_dim(a.view(), shape, dims)?),
             )),
         }
     }
@@ -147,6 +151,26 @@ pub(crate) fn eval_typed(
             let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
             x.into_value()?.into_owned()
         }
+        Op::Reshape(shape) => {
+            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            map_literal!(x.into_value()?.into_owned(), a => movement::reshape_owned(a, shape)?)
+        }
+        Op::DynamicUpdateSlice => {
+            let mut values = (operands.into_iter())
+                .map(Operand::into_value)
+                .collect::<Result<Vec<_>, String>>()?;
+            if values.len() < 2 {
+                return Err(format!(
+                    "{} takes 2 operands or more, given {given}",
+                    op.name()
+                ));
+            }
+            let x = values.remove(0);
+            let update = values[0].as_ref();
+            let starts: Vec<&Literal> = values[1..].iter().map(AsRef::as_ref).collect();
+            let starts = dynamic_starts(&x, &starts, &update.shape())?;
+            dynamic_update_slice(x, update, &starts)?
+        }
         _ => {
             let values = operands
                 .into_iter()
@@ -179,10 +203,9 @@ fn compute_borrowed(
         Op::Constant(lit) => lit.clone(),
         Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
         Op::Broadcast { shape, dims } => {
-            map_literal!(operands[0], a => broadcast_in_dim(a.view(), shape, dims)?)
+            map_literal!(operands[0], a => movement::broadcast_in_dim(a.view(), shape, dims)?)
         }
-        Op::Reshape(shape) => map_literal!(operands[0], a => reshape(a, shape)?),
-        Op::Transpose(perm) => map_literal!(operands[0], a => transpose(a, perm)),
+        Op::Transpose(perm) => map_literal!(operands[0], a => movement::transpose(a, perm)),
         Op::Reduce { kind, dims } => reduce::reduce(*kind, operands[0], dims)?,
         Op::DotGeneral(dd) => {
             numeric_pair!(operands[0], operands[1], (a, b) => contraction::dot_general(dd, a, b, &result.shape)?)
@@ -191,7 +214,7 @@ fn compute_borrowed(
             start,
             limit,
             stride,
-        } => map_literal!(operands[0], a => slice(a, start, limit, stride)),
+        } => map_literal!(operands[0], a => movement::slice(a, start, limit, stride)),
         Op::Pad {
             low,
             high,
@@ -212,16 +235,11 @@ fn compute_borrowed(
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
             let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
             let stride = vec![1; sizes.len()];
-            map_literal!(operands[0], a => slice(a, &starts, &limit, &stride))
-        }
-        Op::DynamicUpdateSlice => {
-            let update = operands[1];
-            let starts = dynamic_starts(operands[0], &operands[2..], &update.shape())?;
-            dynamic_update_slice(operands[0], update, &starts)?
+            map_literal!(operands[0], a => movement::slice(a, &starts, &limit, &stride))
         }
         Op::Cumulative { kind, dim, reverse } => cumulative(*kind, operands[0], *dim, *reverse)?,
         Op::Argsort { dim, descending } => argsort(operands[0], *dim, *descending)?,
-        Op::Reverse(dims) => map_literal!(operands[0], a => reverse(a, dims)),
+        Op::Reverse(dims) => map_literal!(operands[0], a => movement::reverse(a, dims)),
         Op::Flow { flow, .. } => {
             return Err(format!(
                 "{} has regions: the evaluation loop runs it, not a kernel",
@@ -245,7 +263,9 @@ fn compute_borrowed(
         | Op::Compare(_)
         | Op::Select
         | Op::Convert(_)
-        | Op::ShardingConstraint => {
+        | Op::ShardingConstraint
+        | Op::Reshape(_)
+        | Op::DynamicUpdateSlice => {
             return Err(format!("{} takes its operands by value", op.name()));
         }
     };
@@ -264,14 +284,7 @@ fn type_of(lit: &Literal) -> TensorType {
 
 /// `lit` in row-major contiguous layout (copied only if it is not already).
 fn standard_layout(lit: Literal) -> Literal {
-    fn contiguous<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
-        if a.is_standard_layout() {
-            a
-        } else {
-            a.as_standard_layout().into_owned()
-        }
-    }
-    map_literal!(lit, a => contiguous(a))
+    map_literal!(lit, a => movement::standard_layout(a))
 }
 
 fn not_defined(op: &Op, dtype: DType) -> String {
@@ -296,13 +309,13 @@ fn types_differ(a: &TensorType, b: &TensorType) -> String {
 
 fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
     /// `0..shape[dim]` converted by `f`, broadcast along the other dims.
-    fn counting<T: Clone>(
+    fn counting<T: Copy + Default>(
         shape: &[usize],
         dim: usize,
         f: fn(usize) -> T,
     ) -> Result<ArrayD<T>, String> {
         let count = Array1::from_iter((0..shape[dim]).map(f)).into_dyn();
-        broadcast_in_dim(count.view(), shape, &[dim])
+        movement::broadcast_in_dim(count.view(), shape, &[dim])
     }
     /// `0..shape[dim]` in `T` (exact below 2^24 for f32, rounded for bf16 and f16).
     fn count_in<T: Element>(shape: &[usize], dim: usize) -> Result<Literal, String> {
@@ -315,22 +328,6 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
 }
 
 // ---- data movement ---------------------------------------------------------------------
-
-/// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]` (increasing).
-fn broadcast_in_dim<T: Clone>(
-    a: ArrayViewD<'_, T>,
-    shape: &[usize],
-    dims: &[usize],
-) -> Result<ArrayD<T>, String> {
-    let from = a.shape().to_vec();
-    let mut v = a;
-    for d in (0..shape.len()).filter(|d| !dims.contains(d)) {
-        v.insert_axis_inplace(Axis(d));
-    }
-    v.broadcast(IxDyn(shape))
-        .map(|b| b.to_owned())
-        .ok_or_else(|| format!("cannot broadcast {from:?} to {shape:?} along {dims:?}"))
-}
 
 /// [`broadcast_in_dim`] of `a` as a view: zero strides along the result dims that
 /// repeat it. `None` if `a` is not in standard layout or does not fit.
@@ -356,33 +353,6 @@ fn broadcast_view<'a, T>(
     ArrayViewD::from_shape(IxDyn(shape).strides(IxDyn(&strides)), elements).ok()
 }
 
-/// Row-major reshape.
-fn reshape<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>, String> {
-    a.to_shape(IxDyn(shape))
-        .map(|c| c.into_owned())
-        .map_err(|e| format!("cannot reshape {:?} to {shape:?}: {e}", a.shape()))
-}
-
-/// Result dim `i` is operand dim `perm[i]`.
-fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
-    a.view()
-        .permuted_axes(IxDyn(perm))
-        .as_standard_layout()
-        .into_owned()
-}
-
-fn slice<T: Clone>(a: &ArrayD<T>, start: &[usize], limit: &[usize], stride: &[usize]) -> ArrayD<T> {
-    a.slice_each_axis(|ax| {
-        let d = ax.axis.index();
-        Slice::new(
-            start[d] as isize,
-            Some(limit[d] as isize),
-            stride[d] as isize,
-        )
-    })
-    .to_owned()
-}
-
 /// Start indices of a `dynamic_slice`: each i32 scalar clamped so that the `sizes` block
 /// fits in `x` (XLA's semantics).
 fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<Vec<usize>, String> {
@@ -401,23 +371,25 @@ fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<V
         .collect()
 }
 
-/// `x` with `update` written at `starts` (which fit).
+/// `x` with `update` written at `starts` (which fit): in `x`'s buffer when it is handed
+/// over.
 fn dynamic_update_slice(
-    x: &Literal,
+    x: Cow<'_, Literal>,
     update: &Literal,
     starts: &[usize],
 ) -> Result<Literal, String> {
-    fn write<T: Element>(x: &Literal, u: &Literal, starts: &[usize]) -> Result<Literal, String> {
-        let (a, u) = same_dtype::<T>(x, u)?;
-        let mut out = a.clone();
-        out.slice_each_axis_mut(|ax| {
-            let d = ax.axis.index();
-            Slice::from(starts[d]..starts[d] + u.shape()[d])
-        })
-        .assign(u);
-        Ok(T::literal(out))
+    fn write<T: Element>(
+        out: ArrayD<T>,
+        update: &Literal,
+        starts: &[usize],
+    ) -> Result<ArrayD<T>, String> {
+        let u = T::array(update).ok_or_else(|| {
+            let x = TensorType::new(out.shape().to_vec(), T::DTYPE);
+            types_differ(&x, &type_of(update))
+        })?;
+        Ok(movement::update_slice(out, u, starts))
     }
-    by_element!(x.dtype(), write(x, update, starts))
+    Ok(map_literal!(x.into_owned(), a => write(a, update, starts)?))
 }
 
 /// Inclusive scan along `dim`: element `j` is `f(element j - 1 of the scan, x_j)`,
@@ -496,9 +468,7 @@ fn argsort(x: &Literal, dim: usize, descending: bool) -> Result<Literal, String>
     }))
 }
 
-/// Edge padding (negative removes) and interior padding: the operand is first written
-/// with stride `interior + 1` into an array of the padding value that has room for the
-/// positive edges, then the negative edges are cut off.
+/// Edge padding (negative removes) and interior padding with the scalar `value`.
 fn pad(
     x: &Literal,
     value: &Literal,
@@ -515,47 +485,9 @@ fn pad(
     ) -> Result<Literal, String> {
         let (a, value) = same_dtype::<T>(x, value)?;
         let fill = *value.first().ok_or("padding value must be a scalar")?;
-        let grow = |p: i64| p.max(0) as usize;
-        let cut = |p: i64| (-p).max(0) as usize;
-        let spread = |d: usize| match a.shape()[d] {
-            0 => 0,
-            n => (n - 1) * (interior[d] + 1) + 1,
-        };
-        let grown: Vec<usize> = (0..a.ndim())
-            .map(|d| grow(low[d]) + spread(d) + grow(high[d]))
-            .collect();
-        let mut out = ArrayD::from_elem(IxDyn(&grown), fill);
-        out.slice_each_axis_mut(|ax| {
-            let d = ax.axis.index();
-            let s = grow(low[d]);
-            Slice::new(
-                s as isize,
-                Some((s + spread(d)) as isize),
-                (interior[d] + 1) as isize,
-            )
-        })
-        .assign(a);
-        out.slice_each_axis_inplace(|ax| {
-            let d = ax.axis.index();
-            let end = grown[d].saturating_sub(cut(high[d]));
-            Slice::new(cut(low[d]).min(end) as isize, Some(end as isize), 1)
-        });
-        Ok(T::literal(out))
+        Ok(T::literal(movement::pad(a, fill, low, high, interior)))
     }
     by_element!(x.dtype(), pad_array(x, value, low, high, interior))
-}
-
-/// Reverses the element order along `dims`.
-fn reverse<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
-    a.slice_each_axis(|ax| {
-        let step = if dims.contains(&ax.axis.index()) {
-            -1
-        } else {
-            1
-        };
-        Slice::new(0, None, step)
-    })
-    .to_owned()
 }
 
 fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
@@ -565,9 +497,7 @@ fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
             .map(|l| T::array(l).map(|a| a.view()))
             .collect::<Option<Vec<_>>>()
             .ok_or("concatenate operands differ in dtype")?;
-        ndarray::concatenate(Axis(dim), &views)
-            .map(T::literal)
-            .map_err(|e| e.to_string())
+        movement::concatenate(&views, dim).map(T::literal)
     }
     let first = operands.first().ok_or("concatenate needs an operand")?;
     by_element!(first.dtype(), join(operands, dim))

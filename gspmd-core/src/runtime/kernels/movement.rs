@@ -1,0 +1,822 @@
+//! Data movement as strided block copies. Transpose, slice, broadcast, reverse,
+//! concatenate, pad and the dynamic slices only move elements: each is a copy of an
+//! n-dim block from one strided layout in a flat buffer ([`Layout`]) to another. The
+//! copy ([`copy`]) drops one-element dims, merges dims that are adjacent in both
+//! layouts, and then moves the minor dim as contiguous runs (`copy_from_slice`), fills
+//! it from one element (a broadcast), or, when the destination's minor dim is not the
+//! source's, transposes in square tiles of [`TILE`] so that both sides stay in cache.
+//!
+//! Every kernel's result is in standard layout. A copy gives the bits ndarray's
+//! element-by-element copy gives. The generic kernels
+//! stay the fallback for arrays whose elements do not fill one slice ([`Block::of`]),
+//! and the tests compare both paths.
+
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+
+/// Side of the square tiles a transposing copy moves at a time.
+const TILE: usize = 16;
+
+/// Where an n-dim block's elements lie in a flat buffer: the element at multi-index `i`
+/// is at `offset + Σ_d i[d] * strides[d]` (which must lie in the buffer for every `i`
+/// in the block's shape).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Layout {
+    /// Position of the first element.
+    pub offset: isize,
+    /// Step between neighbours along each dim (0 repeats an element).
+    pub strides: Vec<isize>,
+}
+
+impl Layout {
+    /// Row-major contiguous layout of `shape` from position 0.
+    pub(crate) fn standard(shape: &[usize]) -> Layout {
+        let mut strides = vec![1; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1].max(1) as isize;
+        }
+        Layout { offset: 0, strides }
+    }
+
+    /// The sub-block that starts at `start` and takes every `step[d]`-th element
+    /// along dim `d`.
+    pub(crate) fn window(&self, start: &[usize], step: &[usize]) -> Layout {
+        let at = |d: usize| start[d] as isize * self.strides[d];
+        Layout {
+            offset: self.offset + (0..start.len()).map(at).sum::<isize>(),
+            strides: (self.strides.iter().zip(step))
+                .map(|(&s, &k)| s * k as isize)
+                .collect(),
+        }
+    }
+}
+
+/// A block of `shape` read from `data` at `layout`.
+#[derive(Clone, Debug)]
+pub(crate) struct Block<'a, T> {
+    data: &'a [T],
+    shape: Vec<usize>,
+    layout: Layout,
+}
+
+impl<'a, T: Copy + Default> Block<'a, T> {
+    /// The block of `view` when its elements fill one slice in some dim order (a
+    /// standard-layout array, its transposes and reversals); `None` otherwise (a
+    /// strided slice, a broadcast view).
+    pub(crate) fn of(view: ArrayViewD<'a, T>) -> Option<Self> {
+        let data = view.to_slice_memory_order()?;
+        let strides = view.strides().to_vec();
+        // The slice starts at the lowest address: reversed dims start past it.
+        let offset = (view.shape().iter().zip(&strides))
+            .map(|(&n, &s)| {
+                if s < 0 {
+                    -s * (n.max(1) - 1) as isize
+                } else {
+                    0
+                }
+            })
+            .sum();
+        Some(Block {
+            data,
+            shape: view.shape().to_vec(),
+            layout: Layout { offset, strides },
+        })
+    }
+
+    /// Dim `i` of the result is dim `perm[i]` of the block (`perm` a permutation).
+    pub(crate) fn permuted(self, perm: &[usize]) -> Self {
+        Block {
+            data: self.data,
+            shape: perm.iter().map(|&d| self.shape[d]).collect(),
+            layout: Layout {
+                offset: self.layout.offset,
+                strides: perm.iter().map(|&d| self.layout.strides[d]).collect(),
+            },
+        }
+    }
+
+    /// Elements `start[d]`, `start[d] + stride[d]`, ... below `limit[d]` along each dim
+    /// (`start <= limit <= shape`, strides positive).
+    pub(crate) fn sliced(self, start: &[usize], limit: &[usize], stride: &[usize]) -> Self {
+        let shape = (0..self.shape.len())
+            .map(|d| (limit[d] - start[d]).div_ceil(stride[d]))
+            .collect();
+        Block {
+            data: self.data,
+            shape,
+            layout: self.layout.window(start, stride),
+        }
+    }
+
+    /// The element order reversed along `dims`.
+    pub(crate) fn reversed(self, dims: &[usize]) -> Self {
+        let mut layout = self.layout;
+        for &d in dims {
+            layout.offset += (self.shape[d].max(1) - 1) as isize * layout.strides[d];
+            layout.strides[d] = -layout.strides[d];
+        }
+        Block {
+            data: self.data,
+            shape: self.shape,
+            layout,
+        }
+    }
+
+    /// XLA `broadcast_in_dim` to `shape`: block dim `i` becomes dim `dims[i]`, of the
+    /// same size or repeated from one element. `None` if it does not fit.
+    pub(crate) fn broadcast(self, shape: &[usize], dims: &[usize]) -> Option<Self> {
+        if dims.len() != self.shape.len() {
+            return None;
+        }
+        let mut strides = vec![0; shape.len()];
+        for (i, &d) in dims.iter().enumerate() {
+            match (self.shape[i], shape.get(d)) {
+                (n, Some(&m)) if n == m => strides[d] = self.layout.strides[i],
+                (1, Some(_)) => {}
+                _ => return None,
+            }
+        }
+        Some(Block {
+            data: self.data,
+            shape: shape.to_vec(),
+            layout: Layout {
+                offset: self.layout.offset,
+                strides,
+            },
+        })
+    }
+
+    /// The block as a new standard-layout array.
+    pub(crate) fn to_array(&self) -> ArrayD<T> {
+        let mut out = vec![T::default(); self.shape.iter().product()];
+        self.write(&mut out, &Layout::standard(&self.shape));
+        ArrayD::from_shape_vec(IxDyn(&self.shape), out)
+            .expect("a vector of the shape's element count fits it")
+    }
+
+    /// Writes the block into `into` at `at` (a layout of the block's shape).
+    pub(crate) fn write(&self, into: &mut [T], at: &Layout) {
+        copy(&self.shape, self.data, &self.layout, into, at);
+    }
+}
+
+// ---- the kernels ------------------------------------------------------------------------
+
+/// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]` (increasing).
+pub(crate) fn broadcast_in_dim<T: Copy + Default>(
+    a: ArrayViewD<'_, T>,
+    shape: &[usize],
+    dims: &[usize],
+) -> Result<ArrayD<T>, String> {
+    match Block::of(a.clone()) {
+        Some(block) => (block.broadcast(shape, dims).map(|b| b.to_array()))
+            .ok_or_else(|| generic::cannot_broadcast(a.shape(), shape, dims)),
+        None => generic::broadcast_in_dim(a, shape, dims),
+    }
+}
+
+/// `a` in standard layout (moved if it is already, copied otherwise).
+pub(crate) fn standard_layout<T: Copy + Default>(a: ArrayD<T>) -> ArrayD<T> {
+    if a.is_standard_layout() {
+        return a;
+    }
+    match Block::of(a.view()) {
+        Some(block) => block.to_array(),
+        None => generic::standard_layout(a.view()),
+    }
+}
+
+/// Row-major reshape of an array handed over: its buffer is moved, not copied, when
+/// it is in standard layout.
+pub(crate) fn reshape_owned<T: Copy + Default>(
+    a: ArrayD<T>,
+    shape: &[usize],
+) -> Result<ArrayD<T>, String> {
+    let a = standard_layout(a);
+    let from = a.shape().to_vec();
+    a.into_shape_with_order(IxDyn(shape))
+        .map_err(|e| generic::cannot_reshape(&from, shape, e))
+}
+
+/// Result dim `i` is operand dim `perm[i]`.
+pub(crate) fn transpose<T: Copy + Default>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
+    match Block::of(a.view()) {
+        Some(block) => block.permuted(perm).to_array(),
+        None => generic::transpose(a, perm),
+    }
+}
+
+/// Elements `start[d]`, `start[d] + stride[d]`, ... below `limit[d]` along each dim.
+pub(crate) fn slice<T: Copy + Default>(
+    a: &ArrayD<T>,
+    start: &[usize],
+    limit: &[usize],
+    stride: &[usize],
+) -> ArrayD<T> {
+    match Block::of(a.view()) {
+        Some(block) => block.sliced(start, limit, stride).to_array(),
+        None => generic::slice(a, start, limit, stride),
+    }
+}
+
+/// Reverses the element order along `dims`.
+pub(crate) fn reverse<T: Copy + Default>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+    match Block::of(a.view()) {
+        Some(block) => block.reversed(dims).to_array(),
+        None => generic::reverse(a, dims),
+    }
+}
+
+/// The arrays joined along `dim` (same rank, same sizes on the other dims).
+pub(crate) fn concatenate<T: Copy + Default>(
+    arrays: &[ArrayViewD<'_, T>],
+    dim: usize,
+) -> Result<ArrayD<T>, String> {
+    let blocks: Option<Vec<Block<'_, T>>> = arrays.iter().map(|a| Block::of(a.clone())).collect();
+    let (Some(blocks), Some(first)) = (blocks, arrays.first()) else {
+        return generic::concatenate(arrays, dim);
+    };
+    let mut shape = first.shape().to_vec();
+    if dim >= shape.len() {
+        return Err(format!(
+            "concatenate along dim {dim} of rank {}",
+            shape.len()
+        ));
+    }
+    shape[dim] = 0;
+    for b in &blocks {
+        let fits = b.shape.len() == shape.len()
+            && (0..shape.len()).all(|d| d == dim || b.shape[d] == shape[d]);
+        if !fits {
+            return Err(format!(
+                "cannot concatenate {:?} and {:?} along dim {dim}",
+                first.shape(),
+                b.shape
+            ));
+        }
+        shape[dim] += b.shape[dim];
+    }
+    let mut out = vec![T::default(); shape.iter().product()];
+    let layout = Layout::standard(&shape);
+    let mut start = vec![0; shape.len()];
+    let step = vec![1; shape.len()];
+    for b in &blocks {
+        b.write(&mut out, &layout.window(&start, &step));
+        start[dim] += b.shape[dim];
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())
+}
+
+/// Edge padding (negative removes) and interior padding with `fill`: `low` elements
+/// before each dim, `interior` between neighbours, `high` after (a result dim below
+/// zero is empty).
+pub(crate) fn pad<T: Copy + Default>(
+    a: &ArrayD<T>,
+    fill: T,
+    low: &[i64],
+    high: &[i64],
+    interior: &[usize],
+) -> ArrayD<T> {
+    let Some(block) = Block::of(a.view()) else {
+        return generic::pad(a, fill, low, high, interior);
+    };
+    let shape: Vec<usize> = (0..a.ndim())
+        .map(|d| {
+            let n = low[d] + generic::spread(a.shape()[d], interior[d]) as i64 + high[d];
+            n.max(0) as usize
+        })
+        .collect();
+    // Operand element `i` lands at `low + i * step`: keep those inside the result.
+    let rank = shape.len();
+    let (mut first, mut end, mut at) = (vec![0; rank], vec![0; rank], vec![0; rank]);
+    for d in 0..rank {
+        let (step, n) = (interior[d] as i64 + 1, a.shape()[d] as i64);
+        let lo = if low[d] >= 0 {
+            0
+        } else {
+            (step - 1 - low[d]) / step
+        };
+        let hi = (shape[d] as i64 - low[d] + step - 1).div_euclid(step);
+        first[d] = lo.min(n) as usize;
+        end[d] = hi.clamp(first[d] as i64, n) as usize;
+        at[d] = (low[d] + first[d] as i64 * step).max(0) as usize;
+    }
+    let mut out = vec![fill; shape.iter().product()];
+    let ones = vec![1; rank];
+    let steps: Vec<usize> = interior.iter().map(|&k| k + 1).collect();
+    block
+        .sliced(&first, &end, &ones)
+        .write(&mut out, &Layout::standard(&shape).window(&at, &steps));
+    ArrayD::from_shape_vec(IxDyn(&shape), out).expect("the element count fits the shape")
+}
+
+/// `out` with `update` written at `starts` (which fit), in place.
+pub(crate) fn update_slice<T: Copy + Default>(
+    out: ArrayD<T>,
+    update: &ArrayD<T>,
+    starts: &[usize],
+) -> ArrayD<T> {
+    let mut out = standard_layout(out);
+    let layout = Layout::standard(out.shape()).window(starts, &vec![1; starts.len()]);
+    match (Block::of(update.view()), out.as_slice_mut()) {
+        (Some(block), Some(flat)) => block.write(flat, &layout),
+        _ => generic::update_slice(&mut out, update, starts),
+    }
+    out
+}
+
+/// The generic kernels (ndarray's element-by-element copies): the fallback for arrays
+/// whose elements do not fill one slice, and the tests' reference.
+pub(crate) mod generic {
+    use super::*;
+
+    pub(crate) fn cannot_broadcast(from: &[usize], shape: &[usize], dims: &[usize]) -> String {
+        format!("cannot broadcast {from:?} to {shape:?} along {dims:?}")
+    }
+
+    pub(crate) fn cannot_reshape(
+        from: &[usize],
+        shape: &[usize],
+        e: impl std::fmt::Display,
+    ) -> String {
+        format!("cannot reshape {from:?} to {shape:?}: {e}")
+    }
+
+    /// See [`super::broadcast_in_dim`].
+    pub(crate) fn broadcast_in_dim<T: Clone>(
+        a: ArrayViewD<'_, T>,
+        shape: &[usize],
+        dims: &[usize],
+    ) -> Result<ArrayD<T>, String> {
+        let from = a.shape().to_vec();
+        let mut v = a;
+        for d in (0..shape.len()).filter(|d| !dims.contains(d)) {
+            v.insert_axis_inplace(Axis(d));
+        }
+        v.broadcast(IxDyn(shape))
+            .map(|b| b.to_owned())
+            .ok_or_else(|| cannot_broadcast(&from, shape, dims))
+    }
+
+    /// See [`super::standard_layout`].
+    pub(crate) fn standard_layout<T: Clone>(a: ArrayViewD<'_, T>) -> ArrayD<T> {
+        a.as_standard_layout().into_owned()
+    }
+
+    /// See [`super::transpose`].
+    pub(crate) fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
+        standard_layout(a.view().permuted_axes(IxDyn(perm)))
+    }
+
+    /// See [`super::slice`].
+    pub(crate) fn slice<T: Clone>(
+        a: &ArrayD<T>,
+        start: &[usize],
+        limit: &[usize],
+        stride: &[usize],
+    ) -> ArrayD<T> {
+        a.slice_each_axis(|ax| {
+            let d = ax.axis.index();
+            Slice::new(
+                start[d] as isize,
+                Some(limit[d] as isize),
+                stride[d] as isize,
+            )
+        })
+        .to_owned()
+    }
+
+    /// See [`super::reverse`].
+    pub(crate) fn reverse<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+        a.slice_each_axis(|ax| {
+            let step = if dims.contains(&ax.axis.index()) {
+                -1
+            } else {
+                1
+            };
+            Slice::new(0, None, step)
+        })
+        .as_standard_layout()
+        .into_owned()
+    }
+
+    /// See [`super::concatenate`].
+    pub(crate) fn concatenate<T: Copy + Default>(
+        arrays: &[ArrayViewD<'_, T>],
+        dim: usize,
+    ) -> Result<ArrayD<T>, String> {
+        (ndarray::concatenate(Axis(dim), arrays).map(super::standard_layout))
+            .map_err(|e| e.to_string())
+    }
+
+    /// The extent of `n` elements with `interior` padding between neighbours.
+    pub(crate) fn spread(n: usize, interior: usize) -> usize {
+        match n {
+            0 => 0,
+            n => (n - 1) * (interior + 1) + 1,
+        }
+    }
+
+    /// See [`super::pad`]: the operand is first written with stride `interior + 1` into
+    /// an array of `fill` that has room for the positive edges, then the negative edges
+    /// are cut off.
+    pub(crate) fn pad<T: Clone>(
+        a: &ArrayD<T>,
+        fill: T,
+        low: &[i64],
+        high: &[i64],
+        interior: &[usize],
+    ) -> ArrayD<T> {
+        let grow = |p: i64| p.max(0) as usize;
+        let cut = |p: i64| (-p).max(0) as usize;
+        let spread = |d: usize| spread(a.shape()[d], interior[d]);
+        let grown: Vec<usize> = (0..a.ndim())
+            .map(|d| grow(low[d]) + spread(d) + grow(high[d]))
+            .collect();
+        let mut out = ArrayD::from_elem(IxDyn(&grown), fill);
+        out.slice_each_axis_mut(|ax| {
+            let d = ax.axis.index();
+            let s = grow(low[d]);
+            Slice::new(
+                s as isize,
+                Some((s + spread(d)) as isize),
+                (interior[d] + 1) as isize,
+            )
+        })
+        .assign(a);
+        out.slice_each_axis_inplace(|ax| {
+            let d = ax.axis.index();
+            let end = grown[d].saturating_sub(cut(high[d]));
+            Slice::new(cut(low[d]).min(end) as isize, Some(end as isize), 1)
+        });
+        standard_layout(out.view())
+    }
+
+    /// See [`super::update_slice`].
+    pub(crate) fn update_slice<T: Clone>(
+        out: &mut ArrayD<T>,
+        update: &ArrayD<T>,
+        starts: &[usize],
+    ) {
+        out.slice_each_axis_mut(|ax| {
+            let d = ax.axis.index();
+            Slice::from(starts[d]..starts[d] + update.shape()[d])
+        })
+        .assign(update);
+    }
+}
+
+/// One dim of a copy: its size and its steps in the source and the destination.
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    n: usize,
+    from: isize,
+    to: isize,
+}
+
+/// Copies the block of `shape` at `from` in `src` to `to` in `dst`.
+fn copy<T: Copy + Default>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &Layout) {
+    if shape.contains(&0) {
+        return;
+    }
+    // One-element dims move nothing; a dim whose steps are its inner neighbour's
+    // whole extent in both layouts continues it.
+    let mut dims: Vec<Dim> = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate().filter(|&(_, &n)| n > 1) {
+        let (from, to) = (from.strides[d], to.strides[d]);
+        match dims.last_mut() {
+            Some(outer) if outer.from == from * n as isize && outer.to == to * n as isize => {
+                *outer = Dim {
+                    n: outer.n * n,
+                    from,
+                    to,
+                };
+            }
+            _ => dims.push(Dim { n, from, to }),
+        }
+    }
+    let minor = dims.pop().unwrap_or(Dim {
+        n: 1,
+        from: 1,
+        to: 1,
+    });
+    // A destination run whose source is strided, while another dim is contiguous in
+    // the source: a transpose, copied in tiles over the two dims.
+    let partner = (minor.to == 1 && minor.from != 1 && minor.from != 0)
+        .then(|| dims.iter().rposition(|d| d.from == 1 && d.to != 0))
+        .flatten();
+    match partner {
+        Some(p) => {
+            let partner = dims.remove(p);
+            each_offset(&dims, from.offset, to.offset, |s, t| {
+                tile(src, dst, s, t, partner, minor)
+            });
+        }
+        None => each_offset(&dims, from.offset, to.offset, |s, t| {
+            run(src, dst, s, t, minor)
+        }),
+    }
+}
+
+/// Calls `f` with the source and destination offsets of every multi-index over `dims`
+/// (row-major), starting from `s` and `t`. The last dim is a plain loop, the others
+/// count as an odometer.
+fn each_offset(dims: &[Dim], mut s: isize, mut t: isize, mut f: impl FnMut(isize, isize)) {
+    let Some((last, outer)) = dims.split_last() else {
+        return f(s, t);
+    };
+    let mut idx = vec![0; outer.len()];
+    loop {
+        let (mut si, mut ti) = (s, t);
+        for _ in 0..last.n {
+            f(si, ti);
+            si += last.from;
+            ti += last.to;
+        }
+        let mut d = outer.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            s += outer[d].from;
+            t += outer[d].to;
+            if idx[d] < outer[d].n {
+                break;
+            }
+            idx[d] = 0;
+            s -= outer[d].from * outer[d].n as isize;
+            t -= outer[d].to * outer[d].n as isize;
+        }
+    }
+}
+
+/// Copies the `m.n` elements of the minor dim from `s` to `t`.
+fn run<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, m: Dim) {
+    let (s, t, n) = (s as usize, t as usize, m.n);
+    match (m.from, m.to) {
+        (1, 1) => dst[t..t + n].copy_from_slice(&src[s..s + n]),
+        (0, 1) => dst[t..t + n].fill(src[s]),
+        (from, to) => {
+            for j in 0..n as isize {
+                dst[(t as isize + j * to) as usize] = src[(s as isize + j * from) as usize];
+            }
+        }
+    }
+}
+
+/// Copies the `p.n x m.n` block of the partner dim `p` (contiguous in the source) and
+/// the minor dim `m` (contiguous in the destination) from `s` to `t`, tile by tile: a
+/// tile's source runs are read into a local square, whose columns are written as
+/// destination runs.
+fn tile<T: Copy + Default>(src: &[T], dst: &mut [T], s: isize, t: isize, p: Dim, m: Dim) {
+    let mut square = [[T::default(); TILE]; TILE];
+    for i0 in (0..p.n).step_by(TILE) {
+        let rows = TILE.min(p.n - i0);
+        for j0 in (0..m.n).step_by(TILE) {
+            let cols = TILE.min(m.n - j0);
+            for (j, line) in square[..cols].iter_mut().enumerate() {
+                let from = (s + i0 as isize + (j0 + j) as isize * m.from) as usize;
+                line[..rows].copy_from_slice(&src[from..from + rows]);
+            }
+            for i in 0..rows {
+                let row = (t + (i0 + i) as isize * p.to) as usize + j0;
+                for (out, line) in dst[row..row + cols].iter_mut().zip(&square) {
+                    *out = line[i];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{Array, ArrayD, Axis, IxDyn, Slice};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// How a test operand's elements lie in memory.
+    #[derive(Clone, Copy, Debug)]
+    enum Arrangement {
+        /// Row-major.
+        Standard,
+        /// Another dim order (a transpose's storage).
+        Permuted,
+        /// Dim 0 reversed (negative strides).
+        Reversed,
+        /// Every second element of a larger array along dim 0: no one slice, so the
+        /// kernels take the generic path.
+        Strided,
+    }
+
+    fn arrangement() -> impl Strategy<Value = Arrangement> {
+        prop_oneof![
+            Just(Arrangement::Standard),
+            Just(Arrangement::Permuted),
+            Just(Arrangement::Reversed),
+            Just(Arrangement::Strided),
+        ]
+    }
+
+    /// An f32 array of `shape` holding distinct values (from `first`), laid out as `how`.
+    fn array(shape: &[usize], how: Arrangement, first: f32) -> ArrayD<f32> {
+        let count = |shape: &[usize]| shape.iter().product::<usize>();
+        let values = |n: usize| (0..n).map(|i| first + i as f32);
+        let a = |shape: &[usize]| {
+            Array::from_iter(values(count(shape)))
+                .into_shape_with_order(IxDyn(shape))
+                .unwrap()
+        };
+        let rank = shape.len();
+        match how {
+            Arrangement::Standard => a(shape),
+            Arrangement::Permuted => {
+                let reversed: Vec<usize> = shape.iter().rev().copied().collect();
+                a(&reversed).permuted_axes(IxDyn(&(0..rank).rev().collect::<Vec<_>>()))
+            }
+            Arrangement::Reversed => {
+                let mut x = a(shape);
+                if rank > 0 {
+                    x.invert_axis(Axis(0));
+                }
+                x
+            }
+            Arrangement::Strided => {
+                let mut twice = shape.to_vec();
+                if let Some(n) = twice.first_mut() {
+                    *n *= 2;
+                }
+                let mut x = a(&twice);
+                if rank > 0 {
+                    x.slice_axis_inplace(Axis(0), Slice::new(0, None, 2));
+                }
+                x
+            }
+        }
+    }
+
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(0usize..6, 0..5)
+    }
+
+    /// Asserts that `fast` has `reference`'s shape and bits, in standard layout.
+    fn same(fast: &ArrayD<f32>, reference: &ArrayD<f32>) -> Result<(), TestCaseError> {
+        prop_assert!(fast.is_standard_layout());
+        prop_assert_eq!(fast.shape(), reference.shape());
+        let bits = |a: &ArrayD<f32>| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(fast), bits(reference));
+        Ok(())
+    }
+
+    #[test]
+    fn only_one_slice_makes_a_block() {
+        let shape = [3, 4];
+        for (how, fits) in [
+            (Arrangement::Standard, true),
+            (Arrangement::Permuted, true),
+            (Arrangement::Reversed, true),
+            (Arrangement::Strided, false),
+        ] {
+            assert_eq!(Block::of(array(&shape, how, 0.0).view()).is_some(), fits);
+        }
+        let row = array(&[4], Arrangement::Standard, 0.0);
+        let broadcast = row.broadcast(IxDyn(&shape)).unwrap();
+        assert!(Block::of(broadcast).is_none());
+    }
+
+    #[test]
+    fn copies_merge_dims_and_tile_transposes() {
+        // A transposed matrix larger than a tile, a 3-D transpose keeping the minor dim,
+        // a broadcast of a column: each against the generic kernel.
+        let m = array(&[37, 21], Arrangement::Standard, 0.0);
+        assert_eq!(transpose(&m, &[1, 0]), generic::transpose(&m, &[1, 0]));
+        let t = array(&[3, 5, 7], Arrangement::Standard, 0.0);
+        assert_eq!(
+            transpose(&t, &[1, 0, 2]),
+            generic::transpose(&t, &[1, 0, 2])
+        );
+        let c = array(&[5, 1], Arrangement::Standard, 0.0);
+        assert_eq!(
+            broadcast_in_dim(c.view(), &[5, 9], &[0, 1]).unwrap(),
+            generic::broadcast_in_dim(c.view(), &[5, 9], &[0, 1]).unwrap()
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn transpose_matches_generic(
+            shape in shape(),
+            how in arrangement(),
+            keys in prop::collection::vec(any::<u32>(), 5),
+        ) {
+            let a = array(&shape, how, 1.0);
+            let mut perm: Vec<usize> = (0..shape.len()).collect();
+            perm.sort_by_key(|&d| keys[d]);
+            same(&transpose(&a, &perm), &generic::transpose(&a, &perm))?;
+            same(&standard_layout(a.clone()), &generic::standard_layout(a.view()))?;
+        }
+
+        #[test]
+        fn slice_and_reverse_match_generic(
+            shape in shape(),
+            how in arrangement(),
+            cuts in prop::collection::vec((any::<u16>(), any::<u16>(), 1usize..4, any::<bool>()), 5),
+        ) {
+            let a = array(&shape, how, -3.0);
+            let rank = shape.len();
+            let (mut start, mut limit) = (vec![0; rank], vec![0; rank]);
+            for d in 0..rank {
+                let (p, q) = (cuts[d].0 as usize % (shape[d] + 1), cuts[d].1 as usize % (shape[d] + 1));
+                (start[d], limit[d]) = (p.min(q), p.max(q));
+            }
+            let stride: Vec<usize> = cuts[..rank].iter().map(|c| c.2).collect();
+            same(&slice(&a, &start, &limit, &stride), &generic::slice(&a, &start, &limit, &stride))?;
+            let dims: Vec<usize> = (0..rank).filter(|&d| cuts[d].3).collect();
+            same(&reverse(&a, &dims), &generic::reverse(&a, &dims))?;
+        }
+
+        #[test]
+        fn broadcast_matches_generic(
+            shape in shape(),
+            how in arrangement(),
+            keep in prop::collection::vec((any::<bool>(), any::<bool>()), 5),
+        ) {
+            // The operand has the kept dims of `shape`, some of them size 1.
+            let dims: Vec<usize> = (0..shape.len()).filter(|&d| keep[d].0).collect();
+            let from: Vec<usize> = dims.iter().map(|&d| if keep[d].1 { 1 } else { shape[d] }).collect();
+            let a = array(&from, how, 0.5);
+            same(
+                &broadcast_in_dim(a.view(), &shape, &dims).unwrap(),
+                &generic::broadcast_in_dim(a.view(), &shape, &dims).unwrap(),
+            )?;
+        }
+
+        #[test]
+        fn concatenate_matches_generic(
+            shape in prop::collection::vec(0usize..5, 1..4),
+            parts in prop::collection::vec((0usize..4, arrangement()), 1..4),
+            dim in 0usize..3,
+        ) {
+            let dim = dim % shape.len();
+            let arrays: Vec<ArrayD<f32>> = (parts.iter().enumerate())
+                .map(|(i, &(n, how))| {
+                    let mut s = shape.clone();
+                    s[dim] = n;
+                    array(&s, how, 100.0 * i as f32)
+                })
+                .collect();
+            let views: Vec<_> = arrays.iter().map(|a| a.view()).collect();
+            same(&concatenate(&views, dim).unwrap(), &generic::concatenate(&views, dim).unwrap())?;
+        }
+
+        #[test]
+        fn pad_matches_generic(
+            shape in shape(),
+            how in arrangement(),
+            edges in prop::collection::vec((-3i64..4, -3i64..4, 0usize..3), 5),
+        ) {
+            let a = array(&shape, how, 1.0);
+            let rank = shape.len();
+            let interior: Vec<usize> = edges[..rank].iter().map(|e| e.2).collect();
+            let mut low: Vec<i64> = edges[..rank].iter().map(|e| e.0).collect();
+            let mut high: Vec<i64> = edges[..rank].iter().map(|e| e.1).collect();
+            // Keep every result dim at least 0 (the shape rule's condition).
+            for d in 0..rank {
+                let spread = generic::spread(shape[d], interior[d]) as i64;
+                while low[d] + spread + high[d] < 0 {
+                    low[d] += 1;
+                    high[d] += 1;
+                }
+            }
+            same(
+                &pad(&a, -1.0, &low, &high, &interior),
+                &generic::pad(&a, -1.0, &low, &high, &interior),
+            )?;
+        }
+
+        #[test]
+        fn update_slice_and_reshape_match_generic(
+            shape in shape(),
+            how in arrangement(),
+            update_how in arrangement(),
+            corner in prop::collection::vec((any::<u16>(), any::<u16>()), 5),
+        ) {
+            let rank = shape.len();
+            let (mut starts, mut sizes) = (vec![0; rank], vec![0; rank]);
+            for d in 0..rank {
+                sizes[d] = corner[d].0 as usize % (shape[d] + 1);
+                starts[d] = corner[d].1 as usize % (shape[d] - sizes[d] + 1);
+            }
+            let x = array(&shape, how, 0.0);
+            let u = array(&sizes, update_how, 1000.0);
+            let mut reference = x.clone();
+            generic::update_slice(&mut reference, &u, &starts);
+            same(&update_slice(x.clone(), &u, &starts), &reference)?;
+            // Reshape to the flat vector and back.
+            let flat = [shape.iter().product::<usize>()];
+            let reference = x.to_shape((IxDyn(&flat), ndarray::Order::RowMajor)).unwrap().to_owned();
+            same(&reshape_owned(x, &flat).unwrap(), &reference)?;
+        }
+    }
+}
