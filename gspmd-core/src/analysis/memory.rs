@@ -130,6 +130,17 @@ impl MemoryAnalysis {
     }
 }
 
+/// The budget of the device's buffer pool for a run of `program` with `plan` (see
+/// [`Plan::budget`]): the analysis's peak (its computed bytes plus the inputs) plus the
+/// constants, which the evaluation loop counts as live as it counts the inputs.
+pub(crate) fn pool_budget(program: &Program, plan: &Plan) -> usize {
+    let bound: usize = (program.nodes.iter().zip(&plan.steps))
+        .filter(|(node, _)| matches!(node.op, Op::Parameter { .. } | Op::Constant(_)))
+        .map(|(_, step)| step.bytes)
+        .sum();
+    Walk::of(program, plan).max + bound
+}
+
 /// [`MemoryAnalysis::in_flight_bytes`] of `program`, its control flow's regions
 /// included.
 fn in_flight(program: &Program) -> usize {

@@ -23,6 +23,11 @@ pub(crate) struct Plan {
     pub(crate) outputs: Vec<(ValueId, bool)>,
     /// The fusion groups (see [`fusion`](super::fusion)).
     pub(crate) groups: Vec<Group>,
+    /// The most bytes a run's live values (as the loop counts them: inputs and
+    /// constants included) and the device's pooled free buffers may hold together: the
+    /// peak of the [memory analysis](crate::analysis::MemoryAnalysis) plus the
+    /// constants (see [`buffers`](super::buffers)).
+    pub(crate) budget: usize,
 }
 
 /// A node's part in fusion.
@@ -220,12 +225,15 @@ impl Plan {
         let outputs = (program_outputs.iter().enumerate())
             .map(|(k, &o)| (o, program_outputs[k + 1..].contains(&o)))
             .collect();
-        Plan {
+        let mut plan = Plan {
             steps,
             flows,
             outputs,
             groups,
-        }
+            budget: 0,
+        };
+        plan.budget = crate::analysis::pool_budget(program, &plan);
+        plan
     }
 }
 

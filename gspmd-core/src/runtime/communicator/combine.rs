@@ -13,6 +13,7 @@ use super::group::Group;
 use half::{bf16, f16};
 
 use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal};
+use crate::runtime::buffers::Pooled;
 use crate::runtime::kernels::{max_nan, min_nan};
 
 pub(super) fn literal_type(x: &Literal) -> TensorType {
@@ -114,7 +115,7 @@ fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
 /// The element types of [`Literal`], with their reductions. Each reduces in an
 /// accumulator type `Acc`: itself, or f32 for bf16 and f16, which are widened (exactly),
 /// combined in f32 and rounded once at the end, as the kernels compute them.
-pub(super) trait Element: ir::Element {
+pub(super) trait Element: ir::Element + Pooled {
     /// The type reductions combine in.
     type Acc: Copy + 'static;
     fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;

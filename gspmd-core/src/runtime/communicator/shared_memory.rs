@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
+use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
@@ -429,14 +430,33 @@ fn all_gather_typed<T: Element>(ex: Exchange, dim: usize) -> Result<Literal> {
     concatenate(&ex, dim, &views)
 }
 
+/// `blocks` (of one shape off `dim`) concatenated along `dim`, into a pooled buffer.
 fn concatenate<T: Element>(
     ex: &Exchange,
     dim: usize,
     blocks: &[ArrayViewD<'_, T>],
 ) -> Result<Literal> {
-    ndarray::concatenate(Axis(dim), blocks)
-        .map(T::literal)
-        .map_err(|e| ex.fail(format!("cannot concatenate along dim {dim}: {e}")))
+    let first = blocks
+        .first()
+        .ok_or_else(|| ex.fail("empty group".into()))?;
+    let mut shape = first.shape().to_vec();
+    let fits = |b: &ArrayViewD<'_, T>| b.ndim() == shape.len() && dim < shape.len();
+    if !blocks.iter().all(fits) {
+        return Err(ex.fail(format!("cannot concatenate along dim {dim}")));
+    }
+    shape[dim] = blocks.iter().map(|b| b.len_of(Axis(dim))).sum();
+    let mut out = buffers::take_array::<T>(&shape);
+    let mut start = 0;
+    for block in blocks {
+        let end = start + block.len_of(Axis(dim));
+        let mut part = out.slice_axis_mut(Axis(dim), Slice::from(start..end));
+        if part.shape() != block.shape() {
+            return Err(ex.fail(format!("blocks differ off dim {dim}")));
+        }
+        part.assign(block);
+        start = end;
+    }
+    Ok(T::literal(out))
 }
 
 /// Block `ex.group().index` along `dim` of every member's operand, in group order.

@@ -1,0 +1,204 @@
+//! The per-device pool of free buffers: the result buffers a run frees are kept, keyed
+//! by element type and length, and handed out again where results of that type and
+//! length are made — later in the same run, and by the next run on the same device
+//! (step N+1 of a training loop reuses step N's buffers).
+//!
+//! The pool is per thread: a [`ThreadMesh`](super::ThreadMesh) device is a thread, an
+//! MPI rank runs its program on one thread, and the reference interpreter pools on its
+//! caller's thread. Kernels take from it without being handed a pool: [`take`] (or
+//! [`take_array`], [`with_capacity`]) where a result buffer is made, [`give`] (or [`give_vec`]) where a
+//! uniquely owned buffer dies.
+//!
+//! Bound: the evaluation loop keeps a *budget* — the most bytes its live values and the
+//! pool may hold together, the plan's peak (see
+//! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) — and tells the pool how many
+//! bytes are live after each node ([`set_live`]). A buffer given back is kept only while
+//! the live bytes plus the pooled bytes stay within the budget; otherwise it is freed.
+//! Outside a run the budget is that of the last run on the thread, so the pool holds at
+//! most what the last run's peak allowed. A pooled buffer is not a live value: it never
+//! counts against a run's memory limit, and [`pooled_bytes`] reports what all threads'
+//! pools hold.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+
+use crate::ir::{Element, Literal};
+
+/// An element type the pool keeps buffers of: every [`Literal`] dtype.
+pub(crate) trait Pooled: Element {
+    /// The pool's shelf of buffers of `Self`.
+    fn shelf(pool: &mut Pool) -> &mut Shelf<Self>;
+}
+
+macro_rules! pooled {
+    ($($t:ty => $field:ident),*) => {
+        $(impl Pooled for $t {
+            fn shelf(pool: &mut Pool) -> &mut Shelf<Self> {
+                &mut pool.$field
+            }
+        })*
+    };
+}
+pooled!(f32 => f32s, bf16 => bf16s, f16 => f16s, i32 => i32s, bool => bools);
+
+/// Free buffers of one element type, by length.
+#[derive(Debug)]
+pub(crate) struct Shelf<T> {
+    by_len: HashMap<usize, Vec<Vec<T>>>,
+}
+
+impl<T> Default for Shelf<T> {
+    fn default() -> Self {
+        Shelf {
+            by_len: HashMap::new(),
+        }
+    }
+}
+
+/// One thread's pool (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    f32s: Shelf<f32>,
+    bf16s: Shelf<bf16>,
+    f16s: Shelf<f16>,
+    i32s: Shelf<i32>,
+    bools: Shelf<bool>,
+    /// The bytes of the buffers on the shelves (their capacities).
+    pooled: usize,
+    /// The most bytes live values and pooled buffers may hold together.
+    budget: usize,
+    /// The bytes of live values, as the evaluation loop last reported them.
+    live: usize,
+}
+
+impl Drop for Pool {
+    /// A thread's pool ends with its thread: its bytes leave [`pooled_bytes`].
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// The bytes held by every thread's pool.
+static POOLED: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of a buffer's allocation.
+fn bytes_of<T>(buffer: &Vec<T>) -> usize {
+    buffer.capacity() * size_of::<T>()
+}
+
+impl Pool {
+    fn take<T: Pooled>(&mut self, len: usize) -> Option<Vec<T>> {
+        let buffer = T::shelf(self).by_len.get_mut(&len)?.pop()?;
+        let bytes = bytes_of(&buffer);
+        self.pooled -= bytes;
+        POOLED.fetch_sub(bytes, Ordering::Relaxed);
+        Some(buffer)
+    }
+
+    fn give<T: Pooled>(&mut self, buffer: Vec<T>) {
+        let bytes = bytes_of(&buffer);
+        let within = (self.live)
+            .saturating_add(self.pooled)
+            .saturating_add(bytes)
+            <= self.budget;
+        if buffer.is_empty() || !within {
+            return;
+        }
+        self.pooled += bytes;
+        POOLED.fetch_add(bytes, Ordering::Relaxed);
+        let len = buffer.len();
+        T::shelf(self).by_len.entry(len).or_default().push(buffer);
+    }
+
+    /// Frees every pooled buffer.
+    fn clear(&mut self) {
+        POOLED.fetch_sub(self.pooled, Ordering::Relaxed);
+        self.pooled = 0;
+        self.f32s.by_len.clear();
+        self.bf16s.by_len.clear();
+        self.f16s.by_len.clear();
+        self.i32s.by_len.clear();
+        self.bools.by_len.clear();
+    }
+}
+
+/// A buffer of exactly `len` elements of `T`: a pooled one (its elements are what its
+/// last user left: the caller must write every one before reading it), else a new one
+/// of default values.
+pub(crate) fn take<T: Pooled>(len: usize) -> Vec<T> {
+    POOL.with_borrow_mut(|pool| pool.take(len))
+        .unwrap_or_else(|| vec![T::default(); len])
+}
+
+/// An empty vector with room for `len` elements of `T`, on a pooled buffer of that
+/// length if there is one (for results built by pushing).
+pub(crate) fn with_capacity<T: Pooled>(len: usize) -> Vec<T> {
+    match POOL.with_borrow_mut(|pool| pool.take(len)) {
+        Some(mut buffer) => {
+            buffer.clear();
+            buffer
+        }
+        None => Vec::with_capacity(len),
+    }
+}
+
+/// An array of `shape` on a [`take`]n buffer (elements unspecified: write them all).
+pub(crate) fn take_array<T: Pooled>(shape: &[usize]) -> ArrayD<T> {
+    let len = shape.iter().product();
+    ArrayD::from_shape_vec(IxDyn(shape), take(len)).expect("the buffer has the shape's length")
+}
+
+/// Gives `buffer` back to this thread's pool (or frees it: see the module's bound).
+pub(crate) fn give_vec<T: Pooled>(buffer: Vec<T>) {
+    POOL.with_borrow_mut(|pool| pool.give(buffer));
+}
+
+/// Gives the buffer of `lit` back to this thread's pool (see [`give_vec`]).
+pub(crate) fn give(lit: Literal) {
+    match lit {
+        Literal::F32(a) => give_vec(a.into_raw_vec_and_offset().0),
+        Literal::BF16(a) => give_vec(a.into_raw_vec_and_offset().0),
+        Literal::F16(a) => give_vec(a.into_raw_vec_and_offset().0),
+        Literal::I32(a) => give_vec(a.into_raw_vec_and_offset().0),
+        Literal::Bool(a) => give_vec(a.into_raw_vec_and_offset().0),
+    }
+}
+
+/// Gives `value`'s buffer back to this thread's pool if it is owned (see [`give`]).
+pub(crate) fn give_cow(value: Cow<'_, Literal>) {
+    if let Cow::Owned(lit) = value {
+        give(lit);
+    }
+}
+
+/// Starts a run on this thread whose live values and pooled buffers may hold `budget`
+/// bytes together, `live` of them live now; frees pooled buffers beyond it.
+pub(crate) fn start_run(budget: usize, live: usize) {
+    POOL.with_borrow_mut(|pool| {
+        pool.budget = budget;
+        pool.live = live;
+        if live.saturating_add(pool.pooled) > budget {
+            pool.clear();
+        }
+    });
+}
+
+/// Tells this thread's pool that `live` bytes of values are live.
+pub(crate) fn set_live(live: usize) {
+    POOL.with_borrow_mut(|pool| pool.live = live);
+}
+
+/// The bytes the pools of all threads hold: memory that is no live value (see the
+/// module docs), for measurements of what a run allocates.
+pub fn pooled_bytes() -> usize {
+    POOLED.load(Ordering::Relaxed)
+}
