@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 
-use crate::ir::{Element, Literal};
+use crate::ir::{DType, Element, Literal};
 
 /// An element type the pool keeps buffers of: every [`Literal`] dtype.
 pub(crate) trait Pooled: Element {
@@ -119,6 +119,43 @@ impl Pool {
         T::shelf(self).by_len.entry(len).or_default().push(buffer);
     }
 
+    /// Frees pooled buffers until `live` plus the pooled bytes fit the budget, keeping
+    /// one buffer of `T` and `keep` elements if it can (the one the caller's result
+    /// may take).
+    fn reserve(&mut self, live: usize, keep: (DType, usize)) {
+        self.live = live;
+        let over = |pool: &Pool| live.saturating_add(pool.pooled) > pool.budget;
+        if !over(self) {
+            return;
+        }
+        fn evict<T>(
+            shelf: &mut Shelf<T>,
+            pooled: &mut usize,
+            keep: Option<usize>,
+            stop: &dyn Fn(usize) -> bool,
+        ) {
+            for (&len, buffers) in shelf.by_len.iter_mut() {
+                let spare = usize::from(keep == Some(len));
+                while buffers.len() > spare && !stop(*pooled) {
+                    if let Some(buffer) = buffers.pop() {
+                        *pooled -= bytes_of(&buffer);
+                    }
+                }
+            }
+            shelf.by_len.retain(|_, buffers| !buffers.is_empty());
+        }
+        let budget = self.budget;
+        let stop = move |pooled: usize| live.saturating_add(pooled) <= budget;
+        let before = self.pooled;
+        let kept = |dtype: DType| (keep.0 == dtype).then_some(keep.1);
+        evict(&mut self.f32s, &mut self.pooled, kept(DType::F32), &stop);
+        evict(&mut self.bf16s, &mut self.pooled, kept(DType::BF16), &stop);
+        evict(&mut self.f16s, &mut self.pooled, kept(DType::F16), &stop);
+        evict(&mut self.i32s, &mut self.pooled, kept(DType::I32), &stop);
+        evict(&mut self.bools, &mut self.pooled, kept(DType::Bool), &stop);
+        POOLED.fetch_sub(before - self.pooled, Ordering::Relaxed);
+    }
+
     /// Frees every pooled buffer.
     fn clear(&mut self) {
         POOLED.fetch_sub(self.pooled, Ordering::Relaxed);
@@ -195,6 +232,14 @@ pub(crate) fn start_run(budget: usize, live: usize) {
 /// Tells this thread's pool that `live` bytes of values are live.
 pub(crate) fn set_live(live: usize) {
     POOL.with_borrow_mut(|pool| pool.live = live);
+}
+
+/// Tells this thread's pool that `live` bytes of values are live, a new result of
+/// `len` elements of `dtype` among them, and frees pooled buffers until the live and
+/// pooled bytes fit the budget (sparing one buffer that result may take): so memory
+/// stays within the budget when the result is not taken from the pool.
+pub(crate) fn reserve(live: usize, dtype: DType, len: usize) {
+    POOL.with_borrow_mut(|pool| pool.reserve(live, (dtype, len)));
 }
 
 /// The bytes the pools of all threads hold: memory that is no live value (see the

@@ -150,6 +150,8 @@ fn execute_dyn(
             });
         }
         live += bytes;
+        let elements = node.ty.shape.iter().product();
+        buffers::reserve(outer + live + step.scratch, node.ty.dtype, elements);
         let value = match &node.op {
             Op::Parameter { index, .. } => Cow::Borrowed(
                 inputs
