@@ -12,12 +12,22 @@ use super::call::CollectiveOp;
 use super::group::Group;
 use half::{bf16, f16};
 
-use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal};
+use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal, with_literal};
 use crate::runtime::buffers::Pooled;
 use crate::runtime::kernels::{max_nan, min_nan};
 
 pub(super) fn literal_type(x: &Literal) -> TensorType {
     TensorType::new(x.shape(), x.dtype())
+}
+
+/// The shape of `x` (no allocation, unlike [`Literal::shape`]).
+pub(super) fn shape_of(x: &Literal) -> &[usize] {
+    with_literal!(x, a => a.shape())
+}
+
+/// Whether `x` and `y` have one dtype and shape.
+pub(super) fn same_type(x: &Literal, y: &Literal) -> bool {
+    x.dtype() == y.dtype() && shape_of(x) == shape_of(y)
 }
 
 /// Checks the arguments of collective `op` against its group and the shape of the

@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
@@ -13,7 +13,7 @@ use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
     Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks, standard_layout,
+    reduce_chunks, same_type, shape_of, standard_layout,
 };
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
@@ -46,6 +46,27 @@ struct Joined {
     group: Group,
     meeting: Option<Arc<Meeting>>,
     slots: Vec<usize>,
+    /// The collectives called over the group so far, each made once.
+    calls: Mutex<Vec<Arc<Call>>>,
+}
+
+impl Joined {
+    /// Collective `op` over this group's `axes`, made on first use.
+    fn call(&self, op: CollectiveOp, axes: &[String]) -> Arc<Call> {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let made = calls
+            .iter()
+            .find(|c| matches!(&***c, Call::Collective { op: o, .. } if *o == op));
+        if let Some(call) = made {
+            return Arc::clone(call);
+        }
+        let call = Arc::new(Call::Collective {
+            op,
+            axes: axes.to_vec(),
+        });
+        calls.push(Arc::clone(&call));
+        call
+    }
 }
 
 /// How a collective starts: alone (a group of one, for a collective that is then the
@@ -105,6 +126,7 @@ impl SharedMemoryCommunicator {
             group,
             meeting,
             slots,
+            calls: Mutex::new(Vec::new()),
         });
         (self.groups.borrow_mut()).insert(axes.to_vec(), Arc::clone(&joined));
         Ok(joined)
@@ -131,18 +153,26 @@ impl SharedMemoryCommunicator {
 
     fn start(&self, op: CollectiveOp, axes: &[String], x: Literal) -> Result<Start> {
         let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
-        let call = Arc::new(Call::Collective {
-            op: op.clone(),
-            axes: axes.to_vec(),
-        });
+        let joined = self.joined(axes).map_err(|e| Error::Collective {
+            device: self.device,
+            collective: Call::Collective {
+                op: op.clone(),
+                axes: axes.to_vec(),
+            }
+            .to_string(),
+            message: e.to_string(),
+        })?;
+        let call = joined.call(op, axes);
         let fail = |message: String| Error::Collective {
             device: self.device,
             collective: call.to_string(),
             message,
         };
-        let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
-        let operand = literal_type(&x);
-        check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
+        let Call::Collective { op, .. } = &*call else {
+            return Err(fail("not a collective".into()));
+        };
+        let shape = shape_of(&x);
+        check_arguments(op, &joined.group, shape).map_err(fail)?;
         let Some(meeting) = &joined.meeting else {
             if identity_when_alone {
                 return Ok(Start::Alone(x));
@@ -150,7 +180,7 @@ impl SharedMemoryCommunicator {
             let mine = Arc::new(x);
             let own = Post {
                 call: Arc::clone(&call),
-                operand: None,
+                checked: false,
                 data: Some(Arc::clone(&mine)),
             };
             return Ok(Start::Exchange(Exchange {
@@ -161,13 +191,13 @@ impl SharedMemoryCommunicator {
                 round: Arc::new(vec![own]),
             }));
         };
+        let elements: usize = shape.iter().product();
         let mine = Arc::new(x);
         let post = Post {
             call: Arc::clone(&call),
-            operand: Some(operand.clone()),
+            checked: true,
             data: Some(Arc::clone(&mine)),
         };
-        let elements: usize = operand.shape.iter().product();
         let spin = if elements <= ONE_ROUND_MAX_ELEMENTS {
             SPIN
         } else {
@@ -178,10 +208,13 @@ impl SharedMemoryCommunicator {
             .exchange(meeting, self.device, self.generation, post, spin)?;
         check_calls(&round, meeting.devices(), &call).map_err(fail)?;
         for (&member, &slot) in joined.group.members.iter().zip(&joined.slots) {
-            if let Some(theirs) = round[slot].operand.as_ref().filter(|t| **t != operand) {
+            let theirs = (round[slot].data.as_deref()).filter(|_| round[slot].checked);
+            if let Some(theirs) = theirs.filter(|t| !same_type(t, &mine)) {
                 return Err(fail(format!(
-                    "operands differ across the group: device {} has {operand}, device {member} has {theirs}",
-                    self.device
+                    "operands differ across the group: device {} has {}, device {member} has {}",
+                    self.device,
+                    literal_type(&mine),
+                    literal_type(theirs)
                 )));
             }
         }
@@ -200,7 +233,7 @@ impl SharedMemoryCommunicator {
         let call = Arc::new(Call::End);
         let post = Post {
             call: Arc::clone(&call),
-            operand: None,
+            checked: false,
             data: None,
         };
         let result = self
@@ -359,7 +392,7 @@ fn all_reduce_typed<T: Element>(
     ex: Exchange,
     kind: ReduceKind,
 ) -> Result<Literal> {
-    let len = ex.mine.shape().iter().product();
+    let len = shape_of(&ex.mine).iter().product();
     if len <= ONE_ROUND_MAX_ELEMENTS {
         let operands = ex.operands::<T>()?;
         let views: Vec<ArrayViewD<'_, T>> = operands.iter().map(|x| x.view()).collect();
@@ -397,7 +430,7 @@ fn all_reduce_typed<T: Element>(
     drop(round);
     let post = Post {
         call: Arc::clone(&call),
-        operand: None,
+        checked: false,
         data: Some(Arc::new(T::literal(reduced))),
     };
     let round =
