@@ -13,7 +13,7 @@ use super::group::Group;
 use half::{bf16, f16};
 
 use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal, with_literal};
-use crate::runtime::buffers::Pooled;
+use crate::runtime::buffers::{self, Pooled};
 use crate::runtime::kernels::{max_nan, min_nan};
 
 pub(super) fn literal_type(x: &Literal) -> TensorType {
@@ -127,7 +127,7 @@ fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
 /// combined in f32 and rounded once at the end, as the kernels compute them.
 pub(super) trait Element: ir::Element + Pooled {
     /// The type reductions combine in.
-    type Acc: Copy + 'static;
+    type Acc: Pooled;
     fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;
     fn widen(self) -> Self::Acc;
     fn narrow(a: Self::Acc) -> Self;
@@ -206,7 +206,8 @@ pub(super) fn reduce_blocks<T: Element>(
     blocks: &[ArrayViewD<'_, T>],
 ) -> Option<ArrayD<T>> {
     let (first, rest) = blocks.split_first()?;
-    let mut acc = first.mapv(T::widen);
+    let mut acc = buffers::take_array::<T::Acc>(first.shape());
+    acc.zip_mut_with(first, |a, &x| *a = x.widen());
     for block in rest {
         accumulate::<T, _>(kind, acc.view_mut(), block.view());
     }
