@@ -299,10 +299,10 @@ impl Walk {
 /// result, which the buffer pool leaves free while the node runs (see
 /// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
 /// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
-/// a scatter's updates; none for elementwise ops, broadcasts, iotas and control flow
-/// (its regions' loops reserve their own); a copy of the operands and of the result
-/// for any other op (a dot's operands regrouped into matrices and its result
-/// regrouped back, an operand copied to standard layout).
+/// a scatter's updates, a dot's operands regrouped and packed; none for elementwise
+/// ops, broadcasts, iotas and control flow (its regions' loops reserve their own); a
+/// copy of the operands and of the result for any other op (an operand copied to
+/// standard layout, say).
 pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     let operand = |k: usize| {
         node.operands
@@ -312,6 +312,9 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     let positions = |elements: usize| elements * size_of::<Option<usize>>();
     match &node.op {
         Op::Convolution(config) => im2col_bytes(program, node, config),
+        // Its operands regrouped into matrices and packed for the gemm (each at most the
+        // operands), its result regrouped back.
+        Op::DotGeneral(_) => 2 * (operand(0) + operand(1)) + node.ty.size_in_bytes(),
         op if op.is_collective() => operand(0),
         Op::Gather(_) => positions(num_elements(&node.ty.shape)),
         Op::Scatter { .. } => {

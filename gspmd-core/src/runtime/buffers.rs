@@ -6,18 +6,20 @@
 //! The pool is per thread: a [`ThreadMesh`](super::ThreadMesh) device is a thread, an
 //! MPI rank runs its program on one thread, and the reference interpreter pools on its
 //! caller's thread. Kernels take from it without being handed a pool: [`take`] (or
-//! [`take_array`], [`with_capacity`]) where a result buffer is made, [`give`] (or [`give_vec`]) where a
-//! uniquely owned buffer dies.
+//! [`take_array`], [`with_capacity`]) where a result buffer is made, [`give`] (or
+//! [`release`], for a value the loop still counts as live) where a uniquely owned
+//! buffer dies.
 //!
-//! Bound: the evaluation loop keeps a *budget* — the most bytes its live values and the
-//! pool may hold together, the plan's peak (see
+//! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
+//! live values and the pool may hold together, the plan's peak (see
 //! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) — and tells the pool how many
-//! bytes are live after each node ([`set_live`]). A buffer given back is kept only while
-//! the live bytes plus the pooled bytes stay within the budget; otherwise it is freed.
-//! Outside a run the budget is that of the last run on the thread, so the pool holds at
-//! most what the last run's peak allowed. A pooled buffer is not a live value: it never
-//! counts against a run's memory limit, and [`pooled_bytes`] reports what all threads'
-//! pools hold.
+//! bytes are live: after each node ([`set_live`]), and before each node with the
+//! scratch its kernel may need ([`reserve`], which frees pooled buffers until the live
+//! bytes, the scratch and the pool fit the budget). A buffer given back is kept only
+//! while the live bytes plus the pooled bytes stay within the budget; otherwise it is
+//! freed. Between runs the pool holds at most the last run's budget less its live
+//! bytes at the end. A pooled buffer is not a live value: it never counts against a
+//! run's memory limit, and [`pooled_bytes`] reports what all threads' pools hold.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -104,12 +106,17 @@ impl Pool {
         Some(buffer)
     }
 
-    fn give<T: Pooled>(&mut self, buffer: Vec<T>) {
+    /// Keeps `buffer` if it fits the budget: with the live bytes as they are if `live`
+    /// (the buffer is counted among them: it now moves to the pool), else on top.
+    fn give<T: Pooled>(&mut self, buffer: Vec<T>, live: bool) {
         let bytes = bytes_of(&buffer);
-        let within = (self.live)
-            .saturating_add(self.pooled)
-            .saturating_add(bytes)
-            <= self.budget;
+        let after = if live {
+            self.live = self.live.saturating_sub(bytes);
+            self.live
+        } else {
+            self.live
+        };
+        let within = after.saturating_add(self.pooled).saturating_add(bytes) <= self.budget;
         if buffer.is_empty() || !within {
             return;
         }
@@ -119,13 +126,13 @@ impl Pool {
         T::shelf(self).by_len.entry(len).or_default().push(buffer);
     }
 
-    /// Frees pooled buffers until `live` plus the pooled bytes fit the budget, keeping
-    /// one buffer of `T` and `keep` elements if it can (the one the caller's result
-    /// may take).
-    fn reserve(&mut self, live: usize, keep: (DType, usize)) {
+    /// Frees pooled buffers until `live` plus `scratch` plus the pooled bytes fit the
+    /// budget, keeping one buffer of `keep.0` and `keep.1` elements if it can (the one
+    /// the caller's result may take).
+    fn reserve(&mut self, live: usize, scratch: usize, keep: (DType, usize)) {
         self.live = live;
-        let over = |pool: &Pool| live.saturating_add(pool.pooled) > pool.budget;
-        if !over(self) {
+        let live = live.saturating_add(scratch);
+        if live.saturating_add(self.pooled) <= self.budget {
             return;
         }
         fn evict<T>(
@@ -194,26 +201,39 @@ pub(crate) fn take_array<T: Pooled>(shape: &[usize]) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), take(len)).expect("the buffer has the shape's length")
 }
 
-/// Gives `buffer` back to this thread's pool (or frees it: see the module's bound).
-pub(crate) fn give_vec<T: Pooled>(buffer: Vec<T>) {
-    POOL.with_borrow_mut(|pool| pool.give(buffer));
+/// Gives the buffer of `lit`, which the evaluation loop does not count as live
+/// (scratch, or a value it stopped counting), back to this thread's pool (or frees it:
+/// see the module's bound).
+pub(crate) fn give(lit: Literal) {
+    give_literal(lit, false);
 }
 
-/// Gives the buffer of `lit` back to this thread's pool (see [`give_vec`]).
-pub(crate) fn give(lit: Literal) {
-    match lit {
-        Literal::F32(a) => give_vec(a.into_raw_vec_and_offset().0),
-        Literal::BF16(a) => give_vec(a.into_raw_vec_and_offset().0),
-        Literal::F16(a) => give_vec(a.into_raw_vec_and_offset().0),
-        Literal::I32(a) => give_vec(a.into_raw_vec_and_offset().0),
-        Literal::Bool(a) => give_vec(a.into_raw_vec_and_offset().0),
+/// Gives the buffer of `lit`, a value the evaluation loop still counts as live (an
+/// operand handed over to a kernel, a resident value replaced), back to this thread's
+/// pool: it stops counting as live, so the pool may keep it where [`give`] would free
+/// it.
+pub(crate) fn release(lit: Literal) {
+    give_literal(lit, true);
+}
+
+/// [`release`] for an operand, if it was handed over (owned).
+pub(crate) fn release_operand(value: Cow<'_, Literal>) {
+    if let Cow::Owned(lit) = value {
+        release(lit);
     }
 }
 
-/// Gives `value`'s buffer back to this thread's pool if it is owned (see [`give`]).
-pub(crate) fn give_cow(value: Cow<'_, Literal>) {
-    if let Cow::Owned(lit) = value {
-        give(lit);
+fn give_literal(lit: Literal, live: bool) {
+    fn to_pool<T: Pooled>(a: ArrayD<T>, live: bool) {
+        let buffer = a.into_raw_vec_and_offset().0;
+        POOL.with_borrow_mut(|pool| pool.give(buffer, live));
+    }
+    match lit {
+        Literal::F32(a) => to_pool(a, live),
+        Literal::BF16(a) => to_pool(a, live),
+        Literal::F16(a) => to_pool(a, live),
+        Literal::I32(a) => to_pool(a, live),
+        Literal::Bool(a) => to_pool(a, live),
     }
 }
 
@@ -235,15 +255,91 @@ pub(crate) fn set_live(live: usize) {
 }
 
 /// Tells this thread's pool that `live` bytes of values are live, a new result of
-/// `len` elements of `dtype` among them, and frees pooled buffers until the live and
-/// pooled bytes fit the budget (sparing one buffer that result may take): so memory
-/// stays within the budget when the result is not taken from the pool.
-pub(crate) fn reserve(live: usize, dtype: DType, len: usize) {
-    POOL.with_borrow_mut(|pool| pool.reserve(live, (dtype, len)));
+/// `len` elements of `dtype` among them, and frees pooled buffers until the live bytes,
+/// `scratch` bytes a kernel may need besides and the pooled bytes fit the budget
+/// (sparing one buffer that result may take): so memory stays within the budget when
+/// the result is not taken from the pool.
+pub(crate) fn reserve(live: usize, scratch: usize, dtype: DType, len: usize) {
+    POOL.with_borrow_mut(|pool| pool.reserve(live, scratch, (dtype, len)));
 }
 
 /// The bytes the pools of all threads hold: memory that is no live value (see the
 /// module docs), for measurements of what a run allocates.
 pub fn pooled_bytes() -> usize {
     POOLED.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` with a fresh pool of `budget` bytes, `live` of them live, on a thread of
+    /// its own (the pool is per thread).
+    fn on_fresh_thread(budget: usize, live: usize, f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            start_run(budget, live);
+            f();
+        })
+        .join()
+        .expect("no panic");
+    }
+
+    #[test]
+    fn a_given_buffer_is_taken_again_by_dtype_and_length() {
+        on_fresh_thread(1 << 20, 0, || {
+            let a = take::<f32>(100);
+            let address = a.as_ptr();
+            give(Literal::F32(
+                ArrayD::from_shape_vec(IxDyn(&[10, 10]), a).unwrap(),
+            ));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400);
+            // Another dtype or length does not take it.
+            let (ints, shorter) = (take::<i32>(100), take::<f32>(99));
+            assert_ne!(ints.as_ptr().cast(), address);
+            assert_ne!(shorter.as_ptr(), address);
+            let again = take_array::<f32>(&[4, 25]);
+            assert_eq!(again.as_ptr(), address);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+        });
+    }
+
+    #[test]
+    fn the_pool_keeps_live_and_pooled_bytes_within_the_budget() {
+        // 1000 bytes of budget, 600 live: room for 400 bytes of f32 (100 elements).
+        on_fresh_thread(1000, 600, || {
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[10]))));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400, "the second is freed");
+            // A live value of 400 bytes released: it moves to the pool.
+            release(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 800);
+            // 900 live (the coming result's 400 among them) with 100 of scratch: the
+            // pool keeps only one buffer of the result's length, for the result.
+            reserve(900, 100, DType::F32, 100);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400);
+            assert_eq!(take::<f32>(100).len(), 100);
+            reserve(900, 100, DType::F32, 100);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+            set_live(200);
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            give(Literal::I32(ArrayD::zeros(IxDyn(&[100]))));
+            reserve(300, 0, DType::I32, 100);
+            assert_eq!(
+                POOL.with_borrow(|p| p.pooled),
+                400,
+                "the i32 buffer is spared"
+            );
+            assert_eq!(take::<i32>(100).len(), 100);
+        });
+    }
+
+    #[test]
+    fn with_capacity_is_empty_with_room() {
+        on_fresh_thread(1 << 20, 0, || {
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[64]))));
+            let v = with_capacity::<f32>(64);
+            assert!(v.is_empty() && v.capacity() >= 64);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+        });
+    }
 }

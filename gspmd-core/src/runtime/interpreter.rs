@@ -151,7 +151,7 @@ fn execute_dyn(
         }
         live += bytes;
         let elements = node.ty.shape.iter().product();
-        buffers::reserve(outer + live + step.scratch, node.ty.dtype, elements);
+        buffers::reserve(outer + live, step.scratch, node.ty.dtype, elements);
         let value = match &node.op {
             Op::Parameter { index, .. } => Cow::Borrowed(
                 inputs
@@ -308,8 +308,8 @@ fn continue_after(
     }
     buffers::set_live(outer + *live);
     for o in &step.drops {
-        if let Some(value) = values[o.index()].take() {
-            buffers::give_cow(value);
+        if let Some(Cow::Owned(lit)) = values[o.index()].take() {
+            buffers::give(lit);
         }
         views[o.index()] = false;
     }

@@ -155,7 +155,7 @@ pub(crate) fn eval_typed(
             let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
             let out = compute_borrowed(op, &refs, result)?;
             // Operands handed over and read by reference die here: to the pool.
-            values.into_iter().for_each(super::buffers::give_cow);
+            values.into_iter().for_each(super::buffers::release_operand);
             out
         }
     };

@@ -215,7 +215,7 @@ impl SpmdProgram {
                     match store.get_mut(key) {
                         // The old value's buffer goes to the pool: the next step's new
                         // value has its dtype and length.
-                        Some(slot) => buffers::give(std::mem::replace(slot, v)),
+                        Some(slot) => buffers::release(std::mem::replace(slot, v)),
                         None => {
                             store.insert(key.clone(), v);
                         }
