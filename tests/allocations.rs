@@ -54,10 +54,14 @@ fn allocations_per_step(mesh: [usize; 2]) -> usize {
 }
 
 #[test]
-fn a_training_step_allocates_a_fraction_of_what_it_did() {
+fn allocations_per_training_step_stay_within_what_was_reached() {
     let one = allocations_per_step([1, 1]);
     let eight = allocations_per_step([2, 4]);
     println!("allocations per step: 1x1 {one}, 2x4 {eight}");
-    assert!(one <= 6_695, "1x1: {one} allocations per step");
-    assert!(eight <= 39_179, "2x4: {eight} allocations per step");
+    // Reached: about 5,850 and 32,450 (the 2x4 count varies by a few dozen with the
+    // collectives' timing). Most of what remains is made inside kernels and fused
+    // loops (their scratch and results), one operand list per op, one post per
+    // collective.
+    assert!(one <= 6_000, "1x1: {one} allocations per step");
+    assert!(eight <= 33_500, "2x4: {eight} allocations per step");
 }
