@@ -201,15 +201,16 @@ fn accumulate<T: Element, D: Dimension>(
 }
 
 /// The elementwise `kind` reduction of same-shaped `blocks` (at least one).
-pub(super) fn reduce_blocks<T: Element>(
+pub(super) fn reduce_blocks<'a, T: Element>(
     kind: ReduceKind,
-    blocks: &[ArrayViewD<'_, T>],
+    blocks: impl IntoIterator<Item = ArrayViewD<'a, T>>,
 ) -> Option<ArrayD<T>> {
-    let (first, rest) = blocks.split_first()?;
+    let mut blocks = blocks.into_iter();
+    let first = blocks.next()?;
     let mut acc = buffers::take_array::<T::Acc>(first.shape());
-    acc.zip_mut_with(first, |a, &x| *a = x.widen());
-    for block in rest {
-        accumulate::<T, _>(kind, acc.view_mut(), block.view());
+    acc.zip_mut_with(&first, |a, &x| *a = x.widen());
+    for block in blocks {
+        accumulate::<T, _>(kind, acc.view_mut(), block);
     }
     // No copy when `Acc` is `T`.
     Some(acc.mapv_into_any(T::narrow))

@@ -394,9 +394,12 @@ fn all_reduce_typed<T: Element>(
 ) -> Result<Literal> {
     let len = shape_of(&ex.mine).iter().product();
     if len <= ONE_ROUND_MAX_ELEMENTS {
-        let operands = ex.operands::<T>()?;
-        let views: Vec<ArrayViewD<'_, T>> = operands.iter().map(|x| x.view()).collect();
-        return reduce_blocks(kind, &views)
+        let group = 0..ex.group().size();
+        for i in group.clone() {
+            ex.operand::<T>(i)?;
+        }
+        let views = group.filter_map(|i| ex.operand::<T>(i).ok().map(|x| x.view()));
+        return reduce_blocks(kind, views)
             .map(T::literal)
             .ok_or_else(|| ex.fail("empty group".into()));
     }
@@ -503,7 +506,7 @@ fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_,
 }
 
 fn reduce_scatter_typed<T: Element>(ex: Exchange, kind: ReduceKind, dim: usize) -> Result<Literal> {
-    reduce_blocks(kind, &my_blocks::<T>(&ex, dim)?)
+    reduce_blocks(kind, my_blocks::<T>(&ex, dim)?)
         .map(T::literal)
         .ok_or_else(|| ex.fail("empty group".into()))
 }
