@@ -30,8 +30,7 @@
 //! `benches/README.md` uses it): plain AdamW at a constant learning rate, no clipping,
 //! no reference run and no checkpoint; after `--warmup`
 //! steps it prints the losses of the first steps and the median ms/step over the
-//! rest, and the allocations per step (all devices; the example counts them with an
-//! instrumented global allocator). `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 512` the
+//! rest. `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 512` the
 //! d_model-512 model (8 heads of 64, FFN 2048, 128 tokens per sequence) in place of the
 //! default `small` one, and `--dump PATH` writes the initial parameters (by the last
 //! part of their names: `wq`, `w1`, ..), the first batches and their losses as
@@ -58,7 +57,6 @@
 
 mod common;
 
-use std::alloc::System;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -71,11 +69,6 @@ use gspmd::train::{
 };
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-
-/// Counts allocations, for `--bench`'s allocations per step.
-#[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 const BOS: i32 = 0;
 const SEP: i32 = 1;
@@ -407,18 +400,13 @@ fn bench(options: &Options, mut trainer: Trainer) -> Result<(), Box<dyn std::err
         .collect();
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let (mut losses, mut batches, mut times) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut allocations, mut bytes) = (0, 0);
     for i in 0..options.steps {
         let data = batch(&mut data_rng, options.dims.S);
-        let region = Region::new(GLOBAL);
         let started = Instant::now();
         let loss = trainer.step(&data)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
-        let change = region.change();
         if i >= options.warmup {
             times.push(ms);
-            allocations += change.allocations + change.reallocations;
-            bytes += change.bytes_allocated + change.bytes_reallocated.max(0) as usize;
         }
         if i < LOGGED_STEPS {
             println!("step {} loss {loss:.8}", i + 1);
@@ -436,11 +424,6 @@ fn bench(options: &Options, mut trainer: Trainer) -> Result<(), Box<dyn std::err
         times.len(),
         times[0],
         times[times.len() - 1]
-    );
-    println!(
-        "allocations per step: {} ({} bytes), all devices, after the warm-up",
-        allocations / times.len(),
-        bytes / times.len()
     );
     if let Some(path) = &options.dump {
         let mut tensors = initial;
