@@ -104,3 +104,22 @@ fn in_place_results_are_bitwise_those_of_fresh_arrays() {
         assert_eq!(bits(g), bits(w));
     }
 }
+
+#[test]
+fn a_second_run_reuses_the_buffers_the_first_freed() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("reuse");
+    let x = b.parameter("x", [N, N], DType::F32);
+    // A fused loop's result, read by a transpose (handed over, dying there): its
+    // buffer goes to the pool, and the next run's fused loop takes it again.
+    let y = x.tanh().exp().transpose(&[1, 0]);
+    let program = b.finish(&[&y]).expect("traces");
+    let inputs = [input()];
+    let array_bytes = N * N * 4;
+    let first = bytes_allocated(&program, &inputs);
+    let second = bytes_allocated(&program, &inputs);
+    assert!(
+        first >= 2 * array_bytes && second < first - array_bytes / 2,
+        "{first} then {second} bytes allocated for two {array_bytes}-byte arrays"
+    );
+}

@@ -21,6 +21,14 @@
 //!   peak, recursively), and holds all its results until their nodes take them.
 //!
 //! Other scratch space inside kernels is not counted.
+//!
+//! The device's buffer pool (free buffers a run keeps for reuse, see
+//! `runtime::buffers`) holds no live value and is not counted in the timeline, but it
+//! is memory: the evaluation loop keeps its live values and the pooled buffers together
+//! within [`MemoryAnalysis::peak_bytes`], leaving free the scratch each node's kernel
+//! may need besides. So a device holds at most the peak (plus unmodelled kernel
+//! scratch) whether its buffers are pooled or freed, and between runs its pool holds
+//! at most the peak less the inputs (`runtime::pooled_bytes` reports it).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -128,6 +136,16 @@ impl MemoryAnalysis {
             in_flight_bytes: in_flight(program),
         }
     }
+}
+
+/// The budget of the device's buffer pool for a run of `program` with `plan` (see
+/// [`Plan::budget`]): the analysis's peak, its computed bytes plus the inputs. (The
+/// evaluation loop counts constants as live too, so the pool keeps less than this.)
+pub(crate) fn pool_budget(program: &Program, plan: &Plan) -> usize {
+    let inputs: usize = (program.params.iter())
+        .map(|&p| program.ty(p).size_in_bytes())
+        .sum();
+    Walk::of(program, plan).max + inputs
 }
 
 /// [`MemoryAnalysis::in_flight_bytes`] of `program`, its control flow's regions
@@ -274,6 +292,47 @@ impl Walk {
             }
         }
         walk
+    }
+}
+
+/// An estimate of the scratch space `node`'s kernel may hold besides its operands and
+/// result, which the buffer pool leaves free while the node runs (see
+/// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
+/// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
+/// a scatter's updates, a dot's operands regrouped and packed; none for elementwise
+/// ops, broadcasts, iotas and control flow (its regions' loops reserve their own); a
+/// copy of the operands and of the result for any other op (an operand copied to
+/// standard layout, say).
+pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
+    let operand = |k: usize| {
+        node.operands
+            .get(k)
+            .map_or(0, |&o| program.ty(o).size_in_bytes())
+    };
+    let positions = |elements: usize| elements * size_of::<Option<usize>>();
+    match &node.op {
+        Op::Convolution(config) => im2col_bytes(program, node, config),
+        // Its operands regrouped into matrices and packed for the gemm (each at most the
+        // operands), its result regrouped back.
+        Op::DotGeneral(_) => 2 * (operand(0) + operand(1)) + node.ty.size_in_bytes(),
+        op if op.is_collective() => operand(0),
+        Op::Gather(_) => positions(num_elements(&node.ty.shape)),
+        Op::Scatter { .. } => {
+            (node.operands.get(2)).map_or(0, |&u| positions(num_elements(&program.ty(u).shape)))
+        }
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Broadcast { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::ShardingConstraint
+        | Op::Flow { .. } => 0,
+        // A copy of its operands (regrouped, or in standard layout) and of its result.
+        _ => (0..node.operands.len()).map(operand).sum::<usize>() + node.ty.size_in_bytes(),
     }
 }
 

@@ -351,7 +351,7 @@ impl Group {
                 Ok(Literal::F32(buffer))
             }
             (None, None) => {
-                let mut out = Vec::with_capacity(total);
+                let mut out = super::buffers::with_capacity(total);
                 for start in (0..total).step_by(CHUNK) {
                     let len = CHUNK.min(total - start);
                     out.extend_from_slice(self.chunk(&sources, &[], &mut regs, start, len));

@@ -8,6 +8,7 @@ use std::collections::hash_map::Entry;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
+use super::buffers;
 use super::flow::run_flow;
 use super::kernels;
 use super::kernels::Operand;
@@ -93,7 +94,8 @@ pub(crate) fn execute(
     memory_limit: usize,
     mut eval: impl FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
-    execute_dyn(program, plan, inputs, memory_limit, &mut eval)
+    buffers::start_run(plan.budget, 0);
+    execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
 }
 
 /// The results of flow instances (by index in [`Plan::flows`]) computed for one result
@@ -104,12 +106,16 @@ type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 /// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
 type Eval<'a> = dyn FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String> + 'a;
 
-/// [`execute`] with the evaluator as a trait object, so that regions recurse.
+/// [`execute`] with the evaluator as a trait object, so that regions recurse; `outer`
+/// is the bytes live in the loops this one runs inside (0 for a program, the caller's
+/// live bytes for a region), so the pool's budget counts them (see
+/// [`buffers`](super::buffers)).
 fn execute_dyn(
     program: &Program,
     plan: &Plan,
     inputs: &[Literal],
     memory_limit: usize,
+    outer: usize,
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, inputs)?;
@@ -118,6 +124,8 @@ fn execute_dyn(
     // The deferred broadcasts computed as views of their operands (no value).
     let mut views = vec![false; program.nodes.len()];
     let mut live: usize = 0;
+    let most_reads = plan.steps.iter().map(|s| s.reads.len()).max();
+    let mut taken = Vec::with_capacity(most_reads.unwrap_or(0));
     for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
         let v = ValueId(i as u32);
         let fail = |message: String| Error::Runtime {
@@ -142,6 +150,8 @@ fn execute_dyn(
             });
         }
         live += bytes;
+        let elements = node.ty.shape.iter().product();
+        buffers::reserve(outer + live, step.scratch, node.ty.dtype, elements);
         let value = match &node.op {
             Op::Parameter { index, .. } => Cow::Borrowed(
                 inputs
@@ -163,11 +173,12 @@ fn execute_dyn(
                 };
                 if step.deferred && step.reads.first().is_some_and(source_fits) {
                     views[i] = true;
-                    continue_after(step, plan, &mut values, &mut views, &mut live);
+                    continue_after(step, plan, &mut values, &mut views, &mut live, outer);
                     continue;
                 }
-                let operands = gather_operands(program, plan, step, &mut values, &views)
-                    .ok_or_else(|| fail("a viewed operand is not available".into()))?;
+                let operands =
+                    gather_operands(program, plan, step, &mut values, &views, &mut taken)
+                        .ok_or_else(|| fail("a viewed operand is not available".into()))?;
                 match (&node.op, step.flow, step.fusion) {
                     (_, _, Fusion::Root(k)) => {
                         let group = plan.groups.get(k);
@@ -182,6 +193,7 @@ fn execute_dyn(
                             Entry::Occupied(slot) => slot.into_mut(),
                             Entry::Vacant(slot) => {
                                 let left = memory_limit - live;
+                                let enclosing = outer + live;
                                 let regions = flow.regions();
                                 let mut run = |region: &Program, args: &[Literal], limit| {
                                     let fresh;
@@ -194,7 +206,7 @@ fn execute_dyn(
                                                 &fresh
                                             }
                                         };
-                                    execute_dyn(region, region_plan, args, limit, eval)
+                                    execute_dyn(region, region_plan, args, limit, enclosing, eval)
                                 };
                                 let operands = operands
                                     .into_iter()
@@ -259,7 +271,7 @@ fn execute_dyn(
             }
         };
         values[i] = Some(value);
-        continue_after(step, plan, &mut values, &mut views, &mut live);
+        continue_after(step, plan, &mut values, &mut views, &mut live, outer);
     }
     let mut outputs = Vec::with_capacity(plan.outputs.len());
     for (k, &(o, again)) in plan.outputs.iter().enumerate() {
@@ -280,20 +292,26 @@ fn execute_dyn(
     Ok(outputs)
 }
 
-/// Drops the values `step` drops, and stops counting the bytes it frees.
+/// Drops the values `step` drops (the buffers of those the loop owns go to the pool),
+/// and stops counting the bytes it frees; tells the pool the bytes now live, `outer`
+/// (those of enclosing loops) included.
 fn continue_after(
     step: &Step,
     plan: &Plan,
     values: &mut [Option<Cow<'_, Literal>>],
     views: &mut [bool],
     live: &mut usize,
+    outer: usize,
 ) {
-    for o in &step.drops {
-        values[o.index()] = None;
-        views[o.index()] = false;
-    }
     for o in &step.frees {
         *live -= plan.steps[o.index()].bytes;
+    }
+    buffers::set_live(outer + *live);
+    for o in &step.drops {
+        if let Some(Cow::Owned(lit)) = values[o.index()].take() {
+            buffers::give(lit);
+        }
+        views[o.index()] = false;
     }
 }
 
@@ -302,30 +320,31 @@ fn continue_after(
 /// lent; a view is its broadcast's operand (as `plan` resolves it) with the broadcast's shape
 /// and dims. `None`
 /// if a view's operand is not in `values`.
+///
+/// `taken` is scratch space the loop keeps across nodes (left empty), so that moving
+/// the handed-over values out allocates nothing.
 fn gather_operands<'v>(
     program: &'v Program,
     plan: &Plan,
     step: &Step,
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
+    taken: &mut Vec<Option<Literal>>,
 ) -> Option<Vec<Operand<'v>>> {
-    let mut owned: Vec<Option<Literal>> = step
-        .reads
-        .iter()
-        .zip(&step.hand_over)
-        .map(|(o, &last)| match values.get_mut(o.index()) {
+    taken.extend(step.reads.iter().zip(&step.hand_over).map(|(o, &last)| {
+        match values.get_mut(o.index()) {
             Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {
                 Some(Cow::Owned(lit)) => Some(lit),
                 _ => None,
             },
             _ => None,
-        })
-        .collect();
+        }
+    }));
     let values: &'v [Option<Cow<'_, Literal>>] = values;
     step.reads
         .iter()
-        .zip(owned.iter_mut())
-        .map(|(o, taken)| {
+        .zip(taken.drain(..))
+        .map(|(o, mut taken)| {
             if let Some(lit) = taken.take() {
                 return Some(Operand::Value(Cow::Owned(lit)));
             }
@@ -372,15 +391,16 @@ fn check_inputs(program: &Program, inputs: &[Literal]) -> Result<()> {
     }
     for (index, (&p, input)) in program.params.iter().zip(inputs).enumerate() {
         let ty = program.nodes.get(p.index()).map(|n| &n.ty);
-        let given = TensorType::new(input.shape(), input.dtype());
-        if ty != Some(&given) {
-            let expected = ty.map_or_else(|| "a parameter".into(), ToString::to_string);
-            return Err(Error::Input {
-                index,
-                name: name(index),
-                message: format!("expected {expected}, given {given}"),
-            });
+        if ty.is_some_and(|ty| kernels::has_type(input, ty)) {
+            continue;
         }
+        let given = TensorType::new(input.shape(), input.dtype());
+        let expected = ty.map_or_else(|| "a parameter".into(), ToString::to_string);
+        return Err(Error::Input {
+            index,
+            name: name(index),
+            message: format!("expected {expected}, given {given}"),
+        });
     }
     Ok(())
 }

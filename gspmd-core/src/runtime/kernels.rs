@@ -177,7 +177,10 @@ pub(crate) fn eval_typed(
                 .map(Operand::into_value)
                 .collect::<Result<Vec<_>, String>>()?;
             let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
-            compute_borrowed(op, &refs, result)?
+            let out = compute_borrowed(op, &refs, result)?;
+            // Operands handed over and read by reference die here: to the pool.
+            values.into_iter().for_each(super::buffers::release_operand);
+            out
         }
     };
     let out = standard_layout(out);

@@ -8,6 +8,7 @@
 //! default).
 
 mod blocks;
+mod buffers;
 mod communicator;
 mod device;
 mod flow;
@@ -25,6 +26,7 @@ mod spmd;
 mod thread_mesh;
 
 pub use blocks::{assemble, shard_literal};
+pub use buffers::pooled_bytes;
 pub use communicator::Communicator;
 /// Runs one device's program directly, bypassing the input checks of
 /// [`SpmdProgram::execute`](crate::partition::SpmdProgram): for fault-injection tests.

@@ -312,8 +312,11 @@ impl SpmdProgram {
         // Every check is inside the run, so that a rank failing one tells the others.
         let locals = mesh.run(fingerprint, |comm| {
             self.check_target(mesh.mesh(), outputs.len())?;
-            let mut binds =
-                self.bind_inputs(&|key| mesh.resident(key), inputs, device..device + 1)?;
+            let mut binds = self.bind_inputs(
+                &|key| mesh.resident(key).map(Arc::new),
+                inputs,
+                device..device + 1,
+            )?;
             let mine = binds.pop().unwrap_or_default();
             run_bound(device, mine, &mut mesh.store.borrow_mut(), |locals| {
                 run_planned(

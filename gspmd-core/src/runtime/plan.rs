@@ -23,6 +23,11 @@ pub(crate) struct Plan {
     pub(crate) outputs: Vec<(ValueId, bool)>,
     /// The fusion groups (see [`fusion`](super::fusion)).
     pub(crate) groups: Vec<Group>,
+    /// The most bytes a run's live values (as the loop counts them: inputs and
+    /// constants included) and the device's pooled free buffers may hold together: the
+    /// peak of the [memory analysis](crate::analysis::MemoryAnalysis) (see
+    /// [`buffers`](super::buffers)).
+    pub(crate) budget: usize,
 }
 
 /// A node's part in fusion.
@@ -70,6 +75,10 @@ pub(crate) struct Step {
     pub(crate) typed: bool,
     /// For a flow result: its instance in [`Plan::flows`].
     pub(crate) flow: Option<usize>,
+    /// The scratch bytes the node's kernel may hold while it runs
+    /// ([`kernel_scratch`](crate::analysis::kernel_scratch)): the buffer pool leaves
+    /// them free.
+    pub(crate) scratch: usize,
 }
 
 /// What the plan knows of one flow instance.
@@ -214,18 +223,26 @@ impl Plan {
                     deferred: deferred[i],
                     typed: typed[i],
                     flow,
+                    scratch: if inside {
+                        0
+                    } else {
+                        crate::analysis::kernel_scratch(program, node)
+                    },
                 }
             })
             .collect();
         let outputs = (program_outputs.iter().enumerate())
             .map(|(k, &o)| (o, program_outputs[k + 1..].contains(&o)))
             .collect();
-        Plan {
+        let mut plan = Plan {
             steps,
             flows,
             outputs,
             groups,
-        }
+            budget: 0,
+        };
+        plan.budget = crate::analysis::pool_budget(program, &plan);
+        plan
     }
 }
 

@@ -8,6 +8,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::blocks::{assemble, shard_literal};
+use super::buffers;
 use super::device::run_planned;
 use super::kernels;
 use super::plan::PlannedProgram;
@@ -134,7 +135,7 @@ fn trim_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
 #[derive(Debug, Clone)]
 pub(super) enum Bind {
     Host(Literal),
-    Stored(String),
+    Stored(Arc<str>),
 }
 
 impl SpmdProgram {
@@ -183,7 +184,7 @@ impl SpmdProgram {
     ) -> Result<Vec<Value>> {
         self.check_target(mesh.mesh(), outputs.len())?;
         let binds = self.bind_inputs(
-            &|key| mesh.resident(key),
+            &|key| mesh.resident_shared(key),
             inputs,
             0..self.mesh.num_devices(),
         )?;
@@ -192,13 +193,7 @@ impl SpmdProgram {
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
         let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
-        let keys: Vec<String> = outputs
-            .iter()
-            .filter_map(|m| match m {
-                Output::Resident(key) => Some(key.clone()),
-                _ => None,
-            })
-            .collect();
+        let settle_modes = Arc::clone(&modes);
         let on_device = move |ctx: &mut DeviceContext| {
             let device = ctx.device();
             let memory_limit = ctx.memory_limit();
@@ -209,17 +204,22 @@ impl SpmdProgram {
                 run_planned(&planned.program, &planned.plan, comm, locals, memory_limit)
             });
             let outs = result?;
-            Ok(stage_resident(outs, &modes, store))
+            Ok(stage_resident(outs, &modes, ctx.staged_mut()))
         };
         // Every device staged its new resident values: once its program has ended, each
         // makes them current if every device succeeded, or drops them.
         let settle = move |ctx: &mut DeviceContext, committed: bool| {
-            let store = ctx.store_mut();
-            for key in &keys {
-                if let Some(v) = store.remove(&staged(key))
-                    && committed
-                {
-                    store.insert(key.clone(), v);
+            let (store, staged) = ctx.store_and_staged();
+            for (mode, value) in settle_modes.iter().zip(staged.drain(..)) {
+                if let (Output::Resident(key), Some(v), true) = (mode, value, committed) {
+                    match store.get_mut(key) {
+                        // The old value's buffer goes to the pool: the next step's new
+                        // value has its dtype and length.
+                        Some(slot) => buffers::release(std::mem::replace(slot, v)),
+                        None => {
+                            store.insert(key.clone(), v);
+                        }
+                    }
                 }
             }
         };
@@ -227,13 +227,7 @@ impl SpmdProgram {
         let results = results?;
         for (mode, (ty, sharding)) in outputs.iter().zip(&self.outputs) {
             if let Output::Resident(key) = mode {
-                mesh.set_resident(
-                    key,
-                    Some(Resident {
-                        ty: ty.clone(),
-                        sharding: sharding.clone(),
-                    }),
-                );
+                mesh.keep_resident(key, ty, sharding);
             }
         }
         let mut per_output: Vec<Vec<Option<Literal>>> = vec![Vec::new(); self.outputs.len()];
@@ -257,7 +251,7 @@ impl SpmdProgram {
     /// key) and turns each into what each of `devices` binds, by device in that range.
     pub(super) fn bind_inputs(
         &self,
-        resident: &dyn Fn(&str) -> Option<Resident>,
+        resident: &dyn Fn(&str) -> Option<Arc<Resident>>,
         inputs: &[Input],
         devices: Range<usize>,
     ) -> Result<Vec<Vec<Bind>>> {
@@ -302,8 +296,9 @@ impl SpmdProgram {
                             r.ty, r.sharding
                         )));
                     }
+                    let key: Arc<str> = Arc::from(*key);
                     for b in &mut binds {
-                        b.push(Bind::Stored(key.to_string()));
+                        b.push(Bind::Stored(Arc::clone(&key)));
                     }
                 }
             }
@@ -476,12 +471,13 @@ pub(super) fn run_bound<T>(
     for bind in binds {
         match bind {
             Bind::Host(l) => locals.push(l),
-            Bind::Stored(key) => match store.remove(&key) {
-                Some(l) => {
+            // The store's own key goes back with the value: no new key.
+            Bind::Stored(key) => match store.remove_entry(&*key) {
+                Some((key, l)) => {
                     moved.push((locals.len(), key));
                     locals.push(l);
                 }
-                None => missing = Some(key),
+                None => missing = Some(key.to_string()),
             },
         }
     }
@@ -496,26 +492,25 @@ pub(super) fn run_bound<T>(
     result
 }
 
-/// The store key under which a run stages a new resident value until every device has
-/// finished.
-fn staged(key: &str) -> String {
-    format!("{key}\u{0}staged")
-}
-
-/// Stages the outputs whose mode is [`Output::Resident`]; returns the others.
+/// Stages the outputs whose mode is [`Output::Resident`] in `staged` (by output
+/// index); returns the others.
 fn stage_resident(
     outs: Vec<Literal>,
     modes: &[Output],
-    store: &mut HashMap<String, Literal>,
+    staged: &mut Vec<Option<Literal>>,
 ) -> Vec<Option<Literal>> {
+    staged.clear();
     outs.into_iter()
         .zip(modes)
         .map(|(out, mode)| match mode {
-            Output::Resident(key) => {
-                store.insert(staged(key), out);
+            Output::Resident(_) => {
+                staged.push(Some(out));
                 None
             }
-            _ => Some(out),
+            _ => {
+                staged.push(None);
+                Some(out)
+            }
         })
         .collect()
 }

@@ -22,6 +22,9 @@ use crate::sharding::{Mesh, Sharding};
 pub struct DeviceContext {
     communicator: SharedMemoryCommunicator,
     store: HashMap<String, Literal>,
+    /// Values a run stages for the store until every device has finished (see
+    /// [`ThreadMesh::run_then_settle`]), by output index; empty between runs.
+    staged: Vec<Option<Literal>>,
     memory_limit: usize,
 }
 
@@ -55,6 +58,19 @@ impl DeviceContext {
     /// The device's resident store, to change.
     pub fn store_mut(&mut self) -> &mut HashMap<String, Literal> {
         &mut self.store
+    }
+
+    /// The values staged by the current run, by output index, for `settle` (see
+    /// [`ThreadMesh::run_then_settle`]) to store or drop.
+    pub(crate) fn staged_mut(&mut self) -> &mut Vec<Option<Literal>> {
+        &mut self.staged
+    }
+
+    /// The store and the staged values together.
+    pub(crate) fn store_and_staged(
+        &mut self,
+    ) -> (&mut HashMap<String, Literal>, &mut Vec<Option<Literal>>) {
+        (&mut self.store, &mut self.staged)
     }
 
     /// The communicator and the store together, to call collectives while holding
@@ -103,7 +119,7 @@ pub struct ThreadMesh {
     /// each other's collectives.
     run_lock: Mutex<()>,
     /// Global type and sharding of each value resident in the device stores, by key.
-    residents: Mutex<HashMap<String, Resident>>,
+    residents: Mutex<HashMap<String, Arc<Resident>>>,
 }
 
 /// What a resident value is: every device's store holds its block (padded to the
@@ -147,6 +163,7 @@ impl ThreadMesh {
                     Arc::clone(&rendezvous),
                 ),
                 store: HashMap::new(),
+                staged: Vec::new(),
                 memory_limit,
             };
             let (jobs, queue) = mpsc::channel::<Job>();
@@ -204,6 +221,11 @@ impl ThreadMesh {
 
     /// The resident value stored under `key`, if any.
     pub fn resident(&self, key: &str) -> Option<Resident> {
+        self.resident_shared(key).map(Arc::unwrap_or_clone)
+    }
+
+    /// [`ThreadMesh::resident`], shared rather than copied.
+    pub(crate) fn resident_shared(&self, key: &str) -> Option<Arc<Resident>> {
         self.residents
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -218,9 +240,24 @@ impl ThreadMesh {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match resident {
-            Some(r) => residents.insert(key.to_string(), r),
+            Some(r) => residents.insert(key.to_string(), Arc::new(r)),
             None => residents.remove(key),
         };
+    }
+
+    /// Records that the device stores hold a `ty` value sharded as `sharding` under
+    /// `key`; no copy when that is already recorded (a training step's outputs).
+    pub(crate) fn keep_resident(&self, key: &str, ty: &TensorType, sharding: &Sharding) {
+        let unchanged = self
+            .resident_shared(key)
+            .is_some_and(|r| r.ty == *ty && r.sharding == *sharding);
+        if !unchanged {
+            let resident = Resident {
+                ty: ty.clone(),
+                sharding: sharding.clone(),
+            };
+            self.set_resident(key, Some(resident));
+        }
     }
 
     /// Runs `program` on every device at once and returns the results by device id; or,

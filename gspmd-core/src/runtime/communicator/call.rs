@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::ir::{Literal, ReduceKind, TensorType};
+use crate::ir::{Literal, ReduceKind};
 
 /// Where a device is at a rendezvous; every device of a meeting must be at the same place.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,12 +55,13 @@ impl fmt::Display for Call {
     }
 }
 
-/// What one device contributes to one round of a rendezvous: where it is, the type of
-/// its operand, and the operand itself when its group needs it.
+/// What one device contributes to one round of a rendezvous: where it is, and its
+/// operand when its group needs it; `checked` if the others check that this operand has
+/// the shape and dtype of theirs.
 #[derive(Debug, Clone)]
 pub(super) struct Post {
     pub(super) call: Arc<Call>,
-    pub(super) operand: Option<TensorType>,
+    pub(super) checked: bool,
     pub(super) data: Option<Arc<Literal>>,
 }
 

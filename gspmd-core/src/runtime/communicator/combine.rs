@@ -12,11 +12,22 @@ use super::call::CollectiveOp;
 use super::group::Group;
 use half::{bf16, f16};
 
-use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal};
+use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal, with_literal};
+use crate::runtime::buffers::{self, Pooled};
 use crate::runtime::kernels::{max_nan, min_nan};
 
 pub(super) fn literal_type(x: &Literal) -> TensorType {
     TensorType::new(x.shape(), x.dtype())
+}
+
+/// The shape of `x` (no allocation, unlike [`Literal::shape`]).
+pub(super) fn shape_of(x: &Literal) -> &[usize] {
+    with_literal!(x, a => a.shape())
+}
+
+/// Whether `x` and `y` have one dtype and shape.
+pub(super) fn same_type(x: &Literal, y: &Literal) -> bool {
+    x.dtype() == y.dtype() && shape_of(x) == shape_of(y)
 }
 
 /// Checks the arguments of collective `op` against its group and the shape of the
@@ -114,9 +125,9 @@ fn check_pairs(group: &Group, pairs: &[(usize, usize)]) -> Result<(), String> {
 /// The element types of [`Literal`], with their reductions. Each reduces in an
 /// accumulator type `Acc`: itself, or f32 for bf16 and f16, which are widened (exactly),
 /// combined in f32 and rounded once at the end, as the kernels compute them.
-pub(super) trait Element: ir::Element {
+pub(super) trait Element: ir::Element + Pooled {
     /// The type reductions combine in.
-    type Acc: Copy + 'static;
+    type Acc: Pooled;
     fn array_mut(x: &mut Literal) -> Option<&mut ArrayD<Self>>;
     fn widen(self) -> Self::Acc;
     fn narrow(a: Self::Acc) -> Self;
@@ -190,14 +201,16 @@ fn accumulate<T: Element, D: Dimension>(
 }
 
 /// The elementwise `kind` reduction of same-shaped `blocks` (at least one).
-pub(super) fn reduce_blocks<T: Element>(
+pub(super) fn reduce_blocks<'a, T: Element>(
     kind: ReduceKind,
-    blocks: &[ArrayViewD<'_, T>],
+    blocks: impl IntoIterator<Item = ArrayViewD<'a, T>>,
 ) -> Option<ArrayD<T>> {
-    let (first, rest) = blocks.split_first()?;
-    let mut acc = first.mapv(T::widen);
-    for block in rest {
-        accumulate::<T, _>(kind, acc.view_mut(), block.view());
+    let mut blocks = blocks.into_iter();
+    let first = blocks.next()?;
+    let mut acc = buffers::take_array::<T::Acc>(first.shape());
+    acc.zip_mut_with(&first, |a, &x| *a = x.widen());
+    for block in blocks {
+        accumulate::<T, _>(kind, acc.view_mut(), block);
     }
     // No copy when `Acc` is `T`.
     Some(acc.mapv_into_any(T::narrow))

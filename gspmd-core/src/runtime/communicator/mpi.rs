@@ -545,7 +545,7 @@ fn reduce_scatter_typed<T: Element + Equivalence + Default>(
     x: Literal,
 ) -> Result<Literal, String> {
     let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
-    reduce_blocks(kind, &views(&received, &shape, joined.group.size())?)
+    reduce_blocks(kind, views(&received, &shape, joined.group.size())?)
         .map(T::literal)
         .ok_or_else(|| "empty group".into())
 }

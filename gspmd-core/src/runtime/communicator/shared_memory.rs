@@ -3,16 +3,17 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
+use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
     Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks, standard_layout,
+    reduce_chunks, same_type, shape_of, standard_layout,
 };
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
@@ -45,6 +46,27 @@ struct Joined {
     group: Group,
     meeting: Option<Arc<Meeting>>,
     slots: Vec<usize>,
+    /// The collectives called over the group so far, each made once.
+    calls: Mutex<Vec<Arc<Call>>>,
+}
+
+impl Joined {
+    /// Collective `op` over this group's `axes`, made on first use.
+    fn call(&self, op: CollectiveOp, axes: &[String]) -> Arc<Call> {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let made = calls
+            .iter()
+            .find(|c| matches!(&***c, Call::Collective { op: o, .. } if *o == op));
+        if let Some(call) = made {
+            return Arc::clone(call);
+        }
+        let call = Arc::new(Call::Collective {
+            op,
+            axes: axes.to_vec(),
+        });
+        calls.push(Arc::clone(&call));
+        call
+    }
 }
 
 /// How a collective starts: alone (a group of one, for a collective that is then the
@@ -104,6 +126,7 @@ impl SharedMemoryCommunicator {
             group,
             meeting,
             slots,
+            calls: Mutex::new(Vec::new()),
         });
         (self.groups.borrow_mut()).insert(axes.to_vec(), Arc::clone(&joined));
         Ok(joined)
@@ -130,18 +153,26 @@ impl SharedMemoryCommunicator {
 
     fn start(&self, op: CollectiveOp, axes: &[String], x: Literal) -> Result<Start> {
         let identity_when_alone = !matches!(op, CollectiveOp::CollectivePermute { .. });
-        let call = Arc::new(Call::Collective {
-            op: op.clone(),
-            axes: axes.to_vec(),
-        });
+        let joined = self.joined(axes).map_err(|e| Error::Collective {
+            device: self.device,
+            collective: Call::Collective {
+                op: op.clone(),
+                axes: axes.to_vec(),
+            }
+            .to_string(),
+            message: e.to_string(),
+        })?;
+        let call = joined.call(op, axes);
         let fail = |message: String| Error::Collective {
             device: self.device,
             collective: call.to_string(),
             message,
         };
-        let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
-        let operand = literal_type(&x);
-        check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
+        let Call::Collective { op, .. } = &*call else {
+            return Err(fail("not a collective".into()));
+        };
+        let shape = shape_of(&x);
+        check_arguments(op, &joined.group, shape).map_err(fail)?;
         let Some(meeting) = &joined.meeting else {
             if identity_when_alone {
                 return Ok(Start::Alone(x));
@@ -149,7 +180,7 @@ impl SharedMemoryCommunicator {
             let mine = Arc::new(x);
             let own = Post {
                 call: Arc::clone(&call),
-                operand: None,
+                checked: false,
                 data: Some(Arc::clone(&mine)),
             };
             return Ok(Start::Exchange(Exchange {
@@ -160,13 +191,13 @@ impl SharedMemoryCommunicator {
                 round: Arc::new(vec![own]),
             }));
         };
+        let elements: usize = shape.iter().product();
         let mine = Arc::new(x);
         let post = Post {
             call: Arc::clone(&call),
-            operand: Some(operand.clone()),
+            checked: true,
             data: Some(Arc::clone(&mine)),
         };
-        let elements: usize = operand.shape.iter().product();
         let spin = if elements <= ONE_ROUND_MAX_ELEMENTS {
             SPIN
         } else {
@@ -177,10 +208,13 @@ impl SharedMemoryCommunicator {
             .exchange(meeting, self.device, self.generation, post, spin)?;
         check_calls(&round, meeting.devices(), &call).map_err(fail)?;
         for (&member, &slot) in joined.group.members.iter().zip(&joined.slots) {
-            if let Some(theirs) = round[slot].operand.as_ref().filter(|t| **t != operand) {
+            let theirs = (round[slot].data.as_deref()).filter(|_| round[slot].checked);
+            if let Some(theirs) = theirs.filter(|t| !same_type(t, &mine)) {
                 return Err(fail(format!(
-                    "operands differ across the group: device {} has {operand}, device {member} has {theirs}",
-                    self.device
+                    "operands differ across the group: device {} has {}, device {member} has {}",
+                    self.device,
+                    literal_type(&mine),
+                    literal_type(theirs)
                 )));
             }
         }
@@ -199,7 +233,7 @@ impl SharedMemoryCommunicator {
         let call = Arc::new(Call::End);
         let post = Post {
             call: Arc::clone(&call),
-            operand: None,
+            checked: false,
             data: None,
         };
         let result = self
@@ -358,11 +392,14 @@ fn all_reduce_typed<T: Element>(
     ex: Exchange,
     kind: ReduceKind,
 ) -> Result<Literal> {
-    let len = ex.mine.shape().iter().product();
+    let len = shape_of(&ex.mine).iter().product();
     if len <= ONE_ROUND_MAX_ELEMENTS {
-        let operands = ex.operands::<T>()?;
-        let views: Vec<ArrayViewD<'_, T>> = operands.iter().map(|x| x.view()).collect();
-        return reduce_blocks(kind, &views)
+        let group = 0..ex.group().size();
+        for i in group.clone() {
+            ex.operand::<T>(i)?;
+        }
+        let views = group.filter_map(|i| ex.operand::<T>(i).ok().map(|x| x.view()));
+        return reduce_blocks(kind, views)
             .map(T::literal)
             .ok_or_else(|| ex.fail("empty group".into()));
     }
@@ -396,7 +433,7 @@ fn all_reduce_typed<T: Element>(
     drop(round);
     let post = Post {
         call: Arc::clone(&call),
-        operand: None,
+        checked: false,
         data: Some(Arc::new(T::literal(reduced))),
     };
     let round =
@@ -429,14 +466,33 @@ fn all_gather_typed<T: Element>(ex: Exchange, dim: usize) -> Result<Literal> {
     concatenate(&ex, dim, &views)
 }
 
+/// `blocks` (of one shape off `dim`) concatenated along `dim`, into a pooled buffer.
 fn concatenate<T: Element>(
     ex: &Exchange,
     dim: usize,
     blocks: &[ArrayViewD<'_, T>],
 ) -> Result<Literal> {
-    ndarray::concatenate(Axis(dim), blocks)
-        .map(T::literal)
-        .map_err(|e| ex.fail(format!("cannot concatenate along dim {dim}: {e}")))
+    let first = blocks
+        .first()
+        .ok_or_else(|| ex.fail("empty group".into()))?;
+    let mut shape = first.shape().to_vec();
+    let fits = |b: &ArrayViewD<'_, T>| b.ndim() == shape.len() && dim < shape.len();
+    if !blocks.iter().all(fits) {
+        return Err(ex.fail(format!("cannot concatenate along dim {dim}")));
+    }
+    shape[dim] = blocks.iter().map(|b| b.len_of(Axis(dim))).sum();
+    let mut out = buffers::take_array::<T>(&shape);
+    let mut start = 0;
+    for block in blocks {
+        let end = start + block.len_of(Axis(dim));
+        let mut part = out.slice_axis_mut(Axis(dim), Slice::from(start..end));
+        if part.shape() != block.shape() {
+            return Err(ex.fail(format!("blocks differ off dim {dim}")));
+        }
+        part.assign(block);
+        start = end;
+    }
+    Ok(T::literal(out))
 }
 
 /// Block `ex.group().index` along `dim` of every member's operand, in group order.
@@ -450,7 +506,7 @@ fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_,
 }
 
 fn reduce_scatter_typed<T: Element>(ex: Exchange, kind: ReduceKind, dim: usize) -> Result<Literal> {
-    reduce_blocks(kind, &my_blocks::<T>(&ex, dim)?)
+    reduce_blocks(kind, my_blocks::<T>(&ex, dim)?)
         .map(T::literal)
         .ok_or_else(|| ex.fail("empty group".into()))
 }

@@ -1,0 +1,33 @@
+//! Allocations per training step of the language model of `train_transformer` (AdamW,
+//! all devices together) on each mesh given (default `1x1 2x4`), counted by an
+//! instrumented global allocator — here rather than in `train_transformer --bench`,
+//! whose timings the counting would slow. `tests/allocations.rs` asserts the figures.
+//!
+//! ```text
+//! cargo run --release --example count_allocations -- 1x1 2x4
+//! ```
+
+use std::alloc::System;
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+mod steps;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+fn main() -> Result<(), String> {
+    let mut meshes: Vec<String> = std::env::args().skip(1).collect();
+    if meshes.is_empty() {
+        meshes = vec!["1x1".into(), "2x4".into()];
+    }
+    for text in meshes {
+        let shape = text
+            .split_once('x')
+            .and_then(|(d, m)| Some([d.parse().ok()?, m.parse().ok()?]))
+            .ok_or(format!("a mesh is DATAxMODEL such as 2x4, not `{text}`"))?;
+        let count = steps::allocations_per_step(shape, 10);
+        println!("mesh {text}: {count} allocations per step");
+    }
+    Ok(())
+}

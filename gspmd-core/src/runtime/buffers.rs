@@ -1,0 +1,345 @@
+//! The per-device pool of free buffers: the result buffers a run frees are kept, keyed
+//! by element type and length, and handed out again where results of that type and
+//! length are made — later in the same run, and by the next run on the same device
+//! (step N+1 of a training loop reuses step N's buffers).
+//!
+//! The pool is per thread: a [`ThreadMesh`](super::ThreadMesh) device is a thread, an
+//! MPI rank runs its program on one thread, and the reference interpreter pools on its
+//! caller's thread. Kernels take from it without being handed a pool: [`take`] (or
+//! [`take_array`], [`with_capacity`]) where a result buffer is made, [`give`] (or
+//! [`release`], for a value the loop still counts as live) where a uniquely owned
+//! buffer dies.
+//!
+//! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
+//! live values and the pool may hold together, the plan's peak (see
+//! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) — and tells the pool how many
+//! bytes are live: after each node ([`set_live`]), and before each node with the
+//! scratch its kernel may need ([`reserve`], which frees pooled buffers until the live
+//! bytes, the scratch and the pool fit the budget). A buffer given back is kept only
+//! while the live bytes plus the pooled bytes stay within the budget; otherwise it is
+//! freed. Between runs the pool holds at most the last run's budget less its live
+//! bytes at the end. A pooled buffer is not a live value: it never counts against a
+//! run's memory limit, and [`pooled_bytes`] reports what all threads' pools hold.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+
+use crate::ir::{DType, Element, Literal};
+
+/// An element type the pool keeps buffers of: every [`Literal`] dtype.
+pub(crate) trait Pooled: Element {
+    /// The pool's shelf of buffers of `Self`.
+    fn shelf(pool: &mut Pool) -> &mut Shelf<Self>;
+}
+
+macro_rules! pooled {
+    ($($t:ty => $field:ident),*) => {
+        $(impl Pooled for $t {
+            fn shelf(pool: &mut Pool) -> &mut Shelf<Self> {
+                &mut pool.$field
+            }
+        })*
+    };
+}
+pooled!(f32 => f32s, bf16 => bf16s, f16 => f16s, i32 => i32s, bool => bools);
+
+/// Free buffers of one element type, by length.
+#[derive(Debug)]
+pub(crate) struct Shelf<T> {
+    by_len: HashMap<usize, Vec<Vec<T>>>,
+}
+
+impl<T> Default for Shelf<T> {
+    fn default() -> Self {
+        Shelf {
+            by_len: HashMap::new(),
+        }
+    }
+}
+
+/// One thread's pool (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    f32s: Shelf<f32>,
+    bf16s: Shelf<bf16>,
+    f16s: Shelf<f16>,
+    i32s: Shelf<i32>,
+    bools: Shelf<bool>,
+    /// The bytes of the buffers on the shelves (their capacities).
+    pooled: usize,
+    /// The most bytes live values and pooled buffers may hold together.
+    budget: usize,
+    /// The bytes of live values, as the evaluation loop last reported them.
+    live: usize,
+}
+
+impl Drop for Pool {
+    /// A thread's pool ends with its thread: its bytes leave [`pooled_bytes`].
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// The bytes held by every thread's pool.
+static POOLED: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of a buffer's allocation.
+fn bytes_of<T>(buffer: &Vec<T>) -> usize {
+    buffer.capacity() * size_of::<T>()
+}
+
+impl Pool {
+    fn take<T: Pooled>(&mut self, len: usize) -> Option<Vec<T>> {
+        let buffer = T::shelf(self).by_len.get_mut(&len)?.pop()?;
+        let bytes = bytes_of(&buffer);
+        self.pooled -= bytes;
+        POOLED.fetch_sub(bytes, Ordering::Relaxed);
+        Some(buffer)
+    }
+
+    /// Keeps `buffer` if it fits the budget: with the live bytes as they are if `live`
+    /// (the buffer is counted among them: it now moves to the pool), else on top.
+    fn give<T: Pooled>(&mut self, buffer: Vec<T>, live: bool) {
+        let bytes = bytes_of(&buffer);
+        let after = if live {
+            self.live = self.live.saturating_sub(bytes);
+            self.live
+        } else {
+            self.live
+        };
+        let within = after.saturating_add(self.pooled).saturating_add(bytes) <= self.budget;
+        if buffer.is_empty() || !within {
+            return;
+        }
+        self.pooled += bytes;
+        POOLED.fetch_add(bytes, Ordering::Relaxed);
+        let len = buffer.len();
+        T::shelf(self).by_len.entry(len).or_default().push(buffer);
+    }
+
+    /// Frees pooled buffers until `live` plus `scratch` plus the pooled bytes fit the
+    /// budget, keeping one buffer of `keep.0` and `keep.1` elements if it can (the one
+    /// the caller's result may take).
+    fn reserve(&mut self, live: usize, scratch: usize, keep: (DType, usize)) {
+        self.live = live;
+        let live = live.saturating_add(scratch);
+        if live.saturating_add(self.pooled) <= self.budget {
+            return;
+        }
+        fn evict<T>(
+            shelf: &mut Shelf<T>,
+            pooled: &mut usize,
+            keep: Option<usize>,
+            stop: &dyn Fn(usize) -> bool,
+        ) {
+            for (&len, buffers) in shelf.by_len.iter_mut() {
+                let spare = usize::from(keep == Some(len));
+                while buffers.len() > spare && !stop(*pooled) {
+                    if let Some(buffer) = buffers.pop() {
+                        *pooled -= bytes_of(&buffer);
+                    }
+                }
+            }
+            shelf.by_len.retain(|_, buffers| !buffers.is_empty());
+        }
+        let budget = self.budget;
+        let stop = move |pooled: usize| live.saturating_add(pooled) <= budget;
+        let before = self.pooled;
+        let kept = |dtype: DType| (keep.0 == dtype).then_some(keep.1);
+        evict(&mut self.f32s, &mut self.pooled, kept(DType::F32), &stop);
+        evict(&mut self.bf16s, &mut self.pooled, kept(DType::BF16), &stop);
+        evict(&mut self.f16s, &mut self.pooled, kept(DType::F16), &stop);
+        evict(&mut self.i32s, &mut self.pooled, kept(DType::I32), &stop);
+        evict(&mut self.bools, &mut self.pooled, kept(DType::Bool), &stop);
+        POOLED.fetch_sub(before - self.pooled, Ordering::Relaxed);
+    }
+
+    /// Frees every pooled buffer.
+    fn clear(&mut self) {
+        POOLED.fetch_sub(self.pooled, Ordering::Relaxed);
+        self.pooled = 0;
+        self.f32s.by_len.clear();
+        self.bf16s.by_len.clear();
+        self.f16s.by_len.clear();
+        self.i32s.by_len.clear();
+        self.bools.by_len.clear();
+    }
+}
+
+/// A buffer of exactly `len` elements of `T`: a pooled one (its elements are what its
+/// last user left: the caller must write every one before reading it), else a new one
+/// of default values.
+pub(crate) fn take<T: Pooled>(len: usize) -> Vec<T> {
+    POOL.with_borrow_mut(|pool| pool.take(len))
+        .unwrap_or_else(|| vec![T::default(); len])
+}
+
+/// An empty vector with room for `len` elements of `T`, on a pooled buffer of that
+/// length if there is one (for results built by pushing).
+pub(crate) fn with_capacity<T: Pooled>(len: usize) -> Vec<T> {
+    match POOL.with_borrow_mut(|pool| pool.take(len)) {
+        Some(mut buffer) => {
+            buffer.clear();
+            buffer
+        }
+        None => Vec::with_capacity(len),
+    }
+}
+
+/// An array of `shape` on a [`take`]n buffer (elements unspecified: write them all).
+pub(crate) fn take_array<T: Pooled>(shape: &[usize]) -> ArrayD<T> {
+    let len = shape.iter().product();
+    ArrayD::from_shape_vec(IxDyn(shape), take(len)).expect("the buffer has the shape's length")
+}
+
+/// Gives the buffer of `lit`, which the evaluation loop does not count as live
+/// (scratch, or a value it stopped counting), back to this thread's pool (or frees it:
+/// see the module's bound).
+pub(crate) fn give(lit: Literal) {
+    give_literal(lit, false);
+}
+
+/// Gives the buffer of `lit`, a value the evaluation loop still counts as live (an
+/// operand handed over to a kernel, a resident value replaced), back to this thread's
+/// pool: it stops counting as live, so the pool may keep it where [`give`] would free
+/// it.
+pub(crate) fn release(lit: Literal) {
+    give_literal(lit, true);
+}
+
+/// [`release`] for an operand, if it was handed over (owned).
+pub(crate) fn release_operand(value: Cow<'_, Literal>) {
+    if let Cow::Owned(lit) = value {
+        release(lit);
+    }
+}
+
+fn give_literal(lit: Literal, live: bool) {
+    fn to_pool<T: Pooled>(a: ArrayD<T>, live: bool) {
+        let buffer = a.into_raw_vec_and_offset().0;
+        POOL.with_borrow_mut(|pool| pool.give(buffer, live));
+    }
+    match lit {
+        Literal::F32(a) => to_pool(a, live),
+        Literal::BF16(a) => to_pool(a, live),
+        Literal::F16(a) => to_pool(a, live),
+        Literal::I32(a) => to_pool(a, live),
+        Literal::Bool(a) => to_pool(a, live),
+    }
+}
+
+/// Starts a run on this thread whose live values and pooled buffers may hold `budget`
+/// bytes together, `live` of them live now; frees pooled buffers beyond it.
+pub(crate) fn start_run(budget: usize, live: usize) {
+    POOL.with_borrow_mut(|pool| {
+        pool.budget = budget;
+        pool.live = live;
+        if live.saturating_add(pool.pooled) > budget {
+            pool.clear();
+        }
+    });
+}
+
+/// Tells this thread's pool that `live` bytes of values are live.
+pub(crate) fn set_live(live: usize) {
+    POOL.with_borrow_mut(|pool| pool.live = live);
+}
+
+/// Tells this thread's pool that `live` bytes of values are live, a new result of
+/// `len` elements of `dtype` among them, and frees pooled buffers until the live bytes,
+/// `scratch` bytes a kernel may need besides and the pooled bytes fit the budget
+/// (sparing one buffer that result may take): so memory stays within the budget when
+/// the result is not taken from the pool.
+pub(crate) fn reserve(live: usize, scratch: usize, dtype: DType, len: usize) {
+    POOL.with_borrow_mut(|pool| pool.reserve(live, scratch, (dtype, len)));
+}
+
+/// The bytes the pools of all threads hold: memory that is no live value (see the
+/// module docs), for measurements of what a run allocates.
+pub fn pooled_bytes() -> usize {
+    POOLED.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` with a fresh pool of `budget` bytes, `live` of them live, on a thread of
+    /// its own (the pool is per thread).
+    fn on_fresh_thread(budget: usize, live: usize, f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            start_run(budget, live);
+            f();
+        })
+        .join()
+        .expect("no panic");
+    }
+
+    #[test]
+    fn a_given_buffer_is_taken_again_by_dtype_and_length() {
+        on_fresh_thread(1 << 20, 0, || {
+            let a = take::<f32>(100);
+            let address = a.as_ptr();
+            give(Literal::F32(
+                ArrayD::from_shape_vec(IxDyn(&[10, 10]), a).unwrap(),
+            ));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400);
+            // Another dtype or length does not take it.
+            let (ints, shorter) = (take::<i32>(100), take::<f32>(99));
+            assert_ne!(ints.as_ptr().cast(), address);
+            assert_ne!(shorter.as_ptr(), address);
+            let again = take_array::<f32>(&[4, 25]);
+            assert_eq!(again.as_ptr(), address);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+        });
+    }
+
+    #[test]
+    fn the_pool_keeps_live_and_pooled_bytes_within_the_budget() {
+        // 1000 bytes of budget, 600 live: room for 400 bytes of f32 (100 elements).
+        on_fresh_thread(1000, 600, || {
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[10]))));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400, "the second is freed");
+            // A live value of 400 bytes released: it moves to the pool.
+            release(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 800);
+            // 900 live (the coming result's 400 among them) with 100 of scratch: the
+            // pool keeps only one buffer of the result's length, for the result.
+            reserve(900, 100, DType::F32, 100);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 400);
+            assert_eq!(take::<f32>(100).len(), 100);
+            reserve(900, 100, DType::F32, 100);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+            set_live(200);
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
+            give(Literal::I32(ArrayD::zeros(IxDyn(&[100]))));
+            reserve(300, 0, DType::I32, 100);
+            assert_eq!(
+                POOL.with_borrow(|p| p.pooled),
+                400,
+                "the i32 buffer is spared"
+            );
+            assert_eq!(take::<i32>(100).len(), 100);
+        });
+    }
+
+    #[test]
+    fn with_capacity_is_empty_with_room() {
+        on_fresh_thread(1 << 20, 0, || {
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[64]))));
+            let v = with_capacity::<f32>(64);
+            assert!(v.is_empty() && v.capacity() >= 64);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+        });
+    }
+}
