@@ -26,7 +26,8 @@ use std::borrow::Cow;
 use ndarray::ArrayD;
 
 use super::kernels::{
-    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, max_nan, min_nan,
+    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, map_strides, max_nan,
+    min_nan, row_major,
 };
 use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
 
@@ -561,41 +562,6 @@ impl<'a> Source<'a> {
             at += run;
         }
     }
-}
-
-/// The row-major strides of `shape`, in elements.
-fn row_major(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
-    let mut stride = 1;
-    for (s, &n) in strides.iter_mut().zip(shape).rev() {
-        *s = stride;
-        stride *= n;
-    }
-    strides
-}
-
-/// The strides over `to` of a value of `shape` with `strides` broadcast to `to`, its
-/// dim `i` becoming dim `dims[i]` (0 along the dims that repeat it). `Err` if it does
-/// not fit.
-fn map_strides(
-    shape: &[usize],
-    strides: &[usize],
-    to: &[usize],
-    dims: &[usize],
-) -> Result<Vec<usize>, String> {
-    let misfit = || format!("cannot broadcast {shape:?} to {to:?} along {dims:?}");
-    if dims.len() != shape.len() {
-        return Err(misfit());
-    }
-    let mut out = vec![0; to.len()];
-    for ((&n, &s), &d) in shape.iter().zip(strides).zip(dims) {
-        match to.get(d) {
-            Some(&m) if m == n && n != 1 => out[d] = s,
-            Some(_) if n == 1 => {}
-            _ => return Err(misfit()),
-        }
-    }
-    Ok(out)
 }
 
 /// The fusion groups of `program`'s plan, each as its nodes in node order (the root

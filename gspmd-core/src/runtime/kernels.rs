@@ -18,8 +18,10 @@ mod reduce;
 
 use std::borrow::Cow;
 
-pub(crate) use elementwise::{WithBinary, WithUnary, f32_binary, f32_unary, max_nan, min_nan};
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
+pub(crate) use elementwise::{
+    WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
+};
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
@@ -330,30 +332,6 @@ fn broadcast_in_dim<T: Clone>(
     v.broadcast(IxDyn(shape))
         .map(|b| b.to_owned())
         .ok_or_else(|| format!("cannot broadcast {from:?} to {shape:?} along {dims:?}"))
-}
-
-/// [`broadcast_in_dim`] of `a` as a view: zero strides along the result dims that
-/// repeat it. `None` if `a` is not in standard layout or does not fit.
-fn broadcast_view<'a, T>(
-    a: &'a ArrayD<T>,
-    shape: &[usize],
-    dims: &[usize],
-) -> Option<ArrayViewD<'a, T>> {
-    let elements = a.as_slice()?;
-    if dims.len() != a.ndim() {
-        return None;
-    }
-    let mut strides = vec![0; shape.len()];
-    let mut stride = 1;
-    for (&n, &d) in a.shape().iter().zip(dims).rev() {
-        match shape.get(d) {
-            Some(&m) if n == m && n != 1 => strides[d] = stride,
-            Some(_) if n == 1 => {}
-            _ => return None,
-        }
-        stride *= n;
-    }
-    ArrayViewD::from_shape(IxDyn(shape).strides(IxDyn(&strides)), elements).ok()
 }
 
 /// Row-major reshape.
