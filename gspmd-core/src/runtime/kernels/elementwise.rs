@@ -278,17 +278,32 @@ fn array<T>(shape: &[usize], data: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), data).unwrap_or_else(|_| unreachable!())
 }
 
-/// `f` of each element of `a` over `shape`, into a new array.
-fn map_to<T: Copy, R>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
-    let strides = a.strides(shape);
-    let runs = Runs::new(shape, [&strides]);
+/// `f` of each element of `data` read at `strides` over `shape`, in row-major order.
+fn map_flat<T: Copy, R>(
+    shape: &[usize],
+    data: &[T],
+    strides: &[usize],
+    f: impl Fn(T) -> R,
+) -> Vec<R> {
+    let runs = Runs::new(shape, [strides]);
     let mut out = Vec::with_capacity(shape.iter().product());
     let mut scratch = Vec::new();
     runs.each(|_, [i], len| {
-        let x = run(a.data(), i, runs.step[0], len, &mut scratch);
+        let x = run(data, i, runs.step[0], len, &mut scratch);
         out.extend(x.iter().map(|&p| f(p)));
     });
-    array(shape, out)
+    out
+}
+
+/// The elements of `data` read at `strides` over `shape` (each element once), in
+/// row-major order: a permuted copy.
+pub(super) fn strided_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
+    map_flat(shape, data, strides, |x| x)
+}
+
+/// `f` of each element of `a` over `shape`, into a new array.
+fn map_to<T: Copy, R>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
+    array(shape, map_flat(shape, a.data(), &a.strides(shape), f))
 }
 
 /// `f` of each element: in place if `a` is owned.
