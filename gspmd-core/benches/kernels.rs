@@ -1,9 +1,13 @@
 //! The runtime's `dot_general` and `reduce` kernels next to what they should reach:
-//! ndarray's `general_mat_mul` on the same 2-D shapes (one call per batch), and a
-//! plain row loop for the reductions. Shapes are the d_model-512 Transformer's (batch
-//! 16 x seq 128 tokens, 8 heads of 64): a projection, the attention scores
-//! `bqhd,bkhd->bhqk`, a reduction over the last dim (softmax, layer norm) and over
-//! the token dims (a bias gradient); `tanh` and `exp` against the library's (glibc's).
+//! ndarray's `general_mat_mul` on the same 2-D shapes (one call per batch, contiguous
+//! operands, the result allocated once or, as the runtime's, afresh each time), and a
+//! plain row loop for the reductions.
+//! Shapes are the d_model-512 Transformer's (batch 16 x seq 128 tokens, 8 heads of
+//! 64): projections `bsm,mf->bsf` and `bsm,mhk->bshk`, the weight gradient
+//! `bsm,bsf->mf`, the attention scores `bqhd,bkhd->bhqk` and context
+//! `bhqk,bkhd->bhqd` (and `bhqk,bhkd->bhqd`), a reduction over the last dim (softmax,
+//! layer norm) and over the token dims (a bias gradient); `tanh` and `exp` against
+//! the library's (glibc's).
 //!
 //! `cargo bench -p gspmd-core --bench kernels`
 
@@ -35,74 +39,138 @@ fn matrix(lit: &Literal) -> ArrayView2<'_, f32> {
     a.view().into_dimensionality::<Ix2>().expect("2-D")
 }
 
+/// The `[S, D]`-like 2-D blocks of a 4-D literal along its dims `outer` (each pair of
+/// indices one block, in row-major order of the pair), copied contiguous.
+fn blocks(lit: &Literal, outer: [usize; 2]) -> Vec<Array2<f32>> {
+    let a = lit.as_f32().expect("f32");
+    let mut out = Vec::new();
+    for x in a.axis_iter(Axis(outer[0])) {
+        for y in x.axis_iter(Axis(outer[1] - 1)) {
+            out.push(y.into_dimensionality::<Ix2>().expect("2-D").to_owned());
+        }
+    }
+    out
+}
+
+fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
+    DotDims {
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+        lhs_contracting: lc.to_vec(),
+        rhs_contracting: rc.to_vec(),
+    }
+}
+
 fn contractions(c: &mut Criterion) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(0);
     let mut group = c.benchmark_group("dot_general");
     group.sample_size(10);
+    let mut runtime = |name: &str, op: Op, ty: TensorType, a: &Literal, b: &Literal| {
+        group.bench_function(format!("{name}/runtime"), |bench| {
+            bench.iter(|| black_box(eval(&op, &[a, b], &ty).expect("runs")))
+        });
+    };
 
-    // Projection [B, S, M] x [M, F].
+    // Projection [B, S, M] x [M, F] and its weight gradient [B, S, M] x [B, S, F].
     let x = uniform_f32(&mut rng, &[BATCH, SEQ, MODEL], -1.0, 1.0);
     let w = uniform_f32(&mut rng, &[MODEL, FFN], -1.0, 1.0);
-    let dims = DotDims {
-        lhs_batch: vec![],
-        rhs_batch: vec![],
-        lhs_contracting: vec![2],
-        rhs_contracting: vec![0],
-    };
-    let op = Op::DotGeneral(dims);
-    let ty = f32_type(&[BATCH, SEQ, FFN]);
-    group.bench_function("projection/runtime", |bench| {
-        bench.iter(|| black_box(eval(&op, &[&x, &w], &ty).expect("runs")))
-    });
-    let x2 = x
-        .as_f32()
-        .expect("f32")
-        .to_shape((TOKENS, MODEL))
-        .expect("contiguous")
-        .to_owned();
-    let mut out = Array2::<f32>::zeros((TOKENS, FFN));
-    group.bench_function("projection/general_mat_mul", |bench| {
-        bench.iter(|| {
-            general_mat_mul(1.0, &x2, &matrix(&w), 0.0, &mut out);
-            black_box(&out);
-        })
-    });
-
-    // Attention scores bqhd,bkhd->bhqk: batch (b, h), contracting d.
+    let dy = uniform_f32(&mut rng, &[BATCH, SEQ, FFN], -1.0, 1.0);
+    let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
+    runtime("projection", op, f32_type(&[BATCH, SEQ, FFN]), &x, &w);
+    let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
+    runtime("weight_gradient", op, f32_type(&[MODEL, FFN]), &x, &dy);
+    // The heads' projection bsm,mhk->bshk.
+    let wq = uniform_f32(&mut rng, &[MODEL, HEADS, HEAD], -1.0, 1.0);
+    let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
+    let ty = f32_type(&[BATCH, SEQ, HEADS, HEAD]);
+    runtime("head_projection", op, ty, &x, &wq);
+    // Attention scores bqhd,bkhd->bhqk: batch (b, h), contracting d; the context
+    // bhqk,bkhd->bhqd, and on head-major values bhqk,bhkd->bhqd.
     let q = uniform_f32(&mut rng, &[BATCH, SEQ, HEADS, HEAD], -1.0, 1.0);
     let k = uniform_f32(&mut rng, &[BATCH, SEQ, HEADS, HEAD], -1.0, 1.0);
-    let dims = DotDims {
-        lhs_batch: vec![0, 2],
-        rhs_batch: vec![0, 2],
-        lhs_contracting: vec![3],
-        rhs_contracting: vec![3],
-    };
-    let op = Op::DotGeneral(dims);
-    let ty = f32_type(&[BATCH, HEADS, SEQ, SEQ]);
-    group.bench_function("attention/runtime", |bench| {
-        bench.iter(|| black_box(eval(&op, &[&q, &k], &ty).expect("runs")))
-    });
-    // The same products on contiguous [S, D] blocks, one general_mat_mul each.
-    let blocks = |lit: &Literal| -> Vec<Array2<f32>> {
+    let p = uniform_f32(&mut rng, &[BATCH, HEADS, SEQ, SEQ], -1.0, 1.0);
+    let vh = uniform_f32(&mut rng, &[BATCH, HEADS, SEQ, HEAD], -1.0, 1.0);
+    let op = Op::DotGeneral(dims(&[0, 2], &[0, 2], &[3], &[3]));
+    runtime("attention", op, f32_type(&[BATCH, HEADS, SEQ, SEQ]), &q, &k);
+    let op = Op::DotGeneral(dims(&[0, 1], &[0, 2], &[3], &[1]));
+    runtime("context", op, f32_type(&[BATCH, HEADS, SEQ, HEAD]), &p, &k);
+    let op = Op::DotGeneral(dims(&[0, 1], &[0, 1], &[3], &[2]));
+    runtime(
+        "context_head_major",
+        op,
+        f32_type(&[BATCH, HEADS, SEQ, HEAD]),
+        &p,
+        &vh,
+    );
+
+    // ndarray's general_mat_mul on the same products over contiguous 2-D operands
+    // (the best case for it), into a result allocated once.
+    let rows = |lit: &Literal, n: usize| {
         let a = lit.as_f32().expect("f32");
-        let mut out = Vec::new();
-        for b in a.axis_iter(Axis(0)) {
-            for h in b.axis_iter(Axis(1)) {
-                out.push(h.into_dimensionality::<Ix2>().expect("2-D").to_owned());
-            }
-        }
-        out
+        a.to_shape((a.len() / n, n)).expect("contiguous").to_owned()
     };
-    let (qs, ks) = (blocks(&q), blocks(&k));
-    let mut scores = vec![Array2::<f32>::zeros((SEQ, SEQ)); qs.len()];
-    group.bench_function("attention/general_mat_mul", |bench| {
-        bench.iter(|| {
-            for ((q, k), s) in qs.iter().zip(&ks).zip(&mut scores) {
-                general_mat_mul(1.0, q, &k.t(), 0.0, s);
-            }
-            black_box(&scores);
-        })
-    });
+    let (x2, dy2) = (rows(&x, MODEL), rows(&dy, FFN));
+    let mut gemm = |name: &str, pairs: Vec<(Array2<f32>, Array2<f32>)>, transpose_a: bool| {
+        let shape = |(a, b): &(Array2<f32>, Array2<f32>)| {
+            let m = if transpose_a { a.ncols() } else { a.nrows() };
+            (m, b.ncols())
+        };
+        let mut outs: Vec<Array2<f32>> = pairs.iter().map(|p| Array2::zeros(shape(p))).collect();
+        group.bench_function(format!("{name}/general_mat_mul"), |bench| {
+            bench.iter(|| {
+                for ((a, b), out) in pairs.iter().zip(&mut outs) {
+                    let a = if transpose_a { a.t() } else { a.view() };
+                    general_mat_mul(1.0, &a, b, 0.0, out);
+                }
+                black_box(&outs);
+            })
+        });
+        // The same with a fresh (zeroed) result each time, as the runtime allocates its.
+        group.bench_function(format!("{name}/general_mat_mul_fresh_result"), |bench| {
+            bench.iter(|| {
+                for ((a, b), out) in pairs.iter().zip(&outs) {
+                    let a = if transpose_a { a.t() } else { a.view() };
+                    let mut fresh = Array2::zeros(out.dim());
+                    general_mat_mul(1.0, &a, b, 0.0, &mut fresh);
+                    black_box(fresh);
+                }
+            })
+        });
+    };
+    gemm(
+        "projection",
+        vec![(x2.clone(), matrix(&w).to_owned())],
+        false,
+    );
+    gemm("weight_gradient", vec![(x2.clone(), dy2)], true);
+    gemm(
+        "head_projection",
+        vec![(x2, rows(&wq, HEADS * HEAD))],
+        false,
+    );
+    // Per (b, h): [S, D] blocks, the scores with the keys transposed.
+    let (qs, ks, ps, vs) = (
+        blocks(&q, [0, 2]),
+        blocks(&k, [0, 2]),
+        blocks(&p, [0, 1]),
+        blocks(&vh, [0, 1]),
+    );
+    let pairs = qs
+        .into_iter()
+        .zip(ks.iter().map(|k| k.t().to_owned()))
+        .collect();
+    gemm("attention", pairs, false);
+    let pairs: Vec<_> = ps.into_iter().zip(ks).collect();
+    gemm("context", pairs.clone(), false);
+    gemm(
+        "context_head_major",
+        pairs
+            .into_iter()
+            .zip(vs)
+            .map(|((p, _), v)| (p, v))
+            .collect(),
+        false,
+    );
     group.finish();
 }
 

@@ -203,3 +203,41 @@ fn a_one_device_mesh_equals_the_interpreter_bitwise() {
         .expect("runs");
     assert_eq!(bits(&got), bits(&want));
 }
+
+/// A group's leaves read every way the loop reads them: a product handed over (the
+/// result's buffer, read in place), parameters and a transpose (contiguous, read in
+/// place), broadcast rows (loaded through their strides); fused equals unfused
+/// bitwise, across chunks and a tail.
+#[test]
+fn leaves_read_in_place_and_loaded_equal_unfused() {
+    let (rows, inner, cols) = (5, 7, 300);
+    let b = Builder::new("leaves");
+    let x = b.parameter("x", [rows, inner], DType::F32);
+    let w = b.parameter("w", [inner, cols], DType::F32);
+    let y = b.parameter("y", [rows, cols], DType::F32);
+    let t = b.parameter("t", [cols, rows], DType::F32);
+    let row = b.parameter("row", [cols], DType::F32);
+    let product = x.matmul(&w);
+    let z = product
+        .mul(&y)
+        .add(&t.transpose(&[1, 0]))
+        .sub(&row.broadcast_in_dim([rows, cols], &[1]))
+        .tanh();
+    let program = b.finish(&[&z]).expect("traces");
+    let groups = group_ops(&program);
+    assert!(
+        groups.iter().any(|g| g.contains(&"tanh") && g.len() >= 5),
+        "not fused: {groups:?}"
+    );
+    let mut rng = StdRng::seed_from_u64(11);
+    let inputs = [
+        random(&[rows, inner], &mut rng),
+        random(&[inner, cols], &mut rng),
+        random(&[rows, cols], &mut rng),
+        random(&[cols, rows], &mut rng),
+        random(&[cols], &mut rng),
+    ];
+    let want = node_by_node(&program, &inputs);
+    let got = interpret(&program, &inputs).expect("runs");
+    assert_eq!(bits(&got), bits(&want));
+}

@@ -26,7 +26,8 @@ use std::borrow::Cow;
 use ndarray::ArrayD;
 
 use super::kernels::{
-    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, max_nan, min_nan,
+    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, map_strides, max_nan,
+    min_nan, row_major,
 };
 use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
 
@@ -392,8 +393,9 @@ impl Group {
             .collect()
     }
 
-    /// Computes the `len` elements from flat index `start` of the loop: loads the
-    /// leaves (a [`Source::Buffer`] from `buffer`), runs the ops, and returns the last
+    /// Computes the `len` elements from flat index `start` of the loop: reads the
+    /// leaves (in place where they are contiguous, a [`Source::Buffer`] from `buffer`;
+    /// the others loaded into their registers), runs the ops, and returns the last
     /// register.
     fn chunk<'r>(
         &self,
@@ -403,21 +405,30 @@ impl Group {
         start: usize,
         len: usize,
     ) -> &'r [f32] {
-        for (source, reg) in sources.iter().zip(regs.iter_mut()) {
-            source.load(&self.shape, buffer, start, &mut reg[..len]);
-        }
         let base = self.leaves.len();
+        let (leaf_regs, op_regs) = regs.split_at_mut(base);
+        for (source, reg) in sources.iter().zip(leaf_regs.iter_mut()) {
+            if source.in_place(buffer).is_none() {
+                source.load(&self.shape, &mut reg[..len], start);
+            }
+        }
+        let leaf = |k: usize| match sources[k].in_place(buffer) {
+            Some(data) => &data[start..start + len],
+            None => &leaf_regs[k][..len],
+        };
         for (k, instr) in self.code.iter().enumerate() {
-            let (before, after) = regs.split_at_mut(base + k);
+            let (before, after) = op_regs.split_at_mut(k);
             let dst = &mut after[0][..len];
+            let arg = |r: usize| match r.checked_sub(base) {
+                Some(op) => &before[op][..len],
+                None => leaf(r),
+            };
             match *instr {
-                Instr::Unary(op, a) => f32_unary(op, MapInto(&before[a][..len], dst)),
-                Instr::Binary(op, a, b) => {
-                    f32_binary(op, ZipInto(&before[a][..len], &before[b][..len], dst))
-                }
+                Instr::Unary(op, a) => f32_unary(op, MapInto(arg(a), dst)),
+                Instr::Binary(op, a, b) => f32_binary(op, ZipInto(arg(a), arg(b), dst)),
             };
         }
-        match regs.last() {
+        match op_regs.last() {
             Some(last) => &last[..len],
             None => &[],
         }
@@ -512,25 +523,27 @@ impl<'a> Source<'a> {
         })
     }
 
-    /// Writes the elements at flat indices `start..start + out.len()` of the loop over
-    /// `shape` into `out`.
-    fn load(&self, shape: &[usize], buffer: &[f32], start: usize, out: &mut [f32]) {
-        let (data, strides) = match self {
-            Source::Buffer => {
-                out.copy_from_slice(&buffer[start..start + out.len()]);
-                return;
-            }
+    /// The elements in the loop's flat order, if the leaf is read in place: from the
+    /// result's `buffer`, or contiguous.
+    fn in_place<'s>(&'s self, buffer: &'s [f32]) -> Option<&'s [f32]> {
+        match self {
+            Source::Buffer => Some(buffer),
             Source::Strided {
                 data,
                 contiguous: true,
                 ..
-            } => {
-                out.copy_from_slice(&data[start..start + out.len()]);
-                return;
-            }
-            Source::Strided { data, strides, .. } => (data, strides),
+            } => Some(data),
+            Source::Strided { .. } => None,
+        }
+    }
+
+    /// Writes the elements at flat indices `start..start + out.len()` of the loop over
+    /// `shape` into `out` (a source not read [in place](Source::in_place)).
+    fn load(&self, shape: &[usize], out: &mut [f32], start: usize) {
+        let Source::Strided { data, strides, .. } = self else {
+            return;
         };
-        // Not contiguous, so rank >= 1: runs along the minor dim.
+        // Not read in place, so not contiguous and of rank >= 1: runs along the minor dim.
         let Some((&minor, outer_dims)) = shape.split_last() else {
             return;
         };
@@ -563,41 +576,6 @@ impl<'a> Source<'a> {
     }
 }
 
-/// The row-major strides of `shape`, in elements.
-fn row_major(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
-    let mut stride = 1;
-    for (s, &n) in strides.iter_mut().zip(shape).rev() {
-        *s = stride;
-        stride *= n;
-    }
-    strides
-}
-
-/// The strides over `to` of a value of `shape` with `strides` broadcast to `to`, its
-/// dim `i` becoming dim `dims[i]` (0 along the dims that repeat it). `Err` if it does
-/// not fit.
-fn map_strides(
-    shape: &[usize],
-    strides: &[usize],
-    to: &[usize],
-    dims: &[usize],
-) -> Result<Vec<usize>, String> {
-    let misfit = || format!("cannot broadcast {shape:?} to {to:?} along {dims:?}");
-    if dims.len() != shape.len() {
-        return Err(misfit());
-    }
-    let mut out = vec![0; to.len()];
-    for ((&n, &s), &d) in shape.iter().zip(strides).zip(dims) {
-        match to.get(d) {
-            Some(&m) if m == n && n != 1 => out[d] = s,
-            Some(_) if n == 1 => {}
-            _ => return Err(misfit()),
-        }
-    }
-    Ok(out)
-}
-
 /// The fusion groups of `program`'s plan, each as its nodes in node order (the root
 /// last): for tests (see `gspmd-core/tests/fusion.rs`).
 pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
@@ -619,12 +597,12 @@ mod tests {
         let shape = [4, 2, 3];
         let s = Source::new(&x, Some(&[1, 2]), &shape).unwrap();
         let mut out = vec![0.0; 10];
-        s.load(&shape, &[], 4, &mut out);
+        s.load(&shape, &mut out, 4);
         assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
         let shape = [3, 2];
         let s = Source::new(&x, Some(&[1, 0]), &shape).unwrap();
         let mut out = vec![0.0; 6];
-        s.load(&shape, &[], 0, &mut out);
+        s.load(&shape, &mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
         assert!(Source::new(&x, Some(&[0, 1]), &[3, 2]).is_err());
     }

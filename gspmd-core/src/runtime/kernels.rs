@@ -19,11 +19,10 @@ mod reduce;
 
 use std::borrow::Cow;
 
-// The elementwise kernels' broadcast of an operand not in standard layout (otherwise
-// they read a view), for any element type.
-pub(crate) use elementwise::{WithBinary, WithUnary, f32_binary, f32_unary, max_nan, min_nan};
-use movement::generic::broadcast_in_dim;
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder};
+pub(crate) use elementwise::{
+    WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
+};
+use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
@@ -331,30 +330,6 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
 }
 
 // ---- data movement ---------------------------------------------------------------------
-
-/// [`broadcast_in_dim`] of `a` as a view: zero strides along the result dims that
-/// repeat it. `None` if `a` is not in standard layout or does not fit.
-fn broadcast_view<'a, T>(
-    a: &'a ArrayD<T>,
-    shape: &[usize],
-    dims: &[usize],
-) -> Option<ArrayViewD<'a, T>> {
-    let elements = a.as_slice()?;
-    if dims.len() != a.ndim() {
-        return None;
-    }
-    let mut strides = vec![0; shape.len()];
-    let mut stride = 1;
-    for (&n, &d) in a.shape().iter().zip(dims).rev() {
-        match shape.get(d) {
-            Some(&m) if n == m && n != 1 => strides[d] = stride,
-            Some(_) if n == 1 => {}
-            _ => return None,
-        }
-        stride *= n;
-    }
-    ArrayViewD::from_shape(IxDyn(shape).strides(IxDyn(&strides)), elements).ok()
-}
 
 /// Start indices of a `dynamic_slice`: each i32 scalar clamped so that the `sizes` block
 /// fits in `x` (XLA's semantics).

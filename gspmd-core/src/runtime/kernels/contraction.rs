@@ -1,21 +1,26 @@
-//! `dot_general` as 2-D matrix products over strided views: each operand is seen as
-//! `[batch dims..., rows, cols]` — its free dims merged into one, its contracting dims
-//! into the other, where the memory layout allows it without copying (it does for
-//! every operand whose merged dims are adjacent and in order, the usual case: a
-//! projection `bsm,mf->bsf`, the attention products `bqhd,bkhd->bhqk` and
-//! `bhqk,bkhd->bqhd`); only an operand whose dims cannot merge is copied. Batch dims are
-//! never merged: each batch index selects a 2-D view, multiplied by ndarray's
-//! `general_mat_mul` (matrixmultiply packs any strides itself) straight into its slot
-//! of the result.
+//! `dot_general` as 2-D matrix products over strided views of the operands' memory:
+//! each operand's free dims merge into one matrix dim and its contracting dims into
+//! the other wherever their strides allow it (adjacent in memory and in order: the
+//! projections `bsm,mhk->bshk`, attention `bqhd,bkhd->bhqk` and `bhqk,bkhd->bqhd`,
+//! the weight gradients `bsm,bsf->mf`), so those read their operands in place.
+//! Batch dims, and the major free dims that do not merge with the rest, are loops:
+//! each index selects a matrix of each operand and a block of the result by offset,
+//! multiplied by ndarray's `general_mat_mul` (matrixmultiply, which packs any strides
+//! itself) with beta 0 straight into the result, allocated zeroed (`calloc`) and not
+//! cleared again. Only contracting dims that do not merge (`bhsk,hkd->bsd` on
+//! head-major values: `h` and `k` apart) make a copy of their operand, in
+//! `[batch, free, contracting]` order.
+
+use std::borrow::Cow;
 
 use ndarray::{
-    Array3, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, CowArray, Ix2, IxDyn, Zip,
-    linalg::general_mat_mul,
+    ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn, ShapeBuilder, Zip, linalg::general_mat_mul,
 };
 
 use crate::ir::DotDims;
 
-/// Element types `dot_general` multiplies: `c = a · b` for 2-D operands.
+/// Element types `dot_general` multiplies: `c = a · b` for 2-D operands (`c`'s prior
+/// contents are ignored).
 pub(super) trait DotScalar: Copy + Default {
     fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
 }
@@ -39,8 +44,90 @@ impl DotScalar for i32 {
     }
 }
 
+/// An operand as flat memory: element `ix` at `data[sum(ix[d] * strides[d])]`.
+struct Flat<'a, T: Clone> {
+    data: Cow<'a, [T]>,
+    strides: Vec<usize>,
+    shape: Vec<usize>,
+}
+
+impl<'a, T: Clone> Flat<'a, T> {
+    /// `a`'s memory when it is contiguous with non-negative strides (any order of
+    /// dims), else a standard-layout copy.
+    fn new(a: &'a ArrayD<T>) -> Self {
+        let shape = a.shape().to_vec();
+        let strides: Option<Vec<usize>> = a
+            .strides()
+            .iter()
+            .map(|&s| usize::try_from(s).ok())
+            .collect();
+        match (a.as_slice_memory_order(), strides) {
+            (Some(data), Some(strides)) => Flat {
+                data: Cow::Borrowed(data),
+                strides,
+                shape,
+            },
+            _ => Flat {
+                data: Cow::Owned(a.iter().cloned().collect()),
+                strides: super::row_major(&shape),
+                shape,
+            },
+        }
+    }
+
+    /// The `(size, stride)` of each of `dims`.
+    fn dims(&self, dims: &[usize]) -> Vec<(usize, usize)> {
+        dims.iter()
+            .map(|&d| (self.shape[d], self.strides[d]))
+            .collect()
+    }
+
+    /// The same array copied with its dims laid out in the order `perm` (major
+    /// first): its strides still by the original dims.
+    fn permuted(&self, perm: &[usize]) -> Flat<'a, T>
+    where
+        T: Copy,
+    {
+        let sizes: Vec<usize> = perm.iter().map(|&d| self.shape[d]).collect();
+        let read: Vec<usize> = perm.iter().map(|&d| self.strides[d]).collect();
+        let data = super::elementwise::strided_copy(&sizes, &self.data, &read);
+        let mut strides = vec![0; perm.len()];
+        for (&d, s) in perm.iter().zip(super::row_major(&sizes)) {
+            strides[d] = s;
+        }
+        Flat {
+            data: Cow::Owned(data),
+            strides,
+            shape: self.shape.clone(),
+        }
+    }
+}
+
+/// The `(size, stride)` of `dims` (major first) merged into one dim, dims of size 1
+/// skipped: `None` unless each stride is the next one times the next size. No dims
+/// merge into `(1, 0)`.
+fn merged(dims: &[(usize, usize)]) -> Option<(usize, usize)> {
+    let mut out = (1, 0);
+    for &(n, s) in dims.iter().rev().filter(|(n, _)| *n != 1) {
+        out = match out {
+            (1, _) => (n, s),
+            (m, t) if s == m * t => (m * n, t),
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+/// `dims` cut into its major dims and the longest minor suffix that merges (see
+/// [`merged`]), that suffix merged.
+fn split_minor(dims: &[(usize, usize)]) -> (&[(usize, usize)], (usize, usize)) {
+    (0..=dims.len())
+        .find_map(|k| merged(&dims[k..]).map(|m| (&dims[..k], m)))
+        .unwrap_or((dims, (1, 0)))
+}
+
 /// `dot_general` of `lhs` and `rhs` with result shape `shape` (batch dims, lhs free
-/// dims, rhs free dims): one `[M, K] x [K, N]` product per batch index.
+/// dims, rhs free dims): one `[M, K] x [K, N]` product per index of the loop dims.
 pub(super) fn dot_general<T: DotScalar>(
     dd: &DotDims,
     lhs: &ArrayD<T>,
@@ -49,21 +136,36 @@ pub(super) fn dot_general<T: DotScalar>(
 ) -> Result<ArrayD<T>, String> {
     let lhs_free = free_dims(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
     let rhs_free = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
-    let (lhs_view, lhs_shape) = grouped(lhs, &dd.lhs_batch, [&lhs_free, &dd.lhs_contracting]);
-    let (rhs_view, rhs_shape) = grouped(rhs, &dd.rhs_batch, [&dd.rhs_contracting, &rhs_free]);
-    let lhs = matrices(&lhs_view, &lhs_shape)?;
-    let rhs = matrices(&rhs_view, &rhs_shape)?;
-    let nb = dd.lhs_batch.len();
-    let batch_shape = &lhs.shape()[..nb];
-    let batch: usize = batch_shape.iter().product();
-    let (m, n) = (lhs.shape()[nb], rhs.shape()[nb + 1]);
-    let mut out = Array3::<T>::default((batch, m, n));
-    for (b, c) in out.outer_iter_mut().enumerate() {
-        T::matmul_into(matrix_at(&lhs, b)?, matrix_at(&rhs, b)?, c);
+    let total: usize = shape.iter().product();
+    let mut out = vec![T::default(); total];
+    let sizes = |a: &ArrayD<T>, dims: &[usize]| -> Vec<usize> {
+        dims.iter().map(|&d| a.shape()[d]).collect()
+    };
+    let want: Vec<usize> = [
+        sizes(lhs, &dd.lhs_batch),
+        sizes(lhs, &lhs_free),
+        sizes(rhs, &rhs_free),
+    ]
+    .concat();
+    if want != shape {
+        return Err(format!("the product has shape {want:?}, not {shape:?}"));
     }
-    out.into_dyn()
-        .into_shape_with_order(IxDyn(shape))
-        .map_err(|e| format!("cannot reshape the product to {shape:?}: {e}"))
+    let contracted: usize = sizes(lhs, &dd.lhs_contracting).iter().product();
+    if total > 0 && contracted > 0 {
+        let (mut l, mut r) = (Flat::new(lhs), Flat::new(rhs));
+        // Contracting dims must merge on both sides: else that operand is copied in
+        // `[batch, free, contracting]` order, where they do.
+        if merged(&l.dims(&dd.lhs_contracting)).is_none() {
+            let perm = [&dd.lhs_batch[..], &lhs_free, &dd.lhs_contracting].concat();
+            l = l.permuted(&perm);
+        }
+        if merged(&r.dims(&dd.rhs_contracting)).is_none() {
+            let perm = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting].concat();
+            r = r.permuted(&perm);
+        }
+        multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, &mut out)?;
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
 }
 
 /// The dims of a rank-`rank` operand that are neither batch nor contracting.
@@ -73,50 +175,75 @@ fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Vec<usize> 
         .collect()
 }
 
-/// `a`'s dims reordered as its batch dims, then the dims of `merged[0]`, then those of
-/// `merged[1]` (a view), and the shape that merges each of the two groups into one dim
-/// (of size 1 for an empty group): `[batch dims..., rows, cols]`.
-fn grouped<'a, T>(
-    a: &'a ArrayD<T>,
-    batch: &[usize],
-    merged: [&[usize]; 2],
-) -> (ArrayViewD<'a, T>, Vec<usize>) {
-    let perm: Vec<usize> = [batch, merged[0], merged[1]].concat();
-    let mut shape: Vec<usize> = batch.iter().map(|&d| a.shape()[d]).collect();
-    shape.extend(merged.map(|dims| dims.iter().map(|&d| a.shape()[d]).product::<usize>()));
-    (a.view().permuted_axes(IxDyn(&perm)), shape)
-}
-
-/// `view` reshaped to `shape` (see [`grouped`]): a view when the merged dims' strides
-/// allow it, a copy otherwise.
-fn matrices<'a, T: Clone>(
-    view: &'a ArrayViewD<'_, T>,
+/// Writes the product of `lhs` and `rhs` (their contracting dims merge; `free` their
+/// free dims) into `out`, the row-major result of `shape` (see [`dot_general`]).
+fn multiply<T: DotScalar>(
+    dd: &DotDims,
+    [l, r]: [&Flat<'_, T>; 2],
+    [lhs_free, rhs_free]: [&[usize]; 2],
     shape: &[usize],
-) -> Result<CowArray<'a, T, IxDyn>, String> {
-    (view.to_shape(IxDyn(shape)))
-        .map_err(|e| format!("cannot view {:?} as {shape:?}: {e}", view.shape()))
-}
-
-/// The 2-D matrix of batch index `b` (row-major over the batch dims) of `a`, a
-/// `[batch dims..., rows, cols]` array.
-fn matrix_at<'a, T>(a: &'a CowArray<'_, T, IxDyn>, b: usize) -> Result<ArrayView2<'a, T>, String> {
-    let nb = a.ndim() - 2;
-    let mut view: ArrayViewD<'a, T> = a.view();
-    let mut rest = b;
-    let mut index = vec![0; nb];
-    for d in (0..nb).rev() {
-        index[d] = rest % a.shape()[d];
-        rest /= a.shape()[d];
+    out: &mut [T],
+) -> Result<(), String> {
+    let out_strides = super::row_major(shape);
+    let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
+    // The loop dims: size and the stride of the lhs, the rhs and the result along it.
+    let mut loops: Vec<(usize, [usize; 3])> = Vec::new();
+    for (j, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
+        loops.push((shape[j], [l.strides[a], r.strides[b], out_strides[j]]));
     }
-    for i in index {
-        view = view.index_axis_move(Axis(0), i);
+    let (l_dims, r_dims) = (l.dims(lhs_free), r.dims(rhs_free));
+    let (l_major, (m, lm)) = split_minor(&l_dims);
+    for (k, &(n, s)) in l_major.iter().enumerate() {
+        loops.push((n, [s, 0, out_strides[nb + k]]));
     }
-    view.into_dimensionality::<Ix2>().map_err(|e| e.to_string())
+    let (r_major, (n, rn)) = split_minor(&r_dims);
+    for (k, &(size, s)) in r_major.iter().enumerate() {
+        loops.push((size, [0, s, out_strides[nb + nl + k]]));
+    }
+    let merge = |f: &Flat<'_, T>, dims: &[usize]| {
+        merged(&f.dims(dims)).ok_or("contracting dims that do not merge".to_string())
+    };
+    let ((k, lk), (_, rk)) = (
+        merge(l, &dd.lhs_contracting)?,
+        merge(r, &dd.rhs_contracting)?,
+    );
+    // The result's rows (the merged minor lhs free dims) are `row` apart, its columns
+    // (the merged minor rhs free dims) adjacent.
+    let row: usize = shape[nb + nl..].iter().product();
+    let view_err = |e: ndarray::ShapeError| e.to_string();
+    let mut index = vec![0; loops.len()];
+    let mut at = [0usize; 3];
+    loop {
+        let a = ArrayView2::from_shape((m, k).strides((lm, lk)), &l.data[at[0]..]);
+        let b = ArrayView2::from_shape((k, n).strides((rk, rn)), &r.data[at[1]..]);
+        let c = ArrayViewMut2::from_shape((m, n).strides((row, 1)), &mut out[at[2]..]);
+        T::matmul_into(
+            a.map_err(view_err)?,
+            b.map_err(view_err)?,
+            c.map_err(view_err)?,
+        );
+        // The next loop index: an odometer, the last dim fastest.
+        let mut d = loops.len();
+        loop {
+            if d == 0 {
+                return Ok(());
+            }
+            d -= 1;
+            let (size, strides) = loops[d];
+            index[d] += 1;
+            if index[d] < size {
+                (0..3).for_each(|x| at[x] += strides[x]);
+                break;
+            }
+            index[d] = 0;
+            (0..3).for_each(|x| at[x] -= strides[x] * (size - 1));
+        }
+    }
 }
-
 #[cfg(test)]
 mod tests {
     use ndarray::{ArrayD, IxDyn};
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -210,12 +337,15 @@ mod tests {
         }
     }
 
-    /// The Transformer's products read both operands in place: no operand is copied.
+    /// The Transformer's products merge both operands' contracting dims: no operand
+    /// is copied.
     #[test]
     fn transformer_products_read_their_operands_in_place() {
-        let cases: [(&[usize], &[usize], DotDims); 3] = [
+        let cases: [(&[usize], &[usize], DotDims); 5] = [
             // Projection bsm,mf->bsf.
             (&[2, 8, 16], &[16, 32], dims(&[], &[], &[2], &[0])),
+            // Its weight gradient bsm,bsf->mf.
+            (&[2, 8, 16], &[2, 8, 32], dims(&[], &[], &[0, 1], &[0, 1])),
             // Scores bqhd,bkhd->bhqk.
             (
                 &[2, 8, 4, 16],
@@ -228,15 +358,97 @@ mod tests {
                 &[2, 8, 4, 16],
                 dims(&[0, 1], &[0, 2], &[3], &[1]),
             ),
+            // Output projection bshk,hkd->bsd.
+            (
+                &[2, 8, 4, 16],
+                &[4, 16, 32],
+                dims(&[], &[], &[2, 3], &[0, 1]),
+            ),
         ];
         for (ls, rs, dd) in cases {
             let (lhs, rhs) = (counting(ls), counting(rs));
-            let lf = free_dims(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
-            let rf = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
-            let (lv, lshape) = grouped(&lhs, &dd.lhs_batch, [&lf, &dd.lhs_contracting]);
-            let (rv, rshape) = grouped(&rhs, &dd.rhs_batch, [&dd.rhs_contracting, &rf]);
-            assert!(matrices(&lv, &lshape).unwrap().is_view(), "lhs of {dd:?}");
-            assert!(matrices(&rv, &rshape).unwrap().is_view(), "rhs of {dd:?}");
+            let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
+            assert!(
+                merged(&l.dims(&dd.lhs_contracting)).is_some(),
+                "lhs of {dd:?}"
+            );
+            assert!(
+                merged(&r.dims(&dd.rhs_contracting)).is_some(),
+                "rhs of {dd:?}"
+            );
+        }
+    }
+
+    /// `a` with its memory laid out in the order `perm` (its logical shape unchanged).
+    fn relaid(a: &ArrayD<i32>, perm: &[usize]) -> ArrayD<i32> {
+        let mut inverse = vec![0; perm.len()];
+        for (i, &d) in perm.iter().enumerate() {
+            inverse[d] = i;
+        }
+        let stored = a
+            .view()
+            .permuted_axes(IxDyn(perm))
+            .as_standard_layout()
+            .into_owned();
+        stored.permuted_axes(IxDyn(&inverse))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Any number of batch, free and contracting dims (sizes 0 to 3), in any order on
+        /// each side and in any memory layout: the kernel equals the definition, in i32
+        /// and (exactly representable) in f32.
+        #[test]
+        fn any_layout_equals_the_definition(
+            counts in proptest::array::uniform4(0usize..3),
+            sizes in proptest::collection::vec(0usize..4, 8),
+            orders in proptest::array::uniform4(any::<u64>()),
+        ) {
+            let [nb, nc, nl, nr] = counts;
+            // Logical dims: batch, contracting, lhs free, rhs free, each its size.
+            let size = |k: usize| sizes[k % sizes.len()];
+            let batch: Vec<usize> = (0..nb).map(size).collect();
+            let contracting: Vec<usize> = (nb..nb + nc).map(size).collect();
+            let lfree: Vec<usize> = (0..nl).map(|k| size(nb + nc + k)).collect();
+            let rfree: Vec<usize> = (0..nr).map(|k| size(nb + nc + nl + k + 1)).collect();
+            // A permutation of 0..n from a seed.
+            let shuffled = |n: usize, seed: u64| -> Vec<usize> {
+                let mut v: Vec<usize> = (0..n).collect();
+                let mut x = seed;
+                for i in (1..n).rev() {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    v.swap(i, (x >> 33) as usize % (i + 1));
+                }
+                v
+            };
+            // Operand dim `place[j]` holds logical dim `j` (batch, contracting, free).
+            let lplace = shuffled(nb + nc + nl, orders[0]);
+            let rplace = shuffled(nb + nc + nr, orders[1]);
+            let lsizes: Vec<usize> = [&batch[..], &contracting, &lfree].concat();
+            let rsizes: Vec<usize> = [&batch[..], &contracting, &rfree].concat();
+            let mut ls = vec![0; lsizes.len()];
+            let mut rs = vec![0; rsizes.len()];
+            for (j, &p) in lplace.iter().enumerate() {
+                ls[p] = lsizes[j];
+            }
+            for (j, &p) in rplace.iter().enumerate() {
+                rs[p] = rsizes[j];
+            }
+            let dd = DotDims {
+                lhs_batch: lplace[..nb].to_vec(),
+                rhs_batch: rplace[..nb].to_vec(),
+                lhs_contracting: lplace[nb..nb + nc].to_vec(),
+                rhs_contracting: rplace[nb..nb + nc].to_vec(),
+            };
+            let lhs = relaid(&counting(&ls), &shuffled(ls.len(), orders[2]));
+            let rhs = relaid(&counting(&rs), &shuffled(rs.len(), orders[3]));
+            let want = naive(&dd, &lhs, &rhs);
+            let got = dot_general(&dd, &lhs, &rhs, want.shape()).unwrap();
+            prop_assert_eq!(&got, &want);
+            let (lf, rf) = (lhs.mapv(|v| v as f32), rhs.mapv(|v| v as f32));
+            let got = dot_general(&dd, &lf, &rf, want.shape()).unwrap();
+            prop_assert_eq!(got, want.mapv(|v| v as f32));
         }
     }
 }

@@ -5,30 +5,93 @@
 //! filling a new array (unary ops, binary ops, select, convert to the same dtype). Each
 //! element goes through the same scalar function either way, so the results are
 //! bitwise those of a fresh array.
+//!
+//! Every operand is read as flat memory with strides over the result shape (0 along
+//! the dims a broadcast repeats; see [`Arg`]). The loop walks the result in runs
+//! ([`Runs`]): the shape's dims merged wherever every operand's strides allow, so that
+//! contiguous operands are one long run and a row or column broadcast gives runs of a
+//! whole row; within a run an operand is a slice (stride 1) or is gathered into a
+//! scratch buffer first (a repeated scalar, a strided lane), and the op runs over
+//! slices, which vectorises.
 
 use std::borrow::Cow;
 
-use ndarray::{ArrayD, ArrayViewD, Zip};
+use ndarray::{ArrayD, IxDyn};
 
-use super::{
-    Operand, broadcast_in_dim, broadcast_view, elementary, not_defined, type_of, types_differ,
-};
+use super::{Operand, elementary, not_defined, type_of, types_differ};
 use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp};
 
-/// An operand's elements: owned (then free to overwrite) or a view (of a lent value,
-/// or of a broadcast's operand).
-enum Arg<'a, T> {
+/// An operand's elements over the result shape.
+enum Arg<'a, T: Clone> {
+    /// A value handed over, in standard layout: free to overwrite.
     Owned(ArrayD<T>),
-    View(ArrayViewD<'a, T>),
+    /// A lent value, or a broadcast's operand: element `ix` of the result shape is
+    /// `data[sum(ix[d] * strides[d])]`.
+    Lent {
+        data: Cow<'a, [T]>,
+        strides: Vec<usize>,
+    },
 }
 
-impl<T> Arg<'_, T> {
-    fn view(&self) -> ArrayViewD<'_, T> {
+impl<T: Clone> Arg<'_, T> {
+    /// The elements, in the layout [`Arg::strides`] gives.
+    fn data(&self) -> &[T] {
         match self {
-            Arg::Owned(a) => a.view(),
-            Arg::View(v) => v.view(),
+            Arg::Owned(a) => a.as_slice().unwrap_or(&[]),
+            Arg::Lent { data, .. } => data,
         }
     }
+
+    /// The strides over the result `shape`.
+    fn strides(&self, shape: &[usize]) -> Cow<'_, [usize]> {
+        match self {
+            Arg::Owned(_) => Cow::Owned(row_major(shape)),
+            Arg::Lent { strides, .. } => Cow::Borrowed(strides),
+        }
+    }
+}
+
+/// `a`'s elements in row-major order: borrowed if `a` is in standard layout.
+fn flat<T: Clone>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
+/// `a` as an operand read over its own shape.
+fn lent<T: Clone>(a: &ArrayD<T>) -> Arg<'_, T> {
+    Arg::Lent {
+        data: flat(a),
+        strides: row_major(a.shape()),
+    }
+}
+
+/// `a` handed over: owned if in standard layout, else its elements copied.
+fn owned<T: Clone>(a: ArrayD<T>) -> Arg<'static, T> {
+    if a.is_standard_layout() {
+        Arg::Owned(a)
+    } else {
+        let strides = row_major(a.shape());
+        Arg::Lent {
+            data: Cow::Owned(a.iter().cloned().collect()),
+            strides,
+        }
+    }
+}
+
+/// `a` broadcast to `shape` along `dims` (operand dim `i` becoming result dim
+/// `dims[i]`), as strides: no copy.
+fn broadcast<'a, T: Clone>(
+    a: &'a ArrayD<T>,
+    shape: &[usize],
+    dims: &[usize],
+) -> Result<Arg<'a, T>, String> {
+    let strides = map_strides(a.shape(), &row_major(a.shape()), shape, dims)?;
+    Ok(Arg::Lent {
+        data: flat(a),
+        strides,
+    })
 }
 
 /// An operand's elements by dtype.
@@ -38,26 +101,20 @@ enum Elems<'a> {
     Bool(Arg<'a, bool>),
 }
 
-/// The elements of `x`: a broadcast is a view of its operand, materialised only if
-/// that operand is not in standard layout.
-fn elems(x: Operand<'_>) -> Result<Elems<'_>, String> {
-    fn arg<'a, T: Clone>(
-        a: &'a ArrayD<T>,
-        shape: &[usize],
-        dims: &[usize],
-    ) -> Result<Arg<'a, T>, String> {
-        match broadcast_view(a, shape, dims) {
-            Some(v) => Ok(Arg::View(v)),
-            None => broadcast_in_dim(a.view(), shape, dims).map(Arg::Owned),
-        }
-    }
-    Ok(match x {
-        Operand::Value(Cow::Borrowed(Literal::F32(a))) => Elems::F32(Arg::View(a.view())),
-        Operand::Value(Cow::Borrowed(Literal::I32(a))) => Elems::I32(Arg::View(a.view())),
-        Operand::Value(Cow::Borrowed(Literal::Bool(a))) => Elems::Bool(Arg::View(a.view())),
-        Operand::Value(Cow::Owned(Literal::F32(a))) => Elems::F32(Arg::Owned(a)),
-        Operand::Value(Cow::Owned(Literal::I32(a))) => Elems::I32(Arg::Owned(a)),
-        Operand::Value(Cow::Owned(Literal::Bool(a))) => Elems::Bool(Arg::Owned(a)),
+/// The elements of `x` and the result shape it is read over: a broadcast is its
+/// operand read with zero strides, never materialised.
+fn elems(x: Operand<'_>) -> Result<(Elems<'_>, Vec<usize>), String> {
+    let shape = match &x {
+        Operand::Value(v) => v.shape(),
+        Operand::Broadcast { shape, .. } => shape.to_vec(),
+    };
+    let e = match x {
+        Operand::Value(Cow::Borrowed(Literal::F32(a))) => Elems::F32(lent(a)),
+        Operand::Value(Cow::Borrowed(Literal::I32(a))) => Elems::I32(lent(a)),
+        Operand::Value(Cow::Borrowed(Literal::Bool(a))) => Elems::Bool(lent(a)),
+        Operand::Value(Cow::Owned(Literal::F32(a))) => Elems::F32(owned(a)),
+        Operand::Value(Cow::Owned(Literal::I32(a))) => Elems::I32(owned(a)),
+        Operand::Value(Cow::Owned(Literal::Bool(a))) => Elems::Bool(owned(a)),
         // `narrow` computes these in f32.
         Operand::Value(x) => return Err(format!("{} is computed in f32", type_of(&x))),
         Operand::Broadcast {
@@ -65,50 +122,263 @@ fn elems(x: Operand<'_>) -> Result<Elems<'_>, String> {
             shape,
             dims,
         } => match source {
-            Literal::F32(a) => Elems::F32(arg(a, shape, dims)?),
-            Literal::I32(a) => Elems::I32(arg(a, shape, dims)?),
-            Literal::Bool(a) => Elems::Bool(arg(a, shape, dims)?),
+            Literal::F32(a) => Elems::F32(broadcast(a, shape, dims)?),
+            Literal::I32(a) => Elems::I32(broadcast(a, shape, dims)?),
+            Literal::Bool(a) => Elems::Bool(broadcast(a, shape, dims)?),
             x => return Err(format!("{} is computed in f32", type_of(x))),
         },
-    })
+    };
+    Ok((e, shape))
 }
 
-fn zip_with<A: Copy, B: Copy, R>(
-    x: ArrayViewD<'_, A>,
-    y: ArrayViewD<'_, B>,
-    f: impl Fn(A, B) -> R,
-) -> ArrayD<R> {
-    Zip::from(x).and(y).map_collect(|&a, &b| f(a, b))
+/// The row-major strides of `shape`, in elements.
+pub(crate) fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut stride = 1;
+    for (s, &n) in strides.iter_mut().zip(shape).rev() {
+        *s = stride;
+        stride *= n;
+    }
+    strides
 }
 
-/// `f` of each element: in place if `a` is owned.
-fn map_same<T: Copy>(a: Arg<'_, T>, f: impl Fn(T) -> T) -> ArrayD<T> {
-    match a {
-        Arg::Owned(mut a) => {
-            a.mapv_inplace(f);
-            a
+/// The strides over `to` of a value of `shape` with `strides` broadcast to `to`, its
+/// dim `i` becoming dim `dims[i]` (0 along the dims that repeat it). `Err` if it does
+/// not fit.
+pub(crate) fn map_strides(
+    shape: &[usize],
+    strides: &[usize],
+    to: &[usize],
+    dims: &[usize],
+) -> Result<Vec<usize>, String> {
+    let misfit = || format!("cannot broadcast {shape:?} to {to:?} along {dims:?}");
+    if dims.len() != shape.len() {
+        return Err(misfit());
+    }
+    let mut out = vec![0; to.len()];
+    for ((&n, &s), &d) in shape.iter().zip(strides).zip(dims) {
+        match to.get(d) {
+            Some(&m) if m == n && n != 1 => out[d] = s,
+            Some(_) if n == 1 => {}
+            _ => return Err(misfit()),
         }
-        Arg::View(a) => a.mapv(f),
+    }
+    Ok(out)
+}
+
+/// The longest run [`Runs`] gives: bounds the scratch buffers.
+const RUN: usize = 4096;
+
+/// The runs of an elementwise loop over a result shape read by `N` operands: the
+/// shape's dims without those of size 1, adjacent dims merged wherever every operand's
+/// strides allow (`stride[d] = stride[d + 1] * size[d + 1]`; the result's row-major
+/// strides always do), the minor merged dim cut into runs of at most [`RUN`].
+struct Runs<const N: usize> {
+    /// The outer merged dims, major first: size and each operand's stride.
+    outer: Vec<(usize, [usize; N])>,
+    /// The minor merged dim's size (0: no element).
+    len: usize,
+    /// Each operand's stride along the minor merged dim.
+    step: [usize; N],
+}
+
+impl<const N: usize> Runs<N> {
+    /// The runs over `shape` of operands with `strides` (each over `shape`).
+    fn new(shape: &[usize], strides: [&[usize]; N]) -> Self {
+        if shape.contains(&0) {
+            return Runs {
+                outer: Vec::new(),
+                len: 0,
+                step: [0; N],
+            };
+        }
+        // Minor first while merging.
+        let mut merged: Vec<(usize, [usize; N])> = Vec::new();
+        for d in (0..shape.len()).rev().filter(|&d| shape[d] != 1) {
+            let s: [usize; N] = std::array::from_fn(|k| strides[k][d]);
+            match merged.last_mut() {
+                Some((n, inner)) if (0..N).all(|k| s[k] == inner[k] * *n) => *n *= shape[d],
+                _ => merged.push((shape[d], s)),
+            }
+        }
+        let (len, step) = match merged.first() {
+            Some(&(n, s)) => (n, s),
+            None => (1, [0; N]),
+        };
+        let outer = merged.into_iter().skip(1).rev().collect();
+        Runs { outer, len, step }
+    }
+
+    /// Calls `f(out, starts, len)` for each run in row-major order: `out` is the run's
+    /// first flat index of the result, `starts` each operand's offset of its first
+    /// element, `len` its length.
+    fn each(&self, mut f: impl FnMut(usize, [usize; N], usize)) {
+        if self.len == 0 {
+            return;
+        }
+        let mut index = vec![0; self.outer.len()];
+        let mut base = [0; N];
+        let mut out = 0;
+        loop {
+            let mut at = 0;
+            while at < self.len {
+                let len = RUN.min(self.len - at);
+                f(
+                    out,
+                    std::array::from_fn(|k| base[k] + at * self.step[k]),
+                    len,
+                );
+                out += len;
+                at += len;
+            }
+            // The next row: an odometer over the outer dims.
+            let mut d = self.outer.len();
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                let (n, s) = self.outer[d];
+                index[d] += 1;
+                if index[d] < n {
+                    (0..N).for_each(|k| base[k] += s[k]);
+                    break;
+                }
+                index[d] = 0;
+                (0..N).for_each(|k| base[k] -= s[k] * (n - 1));
+            }
+        }
     }
 }
 
-/// `f(a, b)` of each pair of elements (`a` and `b` of one shape): in place in whichever
-/// is owned.
-fn zip_same<T: Copy>(a: Arg<'_, T>, b: Arg<'_, T>, f: impl Fn(T, T) -> T) -> ArrayD<T> {
+/// The `len` elements of a run from `start` with `step` in `data`: a slice when the
+/// step is 1, else gathered into `scratch`.
+fn run<'s, T: Copy>(
+    data: &'s [T],
+    start: usize,
+    step: usize,
+    len: usize,
+    scratch: &'s mut Vec<T>,
+) -> &'s [T] {
+    if step == 1 {
+        return &data[start..start + len];
+    }
+    scratch.clear();
+    if step == 0 {
+        scratch.resize(len, data[start]);
+    } else {
+        scratch.extend((0..len).map(|k| data[start + k * step]));
+    }
+    scratch
+}
+
+/// The standard-layout array of `shape` holding `data`.
+fn array<T>(shape: &[usize], data: Vec<T>) -> ArrayD<T> {
+    // `data` has one element per index of `shape` (the runs cover it).
+    ArrayD::from_shape_vec(IxDyn(shape), data).unwrap_or_else(|_| unreachable!())
+}
+
+/// `f` of each element of `data` read at `strides` over `shape`, in row-major order.
+fn map_flat<T: Copy, R>(
+    shape: &[usize],
+    data: &[T],
+    strides: &[usize],
+    f: impl Fn(T) -> R,
+) -> Vec<R> {
+    let runs = Runs::new(shape, [strides]);
+    let mut out = Vec::with_capacity(shape.iter().product());
+    let mut scratch = Vec::new();
+    runs.each(|_, [i], len| {
+        let x = run(data, i, runs.step[0], len, &mut scratch);
+        out.extend(x.iter().map(|&p| f(p)));
+    });
+    out
+}
+
+/// The elements of `data` read at `strides` over `shape` (each element once), in
+/// row-major order: a permuted copy.
+pub(super) fn strided_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
+    map_flat(shape, data, strides, |x| x)
+}
+
+/// `f` of each element of `a` over `shape`, into a new array.
+fn map_to<T: Copy, R>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
+    array(shape, map_flat(shape, a.data(), &a.strides(shape), f))
+}
+
+/// `f` of each element: in place if `a` is owned.
+fn map_same<T: Copy>(shape: &[usize], a: Arg<'_, T>, f: impl Fn(T) -> T) -> ArrayD<T> {
+    match a {
+        Arg::Owned(mut a) => {
+            if let Some(s) = a.as_slice_mut() {
+                s.iter_mut().for_each(|p| *p = f(*p));
+            }
+            a
+        }
+        a => map_to(shape, &a, f),
+    }
+}
+
+/// `f(a, b)` of each pair of elements over `shape`, into a new array.
+fn zip_to<A: Copy, B: Copy, R>(
+    shape: &[usize],
+    a: &Arg<'_, A>,
+    b: &Arg<'_, B>,
+    f: impl Fn(A, B) -> R,
+) -> ArrayD<R> {
+    let (sa, sb) = (a.strides(shape), b.strides(shape));
+    let runs = Runs::new(shape, [&sa, &sb]);
+    let mut out = Vec::with_capacity(shape.iter().product());
+    let (mut ka, mut kb) = (Vec::new(), Vec::new());
+    runs.each(|_, [i, j], len| {
+        let x = run(a.data(), i, runs.step[0], len, &mut ka);
+        let y = run(b.data(), j, runs.step[1], len, &mut kb);
+        out.extend(x.iter().zip(y).map(|(&p, &q)| f(p, q)));
+    });
+    array(shape, out)
+}
+
+/// `dst[k] = f(dst[k], x[k])` (`swap`: `f(x[k], dst[k])`) over `shape`, `dst` the
+/// owned operand's elements, `x` read as `other`.
+fn zip_into<T: Copy>(
+    shape: &[usize],
+    dst: &mut [T],
+    other: &Arg<'_, T>,
+    swap: bool,
+    f: impl Fn(T, T) -> T,
+) {
+    let strides = other.strides(shape);
+    let runs = Runs::new(shape, [&strides]);
+    let mut scratch = Vec::new();
+    runs.each(|o, [j], len| {
+        let x = run(other.data(), j, runs.step[0], len, &mut scratch);
+        let d = &mut dst[o..o + len];
+        if swap {
+            d.iter_mut().zip(x).for_each(|(p, &q)| *p = f(q, *p));
+        } else {
+            d.iter_mut().zip(x).for_each(|(p, &q)| *p = f(*p, q));
+        }
+    });
+}
+
+/// `f(a, b)` of each pair of elements (`a` and `b` read over `shape`): in place in
+/// whichever is owned.
+fn zip_same<T: Copy>(
+    shape: &[usize],
+    a: Arg<'_, T>,
+    b: Arg<'_, T>,
+    f: impl Fn(T, T) -> T,
+) -> ArrayD<T> {
     match (a, b) {
         (Arg::Owned(mut a), b) => {
-            Zip::from(&mut a)
-                .and(b.view())
-                .for_each(|p, &q| *p = f(*p, q));
+            zip_into(shape, a.as_slice_mut().unwrap_or(&mut []), &b, false, f);
             a
         }
         (a, Arg::Owned(mut b)) => {
-            Zip::from(a.view())
-                .and(&mut b)
-                .for_each(|&p, q| *q = f(p, *q));
+            zip_into(shape, b.as_slice_mut().unwrap_or(&mut []), &a, true, f);
             b
         }
-        (Arg::View(a), Arg::View(b)) => zip_with(a, b, f),
+        (a, b) => zip_to(shape, &a, &b, f),
     }
 }
 
@@ -170,40 +440,44 @@ pub(crate) fn f32_binary<W: WithBinary>(op: BinaryOp, w: W) -> Option<W::Out> {
     })
 }
 
-/// [`map_same`] as a [`WithUnary`].
-struct MapSame<'a>(Arg<'a, f32>);
+/// [`map_same`] over a shape as a [`WithUnary`].
+struct MapSame<'a, 's>(&'s [usize], Arg<'a, f32>);
 
-impl WithUnary for MapSame<'_> {
+impl WithUnary for MapSame<'_, '_> {
     type Out = ArrayD<f32>;
     fn with(self, f: impl Fn(f32) -> f32 + Copy) -> ArrayD<f32> {
-        map_same(self.0, f)
+        map_same(self.0, self.1, f)
     }
 }
 
-/// [`zip_same`] as a [`WithBinary`].
-struct ZipSame<'a>(Arg<'a, f32>, Arg<'a, f32>);
+/// [`zip_same`] over a shape as a [`WithBinary`].
+struct ZipSame<'a, 's>(&'s [usize], Arg<'a, f32>, Arg<'a, f32>);
 
-impl WithBinary for ZipSame<'_> {
+impl WithBinary for ZipSame<'_, '_> {
     type Out = ArrayD<f32>;
     fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) -> ArrayD<f32> {
-        zip_same(self.0, self.1, f)
+        zip_same(self.0, self.1, self.2, f)
     }
 }
 
 pub(super) fn unary(op: UnaryOp, x: Operand<'_>) -> Result<Literal, String> {
     let dtype = x.dtype();
     let undefined = || not_defined(&Op::Unary(op), dtype);
-    Ok(match elems(x)? {
-        Elems::F32(a) if op == UnaryOp::IsFinite => Literal::Bool(a.view().mapv(f32::is_finite)),
-        Elems::F32(a) => Literal::F32(f32_unary(op, MapSame(a)).ok_or_else(undefined)?),
+    let (x, shape) = elems(x)?;
+    let shape = shape.as_slice();
+    Ok(match x {
+        Elems::F32(a) if op == UnaryOp::IsFinite => {
+            Literal::Bool(map_to(shape, &a, f32::is_finite))
+        }
+        Elems::F32(a) => Literal::F32(f32_unary(op, MapSame(shape, a)).ok_or_else(undefined)?),
         Elems::I32(a) => Literal::I32(match op {
-            UnaryOp::Neg => map_same(a, i32::wrapping_neg),
-            UnaryOp::Abs => map_same(a, i32::wrapping_abs),
-            UnaryOp::Sign => map_same(a, i32::signum),
+            UnaryOp::Neg => map_same(shape, a, i32::wrapping_neg),
+            UnaryOp::Abs => map_same(shape, a, i32::wrapping_abs),
+            UnaryOp::Sign => map_same(shape, a, i32::signum),
             _ => return Err(undefined()),
         }),
         Elems::Bool(a) => Literal::Bool(match op {
-            UnaryOp::Not => map_same(a, |v| !v),
+            UnaryOp::Not => map_same(shape, a, |v| !v),
             _ => return Err(undefined()),
         }),
     })
@@ -258,24 +532,26 @@ fn pow_i32(a: i32, b: i32) -> i32 {
 pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Literal, String> {
     let dtype = same_dtype(&x, &y)?;
     let undefined = || not_defined(&Op::Binary(op), dtype);
-    Ok(match (elems(x)?, elems(y)?) {
+    let ([a, b], shape) = same_shape([x, y])?;
+    let s = shape.as_slice();
+    Ok(match (a, b) {
         (Elems::F32(a), Elems::F32(b)) => {
-            Literal::F32(f32_binary(op, ZipSame(a, b)).ok_or_else(undefined)?)
+            Literal::F32(f32_binary(op, ZipSame(s, a, b)).ok_or_else(undefined)?)
         }
         (Elems::I32(a), Elems::I32(b)) => Literal::I32(match op {
-            BinaryOp::Add => zip_same(a, b, i32::wrapping_add),
-            BinaryOp::Sub => zip_same(a, b, i32::wrapping_sub),
-            BinaryOp::Mul => zip_same(a, b, i32::wrapping_mul),
-            BinaryOp::Div => zip_same(a, b, div_i32),
-            BinaryOp::Max => zip_same(a, b, i32::max),
-            BinaryOp::Min => zip_same(a, b, i32::min),
-            BinaryOp::Pow => zip_same(a, b, pow_i32),
-            BinaryOp::Rem => zip_same(a, b, rem_i32),
+            BinaryOp::Add => zip_same(s, a, b, i32::wrapping_add),
+            BinaryOp::Sub => zip_same(s, a, b, i32::wrapping_sub),
+            BinaryOp::Mul => zip_same(s, a, b, i32::wrapping_mul),
+            BinaryOp::Div => zip_same(s, a, b, div_i32),
+            BinaryOp::Max => zip_same(s, a, b, i32::max),
+            BinaryOp::Min => zip_same(s, a, b, i32::min),
+            BinaryOp::Pow => zip_same(s, a, b, pow_i32),
+            BinaryOp::Rem => zip_same(s, a, b, rem_i32),
             BinaryOp::And | BinaryOp::Or => return Err(undefined()),
         }),
         (Elems::Bool(a), Elems::Bool(b)) => Literal::Bool(match op {
-            BinaryOp::And => zip_same(a, b, |p, q| p && q),
-            BinaryOp::Or => zip_same(a, b, |p, q| p || q),
+            BinaryOp::And => zip_same(s, a, b, |p, q| p && q),
+            BinaryOp::Or => zip_same(s, a, b, |p, q| p || q),
             _ => return Err(undefined()),
         }),
         // The dtypes are equal (checked above).
@@ -285,18 +561,41 @@ pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Lit
 
 fn compare_arrays<T: Copy + PartialOrd>(
     op: CompareOp,
+    shape: &[usize],
     a: Arg<'_, T>,
     b: Arg<'_, T>,
 ) -> ArrayD<bool> {
-    let (a, b) = (a.view(), b.view());
+    let (a, b) = (&a, &b);
     match op {
-        CompareOp::Eq => zip_with(a, b, |p, q| p == q),
-        CompareOp::Ne => zip_with(a, b, |p, q| p != q),
-        CompareOp::Lt => zip_with(a, b, |p, q| p < q),
-        CompareOp::Le => zip_with(a, b, |p, q| p <= q),
-        CompareOp::Gt => zip_with(a, b, |p, q| p > q),
-        CompareOp::Ge => zip_with(a, b, |p, q| p >= q),
+        CompareOp::Eq => zip_to(shape, a, b, |p, q| p == q),
+        CompareOp::Ne => zip_to(shape, a, b, |p, q| p != q),
+        CompareOp::Lt => zip_to(shape, a, b, |p, q| p < q),
+        CompareOp::Le => zip_to(shape, a, b, |p, q| p <= q),
+        CompareOp::Gt => zip_to(shape, a, b, |p, q| p > q),
+        CompareOp::Ge => zip_to(shape, a, b, |p, q| p >= q),
     }
+}
+
+/// The elements of the operands `xs` and the result shape they share, or `Err` if
+/// their shapes differ.
+fn same_shape<const N: usize>(
+    xs: [Operand<'_>; N],
+) -> Result<([Elems<'_>; N], Vec<usize>), String> {
+    let mut shape: Option<Vec<usize>> = None;
+    let mut out = Vec::with_capacity(N);
+    for x in xs {
+        let (e, s) = elems(x)?;
+        match &shape {
+            Some(first) if *first != s => {
+                return Err(format!("operand shapes {first:?} and {s:?} differ"));
+            }
+            Some(_) => {}
+            None => shape = Some(s),
+        }
+        out.push(e);
+    }
+    let out = <[Elems<'_>; N]>::try_from(out).map_err(|_| "an operand per slot".to_string())?;
+    Ok((out, shape.unwrap_or_default()))
 }
 
 /// The dtype of `x` and `y`, or `Err` naming their types if they differ.
@@ -314,10 +613,12 @@ fn same_dtype(x: &Operand<'_>, y: &Operand<'_>) -> Result<DType, String> {
 
 pub(super) fn compare(op: CompareOp, x: Operand<'_>, y: Operand<'_>) -> Result<Literal, String> {
     let dtype = same_dtype(&x, &y)?;
-    Ok(Literal::Bool(match (elems(x)?, elems(y)?) {
-        (Elems::F32(a), Elems::F32(b)) => compare_arrays(op, a, b),
-        (Elems::I32(a), Elems::I32(b)) => compare_arrays(op, a, b),
-        (Elems::Bool(a), Elems::Bool(b)) => compare_arrays(op, a, b),
+    let ([a, b], shape) = same_shape([x, y])?;
+    let s = shape.as_slice();
+    Ok(Literal::Bool(match (a, b) {
+        (Elems::F32(a), Elems::F32(b)) => compare_arrays(op, s, a, b),
+        (Elems::I32(a), Elems::I32(b)) => compare_arrays(op, s, a, b),
+        (Elems::Bool(a), Elems::Bool(b)) => compare_arrays(op, s, a, b),
         // The dtypes are equal (checked above).
         _ => return Err(not_defined(&Op::Compare(op), dtype)),
     }))
@@ -328,42 +629,72 @@ pub(super) fn select(
     on_true: Operand<'_>,
     on_false: Operand<'_>,
 ) -> Result<Literal, String> {
-    /// `p ? t : f` elementwise: in place in whichever of `t` and `f` is owned.
-    fn pick<T: Clone>(p: ArrayViewD<'_, bool>, t: Arg<'_, T>, f: Arg<'_, T>) -> ArrayD<T> {
+    /// `p ? t : f` elementwise over `shape`: in place in whichever of `t` and `f` is
+    /// owned.
+    fn pick<T: Copy>(
+        shape: &[usize],
+        p: &Arg<'_, bool>,
+        t: Arg<'_, T>,
+        f: Arg<'_, T>,
+    ) -> ArrayD<T> {
+        /// `dst[k] = x[k]` where `p[k] == keep` is false.
+        fn into<T: Copy>(
+            shape: &[usize],
+            p: &Arg<'_, bool>,
+            keep: bool,
+            dst: &mut [T],
+            x: &Arg<'_, T>,
+        ) {
+            let (sp, sx) = (p.strides(shape), x.strides(shape));
+            let runs = Runs::new(shape, [&sp, &sx]);
+            let (mut kp, mut kx) = (Vec::new(), Vec::new());
+            runs.each(|o, [i, j], len| {
+                let p = run(p.data(), i, runs.step[0], len, &mut kp);
+                let x = run(x.data(), j, runs.step[1], len, &mut kx);
+                for ((d, &p), &x) in dst[o..o + len].iter_mut().zip(p).zip(x) {
+                    if p != keep {
+                        *d = x;
+                    }
+                }
+            });
+        }
         match (t, f) {
             (Arg::Owned(mut t), f) => {
-                Zip::from(&mut t).and(p).and(f.view()).for_each(|t, &p, f| {
-                    if !p {
-                        *t = f.clone();
-                    }
-                });
+                into(shape, p, true, t.as_slice_mut().unwrap_or(&mut []), &f);
                 t
             }
             (t, Arg::Owned(mut f)) => {
-                Zip::from(&mut f).and(p).and(t.view()).for_each(|f, &p, t| {
-                    if p {
-                        *f = t.clone();
-                    }
-                });
+                into(shape, p, false, f.as_slice_mut().unwrap_or(&mut []), &t);
                 f
             }
-            (Arg::View(t), Arg::View(f)) => Zip::from(p)
-                .and(t)
-                .and(f)
-                .map_collect(|&p, t, f| if p { t.clone() } else { f.clone() }),
+            (t, f) => {
+                let (sp, st, sf) = (p.strides(shape), t.strides(shape), f.strides(shape));
+                let runs = Runs::new(shape, [&sp, &st, &sf]);
+                let mut out = Vec::with_capacity(shape.iter().product());
+                let (mut kp, mut kt, mut kf) = (Vec::new(), Vec::new(), Vec::new());
+                runs.each(|_, [i, j, k], len| {
+                    let p = run(p.data(), i, runs.step[0], len, &mut kp);
+                    let t = run(t.data(), j, runs.step[1], len, &mut kt);
+                    let f = run(f.data(), k, runs.step[2], len, &mut kf);
+                    let picked = p.iter().zip(t).zip(f);
+                    out.extend(picked.map(|((&p, &t), &f)| if p { t } else { f }));
+                });
+                array(shape, out)
+            }
         }
     }
     let dtype = same_dtype(&on_true, &on_false)?;
-    let p = match elems(pred)? {
+    let ([p, t, f], shape) = same_shape([pred, on_true, on_false])?;
+    let s = shape.as_slice();
+    let p = match p {
         Elems::Bool(p) => p,
         Elems::F32(_) => return Err("predicate must be pred, got f32".into()),
         Elems::I32(_) => return Err("predicate must be pred, got i32".into()),
     };
-    let p = p.view();
-    Ok(match (elems(on_true)?, elems(on_false)?) {
-        (Elems::F32(t), Elems::F32(f)) => Literal::F32(pick(p, t, f)),
-        (Elems::I32(t), Elems::I32(f)) => Literal::I32(pick(p, t, f)),
-        (Elems::Bool(t), Elems::Bool(f)) => Literal::Bool(pick(p, t, f)),
+    Ok(match (t, f) {
+        (Elems::F32(t), Elems::F32(f)) => Literal::F32(pick(s, &p, t, f)),
+        (Elems::I32(t), Elems::I32(f)) => Literal::I32(pick(s, &p, t, f)),
+        (Elems::Bool(t), Elems::Bool(f)) => Literal::Bool(pick(s, &p, t, f)),
         // The dtypes are equal (checked above).
         _ => return Err(not_defined(&Op::Select, dtype)),
     })
@@ -376,5 +707,208 @@ pub(super) fn convert(x: Cow<'_, Literal>, dtype: DType) -> Literal {
         x.into_owned()
     } else {
         x.convert(dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::IxDyn;
+    use proptest::prelude::*;
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::{RngExt, SeedableRng};
+
+    use super::*;
+
+    /// A value of `shape` (standard layout, or permuted in memory when `permuted`)
+    /// holding `elem(k)` at logical index `k`.
+    fn value<T: Clone>(shape: &[usize], permuted: bool, elem: impl Fn(usize) -> T) -> ArrayD<T> {
+        let n: usize = shape.iter().product();
+        if !permuted || shape.len() < 2 {
+            return ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(elem).collect()).unwrap();
+        }
+        // Stored reversed: the view reversing the axes back has the logical shape.
+        let reversed: Vec<usize> = shape.iter().rev().copied().collect();
+        let standard = ArrayD::from_shape_fn(IxDyn(&reversed), |ix| {
+            let logical: Vec<usize> = (0..reversed.len()).rev().map(|d| ix[d]).collect();
+            elem(
+                row_major(shape)
+                    .iter()
+                    .zip(&logical)
+                    .map(|(s, i)| s * i)
+                    .sum(),
+            )
+        });
+        standard.reversed_axes()
+    }
+
+    /// One operand over `shape`, as the evaluation loop may pass it: lent, handed over,
+    /// either in a permuted layout, or a broadcast of a random subset of the dims.
+    enum Form {
+        Lent(Literal),
+        Owned(Literal),
+        Broadcast(Literal, Vec<usize>),
+    }
+
+    impl Form {
+        fn random(
+            rng: &mut Xoshiro256PlusPlus,
+            shape: &[usize],
+            make: &dyn Fn(&[usize], bool) -> Literal,
+        ) -> Form {
+            let permuted = rng.random_bool(0.3);
+            match rng.random_range(0..3) {
+                0 => Form::Lent(make(shape, permuted)),
+                1 => Form::Owned(make(shape, permuted)),
+                _ => {
+                    let dims: Vec<usize> =
+                        (0..shape.len()).filter(|_| rng.random_bool(0.5)).collect();
+                    // A kept dim may also have size 1 (repeated along it).
+                    let sizes: Vec<usize> = dims
+                        .iter()
+                        .map(|&d| if rng.random_bool(0.2) { 1 } else { shape[d] })
+                        .collect();
+                    Form::Broadcast(make(&sizes, false), dims)
+                }
+            }
+        }
+
+        fn operand<'a>(&'a self, shape: &'a [usize]) -> Operand<'a> {
+            match self {
+                Form::Lent(v) => Operand::Value(Cow::Borrowed(v)),
+                Form::Owned(v) => Operand::Value(Cow::Owned(v.clone())),
+                Form::Broadcast(source, dims) => Operand::Broadcast {
+                    source,
+                    shape,
+                    dims,
+                },
+            }
+        }
+
+        /// The operand materialised, in logical order.
+        fn materialised(&self, shape: &[usize]) -> Literal {
+            self.operand(shape).into_value().unwrap().into_owned()
+        }
+    }
+
+    fn f32s(shape: &[usize], permuted: bool, seed: u64) -> Literal {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let v: Vec<f32> = (0..shape.iter().product())
+            .map(|_| rng.random_range(-3.0f32..3.0))
+            .collect();
+        Literal::F32(value(shape, permuted, |k| v[k]))
+    }
+
+    fn bools(shape: &[usize], permuted: bool, seed: u64) -> Literal {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let v: Vec<bool> = (0..shape.iter().product())
+            .map(|_| rng.random_bool(0.5))
+            .collect();
+        Literal::Bool(value(shape, permuted, |k| v[k]))
+    }
+
+    /// The shape and the bits of each element in logical order.
+    fn logical(lit: &Literal) -> (Vec<usize>, Vec<u32>) {
+        (lit.shape(), lit.bit_patterns())
+    }
+
+    /// `f` of the operands' elements in logical order (the definition).
+    fn reference<T: Clone, R: Clone>(
+        xs: &[&Literal],
+        pick: impl Fn(&Literal) -> Vec<T>,
+        f: impl Fn(&[T]) -> R,
+    ) -> Vec<R> {
+        let columns: Vec<Vec<T>> = xs.iter().map(|x| pick(x)).collect();
+        let n = columns.first().map_or(0, Vec::len);
+        (0..n)
+            .map(|k| f(&columns.iter().map(|c| c[k].clone()).collect::<Vec<_>>()))
+            .collect()
+    }
+
+    fn elements<T: crate::ir::Element>(lit: &Literal) -> Vec<T> {
+        T::array(lit).unwrap().iter().cloned().collect()
+    }
+
+    fn check(shape: Vec<usize>, seed: u64) {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let mut next = || rng.random_range(0..u64::MAX);
+        let (s1, s2, s3) = (next(), next(), next());
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 1);
+        let fa = Form::random(&mut rng, &shape, &|s, p| f32s(s, p, s1));
+        let fb = Form::random(&mut rng, &shape, &|s, p| f32s(s, p, s2));
+        let fp = Form::random(&mut rng, &shape, &|s, p| bools(s, p, s3));
+        let want_shape = shape.clone();
+        let (ma, mb, mp) = (
+            fa.materialised(&shape),
+            fb.materialised(&shape),
+            fp.materialised(&shape),
+        );
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // Binary ops in place and fresh.
+        for op in [BinaryOp::Sub, BinaryOp::Div, BinaryOp::Max] {
+            let got = binary(op, fa.operand(&shape), fb.operand(&shape)).unwrap();
+            assert!(got.as_f32().unwrap().is_standard_layout());
+            let f = |v: &[f32]| {
+                let w = Literal::F32(ArrayD::from_elem(IxDyn(&[]), v[0]));
+                let z = Literal::F32(ArrayD::from_elem(IxDyn(&[]), v[1]));
+                super::super::eval(
+                    &Op::Binary(op),
+                    &[&w, &z],
+                    &TensorType::new(vec![], DType::F32),
+                )
+                .unwrap()
+                .as_f32()
+                .unwrap()[IxDyn(&[])]
+            };
+            let want = reference(&[&ma, &mb], elements::<f32>, f);
+            assert_eq!(
+                logical(&got),
+                (want_shape.clone(), bits(want)),
+                "{op:?} {shape:?}"
+            );
+        }
+        // Unary.
+        let got = unary(UnaryOp::Exp, fa.operand(&shape)).unwrap();
+        let want = reference(&[&ma], elements::<f32>, |v| elementary::exp(v[0]));
+        assert_eq!(
+            logical(&got),
+            (want_shape.clone(), bits(want)),
+            "exp {shape:?}"
+        );
+        // Compare.
+        let got = compare(CompareOp::Lt, fa.operand(&shape), fb.operand(&shape)).unwrap();
+        let want = reference(&[&ma, &mb], elements::<f32>, |v| v[0] < v[1]);
+        assert_eq!(elements::<bool>(&got), want, "compare {shape:?}");
+        assert_eq!(got.shape(), want_shape);
+        // Select, in place in either branch and fresh.
+        let got = select(fp.operand(&shape), fa.operand(&shape), fb.operand(&shape)).unwrap();
+        let p = elements::<bool>(&mp);
+        let (ta, tb) = (elements::<f32>(&ma), elements::<f32>(&mb));
+        let want: Vec<f32> = (0..p.len())
+            .map(|k| if p[k] { ta[k] } else { tb[k] })
+            .collect();
+        assert_eq!(logical(&got), (want_shape, bits(want)), "select {shape:?}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Any layout and broadcast of the operands, empty and unit dims: the runs give
+        /// the elements the definition gives, bitwise.
+        #[test]
+        fn runs_equal_the_definition(
+            shape in proptest::collection::vec(0usize..5, 0..5),
+            seed in any::<u64>(),
+        ) {
+            check(shape, seed);
+        }
+    }
+
+    /// Runs longer than [`RUN`] are cut, a scratch buffer reused across them.
+    #[test]
+    fn long_runs_are_cut() {
+        for seed in 0..8 {
+            check(vec![3, RUN + 5], seed);
+            check(vec![2 * RUN + 1], seed);
+        }
     }
 }
