@@ -4,7 +4,7 @@
 
 use super::communicator::Communicator;
 use super::interpreter::{eval_kernel, execute};
-use super::kernels::Operand;
+use super::kernels::Operands;
 use super::plan::Plan;
 use crate::error::Result;
 use crate::ir::{AxisGroup, DType, Literal, Node, Op, Program};
@@ -46,10 +46,10 @@ pub(crate) fn run_planned(
 fn eval_on_device(
     comm: &dyn Communicator,
     node: &Node,
-    operands: Vec<Operand<'_>>,
+    operands: Operands<'_>,
     typed: bool,
 ) -> Result<Literal, String> {
-    let x = |operands: Vec<Operand<'_>>| -> Result<Literal, String> {
+    let x = |operands: Operands<'_>| -> Result<Literal, String> {
         let first = operands.into_iter().next();
         let first = first.ok_or_else(|| format!("{} takes an operand", node.op.name()))?;
         Ok(first.into_value()?.into_owned())

@@ -26,8 +26,8 @@ use std::borrow::Cow;
 use ndarray::ArrayD;
 
 use super::kernels::{
-    Lanes, Operand, WithBinary, WithUnary, body_len, f32_binary, f32_unary, map_strides, max_nan,
-    min_nan, row_major,
+    Dims, Lanes, Operand, Operands, WithBinary, WithUnary, body_len, f32_binary, f32_unary,
+    map_strides, max_nan, min_nan, row_major,
 };
 use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
 
@@ -287,7 +287,7 @@ impl Group {
     /// dims may be a deferred broadcast). A leaf handed over with the loop's shape in
     /// standard layout becomes the result's buffer (no reduction). `Err` if a leaf is
     /// not f32 or does not fit its shape.
-    pub(crate) fn run(&self, operands: Vec<Operand<'_>>) -> Result<Literal, String> {
+    pub(crate) fn run(&self, operands: Operands<'_>) -> Result<Literal, String> {
         if operands.len() != self.leaves.len() {
             return Err(format!(
                 "a fused loop of {} leaves given {} values",
@@ -474,7 +474,7 @@ enum Source<'a> {
     /// `contiguous`: the strides are the loop shape's row-major ones.
     Strided {
         data: Cow<'a, [f32]>,
-        strides: Vec<usize>,
+        strides: Dims,
         contiguous: bool,
     },
 }
@@ -490,7 +490,7 @@ impl<'a> Source<'a> {
         let (array, value_shape, value_strides) = match x {
             Operand::Value(v) => {
                 let a = f32s(v)?;
-                (a, a.shape().to_vec(), row_major(a.shape()))
+                (a, Dims::from_slice(a.shape()), row_major(a.shape()))
             }
             Operand::Broadcast {
                 source,
@@ -499,10 +499,10 @@ impl<'a> Source<'a> {
             } => {
                 let a = f32s(source)?;
                 let strides = map_strides(a.shape(), &row_major(a.shape()), to, dims)?;
-                (a, to.to_vec(), strides)
+                (a, Dims::from_slice(to), strides)
             }
         };
-        let identity: Vec<usize>;
+        let identity: Dims;
         let dims = match dims {
             Some(dims) => dims,
             None => {

@@ -11,7 +11,7 @@ use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 use super::buffers;
 use super::flow::run_flow;
 use super::kernels;
-use super::kernels::Operand;
+use super::kernels::{Operand, Operands};
 use super::memory::available_memory;
 use super::plan::{Fusion, Plan, Step};
 
@@ -47,7 +47,7 @@ pub fn interpret_with_memory_limit(
 /// ([`kernels::eval`]), with the same errors as without a plan.
 pub(crate) fn eval_kernel(
     node: &Node,
-    operands: Vec<Operand<'_>>,
+    operands: Operands<'_>,
     typed: bool,
 ) -> Result<Literal, String> {
     if typed {
@@ -92,7 +92,7 @@ pub(crate) fn execute(
     plan: &Plan,
     inputs: &[Literal],
     memory_limit: usize,
-    mut eval: impl FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String>,
+    mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
     buffers::start_run(plan.budget, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
@@ -104,7 +104,7 @@ pub(crate) fn execute(
 type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 
 /// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
-type Eval<'a> = dyn FnMut(&Node, Vec<Operand<'_>>, bool) -> Result<Literal, String> + 'a;
+type Eval<'a> = dyn FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse; `outer`
 /// is the bytes live in the loops this one runs inside (0 for a program, the caller's
@@ -330,7 +330,7 @@ fn gather_operands<'v>(
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
     taken: &mut Vec<Option<Literal>>,
-) -> Option<Vec<Operand<'v>>> {
+) -> Option<Operands<'v>> {
     taken.extend(step.reads.iter().zip(&step.hand_over).map(|(o, &last)| {
         match values.get_mut(o.index()) {
             Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {

@@ -19,6 +19,10 @@ mod reduce;
 
 use std::borrow::Cow;
 
+/// The dims (a shape, strides in elements) of a kernel's per-call layout: inline up to
+/// rank 6, so a call allocates only its result.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
+
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
@@ -66,6 +70,19 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
     }
     let operands = operands.iter().map(|&o| Operand::Value(Cow::Borrowed(o)));
     eval_typed(op, operands.collect(), result)
+}
+
+/// The operands of one node, inline up to four (no allocation per op).
+pub(crate) type Operands<'a> = smallvec::SmallVec<[Operand<'a>; 4]>;
+
+/// The `N` operands of a node of arity `N`; `None` for any other number.
+fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
+    if operands.len() != N {
+        return None;
+    }
+    let mut it = operands.into_iter();
+    // `N` elements: every call of the closure finds one.
+    Some(std::array::from_fn(|_| it.next().expect("the length was checked")))
 }
 
 /// An operand as the evaluation loop passes it to [`eval_typed`].
@@ -117,7 +134,7 @@ impl<'a> Operand<'a> {
 /// against `result`.
 pub(crate) fn eval_typed(
     op: &Op,
-    operands: Vec<Operand<'_>>,
+    operands: Operands<'_>,
     result: &TensorType,
 ) -> Result<Literal, String> {
     if narrow::computes_wide(op, &operands, result) {
@@ -127,31 +144,31 @@ pub(crate) fn eval_typed(
     let arity = |n: usize| format!("{} takes {n} operands, given {given}", op.name());
     let out = match op {
         Op::Unary(u) => {
-            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             elementwise::unary(*u, x)?
         }
         Op::Binary(b) => {
-            let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
+            let [x, y] = exactly::<2>(operands).ok_or_else(|| arity(2))?;
             elementwise::binary(*b, x, y)?
         }
         Op::Compare(c) => {
-            let [x, y] = <[_; 2]>::try_from(operands).map_err(|_| arity(2))?;
+            let [x, y] = exactly::<2>(operands).ok_or_else(|| arity(2))?;
             elementwise::compare(*c, x, y)?
         }
         Op::Select => {
-            let [p, t, f] = <[_; 3]>::try_from(operands).map_err(|_| arity(3))?;
+            let [p, t, f] = exactly::<3>(operands).ok_or_else(|| arity(3))?;
             elementwise::select(p, t, f)?
         }
         Op::Convert(dtype) => {
-            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             elementwise::convert(x.into_value()?, *dtype)
         }
         Op::ShardingConstraint => {
-            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             x.into_value()?.into_owned()
         }
         Op::Reshape(shape) => {
-            let [x] = <[_; 1]>::try_from(operands).map_err(|_| arity(1))?;
+            let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             map_literal!(x.into_value()?.into_owned(), a => movement::reshape_owned(a, shape)?)
         }
         Op::DynamicUpdateSlice => {

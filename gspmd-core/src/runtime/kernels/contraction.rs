@@ -17,6 +17,9 @@ use ndarray::{
     ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn, ShapeBuilder, Zip, linalg::general_mat_mul,
 };
 
+use smallvec::{SmallVec, smallvec};
+
+use super::Dims;
 use crate::ir::DotDims;
 
 /// Element types `dot_general` multiplies: `c = a · b` for 2-D operands (`c`'s prior
@@ -47,16 +50,16 @@ impl DotScalar for i32 {
 /// An operand as flat memory: element `ix` at `data[sum(ix[d] * strides[d])]`.
 struct Flat<'a, T: Clone> {
     data: Cow<'a, [T]>,
-    strides: Vec<usize>,
-    shape: Vec<usize>,
+    strides: Dims,
+    shape: Dims,
 }
 
 impl<'a, T: Clone> Flat<'a, T> {
     /// `a`'s memory when it is contiguous with non-negative strides (any order of
     /// dims), else a standard-layout copy.
     fn new(a: &'a ArrayD<T>) -> Self {
-        let shape = a.shape().to_vec();
-        let strides: Option<Vec<usize>> = a
+        let shape = Dims::from_slice(a.shape());
+        let strides: Option<Dims> = a
             .strides()
             .iter()
             .map(|&s| usize::try_from(s).ok())
@@ -76,7 +79,7 @@ impl<'a, T: Clone> Flat<'a, T> {
     }
 
     /// The `(size, stride)` of each of `dims`.
-    fn dims(&self, dims: &[usize]) -> Vec<(usize, usize)> {
+    fn dims(&self, dims: &[usize]) -> SmallVec<[(usize, usize); 6]> {
         dims.iter()
             .map(|&d| (self.shape[d], self.strides[d]))
             .collect()
@@ -88,10 +91,10 @@ impl<'a, T: Clone> Flat<'a, T> {
     where
         T: Copy,
     {
-        let sizes: Vec<usize> = perm.iter().map(|&d| self.shape[d]).collect();
-        let read: Vec<usize> = perm.iter().map(|&d| self.strides[d]).collect();
+        let sizes: Dims = perm.iter().map(|&d| self.shape[d]).collect();
+        let read: Dims = perm.iter().map(|&d| self.strides[d]).collect();
         let data = super::elementwise::strided_copy(&sizes, &self.data, &read);
-        let mut strides = vec![0; perm.len()];
+        let mut strides: Dims = smallvec![0; perm.len()];
         for (&d, s) in perm.iter().zip(super::row_major(&sizes)) {
             strides[d] = s;
         }
@@ -169,7 +172,7 @@ pub(super) fn dot_general<T: DotScalar>(
 }
 
 /// The dims of a rank-`rank` operand that are neither batch nor contracting.
-fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Vec<usize> {
+fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Dims {
     (0..rank)
         .filter(|d| !batch.contains(d) && !contracting.contains(d))
         .collect()
@@ -187,7 +190,7 @@ fn multiply<T: DotScalar>(
     let out_strides = super::row_major(shape);
     let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
     // The loop dims: size and the stride of the lhs, the rhs and the result along it.
-    let mut loops: Vec<(usize, [usize; 3])> = Vec::new();
+    let mut loops: SmallVec<[(usize, [usize; 3]); 6]> = SmallVec::new();
     for (j, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
         loops.push((shape[j], [l.strides[a], r.strides[b], out_strides[j]]));
     }

@@ -17,8 +17,9 @@
 use std::borrow::Cow;
 
 use ndarray::{ArrayD, IxDyn};
+use smallvec::smallvec;
 
-use super::{Operand, elementary, not_defined, type_of, types_differ};
+use super::{Dims, Operand, elementary, not_defined, type_of, types_differ};
 use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp};
 
 /// An operand's elements over the result shape.
@@ -27,10 +28,7 @@ enum Arg<'a, T: Clone> {
     Owned(ArrayD<T>),
     /// A lent value, or a broadcast's operand: element `ix` of the result shape is
     /// `data[sum(ix[d] * strides[d])]`.
-    Lent {
-        data: Cow<'a, [T]>,
-        strides: Vec<usize>,
-    },
+    Lent { data: Cow<'a, [T]>, strides: Dims },
 }
 
 impl<T: Clone> Arg<'_, T> {
@@ -43,10 +41,10 @@ impl<T: Clone> Arg<'_, T> {
     }
 
     /// The strides over the result `shape`.
-    fn strides(&self, shape: &[usize]) -> Cow<'_, [usize]> {
+    fn strides(&self, shape: &[usize]) -> Dims {
         match self {
-            Arg::Owned(_) => Cow::Owned(row_major(shape)),
-            Arg::Lent { strides, .. } => Cow::Borrowed(strides),
+            Arg::Owned(_) => row_major(shape),
+            Arg::Lent { strides, .. } => strides.clone(),
         }
     }
 }
@@ -132,8 +130,8 @@ fn elems(x: Operand<'_>) -> Result<(Elems<'_>, Vec<usize>), String> {
 }
 
 /// The row-major strides of `shape`, in elements.
-pub(crate) fn row_major(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+pub(crate) fn row_major(shape: &[usize]) -> Dims {
+    let mut strides = smallvec![0; shape.len()];
     let mut stride = 1;
     for (s, &n) in strides.iter_mut().zip(shape).rev() {
         *s = stride;
@@ -150,12 +148,12 @@ pub(crate) fn map_strides(
     strides: &[usize],
     to: &[usize],
     dims: &[usize],
-) -> Result<Vec<usize>, String> {
+) -> Result<Dims, String> {
     let misfit = || format!("cannot broadcast {shape:?} to {to:?} along {dims:?}");
     if dims.len() != shape.len() {
         return Err(misfit());
     }
-    let mut out = vec![0; to.len()];
+    let mut out = smallvec![0; to.len()];
     for ((&n, &s), &d) in shape.iter().zip(strides).zip(dims) {
         match to.get(d) {
             Some(&m) if m == n && n != 1 => out[d] = s,

@@ -14,7 +14,7 @@
 
 use std::borrow::Cow;
 
-use super::{Operand, eval_typed};
+use super::{Operand, Operands, eval_typed};
 use crate::ir::{DType, Literal, Op, TensorType};
 
 /// Whether `op` on `operands` with type `result` runs in f32: it computes
@@ -70,13 +70,13 @@ fn computes(op: &Op) -> bool {
 /// rounded to `result`'s dtype if that is narrow.
 pub(super) fn eval_wide(
     op: &Op,
-    operands: Vec<Operand<'_>>,
+    operands: Operands<'_>,
     result: &TensorType,
 ) -> Result<Literal, String> {
     let operands = operands
         .into_iter()
         .map(widen)
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Operands<'_>, String>>()?;
     let dtype = result.dtype;
     let wide = TensorType::new(
         result.shape.clone(),
