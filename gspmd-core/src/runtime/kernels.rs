@@ -19,9 +19,11 @@ mod reduce;
 
 use std::borrow::Cow;
 
+use smallvec::SmallVec;
+
 /// The dims (a shape, strides in elements) of a kernel's per-call layout: inline up to
 /// rank 6, so a call allocates only its result.
-pub(crate) type Dims = smallvec::SmallVec<[usize; 6]>;
+pub(crate) type Dims = SmallVec<[usize; 6]>;
 
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
@@ -73,7 +75,7 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
 }
 
 /// The operands of one node, inline up to four (no allocation per op).
-pub(crate) type Operands<'a> = smallvec::SmallVec<[Operand<'a>; 4]>;
+pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 4]>;
 
 /// The `N` operands of a node of arity `N`; `None` for any other number.
 fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
@@ -82,7 +84,9 @@ fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
     }
     let mut it = operands.into_iter();
     // `N` elements: every call of the closure finds one.
-    Some(std::array::from_fn(|_| it.next().expect("the length was checked")))
+    Some(std::array::from_fn(|_| {
+        it.next().expect("the length was checked")
+    }))
 }
 
 /// An operand as the evaluation loop passes it to [`eval_typed`].
@@ -191,9 +195,10 @@ pub(crate) fn eval_typed(
             let values = operands
                 .into_iter()
                 .map(Operand::into_value)
-                .collect::<Result<Vec<_>, String>>()?;
-            let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
+                .collect::<Result<SmallVec<[_; 4]>, String>>()?;
+            let refs: SmallVec<[&Literal; 4]> = values.iter().map(AsRef::as_ref).collect();
             let out = compute_borrowed(op, &refs, result)?;
+            drop(refs);
             // Operands handed over and read by reference die here: to the pool.
             values.into_iter().for_each(super::buffers::release_operand);
             out

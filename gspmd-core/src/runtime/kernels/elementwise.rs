@@ -20,7 +20,7 @@ use ndarray::{ArrayD, IxDyn};
 use smallvec::smallvec;
 
 use super::{Dims, Operand, elementary, not_defined, type_of, types_differ};
-use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp};
+use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp, with_literal};
 
 /// An operand's elements over the result shape.
 enum Arg<'a, T: Clone> {
@@ -101,10 +101,10 @@ enum Elems<'a> {
 
 /// The elements of `x` and the result shape it is read over: a broadcast is its
 /// operand read with zero strides, never materialised.
-fn elems(x: Operand<'_>) -> Result<(Elems<'_>, Vec<usize>), String> {
+fn elems(x: Operand<'_>) -> Result<(Elems<'_>, Dims), String> {
     let shape = match &x {
-        Operand::Value(v) => v.shape(),
-        Operand::Broadcast { shape, .. } => shape.to_vec(),
+        Operand::Value(v) => with_literal!(v.as_ref(), a => Dims::from_slice(a.shape())),
+        Operand::Broadcast { shape, .. } => Dims::from_slice(shape),
     };
     let e = match x {
         Operand::Value(Cow::Borrowed(Literal::F32(a))) => Elems::F32(lent(a)),
@@ -576,10 +576,8 @@ fn compare_arrays<T: Copy + PartialOrd>(
 
 /// The elements of the operands `xs` and the result shape they share, or `Err` if
 /// their shapes differ.
-fn same_shape<const N: usize>(
-    xs: [Operand<'_>; N],
-) -> Result<([Elems<'_>; N], Vec<usize>), String> {
-    let mut shape: Option<Vec<usize>> = None;
+fn same_shape<const N: usize>(xs: [Operand<'_>; N]) -> Result<([Elems<'_>; N], Dims), String> {
+    let mut shape: Option<Dims> = None;
     let mut out = Vec::with_capacity(N);
     for x in xs {
         let (e, s) = elems(x)?;

@@ -12,6 +12,12 @@
 //! and the tests compare both paths.
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use smallvec::{SmallVec, smallvec};
+
+use super::Dims;
+
+/// Strides in elements, inline up to rank 6 (see [`Dims`]).
+type Strides = SmallVec<[isize; 6]>;
 
 /// Side of the square tiles a transposing copy moves at a time.
 const TILE: usize = 16;
@@ -24,13 +30,13 @@ pub(crate) struct Layout {
     /// Position of the first element.
     pub offset: isize,
     /// Step between neighbours along each dim (0 repeats an element).
-    pub strides: Vec<isize>,
+    pub strides: Strides,
 }
 
 impl Layout {
     /// Row-major contiguous layout of `shape` from position 0.
     pub(crate) fn standard(shape: &[usize]) -> Layout {
-        let mut strides = vec![1; shape.len()];
+        let mut strides: Strides = smallvec![1; shape.len()];
         for d in (0..shape.len().saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * shape[d + 1].max(1) as isize;
         }
@@ -54,7 +60,7 @@ impl Layout {
 #[derive(Clone, Debug)]
 pub(crate) struct Block<'a, T> {
     data: &'a [T],
-    shape: Vec<usize>,
+    shape: Dims,
     layout: Layout,
 }
 
@@ -64,7 +70,7 @@ impl<'a, T: Copy + Default> Block<'a, T> {
     /// strided slice, a broadcast view).
     pub(crate) fn of(view: ArrayViewD<'a, T>) -> Option<Self> {
         let data = view.to_slice_memory_order()?;
-        let strides = view.strides().to_vec();
+        let strides = Strides::from_slice(view.strides());
         // The slice starts at the lowest address: reversed dims start past it.
         let offset = (view.shape().iter().zip(&strides))
             .map(|(&n, &s)| {
@@ -77,7 +83,7 @@ impl<'a, T: Copy + Default> Block<'a, T> {
             .sum();
         Some(Block {
             data,
-            shape: view.shape().to_vec(),
+            shape: Dims::from_slice(view.shape()),
             layout: Layout { offset, strides },
         })
     }
@@ -127,7 +133,7 @@ impl<'a, T: Copy + Default> Block<'a, T> {
         if dims.len() != self.shape.len() {
             return None;
         }
-        let mut strides = vec![0; shape.len()];
+        let mut strides: Strides = smallvec![0; shape.len()];
         for (i, &d) in dims.iter().enumerate() {
             match (self.shape[i], shape.get(d)) {
                 (n, Some(&m)) if n == m => strides[d] = self.layout.strides[i],
@@ -137,7 +143,7 @@ impl<'a, T: Copy + Default> Block<'a, T> {
         }
         Some(Block {
             data: self.data,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             layout: Layout {
                 offset: self.layout.offset,
                 strides,
@@ -192,7 +198,7 @@ pub(crate) fn reshape_owned<T: Copy + Default>(
     shape: &[usize],
 ) -> Result<ArrayD<T>, String> {
     let a = standard_layout(a);
-    let from = a.shape().to_vec();
+    let from = Dims::from_slice(a.shape());
     a.into_shape_with_order(IxDyn(shape))
         .map_err(|e| generic::cannot_reshape(&from, shape, e))
 }
@@ -231,11 +237,12 @@ pub(crate) fn concatenate<T: Copy + Default>(
     arrays: &[ArrayViewD<'_, T>],
     dim: usize,
 ) -> Result<ArrayD<T>, String> {
-    let blocks: Option<Vec<Block<'_, T>>> = arrays.iter().map(|a| Block::of(a.clone())).collect();
+    let blocks: Option<SmallVec<[Block<'_, T>; 4]>> =
+        arrays.iter().map(|a| Block::of(a.clone())).collect();
     let (Some(blocks), Some(first)) = (blocks, arrays.first()) else {
         return generic::concatenate(arrays, dim);
     };
-    let mut shape = first.shape().to_vec();
+    let mut shape = Dims::from_slice(first.shape());
     if dim >= shape.len() {
         return Err(format!(
             "concatenate along dim {dim} of rank {}",
@@ -257,8 +264,8 @@ pub(crate) fn concatenate<T: Copy + Default>(
     }
     let mut out = vec![T::default(); shape.iter().product()];
     let layout = Layout::standard(&shape);
-    let mut start = vec![0; shape.len()];
-    let step = vec![1; shape.len()];
+    let mut start: Dims = smallvec![0; shape.len()];
+    let step: Dims = smallvec![1; shape.len()];
     for b in &blocks {
         b.write(&mut out, &layout.window(&start, &step));
         start[dim] += b.shape[dim];
@@ -279,7 +286,7 @@ pub(crate) fn pad<T: Copy + Default>(
     let Some(block) = Block::of(a.view()) else {
         return generic::pad(a, fill, low, high, interior);
     };
-    let shape: Vec<usize> = (0..a.ndim())
+    let shape: Dims = (0..a.ndim())
         .map(|d| {
             let n = low[d] + generic::spread(a.shape()[d], interior[d]) as i64 + high[d];
             n.max(0) as usize
@@ -287,7 +294,8 @@ pub(crate) fn pad<T: Copy + Default>(
         .collect();
     // Operand element `i` lands at `low + i * step`: keep those inside the result.
     let rank = shape.len();
-    let (mut first, mut end, mut at) = (vec![0; rank], vec![0; rank], vec![0; rank]);
+    let (mut first, mut end, mut at): (Dims, Dims, Dims) =
+        (smallvec![0; rank], smallvec![0; rank], smallvec![0; rank]);
     for d in 0..rank {
         let (step, n) = (interior[d] as i64 + 1, a.shape()[d] as i64);
         let lo = if low[d] >= 0 {
@@ -301,8 +309,8 @@ pub(crate) fn pad<T: Copy + Default>(
         at[d] = (low[d] + first[d] as i64 * step).max(0) as usize;
     }
     let mut out = vec![fill; shape.iter().product()];
-    let ones = vec![1; rank];
-    let steps: Vec<usize> = interior.iter().map(|&k| k + 1).collect();
+    let ones: Dims = smallvec![1; rank];
+    let steps: Dims = interior.iter().map(|&k| k + 1).collect();
     block
         .sliced(&first, &end, &ones)
         .write(&mut out, &Layout::standard(&shape).window(&at, &steps));
@@ -316,7 +324,8 @@ pub(crate) fn update_slice<T: Copy + Default>(
     starts: &[usize],
 ) -> ArrayD<T> {
     let mut out = standard_layout(out);
-    let layout = Layout::standard(out.shape()).window(starts, &vec![1; starts.len()]);
+    let ones: Dims = smallvec![1; starts.len()];
+    let layout = Layout::standard(out.shape()).window(starts, &ones);
     match (Block::of(update.view()), out.as_slice_mut()) {
         (Some(block), Some(flat)) => block.write(flat, &layout),
         _ => generic::update_slice(&mut out, update, starts),
@@ -480,7 +489,7 @@ fn copy<T: Copy + Default>(shape: &[usize], src: &[T], from: &Layout, dst: &mut 
     }
     // One-element dims move nothing; a dim whose steps are its inner neighbour's
     // whole extent in both layouts continues it.
-    let mut dims: Vec<Dim> = Vec::with_capacity(shape.len());
+    let mut dims: SmallVec<[Dim; 6]> = SmallVec::with_capacity(shape.len());
     for (d, &n) in shape.iter().enumerate().filter(|&(_, &n)| n > 1) {
         let (from, to) = (from.strides[d], to.strides[d]);
         match dims.last_mut() {
@@ -524,7 +533,7 @@ fn each_offset(dims: &[Dim], mut s: isize, mut t: isize, mut f: impl FnMut(isize
     let Some((last, outer)) = dims.split_last() else {
         return f(s, t);
     };
-    let mut idx = vec![0; outer.len()];
+    let mut idx: Dims = smallvec![0; outer.len()];
     loop {
         let (mut si, mut ti) = (s, t);
         for _ in 0..last.n {
