@@ -22,8 +22,10 @@
 //! broadcasts.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 
 use ndarray::ArrayD;
+use smallvec::SmallVec;
 
 use super::kernels::{
     Dims, Lanes, Operand, Operands, WithBinary, WithUnary, body_len, f32_binary, f32_unary,
@@ -34,6 +36,12 @@ use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp
 /// The elements a fused loop computes at a time: each register holds one chunk.
 /// A multiple of the reduction's lane count, so that chunks cut a row's body whole.
 pub(crate) const CHUNK: usize = 256;
+
+thread_local! {
+    /// The registers of the fused loops run on this thread (a device's, or the
+    /// interpreter's), kept between runs: a loop allocates no scratch.
+    static REGISTERS: RefCell<Vec<[f32; CHUNK]>> = const { RefCell::new(Vec::new()) };
+}
 
 /// One fusion group, planned once per program: its nodes and its loop.
 #[derive(Debug)]
@@ -297,7 +305,7 @@ impl Group {
         }
         // The first owned leaf that fits is the result's buffer.
         let mut buffer: Option<ArrayD<f32>> = None;
-        let mut held: Vec<Option<Operand<'_>>> = Vec::with_capacity(operands.len());
+        let mut held: SmallVec<[Option<Operand<'_>>; 4]> = SmallVec::new();
         for (k, x) in operands.into_iter().enumerate() {
             match x {
                 Operand::Value(Cow::Owned(Literal::F32(a)))
@@ -320,8 +328,21 @@ impl Group {
                 None => Ok(Source::Buffer),
                 Some(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
             })
-            .collect::<Result<Vec<_>, String>>()?;
-        let mut regs = vec![[0f32; CHUNK]; self.leaves.len() + self.code.len()];
+            .collect::<Result<SmallVec<[_; 4]>, String>>()?;
+        REGISTERS.with_borrow_mut(|regs| {
+            regs.resize(self.leaves.len() + self.code.len(), [0.0; CHUNK]);
+            self.run_on(&sources, buffer, regs)
+        })
+    }
+
+    /// [`Group::run`] with the leaves' `sources`, the result's `buffer` if a leaf was
+    /// handed over, and registers.
+    fn run_on(
+        &self,
+        sources: &[Source<'_>],
+        buffer: Option<ArrayD<f32>>,
+        regs: &mut [[f32; CHUNK]],
+    ) -> Result<Literal, String> {
         let total: usize = self.shape.iter().product();
         match (self.reduce, buffer) {
             (Some((kind, kept)), _) => {
@@ -330,14 +351,12 @@ impl Group {
                     self.shape[kept..].iter().product(),
                 );
                 let data = match kind {
-                    ReduceKind::Sum => {
-                        self.fold_rows(&sources, &mut regs, outer, row, 0.0, |p, q| p + q)
-                    }
+                    ReduceKind::Sum => self.fold_rows(sources, regs, outer, row, 0.0, |p, q| p + q),
                     ReduceKind::Max => {
-                        self.fold_rows(&sources, &mut regs, outer, row, f32::NEG_INFINITY, max_nan)
+                        self.fold_rows(sources, regs, outer, row, f32::NEG_INFINITY, max_nan)
                     }
                     ReduceKind::Min => {
-                        self.fold_rows(&sources, &mut regs, outer, row, f32::INFINITY, min_nan)
+                        self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
                     }
                 };
                 shaped(&self.shape[..kept], data)
@@ -346,7 +365,7 @@ impl Group {
                 let out = buffer.as_slice_mut().ok_or("a standard-layout buffer")?;
                 for start in (0..total).step_by(CHUNK) {
                     let len = CHUNK.min(total - start);
-                    let result = self.chunk(&sources, out, &mut regs, start, len);
+                    let result = self.chunk(sources, out, regs, start, len);
                     out[start..start + len].copy_from_slice(result);
                 }
                 Ok(Literal::F32(buffer))
@@ -355,7 +374,7 @@ impl Group {
                 let mut out = super::buffers::with_capacity(total);
                 for start in (0..total).step_by(CHUNK) {
                     let len = CHUNK.min(total - start);
-                    out.extend_from_slice(self.chunk(&sources, &[], &mut regs, start, len));
+                    out.extend_from_slice(self.chunk(sources, &[], regs, start, len));
                 }
                 shaped(&self.shape, out)
             }

@@ -141,16 +141,15 @@ pub(super) fn dot_general<T: DotScalar>(
     let rhs_free = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
     let total: usize = shape.iter().product();
     let mut out = vec![T::default(); total];
-    let sizes = |a: &ArrayD<T>, dims: &[usize]| -> Vec<usize> {
-        dims.iter().map(|&d| a.shape()[d]).collect()
+    let sizes = |a: &'_ ArrayD<T>, dims: &'_ [usize]| {
+        let shape = a.shape();
+        dims.iter().map(move |&d| shape[d]).collect::<Dims>()
     };
-    let want: Vec<usize> = [
-        sizes(lhs, &dd.lhs_batch),
-        sizes(lhs, &lhs_free),
-        sizes(rhs, &rhs_free),
-    ]
-    .concat();
-    if want != shape {
+    let want: Dims = (sizes(lhs, &dd.lhs_batch).into_iter())
+        .chain(sizes(lhs, &lhs_free))
+        .chain(sizes(rhs, &rhs_free))
+        .collect();
+    if want.as_slice() != shape {
         return Err(format!("the product has shape {want:?}, not {shape:?}"));
     }
     let contracted: usize = sizes(lhs, &dd.lhs_contracting).iter().product();
@@ -159,11 +158,19 @@ pub(super) fn dot_general<T: DotScalar>(
         // Contracting dims must merge on both sides: else that operand is copied in
         // `[batch, free, contracting]` order, where they do.
         if merged(&l.dims(&dd.lhs_contracting)).is_none() {
-            let perm = [&dd.lhs_batch[..], &lhs_free, &dd.lhs_contracting].concat();
+            let perm: Dims = [&dd.lhs_batch[..], &lhs_free, &dd.lhs_contracting]
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
             l = l.permuted(&perm);
         }
         if merged(&r.dims(&dd.rhs_contracting)).is_none() {
-            let perm = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting].concat();
+            let perm: Dims = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting]
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
             r = r.permuted(&perm);
         }
         multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, &mut out)?;
@@ -214,7 +221,7 @@ fn multiply<T: DotScalar>(
     // (the merged minor rhs free dims) adjacent.
     let row: usize = shape[nb + nl..].iter().product();
     let view_err = |e: ndarray::ShapeError| e.to_string();
-    let mut index = vec![0; loops.len()];
+    let mut index: Dims = smallvec![0; loops.len()];
     let mut at = [0usize; 3];
     loop {
         let a = ArrayView2::from_shape((m, k).strides((lm, lk)), &l.data[at[0]..]);
