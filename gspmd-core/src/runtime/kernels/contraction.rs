@@ -211,7 +211,7 @@ fn multiply<T: DotScalar>(
         loops.push((size, [0, s, out_strides[nb + nl + k]]));
     }
     let merge = |f: &Flat<'_, T>, dims: &[usize]| {
-        merged(&f.dims(dims)).ok_or("contracting dims that do not merge".to_string())
+        merged(&f.dims(dims)).ok_or_else(|| "contracting dims that do not merge".to_string())
     };
     let ((k, lk), (_, rk)) = (
         merge(l, &dd.lhs_contracting)?,

@@ -17,7 +17,7 @@
 use std::borrow::Cow;
 
 use ndarray::{ArrayD, IxDyn};
-use smallvec::smallvec;
+use smallvec::{SmallVec, smallvec};
 
 use super::{Dims, Operand, elementary, not_defined, type_of, types_differ};
 use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp, with_literal};
@@ -173,7 +173,7 @@ const RUN: usize = 4096;
 /// strides always do), the minor merged dim cut into runs of at most [`RUN`].
 struct Runs<const N: usize> {
     /// The outer merged dims, major first: size and each operand's stride.
-    outer: Vec<(usize, [usize; N])>,
+    outer: SmallVec<[(usize, [usize; N]); 6]>,
     /// The minor merged dim's size (0: no element).
     len: usize,
     /// Each operand's stride along the minor merged dim.
@@ -185,13 +185,13 @@ impl<const N: usize> Runs<N> {
     fn new(shape: &[usize], strides: [&[usize]; N]) -> Self {
         if shape.contains(&0) {
             return Runs {
-                outer: Vec::new(),
+                outer: SmallVec::new(),
                 len: 0,
                 step: [0; N],
             };
         }
         // Minor first while merging.
-        let mut merged: Vec<(usize, [usize; N])> = Vec::new();
+        let mut merged: SmallVec<[(usize, [usize; N]); 6]> = SmallVec::new();
         for d in (0..shape.len()).rev().filter(|&d| shape[d] != 1) {
             let s: [usize; N] = std::array::from_fn(|k| strides[k][d]);
             match merged.last_mut() {
@@ -214,7 +214,7 @@ impl<const N: usize> Runs<N> {
         if self.len == 0 {
             return;
         }
-        let mut index = vec![0; self.outer.len()];
+        let mut index: Dims = smallvec![0; self.outer.len()];
         let mut base = [0; N];
         let mut out = 0;
         loop {
