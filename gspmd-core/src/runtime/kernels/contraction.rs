@@ -85,6 +85,24 @@ impl<'a, T: Clone> Flat<'a, T> {
             .collect()
     }
 
+    /// The array itself if its `contracting` dims merge (contracting dims must merge on
+    /// both sides of a product), else copied in `[batch, free, contracting]` order,
+    /// where they do.
+    fn merging(self, [batch, free, contracting]: [&[usize]; 3]) -> Flat<'a, T>
+    where
+        T: Copy,
+    {
+        if merged(&self.dims(contracting)).is_some() {
+            return self;
+        }
+        let perm: Dims = [batch, free, contracting]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        self.permuted(&perm)
+    }
+
     /// The same array copied with its dims laid out in the order `perm` (major
     /// first): its strides still by the original dims.
     fn permuted(&self, perm: &[usize]) -> Flat<'a, T>
@@ -154,25 +172,8 @@ pub(super) fn dot_general<T: DotScalar>(
     }
     let contracted: usize = sizes(lhs, &dd.lhs_contracting).iter().product();
     if total > 0 && contracted > 0 {
-        let (mut l, mut r) = (Flat::new(lhs), Flat::new(rhs));
-        // Contracting dims must merge on both sides: else that operand is copied in
-        // `[batch, free, contracting]` order, where they do.
-        if merged(&l.dims(&dd.lhs_contracting)).is_none() {
-            let perm: Dims = [&dd.lhs_batch[..], &lhs_free, &dd.lhs_contracting]
-                .into_iter()
-                .flatten()
-                .copied()
-                .collect();
-            l = l.permuted(&perm);
-        }
-        if merged(&r.dims(&dd.rhs_contracting)).is_none() {
-            let perm: Dims = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting]
-                .into_iter()
-                .flatten()
-                .copied()
-                .collect();
-            r = r.permuted(&perm);
-        }
+        let l = Flat::new(lhs).merging([&dd.lhs_batch, &lhs_free, &dd.lhs_contracting]);
+        let r = Flat::new(rhs).merging([&dd.rhs_batch, &rhs_free, &dd.rhs_contracting]);
         multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, &mut out)?;
     }
     ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
