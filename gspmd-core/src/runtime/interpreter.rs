@@ -94,7 +94,7 @@ pub(crate) fn execute(
     memory_limit: usize,
     mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
-    buffers::start_run(plan.budget, 0);
+    let _run = buffers::start_run(plan.budget, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
 }
 
