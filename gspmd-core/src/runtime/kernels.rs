@@ -75,8 +75,8 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
     eval_typed(op, operands.collect(), result)
 }
 
-/// The operands of one node, inline up to four (no allocation per op).
-pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 4]>;
+/// The operands of one node, inline up to eight (no allocation per op).
+pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 8]>;
 
 /// The `N` operands of a node of arity `N`; `None` for any other number.
 fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {

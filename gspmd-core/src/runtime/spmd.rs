@@ -14,7 +14,7 @@ use super::kernels;
 use super::plan::PlannedProgram;
 use super::thread_mesh::{DeviceContext, Resident, ThreadMesh};
 use crate::error::{Error, Result};
-use crate::ir::{Literal, Op, TensorType};
+use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
 
@@ -89,10 +89,10 @@ fn check_block(
 
 /// `lit` grown to `shape` with zeros at the end of each dim.
 fn pad_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
-    let have = lit.shape();
-    if have == shape {
+    if with_literal!(&lit, a => a.shape() == shape) {
         return Ok(lit);
     }
+    let have = lit.shape();
     if have.len() != shape.len() || have.iter().zip(shape).any(|(h, s)| h > s) {
         return Err(format!(
             "a block of shape {have:?} does not fit the local shape {shape:?}"
@@ -259,7 +259,6 @@ impl SpmdProgram {
         let n = self.mesh.num_devices();
         let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); devices.len()];
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
-            let local = sharding.local_shape(&self.mesh, &ty.shape);
             let fail = |message: String| self.input_error(index, message);
             if !sharding.unreduced.is_empty() && !matches!(input, Input::Shards(_)) {
                 return Err(fail(format!(
@@ -280,6 +279,7 @@ impl SpmdProgram {
                             shards.len()
                         )));
                     }
+                    let local = sharding.local_shape(&self.mesh, &ty.shape);
                     for (device, b) in devices.clone().zip(&mut binds) {
                         let block = &shards[device];
                         check_block(block, ty, sharding, &self.mesh, device).map_err(fail)?;
@@ -315,8 +315,8 @@ impl SpmdProgram {
         device: usize,
     ) -> Result<Literal> {
         let (ty, sharding) = &self.inputs[index];
-        let given = TensorType::new(lit.shape(), lit.dtype());
-        if &given != ty {
+        if !kernels::has_type(lit, ty) {
+            let given = TensorType::new(lit.shape(), lit.dtype());
             return Err(self.input_error(index, format!("expected {ty}, given {given}")));
         }
         let local = sharding.local_shape(&self.mesh, &ty.shape);
