@@ -3,6 +3,7 @@
 //! outputs go back as global arrays, as per-device blocks, or stay resident, so that
 //! parameters live on their devices across training steps.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -192,7 +193,7 @@ impl SpmdProgram {
         // Each device takes its own bindings (moved, not copied).
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
-        let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
+        let modes = RunKeys::outputs(outputs);
         let settle_modes = Arc::clone(&modes);
         let on_device = move |ctx: &mut DeviceContext| {
             let device = ctx.device();
@@ -296,7 +297,7 @@ impl SpmdProgram {
                             r.ty, r.sharding
                         )));
                     }
-                    let key: Arc<str> = Arc::from(*key);
+                    let key = RunKeys::input(index, key);
                     for b in &mut binds {
                         b.push(Bind::Stored(Arc::clone(&key)));
                     }
@@ -402,6 +403,45 @@ impl SpmdProgram {
                 trim_to(block, &shape).map_err(fail)
             })
             .collect()
+    }
+}
+
+/// The keys of the last run started on this thread, reused by the next run while they
+/// are equal (a training loop passes the same keys every step), so that a run does not
+/// copy its resident values' keys for the device threads.
+#[derive(Default)]
+struct RunKeys {
+    /// By input: the key of a resident input.
+    inputs: Vec<Option<Arc<str>>>,
+    /// The output modes.
+    outputs: Option<Arc<Vec<Output>>>,
+}
+
+thread_local! {
+    static RUN_KEYS: RefCell<RunKeys> = RefCell::new(RunKeys::default());
+}
+
+impl RunKeys {
+    /// `key`, the key of resident input `index`, shared.
+    fn input(index: usize, key: &str) -> Arc<str> {
+        RUN_KEYS.with_borrow_mut(|keys| {
+            if keys.inputs.len() <= index {
+                keys.inputs.resize(index + 1, None);
+            }
+            let slot = &mut keys.inputs[index];
+            match slot {
+                Some(last) if **last == *key => Arc::clone(last),
+                _ => Arc::clone(slot.insert(Arc::from(key))),
+            }
+        })
+    }
+
+    /// `outputs`, shared.
+    fn outputs(outputs: &[Output]) -> Arc<Vec<Output>> {
+        RUN_KEYS.with_borrow_mut(|keys| match &keys.outputs {
+            Some(last) if last.as_slice() == outputs => Arc::clone(last),
+            _ => Arc::clone(keys.outputs.insert(Arc::new(outputs.to_vec()))),
+        })
     }
 }
 
