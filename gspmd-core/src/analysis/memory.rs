@@ -138,14 +138,21 @@ impl MemoryAnalysis {
     }
 }
 
-/// The budget of the device's buffer pool for a run of `program` with `plan` (see
-/// [`Plan::budget`]): the analysis's peak, its computed bytes plus the inputs. (The
-/// evaluation loop counts constants as live too, so the pool keeps less than this.)
-pub(crate) fn pool_budget(program: &Program, plan: &Plan) -> usize {
+/// What the device's buffer pool knows of a run of `program` with `plan` (see
+/// [`buffers`](crate::runtime::buffers)): its budget ([`Plan::budget`]: the analysis's
+/// peak, its computed bytes plus the inputs) and, for each node, the bytes held as the
+/// analysis models them, inputs included (each step's `held`): while
+/// the node runs (its result included, its kernel's scratch not) and once it has
+/// dropped what it drops.
+pub(crate) fn pool_model(program: &Program, plan: &Plan) -> (usize, Vec<[usize; 2]>) {
     let inputs: usize = (program.params.iter())
         .map(|&p| program.ty(p).size_in_bytes())
         .sum();
-    Walk::of(program, plan).max + inputs
+    let walk = Walk::of(program, plan);
+    let held = (walk.buffers.iter())
+        .map(|&[during, after]| [inputs + during, inputs + after])
+        .collect();
+    (walk.max + inputs, held)
 }
 
 /// [`MemoryAnalysis::in_flight_bytes`] of `program`, its control flow's regions
@@ -179,6 +186,9 @@ fn largest_operands<'p>(program: &'p Program, largest: &mut BTreeMap<&'p [String
 struct Walk {
     /// For each node: the computed bytes held while it runs.
     held: Vec<usize>,
+    /// For each node: the computed bytes in buffers (no copies) while it runs and once
+    /// it has dropped what it drops.
+    buffers: Vec<[usize; 2]>,
     /// The first node with the most bytes held.
     peak: Option<ValueId>,
     /// The most computed bytes held at once.
@@ -205,6 +215,7 @@ impl Walk {
         let mut pending_bytes = 0usize;
         let mut walk = Walk {
             held: Vec::with_capacity(n),
+            buffers: Vec::with_capacity(n),
             peak: None,
             max: 0,
             transient: 0,
@@ -214,6 +225,7 @@ impl Walk {
             if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
                 // Computed by its group's loop at the root, or read as its operand.
                 walk.held.push(live + pending_bytes);
+                walk.buffers.push([live + pending_bytes; 2]);
                 continue;
             }
             let read_bytes = |k: usize| program.ty(step.reads[k]).size_in_bytes();
@@ -287,9 +299,11 @@ impl Walk {
                     .collect();
             }
             walk.held.push(held);
+            let during = live + pending_bytes;
             for o in &step.drops {
                 live -= std::mem::take(&mut buffer[o.index()]);
             }
+            walk.buffers.push([during, live + pending_bytes]);
         }
         walk
     }

@@ -8,4 +8,4 @@ mod memory;
 
 pub use cost::{CostAnalysis, DeviceModel};
 pub use memory::{MemoryAnalysis, MemoryBreakdown};
-pub(crate) use memory::{bytes, kernel_scratch, pool_budget};
+pub(crate) use memory::{bytes, kernel_scratch, pool_model};

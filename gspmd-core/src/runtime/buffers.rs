@@ -6,14 +6,21 @@
 //! The pool is per thread: a [`ThreadMesh`](super::ThreadMesh) device is a thread, an
 //! MPI rank runs its program on one thread, and the reference interpreter pools on its
 //! caller's thread. Kernels take from it without being handed a pool: [`take`] (or
-//! [`take_array`], [`with_capacity`]) where a result buffer is made, [`give`] (or
-//! [`release`], for a value the loop still counts as live) where a uniquely owned
-//! buffer dies.
+//! [`take_array`], [`filled`], [`with_capacity`]) where a result buffer is made,
+//! [`give`] (or [`release`], for a value the loop still counts as live) where a
+//! uniquely owned buffer dies.
+//!
+//! Buffers are handed out only during a run ([`start_run`] to the end of its [`Run`]):
+//! a kernel called outside one (`kernels::eval` from a test's oracle between two runs,
+//! say) makes fresh buffers and leaves the pool to the next run.
 //!
 //! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
 //! live values and the pool may hold together, the plan's peak (see
 //! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) — and tells the pool how many
-//! bytes are live: after each node ([`set_live`]), and before each node with the
+//! bytes are live, as that analysis models the buffers (a result written in place of
+//! an operand, a deferred broadcast, a constant: no new buffer), which is what the
+//! device holds rather than what the loop counts against its memory limit: after
+//! each node ([`set_live`]), and before each node with the
 //! scratch its kernel may need ([`reserve`], which frees pooled buffers until the live
 //! bytes, the scratch and the pool fit the budget). A buffer given back is kept only
 //! while the live bytes plus the pooled bytes stay within the budget; otherwise it is
@@ -21,6 +28,7 @@
 //! bytes at the end. A pooled buffer is not a live value: it never counts against a
 //! run's memory limit, and [`pooled_bytes`] reports what all threads' pools hold.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -31,22 +39,25 @@ use ndarray::{ArrayD, IxDyn};
 
 use crate::ir::{DType, Element, Literal};
 
-/// An element type the pool keeps buffers of: every [`Literal`] dtype.
+/// An element type the pool keeps buffers of: every [`Element`] (every [`Literal`]
+/// dtype).
 pub(crate) trait Pooled: Element {
     /// The pool's shelf of buffers of `Self`.
-    fn shelf(pool: &mut Pool) -> &mut Shelf<Self>;
+    fn shelf(pool: &mut Pool) -> &mut Shelf<Self> {
+        let shelf: &mut dyn Any = match Self::DTYPE {
+            DType::F32 => &mut pool.f32s,
+            DType::BF16 => &mut pool.bf16s,
+            DType::F16 => &mut pool.f16s,
+            DType::I32 => &mut pool.i32s,
+            DType::Bool => &mut pool.bools,
+        };
+        shelf
+            .downcast_mut()
+            .expect("the shelf of an element's dtype holds buffers of it")
+    }
 }
 
-macro_rules! pooled {
-    ($($t:ty => $field:ident),*) => {
-        $(impl Pooled for $t {
-            fn shelf(pool: &mut Pool) -> &mut Shelf<Self> {
-                &mut pool.$field
-            }
-        })*
-    };
-}
-pooled!(f32 => f32s, bf16 => bf16s, f16 => f16s, i32 => i32s, bool => bools);
+impl<T: Element> Pooled for T {}
 
 /// Free buffers of one element type, by length.
 #[derive(Debug)]
@@ -76,6 +87,8 @@ pub(crate) struct Pool {
     budget: usize,
     /// The bytes of live values, as the evaluation loop last reported them.
     live: usize,
+    /// Whether a run is going on (buffers are handed out only then).
+    running: bool,
 }
 
 impl Drop for Pool {
@@ -99,6 +112,9 @@ fn bytes_of<T>(buffer: &Vec<T>) -> usize {
 
 impl Pool {
     fn take<T: Pooled>(&mut self, len: usize) -> Option<Vec<T>> {
+        if !self.running {
+            return None;
+        }
         let buffer = T::shelf(self).by_len.get_mut(&len)?.pop()?;
         let bytes = bytes_of(&buffer);
         self.pooled -= bytes;
@@ -149,7 +165,6 @@ impl Pool {
                     }
                 }
             }
-            shelf.by_len.retain(|_, buffers| !buffers.is_empty());
         }
         let budget = self.budget;
         let stop = move |pooled: usize| live.saturating_add(pooled) <= budget;
@@ -201,6 +216,19 @@ pub(crate) fn take_array<T: Pooled>(shape: &[usize]) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), take(len)).expect("the buffer has the shape's length")
 }
 
+/// An array of `shape` holding `value` everywhere, on a [`take`]n buffer.
+pub(crate) fn filled<T: Pooled>(shape: &[usize], value: T) -> ArrayD<T> {
+    let mut buffer = take(shape.iter().product());
+    buffer.fill(value);
+    ArrayD::from_shape_vec(IxDyn(shape), buffer).expect("the buffer has the shape's length")
+}
+
+/// Gives `buffer`, scratch the evaluation loop does not count as live, back to this
+/// thread's pool (or frees it), keyed by its length.
+pub(crate) fn give_buffer<T: Pooled>(buffer: Vec<T>) {
+    POOL.with_borrow_mut(|pool| pool.give(buffer, false));
+}
+
 /// Gives the buffer of `lit`, which the evaluation loop does not count as live
 /// (scratch, or a value it stopped counting), back to this thread's pool (or frees it:
 /// see the module's bound).
@@ -238,15 +266,39 @@ fn give_literal(lit: Literal, live: bool) {
 }
 
 /// Starts a run on this thread whose live values and pooled buffers may hold `budget`
-/// bytes together, `live` of them live now; frees pooled buffers beyond it.
-pub(crate) fn start_run(budget: usize, live: usize) {
+/// bytes together, `live` of them live now; frees pooled buffers beyond it. The pool
+/// hands out buffers until the returned [`Run`] is dropped.
+#[must_use = "the run ends when the guard is dropped"]
+pub(crate) fn start_run(budget: usize, live: usize) -> Run {
     POOL.with_borrow_mut(|pool| {
         pool.budget = budget;
         pool.live = live;
         if live.saturating_add(pool.pooled) > budget {
             pool.clear();
         }
-    });
+        Run {
+            was_running: std::mem::replace(&mut pool.running, true),
+        }
+    })
+}
+
+/// A run on this thread (see [`start_run`]): while it lives, kernels take their
+/// buffers from the pool.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// Whether a run was going on when this one started (one run inside another).
+    was_running: bool,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // A thread's pool may already be gone while the thread ends.
+        let _ = POOL.try_with(|pool| {
+            if let Ok(mut pool) = pool.try_borrow_mut() {
+                pool.running = self.was_running;
+            }
+        });
+    }
 }
 
 /// Tells this thread's pool that `live` bytes of values are live.
@@ -277,7 +329,7 @@ mod tests {
     /// its own (the pool is per thread).
     fn on_fresh_thread(budget: usize, live: usize, f: impl FnOnce() + Send + 'static) {
         std::thread::spawn(move || {
-            start_run(budget, live);
+            let _run = start_run(budget, live);
             f();
         })
         .join()
@@ -331,6 +383,24 @@ mod tests {
             );
             assert_eq!(take::<i32>(100).len(), 100);
         });
+    }
+
+    #[test]
+    fn buffers_are_handed_out_only_during_a_run() {
+        std::thread::spawn(|| {
+            let run = start_run(1 << 20, 0);
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[64]))));
+            drop(run);
+            // A kernel between runs (a test's oracle, say) leaves the buffer alone...
+            assert_eq!(take::<f32>(64).len(), 64);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 256);
+            // ...for the next run.
+            let _run = start_run(1 << 20, 0);
+            assert_eq!(take::<f32>(64).len(), 64);
+            assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
+        })
+        .join()
+        .expect("no panic");
     }
 
     #[test]

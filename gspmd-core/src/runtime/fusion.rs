@@ -305,7 +305,7 @@ impl Group {
         }
         // The first owned leaf that fits is the result's buffer.
         let mut buffer: Option<ArrayD<f32>> = None;
-        let mut held: SmallVec<[Option<Operand<'_>>; 4]> = SmallVec::new();
+        let mut held: SmallVec<[Option<Operand<'_>>; 8]> = SmallVec::new();
         for (k, x) in operands.into_iter().enumerate() {
             match x {
                 Operand::Value(Cow::Owned(Literal::F32(a)))
@@ -328,7 +328,7 @@ impl Group {
                 None => Ok(Source::Buffer),
                 Some(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
             })
-            .collect::<Result<SmallVec<[_; 4]>, String>>()?;
+            .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
             regs.resize(self.leaves.len() + self.code.len(), [0.0; CHUNK]);
             self.run_on(&sources, buffer, regs)
@@ -409,7 +409,10 @@ impl Group {
                 }
                 identity
             })
-            .collect()
+            .fold(super::buffers::with_capacity(outer), |mut out, v| {
+                out.push(v);
+                out
+            })
     }
 
     /// Computes the `len` elements from flat index `start` of the loop: reads the

@@ -94,7 +94,7 @@ pub(crate) fn execute(
     memory_limit: usize,
     mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
-    buffers::start_run(plan.budget, 0);
+    let _run = buffers::start_run(plan.budget, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
 }
 
@@ -107,9 +107,9 @@ type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 type Eval<'a> = dyn FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse; `outer`
-/// is the bytes live in the loops this one runs inside (0 for a program, the caller's
-/// live bytes for a region), so the pool's budget counts them (see
-/// [`buffers`](super::buffers)).
+/// is the bytes held in the loops this one runs inside (0 for a program, what the
+/// caller's plan holds at the flow node for a region), so the pool's budget counts
+/// them (see [`buffers`](super::buffers) and [`Step::held`]).
 fn execute_dyn(
     program: &Program,
     plan: &Plan,
@@ -151,7 +151,7 @@ fn execute_dyn(
         }
         live += bytes;
         let elements = node.ty.shape.iter().product();
-        buffers::reserve(outer + live, step.scratch, node.ty.dtype, elements);
+        buffers::reserve(outer + step.held[0], step.scratch, node.ty.dtype, elements);
         let value = match &node.op {
             Op::Parameter { index, .. } => Cow::Borrowed(
                 inputs
@@ -193,7 +193,7 @@ fn execute_dyn(
                             Entry::Occupied(slot) => slot.into_mut(),
                             Entry::Vacant(slot) => {
                                 let left = memory_limit - live;
-                                let enclosing = outer + live;
+                                let enclosing = outer + step.held[0];
                                 let regions = flow.regions();
                                 let mut run = |region: &Program, args: &[Literal], limit| {
                                     let fresh;
@@ -293,8 +293,8 @@ fn execute_dyn(
 }
 
 /// Drops the values `step` drops (the buffers of those the loop owns go to the pool),
-/// and stops counting the bytes it frees; tells the pool the bytes now live, `outer`
-/// (those of enclosing loops) included.
+/// and stops counting the bytes it frees; tells the pool the bytes now held
+/// ([`Step::held`]), `outer` (those of enclosing loops) included.
 fn continue_after(
     step: &Step,
     plan: &Plan,
@@ -306,7 +306,7 @@ fn continue_after(
     for o in &step.frees {
         *live -= plan.steps[o.index()].bytes;
     }
-    buffers::set_live(outer + *live);
+    buffers::set_live(outer + step.held[1]);
     for o in &step.drops {
         if let Some(Cow::Owned(lit)) = values[o.index()].take() {
             buffers::give(lit);

@@ -19,6 +19,7 @@ mod reduce;
 
 use std::borrow::Cow;
 
+use super::buffers::Pooled;
 use smallvec::SmallVec;
 
 /// The dims (a shape, strides in elements) of a kernel's per-call layout: inline up to
@@ -74,8 +75,8 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
     eval_typed(op, operands.collect(), result)
 }
 
-/// The operands of one node, inline up to four (no allocation per op).
-pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 4]>;
+/// The operands of one node, inline up to eight (no allocation per op).
+pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 8]>;
 
 /// The `N` operands of a node of arity `N`; `None` for any other number.
 fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
@@ -178,7 +179,7 @@ pub(crate) fn eval_typed(
         Op::DynamicUpdateSlice => {
             let mut values = (operands.into_iter())
                 .map(Operand::into_value)
-                .collect::<Result<Vec<_>, String>>()?;
+                .collect::<Result<SmallVec<[_; 8]>, String>>()?;
             if values.len() < 2 {
                 return Err(format!(
                     "{} takes 2 operands or more, given {given}",
@@ -187,8 +188,8 @@ pub(crate) fn eval_typed(
             }
             let x = values.remove(0);
             let update = values[0].as_ref();
-            let starts: Vec<&Literal> = values[1..].iter().map(AsRef::as_ref).collect();
-            let starts = dynamic_starts(&x, &starts, &update.shape())?;
+            let starts: SmallVec<[&Literal; 6]> = values[1..].iter().map(AsRef::as_ref).collect();
+            let starts = dynamic_starts(&x, &starts, &shape_of(update))?;
             dynamic_update_slice(x, update, &starts)?
         }
         _ => {
@@ -257,8 +258,8 @@ fn compute_borrowed(
         }
         Op::DynamicSlice(sizes) => {
             let starts = dynamic_starts(operands[0], &operands[1..], sizes)?;
-            let limit: Vec<usize> = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
-            let stride = vec![1; sizes.len()];
+            let limit: Dims = starts.iter().zip(sizes).map(|(s, n)| s + n).collect();
+            let stride: Dims = smallvec::smallvec![1; sizes.len()];
             map_literal!(operands[0], a => movement::slice(a, &starts, &limit, &stride))
         }
         Op::Cumulative { kind, dim, reverse } => cumulative(*kind, operands[0], *dim, *reverse)?,
@@ -302,6 +303,11 @@ pub(crate) fn has_type(lit: &Literal, ty: &TensorType) -> bool {
     lit.dtype() == ty.dtype && shape == ty.shape.as_slice()
 }
 
+/// The shape of `lit` (no allocation up to rank 6).
+fn shape_of(lit: &Literal) -> Dims {
+    with_literal!(lit, a => Dims::from_slice(a.shape()))
+}
+
 fn type_of(lit: &Literal) -> TensorType {
     TensorType::new(lit.shape(), lit.dtype())
 }
@@ -333,7 +339,7 @@ fn types_differ(a: &TensorType, b: &TensorType) -> String {
 
 fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
     /// `0..shape[dim]` converted by `f`, broadcast along the other dims.
-    fn counting<T: Copy + Default>(
+    fn counting<T: Pooled>(
         shape: &[usize],
         dim: usize,
         f: fn(usize) -> T,
@@ -355,8 +361,8 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
 
 /// Start indices of a `dynamic_slice`: each i32 scalar clamped so that the `sizes` block
 /// fits in `x` (XLA's semantics).
-fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<Vec<usize>, String> {
-    let shape = x.shape();
+fn dynamic_starts(x: &Literal, starts: &[&Literal], sizes: &[usize]) -> Result<Dims, String> {
+    let shape = shape_of(x);
     starts
         .iter()
         .enumerate()

@@ -79,6 +79,13 @@ pub(crate) struct Step {
     /// ([`kernel_scratch`](crate::analysis::kernel_scratch)): the buffer pool leaves
     /// them free.
     pub(crate) scratch: usize,
+    /// The bytes the device holds in buffers, inputs included, while the node runs
+    /// (its result included, its kernel's scratch not) and once it has dropped what it
+    /// drops, as the [memory analysis](crate::analysis::MemoryAnalysis) models them:
+    /// what the buffer pool counts as live (see [`buffers`](super::buffers)). Unlike
+    /// the evaluation loop's count against the memory limit, a result written in
+    /// place of an operand, a deferred broadcast and a constant hold no new buffer.
+    pub(crate) held: [usize; 2],
 }
 
 /// What the plan knows of one flow instance.
@@ -228,6 +235,8 @@ impl Plan {
                     } else {
                         crate::analysis::kernel_scratch(program, node)
                     },
+                    // Set below, from the memory analysis of the plan.
+                    held: [0, 0],
                 }
             })
             .collect();
@@ -241,7 +250,11 @@ impl Plan {
             groups,
             budget: 0,
         };
-        plan.budget = crate::analysis::pool_budget(program, &plan);
+        let (budget, held) = crate::analysis::pool_model(program, &plan);
+        plan.budget = budget;
+        for (step, held) in plan.steps.iter_mut().zip(held) {
+            step.held = held;
+        }
         plan
     }
 }

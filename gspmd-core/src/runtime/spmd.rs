@@ -3,6 +3,7 @@
 //! outputs go back as global arrays, as per-device blocks, or stay resident, so that
 //! parameters live on their devices across training steps.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,7 +15,7 @@ use super::kernels;
 use super::plan::PlannedProgram;
 use super::thread_mesh::{DeviceContext, Resident, ThreadMesh};
 use crate::error::{Error, Result};
-use crate::ir::{Literal, Op, TensorType};
+use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
 
@@ -89,10 +90,10 @@ fn check_block(
 
 /// `lit` grown to `shape` with zeros at the end of each dim.
 fn pad_to(lit: Literal, shape: &[usize]) -> Result<Literal, String> {
-    let have = lit.shape();
-    if have == shape {
+    if with_literal!(&lit, a => a.shape() == shape) {
         return Ok(lit);
     }
+    let have = lit.shape();
     if have.len() != shape.len() || have.iter().zip(shape).any(|(h, s)| h > s) {
         return Err(format!(
             "a block of shape {have:?} does not fit the local shape {shape:?}"
@@ -192,7 +193,7 @@ impl SpmdProgram {
         // Each device takes its own bindings (moved, not copied).
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
-        let modes: Arc<Vec<Output>> = Arc::new(outputs.to_vec());
+        let modes = RunKeys::outputs(outputs);
         let settle_modes = Arc::clone(&modes);
         let on_device = move |ctx: &mut DeviceContext| {
             let device = ctx.device();
@@ -259,7 +260,6 @@ impl SpmdProgram {
         let n = self.mesh.num_devices();
         let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); devices.len()];
         for (index, (input, (ty, sharding))) in inputs.iter().zip(&self.inputs).enumerate() {
-            let local = sharding.local_shape(&self.mesh, &ty.shape);
             let fail = |message: String| self.input_error(index, message);
             if !sharding.unreduced.is_empty() && !matches!(input, Input::Shards(_)) {
                 return Err(fail(format!(
@@ -280,6 +280,7 @@ impl SpmdProgram {
                             shards.len()
                         )));
                     }
+                    let local = sharding.local_shape(&self.mesh, &ty.shape);
                     for (device, b) in devices.clone().zip(&mut binds) {
                         let block = &shards[device];
                         check_block(block, ty, sharding, &self.mesh, device).map_err(fail)?;
@@ -296,7 +297,7 @@ impl SpmdProgram {
                             r.ty, r.sharding
                         )));
                     }
-                    let key: Arc<str> = Arc::from(*key);
+                    let key = RunKeys::input(index, key);
                     for b in &mut binds {
                         b.push(Bind::Stored(Arc::clone(&key)));
                     }
@@ -315,8 +316,8 @@ impl SpmdProgram {
         device: usize,
     ) -> Result<Literal> {
         let (ty, sharding) = &self.inputs[index];
-        let given = TensorType::new(lit.shape(), lit.dtype());
-        if &given != ty {
+        if !kernels::has_type(lit, ty) {
+            let given = TensorType::new(lit.shape(), lit.dtype());
             return Err(self.input_error(index, format!("expected {ty}, given {given}")));
         }
         let local = sharding.local_shape(&self.mesh, &ty.shape);
@@ -402,6 +403,45 @@ impl SpmdProgram {
                 trim_to(block, &shape).map_err(fail)
             })
             .collect()
+    }
+}
+
+/// The keys of the last run started on this thread, reused by the next run while they
+/// are equal (a training loop passes the same keys every step), so that a run does not
+/// copy its resident values' keys for the device threads.
+#[derive(Default)]
+struct RunKeys {
+    /// By input: the key of a resident input.
+    inputs: Vec<Option<Arc<str>>>,
+    /// The output modes.
+    outputs: Option<Arc<Vec<Output>>>,
+}
+
+thread_local! {
+    static RUN_KEYS: RefCell<RunKeys> = RefCell::new(RunKeys::default());
+}
+
+impl RunKeys {
+    /// `key`, the key of resident input `index`, shared.
+    fn input(index: usize, key: &str) -> Arc<str> {
+        RUN_KEYS.with_borrow_mut(|keys| {
+            if keys.inputs.len() <= index {
+                keys.inputs.resize(index + 1, None);
+            }
+            let slot = &mut keys.inputs[index];
+            match slot {
+                Some(last) if **last == *key => Arc::clone(last),
+                _ => Arc::clone(slot.insert(Arc::from(key))),
+            }
+        })
+    }
+
+    /// `outputs`, shared.
+    fn outputs(outputs: &[Output]) -> Arc<Vec<Output>> {
+        RUN_KEYS.with_borrow_mut(|keys| match &keys.outputs {
+            Some(last) if last.as_slice() == outputs => Arc::clone(last),
+            _ => Arc::clone(keys.outputs.insert(Arc::new(outputs.to_vec()))),
+        })
     }
 }
 

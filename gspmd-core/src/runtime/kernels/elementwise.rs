@@ -21,6 +21,7 @@ use smallvec::{SmallVec, smallvec};
 
 use super::{Dims, Operand, elementary, not_defined, type_of, types_differ};
 use crate::ir::{BinaryOp, CompareOp, DType, Literal, Op, TensorType, UnaryOp, with_literal};
+use crate::runtime::buffers::{self, Pooled};
 
 /// An operand's elements over the result shape.
 enum Arg<'a, T: Clone> {
@@ -249,25 +250,43 @@ impl<const N: usize> Runs<N> {
     }
 }
 
-/// The `len` elements of a run from `start` with `step` in `data`: a slice when the
-/// step is 1, else gathered into `scratch`.
-fn run<'s, T: Copy>(
-    data: &'s [T],
-    start: usize,
-    step: usize,
-    len: usize,
-    scratch: &'s mut Vec<T>,
-) -> &'s [T] {
-    if step == 1 {
-        return &data[start..start + len];
+/// Room for the runs of one operand that are not slices of its memory (see
+/// [`Gathered::run`]): a pooled buffer of [`RUN`] elements, taken at the first such run
+/// and given back to the pool when dropped.
+struct Gathered<T: Pooled>(Vec<T>);
+
+impl<T: Pooled> Gathered<T> {
+    fn new() -> Self {
+        Gathered(Vec::new())
     }
-    scratch.clear();
-    if step == 0 {
-        scratch.resize(len, data[start]);
-    } else {
-        scratch.extend((0..len).map(|k| data[start + k * step]));
+
+    /// The `len` elements (at most [`RUN`]) of a run from `start` with `step` in
+    /// `data`: a slice when the step is 1, else gathered here.
+    fn run<'s>(&'s mut self, data: &'s [T], start: usize, step: usize, len: usize) -> &'s [T] {
+        if step == 1 {
+            return &data[start..start + len];
+        }
+        if self.0.is_empty() {
+            self.0 = buffers::take(RUN);
+        }
+        let room = &mut self.0[..len];
+        if step == 0 {
+            room.fill(data[start]);
+        } else {
+            for (k, r) in room.iter_mut().enumerate() {
+                *r = data[start + k * step];
+            }
+        }
+        room
     }
-    scratch
+}
+
+impl<T: Pooled> Drop for Gathered<T> {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            buffers::give_buffer(std::mem::take(&mut self.0));
+        }
+    }
 }
 
 /// The standard-layout array of `shape` holding `data`.
@@ -276,19 +295,20 @@ fn array<T>(shape: &[usize], data: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), data).unwrap_or_else(|_| unreachable!())
 }
 
-/// `f` of each element of `data` read at `strides` over `shape`, in row-major order.
+/// `f` of each element of `data` read at `strides` over `shape`, in row-major order,
+/// pushed onto `out` (empty, with room for them).
 fn map_flat<T: Copy, R>(
     shape: &[usize],
     data: &[T],
     strides: &[usize],
     f: impl Fn(T) -> R,
+    mut out: Vec<R>,
 ) -> Vec<R> {
     let runs = Runs::new(shape, [strides]);
-    let mut out = Vec::with_capacity(shape.iter().product());
-    let mut scratch = Vec::new();
-    runs.each(|_, [i], len| {
-        let x = run(data, i, runs.step[0], len, &mut scratch);
-        out.extend(x.iter().map(|&p| f(p)));
+    let step = runs.step[0];
+    runs.each(|_, [i], len| match step {
+        1 => out.extend(data[i..i + len].iter().map(|&p| f(p))),
+        _ => out.extend((0..len).map(|k| f(data[i + k * step]))),
     });
     out
 }
@@ -296,16 +316,18 @@ fn map_flat<T: Copy, R>(
 /// The elements of `data` read at `strides` over `shape` (each element once), in
 /// row-major order: a permuted copy.
 pub(super) fn strided_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
-    map_flat(shape, data, strides, |x| x)
+    let out = Vec::with_capacity(shape.iter().product());
+    map_flat(shape, data, strides, |x| x, out)
 }
 
-/// `f` of each element of `a` over `shape`, into a new array.
-fn map_to<T: Copy, R>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
-    array(shape, map_flat(shape, a.data(), &a.strides(shape), f))
+/// `f` of each element of `a` over `shape`, into a new array (on a pooled buffer).
+fn map_to<T: Copy, R: Pooled>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
+    let out = buffers::with_capacity(shape.iter().product());
+    array(shape, map_flat(shape, a.data(), &a.strides(shape), f, out))
 }
 
 /// `f` of each element: in place if `a` is owned.
-fn map_same<T: Copy>(shape: &[usize], a: Arg<'_, T>, f: impl Fn(T) -> T) -> ArrayD<T> {
+fn map_same<T: Pooled>(shape: &[usize], a: Arg<'_, T>, f: impl Fn(T) -> T) -> ArrayD<T> {
     match a {
         Arg::Owned(mut a) => {
             if let Some(s) = a.as_slice_mut() {
@@ -317,8 +339,9 @@ fn map_same<T: Copy>(shape: &[usize], a: Arg<'_, T>, f: impl Fn(T) -> T) -> Arra
     }
 }
 
-/// `f(a, b)` of each pair of elements over `shape`, into a new array.
-fn zip_to<A: Copy, B: Copy, R>(
+/// `f(a, b)` of each pair of elements over `shape`, into a new array (on a pooled
+/// buffer).
+fn zip_to<A: Pooled, B: Pooled, R: Pooled>(
     shape: &[usize],
     a: &Arg<'_, A>,
     b: &Arg<'_, B>,
@@ -326,11 +349,11 @@ fn zip_to<A: Copy, B: Copy, R>(
 ) -> ArrayD<R> {
     let (sa, sb) = (a.strides(shape), b.strides(shape));
     let runs = Runs::new(shape, [&sa, &sb]);
-    let mut out = Vec::with_capacity(shape.iter().product());
-    let (mut ka, mut kb) = (Vec::new(), Vec::new());
+    let mut out = buffers::with_capacity(shape.iter().product());
+    let (mut ka, mut kb) = (Gathered::new(), Gathered::new());
     runs.each(|_, [i, j], len| {
-        let x = run(a.data(), i, runs.step[0], len, &mut ka);
-        let y = run(b.data(), j, runs.step[1], len, &mut kb);
+        let x = ka.run(a.data(), i, runs.step[0], len);
+        let y = kb.run(b.data(), j, runs.step[1], len);
         out.extend(x.iter().zip(y).map(|(&p, &q)| f(p, q)));
     });
     array(shape, out)
@@ -338,7 +361,7 @@ fn zip_to<A: Copy, B: Copy, R>(
 
 /// `dst[k] = f(dst[k], x[k])` (`swap`: `f(x[k], dst[k])`) over `shape`, `dst` the
 /// owned operand's elements, `x` read as `other`.
-fn zip_into<T: Copy>(
+fn zip_into<T: Pooled>(
     shape: &[usize],
     dst: &mut [T],
     other: &Arg<'_, T>,
@@ -347,9 +370,9 @@ fn zip_into<T: Copy>(
 ) {
     let strides = other.strides(shape);
     let runs = Runs::new(shape, [&strides]);
-    let mut scratch = Vec::new();
+    let mut scratch = Gathered::new();
     runs.each(|o, [j], len| {
-        let x = run(other.data(), j, runs.step[0], len, &mut scratch);
+        let x = scratch.run(other.data(), j, runs.step[0], len);
         let d = &mut dst[o..o + len];
         if swap {
             d.iter_mut().zip(x).for_each(|(p, &q)| *p = f(q, *p));
@@ -361,7 +384,7 @@ fn zip_into<T: Copy>(
 
 /// `f(a, b)` of each pair of elements (`a` and `b` read over `shape`): in place in
 /// whichever is owned.
-fn zip_same<T: Copy>(
+fn zip_same<T: Pooled>(
     shape: &[usize],
     a: Arg<'_, T>,
     b: Arg<'_, T>,
@@ -557,7 +580,7 @@ pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Lit
     })
 }
 
-fn compare_arrays<T: Copy + PartialOrd>(
+fn compare_arrays<T: Pooled + PartialOrd>(
     op: CompareOp,
     shape: &[usize],
     a: Arg<'_, T>,
@@ -577,21 +600,26 @@ fn compare_arrays<T: Copy + PartialOrd>(
 /// The elements of the operands `xs` and the result shape they share, or `Err` if
 /// their shapes differ.
 fn same_shape<const N: usize>(xs: [Operand<'_>; N]) -> Result<([Elems<'_>; N], Dims), String> {
-    let mut shape: Option<Dims> = None;
-    let mut out = Vec::with_capacity(N);
-    for x in xs {
-        let (e, s) = elems(x)?;
-        match &shape {
-            Some(first) if *first != s => {
+    let read = xs.map(elems);
+    let mut shape: Option<&Dims> = None;
+    for x in &read {
+        let s = match x {
+            Ok((_, s)) => s,
+            Err(e) => return Err(e.clone()),
+        };
+        match shape {
+            Some(first) if first != s => {
                 return Err(format!("operand shapes {first:?} and {s:?} differ"));
             }
             Some(_) => {}
             None => shape = Some(s),
         }
-        out.push(e);
     }
-    let out = <[Elems<'_>; N]>::try_from(out).map_err(|_| "an operand per slot".to_string())?;
-    Ok((out, shape.unwrap_or_default()))
+    let shape = shape.cloned().unwrap_or_default();
+    // Every element is `Ok` (checked above).
+    let mut read = read.into_iter().flatten();
+    let out = std::array::from_fn(|_| read.next().expect("every operand was read").0);
+    Ok((out, shape))
 }
 
 /// The dtype of `x` and `y`, or `Err` naming their types if they differ.
@@ -627,14 +655,14 @@ pub(super) fn select(
 ) -> Result<Literal, String> {
     /// `p ? t : f` elementwise over `shape`: in place in whichever of `t` and `f` is
     /// owned.
-    fn pick<T: Copy>(
+    fn pick<T: Pooled>(
         shape: &[usize],
         p: &Arg<'_, bool>,
         t: Arg<'_, T>,
         f: Arg<'_, T>,
     ) -> ArrayD<T> {
         /// `dst[k] = x[k]` where `p[k] == keep` is false.
-        fn into<T: Copy>(
+        fn into<T: Pooled>(
             shape: &[usize],
             p: &Arg<'_, bool>,
             keep: bool,
@@ -643,10 +671,10 @@ pub(super) fn select(
         ) {
             let (sp, sx) = (p.strides(shape), x.strides(shape));
             let runs = Runs::new(shape, [&sp, &sx]);
-            let (mut kp, mut kx) = (Vec::new(), Vec::new());
+            let (mut kp, mut kx) = (Gathered::new(), Gathered::new());
             runs.each(|o, [i, j], len| {
-                let p = run(p.data(), i, runs.step[0], len, &mut kp);
-                let x = run(x.data(), j, runs.step[1], len, &mut kx);
+                let p = kp.run(p.data(), i, runs.step[0], len);
+                let x = kx.run(x.data(), j, runs.step[1], len);
                 for ((d, &p), &x) in dst[o..o + len].iter_mut().zip(p).zip(x) {
                     if p != keep {
                         *d = x;
@@ -666,12 +694,12 @@ pub(super) fn select(
             (t, f) => {
                 let (sp, st, sf) = (p.strides(shape), t.strides(shape), f.strides(shape));
                 let runs = Runs::new(shape, [&sp, &st, &sf]);
-                let mut out = Vec::with_capacity(shape.iter().product());
-                let (mut kp, mut kt, mut kf) = (Vec::new(), Vec::new(), Vec::new());
+                let mut out = buffers::with_capacity(shape.iter().product());
+                let (mut kp, mut kt, mut kf) = (Gathered::new(), Gathered::new(), Gathered::new());
                 runs.each(|_, [i, j, k], len| {
-                    let p = run(p.data(), i, runs.step[0], len, &mut kp);
-                    let t = run(t.data(), j, runs.step[1], len, &mut kt);
-                    let f = run(f.data(), k, runs.step[2], len, &mut kf);
+                    let p = kp.run(p.data(), i, runs.step[0], len);
+                    let t = kt.run(t.data(), j, runs.step[1], len);
+                    let f = kf.run(f.data(), k, runs.step[2], len);
                     let picked = p.iter().zip(t).zip(f);
                     out.extend(picked.map(|((&p, &t), &f)| if p { t } else { f }));
                 });

@@ -6,6 +6,10 @@
 //! lookup's table rows, their scatter-add), a window moves as one slice.
 
 use ndarray::{ArrayD, IxDyn};
+use smallvec::{SmallVec, smallvec};
+
+use super::{Dims, row_major};
+use crate::runtime::buffers::{self, Pooled};
 
 use crate::ir::{GatherDims, Indexing, Literal, ScatterDims, ScatterKind, map_literal};
 
@@ -25,17 +29,17 @@ pub(super) fn gather(
 
 /// The gather reading `operand` at `at` (clamped: every target is `Some`).
 fn gather_at(operand: &Literal, at: &Targets, shape: &[usize]) -> Result<Literal, String> {
-    fn pick<T: Clone>(a: &ArrayD<T>, at: &Targets, shape: &[usize]) -> Result<ArrayD<T>, String> {
+    fn pick<T: Pooled>(a: &ArrayD<T>, at: &Targets, shape: &[usize]) -> Result<ArrayD<T>, String> {
         let a = a.as_standard_layout();
         let flat = a.as_slice().ok_or("a standard layout array has a slice")?;
-        let mut v: Vec<T> = Vec::with_capacity(shape.iter().product());
+        let mut v: Vec<T> = buffers::with_capacity(shape.iter().product());
         match at {
             Targets::Runs { starts, len } => {
                 for &s in starts.iter().flatten() {
                     v.extend_from_slice(&flat[s..s + len]);
                 }
             }
-            Targets::Elements(at) => v.extend(at.iter().flatten().map(|&p| flat[p].clone())),
+            Targets::Elements(at) => v.extend(at.iter().flatten().map(|&p| flat[p])),
         }
         ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())
     }
@@ -71,13 +75,14 @@ fn scatter_at(
     at: &Targets,
     updates: &Literal,
 ) -> Result<Literal, String> {
-    fn write<T: Clone>(
+    fn write<T: Pooled>(
         a: &ArrayD<T>,
         u: &ArrayD<T>,
         at: &Targets,
         combine: impl Fn(&T, &T) -> T,
     ) -> ArrayD<T> {
-        let mut out = a.as_standard_layout().into_owned();
+        let mut out = buffers::take_array(a.shape());
+        out.assign(a);
         let u = u.as_standard_layout();
         if let (Some(flat), Some(u)) = (out.as_slice_mut(), u.as_slice()) {
             match at {
@@ -170,15 +175,6 @@ fn run_length(
     (minor && whole).then(|| sizes.iter().product())
 }
 
-/// Row-major strides of `shape`.
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1];
-    }
-    s
-}
-
 /// Advances the row-major multi-index `idx` within `shape` (to all zeros after the
 /// last).
 fn next(idx: &mut [usize], shape: &[usize]) {
@@ -203,11 +199,11 @@ fn window_starts(
     clamp: bool,
 ) -> Vec<Option<usize>> {
     let r = operand_shape.len();
-    let stride = strides(operand_shape);
+    let stride = row_major(operand_shape);
     let indices = indices.as_standard_layout();
     let flat = indices.as_slice().unwrap_or_default();
     let indices_shape = indices.shape();
-    let indices_stride = strides(indices_shape);
+    let indices_stride = row_major(indices_shape);
     // The indices' offset step per component of an index vector, per batch dim, and
     // the batch dim (position in `b`) of each indices batching dim.
     let component = match ix.explicit_vector(indices_shape.len()) {
@@ -215,15 +211,16 @@ fn window_starts(
         false => 0,
     };
     let batch_dims = ix.indices_batch(indices_shape.len());
-    let batch_shape: Vec<usize> = batch_dims.iter().map(|&d| indices_shape[d]).collect();
-    let batch_stride: Vec<usize> = batch_dims.iter().map(|&d| indices_stride[d]).collect();
-    let batching: Vec<(usize, usize)> = (ix.operand_batching.iter().zip(ix.indices_batching))
+    let batch_shape: Dims = batch_dims.iter().map(|&d| indices_shape[d]).collect();
+    let batch_stride: Dims = batch_dims.iter().map(|&d| indices_stride[d]).collect();
+    let batching: SmallVec<[(usize, usize); 6]> = (ix.operand_batching.iter())
+        .zip(ix.indices_batching)
         .map(|(&o, i)| (o, batch_dims.iter().position(|d| d == i).unwrap_or(0)))
         .collect();
     let count: usize = batch_shape.iter().product();
     let mut bases = Vec::with_capacity(count);
-    let mut b = vec![0; batch_shape.len()];
-    let mut start = vec![0i64; r];
+    let mut b: Dims = smallvec![0; batch_shape.len()];
+    let mut start: SmallVec<[i64; 6]> = smallvec![0; r];
     for _ in 0..count {
         let at: usize = b.iter().zip(&batch_stride).map(|(i, s)| i * s).sum();
         start.fill(0);
@@ -258,14 +255,14 @@ fn positions(
     bases: &[Option<usize>],
     data_shape: &[usize],
 ) -> Vec<Option<usize>> {
-    let stride = strides(operand_shape);
+    let stride = row_major(operand_shape);
     let window_operand = ix.operand_window(operand_shape.len());
     let data_batch = ix.data_batch(data_shape.len());
-    let batch_shape: Vec<usize> = data_batch.iter().map(|&d| data_shape[d]).collect();
-    let batch_stride = strides(&batch_shape);
+    let batch_shape: Dims = data_batch.iter().map(|&d| data_shape[d]).collect();
+    let batch_stride = row_major(&batch_shape);
     let total: usize = data_shape.iter().product();
     let mut out = Vec::with_capacity(total);
-    let mut idx = vec![0; data_shape.len()];
+    let mut idx: Dims = smallvec![0; data_shape.len()];
     for _ in 0..total {
         let b: usize = (data_batch.iter().zip(&batch_stride))
             .map(|(&d, &s)| idx[d] * s)

@@ -15,6 +15,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 use smallvec::{SmallVec, smallvec};
 
 use super::Dims;
+use crate::runtime::buffers::{self, Pooled};
 
 /// Strides in elements, inline up to rank 6 (see [`Dims`]).
 type Strides = SmallVec<[isize; 6]>;
@@ -64,7 +65,7 @@ pub(crate) struct Block<'a, T> {
     layout: Layout,
 }
 
-impl<'a, T: Copy + Default> Block<'a, T> {
+impl<'a, T: Pooled> Block<'a, T> {
     /// The block of `view` when its elements fill one slice in some dim order (a
     /// standard-layout array, its transposes and reversals); `None` otherwise (a
     /// strided slice, a broadcast view).
@@ -151,12 +152,16 @@ impl<'a, T: Copy + Default> Block<'a, T> {
         })
     }
 
-    /// The block as a new standard-layout array.
+    /// The block as a new standard-layout array, on a pooled buffer (see
+    /// [`buffers::take_array`]).
     pub(crate) fn to_array(&self) -> ArrayD<T> {
-        let mut out = vec![T::default(); self.shape.iter().product()];
-        self.write(&mut out, &Layout::standard(&self.shape));
-        ArrayD::from_shape_vec(IxDyn(&self.shape), out)
-            .expect("a vector of the shape's element count fits it")
+        let mut out = buffers::take_array(&self.shape);
+        let layout = Layout::standard(&self.shape);
+        self.write(
+            out.as_slice_mut().expect("a new array is standard"),
+            &layout,
+        );
+        out
     }
 
     /// Writes the block into `into` at `at` (a layout of the block's shape).
@@ -168,7 +173,7 @@ impl<'a, T: Copy + Default> Block<'a, T> {
 // ---- the kernels ------------------------------------------------------------------------
 
 /// XLA `broadcast_in_dim`: operand dim `i` becomes result dim `dims[i]` (increasing).
-pub(crate) fn broadcast_in_dim<T: Copy + Default>(
+pub(crate) fn broadcast_in_dim<T: Pooled>(
     a: ArrayViewD<'_, T>,
     shape: &[usize],
     dims: &[usize],
@@ -181,7 +186,7 @@ pub(crate) fn broadcast_in_dim<T: Copy + Default>(
 }
 
 /// `a` in standard layout (moved if it is already, copied otherwise).
-pub(crate) fn standard_layout<T: Copy + Default>(a: ArrayD<T>) -> ArrayD<T> {
+pub(crate) fn standard_layout<T: Pooled>(a: ArrayD<T>) -> ArrayD<T> {
     if a.is_standard_layout() {
         return a;
     }
@@ -193,10 +198,7 @@ pub(crate) fn standard_layout<T: Copy + Default>(a: ArrayD<T>) -> ArrayD<T> {
 
 /// Row-major reshape of an array handed over: its buffer is moved, not copied, when
 /// it is in standard layout.
-pub(crate) fn reshape_owned<T: Copy + Default>(
-    a: ArrayD<T>,
-    shape: &[usize],
-) -> Result<ArrayD<T>, String> {
+pub(crate) fn reshape_owned<T: Pooled>(a: ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>, String> {
     let a = standard_layout(a);
     let from = Dims::from_slice(a.shape());
     a.into_shape_with_order(IxDyn(shape))
@@ -204,7 +206,7 @@ pub(crate) fn reshape_owned<T: Copy + Default>(
 }
 
 /// Result dim `i` is operand dim `perm[i]`.
-pub(crate) fn transpose<T: Copy + Default>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
+pub(crate) fn transpose<T: Pooled>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
     match Block::of(a.view()) {
         Some(block) => block.permuted(perm).to_array(),
         None => generic::transpose(a, perm),
@@ -212,7 +214,7 @@ pub(crate) fn transpose<T: Copy + Default>(a: &ArrayD<T>, perm: &[usize]) -> Arr
 }
 
 /// Elements `start[d]`, `start[d] + stride[d]`, ... below `limit[d]` along each dim.
-pub(crate) fn slice<T: Copy + Default>(
+pub(crate) fn slice<T: Pooled>(
     a: &ArrayD<T>,
     start: &[usize],
     limit: &[usize],
@@ -225,7 +227,7 @@ pub(crate) fn slice<T: Copy + Default>(
 }
 
 /// Reverses the element order along `dims`.
-pub(crate) fn reverse<T: Copy + Default>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+pub(crate) fn reverse<T: Pooled>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
     match Block::of(a.view()) {
         Some(block) => block.reversed(dims).to_array(),
         None => generic::reverse(a, dims),
@@ -233,7 +235,7 @@ pub(crate) fn reverse<T: Copy + Default>(a: &ArrayD<T>, dims: &[usize]) -> Array
 }
 
 /// The arrays joined along `dim` (same rank, same sizes on the other dims).
-pub(crate) fn concatenate<T: Copy + Default>(
+pub(crate) fn concatenate<T: Pooled>(
     arrays: &[ArrayViewD<'_, T>],
     dim: usize,
 ) -> Result<ArrayD<T>, String> {
@@ -262,21 +264,23 @@ pub(crate) fn concatenate<T: Copy + Default>(
         }
         shape[dim] += b.shape[dim];
     }
-    let mut out = vec![T::default(); shape.iter().product()];
+    // The blocks cover the result: every element is written.
+    let mut out = buffers::take_array(&shape);
+    let flat = out.as_slice_mut().expect("a new array is standard");
     let layout = Layout::standard(&shape);
     let mut start: Dims = smallvec![0; shape.len()];
     let step: Dims = smallvec![1; shape.len()];
     for b in &blocks {
-        b.write(&mut out, &layout.window(&start, &step));
+        b.write(flat, &layout.window(&start, &step));
         start[dim] += b.shape[dim];
     }
-    ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())
+    Ok(out)
 }
 
 /// Edge padding (negative removes) and interior padding with `fill`: `low` elements
 /// before each dim, `interior` between neighbours, `high` after (a result dim below
 /// zero is empty).
-pub(crate) fn pad<T: Copy + Default>(
+pub(crate) fn pad<T: Pooled>(
     a: &ArrayD<T>,
     fill: T,
     low: &[i64],
@@ -308,17 +312,18 @@ pub(crate) fn pad<T: Copy + Default>(
         end[d] = hi.clamp(first[d] as i64, n) as usize;
         at[d] = (low[d] + first[d] as i64 * step).max(0) as usize;
     }
-    let mut out = vec![fill; shape.iter().product()];
+    let mut out = buffers::filled(&shape, fill);
     let ones: Dims = smallvec![1; rank];
     let steps: Dims = interior.iter().map(|&k| k + 1).collect();
-    block
-        .sliced(&first, &end, &ones)
-        .write(&mut out, &Layout::standard(&shape).window(&at, &steps));
-    ArrayD::from_shape_vec(IxDyn(&shape), out).expect("the element count fits the shape")
+    block.sliced(&first, &end, &ones).write(
+        out.as_slice_mut().expect("a new array is standard"),
+        &Layout::standard(&shape).window(&at, &steps),
+    );
+    out
 }
 
 /// `out` with `update` written at `starts` (which fit), in place.
-pub(crate) fn update_slice<T: Copy + Default>(
+pub(crate) fn update_slice<T: Pooled>(
     out: ArrayD<T>,
     update: &ArrayD<T>,
     starts: &[usize],
@@ -409,7 +414,7 @@ pub(crate) mod generic {
     }
 
     /// See [`super::concatenate`].
-    pub(crate) fn concatenate<T: Copy + Default>(
+    pub(crate) fn concatenate<T: Pooled>(
         arrays: &[ArrayViewD<'_, T>],
         dim: usize,
     ) -> Result<ArrayD<T>, String> {

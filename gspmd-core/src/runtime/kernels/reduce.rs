@@ -13,8 +13,9 @@ use std::borrow::Cow;
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::{max_nan, min_nan, type_of};
+use super::{Dims, max_nan, min_nan, type_of};
 use crate::ir::{Literal, ReduceKind};
+use crate::runtime::buffers::{self, Pooled};
 
 /// `reduce` of `x` over `dims` (sorted, distinct; checked by the shape rule).
 pub(super) fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Literal, String> {
@@ -35,13 +36,13 @@ pub(super) fn reduce(kind: ReduceKind, x: &Literal, dims: &[usize]) -> Result<Li
 
 /// Folds `dims` of `a` away with `f` (associative and commutative, `identity` its
 /// neutral element), block of adjacent dims by block, the last block first.
-fn fold_dims<T: Copy>(
+fn fold_dims<T: Pooled>(
     a: &ArrayD<T>,
     dims: &[usize],
     identity: T,
     f: impl Fn(T, T) -> T + Copy,
 ) -> Result<ArrayD<T>, String> {
-    let mut shape = a.shape().to_vec();
+    let mut shape = Dims::from_slice(a.shape());
     let standard = a.as_standard_layout();
     let slice = (standard.as_slice()).ok_or("a standard-layout array is contiguous")?;
     let mut data = Cow::Borrowed(slice);
@@ -58,30 +59,37 @@ fn fold_dims<T: Copy>(
         let outer: usize = shape[..first].iter().product();
         let block: usize = shape[first..=last].iter().product();
         let inner: usize = shape[last + 1..].iter().product();
-        data = Cow::Owned(fold_block(&data, [outer, block, inner], identity, f));
+        let folded = fold_block(&data, [outer, block, inner], identity, f);
+        // A block folded before this one gives its buffer back.
+        if let Cow::Owned(before) = std::mem::replace(&mut data, Cow::Owned(folded)) {
+            buffers::give_buffer(before);
+        }
         shape.drain(first..=last);
         rest = &rest[..rest.len() - len];
     }
     ArrayD::from_shape_vec(IxDyn(&shape), data.into_owned()).map_err(|e| e.to_string())
 }
 
-/// Folds the middle dim of a row-major `[outer, block, inner]` array.
-fn fold_block<T: Copy>(
+/// Folds the middle dim of a row-major `[outer, block, inner]` array, into a pooled
+/// buffer.
+fn fold_block<T: Pooled>(
     data: &[T],
     [outer, block, inner]: [usize; 3],
     identity: T,
     f: impl Fn(T, T) -> T + Copy,
 ) -> Vec<T> {
+    let mut out = buffers::with_capacity(outer * inner);
     if block == 0 || inner == 0 {
-        return vec![identity; outer * inner];
+        out.resize(outer * inner, identity);
+        return out;
     }
     if inner == 1 {
-        return data
-            .chunks_exact(block)
-            .map(|row| fold_row(row, identity, f))
-            .collect();
+        out.extend(
+            data.chunks_exact(block)
+                .map(|row| fold_row(row, identity, f)),
+        );
+        return out;
     }
-    let mut out = Vec::with_capacity(outer * inner);
     for slab in data.chunks_exact(block * inner) {
         let start = out.len();
         out.extend_from_slice(&slab[..inner]);
