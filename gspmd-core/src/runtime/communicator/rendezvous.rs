@@ -17,7 +17,7 @@
 //! and a device still running an earlier run can neither post nor abort in it.
 //!
 //! Lock order: the meeting registry, then a meeting's state, then the abort state (a
-//! leaf: nothing is locked while it is held).
+//! leaf: nothing is locked while it is held). A meeting's calls are a leaf too.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +44,8 @@ pub(super) struct Meeting {
     round_done: Condvar,
     /// Number of completed rounds, mirrored from the state for waiters that spin.
     rounds: AtomicU64,
+    /// The places its devices have been at, each made once (see [`Meeting::call`]).
+    calls: Mutex<Vec<Arc<Call>>>,
 }
 
 #[derive(Debug)]
@@ -82,6 +84,19 @@ impl Meeting {
     /// The slot of `device` in this meeting's rounds.
     pub(super) fn slot(&self, device: usize) -> Option<usize> {
         self.devices.binary_search(&device).ok()
+    }
+
+    /// This meeting's one instance of `call`, made on first use: every device of the
+    /// meeting posts the same `Arc` for the same place, so a round's posts are checked
+    /// against each other by address ([`check_calls`](super::call::check_calls)).
+    pub(super) fn call(&self, call: Call) -> Arc<Call> {
+        let mut calls = lock(&self.calls);
+        if let Some(made) = calls.iter().find(|c| ***c == call) {
+            return Arc::clone(made);
+        }
+        let call = Arc::new(call);
+        calls.push(Arc::clone(&call));
+        call
     }
 }
 
@@ -177,6 +192,7 @@ impl Rendezvous {
                 }),
                 round_done: Condvar::new(),
                 rounds: AtomicU64::new(0),
+                calls: Mutex::new(Vec::new()),
             })
         });
         Arc::clone(meeting)
