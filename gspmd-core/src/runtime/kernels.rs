@@ -79,11 +79,12 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
 pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 8]>;
 
 /// The `N` operands of a node of arity `N`; `None` for any other number.
-fn exactly<const N: usize>(operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
+fn exactly<const N: usize>(mut operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
     if operands.len() != N {
         return None;
     }
-    let mut it = operands.into_iter();
+    // Drained in place: the inline operands are not moved into an iterator first.
+    let mut it = operands.drain(..);
     // `N` elements: every call of the closure finds one.
     Some(std::array::from_fn(|_| {
         it.next().expect("the length was checked")

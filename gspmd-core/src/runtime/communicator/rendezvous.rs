@@ -17,7 +17,7 @@
 //! and a device still running an earlier run can neither post nor abort in it.
 //!
 //! Lock order: the meeting registry, then a meeting's state, then the abort state (a
-//! leaf: nothing is locked while it is held).
+//! leaf: nothing is locked while it is held). A meeting's calls are a leaf too.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +44,8 @@ pub(super) struct Meeting {
     round_done: Condvar,
     /// Number of completed rounds, mirrored from the state for waiters that spin.
     rounds: AtomicU64,
+    /// The places its devices have been at, each made once (see [`Meeting::call`]).
+    calls: Mutex<Vec<Arc<Call>>>,
 }
 
 #[derive(Debug)]
@@ -83,6 +85,19 @@ impl Meeting {
     pub(super) fn slot(&self, device: usize) -> Option<usize> {
         self.devices.binary_search(&device).ok()
     }
+
+    /// This meeting's one instance of `call`, made on first use: every device of the
+    /// meeting posts the same `Arc` for the same place, so a round's posts are checked
+    /// against each other by address ([`check_calls`](super::call::check_calls)).
+    pub(super) fn call(&self, call: Call) -> Arc<Call> {
+        let mut calls = lock(&self.calls);
+        if let Some(made) = calls.iter().find(|c| ***c == call) {
+            return Arc::clone(made);
+        }
+        let call = Arc::new(call);
+        calls.push(Arc::clone(&call));
+        call
+    }
 }
 
 /// The meetings of all devices of a mesh, and the mesh-wide state of a run: its
@@ -118,7 +133,10 @@ const NO_TIMEOUT: u64 = u64::MAX;
 /// How long a device waiting for a small collective yields to the others of its
 /// meeting before it sleeps: a sleep and wake-up costs tens of microseconds, but on an
 /// oversubscribed machine the yields steal time from devices still computing, so long
-/// waits (large collectives, the end of a program) do not spin.
+/// waits (large collectives, the end of a program) do not spin. A waiter yields at
+/// once: busy-polling first (even 16 `spin_loop` polls) burns the core a peer needs to
+/// reach the collective, and made scalar all-reduces on a 2x4 mesh of 2 cores 1.2-2x
+/// slower (`benches/collectives.rs`); sleeping at once (no spin) was slower too.
 pub(super) const SPIN: Duration = Duration::from_micros(50);
 
 impl Rendezvous {
@@ -177,6 +195,7 @@ impl Rendezvous {
                 }),
                 round_done: Condvar::new(),
                 rounds: AtomicU64::new(0),
+                calls: Mutex::new(Vec::new()),
             })
         });
         Arc::clone(meeting)

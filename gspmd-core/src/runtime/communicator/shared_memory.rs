@@ -32,6 +32,8 @@ pub(crate) struct SharedMemoryCommunicator {
     rendezvous: Arc<Rendezvous>,
     /// The meeting of every device, at the end of each program.
     everyone: Arc<Meeting>,
+    /// Its one place, the end of a program.
+    end: Arc<Call>,
     /// This device's group over each axis list used so far, made on first use.
     groups: RefCell<HashMap<Vec<String>, Arc<Joined>>>,
     /// The run (the rendezvous's generation) this device is in.
@@ -51,7 +53,8 @@ struct Joined {
 }
 
 impl Joined {
-    /// Collective `op` over this group's `axes`, made on first use.
+    /// Collective `op` over this group's `axes`, made on first use: the meeting's
+    /// instance of it (see [`Meeting::call`]), if the group meets.
     fn call(&self, op: CollectiveOp, axes: &[String]) -> Arc<Call> {
         let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         let made = calls
@@ -60,10 +63,14 @@ impl Joined {
         if let Some(call) = made {
             return Arc::clone(call);
         }
-        let call = Arc::new(Call::Collective {
+        let call = Call::Collective {
             op,
             axes: axes.to_vec(),
-        });
+        };
+        let call = match &self.meeting {
+            Some(meeting) => meeting.call(call),
+            None => Arc::new(call),
+        };
         calls.push(Arc::clone(&call));
         call
     }
@@ -78,10 +85,12 @@ enum Start {
 
 impl SharedMemoryCommunicator {
     pub(crate) fn new(device: usize, mesh: Arc<Mesh>, rendezvous: Arc<Rendezvous>) -> Self {
+        let everyone = rendezvous.everyone();
         SharedMemoryCommunicator {
             device,
             mesh,
-            everyone: rendezvous.everyone(),
+            end: everyone.call(Call::End),
+            everyone,
             rendezvous,
             groups: RefCell::new(HashMap::new()),
             generation: 0,
@@ -230,7 +239,7 @@ impl SharedMemoryCommunicator {
     /// Meets every device at the end of their programs: an error if another device is
     /// still in a collective (it called one this device did not), which aborts.
     pub(crate) fn end_program(&self) -> Result<()> {
-        let call = Arc::new(Call::End);
+        let call = Arc::clone(&self.end);
         let post = Post {
             call: Arc::clone(&call),
             checked: false,
