@@ -7,7 +7,7 @@
 
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
-use gspmd_core::runtime::{ThreadMesh, fusion_groups, interpret};
+use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus as StdRng;
@@ -241,4 +241,30 @@ fn leaves_read_in_place_and_loaded_equal_unfused() {
     let want = node_by_node(&program, &inputs);
     let got = interpret(&program, &inputs).expect("runs");
     assert_eq!(bits(&got), bits(&want));
+}
+
+/// A program planned once ([`Prepared`]) gives the interpreter's outputs bitwise, run
+/// after run (registers and pooled buffers reused), and its errors on bad inputs.
+#[test]
+fn a_prepared_program_runs_as_the_interpreter() {
+    let (rows, cols) = (40, 16);
+    let program = composites(rows, cols);
+    let prepared = Prepared::new(&program);
+    let mut rng = StdRng::seed_from_u64(5);
+    for _ in 0..3 {
+        let inputs = [
+            random(&[rows, cols], &mut rng),
+            labels(rows, cols, &mut rng),
+        ];
+        let want = interpret(&program, &inputs).expect("runs");
+        let got = prepared.run(&inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want));
+    }
+    let wrong = [
+        random(&[rows, cols + 1], &mut rng),
+        labels(rows, cols, &mut rng),
+    ];
+    let want = interpret(&program, &wrong).expect_err("a wrong shape");
+    let got = prepared.run(&wrong).expect_err("a wrong shape");
+    assert_eq!(got.to_string(), want.to_string());
 }

@@ -608,16 +608,19 @@ impl<'a> Source<'a> {
         };
         let (outer_strides, step) = strides.split_at(outer_dims.len());
         let step = step[0];
-        let mut at = start;
+        // The loop index of `start` (its outer dims, and its place in the minor dim)
+        // and the offset of its run; then stepped run by run, carrying like an odometer.
+        let mut within = start % minor;
+        let mut rest = start / minor;
+        let mut index: Dims = Dims::from_elem(0, outer_dims.len());
+        let mut base = 0;
+        for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+            *i = rest % n;
+            base += *i * s;
+            rest /= n;
+        }
         let mut filled = 0;
         while filled < out.len() {
-            let within = at % minor;
-            let mut rest = at / minor;
-            let mut base = 0;
-            for (&n, &s) in outer_dims.iter().zip(outer_strides).rev() {
-                base += (rest % n) * s;
-                rest /= n;
-            }
             let run = (minor - within).min(out.len() - filled);
             let dst = &mut out[filled..filled + run];
             match step {
@@ -630,7 +633,16 @@ impl<'a> Source<'a> {
                 }
             }
             filled += run;
-            at += run;
+            within = 0;
+            for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+                *i += 1;
+                base += s;
+                if *i < n {
+                    break;
+                }
+                base -= n * s;
+                *i = 0;
+            }
         }
     }
 }
@@ -696,5 +708,18 @@ mod tests {
         s.load(&shape, &mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
         assert!(Source::new(&x, Some(&[0, 1]), &[3, 2]).is_err());
+        // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
+        // (runs cut anywhere, carries across both outer dims) reads element
+        // `[ix[2], ix[0]]` of the value at loop index `ix`.
+        let shape = [3, 4, 2];
+        let s = Source::new(&x, Some(&[2, 0]), &shape).unwrap();
+        let want: Vec<f32> = (0..24).map(|k| ((k % 2) * 3 + k / 8) as f32).collect();
+        for start in 0..24 {
+            for len in 1..=24 - start {
+                let mut out = vec![0.0; len];
+                s.load(&shape, &mut out, start);
+                assert_eq!(out, want[start..start + len], "from {start}, {len}");
+            }
+        }
     }
 }
