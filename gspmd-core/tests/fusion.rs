@@ -7,7 +7,7 @@
 
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
-use gspmd_core::runtime::{ThreadMesh, fusion_groups, interpret};
+use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus as StdRng;
@@ -103,8 +103,9 @@ fn random_chains_fused_equal_unfused_bitwise() {
     let mut fused = 0;
     let cases = 300;
     for case in 0..cases {
-        // Rows across chunks (above 256) and with tails (not a multiple of 8).
-        let rows = rng.random_range(1..5);
+        // Rows across chunks (above 256) and with tails (not a multiple of 8); short
+        // rows several to a chunk, over several chunks (40 rows).
+        let rows = [1, 2, 3, 4, 40][rng.random_range(0..5)];
         let cols = [1, 3, 8, 37, 256, 300, 600][rng.random_range(0..7)];
         let program = random_chain(&mut rng, rows, cols);
         let inputs = [
@@ -240,4 +241,30 @@ fn leaves_read_in_place_and_loaded_equal_unfused() {
     let want = node_by_node(&program, &inputs);
     let got = interpret(&program, &inputs).expect("runs");
     assert_eq!(bits(&got), bits(&want));
+}
+
+/// A program planned once ([`Prepared`]) gives the interpreter's outputs bitwise, run
+/// after run (registers and pooled buffers reused), and its errors on bad inputs.
+#[test]
+fn a_prepared_program_runs_as_the_interpreter() {
+    let (rows, cols) = (40, 16);
+    let program = composites(rows, cols);
+    let prepared = Prepared::new(&program);
+    let mut rng = StdRng::seed_from_u64(5);
+    for _ in 0..3 {
+        let inputs = [
+            random(&[rows, cols], &mut rng),
+            labels(rows, cols, &mut rng),
+        ];
+        let want = interpret(&program, &inputs).expect("runs");
+        let got = prepared.run(&inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want));
+    }
+    let wrong = [
+        random(&[rows, cols + 1], &mut rng),
+        labels(rows, cols, &mut rng),
+    ];
+    let want = interpret(&program, &wrong).expect_err("a wrong shape");
+    let got = prepared.run(&wrong).expect_err("a wrong shape");
+    assert_eq!(got.to_string(), want.to_string());
 }

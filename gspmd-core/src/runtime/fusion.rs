@@ -331,6 +331,11 @@ impl Group {
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
             regs.resize(self.leaves.len() + self.code.len(), [0.0; CHUNK]);
+            for (source, reg) in sources.iter().zip(regs.iter_mut()) {
+                if let Source::Splat(v) = *source {
+                    reg.fill(v);
+                }
+            }
             self.run_on(&sources, buffer, regs)
         })
     }
@@ -382,7 +387,10 @@ impl Group {
     }
 
     /// The reduction of each of `outer` rows of `row` elements with `f` (identity
-    /// `identity`), folded as [`Lanes`] fold.
+    /// `identity`), folded as [`Lanes`] fold. Rows shorter than a chunk are computed
+    /// several at a time (as many whole rows as a chunk holds) and folded one by one
+    /// from the last register; longer rows chunk by chunk. Either way each row is fed
+    /// to its own lanes in order, so the result does not depend on the cut.
     fn fold_rows(
         &self,
         sources: &[Source<'_>],
@@ -393,32 +401,49 @@ impl Group {
         f: impl Fn(f32, f32) -> f32 + Copy,
     ) -> Vec<f32> {
         let body = body_len(row);
-        (0..outer)
-            .map(|r| {
-                let mut lanes = Lanes::new(identity);
-                let mut start = 0;
-                while start < row {
-                    let len = CHUNK.min(row - start);
-                    let values = self.chunk(sources, &[], regs, r * row + start, len);
-                    let in_body = body.saturating_sub(start).min(len);
-                    lanes.push(&values[..in_body], f);
-                    start += len;
-                    if start == row {
-                        return lanes.finish(&values[in_body..], f);
-                    }
+        let mut out = super::buffers::with_capacity(outer);
+        if row == 0 {
+            out.resize(outer, identity);
+            return out;
+        }
+        let fold = |values: &[f32]| {
+            let mut lanes = Lanes::new(identity);
+            lanes.push(&values[..body], f);
+            lanes.finish(&values[body..], f)
+        };
+        if row <= CHUNK {
+            let per_chunk = CHUNK / row;
+            let mut r = 0;
+            while r < outer {
+                let rows = per_chunk.min(outer - r);
+                let values = self.chunk(sources, &[], regs, r * row, rows * row);
+                out.extend(values.chunks_exact(row).map(fold));
+                r += rows;
+            }
+            return out;
+        }
+        for r in 0..outer {
+            let mut lanes = Lanes::new(identity);
+            let mut start = 0;
+            while start < row {
+                let len = CHUNK.min(row - start);
+                let values = self.chunk(sources, &[], regs, r * row + start, len);
+                let in_body = body.saturating_sub(start).min(len);
+                lanes.push(&values[..in_body], f);
+                start += len;
+                if start == row {
+                    out.push(lanes.finish(&values[in_body..], f));
+                    break;
                 }
-                identity
-            })
-            .fold(super::buffers::with_capacity(outer), |mut out, v| {
-                out.push(v);
-                out
-            })
+            }
+        }
+        out
     }
 
     /// Computes the `len` elements from flat index `start` of the loop: reads the
     /// leaves (in place where they are contiguous, a [`Source::Buffer`] from `buffer`;
-    /// the others loaded into their registers), runs the ops, and returns the last
-    /// register.
+    /// a [`Source::Splat`] from its register, filled for the run; the others loaded
+    /// into their registers), runs the ops, and returns the last register.
     fn chunk<'r>(
         &self,
         sources: &[Source<'_>],
@@ -430,9 +455,7 @@ impl Group {
         let base = self.leaves.len();
         let (leaf_regs, op_regs) = regs.split_at_mut(base);
         for (source, reg) in sources.iter().zip(leaf_regs.iter_mut()) {
-            if source.in_place(buffer).is_none() {
-                source.load(&self.shape, &mut reg[..len], start);
-            }
+            source.load(&self.shape, &mut reg[..len], start);
         }
         let leaf = |k: usize| match sources[k].in_place(buffer) {
             Some(data) => &data[start..start + len],
@@ -492,6 +515,9 @@ impl WithBinary for ZipInto<'_> {
 enum Source<'a> {
     /// In the result's buffer (the leaf was handed over), at the loop's flat index.
     Buffer,
+    /// One element everywhere (a scalar broadcast: every stride 0), in a register
+    /// filled once per run.
+    Splat(f32),
     /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`;
     /// `contiguous`: the strides are the loop shape's row-major ones.
     Strided {
@@ -533,6 +559,11 @@ impl<'a> Source<'a> {
             }
         };
         let strides = map_strides(&value_shape, &value_strides, shape, dims)?;
+        if strides.iter().all(|&s| s == 0)
+            && let Some(&v) = array.first()
+        {
+            return Ok(Source::Splat(v));
+        }
         let data = match array.as_slice() {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(array.iter().copied().collect()),
@@ -555,14 +586,20 @@ impl<'a> Source<'a> {
                 contiguous: true,
                 ..
             } => Some(data),
-            Source::Strided { .. } => None,
+            Source::Strided { .. } | Source::Splat(_) => None,
         }
     }
 
     /// Writes the elements at flat indices `start..start + out.len()` of the loop over
-    /// `shape` into `out` (a source not read [in place](Source::in_place)).
+    /// `shape` into `out` if the source is loaded chunk by chunk (strided, not
+    /// contiguous); else (read [in place](Source::in_place), or a splat) nothing.
     fn load(&self, shape: &[usize], out: &mut [f32], start: usize) {
-        let Source::Strided { data, strides, .. } = self else {
+        let Source::Strided {
+            data,
+            strides,
+            contiguous: false,
+        } = self
+        else {
             return;
         };
         // Not read in place, so not contiguous and of rank >= 1: runs along the minor dim.
@@ -571,16 +608,19 @@ impl<'a> Source<'a> {
         };
         let (outer_strides, step) = strides.split_at(outer_dims.len());
         let step = step[0];
-        let mut at = start;
+        // The loop index of `start` (its outer dims, and its place in the minor dim)
+        // and the offset of its run; then stepped run by run, carrying like an odometer.
+        let mut within = start % minor;
+        let mut rest = start / minor;
+        let mut index: Dims = Dims::from_elem(0, outer_dims.len());
+        let mut base = 0;
+        for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+            *i = rest % n;
+            base += *i * s;
+            rest /= n;
+        }
         let mut filled = 0;
         while filled < out.len() {
-            let within = at % minor;
-            let mut rest = at / minor;
-            let mut base = 0;
-            for (&n, &s) in outer_dims.iter().zip(outer_strides).rev() {
-                base += (rest % n) * s;
-                rest /= n;
-            }
             let run = (minor - within).min(out.len() - filled);
             let dst = &mut out[filled..filled + run];
             match step {
@@ -593,7 +633,16 @@ impl<'a> Source<'a> {
                 }
             }
             filled += run;
-            at += run;
+            within = 0;
+            for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+                *i += 1;
+                base += s;
+                if *i < n {
+                    break;
+                }
+                base -= n * s;
+                *i = 0;
+            }
         }
     }
 }
@@ -603,6 +652,38 @@ impl<'a> Source<'a> {
 pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
     let plan = super::plan::Plan::new(program);
     plan.groups.iter().map(|g| g.members.clone()).collect()
+}
+
+/// A program planned once (its fusion groups included) and run on the calling thread
+/// as [`interpret`](super::interpret) runs it, which plans on every call: for timing
+/// the fused loops without the planning (`gspmd-core/benches/fusion.rs`).
+pub struct Prepared {
+    planned: super::plan::PlannedProgram,
+    /// The bound of the live values' bytes: [`available_memory`](super::available_memory)
+    /// when planned.
+    memory_limit: usize,
+}
+
+impl Prepared {
+    /// Plans `program`.
+    pub fn new(program: &Program) -> Self {
+        Prepared {
+            planned: super::plan::PlannedProgram::new(program.clone()),
+            memory_limit: super::available_memory(),
+        }
+    }
+
+    /// The outputs of the program on `inputs`, as [`interpret`](super::interpret)
+    /// gives them (the same errors; bitwise the same values).
+    pub fn run(&self, inputs: &[Literal]) -> crate::Result<Vec<Literal>> {
+        super::interpreter::execute(
+            &self.planned.program,
+            &self.planned.plan,
+            inputs,
+            self.memory_limit,
+            super::interpreter::eval_kernel,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -627,5 +708,18 @@ mod tests {
         s.load(&shape, &mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
         assert!(Source::new(&x, Some(&[0, 1]), &[3, 2]).is_err());
+        // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
+        // (runs cut anywhere, carries across both outer dims) reads element
+        // `[ix[2], ix[0]]` of the value at loop index `ix`.
+        let shape = [3, 4, 2];
+        let s = Source::new(&x, Some(&[2, 0]), &shape).unwrap();
+        let want: Vec<f32> = (0..24).map(|k| ((k % 2) * 3 + k / 8) as f32).collect();
+        for start in 0..24 {
+            for len in 1..=24 - start {
+                let mut out = vec![0.0; len];
+                s.load(&shape, &mut out, start);
+                assert_eq!(out, want[start..start + len], "from {start}, {len}");
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! Every result is in standard (row-major, contiguous) layout.
 
 mod contraction;
-mod elementary;
+pub mod elementary;
 mod elementwise;
 mod indexing;
 mod movement;

@@ -27,7 +27,7 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 
 /// `e^x` (see the module documentation for the error bound).
 #[inline]
-pub(super) fn exp(x: f32) -> f32 {
+pub fn exp(x: f32) -> f32 {
     // Beyond these, the result is +inf or 0 (and the exponent arithmetic below would
     // overflow); NaN passes through `clamp` and the arithmetic.
     let x = x.clamp(-104.0, 88.8);
@@ -56,7 +56,7 @@ pub(super) fn exp(x: f32) -> f32 {
 
 /// `tanh(x)` (see the module documentation for the error bound).
 #[inline]
-pub(super) fn tanh(x: f32) -> f32 {
+pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     // Odd Taylor coefficients of tanh, x^3 to x^19.
     const C: [f32; 9] = [
@@ -82,7 +82,7 @@ pub(super) fn tanh(x: f32) -> f32 {
 
 /// `1 / (1 + e^-x)` (see the module documentation for the error bound).
 #[inline]
-pub(super) fn logistic(x: f32) -> f32 {
+pub fn logistic(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 

@@ -1,0 +1,292 @@
+//! The fused loops of the execution plan against handwritten loops doing the same math,
+//! on the example language model's elementwise pieces (`d_model` 64, 4 heads of 16
+//! keys, FFN 256, vocabulary 16, batch 16 x 16 tokens) at the shapes one device sees on
+//! a 1x1 mesh and on a 2x4 mesh (batch over `data`; heads, FFN and the weights' blocks
+//! over `model`): layer norm over `d_model`, softmax over the keys, GELU over the FFN
+//! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight.
+//!
+//! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
+//! them, the plan not remade per call); the handwritten loop computes the same values
+//! with the same `exp` and `tanh` ([`elementary`]) into a preallocated output, so the
+//! ratio is the plan's overhead over a loop the compiler sees whole.
+//!
+//! `cargo bench -p gspmd-core --bench fusion`
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gspmd_core::ir::{Builder, DType, Literal, Program};
+use gspmd_core::runtime::kernels::elementary;
+use gspmd_core::runtime::{Prepared, fusion_groups};
+use ndarray::{ArrayD, IxDyn};
+
+/// The per-device shapes of one mesh.
+struct Shapes {
+    name: &'static str,
+    /// Tokens per device (batch x sequence).
+    tokens: usize,
+    /// Heads per device.
+    heads: usize,
+    /// FFN hidden units per device.
+    ffn: usize,
+    /// Elements of a weight block per device (`[L, D, F]` over the mesh).
+    weight: usize,
+}
+
+const SEQ: usize = 16;
+const MODEL: usize = 64;
+const VOCAB: usize = 16;
+
+const MESHES: [Shapes; 2] = [
+    Shapes {
+        name: "1x1",
+        tokens: 16 * SEQ,
+        heads: 4,
+        ffn: 256,
+        weight: 2 * MODEL * 256,
+    },
+    Shapes {
+        name: "2x4",
+        tokens: 8 * SEQ,
+        heads: 1,
+        ffn: 64,
+        weight: 2 * MODEL * 256 / 8,
+    },
+];
+
+fn values(shape: &[usize], scale: f32) -> Literal {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * scale)
+        .collect();
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape fits"))
+}
+
+fn f32s(lit: &Literal) -> &[f32] {
+    lit.as_f32()
+        .expect("f32")
+        .as_slice()
+        .expect("standard layout")
+}
+
+/// Times `program` planned once on `inputs` and `handwritten` (writing the outputs'
+/// elements, in order, into a buffer allocated once) as `group/{gspmd,loop}`, after
+/// checking they agree within `tolerance` (relative to the largest output element).
+fn compare(
+    c: &mut Criterion,
+    group: &str,
+    program: &Program,
+    inputs: &[Literal],
+    tolerance: f32,
+    handwritten: impl Fn(&[Literal], &mut [f32]),
+) {
+    let prepared = Prepared::new(program);
+    let got = prepared.run(inputs).expect("runs");
+    let got: Vec<f32> = got.iter().flat_map(|o| f32s(o).to_vec()).collect();
+    let mut want = vec![0.0; got.len()];
+    handwritten(inputs, &mut want);
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    assert_eq!(got.len(), want.len(), "{group}");
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * scale,
+            "{group}: element {k}: {g} vs {w}"
+        );
+    }
+    let groups = fusion_groups(program).len();
+    let mut g = c.benchmark_group(group);
+    g.bench_function(format!("gspmd ({groups} fused loops)"), |b| {
+        b.iter(|| black_box(prepared.run(inputs).expect("runs")))
+    });
+    g.bench_function("loop", |b| {
+        b.iter(|| {
+            handwritten(inputs, &mut want);
+            black_box(&want);
+        })
+    });
+    g.finish();
+}
+
+/// `f` over each row of `row` elements of `x` into `out`.
+fn rows(x: &[f32], row: usize, out: &mut [f32], f: impl Fn(&[f32], &mut [f32])) {
+    for (x, o) in x.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
+        f(x, o);
+    }
+}
+
+fn layer_norm(c: &mut Criterion, s: &Shapes) {
+    let b = Builder::new("layer_norm");
+    let x = b.parameter("x", [s.tokens, MODEL], DType::F32);
+    let program = b.finish(&[&x.layer_norm(-1, 1e-5)]).expect("traces");
+    let inputs = [values(&[s.tokens, MODEL], 4.0)];
+    compare(
+        c,
+        &format!("layer_norm {}", s.name),
+        &program,
+        &inputs,
+        1e-5,
+        |inputs, out| {
+            rows(f32s(&inputs[0]), MODEL, out, |x, o| {
+                let n = x.len() as f32;
+                let mean = x.iter().sum::<f32>() / n;
+                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+                let inv = (var + 1e-5).sqrt().recip();
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = (v - mean) * inv;
+                }
+            });
+        },
+    );
+}
+
+fn softmax(c: &mut Criterion, s: &Shapes) {
+    let shape = [s.tokens / SEQ, s.heads, SEQ, SEQ];
+    let b = Builder::new("softmax");
+    let x = b.parameter("x", shape, DType::F32);
+    let program = b.finish(&[&x.softmax(-1)]).expect("traces");
+    let inputs = [values(&shape, 8.0)];
+    compare(
+        c,
+        &format!("softmax {}", s.name),
+        &program,
+        &inputs,
+        1e-6,
+        |inputs, out| {
+            rows(f32s(&inputs[0]), SEQ, out, |x, o| {
+                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                for (o, &v) in o.iter_mut().zip(x) {
+                    *o = elementary::exp(v - max);
+                }
+                let sum: f32 = o.iter().sum();
+                for o in o.iter_mut() {
+                    *o /= sum;
+                }
+            });
+        },
+    );
+}
+
+fn gelu(c: &mut Criterion, s: &Shapes) {
+    let shape = [s.tokens, s.ffn];
+    let b = Builder::new("gelu");
+    let x = b.parameter("x", shape, DType::F32);
+    let program = b.finish(&[&x.gelu()]).expect("traces");
+    let inputs = [values(&shape, 6.0)];
+    let k = (2.0 / std::f32::consts::PI).sqrt();
+    compare(
+        c,
+        &format!("gelu {}", s.name),
+        &program,
+        &inputs,
+        1e-6,
+        |inputs, out| {
+            for (o, &v) in out.iter_mut().zip(f32s(&inputs[0])) {
+                *o = 0.5 * v * (1.0 + elementary::tanh(k * (v + 0.044715 * v * v * v)));
+            }
+        },
+    );
+}
+
+fn cross_entropy(c: &mut Criterion, s: &Shapes) {
+    let b = Builder::new("cross_entropy");
+    let logits = b.parameter("logits", [s.tokens, VOCAB], DType::F32);
+    let labels = b.parameter("labels", [s.tokens], DType::I32);
+    let loss = logits.cross_entropy_with_logits(&labels);
+    let program = b.finish(&[&loss]).expect("traces");
+    let ids = (0..s.tokens).map(|i| (i * 5 % VOCAB) as i32).collect();
+    let inputs = [
+        values(&[s.tokens, VOCAB], 8.0),
+        Literal::I32(ArrayD::from_shape_vec(IxDyn(&[s.tokens]), ids).expect("shape fits")),
+    ];
+    compare(
+        c,
+        &format!("cross_entropy {}", s.name),
+        &program,
+        &inputs,
+        1e-5,
+        |inputs, out| {
+            let ids = inputs[1].as_i32().expect("i32");
+            let mut total = 0.0;
+            for (x, &id) in f32s(&inputs[0]).chunks_exact(VOCAB).zip(ids) {
+                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let sum: f32 = x.iter().map(|&v| elementary::exp(v - max)).sum();
+                total += x[id as usize] - max - sum.ln();
+            }
+            out[0] = -total / s.tokens as f32;
+        },
+    );
+}
+
+fn adamw(c: &mut Criterion, s: &Shapes) {
+    let (beta1, beta2, eps) = (0.9f32, 0.99f32, 1e-8f32);
+    let b = Builder::new("adamw");
+    let n = [s.weight];
+    let w = b.parameter("w", n, DType::F32);
+    let g = b.parameter("g", n, DType::F32);
+    let m = b.parameter("m", n, DType::F32);
+    let v = b.parameter("v", n, DType::F32);
+    let lr = b.parameter("lr", [], DType::F32);
+    let c1 = b.parameter("c1", [], DType::F32);
+    let c2 = b.parameter("c2", [], DType::F32);
+    let like = |t: &gspmd_core::ir::Tensor| t.broadcast_in_dim(n, &[]);
+    let m2 = m
+        .mul(&m.scalar_like(f64::from(beta1)))
+        .add(&g.mul(&g.scalar_like(f64::from(1.0 - beta1))));
+    let v2 = v
+        .mul(&v.scalar_like(f64::from(beta2)))
+        .add(&g.mul(&g).mul(&g.scalar_like(f64::from(1.0 - beta2))));
+    let direction = m2.div(&like(&c1)).div(
+        &v2.div(&like(&c2))
+            .sqrt()
+            .add(&v2.scalar_like(f64::from(eps))),
+    );
+    let w2 = w.sub(&direction.mul(&like(&lr)));
+    let program = b.finish(&[&w2, &m2, &v2]).expect("traces");
+    let scalar = Literal::scalar_f32;
+    let inputs = [
+        values(&n, 1.0),
+        values(&n, 0.1),
+        values(&n, 0.01),
+        Literal::F32(values(&n, 0.001).as_f32().expect("f32").mapv(f32::abs)),
+        scalar(3e-3),
+        scalar(0.19),
+        scalar(0.0199),
+    ];
+    compare(
+        c,
+        &format!("adamw {}", s.name),
+        &program,
+        &inputs,
+        1e-6,
+        |inputs, out| {
+            let [w, g, m, v] = [0, 1, 2, 3].map(|k| f32s(&inputs[k]));
+            let [lr, c1, c2] = [4, 5, 6].map(|k| f32s(&inputs[k])[0]);
+            let (ws, rest) = out.split_at_mut(s.weight);
+            let (ms, vs) = rest.split_at_mut(s.weight);
+            for k in 0..s.weight {
+                let m = beta1 * m[k] + (1.0 - beta1) * g[k];
+                let v = beta2 * v[k] + (1.0 - beta2) * g[k] * g[k];
+                ws[k] = w[k] - m / c1 / ((v / c2).sqrt() + eps) * lr;
+                ms[k] = m;
+                vs[k] = v;
+            }
+        },
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    for s in &MESHES {
+        layer_norm(c, s);
+        softmax(c, s);
+        gelu(c, s);
+        cross_entropy(c, s);
+        adamw(c, s);
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+    targets = bench
+}
+criterion_main!(benches);
