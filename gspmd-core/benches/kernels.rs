@@ -5,15 +5,17 @@
 //! Shapes are the d_model-512 Transformer's (batch 16 x seq 128 tokens, 8 heads of
 //! 64): projections `bsm,mf->bsf` and `bsm,mhk->bshk`, the weight gradient
 //! `bsm,bsf->mf`, the attention scores `bqhd,bkhd->bhqk` and context
-//! `bhqk,bkhd->bhqd` (and `bhqk,bhkd->bhqd`), a reduction over the last dim (softmax,
-//! layer norm) and over the token dims (a bias gradient); `tanh` and `exp` against
-//! the library's (glibc's).
+//! `bhqk,bkhd->bhqd` (and `bhqk,bhkd->bhqd`), and the same products at the example
+//! LM's dims on one device (prefix `lm_`: 256 tokens, d_model 64, 4 heads of 16);
+//! a reduction over the last dim (softmax, layer norm) and over the token dims (a
+//! bias gradient); `tanh` and `exp` against the library's (glibc's).
 //!
 //! `cargo bench -p gspmd-core --bench kernels`
 
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use gspmd_core::ir::{DType, DotDims, Literal, Op, ReduceKind, TensorType, UnaryOp};
 use gspmd_core::runtime::kernels::eval;
 use gspmd_core::runtime::uniform_f32;
@@ -61,44 +63,96 @@ fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
     }
 }
 
+/// A Transformer's dims, as one device multiplies them.
+struct Model {
+    /// The bench names' prefix.
+    name: &'static str,
+    batch: usize,
+    seq: usize,
+    model: usize,
+    ffn: usize,
+    heads: usize,
+    head: usize,
+}
+
+/// The d_model-512 LM on one device, and the example LM's (`train_transformer`) on one
+/// device: d_model 64, 4 heads of 16, FFN 256, batch 16 x seq 16 tokens.
+const MODELS: [Model; 2] = [
+    Model {
+        name: "",
+        batch: BATCH,
+        seq: SEQ,
+        model: MODEL,
+        ffn: FFN,
+        heads: HEADS,
+        head: HEAD,
+    },
+    Model {
+        name: "lm_",
+        batch: 16,
+        seq: 16,
+        model: 64,
+        ffn: 256,
+        heads: 4,
+        head: 16,
+    },
+];
+
 fn contractions(c: &mut Criterion) {
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0);
     let mut group = c.benchmark_group("dot_general");
     group.sample_size(10);
+    for m in &MODELS {
+        products(&mut group, m);
+    }
+    group.finish();
+}
+
+/// The model's products, each by the runtime and by `general_mat_mul`.
+fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
+    let Model {
+        name: prefix,
+        batch,
+        seq,
+        model,
+        ffn,
+        heads,
+        head,
+    } = *model;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0);
     let mut runtime = |name: &str, op: Op, ty: TensorType, a: &Literal, b: &Literal| {
-        group.bench_function(format!("{name}/runtime"), |bench| {
+        group.bench_function(format!("{prefix}{name}/runtime"), |bench| {
             bench.iter(|| black_box(eval(&op, &[a, b], &ty).expect("runs")))
         });
     };
 
     // Projection [B, S, M] x [M, F] and its weight gradient [B, S, M] x [B, S, F].
-    let x = uniform_f32(&mut rng, &[BATCH, SEQ, MODEL], -1.0, 1.0);
-    let w = uniform_f32(&mut rng, &[MODEL, FFN], -1.0, 1.0);
-    let dy = uniform_f32(&mut rng, &[BATCH, SEQ, FFN], -1.0, 1.0);
+    let x = uniform_f32(&mut rng, &[batch, seq, model], -1.0, 1.0);
+    let w = uniform_f32(&mut rng, &[model, ffn], -1.0, 1.0);
+    let dy = uniform_f32(&mut rng, &[batch, seq, ffn], -1.0, 1.0);
     let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
-    runtime("projection", op, f32_type(&[BATCH, SEQ, FFN]), &x, &w);
+    runtime("projection", op, f32_type(&[batch, seq, ffn]), &x, &w);
     let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
-    runtime("weight_gradient", op, f32_type(&[MODEL, FFN]), &x, &dy);
+    runtime("weight_gradient", op, f32_type(&[model, ffn]), &x, &dy);
     // The heads' projection bsm,mhk->bshk.
-    let wq = uniform_f32(&mut rng, &[MODEL, HEADS, HEAD], -1.0, 1.0);
+    let wq = uniform_f32(&mut rng, &[model, heads, head], -1.0, 1.0);
     let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
-    let ty = f32_type(&[BATCH, SEQ, HEADS, HEAD]);
+    let ty = f32_type(&[batch, seq, heads, head]);
     runtime("head_projection", op, ty, &x, &wq);
     // Attention scores bqhd,bkhd->bhqk: batch (b, h), contracting d; the context
     // bhqk,bkhd->bhqd, and on head-major values bhqk,bhkd->bhqd.
-    let q = uniform_f32(&mut rng, &[BATCH, SEQ, HEADS, HEAD], -1.0, 1.0);
-    let k = uniform_f32(&mut rng, &[BATCH, SEQ, HEADS, HEAD], -1.0, 1.0);
-    let p = uniform_f32(&mut rng, &[BATCH, HEADS, SEQ, SEQ], -1.0, 1.0);
-    let vh = uniform_f32(&mut rng, &[BATCH, HEADS, SEQ, HEAD], -1.0, 1.0);
+    let q = uniform_f32(&mut rng, &[batch, seq, heads, head], -1.0, 1.0);
+    let k = uniform_f32(&mut rng, &[batch, seq, heads, head], -1.0, 1.0);
+    let p = uniform_f32(&mut rng, &[batch, heads, seq, seq], -1.0, 1.0);
+    let vh = uniform_f32(&mut rng, &[batch, heads, seq, head], -1.0, 1.0);
     let op = Op::DotGeneral(dims(&[0, 2], &[0, 2], &[3], &[3]));
-    runtime("attention", op, f32_type(&[BATCH, HEADS, SEQ, SEQ]), &q, &k);
+    runtime("attention", op, f32_type(&[batch, heads, seq, seq]), &q, &k);
     let op = Op::DotGeneral(dims(&[0, 1], &[0, 2], &[3], &[1]));
-    runtime("context", op, f32_type(&[BATCH, HEADS, SEQ, HEAD]), &p, &k);
+    runtime("context", op, f32_type(&[batch, heads, seq, head]), &p, &k);
     let op = Op::DotGeneral(dims(&[0, 1], &[0, 1], &[3], &[2]));
     runtime(
         "context_head_major",
         op,
-        f32_type(&[BATCH, HEADS, SEQ, HEAD]),
+        f32_type(&[batch, heads, seq, head]),
         &p,
         &vh,
     );
@@ -109,14 +163,14 @@ fn contractions(c: &mut Criterion) {
         let a = lit.as_f32().expect("f32");
         a.to_shape((a.len() / n, n)).expect("contiguous").to_owned()
     };
-    let (x2, dy2) = (rows(&x, MODEL), rows(&dy, FFN));
+    let (x2, dy2) = (rows(&x, model), rows(&dy, ffn));
     let mut gemm = |name: &str, pairs: Vec<(Array2<f32>, Array2<f32>)>, transpose_a: bool| {
         let shape = |(a, b): &(Array2<f32>, Array2<f32>)| {
             let m = if transpose_a { a.ncols() } else { a.nrows() };
             (m, b.ncols())
         };
         let mut outs: Vec<Array2<f32>> = pairs.iter().map(|p| Array2::zeros(shape(p))).collect();
-        group.bench_function(format!("{name}/general_mat_mul"), |bench| {
+        group.bench_function(format!("{prefix}{name}/general_mat_mul"), |bench| {
             bench.iter(|| {
                 for ((a, b), out) in pairs.iter().zip(&mut outs) {
                     let a = if transpose_a { a.t() } else { a.view() };
@@ -126,16 +180,19 @@ fn contractions(c: &mut Criterion) {
             })
         });
         // The same with a fresh (zeroed) result each time, as the runtime allocates its.
-        group.bench_function(format!("{name}/general_mat_mul_fresh_result"), |bench| {
-            bench.iter(|| {
-                for ((a, b), out) in pairs.iter().zip(&outs) {
-                    let a = if transpose_a { a.t() } else { a.view() };
-                    let mut fresh = Array2::zeros(out.dim());
-                    general_mat_mul(1.0, &a, b, 0.0, &mut fresh);
-                    black_box(fresh);
-                }
-            })
-        });
+        group.bench_function(
+            format!("{prefix}{name}/general_mat_mul_fresh_result"),
+            |bench| {
+                bench.iter(|| {
+                    for ((a, b), out) in pairs.iter().zip(&outs) {
+                        let a = if transpose_a { a.t() } else { a.view() };
+                        let mut fresh = Array2::zeros(out.dim());
+                        general_mat_mul(1.0, &a, b, 0.0, &mut fresh);
+                        black_box(fresh);
+                    }
+                })
+            },
+        );
     };
     gemm(
         "projection",
@@ -145,7 +202,7 @@ fn contractions(c: &mut Criterion) {
     gemm("weight_gradient", vec![(x2.clone(), dy2)], true);
     gemm(
         "head_projection",
-        vec![(x2, rows(&wq, HEADS * HEAD))],
+        vec![(x2, rows(&wq, heads * head))],
         false,
     );
     // Per (b, h): [S, D] blocks, the scores with the keys transposed.
@@ -171,7 +228,6 @@ fn contractions(c: &mut Criterion) {
             .collect(),
         false,
     );
-    group.finish();
 }
 
 fn reductions(c: &mut Criterion) {

@@ -5,11 +5,22 @@
 //! the weight gradients `bsm,bsf->mf`), so those read their operands in place.
 //! Batch dims, and the major free dims that do not merge with the rest, are loops:
 //! each index selects a matrix of each operand and a block of the result by offset,
-//! multiplied by ndarray's `general_mat_mul` (matrixmultiply, which packs any strides
-//! itself) with beta 0 straight into the result, allocated zeroed (`calloc`) and not
-//! cleared again. Only contracting dims that do not merge (`bhsk,hkd->bsd` on
-//! head-major values: `h` and `k` apart) make a copy of their operand, in
-//! `[batch, free, contracting]` order.
+//! multiplied by a matmul kernel that takes any strides (it packs them itself)
+//! straight into the result: a buffer of the device's pool (see
+//! [`buffers`]), every element of which the products overwrite, so a step's products
+//! reuse the last step's result memory instead of faulting in fresh pages. Only
+//! contracting dims that do not merge (`bhsk,hkd->bsd` on head-major values: `h` and
+//! `k` apart) make a copy of their operand, in `[batch, free, contracting]` order.
+//!
+//! The f32 kernel: on CPUs with AVX-512, the `gemm` crate's (one thread) for all but
+//! tiny products, else matrixmultiply's (via ndarray's `general_mat_mul`); i32 a
+//! wrapping loop. Measured single-threaded on the
+//! shapes the LM steps run (d_model 512: `[2048, 512] x [512, 2048]` and the like in
+//! every operand layout, 128 attention products of `[128, 64] x [64, 128]`; the example
+//! LM: `[256, 64] x [64, 256]` down to batches of `[16, 16] x [16, 16]`), `gemm` with
+//! AVX-512 reached 1.0-1.7x matrixmultiply's rate (0.6x on the tiny batches), with
+//! AVX2 only 0.4-0.9x; a plain row loop 0.15-0.35x (benches/README.md, "Matrix
+//! products").
 
 use std::borrow::Cow;
 
@@ -21,16 +32,93 @@ use smallvec::{SmallVec, smallvec};
 
 use super::Dims;
 use crate::ir::DotDims;
+use crate::runtime::buffers::{self, Pooled};
 
 /// Element types `dot_general` multiplies: `c = a · b` for 2-D operands (`c`'s prior
-/// contents are ignored).
-pub(super) trait DotScalar: Copy + Default {
+/// contents are ignored: it may hold anything, NaN included).
+pub(super) trait DotScalar: Pooled + Copy + Default {
     fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
 }
 
 impl DotScalar for f32 {
+    /// The `gemm` crate's kernel on machines with AVX-512 for all but tiny products,
+    /// else matrixmultiply's (see the module docs). Either is deterministic: the same
+    /// shapes, strides and values give the same bits on every run on a machine.
     fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
-        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+        let (m, k) = a.dim();
+        if m * k * b.ncols() > TINY && avx512() {
+            gemm_f32(a, b, c);
+        } else {
+            general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+        }
+    }
+}
+
+/// Products of at most this many multiply-adds (`m * k * n`) run on matrixmultiply even
+/// with AVX-512: `gemm` lost on batches of `[16, 16] x [16, 16]` with the rhs
+/// transposed (0.6x).
+const TINY: usize = 16 * 16 * 16;
+
+/// Whether this CPU has AVX-512F (where `gemm`'s kernels beat matrixmultiply's).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `c = a · b` by the `gemm` crate on one thread, `c`'s prior contents ignored (NaN
+/// included: `gemm` does not read the destination when told not to).
+///
+/// Panics unless the shapes agree (`a` is `[m, k]`, `b` `[k, n]`, `c` `[m, n]`).
+#[allow(unsafe_code)]
+fn gemm_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+    let ((m, k), (k2, n)) = (a.dim(), b.dim());
+    assert!(k == k2 && c.dim() == (m, n), "matmul shapes disagree");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    let [ars, acs] = [a.strides()[0], a.strides()[1]];
+    let [brs, bcs] = [b.strides()[0], b.strides()[1]];
+    let [crs, ccs] = [c.strides()[0], c.strides()[1]];
+    // SAFETY: `gemm` reads `a.as_ptr() + i * ars + p * acs` for `i < m`, `p < k` (and
+    // the like for `b`): exactly the elements of the views `a` and `b`, which ndarray
+    // guarantees lie in their live allocations (the views borrow them for this call);
+    // it writes `c.as_ptr() + i * crs + j * ccs` for `i < m`, `j < n`: the elements of
+    // `c`, a mutable view, so distinct from each other (ndarray rejects overlapping
+    // strides for mutable views) and, being a unique borrow, from `a`'s and `b`'s.
+    // `read_dst` false: `c` is written, never read. `Parallelism::None`: no threads
+    // outlive the call. All dims are non-zero here.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            ccs,
+            crs,
+            false,
+            a.as_ptr(),
+            acs,
+            ars,
+            b.as_ptr(),
+            bcs,
+            brs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 
@@ -158,7 +246,8 @@ pub(super) fn dot_general<T: DotScalar>(
     let lhs_free = free_dims(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
     let rhs_free = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
     let total: usize = shape.iter().product();
-    let mut out = vec![T::default(); total];
+    // Pooled: its elements are unspecified until the products (or the fill) write them.
+    let mut out = buffers::take::<T>(total);
     let sizes = |a: &'_ ArrayD<T>, dims: &'_ [usize]| {
         let shape = a.shape();
         dims.iter().map(move |&d| shape[d]).collect::<Dims>()
@@ -175,6 +264,9 @@ pub(super) fn dot_general<T: DotScalar>(
         let l = Flat::new(lhs).merging([&dd.lhs_batch, &lhs_free, &dd.lhs_contracting]);
         let r = Flat::new(rhs).merging([&dd.rhs_batch, &rhs_free, &dd.rhs_contracting]);
         multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, &mut out)?;
+    } else {
+        // Nothing contracted (an empty sum): zeros.
+        out.fill(T::default());
     }
     ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
 }
@@ -345,6 +437,37 @@ mod tests {
             let (lf, rf) = (lhs.mapv(|v| v as f32), rhs.mapv(|v| v as f32));
             let got = dot_general(&dd, &lf, &rf, want.shape()).unwrap();
             assert_eq!(got, want.mapv(|v| v as f32), "f32 {ls:?} x {rs:?}");
+        }
+    }
+
+    /// The result comes from the pool with whatever its last user left (here NaN):
+    /// the products overwrite every element, and a product with nothing contracted
+    /// is zeros.
+    #[test]
+    fn a_pooled_result_is_overwritten() {
+        let cases: [(&[usize], &[usize], DotDims); 7] = [
+            (&[3, 4], &[4, 5], dims(&[], &[], &[1], &[0])),
+            (
+                &[2, 5, 3, 4],
+                &[2, 6, 3, 4],
+                dims(&[0, 2], &[0, 2], &[3], &[3]),
+            ),
+            (&[3, 0], &[0, 5], dims(&[], &[], &[1], &[0])),
+            // Above the tiny size: `gemm` where the CPU has AVX-512, each layout.
+            (&[40, 70], &[70, 33], dims(&[], &[], &[1], &[0])),
+            (&[70, 40], &[33, 70], dims(&[], &[], &[0], &[1])),
+            (&[1, 300], &[300, 50], dims(&[], &[], &[1], &[0])),
+            (&[3, 20, 300], &[3, 2, 300], dims(&[0], &[0], &[2], &[2])),
+        ];
+        buffers::start_run(1 << 20, 0);
+        for (ls, rs, dd) in cases {
+            let (lhs, rhs) = (counting(ls), counting(rs));
+            let want = naive(&dd, &lhs, &rhs).mapv(|v| v as f32);
+            let stale = ArrayD::from_elem(want.shape(), f32::NAN);
+            buffers::give(crate::ir::Literal::F32(stale));
+            let (lf, rf) = (lhs.mapv(|v| v as f32), rhs.mapv(|v| v as f32));
+            let got = dot_general(&dd, &lf, &rf, want.shape()).unwrap();
+            assert_eq!(got, want, "{ls:?} x {rs:?} {dd:?}");
         }
     }
 
