@@ -459,7 +459,7 @@ mod tests {
             (&[1, 300], &[300, 50], dims(&[], &[], &[1], &[0])),
             (&[3, 20, 300], &[3, 2, 300], dims(&[0], &[0], &[2], &[2])),
         ];
-        buffers::start_run(1 << 20, 0);
+        let _run = buffers::start_run(1 << 20, 0);
         for (ls, rs, dd) in cases {
             let (lhs, rhs) = (counting(ls), counting(rs));
             let want = naive(&dd, &lhs, &rhs).mapv(|v| v as f32);
