@@ -654,38 +654,6 @@ pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
     plan.groups.iter().map(|g| g.members.clone()).collect()
 }
 
-/// A program planned once (its fusion groups included) and run on the calling thread
-/// as [`interpret`](super::interpret) runs it, which plans on every call: for timing
-/// the fused loops without the planning (`gspmd-core/benches/fusion.rs`).
-pub struct Prepared {
-    planned: super::plan::PlannedProgram,
-    /// The bound of the live values' bytes: [`available_memory`](super::available_memory)
-    /// when planned.
-    memory_limit: usize,
-}
-
-impl Prepared {
-    /// Plans `program`.
-    pub fn new(program: &Program) -> Self {
-        Prepared {
-            planned: super::plan::PlannedProgram::new(program.clone()),
-            memory_limit: super::available_memory(),
-        }
-    }
-
-    /// The outputs of the program on `inputs`, as [`interpret`](super::interpret)
-    /// gives them (the same errors; bitwise the same values).
-    pub fn run(&self, inputs: &[Literal]) -> crate::Result<Vec<Literal>> {
-        super::interpreter::execute(
-            &self.planned.program,
-            &self.planned.plan,
-            inputs,
-            self.memory_limit,
-            super::interpreter::eval_kernel,
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

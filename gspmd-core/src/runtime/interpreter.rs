@@ -13,7 +13,7 @@ use super::flow::run_flow;
 use super::kernels;
 use super::kernels::{Operand, Operands};
 use super::memory::available_memory;
-use super::plan::{Fusion, Plan, Step};
+use super::plan::{Fusion, Plan, PlannedProgram, Step};
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -40,6 +40,37 @@ pub fn interpret_with_memory_limit(
 ) -> Result<Vec<Literal>> {
     let plan = Plan::new(program);
     execute(program, &plan, inputs, memory_limit, eval_kernel)
+}
+
+/// A program planned once (its fusion groups included) and run on the calling thread
+/// as [`interpret`] runs it, which plans on every call: for timing the fused loops
+/// without the planning (`gspmd-core/benches/fusion.rs`).
+pub struct Prepared {
+    planned: PlannedProgram,
+    /// The bound of the live values' bytes: [`available_memory`] when planned.
+    memory_limit: usize,
+}
+
+impl Prepared {
+    /// Plans `program`.
+    pub fn new(program: &Program) -> Self {
+        Prepared {
+            planned: PlannedProgram::new(program.clone()),
+            memory_limit: available_memory(),
+        }
+    }
+
+    /// The outputs of the program on `inputs`, as [`interpret`] gives them (the same
+    /// errors; bitwise the same values).
+    pub fn run(&self, inputs: &[Literal]) -> Result<Vec<Literal>> {
+        execute(
+            &self.planned.program,
+            &self.planned.plan,
+            inputs,
+            self.memory_limit,
+            eval_kernel,
+        )
+    }
 }
 
 /// The kernel of `node` on `operands`: unchecked ([`kernels::eval_typed`]) if `typed`

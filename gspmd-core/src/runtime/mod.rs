@@ -34,8 +34,8 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 /// The fusion groups of a program's execution plan: for tests.
 #[doc(hidden)]
-pub use fusion::{Prepared, fusion_groups};
-pub use interpreter::{interpret, interpret_with_memory_limit};
+pub use fusion::fusion_groups;
+pub use interpreter::{Prepared, interpret, interpret_with_memory_limit};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;
