@@ -12,9 +12,12 @@
 //! contracting dims that do not merge (`bhsk,hkd->bsd` on head-major values: `h` and
 //! `k` apart) make a copy of their operand, in `[batch, free, contracting]` order.
 //!
-//! The f32 kernel: on CPUs with AVX-512, the `gemm` crate's (one thread) for all but
-//! tiny products, else matrixmultiply's (via ndarray's `general_mat_mul`); i32 a
-//! wrapping loop. Measured single-threaded on the
+//! The f32 kernel: tiny products (at most 16^3 multiply-adds) whose rhs rows are
+//! contiguous on a small register-blocked loop (`small_f32`, vectorised through
+//! `pulp`'s runtime dispatch; it allocates nothing, where matrixmultiply allocated
+//! its packing buffers); on CPUs with AVX-512, the `gemm` crate's (one thread) for
+//! all but tiny products; else matrixmultiply's (via ndarray's `general_mat_mul`);
+//! i32 a wrapping loop. Measured single-threaded on the
 //! shapes the LM steps run (d_model 512: `[2048, 512] x [512, 2048]` and the like in
 //! every operand layout, 128 attention products of `[128, 64] x [64, 128]`; the example
 //! LM: `[256, 64] x [64, 256]` down to batches of `[16, 16] x [16, 16]`), `gemm` with
@@ -23,6 +26,7 @@
 //! products").
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 
 use ndarray::{
     ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn, ShapeBuilder, Zip, linalg::general_mat_mul,
@@ -41,12 +45,16 @@ pub(super) trait DotScalar: Pooled + Copy + Default {
 }
 
 impl DotScalar for f32 {
-    /// The `gemm` crate's kernel on machines with AVX-512 for all but tiny products,
-    /// else matrixmultiply's (see the module docs). Either is deterministic: the same
-    /// shapes, strides and values give the same bits on every run on a machine.
+    /// Tiny products whose `b` has contiguous rows on [`small_f32`]; the rest on the
+    /// `gemm` crate's kernel on machines with AVX-512 for all but tiny products, else
+    /// matrixmultiply's (see the module docs). Each is deterministic: the same shapes,
+    /// strides and values give the same bits on every run on a machine.
     fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
         let (m, k) = a.dim();
-        if m * k * b.ncols() > TINY && avx512() {
+        let tiny = m * k * b.ncols() <= TINY;
+        if tiny && (b.ncols() <= 1 || b.strides()[1] == 1) {
+            small_f32(a, b, c);
+        } else if !tiny && avx512() {
             gemm_f32(a, b, c);
         } else {
             general_mat_mul(1.0, &a, &b, 0.0, &mut c);
@@ -54,10 +62,154 @@ impl DotScalar for f32 {
     }
 }
 
-/// Products of at most this many multiply-adds (`m * k * n`) run on matrixmultiply even
-/// with AVX-512: `gemm` lost on batches of `[16, 16] x [16, 16]` with the rhs
-/// transposed (0.6x).
+/// Products of at most this many multiply-adds (`m * k * n`) are tiny: they run on
+/// [`small_f32`] where `b`'s rows are contiguous (for them a packing gemm's set-up
+/// costs more than the arithmetic), on matrixmultiply otherwise (`b` would need a
+/// transposing copy, which matrixmultiply's packing does faster). The example LM's
+/// attention products are `[16, 16] x [16, 16]` in batches of 64.
 const TINY: usize = 16 * 16 * 16;
+
+/// The most operand rows [`small_f32`] lists without allocating (the lists are moved
+/// by value: a longer inline list costs a longer copy on every call).
+const LISTED_ROWS: usize = 16;
+
+/// The rows of `c` [`small_f32`] computes together: one accumulator register each, so
+/// as many independent sums are in flight (one alone would wait on the adder's
+/// latency at every step) and each load of a `b` register serves them all.
+const ROW_BLOCK: usize = 8;
+
+thread_local! {
+    /// [`small_f32`]'s copies of operand rows it cannot read in place, kept between
+    /// calls: the kernel allocates nothing once it has seen its largest product.
+    static SMALL_SCRATCH: RefCell<[Vec<f32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// `c = a · b` for small products, `c`'s prior contents ignored. Each element is the
+/// sum over the contracted index in increasing order, products and sums rounded
+/// apart (no fused multiply-add): the bits of the textbook scalar loop, on every CPU.
+/// The loop runs across columns instead, one vector register of a row of `c` at a
+/// time (16 lanes with AVX-512, 8 with AVX2: `pulp`'s runtime dispatch) for
+/// [`ROW_BLOCK`] rows at once, accumulating `a[i, p] * b[p, block]` over `p` in the
+/// registers. Rows are read in place where contiguous, else copied; a `c` whose rows
+/// are not contiguous goes to matrixmultiply.
+///
+/// Panics unless the shapes agree (`a` is `[m, k]`, `b` `[k, n]`, `c` `[m, n]`).
+fn small_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+    let ((m, k), (k2, n)) = (a.dim(), b.dim());
+    assert!(k == k2 && c.dim() == (m, n), "matmul shapes disagree");
+    if n > 1 && c.strides()[1] != 1 {
+        // Not a layout the runtime makes.
+        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+        return;
+    }
+    SMALL_SCRATCH.with_borrow_mut(|[a_copy, b_copy]| {
+        let a_rows = rows_of(a, a_copy);
+        let b_rows = rows_of(b, b_copy);
+        let mut c_rows: SmallVec<[&mut [f32]; LISTED_ROWS]> = c
+            .into_outer_iter_mut()
+            .map(|row| row.into_slice().expect("contiguous rows (checked above)"))
+            .collect();
+        pulp::Arch::new().dispatch(SmallProduct {
+            a: &a_rows,
+            b: &b_rows,
+            c: &mut c_rows,
+        })
+    });
+}
+
+/// The rows of `x` as slices: in place when each is contiguous, else copied into
+/// `copy`.
+fn rows_of<'a>(
+    x: ArrayView2<'a, f32>,
+    copy: &'a mut Vec<f32>,
+) -> SmallVec<[&'a [f32]; LISTED_ROWS]> {
+    let (rows, cols) = x.dim();
+    if cols <= 1 || x.strides()[1] == 1 {
+        return x
+            .into_outer_iter()
+            .map(|row| row.to_slice().expect("contiguous rows"))
+            .collect();
+    }
+    if copy.len() < rows * cols {
+        copy.resize(rows * cols, 0.0);
+    }
+    // Every element of the first `rows * cols` is written below.
+    let copy = &mut copy[..rows * cols];
+    if rows <= 1 || x.strides()[0] == 1 {
+        // Columns contiguous (the layout left in practice: `k^T` in attention scores):
+        // each row read across them.
+        let columns: SmallVec<[&[f32]; LISTED_ROWS]> = (x.t().into_outer_iter())
+            .map(|column| column.to_slice().expect("contiguous columns"))
+            .collect();
+        for (r, row) in copy.chunks_exact_mut(cols).enumerate() {
+            for (to, column) in row.iter_mut().zip(&columns) {
+                *to = column[r];
+            }
+        }
+    } else {
+        for (to, row) in copy.chunks_exact_mut(cols).zip(x.rows()) {
+            for (to, &from) in to.iter_mut().zip(&row) {
+                *to = from;
+            }
+        }
+    }
+    copy.chunks_exact(cols).take(rows).collect()
+}
+
+/// [`small_f32`]'s loop, run by `pulp` with the CPU's vector features enabled.
+struct SmallProduct<'r, 'a, 'c> {
+    /// `a`'s rows, each of `k` elements.
+    a: &'r [&'a [f32]],
+    /// `b`'s rows, each of `n` elements.
+    b: &'r [&'a [f32]],
+    /// `c`'s rows, each of `n` elements.
+    c: &'r mut [&'c mut [f32]],
+}
+
+impl pulp::WithSimd for SmallProduct<'_, '_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let SmallProduct { a, b, c } = self;
+        let mut blocks = a.chunks_exact(ROW_BLOCK).zip(c.chunks_exact_mut(ROW_BLOCK));
+        for (a, c) in blocks.by_ref() {
+            rows_times::<S, ROW_BLOCK>(simd, a, b, c);
+        }
+        let done = a.len() / ROW_BLOCK * ROW_BLOCK;
+        for (a, c) in a[done..].chunks(1).zip(c[done..].chunks_mut(1)) {
+            rows_times::<S, 1>(simd, a, b, c);
+        }
+    }
+}
+
+/// `c = a · b` for `R` rows of `a` and `c` (`a`'s of `b.len()` elements, `c`'s as
+/// long as `b`'s): per register of columns, `R` sums over `p` in order.
+#[inline(always)]
+fn rows_times<S: pulp::Simd, const R: usize>(
+    simd: S,
+    a: &[&[f32]],
+    b: &[&[f32]],
+    c: &mut [&mut [f32]],
+) {
+    let k = b.len();
+    let a: [&[f32]; R] = std::array::from_fn(|r| &a[r][..k]);
+    let lanes = S::F32_LANES;
+    let n = c[0].len();
+    for start in (0..n).step_by(lanes) {
+        let width = lanes.min(n - start);
+        let mut acc = [simd.splat_f32s(0.0); R];
+        for (p, b_row) in b.iter().enumerate() {
+            let y = simd.partial_load_f32s(&b_row[start..start + width]);
+            for (acc, a) in acc.iter_mut().zip(&a) {
+                *acc = simd.add_f32s(*acc, simd.mul_f32s(simd.splat_f32s(a[p]), y));
+            }
+        }
+        for (c, acc) in c.iter_mut().zip(acc) {
+            simd.partial_store_f32s(&mut c[start..start + width], acc);
+        }
+    }
+}
 
 /// Whether this CPU has AVX-512F (where `gemm`'s kernels beat matrixmultiply's).
 fn avx512() -> bool {
@@ -583,6 +735,50 @@ mod tests {
             let (lf, rf) = (lhs.mapv(|v| v as f32), rhs.mapv(|v| v as f32));
             let got = dot_general(&dd, &lf, &rf, want.shape()).unwrap();
             prop_assert_eq!(got, want.mapv(|v| v as f32));
+        }
+
+        /// Small products of arbitrary floats on every row count (whole row blocks and
+        /// the rows after them), widths across a vector register's lanes, and each
+        /// operand read in place or copied (transposed layouts): the bits of the
+        /// textbook loop, products and sums rounded apart, `p` increasing.
+        #[test]
+        fn small_products_are_the_textbook_loop_bit_for_bit(
+            m in 0usize..20,
+            k in 0usize..12,
+            n in 0usize..40,
+            transposed in proptest::array::uniform2(any::<bool>()),
+            seed in any::<u64>(),
+        ) {
+            let mut state = seed;
+            let mut draw = |len: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+                    })
+                    .collect()
+            };
+            // An `[rows, cols]` matrix, stored column-major when `t` (then copied).
+            let matrix = |rows: usize, cols: usize, t: bool, values: Vec<f32>| {
+                if t {
+                    ndarray::Array2::from_shape_vec((rows, cols).f(), values).unwrap()
+                } else {
+                    ndarray::Array2::from_shape_vec((rows, cols), values).unwrap()
+                }
+            };
+            let a = matrix(m, k, transposed[0], draw(m * k));
+            let b = matrix(k, n, transposed[1], draw(k * n));
+            let mut c = ndarray::Array2::from_elem((m, n), f32::NAN);
+            small_f32(a.view(), b.view(), c.view_mut());
+            for i in 0..m {
+                for j in 0..n {
+                    let mut want = 0.0f32;
+                    for p in 0..k {
+                        want += a[[i, p]] * b[[p, j]];
+                    }
+                    prop_assert_eq!(c[[i, j]].to_bits(), want.to_bits(), "c[{}, {}]", i, j);
+                }
+            }
         }
     }
 }
