@@ -1,0 +1,255 @@
+//! The per-executable choice between keeping a weight gathered in the forward pass for
+//! the backward pass and gathering it again there (PyTorch FSDP's
+//! `reshard_after_forward`), made from the memory analysis: [`CompileOptions`] in,
+//! [`GatherPlan`] out.
+
+use std::fmt;
+
+use crate::analysis::MemoryAnalysis;
+use crate::error::Result;
+use crate::ir::{Program, ValueId};
+use crate::partition::regather::{Candidate, candidates, regather};
+use crate::partition::{bytes_received, combine_collectives};
+use crate::runtime::PlannedProgram;
+use crate::sharding::Mesh;
+use crate::types::Location;
+
+/// Whether a weight all-gathered for the forward pass is kept for the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GatherReuse {
+    /// Keep every gathered weight while the memory analysis's peak fits
+    /// [`CompileOptions::memory_limit`]; above it, regather weights one at a time, the
+    /// one lowering the peak most first (ties: the earliest gather), until the peak fits.
+    /// If it never fits, the prefix of that order with the lowest peak is taken (the
+    /// best this can do; [`GatherPlan::fits`] says `false`).
+    #[default]
+    Auto,
+    /// Keep every gathered weight from the forward to the backward pass (what
+    /// [`compile`](crate::compile) does): fewest bytes received, most held.
+    Keep,
+    /// Gather every candidate weight again before its backward users (FSDP's
+    /// `reshard_after_forward=True`): its bytes received twice per step, held only
+    /// while each pass reads it.
+    Regather,
+}
+
+/// Options of [`compile_with`](crate::compile_with). The default compiles as
+/// [`compile`](crate::compile) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompileOptions {
+    /// Bytes one device may hold at the peak of a run (the memory analysis's
+    /// [`peak_bytes`](MemoryAnalysis::peak_bytes)); `None`: unlimited.
+    pub memory_limit: Option<usize>,
+    /// How [`GatherReuse::Auto`] et al. treat gathered weights.
+    pub gathers: GatherReuse,
+}
+
+/// What became of one all-gather that could be issued again for its later users: a
+/// weight gathered before use, read by the forward and the backward pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherChoice {
+    /// The weight: the name of the parameter the gather's operand is computed from (or
+    /// the gather's own name, if the parameter has none).
+    pub name: String,
+    /// The gathered value in the per-device program (the first, forward one).
+    pub value: ValueId,
+    /// Its bytes per device.
+    pub bytes: usize,
+    /// Where the gather was traced (the op that needed it).
+    pub location: Location,
+    /// The second all-gather in the per-device program, right before the first later
+    /// user; `None` if the value is kept.
+    pub regathered_at: Option<ValueId>,
+    /// Bytes each device receives per run for the second gather (0 if kept).
+    pub extra_bytes_received: usize,
+}
+
+/// The executable's choice for its gathered weights ([`Executable::gathers`]).
+///
+/// [`Executable::gathers`]: crate::Executable::gathers
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherPlan {
+    /// The options it was made with.
+    pub options: CompileOptions,
+    /// One per candidate gather, in program order.
+    pub choices: Vec<GatherChoice>,
+    /// The memory analysis's peak per device with every candidate kept, if the choice
+    /// analysed it (with a limit, or for [`GatherReuse::Regather`]).
+    pub peak_all_kept: Option<usize>,
+    /// The peak per device of the chosen program, if analysed.
+    pub peak: Option<usize>,
+}
+
+impl GatherPlan {
+    /// The choices that keep the forward gather for the backward pass.
+    pub fn kept(&self) -> impl Iterator<Item = &GatherChoice> {
+        self.choices.iter().filter(|c| c.regathered_at.is_none())
+    }
+
+    /// The choices that gather again.
+    pub fn regathered(&self) -> impl Iterator<Item = &GatherChoice> {
+        self.choices.iter().filter(|c| c.regathered_at.is_some())
+    }
+
+    /// Whether the chosen peak fits the memory limit: `None` without a limit or
+    /// without an analysis.
+    pub fn fits(&self) -> Option<bool> {
+        Some(self.peak? <= self.options.memory_limit?)
+    }
+}
+
+impl fmt::Display for GatherPlan {
+    /// `gathered weights: 13 kept (99328 B per device held from forward to backward),
+    /// 0 regathered`, the peaks and the limit if analysed, then one line per choice.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held: usize = self.kept().map(|c| c.bytes).sum();
+        let extra: usize = self.regathered().map(|c| c.extra_bytes_received).sum();
+        write!(
+            f,
+            "gathered weights: {} kept ({held} B per device held from forward to backward), \
+             {} regathered (+{extra} B received per step)",
+            self.kept().count(),
+            self.regathered().count()
+        )?;
+        if let (Some(peak), Some(all_kept)) = (self.peak, self.peak_all_kept) {
+            write!(f, "; peak {peak} B per device (all kept: {all_kept} B)")?;
+        }
+        if let Some(limit) = self.options.memory_limit {
+            let verdict = match self.fits() {
+                Some(true) => "fits",
+                Some(false) => "does not fit, the lowest peak found",
+                None => "not analysed",
+            };
+            write!(f, "; limit {limit} B: {verdict}")?;
+        }
+        for c in &self.choices {
+            write!(f, "\n  {}: {} B, ", c.name, c.bytes)?;
+            match c.regathered_at {
+                None => write!(f, "kept as {}", c.value)?,
+                Some(copy) => write!(
+                    f,
+                    "regathered at {copy} (+{} B received)",
+                    c.extra_bytes_received
+                )?,
+            }
+            write!(f, "  // {}", c.location)?;
+        }
+        Ok(())
+    }
+}
+
+/// The per-device program `base` (simplified, not yet combined) with the gathers
+/// `options` chooses regathered and its collectives combined (the second gathers
+/// apart), the choice, and the plan of the program if the choice made one.
+pub(super) fn choose(
+    base: &Program,
+    mesh: &Mesh,
+    options: &CompileOptions,
+) -> Result<(Program, GatherPlan, Option<PlannedProgram>)> {
+    let candidates = candidates(base);
+    let all: Vec<usize> = (0..candidates.len()).collect();
+    let mut peak_all_kept = None;
+    let (set, analysed) = match (options.gathers, options.memory_limit) {
+        (GatherReuse::Keep, _) | (GatherReuse::Auto, None) => (Vec::new(), None),
+        (GatherReuse::Regather, _) => {
+            peak_all_kept = Some(analyse(&build(base, &candidates, &[])?.0).0);
+            let built = build(base, &candidates, &all)?;
+            let (peak, planned) = analyse(&built.0);
+            (all, Some((built, peak, planned)))
+        }
+        (GatherReuse::Auto, Some(limit)) => {
+            let (kept_peak, set, built, peak, planned) = greedy(base, &candidates, limit)?;
+            peak_all_kept = Some(kept_peak);
+            (set, Some((built, peak, planned)))
+        }
+    };
+    let (built, peak, planned) = match analysed {
+        Some((built, peak, planned)) => (built, Some(peak), Some(planned)),
+        None => (build(base, &candidates, &set)?, None, None),
+    };
+    let (program, copies, ids) = built;
+    let choices = (candidates.iter().enumerate())
+        .map(|(c, candidate)| {
+            let node = base.node(candidate.gather);
+            let name = (base.node(candidate.root).name.clone())
+                .or_else(|| node.name.clone())
+                .unwrap_or_else(|| candidate.root.to_string());
+            let copy = set.iter().position(|&s| s == c).map(|k| copies[k]);
+            GatherChoice {
+                name,
+                value: ids[candidate.gather.index()],
+                bytes: node.ty.size_in_bytes(),
+                location: node.location,
+                regathered_at: copy,
+                extra_bytes_received: copy
+                    .map_or(0, |copy| bytes_received(&program, program.node(copy), mesh)),
+            }
+        })
+        .collect();
+    let plan = GatherPlan {
+        options: *options,
+        choices,
+        peak_all_kept,
+        peak,
+    };
+    Ok((program, plan, planned))
+}
+
+/// A built program: the program, the second gathers in it (in the set's order), and
+/// each value of the base program's id in it.
+type Built = (Program, Vec<ValueId>, Vec<ValueId>);
+
+/// `base` with `set` (indices into `candidates`, ascending) regathered and combined.
+fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Built> {
+    let chosen: Vec<&Candidate> = set.iter().map(|&c| &candidates[c]).collect();
+    let (program, copies, ids) = regather(base, &chosen);
+    let (program, combined) = combine_collectives(&program, &copies)?;
+    let copies = copies.iter().map(|c| combined[c.index()]).collect();
+    let ids = ids.iter().map(|v| combined[v.index()]).collect();
+    Ok((program, copies, ids))
+}
+
+/// The memory analysis's peak of `program`, and its plan.
+fn analyse(program: &Program) -> (usize, PlannedProgram) {
+    let planned = PlannedProgram::new(program.clone());
+    let peak = MemoryAnalysis::of(&planned.program, &planned.plan, &|_| false).peak_bytes;
+    (peak, planned)
+}
+
+/// [`GatherReuse::Auto`] under `limit`: the peak with every candidate kept, then the
+/// set regathered (ascending), its program, peak and plan.
+fn greedy(
+    base: &Program,
+    candidates: &[Candidate],
+    limit: usize,
+) -> Result<(usize, Vec<usize>, Built, usize, PlannedProgram)> {
+    let kept = build(base, candidates, &[])?;
+    let (peak, planned) = analyse(&kept.0);
+    let mut best = (Vec::new(), kept, peak, planned);
+    let mut set: Vec<usize> = Vec::new();
+    let mut current = peak;
+    while current > limit && set.len() < candidates.len() {
+        let mut step: Option<(usize, usize, Built, PlannedProgram)> = None;
+        for c in (0..candidates.len()).filter(|c| !set.contains(c)) {
+            let mut trial = set.clone();
+            trial.push(c);
+            trial.sort_unstable();
+            let built = build(base, candidates, &trial)?;
+            let (peak, planned) = analyse(&built.0);
+            if step.as_ref().is_none_or(|s| peak < s.0) {
+                step = Some((peak, c, built, planned));
+            }
+        }
+        let Some((peak, c, built, planned)) = step else {
+            break;
+        };
+        set.push(c);
+        set.sort_unstable();
+        current = peak;
+        if peak < best.2 {
+            best = (set.clone(), built, peak, planned);
+        }
+    }
+    let (set, built, best_peak, planned) = best;
+    Ok((peak, set, built, best_peak, planned))
+}
