@@ -19,9 +19,11 @@ use crate::types::Location;
 pub enum GatherReuse {
     /// Keep every gathered weight while the memory analysis's peak fits
     /// [`CompileOptions::memory_limit`]; above it, regather weights one at a time, the
-    /// one lowering the peak most first (ties: the earliest gather), until the peak fits.
-    /// If it never fits, the prefix of that order with the lowest peak is taken (the
-    /// best this can do; [`GatherPlan::fits`] says `false`).
+    /// one lowering the peak most first (as the last analysis's timeline says: its bytes
+    /// no longer held between its two clusters of users; ties: the earliest gather),
+    /// analysing the program again after each, until the peak fits. If it never fits,
+    /// the prefix of that order with the lowest peak is taken (the best this can do;
+    /// [`GatherPlan::fits`] says `false`).
     #[default]
     Auto,
     /// Keep every gathered weight from the forward to the backward pass (what
@@ -211,45 +213,87 @@ fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Buil
 
 /// The memory analysis's peak of `program`, and its plan.
 fn analyse(program: &Program) -> (usize, PlannedProgram) {
+    let (memory, planned) = memory_of(program);
+    (memory.peak_bytes, planned)
+}
+
+/// The memory analysis of `program`, and its plan.
+fn memory_of(program: &Program) -> (MemoryAnalysis, PlannedProgram) {
     let planned = PlannedProgram::new(program.clone());
-    let peak = MemoryAnalysis::of(&planned.program, &planned.plan, &|_| false).peak_bytes;
-    (peak, planned)
+    let memory = MemoryAnalysis::of(&planned.program, &planned.plan, &|_| false);
+    (memory, planned)
+}
+
+/// A set of candidates regathered (ascending), built and analysed.
+struct Trial {
+    set: Vec<usize>,
+    built: Built,
+    memory: MemoryAnalysis,
+    planned: PlannedProgram,
+}
+
+impl Trial {
+    fn of(base: &Program, candidates: &[Candidate], set: Vec<usize>) -> Result<Trial> {
+        let built = build(base, candidates, &set)?;
+        let (memory, planned) = memory_of(&built.0);
+        Ok(Trial {
+            set,
+            built,
+            memory,
+            planned,
+        })
+    }
+
+    /// The peak this trial's timeline would have if `candidate` (not in the set) were
+    /// regathered too: its bytes no longer held at the nodes strictly between its last
+    /// earlier and its first later user. An estimate (the copy's own transient bytes are
+    /// not in it) to rank candidates by; the choice is then analysed for real.
+    fn estimate(&self, base: &Program, candidate: &Candidate) -> usize {
+        let ids = &self.built.2;
+        let from = ids[candidate.last_earlier.index()].index();
+        let to = ids[candidate.later[0].index()].index();
+        let bytes = base.ty(candidate.gather).size_in_bytes();
+        let timeline = self.memory.timeline.iter().enumerate();
+        (timeline.map(|(i, &held)| {
+            if from < i && i < to {
+                held - bytes.min(held)
+            } else {
+                held
+            }
+        }))
+        .max()
+        .unwrap_or(0)
+    }
 }
 
 /// [`GatherReuse::Auto`] under `limit`: the peak with every candidate kept, then the
-/// set regathered (ascending), its program, peak and plan.
+/// set regathered (ascending), its program, peak and plan. Each step regathers the
+/// candidate whose [`Trial::estimate`] is lowest (ties: the earliest gather) and
+/// analyses the result: one analysis per step, not one per candidate and step.
 fn greedy(
     base: &Program,
     candidates: &[Candidate],
     limit: usize,
 ) -> Result<(usize, Vec<usize>, Built, usize, PlannedProgram)> {
-    let kept = build(base, candidates, &[])?;
-    let (peak, planned) = analyse(&kept.0);
-    let mut best = (Vec::new(), kept, peak, planned);
-    let mut set: Vec<usize> = Vec::new();
-    let mut current = peak;
-    while current > limit && set.len() < candidates.len() {
-        let mut step: Option<(usize, usize, Built, PlannedProgram)> = None;
-        for c in (0..candidates.len()).filter(|c| !set.contains(c)) {
-            let mut trial = set.clone();
-            trial.push(c);
-            trial.sort_unstable();
-            let built = build(base, candidates, &trial)?;
-            let (peak, planned) = analyse(&built.0);
-            if step.as_ref().is_none_or(|s| peak < s.0) {
-                step = Some((peak, c, built, planned));
-            }
-        }
-        let Some((peak, c, built, planned)) = step else {
+    let mut current = Trial::of(base, candidates, Vec::new())?;
+    let kept_peak = current.memory.peak_bytes;
+    let mut best = (Vec::new(), kept_peak);
+    while current.memory.peak_bytes > limit {
+        let remaining = (0..candidates.len()).filter(|c| !current.set.contains(c));
+        let Some(c) = remaining.min_by_key(|&c| (current.estimate(base, &candidates[c]), c)) else {
             break;
         };
+        let mut set = current.set.clone();
         set.push(c);
         set.sort_unstable();
-        current = peak;
-        if peak < best.2 {
-            best = (set.clone(), built, peak, planned);
+        current = Trial::of(base, candidates, set)?;
+        if current.memory.peak_bytes < best.1 {
+            best = (current.set.clone(), current.memory.peak_bytes);
         }
     }
-    let (set, built, best_peak, planned) = best;
-    Ok((peak, set, built, best_peak, planned))
+    if current.set != best.0 {
+        current = Trial::of(base, candidates, best.0)?;
+    }
+    let peak = current.memory.peak_bytes;
+    Ok((kept_peak, current.set, current.built, peak, current.planned))
 }

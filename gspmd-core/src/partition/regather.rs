@@ -27,8 +27,9 @@ pub(crate) struct Candidate {
     pub chain: Vec<ValueId>,
     /// The parameter the operand is computed from (the first, for a concatenation).
     pub root: ValueId,
-    /// Its users after the largest gap between consecutive users (program order): they
-    /// read the copy, issued right before the first of them.
+    /// Its last user before the largest gap between consecutive users (program order).
+    pub last_earlier: ValueId,
+    /// Its users after that gap: they read the copy, issued right before the first.
     pub later: Vec<ValueId>,
 }
 
@@ -76,6 +77,7 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
             gather: g,
             chain,
             root,
+            last_earlier: users[split - 1],
             later: users[split..].to_vec(),
         });
     }
