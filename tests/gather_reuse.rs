@@ -120,6 +120,16 @@ fn regathered_step_matches_the_reference_and_trades_bytes_for_memory() {
             (plan.peak, plan.peak_all_kept),
             (Some(again_peak), Some(keep_peak))
         );
+        // Each copy sits right before its first user, and the forward gather no longer
+        // has users after it.
+        let program = &again.spmd().program;
+        let users = program.users();
+        for choice in &plan.choices {
+            let copy = choice.regathered_at.unwrap();
+            assert_eq!(users[copy.index()][0].index(), copy.index() + 1, "{choice:?}");
+            let forward = users[choice.value.index()].iter().max().unwrap();
+            assert!(forward < &copy, "{choice:?}");
+        }
         let summary = plan.to_string();
         let summary = summary.lines().next().unwrap();
         assert!(again.report().contains(summary), "{summary}");
