@@ -126,7 +126,11 @@ fn regathered_step_matches_the_reference_and_trades_bytes_for_memory() {
         let users = program.users();
         for choice in &plan.choices {
             let copy = choice.regathered_at.unwrap();
-            assert_eq!(users[copy.index()][0].index(), copy.index() + 1, "{choice:?}");
+            assert_eq!(
+                users[copy.index()][0].index(),
+                copy.index() + 1,
+                "{choice:?}"
+            );
             let forward = users[choice.value.index()].iter().max().unwrap();
             assert!(forward < &copy, "{choice:?}");
         }
