@@ -77,10 +77,9 @@ pub(crate) fn page(
         cards = cards(propagated, spmd, memory),
     );
     html += &memory_section(spmd, memory);
-    let _ = write!(
+    let _ = writeln!(
         html,
-        r#"<section id="gathers"><h2>Gathered weights <small>kept for the backward pass or gathered again</small></h2><div class="gathers">{}</div></section>
-"#,
+        r#"<section id="gathers"><h2>Gathered weights <small>kept for the backward pass or gathered again</small></h2><div class="gathers">{}</div></section>"#,
         escape(gathers)
     );
     if !spmd.warnings.is_empty() {
