@@ -149,25 +149,24 @@ pub(super) fn choose(
     options: &CompileOptions,
 ) -> Result<(Program, GatherPlan, Option<PlannedProgram>)> {
     let candidates = candidates(base);
-    let all: Vec<usize> = (0..candidates.len()).collect();
-    let mut peak_all_kept = None;
-    let (set, analysed) = match (options.gathers, options.memory_limit) {
-        (GatherReuse::Keep, _) | (GatherReuse::Auto, None) => (Vec::new(), None),
-        (GatherReuse::Regather, _) => {
-            peak_all_kept = Some(analyse(&build(base, &candidates, &[])?.0).0);
-            let built = build(base, &candidates, &all)?;
-            let (peak, planned) = analyse(&built.0);
-            (all, Some((built, peak, planned)))
-        }
-        (GatherReuse::Auto, Some(limit)) => {
-            let (kept_peak, set, built, peak, planned) = greedy(base, &candidates, limit)?;
-            peak_all_kept = Some(kept_peak);
-            (set, Some((built, peak, planned)))
-        }
+    let analysed = |(kept, trial): (usize, Trial)| {
+        let peaks = (kept, trial.memory.peak_bytes, trial.planned);
+        (trial.set, trial.built, Some(peaks))
     };
-    let (built, peak, planned) = match analysed {
-        Some((built, peak, planned)) => (built, Some(peak), Some(planned)),
-        None => (build(base, &candidates, &set)?, None, None),
+    let (set, built, peaks) = match (options.gathers, options.memory_limit) {
+        (GatherReuse::Keep, _) | (GatherReuse::Auto, None) => {
+            (Vec::new(), build(base, &candidates, &[])?, None)
+        }
+        (GatherReuse::Regather, _) => {
+            let kept = Trial::of(base, &candidates, Vec::new())?.memory.peak_bytes;
+            let all = Trial::of(base, &candidates, (0..candidates.len()).collect())?;
+            analysed((kept, all))
+        }
+        (GatherReuse::Auto, Some(limit)) => analysed(greedy(base, &candidates, limit)?),
+    };
+    let (peak_all_kept, peak, planned) = match peaks {
+        Some((kept, peak, planned)) => (Some(kept), Some(peak), Some(planned)),
+        None => (None, None, None),
     };
     let (program, copies, ids) = built;
     let choices = (candidates.iter().enumerate())
@@ -209,12 +208,6 @@ fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Buil
     let copies = copies.iter().map(|c| combined[c.index()]).collect();
     let ids = ids.iter().map(|v| combined[v.index()]).collect();
     Ok((program, copies, ids))
-}
-
-/// The memory analysis's peak of `program`, and its plan.
-fn analyse(program: &Program) -> (usize, PlannedProgram) {
-    let (memory, planned) = memory_of(program);
-    (memory.peak_bytes, planned)
 }
 
 /// The memory analysis of `program`, and its plan.
@@ -266,15 +259,11 @@ impl Trial {
     }
 }
 
-/// [`GatherReuse::Auto`] under `limit`: the peak with every candidate kept, then the
-/// set regathered (ascending), its program, peak and plan. Each step regathers the
-/// candidate whose [`Trial::estimate`] is lowest (ties: the earliest gather) and
-/// analyses the result: one analysis per step, not one per candidate and step.
-fn greedy(
-    base: &Program,
-    candidates: &[Candidate],
-    limit: usize,
-) -> Result<(usize, Vec<usize>, Built, usize, PlannedProgram)> {
+/// [`GatherReuse::Auto`] under `limit`: the peak with every candidate kept, and the
+/// trial chosen. Each step regathers the candidate whose [`Trial::estimate`] is lowest
+/// (ties: the earliest gather) and analyses the result: one analysis per step, not one
+/// per candidate and step.
+fn greedy(base: &Program, candidates: &[Candidate], limit: usize) -> Result<(usize, Trial)> {
     let mut current = Trial::of(base, candidates, Vec::new())?;
     let kept_peak = current.memory.peak_bytes;
     let mut best = (Vec::new(), kept_peak);
@@ -294,6 +283,5 @@ fn greedy(
     if current.set != best.0 {
         current = Trial::of(base, candidates, best.0)?;
     }
-    let peak = current.memory.peak_bytes;
-    Ok((kept_peak, current.set, current.built, peak, current.planned))
+    Ok((kept_peak, current))
 }

@@ -115,11 +115,14 @@ fn operand_chain(program: &Program, operand: ValueId) -> Option<(Vec<ValueId>, V
 /// each old value's new id. Nodes keep their order otherwise and are renumbered (node
 /// `i` defines `%i`, operands earlier); parameters and outputs keep their positions;
 /// propagation origins are dropped (as combining does: a per-device program has none
-/// it needs).
+/// it needs). With nothing chosen, `program` as it is.
 pub(crate) fn regather(
     program: &Program,
     chosen: &[&Candidate],
 ) -> (Program, Vec<ValueId>, Vec<ValueId>) {
+    if chosen.is_empty() {
+        return (program.clone(), Vec::new(), program.values().collect());
+    }
     // Node index -> the chosen candidates whose copy goes right before it.
     let mut before: HashMap<usize, Vec<usize>> = HashMap::new();
     for (c, candidate) in chosen.iter().enumerate() {
