@@ -8,11 +8,15 @@ use std::sync::{Arc, OnceLock};
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
 use crate::error::Result;
 use crate::ir::{Literal, Program, ValueId, verify};
-use crate::partition::{SpmdProgram, collective_line, combine_collectives, partition};
+use crate::partition::{SpmdProgram, collective_line, partition};
 use crate::propagation::{explain, propagate};
 use crate::runtime::{Input, Output, PlannedProgram, ThreadMesh, Value, interpret};
 use crate::sharding::Mesh;
 use crate::simplify::{Stage, simplify_verified};
+
+mod gathers;
+
+pub use gathers::{CompileOptions, GatherChoice, GatherPlan, GatherReuse};
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
@@ -24,6 +28,8 @@ use crate::simplify::{Stage, simplify_verified};
 pub struct Executable {
     propagated: Program,
     spmd: SpmdProgram,
+    /// Which gathered weights are kept for the backward pass.
+    gathers: GatherPlan,
     /// The plan of `spmd.program`, made at the first run.
     planned: OnceLock<Arc<PlannedProgram>>,
     /// `spmd`'s [`SpmdProgram::fingerprint`], made at the first MPI run.
@@ -54,18 +60,39 @@ pub fn compilations_on_this_thread() -> u64 {
 /// positions are unchanged. Last, independent all-reduces, all-gathers and
 /// reduce-scatters over the same devices are combined, one per kind (XLA's combiners;
 /// results bitwise equal).
+///
+/// Every weight gathered for the forward pass is kept for the backward pass
+/// ([`GatherReuse::Keep`]); [`compile_with`] can choose otherwise.
 pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
+    compile_with(program, mesh, &CompileOptions::default())
+}
+
+/// [`compile`] with `options`: between simplifying and combining the per-device
+/// program, all-gathers read by an earlier and a later cluster of users (a weight read
+/// by the forward and the backward pass) are kept for the later users or issued again
+/// before them, as [`CompileOptions::gathers`] says, for the memory limit
+/// [`CompileOptions::memory_limit`]; the second gathers are not combined. The choice is
+/// [`Executable::gathers`]. Deterministic: the same program and options give the same
+/// per-device program. The default options (no limit, [`GatherReuse::Auto`]) keep
+/// every gather, as [`compile`] does.
+pub fn compile_with(
+    program: &Program,
+    mesh: &Mesh,
+    options: &CompileOptions,
+) -> Result<Executable> {
     COMPILATIONS.with(|c| c.set(c.get() + 1));
     verify(program)?;
     let program = simplify_verified(program, Stage::BeforePropagation);
     let propagated = propagate(&program, mesh)?;
     let mut spmd = partition(&propagated, mesh)?;
-    spmd.program = simplify_verified(&spmd.program, Stage::Sharded);
-    spmd.program = combine_collectives(&spmd.program)?;
+    let simplified = simplify_verified(&spmd.program, Stage::Sharded);
+    let (chosen, gathers, planned) = gathers::choose(&simplified, mesh, options)?;
+    spmd.program = chosen;
     Ok(Executable {
         propagated,
         spmd,
-        planned: OnceLock::new(),
+        gathers,
+        planned: planned.map_or_else(OnceLock::new, |p| OnceLock::from(Arc::new(p))),
         #[cfg(feature = "mpi")]
         fingerprint: OnceLock::new(),
     })
@@ -75,6 +102,12 @@ impl Executable {
     /// The global program, simplified, after propagation (every node has a `sharding`).
     pub fn propagated(&self) -> &Program {
         &self.propagated
+    }
+
+    /// Which weights gathered for the forward pass are kept for the backward pass and
+    /// which are gathered again (see [`compile_with`]).
+    pub fn gathers(&self) -> &GatherPlan {
+        &self.gathers
     }
 
     /// The per-device program. An executable does not change once compiled, so what
@@ -221,21 +254,30 @@ impl Executable {
     /// The report as one self-contained HTML page (inline CSS, SVG and script; nothing
     /// fetched): summary figures, the partitioner's warnings, the memory per device
     /// ([`memory_analysis`](Self::memory_analysis): the peak, what it is made of, the
-    /// bytes held at each node as a chart), every collective with its
+    /// bytes held at each node as a chart), the gathered weights kept or gathered again
+    /// ([`gathers`](Self::gathers)), every collective with its
     /// bytes per device and reasons, and the propagated program in collapsible sections
     /// (one per named value, inside them one per source line), each value with its
     /// sharding drawn as the mesh (one square per device, coloured by the block it
     /// holds), its annotations and the collectives its op needed.
     pub fn html(&self) -> String {
-        crate::report_html::page(&self.propagated, &self.spmd, &self.memory_analysis())
+        let gathers = self.gathers.to_string();
+        crate::report_html::page(
+            &self.propagated,
+            &self.spmd,
+            &self.memory_analysis(),
+            &gathers,
+        )
     }
 
-    /// The propagated global program, then the partitioned program with its collectives.
+    /// The propagated global program, then the partitioned program with its
+    /// collectives, then which gathered weights are kept ([`Executable::gathers`]).
     pub fn report(&self) -> String {
         format!(
-            "// after propagation\n{}\n\n{}",
+            "// after propagation\n{}\n\n{}\n\n{}",
             self.propagated,
-            self.spmd.report()
+            self.spmd.report(),
+            self.gathers
         )
     }
 }

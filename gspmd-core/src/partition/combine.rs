@@ -68,15 +68,21 @@ struct Combined {
 
 /// `program` with its independent all-reduces, all-gathers and reduce-scatters of one
 /// group, reduce kind and dtype combined, up to [`COMBINE_THRESHOLD_BYTES`] each (see
-/// the module docs).
-pub(crate) fn combine_collectives(program: &Program) -> Result<Program> {
+/// the module docs), except the collectives in `apart`, which are left as they are
+/// and where they are (a regathered weight's second all-gather, which combined with
+/// the first would move back to it). Returns the program and each old value's new id
+/// (a combined member's: the value cut out for it).
+pub(crate) fn combine_collectives(
+    program: &Program,
+    apart: &[ValueId],
+) -> Result<(Program, Vec<ValueId>)> {
     let users = program.users();
     let mut groups: Vec<Combined> = Vec::new();
     // `member_of[v]`: the group all-reduce `v` joined.
     let mut member_of: Vec<Option<usize>> = vec![None; program.nodes.len()];
     for v in program.values() {
         let node = program.node(v);
-        let Some(key) = Key::of(node) else {
+        let Some(key) = Key::of(node).filter(|_| !apart.contains(&v)) else {
             continue;
         };
         let bytes = node.ty.size_in_bytes();
@@ -104,7 +110,7 @@ pub(crate) fn combine_collectives(program: &Program) -> Result<Program> {
     }
     let combined: Vec<&Combined> = groups.iter().filter(|g| g.members.len() > 1).collect();
     if combined.is_empty() {
-        return Ok(program.clone());
+        return Ok((program.clone(), program.values().collect()));
     }
     emit(program, &combined)
 }
@@ -145,8 +151,8 @@ fn reaches(
 
 /// `program` re-emitted with each of `combined` as one all-reduce, in a topological
 /// order of the graph with each group one node, earliest original position first (a
-/// group at its last member's).
-fn emit(program: &Program, combined: &[&Combined]) -> Result<Program> {
+/// group at its last member's); with each old value's new id.
+fn emit(program: &Program, combined: &[&Combined]) -> Result<(Program, Vec<ValueId>)> {
     let n = program.nodes.len();
     // Unit of a node: itself, or `n + g` for a member of combined group `g`.
     let mut unit: Vec<usize> = (0..n).collect();
@@ -212,7 +218,8 @@ fn emit(program: &Program, combined: &[&Combined]) -> Result<Program> {
     for node in &mut out.nodes {
         node.origin = None;
     }
-    Ok(out)
+    let ids = (program.values()).map(|v| new_id(&ids, v)).collect();
+    Ok((out, ids))
 }
 
 /// Appends one collective of `operands` (the members' operands in `out`) laid out as

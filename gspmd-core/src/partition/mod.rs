@@ -17,6 +17,7 @@ mod fusion;
 mod halo;
 mod handlers;
 mod mask;
+pub(crate) mod regather;
 mod report;
 mod reshard;
 mod value;

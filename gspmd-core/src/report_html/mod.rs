@@ -52,7 +52,12 @@ struct Collective {
 
 /// The page for `propagated` (the global program after propagation) partitioned into
 /// `spmd`, whose memory per device is `memory`.
-pub(crate) fn page(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnalysis) -> String {
+pub(crate) fn page(
+    propagated: &Program,
+    spmd: &SpmdProgram,
+    memory: &MemoryAnalysis,
+    gathers: &str,
+) -> String {
     let mesh = &spmd.mesh;
     let (collectives, by_user) = collectives(spmd);
     let stats = spmd.collectives();
@@ -72,6 +77,11 @@ pub(crate) fn page(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnal
         cards = cards(propagated, spmd, memory),
     );
     html += &memory_section(spmd, memory);
+    let _ = writeln!(
+        html,
+        r#"<section id="gathers"><h2>Gathered weights <small>kept for the backward pass or gathered again</small></h2><div class="gathers">{}</div></section>"#,
+        escape(gathers)
+    );
     if !spmd.warnings.is_empty() {
         html += r#"<section id="warnings"><h2>Warnings</h2>"#;
         for w in &spmd.warnings {

@@ -9,7 +9,7 @@ use super::init::Initializer;
 use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
-use crate::executable::{Executable, compile};
+use crate::executable::{CompileOptions, Executable, compile, compile_with};
 use crate::ir::{DType, Literal, Program, TensorType};
 use crate::runtime::{Input, Output, ThreadMesh, Value, interpret};
 use crate::sharding::Mesh;
@@ -47,7 +47,12 @@ pub enum Engine {
 impl Engine {
     /// Compiles `program` for `mesh` and starts the mesh's threads.
     pub fn mesh(program: &Program, mesh: Mesh) -> Result<Self> {
-        let exe = Box::new(compile(program, &mesh)?);
+        Engine::mesh_with(program, mesh, &CompileOptions::default())
+    }
+
+    /// [`Engine::mesh`] compiled with `options` (see [`compile_with`]).
+    pub fn mesh_with(program: &Program, mesh: Mesh, options: &CompileOptions) -> Result<Self> {
+        let exe = Box::new(compile_with(program, &mesh, options)?);
         let threads = ThreadMesh::new(mesh)?;
         Ok(Engine::Mesh { exe, threads })
     }
@@ -318,6 +323,18 @@ impl Trainer {
     /// A trainer whose step is compiled for `mesh` and run on its threads.
     pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: impl Into<Initial>) -> Result<Self> {
         let engine = Engine::mesh(&step.program, mesh)?;
+        Trainer::new(step, engine, initial)
+    }
+
+    /// [`Trainer::on_mesh`] with the step compiled with `options` (see [`compile_with`]:
+    /// e.g. a memory limit, or which gathered weights to keep for the backward pass).
+    pub fn on_mesh_with(
+        step: TrainStep,
+        mesh: Mesh,
+        initial: impl Into<Initial>,
+        options: &CompileOptions,
+    ) -> Result<Self> {
+        let engine = Engine::mesh_with(&step.program, mesh, options)?;
         Trainer::new(step, engine, initial)
     }
 

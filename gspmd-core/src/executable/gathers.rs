@@ -1,0 +1,287 @@
+//! The per-executable choice between keeping a weight gathered in the forward pass for
+//! the backward pass and gathering it again there (PyTorch FSDP's
+//! `reshard_after_forward`), made from the memory analysis: [`CompileOptions`] in,
+//! [`GatherPlan`] out.
+
+use std::fmt;
+
+use crate::analysis::MemoryAnalysis;
+use crate::error::Result;
+use crate::ir::{Program, ValueId};
+use crate::partition::regather::{Candidate, candidates, regather};
+use crate::partition::{bytes_received, combine_collectives};
+use crate::runtime::PlannedProgram;
+use crate::sharding::Mesh;
+use crate::types::Location;
+
+/// Whether a weight all-gathered for the forward pass is kept for the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GatherReuse {
+    /// Keep every gathered weight while the memory analysis's peak fits
+    /// [`CompileOptions::memory_limit`]; above it, regather weights one at a time, the
+    /// one lowering the peak most first (as the last analysis's timeline says: its bytes
+    /// no longer held between its two clusters of users; ties: the earliest gather),
+    /// analysing the program again after each, until the peak fits. If it never fits,
+    /// the prefix of that order with the lowest peak is taken (the best this can do;
+    /// [`GatherPlan::fits`] says `false`).
+    #[default]
+    Auto,
+    /// Keep every gathered weight from the forward to the backward pass (what
+    /// [`compile`](crate::compile) does): fewest bytes received, most held.
+    Keep,
+    /// Gather every candidate weight again before its backward users (FSDP's
+    /// `reshard_after_forward=True`): its bytes received twice per step, held only
+    /// while each pass reads it.
+    Regather,
+}
+
+/// Options of [`compile_with`](crate::compile_with). The default compiles as
+/// [`compile`](crate::compile) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompileOptions {
+    /// Bytes one device may hold at the peak of a run (the memory analysis's
+    /// [`peak_bytes`](MemoryAnalysis::peak_bytes)); `None`: unlimited.
+    pub memory_limit: Option<usize>,
+    /// How [`GatherReuse::Auto`] et al. treat gathered weights.
+    pub gathers: GatherReuse,
+}
+
+/// What became of one all-gather that could be issued again for its later users: a
+/// weight gathered before use, read by the forward and the backward pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherChoice {
+    /// The weight: the name of the parameter the gather's operand is computed from (or
+    /// the gather's own name, if the parameter has none).
+    pub name: String,
+    /// The gathered value in the per-device program (the first, forward one).
+    pub value: ValueId,
+    /// Its bytes per device.
+    pub bytes: usize,
+    /// Where the gather was traced (the op that needed it).
+    pub location: Location,
+    /// The second all-gather in the per-device program, right before the first later
+    /// user; `None` if the value is kept.
+    pub regathered_at: Option<ValueId>,
+    /// Bytes each device receives per run for the second gather (0 if kept).
+    pub extra_bytes_received: usize,
+}
+
+/// The executable's choice for its gathered weights ([`Executable::gathers`]).
+///
+/// [`Executable::gathers`]: crate::Executable::gathers
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherPlan {
+    /// The options it was made with.
+    pub options: CompileOptions,
+    /// One per candidate gather, in program order.
+    pub choices: Vec<GatherChoice>,
+    /// The memory analysis's peak per device with every candidate kept, if the choice
+    /// analysed it (with a limit, or for [`GatherReuse::Regather`]).
+    pub peak_all_kept: Option<usize>,
+    /// The peak per device of the chosen program, if analysed.
+    pub peak: Option<usize>,
+}
+
+impl GatherPlan {
+    /// The choices that keep the forward gather for the backward pass.
+    pub fn kept(&self) -> impl Iterator<Item = &GatherChoice> {
+        self.choices.iter().filter(|c| c.regathered_at.is_none())
+    }
+
+    /// The choices that gather again.
+    pub fn regathered(&self) -> impl Iterator<Item = &GatherChoice> {
+        self.choices.iter().filter(|c| c.regathered_at.is_some())
+    }
+
+    /// Whether the chosen peak fits the memory limit: `None` without a limit or
+    /// without an analysis.
+    pub fn fits(&self) -> Option<bool> {
+        Some(self.peak? <= self.options.memory_limit?)
+    }
+}
+
+impl fmt::Display for GatherPlan {
+    /// `gathered weights: 13 kept (99328 B per device held from forward to backward),
+    /// 0 regathered`, the peaks and the limit if analysed, then one line per choice.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held: usize = self.kept().map(|c| c.bytes).sum();
+        let extra: usize = self.regathered().map(|c| c.extra_bytes_received).sum();
+        write!(
+            f,
+            "gathered weights: {} kept ({held} B per device held from forward to backward), \
+             {} regathered (+{extra} B received per step)",
+            self.kept().count(),
+            self.regathered().count()
+        )?;
+        if let (Some(peak), Some(all_kept)) = (self.peak, self.peak_all_kept) {
+            write!(f, "; peak {peak} B per device (all kept: {all_kept} B)")?;
+        }
+        if let Some(limit) = self.options.memory_limit {
+            let verdict = match self.fits() {
+                Some(true) => "fits",
+                Some(false) => "does not fit, the lowest peak found",
+                None => "not analysed",
+            };
+            write!(f, "; limit {limit} B: {verdict}")?;
+        }
+        for c in &self.choices {
+            write!(f, "\n  {}: {} B, ", c.name, c.bytes)?;
+            match c.regathered_at {
+                None => write!(f, "kept as {}", c.value)?,
+                Some(copy) => write!(
+                    f,
+                    "regathered at {copy} (+{} B received)",
+                    c.extra_bytes_received
+                )?,
+            }
+            write!(f, "  // {}", c.location)?;
+        }
+        Ok(())
+    }
+}
+
+/// The per-device program `base` (simplified, not yet combined) with the gathers
+/// `options` chooses regathered and its collectives combined (the second gathers
+/// apart), the choice, and the plan of the program if the choice made one.
+pub(super) fn choose(
+    base: &Program,
+    mesh: &Mesh,
+    options: &CompileOptions,
+) -> Result<(Program, GatherPlan, Option<PlannedProgram>)> {
+    let candidates = candidates(base);
+    let analysed = |(kept, trial): (usize, Trial)| {
+        let peaks = (kept, trial.memory.peak_bytes, trial.planned);
+        (trial.set, trial.built, Some(peaks))
+    };
+    let (set, built, peaks) = match (options.gathers, options.memory_limit) {
+        (GatherReuse::Keep, _) | (GatherReuse::Auto, None) => {
+            (Vec::new(), build(base, &candidates, &[])?, None)
+        }
+        (GatherReuse::Regather, _) => {
+            let kept = Trial::of(base, &candidates, Vec::new())?.memory.peak_bytes;
+            let all = Trial::of(base, &candidates, (0..candidates.len()).collect())?;
+            analysed((kept, all))
+        }
+        (GatherReuse::Auto, Some(limit)) => analysed(greedy(base, &candidates, limit)?),
+    };
+    let (peak_all_kept, peak, planned) = match peaks {
+        Some((kept, peak, planned)) => (Some(kept), Some(peak), Some(planned)),
+        None => (None, None, None),
+    };
+    let (program, copies, ids) = built;
+    let choices = (candidates.iter().enumerate())
+        .map(|(c, candidate)| {
+            let node = base.node(candidate.gather);
+            let name = (base.node(candidate.root).name.clone())
+                .or_else(|| node.name.clone())
+                .unwrap_or_else(|| candidate.root.to_string());
+            let copy = set.iter().position(|&s| s == c).map(|k| copies[k]);
+            GatherChoice {
+                name,
+                value: ids[candidate.gather.index()],
+                bytes: node.ty.size_in_bytes(),
+                location: node.location,
+                regathered_at: copy,
+                extra_bytes_received: copy
+                    .map_or(0, |copy| bytes_received(&program, program.node(copy), mesh)),
+            }
+        })
+        .collect();
+    let plan = GatherPlan {
+        options: *options,
+        choices,
+        peak_all_kept,
+        peak,
+    };
+    Ok((program, plan, planned))
+}
+
+/// A built program: the program, the second gathers in it (in the set's order), and
+/// each value of the base program's id in it.
+type Built = (Program, Vec<ValueId>, Vec<ValueId>);
+
+/// `base` with `set` (indices into `candidates`, ascending) regathered and combined.
+fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Built> {
+    let chosen: Vec<&Candidate> = set.iter().map(|&c| &candidates[c]).collect();
+    let (program, copies, ids) = regather(base, &chosen);
+    let (program, combined) = combine_collectives(&program, &copies)?;
+    let copies = copies.iter().map(|c| combined[c.index()]).collect();
+    let ids = ids.iter().map(|v| combined[v.index()]).collect();
+    Ok((program, copies, ids))
+}
+
+/// The memory analysis of `program`, and its plan.
+fn memory_of(program: &Program) -> (MemoryAnalysis, PlannedProgram) {
+    let planned = PlannedProgram::new(program.clone());
+    let memory = MemoryAnalysis::of(&planned.program, &planned.plan, &|_| false);
+    (memory, planned)
+}
+
+/// A set of candidates regathered (ascending), built and analysed.
+struct Trial {
+    set: Vec<usize>,
+    built: Built,
+    memory: MemoryAnalysis,
+    planned: PlannedProgram,
+}
+
+impl Trial {
+    fn of(base: &Program, candidates: &[Candidate], set: Vec<usize>) -> Result<Trial> {
+        let built = build(base, candidates, &set)?;
+        let (memory, planned) = memory_of(&built.0);
+        Ok(Trial {
+            set,
+            built,
+            memory,
+            planned,
+        })
+    }
+
+    /// The peak this trial's timeline would have if `candidate` (not in the set) were
+    /// regathered too: its bytes no longer held at the nodes strictly between its last
+    /// earlier and its first later user. An estimate (the copy's own transient bytes are
+    /// not in it) to rank candidates by; the choice is then analysed for real.
+    fn estimate(&self, base: &Program, candidate: &Candidate) -> usize {
+        let ids = &self.built.2;
+        let from = ids[candidate.last_earlier.index()].index();
+        let to = ids[candidate.later[0].index()].index();
+        let bytes = base.ty(candidate.gather).size_in_bytes();
+        let timeline = self.memory.timeline.iter().enumerate();
+        (timeline.map(|(i, &held)| {
+            if from < i && i < to {
+                held - bytes.min(held)
+            } else {
+                held
+            }
+        }))
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+/// [`GatherReuse::Auto`] under `limit`: the peak with every candidate kept, and the
+/// trial chosen. Each step regathers the candidate whose [`Trial::estimate`] is lowest
+/// (ties: the earliest gather) and analyses the result: one analysis per step, not one
+/// per candidate and step.
+fn greedy(base: &Program, candidates: &[Candidate], limit: usize) -> Result<(usize, Trial)> {
+    let mut current = Trial::of(base, candidates, Vec::new())?;
+    let kept_peak = current.memory.peak_bytes;
+    let mut best = (Vec::new(), kept_peak);
+    while current.memory.peak_bytes > limit {
+        let remaining = (0..candidates.len()).filter(|c| !current.set.contains(c));
+        let Some(c) = remaining.min_by_key(|&c| (current.estimate(base, &candidates[c]), c)) else {
+            break;
+        };
+        let mut set = current.set.clone();
+        set.push(c);
+        set.sort_unstable();
+        current = Trial::of(base, candidates, set)?;
+        if current.memory.peak_bytes < best.1 {
+            best = (current.set.clone(), current.memory.peak_bytes);
+        }
+    }
+    if current.set != best.0 {
+        current = Trial::of(base, candidates, best.0)?;
+    }
+    Ok((kept_peak, current))
+}
