@@ -118,6 +118,11 @@ pub(crate) fn eval_kernel(
 /// others take theirs; results waiting for their node count as live (a scan's
 /// residuals kept for the backward pass are), and the instance is dropped once every
 /// result was taken.
+///
+/// A fusion group's loop runs at its root and binds every result of the group at once:
+/// the root's value and those of the members the plan marks [`Fusion::Result`] (passed
+/// over at their positions, read only after the root); the root's check against the
+/// memory limit counts all their bytes.
 pub(crate) fn execute(
     program: &Program,
     plan: &Plan,
