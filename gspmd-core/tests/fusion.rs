@@ -268,3 +268,188 @@ fn a_prepared_program_runs_as_the_interpreter() {
     let got = prepared.run(&wrong).expect_err("a wrong shape");
     assert_eq!(got.to_string(), want.to_string());
 }
+
+/// The outputs of `program` on `inputs` run on a 1-device mesh (one axis of size 1).
+fn on_one_device(program: &Program, inputs: &[Literal]) -> Vec<Literal> {
+    let mesh = Mesh::new([("data", 1)]).expect("a mesh");
+    let exe = compile(program, &mesh).expect("compiles");
+    exe.run(&ThreadMesh::new(mesh).expect("a thread mesh"), inputs)
+        .expect("runs")
+}
+
+/// Whether a group of `program`'s plan stores a member besides its root: one that is
+/// an output, or read by a node outside the group.
+fn has_extra_result(program: &Program) -> bool {
+    fusion_groups(program).iter().any(|g| {
+        g[..g.len() - 1].iter().any(|m| {
+            program.outputs.contains(m)
+                || (program.nodes.iter().enumerate())
+                    .any(|(i, n)| !g.iter().any(|x| x.index() == i) && n.operands.contains(m))
+        })
+    })
+}
+
+/// A random elementwise chain over `[rows, cols]` of which many intermediates are
+/// outputs, and some are read after the chain by ops that do not fuse (a sum over the
+/// major dim, a transpose) or by a second chain: groups with several results.
+fn random_multi_result_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
+    let b = Builder::new("multi");
+    let x = b.parameter("x", [rows, cols], DType::F32);
+    let y = b.parameter("y", [rows, cols], DType::F32);
+    let row = b.parameter("row", [cols], DType::F32);
+    let mut pool: Vec<Tensor> = vec![x.clone(), y.clone()];
+    let mut outputs: Vec<Tensor> = Vec::new();
+    let mut later: Vec<Tensor> = Vec::new();
+    let steps = rng.random_range(3..14);
+    for _ in 0..steps {
+        let a = pool[rng.random_range(0..pool.len())].clone();
+        let other = match rng.random_range(0..3) {
+            0 => row.broadcast_in_dim([rows, cols], &[1]),
+            1 => a.scalar_like(rng.random_range(-2.0..2.0)),
+            _ => pool[rng.random_range(0..pool.len())].clone(),
+        };
+        let t = match rng.random_range(0..8) {
+            0 => a.exp().neg(),
+            1 => a.tanh(),
+            2 => a.abs().sqrt(),
+            3 => a.add(&other),
+            4 => a.sub(&other),
+            5 => other.mul(&a),
+            6 => a.div(&other.abs().add(&a.scalar_like(1.0))),
+            _ => a.max(&other),
+        };
+        match rng.random_range(0..6) {
+            0 | 1 => outputs.push(t.clone()),
+            2 => later.push(t.clone()),
+            _ => {}
+        }
+        pool.push(t);
+    }
+    // Read after the chain: a reduction over the major dim or a transpose (no fusion),
+    // or a second elementwise chain (its own group, reading the first's result).
+    for (k, t) in later.iter().enumerate() {
+        outputs.push(match k % 3 {
+            0 => t.sum(&[0]),
+            1 => t.transpose(&[1, 0]),
+            _ => t.mul(t).tanh(),
+        });
+    }
+    outputs.push(pool.last().expect("a chain").clone());
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    b.finish(&refs).expect("traces")
+}
+
+#[test]
+fn chains_with_several_results_fused_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut several = 0;
+    let cases = 200;
+    for case in 0..cases {
+        let rows = [1, 3, 4, 40][rng.random_range(0..4)];
+        let cols = [1, 8, 37, 256, 300][rng.random_range(0..5)];
+        let program = random_multi_result_chain(&mut rng, rows, cols);
+        let inputs = [
+            random(&[rows, cols], &mut rng),
+            random(&[rows, cols], &mut rng),
+            random(&[cols], &mut rng),
+        ];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
+        if case % 4 == 0 {
+            let mesh = on_one_device(&program, &inputs);
+            assert_eq!(bits(&mesh), bits(&want), "case {case} on a mesh: {program}");
+        }
+        several += usize::from(has_extra_result(&program));
+    }
+    assert!(
+        several * 2 > cases,
+        "only {several} of {cases} chains had a group of several results"
+    );
+}
+
+/// The AdamW update of one weight `w` with gradient `g` and moments `m`, `v` (bias
+/// corrections `c1`, `c2` and the learning rate as scalars): the new weight and
+/// moments, all outputs. With `computed`, the gradient and the first moment are
+/// transposes of parameters (values the loop owns and may hand over, so that two
+/// results are written in place), else parameters.
+fn adamw(n: usize, computed: bool) -> Program {
+    let (beta1, beta2, eps) = (0.9, 0.99, 1e-8);
+    let b = Builder::new("adamw");
+    let shape = [n / 4, 4];
+    let w = b.parameter("w", shape, DType::F32);
+    let (g, m) = if computed {
+        let g = b.parameter("g", [4, n / 4], DType::F32);
+        let m = b.parameter("m", [4, n / 4], DType::F32);
+        (g.transpose(&[1, 0]), m.transpose(&[1, 0]))
+    } else {
+        let g = b.parameter("g", shape, DType::F32);
+        let m = b.parameter("m", shape, DType::F32);
+        (g, m)
+    };
+    let v = b.parameter("v", shape, DType::F32);
+    let lr = b.parameter("lr", [], DType::F32);
+    let c1 = b.parameter("c1", [], DType::F32);
+    let c2 = b.parameter("c2", [], DType::F32);
+    let like = |t: &Tensor| t.broadcast_in_dim(shape, &[]);
+    let m2 = m
+        .mul(&m.scalar_like(beta1))
+        .add(&g.mul(&g.scalar_like(1.0 - beta1)));
+    let v2 = v
+        .mul(&v.scalar_like(beta2))
+        .add(&g.mul(&g).mul(&g.scalar_like(1.0 - beta2)));
+    let direction = m2
+        .div(&like(&c1))
+        .div(&v2.div(&like(&c2)).sqrt().add(&v2.scalar_like(eps)));
+    let w2 = w.sub(&direction.mul(&like(&lr)));
+    b.finish(&[&w2, &m2, &v2]).expect("traces")
+}
+
+fn adamw_inputs(n: usize, computed: bool, rng: &mut StdRng) -> Vec<Literal> {
+    let (shape, moved) = ([n / 4, 4], [4, n / 4]);
+    let positive = |lit: Literal| Literal::F32(lit.as_f32().expect("f32").mapv(f32::abs));
+    vec![
+        random(&shape, rng),
+        random(if computed { &moved } else { &shape }, rng),
+        random(if computed { &moved } else { &shape }, rng),
+        positive(random(&shape, rng)),
+        Literal::scalar_f32(3e-3),
+        Literal::scalar_f32(0.19),
+        Literal::scalar_f32(0.0199),
+    ]
+}
+
+#[test]
+fn the_adamw_update_of_a_weight_is_one_loop_equal_to_unfused() {
+    let mut rng = StdRng::seed_from_u64(19);
+    for computed in [false, true] {
+        // One chunk, a tail, many chunks.
+        for n in [8, 300, 4096] {
+            let program = adamw(n, computed);
+            let groups = group_ops(&program);
+            let ops = program.nodes.iter().filter(|x| {
+                matches!(
+                    x.op.name(),
+                    "add" | "subtract" | "multiply" | "divide" | "sqrt"
+                )
+            });
+            assert_eq!(groups.len(), 1, "{groups:?}");
+            assert_eq!(
+                groups[0].iter().filter(|o| **o != "broadcast").count(),
+                ops.count(),
+                "every op of the update in the loop: {groups:?}"
+            );
+            let inputs = adamw_inputs(n, computed, &mut rng);
+            let want = node_by_node(&program, &inputs);
+            let got = interpret(&program, &inputs).expect("runs");
+            assert_eq!(bits(&got), bits(&want), "n {n}, computed {computed}");
+            let prepared = Prepared::new(&program);
+            for _ in 0..2 {
+                let again = prepared.run(&inputs).expect("runs");
+                assert_eq!(bits(&again), bits(&want), "prepared, n {n}");
+            }
+            let mesh = on_one_device(&program, &inputs);
+            assert_eq!(bits(&mesh), bits(&want), "mesh, n {n}, computed {computed}");
+        }
+    }
+}

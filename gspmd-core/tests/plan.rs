@@ -123,3 +123,36 @@ fn a_second_run_reuses_the_buffers_the_first_freed() {
         "{first} then {second} bytes allocated for two {array_bytes}-byte arrays"
     );
 }
+
+/// A fused loop of three results (all outputs) over two leaves it takes over (two
+/// transposes, at their last use): two results are written into the leaves' buffers,
+/// one into a new array, and all three are bitwise those of fresh arrays.
+#[test]
+fn a_group_of_several_results_writes_into_the_leaves_it_takes_over() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let b = Builder::new("results");
+    let x = b.parameter("x", [N, N], DType::F32);
+    let y = b.parameter("y", [N, N], DType::F32);
+    let (p, q) = (x.transpose(&[1, 0]), y.transpose(&[1, 0]));
+    let product = p.mul(&q);
+    let squashed = p.add(&q).tanh();
+    let root = product.sub(&squashed).mul(&p);
+    let program = b.finish(&[&root, &product, &squashed]).expect("traces");
+    let groups = gspmd_core::runtime::fusion_groups(&program);
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let inputs = [input(), input()];
+    let region = Region::new(GLOBAL);
+    let out = interpret(&program, &inputs).expect("runs");
+    let allocated = region.change().bytes_allocated;
+    let want = node_by_node(&program, &inputs);
+    for (got, want) in out.iter().zip(&want) {
+        assert_eq!(bits(got), bits(want));
+    }
+    let array_bytes = N * N * 4;
+    // The two transposes and the root's array; the other results overwrite the
+    // transposes.
+    assert!(
+        allocated < 4 * array_bytes,
+        "{allocated} bytes allocated for three results on {array_bytes}-byte arrays"
+    );
+}

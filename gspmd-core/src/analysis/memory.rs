@@ -13,6 +13,9 @@
 //! - an elementwise op (unary, binary, select, convert to the same dtype, a sharding
 //!   constraint) that takes over an operand of its result's type writes its result
 //!   into that operand's buffer: no new buffer;
+//! - a fusion group's loop computes all its results at its root: each result (in
+//!   node order) writes into the buffer of the next leaf it takes over that it may
+//!   write in place, else into a new buffer;
 //! - every other node allocates its result while its operands are held, and a
 //!   collective whose operand is not taken over copies it first;
 //! - a convolution also holds its im2col scratch while it runs: its operands in a
@@ -222,7 +225,10 @@ impl Walk {
             live: Vec::new(),
         };
         for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
-            if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
+            if matches!(
+                step.fusion,
+                Fusion::Inside | Fusion::Result(_) | Fusion::Alias
+            ) {
                 // Computed by its group's loop at the root, or read as its operand.
                 walk.held.push(live + pending_bytes);
                 walk.buffers.push([live + pending_bytes; 2]);
@@ -238,9 +244,26 @@ impl Walk {
                 (Op::Parameter { .. } | Op::Constant(_), _, _) => {}
                 _ if step.deferred => {}
                 (_, _, Fusion::Root(k)) => {
+                    // Each result in order takes the buffer of the next leaf handed
+                    // over that the loop writes in place, else a new one (as
+                    // `Group::run` does).
                     let group = &plan.groups[k];
-                    reuse = (0..step.reads.len()).find(|&j| taken(j) && group.writes_in_place(j));
-                    computed = true;
+                    let in_place: Vec<usize> = (0..step.reads.len())
+                        .filter(|&j| taken(j) && group.writes_in_place(j))
+                        .map(|j| step.reads[j].index())
+                        .collect();
+                    let mut leaves = in_place.into_iter();
+                    for r in &group.results {
+                        let r = r.index();
+                        buffer[r] = match leaves.next() {
+                            Some(leaf) => std::mem::take(&mut buffer[leaf]),
+                            None => {
+                                live += plan.steps[r].bytes;
+                                plan.steps[r].bytes
+                            }
+                        };
+                        owned[r] = true;
+                    }
                 }
                 (Op::Flow { flow, result }, Some(instance), _) => {
                     let flow_plan = &plan.flows[instance];

@@ -1,15 +1,22 @@
 //! Fusion: a chain of f32 elementwise ops, with the broadcasts it reads and an optional
 //! trailing reduction over the minor dims, run as one loop over contiguous memory
 //! instead of an array per op (softmax's `exp(x - max)` and sum, layer norm, GELU,
-//! the AdamW update).
+//! the AdamW update of a weight and its two moments).
 //!
 //! A [`Group`] is a plan-level decision: the program (the IR the partitioner sees) is
 //! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
 //! the group's loop where its root (its last node) would run. The loop walks the
 //! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
 //! outside the group, directly or through a broadcast, as a strided view) is loaded
-//! into a scratch register, each op writes its own register from earlier ones, and the
-//! last register is stored, or folded into the row's reduction.
+//! into a scratch register, each op writes its own register from earlier ones, and
+//! each result's register is stored into that result's buffer, or the last register is
+//! folded into the row's reduction.
+//!
+//! A group has one result or several ([`Group::results`]): the members whose values
+//! are read outside the group or are outputs, the root last. The loop computes every
+//! register of a chunk before it stores any, so a result may be written into a leaf's
+//! buffer handed over (the same elements of the chunk were read already); each result
+//! has its own buffer. The evaluation loop binds every result's value at the root.
 //!
 //! Results are bitwise those of the unfused kernels: every op applies the kernels'
 //! scalar function ([`f32_unary`], [`f32_binary`]), and a reduction
@@ -17,9 +24,18 @@
 //!
 //! The rule (see [`plan_groups`]): from the last node back, a group grows from an f32
 //! elementwise op or a reduction of trailing dims (its root) by every earlier f32
-//! elementwise op and broadcast of the loop's shape all of whose readers are in the
-//! group, and that is no output; a group is kept if it has at least two ops besides
-//! broadcasts.
+//! elementwise op and broadcast of the loop's shape, not yet in a group, such that
+//! - all its readers are in the group (no broadcast among them) and it is no output
+//!   (an inner member), or
+//! - the root is elementwise, the member is an elementwise op read by at least one
+//!   member (no broadcast), every reader outside the group comes after the root (the
+//!   value exists from the root on), and the group has fewer than [`MAX_RESULTS`]
+//!   results: an extra result (outputs included).
+//!
+//! A group is kept if it has at least two ops besides broadcasts. Its leaves come
+//! before the members that read them, so before the root, where they are read; a leaf
+//! that is a result of an earlier group is bound at that group's root, which comes
+//! before this one's.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -37,6 +53,10 @@ use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp
 /// A multiple of the reduction's lane count, so that chunks cut a row's body whole.
 pub(crate) const CHUNK: usize = 256;
 
+/// The most results a group stores (its root included): each is one more register
+/// read back per chunk and one more buffer.
+pub(crate) const MAX_RESULTS: usize = 4;
+
 thread_local! {
     /// The registers of the fused loops run on this thread (a device's, or the
     /// interpreter's), kept between runs: a loop allocates no scratch.
@@ -46,15 +66,20 @@ thread_local! {
 /// One fusion group, planned once per program: its nodes and its loop.
 #[derive(Debug)]
 pub(crate) struct Group {
-    /// The group's nodes in node order; the last, the root, is the only one read
-    /// outside the group (or an output).
+    /// The group's nodes in node order; the last is the root, where the loop runs.
     pub(crate) members: Vec<ValueId>,
+    /// The members whose values the loop stores (read outside the group, or outputs),
+    /// in node order: the root last, and before it (only with no reduction) the extra
+    /// results.
+    pub(crate) results: Vec<ValueId>,
     /// The values the loop reads from outside the group, in register order.
     pub(crate) leaves: Vec<Leaf>,
     /// The shape the loop walks (the elementwise ops' shape).
     shape: Vec<usize>,
     /// The ops; op `k` writes register `leaves.len() + k`, from lower registers.
     code: Vec<Instr>,
+    /// The register of each of `results` (with a reduction: the root's operand's).
+    stores: Vec<usize>,
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
     /// dims after them are folded).
     reduce: Option<(ReduceKind, usize)>,
@@ -157,22 +182,36 @@ pub(crate) fn plan_groups(
             continue;
         }
         let mut members = vec![root];
+        let mut results = vec![root];
         in_group[root] = true;
         let mut low = lowest_operand(root).unwrap_or(root);
         let mut j = root;
         while j > low {
             j -= 1;
-            let fits = !claimed[j]
-                && !output[j]
+            let candidate = !claimed[j]
                 && matches!(roles[j], Role::Elementwise | Role::Broadcast)
-                && nodes[j].ty.shape == *shape
+                && nodes[j].ty.shape == *shape;
+            if !candidate {
+                continue;
+            }
+            let member_reader = |r: usize| in_group[r] && roles[r] != Role::Broadcast;
+            let inner = !output[j]
                 && !readers[j].is_empty()
+                && readers[j].iter().all(|&r| member_reader(r));
+            let result = !inner
+                && roles[root] == Role::Elementwise
+                && roles[j] == Role::Elementwise
+                && results.len() < MAX_RESULTS
+                && readers[j].iter().any(|&r| member_reader(r))
                 && readers[j]
                     .iter()
-                    .all(|&r| in_group[r] && roles[r] != Role::Broadcast);
-            if fits {
+                    .all(|&r| member_reader(r) || (!in_group[r] && r > root));
+            if inner || result {
                 in_group[j] = true;
                 members.push(j);
+                if result {
+                    results.push(j);
+                }
                 if roles[j] == Role::Elementwise {
                     low = low.min(lowest_operand(j).unwrap_or(j));
                 }
@@ -182,6 +221,7 @@ pub(crate) fn plan_groups(
             in_group[m] = false;
         }
         members.reverse();
+        results.reverse();
         let ops = members
             .iter()
             .filter(|&&m| roles[m] == Role::Elementwise)
@@ -193,18 +233,25 @@ pub(crate) fn plan_groups(
         for &m in &members {
             claimed[m] = true;
         }
-        groups.push(Group::new(program, operands, &members, shape.clone()));
+        groups.push(Group::new(
+            program,
+            operands,
+            &members,
+            &results,
+            shape.clone(),
+        ));
     }
     groups
 }
 
 impl Group {
-    /// The loop of the group of `members` (in node order; see [`plan_groups`], also
-    /// for `operands`) over `shape`.
+    /// The loop of the group of `members` storing `results` (both in node order; see
+    /// [`plan_groups`], also for `operands`) over `shape`.
     fn new(
         program: &Program,
         operands: &[Vec<ValueId>],
         members: &[usize],
+        results: &[usize],
         shape: Vec<usize>,
     ) -> Group {
         /// Where a member's elements are: a leaf's register or an op's.
@@ -267,6 +314,12 @@ impl Group {
             Ref::Leaf(k) => k,
             Ref::Op(k) => base + k,
         };
+        let ref_of = |m: &usize| refs.iter().find(|(v, _)| v == m).map(|(_, r)| register(r));
+        // A reduction stores its operand's register: the last op's.
+        let last = (base + ops.len()).saturating_sub(1);
+        let stores = (results.iter())
+            .map(|m| ref_of(m).unwrap_or(last))
+            .collect();
         let code = ops
             .iter()
             .filter_map(|(op, args)| match (op, args.as_slice()) {
@@ -275,27 +328,35 @@ impl Group {
                 _ => None,
             })
             .collect();
+        let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         Group {
-            members: members.iter().map(|&m| ValueId(m as u32)).collect(),
+            members: ids(members),
+            results: ids(results),
             leaves,
             shape,
             code,
+            stores,
             reduce,
         }
     }
 
-    /// Whether the loop may write its result into leaf `k`'s buffer when it is handed
+    /// Whether the loop may write a result into leaf `k`'s buffer when it is handed
     /// over (an f32 array of the loop's shape in standard layout): no trailing
-    /// reduction, and the leaf is not broadcast.
+    /// reduction, and the leaf is not broadcast. Such leaves, in leaf order, become
+    /// the buffers of the results in [`Group::results`] order, one each.
     pub(crate) fn writes_in_place(&self, k: usize) -> bool {
         self.reduce.is_none() && self.leaves.get(k).is_some_and(|leaf| leaf.dims.is_none())
     }
 
     /// Runs the loop on the leaves' values (in [`Group::leaves`] order; a leaf without
-    /// dims may be a deferred broadcast). A leaf handed over with the loop's shape in
-    /// standard layout becomes the result's buffer (no reduction). `Err` if a leaf is
-    /// not f32 or does not fit its shape.
-    pub(crate) fn run(&self, operands: Operands<'_>) -> Result<Literal, String> {
+    /// dims may be a deferred broadcast) and returns the values of
+    /// [`Group::results`], in order. A leaf handed over with the loop's shape in
+    /// standard layout becomes a result's buffer (see [`Group::writes_in_place`]).
+    /// `Err` if a leaf is not f32 or does not fit its shape.
+    pub(crate) fn run(
+        &self,
+        operands: Operands<'_>,
+    ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
         if operands.len() != self.leaves.len() {
             return Err(format!(
                 "a fused loop of {} leaves given {} values",
@@ -303,21 +364,21 @@ impl Group {
                 operands.len()
             ));
         }
-        // The first owned leaf that fits is the result's buffer.
-        let mut buffer: Option<ArrayD<f32>> = None;
-        let mut held: SmallVec<[Option<Operand<'_>>; 8]> = SmallVec::new();
+        // Each owned leaf that fits is the buffer of the next result (`Err(slot)`).
+        let mut outs: SmallVec<[Out; MAX_RESULTS]> = SmallVec::new();
+        let mut held: SmallVec<[Result<Operand<'_>, usize>; 8]> = SmallVec::new();
         for (k, x) in operands.into_iter().enumerate() {
             match x {
                 Operand::Value(Cow::Owned(Literal::F32(a)))
-                    if buffer.is_none()
+                    if outs.len() < self.results.len()
                         && self.writes_in_place(k)
                         && a.is_standard_layout()
                         && a.shape() == self.shape.as_slice() =>
                 {
-                    buffer = Some(a);
-                    held.push(None);
+                    held.push(Err(outs.len()));
+                    outs.push(Out::InPlace(a));
                 }
-                x => held.push(Some(x)),
+                x => held.push(Ok(x)),
             }
         }
         let sources = self
@@ -325,8 +386,8 @@ impl Group {
             .iter()
             .zip(&held)
             .map(|(leaf, x)| match x {
-                None => Ok(Source::Buffer),
-                Some(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
+                Err(slot) => Ok(Source::Buffer(*slot)),
+                Ok(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
             })
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
@@ -336,54 +397,59 @@ impl Group {
                     reg.fill(v);
                 }
             }
-            self.run_on(&sources, buffer, regs)
+            self.run_on(&sources, outs, regs)
         })
     }
 
-    /// [`Group::run`] with the leaves' `sources`, the result's `buffer` if a leaf was
-    /// handed over, and registers.
+    /// [`Group::run`] with the leaves' `sources`, the buffers of the first results
+    /// (`outs`: leaves handed over), and registers.
     fn run_on(
         &self,
         sources: &[Source<'_>],
-        buffer: Option<ArrayD<f32>>,
+        mut outs: SmallVec<[Out; MAX_RESULTS]>,
         regs: &mut [[f32; CHUNK]],
-    ) -> Result<Literal, String> {
+    ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
         let total: usize = self.shape.iter().product();
-        match (self.reduce, buffer) {
-            (Some((kind, kept)), _) => {
-                let (outer, row) = (
-                    self.shape[..kept].iter().product(),
-                    self.shape[kept..].iter().product(),
-                );
-                let data = match kind {
-                    ReduceKind::Sum => self.fold_rows(sources, regs, outer, row, 0.0, |p, q| p + q),
-                    ReduceKind::Max => {
-                        self.fold_rows(sources, regs, outer, row, f32::NEG_INFINITY, max_nan)
-                    }
-                    ReduceKind::Min => {
-                        self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
-                    }
-                };
-                shaped(&self.shape[..kept], data)
-            }
-            (None, Some(mut buffer)) => {
-                let out = buffer.as_slice_mut().ok_or("a standard-layout buffer")?;
-                for start in (0..total).step_by(CHUNK) {
-                    let len = CHUNK.min(total - start);
-                    let result = self.chunk(sources, out, regs, start, len);
-                    out[start..start + len].copy_from_slice(result);
+        if let Some((kind, kept)) = self.reduce {
+            let (outer, row) = (
+                self.shape[..kept].iter().product(),
+                self.shape[kept..].iter().product(),
+            );
+            let data = match kind {
+                ReduceKind::Sum => self.fold_rows(sources, regs, outer, row, 0.0, |p, q| p + q),
+                ReduceKind::Max => {
+                    self.fold_rows(sources, regs, outer, row, f32::NEG_INFINITY, max_nan)
                 }
-                Ok(Literal::F32(buffer))
-            }
-            (None, None) => {
-                let mut out = super::buffers::with_capacity(total);
-                for start in (0..total).step_by(CHUNK) {
-                    let len = CHUNK.min(total - start);
-                    out.extend_from_slice(self.chunk(sources, &[], regs, start, len));
+                ReduceKind::Min => {
+                    self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
                 }
-                shaped(&self.shape, out)
+            };
+            return Ok(smallvec::smallvec![shaped(&self.shape[..kept], data)?]);
+        }
+        while outs.len() < self.results.len() {
+            outs.push(Out::Fresh(super::buffers::with_capacity(total)));
+        }
+        for start in (0..total).step_by(CHUNK) {
+            let len = CHUNK.min(total - start);
+            self.chunk(sources, &outs, regs, start, len);
+            // Every register of the chunk is computed: the buffers may be written.
+            for (out, &r) in outs.iter_mut().zip(&self.stores) {
+                let values = &regs[r][..len];
+                match out {
+                    Out::InPlace(a) => {
+                        let data = a.as_slice_mut().ok_or("a standard-layout buffer")?;
+                        data[start..start + len].copy_from_slice(values);
+                    }
+                    Out::Fresh(v) => v.extend_from_slice(values),
+                }
             }
         }
+        outs.into_iter()
+            .map(|out| match out {
+                Out::InPlace(a) => Ok(Literal::F32(a)),
+                Out::Fresh(v) => shaped(&self.shape, v),
+            })
+            .collect()
     }
 
     /// The reduction of each of `outer` rows of `row` elements with `f` (identity
@@ -441,13 +507,14 @@ impl Group {
     }
 
     /// Computes the `len` elements from flat index `start` of the loop: reads the
-    /// leaves (in place where they are contiguous, a [`Source::Buffer`] from `buffer`;
-    /// a [`Source::Splat`] from its register, filled for the run; the others loaded
-    /// into their registers), runs the ops, and returns the last register.
+    /// leaves (in place where they are contiguous, a [`Source::Buffer`] from its
+    /// result's buffer in `outs`; a [`Source::Splat`] from its register, filled for the
+    /// run; the others loaded into their registers), runs the ops into their
+    /// registers, and returns the last register.
     fn chunk<'r>(
         &self,
         sources: &[Source<'_>],
-        buffer: &[f32],
+        outs: &[Out],
         regs: &'r mut [[f32; CHUNK]],
         start: usize,
         len: usize,
@@ -457,7 +524,7 @@ impl Group {
         for (source, reg) in sources.iter().zip(leaf_regs.iter_mut()) {
             source.load(&self.shape, &mut reg[..len], start);
         }
-        let leaf = |k: usize| match sources[k].in_place(buffer) {
+        let leaf = |k: usize| match sources[k].in_place(outs) {
             Some(data) => &data[start..start + len],
             None => &leaf_regs[k][..len],
         };
@@ -478,6 +545,15 @@ impl Group {
             None => &[],
         }
     }
+}
+
+/// The buffer a fused loop stores one result into.
+enum Out {
+    /// A leaf's, handed over: of the loop's shape, standard layout, read in place
+    /// ([`Source::Buffer`]) and overwritten chunk by chunk.
+    InPlace(ArrayD<f32>),
+    /// A pooled one, filled chunk by chunk.
+    Fresh(Vec<f32>),
 }
 
 /// `data` as an f32 literal of `shape`.
@@ -513,8 +589,9 @@ impl WithBinary for ZipInto<'_> {
 
 /// Where a leaf's elements are, as the loop reads them.
 enum Source<'a> {
-    /// In the result's buffer (the leaf was handed over), at the loop's flat index.
-    Buffer,
+    /// In the buffer of result `.0` (the leaf was handed over), at the loop's flat
+    /// index.
+    Buffer(usize),
     /// One element everywhere (a scalar broadcast: every stride 0), in a register
     /// filled once per run.
     Splat(f32),
@@ -576,11 +653,14 @@ impl<'a> Source<'a> {
         })
     }
 
-    /// The elements in the loop's flat order, if the leaf is read in place: from the
-    /// result's `buffer`, or contiguous.
-    fn in_place<'s>(&'s self, buffer: &'s [f32]) -> Option<&'s [f32]> {
+    /// The elements in the loop's flat order, if the leaf is read in place: from its
+    /// result's buffer in `outs`, or contiguous.
+    fn in_place<'s>(&'s self, outs: &'s [Out]) -> Option<&'s [f32]> {
         match self {
-            Source::Buffer => Some(buffer),
+            Source::Buffer(slot) => match outs.get(*slot) {
+                Some(Out::InPlace(a)) => a.as_slice(),
+                _ => None,
+            },
             Source::Strided {
                 data,
                 contiguous: true,

@@ -118,6 +118,11 @@ pub(crate) fn eval_kernel(
 /// others take theirs; results waiting for their node count as live (a scan's
 /// residuals kept for the backward pass are), and the instance is dropped once every
 /// result was taken.
+///
+/// A fusion group's loop runs at its root and binds every result of the group at once:
+/// the root's value and those of the members the plan marks [`Fusion::Result`] (passed
+/// over at their positions, read only after the root); the root's check against the
+/// memory limit counts all their bytes.
 pub(crate) fn execute(
     program: &Program,
     plan: &Plan,
@@ -165,11 +170,20 @@ fn execute_dyn(
             location: node.location,
             message,
         };
-        if matches!(step.fusion, Fusion::Inside | Fusion::Alias) {
+        if matches!(
+            step.fusion,
+            Fusion::Inside | Fusion::Result(_) | Fusion::Alias
+        ) {
             // Computed by its group's loop at the root, or its readers read its operand.
             continue;
         }
-        let bytes = step.bytes;
+        // A fusion root computes every result of its group.
+        let bytes = match step.fusion {
+            Fusion::Root(k) => plan.groups.get(k).map_or(step.bytes, |g| {
+                g.results.iter().map(|r| plan.steps[r.index()].bytes).sum()
+            }),
+            _ => step.bytes,
+        };
         if live.saturating_add(bytes) > memory_limit {
             return Err(Error::OutOfMemory {
                 value: v,
@@ -214,7 +228,13 @@ fn execute_dyn(
                     (_, _, Fusion::Root(k)) => {
                         let group = plan.groups.get(k);
                         let group = group.ok_or_else(|| fail("no fusion group".into()))?;
-                        Cow::Owned(group.run(operands).map_err(fail)?)
+                        let mut results = group.run(operands).map_err(fail)?;
+                        // The root's value is the last; the others are bound now.
+                        let root = results.pop().ok_or_else(|| fail("no result".into()))?;
+                        for (r, lit) in group.results.iter().zip(results) {
+                            values[r.index()] = Some(Cow::Owned(lit));
+                        }
+                        Cow::Owned(root)
                     }
                     (Op::Flow { flow, result }, Some(instance), _) => {
                         let flow_plan = &plan.flows[instance];

@@ -37,8 +37,11 @@ pub(crate) enum Fusion {
     No,
     /// The root of [`Plan::groups`]`[k]`: the group's loop runs here.
     Root(usize),
-    /// Inside a group, not its root: not computed, never read.
+    /// Inside a group, not its root nor a result: not computed, never read.
     Inside,
+    /// A result of [`Plan::groups`]`[k]` other than its root: not computed here; the
+    /// group's loop binds its value at the root (which comes before every reader).
+    Result(usize),
     /// A `dynamic_slice` of its operand's whole shape (as the partitioner emits for a
     /// mesh axis of size 1): the identity whatever the start indices (they are
     /// clamped to 0). Not computed: its readers read the operand.
@@ -48,7 +51,8 @@ pub(crate) enum Fusion {
 /// What the plan knows of one node.
 #[derive(Debug)]
 pub(crate) struct Step {
-    /// The bytes of the node's value (its type's size; 0 inside a fusion group).
+    /// The bytes of the node's value (its type's size; 0 inside a fusion group, unless
+    /// it is a result).
     pub(crate) bytes: usize,
     /// The values the node reads: its operands; a group's root reads the group's
     /// leaves, a node inside a group none.
@@ -124,7 +128,11 @@ impl Plan {
             .collect();
         for (k, group) in groups.iter().enumerate() {
             for m in &group.members {
-                fusion[m.index()] = Fusion::Inside;
+                fusion[m.index()] = if group.results.contains(m) {
+                    Fusion::Result(k)
+                } else {
+                    Fusion::Inside
+                };
                 reads[m.index()].clear();
             }
             if let Some(root) = group.members.last() {
@@ -212,6 +220,7 @@ impl Plan {
                     _ => None,
                 };
                 let inside = matches!(fusion[i], Fusion::Inside | Fusion::Alias);
+                let not_here = inside || matches!(fusion[i], Fusion::Result(_));
                 Step {
                     bytes: if inside { 0 } else { node.ty.size_in_bytes() },
                     reads: operands.clone(),
@@ -220,9 +229,11 @@ impl Plan {
                         .iter()
                         .map(|o| dies(&last_data, o) && once(o) && !viewed.contains(o))
                         .collect(),
-                    // A node inside a group is never computed: its value neither.
-                    frees: if inside { Vec::new() } else { dying(&last) },
-                    drops: if inside {
+                    // A node inside a group is never computed: its value neither. A
+                    // result is read after the root or an output: its value outlives
+                    // its position.
+                    frees: if not_here { Vec::new() } else { dying(&last) },
+                    drops: if not_here {
                         Vec::new()
                     } else {
                         dying(&last_data)
@@ -230,7 +241,7 @@ impl Plan {
                     deferred: deferred[i],
                     typed: typed[i],
                     flow,
-                    scratch: if inside {
+                    scratch: if not_here {
                         0
                     } else {
                         crate::analysis::kernel_scratch(program, node)
