@@ -225,10 +225,7 @@ impl Walk {
             live: Vec::new(),
         };
         for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
-            if matches!(
-                step.fusion,
-                Fusion::Inside | Fusion::Result(_) | Fusion::Alias
-            ) {
+            if matches!(step.fusion, Fusion::Inside | Fusion::Result | Fusion::Alias) {
                 // Computed by its group's loop at the root, or read as its operand.
                 walk.held.push(live + pending_bytes);
                 walk.buffers.push([live + pending_bytes; 2]);

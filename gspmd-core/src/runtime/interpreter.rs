@@ -170,10 +170,7 @@ fn execute_dyn(
             location: node.location,
             message,
         };
-        if matches!(
-            step.fusion,
-            Fusion::Inside | Fusion::Result(_) | Fusion::Alias
-        ) {
+        if matches!(step.fusion, Fusion::Inside | Fusion::Result | Fusion::Alias) {
             // Computed by its group's loop at the root, or its readers read its operand.
             continue;
         }

@@ -39,9 +39,10 @@ pub(crate) enum Fusion {
     Root(usize),
     /// Inside a group, not its root nor a result: not computed, never read.
     Inside,
-    /// A result of [`Plan::groups`]`[k]` other than its root: not computed here; the
-    /// group's loop binds its value at the root (which comes before every reader).
-    Result(usize),
+    /// A result of a group other than its root (see [`Group::results`]): not computed
+    /// here; the group's loop binds its value at the root (which comes before every
+    /// reader).
+    Result,
     /// A `dynamic_slice` of its operand's whole shape (as the partitioner emits for a
     /// mesh axis of size 1): the identity whatever the start indices (they are
     /// clamped to 0). Not computed: its readers read the operand.
@@ -129,7 +130,7 @@ impl Plan {
         for (k, group) in groups.iter().enumerate() {
             for m in &group.members {
                 fusion[m.index()] = if group.results.contains(m) {
-                    Fusion::Result(k)
+                    Fusion::Result
                 } else {
                     Fusion::Inside
                 };
@@ -220,7 +221,7 @@ impl Plan {
                     _ => None,
                 };
                 let inside = matches!(fusion[i], Fusion::Inside | Fusion::Alias);
-                let not_here = inside || matches!(fusion[i], Fusion::Result(_));
+                let not_here = inside || matches!(fusion[i], Fusion::Result);
                 Step {
                     bytes: if inside { 0 } else { node.ty.size_in_bytes() },
                     reads: operands.clone(),
