@@ -7,5 +7,5 @@ mod cost;
 mod memory;
 
 pub use cost::{CostAnalysis, DeviceModel};
+pub(crate) use memory::bytes;
 pub use memory::{MemoryAnalysis, MemoryBreakdown};
-pub(crate) use memory::{bytes, kernel_scratch, pool_model};

@@ -17,6 +17,7 @@ mod interpreter;
 // Public only for the random pipeline test's error bounds; not part of the API.
 #[doc(hidden)]
 pub mod kernels;
+mod liveness;
 mod memory;
 #[cfg(feature = "mpi")]
 mod mpi_mesh;
@@ -36,10 +37,11 @@ pub use device::run_on_device;
 #[doc(hidden)]
 pub use fusion::fusion_groups;
 pub use interpreter::{Prepared, interpret, interpret_with_memory_limit};
+pub(crate) use liveness::Walk;
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;
-pub(crate) use plan::{Fusion, Plan, PlannedProgram};
+pub(crate) use plan::{Plan, PlannedProgram};
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
 pub use spmd::{Input, Output, Value};
 pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};

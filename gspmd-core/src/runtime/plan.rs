@@ -81,7 +81,7 @@ pub(crate) struct Step {
     /// For a flow result: its instance in [`Plan::flows`].
     pub(crate) flow: Option<usize>,
     /// The scratch bytes the node's kernel may hold while it runs
-    /// ([`kernel_scratch`](crate::analysis::kernel_scratch)): the buffer pool leaves
+    /// ([`kernel_scratch`](super::liveness::kernel_scratch)): the buffer pool leaves
     /// them free.
     pub(crate) scratch: usize,
     /// The bytes the device holds in buffers, inputs included, while the node runs
@@ -245,7 +245,7 @@ impl Plan {
                     scratch: if not_here {
                         0
                     } else {
-                        crate::analysis::kernel_scratch(program, node)
+                        super::liveness::kernel_scratch(program, node)
                     },
                     // Set below, from the memory analysis of the plan.
                     held: [0, 0],
@@ -262,7 +262,7 @@ impl Plan {
             groups,
             budget: 0,
         };
-        let (budget, held) = crate::analysis::pool_model(program, &plan);
+        let (budget, held) = super::liveness::pool_model(program, &plan);
         plan.budget = budget;
         for (step, held) in plan.steps.iter_mut().zip(held) {
             step.held = held;

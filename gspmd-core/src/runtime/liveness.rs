@@ -1,0 +1,250 @@
+//! The liveness walk of a per-device program: the bytes the evaluation loop holds at
+//! each node, following the execution plan ([`Plan`]: which values each node drops,
+//! which operands it takes over, which broadcasts are views, which nodes a fused loop
+//! computes) and the runtime's buffer reuse. The plan's buffer-pool budget comes from
+//! it ([`pool_model`]), and so does the memory analysis
+//! ([`MemoryAnalysis`](crate::analysis::MemoryAnalysis)), which explains the model.
+
+use crate::ir::{ConvConfig, Node, Op, Program, ValueId, num_elements};
+
+use super::plan::{Fusion, Plan};
+
+/// What the device's buffer pool knows of a run of `program` with `plan` (see
+/// [`buffers`](crate::runtime::buffers)): its budget ([`Plan::budget`]: the analysis's
+/// peak, its computed bytes plus the inputs) and, for each node, the bytes held as the
+/// analysis models them, inputs included (each step's `held`): while
+/// the node runs (its result included, its kernel's scratch not) and once it has
+/// dropped what it drops.
+pub(crate) fn pool_model(program: &Program, plan: &Plan) -> (usize, Vec<[usize; 2]>) {
+    let inputs: usize = (program.params.iter())
+        .map(|&p| program.ty(p).size_in_bytes())
+        .sum();
+    let walk = Walk::of(program, plan);
+    let held = (walk.buffers.iter())
+        .map(|&[during, after]| [inputs + during, inputs + after])
+        .collect();
+    (walk.max + inputs, held)
+}
+
+/// The liveness walk of one program: computed bytes only (inputs excluded).
+pub(crate) struct Walk {
+    /// For each node: the computed bytes held while it runs.
+    pub(crate) held: Vec<usize>,
+    /// For each node: the computed bytes in buffers (no copies) while it runs and once
+    /// it has dropped what it drops.
+    pub(crate) buffers: Vec<[usize; 2]>,
+    /// The first node with the most bytes held.
+    pub(crate) peak: Option<ValueId>,
+    /// The most computed bytes held at once.
+    pub(crate) max: usize,
+    /// At the peak: the copies the node makes and the results of control flow waiting
+    /// for their nodes.
+    pub(crate) transient: usize,
+    /// At the peak: the computed values holding a buffer, with their bytes (a value
+    /// written in place of its operand holds the operand's buffer).
+    pub(crate) live: Vec<(ValueId, usize)>,
+}
+
+impl Walk {
+    pub(crate) fn of(program: &Program, plan: &Plan) -> Walk {
+        let n = program.nodes.len();
+        // The bytes of the buffer each value holds now (0: none, or lent).
+        let mut buffer = vec![0usize; n];
+        // Whether the loop owns the value (it computed it): only then can a node take
+        // it over.
+        let mut owned = vec![false; n];
+        let mut live = 0usize;
+        // Results of flow instances computed and not yet taken by their nodes.
+        let mut pending: Vec<Option<Vec<usize>>> = vec![None; plan.flows.len()];
+        let mut pending_bytes = 0usize;
+        let mut walk = Walk {
+            held: Vec::with_capacity(n),
+            buffers: Vec::with_capacity(n),
+            peak: None,
+            max: 0,
+            transient: 0,
+            live: Vec::new(),
+        };
+        for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
+            if matches!(step.fusion, Fusion::Inside | Fusion::Result | Fusion::Alias) {
+                // Computed by its group's loop at the root, or read as its operand.
+                walk.held.push(live + pending_bytes);
+                walk.buffers.push([live + pending_bytes; 2]);
+                continue;
+            }
+            let read_bytes = |k: usize| program.ty(step.reads[k]).size_in_bytes();
+            let taken = |k: usize| step.hand_over[k] && owned[step.reads[k].index()];
+            let mut copies = 0;
+            // Whether the node computes a value into a buffer, and the read value whose
+            // buffer it takes over.
+            let (mut computed, mut reuse) = (false, None);
+            match (&node.op, step.flow, step.fusion) {
+                (Op::Parameter { .. } | Op::Constant(_), _, _) => {}
+                _ if step.deferred => {}
+                (_, _, Fusion::Root(k)) => {
+                    // Each result in order takes the buffer of the next leaf handed
+                    // over that the loop writes in place, else a new one (as
+                    // `Group::run` does).
+                    let group = &plan.groups[k];
+                    let in_place: Vec<usize> = (0..step.reads.len())
+                        .filter(|&j| taken(j) && group.writes_in_place(j))
+                        .map(|j| step.reads[j].index())
+                        .collect();
+                    let mut leaves = in_place.into_iter();
+                    for r in &group.results {
+                        let r = r.index();
+                        buffer[r] = match leaves.next() {
+                            Some(leaf) => std::mem::take(&mut buffer[leaf]),
+                            None => {
+                                live += plan.steps[r].bytes;
+                                plan.steps[r].bytes
+                            }
+                        };
+                        owned[r] = true;
+                    }
+                }
+                (Op::Flow { flow, result }, Some(instance), _) => {
+                    let flow_plan = &plan.flows[instance];
+                    if pending[instance].is_none() {
+                        let results: Vec<usize> = (flow_plan.results.iter())
+                            .map(|&(reads, bytes)| if reads > 0 { bytes } else { 0 })
+                            .collect();
+                        let regions = flow_plan.regions.iter().zip(flow.regions());
+                        let inner = regions
+                            .map(|(plan, region)| Walk::of(region, plan).max)
+                            .max()
+                            .unwrap_or(0);
+                        copies = (0..step.reads.len()).map(read_bytes).sum::<usize>() + inner;
+                        pending_bytes += results.iter().sum::<usize>();
+                        pending[instance] = Some(results);
+                    }
+                    let slot = pending[instance].as_mut().and_then(|r| r.get_mut(*result));
+                    let bytes = slot.map_or(0, std::mem::take);
+                    pending_bytes -= bytes;
+                    buffer[i] = bytes;
+                    live += bytes;
+                    owned[i] = true;
+                }
+                (op, _, _) => {
+                    reuse = (step.typed)
+                        .then(|| in_place_operand(op, node, &step.reads, program, &taken))
+                        .flatten();
+                    if op.is_collective() && !step.reads.is_empty() && !taken(0) {
+                        copies = read_bytes(0);
+                    }
+                    if let Op::Convolution(config) = op {
+                        copies = im2col_bytes(program, node, config);
+                    }
+                    computed = true;
+                }
+            }
+            if computed {
+                match reuse {
+                    // The operand's buffer becomes the result's: nothing new.
+                    Some(k) => buffer[i] = std::mem::take(&mut buffer[step.reads[k].index()]),
+                    None => {
+                        buffer[i] = step.bytes;
+                        live += step.bytes;
+                    }
+                }
+                owned[i] = true;
+            }
+            let held = live + copies + pending_bytes;
+            if walk.peak.is_none() || held > walk.max {
+                walk.peak = Some(ValueId(i as u32));
+                walk.max = held;
+                walk.transient = copies + pending_bytes;
+                walk.live = (0..=i)
+                    .filter(|&v| buffer[v] > 0)
+                    .map(|v| (ValueId(v as u32), buffer[v]))
+                    .collect();
+            }
+            walk.held.push(held);
+            let during = live + pending_bytes;
+            for o in &step.drops {
+                live -= std::mem::take(&mut buffer[o.index()]);
+            }
+            walk.buffers.push([during, live + pending_bytes]);
+        }
+        walk
+    }
+}
+
+/// An estimate of the scratch space `node`'s kernel may hold besides its operands and
+/// result, which the buffer pool leaves free while the node runs (see
+/// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
+/// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
+/// a scatter's updates, a dot's operands regrouped and packed; none for elementwise
+/// ops, broadcasts, iotas and control flow (its regions' loops reserve their own); a
+/// copy of the operands and of the result for any other op (an operand copied to
+/// standard layout, say).
+pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
+    let operand = |k: usize| {
+        node.operands
+            .get(k)
+            .map_or(0, |&o| program.ty(o).size_in_bytes())
+    };
+    let positions = |elements: usize| elements * size_of::<Option<usize>>();
+    match &node.op {
+        Op::Convolution(config) => im2col_bytes(program, node, config),
+        // Its operands regrouped into matrices and packed for the gemm (each at most the
+        // operands), its result regrouped back.
+        Op::DotGeneral(_) => 2 * (operand(0) + operand(1)) + node.ty.size_in_bytes(),
+        op if op.is_collective() => operand(0),
+        Op::Gather(_) => positions(num_elements(&node.ty.shape)),
+        Op::Scatter { .. } => {
+            (node.operands.get(2)).map_or(0, |&u| positions(num_elements(&program.ty(u).shape)))
+        }
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Broadcast { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::ShardingConstraint
+        | Op::Flow { .. } => 0,
+        // A copy of its operands (regrouped, or in standard layout) and of its result.
+        _ => (0..node.operands.len()).map(operand).sum::<usize>() + node.ty.size_in_bytes(),
+    }
+}
+
+/// The scratch the convolution kernel holds besides its result: its operands copied to
+/// a canonical layout and the patch matrix (one row per output position, one column
+/// per kernel element of an output feature).
+fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
+    let [input, kernel] = [0, 1].map(|k| node.operands.get(k).map(|&o| program.ty(o)));
+    let (Some(input), Some(kernel)) = (input, kernel) else {
+        return 0;
+    };
+    let outputs = (kernel.shape.get(config.dims.kernel_output_feature))
+        .copied()
+        .unwrap_or(1)
+        .max(1);
+    let rows = num_elements(&node.ty.shape) / outputs;
+    let columns = num_elements(&kernel.shape) / outputs;
+    input.size_in_bytes() + kernel.size_in_bytes() + rows * columns * node.ty.dtype.size_in_bytes()
+}
+
+/// The operand an elementwise kernel overwrites with its result (see the elementwise
+/// kernels): the first one of `operands` (what the node reads) taken over (`taken(k)`)
+/// whose type is the result's.
+fn in_place_operand(
+    op: &Op,
+    node: &Node,
+    operands: &[ValueId],
+    program: &Program,
+    taken: &dyn Fn(usize) -> bool,
+) -> Option<usize> {
+    let candidates: &[usize] = match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Convert(_) | Op::ShardingConstraint => &[0, 1],
+        Op::Select => &[1, 2],
+        _ => return None,
+    };
+    candidates
+        .iter()
+        .copied()
+        .find(|&k| k < operands.len() && taken(k) && program.ty(operands[k]) == &node.ty)
+}
