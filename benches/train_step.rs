@@ -14,7 +14,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gspmd::models::transformer::language_model;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Engine, Trainer};
+use gspmd::train::Trainer;
 
 const BATCH: usize = 16;
 const SEQ: usize = 16;
@@ -78,14 +78,12 @@ fn mixed_precision(c: &mut Criterion) {
         let (step, initial) = common::adamw_step(&model(compute), 3);
         let mesh = language_model::mesh([2, 4]).expect("valid mesh");
         let mut trainer = Trainer::on_mesh(step, mesh, initial).expect("compiles");
-        if let Engine::Mesh { exe, .. } = trainer.engine() {
-            let stats = exe.spmd().collectives();
-            println!(
-                "{compute}: {} collectives, {} bytes received per device per step",
-                stats.total(),
-                stats.bytes()
-            );
-        }
+        let stats = trainer.executable().spmd().collectives();
+        println!(
+            "{compute}: {} collectives, {} bytes received per device per step",
+            stats.total(),
+            stats.bytes()
+        );
         group.bench_function(compute.to_string(), |b| {
             b.iter(|| trainer.step(&data).expect("steps"))
         });

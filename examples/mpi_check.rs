@@ -34,7 +34,7 @@ use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
 use gspmd::runtime::{Communicator, MpiMesh, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
-use gspmd::train::{Engine, Optimizer, Trainer, step_program};
+use gspmd::train::{Optimizer, Trainer, step_program};
 use gspmd::{Error, Result};
 
 /// A model's gradient program and the meshes of `ranks` devices it runs on.
@@ -146,7 +146,7 @@ fn differential(mut mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
         for mesh in case.meshes {
             let exe = compile(&case.program, &mesh)?;
             mpi = mpi.reshape(mesh.clone())?;
-            let on_ranks = exe.run_mpi(&mpi, &inputs)?;
+            let on_ranks = exe.run(&mpi, &inputs)?;
             let on_threads = exe.run(&ThreadMesh::new(mesh.clone())?, &inputs)?;
             for (k, (a, b)) in on_ranks.iter().zip(&on_threads).enumerate() {
                 same_bits(&format!("{} on {mesh}: output {k}", case.name), a, b)?;
@@ -210,7 +210,7 @@ fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     let exe = compile(&case.program, &mesh)?;
     let mpi = mpi.reshape(mesh)?;
     let started = Instant::now();
-    let result = exe.run_mpi(&mpi, &sample_inputs(&case.program, 7));
+    let result = exe.run(&mpi, &sample_inputs(&case.program, 7));
     expect_error("different programs", started, result, "ranks disagree")?;
     let mpi = mpi.reshape(Mesh::new([("rank", ranks)])?)?;
     // A rank fails after the first collective; the others are in the second.
@@ -235,7 +235,7 @@ fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     let limit = mpi.memory_limit();
     let mpi = mpi.with_memory_limit(if me == 1 { 16 << 10 } else { limit });
     let started = Instant::now();
-    let result = exe.run_mpi(&mpi, &inputs);
+    let result = exe.run(&mpi, &inputs);
     expect_error("out of memory on a rank", started, result, "out of memory")?;
     let mpi = mpi
         .with_memory_limit(limit)
@@ -261,19 +261,11 @@ fn same_loss(what: &str, got: f32, want: f32) -> Result<()> {
     )))
 }
 
-/// This process's `MpiMesh`, back from a trainer on MPI.
-fn mesh_of(trainer: Trainer) -> Result<MpiMesh> {
-    match trainer.into_engine() {
-        Engine::Mpi { mesh, .. } => Ok(mesh),
-        _ => Err(Error::MpiMesh("the trainer does not run on MPI".into())),
-    }
-}
-
 /// The small language model's AdamW step on the ranks and on a thread mesh of the same
 /// shape: three steps with bitwise equal losses and checkpoints; then a checkpoint saved
 /// on the ranks is loaded on threads and one saved on threads on the ranks, and the
 /// next step of each is bitwise equal to the original trainers'.
-fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
+fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
     let model = small_lm()?;
     // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
     let trained: Vec<usize> = (3..model.params.len()).collect();
@@ -285,7 +277,7 @@ fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
         .map(|seed| sample_inputs(&model, 100 + seed)[..3].to_vec())
         .collect();
     let me = mpi.device();
-    let mut on_ranks = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initial(1))?;
+    let mut on_ranks = Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, initial(1))?;
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
     for (i, batch) in data[..3].iter().enumerate() {
         let what = format!("training step {}", i + 1);
@@ -314,9 +306,9 @@ fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
         want,
         threads_from_ranks.step(last)?,
     )?;
-    let mpi = mesh_of(on_ranks)?;
+    drop(on_ranks);
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
-    let mut ranks_from_threads = Trainer::on_mpi(step, mesh, mpi, initial(2))?;
+    let mut ranks_from_threads = Trainer::new(step, MpiMesh::new(mesh)?, initial(2))?;
     // Only rank 0 reads the file: the others are given a path that does not exist. A
     // file missing on rank 0 is an error on every rank.
     let missing = dir.join(format!("gspmd_mpi_check_{ranks}_missing.safetensors"));
@@ -340,7 +332,7 @@ fn training(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
             "training on {shape}: losses and checkpoints bitwise equal to the thread mesh, checkpoints load across runtimes"
         );
     }
-    mesh_of(ranks_from_threads)
+    Ok(())
 }
 
 /// `--stall`: the last rank sleeps before a collective that the others wait at for a
@@ -374,7 +366,7 @@ fn main() -> Result<()> {
     }
     let mpi = differential(mpi, ranks)?;
     let mpi = faults(mpi, ranks)?;
-    let mpi = training(mpi, ranks)?;
+    training(&mpi, ranks)?;
     let me = mpi.device();
     // The last rank leaves (drops its mesh) while the others run on: they get an error
     // at their next collective, and nobody waits in MPI_Finalize for them.

@@ -336,10 +336,9 @@ fn train_on_mpi(
     mesh: Mesh,
     schedule: Schedule,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let mpi = gspmd::runtime::MpiMesh::init()?;
+    let mpi = gspmd::runtime::MpiMesh::new(mesh.clone())?;
     let rank = mpi.device();
-    let mut trainer = Trainer::on_mpi(step.clone(), mesh.clone(), mpi, initializer(7))?
-        .with_schedule(schedule)?;
+    let mut trainer = Trainer::new(step.clone(), mpi, initializer(7))?.with_schedule(schedule)?;
     let mut threads = (rank == 0)
         .then(|| Trainer::on_mesh(step, mesh.clone(), initializer(7))?.with_schedule(schedule))
         .transpose()?;

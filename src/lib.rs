@@ -56,14 +56,15 @@ struct DslDocDoctests;
 pub use ndarray;
 
 /// What a model file needs: `use gspmd::prelude::*;` — the DSL, the tracer's types,
-/// shardings, and what compiles and runs a program (`compile`, `ThreadMesh`, inputs as
-/// `Literal`s, and the reference `interpret`er to compare with).
+/// shardings, and what compiles and runs a program (`compile`, the `Backend` trait and
+/// its `ThreadMesh` and `Reference`, inputs as `Literal`s, and the reference
+/// `interpret`er to compare with).
 pub mod prelude {
     pub use crate::{model, shard};
     pub use gspmd_core::ir::{
         Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
     };
-    pub use gspmd_core::runtime::{ThreadMesh, interpret};
+    pub use gspmd_core::runtime::{Backend, Reference, ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
     pub use gspmd_core::{Error, Executable, Result, bf16, compile, f16};
 }

@@ -640,8 +640,7 @@ fn run_with_the_wrong_number_of_output_modes() {
     let (x, w) = (f32s(&[4, 8], 1.0), f32s(&[8, 2], 1.0));
     let inputs = [Input::Global(&x), Input::Global(&w)];
     assert_err!(
-        exe.spmd()
-            .execute(&threads, &inputs, &[Output::Global, Output::Global]),
+        exe.execute(&threads, &inputs, &[Output::Global, Output::Global]),
         Error::OutputCount { .. }
     );
 }
@@ -654,7 +653,7 @@ fn run_binding_a_resident_value_that_does_not_exist() {
     let x = f32s(&[4, 8], 1.0);
     let inputs = [Input::Global(&x), Input::Resident("never-stored")];
     assert_err!(
-        exe.spmd().execute(&threads, &inputs, &[Output::Global]),
+        exe.execute(&threads, &inputs, &[Output::Global]),
         Error::Input { .. }
     );
 }

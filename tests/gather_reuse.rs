@@ -10,7 +10,7 @@ use gspmd::ir::{Literal, verify};
 use gspmd::models::transformer::language_model;
 use gspmd::prelude::*;
 use gspmd::runtime::ThreadMesh;
-use gspmd::train::{Engine, Optimizer, TrainStep, Trainer, step_program};
+use gspmd::train::{Optimizer, TrainStep, Trainer, step_program};
 use gspmd::{CompileOptions, GatherReuse, compile_with};
 use ndarray::{ArrayD, IxDyn};
 
@@ -221,10 +221,7 @@ fn training_with_regathered_weights_gives_the_same_losses() {
         let options = options(gathers, None);
         let mut trainer =
             Trainer::on_mesh_with(step.clone(), mesh.clone(), initial.clone(), &options).unwrap();
-        let Engine::Mesh { exe, .. } = trainer.engine() else {
-            panic!("not on a mesh");
-        };
-        assert_eq!(exe.gathers().options.gathers, gathers);
+        assert_eq!(trainer.executable().gathers().options.gathers, gathers);
         (0..3)
             .map(|_| trainer.step(&data).unwrap())
             .collect::<Vec<f32>>()

@@ -7,16 +7,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gspmd::prelude::*;
-use gspmd::train::{Engine, Trainer};
+use gspmd::train::Trainer;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Prints how long `trainer`'s step took to compile (`compile_time`), its op counts
 /// before and after partitioning and its collectives per step; returns the compiled
 /// step (`None` on the reference interpreter).
 pub fn report_compiled(trainer: &Trainer, compile_time: Duration) -> Option<&Executable> {
-    let Engine::Mesh { exe, .. } = trainer.engine() else {
+    if !trainer.backend().partitions() {
         return None;
-    };
+    }
+    let exe = trainer.executable();
     println!(
         "compiled the training step for {} in {compile_time:.2?}: {} global ops -> {} per-device ops",
         exe.spmd().mesh,

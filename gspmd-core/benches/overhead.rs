@@ -17,7 +17,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Program};
-use gspmd_core::runtime::{Input, Output, ThreadMesh, fusion_groups, interpret};
+use gspmd_core::runtime::{Backend, Input, Output, ThreadMesh, fusion_groups, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 

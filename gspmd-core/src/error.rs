@@ -418,7 +418,6 @@ pub enum Error {
     #[error("thread mesh: {0}")]
     ThreadMesh(String),
     /// An MPI rank's program failed; the other ranks learn it at their next collective.
-    #[cfg(feature = "mpi")]
     #[error("device {device} failed: {message}")]
     RankFailed {
         /// The failing rank (its device id).
@@ -428,7 +427,6 @@ pub enum Error {
     },
     /// The MPI mesh could not start (no MPI, or a world size other than the mesh's
     /// device count) or was given a program for another mesh.
-    #[cfg(feature = "mpi")]
     #[error("MPI mesh: {0}")]
     MpiMesh(String),
 }

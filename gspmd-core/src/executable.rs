@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::ir::{Literal, Program, ValueId, verify};
 use crate::partition::{SpmdProgram, collective_line, partition};
 use crate::propagation::{explain, propagate};
-use crate::runtime::{Input, Output, PlannedProgram, ThreadMesh, Value, interpret};
+use crate::runtime::{Backend, Input, Loaded, Output, Value, interpret};
 use crate::sharding::Mesh;
 use crate::simplify::{Stage, simplify_verified};
 
@@ -21,20 +21,18 @@ pub use gathers::{CompileOptions, GatherChoice, GatherPlan, GatherReuse};
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
 ///
-/// The per-device program's execution plan is made at its first run and reused by
-/// every later [`run`](Executable::run) and [`execute`](Executable::execute) (training
-/// steps), as long as [`SpmdProgram::program`] is left as it was.
+/// It runs on any [`Backend`] whose mesh it was compiled for ([`compile_for`] compiles
+/// for a backend). The per-device program's execution plan is made at its first run
+/// (or by [`compile_with`]) and reused by every later [`run`](Executable::run) and
+/// [`execute`](Executable::execute) (training steps).
 #[derive(Debug, Clone)]
 pub struct Executable {
     propagated: Program,
     spmd: SpmdProgram,
     /// Which gathered weights are kept for the backward pass.
     gathers: GatherPlan,
-    /// The plan of `spmd.program`, made at the first run.
-    planned: OnceLock<Arc<PlannedProgram>>,
-    /// `spmd`'s [`SpmdProgram::fingerprint`], made at the first MPI run.
-    #[cfg(feature = "mpi")]
-    fingerprint: OnceLock<String>,
+    /// `spmd` with its plan, made at the first run.
+    loaded: OnceLock<Arc<Loaded>>,
 }
 
 thread_local! {
@@ -88,13 +86,36 @@ pub fn compile_with(
     let simplified = simplify_verified(&spmd.program, Stage::Sharded);
     let (chosen, gathers, planned) = gathers::choose(&simplified, mesh, options)?;
     spmd.program = chosen;
+    let loaded = match planned {
+        Some(p) => OnceLock::from(Arc::new(Loaded::with_plan(spmd.clone(), p.plan))),
+        None => OnceLock::new(),
+    };
     Ok(Executable {
         propagated,
         spmd,
         gathers,
-        planned: planned.map_or_else(OnceLock::new, |p| OnceLock::from(Arc::new(p))),
-        #[cfg(feature = "mpi")]
-        fingerprint: OnceLock::new(),
+        loaded,
+    })
+}
+
+/// `program` compiled for `backend`: for its mesh with `options` ([`compile_with`]),
+/// or, for a backend that runs global programs as written (the
+/// [`Reference`](crate::runtime::Reference) interpreter), verified and taken whole
+/// ([`SpmdProgram::whole`]).
+pub fn compile_for<B: Backend + ?Sized>(
+    program: &Program,
+    backend: &B,
+    options: &CompileOptions,
+) -> Result<Executable> {
+    if backend.partitions() {
+        return compile_with(program, backend.mesh(), options);
+    }
+    verify(program)?;
+    Ok(Executable {
+        propagated: program.clone(),
+        spmd: SpmdProgram::whole(program, backend.mesh()),
+        gathers: GatherPlan::default(),
+        loaded: OnceLock::new(),
     })
 }
 
@@ -116,28 +137,31 @@ impl Executable {
         &self.spmd
     }
 
-    /// Runs on `mesh` with global inputs; returns global outputs. See [`SpmdProgram::run`].
-    pub fn run(&self, mesh: &ThreadMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        self.spmd.run_planned(&self.planned(), mesh, inputs)
+    /// Runs on `backend` with global inputs (the same on every process of `backend`);
+    /// returns global outputs. See [`Backend::execute`].
+    pub fn run<B: Backend + ?Sized>(
+        &self,
+        backend: &B,
+        inputs: &[Literal],
+    ) -> Result<Vec<Literal>> {
+        self.loaded().run(backend, inputs)
     }
 
-    /// [`SpmdProgram::execute`] with the executable's plan (made at the first run).
-    pub fn execute(
+    /// Runs on `backend` with `inputs` and returns the outputs as `outputs` asks (see
+    /// [`Backend::execute`]).
+    pub fn execute<B: Backend + ?Sized>(
         &self,
-        mesh: &ThreadMesh,
+        backend: &B,
         inputs: &[Input],
         outputs: &[Output],
     ) -> Result<Vec<Value>> {
-        self.spmd
-            .execute_planned(&self.planned(), mesh, inputs, outputs)
+        backend.execute(self.loaded(), inputs, outputs)
     }
 
-    /// The plan of `spmd.program`, made at the first run.
-    fn planned(&self) -> Arc<PlannedProgram> {
-        let planned = self
-            .planned
-            .get_or_init(|| Arc::new(PlannedProgram::new(self.spmd.program.clone())));
-        Arc::clone(planned)
+    /// The per-device program with its plan (made at the first run): what a backend
+    /// runs.
+    pub fn loaded(&self) -> &Arc<Loaded> {
+        (self.loaded).get_or_init(|| Arc::new(Loaded::new(self.spmd.clone())))
     }
 
     /// What each device holds while it runs the per-device program (see
@@ -161,8 +185,8 @@ impl Executable {
     /// [`Executable::memory_analysis`] with `is_state(i)` telling whether input `i` is
     /// optimizer state (e.g. from [`TrainStep::params`](crate::train::TrainStep)).
     pub fn memory_analysis_with(&self, is_state: &dyn Fn(usize) -> bool) -> MemoryAnalysis {
-        let planned = self.planned();
-        MemoryAnalysis::of(&planned.program, &planned.plan, is_state)
+        let loaded = self.loaded();
+        MemoryAnalysis::of(&loaded.spmd().program, &loaded.plan, is_state)
     }
 
     /// What each device computes and receives in one run of the per-device program,
@@ -171,44 +195,15 @@ impl Executable {
         CostAnalysis::of(&self.spmd.program, &self.spmd.mesh, device)
     }
 
-    /// Runs on the MPI mesh `mesh`, every rank with the same global inputs; every rank
-    /// gets the global outputs. See [`SpmdProgram::run_mpi`].
-    #[cfg(feature = "mpi")]
-    pub fn run_mpi(
-        &self,
-        mesh: &crate::runtime::MpiMesh,
-        inputs: &[Literal],
-    ) -> Result<Vec<Literal>> {
-        (self.spmd).run_mpi_planned(&self.planned(), self.fingerprint(), mesh, inputs)
-    }
-
-    /// [`SpmdProgram::execute_mpi`] with the executable's plan (made at the first run).
-    #[cfg(feature = "mpi")]
-    pub fn execute_mpi(
-        &self,
-        mesh: &crate::runtime::MpiMesh,
-        inputs: &[Input],
-        outputs: &[Output],
-    ) -> Result<Vec<Value>> {
-        let fingerprint = self.fingerprint();
-        (self.spmd).execute_mpi_planned(&self.planned(), fingerprint, mesh, inputs, outputs)
-    }
-
-    /// [`SpmdProgram::fingerprint`] of the per-device program, made at the first MPI run.
-    #[cfg(feature = "mpi")]
-    fn fingerprint(&self) -> &str {
-        self.fingerprint.get_or_init(|| self.spmd.fingerprint())
-    }
-
-    /// Runs on `mesh` and on the single-device reference interpreter with the same
+    /// Runs on `backend` and on the single-device reference interpreter with the same
     /// global `inputs`, and compares the outputs: the check that the partitioned
     /// program computes what the model means.
-    pub fn compare_with_reference(
+    pub fn compare_with_reference<B: Backend + ?Sized>(
         &self,
-        mesh: &ThreadMesh,
+        backend: &B,
         inputs: &[Literal],
     ) -> Result<Vec<Comparison>> {
-        let got = self.run(mesh, inputs)?;
+        let got = self.run(backend, inputs)?;
         let want = interpret(&self.propagated, inputs)?;
         Ok(want
             .iter()

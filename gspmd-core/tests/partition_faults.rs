@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::partition::{SpmdProgram, partition};
-use gspmd_core::runtime::{ThreadMesh, run_on_device};
+use gspmd_core::runtime::{Loaded, ThreadMesh, run_on_device};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 
@@ -67,7 +67,7 @@ fn a_failing_device_releases_the_others_quickly() {
         start.elapsed()
     );
     // The mesh runs the next program correctly.
-    let got = spmd
+    let got = Arc::new(Loaded::new(spmd.clone()))
         .run(&threads, &[ones(&[4, 16]), ones(&[16, 4])])
         .unwrap();
     assert!(got[0].as_f32().unwrap().iter().all(|&v| v == 16.0));
@@ -77,12 +77,13 @@ fn a_failing_device_releases_the_others_quickly() {
 fn wrong_inputs_are_typed_errors_before_any_thread_starts() {
     let (_, spmd) = contracted();
     let threads = ThreadMesh::new(spmd.mesh.clone()).unwrap();
-    let count = spmd.run(&threads, &[ones(&[4, 16])]);
+    let count = Arc::new(Loaded::new(spmd.clone())).run(&threads, &[ones(&[4, 16])]);
     assert!(
         matches!(count, Err(Error::Input { index: 1, .. })),
         "{count:?}"
     );
-    let shape = spmd.run(&threads, &[ones(&[4, 15]), ones(&[16, 4])]);
+    let shape =
+        Arc::new(Loaded::new(spmd.clone())).run(&threads, &[ones(&[4, 15]), ones(&[16, 4])]);
     match shape {
         Err(Error::Input {
             index: 0,
@@ -97,7 +98,7 @@ fn wrong_inputs_are_typed_errors_before_any_thread_starts() {
         }
         other => panic!("{other:?}"),
     }
-    let dtype = spmd.run(
+    let dtype = Arc::new(Loaded::new(spmd.clone())).run(
         &threads,
         &[Literal::I32(ArrayD::zeros(IxDyn(&[4, 16]))), ones(&[16, 4])],
     );
@@ -107,7 +108,8 @@ fn wrong_inputs_are_typed_errors_before_any_thread_starts() {
     );
     let other_mesh = ThreadMesh::new(Mesh::new([("data", 8)]).unwrap()).unwrap();
     assert!(
-        spmd.run(&other_mesh, &[ones(&[4, 16]), ones(&[16, 4])])
+        Arc::new(Loaded::new(spmd.clone()))
+            .run(&other_mesh, &[ones(&[4, 16]), ones(&[16, 4])])
             .is_err()
     );
 }

@@ -12,7 +12,7 @@ use gspmd_core::ir::{
     ScatterDims, Tensor, WindowDim,
 };
 use gspmd_core::partition::partition;
-use gspmd_core::runtime::{ThreadMesh, interpret};
+use gspmd_core::runtime::{Loaded, ThreadMesh, interpret};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus;
@@ -108,7 +108,7 @@ fn check_with(program: &Program, trials: usize, seed: u64, fix: impl Fn(&Mesh, &
             fix(&mesh, &mut p);
             let what = format!("{} on {mesh}, trial {trial}", program.name);
             let spmd = partition(&p, &mesh).unwrap_or_else(|e| panic!("{what}: {e}\n{p}"));
-            let got = spmd
+            let got = Arc::new(Loaded::new(spmd.clone()))
                 .run(&threads, &inputs)
                 .unwrap_or_else(|e| panic!("{what}: {e}\n{}", spmd.report()));
             for (k, (w, g)) in want.iter().zip(&got).enumerate() {

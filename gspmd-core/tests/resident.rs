@@ -4,7 +4,7 @@
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal};
 use gspmd_core::runtime::shard_literal;
-use gspmd_core::runtime::{Input, Output, ThreadMesh, Value, interpret};
+use gspmd_core::runtime::{Backend, Input, Output, ThreadMesh, Value, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::{Error, Executable};
 use ndarray::{ArrayD, IxDyn};
@@ -66,7 +66,6 @@ fn resident_parameters_across_steps_match_the_interpreter() {
     for k in 0..3 {
         let x = lit(&[6, 10], k as f32);
         let out = exe
-            .spmd()
             .execute(
                 &threads,
                 &[Input::Global(&x), Input::Resident("w")],
@@ -107,7 +106,6 @@ fn shards_in_and_out_equal_the_global_path() {
         .map(|d| shard_literal(&x, &exe.spmd().inputs[0].1, &m, d))
         .collect();
     let out = exe
-        .spmd()
         .execute(
             &threads,
             &[Input::Shards(&xs), Input::Global(&w)],
@@ -135,7 +133,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         .upload("w", &lit(&[10, 7], 0.0), &s("(model, _)"))
         .unwrap();
     let x = lit(&[6, 10], 0.0);
-    let r = exe.spmd().execute(
+    let r = exe.execute(
         &threads,
         &[Input::Global(&x), Input::Resident("w")],
         &[Output::Global, Output::Global],
@@ -146,7 +144,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         }) => assert!(message.contains("sharded"), "{message}"),
         other => panic!("{other:?}"),
     }
-    let missing = exe.spmd().execute(
+    let missing = exe.execute(
         &threads,
         &[Input::Global(&x), Input::Resident("nope")],
         &[Output::Global, Output::Global],
@@ -155,7 +153,7 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
         matches!(missing, Err(Error::Input { index: 1, .. })),
         "{missing:?}"
     );
-    let bad_shards = exe.spmd().execute(
+    let bad_shards = exe.execute(
         &threads,
         &[Input::Shards(std::slice::from_ref(&x)), Input::Global(&x)],
         &[Output::Global, Output::Global],
@@ -182,7 +180,7 @@ fn a_failed_step_leaves_resident_values_unchanged() {
             Ok(())
         })
         .unwrap();
-    let r = exe.spmd().execute(
+    let r = exe.execute(
         &threads,
         &[Input::Resident("x"), Input::Resident("w")],
         &[Output::Global, Output::Resident("w".into())],
@@ -214,7 +212,6 @@ fn an_unreduced_parameter_takes_only_per_device_partial_sums() {
     let quarter = Literal::F32(lit(&[4, 4], 0.0).as_f32().unwrap().mapv(|v| v / 4.0));
     let shards = vec![quarter; 8];
     let out = exe
-        .spmd()
         .execute(&threads, &[Input::Shards(&shards)], &[Output::Global])
         .unwrap();
     let Value::Global(got) = &out[0] else {

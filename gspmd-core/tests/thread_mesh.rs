@@ -13,7 +13,9 @@ use gspmd_core::ir::{
     AxisGroup, Builder, DType, Literal, Location, Op, Program, ReduceKind, Tensor, TensorType,
 };
 use gspmd_core::partition::SpmdProgram;
-use gspmd_core::runtime::{DeviceContext, ThreadMesh, interpret, interpret_with_memory_limit};
+use gspmd_core::runtime::{
+    DeviceContext, Loaded, ThreadMesh, interpret, interpret_with_memory_limit,
+};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
 use gspmd_core::{Error, Result};
 use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
@@ -1422,7 +1424,9 @@ fn check_shift(mesh: &Mesh, axes: &[String], offset: i64, wrap: bool) {
     });
     let spmd = shift_program(mesh, axes, offset, wrap);
     let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
-    let out = spmd.run(&thread_mesh, &[x.into()]).unwrap();
+    let out = Arc::new(Loaded::new(spmd.clone()))
+        .run(&thread_mesh, &[x.into()])
+        .unwrap();
     assert_eq!(
         out[0],
         expected.into(),
@@ -1465,7 +1469,9 @@ fn collective_permute_counts_bytes_only_when_a_device_receives_from_another() {
                 let spmd = collective_program(mesh, &receivers, op);
                 let x = ArrayD::from_shape_fn(IxDyn(&[2 * n, 3]), |ix| (ix[0] * 3 + ix[1]) as i32);
                 let thread_mesh = ThreadMesh::new(mesh.clone()).unwrap();
-                let out = spmd.run(&thread_mesh, &[x.clone().into()]).unwrap();
+                let out = Arc::new(Loaded::new(spmd.clone()))
+                    .run(&thread_mesh, &[x.clone().into()])
+                    .unwrap();
                 let moved = out[0] != x.into();
                 moved_and_not[usize::from(moved)] = true;
                 let bytes = spmd.collectives().bytes();

@@ -8,16 +8,17 @@
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum, verify};
 use gspmd_core::partition::{CollectiveStats, SpmdProgram, partition};
-use gspmd_core::runtime::{ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
+use gspmd_core::runtime::{Loaded, ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Batch, Dataset, Engine, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions,
-    TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program, step_program_with,
+    Batch, Dataset, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions, TrainStep,
+    Trainer, load_checkpoint, save_checkpoint, step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
+use std::sync::Arc;
 
 // ---- helpers -------------------------------------------------------------------------
 
@@ -488,9 +489,7 @@ fn train_step_everywhere(problem: &Problem, step: TrainStep, schedule: Schedule)
         let mut t = Trainer::on_mesh(step.clone(), mesh.clone(), problem.initial.clone())
             .and_then(|t| t.with_schedule(schedule))
             .unwrap_or_else(|e| panic!("{} on {mesh}: {e}", problem.model.name));
-        if let Engine::Mesh { exe, .. } = t.engine() {
-            println!("{mesh}:\n{}", exe.spmd().collectives());
-        }
+        println!("{mesh}:\n{}", t.executable().spmd().collectives());
         for (i, (loss, params)) in want.iter().enumerate() {
             let what = format!("{} on {mesh}, step {}", problem.model.name, i + 1);
             let got = t
@@ -768,7 +767,9 @@ fn combined_and_not(step: &Program, mesh: &Mesh) -> (CollectiveStats, Collective
     );
     let inputs = sample_inputs(step, 7);
     let threads = ThreadMesh::new(mesh.clone()).unwrap();
-    let want = uncombined.run(&threads, &inputs).unwrap();
+    let want = Arc::new(Loaded::new(uncombined))
+        .run(&threads, &inputs)
+        .unwrap();
     assert_eq!(exe.run(&threads, &inputs).unwrap(), want, "{mesh}");
     (before, after)
 }
@@ -1281,7 +1282,7 @@ fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
     let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
     let mut by_blocks = Trainer::on_mesh(step.clone(), mesh.clone(), dense_init(1)).unwrap();
     let mut by_global = Trainer::on_mesh(step, mesh, dense_init(1)).unwrap();
-    let layout = by_blocks.data_layout().unwrap();
+    let layout = by_blocks.data_layout();
     assert_eq!(layout.shardings[0].to_string(), s("(data, _)").to_string());
     let cut = data.batches(8, 2, 5, Some(layout.clone())).unwrap();
     let whole = data.batches(8, 2, 5, None).unwrap();
@@ -1306,16 +1307,32 @@ fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
         dense_init(1),
     )
     .unwrap();
-    let blocks = data
-        .batches(8, 1, 5, Some(layout))
-        .unwrap()
-        .next()
-        .unwrap()
-        .1;
-    assert!(matches!(
-        reference.step_batch(&blocks),
-        Err(Error::TrainerInput { .. })
-    ));
+    // Blocks cut for the 2x4 mesh do not fit the reference's one device; blocks cut
+    // for its own layout (the whole batch) train like the global batch.
+    let first = |layout| {
+        data.batches(8, 1, 5, Some(layout))
+            .unwrap()
+            .next()
+            .unwrap()
+            .1
+    };
+    let blocks = first(layout);
+    let error = reference.step_batch(&blocks);
+    assert!(matches!(error, Err(Error::Input { .. })), "{error:?}");
+    let own = first(reference.data_layout());
+    let Batch::Blocks(whole) = &own else {
+        panic!("a layout gives blocks")
+    };
+    let global: Vec<Literal> = whole.iter().map(|b| b[0].clone()).collect();
+    let mut again = Trainer::reference(
+        step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap(),
+        dense_init(1),
+    )
+    .unwrap();
+    assert_eq!(
+        reference.step_batch(&own).unwrap(),
+        again.step(&global).unwrap()
+    );
 }
 
 /// A warm-up + cosine schedule changes the learning rate of every step of a mesh

@@ -69,7 +69,7 @@ pub struct GatherChoice {
 /// The executable's choice for its gathered weights ([`Executable::gathers`]).
 ///
 /// [`Executable::gathers`]: crate::Executable::gathers
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GatherPlan {
     /// The options it was made with.
     pub options: CompileOptions,

@@ -67,6 +67,9 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     /// The bit pattern (zero-extended): what constants are compared and hashed by.
     fn bits(self) -> u32;
+    /// The element of bit pattern `bits` (as [`Element::bits`] gives it); `None` for a
+    /// pattern no element has (a bool other than 0 or 1, bits beyond a 16-bit type).
+    fn from_bits(bits: u32) -> Option<Self>;
     /// The literal holding `a`.
     fn literal(a: ArrayD<Self>) -> Literal;
     /// The array of `x`, if `x` has dtype `Self::DTYPE`.
@@ -82,11 +85,12 @@ macro_rules! element {
             |x| x.to_f64(),
             |v| $t::from_f64(v),
             |w| $t::from_f32(w),
-            |x| u32::from(x.to_bits())
+            |x| u32::from(x.to_bits()),
+            |b| u16::try_from(b).ok().map($t::from_bits)
         );
     };
     ($t:ty, $variant:ident, |$x:ident| $to:expr, |$v:ident| $from:expr, |$w:ident| $from32:expr,
-     |$b:ident| $bits:expr) => {
+     |$b:ident| $bits:expr, |$p:ident| $from_bits:expr) => {
         impl Element for $t {
             const DTYPE: DType = DType::$variant;
             #[inline]
@@ -107,6 +111,10 @@ macro_rules! element {
                 let $b = self;
                 $bits
             }
+            #[inline]
+            fn from_bits($p: u32) -> Option<Self> {
+                $from_bits
+            }
             fn literal(a: ArrayD<Self>) -> Literal {
                 Literal::$variant(a)
             }
@@ -120,9 +128,15 @@ macro_rules! element {
     };
 }
 
-element!(f32, F32, |x| f64::from(x), |v| v as f32, |w| w, |x| {
-    f32::to_bits(x)
-});
+element!(
+    f32,
+    F32,
+    |x| f64::from(x),
+    |v| v as f32,
+    |w| w,
+    |x| f32::to_bits(x),
+    |b| Some(f32::from_bits(b))
+);
 element!(bf16, BF16, half);
 element!(f16, F16, half);
 element!(
@@ -131,7 +145,8 @@ element!(
     |x| f64::from(x),
     |v| v as i32,
     |w| w as i32,
-    |x| x.cast_unsigned()
+    |x| x.cast_unsigned(),
+    |b| Some(b.cast_signed())
 );
 element!(
     bool,
@@ -139,7 +154,12 @@ element!(
     |x| f64::from(u8::from(x)),
     |v| v != 0.0,
     |w| w != 0.0,
-    |x| u32::from(x)
+    |x| u32::from(x),
+    |b| match b {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
 );
 
 /// Calls a function generic over [`Element`] for a runtime dtype:
@@ -207,6 +227,52 @@ impl Literal {
             return self.clone();
         }
         by_element!(dtype, to(self))
+    }
+
+    /// The elements in row-major order as little-endian bytes, each
+    /// [`DType::size_in_bytes`] long (a bool is one byte, 0 or 1): the layout of
+    /// safetensors files and of blocks sent between processes.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn bytes<T: Element>(a: &ArrayD<T>) -> Vec<u8> {
+            let size = T::DTYPE.size_in_bytes();
+            let mut out = Vec::with_capacity(a.len() * size);
+            for x in a.iter() {
+                out.extend_from_slice(&x.bits().to_le_bytes()[..size]);
+            }
+            out
+        }
+        with_literal!(self, a => bytes(a))
+    }
+
+    /// The `dtype` array of `shape` whose elements are `bytes` as
+    /// [`Literal::to_le_bytes`] writes them; an error naming the problem if the byte
+    /// count does not fit the shape or an element has no value of `dtype` (a bool byte
+    /// other than 0 or 1).
+    pub fn from_le_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Literal, String> {
+        fn elements<T: Element>(shape: &[usize], bytes: &[u8]) -> Result<Literal, String> {
+            let size = T::DTYPE.size_in_bytes();
+            let count: usize = shape.iter().product();
+            if count.checked_mul(size) != Some(bytes.len()) {
+                return Err(format!(
+                    "{} bytes for {count} elements of {} ({size} bytes each)",
+                    bytes.len(),
+                    T::DTYPE
+                ));
+            }
+            let values = bytes
+                .chunks_exact(size)
+                .map(|b| {
+                    let mut word = [0u8; 4];
+                    word[..size].copy_from_slice(b);
+                    T::from_bits(u32::from_le_bytes(word))
+                        .ok_or_else(|| format!("bytes {b:?} are no {} element", T::DTYPE))
+                })
+                .collect::<Result<Vec<T>, String>>()?;
+            ArrayD::from_shape_vec(IxDyn(shape), values)
+                .map(T::literal)
+                .map_err(|e| e.to_string())
+        }
+        by_element!(dtype, elements(shape, bytes))
     }
 
     /// Each element's bit pattern (zero-extended, in logical order): what "bitwise

@@ -49,6 +49,25 @@ pub struct SpmdProgram {
     pub warnings: Vec<String>,
 }
 
+impl SpmdProgram {
+    /// `program` unpartitioned, as the one device of `mesh` runs it: every input and
+    /// output whole (replicated). What the reference interpreter runs.
+    pub fn whole(program: &Program, mesh: &Mesh) -> Self {
+        let whole = |v: ValueId| {
+            let ty = program.ty(v).clone();
+            let sharding = Sharding::replicated(ty.rank());
+            (ty, sharding)
+        };
+        SpmdProgram {
+            program: program.clone(),
+            mesh: mesh.clone(),
+            inputs: program.params.iter().map(|&p| whole(p)).collect(),
+            outputs: program.outputs.iter().map(|&o| whole(o)).collect(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
 /// `target` extended with the pending sums that every user of `v` keeps, when `v` is a
 /// contraction or a sum whose only users are `sharding_constraint`s asking for those
 /// pending sums: the partial result then flows to them without an all-reduce and back.

@@ -1,12 +1,14 @@
 //! Runtimes. The reference interpreter ([`interpret`]) runs an unpartitioned program on
 //! one device: it is the oracle every differential test compares the partitioned,
 //! multi-device run against. `kernels` computes each primitive op on host arrays and
-//! is shared with the per-device runtime. The [`ThreadMesh`] runs one OS thread per
-//! device; per-device programs call the [`Communicator`] trait for collectives. With
-//! the `mpi` feature, `MpiMesh` runs the same per-device program on MPI ranks. Every
-//! run bounds the bytes of its live values by a memory limit ([`available_memory`] by
-//! default).
+//! is shared with the per-device runtime. Devices are reached through one interface,
+//! [`Backend`]: the [`Reference`] interpreter, the [`ThreadMesh`] (one OS thread per
+//! device) and, with the `mpi` feature, `MpiMesh` (MPI ranks) implement it; per-device
+//! programs call the [`Communicator`] trait for collectives. Every run bounds the bytes
+//! of its live values by a memory limit ([`available_memory`] by default).
 
+mod backend;
+mod binding;
 mod blocks;
 mod buffers;
 mod communicator;
@@ -22,15 +24,16 @@ mod memory;
 #[cfg(feature = "mpi")]
 mod mpi_mesh;
 mod plan;
+mod reference;
 mod sample;
-mod spmd;
 mod thread_mesh;
 
+pub use backend::{Backend, Input, Loaded, Output, Resident, Value};
 pub use blocks::{assemble, shard_literal};
 pub use buffers::pooled_bytes;
 pub use communicator::Communicator;
 /// Runs one device's program directly, bypassing the input checks of
-/// [`SpmdProgram::execute`](crate::partition::SpmdProgram): for fault-injection tests.
+/// [`Backend::execute`]: for fault-injection tests.
 #[doc(hidden)]
 pub use device::run_on_device;
 /// The fusion groups of a program's execution plan: for tests.
@@ -42,6 +45,6 @@ pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;
 pub(crate) use plan::{Plan, PlannedProgram};
+pub use reference::Reference;
 pub use sample::{sample_inputs, uniform_f32, uniform_i32};
-pub use spmd::{Input, Output, Value};
-pub use thread_mesh::{DeviceContext, Resident, ThreadMesh};
+pub use thread_mesh::{DeviceContext, ThreadMesh};

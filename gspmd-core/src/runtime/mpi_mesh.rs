@@ -4,25 +4,27 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mpi::environment::Universe;
 use mpi::topology::Communicator as _;
 
+use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
+use super::binding::{
+    bind_inputs, check_target, global_output, padded_blocks, run_bound, trimmed_blocks,
+    unpadded_block,
+};
 use super::communicator::{Communicator, MpiCommunicator};
 use super::device::run_planned;
 use super::memory::available_memory;
-use super::plan::PlannedProgram;
-use super::spmd::{Input, Output, Value, assemble_resident, resident_blocks, run_bound};
-use super::thread_mesh::{Resident, ThreadMesh, panic_message};
+use super::thread_mesh::{ThreadMesh, panic_message};
 use crate::error::{Error, Result};
 use crate::ir::Literal;
-use crate::partition::SpmdProgram;
-use crate::sharding::{Mesh, Sharding};
+use crate::sharding::Mesh;
 
 /// This process's device of a mesh whose devices are the ranks of an MPI job, launched
 /// with `mpirun -np <devices>`: rank `r` is device `r`.
@@ -42,13 +44,14 @@ use crate::sharding::{Mesh, Sharding};
 /// with `MPI_Abort` (every rank exits non-zero).
 ///
 /// Resident values: like a [`ThreadMesh`]'s devices, each rank keeps its block of the
-/// values uploaded or stored under a key (see [`MpiMesh::upload`] and
-/// [`SpmdProgram::execute_mpi`]) between runs, so training steps move only data in and
-/// the loss out.
+/// values stored under a key (see [`Backend::store_blocks`] and [`Backend::execute`])
+/// between runs, so training steps move only data in and the loss out.
 ///
-/// One `MpiMesh` per process: it initialises MPI, and dropping it finalises MPI, after
-/// telling the other ranks it leaves (those still running programs get an error at
-/// their next collective).
+/// MPI is initialised by the first `MpiMesh` of a process and finalised when its last
+/// one is dropped, after telling the other ranks it leaves (those still running
+/// programs on it get an error at their next collective); a process may hold several
+/// meshes at once (each with its own communicator), all on the thread that made the
+/// first. Every rank makes and drops its meshes in the same order.
 pub struct MpiMesh {
     communicator: MpiCommunicator,
     memory_limit: usize,
@@ -56,62 +59,91 @@ pub struct MpiMesh {
     store: RefCell<HashMap<String, Literal>>,
     /// Global type and sharding of each resident value, by key (the same on every rank).
     residents: RefCell<HashMap<String, Resident>>,
-    /// Dropped last: finalises MPI after the communicators are freed.
-    universe: Universe,
+    /// Dropped last: the last mesh finalises MPI after its communicator is freed.
+    _environment: Rc<Universe>,
+}
+
+thread_local! {
+    /// This process's MPI environment once initialised (upgradable while an
+    /// [`MpiMesh`] holds it, dead once MPI was finalised).
+    static ENVIRONMENT: RefCell<Option<Weak<Universe>>> = const { RefCell::new(None) };
+}
+
+/// The MPI environment of the process: the meshes' one, initialising MPI if no mesh
+/// holds it; an [`Error::MpiMesh`] if MPI was finalised already (every mesh dropped) or
+/// initialised outside gspmd.
+fn environment() -> Result<Rc<Universe>> {
+    let known = ENVIRONMENT.with_borrow(|e| e.as_ref().map(Weak::upgrade));
+    if let Some(known) = known {
+        return known.ok_or_else(|| {
+            Error::MpiMesh(
+                "MPI was finalised when the last MpiMesh of this process was dropped: keep one \
+             alive while others are made"
+                    .into(),
+            )
+        });
+    }
+    let universe = mpi::initialize().ok_or_else(|| {
+        Error::MpiMesh("MPI is initialised already in this process, outside gspmd".into())
+    })?;
+    let universe = Rc::new(universe);
+    ENVIRONMENT.set(Some(Rc::downgrade(&universe)));
+    Ok(universe)
 }
 
 impl MpiMesh {
-    /// Initialises MPI and joins `mesh` as the device of this rank; an
-    /// [`Error::MpiMesh`] if MPI was initialised already or the job's rank count is not
-    /// the mesh's device count. The memory limit is an equal share of the host's
-    /// [`available_memory`] per rank of the job.
+    /// Joins `mesh` as the device of this rank (initialising MPI if no other mesh of
+    /// the process has); an [`Error::MpiMesh`] if the job's rank count is not the mesh's
+    /// device count (naming the `mpirun -np` to use). Every rank makes it at the same
+    /// point. The memory limit is an equal share of the host's [`available_memory`] per
+    /// rank of the job; the timeout is [`ThreadMesh::DEFAULT_TIMEOUT`].
     pub fn new(mesh: Mesh) -> Result<Self> {
-        Self::init()?.reshape(mesh)
-    }
-
-    /// Initialises MPI and joins the one-axis mesh `(rank = <ranks of the job>)`, to
-    /// [`reshape`](MpiMesh::reshape) once the rank count is known; an
-    /// [`Error::MpiMesh`] if MPI was initialised already.
-    pub fn init() -> Result<Self> {
-        let universe = mpi::initialize()
-            .ok_or_else(|| Error::MpiMesh("MPI is initialised already in this process".into()))?;
-        let world = universe.world();
+        let environment = environment()?;
+        let world = environment.world();
         let ranks = usize::try_from(world.size()).unwrap_or_default();
-        let mesh = Mesh::new([("rank", ranks)])?;
-        Ok(MpiMesh {
-            communicator: MpiCommunicator::new(world, Arc::new(mesh), ThreadMesh::DEFAULT_TIMEOUT),
-            memory_limit: available_memory() / ranks.max(1),
-            store: RefCell::new(HashMap::new()),
-            residents: RefCell::new(HashMap::new()),
-            universe,
-        })
-    }
-
-    /// The same ranks as the devices of `mesh` instead, which must have one device per
-    /// rank (else an [`Error::MpiMesh`] naming the `mpirun -np` to use): to run
-    /// programs compiled for another mesh shape (MPI is initialised once per process).
-    /// Every rank reshapes at the same point of its program. Resident values are
-    /// dropped (their blocks belong to the old shape); the timeout is kept.
-    pub fn reshape(mut self, mesh: Mesh) -> Result<Self> {
-        let old = self.mesh();
-        if let Some(rank) = self.communicator.has_left() {
+        if mesh.num_devices() != ranks {
             return Err(Error::MpiMesh(format!(
-                "device {rank} has left mesh {old}: cannot reshape it"
-            )));
-        }
-        if mesh.num_devices() != old.num_devices() {
-            return Err(Error::MpiMesh(format!(
-                "{} MPI ranks for mesh {mesh} of {} devices: launch with mpirun -np {}",
-                old.num_devices(),
+                "{ranks} MPI ranks for mesh {mesh} of {} devices: launch with mpirun -np {}",
                 mesh.num_devices(),
                 mesh.num_devices()
             )));
         }
-        let timeout = self.communicator.timeout();
-        self.communicator = MpiCommunicator::new(self.universe.world(), Arc::new(mesh), timeout);
-        self.store.get_mut().clear();
-        self.residents.get_mut().clear();
-        Ok(self)
+        Ok(MpiMesh {
+            communicator: MpiCommunicator::new(
+                world.duplicate(),
+                Arc::new(mesh),
+                ThreadMesh::DEFAULT_TIMEOUT,
+            ),
+            memory_limit: available_memory() / ranks.max(1),
+            store: RefCell::new(HashMap::new()),
+            residents: RefCell::new(HashMap::new()),
+            _environment: environment,
+        })
+    }
+
+    /// The one-axis mesh `(rank = <ranks of the job>)`, to learn the rank count (and
+    /// [`reshape`](MpiMesh::reshape) or make other meshes, keeping MPI initialised).
+    pub fn init() -> Result<Self> {
+        // Held until the mesh holds it: dropping the last holder finalises MPI.
+        let environment = environment()?;
+        let ranks = usize::try_from(environment.world().size()).unwrap_or_default();
+        MpiMesh::new(Mesh::new([("rank", ranks)])?)
+    }
+
+    /// The same ranks as the devices of `mesh` instead, which must have one device per
+    /// rank (else an [`Error::MpiMesh`]), with this mesh's timeout and memory limit:
+    /// to run programs compiled for another mesh shape. Every rank reshapes at the same
+    /// point of its program. Resident values are dropped (their blocks belong to the
+    /// old shape).
+    pub fn reshape(self, mesh: Mesh) -> Result<Self> {
+        if let Some(rank) = self.communicator.has_left() {
+            return Err(Error::MpiMesh(format!(
+                "device {rank} has left mesh {}: cannot reshape it",
+                self.mesh()
+            )));
+        }
+        let new = MpiMesh::new(mesh)?.with_timeout(self.timeout());
+        Ok(new.with_memory_limit(self.memory_limit))
     }
 
     /// This rank's device id.
@@ -148,73 +180,6 @@ impl MpiMesh {
         self.communicator.timeout()
     }
 
-    /// The resident value stored under `key`, if any.
-    pub fn resident(&self, key: &str) -> Option<Resident> {
-        self.residents.borrow().get(key).cloned()
-    }
-
-    /// Puts this rank's block of the global `value` under `key`, sharded as `sharding`
-    /// (replacing what was there); every rank uploads the same value.
-    pub fn upload(&self, key: &str, value: &Literal, sharding: &Sharding) -> Result<()> {
-        let device = self.device();
-        let (resident, blocks) =
-            resident_blocks(self.mesh(), key, value, sharding, device..device + 1)?;
-        let block = blocks.into_iter().next().ok_or_else(|| {
-            Error::MpiMesh(format!("upload `{key}`: no block for device {device}"))
-        })?;
-        self.store.borrow_mut().insert(key.to_string(), block);
-        self.residents
-            .borrow_mut()
-            .insert(key.to_string(), resident);
-        Ok(())
-    }
-
-    /// The global value resident under `key`, gathered from every rank's block; every
-    /// rank fetches it at the same point and gets all of it.
-    pub fn fetch(&self, key: &str) -> Result<Literal> {
-        let (resident, block) = self.run(&format!("the fetch of `{key}`"), |_| {
-            let resident = self.resident(key);
-            let block = self.store.borrow().get(key).cloned();
-            resident.zip(block).ok_or_else(|| {
-                Error::MpiMesh(format!(
-                    "device {} holds no resident value `{key}`",
-                    self.device()
-                ))
-            })
-        })?;
-        let blocks = self.communicator.gather_world(block)?;
-        assemble_resident(self.mesh(), &resident, blocks)
-    }
-
-    /// What `decode` makes of the bytes that `read` gives on device 0, on every rank,
-    /// which all call this at the same point with the same `place` (a name for the
-    /// meetings): only device 0 calls `read` (a file only it can see, say), then decodes
-    /// the bytes, in a run; its error is every rank's error. Then it broadcasts the bytes
-    /// and every other rank decodes them, in a second run (an error of one is every
-    /// rank's).
-    pub fn read_on_first<T>(
-        &self,
-        place: &str,
-        read: impl FnOnce() -> Result<Vec<u8>>,
-        decode: impl Fn(&[u8]) -> Result<T>,
-    ) -> Result<T> {
-        let first = self.run(&format!("the reading of {place}"), |comm| {
-            if comm.device() != 0 {
-                return Ok(None);
-            }
-            let bytes = read()?;
-            let value = decode(&bytes)?;
-            Ok(Some((bytes, value)))
-        })?;
-        self.run(&format!("the sending of {place}"), |_| match first {
-            Some((bytes, value)) => {
-                self.communicator.broadcast_bytes(place, bytes)?;
-                Ok(value)
-            }
-            None => decode(&self.communicator.broadcast_bytes(place, Vec::new())?),
-        })
-    }
-
     /// Runs `program` on this rank, as every rank does at the same time: first checks
     /// that every rank runs the program of the same `fingerprint` (a mismatch is an
     /// [`Error::Collective`] with a census, on every rank), then runs it with this
@@ -244,9 +209,9 @@ impl MpiMesh {
 }
 
 impl Drop for MpiMesh {
-    /// Leaves the mesh before MPI is finalised: a rank still running programs gets an
-    /// error at its next collective rather than waiting for this one (which would wait
-    /// in `MPI_Finalize` for it).
+    /// Leaves the mesh (before MPI is finalised, if this is the last mesh): a rank
+    /// still running programs on it gets an error at its next collective rather than
+    /// waiting for this one (which would wait in `MPI_Finalize` for it).
     fn drop(&mut self) {
         self.communicator.leave();
     }
@@ -258,73 +223,49 @@ impl std::fmt::Debug for MpiMesh {
     }
 }
 
-impl SpmdProgram {
-    /// [`SpmdProgram::run`] on an MPI mesh: every rank passes the same global `inputs`
-    /// and gets every global output. Ranks that run different programs (or meshes) get
-    /// an error at the start, and any failure is an error on every rank (see
-    /// [`MpiMesh`]).
-    pub fn run_mpi(&self, mesh: &MpiMesh, inputs: &[Literal]) -> Result<Vec<Literal>> {
-        let planned = PlannedProgram::new(self.program.clone());
-        self.run_mpi_planned(&planned, &self.fingerprint(), mesh, inputs)
+impl Backend for MpiMesh {
+    fn mesh(&self) -> &Mesh {
+        self.communicator.mesh()
     }
 
-    /// [`SpmdProgram::run_mpi`] with `planned`, the plan of [`SpmdProgram::program`],
-    /// and `fingerprint`, its [`SpmdProgram::fingerprint`].
-    pub(crate) fn run_mpi_planned(
-        &self,
-        planned: &PlannedProgram,
-        fingerprint: &str,
-        mesh: &MpiMesh,
-        inputs: &[Literal],
-    ) -> Result<Vec<Literal>> {
-        let inputs: Vec<Input> = inputs.iter().map(Input::Global).collect();
-        let outputs = vec![Output::Global; self.outputs.len()];
-        let values = self.execute_mpi_planned(planned, fingerprint, mesh, &inputs, &outputs)?;
-        Ok(values.into_iter().filter_map(Value::into_global).collect())
+    fn process(&self) -> (usize, usize) {
+        (self.device(), self.mesh().num_devices())
     }
 
-    /// [`SpmdProgram::execute`] on an MPI mesh: every rank passes the same `inputs` and
-    /// `outputs` (global inputs and shards whole, resident ones by key) and gets every
-    /// global output and every device's shards; resident outputs replace this rank's
-    /// block, on every rank or (when the run fails) on none. Plans the program for this
-    /// run; [`Executable::execute_mpi`](crate::Executable::execute_mpi) reuses one plan.
-    pub fn execute_mpi(
+    fn local_devices(&self) -> Range<usize> {
+        self.device()..self.device() + 1
+    }
+
+    fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// Every rank passes the same `inputs` and `outputs` (global inputs whole, resident
+    /// ones by key, shards of its own device) and gets every global output; resident
+    /// outputs replace this rank's block, on every rank or (when the run fails) on
+    /// none. Ranks that run different programs (or meshes) get an error at the start,
+    /// and any failure is an error on every rank.
+    fn execute(
         &self,
-        mesh: &MpiMesh,
+        program: &Arc<Loaded>,
         inputs: &[Input],
         outputs: &[Output],
     ) -> Result<Vec<Value>> {
-        let planned = PlannedProgram::new(self.program.clone());
-        self.execute_mpi_planned(&planned, &self.fingerprint(), mesh, inputs, outputs)
-    }
-
-    /// [`SpmdProgram::execute_mpi`] with `planned`, the plan of
-    /// [`SpmdProgram::program`], and `fingerprint`, its [`SpmdProgram::fingerprint`].
-    pub(crate) fn execute_mpi_planned(
-        &self,
-        planned: &PlannedProgram,
-        fingerprint: &str,
-        mesh: &MpiMesh,
-        inputs: &[Input],
-        outputs: &[Output],
-    ) -> Result<Vec<Value>> {
-        let device = mesh.device();
+        let spmd = program.spmd();
+        let devices = self.local_devices();
+        let device = self.device();
         // Every check is inside the run, so that a rank failing one tells the others.
-        let locals = mesh.run(fingerprint, |comm| {
-            self.check_target(mesh.mesh(), outputs.len())?;
-            let mut binds = self.bind_inputs(
-                &|key| mesh.resident(key).map(Arc::new),
-                inputs,
-                device..device + 1,
-            )?;
+        let locals = self.run(program.fingerprint(), |comm| {
+            check_target(spmd, self.mesh(), outputs.len())?;
+            let mut binds = bind_inputs(spmd, &|key| self.resident(key), inputs, devices.clone())?;
             let mine = binds.pop().unwrap_or_default();
-            run_bound(device, mine, &mut mesh.store.borrow_mut(), |locals| {
+            run_bound(device, mine, &mut self.store.borrow_mut(), |locals| {
                 run_planned(
-                    &planned.program,
-                    &planned.plan,
+                    &spmd.program,
+                    &program.plan,
                     comm,
                     locals,
-                    mesh.memory_limit(),
+                    self.memory_limit,
                 )
             })
         })?;
@@ -339,28 +280,63 @@ impl SpmdProgram {
                     Value::Resident
                 }
                 Output::Shards => {
-                    let blocks = mesh.communicator.gather_world(block)?;
-                    Value::Shards(self.trimmed_blocks(k, blocks.into_iter().map(Some).collect())?)
+                    Value::Shards(trimmed_blocks(spmd, k, vec![block], devices.clone())?)
                 }
                 Output::Global => {
-                    let blocks = mesh.communicator.gather_world(block)?;
-                    Value::Global(self.global_output(k, blocks.into_iter().map(Some).collect())?)
+                    let blocks = self.communicator.gather_world(block)?;
+                    Value::Global(global_output(spmd, k, blocks)?)
                 }
             });
         }
         for (k, key, block) in resident {
-            let (ty, sharding) = self.outputs[k].clone();
-            mesh.store.borrow_mut().insert(key.clone(), block);
-            (mesh.residents.borrow_mut()).insert(key.clone(), Resident { ty, sharding });
+            let (ty, sharding) = spmd.outputs[k].clone();
+            self.store.borrow_mut().insert(key.clone(), block);
+            (self.residents.borrow_mut()).insert(key.clone(), Resident { ty, sharding });
         }
         Ok(values)
     }
 
-    /// `program <hash> on mesh <mesh>`: a hash of the per-device program, its mesh and
-    /// its global inputs and outputs, equal on ranks that run the same program.
-    pub(crate) fn fingerprint(&self) -> String {
-        let mut hasher = DefaultHasher::new();
-        format!("{}{:?}{:?}", self.program, self.inputs, self.outputs).hash(&mut hasher);
-        format!("program {:016x} on mesh {}", hasher.finish(), self.mesh)
+    fn resident(&self, key: &str) -> Option<Resident> {
+        self.residents.borrow().get(key).cloned()
+    }
+
+    /// Keeps this rank's block; no communication (every rank stores its own).
+    fn store_blocks(&self, key: &str, resident: Resident, blocks: Vec<Literal>) -> Result<()> {
+        let mut blocks = padded_blocks(self.mesh(), key, &resident, blocks, self.local_devices())?;
+        let block = blocks.pop().ok_or_else(|| {
+            Error::MpiMesh(format!(
+                "store `{key}`: no block for device {}",
+                self.device()
+            ))
+        })?;
+        self.store.borrow_mut().insert(key.to_string(), block);
+        self.residents
+            .borrow_mut()
+            .insert(key.to_string(), resident);
+        Ok(())
+    }
+
+    fn local_blocks(&self, key: &str) -> Result<Vec<Literal>> {
+        let device = self.device();
+        let resident = self.resident(key);
+        let block = self.store.borrow().get(key).cloned();
+        let (resident, block) = resident.zip(block).ok_or_else(|| {
+            Error::MpiMesh(format!("device {device} holds no resident value `{key}`"))
+        })?;
+        Ok(vec![unpadded_block(self.mesh(), &resident, device, block)?])
+    }
+
+    fn remove(&self, key: &str) -> Result<()> {
+        self.store.borrow_mut().remove(key);
+        self.residents.borrow_mut().remove(key);
+        Ok(())
+    }
+
+    fn all_gather_bytes(&self, place: &str, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        self.communicator.all_gather_bytes(place, bytes)
+    }
+
+    fn together(&self, place: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.run(place, |_| work())
     }
 }

@@ -9,7 +9,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
+use super::binding::{
+    Bind, RunKeys, bind_inputs, check_target, global_output, padded_blocks, run_bound,
+    stage_resident, trimmed_blocks, unpadded_block,
+};
+use super::buffers;
 use super::communicator::{Communicator, Rendezvous, SharedMemoryCommunicator};
+use super::device::run_planned;
 use super::memory::available_memory;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, TensorType};
@@ -122,16 +129,6 @@ pub struct ThreadMesh {
     residents: Mutex<HashMap<String, Arc<Resident>>>,
 }
 
-/// What a resident value is: every device's store holds its block (padded to the
-/// sharding's local shape) under the value's key.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resident {
-    /// The global type.
-    pub ty: TensorType,
-    /// How it is sharded.
-    pub sharding: Sharding,
-}
-
 impl ThreadMesh {
     /// The default timeout: ten minutes, long enough for any computation between two
     /// collectives of a host program, short enough that a lost device ends the run (the
@@ -219,12 +216,7 @@ impl ThreadMesh {
             .position(|w| w.thread.thread().id() == me)
     }
 
-    /// The resident value stored under `key`, if any.
-    pub fn resident(&self, key: &str) -> Option<Resident> {
-        self.resident_shared(key).map(Arc::unwrap_or_clone)
-    }
-
-    /// [`ThreadMesh::resident`], shared rather than copied.
+    /// [`Backend::resident`], shared rather than copied.
     pub(crate) fn resident_shared(&self, key: &str) -> Option<Arc<Resident>> {
         self.residents
             .lock()
@@ -234,7 +226,7 @@ impl ThreadMesh {
     }
 
     /// Records (or, with `None`, forgets) what the device stores hold under `key`.
-    pub(crate) fn set_resident(&self, key: &str, resident: Option<Resident>) {
+    fn set_resident(&self, key: &str, resident: Option<Resident>) {
         let mut residents = self
             .residents
             .lock()
@@ -247,7 +239,7 @@ impl ThreadMesh {
 
     /// Records that the device stores hold a `ty` value sharded as `sharding` under
     /// `key`; no copy when that is already recorded (a training step's outputs).
-    pub(crate) fn keep_resident(&self, key: &str, ty: &TensorType, sharding: &Sharding) {
+    fn keep_resident(&self, key: &str, ty: &TensorType, sharding: &Sharding) {
         let unchanged = self
             .resident_shared(key)
             .is_some_and(|r| r.ty == *ty && r.sharding == *sharding);
@@ -411,5 +403,139 @@ impl Drop for ThreadMesh {
 impl std::fmt::Debug for ThreadMesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ThreadMesh({})", self.mesh)
+    }
+}
+
+impl Backend for ThreadMesh {
+    fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// Runs on the device threads. Inputs are checked before any thread starts; a
+    /// device failure is returned as an error, no device is left waiting, and resident
+    /// values keep their old contents.
+    fn execute(
+        &self,
+        program: &Arc<Loaded>,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        let spmd = program.spmd();
+        check_target(spmd, &self.mesh, outputs.len())?;
+        let devices = 0..self.mesh.num_devices();
+        let binds = bind_inputs(spmd, &|key| self.resident(key), inputs, devices.clone())?;
+        // Each device takes its own bindings (moved, not copied).
+        let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
+            Arc::new(binds.into_iter().map(Mutex::new).collect());
+        let modes = RunKeys::outputs(outputs);
+        let settle_modes = Arc::clone(&modes);
+        let planned = Arc::clone(program);
+        let on_device = move |ctx: &mut DeviceContext| {
+            let device = ctx.device();
+            let memory_limit = ctx.memory_limit();
+            let (comm, store) = ctx.communicator_and_store();
+            let mine =
+                std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
+            let outs = run_bound(device, mine, store, |locals| {
+                run_planned(
+                    &planned.spmd().program,
+                    &planned.plan,
+                    comm,
+                    locals,
+                    memory_limit,
+                )
+            })?;
+            Ok(stage_resident(outs, &modes, ctx.staged_mut()))
+        };
+        // Every device staged its new resident values: once its program has ended, each
+        // makes them current if every device succeeded, or drops them.
+        let settle = move |ctx: &mut DeviceContext, committed: bool| {
+            let (store, staged) = ctx.store_and_staged();
+            for (mode, value) in settle_modes.iter().zip(staged.drain(..)) {
+                if let (Output::Resident(key), Some(v), true) = (mode, value, committed) {
+                    match store.get_mut(key) {
+                        // The old value's buffer goes to the pool: the next step's new
+                        // value has its dtype and length.
+                        Some(slot) => buffers::release(std::mem::replace(slot, v)),
+                        None => {
+                            store.insert(key.clone(), v);
+                        }
+                    }
+                }
+            }
+        };
+        let results = self.run_then_settle(on_device, settle)?;
+        for (mode, (ty, sharding)) in outputs.iter().zip(&spmd.outputs) {
+            if let Output::Resident(key) = mode {
+                self.keep_resident(key, ty, sharding);
+            }
+        }
+        let mut per_output: Vec<Vec<Literal>> = vec![Vec::new(); spmd.outputs.len()];
+        for device_outs in results {
+            for (k, out) in device_outs.into_iter().enumerate() {
+                per_output[k].extend(out);
+            }
+        }
+        per_output
+            .into_iter()
+            .enumerate()
+            .map(|(k, blocks)| match &outputs[k] {
+                Output::Resident(_) => Ok(Value::Resident),
+                Output::Shards => Ok(Value::Shards(trimmed_blocks(
+                    spmd,
+                    k,
+                    blocks,
+                    devices.clone(),
+                )?)),
+                Output::Global => Ok(Value::Global(global_output(spmd, k, blocks)?)),
+            })
+            .collect()
+    }
+
+    fn resident(&self, key: &str) -> Option<Resident> {
+        self.resident_shared(key).map(Arc::unwrap_or_clone)
+    }
+
+    fn store_blocks(&self, key: &str, resident: Resident, blocks: Vec<Literal>) -> Result<()> {
+        let devices = 0..self.mesh.num_devices();
+        let blocks = Arc::new(padded_blocks(&self.mesh, key, &resident, blocks, devices)?);
+        let k = key.to_string();
+        self.run(move |ctx| {
+            let device = ctx.device();
+            ctx.store_mut().insert(k.clone(), blocks[device].clone());
+            Ok(())
+        })?;
+        self.set_resident(key, Some(resident));
+        Ok(())
+    }
+
+    fn local_blocks(&self, key: &str) -> Result<Vec<Literal>> {
+        let r = self
+            .resident(key)
+            .ok_or_else(|| Error::ThreadMesh(format!("no resident value `{key}` on the mesh")))?;
+        let k = key.to_string();
+        let blocks = self.run(move |ctx| {
+            let device = ctx.device();
+            ctx.store().get(&k).cloned().ok_or_else(|| {
+                Error::ThreadMesh(format!("device {device} holds no resident value `{k}`"))
+            })
+        })?;
+        (blocks.into_iter().enumerate())
+            .map(|(d, block)| unpadded_block(&self.mesh, &r, d, block))
+            .collect()
+    }
+
+    fn remove(&self, key: &str) -> Result<()> {
+        let k = key.to_string();
+        self.run(move |ctx| {
+            ctx.store_mut().remove(&k);
+            Ok(())
+        })?;
+        self.set_resident(key, None);
+        Ok(())
     }
 }

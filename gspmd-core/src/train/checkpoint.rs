@@ -9,7 +9,7 @@ use std::path::Path;
 use ndarray::{ArrayD, IxDyn};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use super::trainer::{Engine, Trainer};
+use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 
@@ -96,14 +96,15 @@ fn decode_checkpoint(path: &Path, buffer: &[u8]) -> Result<Vec<(String, Literal)
 
 impl Trainer {
     /// Writes [`Trainer::checkpoint`] to `path` with [`save_checkpoint`]: one file for
-    /// any engine. On MPI every rank calls it: the blocks are gathered, the rank of
-    /// device 0 writes the file, and every rank returns once it is written (or with its
-    /// error).
+    /// any backend. On a backend of several processes every process calls it: the
+    /// blocks are gathered, process 0 writes the file, and every process returns once it
+    /// is written (or with its error).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let tensors = self.checkpoint()?;
+        let first = self.backend().process().0 == 0;
         let place = format!("the saving of {}", path.display());
-        together(self.engine(), &place, |first| {
+        self.backend().together(&place, &mut || {
             if first {
                 save_checkpoint(path, &tensors)
             } else {
@@ -113,35 +114,37 @@ impl Trainer {
     }
 
     /// [`Trainer::restore`]s from the file at `path` (see [`load_checkpoint`]), saved
-    /// on any engine of the same step program. On MPI every rank calls it and only the
-    /// rank of device 0 reads the file (the others' `path` is not used): it sends the
-    /// file's bytes to every rank, which keeps its blocks (`MpiMesh::read_on_first`);
-    /// an error reading or decoding the file is an error on every rank.
+    /// on any backend of the same step program. On a backend of several processes
+    /// every process calls it and only process 0 reads the file (the others' `path` is
+    /// not used) and sends its bytes to the others; an error reading or decoding the
+    /// file is an error on every process.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        #[cfg(feature = "mpi")]
-        if let Engine::Mpi { mesh, .. } = self.engine() {
-            let tensors = mesh.read_on_first(
-                "a checkpoint",
-                || read_checkpoint(path),
-                |bytes| decode_checkpoint(path, bytes),
-            )?;
-            return self.restore(&tensors);
-        }
-        self.restore(&load_checkpoint(path)?)
+        let backend = self.backend();
+        let tensors = if backend.process().1 == 1 {
+            load_checkpoint(path)?
+        } else {
+            let first = backend.process().0 == 0;
+            let mut bytes = Vec::new();
+            // Only process 0's path is used: the others' may differ.
+            let place = "the reading of a checkpoint";
+            backend.together(place, &mut || {
+                if first {
+                    bytes = read_checkpoint(path)?;
+                    decode_checkpoint(path, &bytes)?;
+                }
+                Ok(())
+            })?;
+            let all = backend.all_gather_bytes(place, bytes)?;
+            let mut tensors = Vec::new();
+            backend.together(place, &mut || {
+                tensors = decode_checkpoint(path, &all[0])?;
+                Ok(())
+            })?;
+            tensors
+        };
+        self.restore(&tensors)
     }
-}
-
-/// Runs `work(first)` once per process of `engine` (`first`: this is the process of
-/// device 0): on MPI, inside a run of every rank at `place`, so that one rank's error is
-/// every rank's and every rank returns once all are done.
-#[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
-fn together<T>(engine: &Engine, place: &str, work: impl FnOnce(bool) -> Result<T>) -> Result<T> {
-    #[cfg(feature = "mpi")]
-    if let Engine::Mpi { mesh, .. } = engine {
-        return mesh.run(place, |comm| work(comm.device() == 0));
-    }
-    work(true)
 }
 
 /// The tensor order recorded in `metadata` by [`save_checkpoint`]: keys

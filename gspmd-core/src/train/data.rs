@@ -2,6 +2,8 @@
 //! the mesh: each device receives only its block of each batch ([`Batch::Blocks`], fed
 //! as per-device inputs), gathered straight from the examples without a global batch.
 
+use std::ops::Range;
+
 use ndarray::Axis;
 
 use super::init::mix;
@@ -23,20 +25,23 @@ pub struct Dataset {
 pub enum Batch {
     /// One global array per data input.
     Global(Vec<Literal>),
-    /// Per data input, each device's block (`[input][device]`, unpadded, as
-    /// [`Sharding::device_block`] cuts the global batch).
+    /// Per data input, the block of each of this process's devices (`[input][i]` for
+    /// the `i`-th of [`DataLayout::devices`]; unpadded, as [`Sharding::device_block`]
+    /// cuts the global batch).
     Blocks(Vec<Vec<Literal>>),
 }
 
-/// Where a step's data inputs go: the mesh and each data input's sharding (what
-/// [`Trainer::data_layout`](super::Trainer::data_layout) gives).
+/// Where a step's data inputs go: the mesh, each data input's sharding and the devices
+/// of this process (what [`Trainer::data_layout`](super::Trainer::data_layout) gives).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataLayout {
-    /// The devices.
+    /// The mesh.
     pub mesh: Mesh,
     /// One sharding per data input, in [`TrainStep::data`](super::TrainStep::data)
     /// order.
     pub shardings: Vec<Sharding>,
+    /// The devices of this process, whose blocks it feeds.
+    pub devices: Range<usize>,
 }
 
 impl Dataset {
@@ -98,14 +103,16 @@ impl Dataset {
     /// [`Dataset::order`] under `seed` (the last `len % batch` examples of an epoch's
     /// order are left out). With `layout`, each batch comes cut for the mesh
     /// ([`Batch::Blocks`]): every data input's leading dim is the batch, split as its
-    /// sharding says, and each device's rows are gathered from the examples directly.
+    /// sharding says, and each of the layout's devices gets its rows gathered from the
+    /// examples directly; without (`None`), global batches.
     pub fn batches(
         &self,
         batch: usize,
         epochs: u64,
         seed: u64,
-        layout: Option<DataLayout>,
+        layout: impl Into<Option<DataLayout>>,
     ) -> Result<Batches<'_>> {
+        let layout = layout.into();
         if batch == 0 || batch > self.len {
             return Err(Error::TrainerInput {
                 name: "dataset".into(),
@@ -189,7 +196,7 @@ impl Iterator for Batches<'_> {
             Some(layout) => Batch::Blocks(
                 (layout.shardings.iter().enumerate())
                     .map(|(field, sharding)| {
-                        (0..layout.mesh.num_devices())
+                        (layout.devices.clone())
                             .map(|d| {
                                 self.dataset
                                     .block(field, examples, sharding, &layout.mesh, d)

@@ -10,10 +10,10 @@
 //! - `init`: [`Initializer`], initial values by name from a counter-based generator,
 //!   made block by block on the devices that hold them.
 //! - `data`: [`Dataset`], shuffled batches cut for the mesh (each device gets its block).
-//! - `trainer`: [`Trainer`] runs steps on the reference interpreter, a thread mesh or (with
-//!   the `mpi` feature) MPI ranks and feeds outputs back as inputs.
+//! - `trainer`: [`Trainer`] runs steps on any [`Backend`](crate::runtime::Backend) (the
+//!   reference interpreter, a thread mesh, MPI ranks) and feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
-//!   [`Trainer::save`] / [`Trainer::load`] on any engine.
+//!   [`Trainer::save`] / [`Trainer::load`] on any backend.
 
 mod accumulate;
 mod checkpoint;
@@ -32,4 +32,4 @@ pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
-pub use trainer::{Engine, Evaluator, Initial, STEP_COUNT, Trainer};
+pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};

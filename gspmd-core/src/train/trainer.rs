@@ -1,107 +1,29 @@
 //! [`Trainer`]: the training loop. It runs one step program per call and feeds the
-//! step's new parameters and optimizer state back as the next step's inputs. On a mesh
-//! (of threads or of MPI ranks) they never leave the devices: each device keeps its
-//! block of every parameter and state tensor between steps, and only the data goes in
-//! and the loss comes out.
+//! step's new parameters and optimizer state back as the next step's inputs, on any
+//! [`Backend`]: the parameters and optimizer state never leave the devices — each
+//! device keeps its block of every parameter and state tensor between steps, made there
+//! at the start — and only the data goes in and the loss comes out.
 
 use super::data::{Batch, DataLayout};
 use super::init::Initializer;
 use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
-use crate::executable::{CompileOptions, Executable, compile, compile_with};
+use crate::executable::{CompileOptions, Executable, compile_for};
 use crate::ir::{DType, Literal, Program, TensorType};
-use crate::runtime::{Input, Output, ThreadMesh, Value, interpret};
+use crate::runtime::{Backend, Input, Output, Reference, Resident, ThreadMesh, Value};
 use crate::sharding::Mesh;
 
 /// Name of the step count in a [`Trainer::checkpoint`].
 pub const STEP_COUNT: &str = "optimizer.step";
 
-/// Where a trainer runs its steps.
-pub enum Engine {
-    /// The reference interpreter on the global step program: the oracle. Parameters and
-    /// state are host arrays.
-    Reference,
-    /// The step compiled for a mesh and run on a thread mesh. Parameters and state stay
-    /// resident on the devices between steps.
-    Mesh {
-        /// The compiled step.
-        exe: Box<Executable>,
-        /// The devices.
-        threads: ThreadMesh,
-    },
-    /// The step compiled for a mesh and run on the ranks of an MPI job, one per device,
-    /// every rank driving its own trainer through the same calls. Each rank keeps its
-    /// blocks of the parameters and state between steps; [`Trainer::checkpoint`] and
-    /// [`Trainer::params`] gather them on every rank (save on one rank), and
-    /// [`Trainer::restore`] cuts each rank's blocks from the tensors given on every rank.
-    #[cfg(feature = "mpi")]
-    Mpi {
-        /// The compiled step.
-        exe: Box<Executable>,
-        /// This rank's device.
-        mesh: crate::runtime::MpiMesh,
-    },
-}
-
-impl Engine {
-    /// Compiles `program` for `mesh` and starts the mesh's threads.
-    pub fn mesh(program: &Program, mesh: Mesh) -> Result<Self> {
-        Engine::mesh_with(program, mesh, &CompileOptions::default())
-    }
-
-    /// [`Engine::mesh`] compiled with `options` (see [`compile_with`]).
-    pub fn mesh_with(program: &Program, mesh: Mesh, options: &CompileOptions) -> Result<Self> {
-        let exe = Box::new(compile_with(program, &mesh, options)?);
-        let threads = ThreadMesh::new(mesh)?;
-        Ok(Engine::Mesh { exe, threads })
-    }
-
-    /// Compiles `program` for `mesh` and makes the ranks of `mpi` its devices (see
-    /// [`MpiMesh::reshape`](crate::runtime::MpiMesh::reshape)); every rank calls it.
-    #[cfg(feature = "mpi")]
-    pub fn mpi(program: &Program, mesh: Mesh, mpi: crate::runtime::MpiMesh) -> Result<Self> {
-        let exe = Box::new(compile(program, &mesh)?);
-        let mesh = mpi.reshape(mesh)?;
-        Ok(Engine::Mpi { exe, mesh })
-    }
-
-    /// The compiled step on a mesh (of threads or ranks); `None` on the interpreter.
-    fn executable(&self) -> Option<&Executable> {
-        match self {
-            Engine::Reference => None,
-            Engine::Mesh { exe, .. } => Some(exe),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi { exe, .. } => Some(exe),
-        }
-    }
-
-    /// Runs `exe` (compiled for this engine's mesh) on its devices; on the interpreter
-    /// an [`Error::TrainerInput`].
-    fn execute(
-        &self,
-        exe: &Executable,
-        inputs: &[Input],
-        outputs: &[Output],
-    ) -> Result<Vec<Value>> {
-        match self {
-            Engine::Reference => Err(Error::TrainerInput {
-                name: exe.spmd().program.name.clone(),
-                message: "a partitioned program given to the reference interpreter".into(),
-            }),
-            Engine::Mesh { threads, .. } => exe.execute(threads, inputs, outputs),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi { mesh, .. } => exe.execute_mpi(mesh, inputs, outputs),
-        }
-    }
-}
-
 /// What a [`Trainer`]'s trained parameters start from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Initial {
-    /// One global array per trained parameter, in [`TrainStep::params`] order.
+    /// One global array per trained parameter, in [`TrainStep::params`] order (the same
+    /// on every process; each keeps its devices' blocks).
     Values(Vec<Literal>),
-    /// Drawn by name; on a mesh each device makes only its blocks.
+    /// Drawn by name; each device makes only its blocks.
     Init(Initializer),
 }
 
@@ -128,17 +50,20 @@ fn resident_key(index: usize, name: &str) -> String {
     format!("train/{index}/{name}")
 }
 
-/// Runs training steps of one [`TrainStep`] on one [`Engine`].
+/// Runs training steps of one [`TrainStep`] on one [`Backend`].
 ///
-/// It holds every input of the step program: the trained parameters and their
-/// optimizer state (carried from step to step), the data inputs (given anew each step)
-/// and the optimizer's scalars (computed on the host for each step).
+/// It holds the step compiled for the backend, and every input of the step program:
+/// the trained parameters and their optimizer state (carried from step to step,
+/// resident on the devices), the data inputs (given anew each step) and the
+/// optimizer's scalars (computed on the host for each step). On a backend of several
+/// processes (MPI ranks), every process drives its own trainer through the same calls.
 pub struct Trainer {
     step: TrainStep,
-    engine: Engine,
-    /// One per input of the step program, in input order. On a mesh, the carried
-    /// inputs (parameters and state) live on the devices and their slots here are
-    /// unused.
+    backend: Box<dyn Backend>,
+    /// The step compiled for `backend`.
+    exe: Executable,
+    /// One per input of the step program, in input order: the data inputs and the
+    /// scalars of the next step; the slots of carried inputs are unused.
     inputs: Vec<Literal>,
     /// For each input: its resident key if it is carried from step to step.
     carried: Vec<Option<String>>,
@@ -150,13 +75,30 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer starting from `initial` ([`Initial`]: one global array per trained
-    /// parameter in [`TrainStep::params`] order, or an [`Initializer`]) with zero
-    /// optimizer state. On a mesh an [`Initializer`] and the zero state make each
-    /// device's blocks only (no global array on the host). A wrong count, dtype or
-    /// shape, or a parameter no initializer rule names, is an [`Error::TrainerInput`]
-    /// naming the parameter.
-    pub fn new(step: TrainStep, engine: Engine, initial: impl Into<Initial>) -> Result<Self> {
+    /// A trainer of `step` on `backend`, starting from `initial` ([`Initial`]: one
+    /// global array per trained parameter in [`TrainStep::params`] order, or an
+    /// [`Initializer`]) with zero optimizer state. The step is compiled for the backend
+    /// ([`compile_for`]). An [`Initializer`] and the zero state make each device's
+    /// blocks only, on the device's process: no process builds a whole parameter or
+    /// state tensor. A wrong count, dtype or shape, or a parameter no initializer rule
+    /// names, is an [`Error::TrainerInput`] naming the parameter.
+    pub fn new(
+        step: TrainStep,
+        backend: impl Backend + 'static,
+        initial: impl Into<Initial>,
+    ) -> Result<Self> {
+        Trainer::with_options(step, backend, initial, &CompileOptions::default())
+    }
+
+    /// [`Trainer::new`] with the step compiled with `options` (see
+    /// [`compile_with`](crate::compile_with): e.g. a memory limit, or which gathered
+    /// weights to keep for the backward pass).
+    pub fn with_options(
+        step: TrainStep,
+        backend: impl Backend + 'static,
+        initial: impl Into<Initial>,
+        options: &CompileOptions,
+    ) -> Result<Self> {
         let initial = initial.into();
         if let Initial::Values(values) = &initial
             && values.len() != step.params.len()
@@ -170,6 +112,7 @@ impl Trainer {
                 ),
             });
         }
+        let exe = compile_for(&step.program, &backend, options)?;
         let mut carried = vec![None; step.program.params.len()];
         let mut feeds = vec![None; step.program.outputs.len()];
         for (output, input) in step.feedback() {
@@ -182,114 +125,79 @@ impl Trainer {
             carried[input] = Some(resident_key(input, &name));
             feeds[output] = Some(input);
         }
-        let on_mesh = matches!(engine, Engine::Mesh { .. });
         // Data and scalars start as zeros (set per step); carried inputs live on the
-        // devices on a mesh (an empty placeholder here), else on the host.
-        let mut inputs: Vec<Literal> = (step.program.params.iter().zip(&carried))
+        // devices (an empty placeholder here).
+        let inputs: Vec<Literal> = (step.program.params.iter().zip(&carried))
             .map(|(&p, key)| {
                 let ty = step.program.ty(p);
                 match key {
-                    Some(_) if on_mesh => Literal::full(&[0], ty.dtype, 0.0),
-                    _ => Literal::full(&ty.shape, ty.dtype, 0.0),
+                    Some(_) => Literal::full(&[0], ty.dtype, 0.0),
+                    None => Literal::full(&ty.shape, ty.dtype, 0.0),
                 }
             })
             .collect();
-        let mut given = vec![false; inputs.len()];
-        match &initial {
-            Initial::Values(values) => {
-                for (p, value) in step.params.iter().zip(values) {
-                    check(&step.program, p.input, &p.name, value)?;
-                    inputs[p.input] = value.clone();
-                    given[p.input] = true;
-                }
-            }
-            Initial::Init(init) if !on_mesh => {
-                for p in &step.params {
-                    let shape = &step.program.ty(step.program.params[p.input]).shape;
-                    inputs[p.input] = init.global(&p.name, shape)?;
-                }
-            }
-            Initial::Init(_) => {}
-        }
-        if let Engine::Mesh { exe, threads } = &engine {
-            let init = match &initial {
-                Initial::Init(init) => Some(init),
-                Initial::Values(_) => None,
-            };
-            for (index, key) in carried.iter().enumerate() {
-                let Some(key) = key else { continue };
-                let sharding = &exe.spmd().inputs[index].1;
-                if given[index] {
-                    threads.upload(key, &inputs[index], sharding)?;
-                    continue;
-                }
-                let ty = step.program.ty(step.program.params[index]);
-                let param = step.params.iter().find(|p| p.input == index);
-                let blocks = (0..threads.mesh().num_devices())
-                    .map(|d| {
-                        let block = sharding.device_block(threads.mesh(), &ty.shape, d);
-                        match (init, param) {
-                            (Some(init), Some(p)) => init.block(&p.name, &ty.shape, &block),
-                            _ => {
-                                let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
-                                Ok(Literal::full(&sizes, ty.dtype, 0.0))
-                            }
-                        }
-                    })
-                    .collect::<Result<Vec<Literal>>>()?;
-                threads.upload_blocks(key, ty, sharding, blocks)?;
-            }
-        }
         let trainer = Trainer {
             step,
-            engine,
+            backend: Box::new(backend),
+            exe,
             inputs,
             carried,
             feeds,
             steps_done: 0,
             schedule: Schedule::Constant,
         };
-        // On MPI every rank made the global values above; each keeps its blocks.
-        #[cfg(feature = "mpi")]
-        if matches!(trainer.engine, Engine::Mpi { .. }) {
-            trainer.upload_carried()?;
-        }
+        trainer.place_initial(&initial)?;
         Ok(trainer)
     }
 
-    /// On a mesh, puts every carried input's host value on the devices.
-    fn upload_carried(&self) -> Result<()> {
+    /// Puts every carried input on the devices: the trained parameters from `initial`,
+    /// the optimizer state as zeros.
+    fn place_initial(&self, initial: &Initial) -> Result<()> {
+        let program = &self.step.program;
         for (index, key) in self.carried.iter().enumerate() {
             let Some(key) = key else { continue };
-            let value = &self.inputs[index];
-            match &self.engine {
-                Engine::Reference => {}
-                Engine::Mesh { exe, threads } => {
-                    threads.upload(key, value, &exe.spmd().inputs[index].1)?;
+            let ty = program.ty(program.params[index]);
+            let sharding = &self.exe.spmd().inputs[index].1;
+            let param = self.step.params.iter().find(|p| p.input == index);
+            match (initial, param) {
+                (Initial::Values(values), Some(p)) => {
+                    let position = (self.step.params.iter())
+                        .position(|q| q.input == p.input)
+                        .unwrap_or_default();
+                    let value = &values[position];
+                    check(program, index, &p.name, value)?;
+                    self.backend.upload(key, value, sharding)?;
                 }
-                #[cfg(feature = "mpi")]
-                Engine::Mpi { exe, mesh } => {
-                    mesh.upload(key, value, &exe.spmd().inputs[index].1)?
+                _ => {
+                    let mesh = self.backend.mesh();
+                    let blocks = (self.backend.local_devices())
+                        .map(|d| {
+                            let block = sharding.device_block(mesh, &ty.shape, d);
+                            match (initial, param) {
+                                (Initial::Init(init), Some(p)) => {
+                                    Ok(init.block(&p.name, &ty.shape, &block)?.convert(ty.dtype))
+                                }
+                                _ => {
+                                    let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
+                                    Ok(Literal::full(&sizes, ty.dtype, 0.0))
+                                }
+                            }
+                        })
+                        .collect::<Result<Vec<Literal>>>()?;
+                    let resident = Resident {
+                        ty: ty.clone(),
+                        sharding: sharding.clone(),
+                    };
+                    self.backend.store_blocks(key, resident, blocks)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The current global value of carried input `index` (fetched from the devices on
-    /// a mesh).
-    fn carried_value(&self, index: usize) -> Result<Literal> {
-        match (&self.engine, &self.carried[index]) {
-            (Engine::Mesh { threads, .. }, Some(key)) => threads.fetch(key),
-            #[cfg(feature = "mpi")]
-            (Engine::Mpi { mesh, .. }, Some(key)) => mesh.fetch(key),
-            _ => Ok(self.inputs[index].clone()),
-        }
-    }
-
-    /// The inputs and outputs of a step on a mesh: carried values resident, data
-    /// inputs as `blocks` (per data input, each device's block) if given, the rest
-    /// global.
+    /// The inputs and outputs of a step: carried values resident, data inputs as
+    /// `blocks` (per data input, the blocks of this process's devices) if given, the
+    /// rest global.
     fn resident_io<'a>(
         &'a self,
         blocks: Option<&'a [Vec<Literal>]>,
@@ -315,46 +223,32 @@ impl Trainer {
         (inputs, outputs)
     }
 
-    /// A trainer on the reference interpreter.
+    /// A trainer on the [`Reference`] interpreter: the oracle.
     pub fn reference(step: TrainStep, initial: impl Into<Initial>) -> Result<Self> {
-        Trainer::new(step, Engine::Reference, initial)
+        Trainer::new(step, Reference::new(), initial)
     }
 
-    /// A trainer whose step is compiled for `mesh` and run on its threads.
+    /// A trainer whose step is compiled for `mesh` and run on a new [`ThreadMesh`] of
+    /// it.
     pub fn on_mesh(step: TrainStep, mesh: Mesh, initial: impl Into<Initial>) -> Result<Self> {
-        let engine = Engine::mesh(&step.program, mesh)?;
-        Trainer::new(step, engine, initial)
+        Trainer::new(step, ThreadMesh::new(mesh)?, initial)
     }
 
-    /// [`Trainer::on_mesh`] with the step compiled with `options` (see [`compile_with`]:
-    /// e.g. a memory limit, or which gathered weights to keep for the backward pass).
+    /// [`Trainer::on_mesh`] with the step compiled with `options` (see
+    /// [`Trainer::with_options`]).
     pub fn on_mesh_with(
         step: TrainStep,
         mesh: Mesh,
         initial: impl Into<Initial>,
         options: &CompileOptions,
     ) -> Result<Self> {
-        let engine = Engine::mesh_with(&step.program, mesh, options)?;
-        Trainer::new(step, engine, initial)
-    }
-
-    /// A trainer whose step is compiled for `mesh` and run on the ranks of `mpi`, one
-    /// per device: every rank of the job calls it with the same arguments, then makes
-    /// the same calls on its trainer (see [`Engine::Mpi`]).
-    #[cfg(feature = "mpi")]
-    pub fn on_mpi(
-        step: TrainStep,
-        mesh: Mesh,
-        mpi: crate::runtime::MpiMesh,
-        initial: impl Into<Initial>,
-    ) -> Result<Self> {
-        let engine = Engine::mpi(&step.program, mesh, mpi)?;
-        Trainer::new(step, engine, initial)
+        Trainer::with_options(step, ThreadMesh::new(mesh)?, initial, options)
     }
 
     /// Runs one step with `data` (one global array per [`TrainStep::data`] input, in
-    /// that order) and returns the loss before the update. On success the parameters
-    /// and optimizer state are the step's outputs; on error they are unchanged.
+    /// that order; the same on every process) and returns the loss before the update.
+    /// On success the parameters and optimizer state are the step's outputs; on error
+    /// they are unchanged.
     pub fn step(&mut self, data: &[Literal]) -> Result<f32> {
         self.check_data_count(data.len())?;
         for (&index, value) in self.step.data.iter().zip(data) {
@@ -363,36 +257,30 @@ impl Trainer {
         self.run(None)
     }
 
-    /// [`Trainer::step`] with a [`Batch`]: global arrays, or on a mesh each device's
-    /// blocks (as [`Dataset::batches`](super::Dataset::batches) cuts them for
-    /// [`Trainer::data_layout`]), bound to each device without a global batch. Blocks
-    /// on the reference interpreter are an [`Error::TrainerInput`].
+    /// [`Trainer::step`] with a [`Batch`]: global arrays, or the blocks of this
+    /// process's devices (as [`Dataset::batches`](super::Dataset::batches) cuts them
+    /// for [`Trainer::data_layout`]), bound to each device without a global batch.
     pub fn step_batch(&mut self, batch: &Batch) -> Result<f32> {
         match batch {
             Batch::Global(data) => self.step(data),
             Batch::Blocks(blocks) => {
                 self.check_data_count(blocks.len())?;
-                if matches!(self.engine, Engine::Reference) {
-                    return Err(Error::TrainerInput {
-                        name: "data".into(),
-                        message: "per-device blocks given to a trainer without a mesh".into(),
-                    });
-                }
                 self.run(Some(blocks))
             }
         }
     }
 
-    /// Where the data inputs go on a mesh: the mesh and each data input's sharding
-    /// (`None` on the reference interpreter).
-    pub fn data_layout(&self) -> Option<DataLayout> {
-        let exe = self.engine.executable()?;
-        Some(DataLayout {
-            mesh: exe.spmd().mesh.clone(),
+    /// Where the data inputs go: the mesh, each data input's sharding and this
+    /// process's devices.
+    pub fn data_layout(&self) -> DataLayout {
+        let spmd = self.exe.spmd();
+        DataLayout {
+            mesh: spmd.mesh.clone(),
             shardings: (self.step.data.iter())
-                .map(|&i| exe.spmd().inputs[i].1.clone())
+                .map(|&i| spmd.inputs[i].1.clone())
                 .collect(),
-        })
+            devices: self.backend.local_devices(),
+        }
     }
 
     /// An [`Error::TrainerInput`] unless `count` data inputs were given.
@@ -409,32 +297,15 @@ impl Trainer {
         Ok(())
     }
 
-    /// Runs the step on the data set in `inputs`, or, on a mesh, on `blocks` (per data
-    /// input, each device's block) if given.
+    /// Runs the step on the data set in `inputs`, or on `blocks` (per data input, the
+    /// blocks of this process's devices) if given.
     fn run(&mut self, blocks: Option<&[Vec<Literal>]>) -> Result<f32> {
         let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
         }
-        let loss = match &self.engine {
-            Engine::Reference => {
-                let outputs = interpret(&self.step.program, &self.inputs)?;
-                let loss = loss_of(outputs.get(TrainStep::LOSS))?;
-                for (output, value) in outputs.into_iter().enumerate() {
-                    if let Some(input) = self.feeds[output] {
-                        self.inputs[input] = value;
-                    }
-                }
-                loss
-            }
-            engine => {
-                let exe = engine
-                    .executable()
-                    .expect("a mesh engine has an executable");
-                let (inputs, outputs) = self.resident_io(blocks);
-                global_loss(engine.execute(exe, &inputs, &outputs)?)?
-            }
-        };
+        let (inputs, outputs) = self.resident_io(blocks);
+        let loss = global_loss(self.exe.execute(&*self.backend, &inputs, &outputs)?)?;
         self.steps_done += 1;
         Ok(loss)
     }
@@ -458,15 +329,20 @@ impl Trainer {
         &self.step
     }
 
-    /// The engine the steps run on.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// The step compiled for the backend (its report, memory and cost analyses).
+    pub fn executable(&self) -> &Executable {
+        &self.exe
     }
 
-    /// The engine, to run other programs on its devices once training is done (on MPI,
-    /// the one `MpiMesh` of the process).
-    pub fn into_engine(self) -> Engine {
-        self.engine
+    /// The backend the steps run on (to run other programs on its devices, which hold
+    /// the trainer's resident values).
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// The backend, to run other programs on its devices once training is done.
+    pub fn into_backend(self) -> Box<dyn Backend> {
+        self.backend
     }
 
     /// Number of steps run (or restored from a checkpoint).
@@ -474,8 +350,22 @@ impl Trainer {
         self.steps_done
     }
 
+    /// The resident key of carried input `index`, if it is one.
+    pub(super) fn carried_key(&self, index: usize) -> Option<&str> {
+        self.carried.get(index).and_then(Option::as_deref)
+    }
+
+    /// The current global value of carried input `index`, assembled on every process
+    /// from the devices' blocks.
+    fn carried_value(&self, index: usize) -> Result<Literal> {
+        match self.carried_key(index) {
+            Some(key) => self.backend.fetch(key),
+            None => Ok(self.inputs[index].clone()),
+        }
+    }
+
     /// The current value of each trained parameter, by name, in [`TrainStep::params`]
-    /// order (fetched from the devices on a mesh).
+    /// order, assembled from the devices on every process.
     pub fn params(&self) -> Result<Vec<(String, Literal)>> {
         self.step
             .params
@@ -484,9 +374,10 @@ impl Trainer {
             .collect()
     }
 
-    /// Everything needed to resume: the trained parameters by name, each optimizer
-    /// state tensor by its slot name (`m(w1)`, ...) and the step count as an i32 scalar
-    /// named [`STEP_COUNT`] (saturating at `i32::MAX`).
+    /// Everything needed to resume, assembled on every process: the trained
+    /// parameters by name, each optimizer state tensor by its slot name (`m(w1)`, ...)
+    /// and the step count as an i32 scalar named [`STEP_COUNT`] (saturating at
+    /// `i32::MAX`).
     pub fn checkpoint(&self) -> Result<Vec<(String, Literal)>> {
         let mut tensors = Vec::new();
         for p in &self.step.params {
@@ -504,10 +395,10 @@ impl Trainer {
     }
 
     /// Sets the parameters, optimizer state and step count from `tensors` (as
-    /// [`Trainer::checkpoint`] gives them; other names are ignored). Every one must be
-    /// present and typed as the step program expects (a float tensor of another float
-    /// dtype is converted: f32 weights load into bf16 parameters), else
-    /// [`Error::TrainerInput`] and nothing changes.
+    /// [`Trainer::checkpoint`] gives them, the same on every process; other names are
+    /// ignored). Every one must be present and typed as the step program expects (a
+    /// float tensor of another float dtype is converted: f32 weights load into bf16
+    /// parameters), else [`Error::TrainerInput`] and nothing changes.
     pub fn restore(&mut self, tensors: &[(String, Literal)]) -> Result<()> {
         let find = |name: &str| {
             tensors
@@ -529,27 +420,34 @@ impl Trainer {
                 updates.push((input, value));
             }
         }
-        let count = find(STEP_COUNT)?;
-        let steps_done = count
-            .as_i32()
-            .filter(|a| a.ndim() == 0)
-            .and_then(|a| a.iter().next().copied())
-            .and_then(|c| u64::try_from(c).ok())
-            .ok_or_else(|| Error::TrainerInput {
-                name: STEP_COUNT.into(),
-                message: format!(
-                    "expected a non-negative i32 scalar, got {}{:?}",
-                    count.dtype(),
-                    count.shape()
-                ),
-            })?;
+        let steps_done = step_count(find(STEP_COUNT)?)?;
         for (input, value) in updates {
-            self.inputs[input] = value;
+            if let Some(key) = self.carried_key(input) {
+                let sharding = &self.exe.spmd().inputs[input].1;
+                self.backend.upload(key, &value, sharding)?;
+            }
         }
-        self.upload_carried()?;
         self.steps_done = steps_done;
         Ok(())
     }
+}
+
+/// The step count a checkpoint's [`STEP_COUNT`] tensor holds: a non-negative i32
+/// scalar, else an [`Error::TrainerInput`].
+pub(super) fn step_count(count: &Literal) -> Result<u64> {
+    count
+        .as_i32()
+        .filter(|a| a.ndim() == 0)
+        .and_then(|a| a.iter().next().copied())
+        .and_then(|c| u64::try_from(c).ok())
+        .ok_or_else(|| Error::TrainerInput {
+            name: STEP_COUNT.into(),
+            message: format!(
+                "expected a non-negative i32 scalar, got {}{:?}",
+                count.dtype(),
+                count.shape()
+            ),
+        })
 }
 
 /// `value` converted to the dtype of input `index` of `program` when both are floats
@@ -597,23 +495,18 @@ fn loss_of(output: Option<&Literal>) -> Result<f32> {
 }
 
 /// A model's forward program (its loss, no update) compiled once for a [`Trainer`]'s
-/// engine, to compute a validation loss on held-out data
-/// ([`Trainer::evaluate`]).
+/// backend, to compute a validation loss on held-out data ([`Trainer::evaluate`]).
 pub struct Evaluator {
     model: Program,
     loss: usize,
-    /// The compiled model on a mesh.
-    exe: Option<Box<Executable>>,
+    /// The model compiled for the trainer's backend.
+    exe: Executable,
 }
 
 impl Trainer {
     /// An [`Evaluator`] of `model` (the program the step was built from) and its output
-    /// `loss`: compiled for the trainer's mesh (once), or run on the interpreter.
+    /// `loss`, compiled for the trainer's backend (once).
     pub fn evaluator(&self, model: &Program, loss: usize) -> Result<Evaluator> {
-        let exe = match self.engine.executable() {
-            Some(exe) => Some(Box::new(compile(model, &exe.spmd().mesh)?)),
-            None => None,
-        };
         if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
             return Err(Error::TrainRequest {
                 program: model.name.clone(),
@@ -625,6 +518,7 @@ impl Trainer {
                 ),
             });
         }
+        let exe = compile_for(model, &*self.backend, &CompileOptions::default())?;
         Ok(Evaluator {
             model: model.clone(),
             loss,
@@ -634,52 +528,38 @@ impl Trainer {
 
     /// The loss of `eval`'s model on `data` (one global array per [`TrainStep::data`]
     /// input, in that order, shaped as the model's — without an accumulation dim) with
-    /// the current parameters, which are not changed. On a mesh a parameter sharded
-    /// alike in both programs is read where it resides; any other is fetched.
+    /// the current parameters, which are not changed. A parameter sharded alike in both
+    /// programs is read where it resides; any other is fetched.
     pub fn evaluate(&self, eval: &Evaluator, data: &[Literal]) -> Result<f32> {
         self.check_data_count(data.len())?;
         let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
-        match (self.engine.executable(), &eval.exe) {
-            (Some(exe), Some(model_exe)) => {
-                let n = eval.model.params.len();
-                // A trained parameter is read in place if both programs shard it alike,
-                // else fetched (assembled on the host) and given as a global array.
-                let resident = |index: usize| {
-                    self.carried[index]
-                        .as_deref()
-                        .filter(|_| exe.spmd().inputs[index] == model_exe.spmd().inputs[index])
-                };
-                let fetched: Vec<Option<Literal>> = (0..n)
-                    .map(|i| match (data_position(i), resident(i)) {
-                        (None, None) => self.carried_value(i).map(Some),
-                        _ => Ok(None),
-                    })
-                    .collect::<Result<_>>()?;
-                let inputs: Vec<Input> = (0..n)
-                    .map(|i| match (data_position(i), &fetched[i]) {
-                        (Some(j), _) => Input::Global(&data[j]),
-                        (None, Some(value)) => Input::Global(value),
-                        (None, None) => Input::Resident(resident(i).unwrap_or_default()),
-                    })
-                    .collect();
-                let outputs = vec![Output::Global; eval.model.outputs.len()];
-                let values = self.engine.execute(model_exe, &inputs, &outputs)?;
-                let loss = values
-                    .into_iter()
-                    .nth(eval.loss)
-                    .and_then(Value::into_global);
-                loss_of(loss.as_ref())
-            }
-            _ => {
-                let inputs: Vec<Literal> = (0..eval.model.params.len())
-                    .map(|index| match data_position(index) {
-                        Some(j) => Ok(data[j].clone()),
-                        None => self.carried_value(index),
-                    })
-                    .collect::<Result<_>>()?;
-                let outputs = interpret(&eval.model, &inputs)?;
-                loss_of(outputs.get(eval.loss))
-            }
-        }
+        let n = eval.model.params.len();
+        let (step_inputs, model_inputs) = (&self.exe.spmd().inputs, &eval.exe.spmd().inputs);
+        // A trained parameter is read in place if both programs shard it alike, else
+        // fetched (assembled on the host) and given as a global array.
+        let resident = |index: usize| {
+            self.carried_key(index)
+                .filter(|_| step_inputs[index] == model_inputs[index])
+        };
+        let fetched: Vec<Option<Literal>> = (0..n)
+            .map(|i| match (data_position(i), resident(i)) {
+                (None, None) => self.carried_value(i).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        let inputs: Vec<Input> = (0..n)
+            .map(|i| match (data_position(i), &fetched[i]) {
+                (Some(j), _) => Input::Global(&data[j]),
+                (None, Some(value)) => Input::Global(value),
+                (None, None) => Input::Resident(resident(i).unwrap_or_default()),
+            })
+            .collect();
+        let outputs = vec![Output::Global; eval.model.outputs.len()];
+        let values = eval.exe.execute(&*self.backend, &inputs, &outputs)?;
+        let loss = values
+            .into_iter()
+            .nth(eval.loss)
+            .and_then(Value::into_global);
+        loss_of(loss.as_ref())
     }
 }

@@ -19,6 +19,9 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type.
+    pub const ALL: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::Bool];
+
     /// Size of one element in bytes.
     pub const fn size_in_bytes(self) -> usize {
         match self {

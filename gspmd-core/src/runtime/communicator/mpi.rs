@@ -31,7 +31,7 @@ use mpi::Tag;
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
-use mpi::traits::{CommunicatorCollectives, Root};
+use mpi::traits::CommunicatorCollectives;
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use super::Communicator;
@@ -60,9 +60,6 @@ const TIMED_OUT: i32 = 3;
 /// The tag of the records' point-to-point messages on the world communicator (no other
 /// point-to-point message is sent there).
 const RECORD_TAG: Tag = 14;
-
-/// The most bytes one broadcast call moves (an MPI count is a C int).
-const BROADCAST_PIECE: usize = 1 << 30;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
@@ -345,21 +342,31 @@ impl MpiCommunicator {
         )
     }
 
-    /// Rank 0's `bytes` on every rank (the others pass any, e.g. none), after a meeting
-    /// at `place`: the length, then the bytes in pieces of at most [`BROADCAST_PIECE`].
-    pub(crate) fn broadcast_bytes(&self, place: &str, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
-        self.meet(&format!("the broadcast of {place}"))?;
-        let root = self.world.process_at_rank(0);
-        let mut len = bytes.len() as u64;
-        root.broadcast_into(&mut len);
-        let len = usize::try_from(len).map_err(|_| {
-            Error::MpiMesh(format!("{len} bytes of {place} exceed this rank's memory"))
-        })?;
-        bytes.resize(len, 0);
-        for piece in bytes.chunks_mut(BROADCAST_PIECE) {
-            root.broadcast_into(piece);
-        }
-        Ok(bytes)
+    /// Every rank's `bytes` (of any length), by rank, after a meeting at `place`: the
+    /// lengths, then the bytes.
+    pub(crate) fn all_gather_bytes(&self, place: &str, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        self.meet(&format!("the gathering of {place}"))?;
+        let n = self.mesh.num_devices();
+        let fail = |message: String| Error::Collective {
+            device: self.device,
+            collective: format!("the gathering of {place}"),
+            message,
+        };
+        let mut lengths = vec![0u64; n];
+        self.world
+            .all_gather_into(&(bytes.len() as u64), &mut lengths[..]);
+        let sizes = (lengths.iter())
+            .map(|&l| usize::try_from(l).map_err(|e| fail(e.to_string())))
+            .collect::<Result<Vec<usize>>>()?;
+        let all = all_gather_v(&self.world, &bytes, &sizes).map_err(fail)?;
+        let mut at = 0;
+        Ok(sizes
+            .iter()
+            .map(|&size| {
+                at += size;
+                all[at - size..at].to_vec()
+            })
+            .collect())
     }
 }
 
