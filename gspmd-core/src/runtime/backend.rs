@@ -139,8 +139,13 @@ pub struct Resident {
 }
 
 /// A set of devices that runs per-device programs ([`Loaded`]) and keeps values
-/// resident on them between runs. See the [module docs](self) for processes and local
-/// devices.
+/// resident on them between runs.
+///
+/// A backend is driven by one or more *processes*; each holds some of the mesh's
+/// devices (its *local devices*, a contiguous range of device ids) and the blocks of the
+/// values they hold. Every process calls the same methods in the same order with the
+/// same arguments (SPMD), except the per-device data, which each process gives and gets
+/// for its local devices only.
 ///
 /// Failure contract, for every method that runs on the devices: when one device fails
 /// (an error or a panic), every process returns an error naming it, no device is left
