@@ -60,6 +60,7 @@ fn options(gathers: GatherReuse, memory_limit: Option<usize>) -> CompileOptions 
     CompileOptions {
         memory_limit,
         gathers,
+        ..CompileOptions::default()
     }
 }
 

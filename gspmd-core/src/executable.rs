@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ir::{Literal, Program, ValueId, verify};
 use crate::partition::{SpmdProgram, collective_line, partition};
 use crate::propagation::{explain, propagate};
@@ -80,6 +80,7 @@ pub fn compile_with(
 ) -> Result<Executable> {
     COMPILATIONS.with(|c| c.set(c.get() + 1));
     verify(program)?;
+    check_donated(program, &options.donated)?;
     let program = simplify_verified(program, Stage::BeforePropagation);
     let propagated = propagate(&program, mesh)?;
     let mut spmd = partition(&propagated, mesh)?;
@@ -111,12 +112,31 @@ pub fn compile_for<B: Backend + ?Sized>(
         return compile_with(program, backend.mesh(), options);
     }
     verify(program)?;
+    check_donated(program, &options.donated)?;
     Ok(Executable {
         propagated: program.clone(),
         spmd: SpmdProgram::whole(program, backend.mesh()),
-        gathers: GatherPlan::default(),
+        gathers: GatherPlan {
+            options: options.clone(),
+            ..GatherPlan::default()
+        },
         loaded: OnceLock::new(),
     })
+}
+
+/// An [`Error::Input`] for a donated input index that is no parameter of `program`.
+fn check_donated(program: &Program, donated: &[usize]) -> Result<()> {
+    match donated.iter().find(|&&i| i >= program.params.len()) {
+        Some(&index) => Err(Error::Input {
+            index,
+            name: "(no such parameter)".into(),
+            message: format!(
+                "input {index} is donated, but the program takes {} inputs",
+                program.params.len()
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 impl Executable {
@@ -161,7 +181,10 @@ impl Executable {
     /// The per-device program with its plan (made at the first run): what a backend
     /// runs.
     pub fn loaded(&self) -> &Arc<Loaded> {
-        (self.loaded).get_or_init(|| Arc::new(Loaded::new(self.spmd.clone())))
+        (self.loaded).get_or_init(|| {
+            let donated = &self.gathers.options.donated;
+            Arc::new(Loaded::donating(self.spmd.clone(), donated))
+        })
     }
 
     /// What each device holds while it runs the per-device program (see

@@ -6,8 +6,10 @@
 //! buffer reuse, so that it predicts what the evaluation loop allocates:
 //!
 //! - inputs (parameters) are held by the caller for the whole step (resident weights
-//!   and optimizer state, data); constants live in the program; neither is allocated
-//!   by the run;
+//!   and optimizer state, data), except donated ones
+//!   ([`CompileOptions::donated`](crate::CompileOptions::donated)), which the run owns
+//!   from its start and frees (or writes over) at their last use; constants live in
+//!   the program; neither is allocated by the run;
 //! - a deferred broadcast is a view of its operand: no buffer (its operand lives while
 //!   it is read);
 //! - an elementwise op (unary, binary, select, convert to the same dtype, a sharding
@@ -37,7 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::ir::{Location, Op, Program, ValueId};
-use crate::runtime::{Plan, Walk};
+use crate::runtime::{Plan, Walk, lent_input_bytes};
 
 /// What one device holds while it runs a per-device program (see the module docs for
 /// the model): the peak, what it is made of, and the bytes live at each node.
@@ -94,36 +96,40 @@ impl MemoryAnalysis {
     /// The analysis of `program` run by the evaluation loop with `plan` ([`Plan::new`]
     /// of `program`); `is_state(i)` tells whether input `i` is optimizer state.
     pub(crate) fn of(program: &Program, plan: &Plan, is_state: &dyn Fn(usize) -> bool) -> Self {
-        let (mut parameters, mut optimizer_state) = (0, 0);
-        for (i, &p) in program.params.iter().enumerate() {
-            let bytes = program.ty(p).size_in_bytes();
+        // Adds input `i`'s bytes to the parameters or the optimizer state.
+        let classify = |breakdown: &mut MemoryBreakdown, i: usize, bytes: usize| {
             if is_state(i) {
-                optimizer_state += bytes;
+                breakdown.optimizer_state += bytes;
             } else {
-                parameters += bytes;
+                breakdown.parameters += bytes;
+            }
+        };
+        let mut breakdown = MemoryBreakdown::default();
+        for (i, &p) in program.params.iter().enumerate() {
+            if !plan.donated.get(i).copied().unwrap_or(false) {
+                classify(&mut breakdown, i, program.ty(p).size_in_bytes());
             }
         }
-        let inputs = parameters + optimizer_state;
+        let inputs = lent_input_bytes(program, plan);
         let walk = Walk::of(program, plan);
         let peak = walk.peak;
-        let mut breakdown = MemoryBreakdown {
-            parameters,
-            optimizer_state,
-            ..MemoryBreakdown::default()
-        };
         let mut peak_value = None;
         if let Some(p) = peak {
             let node = &program.nodes[p.index()];
             let working = |v: ValueId| v == p || node.operands.contains(&v);
             breakdown.temporaries = walk.transient;
             for &(v, bytes) in &walk.live {
-                if working(v) {
+                if let Op::Parameter { index, .. } = program.node(v).op {
+                    // A donated input still held.
+                    classify(&mut breakdown, index, bytes);
+                } else if working(v) {
                     breakdown.temporaries += bytes;
                 } else {
                     breakdown.activations_kept += bytes;
                 }
             }
             peak_value = (walk.live.iter())
+                .filter(|&&(v, _)| !matches!(program.node(v).op, Op::Parameter { .. }))
                 .max_by_key(|&&(v, bytes)| (bytes, std::cmp::Reverse(v.index())))
                 .map(|&(v, _)| {
                     let location = program.node(v).location;

@@ -37,13 +37,20 @@ pub enum GatherReuse {
 
 /// Options of [`compile_with`](crate::compile_with). The default compiles as
 /// [`compile`](crate::compile) does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CompileOptions {
     /// Bytes one device may hold at the peak of a run (the memory analysis's
     /// [`peak_bytes`](MemoryAnalysis::peak_bytes)); `None`: unlimited.
     pub memory_limit: Option<usize>,
     /// How [`GatherReuse::Auto`] et al. treat gathered weights.
     pub gathers: GatherReuse,
+    /// The inputs (parameter indices) a run consumes — *donated*, as JAX's
+    /// `donate_argnums`: each device's block is the run's to write into at its last use
+    /// and to free there, so a training step updating its weights and optimizer state
+    /// holds one copy of them, not the old and the new. A donated resident input holds
+    /// nothing after the run (unless an output is stored under its key), whether the run
+    /// succeeded or failed. Indices beyond the program's parameters are an error.
+    pub donated: Vec<usize>,
 }
 
 /// What became of one all-gather that could be issued again for its later users: a
@@ -158,11 +165,16 @@ pub(super) fn choose(
             (Vec::new(), build(base, &candidates, &[])?, None)
         }
         (GatherReuse::Regather, _) => {
-            let kept = Trial::of(base, &candidates, Vec::new())?.memory.peak_bytes;
-            let all = Trial::of(base, &candidates, (0..candidates.len()).collect())?;
+            let donated = &options.donated;
+            let kept = Trial::of(base, &candidates, Vec::new(), donated)?
+                .memory
+                .peak_bytes;
+            let all = Trial::of(base, &candidates, (0..candidates.len()).collect(), donated)?;
             analysed((kept, all))
         }
-        (GatherReuse::Auto, Some(limit)) => analysed(greedy(base, &candidates, limit)?),
+        (GatherReuse::Auto, Some(limit)) => {
+            analysed(greedy(base, &candidates, limit, &options.donated)?)
+        }
     };
     let (peak_all_kept, peak, planned) = match peaks {
         Some((kept, peak, planned)) => (Some(kept), Some(peak), Some(planned)),
@@ -188,7 +200,7 @@ pub(super) fn choose(
         })
         .collect();
     let plan = GatherPlan {
-        options: *options,
+        options: options.clone(),
         choices,
         peak_all_kept,
         peak,
@@ -211,8 +223,8 @@ fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Buil
 }
 
 /// The memory analysis of `program`, and its plan.
-fn memory_of(program: &Program) -> (MemoryAnalysis, PlannedProgram) {
-    let planned = PlannedProgram::new(program.clone());
+fn memory_of(program: &Program, donated: &[usize]) -> (MemoryAnalysis, PlannedProgram) {
+    let planned = PlannedProgram::donating(program.clone(), donated);
     let memory = MemoryAnalysis::of(&planned.program, &planned.plan, &|_| false);
     (memory, planned)
 }
@@ -226,9 +238,14 @@ struct Trial {
 }
 
 impl Trial {
-    fn of(base: &Program, candidates: &[Candidate], set: Vec<usize>) -> Result<Trial> {
+    fn of(
+        base: &Program,
+        candidates: &[Candidate],
+        set: Vec<usize>,
+        donated: &[usize],
+    ) -> Result<Trial> {
         let built = build(base, candidates, &set)?;
-        let (memory, planned) = memory_of(&built.0);
+        let (memory, planned) = memory_of(&built.0, donated);
         Ok(Trial {
             set,
             built,
@@ -263,8 +280,13 @@ impl Trial {
 /// trial chosen. Each step regathers the candidate whose [`Trial::estimate`] is lowest
 /// (ties: the earliest gather) and analyses the result: one analysis per step, not one
 /// per candidate and step.
-fn greedy(base: &Program, candidates: &[Candidate], limit: usize) -> Result<(usize, Trial)> {
-    let mut current = Trial::of(base, candidates, Vec::new())?;
+fn greedy(
+    base: &Program,
+    candidates: &[Candidate],
+    limit: usize,
+    donated: &[usize],
+) -> Result<(usize, Trial)> {
+    let mut current = Trial::of(base, candidates, Vec::new(), donated)?;
     let kept_peak = current.memory.peak_bytes;
     let mut best = (Vec::new(), kept_peak);
     while current.memory.peak_bytes > limit {
@@ -275,13 +297,13 @@ fn greedy(base: &Program, candidates: &[Candidate], limit: usize) -> Result<(usi
         let mut set = current.set.clone();
         set.push(c);
         set.sort_unstable();
-        current = Trial::of(base, candidates, set)?;
+        current = Trial::of(base, candidates, set, donated)?;
         if current.memory.peak_bytes < best.1 {
             best = (current.set.clone(), current.memory.peak_bytes);
         }
     }
     if current.set != best.0 {
-        current = Trial::of(base, candidates, best.0)?;
+        current = Trial::of(base, candidates, best.0, donated)?;
     }
     Ok((kept_peak, current))
 }

@@ -34,13 +34,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// `spmd` with its plan made.
+    /// `spmd` with its plan made, no input donated.
     pub fn new(spmd: SpmdProgram) -> Self {
-        let plan = Plan::new(&spmd.program);
+        Loaded::donating(spmd, &[])
+    }
+
+    /// `spmd` with its plan made, the inputs of parameter indices `donated` consumed by
+    /// every run (see [`CompileOptions::donated`](crate::CompileOptions::donated)).
+    pub fn donating(spmd: SpmdProgram, donated: &[usize]) -> Self {
+        let plan = Plan::donating(&spmd.program, donated);
         Loaded::with_plan(spmd, plan)
     }
 
-    /// `spmd` with `plan`, which must be [`Plan::new`] of `spmd.program`.
+    /// `spmd` with `plan`, which must be [`Plan::donating`] of `spmd.program`.
     pub(crate) fn with_plan(spmd: SpmdProgram, plan: Plan) -> Self {
         Loaded {
             spmd,

@@ -3,6 +3,7 @@
 //! trimming blocks, running a device's program on its bindings, and assembling global
 //! outputs from blocks.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use super::backend::{Input, Output, Resident};
 use super::blocks::{assemble, shard_literal};
 use super::kernels;
+use super::plan::Plan;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
@@ -329,40 +331,73 @@ fn sum_partials(
     Ok((sums, reduced))
 }
 
-/// Runs `run` on device `device`'s local inputs, bound as `binds` says: stored ones are
-/// moved out of `store` for the run and put back after it, whatever its result (a key
-/// missing from `store` is an [`Error::MissingResident`] and `run` is not called).
+/// Runs `run` on device `device`'s local inputs, bound as `binds` says, each owned if
+/// `donated` says so for its input (the run consumes it, see [`Plan::donated`]) and
+/// lent otherwise. Stored ones are moved out of `store` for the run; the lent ones are
+/// put back after it, whatever its result, the donated ones never. A key missing from
+/// `store` is an [`Error::MissingResident`] and `run` is not called.
 pub(super) fn run_bound<T>(
     device: usize,
     binds: Vec<Bind>,
     store: &mut HashMap<String, Literal>,
-    run: impl FnOnce(&[Literal]) -> Result<T>,
+    donated: &[bool],
+    run: impl FnOnce(Vec<Cow<'_, Literal>>) -> Result<T>,
 ) -> Result<T> {
-    let mut locals = Vec::with_capacity(binds.len());
-    let mut moved = Vec::new();
+    /// Where an input is: owned by the run, or lent from `lent[j]`.
+    enum Slot {
+        Owned(Literal),
+        Lent(usize),
+    }
+    // Lent values, with the store's own key of a stored one (no new key).
+    let mut lent: Vec<(Literal, Option<String>)> = Vec::with_capacity(binds.len());
+    let mut slots = Vec::with_capacity(binds.len());
     let mut missing = None;
-    for bind in binds {
-        match bind {
-            Bind::Host(l) => locals.push(l),
-            // The store's own key goes back with the value: no new key.
+    for (i, bind) in binds.into_iter().enumerate() {
+        let (value, key) = match bind {
+            Bind::Host(l) => (l, None),
             Bind::Stored(key) => match store.remove_entry(&*key) {
-                Some((key, l)) => {
-                    moved.push((locals.len(), key));
-                    locals.push(l);
+                Some((key, l)) => (l, Some(key)),
+                None => {
+                    missing = Some(key.to_string());
+                    continue;
                 }
-                None => missing = Some(key.to_string()),
             },
+        };
+        if donated.get(i).copied().unwrap_or(false) {
+            slots.push(Slot::Owned(value));
+        } else {
+            slots.push(Slot::Lent(lent.len()));
+            lent.push((value, key));
         }
     }
     let result = match missing {
         Some(key) => Err(Error::MissingResident { device, key }),
-        None => run(&locals),
+        None => run(slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Owned(l) => Cow::Owned(l),
+                Slot::Lent(j) => Cow::Borrowed(&lent[j].0),
+            })
+            .collect()),
     };
-    // Put moved resident inputs back (before the caller stores new outputs over them).
-    for (i, key) in moved.into_iter().rev() {
-        store.insert(key, locals.swap_remove(i));
+    // Put lent resident inputs back (before the caller stores new outputs over them).
+    for (value, key) in lent {
+        if let Some(key) = key {
+            store.insert(key, value);
+        }
     }
     result
+}
+
+/// The keys of the resident inputs among `inputs` that `plan` donates: a run consumes
+/// them, so after it they hold nothing unless an output stores them again.
+pub(super) fn donated_keys<'a>(plan: &Plan, inputs: &[Input<'a>]) -> Vec<&'a str> {
+    (inputs.iter().enumerate())
+        .filter_map(|(i, input)| match input {
+            Input::Resident(key) if plan.donated.get(i).copied().unwrap_or(false) => Some(*key),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Splits a device's outputs by `modes`: those whose mode is [`Output::Resident`] go

@@ -3,7 +3,9 @@
 //! coordinates; collectives go to the [`Communicator`].
 
 use super::communicator::Communicator;
-use super::interpreter::{eval_kernel, execute};
+use std::borrow::Cow;
+
+use super::interpreter::{eval_kernel, execute, lend};
 use super::kernels::Operands;
 use super::plan::Plan;
 use crate::error::Result;
@@ -20,16 +22,22 @@ pub fn run_on_device(
     inputs: &[Literal],
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
-    run_planned(program, &Plan::new(program), comm, inputs, memory_limit)
+    run_planned(
+        program,
+        &Plan::new(program),
+        comm,
+        lend(inputs),
+        memory_limit,
+    )
 }
 
-/// [`run_on_device`] with the program's plan made beforehand ([`Plan::new`] of
-/// `program`).
+/// [`run_on_device`] with the program's plan made beforehand ([`Plan::donating`] of
+/// `program`) and its inputs owned where the plan donates them (see [`execute`]).
 pub(crate) fn run_planned(
     program: &Program,
     plan: &Plan,
     comm: &dyn Communicator,
-    inputs: &[Literal],
+    inputs: Vec<Cow<'_, Literal>>,
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
     execute(

@@ -39,7 +39,12 @@ pub fn interpret_with_memory_limit(
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
     let plan = Plan::new(program);
-    execute(program, &plan, inputs, memory_limit, eval_kernel)
+    execute(program, &plan, lend(inputs), memory_limit, eval_kernel)
+}
+
+/// `inputs` lent to a run (none donated).
+pub(crate) fn lend(inputs: &[Literal]) -> Vec<Cow<'_, Literal>> {
+    inputs.iter().map(Cow::Borrowed).collect()
 }
 
 /// A program planned once (its fusion groups included) and run on the calling thread
@@ -66,7 +71,7 @@ impl Prepared {
         execute(
             &self.planned.program,
             &self.planned.plan,
-            inputs,
+            lend(inputs),
             self.memory_limit,
             eval_kernel,
         )
@@ -94,7 +99,10 @@ pub(crate) fn eval_kernel(
 }
 
 /// The evaluation loop shared by the reference interpreter and the per-device runtime:
-/// checks `inputs`, binds parameters and constants, computes every other node with
+/// checks `inputs` (one per parameter: owned exactly for the parameters the plan marks
+/// [donated](Plan::donated), which the loop may then write into at their last use and
+/// drops there; lent otherwise), binds parameters and constants, computes every other
+/// node with
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
 /// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
 ///
@@ -126,7 +134,7 @@ pub(crate) fn eval_kernel(
 pub(crate) fn execute(
     program: &Program,
     plan: &Plan,
-    inputs: &[Literal],
+    inputs: Vec<Cow<'_, Literal>>,
     memory_limit: usize,
     mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
@@ -146,15 +154,16 @@ type Eval<'a> = dyn FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String> 
 /// is the bytes held in the loops this one runs inside (0 for a program, what the
 /// caller's plan holds at the flow node for a region), so the pool's budget counts
 /// them (see [`buffers`](super::buffers) and [`Step::held`]).
-fn execute_dyn(
-    program: &Program,
+fn execute_dyn<'a>(
+    program: &'a Program,
     plan: &Plan,
-    inputs: &[Literal],
+    inputs: Vec<Cow<'a, Literal>>,
     memory_limit: usize,
     outer: usize,
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
-    check_inputs(program, inputs)?;
+    check_inputs(program, &inputs)?;
+    let mut inputs: Vec<Option<Cow<'a, Literal>>> = inputs.into_iter().map(Some).collect();
     let mut pending: Pending = HashMap::new();
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
     // The deferred broadcasts computed as views of their operands (no value).
@@ -195,11 +204,9 @@ fn execute_dyn(
         let elements = node.ty.shape.iter().product();
         buffers::reserve(outer + step.held[0], step.scratch, node.ty.dtype, elements);
         let value = match &node.op {
-            Op::Parameter { index, .. } => Cow::Borrowed(
-                inputs
-                    .get(*index)
-                    .ok_or_else(|| fail(format!("no input for parameter {index}")))?,
-            ),
+            Op::Parameter { index, .. } => (inputs.get_mut(*index))
+                .and_then(Option::take)
+                .ok_or_else(|| fail(format!("no input for parameter {index}")))?,
             Op::Constant(lit) => Cow::Borrowed(lit),
             _ => {
                 let available = |o: &&ValueId| {
@@ -254,7 +261,14 @@ fn execute_dyn(
                                                 &fresh
                                             }
                                         };
-                                    execute_dyn(region, region_plan, args, limit, enclosing, eval)
+                                    execute_dyn(
+                                        region,
+                                        region_plan,
+                                        lend(args),
+                                        limit,
+                                        enclosing,
+                                        eval,
+                                    )
                                 };
                                 let operands = operands
                                     .into_iter()
@@ -415,7 +429,7 @@ fn gather_operands<'v>(
 }
 
 /// Checks the number, dtypes and shapes of `inputs` against the program's parameters.
-fn check_inputs(program: &Program, inputs: &[Literal]) -> Result<()> {
+fn check_inputs(program: &Program, inputs: &[Cow<'_, Literal>]) -> Result<()> {
     let name = |index: usize| -> String {
         program
             .params

@@ -9,16 +9,22 @@ use crate::ir::{ConvConfig, Node, Op, Program, ValueId, num_elements};
 
 use super::plan::{Fusion, Plan};
 
+/// The bytes of `program`'s inputs that a run with `plan` borrows for its whole
+/// length: all but the donated ones (see [`Plan::donated`]).
+pub(crate) fn lent_input_bytes(program: &Program, plan: &Plan) -> usize {
+    (program.params.iter().enumerate())
+        .filter(|&(i, _)| !plan.donated.get(i).copied().unwrap_or(false))
+        .map(|(_, &p)| program.ty(p).size_in_bytes())
+        .sum()
+}
+
 /// What the device's buffer pool knows of a run of `program` with `plan` (see
-/// [`buffers`](crate::runtime::buffers)): its budget ([`Plan::budget`]: the analysis's
-/// peak, its computed bytes plus the inputs) and, for each node, the bytes held as the
-/// analysis models them, inputs included (each step's `held`): while
-/// the node runs (its result included, its kernel's scratch not) and once it has
-/// dropped what it drops.
+/// `buffers`): its budget ([`Plan::budget`]: the analysis's peak, the walk's bytes plus
+/// the lent inputs) and, for each node, the bytes held as the analysis models them,
+/// inputs included (each step's `held`): while the node runs (its result included, its
+/// kernel's scratch not) and once it has dropped what it drops.
 pub(crate) fn pool_model(program: &Program, plan: &Plan) -> (usize, Vec<[usize; 2]>) {
-    let inputs: usize = (program.params.iter())
-        .map(|&p| program.ty(p).size_in_bytes())
-        .sum();
+    let inputs = lent_input_bytes(program, plan);
     let walk = Walk::of(program, plan);
     let held = (walk.buffers.iter())
         .map(|&[during, after]| [inputs + during, inputs + after])
@@ -26,7 +32,9 @@ pub(crate) fn pool_model(program: &Program, plan: &Plan) -> (usize, Vec<[usize; 
     (walk.max + inputs, held)
 }
 
-/// The liveness walk of one program: computed bytes only (inputs excluded).
+/// The liveness walk of one program: the bytes the loop owns — computed values and
+/// donated inputs (from the start of the run until their last use); lent inputs
+/// excluded.
 pub(crate) struct Walk {
     /// For each node: the computed bytes held while it runs.
     pub(crate) held: Vec<usize>,
@@ -54,6 +62,15 @@ impl Walk {
         // it over.
         let mut owned = vec![false; n];
         let mut live = 0usize;
+        // Donated inputs are the loop's from the start (their parameter nodes may come
+        // late: an optimizer's state is declared after the model).
+        for (i, &p) in program.params.iter().enumerate() {
+            if plan.donated.get(i).copied().unwrap_or(false) {
+                buffer[p.index()] = plan.steps[p.index()].bytes;
+                owned[p.index()] = true;
+                live += buffer[p.index()];
+            }
+        }
         // Results of flow instances computed and not yet taken by their nodes.
         let mut pending: Vec<Option<Vec<usize>>> = vec![None; plan.flows.len()];
         let mut pending_bytes = 0usize;
@@ -154,7 +171,7 @@ impl Walk {
                 walk.peak = Some(ValueId(i as u32));
                 walk.max = held;
                 walk.transient = copies + pending_bytes;
-                walk.live = (0..=i)
+                walk.live = (0..n)
                     .filter(|&v| buffer[v] > 0)
                     .map(|v| (ValueId(v as u32), buffer[v]))
                     .collect();

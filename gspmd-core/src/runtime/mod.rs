@@ -40,7 +40,7 @@ pub use device::run_on_device;
 #[doc(hidden)]
 pub use fusion::fusion_groups;
 pub use interpreter::{Prepared, interpret, interpret_with_memory_limit};
-pub(crate) use liveness::Walk;
+pub(crate) use liveness::{Walk, lent_input_bytes};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]
 pub use mpi_mesh::MpiMesh;

@@ -15,8 +15,8 @@ use mpi::topology::Communicator as _;
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
 use super::binding::{
-    bind_inputs, check_target, global_output, padded_blocks, run_bound, trimmed_blocks,
-    unpadded_block,
+    bind_inputs, check_target, donated_keys, global_output, padded_blocks, run_bound,
+    trimmed_blocks, unpadded_block,
 };
 use super::communicator::{Communicator, MpiCommunicator};
 use super::device::run_planned;
@@ -259,16 +259,28 @@ impl Backend for MpiMesh {
             check_target(spmd, self.mesh(), outputs.len())?;
             let mut binds = bind_inputs(spmd, &|key| self.resident(key), inputs, devices.clone())?;
             let mine = binds.pop().unwrap_or_default();
-            run_bound(device, mine, &mut self.store.borrow_mut(), |locals| {
-                run_planned(
-                    &spmd.program,
-                    &program.plan,
-                    comm,
-                    locals,
-                    self.memory_limit,
-                )
-            })
-        })?;
+            let donated = &program.plan.donated;
+            run_bound(
+                device,
+                mine,
+                &mut self.store.borrow_mut(),
+                donated,
+                |locals| {
+                    run_planned(
+                        &spmd.program,
+                        &program.plan,
+                        comm,
+                        locals,
+                        self.memory_limit,
+                    )
+                },
+            )
+        });
+        // Donated resident inputs are consumed, whatever the run's result.
+        for key in donated_keys(&program.plan, inputs) {
+            self.residents.borrow_mut().remove(key);
+        }
+        let locals = locals?;
         // Every rank succeeded: gather the outputs that leave the devices, then (once
         // every gathering succeeded too) store the resident ones.
         let mut values = Vec::with_capacity(outputs.len());

@@ -23,6 +23,10 @@ pub(crate) struct Plan {
     pub(crate) outputs: Vec<(ValueId, bool)>,
     /// The fusion groups (see [`fusion`](super::fusion)).
     pub(crate) groups: Vec<Group>,
+    /// By parameter index: whether the run consumes the input (it is *donated*, JAX's
+    /// `donate_argnums`): the loop owns it, may write into its buffer at its last use
+    /// and drops it there, instead of lending it for the whole run.
+    pub(crate) donated: Vec<bool>,
     /// The most bytes a run's live values (as the loop counts them: inputs and
     /// constants included) and the device's pooled free buffers may hold together: the
     /// peak of the [memory analysis](crate::analysis::MemoryAnalysis) (see
@@ -108,6 +112,12 @@ impl Plan {
     /// whose types do not fit its op is planned unchecked (`typed == false`), so the
     /// run reports it where the loop reaches it, as if there were no plan.
     pub(crate) fn new(program: &Program) -> Plan {
+        Plan::donating(program, &[])
+    }
+
+    /// [`Plan::new`] with the inputs of parameter indices `donated` consumed by the
+    /// run (see [`Plan::donated`]); indices beyond the parameters are ignored.
+    pub(crate) fn donating(program: &Program, donated: &[usize]) -> Plan {
         let n = program.nodes.len();
         let typed = typed_nodes(program);
         let alias = identity_slices(program, &typed);
@@ -255,11 +265,15 @@ impl Plan {
         let outputs = (program_outputs.iter().enumerate())
             .map(|(k, &o)| (o, program_outputs[k + 1..].contains(&o)))
             .collect();
+        let donated = (0..program.params.len())
+            .map(|i| donated.contains(&i))
+            .collect();
         let mut plan = Plan {
             steps,
             flows,
             outputs,
             groups,
+            donated,
             budget: 0,
         };
         let (budget, held) = super::liveness::pool_model(program, &plan);
@@ -353,7 +367,13 @@ fn deferred_broadcasts(
 impl PlannedProgram {
     /// Plans `program`.
     pub(crate) fn new(program: Program) -> Self {
-        let plan = Plan::new(&program);
+        PlannedProgram::donating(program, &[])
+    }
+
+    /// Plans `program` with the inputs of parameter indices `donated` consumed by the
+    /// run ([`Plan::donating`]).
+    pub(crate) fn donating(program: Program, donated: &[usize]) -> Self {
+        let plan = Plan::donating(&program, donated);
         PlannedProgram { program, plan }
     }
 }

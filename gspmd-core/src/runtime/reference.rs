@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
-use super::binding::{bind_inputs, check_target, global_output, padded_blocks, run_bound};
+use super::binding::{
+    bind_inputs, check_target, donated_keys, global_output, padded_blocks, run_bound,
+};
 use super::interpreter::{eval_kernel, execute};
 use super::memory::available_memory;
 use crate::error::{Error, Result};
@@ -89,15 +91,15 @@ impl Backend for Reference {
         let mut binds = bind_inputs(spmd, &|key| self.resident(key), inputs, 0..1)?;
         let binds = binds.pop().unwrap_or_default();
         let mut values = self.values();
-        let outs = run_bound(0, binds, &mut values, |locals| {
-            execute(
-                &spmd.program,
-                &program.plan,
-                locals,
-                self.memory_limit,
-                eval_kernel,
-            )
-        })?;
+        let plan = &program.plan;
+        let outs = run_bound(0, binds, &mut values, &plan.donated, |locals| {
+            execute(&spmd.program, plan, locals, self.memory_limit, eval_kernel)
+        });
+        // Donated resident inputs are consumed, whatever the run's result.
+        for key in donated_keys(plan, inputs) {
+            self.residents().remove(key);
+        }
+        let outs = outs?;
         (outs.into_iter().enumerate().zip(outputs))
             .map(|((k, out), mode)| match mode {
                 Output::Resident(key) => {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
 use super::binding::{
-    Bind, RunKeys, bind_inputs, check_target, global_output, padded_blocks, run_bound,
-    stage_resident, trimmed_blocks, unpadded_block,
+    Bind, RunKeys, bind_inputs, check_target, donated_keys, global_output, padded_blocks,
+    run_bound, stage_resident, trimmed_blocks, unpadded_block,
 };
 use super::buffers;
 use super::communicator::{Communicator, Rendezvous, SharedMemoryCommunicator};
@@ -417,7 +417,7 @@ impl Backend for ThreadMesh {
 
     /// Runs on the device threads. Inputs are checked before any thread starts; a
     /// device failure is returned as an error, no device is left waiting, and resident
-    /// values keep their old contents.
+    /// values keep their old contents (but donated ones, which the run consumed).
     fn execute(
         &self,
         program: &Arc<Loaded>,
@@ -440,7 +440,7 @@ impl Backend for ThreadMesh {
             let (comm, store) = ctx.communicator_and_store();
             let mine =
                 std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
-            let outs = run_bound(device, mine, store, |locals| {
+            let outs = run_bound(device, mine, store, &planned.plan.donated, |locals| {
                 run_planned(
                     &planned.spmd().program,
                     &planned.plan,
@@ -468,7 +468,13 @@ impl Backend for ThreadMesh {
                 }
             }
         };
-        let results = self.run_then_settle(on_device, settle)?;
+        let results = self.run_then_settle(on_device, settle);
+        // Donated resident inputs are consumed, whatever the run's result; the outputs
+        // stored again are current on success.
+        for key in donated_keys(&program.plan, inputs) {
+            self.set_resident(key, None);
+        }
+        let results = results?;
         for (mode, (ty, sharding)) in outputs.iter().zip(&spmd.outputs) {
             if let Output::Resident(key) = mode {
                 self.keep_resident(key, ty, sharding);

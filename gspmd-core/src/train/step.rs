@@ -96,6 +96,16 @@ impl TrainStep {
             std::iter::once((p.output, p.input)).chain(p.state.iter().map(|s| (s.output, s.input)))
         })
     }
+
+    /// The inputs carried from step to step (the trained parameters and their
+    /// optimizer state), ascending: what a training step donates
+    /// ([`CompileOptions::donated`](crate::CompileOptions::donated)) so that it updates
+    /// them in place.
+    pub fn carried(&self) -> Vec<usize> {
+        let mut inputs: Vec<usize> = self.feedback().map(|(_, input)| input).collect();
+        inputs.sort_unstable();
+        inputs
+    }
 }
 
 /// Builds the training step of `model`: the gradient of its output number `loss` (an f32

@@ -91,8 +91,11 @@ impl Trainer {
     }
 
     /// [`Trainer::new`] with the step compiled with `options` (see
-    /// [`compile_with`](crate::compile_with): e.g. a memory limit, or which gathered
-    /// weights to keep for the backward pass).
+    /// [`compile_with`](crate::compile_with): e.g. a memory limit, which gathered
+    /// weights to keep for the backward pass, or the donated inputs: with
+    /// `donated: step.carried()` each step updates the parameters and optimizer state in
+    /// place, holding one copy of them instead of the old and the new, but a step that
+    /// fails loses them — the trainer must then be restored, say from a checkpoint).
     pub fn with_options(
         step: TrainStep,
         backend: impl Backend + 'static,
@@ -248,7 +251,8 @@ impl Trainer {
     /// Runs one step with `data` (one global array per [`TrainStep::data`] input, in
     /// that order; the same on every process) and returns the loss before the update.
     /// On success the parameters and optimizer state are the step's outputs; on error
-    /// they are unchanged.
+    /// they are unchanged, unless the step donates them (see [`Trainer::with_options`]):
+    /// then they are gone and the next step is an [`Error::Input`] naming them.
     pub fn step(&mut self, data: &[Literal]) -> Result<f32> {
         self.check_data_count(data.len())?;
         for (&index, value) in self.step.data.iter().zip(data) {
