@@ -8,7 +8,7 @@
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum, verify};
 use gspmd_core::partition::{CollectiveStats, SpmdProgram, partition};
-use gspmd_core::runtime::{Loaded, ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
+use gspmd_core::runtime::{Backend, Loaded, ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
@@ -1411,4 +1411,49 @@ fn evaluating_held_out_data_on_the_resident_weights() {
         t.evaluator(&problem.model, 1),
         Err(Error::TrainRequest { .. })
     ));
+}
+
+/// A model that shards a weight otherwise than the step (here: the transpose of the
+/// step's `(data, model)`) is evaluated on the weight resharded on the devices: its
+/// loss equals the interpreter's on the fetched parameters, training goes on unchanged,
+/// and nothing is left on the devices.
+#[test]
+fn evaluating_a_model_that_shards_a_weight_otherwise() {
+    let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(14));
+    let held_out = dense(&mut Xoshiro256PlusPlus::seed_from_u64(15)).data;
+    let step = step_program(&problem.model, 0, &["dense.*"], &adamw(0.1, 0.0)).unwrap();
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let mut t = Trainer::on_mesh(step, mesh, dense_init(3)).unwrap();
+    let b = Builder::new("dense");
+    let x = b
+        .parameter("x", [8, 16], DType::F32)
+        .annotate(s("(data, _)"));
+    let w = (b.parameter("dense.w", [16, 8], DType::F32)).annotate(s("(model, data)"));
+    let bias = b
+        .parameter("dense.bias", [8], DType::F32)
+        .annotate(s("(model)"));
+    let target = b
+        .parameter("target", [8, 8], DType::F32)
+        .annotate(s("(data, _)"));
+    let loss = (&x.matmul(&w) + &bias.broadcast_in_dim([8, 8], &[1])).mse(&target);
+    let other = b.finish(&[&loss]).unwrap();
+    let eval = t.evaluator(&other, 0).unwrap();
+    for _ in 0..2 {
+        let got = t.evaluate(&eval, &held_out).unwrap();
+        let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
+        let inputs = [
+            held_out[0].clone(),
+            params[0].clone(),
+            params[1].clone(),
+            held_out[1].clone(),
+        ];
+        let want = gspmd_core::runtime::interpret(&other, &inputs).unwrap();
+        assert_near(&values(&want[0]), &[got], 1e-5, "validation loss");
+        assert_eq!(
+            t.backend().resident("evaluate/1"),
+            None,
+            "a resharded copy is left"
+        );
+        t.step(&problem.data).unwrap();
+    }
 }

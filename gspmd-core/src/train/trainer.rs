@@ -10,7 +10,7 @@ use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
 use crate::executable::{CompileOptions, Executable, compile_for};
-use crate::ir::{DType, Literal, Program, TensorType};
+use crate::ir::{Builder, DType, Literal, Program, TensorType};
 use crate::runtime::{Backend, Input, Output, Reference, Resident, ThreadMesh, Value};
 use crate::sharding::Mesh;
 
@@ -505,11 +505,22 @@ pub struct Evaluator {
     loss: usize,
     /// The model compiled for the trainer's backend.
     exe: Executable,
+    /// For each trained parameter the model shards otherwise than the step: its input
+    /// index and the program resharding it on the devices (from the step's sharding
+    /// to the model's).
+    reshards: Vec<(usize, Executable)>,
+}
+
+/// The device-store key under which [`Trainer::evaluate`] keeps input `index` resharded
+/// for the model.
+fn resharded_key(index: usize) -> String {
+    format!("evaluate/{index}")
 }
 
 impl Trainer {
     /// An [`Evaluator`] of `model` (the program the step was built from) and its output
-    /// `loss`, compiled for the trainer's backend (once).
+    /// `loss`, compiled for the trainer's backend (once), with a resharding program
+    /// for each trained parameter the model shards otherwise than the step.
     pub fn evaluator(&self, model: &Program, loss: usize) -> Result<Evaluator> {
         if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
             return Err(Error::TrainRequest {
@@ -522,45 +533,66 @@ impl Trainer {
                 ),
             });
         }
-        let exe = compile_for(model, &*self.backend, &CompileOptions::default())?;
+        let backend = &*self.backend;
+        let exe = compile_for(model, backend, &CompileOptions::default())?;
+        let (step_inputs, model_inputs) = (&self.exe.spmd().inputs, &exe.spmd().inputs);
+        let mut reshards = Vec::new();
+        for index in 0..model.params.len() {
+            if self.carried_key(index).is_some() && step_inputs[index] != model_inputs[index] {
+                let (ty, from) = &step_inputs[index];
+                let b = Builder::new("reshard");
+                let x = b
+                    .parameter("x", ty.shape.clone(), ty.dtype)
+                    .annotate(from.clone());
+                let y = x.shard(model_inputs[index].1.clone());
+                let program = b.finish(&[&y])?;
+                reshards.push((
+                    index,
+                    compile_for(&program, backend, &CompileOptions::default())?,
+                ));
+            }
+        }
         Ok(Evaluator {
             model: model.clone(),
             loss,
             exe,
+            reshards,
         })
     }
 
     /// The loss of `eval`'s model on `data` (one global array per [`TrainStep::data`]
     /// input, in that order, shaped as the model's — without an accumulation dim) with
     /// the current parameters, which are not changed. A parameter sharded alike in both
-    /// programs is read where it resides; any other is fetched.
+    /// programs is read where it resides; any other is resharded on the devices (no
+    /// process holds more than its devices' blocks) and dropped afterwards.
     pub fn evaluate(&self, eval: &Evaluator, data: &[Literal]) -> Result<f32> {
         self.check_data_count(data.len())?;
+        let backend = &*self.backend;
+        for (index, reshard) in &eval.reshards {
+            let from = self.carried_key(*index).unwrap_or_default();
+            let to = Output::Resident(resharded_key(*index));
+            reshard.execute(backend, &[Input::Resident(from)], &[to])?;
+        }
         let data_position = |index: usize| self.step.data.iter().position(|&d| d == index);
-        let n = eval.model.params.len();
-        let (step_inputs, model_inputs) = (&self.exe.spmd().inputs, &eval.exe.spmd().inputs);
-        // A trained parameter is read in place if both programs shard it alike, else
-        // fetched (assembled on the host) and given as a global array.
-        let resident = |index: usize| {
-            self.carried_key(index)
-                .filter(|_| step_inputs[index] == model_inputs[index])
-        };
-        let fetched: Vec<Option<Literal>> = (0..n)
-            .map(|i| match (data_position(i), resident(i)) {
-                (None, None) => self.carried_value(i).map(Some),
-                _ => Ok(None),
+        let keys: Vec<Option<String>> = (0..eval.model.params.len())
+            .map(|i| match eval.reshards.iter().any(|(j, _)| *j == i) {
+                true => Some(resharded_key(i)),
+                false => self.carried_key(i).map(str::to_string),
             })
-            .collect::<Result<_>>()?;
-        let inputs: Vec<Input> = (0..n)
-            .map(|i| match (data_position(i), &fetched[i]) {
+            .collect();
+        let inputs: Vec<Input> = (keys.iter().enumerate())
+            .map(|(i, key)| match (data_position(i), key) {
                 (Some(j), _) => Input::Global(&data[j]),
-                (None, Some(value)) => Input::Global(value),
-                (None, None) => Input::Resident(resident(i).unwrap_or_default()),
+                (None, Some(key)) => Input::Resident(key),
+                (None, None) => Input::Global(&self.inputs[i]),
             })
             .collect();
         let outputs = vec![Output::Global; eval.model.outputs.len()];
-        let values = eval.exe.execute(&*self.backend, &inputs, &outputs)?;
-        let loss = values
+        let values = eval.exe.execute(backend, &inputs, &outputs);
+        for (index, _) in &eval.reshards {
+            backend.remove(&resharded_key(*index))?;
+        }
+        let loss = values?
             .into_iter()
             .nth(eval.loss)
             .and_then(Value::into_global);
