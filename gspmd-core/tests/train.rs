@@ -8,7 +8,7 @@
 use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor, einsum, verify};
 use gspmd_core::partition::{CollectiveStats, SpmdProgram, partition};
-use gspmd_core::runtime::{Backend, Loaded, ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
+use gspmd_core::runtime::{Loaded, ThreadMesh, sample_inputs, uniform_f32, uniform_i32};
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
