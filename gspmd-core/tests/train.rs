@@ -1258,7 +1258,11 @@ fn dataset_shuffles_by_seed() {
     assert_eq!(order, data.order(1, 0));
     assert_ne!(order, data.order(2, 0));
     assert_ne!(order, data.order(1, 1));
-    let batches: Vec<(u64, Batch)> = data.batches(8, 2, 1, None).unwrap().collect();
+    let batches: Vec<(u64, Batch)> = data
+        .batches(8, 2, 1, None)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(
         batches.iter().map(|b| b.0).collect::<Vec<_>>(),
         [0, 0, 1, 1]
@@ -1286,7 +1290,7 @@ fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
     assert_eq!(layout.shardings[0].to_string(), s("(data, _)").to_string());
     let cut = data.batches(8, 2, 5, Some(layout.clone())).unwrap();
     let whole = data.batches(8, 2, 5, None).unwrap();
-    for ((_, blocks), (_, global)) in cut.zip(whole) {
+    for ((_, blocks), (_, global)) in cut.map(Result::unwrap).zip(whole.map(Result::unwrap)) {
         let (Batch::Blocks(blocks), Batch::Global(global)) = (&blocks, &global) else {
             panic!("a layout gives blocks, none global arrays");
         };
@@ -1313,6 +1317,7 @@ fn dataset_blocks_reassemble_and_train_like_the_global_batch() {
         data.batches(8, 1, 5, Some(layout))
             .unwrap()
             .next()
+            .unwrap()
             .unwrap()
             .1
     };

@@ -9,7 +9,9 @@
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
 //! - `init`: [`Initializer`], initial values by name from a counter-based generator,
 //!   made block by block on the devices that hold them.
-//! - `data`: [`Dataset`], shuffled batches cut for the mesh (each device gets its block).
+//! - `data`: [`Source`]s of examples ([`Dataset`] in memory, [`SafetensorsFile`] read
+//!   row by row) and [`Batches`] of them or of a function, each process reading only its
+//!   devices' rows of a batch.
 //! - `trainer`: [`Trainer`] runs steps on any [`Backend`](crate::runtime::Backend) (the
 //!   reference interpreter, a thread mesh, MPI ranks) and feeds outputs back as inputs.
 //! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
@@ -26,7 +28,7 @@ mod step;
 mod trainer;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint};
-pub use data::{Batch, Batches, DataLayout, Dataset};
+pub use data::{Batch, Batches, DataLayout, Dataset, SafetensorsFile, Source};
 pub use init::{Init, Initializer};
 pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};
