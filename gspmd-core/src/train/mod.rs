@@ -12,8 +12,10 @@
 //! - `data`: [`Dataset`], shuffled batches cut for the mesh (each device gets its block).
 //! - `trainer`: [`Trainer`] runs steps on any [`Backend`](crate::runtime::Backend) (the
 //!   reference interpreter, a thread mesh, MPI ranks) and feeds outputs back as inputs.
-//! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
-//!   [`Trainer::save`] / [`Trainer::load`] on any backend.
+//! - `checkpoint`: [`Trainer::save`] / [`Trainer::load`] on any backend: sharded
+//!   checkpoint directories (each process writes its devices' blocks; loading reshards
+//!   onto any mesh), or one safetensors file of global tensors ([`save_checkpoint`] /
+//!   [`load_checkpoint`]).
 
 mod accumulate;
 mod checkpoint;
