@@ -339,14 +339,8 @@ impl ShardFile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::index::tests::block;
     use super::*;
-
-    fn block(offsets: &[usize], sizes: &[usize]) -> Block {
-        Block {
-            offsets: offsets.to_vec(),
-            sizes: sizes.to_vec(),
-        }
-    }
 
     /// The elements (one byte each: their global row-major index in a 6x8 array) of
     /// `b`, from its row-major position `first` on.
