@@ -317,3 +317,58 @@ fn a_save_does_not_write_over_other_files() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A checkpoint of bf16 tensors loads into f32 parameters and state, converted (as
+/// `Trainer::restore` converts floats): the checkpoint is rewritten in bf16, file by file
+/// (the same blocks and save id) and in its index.
+#[test]
+fn float_tensors_of_another_dtype_are_converted() {
+    use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), 7);
+    let mut saved = trainer(On::Mesh(2, 4), &step, &initial);
+    saved.step(&data[0]).unwrap();
+    let dir = scratch("bf16");
+    saved.save(&dir).unwrap();
+    for save in saves(&dir) {
+        for entry in std::fs::read_dir(save).unwrap() {
+            let path = entry.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+            let narrow: Vec<(String, Vec<usize>, Vec<u8>)> = (load_checkpoint(&path).unwrap())
+                .into_iter()
+                .map(|(name, block)| {
+                    (
+                        name,
+                        block.shape(),
+                        block.convert(DType::BF16).to_le_bytes(),
+                    )
+                })
+                .collect();
+            let views = narrow.iter().map(|(name, shape, bytes)| {
+                let view = TensorView::new(Dtype::BF16, shape.clone(), bytes).unwrap();
+                (name.as_str(), view)
+            });
+            safetensors::serialize_to_file(views, header.metadata().clone(), &path).unwrap();
+        }
+    }
+    let index = dir.join("index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(
+        &index,
+        text.replace("\"dtype\":\"f32\"", "\"dtype\":\"bf16\""),
+    )
+    .unwrap();
+    let mut loaded = trainer(On::Mesh(4, 2), &step, &initial);
+    loaded.load(&dir).unwrap();
+    let want: Vec<(String, Literal)> = (saved.checkpoint().unwrap().into_iter())
+        .map(|(name, value)| {
+            let narrowed = value.convert(DType::BF16).convert(DType::F32);
+            (
+                name.clone(),
+                if name == STEP_COUNT { value } else { narrowed },
+            )
+        })
+        .collect();
+    assert_bitwise(&loaded.checkpoint().unwrap(), &want, "bf16 loaded into f32");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

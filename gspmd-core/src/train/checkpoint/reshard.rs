@@ -10,6 +10,7 @@
 //! devices holds it whole), and reads only what its devices need.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -46,8 +47,7 @@ pub(super) fn load(trainer: &mut Trainer, dir: &Path) -> Result<()> {
             backend.store_blocks(&tensor.carried.key, resident, blocks)
         })?;
     }
-    let step = plan.step;
-    trainer.set_steps_done(step);
+    trainer.set_steps_done(plan.step);
     Ok(())
 }
 
@@ -144,13 +144,11 @@ impl Plan {
                     if starts.contains_key(&i) || target.overlap(&b.block).is_none() {
                         continue;
                     }
-                    let path = dir.join(&index.files[b.file]);
-                    let file = match files.entry(b.file) {
-                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(ShardFile::open(path, &index.id, name)?)
-                        }
-                    };
+                    if let Entry::Vacant(e) = files.entry(b.file) {
+                        let path = dir.join(&index.files[b.file]);
+                        e.insert(ShardFile::open(path, &index.id, name)?);
+                    }
+                    let file = &files[&b.file];
                     starts.insert(i, file.start(&b.block.name(name), &saved, &b.block)?);
                 }
             }
@@ -216,9 +214,10 @@ impl Plan {
                     message,
                 }
             })?;
-        Ok(match want.dtype == saved.dtype {
-            true => block,
-            false => block.convert(want.dtype),
+        Ok(if want.dtype == saved.dtype {
+            block
+        } else {
+            block.convert(want.dtype)
         })
     }
 }

@@ -26,7 +26,7 @@ use std::path::Path;
 
 use safetensors::tensor::{Metadata, TensorInfo};
 
-use super::index::{INDEX, Index, file_name};
+use super::index::{BlockRecord, INDEX, Index, file_name};
 use super::single_file::stored_dtype;
 use super::{Carried, carried, optimizer_kind, together};
 use crate::error::{Error, Result};
@@ -184,7 +184,7 @@ fn write_shard(
     };
     let path = dir.join(&name);
     let fail = |tensor: Option<&str>, e: String| io_error(&path, tensor, e);
-    let mut entries: Vec<(usize, &super::index::BlockRecord)> = (index.tensors.iter().enumerate())
+    let mut entries: Vec<(usize, &BlockRecord)> = (index.tensors.iter().enumerate())
         .flat_map(|(t, tensor)| tensor.blocks.iter().map(move |b| (t, b)))
         .filter(|(_, b)| b.file == file)
         .collect();
