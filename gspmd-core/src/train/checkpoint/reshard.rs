@@ -32,8 +32,8 @@ const MAX_HEADER: u64 = 100_000_000;
 /// Loads the sharded checkpoint at `dir` into `trainer` (see [`Trainer::load`]).
 pub(super) fn load(trainer: &mut Trainer, dir: &Path) -> Result<()> {
     let backend = trainer.backend();
-    let place = |what: &str| format!("{what} of checkpoint {}", dir.display());
-    let plan = together(backend, dir, &place("the checking"), || {
+    let place = |what: &str| format!("{what} from checkpoint {}", dir.display());
+    let plan = together(backend, dir, &place("the checks before loading"), || {
         Plan::new(trainer, dir)
     })?;
     for (i, tensor) in plan.tensors.iter().enumerate() {
@@ -185,14 +185,17 @@ impl Plan {
             let Some(overlap) = target.overlap(&b.block) else {
                 continue;
             };
-            let file = &self.files[&b.file];
-            let fail = |message: String| Error::Checkpoint {
-                path: file.path.display().to_string(),
+            let fail = |path: &Path, message: String| Error::Checkpoint {
+                path: path.display().to_string(),
                 tensor: Some(tensor.carried.name.clone()),
                 message,
             };
-            let start = (tensor.starts.get(&i).copied())
-                .ok_or_else(|| fail(format!("block {:?} was not planned", b.block)))?;
+            let (Some(&start), Some(file)) = (tensor.starts.get(&i), self.files.get(&b.file))
+            else {
+                let message = format!("block {:?} was not planned", b.block);
+                return Err(fail(&self.dir, message));
+            };
+            let fail = |message| fail(&file.path, message);
             // The saved block's elements from the overlap's first to its last.
             let first = b.block.position(&overlap.offsets);
             let count = b.block.position(&overlap.last()) + 1 - first;
@@ -211,7 +214,7 @@ impl Plan {
                 Error::Checkpoint {
                     path: self.dir.display().to_string(),
                     tensor: Some(tensor.carried.name.clone()),
-                    message,
+                    message: format!("{message} (a damaged block)"),
                 }
             })?;
         Ok(if want.dtype == saved.dtype {
