@@ -96,6 +96,22 @@ fn trainer(on: On, step: &TrainStep, initial: &[Literal]) -> Trainer {
     }
 }
 
+/// A trainer of the MLP's AdamW step on `on` (initial values and batches from `seed`),
+/// saved at `scratch(name)` after one step: the step, the initial values, the batches,
+/// the trainer and the checkpoint's directory.
+fn saved_after_a_step(
+    on: On,
+    seed: u64,
+    name: &str,
+) -> (TrainStep, Vec<Literal>, Vec<Vec<Literal>>, Trainer, PathBuf) {
+    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), seed);
+    let mut saved = trainer(on, &step, &initial);
+    saved.step(&data[0]).unwrap();
+    let dir = scratch(name);
+    saved.save(&dir).unwrap();
+    (step, initial, data, saved, dir)
+}
+
 /// Asserts two checkpoints hold the same names and bitwise the same values.
 #[track_caller]
 fn assert_bitwise(got: &[(String, Literal)], want: &[(String, Literal)], what: &str) {
@@ -179,11 +195,7 @@ fn adafactor_state_reshards_onto_other_meshes_and_the_reference() {
 /// mesh that splits it.
 #[test]
 fn a_reference_checkpoint_loads_onto_a_mesh() {
-    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), 3);
-    let mut saved = trainer(On::Reference, &step, &initial);
-    saved.step(&data[0]).unwrap();
-    let dir = scratch("from_reference");
-    saved.save(&dir).unwrap();
+    let (step, initial, _, saved, dir) = saved_after_a_step(On::Reference, 3, "from_reference");
     let mut loaded = trainer(On::Mesh(2, 4), &step, &initial);
     loaded.load(&dir).unwrap();
     assert_bitwise(
@@ -199,11 +211,7 @@ fn a_reference_checkpoint_loads_onto_a_mesh() {
 /// (replicas written by one device), with the values of the global tensors there.
 #[test]
 fn the_files_hold_each_distinct_block_once() {
-    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), 4);
-    let mut saved = trainer(On::Mesh(2, 4), &step, &initial);
-    saved.step(&data[0]).unwrap();
-    let dir = scratch("files");
-    saved.save(&dir).unwrap();
+    let (_, _, _, saved, dir) = saved_after_a_step(On::Mesh(2, 4), 4, "files");
     let want = saved.checkpoint().unwrap();
     let [save] = &saves(&dir)[..] else {
         panic!("one save directory expected in {}", dir.display())
@@ -249,11 +257,7 @@ fn the_files_hold_each_distinct_block_once() {
 /// loadable, and the next save removes what the failed one wrote.
 #[test]
 fn saves_replace_a_checkpoint_and_a_failed_one_changes_nothing() {
-    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), 5);
-    let mut saved = trainer(On::Mesh(2, 4), &step, &initial);
-    saved.step(&data[0]).unwrap();
-    let dir = scratch("replace");
-    saved.save(&dir).unwrap();
+    let (step, initial, data, mut saved, dir) = saved_after_a_step(On::Mesh(2, 4), 5, "replace");
     let first = saved.checkpoint().unwrap();
     saved.step(&data[1]).unwrap();
     saved.save(&dir).unwrap();
@@ -324,11 +328,7 @@ fn a_save_does_not_write_over_other_files() {
 #[test]
 fn float_tensors_of_another_dtype_are_converted() {
     use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-    let (step, initial, data) = problem(&Optimizer::adamw(1e-2), 7);
-    let mut saved = trainer(On::Mesh(2, 4), &step, &initial);
-    saved.step(&data[0]).unwrap();
-    let dir = scratch("bf16");
-    saved.save(&dir).unwrap();
+    let (step, initial, _, saved, dir) = saved_after_a_step(On::Mesh(2, 4), 7, "bf16");
     for save in saves(&dir) {
         for entry in std::fs::read_dir(save).unwrap() {
             let path = entry.unwrap().path();
