@@ -346,7 +346,8 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
 /// block); it loads on a `ranks/2 x 2` thread mesh and on the reference (rank 0), and
 /// on the ranks as either mesh, each with the loaded tensors bitwise those saved and the
 /// next loss bitwise that of a trainer of the same backend restored from the saved
-/// global tensors (on the saving mesh, that of the saving trainer).
+/// global tensors (on the saving mesh, that of the saving trainer). Then, with one
+/// rank's file removed, a load fails on every rank naming the file, within a second.
 fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
     let model = small_lm()?;
     let trained: Vec<usize> = (3..model.params.len()).collect();
@@ -406,6 +407,30 @@ fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
             )?;
         }
     }
+    // Rank 0 removes the last rank's file before a load starts: the error of the rank
+    // that reads it is every rank's.
+    let io = |e: std::io::Error| Error::MpiMesh(format!("{}: {e}", dir.display()));
+    let save = (std::fs::read_dir(&dir).map_err(io)?)
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.is_dir())
+        .ok_or_else(|| Error::MpiMesh(format!("no save in {}", dir.display())))?;
+    let missing = save.join(format!(
+        "process-{:05}-of-{ranks:05}.safetensors",
+        ranks - 1
+    ));
+    let mut loader = Trainer::new(step.clone(), MpiMesh::new(wide.clone())?, initial(2))?;
+    if me == 0 {
+        std::fs::remove_file(&missing).map_err(io)?;
+    }
+    let started = Instant::now();
+    let result = loader.load(&dir);
+    let culprit = missing.display().to_string();
+    expect_error(
+        "a sharded checkpoint missing a file",
+        started,
+        result,
+        &culprit,
+    )?;
     if me == 0 {
         println!(
             "sharded checkpoint of {wide} on {ranks} ranks: loads bitwise on threads as {tall}, on the reference, on the ranks as either mesh"
