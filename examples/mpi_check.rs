@@ -14,9 +14,15 @@
 //! running out of memory in a model's gradient; every rank must get an error naming the
 //! culprit in under a second, and the mesh must run the next program correctly. Then
 //! training: the language model's AdamW step on the ranks and on threads, with bitwise
-//! equal losses, and checkpoints saved on either loaded on the other (on the ranks,
-//! rank 0 alone reads the file: the others are given a missing one). Last, a rank
-//! leaves the mesh while the others run on: they must get an error, not a hang.
+//! equal losses, and checkpoints saved on either loaded on the other (every rank reads
+//! the file: a missing one is an error on every rank); a sharded checkpoint saved on the
+//! ranks loads on a thread mesh of another shape, on the reference and on the ranks.
+//! Last, a rank leaves the mesh while the others run on: they must get an error, not a
+//! hang.
+//!
+//! With `--checkpoints` (any even number of ranks, 8 in CI), only the sharded
+//! checkpoints: saved on the ranks as a `2 x ranks/2` mesh, loaded on threads as
+//! `ranks/2 x 2`, on the reference and on the ranks.
 //!
 //! With `--stall`, the last rank stops responding (sleeps) before a collective, the
 //! others waiting with a one-second timeout: the job must end with a non-zero exit
@@ -309,18 +315,18 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
     drop(on_ranks);
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
     let mut ranks_from_threads = Trainer::new(step, MpiMesh::new(mesh)?, initial(2))?;
-    // Only rank 0 reads the file: the others are given a path that does not exist. A
-    // file missing on rank 0 is an error on every rank.
+    // Every rank reads the file itself (the path must be one all ranks see): a missing
+    // file is an error on every rank.
     let missing = dir.join(format!("gspmd_mpi_check_{ranks}_missing.safetensors"));
     let started = Instant::now();
     let result = ranks_from_threads.load(&missing);
     expect_error(
-        "a checkpoint missing on rank 0",
+        "a missing checkpoint",
         started,
         result,
         &missing.display().to_string(),
     )?;
-    ranks_from_threads.load(if me == 0 { &from_threads } else { &missing })?;
+    ranks_from_threads.load(&from_threads)?;
     on_threads.load(&from_threads)?;
     same_loss(
         "the step after a thread-mesh checkpoint loaded on MPI",
@@ -330,6 +336,104 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
     if me == 0 {
         println!(
             "training on {shape}: losses and checkpoints bitwise equal to the thread mesh, checkpoints load across runtimes"
+        );
+    }
+    sharded_checkpoints(me, ranks)
+}
+
+/// Sharded checkpoints across runtimes and meshes: the language model trained on the
+/// ranks as a `2 x ranks/2` mesh saves a sharded checkpoint (each rank writes its
+/// block); it loads on a `ranks/2 x 2` thread mesh and on the reference (rank 0), and
+/// on the ranks as either mesh, each with the loaded tensors bitwise those saved and the
+/// next loss bitwise that of a trainer of the same backend restored from the saved
+/// global tensors (on the saving mesh, that of the saving trainer). Then, with one
+/// rank's file removed, a load fails on every rank naming the file, within a second.
+fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
+    let model = small_lm()?;
+    let trained: Vec<usize> = (3..model.params.len()).collect();
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let wide = language_model::mesh([2, ranks / 2])?;
+    let tall = language_model::mesh([ranks / 2, 2])?;
+    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let data: Vec<Vec<Literal>> = (0..3)
+        .map(|seed| sample_inputs(&model, 200 + seed)[..3].to_vec())
+        .collect();
+    let mut saved = Trainer::new(step.clone(), MpiMesh::new(wide.clone())?, initial(1))?;
+    for batch in &data[..2] {
+        saved.step(batch)?;
+    }
+    let dir = std::env::temp_dir().join(format!("gspmd_mpi_check_{ranks}_sharded"));
+    saved.save(&dir)?;
+    let want = saved.checkpoint()?;
+    let next = &data[2];
+    // `loaded` loads the checkpoint, `restored` restores `want`: the same tensors, bit for
+    // bit, and the same next loss.
+    let check = |what: &str, mut loaded: Trainer, mut restored: Trainer| -> Result<f32> {
+        loaded.load(&dir)?;
+        for ((name, a), (_, b)) in loaded.checkpoint()?.iter().zip(&want) {
+            same_bits(&format!("{what}: `{name}`"), a, b)?;
+        }
+        restored.restore(&want)?;
+        let loss = loaded.step(next)?;
+        let want = Literal::scalar_f32(restored.step(next)?);
+        same_bits(
+            &format!("{what}: the next loss"),
+            &Literal::scalar_f32(loss),
+            &want,
+        )?;
+        Ok(loss)
+    };
+    if me == 0 {
+        let on_threads = || Trainer::on_mesh(step.clone(), tall.clone(), initial(2));
+        check("loaded on threads", on_threads()?, on_threads()?)?;
+        let reference = || Trainer::reference(step.clone(), initial(2));
+        check("loaded on the reference", reference()?, reference()?)?;
+    }
+    // Back on the ranks, as either mesh (the same one on 4 ranks). (A backend of ranks x
+    // threads, a process holding several devices, belongs in this list too.)
+    let continued = Literal::scalar_f32(saved.step(next)?);
+    for mesh in [&wide, &tall] {
+        let on_ranks = || Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, initial(2));
+        let loss = check(
+            &format!("loaded on the ranks as {mesh}"),
+            on_ranks()?,
+            on_ranks()?,
+        )?;
+        if mesh == &wide {
+            same_bits(
+                "the step after a save",
+                &Literal::scalar_f32(loss),
+                &continued,
+            )?;
+        }
+    }
+    // Rank 0 removes the last rank's file before a load starts: the error of the rank
+    // that reads it is every rank's.
+    let io = |e: std::io::Error| Error::MpiMesh(format!("{}: {e}", dir.display()));
+    let save = (std::fs::read_dir(&dir).map_err(io)?)
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.is_dir())
+        .ok_or_else(|| Error::MpiMesh(format!("no save in {}", dir.display())))?;
+    let missing = save.join(format!(
+        "process-{:05}-of-{ranks:05}.safetensors",
+        ranks - 1
+    ));
+    let mut loader = Trainer::new(step.clone(), MpiMesh::new(wide.clone())?, initial(2))?;
+    if me == 0 {
+        std::fs::remove_file(&missing).map_err(io)?;
+    }
+    let started = Instant::now();
+    let result = loader.load(&dir);
+    let culprit = missing.display().to_string();
+    expect_error(
+        "a sharded checkpoint missing a file",
+        started,
+        result,
+        &culprit,
+    )?;
+    if me == 0 {
+        println!(
+            "sharded checkpoint of {wide} on {ranks} ranks: loads bitwise on threads as {tall}, on the reference, on the ranks as either mesh"
         );
     }
     Ok(())
@@ -359,6 +463,9 @@ fn main() -> Result<()> {
         return stall(mpi);
     }
     let ranks = mpi.mesh().num_devices();
+    if std::env::args().any(|a| a == "--checkpoints") && ranks % 2 == 0 {
+        return sharded_checkpoints(mpi.device(), ranks);
+    }
     if ranks != 2 && ranks != 4 {
         return Err(Error::MpiMesh(format!(
             "run with mpirun -np 2 or -np 4, not {ranks} ranks"

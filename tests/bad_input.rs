@@ -7,7 +7,7 @@
 //!
 //! The DSL's compile-time misuses are trybuild cases in `tests/ui/fail`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use gspmd::autodiff::grad;
 use gspmd::ir::{AxisGroup, Builder, DType, Literal, Op, Program, ReduceKind, verify};
 use gspmd::prelude::*;
 use gspmd::runtime::{Input, Output, assemble};
-use gspmd::train::{Optimizer, Trainer, load_checkpoint, save_checkpoint, step_program};
+use gspmd::train::{Optimizer, TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program};
 
 /// The error of `r`, or a failed test naming what succeeded.
 #[track_caller]
@@ -563,6 +563,172 @@ fn checkpoint_of_an_unsupported_dtype() {
     safetensors::serialize_to_file(vec![("w", view)], None, &path).unwrap();
     assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
     std::fs::remove_file(path).unwrap();
+}
+
+// ---- sharded checkpoints ---------------------------------------------------------------
+
+/// `loss = mean((x @ w)^2)` with `x` `[4, 8]` and `w` `[8, cols]` split over `model`,
+/// its parameters `trained` by `optimizer`.
+fn split_regression(cols: usize, trained: &[usize], optimizer: &Optimizer) -> TrainStep {
+    let b = Builder::new("split_regression");
+    let x = b.parameter("x", [4, 8], DType::F32);
+    let w = b
+        .parameter("w", [8, cols], DType::F32)
+        .annotate(sharding("(model, _)"));
+    let y = x.matmul(&w);
+    let loss = (&y * &y).mean(&[0, 1]);
+    step_program(&b.finish(&[&loss]).unwrap(), 0, trained, optimizer).unwrap()
+}
+
+/// A trainer of `step` on a mesh of two devices along `model`.
+fn split_trainer(step: TrainStep) -> Trainer {
+    let mesh = Mesh::new([("model", 2)]).unwrap();
+    let initial = (step.params.iter())
+        .map(|p| {
+            let ty = step.program.ty(step.program.params[p.input]);
+            Literal::full(&ty.shape, ty.dtype, 0.5)
+        })
+        .collect::<Vec<_>>();
+    Trainer::on_mesh(step, mesh, initial).unwrap()
+}
+
+/// A sharded checkpoint at `scratch(name)` of the split regression's AdamW step (`w`
+/// trained) after one step; its index and its file.
+fn sharded_checkpoint(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut trainer = split_trainer(split_regression(2, &[1], &Optimizer::adamw(0.1)));
+    trainer.step(&[f32s(&[4, 8], 1.0)]).unwrap();
+    trainer.save(&dir).unwrap();
+    (dir.join("index.json"), shard_file(&dir))
+}
+
+/// The one shard file of the checkpoint at `dir` (saved by one process).
+fn shard_file(dir: &Path) -> PathBuf {
+    let save = (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    std::fs::read_dir(save)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+}
+
+/// Loads the checkpoint whose index is `index` into a trainer of `step`: the error,
+/// which must be an [`Error::Checkpoint`] naming `path` and `tensor`.
+#[track_caller]
+fn load_error(index: &Path, step: TrainStep, path: &Path, tensor: Option<&str>) -> Error {
+    let dir = index.parent().unwrap();
+    let e = assert_err!(split_trainer(step).load(dir), Error::Checkpoint { .. });
+    let Error::Checkpoint {
+        path: named,
+        tensor: which,
+        ..
+    } = &e
+    else {
+        unreachable!()
+    };
+    assert_eq!(Path::new(named), path, "{e}");
+    assert_eq!(which.as_deref(), tensor, "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+    e
+}
+
+/// The split regression's AdamW step training `w`, as saved by [`sharded_checkpoint`].
+fn adamw_step() -> TrainStep {
+    split_regression(2, &[1], &Optimizer::adamw(0.1))
+}
+
+#[test]
+fn sharded_checkpoint_with_a_truncated_file() {
+    let (index, file) = sharded_checkpoint("truncated");
+    let len = std::fs::metadata(&file).unwrap().len();
+    let handle = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    handle.set_len(len - 4).unwrap();
+    let e = load_error(&index, adamw_step(), &file, Some("w"));
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn sharded_checkpoint_with_an_index_that_is_not_json() {
+    let (index, _) = sharded_checkpoint("bad-json");
+    std::fs::write(&index, "{\"format\": ").unwrap();
+    load_error(&index, adamw_step(), &index, None);
+}
+
+#[test]
+fn sharded_checkpoint_whose_index_names_a_missing_file() {
+    let (index, file) = sharded_checkpoint("missing-file");
+    std::fs::remove_file(&file).unwrap();
+    load_error(&index, adamw_step(), &file, Some("w"));
+}
+
+#[test]
+fn sharded_checkpoint_that_never_committed() {
+    let (index, _) = sharded_checkpoint("uncommitted");
+    std::fs::remove_file(&index).unwrap();
+    let e = load_error(&index, adamw_step(), &index, None);
+    assert!(e.to_string().contains("committed"), "{e}");
+}
+
+#[test]
+fn sharded_checkpoint_of_another_shape() {
+    let (index, _) = sharded_checkpoint("shape");
+    let wider = split_regression(3, &[1], &Optimizer::adamw(0.1));
+    load_error(&index, wider, &index, Some("w"));
+}
+
+#[test]
+fn sharded_checkpoint_of_another_dtype() {
+    let (index, _) = sharded_checkpoint("dtype");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(
+        &index,
+        text.replacen("\"dtype\":\"f32\"", "\"dtype\":\"i32\"", 1),
+    )
+    .unwrap();
+    load_error(&index, adamw_step(), &index, Some("w"));
+}
+
+#[test]
+fn sharded_checkpoint_missing_a_tensor() {
+    let (index, _) = sharded_checkpoint("missing-tensor");
+    let both = split_regression(2, &[0, 1], &Optimizer::adamw(0.1));
+    load_error(&index, both, &index, Some("x"));
+}
+
+#[test]
+fn sharded_checkpoint_whose_blocks_are_not_its_shardings() {
+    let (index, _) = sharded_checkpoint("blocks");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let edited = text.replacen("\"sharding\":\"(model, _)\"", "\"sharding\":\"(_, _)\"", 1);
+    assert_ne!(edited, text);
+    std::fs::write(&index, edited).unwrap();
+    load_error(&index, adamw_step(), &index, Some("w"));
+}
+
+#[test]
+fn sharded_checkpoint_of_another_optimizer() {
+    let (index, _) = sharded_checkpoint("optimizer");
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+    };
+    let e = load_error(&index, split_regression(2, &[1], &sgd), &index, None);
+    assert!(e.to_string().contains("adamw"), "{e}");
+}
+
+#[test]
+fn sharded_checkpoint_with_a_file_of_another_save() {
+    let (index, file) = sharded_checkpoint("mixed");
+    let (other_index, other_file) = sharded_checkpoint("mixed-other");
+    std::fs::copy(&other_file, &file).unwrap();
+    std::fs::remove_dir_all(other_index.parent().unwrap()).unwrap();
+    let e = load_error(&index, adamw_step(), &file, Some("w"));
+    assert!(e.to_string().contains("belongs to save"), "{e}");
 }
 
 // ---- running ---------------------------------------------------------------------------

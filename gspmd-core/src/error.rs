@@ -281,11 +281,15 @@ pub enum Error {
         message: String,
     },
     /// A checkpoint could not be written or read.
-    #[error("checkpoint {path}: {message}")]
+    #[error("checkpoint {path}: {}{message}", tensor_prefix(.tensor))]
     Checkpoint {
-        /// The file.
+        /// The file or directory: a safetensors file, a sharded checkpoint's index or
+        /// one of its shard files.
         path: String,
-        /// What went wrong (I/O, format, an unsupported dtype, a repeated name).
+        /// The tensor concerned, if the problem is one tensor's.
+        tensor: Option<String>,
+        /// What went wrong (I/O, format, an unsupported dtype, a repeated name, a
+        /// tensor that does not fit the step, a file of another save).
         message: String,
     },
 
@@ -429,6 +433,14 @@ pub enum Error {
     /// device count) or was given a program for another mesh.
     #[error("MPI mesh: {0}")]
     MpiMesh(String),
+}
+
+/// `tensor `name`: ` for an [`Error::Checkpoint`] about one tensor, else nothing.
+fn tensor_prefix(tensor: &Option<String>) -> String {
+    tensor
+        .as_ref()
+        .map(|name| format!("tensor `{name}`: "))
+        .unwrap_or_default()
 }
 
 fn display_list(errors: &[Error]) -> String {

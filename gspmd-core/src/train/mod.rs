@@ -14,8 +14,10 @@
 //!   devices' rows of a batch.
 //! - `trainer`: [`Trainer`] runs steps on any [`Backend`](crate::runtime::Backend) (the
 //!   reference interpreter, a thread mesh, MPI ranks) and feeds outputs back as inputs.
-//! - `checkpoint`: [`save_checkpoint`] / [`load_checkpoint`] in the safetensors format;
-//!   [`Trainer::save`] / [`Trainer::load`] on any backend.
+//! - `checkpoint`: [`Trainer::save`] / [`Trainer::load`] on any backend: sharded
+//!   checkpoint directories (each process writes its devices' blocks; loading reshards
+//!   onto any mesh), or one safetensors file of global tensors ([`save_checkpoint`] /
+//!   [`load_checkpoint`]).
 
 mod accumulate;
 mod checkpoint;

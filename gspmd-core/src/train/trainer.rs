@@ -354,6 +354,11 @@ impl Trainer {
         self.steps_done
     }
 
+    /// Sets the step count (a checkpoint's).
+    pub(super) fn set_steps_done(&mut self, steps: u64) {
+        self.steps_done = steps;
+    }
+
     /// The resident key of carried input `index`, if it is one.
     pub(super) fn carried_key(&self, index: usize) -> Option<&str> {
         self.carried.get(index).and_then(Option::as_deref)
