@@ -1373,6 +1373,18 @@ fn a_schedule_changes_the_lr_per_step_without_recompiling() {
     assert!(rates.windows(2).all(|w| w[0] != w[1]), "{rates:?}");
 }
 
+/// The interpreter's loss of the dense `model` on `data` with `t`'s current parameters.
+fn dense_loss(model: &Program, t: &Trainer, data: &[Literal]) -> Vec<Literal> {
+    let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
+    let inputs = [
+        data[0].clone(),
+        params[0].clone(),
+        params[1].clone(),
+        data[1].clone(),
+    ];
+    gspmd_core::runtime::interpret(model, &inputs).unwrap()
+}
+
 /// The validation loss of the model compiled once for the mesh, on the trainer's current
 /// (resident) parameters, equals the interpreter's loss of the model on the fetched
 /// parameters, and leaves training unchanged.
@@ -1388,14 +1400,7 @@ fn evaluating_held_out_data_on_the_resident_weights() {
     let eval_reference = reference.evaluator(&problem.model, 0).unwrap();
     for _ in 0..3 {
         let got = t.evaluate(&eval, &held_out).unwrap();
-        let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
-        let inputs = [
-            held_out[0].clone(),
-            params[0].clone(),
-            params[1].clone(),
-            held_out[1].clone(),
-        ];
-        let want = gspmd_core::runtime::interpret(&problem.model, &inputs).unwrap();
+        let want = dense_loss(&problem.model, &t, &held_out);
         assert_near(&values(&want[0]), &[got], 1e-5, "validation loss");
         let on_reference = reference.evaluate(&eval_reference, &held_out).unwrap();
         assert_near(
@@ -1445,14 +1450,7 @@ fn evaluating_a_model_that_shards_a_weight_otherwise() {
     let eval = t.evaluator(&other, 0).unwrap();
     for _ in 0..2 {
         let got = t.evaluate(&eval, &held_out).unwrap();
-        let params: Vec<Literal> = t.params().unwrap().into_iter().map(|p| p.1).collect();
-        let inputs = [
-            held_out[0].clone(),
-            params[0].clone(),
-            params[1].clone(),
-            held_out[1].clone(),
-        ];
-        let want = gspmd_core::runtime::interpret(&other, &inputs).unwrap();
+        let want = dense_loss(&other, &t, &held_out);
         assert_near(&values(&want[0]), &[got], 1e-5, "validation loss");
         assert_eq!(
             t.backend().resident("evaluate/1"),
