@@ -17,8 +17,8 @@
 //! The data then moves on the group's own communicator, split from the world once per
 //! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
 //! all-gather calls of exactly the bytes each member needs. Reductions combine the
-//! members' chunks in group order with the combine functions of the shared-memory
-//! communicator, so both backends give equal bits.
+//! members' chunks in the order and with the combine functions of the shared-memory
+//! communicator (`combine`), so both backends give equal bits.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -37,8 +37,8 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use super::Communicator;
 use super::call::{Call, CollectiveOp, census};
 use super::combine::{
-    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks,
+    Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
+    reduce_blocks, reduce_chunks,
 };
 use super::group::Group;
 use crate::error::{Error, Result};
@@ -79,10 +79,11 @@ pub(crate) struct MpiCommunicator {
     timeout: Cell<Duration>,
 }
 
-/// A rank's group over an axis list and the communicator of its members, whose ranks
-/// are the members' group indices.
+/// A rank's group over an axis list, the order its reductions combine in, and the
+/// communicator of its members, whose ranks are the members' group indices.
 struct Joined {
     group: Group,
+    order: ReductionOrder,
     comm: SimpleCommunicator,
 }
 
@@ -273,6 +274,7 @@ impl MpiCommunicator {
             return Ok(Rc::clone(joined));
         }
         let group = Group::of(&self.mesh, self.device, axes)?;
+        let order = ReductionOrder::of(&self.mesh, axes, &group)?;
         // The group's colour is its first member; ranks are ordered by group index.
         let colour = Color::with_value(count(group.members[0])?);
         let comm = self
@@ -282,7 +284,7 @@ impl MpiCommunicator {
                 device: self.device,
                 message: format!("MPI_Comm_split over {axes:?} gave no communicator"),
             })?;
-        let joined = Rc::new(Joined { group, comm });
+        let joined = Rc::new(Joined { group, order, comm });
         (self.groups.borrow_mut()).insert(axes.to_vec(), Rc::clone(&joined));
         Ok(joined)
     }
@@ -312,8 +314,8 @@ impl MpiCommunicator {
         let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
         check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
         // bf16 and f16 travel as f32 (MPI has no datatype for them): exact, and a
-        // reduction of them then sums in f32 in group order and rounds once, as on the
-        // thread mesh (`combine`), so the results are bitwise the same.
+        // reduction of them then sums in f32 in the group's order and rounds once, as on
+        // the thread mesh (`combine`), so the results are bitwise the same.
         if operand.dtype.is_narrow_float() {
             let wide = compute(&joined, x.convert(DType::F32)).map_err(fail)?;
             return Ok(wide.convert(operand.dtype));
@@ -484,8 +486,8 @@ fn gather_typed<T: Element + Equivalence + Default>(
 }
 
 /// Reduce-scatter then all-gather of the flattened operand: member `i` receives chunk
-/// `i` of everyone's operand, combines them in group order, and every member gathers
-/// the reduced chunks — the shared-memory communicator's order and bits.
+/// `i` of everyone's operand, combines them in the group's [`ReductionOrder`], and every
+/// member gathers the reduced chunks — the shared-memory communicator's order and bits.
 fn all_reduce_typed<T: Element + Equivalence + Default>(
     joined: &Joined,
     kind: ReduceKind,
@@ -503,7 +505,7 @@ fn all_reduce_typed<T: Element + Equivalence + Default>(
     let reduced = if sizes[index] == 0 {
         Vec::new()
     } else {
-        reduce_chunks(kind, &chunks).ok_or("empty group")?
+        reduce_chunks(kind, &joined.order, &chunks).ok_or("empty group")?
     };
     literal(&shape, all_gather_v(&joined.comm, &reduced, &sizes)?)
 }
@@ -552,9 +554,13 @@ fn reduce_scatter_typed<T: Element + Equivalence + Default>(
     x: Literal,
 ) -> Result<Literal, String> {
     let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
-    reduce_blocks(kind, views(&received, &shape, joined.group.size())?)
-        .map(T::literal)
-        .ok_or_else(|| "empty group".into())
+    reduce_blocks(
+        kind,
+        &joined.order,
+        &views(&received, &shape, joined.group.size())?,
+    )
+    .map(T::literal)
+    .ok_or_else(|| "empty group".into())
 }
 
 fn all_to_all_typed<T: Element + Equivalence + Default>(

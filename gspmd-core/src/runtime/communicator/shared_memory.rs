@@ -12,8 +12,8 @@ use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
-    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks, same_type, shape_of, standard_layout,
+    Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
+    reduce_blocks, reduce_chunks, same_type, shape_of, standard_layout,
 };
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
@@ -40,12 +40,13 @@ pub(crate) struct SharedMemoryCommunicator {
     generation: u64,
 }
 
-/// A device's group over an axis list, with the meeting where its members exchange
-/// (`None` for a group of one) and the slot in that meeting's rounds of each member, in
-/// group order.
+/// A device's group over an axis list, with the order its reductions combine in, the
+/// meeting where its members exchange (`None` for a group of one) and the slot in that
+/// meeting's rounds of each member, in group order.
 #[derive(Debug)]
 struct Joined {
     group: Group,
+    order: ReductionOrder,
     meeting: Option<Arc<Meeting>>,
     slots: Vec<usize>,
     /// The collectives called over the group so far, each made once.
@@ -120,6 +121,7 @@ impl SharedMemoryCommunicator {
             return Ok(Arc::clone(joined));
         }
         let group = Group::of(&self.mesh, self.device, axes)?;
+        let order = ReductionOrder::of(&self.mesh, axes, &group)?;
         let (meeting, slots) = if group.size() == 1 {
             (None, vec![0])
         } else {
@@ -133,6 +135,7 @@ impl SharedMemoryCommunicator {
         };
         let joined = Arc::new(Joined {
             group,
+            order,
             meeting,
             slots,
             calls: Mutex::new(Vec::new()),
@@ -393,22 +396,21 @@ impl Communicator for SharedMemoryCommunicator {
 /// members spin a while before sleeping ([`SPIN`]).
 const ONE_ROUND_MAX_ELEMENTS: usize = 4096;
 
-/// Every member gets, element by element, the first member's operand combined with the
-/// others' in group order — on both paths (one round, or reduce-scatter then
-/// all-gather), so results are bitwise the same on every member and every path.
+/// Every member gets, element by element, the members' operands combined in the group's
+/// [`ReductionOrder`] — on both paths (one round, or reduce-scatter then all-gather), so
+/// results are bitwise the same on every member and every path.
 fn all_reduce_typed<T: Element>(
     comm: &SharedMemoryCommunicator,
     ex: Exchange,
     kind: ReduceKind,
 ) -> Result<Literal> {
     let len = shape_of(&ex.mine).iter().product();
+    let order = &ex.joined.order;
     if len <= ONE_ROUND_MAX_ELEMENTS {
-        let group = 0..ex.group().size();
-        for i in group.clone() {
-            ex.operand::<T>(i)?;
-        }
-        let views = group.filter_map(|i| ex.operand::<T>(i).ok().map(|x| x.view()));
-        return reduce_blocks(kind, views)
+        let views: Vec<ArrayViewD<'_, T>> = (ex.operands::<T>()?.into_iter())
+            .map(|x| x.view())
+            .collect();
+        return reduce_blocks(kind, order, &views)
             .map(T::literal)
             .ok_or_else(|| ex.fail("empty group".into()));
     }
@@ -425,7 +427,8 @@ fn all_reduce_typed<T: Element>(
                 .ok_or_else(|| ex.fail("an operand is not in standard layout".into()))
         })
         .collect::<Result<_>>()?;
-    let reduced = reduce_chunks(kind, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
+    let reduced =
+        reduce_chunks(kind, order, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
     let reduced = ArrayD::from_shape_vec(IxDyn(&[reduced.len()]), reduced)
         .map_err(|e| ex.fail(format!("reduced chunk: {e}")))?;
     drop(chunks);
@@ -515,7 +518,7 @@ fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_,
 }
 
 fn reduce_scatter_typed<T: Element>(ex: Exchange, kind: ReduceKind, dim: usize) -> Result<Literal> {
-    reduce_blocks(kind, my_blocks::<T>(&ex, dim)?)
+    reduce_blocks(kind, &ex.joined.order, &my_blocks::<T>(&ex, dim)?)
         .map(T::literal)
         .ok_or_else(|| ex.fail("empty group".into()))
 }
