@@ -5,8 +5,8 @@
 //! and the cutting of operands into blocks and chunks.
 
 use ndarray::{
-    ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Dimension, Slice,
-    Zip,
+    ArrayBase, ArrayD, ArrayView, ArrayView1, ArrayViewD, ArrayViewMut, ArrayViewMut1, Axis, Data,
+    Dimension, IxDyn, Slice, Zip,
 };
 
 use super::call::CollectiveOp;
@@ -246,7 +246,7 @@ pub(super) struct ReductionOrder {
     sorted: Vec<usize>,
     /// The digits' sizes, minor first; their product is the group size (`[1]` for a
     /// group of one).
-    levels: Vec<usize>,
+    pub(super) levels: Vec<usize>,
 }
 
 impl ReductionOrder {
@@ -393,7 +393,12 @@ pub(super) fn standard_layout(x: Literal) -> Literal {
 const TILE: usize = 16 * 1024;
 
 /// Block `index` of `x` cut in `n` equal blocks along `dim` (which `n` divides).
-pub(super) fn block<T>(x: &ArrayD<T>, dim: usize, n: usize, index: usize) -> ArrayViewD<'_, T> {
+pub(super) fn block<S: Data>(
+    x: &ArrayBase<S, IxDyn>,
+    dim: usize,
+    n: usize,
+    index: usize,
+) -> ArrayViewD<'_, S::Elem> {
     let size = x.shape()[dim] / n;
     x.slice_axis(Axis(dim), Slice::from(index * size..(index + 1) * size))
 }

@@ -1,5 +1,7 @@
 //! [`SharedMemoryCommunicator`]: the collectives for devices that are threads of one
-//! process, and the element combine functions of their reductions.
+//! process, and the element combine functions of their reductions. When the devices are
+//! one process's share of a larger mesh, collectives whose groups span processes go to
+//! the process's thread through the [`Uplink`].
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,6 +19,7 @@ use super::combine::{
 };
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
+use super::uplink::Uplink;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, ReduceKind};
 use crate::sharding::Mesh;
@@ -24,7 +27,9 @@ use crate::sharding::Mesh;
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
 /// `Arc`s of the operands in the [`Meeting`] of their group only (devices of other
 /// groups run on), and each member reads only the parts of the others' buffers it
-/// needs. A group of one meets nobody.
+/// needs. A group of one meets nobody. With an [`Uplink`] (the devices are a share of
+/// a mesh spanning processes), a collective whose group has members in other processes
+/// is a step of the process, and so is the end of a program.
 #[derive(Debug, Clone)]
 pub(crate) struct SharedMemoryCommunicator {
     device: usize,
@@ -38,16 +43,23 @@ pub(crate) struct SharedMemoryCommunicator {
     groups: RefCell<HashMap<Vec<String>, Arc<Joined>>>,
     /// The run (the rendezvous's generation) this device is in.
     generation: u64,
+    /// The way to the other processes, if the mesh spans several.
+    uplink: Option<Arc<Uplink>>,
+    /// Whether this run's process takes its devices' steps: else the run stays inside
+    /// the process (no collective may span processes, the end is the devices' own).
+    linked: bool,
 }
 
 /// A device's group over an axis list, with the order its reductions combine in, the
-/// meeting where its members exchange (`None` for a group of one) and the slot in that
-/// meeting's rounds of each member, in group order.
+/// meeting where its members exchange (`None` for a group of one, or one spanning
+/// processes) and the slot in that meeting's rounds of each member, in group order.
 #[derive(Debug)]
 struct Joined {
     group: Group,
     order: ReductionOrder,
     meeting: Option<Arc<Meeting>>,
+    /// The uplink, if the group has members in other processes.
+    uplink: Option<Arc<Uplink>>,
     slots: Vec<usize>,
     /// The collectives called over the group so far, each made once.
     calls: Mutex<Vec<Arc<Call>>>,
@@ -68,9 +80,10 @@ impl Joined {
             op,
             axes: axes.to_vec(),
         };
-        let call = match &self.meeting {
-            Some(meeting) => meeting.call(call),
-            None => Arc::new(call),
+        let call = match (&self.meeting, &self.uplink) {
+            (Some(meeting), _) => meeting.call(call),
+            (None, Some(uplink)) => uplink.call(call),
+            (None, None) => Arc::new(call),
         };
         calls.push(Arc::clone(&call));
         call
@@ -78,14 +91,23 @@ impl Joined {
 }
 
 /// How a collective starts: alone (a group of one, for a collective that is then the
-/// identity) or with the first round of posts of its group.
+/// identity), with the first round of posts of its group, or as a step of the process
+/// (a group spanning processes) at this call.
 enum Start {
     Alone(Literal),
     Exchange(Exchange),
+    Process(Arc<Uplink>, Arc<Call>, Literal),
 }
 
 impl SharedMemoryCommunicator {
-    pub(crate) fn new(device: usize, mesh: Arc<Mesh>, rendezvous: Arc<Rendezvous>) -> Self {
+    /// The communicator of `device`, one of the devices of `rendezvous`; `uplink` is
+    /// theirs if the mesh spans other processes.
+    pub(crate) fn new(
+        device: usize,
+        mesh: Arc<Mesh>,
+        rendezvous: Arc<Rendezvous>,
+        uplink: Option<Arc<Uplink>>,
+    ) -> Self {
         let everyone = rendezvous.everyone();
         SharedMemoryCommunicator {
             device,
@@ -95,13 +117,17 @@ impl SharedMemoryCommunicator {
             rendezvous,
             groups: RefCell::new(HashMap::new()),
             generation: 0,
+            uplink,
+            linked: false,
         }
     }
 
     /// Joins run `generation` of the rendezvous: this device's collectives and aborts
-    /// from now on belong to it.
-    pub(crate) fn join_run(&mut self, generation: u64) {
+    /// from now on belong to it. `linked`: the process takes the run's steps across
+    /// processes (see [`Uplink`]).
+    pub(crate) fn join_run(&mut self, generation: u64, linked: bool) {
         self.generation = generation;
+        self.linked = linked && self.uplink.is_some();
     }
 
     /// Aborts the communicator with `result`'s error, unless that error is itself the
@@ -122,7 +148,10 @@ impl SharedMemoryCommunicator {
         }
         let group = Group::of(&self.mesh, self.device, axes)?;
         let order = ReductionOrder::of(&self.mesh, axes, &group)?;
-        let (meeting, slots) = if group.size() == 1 {
+        let here = self.everyone.devices();
+        let uplink = (self.uplink.clone())
+            .filter(|_| !group.members.iter().all(|m| here.binary_search(m).is_ok()));
+        let (meeting, slots) = if group.size() == 1 || uplink.is_some() {
             (None, vec![0])
         } else {
             let mut devices = group.members.clone();
@@ -137,6 +166,7 @@ impl SharedMemoryCommunicator {
             group,
             order,
             meeting,
+            uplink,
             slots,
             calls: Mutex::new(Vec::new()),
         });
@@ -159,6 +189,15 @@ impl SharedMemoryCommunicator {
         let result = self.start(op, axes, x).and_then(|start| match start {
             Start::Alone(x) => Ok(x),
             Start::Exchange(ex) => compute(self, ex),
+            Start::Process(uplink, call, x) => uplink
+                .step(
+                    &self.rendezvous,
+                    self.device,
+                    self.generation,
+                    call,
+                    Some(x),
+                )?
+                .ok_or_else(|| Error::ThreadMesh("the process gave no result".into())),
         });
         self.abort_on_error(result)
     }
@@ -185,6 +224,14 @@ impl SharedMemoryCommunicator {
         };
         let shape = shape_of(&x);
         check_arguments(op, &joined.group, shape).map_err(fail)?;
+        if let Some(uplink) = &joined.uplink {
+            if !self.linked {
+                return Err(fail(
+                    "the group spans processes, but this run stays inside the process".into(),
+                ));
+            }
+            return Ok(Start::Process(Arc::clone(uplink), call, x));
+        }
         let Some(meeting) = &joined.meeting else {
             if identity_when_alone {
                 return Ok(Start::Alone(x));
@@ -240,8 +287,14 @@ impl SharedMemoryCommunicator {
     }
 
     /// Meets every device at the end of their programs: an error if another device is
-    /// still in a collective (it called one this device did not), which aborts.
+    /// still in a collective (it called one this device did not), which aborts. With an
+    /// uplink, the end is a step of the process: `Ok` once every process has ended.
     pub(crate) fn end_program(&self) -> Result<()> {
+        if let Some(uplink) = self.uplink.as_ref().filter(|_| self.linked) {
+            let end = uplink.call(Call::End);
+            let ended = uplink.step(&self.rendezvous, self.device, self.generation, end, None);
+            return self.abort_on_error(ended.map(drop));
+        }
         let call = Arc::clone(&self.end);
         let post = Post {
             call: Arc::clone(&call),
