@@ -12,6 +12,7 @@ use ndarray::{
 use super::call::CollectiveOp;
 use super::group::Group;
 use half::{bf16, f16};
+use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::ir::{self, Literal, ReduceKind, TensorType, map_literal, with_literal};
@@ -301,8 +302,8 @@ impl ReductionOrder {
         leaf: impl Fn(usize) -> ArrayView<'x, T, D>,
     ) -> usize {
         let top = self.levels.len() - 1;
-        let mut holder: Vec<usize> = (0..=top).collect();
-        let mut digits = vec![0; self.levels.len()];
+        let mut holder: Levels<usize> = (0..=top).collect();
+        let mut digits: Levels<usize> = self.levels.iter().map(|_| 0).collect();
         for &member in &self.sorted {
             let x = leaf(member);
             if digits[0] == 0 {
@@ -332,6 +333,9 @@ impl ReductionOrder {
     }
 }
 
+/// Per level of a [`ReductionOrder`] (a handful: one per prime digit of the group).
+type Levels<T> = SmallVec<[T; 8]>;
+
 /// The prime factors of `n`, smallest first (none for 1).
 fn prime_factors(mut n: usize) -> Vec<usize> {
     let mut factors = Vec::new();
@@ -357,10 +361,10 @@ pub(super) fn reduce_blocks<T: Element>(
     blocks: &[ArrayViewD<'_, T>],
 ) -> Option<ArrayD<T>> {
     let shape = blocks.first()?.shape();
-    let mut accs: Vec<ArrayD<T::Acc>> = (order.levels.iter())
+    let mut accs: Levels<ArrayD<T::Acc>> = (order.levels.iter())
         .map(|_| buffers::take_array::<T::Acc>(shape))
         .collect();
-    let mut views: Vec<ArrayViewMut<'_, T::Acc, _>> =
+    let mut views: Levels<ArrayViewMut<'_, T::Acc, _>> =
         accs.iter_mut().map(|a| a.view_mut()).collect();
     let result = order.fold::<T, _>(kind, &mut views, |i| blocks[i].view());
     drop(views);
@@ -413,13 +417,13 @@ pub(super) fn reduce_chunks<T: Element>(
     let len = chunks.first()?.len();
     let mut reduced: Vec<T::Acc> = buffers::take(len);
     // The first level accumulates in the result; the others in scratch tiles.
-    let mut scratch: Vec<Vec<T::Acc>> = (1..order.levels.len())
+    let mut scratch: Levels<Vec<T::Acc>> = (1..order.levels.len())
         .map(|_| buffers::take(TILE.min(len)))
         .collect();
     for start in (0..len).step_by(TILE) {
         let tile = start..(start + TILE).min(len);
-        let mut accs: Vec<ArrayViewMut1<'_, T::Acc>> =
-            vec![ArrayViewMut1::from(&mut reduced[tile.clone()])];
+        let mut accs: Levels<ArrayViewMut1<'_, T::Acc>> = SmallVec::new();
+        accs.push(ArrayViewMut1::from(&mut reduced[tile.clone()]));
         accs.extend((scratch.iter_mut()).map(|s| ArrayViewMut1::from(&mut s[..tile.len()])));
         let result = order.fold::<T, _>(kind, &mut accs, |i| {
             ArrayView1::from(&chunks[i][tile.clone()])

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use smallvec::SmallVec;
 
 use super::super::buffers;
 use super::Communicator;
@@ -460,9 +461,9 @@ fn all_reduce_typed<T: Element>(
     let len = shape_of(&ex.mine).iter().product();
     let order = &ex.joined.order;
     if len <= ONE_ROUND_MAX_ELEMENTS {
-        let views: Vec<ArrayViewD<'_, T>> = (ex.operands::<T>()?.into_iter())
-            .map(|x| x.view())
-            .collect();
+        let views = (0..ex.group().size())
+            .map(|i| ex.operand::<T>(i).map(|x| x.view()))
+            .collect::<Result<SmallVec<[ArrayViewD<'_, T>; 8]>>>()?;
         return reduce_blocks(kind, order, &views)
             .map(T::literal)
             .ok_or_else(|| ex.fail("empty group".into()));
