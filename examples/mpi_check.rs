@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Everything runs twice: on meshes of one device per rank, then on meshes of 8 devices,
-//! several per rank (4 threads per rank on 2 ranks, 2 on 4: the hierarchical mesh). First
+//! several per rank (4 threads per rank on 2 ranks, 2 on 4: the hierarchical mesh), after
+//! a check that meshes the ranks cannot hold are errors on every rank. First
 //! every collective (all-reduce of f32, bf16, i32 and bool, large and small,
 //! reduce-scatter, all-gather, all-to-all, permutes with and without wrapping) over every
 //! axis list and some sub-axes of a few meshes (one axis, two, three, and a permuted
@@ -279,6 +280,45 @@ fn collectives(mut mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
         if first(&mpi) {
             println!("every collective on {mesh}: bitwise equal to the thread mesh");
         }
+    }
+    Ok(mpi)
+}
+
+/// Meshes the ranks cannot hold: a device count they do not divide, a device order that
+/// does not give each rank a block, and (on 2 ranks) a reduction over an axis of 6 of
+/// which each rank holds 3 (its prime digits are 2 then 3, smallest first: a rank would
+/// cut them). Each must be an error on every rank, naming the problem.
+fn layouts(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
+    let expect = |what: &str, result: Result<MpiMesh>, culprit: &str| match result {
+        Ok(_) => Err(Error::MpiMesh(format!("{what}: accepted"))),
+        Err(e) if e.to_string().contains(culprit) => Ok(()),
+        Err(e) => Err(Error::MpiMesh(format!("{what}: {e}"))),
+    };
+    let odd = Mesh::new([("x", ranks + 1)])?;
+    expect("an odd mesh", MpiMesh::new(odd), "launch with mpirun -np")?;
+    let strided = Mesh::with_device_order([("x", 8)], vec![0, 2, 4, 6, 1, 3, 5, 7])?;
+    expect(
+        "a strided device order",
+        MpiMesh::new(strided),
+        "not a block",
+    )?;
+    if ranks == 2 {
+        let mpi = mpi.reshape(Mesh::new([("x", 6)])?)?;
+        let started = Instant::now();
+        let result = mpi.run("a reduction a rank cuts", |comm| {
+            comm.all_reduce(
+                &["x".to_string()],
+                ReduceKind::Sum,
+                Literal::scalar_f32(1.0),
+            )
+        });
+        expect_error(
+            "a reduction a rank cuts",
+            started,
+            result,
+            "which ranks of 3 devices cut",
+        )?;
+        return Ok(mpi);
     }
     Ok(mpi)
 }
@@ -589,7 +629,7 @@ fn main() -> Result<()> {
         )));
     }
     // A device per rank, then 8 devices: several per rank.
-    let mut mpi = mpi;
+    let mut mpi = layouts(mpi, ranks)?;
     for devices in [ranks, 8] {
         let started = Instant::now();
         mpi = collectives(mpi, devices)?;
