@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use gspmd::ir::{Literal, ReduceKind};
-use gspmd::runtime::{Communicator, MpiMesh, ThreadMesh};
+use gspmd::runtime::{Backend, Communicator, MpiMesh, ThreadMesh};
 use gspmd::sharding::Mesh;
 use gspmd::{Error, Result};
 use ndarray::{ArrayD, IxDyn};
@@ -89,15 +89,19 @@ fn main() -> Result<()> {
             .into_iter()
             .flat_map(|c| [(c, 1 << 20, 30), (c, 16 << 20, 7)])
             .collect();
-    let on_ranks = mpi.run("mpi_bench", |comm| {
-        (rows.iter())
-            .map(|&(c, bytes, reps)| time(comm, c, bytes, reps))
-            .collect::<Result<Vec<Duration>>>()
-    })?;
+    let jobs = rows.clone();
+    let on_ranks = mpi
+        .run("mpi_bench", move |comm| {
+            (jobs.iter())
+                .map(|&(c, bytes, reps)| time(comm, c, bytes, reps))
+                .collect::<Result<Vec<Duration>>>()
+        })?
+        .swap_remove(0);
     // Rank 0 measures the thread mesh and memcpy while the others wait for it.
-    let others = mpi.run("the thread mesh bench", |_| {
+    let mut others = Vec::new();
+    mpi.together("the thread mesh bench", &mut || {
         if mpi.device() != 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let threads = ThreadMesh::new(Mesh::new([("rank", ranks)])?)?;
         let jobs = rows.clone();
@@ -111,7 +115,8 @@ fn main() -> Result<()> {
             .iter()
             .map(|&(_, bytes, reps)| memcpy(bytes, reps))
             .collect();
-        Ok(vec![on_threads, copies])
+        others = vec![on_threads, copies];
+        Ok(())
     })?;
     if let [on_threads, copies] = others.as_slice() {
         println!(

@@ -5,20 +5,30 @@
 //! mpirun -np 4 target/release/examples/mpi_check
 //! ```
 //!
-//! Every rank compiles the library's models (the Transformer language model, the
-//! mixture of experts with its all-to-alls, the spatially partitioned U-Net with its halo
-//! exchanges, and a circular pipeline with its shifts) with their gradients for each mesh
-//! shape of that many devices, runs them on the MPI ranks and on a thread mesh of the
-//! same shape, and fails unless every output is bitwise equal. Then the fault cases: a
-//! rank whose program differs, a rank whose program fails or panics mid-step, a rank
-//! running out of memory in a model's gradient; every rank must get an error naming the
-//! culprit in under a second, and the mesh must run the next program correctly. Then
-//! training: the language model's AdamW step on the ranks and on threads, with bitwise
-//! equal losses, and checkpoints saved on either loaded on the other (every rank reads
-//! the file: a missing one is an error on every rank); a sharded checkpoint saved on the
-//! ranks loads on a thread mesh of another shape, on the reference and on the ranks.
-//! Last, a rank leaves the mesh while the others run on: they must get an error, not a
-//! hang.
+//! Everything runs twice: on meshes of one device per rank, then on meshes of 8 devices,
+//! several per rank (4 threads per rank on 2 ranks, 2 on 4: the hierarchical mesh), after
+//! a check that meshes the ranks cannot hold are errors on every rank. First
+//! every collective (all-reduce of f32, bf16, i32 and bool, large and small,
+//! reduce-scatter, all-gather, all-to-all, permutes with and without wrapping) over every
+//! axis list and some sub-axes of a few meshes (one axis, two, three, and a permuted
+//! device order), against a thread mesh of the same mesh: bitwise equal results on every
+//! device, with operands whose sums depend on the order of their terms. Then every rank
+//! compiles the library's models (the Transformer language model, the mixture of experts
+//! with its all-to-alls, the spatially partitioned U-Net with its halo exchanges, and a
+//! circular pipeline with its shifts) with their gradients for each mesh shape of that
+//! many devices, runs them on the MPI ranks and on a thread mesh of the same shape, and
+//! fails unless every output is bitwise equal. Then the fault cases: a rank whose
+//! program differs, a device whose program fails or panics mid-step, a rank running out
+//! of memory in a model's gradient, and (with several devices per rank) a device that
+//! stops responding; every rank must get an error naming the culprit within a second
+//! (two for the stalled device), and the mesh must run the next program correctly. Then
+//! training: initial weights from an `Initializer` bitwise equal to the single-device
+//! reference's and a thread mesh's; the language model's AdamW step on the ranks and on
+//! threads, with bitwise equal losses, and checkpoints saved on either loaded on the
+//! other (every rank reads the file: a missing one is an error on every rank); a
+//! sharded checkpoint saved on the ranks loads on a thread mesh of another shape, on the
+//! reference and on the ranks. Last, a rank leaves the mesh while the others run on:
+//! they must get an error, not a hang.
 //!
 //! With `--checkpoints` (any even number of ranks, 8 in CI), only the sharded
 //! checkpoints: saved on the ranks as a `2 x ranks/2` mesh, loaded on threads as
@@ -27,7 +37,8 @@
 //! With `--stall`, the last rank stops responding (sleeps) before a collective, the
 //! others waiting with a one-second timeout: the job must end with a non-zero exit
 //! status and a message naming where they waited and the rank that did not come
-//! (`.ci/run` checks both).
+//! (`.ci/run` checks both). `--stall 8` does the same on a mesh of 8 devices, several per
+//! rank.
 
 use std::time::{Duration, Instant};
 
@@ -38,12 +49,13 @@ use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_stack};
 use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
-use gspmd::runtime::{Communicator, MpiMesh, ThreadMesh, sample_inputs};
+use gspmd::runtime::{Backend, Communicator, MpiMesh, Reference, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
 use gspmd::{Error, Result};
+use ndarray::{ArrayD, IxDyn};
 
-/// A model's gradient program and the meshes of `ranks` devices it runs on.
+/// A model's gradient program and the meshes of `devices` devices it runs on.
 struct Case {
     name: &'static str,
     program: Program,
@@ -67,7 +79,7 @@ fn small_lm() -> Result<Program> {
     )
 }
 
-fn cases(ranks: usize) -> Result<Vec<Case>> {
+fn cases(devices: usize) -> Result<Vec<Case>> {
     let lm = small_lm()?;
     let moe = moe_language_model::trace(
         moe_language_model::Dims {
@@ -103,10 +115,12 @@ fn cases(ranks: usize) -> Result<Vec<Case>> {
             &(first_trained..forward.params.len()).collect::<Vec<_>>(),
         )
     };
-    // Two-axis shapes of `ranks` devices: all on one axis, all on the other, and split.
-    let mut shapes = vec![[1, ranks], [ranks, 1]];
-    if ranks == 4 {
-        shapes.push([2, 2]);
+    // Two-axis shapes of `devices` devices: all on one axis, all on the other, and split.
+    let mut shapes = vec![[1, devices], [devices, 1]];
+    match devices {
+        4 => shapes.push([2, 2]),
+        8 => shapes.extend([[2, 4], [4, 2]]),
+        _ => {}
     }
     let meshes = |make: &dyn Fn([usize; 2]) -> Result<Mesh>| {
         shapes.iter().map(|&s| make(s)).collect::<Result<Vec<_>>>()
@@ -130,7 +144,7 @@ fn cases(ranks: usize) -> Result<Vec<Case>> {
         Case {
             name: "circular pipeline",
             program: stack,
-            meshes: vec![mlp_stack::mesh([2, ranks / 2])?],
+            meshes: vec![mlp_stack::mesh([2, devices / 2])?],
         },
     ])
 }
@@ -145,9 +159,178 @@ fn same_bits(what: &str, a: &Literal, b: &Literal) -> Result<()> {
     )))
 }
 
+/// Whether this is rank 0 (which prints).
+fn first(mpi: &MpiMesh) -> bool {
+    mpi.process().0 == 0
+}
+
+/// The operand of `device` for the collectives check (of a two-dim `shape`): f32 values
+/// over eight decades with mixed signs (so that sums depend on the order of their
+/// terms), as `dtype`.
+fn operand(device: usize, shape: &[usize], dtype: DType) -> Literal {
+    let x = ArrayD::from_shape_fn(IxDyn(shape), |ix| {
+        let k = ((device * 131 + ix[0]) * 1237 + ix[1]) * 17;
+        let sign = if k.is_multiple_of(3) { -1.0 } else { 1.0 };
+        sign * (1.0 + (k % 97) as f32 * 1e-2) * 10f32.powi((k % 8) as i32 - 4)
+    });
+    match dtype {
+        DType::F32 => x.into(),
+        DType::I32 => x.mapv(|v| (v * 1e3) as i32).into(),
+        DType::Bool => x.mapv(|v| v > 0.0).into(),
+        other => Literal::F32(x).convert(other),
+    }
+}
+
+/// Every kind of collective over `axes`, as a device runs them: the results in order.
+fn collectives_over(comm: &dyn Communicator, axes: &[String]) -> Result<Vec<Literal>> {
+    let n = comm.mesh().axes_size(axes);
+    let d = comm.device();
+    let shift: Vec<(usize, usize)> = (0..n).map(|i| (i, (i + 1) % n)).collect();
+    let mirror: Vec<(usize, usize)> = (1..n).map(|i| (i, n - i)).collect();
+    let x = |dtype| operand(d, &[8, 6], dtype);
+    Ok(vec![
+        comm.all_reduce(axes, ReduceKind::Sum, x(DType::F32))?,
+        comm.all_reduce(axes, ReduceKind::Sum, operand(d, &[8, 1100], DType::F32))?,
+        comm.all_reduce(axes, ReduceKind::Max, x(DType::F32))?,
+        comm.all_reduce(axes, ReduceKind::Sum, x(DType::BF16))?,
+        comm.all_reduce(axes, ReduceKind::Sum, x(DType::I32))?,
+        comm.all_reduce(axes, ReduceKind::Min, x(DType::Bool))?,
+        comm.reduce_scatter(axes, ReduceKind::Sum, 0, x(DType::F32))?,
+        comm.reduce_scatter(axes, ReduceKind::Max, 0, x(DType::BF16))?,
+        comm.all_gather(axes, 1, x(DType::F32))?,
+        comm.all_gather(axes, 0, x(DType::Bool))?,
+        comm.all_to_all(axes, 0, 1, x(DType::F32))?,
+        comm.collective_permute(axes, &shift, x(DType::F32))?,
+        comm.collective_permute(axes, &mirror, x(DType::I32))?,
+    ])
+}
+
+/// Meshes of `devices` devices for the collectives check, with axis lists to check on
+/// each: every ordered list of distinct axes, and some of sub-axes.
+fn collective_cases(devices: usize) -> Result<Vec<(Mesh, Vec<Vec<String>>)>> {
+    let list = |names: &[&str]| names.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let orderings = |mesh: &Mesh| -> Vec<Vec<String>> {
+        let names: Vec<String> = mesh.axis_names().map(String::from).collect();
+        let (mut lists, mut longest) = (vec![Vec::new()], vec![Vec::new()]);
+        for _ in 0..names.len() {
+            longest = (longest.iter())
+                .flat_map(|l: &Vec<String>| {
+                    let unused = names.iter().filter(|n| !l.contains(n));
+                    unused.map(|n| [l.clone(), vec![n.clone()]].concat())
+                })
+                .collect();
+            lists.extend(longest.iter().cloned());
+        }
+        lists
+    };
+    let with = |mesh: Mesh, extra: &[&[&str]]| {
+        let mut lists = orderings(&mesh);
+        lists.extend(extra.iter().map(|e| list(e)));
+        (mesh, lists)
+    };
+    Ok(match devices {
+        2 => vec![with(Mesh::new([("x", 2)])?, &[])],
+        4 => vec![
+            with(
+                Mesh::new([("x", 4)])?,
+                &[&["x:(2)2"], &["x:(2)2", "x:(1)2"]],
+            ),
+            with(Mesh::new([("a", 2), ("b", 2)])?, &[]),
+        ],
+        _ => vec![
+            with(
+                Mesh::new([("data", 2), ("model", 4)])?,
+                &[
+                    &["model:(2)2"],
+                    &["model:(1)2", "data"],
+                    &["model:(2)2", "data"],
+                ],
+            ),
+            with(
+                Mesh::new([("data", 4), ("model", 2)])?,
+                &[&["data:(1)2"], &["model", "data:(2)2"]],
+            ),
+            with(
+                Mesh::new([("x", 8)])?,
+                &[&["x:(2)4"], &["x:(4)2", "x:(1)4"]],
+            ),
+            with(Mesh::new([("a", 2), ("b", 2), ("c", 2)])?, &[]),
+            // Each rank's devices (4 or 2 consecutive ids) still share their
+            // coordinates on the major digits.
+            with(
+                Mesh::with_device_order([("data", 2), ("model", 4)], vec![5, 4, 7, 6, 1, 0, 3, 2])?,
+                &[&["model:(1)2"]],
+            ),
+        ],
+    })
+}
+
+/// Every collective over every axis list of [`collective_cases`] on the ranks and on a
+/// thread mesh: an error unless bitwise equal on every device of this rank.
+fn collectives(mut mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
+    for (mesh, lists) in collective_cases(devices)? {
+        mpi = mpi.reshape(mesh.clone())?;
+        let threads = ThreadMesh::new(mesh.clone())?;
+        for axes in lists {
+            let (on_ranks, on_threads) = (axes.clone(), axes.clone());
+            let place = format!("collectives over {axes:?} on {mesh}");
+            let got = mpi.run(&place, move |comm| collectives_over(comm, &on_ranks))?;
+            let want = threads.run(move |ctx| collectives_over(ctx.communicator(), &on_threads))?;
+            for (device, got) in mpi.local_devices().zip(&got) {
+                for (k, (a, b)) in got.iter().zip(&want[device]).enumerate() {
+                    same_bits(&format!("{place}: device {device}, collective {k}"), a, b)?;
+                }
+            }
+        }
+        if first(&mpi) {
+            println!("every collective on {mesh}: bitwise equal to the thread mesh");
+        }
+    }
+    Ok(mpi)
+}
+
+/// Meshes the ranks cannot hold: a device count they do not divide, a device order that
+/// does not give each rank a block, and (on 2 ranks) a reduction over an axis of 6 of
+/// which each rank holds 3 (its prime digits are 2 then 3, smallest first: a rank would
+/// cut them). Each must be an error on every rank, naming the problem.
+fn layouts(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
+    let expect = |what: &str, result: Result<MpiMesh>, culprit: &str| match result {
+        Ok(_) => Err(Error::MpiMesh(format!("{what}: accepted"))),
+        Err(e) if e.to_string().contains(culprit) => Ok(()),
+        Err(e) => Err(Error::MpiMesh(format!("{what}: {e}"))),
+    };
+    let odd = Mesh::new([("x", ranks + 1)])?;
+    expect("an odd mesh", MpiMesh::new(odd), "launch with mpirun -np")?;
+    let strided = Mesh::with_device_order([("x", 8)], vec![0, 2, 4, 6, 1, 3, 5, 7])?;
+    expect(
+        "a strided device order",
+        MpiMesh::new(strided),
+        "not a block",
+    )?;
+    if ranks == 2 {
+        let mpi = mpi.reshape(Mesh::new([("x", 6)])?)?;
+        let started = Instant::now();
+        let result = mpi.run("a reduction a rank cuts", |comm| {
+            comm.all_reduce(
+                &["x".to_string()],
+                ReduceKind::Sum,
+                Literal::scalar_f32(1.0),
+            )
+        });
+        expect_error(
+            "a reduction a rank cuts",
+            started,
+            result,
+            "which ranks of 3 devices cut",
+        )?;
+        return Ok(mpi);
+    }
+    Ok(mpi)
+}
+
 /// Runs every case on the MPI ranks and on threads; an error unless bitwise equal.
-fn differential(mut mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
-    for case in cases(ranks)? {
+fn differential(mut mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
+    for case in cases(devices)? {
         let inputs = sample_inputs(&case.program, 7);
         for mesh in case.meshes {
             let exe = compile(&case.program, &mesh)?;
@@ -157,7 +340,7 @@ fn differential(mut mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
             for (k, (a, b)) in on_ranks.iter().zip(&on_threads).enumerate() {
                 same_bits(&format!("{} on {mesh}: output {k}", case.name), a, b)?;
             }
-            if mpi.device() == 0 {
+            if first(&mpi) {
                 println!(
                     "{} on {mesh}: {} outputs bitwise equal to the thread mesh",
                     case.name,
@@ -169,15 +352,21 @@ fn differential(mut mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
     Ok(mpi)
 }
 
-/// Checks that `result` is an error on this rank mentioning `culprit`, within a second.
-fn expect_error<T>(what: &str, started: Instant, result: Result<T>, culprit: &str) -> Result<()> {
+/// Checks that `result` is an error on this rank mentioning `culprit`, within `limit`.
+fn expect_error_within<T>(
+    what: &str,
+    limit: Duration,
+    started: Instant,
+    result: Result<T>,
+    culprit: &str,
+) -> Result<()> {
     let elapsed = started.elapsed();
     match result {
         Ok(_) => Err(Error::MpiMesh(format!("{what}: the run succeeded"))),
         Err(e) if !e.to_string().contains(culprit) => Err(Error::MpiMesh(format!(
             "{what}: the error does not name {culprit}: {e}"
         ))),
-        Err(_) if elapsed > Duration::from_secs(1) => Err(Error::MpiMesh(format!(
+        Err(_) if elapsed > limit => Err(Error::MpiMesh(format!(
             "{what}: the error took {elapsed:?}"
         ))),
         Err(e) => {
@@ -187,9 +376,17 @@ fn expect_error<T>(what: &str, started: Instant, result: Result<T>, culprit: &st
     }
 }
 
-/// A step of three all-reduces over every rank; `device` fails after the first.
+/// Checks that `result` is an error on this rank mentioning `culprit`, within a second.
+fn expect_error<T>(what: &str, started: Instant, result: Result<T>, culprit: &str) -> Result<()> {
+    expect_error_within(what, Duration::from_secs(1), started, result, culprit)
+}
+
+/// The one axis of the fault cases' meshes.
+const ALL: &str = "all";
+
+/// A step of three all-reduces over every device; `failing` fails after the first.
 fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> Result<Literal> {
-    let axes = ["rank".to_string()];
+    let axes = [ALL.to_string()];
     let mut x = Literal::F32(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[4]), 1.0));
     for round in 0..3 {
         x = comm.all_reduce(&axes, ReduceKind::Sum, x)?;
@@ -205,53 +402,79 @@ fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> Result<Literal>
     Ok(x)
 }
 
-fn faults(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
-    let me = mpi.device();
-    let last = ranks - 1;
+fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
+    let rank = mpi.process().0;
+    let last = devices - 1;
     // Rank 0 runs another model's executable, on a mesh of other axes: every rank
     // learns it at the start, from the programs' hashes.
-    let mut models = cases(ranks)?;
-    let case = models.swap_remove(if me == 0 { 2 } else { 0 });
+    let mut models = cases(devices)?;
+    let case = models.swap_remove(if rank == 0 { 2 } else { 0 });
     let mesh = case.meshes[0].clone();
     let exe = compile(&case.program, &mesh)?;
     let mpi = mpi.reshape(mesh)?;
     let started = Instant::now();
     let result = exe.run(&mpi, &sample_inputs(&case.program, 7));
     expect_error("different programs", started, result, "ranks disagree")?;
-    let mpi = mpi.reshape(Mesh::new([("rank", ranks)])?)?;
-    // A rank fails after the first collective; the others are in the second.
+    let mpi = mpi.reshape(Mesh::new([(ALL, devices)])?)?;
+    // A device fails after the first collective; the others are in the second.
     let started = Instant::now();
     let result = mpi.run("a step", |comm| step(comm, 1, false));
     expect_error(
-        "a failing rank",
+        "a failing device",
         started,
         result,
         "injected failure on device 1",
     )?;
-    // The last rank panics.
+    // The last device panics.
     let started = Instant::now();
-    let result = mpi.run("a step", |comm| step(comm, last, true));
-    expect_error("a panicking rank", started, result, "injected panic")?;
+    let result = mpi.run("a step", move |comm| step(comm, last, true));
+    expect_error("a panicking device", started, result, "injected panic")?;
+    // With several devices per rank, the last device stops responding for a while: its
+    // rank's other devices give up on it after the timeout, and every rank gets the
+    // error (ranks wait longer for each other than a rank's devices do).
+    let mpi = if mpi.local_devices().len() > 1 {
+        let timeout = mpi.timeout();
+        let mpi = mpi.with_timeout(Duration::from_millis(500));
+        let started = Instant::now();
+        let result = mpi.run("a step", move |comm| {
+            if comm.device() == last {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            step(comm, usize::MAX, false)
+        });
+        let what = "a device that stops responding";
+        expect_error_within(
+            what,
+            Duration::from_secs(2),
+            started,
+            result,
+            "did not arrive",
+        )?;
+        mpi.with_timeout(timeout)
+    } else {
+        mpi
+    };
     // A model's gradient runs out of memory on rank 1 mid-program.
-    let mesh = language_model::mesh([1, ranks])?;
-    let case = cases(ranks)?.swap_remove(0);
+    let mesh = language_model::mesh([1, devices])?;
+    let case = cases(devices)?.swap_remove(0);
     let exe = compile(&case.program, &mesh)?;
     let inputs = sample_inputs(&case.program, 7);
     let mpi = mpi.reshape(mesh)?;
     let limit = mpi.memory_limit();
-    let mpi = mpi.with_memory_limit(if me == 1 { 16 << 10 } else { limit });
+    let mpi = mpi.with_memory_limit(if rank == 1 { 16 << 10 } else { limit });
     let started = Instant::now();
     let result = exe.run(&mpi, &inputs);
     expect_error("out of memory on a rank", started, result, "out of memory")?;
     let mpi = mpi
         .with_memory_limit(limit)
-        .reshape(Mesh::new([("rank", ranks)])?)?;
+        .reshape(Mesh::new([(ALL, devices)])?)?;
     // The mesh runs the next program normally.
-    let sum = mpi.run("a step", |comm| step(comm, usize::MAX, false))?;
-    let want = (ranks * ranks * ranks) as f32;
-    if sum.as_f32().is_none_or(|a| a.iter().any(|&x| x != want)) {
+    let sums = mpi.run("a step", |comm| step(comm, usize::MAX, false))?;
+    let want = (devices * devices * devices) as f32;
+    let wrong = |x: &Literal| x.as_f32().is_none_or(|a| a.iter().any(|&x| x != want));
+    if sums.iter().any(wrong) {
         return Err(Error::MpiMesh(format!(
-            "after the faults: {sum:?}, want {want}"
+            "after the faults: {sums:?}, want {want}"
         )));
     }
     Ok(mpi)
@@ -267,22 +490,46 @@ fn same_loss(what: &str, got: f32, want: f32) -> Result<()> {
     )))
 }
 
+/// The initial weights an [`Initializer`] makes for the small language model's step on
+/// the ranks (each device makes its blocks), fetched: an error unless bitwise equal to
+/// those of the single-device reference and of a thread mesh.
+fn initial_weights(mpi: &MpiMesh, devices: usize) -> Result<()> {
+    let model = small_lm()?;
+    let trained: Vec<usize> = (3..model.params.len()).collect();
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let mesh = language_model::mesh([2, devices / 2])?;
+    let init = || Initializer::new(11).rule("*", Init::Normal { std: 0.5 });
+    let on_ranks = Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, init())?.params()?;
+    let reference = Trainer::new(step.clone(), Reference::new(), init())?.params()?;
+    let on_threads = Trainer::on_mesh(step, mesh.clone(), init())?.params()?;
+    for (((name, a), (_, b)), (_, c)) in on_ranks.iter().zip(&reference).zip(&on_threads) {
+        same_bits(&format!("initial `{name}` (ranks vs 1 device)"), a, b)?;
+        same_bits(&format!("initial `{name}` (ranks vs threads)"), a, c)?;
+    }
+    if first(mpi) {
+        println!(
+            "initial weights on {mesh} over MPI: bitwise equal to 1 device and to the thread mesh"
+        );
+    }
+    Ok(())
+}
+
 /// The small language model's AdamW step on the ranks and on a thread mesh of the same
 /// shape: three steps with bitwise equal losses and checkpoints; then a checkpoint saved
 /// on the ranks is loaded on threads and one saved on threads on the ranks, and the
 /// next step of each is bitwise equal to the original trainers'.
-fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
+fn training(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let model = small_lm()?;
     // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
     let trained: Vec<usize> = (3..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
-    let mesh = language_model::mesh([2, ranks / 2])?;
+    let mesh = language_model::mesh([2, devices / 2])?;
     let shape = mesh.to_string();
     let initial = |seed| sample_inputs(&model, seed).split_off(3);
     let data: Vec<Vec<Literal>> = (0..4)
         .map(|seed| sample_inputs(&model, 100 + seed)[..3].to_vec())
         .collect();
-    let me = mpi.device();
+    let rank = mpi.process().0;
     let mut on_ranks = Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, initial(1))?;
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
     for (i, batch) in data[..3].iter().enumerate() {
@@ -296,9 +543,10 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
     // The thread trainers' file is written by rank 0 before the ranks' save, whose
     // meeting at the end tells every rank that both files exist.
     let dir = std::env::temp_dir();
-    let from_ranks = dir.join(format!("gspmd_mpi_check_{ranks}_ranks.safetensors"));
-    let from_threads = dir.join(format!("gspmd_mpi_check_{ranks}_threads.safetensors"));
-    if me == 0 {
+    let name = |what: &str| format!("gspmd_mpi_check_{devices}_{what}.safetensors");
+    let from_ranks = dir.join(name("ranks"));
+    let from_threads = dir.join(name("threads"));
+    if rank == 0 {
         on_threads.save(&from_threads)?;
     }
     on_ranks.save(&from_ranks)?;
@@ -317,7 +565,7 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
     let mut ranks_from_threads = Trainer::new(step, MpiMesh::new(mesh)?, initial(2))?;
     // Every rank reads the file itself (the path must be one all ranks see): a missing
     // file is an error on every rank.
-    let missing = dir.join(format!("gspmd_mpi_check_{ranks}_missing.safetensors"));
+    let missing = dir.join(name("missing"));
     let started = Instant::now();
     let result = ranks_from_threads.load(&missing);
     expect_error(
@@ -333,27 +581,29 @@ fn training(mpi: &MpiMesh, ranks: usize) -> Result<()> {
         ranks_from_threads.step(last)?,
         on_threads.step(last)?,
     )?;
-    if me == 0 {
+    if rank == 0 {
         println!(
             "training on {shape}: losses and checkpoints bitwise equal to the thread mesh, checkpoints load across runtimes"
         );
     }
-    sharded_checkpoints(me, ranks)
+    sharded_checkpoints(mpi, devices)
 }
 
 /// Sharded checkpoints across runtimes and meshes: the language model trained on the
-/// ranks as a `2 x ranks/2` mesh saves a sharded checkpoint (each rank writes its
-/// block); it loads on a `ranks/2 x 2` thread mesh and on the reference (rank 0), and
+/// ranks as a `2 x devices/2` mesh saves a sharded checkpoint (each rank writes its
+/// devices' blocks); it loads on a `devices/2 x 2` thread mesh and on the reference
+/// (rank 0), and
 /// on the ranks as either mesh, each with the loaded tensors bitwise those saved and the
 /// next loss bitwise that of a trainer of the same backend restored from the saved
 /// global tensors (on the saving mesh, that of the saving trainer). Then, with one
 /// rank's file removed, a load fails on every rank naming the file, within a second.
-fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
+fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
+    let (me, ranks) = mpi.process();
     let model = small_lm()?;
     let trained: Vec<usize> = (3..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
-    let wide = language_model::mesh([2, ranks / 2])?;
-    let tall = language_model::mesh([ranks / 2, 2])?;
+    let wide = language_model::mesh([2, devices / 2])?;
+    let tall = language_model::mesh([devices / 2, 2])?;
     let initial = |seed| sample_inputs(&model, seed).split_off(3);
     let data: Vec<Vec<Literal>> = (0..3)
         .map(|seed| sample_inputs(&model, 200 + seed)[..3].to_vec())
@@ -362,7 +612,7 @@ fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
     for batch in &data[..2] {
         saved.step(batch)?;
     }
-    let dir = std::env::temp_dir().join(format!("gspmd_mpi_check_{ranks}_sharded"));
+    let dir = std::env::temp_dir().join(format!("gspmd_mpi_check_{devices}_on_{ranks}_sharded"));
     saved.save(&dir)?;
     let want = saved.checkpoint()?;
     let next = &data[2];
@@ -389,8 +639,8 @@ fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
         let reference = || Trainer::reference(step.clone(), initial(2));
         check("loaded on the reference", reference()?, reference()?)?;
     }
-    // Back on the ranks, as either mesh (the same one on 4 ranks). (A backend of ranks x
-    // threads, a process holding several devices, belongs in this list too.)
+    // Back on the ranks, as either mesh (the same one for 4 devices; with several
+    // devices per rank, the ranks x threads backend).
     let continued = Literal::scalar_f32(saved.step(next)?);
     for mesh in [&wide, &tall] {
         let on_ranks = || Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, initial(2));
@@ -439,14 +689,22 @@ fn sharded_checkpoints(me: usize, ranks: usize) -> Result<()> {
     Ok(())
 }
 
-/// `--stall`: the last rank sleeps before a collective that the others wait at for a
-/// second; the job must end, non-zero, with a message (this returns only on failure).
-fn stall(mpi: MpiMesh) -> Result<()> {
-    let mpi = mpi.with_timeout(Duration::from_secs(1));
-    let last = mpi.mesh().num_devices() - 1;
+/// `--stall [devices]`: on a mesh of `devices` (default: one per rank), the last rank
+/// stops responding (sleeps) before a collective that the others wait at for a second;
+/// the job must end, non-zero, with a message (this returns only on failure). With
+/// several devices per rank the whole rank sleeps, before its run starts.
+fn stall(mpi: MpiMesh, devices: usize) -> Result<()> {
+    let mpi = mpi
+        .reshape(Mesh::new([(ALL, devices)])?)?
+        .with_timeout(Duration::from_secs(1));
+    let (rank, ranks) = mpi.process();
+    let last = devices - 1;
     let started = Instant::now();
-    mpi.run("a step", |comm| {
-        if comm.device() == last {
+    if mpi.local_devices().len() > 1 && rank == ranks - 1 {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    mpi.run("a step", move |comm| {
+        if comm.device() == last && comm.mesh().num_devices() == ranks {
             std::thread::sleep(Duration::from_secs(60));
         }
         step(comm, usize::MAX, false)
@@ -459,32 +717,53 @@ fn stall(mpi: MpiMesh) -> Result<()> {
 
 fn main() -> Result<()> {
     let mpi = MpiMesh::init()?;
-    if std::env::args().any(|a| a == "--stall") {
-        return stall(mpi);
-    }
     let ranks = mpi.mesh().num_devices();
-    if std::env::args().any(|a| a == "--checkpoints") && ranks % 2 == 0 {
-        return sharded_checkpoints(mpi.device(), ranks);
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--checkpoints") && ranks % 2 == 0 {
+        return sharded_checkpoints(&mpi, ranks);
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--stall") {
+        let devices = match args.get(at + 1) {
+            Some(n) => n
+                .parse()
+                .map_err(|_| Error::MpiMesh(format!("--stall {n}: not a device count")))?,
+            None => ranks,
+        };
+        return stall(mpi, devices);
     }
     if ranks != 2 && ranks != 4 {
         return Err(Error::MpiMesh(format!(
             "run with mpirun -np 2 or -np 4, not {ranks} ranks"
         )));
     }
-    let mpi = differential(mpi, ranks)?;
-    let mpi = faults(mpi, ranks)?;
-    training(&mpi, ranks)?;
-    let me = mpi.device();
+    // A device per rank, then 8 devices: several per rank.
+    let mut mpi = layouts(mpi, ranks)?;
+    for devices in [ranks, 8] {
+        let started = Instant::now();
+        mpi = collectives(mpi, devices)?;
+        mpi = differential(mpi, devices)?;
+        mpi = faults(mpi, devices)?;
+        initial_weights(&mpi, devices)?;
+        training(&mpi, devices)?;
+        if first(&mpi) {
+            println!(
+                "{devices} devices on {ranks} ranks: checked in {:.1?}",
+                started.elapsed()
+            );
+        }
+    }
+    let rank = mpi.process().0;
     // The last rank leaves (drops its mesh) while the others run on: they get an error
     // at their next collective, and nobody waits in MPI_Finalize for them.
-    if me == ranks - 1 {
+    if rank == ranks - 1 {
         drop(mpi);
     } else {
         let started = Instant::now();
         let result = mpi.run("a step", |comm| step(comm, usize::MAX, false));
         expect_error("a rank that left", started, result, "has left the mesh")?;
     }
-    if me == 0 {
+    if rank == 0 {
         println!("mpi_check: {ranks} ranks: all equal, all faults reported");
     }
     Ok(())

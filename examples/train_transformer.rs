@@ -41,13 +41,17 @@
 //! ```
 //!
 //! With `--mpi` (build with `--features mpi`), the same training runs on the ranks of an
-//! MPI job, one per device of the mesh; rank 0 also runs the first steps on a thread
-//! mesh of the same shape and fails unless the losses are bitwise equal; at the end the
-//! checkpoint is saved (by rank 0) as one safetensors file.
+//! MPI job: `mpirun -np R` for the mesh's 8 devices gives each rank 8 / R of them (as
+//! threads: 2 ranks x 4 threads like hosts of 4 accelerators, or 8 ranks of one device).
+//! Every rank checks that the initial weights its devices drew (fetched) are bitwise
+//! those of the single-device reference; rank 0 also runs the first steps on a thread
+//! mesh of the same shape and fails unless its initial weights and losses are bitwise
+//! equal; at the end the checkpoint is saved (by rank 0) as one safetensors file.
 //!
 //! ```text
 //! cargo build --release --features mpi --example train_transformer
-//! mpirun -np 8 target/release/examples/train_transformer 50 --mpi
+//! mpirun -np 2 target/release/examples/train_transformer 50 --mpi   # 2 ranks x 4 threads
+//! mpirun -np 8 target/release/examples/train_transformer 50 --mpi   # 8 ranks
 //! ```
 //!
 //! `--bf16` trains in mixed precision (`language_model`'s `compute` dtype): bf16
@@ -326,9 +330,11 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `--mpi`: trains on the ranks of an MPI job (one per device of `mesh`); rank 0 also
-/// runs the first steps on a thread mesh of the same shape and fails unless their losses
-/// are bitwise equal; the checkpoint is saved at the end.
+/// `--mpi`: trains on the ranks of an MPI job (`mesh`'s devices spread evenly over
+/// them); the initial weights must be bitwise the single-device reference's (on every
+/// rank) and the thread mesh's, and rank 0 also runs the first steps on a thread mesh of
+/// the same shape and fails unless the losses are bitwise equal; the checkpoint is
+/// saved at the end.
 #[cfg(feature = "mpi")]
 fn train_on_mpi(
     options: &Options,
@@ -336,12 +342,28 @@ fn train_on_mpi(
     mesh: Mesh,
     schedule: Schedule,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    use gspmd::runtime::Backend;
     let mpi = gspmd::runtime::MpiMesh::new(mesh.clone())?;
-    let rank = mpi.device();
+    let ((rank, ranks), per_rank) = (mpi.process(), mpi.local_devices().len());
     let mut trainer = Trainer::new(step.clone(), mpi, initializer(7))?.with_schedule(schedule)?;
     let mut threads = (rank == 0)
-        .then(|| Trainer::on_mesh(step, mesh.clone(), initializer(7))?.with_schedule(schedule))
+        .then(|| {
+            Trainer::on_mesh(step.clone(), mesh.clone(), initializer(7))?.with_schedule(schedule)
+        })
         .transpose()?;
+    // Each device drew its blocks: assembled, they are the single device's draw.
+    let initial = trainer.params()?;
+    let mut others = vec![Trainer::reference(step, initializer(7))?.params()?];
+    if let Some(threads) = &threads {
+        others.push(threads.params()?);
+    }
+    for other in &others {
+        for ((name, a), (_, b)) in initial.iter().zip(other) {
+            if a.bit_patterns() != b.bit_patterns() {
+                return Err(format!("initial `{name}` differs on MPI").into());
+            }
+        }
+    }
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let started = Instant::now();
     for i in 0..options.steps {
@@ -363,7 +385,7 @@ fn train_on_mpi(
     trainer.save(&path)?;
     if rank == 0 {
         println!(
-            "{} steps on {mesh} over MPI ranks in {elapsed:.1?}; the first {CHECKED_STEPS} losses bitwise equal to the thread mesh; checkpoint {}",
+            "{} steps on {mesh} over MPI ({ranks} ranks x {per_rank} devices) in {elapsed:.1?}; initial weights bitwise equal to 1 device and the thread mesh, the first {CHECKED_STEPS} losses to the thread mesh; checkpoint {}",
             options.steps,
             path.display()
         );

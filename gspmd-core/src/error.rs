@@ -422,10 +422,10 @@ pub enum Error {
     #[error("thread mesh: {0}")]
     ThreadMesh(String),
     /// An MPI rank's program failed; the other ranks learn it at their next collective.
-    #[error("device {device} failed: {message}")]
+    #[error("rank {rank} failed: {message}")]
     RankFailed {
-        /// The failing rank (its device id).
-        device: usize,
+        /// The failing rank (its device id when each rank holds one device).
+        rank: usize,
         /// Its error, as text (errors do not cross processes).
         message: String,
     },

@@ -1,6 +1,8 @@
-//! [`MpiMesh`]: a mesh whose devices are the ranks of an MPI job (rank = device id in
-//! the mesh's device order), each running the same per-device program as a
-//! [`ThreadMesh`](super::ThreadMesh) device, with collectives over MPI.
+//! [`MpiMesh`]: a mesh whose devices live in the ranks of an MPI job: one device per rank
+//! (rank = device id in the mesh's device order), run on the rank's own thread, or
+//! several per rank (the structure of hosts with several accelerators), run as the
+//! threads of a [`ThreadMesh`](super::ThreadMesh) whose collectives across ranks go
+//! over MPI. Every device runs the same per-device program as a thread mesh's device.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -10,58 +12,92 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mpi::environment::Universe;
+use mpi::environment::{Threading, Universe};
 use mpi::topology::Communicator as _;
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
 use super::binding::{
-    bind_inputs, check_target, donated_keys, global_output, padded_blocks, run_bound,
-    trimmed_blocks, unpadded_block,
+    bind_inputs, check_target, donated_keys, padded_blocks, run_bound, unpadded_block,
 };
-use super::communicator::{Communicator, MpiCommunicator};
+use super::communicator::{Communicator, Hierarchy, MpiCommunicator, Process, RankSteps};
 use super::device::run_planned;
 use super::memory::available_memory;
-use super::thread_mesh::{ThreadMesh, panic_message};
+use super::thread_mesh::{ThreadMesh, output_values, panic_message};
 use crate::error::{Error, Result};
 use crate::ir::Literal;
 use crate::sharding::Mesh;
 
-/// This process's device of a mesh whose devices are the ranks of an MPI job, launched
-/// with `mpirun -np <devices>`: rank `r` is device `r`.
+/// This process's devices of a mesh whose devices are spread over the ranks of an MPI
+/// job, launched with `mpirun -np <ranks>`: `R` ranks for a mesh of `N` devices give
+/// each rank `T = N / R` (`R` must divide `N`), rank `r` holding devices
+/// `r * T .. (r + 1) * T`. With `T = 1` a rank runs its device on the calling thread;
+/// with more, each of its devices is a thread, collectives whose groups stay inside the
+/// rank run as on a thread mesh, and those whose groups span ranks are steps of the rank:
+/// its devices' data meets, the calling thread exchanges it with the other ranks over
+/// MPI (reducing inside the rank first) and hands each device its result. A rank's
+/// devices must be a block of the mesh (the devices sharing their coordinates on its
+/// major digits: with the default device order, `T` the product of the minor axes'
+/// sizes times a divisor of the next axis's), else [`MpiMesh::new`] is an error. Results
+/// are bitwise those of a [`ThreadMesh`](super::ThreadMesh) of the mesh, whatever `R`.
 ///
 /// Every rank makes its `MpiMesh` and then runs the same programs in the same order
-/// (SPMD). Failure contract of [`MpiMesh::run`]: when the program fails or panics on
-/// one rank, every rank returns an error at its next collective (or at the end of its
-/// program) naming the failing device and its error; ranks that run different programs
-/// or meshes get an error at the start of the run; no rank is left waiting. The mesh is
-/// usable again afterwards. A rank that dies (a signal, `exit`) is MPI's to report:
-/// `mpirun` then ends the job.
+/// (SPMD). Failure contract of [`MpiMesh::run`] and [`Backend::execute`]: when a device's
+/// program fails or panics on one rank, every rank returns an error at its next step
+/// across ranks (or at the end of its program) naming the failing device and its error;
+/// ranks that run different programs or meshes get an error at the start of the run;
+/// no rank is left waiting. The mesh is usable again afterwards. A rank that dies (a
+/// signal, `exit`) is MPI's to report: `mpirun` then ends the job.
 ///
 /// A rank that stops responding (it hangs, or computes for longer than the timeout
-/// between two collectives) is detected by the others when they have waited
-/// [`MpiMesh::timeout`] at a collective: MPI cannot take back what they sent, so the
-/// first of them prints where it waited and which ranks did not come, and ends the job
-/// with `MPI_Abort` (every rank exits non-zero).
+/// between two steps across ranks) is detected by the others when they have waited
+/// [`MpiMesh::timeout`] at a step: MPI cannot take back what they sent, so the first of
+/// them prints where it waited and which ranks did not come, and ends the job with
+/// `MPI_Abort` (every rank exits non-zero). A device thread of a rank that stops
+/// responding is the rank's own devices' to detect within the same timeout: the rank's
+/// run fails, and so does every rank's.
 ///
-/// Resident values: like a [`ThreadMesh`]'s devices, each rank keeps its block of the
-/// values stored under a key (see [`Backend::store_blocks`] and [`Backend::execute`])
-/// between runs, so training steps move only data in and the loss out.
+/// Resident values: like a [`ThreadMesh`](super::ThreadMesh)'s devices, each device
+/// keeps its block of the values stored under a key (see [`Backend::store_blocks`] and
+/// [`Backend::execute`]) between runs, so training steps move only data in and the loss
+/// out.
 ///
-/// MPI is initialised by the first `MpiMesh` of a process and finalised when its last
-/// one is dropped, after telling the other ranks it leaves (those still running
-/// programs on it get an error at their next collective); a process may hold several
-/// meshes at once (each with its own communicator), all on the thread that made the
-/// first. Every rank makes and drops its meshes in the same order.
+/// MPI is initialised (at the level `MPI_THREAD_FUNNELED`: only this thread calls MPI)
+/// by the first `MpiMesh` of a process and finalised when its last one is dropped, after
+/// telling the other ranks it leaves (those still running programs on it get an error
+/// at their next step); a process may hold several meshes at once (each with its own
+/// communicator), all on the thread that made the first. Every rank makes and drops its
+/// meshes in the same order.
 pub struct MpiMesh {
+    /// The ranks' communicator: on the mesh itself (a device per rank) or on the mesh
+    /// of the ranks (several).
     communicator: MpiCommunicator,
+    devices: Devices,
     memory_limit: usize,
-    /// This rank's block of each resident value, by key.
-    store: RefCell<HashMap<String, Literal>>,
-    /// Global type and sharding of each resident value, by key (the same on every rank).
-    residents: RefCell<HashMap<String, Resident>>,
     /// Dropped last: the last mesh finalises MPI after its communicator is freed.
     _environment: Rc<Universe>,
 }
+
+/// This rank's devices.
+enum Devices {
+    /// Its one device, run on the calling thread: its block of each resident value, and
+    /// what those are (the same on every rank), by key.
+    One {
+        store: RefCell<HashMap<String, Literal>>,
+        residents: RefCell<HashMap<String, Resident>>,
+    },
+    /// Several, as threads.
+    Threads(Box<Threads>),
+}
+
+/// A rank's devices as threads, and how the mesh spreads over the ranks.
+struct Threads {
+    threads: ThreadMesh,
+    hierarchy: Hierarchy,
+}
+
+/// With several devices per rank, how many times their timeout ranks wait for each
+/// other (see [`MpiMesh::with_timeout`]).
+const RANKS_WAIT: u32 = 2;
 
 thread_local! {
     /// This process's MPI environment once initialised (upgradable while an
@@ -83,7 +119,7 @@ fn environment() -> Result<Rc<Universe>> {
             )
         });
     }
-    let universe = mpi::initialize().ok_or_else(|| {
+    let (universe, _) = mpi::initialize_with_threading(Threading::Funneled).ok_or_else(|| {
         Error::MpiMesh("MPI is initialised already in this process, outside gspmd".into())
     })?;
     let universe = Rc::new(universe);
@@ -92,31 +128,64 @@ fn environment() -> Result<Rc<Universe>> {
 }
 
 impl MpiMesh {
-    /// Joins `mesh` as the device of this rank (initialising MPI if no other mesh of
-    /// the process has); an [`Error::MpiMesh`] if the job's rank count is not the mesh's
-    /// device count (naming the `mpirun -np` to use). Every rank makes it at the same
-    /// point. The memory limit is an equal share of the host's [`available_memory`] per
-    /// rank of the job; the timeout is [`ThreadMesh::DEFAULT_TIMEOUT`].
+    /// Joins `mesh` as this rank's devices (initialising MPI if no other mesh of the
+    /// process has). An [`Error::MpiMesh`] if the job's rank count does not divide the
+    /// mesh's device count (naming the `mpirun -np` to use), if a rank's devices would
+    /// not be a block of the mesh, or if they are several and MPI cannot have other
+    /// threads in the process. Every rank makes it at the same point. Each device's
+    /// memory limit is an equal share of the host's [`available_memory`] per device of
+    /// the mesh; the timeout is [`ThreadMesh::DEFAULT_TIMEOUT`].
     pub fn new(mesh: Mesh) -> Result<Self> {
         let environment = environment()?;
         let world = environment.world();
-        let ranks = usize::try_from(world.size()).unwrap_or_default();
-        if mesh.num_devices() != ranks {
+        let ranks = usize::try_from(world.size()).unwrap_or_default().max(1);
+        let n = mesh.num_devices();
+        if !n.is_multiple_of(ranks) {
             return Err(Error::MpiMesh(format!(
-                "{ranks} MPI ranks for mesh {mesh} of {} devices: launch with mpirun -np {}",
-                mesh.num_devices(),
-                mesh.num_devices()
+                "{ranks} MPI ranks for mesh {mesh} of {n} devices: launch with mpirun -np {n} \
+                 (a device per rank), or -np a divisor of {n} (as many devices per rank, as \
+                 threads)"
             )));
         }
+        let threads = n / ranks;
+        let timeout = ThreadMesh::DEFAULT_TIMEOUT;
+        let memory_limit = available_memory() / n.max(1);
+        if threads == 1 {
+            return Ok(MpiMesh {
+                communicator: MpiCommunicator::new(world.duplicate(), Arc::new(mesh), 1, timeout),
+                devices: Devices::One {
+                    store: RefCell::new(HashMap::new()),
+                    residents: RefCell::new(HashMap::new()),
+                },
+                memory_limit,
+                _environment: environment,
+            });
+        }
+        if mpi::environment::threading_support() < Threading::Funneled {
+            return Err(Error::MpiMesh(format!(
+                "this MPI does not allow threads (MPI_THREAD_FUNNELED): launch with mpirun -np \
+                 {n} for one device per rank"
+            )));
+        }
+        let rank = usize::try_from(world.rank()).unwrap_or_default();
+        let hierarchy = Hierarchy::new(mesh.clone(), ranks)?;
+        let threads_mesh = ThreadMesh::with_devices(mesh, hierarchy.devices(rank), true)?
+            .with_timeout(timeout)
+            .with_memory_limit(memory_limit);
+        let ranks_mesh = Arc::new(hierarchy.ranks().clone());
+        let between_ranks = timeout * RANKS_WAIT;
         Ok(MpiMesh {
             communicator: MpiCommunicator::new(
                 world.duplicate(),
-                Arc::new(mesh),
-                ThreadMesh::DEFAULT_TIMEOUT,
+                ranks_mesh,
+                threads,
+                between_ranks,
             ),
-            memory_limit: available_memory() / ranks.max(1),
-            store: RefCell::new(HashMap::new()),
-            residents: RefCell::new(HashMap::new()),
+            devices: Devices::Threads(Box::new(Threads {
+                threads: threads_mesh,
+                hierarchy,
+            })),
+            memory_limit,
             _environment: environment,
         })
     }
@@ -130,15 +199,15 @@ impl MpiMesh {
         MpiMesh::new(Mesh::new([("rank", ranks)])?)
     }
 
-    /// The same ranks as the devices of `mesh` instead, which must have one device per
-    /// rank (else an [`Error::MpiMesh`]), with this mesh's timeout and memory limit:
-    /// to run programs compiled for another mesh shape. Every rank reshapes at the same
-    /// point of its program. Resident values are dropped (their blocks belong to the
-    /// old shape).
+    /// The same ranks as the devices of `mesh` instead (its device count a multiple of
+    /// the rank count, see [`MpiMesh::new`]), with this mesh's timeout and memory limit
+    /// per device: to run programs compiled for another mesh shape. Every rank reshapes
+    /// at the same point of its program. Resident values are dropped (their blocks
+    /// belong to the old shape).
     pub fn reshape(self, mesh: Mesh) -> Result<Self> {
         if let Some(rank) = self.communicator.has_left() {
             return Err(Error::MpiMesh(format!(
-                "device {rank} has left mesh {}: cannot reshape it",
+                "rank {rank} has left mesh {}: cannot reshape it",
                 self.mesh()
             )));
         }
@@ -146,54 +215,92 @@ impl MpiMesh {
         Ok(new.with_memory_limit(self.memory_limit))
     }
 
-    /// This rank's device id.
+    /// This rank's first device (its only one when each rank holds one).
     pub fn device(&self) -> usize {
-        self.communicator.device()
+        self.local_devices().start
     }
 
     /// The mesh.
     pub fn mesh(&self) -> &Mesh {
-        self.communicator.mesh()
+        match &self.devices {
+            Devices::One { .. } => self.communicator.mesh(),
+            Devices::Threads(local) => local.hierarchy.mesh(),
+        }
     }
 
-    /// This mesh with this device's runtime limited to `bytes` of live values.
+    /// This mesh with each device's runtime limited to `bytes` of live values.
     pub fn with_memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
+        if let Devices::Threads(local) = &mut self.devices {
+            local.threads.set_memory_limit(bytes);
+        }
         self
     }
 
-    /// The bytes of live values this device's runtime may hold.
+    /// The bytes of live values each device's runtime may hold.
     pub fn memory_limit(&self) -> usize {
         self.memory_limit
     }
 
-    /// This mesh with ranks waiting at most `timeout` at a collective for the others
-    /// before ending the job (see the type's docs); the default is
-    /// [`ThreadMesh::DEFAULT_TIMEOUT`].
-    pub fn with_timeout(self, timeout: Duration) -> Self {
-        self.communicator.set_timeout(timeout);
+    /// This mesh with ranks waiting at most `timeout` at a step for the others before
+    /// ending the job (see the type's docs); the default is
+    /// [`ThreadMesh::DEFAULT_TIMEOUT`]. With several devices per rank, a rank's devices
+    /// wait at most `timeout` for each other, and ranks twice that for each other: a
+    /// device that stops responding is found by its own rank's devices, which fail the
+    /// run on every rank, before the other ranks give up on the whole rank.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        match &mut self.devices {
+            Devices::One { .. } => self.communicator.set_timeout(timeout),
+            Devices::Threads(local) => {
+                local.threads.set_timeout(Some(timeout));
+                self.communicator.set_timeout(timeout * RANKS_WAIT);
+            }
+        }
         self
     }
 
-    /// How long a rank waits at a collective for the others before ending the job.
+    /// How long a rank waits at a step for the others before ending the job (with
+    /// several devices per rank: how long they wait for each other, the ranks twice
+    /// that).
     pub fn timeout(&self) -> Duration {
-        self.communicator.timeout()
+        match &self.devices {
+            Devices::One { .. } => self.communicator.timeout(),
+            Devices::Threads(local) => local.threads.timeout().unwrap_or(Duration::MAX),
+        }
     }
 
-    /// Runs `program` on this rank, as every rank does at the same time: first checks
-    /// that every rank runs the program of the same `fingerprint` (a mismatch is an
-    /// [`Error::Collective`] with a census, on every rank), then runs it with this
-    /// device's communicator, then meets every rank at the end. See the type's failure
-    /// contract.
-    pub fn run<T>(
-        &self,
-        fingerprint: &str,
-        program: impl FnOnce(&dyn Communicator) -> Result<T>,
-    ) -> Result<T> {
+    /// Runs `program` on each of this rank's devices (with its communicator), as every
+    /// rank does at the same time, and returns their results in device order: first
+    /// checks that every rank runs the program of the same `fingerprint` (a mismatch is
+    /// an [`Error::Collective`] with a census, on every rank), then runs it, then meets
+    /// every rank at the end. See the type's failure contract.
+    pub fn run<T, F>(&self, fingerprint: &str, program: F) -> Result<Vec<T>>
+    where
+        F: Fn(&dyn Communicator) -> Result<T> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        match &self.devices {
+            Devices::One { .. } => {
+                let on_this_thread = || program(&self.communicator);
+                self.run_here(fingerprint, on_this_thread).map(|t| vec![t])
+            }
+            Devices::Threads(local) => self.run_linked(&local.hierarchy, fingerprint, |process| {
+                let on_device = move |ctx: &mut super::DeviceContext| program(ctx.communicator());
+                local
+                    .threads
+                    .run_linked(on_device, |_, _| {}, Some(process))
+            }),
+        }
+    }
+
+    /// Runs `work` on this thread, as every rank does at the same point: meets every
+    /// rank at the start of `place` and at the end; a failure (or panic) of `work` is
+    /// reported to every rank, which return an error (see the type's failure contract).
+    fn run_here<T>(&self, place: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
         let comm = &self.communicator;
-        let device = comm.device();
-        comm.meet(&format!("the start of {fingerprint}"))?;
-        let result = match catch_unwind(AssertUnwindSafe(|| program(comm))) {
+        let device = self.device();
+        comm.meet(&format!("the start of {place}"))?;
+        let result = match catch_unwind(AssertUnwindSafe(work)) {
             Ok(Ok(output)) => comm.meet("the end of its program").map(|()| output),
             Ok(Err(error)) => Err(error),
             Err(payload) => Err(Error::DevicePanicked {
@@ -205,6 +312,31 @@ impl MpiMesh {
             comm.fail(error);
         }
         result
+    }
+
+    /// Meets every rank at the start of `place`, then runs `work`, which runs this
+    /// rank's device threads with their steps across ranks taken to the [`Process`] it
+    /// is given (whose end step meets every rank); a failure of `work` is reported to
+    /// every rank unless it was already.
+    fn run_linked<T>(
+        &self,
+        hierarchy: &Hierarchy,
+        place: &str,
+        work: impl FnOnce(&mut dyn Process) -> Result<T>,
+    ) -> Result<T> {
+        let comm = &self.communicator;
+        comm.meet(&format!("the start of {place}"))?;
+        let mut steps = RankSteps { hierarchy, comm };
+        let result = work(&mut steps);
+        if let Err(error) = &result {
+            comm.fail(error);
+        }
+        result
+    }
+
+    /// Every rank's `blocks` (one per device), by device id.
+    fn gather(&self, blocks: Vec<Literal>) -> Result<Vec<Literal>> {
+        self.communicator.gather_world(blocks)
     }
 }
 
@@ -219,21 +351,33 @@ impl Drop for MpiMesh {
 
 impl std::fmt::Debug for MpiMesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MpiMesh(device {} of {})", self.device(), self.mesh())
+        write!(
+            f,
+            "MpiMesh(devices {:?} of {})",
+            self.local_devices(),
+            self.mesh()
+        )
     }
 }
 
 impl Backend for MpiMesh {
     fn mesh(&self) -> &Mesh {
-        self.communicator.mesh()
+        MpiMesh::mesh(self)
     }
 
     fn process(&self) -> (usize, usize) {
-        (self.device(), self.mesh().num_devices())
+        let ranks = self.communicator.mesh().num_devices();
+        (self.communicator.device(), ranks)
     }
 
     fn local_devices(&self) -> Range<usize> {
-        self.device()..self.device() + 1
+        match &self.devices {
+            Devices::One { .. } => {
+                let rank = self.communicator.device();
+                rank..rank + 1
+            }
+            Devices::Threads(local) => local.threads.local_devices(),
+        }
     }
 
     fn memory_limit(&self) -> usize {
@@ -241,8 +385,8 @@ impl Backend for MpiMesh {
     }
 
     /// Every rank passes the same `inputs` and `outputs` (global inputs whole, resident
-    /// ones by key, shards of its own device) and gets every global output; resident
-    /// outputs replace this rank's block, on every rank or (when the run fails) on
+    /// ones by key, shards of its own devices) and gets every global output; resident
+    /// outputs replace this rank's blocks, on every rank or (when the run fails) on
     /// none. Ranks that run different programs (or meshes) get an error at the start,
     /// and any failure is an error on every rank.
     fn execute(
@@ -253,85 +397,95 @@ impl Backend for MpiMesh {
     ) -> Result<Vec<Value>> {
         let spmd = program.spmd();
         let devices = self.local_devices();
-        let device = self.device();
+        let gather = |blocks| self.gather(blocks);
+        let (store, residents) = match &self.devices {
+            Devices::One { store, residents } => (store, residents),
+            Devices::Threads(local) => {
+                let blocks =
+                    self.run_linked(&local.hierarchy, program.fingerprint(), |process| {
+                        (local.threads).execute_local(program, inputs, outputs, Some(process))
+                    })?;
+                return output_values(spmd, outputs, blocks, devices, &gather);
+            }
+        };
+        let device = devices.start;
         // Every check is inside the run, so that a rank failing one tells the others.
-        let locals = self.run(program.fingerprint(), |comm| {
+        let locals = self.run_here(program.fingerprint(), || {
             check_target(spmd, self.mesh(), outputs.len())?;
             let mut binds = bind_inputs(spmd, &|key| self.resident(key), inputs, devices.clone())?;
             let mine = binds.pop().unwrap_or_default();
             let donated = &program.plan.donated;
-            run_bound(
-                device,
-                mine,
-                &mut self.store.borrow_mut(),
-                donated,
-                |locals| {
-                    run_planned(
-                        &spmd.program,
-                        &program.plan,
-                        comm,
-                        locals,
-                        self.memory_limit,
-                    )
-                },
-            )
+            run_bound(device, mine, &mut store.borrow_mut(), donated, |locals| {
+                run_planned(
+                    &spmd.program,
+                    &program.plan,
+                    &self.communicator,
+                    locals,
+                    self.memory_limit,
+                )
+            })
         });
         // Donated resident inputs are consumed, whatever the run's result.
         for key in donated_keys(&program.plan, inputs) {
-            self.residents.borrow_mut().remove(key);
+            residents.borrow_mut().remove(key);
         }
         let locals = locals?;
         // Every rank succeeded: gather the outputs that leave the devices, then (once
         // every gathering succeeded too) store the resident ones.
-        let mut values = Vec::with_capacity(outputs.len());
+        let mut blocks = Vec::with_capacity(outputs.len());
         let mut resident = Vec::new();
         for (k, (block, mode)) in locals.into_iter().zip(outputs).enumerate() {
-            values.push(match mode {
+            match mode {
                 Output::Resident(key) => {
                     resident.push((k, key, block));
-                    Value::Resident
+                    blocks.push(None);
                 }
-                Output::Shards => {
-                    Value::Shards(trimmed_blocks(spmd, k, vec![block], devices.clone())?)
-                }
-                Output::Global => {
-                    let blocks = self.communicator.gather_world(block)?;
-                    Value::Global(global_output(spmd, k, blocks)?)
-                }
-            });
+                _ => blocks.push(Some(vec![block])),
+            }
         }
+        let values = output_values(spmd, outputs, blocks, devices, &gather)?;
         for (k, key, block) in resident {
             let (ty, sharding) = spmd.outputs[k].clone();
-            self.store.borrow_mut().insert(key.clone(), block);
-            (self.residents.borrow_mut()).insert(key.clone(), Resident { ty, sharding });
+            store.borrow_mut().insert(key.clone(), block);
+            residents
+                .borrow_mut()
+                .insert(key.clone(), Resident { ty, sharding });
         }
         Ok(values)
     }
 
     fn resident(&self, key: &str) -> Option<Resident> {
-        self.residents.borrow().get(key).cloned()
+        match &self.devices {
+            Devices::One { residents, .. } => residents.borrow().get(key).cloned(),
+            Devices::Threads(local) => local.threads.resident(key),
+        }
     }
 
-    /// Keeps this rank's block; no communication (every rank stores its own).
+    /// Keeps this rank's blocks; no communication (every rank stores its own).
     fn store_blocks(&self, key: &str, resident: Resident, blocks: Vec<Literal>) -> Result<()> {
-        let mut blocks = padded_blocks(self.mesh(), key, &resident, blocks, self.local_devices())?;
+        let (store, residents) = match &self.devices {
+            Devices::One { store, residents } => (store, residents),
+            Devices::Threads(local) => return local.threads.store_blocks(key, resident, blocks),
+        };
+        let devices = self.local_devices();
+        let device = devices.start;
+        let mut blocks = padded_blocks(self.mesh(), key, &resident, blocks, devices)?;
         let block = blocks.pop().ok_or_else(|| {
-            Error::MpiMesh(format!(
-                "store `{key}`: no block for device {}",
-                self.device()
-            ))
+            Error::MpiMesh(format!("store `{key}`: no block for device {device}"))
         })?;
-        self.store.borrow_mut().insert(key.to_string(), block);
-        self.residents
-            .borrow_mut()
-            .insert(key.to_string(), resident);
+        store.borrow_mut().insert(key.to_string(), block);
+        residents.borrow_mut().insert(key.to_string(), resident);
         Ok(())
     }
 
     fn local_blocks(&self, key: &str) -> Result<Vec<Literal>> {
+        let store = match &self.devices {
+            Devices::One { store, .. } => store,
+            Devices::Threads(local) => return local.threads.local_blocks(key),
+        };
         let device = self.device();
         let resident = self.resident(key);
-        let block = self.store.borrow().get(key).cloned();
+        let block = store.borrow().get(key).cloned();
         let (resident, block) = resident.zip(block).ok_or_else(|| {
             Error::MpiMesh(format!("device {device} holds no resident value `{key}`"))
         })?;
@@ -339,9 +493,14 @@ impl Backend for MpiMesh {
     }
 
     fn remove(&self, key: &str) -> Result<()> {
-        self.store.borrow_mut().remove(key);
-        self.residents.borrow_mut().remove(key);
-        Ok(())
+        match &self.devices {
+            Devices::One { store, residents } => {
+                store.borrow_mut().remove(key);
+                residents.borrow_mut().remove(key);
+                Ok(())
+            }
+            Devices::Threads(local) => local.threads.remove(key),
+        }
     }
 
     fn all_gather_bytes(&self, place: &str, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
@@ -349,6 +508,6 @@ impl Backend for MpiMesh {
     }
 
     fn together(&self, place: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.run(place, |_| work())
+        self.run_here(place, work)
     }
 }

@@ -1,8 +1,11 @@
 //! [`ThreadMesh`]: a mesh of long-lived OS threads, one per device, whose programs
-//! talk through a shared-memory [`Communicator`].
+//! talk through a shared-memory [`Communicator`]; or one process's share of a mesh that
+//! spans processes (`MpiMesh` with several threads per rank), whose steps across
+//! processes its thread takes (`Process`).
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,11 +18,12 @@ use super::binding::{
     run_bound, stage_resident, trimmed_blocks, unpadded_block,
 };
 use super::buffers;
-use super::communicator::{Communicator, Rendezvous, SharedMemoryCommunicator};
+use super::communicator::{Communicator, Process, Rendezvous, SharedMemoryCommunicator, Uplink};
 use super::device::run_planned;
 use super::memory::available_memory;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, TensorType};
+use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
 
 /// What a device's program sees: its id, the mesh, its communicator, its memory limit,
@@ -118,7 +122,11 @@ struct Worker {
 /// live values; see [`ThreadMesh::with_memory_limit`].
 pub struct ThreadMesh {
     mesh: Arc<Mesh>,
+    /// The devices whose threads these are (all of the mesh's but in an `MpiMesh`).
+    devices: Range<usize>,
     rendezvous: Arc<Rendezvous>,
+    /// The devices' way to the other processes, if the mesh spans several.
+    uplink: Option<Arc<Uplink>>,
     workers: Vec<Worker>,
     timeout: Option<Duration>,
     memory_limit: usize,
@@ -139,25 +147,37 @@ impl ThreadMesh {
     /// [`ThreadMesh::DEFAULT_TIMEOUT`] and each device's memory limit an equal share of
     /// the host's [`available_memory`].
     pub fn new(mesh: Mesh) -> Result<Self> {
+        let devices = 0..mesh.num_devices();
+        ThreadMesh::with_devices(mesh, devices, false)
+    }
+
+    /// [`ThreadMesh::new`] with threads for `devices` of `mesh` only; `linked`: they are
+    /// one process's share of `mesh`, and collectives whose groups reach other devices
+    /// are steps of the process ([`ThreadMesh::run_linked`]).
+    pub(crate) fn with_devices(mesh: Mesh, devices: Range<usize>, linked: bool) -> Result<Self> {
         let mesh = Arc::new(mesh);
-        let rendezvous = Arc::new(Rendezvous::new(mesh.num_devices()));
+        let rendezvous = Arc::new(Rendezvous::new(devices.clone(), linked));
         rendezvous.set_timeout(Some(Self::DEFAULT_TIMEOUT));
+        let uplink = linked.then(|| Arc::new(Uplink::new(&rendezvous)));
         let memory_limit = available_memory() / mesh.num_devices().max(1);
         let mut thread_mesh = ThreadMesh {
             mesh: Arc::clone(&mesh),
+            devices: devices.clone(),
             rendezvous: Arc::clone(&rendezvous),
-            workers: Vec::with_capacity(mesh.num_devices()),
+            uplink: uplink.clone(),
+            workers: Vec::with_capacity(devices.len()),
             timeout: Some(Self::DEFAULT_TIMEOUT),
             memory_limit,
             run_lock: Mutex::new(()),
             residents: Mutex::new(HashMap::new()),
         };
-        for device in 0..mesh.num_devices() {
+        for device in devices {
             let mut context = DeviceContext {
                 communicator: SharedMemoryCommunicator::new(
                     device,
                     Arc::clone(&mesh),
                     Arc::clone(&rendezvous),
+                    uplink.clone(),
                 ),
                 store: HashMap::new(),
                 staged: Vec::new(),
@@ -184,9 +204,14 @@ impl ThreadMesh {
     /// This mesh with devices waiting at most `timeout` in a collective for the others
     /// (`None`: for ever; see the type's docs).
     pub fn with_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
-        self.timeout = timeout.into();
-        self.rendezvous.set_timeout(self.timeout);
+        self.set_timeout(timeout.into());
         self
+    }
+
+    /// Sets [`ThreadMesh::timeout`] (see [`ThreadMesh::with_timeout`]).
+    pub(crate) fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+        self.rendezvous.set_timeout(timeout);
     }
 
     /// How long a device waits in a collective for the others; `None` for ever.
@@ -199,8 +224,13 @@ impl ThreadMesh {
     /// [`Error::DeviceFailed`]) before it is allocated. Resident values kept in the
     /// stores between runs count only while a run binds them.
     pub fn with_memory_limit(mut self, bytes: usize) -> Self {
-        self.memory_limit = bytes;
+        self.set_memory_limit(bytes);
         self
+    }
+
+    /// Sets [`ThreadMesh::memory_limit`] (see [`ThreadMesh::with_memory_limit`]).
+    pub(crate) fn set_memory_limit(&mut self, bytes: usize) {
+        self.memory_limit = bytes;
     }
 
     /// The bytes of live values each device's runtime may hold.
@@ -211,9 +241,8 @@ impl ThreadMesh {
     /// The device whose thread is the current one, if any.
     fn current_device(&self) -> Option<usize> {
         let me = std::thread::current().id();
-        self.workers
-            .iter()
-            .position(|w| w.thread.thread().id() == me)
+        let position = (self.workers.iter()).position(|w| w.thread.thread().id() == me);
+        position.map(|p| self.devices.start + p)
     }
 
     /// [`Backend::resident`], shared rather than copied.
@@ -252,8 +281,9 @@ impl ThreadMesh {
         }
     }
 
-    /// Runs `program` on every device at once and returns the results by device id; or,
-    /// if any device fails, the first failure (see the type's failure contract).
+    /// Runs `program` on every device at once and returns the results by device id (of
+    /// this process's devices, [`Backend::local_devices`]); or, if any device fails, the
+    /// first failure (see the type's failure contract).
     ///
     /// Called from one of this mesh's own device threads (from inside a program), it
     /// returns [`Error::ReentrantRun`] at once: the device would wait for itself. The
@@ -280,12 +310,32 @@ impl ThreadMesh {
         S: Fn(&mut DeviceContext, bool) + Send + Sync + 'static,
         T: Send + 'static,
     {
+        self.run_linked(program, settle, None)
+    }
+
+    /// [`ThreadMesh::run_then_settle`]; on a mesh made `linked`
+    /// ([`ThreadMesh::with_devices`]) with a `process`, the calling thread takes the
+    /// devices' steps across processes to it until their programs end (so `settle`
+    /// learns whether every process succeeded); without one, the run stays inside this
+    /// process (a collective spanning processes is an error).
+    pub(crate) fn run_linked<T, F, S>(
+        &self,
+        program: F,
+        settle: S,
+        process: Option<&mut dyn Process>,
+    ) -> Result<Vec<T>>
+    where
+        F: Fn(&mut DeviceContext) -> Result<T> + Send + Sync + 'static,
+        S: Fn(&mut DeviceContext, bool) + Send + Sync + 'static,
+        T: Send + 'static,
+    {
         if let Some(device) = self.current_device() {
             return Err(Error::ReentrantRun { device });
         }
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = self.rendezvous.generation();
         let memory_limit = self.memory_limit;
+        let linked = process.is_some();
         // One handle per device and none kept here, so the program is dropped on the
         // thread of the last device to finish.
         let program = Arc::new((program, settle));
@@ -297,7 +347,7 @@ impl ThreadMesh {
         for ((device, worker), program) in self.workers.iter().enumerate().zip(programs) {
             let results = results.clone();
             let job: Job = Box::new(move |context| {
-                context.communicator.join_run(generation);
+                context.communicator.join_run(generation, linked);
                 context.memory_limit = memory_limit;
                 let (program, settle) = &*program;
                 let result = run_on_device(context, program);
@@ -313,6 +363,9 @@ impl ThreadMesh {
             }
         }
         drop(results);
+        if let (Some(uplink), Some(process)) = (&self.uplink, process) {
+            uplink.serve(&self.rendezvous, generation, process);
+        }
         let mut outputs: Vec<Option<T>> = (0..self.workers.len()).map(|_| None).collect();
         let mut missing = self.workers.len();
         while missing > 0 {
@@ -322,7 +375,7 @@ impl ThreadMesh {
             };
             match received {
                 Ok((device, result)) => {
-                    outputs[device] = result.ok();
+                    outputs[device - self.devices.start] = result.ok();
                     missing -= 1;
                 }
                 // Devices still running a failed run are left to finish on their own.
@@ -406,28 +459,27 @@ impl std::fmt::Debug for ThreadMesh {
     }
 }
 
-impl Backend for ThreadMesh {
-    fn mesh(&self) -> &Mesh {
-        &self.mesh
-    }
-
-    fn memory_limit(&self) -> usize {
-        self.memory_limit
-    }
-
-    /// Runs on the device threads. Inputs are checked before any thread starts; a
-    /// device failure is returned as an error, no device is left waiting, and resident
-    /// values keep their old contents (but donated ones, which the run consumed).
-    fn execute(
+impl ThreadMesh {
+    /// Runs `program` on this mesh's devices as [`Backend::execute`] does (linked to
+    /// `process`, see [`ThreadMesh::run_linked`]); returns, per output, the devices'
+    /// blocks (padded, by device) or `None` for a resident one, which every device has
+    /// stored if and only if the run succeeded.
+    pub(crate) fn execute_local(
         &self,
         program: &Arc<Loaded>,
         inputs: &[Input],
         outputs: &[Output],
-    ) -> Result<Vec<Value>> {
+        process: Option<&mut dyn Process>,
+    ) -> Result<Vec<Option<Vec<Literal>>>> {
         let spmd = program.spmd();
         check_target(spmd, &self.mesh, outputs.len())?;
-        let devices = 0..self.mesh.num_devices();
-        let binds = bind_inputs(spmd, &|key| self.resident(key), inputs, devices.clone())?;
+        let first = self.devices.start;
+        let binds = bind_inputs(
+            spmd,
+            &|key| self.resident(key),
+            inputs,
+            self.devices.clone(),
+        )?;
         // Each device takes its own bindings (moved, not copied).
         let binds: Arc<Vec<Mutex<Vec<Bind>>>> =
             Arc::new(binds.into_iter().map(Mutex::new).collect());
@@ -438,8 +490,11 @@ impl Backend for ThreadMesh {
             let device = ctx.device();
             let memory_limit = ctx.memory_limit();
             let (comm, store) = ctx.communicator_and_store();
-            let mine =
-                std::mem::take(&mut *binds[device].lock().unwrap_or_else(PoisonError::into_inner));
+            let mine = std::mem::take(
+                &mut *binds[device - first]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
             let outs = run_bound(device, mine, store, &planned.plan.donated, |locals| {
                 run_planned(
                     &planned.spmd().program,
@@ -468,7 +523,7 @@ impl Backend for ThreadMesh {
                 }
             }
         };
-        let results = self.run_then_settle(on_device, settle);
+        let results = self.run_linked(on_device, settle, process);
         // Donated resident inputs are consumed, whatever the run's result; the outputs
         // stored again are current on success.
         for key in donated_keys(&program.plan, inputs) {
@@ -480,26 +535,71 @@ impl Backend for ThreadMesh {
                 self.keep_resident(key, ty, sharding);
             }
         }
-        let mut per_output: Vec<Vec<Literal>> = vec![Vec::new(); spmd.outputs.len()];
+        let mut per_output: Vec<Option<Vec<Literal>>> = (outputs.iter())
+            .map(|mode| (!matches!(mode, Output::Resident(_))).then(Vec::new))
+            .collect();
         for device_outs in results {
-            for (k, out) in device_outs.into_iter().enumerate() {
-                per_output[k].extend(out);
+            for (blocks, out) in per_output.iter_mut().zip(device_outs) {
+                if let (Some(blocks), Some(out)) = (blocks, out) {
+                    blocks.push(out);
+                }
             }
         }
-        per_output
-            .into_iter()
-            .enumerate()
-            .map(|(k, blocks)| match &outputs[k] {
-                Output::Resident(_) => Ok(Value::Resident),
-                Output::Shards => Ok(Value::Shards(trimmed_blocks(
-                    spmd,
-                    k,
-                    blocks,
-                    devices.clone(),
-                )?)),
-                Output::Global => Ok(Value::Global(global_output(spmd, k, blocks)?)),
-            })
-            .collect()
+        Ok(per_output)
+    }
+}
+
+/// The values of a run's outputs as `outputs` asks, from the blocks of this process's
+/// `devices` (padded, by device; `None` for a resident output): shards trimmed, global
+/// outputs assembled from every device's blocks, which `gather` collects from this
+/// process's (by device id, from every process).
+pub(super) fn output_values(
+    spmd: &SpmdProgram,
+    outputs: &[Output],
+    blocks: Vec<Option<Vec<Literal>>>,
+    devices: Range<usize>,
+    gather: &dyn Fn(Vec<Literal>) -> Result<Vec<Literal>>,
+) -> Result<Vec<Value>> {
+    (blocks.into_iter().zip(outputs).enumerate())
+        .map(|(k, (blocks, mode))| match (mode, blocks) {
+            (Output::Resident(_), _) | (_, None) => Ok(Value::Resident),
+            (Output::Shards, Some(blocks)) => Ok(Value::Shards(trimmed_blocks(
+                spmd,
+                k,
+                blocks,
+                devices.clone(),
+            )?)),
+            (Output::Global, Some(blocks)) => {
+                Ok(Value::Global(global_output(spmd, k, gather(blocks)?)?))
+            }
+        })
+        .collect()
+}
+
+impl Backend for ThreadMesh {
+    fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    fn local_devices(&self) -> Range<usize> {
+        self.devices.clone()
+    }
+
+    fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// Runs on the device threads. Inputs are checked before any thread starts; a
+    /// device failure is returned as an error, no device is left waiting, and resident
+    /// values keep their old contents (but donated ones, which the run consumed).
+    fn execute(
+        &self,
+        program: &Arc<Loaded>,
+        inputs: &[Input],
+        outputs: &[Output],
+    ) -> Result<Vec<Value>> {
+        let blocks = self.execute_local(program, inputs, outputs, None)?;
+        output_values(program.spmd(), outputs, blocks, self.devices.clone(), &Ok)
     }
 
     fn resident(&self, key: &str) -> Option<Resident> {
@@ -507,12 +607,13 @@ impl Backend for ThreadMesh {
     }
 
     fn store_blocks(&self, key: &str, resident: Resident, blocks: Vec<Literal>) -> Result<()> {
-        let devices = 0..self.mesh.num_devices();
-        let blocks = Arc::new(padded_blocks(&self.mesh, key, &resident, blocks, devices)?);
+        let first = self.devices.start;
+        let blocks = padded_blocks(&self.mesh, key, &resident, blocks, self.devices.clone())?;
+        let blocks = Arc::new(blocks);
         let k = key.to_string();
         self.run(move |ctx| {
             let device = ctx.device();
-            ctx.store_mut().insert(k.clone(), blocks[device].clone());
+            (ctx.store_mut()).insert(k.clone(), blocks[device - first].clone());
             Ok(())
         })?;
         self.set_resident(key, Some(resident));
@@ -530,8 +631,8 @@ impl Backend for ThreadMesh {
                 Error::ThreadMesh(format!("device {device} holds no resident value `{k}`"))
             })
         })?;
-        (blocks.into_iter().enumerate())
-            .map(|(d, block)| unpadded_block(&self.mesh, &r, d, block))
+        (blocks.into_iter().zip(self.devices.clone()))
+            .map(|(block, d)| unpadded_block(&self.mesh, &r, d, block))
             .collect()
     }
 

@@ -14,6 +14,8 @@ pub(super) enum Call {
     /// The end of the device's program (the thread mesh's last meeting of a run, of all
     /// devices).
     End,
+    /// The process's own thread, ready to take its devices' next step (`uplink`).
+    Process,
 }
 
 /// A collective and its attributes.
@@ -32,6 +34,7 @@ impl fmt::Display for Call {
         let (op, axes) = match self {
             Call::Collective { op, axes } => (op, axes),
             Call::End => return f.write_str("the end of its program"),
+            Call::Process => return f.write_str("its process's next step"),
         };
         let kind_name = |kind: &ReduceKind| format!("{kind:?}").to_lowercase();
         match op {

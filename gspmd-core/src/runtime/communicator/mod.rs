@@ -10,22 +10,30 @@
 //! Submodules: `call` (where a device is at a meeting, what it posts, the census when
 //! devices disagree), `group` (a collective's members), `rendezvous` (the meetings of
 //! each group's devices, and the mesh-wide abort, timeout and runs), `shared_memory`
-//! (the collectives over shared buffers), `combine` (the element types, their combine
-//! functions and the argument checks, shared by the backends so results are equal bit
-//! for bit) and, with the `mpi` feature, `mpi` (the collectives over MPI).
+//! (the collectives over shared buffers), `uplink` (the steps that devices sharing a
+//! process hand to its thread when a mesh spans processes), `combine` (the element
+//! types, their combine functions, the reduction order and the argument checks, shared
+//! by the backends so results are equal bit for bit) and, with the `mpi` feature, `mpi`
+//! (the collectives over MPI) and `hierarchical` (a process's steps over MPI).
 
 mod call;
 mod combine;
 mod group;
 #[cfg(feature = "mpi")]
+mod hierarchical;
+#[cfg(feature = "mpi")]
 mod mpi;
 mod rendezvous;
 mod shared_memory;
+mod uplink;
 
+#[cfg(feature = "mpi")]
+pub(crate) use hierarchical::{Hierarchy, RankSteps};
 #[cfg(feature = "mpi")]
 pub(crate) use mpi::MpiCommunicator;
 pub(crate) use rendezvous::Rendezvous;
 pub(crate) use shared_memory::SharedMemoryCommunicator;
+pub(crate) use uplink::{Process, Uplink};
 
 use crate::error::{Error, Result};
 use crate::ir::{Literal, ReduceKind};

@@ -17,8 +17,8 @@
 //! The data then moves on the group's own communicator, split from the world once per
 //! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
 //! all-gather calls of exactly the bytes each member needs. Reductions combine the
-//! members' chunks in group order with the combine functions of the shared-memory
-//! communicator, so both backends give equal bits.
+//! members' chunks in the order and with the combine functions of the shared-memory
+//! communicator (`combine`), so both backends give equal bits.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -37,8 +37,8 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use super::Communicator;
 use super::call::{Call, CollectiveOp, census};
 use super::combine::{
-    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks,
+    Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
+    reduce_blocks, reduce_chunks,
 };
 use super::group::Group;
 use crate::error::{Error, Result};
@@ -63,14 +63,22 @@ const RECORD_TAG: Tag = 14;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
+///
+/// Its mesh has one device per rank: the mesh the programs run on, or, when each rank
+/// holds several devices (`threads` consecutive ids, see `hierarchical`), the mesh of
+/// the ranks themselves.
 pub(crate) struct MpiCommunicator {
-    device: usize,
+    /// This rank, its device id in `mesh`.
+    rank: usize,
     mesh: Arc<Mesh>,
+    /// How many devices of the programs' mesh each rank holds.
+    threads: usize,
     world: SimpleCommunicator,
     /// This rank's group over each axis list used so far and its communicator, split
     /// from the world on first use.
     groups: RefCell<HashMap<Vec<String>, Rc<Joined>>>,
-    /// Whether the last error came from a meeting (so every rank has it already).
+    /// Whether every rank knows of the current failure: it came from a meeting, or this
+    /// rank reported it (until the next meeting that succeeds).
     met_failure: Cell<bool>,
     /// The rank of the first record saying that its rank left, once one did: this
     /// rank then meets nobody any more (the one who left is not coming).
@@ -79,20 +87,28 @@ pub(crate) struct MpiCommunicator {
     timeout: Cell<Duration>,
 }
 
-/// A rank's group over an axis list and the communicator of its members, whose ranks
-/// are the members' group indices.
+/// A rank's group over an axis list, the order its reductions combine in, and the
+/// communicator of its members, whose ranks are the members' group indices.
 struct Joined {
     group: Group,
+    order: ReductionOrder,
     comm: SimpleCommunicator,
 }
 
 impl MpiCommunicator {
-    /// The communicator of rank `world.rank()`, device of that id in `mesh`; the caller
-    /// checked that the world has one rank per device. Meetings wait at most `timeout`.
-    pub(crate) fn new(world: SimpleCommunicator, mesh: Arc<Mesh>, timeout: Duration) -> Self {
+    /// The communicator of rank `world.rank()`, device of that id in `mesh`, each rank
+    /// holding `threads` devices of the programs' mesh; the caller checked that the
+    /// world has one rank per device of `mesh`. Meetings wait at most `timeout`.
+    pub(crate) fn new(
+        world: SimpleCommunicator,
+        mesh: Arc<Mesh>,
+        threads: usize,
+        timeout: Duration,
+    ) -> Self {
         MpiCommunicator {
-            device: usize::try_from(world.rank()).unwrap_or_default(),
+            rank: usize::try_from(world.rank()).unwrap_or_default(),
             mesh,
+            threads,
             world,
             groups: RefCell::new(HashMap::new()),
             met_failure: Cell::new(false),
@@ -111,6 +127,24 @@ impl MpiCommunicator {
         self.timeout.set(timeout);
     }
 
+    /// The device this rank's errors name: its only one, or its first.
+    fn device(&self) -> usize {
+        self.rank * self.threads
+    }
+
+    /// `ranks` by the devices they hold, for messages: `device 1`, `devices 1, 3`, or
+    /// with several devices per rank `rank 1 (devices 4-7)`, `ranks 1, 3 (4 devices
+    /// each)`.
+    fn name_ranks(&self, ranks: &[usize]) -> String {
+        let list = |r: &[usize]| r.iter().map(ToString::to_string).collect::<Vec<_>>();
+        match (self.threads, ranks) {
+            (1, [rank]) => format!("device {rank}"),
+            (1, _) => format!("devices {}", list(ranks).join(", ")),
+            (t, [rank]) => format!("rank {rank} (devices {}-{})", rank * t, rank * t + t - 1),
+            (t, _) => format!("ranks {} ({t} devices each)", list(ranks).join(", ")),
+        }
+    }
+
     /// Meets every rank at `place` (e.g. a collective, or the start of a run with a hash
     /// of the program): `Ok` if all are there; otherwise the same error on every rank —
     /// [`Error::Aborted`] with the first failed rank's error, or [`Error::Collective`]
@@ -119,8 +153,9 @@ impl MpiCommunicator {
     pub(crate) fn meet(&self, place: &str) -> Result<()> {
         let left = |rank: usize| {
             Error::MpiMesh(format!(
-                "device {rank} has left the mesh (dropped its MpiMesh); device {} is at {place}",
-                self.device
+                "{} has left the mesh (dropped its MpiMesh); device {} is at {place}",
+                self.name_ranks(&[rank]),
+                self.device()
             ))
         };
         if let Some(rank) = self.left.get() {
@@ -132,9 +167,9 @@ impl MpiCommunicator {
             left(rank)
         } else if let Some((rank, (_, message))) = failed {
             Error::Aborted {
-                device: self.device,
+                device: self.device(),
                 cause: Box::new(Error::RankFailed {
-                    device: rank,
+                    rank,
                     message: message.clone(),
                 }),
             }
@@ -142,12 +177,14 @@ impl MpiCommunicator {
             self.met_failure.set(false);
             return Ok(());
         } else {
+            // Each rank by its first device (with one device per rank, its device).
+            let places = records.iter().enumerate();
             Error::Collective {
-                device: self.device,
+                device: self.device(),
                 collective: place.to_string(),
                 message: format!(
                     "ranks disagree: {}",
-                    census(records.iter().enumerate().map(|(r, (_, p))| (r, p)))
+                    census(places.map(|(r, (_, p))| (r * self.threads, p)))
                 ),
             }
         };
@@ -156,9 +193,10 @@ impl MpiCommunicator {
     }
 
     /// Reports `error` (this rank's program failed) at the meeting the other ranks are
-    /// at or will reach next, unless it came from a meeting, which every rank saw.
+    /// at or will reach next, unless every rank knows of the failure already (it came
+    /// from a meeting, or was reported since the last meeting that succeeded).
     pub(crate) fn fail(&self, error: &Error) {
-        if !self.met_failure.replace(false) && self.left.get().is_none() {
+        if !self.met_failure.replace(true) && self.left.get().is_none() {
             self.exchange_records(FAILED, &error.to_string());
         }
     }
@@ -242,22 +280,21 @@ impl MpiCommunicator {
                     .filter_map(|(rank, request)| request.test().err().map(|r| (rank, r)))
                     .collect();
                 if !pending.is_empty() && Instant::now() > deadline {
-                    let mut missing: Vec<i32> = pending.iter().map(|&(rank, _)| rank).collect();
+                    let mut missing: Vec<usize> = (pending.iter())
+                        .filter_map(|&(rank, _)| usize::try_from(rank).ok())
+                        .collect();
                     missing.sort_unstable();
                     missing.dedup();
-                    let missing: Vec<String> = missing.iter().map(i32::to_string).collect();
-                    let devices = if missing.len() == 1 {
-                        "device"
-                    } else {
-                        "devices"
+                    let of = match self.threads {
+                        1 => self.mesh.to_string(),
+                        _ => format!("{} ranks", self.mesh.num_devices()),
                     };
                     eprintln!(
-                        "gspmd: device {} of {} waited {timeout:?} at {place} for {devices} {}, \
+                        "gspmd: {} of {of} waited {timeout:?} at {place} for {}, \
                          which did not come (hung, or busy longer than the MpiMesh timeout): \
                          aborting the MPI job",
-                        self.device,
-                        self.mesh,
-                        missing.join(", ")
+                        self.name_ranks(&[self.rank]),
+                        self.name_ranks(&missing)
                     );
                     self.world.abort(TIMED_OUT);
                 }
@@ -272,74 +309,97 @@ impl MpiCommunicator {
         if let Some(joined) = self.groups.borrow().get(axes) {
             return Ok(Rc::clone(joined));
         }
-        let group = Group::of(&self.mesh, self.device, axes)?;
+        let group = Group::of(&self.mesh, self.rank, axes)?;
+        let order = ReductionOrder::of(&self.mesh, axes, &group)?;
         // The group's colour is its first member; ranks are ordered by group index.
         let colour = Color::with_value(count(group.members[0])?);
         let comm = self
             .world
             .split_by_color_with_key(colour, count(group.index)?)
             .ok_or_else(|| Error::RankFailed {
-                device: self.device,
+                rank: self.rank,
                 message: format!("MPI_Comm_split over {axes:?} gave no communicator"),
             })?;
-        let joined = Rc::new(Joined { group, comm });
+        let joined = Rc::new(Joined { group, order, comm });
         (self.groups.borrow_mut()).insert(axes.to_vec(), Rc::clone(&joined));
         Ok(joined)
     }
 
-    /// Runs collective `op` over `axes` on `x`: meets every rank, resolves the group,
-    /// checks the arguments against it and `x`'s shape, then runs `compute`. Every step
-    /// before `compute` fails on every rank alike (all ranks are at the same collective
-    /// with operands of one type).
-    fn collective(
+    /// Runs collective `op` over `axes` on `x`: meets every rank (at `step`, if given,
+    /// then the collective: what the meeting's records compare), resolves the group,
+    /// checks the arguments against it and `x`'s shape, then moves the data. Every step
+    /// before the data moves fails on every rank alike (all ranks are at the same
+    /// collective with operands of one type).
+    pub(super) fn collective(
         &self,
+        step: Option<&str>,
         op: CollectiveOp,
         axes: &[String],
         x: Literal,
-        compute: impl FnOnce(&Joined, Literal) -> Result<Literal, String>,
     ) -> Result<Literal> {
         let call = Call::Collective {
-            op: op.clone(),
+            op,
             axes: axes.to_vec(),
         };
         let operand = literal_type(&x);
-        self.meet(&format!("{call} of {operand}"))?;
+        match step {
+            Some(step) => self.meet(&format!("{step}: {call} of {operand}"))?,
+            None => self.meet(&format!("{call} of {operand}"))?,
+        }
         let fail = |message: String| Error::Collective {
-            device: self.device,
+            device: self.device(),
             collective: call.to_string(),
             message,
         };
+        let Call::Collective { op, .. } = &call else {
+            return Err(fail("not a collective".into()));
+        };
         let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
-        check_arguments(&op, &joined.group, &operand.shape).map_err(fail)?;
+        check_arguments(op, &joined.group, &operand.shape).map_err(fail)?;
         // bf16 and f16 travel as f32 (MPI has no datatype for them): exact, and a
-        // reduction of them then sums in f32 in group order and rounds once, as on the
-        // thread mesh (`combine`), so the results are bitwise the same.
+        // reduction of them then sums in f32 in the group's order and rounds once, as on
+        // the thread mesh (`combine`), so the results are bitwise the same.
         if operand.dtype.is_narrow_float() {
-            let wide = compute(&joined, x.convert(DType::F32)).map_err(fail)?;
+            let wide = exchange(&joined, op, x.convert(DType::F32)).map_err(fail)?;
             return Ok(wide.convert(operand.dtype));
         }
-        compute(&joined, x).map_err(fail)
+        exchange(&joined, op, x).map_err(fail)
     }
 
-    /// Every rank's `x`, by rank: for outputs, which after a successful run have one
-    /// shape and dtype on every rank (checked at the meeting).
-    pub(crate) fn gather_world(&self, x: Literal) -> Result<Vec<Literal>> {
+    /// Every rank's `blocks` (all of one shape and dtype, as many on every rank), by rank
+    /// then as given: for outputs, which after a successful run have one shape and
+    /// dtype on every device (checked at the meeting).
+    pub(crate) fn gather_world(&self, blocks: Vec<Literal>) -> Result<Vec<Literal>> {
+        let fail = |message: String| Error::Collective {
+            device: self.device(),
+            collective: "the gathering of an output".into(),
+            message,
+        };
+        let first = blocks.first().ok_or_else(|| fail("no blocks".into()))?;
+        let (dtype, shape) = (first.dtype(), literal_type(first));
         self.meet(&format!(
-            "the gathering of an output of {}",
-            literal_type(&x)
+            "the gathering of an output of {} x {shape}",
+            blocks.len()
         ))?;
         let n = self.mesh.num_devices();
-        let narrow = || -> Result<Vec<Literal>, String> {
-            let wide = gather_typed::<f32>(&self.world, n, &x.convert(DType::F32))?;
-            Ok(wide.iter().map(|w| w.convert(x.dtype())).collect())
+        // Narrow floats travel as f32, as in collectives.
+        let narrow = dtype.is_narrow_float();
+        let sent: Vec<Literal> = if narrow {
+            blocks.iter().map(|b| b.convert(DType::F32)).collect()
+        } else {
+            blocks
         };
-        by_dtype!(x.dtype(), gather_typed(&self.world, n, &x), narrow => narrow()).map_err(
-            |message| Error::Collective {
-                device: self.device,
-                collective: "the gathering of an output".into(),
-                message,
-            },
+        let gathered = by_dtype!(
+            sent[0].dtype(),
+            gather_typed(&self.world, n, &sent),
+            narrow => Err(format!("{dtype} travels as f32"))
         )
+        .map_err(fail)?;
+        Ok(if narrow {
+            gathered.iter().map(|w| w.convert(dtype)).collect()
+        } else {
+            gathered
+        })
     }
 
     /// Every rank's `bytes` (of any length), by rank, after a meeting at `place`: the
@@ -348,7 +408,7 @@ impl MpiCommunicator {
         self.meet(&format!("the gathering of {place}"))?;
         let n = self.mesh.num_devices();
         let fail = |message: String| Error::Collective {
-            device: self.device,
+            device: self.device(),
             collective: format!("the gathering of {place}"),
             message,
         };
@@ -372,11 +432,7 @@ impl MpiCommunicator {
 
 impl std::fmt::Debug for MpiCommunicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "MpiCommunicator(device {} of {})",
-            self.device, self.mesh
-        )
+        write!(f, "MpiCommunicator(rank {} of {})", self.rank, self.mesh)
     }
 }
 
@@ -469,23 +525,33 @@ fn concatenate<T: Element>(dim: usize, blocks: &[ArrayViewD<'_, T>]) -> Result<L
         .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"))
 }
 
-/// Every member's `x` (all of one shape), by member.
+/// Every member's `blocks` (all of one shape, as many on every member), by member then
+/// as given.
 fn gather_typed<T: Element + Equivalence + Default>(
     comm: &SimpleCommunicator,
     n: usize,
-    x: &Literal,
+    blocks: &[Literal],
 ) -> Result<Vec<Literal>, String> {
-    let mine = elements::<T>(x)?;
+    let mine: Cow<'_, [T]> = match blocks {
+        [block] => elements::<T>(block)?,
+        _ => Cow::Owned(
+            (blocks.iter())
+                .map(|b| elements::<T>(b).map(|e| e.into_owned()))
+                .collect::<Result<Vec<Vec<T>>, String>>()?
+                .concat(),
+        ),
+    };
+    let shape = blocks.first().map(Literal::shape).unwrap_or_default();
     let all = all_gather_v(comm, &mine, &vec![mine.len(); n])?;
-    views(&all, &x.shape(), n)?
+    views(&all, &shape, n * blocks.len())?
         .into_iter()
         .map(|v| Ok(T::literal(v.to_owned())))
         .collect()
 }
 
 /// Reduce-scatter then all-gather of the flattened operand: member `i` receives chunk
-/// `i` of everyone's operand, combines them in group order, and every member gathers
-/// the reduced chunks — the shared-memory communicator's order and bits.
+/// `i` of everyone's operand, combines them in the group's [`ReductionOrder`], and every
+/// member gathers the reduced chunks — the shared-memory communicator's order and bits.
 fn all_reduce_typed<T: Element + Equivalence + Default>(
     joined: &Joined,
     kind: ReduceKind,
@@ -503,7 +569,7 @@ fn all_reduce_typed<T: Element + Equivalence + Default>(
     let reduced = if sizes[index] == 0 {
         Vec::new()
     } else {
-        reduce_chunks(kind, &chunks).ok_or("empty group")?
+        reduce_chunks(kind, &joined.order, &chunks).ok_or("empty group")?
     };
     literal(&shape, all_gather_v(&joined.comm, &reduced, &sizes)?)
 }
@@ -552,9 +618,13 @@ fn reduce_scatter_typed<T: Element + Equivalence + Default>(
     x: Literal,
 ) -> Result<Literal, String> {
     let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
-    reduce_blocks(kind, views(&received, &shape, joined.group.size())?)
-        .map(T::literal)
-        .ok_or_else(|| "empty group".into())
+    reduce_blocks(
+        kind,
+        &joined.order,
+        &views(&received, &shape, joined.group.size())?,
+    )
+    .map(T::literal)
+    .ok_or_else(|| "empty group".into())
 }
 
 fn all_to_all_typed<T: Element + Equivalence + Default>(
@@ -599,9 +669,40 @@ fn wide_only(x: &Literal) -> Result<Literal, String> {
     Err(format!("{} travels as f32", literal_type(x)))
 }
 
+/// Moves the data of collective `op` over `joined`'s group, this rank's operand `x`
+/// (not a narrow float: those travel as f32).
+fn exchange(joined: &Joined, op: &CollectiveOp, x: Literal) -> Result<Literal, String> {
+    match op {
+        CollectiveOp::AllReduce(kind) => {
+            by_dtype!(x.dtype(), all_reduce_typed(joined, *kind, x), narrow => wide_only(&x))
+        }
+        CollectiveOp::AllGather { dim } => {
+            by_dtype!(x.dtype(), all_gather_typed(joined, *dim, x), narrow => wide_only(&x))
+        }
+        CollectiveOp::ReduceScatter { kind, dim } => by_dtype!(
+            x.dtype(),
+            reduce_scatter_typed(joined, *kind, *dim, x),
+            narrow => wide_only(&x)
+        ),
+        CollectiveOp::AllToAll {
+            split_dim,
+            concat_dim,
+        } => by_dtype!(
+            x.dtype(),
+            all_to_all_typed(joined, *split_dim, *concat_dim, x),
+            narrow => wide_only(&x)
+        ),
+        CollectiveOp::CollectivePermute { pairs } => by_dtype!(
+            x.dtype(),
+            collective_permute_typed(joined, pairs, x),
+            narrow => wide_only(&x)
+        ),
+    }
+}
+
 impl Communicator for MpiCommunicator {
     fn device(&self) -> usize {
-        self.device
+        self.rank
     }
 
     fn mesh(&self) -> &Mesh {
@@ -609,15 +710,11 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
-        self.collective(CollectiveOp::AllReduce(kind), axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_reduce_typed(joined, kind, x), narrow => wide_only(&x))
-        })
+        self.collective(None, CollectiveOp::AllReduce(kind), axes, x)
     }
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
-        self.collective(CollectiveOp::AllGather { dim }, axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x), narrow => wide_only(&x))
-        })
+        self.collective(None, CollectiveOp::AllGather { dim }, axes, x)
     }
 
     fn reduce_scatter(
@@ -627,12 +724,7 @@ impl Communicator for MpiCommunicator {
         dim: usize,
         x: Literal,
     ) -> Result<Literal> {
-        self.collective(
-            CollectiveOp::ReduceScatter { kind, dim },
-            axes,
-            x,
-            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, kind, dim, x), narrow => wide_only(&x)),
-        )
+        self.collective(None, CollectiveOp::ReduceScatter { kind, dim }, axes, x)
     }
 
     fn all_to_all(
@@ -642,21 +734,11 @@ impl Communicator for MpiCommunicator {
         concat_dim: usize,
         x: Literal,
     ) -> Result<Literal> {
-        self.collective(
-            CollectiveOp::AllToAll {
-                split_dim,
-                concat_dim,
-            },
-            axes,
-            x,
-            |joined, x| {
-                by_dtype!(
-                    x.dtype(),
-                    all_to_all_typed(joined, split_dim, concat_dim, x),
-                    narrow => wide_only(&x)
-                )
-            },
-        )
+        let op = CollectiveOp::AllToAll {
+            split_dim,
+            concat_dim,
+        };
+        self.collective(None, op, axes, x)
     }
 
     fn collective_permute(
@@ -665,14 +747,10 @@ impl Communicator for MpiCommunicator {
         pairs: &[(usize, usize)],
         x: Literal,
     ) -> Result<Literal> {
-        self.collective(
-            CollectiveOp::CollectivePermute {
-                pairs: pairs.to_vec(),
-            },
-            axes,
-            x,
-            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x), narrow => wide_only(&x)),
-        )
+        let op = CollectiveOp::CollectivePermute {
+            pairs: pairs.to_vec(),
+        };
+        self.collective(None, op, axes, x)
     }
 
     /// Reports `error` to every rank at their next meeting (see [`MpiCommunicator::fail`]).

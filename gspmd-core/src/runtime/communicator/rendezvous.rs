@@ -16,10 +16,16 @@
 //! device is. Runs are numbered (*generations*): [`Rendezvous::reset`] starts a new one,
 //! and a device still running an earlier run can neither post nor abort in it.
 //!
+//! The devices are a thread mesh's, all of a mesh or a range of its device ids (one
+//! process's share of a larger mesh); in the latter case the process's own thread
+//! takes part too, as [`PROCESS`], in the meeting where the devices hand it the steps
+//! that cross processes (`uplink`).
+//!
 //! Lock order: the meeting registry, then a meeting's state, then the abort state (a
 //! leaf: nothing is locked while it is held). A meeting's calls are a leaf too.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -100,11 +106,19 @@ impl Meeting {
     }
 }
 
+/// The id of a process's own thread among the participants of a rendezvous (after every
+/// device id): it meets its devices to take the steps that cross processes.
+pub(crate) const PROCESS: usize = usize::MAX;
+
 /// The meetings of all devices of a mesh, and the mesh-wide state of a run: its
 /// generation, its abort and the timeout.
 #[derive(Debug)]
 pub(crate) struct Rendezvous {
-    num_devices: usize,
+    /// The devices, in increasing id order.
+    devices: Vec<usize>,
+    /// The threads that can wait in a meeting: the devices, and [`PROCESS`] if the
+    /// process's thread takes part; in increasing id order.
+    participants: Vec<usize>,
     /// The meetings made so far, by their (sorted) devices.
     meetings: Mutex<HashMap<Vec<usize>, Arc<Meeting>>>,
     /// The current generation and its abort's cause.
@@ -117,8 +131,8 @@ pub(crate) struct Rendezvous {
     timeout_nanos: AtomicU64,
     /// Devices of the current run waiting in a round that has not completed.
     blocked: AtomicUsize,
-    /// Per device, whether it waits in a round (so a timeout elsewhere does not name
-    /// it as missing: it is held up, not absent).
+    /// Per participant (by position), whether it waits in a round (so a timeout
+    /// elsewhere does not name it as missing: it is held up, not absent).
     waiting: Box<[AtomicBool]>,
 }
 
@@ -140,10 +154,21 @@ const NO_TIMEOUT: u64 = u64::MAX;
 pub(super) const SPIN: Duration = Duration::from_micros(50);
 
 impl Rendezvous {
-    /// The rendezvous of `num_devices` devices at generation 0, waiting for ever.
-    pub(crate) fn new(num_devices: usize) -> Self {
+    /// The rendezvous of `devices` at generation 0, waiting for ever; with `process`,
+    /// the process's thread takes part as [`PROCESS`].
+    pub(crate) fn new(devices: Range<usize>, process: bool) -> Self {
+        let devices: Vec<usize> = devices.collect();
+        let mut participants = devices.clone();
+        if process {
+            participants.push(PROCESS);
+        }
         Rendezvous {
-            num_devices,
+            waiting: participants
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            devices,
+            participants,
             meetings: Mutex::new(HashMap::new()),
             abort: Mutex::new(AbortState {
                 generation: 0,
@@ -153,8 +178,13 @@ impl Rendezvous {
             aborted: AtomicBool::new(false),
             timeout_nanos: AtomicU64::new(NO_TIMEOUT),
             blocked: AtomicUsize::new(0),
-            waiting: (0..num_devices).map(|_| AtomicBool::new(false)).collect(),
         }
+    }
+
+    /// Whether `participant` waits in a round.
+    fn waiting(&self, participant: usize) -> &AtomicBool {
+        let position = self.participants.binary_search(&participant);
+        &self.waiting[position.unwrap_or_default()]
     }
 
     /// Sets how long a device waits in a round for the others (`None`: for ever).
@@ -175,7 +205,7 @@ impl Rendezvous {
         self.generation.load(Ordering::SeqCst)
     }
 
-    /// The meeting of `devices` (sorted, distinct ids of this mesh), made on first use.
+    /// The meeting of `devices` (sorted, distinct participants), made on first use.
     pub(super) fn meeting(&self, devices: Vec<usize>) -> Arc<Meeting> {
         let mut meetings = lock(&self.meetings);
         // Under the registry lock, so no reset can run between reading the generation
@@ -201,9 +231,14 @@ impl Rendezvous {
         Arc::clone(meeting)
     }
 
-    /// The meeting of every device of the mesh.
+    /// The meeting of every device.
     pub(super) fn everyone(&self) -> Arc<Meeting> {
-        self.meeting((0..self.num_devices).collect())
+        self.meeting(self.devices.clone())
+    }
+
+    /// The meeting of every device and the process's thread.
+    pub(super) fn devices_and_process(&self) -> Arc<Meeting> {
+        self.meeting(self.participants.clone())
     }
 
     /// Posts `post` for `device` of run `generation` in `meeting`, waits until every
@@ -212,7 +247,7 @@ impl Rendezvous {
     /// Errors: [`Error::Aborted`] once the rendezvous is aborted, or when `generation`
     /// is not the current run; [`Error::CollectiveTimeout`] (which aborts) when the
     /// others do not all arrive within the timeout; [`Error::Collective`] (which aborts)
-    /// when this arrival leaves every device of the mesh waiting.
+    /// when this arrival leaves every participant waiting.
     pub(super) fn exchange(
         &self,
         meeting: &Meeting,
@@ -220,6 +255,32 @@ impl Rendezvous {
         generation: u64,
         post: Post,
         spin: Duration,
+    ) -> Result<Round> {
+        self.exchange_within(meeting, device, generation, post, spin, self.timeout())
+    }
+
+    /// [`Rendezvous::exchange`] without the timeout: for a wait whose length another
+    /// party bounds (the process's thread waiting for its devices to hand it a step,
+    /// which they do or fail within their own timeouts; devices waiting for the
+    /// process to finish one, which MPI's meeting bounds).
+    pub(super) fn exchange_without_timeout(
+        &self,
+        meeting: &Meeting,
+        device: usize,
+        generation: u64,
+        post: Post,
+    ) -> Result<Round> {
+        self.exchange_within(meeting, device, generation, post, Duration::ZERO, None)
+    }
+
+    fn exchange_within(
+        &self,
+        meeting: &Meeting,
+        device: usize,
+        generation: u64,
+        post: Post,
+        spin: Duration,
+        timeout: Option<Duration>,
     ) -> Result<Round> {
         let call = Arc::clone(&post.call);
         let collective_error = |message: String| Error::Collective {
@@ -259,7 +320,7 @@ impl Rendezvous {
                 self.blocked.fetch_sub(size - 1, Ordering::SeqCst);
             }
             for &d in &meeting.devices {
-                self.waiting[d].store(false, Ordering::SeqCst);
+                self.waiting(d).store(false, Ordering::SeqCst);
             }
             if state.sleepers > 0 {
                 meeting.round_done.notify_all();
@@ -267,8 +328,8 @@ impl Rendezvous {
             return Ok(round);
         }
         let my_round = state.round;
-        self.waiting[device].store(true, Ordering::SeqCst);
-        if self.blocked.fetch_add(1, Ordering::SeqCst) + 1 == self.num_devices {
+        self.waiting(device).store(true, Ordering::SeqCst);
+        if self.blocked.fetch_add(1, Ordering::SeqCst) + 1 == self.participants.len() {
             drop(state);
             return Err(self.deadlock(device, generation, collective_error));
         }
@@ -287,7 +348,6 @@ impl Rendezvous {
                 && s.generation == generation
                 && !self.aborted.load(Ordering::SeqCst)
         };
-        let timeout = self.timeout();
         let mut state = match timeout {
             None => meeting
                 .round_done
@@ -320,7 +380,7 @@ impl Rendezvous {
                 .map(|(&d, _)| d)
                 .collect();
             let unheld: Vec<usize> = (absent.iter().copied())
-                .filter(|&d| !self.waiting[d].load(Ordering::SeqCst))
+                .filter(|&d| !self.waiting(d).load(Ordering::SeqCst))
                 .collect();
             let missing = if unheld.is_empty() { absent } else { unheld };
             let error = Error::CollectiveTimeout {
@@ -352,11 +412,12 @@ impl Rendezvous {
         generation: u64,
         collective_error: impl FnOnce(String) -> Error,
     ) -> Error {
-        let mut places: Vec<(usize, Arc<Call>)> = Vec::with_capacity(self.num_devices);
+        let mut places: Vec<(usize, Arc<Call>)> = Vec::with_capacity(self.participants.len());
         for meeting in lock(&self.meetings).values() {
             let state = lock(&meeting.state);
             for (&d, post) in meeting.devices.iter().zip(&state.pending) {
-                if let Some(post) = post {
+                // The process's thread waits for its devices' next step: not a place.
+                if let Some(post) = post.as_ref().filter(|_| d != PROCESS) {
                     places.push((d, Arc::clone(&post.call)));
                 }
             }

@@ -1,5 +1,7 @@
 //! [`SharedMemoryCommunicator`]: the collectives for devices that are threads of one
-//! process, and the element combine functions of their reductions.
+//! process, and the element combine functions of their reductions. When the devices are
+//! one process's share of a larger mesh, collectives whose groups span processes go to
+//! the process's thread through the [`Uplink`].
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -7,16 +9,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use smallvec::SmallVec;
 
 use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
-    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks, same_type, shape_of, standard_layout,
+    Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
+    reduce_blocks, reduce_chunks, same_type, shape_of, standard_layout,
 };
 use super::group::Group;
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
+use super::uplink::Uplink;
 use crate::error::{Error, Result};
 use crate::ir::{Literal, ReduceKind};
 use crate::sharding::Mesh;
@@ -24,7 +28,9 @@ use crate::sharding::Mesh;
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
 /// `Arc`s of the operands in the [`Meeting`] of their group only (devices of other
 /// groups run on), and each member reads only the parts of the others' buffers it
-/// needs. A group of one meets nobody.
+/// needs. A group of one meets nobody. With an [`Uplink`] (the devices are a share of
+/// a mesh spanning processes), a collective whose group has members in other processes
+/// is a step of the process, and so is the end of a program.
 #[derive(Debug, Clone)]
 pub(crate) struct SharedMemoryCommunicator {
     device: usize,
@@ -38,15 +44,23 @@ pub(crate) struct SharedMemoryCommunicator {
     groups: RefCell<HashMap<Vec<String>, Arc<Joined>>>,
     /// The run (the rendezvous's generation) this device is in.
     generation: u64,
+    /// The way to the other processes, if the mesh spans several.
+    uplink: Option<Arc<Uplink>>,
+    /// Whether this run's process takes its devices' steps: else the run stays inside
+    /// the process (no collective may span processes, the end is the devices' own).
+    linked: bool,
 }
 
-/// A device's group over an axis list, with the meeting where its members exchange
-/// (`None` for a group of one) and the slot in that meeting's rounds of each member, in
-/// group order.
+/// A device's group over an axis list, with the order its reductions combine in, the
+/// meeting where its members exchange (`None` for a group of one, or one spanning
+/// processes) and the slot in that meeting's rounds of each member, in group order.
 #[derive(Debug)]
 struct Joined {
     group: Group,
+    order: ReductionOrder,
     meeting: Option<Arc<Meeting>>,
+    /// The uplink, if the group has members in other processes.
+    uplink: Option<Arc<Uplink>>,
     slots: Vec<usize>,
     /// The collectives called over the group so far, each made once.
     calls: Mutex<Vec<Arc<Call>>>,
@@ -67,9 +81,10 @@ impl Joined {
             op,
             axes: axes.to_vec(),
         };
-        let call = match &self.meeting {
-            Some(meeting) => meeting.call(call),
-            None => Arc::new(call),
+        let call = match (&self.meeting, &self.uplink) {
+            (Some(meeting), _) => meeting.call(call),
+            (None, Some(uplink)) => uplink.call(call),
+            (None, None) => Arc::new(call),
         };
         calls.push(Arc::clone(&call));
         call
@@ -77,14 +92,23 @@ impl Joined {
 }
 
 /// How a collective starts: alone (a group of one, for a collective that is then the
-/// identity) or with the first round of posts of its group.
+/// identity), with the first round of posts of its group, or as a step of the process
+/// (a group spanning processes) at this call.
 enum Start {
     Alone(Literal),
     Exchange(Exchange),
+    Process(Arc<Uplink>, Arc<Call>, Literal),
 }
 
 impl SharedMemoryCommunicator {
-    pub(crate) fn new(device: usize, mesh: Arc<Mesh>, rendezvous: Arc<Rendezvous>) -> Self {
+    /// The communicator of `device`, one of the devices of `rendezvous`; `uplink` is
+    /// theirs if the mesh spans other processes.
+    pub(crate) fn new(
+        device: usize,
+        mesh: Arc<Mesh>,
+        rendezvous: Arc<Rendezvous>,
+        uplink: Option<Arc<Uplink>>,
+    ) -> Self {
         let everyone = rendezvous.everyone();
         SharedMemoryCommunicator {
             device,
@@ -94,13 +118,17 @@ impl SharedMemoryCommunicator {
             rendezvous,
             groups: RefCell::new(HashMap::new()),
             generation: 0,
+            uplink,
+            linked: false,
         }
     }
 
     /// Joins run `generation` of the rendezvous: this device's collectives and aborts
-    /// from now on belong to it.
-    pub(crate) fn join_run(&mut self, generation: u64) {
+    /// from now on belong to it. `linked`: the process takes the run's steps across
+    /// processes (see [`Uplink`]).
+    pub(crate) fn join_run(&mut self, generation: u64, linked: bool) {
         self.generation = generation;
+        self.linked = linked && self.uplink.is_some();
     }
 
     /// Aborts the communicator with `result`'s error, unless that error is itself the
@@ -120,7 +148,11 @@ impl SharedMemoryCommunicator {
             return Ok(Arc::clone(joined));
         }
         let group = Group::of(&self.mesh, self.device, axes)?;
-        let (meeting, slots) = if group.size() == 1 {
+        let order = ReductionOrder::of(&self.mesh, axes, &group)?;
+        let here = self.everyone.devices();
+        let uplink = (self.uplink.clone())
+            .filter(|_| !group.members.iter().all(|m| here.binary_search(m).is_ok()));
+        let (meeting, slots) = if group.size() == 1 || uplink.is_some() {
             (None, vec![0])
         } else {
             let mut devices = group.members.clone();
@@ -133,7 +165,9 @@ impl SharedMemoryCommunicator {
         };
         let joined = Arc::new(Joined {
             group,
+            order,
             meeting,
+            uplink,
             slots,
             calls: Mutex::new(Vec::new()),
         });
@@ -156,6 +190,15 @@ impl SharedMemoryCommunicator {
         let result = self.start(op, axes, x).and_then(|start| match start {
             Start::Alone(x) => Ok(x),
             Start::Exchange(ex) => compute(self, ex),
+            Start::Process(uplink, call, x) => uplink
+                .step(
+                    &self.rendezvous,
+                    self.device,
+                    self.generation,
+                    call,
+                    Some(x),
+                )?
+                .ok_or_else(|| Error::ThreadMesh("the process gave no result".into())),
         });
         self.abort_on_error(result)
     }
@@ -182,6 +225,14 @@ impl SharedMemoryCommunicator {
         };
         let shape = shape_of(&x);
         check_arguments(op, &joined.group, shape).map_err(fail)?;
+        if let Some(uplink) = &joined.uplink {
+            if !self.linked {
+                return Err(fail(
+                    "the group spans processes, but this run stays inside the process".into(),
+                ));
+            }
+            return Ok(Start::Process(Arc::clone(uplink), call, x));
+        }
         let Some(meeting) = &joined.meeting else {
             if identity_when_alone {
                 return Ok(Start::Alone(x));
@@ -237,8 +288,14 @@ impl SharedMemoryCommunicator {
     }
 
     /// Meets every device at the end of their programs: an error if another device is
-    /// still in a collective (it called one this device did not), which aborts.
+    /// still in a collective (it called one this device did not), which aborts. With an
+    /// uplink, the end is a step of the process: `Ok` once every process has ended.
     pub(crate) fn end_program(&self) -> Result<()> {
+        if let Some(uplink) = self.uplink.as_ref().filter(|_| self.linked) {
+            let end = uplink.call(Call::End);
+            let ended = uplink.step(&self.rendezvous, self.device, self.generation, end, None);
+            return self.abort_on_error(ended.map(drop));
+        }
         let call = Arc::clone(&self.end);
         let post = Post {
             call: Arc::clone(&call),
@@ -393,22 +450,21 @@ impl Communicator for SharedMemoryCommunicator {
 /// members spin a while before sleeping ([`SPIN`]).
 const ONE_ROUND_MAX_ELEMENTS: usize = 4096;
 
-/// Every member gets, element by element, the first member's operand combined with the
-/// others' in group order — on both paths (one round, or reduce-scatter then
-/// all-gather), so results are bitwise the same on every member and every path.
+/// Every member gets, element by element, the members' operands combined in the group's
+/// [`ReductionOrder`] — on both paths (one round, or reduce-scatter then all-gather), so
+/// results are bitwise the same on every member and every path.
 fn all_reduce_typed<T: Element>(
     comm: &SharedMemoryCommunicator,
     ex: Exchange,
     kind: ReduceKind,
 ) -> Result<Literal> {
     let len = shape_of(&ex.mine).iter().product();
+    let order = &ex.joined.order;
     if len <= ONE_ROUND_MAX_ELEMENTS {
-        let group = 0..ex.group().size();
-        for i in group.clone() {
-            ex.operand::<T>(i)?;
-        }
-        let views = group.filter_map(|i| ex.operand::<T>(i).ok().map(|x| x.view()));
-        return reduce_blocks(kind, views)
+        let views = (0..ex.group().size())
+            .map(|i| ex.operand::<T>(i).map(|x| x.view()))
+            .collect::<Result<SmallVec<[ArrayViewD<'_, T>; 8]>>>()?;
+        return reduce_blocks(kind, order, &views)
             .map(T::literal)
             .ok_or_else(|| ex.fail("empty group".into()));
     }
@@ -425,7 +481,8 @@ fn all_reduce_typed<T: Element>(
                 .ok_or_else(|| ex.fail("an operand is not in standard layout".into()))
         })
         .collect::<Result<_>>()?;
-    let reduced = reduce_chunks(kind, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
+    let reduced =
+        reduce_chunks(kind, order, &chunks).ok_or_else(|| ex.fail("empty group".into()))?;
     let reduced = ArrayD::from_shape_vec(IxDyn(&[reduced.len()]), reduced)
         .map_err(|e| ex.fail(format!("reduced chunk: {e}")))?;
     drop(chunks);
@@ -515,7 +572,7 @@ fn my_blocks<T: Element>(ex: &Exchange, dim: usize) -> Result<Vec<ArrayViewD<'_,
 }
 
 fn reduce_scatter_typed<T: Element>(ex: Exchange, kind: ReduceKind, dim: usize) -> Result<Literal> {
-    reduce_blocks(kind, my_blocks::<T>(&ex, dim)?)
+    reduce_blocks(kind, &ex.joined.order, &my_blocks::<T>(&ex, dim)?)
         .map(T::literal)
         .ok_or_else(|| ex.fail("empty group".into()))
 }
