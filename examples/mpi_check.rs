@@ -657,6 +657,8 @@ fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
             )?;
         }
     }
+    // A copy for `--load-checkpoint`, another job's check (`.ci/run`).
+    saved.save(kept_checkpoint(devices, ranks))?;
     // Rank 0 removes the last rank's file before a load starts: the error of the rank
     // that reads it is every rank's.
     let io = |e: std::io::Error| Error::MpiMesh(format!("{}: {e}", dir.display()));
@@ -686,6 +688,60 @@ fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
             "sharded checkpoint of {wide} on {ranks} ranks: loads bitwise on threads as {tall}, on the reference, on the ranks as either mesh"
         );
     }
+    Ok(())
+}
+
+/// Where [`sharded_checkpoints`] keeps the checkpoint it saved on `devices` devices of
+/// `ranks` ranks (after its last step), for [`load_checkpoint`] in another job.
+fn kept_checkpoint(devices: usize, ranks: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gspmd_mpi_check_{devices}_on_{ranks}_kept"))
+}
+
+/// `--load-checkpoint DIR`: another job's sharded checkpoint of the small language
+/// model's AdamW step (as [`sharded_checkpoints`] keeps it, e.g. saved on 8 ranks as
+/// 2x4) loads on this job's ranks as a 2x4 mesh (on 2 ranks: 4 devices each), on a 4x2
+/// thread mesh and on the reference (rank 0): every tensor bitwise the same on all, and
+/// the next step on the ranks bitwise that of a 2x4 thread mesh loaded alike.
+fn load_checkpoint(mpi: &MpiMesh, dir: &str) -> Result<()> {
+    let model = small_lm()?;
+    let trained: Vec<usize> = (3..model.params.len()).collect();
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let next = sample_inputs(&model, 202)[..3].to_vec();
+    let (wide, tall) = (language_model::mesh([2, 4])?, language_model::mesh([4, 2])?);
+    let mut on_ranks = Trainer::new(step.clone(), MpiMesh::new(wide.clone())?, initial(3))?;
+    on_ranks.load(dir)?;
+    let tensors = on_ranks.checkpoint()?;
+    if mpi.process().0 != 0 {
+        on_ranks.step(&next)?;
+        return Ok(());
+    }
+    let loaded = |mesh: Option<&Mesh>| -> Result<Trainer> {
+        let mut trainer = match mesh {
+            Some(mesh) => Trainer::on_mesh(step.clone(), mesh.clone(), initial(4))?,
+            None => Trainer::reference(step.clone(), initial(4))?,
+        };
+        trainer.load(dir)?;
+        Ok(trainer)
+    };
+    let mut same_mesh = loaded(Some(&wide))?;
+    let others = [
+        ("2x4 threads", &same_mesh),
+        ("4x2 threads", &loaded(Some(&tall))?),
+        ("the reference", &loaded(None)?),
+    ];
+    for (what, other) in others {
+        for ((name, a), (_, b)) in tensors.iter().zip(&other.checkpoint()?) {
+            same_bits(&format!("`{name}` on the ranks and on {what}"), a, b)?;
+        }
+    }
+    let want = same_mesh.step(&next)?;
+    same_loss("the step after loading", on_ranks.step(&next)?, want)?;
+    println!(
+        "checkpoint {dir}: loads on {} ranks as {wide}, on 4x2 threads and the reference, \
+         bitwise alike; the next step equals the 2x4 thread mesh's",
+        mpi.process().1
+    );
     Ok(())
 }
 
@@ -721,6 +777,12 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--checkpoints") && ranks % 2 == 0 {
         return sharded_checkpoints(&mpi, ranks);
+    }
+    if let Some(at) = args.iter().position(|a| a == "--load-checkpoint") {
+        let dir = args.get(at + 1).ok_or_else(|| {
+            Error::MpiMesh("--load-checkpoint needs a checkpoint directory".into())
+        })?;
+        return load_checkpoint(&mpi, dir);
     }
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--stall") {
