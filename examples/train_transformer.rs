@@ -46,7 +46,7 @@
 //! Every rank checks that the initial weights its devices drew (fetched) are bitwise
 //! those of the single-device reference; rank 0 also runs the first steps on a thread
 //! mesh of the same shape and fails unless its initial weights and losses are bitwise
-//! equal; at the end the checkpoint is saved (by rank 0) as one safetensors file.
+//! equal; at the end a sharded checkpoint is saved (each rank writes its devices' blocks).
 //!
 //! ```text
 //! cargo build --release --features mpi --example train_transformer
@@ -381,7 +381,7 @@ fn train_on_mpi(
         }
     }
     let elapsed = started.elapsed();
-    let path = std::env::temp_dir().join("gspmd_train_transformer_mpi.safetensors");
+    let path = std::env::temp_dir().join("gspmd_train_transformer_mpi");
     trainer.save(&path)?;
     if rank == 0 {
         println!(
