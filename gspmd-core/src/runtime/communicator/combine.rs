@@ -250,13 +250,41 @@ pub(super) fn reduce_chunks<T: Element>(kind: ReduceKind, chunks: &[&[T]]) -> Op
     for start in (0..first.len()).step_by(TILE) {
         let tile = start..(start + TILE).min(first.len());
         reduced.extend(first[tile.clone()].iter().map(|&x| x.widen()));
-        for chunk in rest {
-            let acc = ArrayViewMut1::from(&mut reduced[tile.clone()]);
-            accumulate::<T, _>(kind, acc, ArrayView1::from(&chunk[tile.clone()]));
-        }
+        combine_rest(kind, &mut reduced[tile.clone()], rest, tile);
     }
     // Collected in place when `Acc` is `T`.
     Some(reduced.into_iter().map(T::narrow).collect())
+}
+
+/// [`reduce_chunks`] into `out` (of the chunks' length), for an element type that
+/// reduces in itself (no rounding at the end): the same bits, no new buffer. No chunks:
+/// `out` is left as it is.
+pub(super) fn reduce_chunks_into<T: Element<Acc = T>>(
+    kind: ReduceKind,
+    chunks: &[&[T]],
+    out: &mut [T],
+) {
+    let Some((first, rest)) = chunks.split_first() else {
+        return;
+    };
+    for start in (0..out.len()).step_by(TILE) {
+        let tile = start..(start + TILE).min(out.len());
+        out[tile.clone()].copy_from_slice(&first[tile.clone()]);
+        combine_rest(kind, &mut out[tile.clone()], rest, tile);
+    }
+}
+
+/// `acc = kind(acc, chunk[tile])` for each of `chunks` in order.
+fn combine_rest<T: Element>(
+    kind: ReduceKind,
+    acc: &mut [T::Acc],
+    chunks: &[&[T]],
+    tile: std::ops::Range<usize>,
+) {
+    for chunk in chunks {
+        let x = ArrayView1::from(&chunk[tile.clone()]);
+        accumulate::<T, _>(kind, ArrayViewMut1::from(&mut *acc), x);
+    }
 }
 
 #[cfg(test)]

@@ -15,30 +15,38 @@
 //! records it lacks and calls `MPI_Abort`.
 //!
 //! The data then moves on the group's own communicator, split from the world once per
-//! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
-//! all-gather calls of exactly the bytes each member needs. Reductions combine the
-//! members' chunks in group order with the combine functions of the shared-memory
-//! communicator, so both backends give equal bits.
+//! axis list (`MPI_Comm_split`, ranks ordered by group index), point to point: each
+//! member sends every other exactly the elements it needs, and receives them in pieces
+//! through a small scratch buffer kept from one collective to the next ([`Scratch`]), so
+//! that no collective zero-fills or first touches a buffer of its operand's size;
+//! results are built on the buffer pool's buffers (or, for an all-reduce, in the
+//! operand's own buffer). Reductions combine the members' chunks in group order with the
+//! combine functions of the shared-memory communicator, so both backends give equal
+//! bits.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mpi::Tag;
-use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::datatype::Equivalence;
 use mpi::point_to_point::{Destination, Source};
-use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
-use mpi::traits::{CommunicatorCollectives, Root};
+use mpi::request::{Request, Scope};
+use mpi::topology::{Color, Communicator as _, Process, SimpleCommunicator};
+use mpi::traits::Root;
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
+use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, census};
 use super::combine::{
-    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_blocks,
-    reduce_chunks,
+    Element, block, by_dtype, check_arguments, chunk_start, literal_type, reduce_chunks_into,
+    standard_layout,
 };
 use super::group::Group;
 use crate::error::{Error, Result};
@@ -57,12 +65,22 @@ const LEFT: u8 = 2;
 /// The exit code of every rank when a meeting times out.
 const TIMED_OUT: i32 = 3;
 
-/// The tag of the records' point-to-point messages on the world communicator (no other
-/// point-to-point message is sent there).
+/// The tag of the records' point-to-point messages on the world communicator.
 const RECORD_TAG: Tag = 14;
 
-/// The most bytes one broadcast call moves (an MPI count is a C int).
-const BROADCAST_PIECE: usize = 1 << 30;
+/// The tag of the data's point-to-point messages: on a group's communicator (nothing
+/// else is sent there), and on the world for the gathering of outputs.
+const DATA_TAG: Tag = 15;
+
+/// The most elements one message (or broadcast call) carries: an MPI count is a C int.
+const MAX_PIECE: usize = 1 << 30;
+
+/// Bytes of one element type's [`Scratch`] buffer.
+const SCRATCH_BYTES: usize = 2 << 20;
+
+/// The fewest elements a piece received through scratch carries (unless fewer are
+/// left), however many members share the scratch.
+const MIN_PIECE: usize = 1024;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
@@ -80,6 +98,8 @@ pub(crate) struct MpiCommunicator {
     left: Cell<Option<usize>>,
     /// How long a meeting waits for every rank before the job is ended.
     timeout: Cell<Duration>,
+    /// The buffers received pieces pass through.
+    scratch: Scratch,
 }
 
 /// A rank's group over an axis list and the communicator of its members, whose ranks
@@ -101,6 +121,7 @@ impl MpiCommunicator {
             met_failure: Cell::new(false),
             left: Cell::new(None),
             timeout: Cell::new(timeout),
+            scratch: Scratch::default(),
         }
     }
 
@@ -331,12 +352,12 @@ impl MpiCommunicator {
             "the gathering of an output of {}",
             literal_type(&x)
         ))?;
-        let n = self.mesh.num_devices();
+        let scratch = &self.scratch;
         let narrow = || -> Result<Vec<Literal>, String> {
-            let wide = gather_typed::<f32>(&self.world, n, &x.convert(DType::F32))?;
+            let wide = gather_typed::<f32>(&self.world, scratch, &x.convert(DType::F32))?;
             Ok(wide.iter().map(|w| w.convert(x.dtype())).collect())
         };
-        by_dtype!(x.dtype(), gather_typed(&self.world, n, &x), narrow => narrow()).map_err(
+        by_dtype!(x.dtype(), gather_typed(&self.world, scratch, &x), narrow => narrow()).map_err(
             |message| Error::Collective {
                 device: self.device,
                 collective: "the gathering of an output".into(),
@@ -346,7 +367,7 @@ impl MpiCommunicator {
     }
 
     /// Rank 0's `bytes` on every rank (the others pass any, e.g. none), after a meeting
-    /// at `place`: the length, then the bytes in pieces of at most [`BROADCAST_PIECE`].
+    /// at `place`: the length, then the bytes in pieces of at most [`MAX_PIECE`].
     pub(crate) fn broadcast_bytes(&self, place: &str, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
         self.meet(&format!("the broadcast of {place}"))?;
         let root = self.world.process_at_rank(0);
@@ -356,7 +377,7 @@ impl MpiCommunicator {
             Error::MpiMesh(format!("{len} bytes of {place} exceed this rank's memory"))
         })?;
         bytes.resize(len, 0);
-        for piece in bytes.chunks_mut(BROADCAST_PIECE) {
+        for piece in bytes.chunks_mut(MAX_PIECE) {
             root.broadcast_into(piece);
         }
         Ok(bytes)
@@ -378,52 +399,253 @@ fn count(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::MpiMesh(format!("{n} elements exceed an MPI count")))
 }
 
-fn counts(sizes: &[usize]) -> Result<(Vec<i32>, Vec<i32>), String> {
-    let mut displs = Vec::with_capacity(sizes.len());
-    let mut at = 0usize;
-    for &s in sizes {
-        displs.push(count(at).map_err(|e| e.to_string())?);
-        at += s;
+/// The buffers that received pieces pass through, kept from one collective to the next:
+/// one per element type, of about [`SCRATCH_BYTES`], so that data arrives in memory that
+/// is mapped and cached already (a new buffer's pages fault on first touch).
+#[derive(Default)]
+struct Scratch(RefCell<Vec<Box<dyn Any>>>);
+
+impl Scratch {
+    /// Runs `f` on the kept buffer of `T`s, made `len` long.
+    fn with<T: Element, R>(&self, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+        let kept = {
+            let mut kept = self.0.borrow_mut();
+            let at = kept.iter().position(|b| b.is::<Vec<T>>());
+            at.and_then(|at| kept.swap_remove(at).downcast::<Vec<T>>().ok())
+        };
+        let mut buffer = kept.map_or_else(Vec::new, |b| *b);
+        if buffer.len() < len {
+            buffer.resize(len, T::default());
+        }
+        let out = f(&mut buffer[..len]);
+        self.0.borrow_mut().push(Box::new(buffer));
+        out
     }
-    let counts = sizes
-        .iter()
-        .map(|&s| count(s).map_err(|e| e.to_string()))
-        .collect::<Result<_, _>>()?;
-    Ok((counts, displs))
 }
 
-/// Each member sends `send[displ(j)..][..send_sizes[j]]` to member `j` and receives
-/// `recv_sizes[i]` elements from member `i`, laid out in member order.
-fn all_to_all_v<T: Equivalence + Copy + Default>(
-    comm: &SimpleCommunicator,
-    send: &[T],
-    send_sizes: &[usize],
-    recv_sizes: &[usize],
-) -> Result<Vec<T>, String> {
-    let (send_counts, send_displs) = counts(send_sizes)?;
-    let (recv_counts, recv_displs) = counts(recv_sizes)?;
-    let mut recv = vec![T::default(); recv_sizes.iter().sum()];
-    {
-        let send = Partition::new(send, send_counts, send_displs);
-        let mut part = PartitionMut::new(&mut recv[..], recv_counts, recv_displs);
-        comm.all_to_all_varcount_into(&send, &mut part);
-    }
-    Ok(recv)
+/// Elements of a piece received through scratch in a group of `n`: `2n + 1` pieces fill
+/// [`SCRATCH_BYTES`] (one arriving and one in use from each member, and one for the
+/// caller). The same on every member (they have one `n` and one `T`).
+fn piece_len<T>(n: usize) -> usize {
+    (SCRATCH_BYTES / ((2 * n + 1) * size_of::<T>())).max(MIN_PIECE)
 }
 
-/// The members' `sizes[i]`-element pieces, concatenated in member order.
-fn all_gather_v<T: Equivalence + Copy + Default>(
+/// This process's rank in `comm` (its group index).
+fn rank_of(comm: &SimpleCommunicator) -> usize {
+    usize::try_from(comm.rank()).unwrap_or_default()
+}
+
+/// The member of index `i` of `comm`.
+fn member(comm: &SimpleCommunicator, i: usize) -> Process<'_> {
+    comm.process_at_rank(i32::try_from(i).expect("a group index is an MPI rank"))
+}
+
+/// Posts the sends of `sends[j]` to every member `j` of `comm` but this one, in pieces of
+/// at most `piece` elements.
+fn send_pieces<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
     comm: &SimpleCommunicator,
-    mine: &[T],
-    sizes: &[usize],
-) -> Result<Vec<T>, String> {
-    let (counts, displs) = counts(sizes)?;
-    let mut recv = vec![T::default(); sizes.iter().sum()];
-    {
-        let mut part = PartitionMut::new(&mut recv[..], counts, displs);
-        comm.all_gather_varcount_into(mine, &mut part);
+    scope: Sc,
+    sends: &[&'a [T]],
+    piece: usize,
+) -> Vec<Request<'a, [T], Sc>> {
+    let me = rank_of(comm);
+    let others = sends.iter().enumerate().filter(|&(j, _)| j != me);
+    others
+        .flat_map(|(j, data)| {
+            let to = member(comm, j);
+            (data.chunks(piece)).map(move |p| to.immediate_send_with_tag(scope, p, DATA_TAG))
+        })
+        .collect()
+}
+
+/// Receives `count` steps of pieces through the two halves of `buffer`, one filling while
+/// the other is used: step `p`'s pieces come from the members `sources(p)` names, each
+/// `(slot, member, len)` into the `slot`-th `piece`-long slot of a half, and `each(p,
+/// half)` gets the half once they have all arrived (the next step's arriving meanwhile).
+fn receive_pieces<T: Equivalence>(
+    comm: &SimpleCommunicator,
+    buffer: &mut [T],
+    piece: usize,
+    count: usize,
+    sources: impl Fn(usize) -> Vec<(usize, usize, usize)>,
+    mut each: impl FnMut(usize, &[T]),
+) {
+    let (mut here, mut next) = buffer.split_at_mut(buffer.len() / 2);
+    if count > 0 {
+        mpi::request::scope(|scope| {
+            let arriving = post_receives(comm, scope, here, piece, sources(0));
+            arriving.into_iter().for_each(Request::wait_without_status);
+        });
     }
-    Ok(recv)
+    for p in 0..count {
+        mpi::request::scope(|scope| {
+            let arriving = if p + 1 < count {
+                post_receives(comm, scope, next, piece, sources(p + 1))
+            } else {
+                Vec::new()
+            };
+            each(p, here);
+            arriving.into_iter().for_each(Request::wait_without_status);
+        });
+        std::mem::swap(&mut here, &mut next);
+    }
+}
+
+/// Posts the receives `sources` names, each `(slot, member, len)` into the `slot`-th
+/// `piece`-long slot of `half`.
+fn post_receives<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
+    comm: &SimpleCommunicator,
+    scope: Sc,
+    half: &'a mut [T],
+    piece: usize,
+    sources: Vec<(usize, usize, usize)>,
+) -> Vec<Request<'a, [T], Sc>> {
+    let mut slots: Vec<Option<&'a mut [T]>> = half.chunks_mut(piece).map(Some).collect();
+    (sources.into_iter())
+        .filter_map(|(slot, i, len)| {
+            let slot = slots.get_mut(slot)?.take()?;
+            let from = member(comm, i);
+            Some(from.immediate_receive_into_with_tag(scope, &mut slot[..len], DATA_TAG))
+        })
+        .collect()
+}
+
+/// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
+/// member `i` the `lens[i]` elements it sends this one, through `scratch` in pieces;
+/// `take(i, piece)` gets them in order, member after member in group order, this
+/// member's own being `sends[me]` (not sent; `lens[me]` is not read).
+fn stream<T: Element + Equivalence>(
+    comm: &SimpleCommunicator,
+    scratch: &Scratch,
+    sends: &[&[T]],
+    lens: &[usize],
+    mut take: impl FnMut(usize, &[T]),
+) {
+    let me = rank_of(comm);
+    let piece = piece_len::<T>(sends.len());
+    scratch.with::<T, _>(2 * piece, |buffer| {
+        mpi::request::scope(|scope| {
+            let sent = send_pieces(comm, scope, sends, piece);
+            for (i, &len) in lens.iter().enumerate() {
+                if i == me {
+                    take(me, sends[me]);
+                    continue;
+                }
+                let size = |p: usize| piece.min(len - p * piece);
+                let sources = |p| vec![(0, i, size(p))];
+                receive_pieces(
+                    comm,
+                    buffer,
+                    piece,
+                    len.div_ceil(piece),
+                    sources,
+                    |p, half| {
+                        take(i, &half[..size(p)]);
+                    },
+                );
+            }
+            sent.into_iter().for_each(Request::wait_without_status);
+        });
+    });
+}
+
+/// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
+/// member the `len` elements it sends this one, through `buffer` (`2n` pieces long) in
+/// pieces of `piece` elements; `combine(range, pieces)` gets each range of the `len`
+/// elements in turn with every member's elements there, in group order (this member's
+/// own as `&[]`: the caller holds them), while the next pieces arrive.
+fn stream_together<T: Equivalence>(
+    comm: &SimpleCommunicator,
+    buffer: &mut [T],
+    piece: usize,
+    sends: &[&[T]],
+    len: usize,
+    mut combine: impl FnMut(Range<usize>, &[&[T]]),
+) {
+    let (me, n) = (rank_of(comm), sends.len());
+    let range = |p: usize| p * piece..len.min((p + 1) * piece);
+    let others = |p: usize| {
+        (0..n)
+            .filter(|&i| i != me)
+            .map(|i| (i, i, range(p).len()))
+            .collect()
+    };
+    mpi::request::scope(|scope| {
+        let sent = send_pieces(comm, scope, sends, piece);
+        receive_pieces(
+            comm,
+            buffer,
+            piece,
+            len.div_ceil(piece),
+            others,
+            |p, half| {
+                let pieces: Vec<&[T]> = (half.chunks(piece).enumerate())
+                    .map(|(i, slot)| {
+                        if i == me {
+                            &[][..]
+                        } else {
+                            &slot[..range(p).len()]
+                        }
+                    })
+                    .collect();
+                combine(range(p), &pieces);
+            },
+        );
+        sent.into_iter().for_each(Request::wait_without_status);
+    });
+}
+
+/// The members' `lens[i]`-element pieces (`sends[j]` from this one to member `j`; see
+/// [`stream`]) concatenated in group order, on a buffer of the pool.
+fn gather_pieces<T: Element + Equivalence>(
+    comm: &SimpleCommunicator,
+    scratch: &Scratch,
+    sends: &[&[T]],
+    lens: &[usize],
+) -> Vec<T> {
+    let me = rank_of(comm);
+    let total = (lens.iter().enumerate())
+        .map(|(i, &len)| if i == me { sends[me].len() } else { len })
+        .sum();
+    let mut gathered = buffers::with_capacity(total);
+    stream(comm, scratch, sends, lens, |_, piece| {
+        gathered.extend_from_slice(piece);
+    });
+    gathered
+}
+
+/// `data` cut into the `n` members' chunks ([`chunk_start`]).
+fn chunks_mut<T>(data: &mut [T], n: usize) -> Vec<&mut [T]> {
+    let len = data.len();
+    let mut rest = data;
+    (0..n)
+        .map(|i| {
+            let size = chunk_start(len, n, i + 1) - chunk_start(len, n, i);
+            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(size);
+            rest = tail;
+            chunk
+        })
+        .collect()
+}
+
+/// The `n` blocks of `a` along `dim` as slices: of `a` itself where they are contiguous,
+/// else copied into `packed` (a buffer of the pool, to give back).
+fn contiguous_blocks<'a, T: Element>(
+    a: &'a ArrayD<T>,
+    dim: usize,
+    n: usize,
+    packed: &'a mut Vec<T>,
+) -> Vec<&'a [T]> {
+    let blocks: Vec<ArrayViewD<'a, T>> = (0..n).map(|j| block(a, dim, n, j)).collect();
+    if let Some(slices) = blocks.iter().map(ArrayViewD::to_slice).collect() {
+        return slices;
+    }
+    *packed = buffers::with_capacity(a.len());
+    for b in &blocks {
+        packed.extend(b.iter().copied());
+    }
+    let size = a.len() / n;
+    (0..n).map(|j| &packed[j * size..(j + 1) * size]).collect()
 }
 
 /// The elements of `x` in standard (row-major) order: borrowed when `x` is laid out so.
@@ -456,134 +678,196 @@ fn literal<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Literal, String>
         .map_err(|e| e.to_string())
 }
 
-fn concatenate<T: Element>(dim: usize, blocks: &[ArrayViewD<'_, T>]) -> Result<Literal, String> {
-    ndarray::concatenate(Axis(dim), blocks)
+/// `n` blocks of `shape` laid end to end in `flat`, concatenated along `dim`: `flat`
+/// itself when only unit dims precede `dim`.
+fn concatenate<T: Element>(
+    flat: Vec<T>,
+    shape: &[usize],
+    n: usize,
+    dim: usize,
+) -> Result<Literal, String> {
+    let mut whole = shape.to_vec();
+    whole[dim] *= n;
+    if shape[..dim].iter().all(|&d| d == 1) {
+        return literal(&whole, flat);
+    }
+    let joined = ndarray::concatenate(Axis(dim), &views(&flat, shape, n)?)
         .map(T::literal)
-        .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"))
+        .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"));
+    buffers::give_buffer(flat);
+    joined
 }
 
 /// Every member's `x` (all of one shape), by member.
-fn gather_typed<T: Element + Equivalence + Default>(
+fn gather_typed<T: Element + Equivalence>(
     comm: &SimpleCommunicator,
-    n: usize,
+    scratch: &Scratch,
     x: &Literal,
 ) -> Result<Vec<Literal>, String> {
+    let n = usize::try_from(comm.size()).unwrap_or_default();
     let mine = elements::<T>(x)?;
-    let all = all_gather_v(comm, &mine, &vec![mine.len(); n])?;
-    views(&all, &x.shape(), n)?
-        .into_iter()
-        .map(|v| Ok(T::literal(v.to_owned())))
-        .collect()
+    let mut each: Vec<Vec<T>> = (0..n).map(|_| Vec::with_capacity(mine.len())).collect();
+    stream(
+        comm,
+        scratch,
+        &vec![&mine[..]; n],
+        &vec![mine.len(); n],
+        |i, piece| {
+            each[i].extend_from_slice(piece);
+        },
+    );
+    let shape = x.shape();
+    each.into_iter().map(|e| literal(&shape, e)).collect()
 }
 
-/// Reduce-scatter then all-gather of the flattened operand: member `i` receives chunk
-/// `i` of everyone's operand, combines them in group order, and every member gathers
-/// the reduced chunks — the shared-memory communicator's order and bits.
-fn all_reduce_typed<T: Element + Equivalence + Default>(
+/// Reduce-scatter then all-gather of the flattened operand, in the operand's own buffer:
+/// member `i` receives chunk `i` of every other member's operand in pieces, combines
+/// each piece with its own in group order into its own chunk `i` (the shared-memory
+/// communicator's order and bits), then receives the others' reduced chunks into the
+/// rest of its buffer.
+fn all_reduce_typed<T: Element<Acc = T> + Equivalence>(
     joined: &Joined,
+    scratch: &Scratch,
     kind: ReduceKind,
     x: Literal,
 ) -> Result<Literal, String> {
-    let shape = x.shape();
-    let mine = elements::<T>(&x)?;
-    let (n, index) = (joined.group.size(), joined.group.index);
-    let len = mine.len();
-    let sizes: Vec<usize> = (0..n)
-        .map(|i| chunk_start(len, n, i + 1) - chunk_start(len, n, i))
-        .collect();
-    let received = all_to_all_v(&joined.comm, &mine, &sizes, &vec![sizes[index]; n])?;
-    let chunks: Vec<&[T]> = received.chunks(sizes[index].max(1)).take(n).collect();
-    let reduced = if sizes[index] == 0 {
-        Vec::new()
-    } else {
-        reduce_chunks(kind, &chunks).ok_or("empty group")?
-    };
-    literal(&shape, all_gather_v(&joined.comm, &reduced, &sizes)?)
+    let (comm, n, me) = (&joined.comm, joined.group.size(), joined.group.index);
+    let mut x = standard_layout(x);
+    let data = (T::array_mut(&mut x).and_then(|a| a.as_slice_mut()))
+        .ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let mut chunks = chunks_mut(data, n);
+    let mine = std::mem::take(&mut chunks[me]);
+    let piece = piece_len::<T>(n);
+    scratch.with::<T, _>((2 * n + 1) * piece, |buffer| {
+        let (own, buffer) = buffer.split_at_mut(piece);
+        let sends: Vec<&[T]> = chunks.iter().map(|c| &**c).collect();
+        stream_together(comm, buffer, piece, &sends, mine.len(), |range, pieces| {
+            // A copy of this member's piece, as the reduction writes over it.
+            let own = &mut own[..range.len()];
+            own.copy_from_slice(&mine[range.clone()]);
+            let mut pieces = pieces.to_vec();
+            pieces[me] = own;
+            reduce_chunks_into(kind, &pieces, &mut mine[range]);
+        });
+    });
+    let reduced: &[T] = mine;
+    mpi::request::scope(|scope| {
+        let mut requests = send_pieces(comm, scope, &vec![reduced; n], MAX_PIECE);
+        for (i, chunk) in chunks.iter_mut().enumerate().filter(|&(i, _)| i != me) {
+            let from = member(comm, i);
+            requests.extend(
+                (chunk.chunks_mut(MAX_PIECE))
+                    .map(|p| from.immediate_receive_into_with_tag(scope, p, DATA_TAG)),
+            );
+        }
+        requests.into_iter().for_each(Request::wait_without_status);
+    });
+    Ok(x)
 }
 
-fn all_gather_typed<T: Element + Equivalence + Default>(
+fn all_gather_typed<T: Element + Equivalence>(
     joined: &Joined,
+    scratch: &Scratch,
     dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
     let n = joined.group.size();
     let mine = elements::<T>(&x)?;
-    let all = all_gather_v(&joined.comm, &mine, &vec![mine.len(); n])?;
-    concatenate(dim, &views(&all, &x.shape(), n)?)
+    let gathered = gather_pieces(
+        &joined.comm,
+        scratch,
+        &vec![&mine[..]; n],
+        &vec![mine.len(); n],
+    );
+    concatenate(gathered, &x.shape(), n, dim)
 }
 
-/// Sends block `j` of `x` along `dim` to member `j`; returns the blocks received, in
-/// sender order, and their shape.
-fn exchange_blocks<T: Element + Equivalence + Default>(
+/// Member `i` gets block `i` along `dim` of every member's operand in pieces and
+/// combines each piece in group order (the shared-memory communicator's order and bits).
+fn reduce_scatter_typed<T: Element<Acc = T> + Equivalence>(
     joined: &Joined,
+    scratch: &Scratch,
+    kind: ReduceKind,
     dim: usize,
-    x: &Literal,
-) -> Result<(Vec<T>, Vec<usize>), String> {
-    let n = joined.group.size();
-    let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
-    let mut send: Vec<T> = Vec::with_capacity(a.len());
-    for j in 0..n {
-        let b = block(a, dim, n, j);
-        match b.as_slice() {
-            Some(contiguous) => send.extend_from_slice(contiguous),
-            None => send.extend(b.iter().copied()),
-        }
-    }
+    x: Literal,
+) -> Result<Literal, String> {
+    let (n, me) = (joined.group.size(), joined.group.index);
+    let a = T::array(&x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let mut packed = Vec::new();
+    let blocks = contiguous_blocks(a, dim, n, &mut packed);
+    let len = blocks[me].len();
+    let mut out = buffers::with_capacity(len);
+    let piece = piece_len::<T>(n);
+    scratch.with::<T, _>((2 * n + 1) * piece, |buffer| {
+        let (reduced, buffer) = buffer.split_at_mut(piece);
+        stream_together(
+            &joined.comm,
+            buffer,
+            piece,
+            &blocks,
+            len,
+            |range, pieces| {
+                let mut pieces = pieces.to_vec();
+                pieces[me] = &blocks[me][range.clone()];
+                let reduced = &mut reduced[..range.len()];
+                reduce_chunks_into(kind, &pieces, reduced);
+                out.extend_from_slice(reduced);
+            },
+        );
+    });
+    buffers::give_buffer(packed);
     let mut shape = x.shape();
     shape[dim] /= n;
-    let size: usize = shape.iter().product();
-    Ok((
-        all_to_all_v(&joined.comm, &send, &vec![size; n], &vec![size; n])?,
-        shape,
-    ))
+    literal(&shape, out)
 }
 
-fn reduce_scatter_typed<T: Element + Equivalence + Default>(
+fn all_to_all_typed<T: Element + Equivalence>(
     joined: &Joined,
-    kind: ReduceKind,
-    dim: usize,
-    x: Literal,
-) -> Result<Literal, String> {
-    let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
-    reduce_blocks(kind, views(&received, &shape, joined.group.size())?)
-        .map(T::literal)
-        .ok_or_else(|| "empty group".into())
-}
-
-fn all_to_all_typed<T: Element + Equivalence + Default>(
-    joined: &Joined,
+    scratch: &Scratch,
     split_dim: usize,
     concat_dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
-    let (received, shape) = exchange_blocks::<T>(joined, split_dim, &x)?;
-    concatenate(concat_dim, &views(&received, &shape, joined.group.size())?)
+    let n = joined.group.size();
+    let a = T::array(&x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let mut packed = Vec::new();
+    let blocks = contiguous_blocks(a, split_dim, n, &mut packed);
+    let lens = vec![blocks[0].len(); n];
+    let gathered = gather_pieces(&joined.comm, scratch, &blocks, &lens);
+    buffers::give_buffer(packed);
+    let mut shape = x.shape();
+    shape[split_dim] /= n;
+    concatenate(gathered, &shape, n, concat_dim)
 }
 
 /// Sends `x` to this member's target and receives from its source; a member that is
 /// no target gets zeros.
-fn collective_permute_typed<T: Element + Equivalence + Default>(
+fn collective_permute_typed<T: Element + Equivalence>(
     joined: &Joined,
+    scratch: &Scratch,
     pairs: &[(usize, usize)],
     x: Literal,
 ) -> Result<Literal, String> {
-    let (n, index) = (joined.group.size(), joined.group.index);
+    let (n, me) = (joined.group.size(), joined.group.index);
+    let source = pairs.iter().find(|&&(_, t)| t == me).map(|&(s, _)| s);
+    let target = pairs.iter().find(|&&(s, _)| s == me).map(|&(_, t)| t);
+    if source == Some(me) {
+        return Ok(x);
+    }
     let mine = elements::<T>(&x)?;
-    let mut send_sizes = vec![0; n];
-    let mut recv_sizes = vec![0; n];
-    for &(source, target) in pairs {
-        if source == index {
-            send_sizes[target] = mine.len();
-        }
-        if target == index {
-            recv_sizes[source] = mine.len();
-        }
+    let mut sends = vec![&[][..]; n];
+    let mut lens = vec![0; n];
+    if let Some(target) = target {
+        sends[target] = &mine[..];
     }
-    let received = all_to_all_v(&joined.comm, &mine, &send_sizes, &recv_sizes)?;
-    if received.is_empty() && !mine.is_empty() {
-        return Ok(Literal::full(&x.shape(), T::DTYPE, 0.0));
+    if let Some(source) = source {
+        lens[source] = mine.len();
     }
-    literal(&x.shape(), received)
+    let received = gather_pieces(&joined.comm, scratch, &sends, &lens);
+    match source {
+        Some(_) => literal(&x.shape(), received),
+        None => Ok(Literal::full(&x.shape(), T::DTYPE, 0.0)),
+    }
 }
 
 /// The error for a narrow float reaching a typed collective: [`MpiCommunicator::collective`]
@@ -603,13 +887,13 @@ impl Communicator for MpiCommunicator {
 
     fn all_reduce(&self, axes: &[String], kind: ReduceKind, x: Literal) -> Result<Literal> {
         self.collective(CollectiveOp::AllReduce(kind), axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_reduce_typed(joined, kind, x), narrow => wide_only(&x))
+            by_dtype!(x.dtype(), all_reduce_typed(joined, &self.scratch, kind, x), narrow => wide_only(&x))
         })
     }
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
         self.collective(CollectiveOp::AllGather { dim }, axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x), narrow => wide_only(&x))
+            by_dtype!(x.dtype(), all_gather_typed(joined, &self.scratch, dim, x), narrow => wide_only(&x))
         })
     }
 
@@ -624,7 +908,7 @@ impl Communicator for MpiCommunicator {
             CollectiveOp::ReduceScatter { kind, dim },
             axes,
             x,
-            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, kind, dim, x), narrow => wide_only(&x)),
+            |joined, x| by_dtype!(x.dtype(), reduce_scatter_typed(joined, &self.scratch, kind, dim, x), narrow => wide_only(&x)),
         )
     }
 
@@ -645,7 +929,7 @@ impl Communicator for MpiCommunicator {
             |joined, x| {
                 by_dtype!(
                     x.dtype(),
-                    all_to_all_typed(joined, split_dim, concat_dim, x),
+                    all_to_all_typed(joined, &self.scratch, split_dim, concat_dim, x),
                     narrow => wide_only(&x)
                 )
             },
@@ -664,7 +948,7 @@ impl Communicator for MpiCommunicator {
             },
             axes,
             x,
-            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x), narrow => wide_only(&x)),
+            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, &self.scratch, pairs, x), narrow => wide_only(&x)),
         )
     }
 
