@@ -178,7 +178,7 @@ fn main() -> Result<()> {
     let rows: Vec<(Collective, usize, usize)> =
         [Collective::Reduce, Collective::Gather, Collective::ToAll]
             .into_iter()
-            .flat_map(|c| [(c, 1 << 20, 50), (c, 16 << 20, 15)])
+            .flat_map(|c| [(c, 1 << 20, 200), (c, 16 << 20, 40)])
             .collect();
     let on_ranks = mpi.run("mpi_bench", |comm| {
         (rows.iter())

@@ -62,6 +62,14 @@ const FAILED: u8 = 1;
 /// The rank dropped its mesh: it takes part in no more meetings.
 const LEFT: u8 = 2;
 
+/// How long a meeting polls for the other ranks' records before it lets other processes
+/// run between polls: about as long as ranks that run in step arrive apart. MPI's own
+/// waits (the data's) poll without yielding, unless it yields when idle
+/// (`mpi_yield_when_idle`, which `mpirun` sets when ranks oversubscribe the cores); a
+/// meeting that yielded at once could lose its core for a scheduler slice on a loaded
+/// machine, at every collective.
+const SPIN: Duration = Duration::from_millis(1);
+
 /// The exit code of every rank when a meeting times out.
 const TIMED_OUT: i32 = 3;
 
@@ -233,14 +241,14 @@ impl MpiCommunicator {
 
     /// Sends `mine` to every other rank and receives theirs into `all` (rank `r`'s
     /// record at `r * RECORD`, this rank's copied in): one non-blocking send and receive
-    /// per other rank, so that a rank left waiting knows whose records it lacks. If some
-    /// have not come after the timeout, prints that this device waited at `place` for
+    /// per other rank, so that a rank left waiting knows whose records it lacks, polled
+    /// (yielding between polls after [`SPIN`]). If some have not come after the timeout, prints that this device waited at `place` for
     /// those ranks and ends the job (`MPI_Abort`: every rank exits with code
     /// [`TIMED_OUT`]). Records from one sender arrive in the order sent (MPI does not
     /// let messages of one source and tag overtake), so each meeting gets its own.
     fn exchange_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
         let timeout = self.timeout.get();
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
         let me = self.world.rank();
         mpi::request::scope(|scope| {
             // (rank, request): receives first, so that a peer's record finds its receive.
@@ -260,12 +268,16 @@ impl MpiCommunicator {
                 let peer = self.world.process_at_rank(rank);
                 pending.push((rank, peer.immediate_send_with_tag(scope, mine, RECORD_TAG)));
             }
-            while !pending.is_empty() {
+            loop {
                 pending = pending
                     .into_iter()
                     .filter_map(|(rank, request)| request.test().err().map(|r| (rank, r)))
                     .collect();
-                if !pending.is_empty() && Instant::now() > deadline {
+                if pending.is_empty() {
+                    break;
+                }
+                let waited = started.elapsed();
+                if waited > timeout {
                     let mut missing: Vec<i32> = pending.iter().map(|&(rank, _)| rank).collect();
                     missing.sort_unstable();
                     missing.dedup();
@@ -285,7 +297,9 @@ impl MpiCommunicator {
                     );
                     self.world.abort(TIMED_OUT);
                 }
-                std::thread::yield_now();
+                if waited > SPIN {
+                    std::thread::yield_now();
+                }
             }
         });
     }
