@@ -242,9 +242,9 @@ impl MpiCommunicator {
     /// Sends `mine` to every other rank and receives theirs into `all` (rank `r`'s
     /// record at `r * RECORD`, this rank's copied in): one non-blocking send and receive
     /// per other rank, so that a rank left waiting knows whose records it lacks, polled
-    /// (yielding between polls after [`SPIN`]). If some have not come after the timeout, prints that this device waited at `place` for
-    /// those ranks and ends the job (`MPI_Abort`: every rank exits with code
-    /// [`TIMED_OUT`]). Records from one sender arrive in the order sent (MPI does not
+    /// (yielding between polls after [`SPIN`]). If some have not come after the timeout,
+    /// prints that this device waited at `place` for those ranks and ends the job
+    /// (`MPI_Abort`: every rank exits with code [`TIMED_OUT`]). Records from one sender arrive in the order sent (MPI does not
     /// let messages of one source and tag overtake), so each meeting gets its own.
     fn exchange_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
         let timeout = self.timeout.get();
@@ -437,11 +437,11 @@ impl Scratch {
     }
 }
 
-/// Elements of a piece received through scratch in a group of `n`: `2n + 1` pieces fill
-/// [`SCRATCH_BYTES`] (one arriving and one in use from each member, and one for the
-/// caller). The same on every member (they have one `n` and one `T`).
+/// Elements of a piece received through scratch in a group of `n`: `n + 1` pieces fill
+/// [`SCRATCH_BYTES`] (one from each member and one for the caller). The same on every
+/// member (they have one `n` and one `T`).
 fn piece_len<T>(n: usize) -> usize {
-    (SCRATCH_BYTES / ((2 * n + 1) * size_of::<T>())).max(MIN_PIECE)
+    (SCRATCH_BYTES / ((n + 1) * size_of::<T>())).max(MIN_PIECE)
 }
 
 /// This process's rank in `comm` (its group index).
@@ -472,10 +472,13 @@ fn send_pieces<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
         .collect()
 }
 
-/// Receives `count` steps of pieces through the two halves of `buffer`, one filling while
-/// the other is used: step `p`'s pieces come from the members `sources(p)` names, each
-/// `(slot, member, len)` into the `slot`-th `piece`-long slot of a half, and `each(p,
-/// half)` gets the half once they have all arrived (the next step's arriving meanwhile).
+/// Receives `count` steps of pieces into `buffer`: step `p`'s pieces come from the
+/// members `sources(p)` names, each `(slot, member, len)` into the `slot`-th
+/// `piece`-long slot, and `each(p, buffer)` gets the buffer once they have all arrived.
+/// One step at a time: with single-copy transfers (Open MPI's shared-memory transport
+/// reads the sender's memory from the receiver's process) the receiving core does the
+/// copying, so receiving the next step while using this one would not overlap, and
+/// bigger pieces take fewer messages.
 fn receive_pieces<T: Equivalence>(
     comm: &SimpleCommunicator,
     buffer: &mut [T],
@@ -484,37 +487,25 @@ fn receive_pieces<T: Equivalence>(
     sources: impl Fn(usize) -> Vec<(usize, usize, usize)>,
     mut each: impl FnMut(usize, &[T]),
 ) {
-    let (mut here, mut next) = buffer.split_at_mut(buffer.len() / 2);
-    if count > 0 {
-        mpi::request::scope(|scope| {
-            let arriving = post_receives(comm, scope, here, piece, sources(0));
-            arriving.into_iter().for_each(Request::wait_without_status);
-        });
-    }
     for p in 0..count {
         mpi::request::scope(|scope| {
-            let arriving = if p + 1 < count {
-                post_receives(comm, scope, next, piece, sources(p + 1))
-            } else {
-                Vec::new()
-            };
-            each(p, here);
+            let arriving = post_receives(comm, scope, buffer, piece, sources(p));
             arriving.into_iter().for_each(Request::wait_without_status);
         });
-        std::mem::swap(&mut here, &mut next);
+        each(p, buffer);
     }
 }
 
 /// Posts the receives `sources` names, each `(slot, member, len)` into the `slot`-th
-/// `piece`-long slot of `half`.
+/// `piece`-long slot of `buffer`.
 fn post_receives<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
     comm: &SimpleCommunicator,
     scope: Sc,
-    half: &'a mut [T],
+    buffer: &'a mut [T],
     piece: usize,
     sources: Vec<(usize, usize, usize)>,
 ) -> Vec<Request<'a, [T], Sc>> {
-    let mut slots: Vec<Option<&'a mut [T]>> = half.chunks_mut(piece).map(Some).collect();
+    let mut slots: Vec<Option<&'a mut [T]>> = buffer.chunks_mut(piece).map(Some).collect();
     (sources.into_iter())
         .filter_map(|(slot, i, len)| {
             let slot = slots.get_mut(slot)?.take()?;
@@ -537,7 +528,7 @@ fn stream<T: Element + Equivalence>(
 ) {
     let me = rank_of(comm);
     let piece = piece_len::<T>(sends.len());
-    scratch.with::<T, _>(2 * piece, |buffer| {
+    scratch.with::<T, _>(piece, |buffer| {
         mpi::request::scope(|scope| {
             let sent = send_pieces(comm, scope, sends, piece);
             for (i, &len) in lens.iter().enumerate() {
@@ -553,8 +544,8 @@ fn stream<T: Element + Equivalence>(
                     piece,
                     len.div_ceil(piece),
                     sources,
-                    |p, half| {
-                        take(i, &half[..size(p)]);
+                    |p, pieces| {
+                        take(i, &pieces[..size(p)]);
                     },
                 );
             }
@@ -564,10 +555,10 @@ fn stream<T: Element + Equivalence>(
 }
 
 /// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
-/// member the `len` elements it sends this one, through `buffer` (`2n` pieces long) in
+/// member the `len` elements it sends this one, through `buffer` (`n` pieces long) in
 /// pieces of `piece` elements; `combine(range, pieces)` gets each range of the `len`
 /// elements in turn with every member's elements there, in group order (this member's
-/// own as `&[]`: the caller holds them), while the next pieces arrive.
+/// own as `&[]`: the caller holds them).
 fn stream_together<T: Equivalence>(
     comm: &SimpleCommunicator,
     buffer: &mut [T],
@@ -592,8 +583,8 @@ fn stream_together<T: Equivalence>(
             piece,
             len.div_ceil(piece),
             others,
-            |p, half| {
-                let pieces: Vec<&[T]> = (half.chunks(piece).enumerate())
+            |p, slots| {
+                let pieces: Vec<&[T]> = (slots.chunks(piece).enumerate())
                     .map(|(i, slot)| {
                         if i == me {
                             &[][..]
@@ -752,7 +743,7 @@ fn all_reduce_typed<T: Element<Acc = T> + Equivalence>(
     let mut chunks = chunks_mut(data, n);
     let mine = std::mem::take(&mut chunks[me]);
     let piece = piece_len::<T>(n);
-    scratch.with::<T, _>((2 * n + 1) * piece, |buffer| {
+    scratch.with::<T, _>((n + 1) * piece, |buffer| {
         let (own, buffer) = buffer.split_at_mut(piece);
         let sends: Vec<&[T]> = chunks.iter().map(|c| &**c).collect();
         stream_together(comm, buffer, piece, &sends, mine.len(), |range, pieces| {
@@ -812,7 +803,7 @@ fn reduce_scatter_typed<T: Element<Acc = T> + Equivalence>(
     let len = blocks[me].len();
     let mut out = buffers::with_capacity(len);
     let piece = piece_len::<T>(n);
-    scratch.with::<T, _>((2 * n + 1) * piece, |buffer| {
+    scratch.with::<T, _>((n + 1) * piece, |buffer| {
         let (reduced, buffer) = buffer.split_at_mut(piece);
         stream_together(
             &joined.comm,
