@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The operands reach the paths that the models of `mpi_check` (small tensors, even
-//! splits) do not: operands of several pieces per member (the MPI collectives receive
+//! splits) do not: reductions of several pieces per member (the MPI reductions receive
 //! through a scratch buffer of about 2 MiB per element type), all-reduces whose length
 //! the group size does not divide, and operands of fewer elements than members; blocks
 //! along an inner dim (packed before they are sent, concatenated after); every element

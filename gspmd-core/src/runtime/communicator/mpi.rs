@@ -16,13 +16,13 @@
 //!
 //! The data then moves on the group's own communicator, split from the world once per
 //! axis list (`MPI_Comm_split`, ranks ordered by group index), point to point: each
-//! member sends every other exactly the elements it needs, and receives them in pieces
-//! through a small scratch buffer kept from one collective to the next ([`Scratch`]), so
-//! that no collective zero-fills or first touches a buffer of its operand's size;
-//! results are built on the buffer pool's buffers (or, for an all-reduce, in the
-//! operand's own buffer). Reductions combine the members' chunks in group order with the
-//! combine functions of the shared-memory communicator, so both backends give equal
-//! bits.
+//! member sends every other exactly the elements it needs. A reduction receives the
+//! others' pieces of its part through a small scratch buffer kept from one collective to
+//! the next ([`Scratch`]) and combines each piece in group order with the combine
+//! functions of the shared-memory communicator, so both backends give equal bits; an
+//! all-reduce does so in its operand's own buffer, and receives the others' reduced
+//! chunks into the rest of it. A result gathered from the members is built on a buffer
+//! of the pool: this member's part copied, the others' received in place.
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -86,8 +86,8 @@ const MAX_PIECE: usize = 1 << 30;
 /// Bytes of one element type's [`Scratch`] buffer.
 const SCRATCH_BYTES: usize = 2 << 20;
 
-/// The fewest elements a piece received through scratch carries (unless fewer are
-/// left), however many members share the scratch.
+/// The fewest elements a piece received into scratch carries (unless fewer are left),
+/// however many members share the scratch.
 const MIN_PIECE: usize = 1024;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
@@ -366,18 +366,17 @@ impl MpiCommunicator {
             "the gathering of an output of {}",
             literal_type(&x)
         ))?;
-        let scratch = &self.scratch;
         let narrow = || -> Result<Vec<Literal>, String> {
-            let wide = gather_typed::<f32>(&self.world, scratch, &x.convert(DType::F32))?;
+            let wide = gather_typed::<f32>(&self.world, &x.convert(DType::F32))?;
             Ok(wide.iter().map(|w| w.convert(x.dtype())).collect())
         };
-        by_dtype!(x.dtype(), gather_typed(&self.world, scratch, &x), narrow => narrow()).map_err(
-            |message| Error::Collective {
+        by_dtype!(x.dtype(), gather_typed(&self.world, &x), narrow => narrow()).map_err(|message| {
+            Error::Collective {
                 device: self.device,
                 collective: "the gathering of an output".into(),
                 message,
-            },
-        )
+            }
+        })
     }
 
     /// Rank 0's `bytes` on every rank (the others pass any, e.g. none), after a meeting
@@ -413,9 +412,9 @@ fn count(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::MpiMesh(format!("{n} elements exceed an MPI count")))
 }
 
-/// The buffers that received pieces pass through, kept from one collective to the next:
-/// one per element type, of about [`SCRATCH_BYTES`], so that data arrives in memory that
-/// is mapped and cached already (a new buffer's pages fault on first touch).
+/// The buffers that reductions receive pieces into, kept from one collective to the
+/// next: one per element type, of about [`SCRATCH_BYTES`], so that data arrives in
+/// memory that is mapped and cached already (a new buffer's pages fault on first touch).
 #[derive(Default)]
 struct Scratch(RefCell<Vec<Box<dyn Any>>>);
 
@@ -437,7 +436,7 @@ impl Scratch {
     }
 }
 
-/// Elements of a piece received through scratch in a group of `n`: `n + 1` pieces fill
+/// Elements of a piece received into scratch in a group of `n`: `n + 1` pieces fill
 /// [`SCRATCH_BYTES`] (one from each member and one for the caller). The same on every
 /// member (they have one `n` and one `T`).
 fn piece_len<T>(n: usize) -> usize {
@@ -472,85 +471,21 @@ fn send_pieces<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
         .collect()
 }
 
-/// Receives `count` steps of pieces into `buffer`: step `p`'s pieces come from the
-/// members `sources(p)` names, each `(slot, member, len)` into the `slot`-th
-/// `piece`-long slot, and `each(p, buffer)` gets the buffer once they have all arrived.
-/// One step at a time: with single-copy transfers (Open MPI's shared-memory transport
-/// reads the sender's memory from the receiver's process) the receiving core does the
-/// copying, so receiving the next step while using this one would not overlap, and
-/// bigger pieces take fewer messages.
-fn receive_pieces<T: Equivalence>(
-    comm: &SimpleCommunicator,
-    buffer: &mut [T],
-    piece: usize,
-    count: usize,
-    sources: impl Fn(usize) -> Vec<(usize, usize, usize)>,
-    mut each: impl FnMut(usize, &[T]),
-) {
-    for p in 0..count {
-        mpi::request::scope(|scope| {
-            let arriving = post_receives(comm, scope, buffer, piece, sources(p));
-            arriving.into_iter().for_each(Request::wait_without_status);
-        });
-        each(p, buffer);
-    }
-}
-
-/// Posts the receives `sources` names, each `(slot, member, len)` into the `slot`-th
-/// `piece`-long slot of `buffer`.
-fn post_receives<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
-    comm: &SimpleCommunicator,
-    scope: Sc,
-    buffer: &'a mut [T],
-    piece: usize,
-    sources: Vec<(usize, usize, usize)>,
-) -> Vec<Request<'a, [T], Sc>> {
-    let mut slots: Vec<Option<&'a mut [T]>> = buffer.chunks_mut(piece).map(Some).collect();
-    (sources.into_iter())
-        .filter_map(|(slot, i, len)| {
-            let slot = slots.get_mut(slot)?.take()?;
-            let from = member(comm, i);
-            Some(from.immediate_receive_into_with_tag(scope, &mut slot[..len], DATA_TAG))
-        })
-        .collect()
-}
-
 /// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
-/// member `i` the `lens[i]` elements it sends this one, through `scratch` in pieces;
-/// `take(i, piece)` gets them in order, member after member in group order, this
-/// member's own being `sends[me]` (not sent; `lens[me]` is not read).
-fn stream<T: Element + Equivalence>(
-    comm: &SimpleCommunicator,
-    scratch: &Scratch,
-    sends: &[&[T]],
-    lens: &[usize],
-    mut take: impl FnMut(usize, &[T]),
-) {
+/// member `i` into `receives[i]` (as long as what `i` sends this one; this member's own
+/// entry is left alone), all at once.
+fn exchange<T: Equivalence>(comm: &SimpleCommunicator, sends: &[&[T]], receives: &mut [&mut [T]]) {
     let me = rank_of(comm);
-    let piece = piece_len::<T>(sends.len());
-    scratch.with::<T, _>(piece, |buffer| {
-        mpi::request::scope(|scope| {
-            let sent = send_pieces(comm, scope, sends, piece);
-            for (i, &len) in lens.iter().enumerate() {
-                if i == me {
-                    take(me, sends[me]);
-                    continue;
-                }
-                let size = |p: usize| piece.min(len - p * piece);
-                let sources = |p| vec![(0, i, size(p))];
-                receive_pieces(
-                    comm,
-                    buffer,
-                    piece,
-                    len.div_ceil(piece),
-                    sources,
-                    |p, pieces| {
-                        take(i, &pieces[..size(p)]);
-                    },
-                );
-            }
-            sent.into_iter().for_each(Request::wait_without_status);
-        });
+    mpi::request::scope(|scope| {
+        let mut requests = send_pieces(comm, scope, sends, MAX_PIECE);
+        for (i, into) in receives.iter_mut().enumerate().filter(|&(i, _)| i != me) {
+            let from = member(comm, i);
+            requests.extend(
+                (into.chunks_mut(MAX_PIECE))
+                    .map(|p| from.immediate_receive_into_with_tag(scope, p, DATA_TAG)),
+            );
+        }
+        requests.into_iter().for_each(Request::wait_without_status);
     });
 }
 
@@ -558,8 +493,11 @@ fn stream<T: Element + Equivalence>(
 /// member the `len` elements it sends this one, through `buffer` (`n` pieces long) in
 /// pieces of `piece` elements; `combine(range, pieces)` gets each range of the `len`
 /// elements in turn with every member's elements there, in group order (this member's
-/// own as `&[]`: the caller holds them).
-fn stream_together<T: Equivalence>(
+/// own as `&[]`: the caller holds them). One range at a time: with single-copy transfers
+/// (Open MPI's shared-memory transport reads the sender's memory from the receiver's
+/// process) the receiving core does the copying, so receiving the next range while
+/// combining this one would not overlap.
+fn combine_pieces<T: Equivalence>(
     comm: &SimpleCommunicator,
     buffer: &mut [T],
     piece: usize,
@@ -567,68 +505,74 @@ fn stream_together<T: Equivalence>(
     len: usize,
     mut combine: impl FnMut(Range<usize>, &[&[T]]),
 ) {
-    let (me, n) = (rank_of(comm), sends.len());
-    let range = |p: usize| p * piece..len.min((p + 1) * piece);
-    let others = |p: usize| {
-        (0..n)
-            .filter(|&i| i != me)
-            .map(|i| (i, i, range(p).len()))
-            .collect()
-    };
+    let me = rank_of(comm);
     mpi::request::scope(|scope| {
         let sent = send_pieces(comm, scope, sends, piece);
-        receive_pieces(
-            comm,
-            buffer,
-            piece,
-            len.div_ceil(piece),
-            others,
-            |p, slots| {
-                let pieces: Vec<&[T]> = (slots.chunks(piece).enumerate())
+        for p in 0..len.div_ceil(piece) {
+            let range = p * piece..len.min((p + 1) * piece);
+            mpi::request::scope(|scope| {
+                let slots = buffer
+                    .chunks_mut(piece)
+                    .enumerate()
+                    .filter(|&(i, _)| i != me);
+                let arriving: Vec<_> = slots
                     .map(|(i, slot)| {
-                        if i == me {
-                            &[][..]
-                        } else {
-                            &slot[..range(p).len()]
-                        }
+                        let slot = &mut slot[..range.len()];
+                        member(comm, i).immediate_receive_into_with_tag(scope, slot, DATA_TAG)
                     })
                     .collect();
-                combine(range(p), &pieces);
-            },
-        );
+                arriving.into_iter().for_each(Request::wait_without_status);
+            });
+            let pieces: Vec<&[T]> = (buffer.chunks(piece).enumerate())
+                .map(|(i, slot)| {
+                    if i == me {
+                        &[][..]
+                    } else {
+                        &slot[..range.len()]
+                    }
+                })
+                .collect();
+            combine(range, &pieces);
+        }
         sent.into_iter().for_each(Request::wait_without_status);
     });
 }
 
-/// The members' `lens[i]`-element pieces (`sends[j]` from this one to member `j`; see
-/// [`stream`]) concatenated in group order, on a buffer of the pool.
+/// The members' pieces concatenated in group order, on a buffer of the pool: this
+/// member's own (`sends[me]`) copied, and from every other member `i` the `lens[i]`
+/// elements it sends this one (this one sending `sends[j]` to member `j`), received in
+/// place. Their place is zero-filled first: safe code receives only into initialised
+/// memory, and a write pass from the cache costs less than receiving elsewhere and
+/// copying.
 fn gather_pieces<T: Element + Equivalence>(
     comm: &SimpleCommunicator,
-    scratch: &Scratch,
     sends: &[&[T]],
     lens: &[usize],
 ) -> Vec<T> {
     let me = rank_of(comm);
-    let total = (lens.iter().enumerate())
+    let sizes: Vec<usize> = (lens.iter().enumerate())
         .map(|(i, &len)| if i == me { sends[me].len() } else { len })
-        .sum();
-    let mut gathered = buffers::with_capacity(total);
-    stream(comm, scratch, sends, lens, |_, piece| {
-        gathered.extend_from_slice(piece);
-    });
+        .collect();
+    let mut gathered = buffers::with_capacity(sizes.iter().sum());
+    for (i, &size) in sizes.iter().enumerate() {
+        if i == me {
+            gathered.extend_from_slice(sends[me]);
+        } else {
+            gathered.resize(gathered.len() + size, T::default());
+        }
+    }
+    exchange(comm, sends, &mut cut_mut(&mut gathered, &sizes));
     gathered
 }
 
-/// `data` cut into the `n` members' chunks ([`chunk_start`]).
-fn chunks_mut<T>(data: &mut [T], n: usize) -> Vec<&mut [T]> {
-    let len = data.len();
+/// `data` cut into consecutive pieces of `sizes`.
+fn cut_mut<'a, T>(data: &'a mut [T], sizes: &[usize]) -> Vec<&'a mut [T]> {
     let mut rest = data;
-    (0..n)
-        .map(|i| {
-            let size = chunk_start(len, n, i + 1) - chunk_start(len, n, i);
-            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(size);
+    (sizes.iter())
+        .map(|&size| {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(size);
             rest = tail;
-            chunk
+            piece
         })
         .collect()
 }
@@ -706,21 +650,14 @@ fn concatenate<T: Element>(
 /// Every member's `x` (all of one shape), by member.
 fn gather_typed<T: Element + Equivalence>(
     comm: &SimpleCommunicator,
-    scratch: &Scratch,
     x: &Literal,
 ) -> Result<Vec<Literal>, String> {
     let n = usize::try_from(comm.size()).unwrap_or_default();
     let mine = elements::<T>(x)?;
-    let mut each: Vec<Vec<T>> = (0..n).map(|_| Vec::with_capacity(mine.len())).collect();
-    stream(
-        comm,
-        scratch,
-        &vec![&mine[..]; n],
-        &vec![mine.len(); n],
-        |i, piece| {
-            each[i].extend_from_slice(piece);
-        },
-    );
+    let mut each: Vec<Vec<T>> = (0..n).map(|_| vec![T::default(); mine.len()]).collect();
+    let mut receives: Vec<&mut [T]> = each.iter_mut().map(|e| &mut e[..]).collect();
+    exchange(comm, &vec![&mine[..]; n], &mut receives);
+    each[rank_of(comm)].copy_from_slice(&mine);
     let shape = x.shape();
     each.into_iter().map(|e| literal(&shape, e)).collect()
 }
@@ -740,13 +677,17 @@ fn all_reduce_typed<T: Element<Acc = T> + Equivalence>(
     let mut x = standard_layout(x);
     let data = (T::array_mut(&mut x).and_then(|a| a.as_slice_mut()))
         .ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
-    let mut chunks = chunks_mut(data, n);
+    let len = data.len();
+    let sizes: Vec<usize> = (0..n)
+        .map(|i| chunk_start(len, n, i + 1) - chunk_start(len, n, i))
+        .collect();
+    let mut chunks = cut_mut(data, &sizes);
     let mine = std::mem::take(&mut chunks[me]);
     let piece = piece_len::<T>(n);
     scratch.with::<T, _>((n + 1) * piece, |buffer| {
         let (own, buffer) = buffer.split_at_mut(piece);
         let sends: Vec<&[T]> = chunks.iter().map(|c| &**c).collect();
-        stream_together(comm, buffer, piece, &sends, mine.len(), |range, pieces| {
+        combine_pieces(comm, buffer, piece, &sends, mine.len(), |range, pieces| {
             // A copy of this member's piece, as the reduction writes over it.
             let own = &mut own[..range.len()];
             own.copy_from_slice(&mine[range.clone()]);
@@ -755,35 +696,18 @@ fn all_reduce_typed<T: Element<Acc = T> + Equivalence>(
             reduce_chunks_into(kind, &pieces, &mut mine[range]);
         });
     });
-    let reduced: &[T] = mine;
-    mpi::request::scope(|scope| {
-        let mut requests = send_pieces(comm, scope, &vec![reduced; n], MAX_PIECE);
-        for (i, chunk) in chunks.iter_mut().enumerate().filter(|&(i, _)| i != me) {
-            let from = member(comm, i);
-            requests.extend(
-                (chunk.chunks_mut(MAX_PIECE))
-                    .map(|p| from.immediate_receive_into_with_tag(scope, p, DATA_TAG)),
-            );
-        }
-        requests.into_iter().for_each(Request::wait_without_status);
-    });
+    exchange(comm, &vec![&*mine; n], &mut chunks);
     Ok(x)
 }
 
 fn all_gather_typed<T: Element + Equivalence>(
     joined: &Joined,
-    scratch: &Scratch,
     dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
     let n = joined.group.size();
     let mine = elements::<T>(&x)?;
-    let gathered = gather_pieces(
-        &joined.comm,
-        scratch,
-        &vec![&mine[..]; n],
-        &vec![mine.len(); n],
-    );
+    let gathered = gather_pieces(&joined.comm, &vec![&mine[..]; n], &vec![mine.len(); n]);
     concatenate(gathered, &x.shape(), n, dim)
 }
 
@@ -805,7 +729,7 @@ fn reduce_scatter_typed<T: Element<Acc = T> + Equivalence>(
     let piece = piece_len::<T>(n);
     scratch.with::<T, _>((n + 1) * piece, |buffer| {
         let (reduced, buffer) = buffer.split_at_mut(piece);
-        stream_together(
+        combine_pieces(
             &joined.comm,
             buffer,
             piece,
@@ -828,7 +752,6 @@ fn reduce_scatter_typed<T: Element<Acc = T> + Equivalence>(
 
 fn all_to_all_typed<T: Element + Equivalence>(
     joined: &Joined,
-    scratch: &Scratch,
     split_dim: usize,
     concat_dim: usize,
     x: Literal,
@@ -838,7 +761,7 @@ fn all_to_all_typed<T: Element + Equivalence>(
     let mut packed = Vec::new();
     let blocks = contiguous_blocks(a, split_dim, n, &mut packed);
     let lens = vec![blocks[0].len(); n];
-    let gathered = gather_pieces(&joined.comm, scratch, &blocks, &lens);
+    let gathered = gather_pieces(&joined.comm, &blocks, &lens);
     buffers::give_buffer(packed);
     let mut shape = x.shape();
     shape[split_dim] /= n;
@@ -849,7 +772,6 @@ fn all_to_all_typed<T: Element + Equivalence>(
 /// no target gets zeros.
 fn collective_permute_typed<T: Element + Equivalence>(
     joined: &Joined,
-    scratch: &Scratch,
     pairs: &[(usize, usize)],
     x: Literal,
 ) -> Result<Literal, String> {
@@ -868,7 +790,7 @@ fn collective_permute_typed<T: Element + Equivalence>(
     if let Some(source) = source {
         lens[source] = mine.len();
     }
-    let received = gather_pieces(&joined.comm, scratch, &sends, &lens);
+    let received = gather_pieces(&joined.comm, &sends, &lens);
     match source {
         Some(_) => literal(&x.shape(), received),
         None => Ok(Literal::full(&x.shape(), T::DTYPE, 0.0)),
@@ -898,7 +820,7 @@ impl Communicator for MpiCommunicator {
 
     fn all_gather(&self, axes: &[String], dim: usize, x: Literal) -> Result<Literal> {
         self.collective(CollectiveOp::AllGather { dim }, axes, x, |joined, x| {
-            by_dtype!(x.dtype(), all_gather_typed(joined, &self.scratch, dim, x), narrow => wide_only(&x))
+            by_dtype!(x.dtype(), all_gather_typed(joined, dim, x), narrow => wide_only(&x))
         })
     }
 
@@ -934,7 +856,7 @@ impl Communicator for MpiCommunicator {
             |joined, x| {
                 by_dtype!(
                     x.dtype(),
-                    all_to_all_typed(joined, &self.scratch, split_dim, concat_dim, x),
+                    all_to_all_typed(joined, split_dim, concat_dim, x),
                     narrow => wide_only(&x)
                 )
             },
@@ -953,7 +875,7 @@ impl Communicator for MpiCommunicator {
             },
             axes,
             x,
-            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, &self.scratch, pairs, x), narrow => wide_only(&x)),
+            |joined, x| by_dtype!(x.dtype(), collective_permute_typed(joined, pairs, x), narrow => wide_only(&x)),
         )
     }
 
