@@ -14,13 +14,23 @@
 //! - the bare MPI call on the world communicator, on buffers made once:
 //!   `MPI_Allreduce` (`MPI_SUM` of f32), `MPI_Allgather`, `MPI_Alltoall` — timed in
 //!   the same run, the two alternating (gspmd, bare, gspmd, ...) so that noise on this
-//!   shared machine hits both alike, each call after a barrier,
+//!   shared machine hits both alike, each call after a barrier. Both send data just
+//!   written, as a program's freshly computed operand is: gspmd's operand is a new copy
+//!   (the collective takes it by value) and the bare call's send buffer is rewritten
+//!   before each call, untimed (when only gspmd's was, its 1 MiB all-gather ran at
+//!   0.56-0.66 of the bare call's bandwidth in runs where data the other core had just
+//!   written was slow to read, 0.85 in the others),
 //! - gspmd's collective on a thread mesh of as many devices (run by rank 0 while the
 //!   others wait) and the copy of the same bytes by one thread,
 //!
 //! as bandwidth (bytes / median time, where the bytes are the all-reduce's and
 //! all-to-all's operand and the all-gather's result) and as the ratios gspmd / bare,
 //! MPI / threads and MPI / memcpy (of bandwidths).
+//!
+//! Open MPI's shared-memory transport (`vader`) moves a large message with one copy, made
+//! by the receiver reading the sender's memory (CMA, `btl_vader_single_copy_mechanism`,
+//! whose default `cma` works here): nothing needs setting. See `benches/README.md` for
+//! figures.
 
 use std::time::{Duration, Instant};
 
@@ -137,7 +147,7 @@ fn side_by_side(
     let world = SimpleCommunicator::world();
     let len = collective.operand_len(bytes, comm.mesh().num_devices());
     let x = Literal::F32(ArrayD::from_elem(IxDyn(&[len]), 1.0));
-    let send = vec![1.0f32; len];
+    let mut send = vec![1.0f32; len];
     let mut recv = vec![0.0f32; bytes / 4];
     let mut gspmd = || {
         // gspmd takes the operand by value: its copy is made before the clock starts.
@@ -147,6 +157,7 @@ fn side_by_side(
         result.map(|_| t)
     };
     let mut bare = || {
+        send.fill(1.0);
         world.barrier();
         Ok(timed(|| collective.bare(&world, &send, &mut recv)).1)
     };
