@@ -416,28 +416,54 @@ pub(super) fn reduce_chunks<T: Element>(
 ) -> Option<Vec<T>> {
     let len = chunks.first()?.len();
     let mut reduced: Vec<T::Acc> = buffers::take(len);
-    // The first level accumulates in the result; the others in scratch tiles.
+    reduce_tiles::<T>(kind, order, chunks, &mut reduced);
+    // Collected in place when `Acc` is `T`.
+    Some(reduced.into_iter().map(T::narrow).collect())
+}
+
+/// [`reduce_chunks`] into `out` (of the chunks' length), for an element type that
+/// reduces in itself (no rounding at the end): the same bits, no new buffer. No chunks:
+/// `out` is left as it is.
+pub(super) fn reduce_chunks_into<T: Element<Acc = T>>(
+    kind: ReduceKind,
+    order: &ReductionOrder,
+    chunks: &[&[T]],
+    out: &mut [T],
+) {
+    if !chunks.is_empty() {
+        reduce_tiles::<T>(kind, order, chunks, out);
+    }
+}
+
+/// `out = ` the elementwise `kind` reduction of `chunks` (at least one, each as long as
+/// `out`) in `order`, a tile at a time: the first level accumulates in `out`, the others
+/// in scratch tiles.
+fn reduce_tiles<T: Element>(
+    kind: ReduceKind,
+    order: &ReductionOrder,
+    chunks: &[&[T]],
+    out: &mut [T::Acc],
+) {
+    let len = out.len();
     let mut scratch: Levels<Vec<T::Acc>> = (1..order.levels.len())
         .map(|_| buffers::take(TILE.min(len)))
         .collect();
     for start in (0..len).step_by(TILE) {
         let tile = start..(start + TILE).min(len);
         let mut accs: Levels<ArrayViewMut1<'_, T::Acc>> = SmallVec::new();
-        accs.push(ArrayViewMut1::from(&mut reduced[tile.clone()]));
+        accs.push(ArrayViewMut1::from(&mut out[tile.clone()]));
         accs.extend((scratch.iter_mut()).map(|s| ArrayViewMut1::from(&mut s[..tile.len()])));
         let result = order.fold::<T, _>(kind, &mut accs, |i| {
             ArrayView1::from(&chunks[i][tile.clone()])
         });
         drop(accs);
         if result > 0 {
-            reduced[tile.clone()].copy_from_slice(&scratch[result - 1][..tile.len()]);
+            out[tile.clone()].copy_from_slice(&scratch[result - 1][..tile.len()]);
         }
     }
     for spare in scratch {
         buffers::give_buffer(spare);
     }
-    // Collected in place when `Acc` is `T`.
-    Some(reduced.into_iter().map(T::narrow).collect())
 }
 
 #[cfg(test)]

@@ -15,30 +15,39 @@
 //! records it lacks and calls `MPI_Abort`.
 //!
 //! The data then moves on the group's own communicator, split from the world once per
-//! axis list (`MPI_Comm_split`, ranks ordered by group index), with all-to-all and
-//! all-gather calls of exactly the bytes each member needs. Reductions combine the
-//! members' chunks in the order and with the combine functions of the shared-memory
-//! communicator (`combine`), so both backends give equal bits.
+//! axis list (`MPI_Comm_split`, ranks ordered by group index), point to point: each
+//! member sends every other exactly the elements it needs. A reduction receives the
+//! others' pieces of its part through a small scratch buffer kept from one collective to
+//! the next ([`Scratch`]) and combines each range of them in the group's reduction order
+//! with the combine functions of the shared-memory communicator (`combine`), so both
+//! backends give equal bits; an all-reduce does so in its operand's own buffer, and
+//! receives the others' reduced chunks into the rest of it. A result gathered from the
+//! members is built on a buffer of the pool: this member's part copied, the others'
+//! received in place.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mpi::Tag;
-use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::datatype::{Equivalence, PartitionMut};
 use mpi::point_to_point::{Destination, Source};
-use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::request::{Request, Scope};
+use mpi::topology::{Color, Communicator as _, Process, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
+use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, census};
 use super::combine::{
     Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
-    reduce_blocks, reduce_chunks,
+    reduce_chunks_into, standard_layout,
 };
 use super::group::Group;
 use crate::error::{Error, Result};
@@ -54,12 +63,33 @@ const FAILED: u8 = 1;
 /// The rank dropped its mesh: it takes part in no more meetings.
 const LEFT: u8 = 2;
 
+/// How long a meeting polls for the other ranks' records before it lets other processes
+/// run between polls: about as long as ranks that run in step arrive apart. MPI's own
+/// waits (the data's) poll without yielding, unless it yields when idle
+/// (`mpi_yield_when_idle`, which `mpirun` sets when ranks oversubscribe the cores); a
+/// meeting that yielded at once could lose its core for a scheduler slice on a loaded
+/// machine, at every collective.
+const SPIN: Duration = Duration::from_millis(1);
+
 /// The exit code of every rank when a meeting times out.
 const TIMED_OUT: i32 = 3;
 
-/// The tag of the records' point-to-point messages on the world communicator (no other
-/// point-to-point message is sent there).
+/// The tag of the records' point-to-point messages on the world communicator.
 const RECORD_TAG: Tag = 14;
+
+/// The tag of the data's point-to-point messages: on a group's communicator (nothing
+/// else is sent there), and on the world for the gathering of outputs.
+const DATA_TAG: Tag = 15;
+
+/// The most elements one message (or broadcast call) carries: an MPI count is a C int.
+const MAX_PIECE: usize = 1 << 30;
+
+/// Bytes of one element type's [`Scratch`] buffer.
+const SCRATCH_BYTES: usize = 2 << 20;
+
+/// The fewest elements a piece received into scratch carries (unless fewer are left),
+/// however many members share the scratch.
+const MIN_PIECE: usize = 1024;
 
 /// One rank's handle on the collectives of an MPI mesh. Not `Send`: it belongs to the
 /// thread that initialised MPI.
@@ -85,6 +115,8 @@ pub(crate) struct MpiCommunicator {
     left: Cell<Option<usize>>,
     /// How long a meeting waits for every rank before the job is ended.
     timeout: Cell<Duration>,
+    /// The buffers received pieces pass through.
+    scratch: Scratch,
 }
 
 /// A rank's group over an axis list, the order its reductions combine in, and the
@@ -114,6 +146,7 @@ impl MpiCommunicator {
             met_failure: Cell::new(false),
             left: Cell::new(None),
             timeout: Cell::new(timeout),
+            scratch: Scratch::default(),
         }
     }
 
@@ -247,14 +280,15 @@ impl MpiCommunicator {
 
     /// Sends `mine` to every other rank and receives theirs into `all` (rank `r`'s
     /// record at `r * RECORD`, this rank's copied in): one non-blocking send and receive
-    /// per other rank, so that a rank left waiting knows whose records it lacks. If some
-    /// have not come after the timeout, prints that this device waited at `place` for
-    /// those ranks and ends the job (`MPI_Abort`: every rank exits with code
-    /// [`TIMED_OUT`]). Records from one sender arrive in the order sent (MPI does not
-    /// let messages of one source and tag overtake), so each meeting gets its own.
+    /// per other rank, so that a rank left waiting knows whose records it lacks, polled
+    /// (yielding between polls after [`SPIN`]). If some have not come after the
+    /// timeout, prints that this device waited at `place` for those ranks and ends the
+    /// job (`MPI_Abort`: every rank exits with code [`TIMED_OUT`]). Records from one
+    /// sender arrive in the order sent (MPI does not let messages of one source and tag
+    /// overtake), so each meeting gets its own.
     fn exchange_or_abort(&self, mine: &[u8], all: &mut [u8], place: &str) {
         let timeout = self.timeout.get();
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
         let me = self.world.rank();
         mpi::request::scope(|scope| {
             // (rank, request): receives first, so that a peer's record finds its receive.
@@ -274,12 +308,16 @@ impl MpiCommunicator {
                 let peer = self.world.process_at_rank(rank);
                 pending.push((rank, peer.immediate_send_with_tag(scope, mine, RECORD_TAG)));
             }
-            while !pending.is_empty() {
+            loop {
                 pending = pending
                     .into_iter()
                     .filter_map(|(rank, request)| request.test().err().map(|r| (rank, r)))
                     .collect();
-                if !pending.is_empty() && Instant::now() > deadline {
+                if pending.is_empty() {
+                    break;
+                }
+                let waited = started.elapsed();
+                if waited > timeout {
                     let mut missing: Vec<usize> = (pending.iter())
                         .filter_map(|&(rank, _)| usize::try_from(rank).ok())
                         .collect();
@@ -298,7 +336,9 @@ impl MpiCommunicator {
                     );
                     self.world.abort(TIMED_OUT);
                 }
-                std::thread::yield_now();
+                if waited > SPIN {
+                    std::thread::yield_now();
+                }
             }
         });
     }
@@ -360,10 +400,10 @@ impl MpiCommunicator {
         // reduction of them then sums in f32 in the group's order and rounds once, as on
         // the thread mesh (`combine`), so the results are bitwise the same.
         if operand.dtype.is_narrow_float() {
-            let wide = exchange(&joined, op, x.convert(DType::F32)).map_err(fail)?;
-            return Ok(wide.convert(operand.dtype));
+            let wide = move_data(&joined, &self.scratch, op, x.convert(DType::F32));
+            return Ok(wide.map_err(fail)?.convert(operand.dtype));
         }
-        exchange(&joined, op, x).map_err(fail)
+        move_data(&joined, &self.scratch, op, x).map_err(fail)
     }
 
     /// Every rank's `blocks` (all of one shape and dtype, as many on every rank), by rank
@@ -455,25 +495,6 @@ fn counts(sizes: &[usize]) -> Result<(Vec<i32>, Vec<i32>), String> {
     Ok((counts, displs))
 }
 
-/// Each member sends `send[displ(j)..][..send_sizes[j]]` to member `j` and receives
-/// `recv_sizes[i]` elements from member `i`, laid out in member order.
-fn all_to_all_v<T: Equivalence + Copy + Default>(
-    comm: &SimpleCommunicator,
-    send: &[T],
-    send_sizes: &[usize],
-    recv_sizes: &[usize],
-) -> Result<Vec<T>, String> {
-    let (send_counts, send_displs) = counts(send_sizes)?;
-    let (recv_counts, recv_displs) = counts(recv_sizes)?;
-    let mut recv = vec![T::default(); recv_sizes.iter().sum()];
-    {
-        let send = Partition::new(send, send_counts, send_displs);
-        let mut part = PartitionMut::new(&mut recv[..], recv_counts, recv_displs);
-        comm.all_to_all_varcount_into(&send, &mut part);
-    }
-    Ok(recv)
-}
-
 /// The members' `sizes[i]`-element pieces, concatenated in member order.
 fn all_gather_v<T: Equivalence + Copy + Default>(
     comm: &SimpleCommunicator,
@@ -487,6 +508,195 @@ fn all_gather_v<T: Equivalence + Copy + Default>(
         comm.all_gather_varcount_into(mine, &mut part);
     }
     Ok(recv)
+}
+
+/// The buffers that reductions receive pieces into, kept from one collective to the
+/// next: one per element type, of about [`SCRATCH_BYTES`], so that data arrives in
+/// memory that is mapped and cached already (a new buffer's pages fault on first touch).
+#[derive(Default)]
+struct Scratch(RefCell<Vec<Box<dyn Any>>>);
+
+impl Scratch {
+    /// Runs `f` on the kept buffer of `T`s, made `len` long.
+    fn with<T: Element, R>(&self, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+        let kept = {
+            let mut kept = self.0.borrow_mut();
+            let at = kept.iter().position(|b| b.is::<Vec<T>>());
+            at.and_then(|at| kept.swap_remove(at).downcast::<Vec<T>>().ok())
+        };
+        let mut buffer = kept.map_or_else(Vec::new, |b| *b);
+        if buffer.len() < len {
+            buffer.resize(len, T::default());
+        }
+        let out = f(&mut buffer[..len]);
+        self.0.borrow_mut().push(Box::new(buffer));
+        out
+    }
+}
+
+/// Elements of a piece received into scratch in a group of `n`: `n + 1` pieces fill
+/// [`SCRATCH_BYTES`] (one from each member and one for the caller). The same on every
+/// member (they have one `n` and one `T`).
+fn piece_len<T>(n: usize) -> usize {
+    (SCRATCH_BYTES / ((n + 1) * size_of::<T>())).max(MIN_PIECE)
+}
+
+/// This process's rank in `comm` (its group index).
+fn rank_of(comm: &SimpleCommunicator) -> usize {
+    usize::try_from(comm.rank()).unwrap_or_default()
+}
+
+/// The member of index `i` of `comm`.
+fn member(comm: &SimpleCommunicator, i: usize) -> Process<'_> {
+    comm.process_at_rank(i32::try_from(i).expect("a group index is an MPI rank"))
+}
+
+/// Posts the sends of `sends[j]` to every member `j` of `comm` but this one, in pieces of
+/// at most `piece` elements.
+fn send_pieces<'a, Sc: Scope<'a> + Copy, T: Equivalence>(
+    comm: &SimpleCommunicator,
+    scope: Sc,
+    sends: &[&'a [T]],
+    piece: usize,
+) -> Vec<Request<'a, [T], Sc>> {
+    let me = rank_of(comm);
+    let others = sends.iter().enumerate().filter(|&(j, _)| j != me);
+    others
+        .flat_map(|(j, data)| {
+            let to = member(comm, j);
+            (data.chunks(piece)).map(move |p| to.immediate_send_with_tag(scope, p, DATA_TAG))
+        })
+        .collect()
+}
+
+/// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
+/// member `i` into `receives[i]` (as long as what `i` sends this one; this member's own
+/// entry is left alone), all at once.
+fn exchange_pieces<T: Equivalence>(
+    comm: &SimpleCommunicator,
+    sends: &[&[T]],
+    receives: &mut [&mut [T]],
+) {
+    let me = rank_of(comm);
+    mpi::request::scope(|scope| {
+        let mut requests = send_pieces(comm, scope, sends, MAX_PIECE);
+        for (i, into) in receives.iter_mut().enumerate().filter(|&(i, _)| i != me) {
+            let from = member(comm, i);
+            requests.extend(
+                (into.chunks_mut(MAX_PIECE))
+                    .map(|p| from.immediate_receive_into_with_tag(scope, p, DATA_TAG)),
+            );
+        }
+        requests.into_iter().for_each(Request::wait_without_status);
+    });
+}
+
+/// Sends `sends[j]` to every other member `j` of `comm` and receives from every other
+/// member the `len` elements it sends this one, through `buffer` (`n` pieces long) in
+/// pieces of `piece` elements; `combine(range, pieces)` gets each range of the `len`
+/// elements in turn with every member's elements there, in group order (this member's
+/// own as `&[]`: the caller holds them). One range at a time: with single-copy transfers
+/// (Open MPI's shared-memory transport reads the sender's memory from the receiver's
+/// process) the receiving core does the copying, so receiving the next range while
+/// combining this one would not overlap.
+fn combine_pieces<T: Equivalence>(
+    comm: &SimpleCommunicator,
+    buffer: &mut [T],
+    piece: usize,
+    sends: &[&[T]],
+    len: usize,
+    mut combine: impl FnMut(Range<usize>, &[&[T]]),
+) {
+    let me = rank_of(comm);
+    mpi::request::scope(|scope| {
+        let sent = send_pieces(comm, scope, sends, piece);
+        for p in 0..len.div_ceil(piece) {
+            let range = p * piece..len.min((p + 1) * piece);
+            mpi::request::scope(|scope| {
+                let slots = buffer
+                    .chunks_mut(piece)
+                    .enumerate()
+                    .filter(|&(i, _)| i != me);
+                let arriving: Vec<_> = slots
+                    .map(|(i, slot)| {
+                        let slot = &mut slot[..range.len()];
+                        member(comm, i).immediate_receive_into_with_tag(scope, slot, DATA_TAG)
+                    })
+                    .collect();
+                arriving.into_iter().for_each(Request::wait_without_status);
+            });
+            let pieces: Vec<&[T]> = (buffer.chunks(piece).enumerate())
+                .map(|(i, slot)| {
+                    if i == me {
+                        &[][..]
+                    } else {
+                        &slot[..range.len()]
+                    }
+                })
+                .collect();
+            combine(range, &pieces);
+        }
+        sent.into_iter().for_each(Request::wait_without_status);
+    });
+}
+
+/// The members' pieces concatenated in group order, on a buffer of the pool: this
+/// member's own (`sends[me]`) copied, and from every other member `i` the `lens[i]`
+/// elements it sends this one (this one sending `sends[j]` to member `j`), received in
+/// place. Their place is zero-filled first: safe code receives only into initialised
+/// memory, and a write pass from the cache costs less than receiving elsewhere and
+/// copying.
+fn gather_pieces<T: Element + Equivalence>(
+    comm: &SimpleCommunicator,
+    sends: &[&[T]],
+    lens: &[usize],
+) -> Vec<T> {
+    let me = rank_of(comm);
+    let sizes: Vec<usize> = (lens.iter().enumerate())
+        .map(|(i, &len)| if i == me { sends[me].len() } else { len })
+        .collect();
+    let mut gathered = buffers::with_capacity(sizes.iter().sum());
+    for (i, &size) in sizes.iter().enumerate() {
+        if i == me {
+            gathered.extend_from_slice(sends[me]);
+        } else {
+            gathered.resize(gathered.len() + size, T::default());
+        }
+    }
+    exchange_pieces(comm, sends, &mut cut_mut(&mut gathered, &sizes));
+    gathered
+}
+
+/// `data` cut into consecutive pieces of `sizes`.
+fn cut_mut<'a, T>(data: &'a mut [T], sizes: &[usize]) -> Vec<&'a mut [T]> {
+    let mut rest = data;
+    (sizes.iter())
+        .map(|&size| {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(size);
+            rest = tail;
+            piece
+        })
+        .collect()
+}
+
+/// The `n` blocks of `a` along `dim` as slices: of `a` itself where they are contiguous,
+/// else copied into `packed` (a buffer of the pool, to give back).
+fn contiguous_blocks<'a, T: Element>(
+    a: &'a ArrayD<T>,
+    dim: usize,
+    n: usize,
+    packed: &'a mut Vec<T>,
+) -> Vec<&'a [T]> {
+    let blocks: Vec<ArrayViewD<'a, T>> = (0..n).map(|j| block(a, dim, n, j)).collect();
+    if let Some(slices) = blocks.iter().map(ArrayViewD::to_slice).collect() {
+        return slices;
+    }
+    *packed = buffers::with_capacity(a.len());
+    for b in &blocks {
+        packed.extend(b.iter().copied());
+    }
+    let size = a.len() / n;
+    (0..n).map(|j| &packed[j * size..(j + 1) * size]).collect()
 }
 
 /// The elements of `x` in standard (row-major) order: borrowed when `x` is laid out so.
@@ -519,10 +729,24 @@ fn literal<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Literal, String>
         .map_err(|e| e.to_string())
 }
 
-fn concatenate<T: Element>(dim: usize, blocks: &[ArrayViewD<'_, T>]) -> Result<Literal, String> {
-    ndarray::concatenate(Axis(dim), blocks)
+/// `n` blocks of `shape` laid end to end in `flat`, concatenated along `dim`: `flat`
+/// itself when only unit dims precede `dim`.
+fn concatenate<T: Element>(
+    flat: Vec<T>,
+    shape: &[usize],
+    n: usize,
+    dim: usize,
+) -> Result<Literal, String> {
+    let mut whole = shape.to_vec();
+    whole[dim] *= n;
+    if shape[..dim].iter().all(|&d| d == 1) {
+        return literal(&whole, flat);
+    }
+    let joined = ndarray::concatenate(Axis(dim), &views(&flat, shape, n)?)
         .map(T::literal)
-        .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"))
+        .map_err(|e| format!("cannot concatenate along dim {dim}: {e}"));
+    buffers::give_buffer(flat);
+    joined
 }
 
 /// Every member's `blocks` (all of one shape, as many on every member), by member then
@@ -549,118 +773,140 @@ fn gather_typed<T: Element + Equivalence + Default>(
         .collect()
 }
 
-/// Reduce-scatter then all-gather of the flattened operand: member `i` receives chunk
-/// `i` of everyone's operand, combines them in the group's [`ReductionOrder`], and every
-/// member gathers the reduced chunks — the shared-memory communicator's order and bits.
-fn all_reduce_typed<T: Element + Equivalence + Default>(
+/// Reduce-scatter then all-gather of the flattened operand, in the operand's own buffer:
+/// member `i` receives chunk `i` of every other member's operand in pieces, combines
+/// each range with its own in the group's [`ReductionOrder`] into its own chunk `i` (the
+/// shared-memory communicator's order and bits), then receives the others' reduced
+/// chunks into the rest of its buffer.
+fn all_reduce_typed<T: Element<Acc = T> + Equivalence>(
     joined: &Joined,
+    scratch: &Scratch,
     kind: ReduceKind,
     x: Literal,
 ) -> Result<Literal, String> {
-    let shape = x.shape();
-    let mine = elements::<T>(&x)?;
-    let (n, index) = (joined.group.size(), joined.group.index);
-    let len = mine.len();
+    let (comm, n, me) = (&joined.comm, joined.group.size(), joined.group.index);
+    let mut x = standard_layout(x);
+    let data = (T::array_mut(&mut x).and_then(|a| a.as_slice_mut()))
+        .ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let len = data.len();
     let sizes: Vec<usize> = (0..n)
         .map(|i| chunk_start(len, n, i + 1) - chunk_start(len, n, i))
         .collect();
-    let received = all_to_all_v(&joined.comm, &mine, &sizes, &vec![sizes[index]; n])?;
-    let chunks: Vec<&[T]> = received.chunks(sizes[index].max(1)).take(n).collect();
-    let reduced = if sizes[index] == 0 {
-        Vec::new()
-    } else {
-        reduce_chunks(kind, &joined.order, &chunks).ok_or("empty group")?
-    };
-    literal(&shape, all_gather_v(&joined.comm, &reduced, &sizes)?)
+    let mut chunks = cut_mut(data, &sizes);
+    let mine = std::mem::take(&mut chunks[me]);
+    let piece = piece_len::<T>(n);
+    scratch.with::<T, _>((n + 1) * piece, |buffer| {
+        let (own, buffer) = buffer.split_at_mut(piece);
+        let sends: Vec<&[T]> = chunks.iter().map(|c| &**c).collect();
+        combine_pieces(comm, buffer, piece, &sends, mine.len(), |range, pieces| {
+            // A copy of this member's piece, as the reduction writes over it.
+            let own = &mut own[..range.len()];
+            own.copy_from_slice(&mine[range.clone()]);
+            let mut pieces = pieces.to_vec();
+            pieces[me] = own;
+            reduce_chunks_into(kind, &joined.order, &pieces, &mut mine[range]);
+        });
+    });
+    exchange_pieces(comm, &vec![&*mine; n], &mut chunks);
+    Ok(x)
 }
 
-fn all_gather_typed<T: Element + Equivalence + Default>(
+fn all_gather_typed<T: Element + Equivalence>(
     joined: &Joined,
     dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
     let n = joined.group.size();
     let mine = elements::<T>(&x)?;
-    let all = all_gather_v(&joined.comm, &mine, &vec![mine.len(); n])?;
-    concatenate(dim, &views(&all, &x.shape(), n)?)
+    let gathered = gather_pieces(&joined.comm, &vec![&mine[..]; n], &vec![mine.len(); n]);
+    concatenate(gathered, &x.shape(), n, dim)
 }
 
-/// Sends block `j` of `x` along `dim` to member `j`; returns the blocks received, in
-/// sender order, and their shape.
-fn exchange_blocks<T: Element + Equivalence + Default>(
+/// Member `i` gets block `i` along `dim` of every member's operand in pieces and
+/// combines each range in the group's [`ReductionOrder`] (the shared-memory
+/// communicator's order and bits).
+fn reduce_scatter_typed<T: Element<Acc = T> + Equivalence>(
     joined: &Joined,
-    dim: usize,
-    x: &Literal,
-) -> Result<(Vec<T>, Vec<usize>), String> {
-    let n = joined.group.size();
-    let a = T::array(x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
-    let mut send: Vec<T> = Vec::with_capacity(a.len());
-    for j in 0..n {
-        let b = block(a, dim, n, j);
-        match b.as_slice() {
-            Some(contiguous) => send.extend_from_slice(contiguous),
-            None => send.extend(b.iter().copied()),
-        }
-    }
-    let mut shape = x.shape();
-    shape[dim] /= n;
-    let size: usize = shape.iter().product();
-    Ok((
-        all_to_all_v(&joined.comm, &send, &vec![size; n], &vec![size; n])?,
-        shape,
-    ))
-}
-
-fn reduce_scatter_typed<T: Element + Equivalence + Default>(
-    joined: &Joined,
+    scratch: &Scratch,
     kind: ReduceKind,
     dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
-    let (received, shape) = exchange_blocks::<T>(joined, dim, &x)?;
-    reduce_blocks(
-        kind,
-        &joined.order,
-        &views(&received, &shape, joined.group.size())?,
-    )
-    .map(T::literal)
-    .ok_or_else(|| "empty group".into())
+    let (n, me) = (joined.group.size(), joined.group.index);
+    let a = T::array(&x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let mut packed = Vec::new();
+    let blocks = contiguous_blocks(a, dim, n, &mut packed);
+    let len = blocks[me].len();
+    let mut out = buffers::with_capacity(len);
+    let piece = piece_len::<T>(n);
+    scratch.with::<T, _>((n + 1) * piece, |buffer| {
+        let (reduced, buffer) = buffer.split_at_mut(piece);
+        combine_pieces(
+            &joined.comm,
+            buffer,
+            piece,
+            &blocks,
+            len,
+            |range, pieces| {
+                let mut pieces = pieces.to_vec();
+                pieces[me] = &blocks[me][range.clone()];
+                let reduced = &mut reduced[..range.len()];
+                reduce_chunks_into(kind, &joined.order, &pieces, reduced);
+                out.extend_from_slice(reduced);
+            },
+        );
+    });
+    buffers::give_buffer(packed);
+    let mut shape = x.shape();
+    shape[dim] /= n;
+    literal(&shape, out)
 }
 
-fn all_to_all_typed<T: Element + Equivalence + Default>(
+fn all_to_all_typed<T: Element + Equivalence>(
     joined: &Joined,
     split_dim: usize,
     concat_dim: usize,
     x: Literal,
 ) -> Result<Literal, String> {
-    let (received, shape) = exchange_blocks::<T>(joined, split_dim, &x)?;
-    concatenate(concat_dim, &views(&received, &shape, joined.group.size())?)
+    let n = joined.group.size();
+    let a = T::array(&x).ok_or_else(|| format!("the operand is not {}", T::DTYPE))?;
+    let mut packed = Vec::new();
+    let blocks = contiguous_blocks(a, split_dim, n, &mut packed);
+    let lens = vec![blocks[0].len(); n];
+    let gathered = gather_pieces(&joined.comm, &blocks, &lens);
+    buffers::give_buffer(packed);
+    let mut shape = x.shape();
+    shape[split_dim] /= n;
+    concatenate(gathered, &shape, n, concat_dim)
 }
 
 /// Sends `x` to this member's target and receives from its source; a member that is
 /// no target gets zeros.
-fn collective_permute_typed<T: Element + Equivalence + Default>(
+fn collective_permute_typed<T: Element + Equivalence>(
     joined: &Joined,
     pairs: &[(usize, usize)],
     x: Literal,
 ) -> Result<Literal, String> {
-    let (n, index) = (joined.group.size(), joined.group.index);
+    let (n, me) = (joined.group.size(), joined.group.index);
+    let source = pairs.iter().find(|&&(_, t)| t == me).map(|&(s, _)| s);
+    let target = pairs.iter().find(|&&(s, _)| s == me).map(|&(_, t)| t);
+    if source == Some(me) {
+        return Ok(x);
+    }
     let mine = elements::<T>(&x)?;
-    let mut send_sizes = vec![0; n];
-    let mut recv_sizes = vec![0; n];
-    for &(source, target) in pairs {
-        if source == index {
-            send_sizes[target] = mine.len();
-        }
-        if target == index {
-            recv_sizes[source] = mine.len();
-        }
+    let mut sends = vec![&[][..]; n];
+    let mut lens = vec![0; n];
+    if let Some(target) = target {
+        sends[target] = &mine[..];
     }
-    let received = all_to_all_v(&joined.comm, &mine, &send_sizes, &recv_sizes)?;
-    if received.is_empty() && !mine.is_empty() {
-        return Ok(Literal::full(&x.shape(), T::DTYPE, 0.0));
+    if let Some(source) = source {
+        lens[source] = mine.len();
     }
-    literal(&x.shape(), received)
+    let received = gather_pieces(&joined.comm, &sends, &lens);
+    match source {
+        Some(_) => literal(&x.shape(), received),
+        None => Ok(Literal::full(&x.shape(), T::DTYPE, 0.0)),
+    }
 }
 
 /// The error for a narrow float reaching a typed collective: [`MpiCommunicator::collective`]
@@ -669,19 +915,25 @@ fn wide_only(x: &Literal) -> Result<Literal, String> {
     Err(format!("{} travels as f32", literal_type(x)))
 }
 
-/// Moves the data of collective `op` over `joined`'s group, this rank's operand `x`
+/// Moves the data of collective `op` over `joined`'s group (received pieces through
+/// `scratch`), this rank's operand `x`
 /// (not a narrow float: those travel as f32).
-fn exchange(joined: &Joined, op: &CollectiveOp, x: Literal) -> Result<Literal, String> {
+fn move_data(
+    joined: &Joined,
+    scratch: &Scratch,
+    op: &CollectiveOp,
+    x: Literal,
+) -> Result<Literal, String> {
     match op {
         CollectiveOp::AllReduce(kind) => {
-            by_dtype!(x.dtype(), all_reduce_typed(joined, *kind, x), narrow => wide_only(&x))
+            by_dtype!(x.dtype(), all_reduce_typed(joined, scratch, *kind, x), narrow => wide_only(&x))
         }
         CollectiveOp::AllGather { dim } => {
             by_dtype!(x.dtype(), all_gather_typed(joined, *dim, x), narrow => wide_only(&x))
         }
         CollectiveOp::ReduceScatter { kind, dim } => by_dtype!(
             x.dtype(),
-            reduce_scatter_typed(joined, *kind, *dim, x),
+            reduce_scatter_typed(joined, scratch, *kind, *dim, x),
             narrow => wide_only(&x)
         ),
         CollectiveOp::AllToAll {
