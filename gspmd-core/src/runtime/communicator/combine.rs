@@ -423,7 +423,8 @@ pub(super) fn reduce_chunks<T: Element>(
 
 /// [`reduce_chunks`] into `out` (of the chunks' length), for an element type that
 /// reduces in itself (no rounding at the end): the same bits, no new buffer. No chunks:
-/// `out` is left as it is.
+/// `out` is left as it is. (The MPI mesh's reductions land in the operand's buffer.)
+#[cfg(feature = "mpi")]
 pub(super) fn reduce_chunks_into<T: Element<Acc = T>>(
     kind: ReduceKind,
     order: &ReductionOrder,
