@@ -38,9 +38,11 @@ extern crate self as gspmd;
 
 pub mod dsl;
 pub mod models;
+pub mod params;
 
 pub use gspmd_core::*;
-pub use gspmd_macros::{model, shard};
+pub use gspmd_macros::{model, params, shard};
+pub use params::{Params, Stacked};
 /// The README's Rust code blocks, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
@@ -60,7 +62,8 @@ pub use ndarray;
 /// its `ThreadMesh` and `Reference`, inputs as `Literal`s, and the reference
 /// `interpret`er to compare with).
 pub mod prelude {
-    pub use crate::{model, shard};
+    pub use crate::params::{Params, Stacked};
+    pub use crate::{model, params, shard};
     pub use gspmd_core::ir::{
         Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
     };
