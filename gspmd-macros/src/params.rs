@@ -85,6 +85,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             .filter_map(|f| field(f, mesh.as_deref(), &mut errors))
             .collect(),
         Fields::Unnamed(unnamed) => {
+            for f in &mut unnamed.unnamed {
+                Retype.visit_type_mut(&mut f.ty);
+            }
             errors.spanned(
                 &*unnamed,
                 "a parameter struct's fields name its parameters: give each a name, \
@@ -159,13 +162,14 @@ fn field(f: &mut syn::Field, mesh: Option<&[Ident]>, errors: &mut Errors) -> Opt
     let init_attr = take_init(&mut f.attrs, errors);
     let ident = f.ident.clone()?;
     let kind = if parse::is_tensor_type(&f.ty) {
-        let decl = parse::tensor_decl(&f.ty, errors)?;
-        if let Some(shard) = &shard {
-            let what = format!("`{}`", ident.unraw());
-            validate::sharding(&shard.spec, &shard.attr, mesh, Some((&decl, &what)), errors);
-        }
-        let init = init_attr.and_then(|attr| init(&attr, decl.dims.len(), errors));
-        Kind::Tensor { decl, shard, init }
+        parse::tensor_decl(&f.ty, errors).map(|decl| {
+            if let Some(shard) = &shard {
+                let what = format!("`{}`", ident.unraw());
+                validate::sharding(&shard.spec, &shard.attr, mesh, Some((&decl, &what)), errors);
+            }
+            let init = init_attr.and_then(|attr| init(&attr, decl.dims.len(), errors));
+            Kind::Tensor { decl, shard, init }
+        })
     } else {
         if let Some(shard) = &shard {
             errors.spanned(
@@ -181,10 +185,11 @@ fn field(f: &mut syn::Field, mesh: Option<&[Ident]>, errors: &mut Errors) -> Opt
                  nested struct their own `#[init(..)]`",
             );
         }
-        composite(&f.ty, errors)?
+        composite(&f.ty, errors)
     };
+    // Also after an error: the struct is emitted, and should raise no follow-on errors.
     Retype.visit_type_mut(&mut f.ty);
-    Some(Field { ident, kind })
+    Some(Field { ident, kind: kind? })
 }
 
 /// A nested struct, `Vec<Layer, N>` or `Stacked<Layer, N>`; anything else is reported.
@@ -294,19 +299,24 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
         }
     };
     let init = quote!(::gspmd::train::Init);
-    let value = |args: &[Lit], errors: &mut Errors| match args {
-        [Lit::Float(f)] => f.base10_parse::<f32>().ok(),
-        [Lit::Int(i)] => i.base10_parse::<f32>().ok(),
-        _ => {
+    let value = |args: &[Lit], errors: &mut Errors| {
+        let parsed = match args {
+            [Lit::Float(f)] => f.base10_parse::<f32>().ok(),
+            [Lit::Int(i)] => i.base10_parse::<f32>().ok(),
+            _ => None,
+        };
+        let value = parsed.filter(|v| v.is_finite() && *v >= 0.0);
+        if value.is_none() {
+            let name = &spec.name;
+            let anchor = args
+                .first()
+                .map_or_else(|| name.to_token_stream(), ToTokens::to_token_stream);
             errors.spanned(
-                &spec.name,
-                format!(
-                    "`{}` takes one non-negative number: `{}(0.02)`",
-                    spec.name, spec.name
-                ),
+                anchor,
+                format!("`{name}` takes one non-negative number: `{name}(0.02)`"),
             );
-            None
         }
+        value
     };
     match (spec.name.to_string().as_str(), &spec.args) {
         ("zeros", None) => Some(quote!(#init::Zeros)),
@@ -338,6 +348,24 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
                 }
             }
             Some(quote!(#init::FanIn { scale: 1.0, in_dims: ::std::vec![#(#dims),*] }))
+        }
+        ("zeros" | "ones", Some(_)) => {
+            let name = &spec.name;
+            errors.spanned(
+                name,
+                format!("`{name}` takes no arguments: `#[init({name})]`"),
+            );
+            None
+        }
+        ("normal" | "uniform" | "fan_in", None) => {
+            let name = &spec.name;
+            let wanted = match name.to_string().as_str() {
+                "normal" => "its standard deviation: `normal(0.02)`",
+                "uniform" => "its bound: `uniform(0.1)`",
+                _ => "the input dims: `fan_in(0)`",
+            };
+            errors.spanned(name, format!("`{name}` takes {wanted}"));
+            None
         }
         _ => {
             errors.spanned(
@@ -389,6 +417,7 @@ struct Retype;
 
 impl VisitMut for Retype {
     fn visit_type_mut(&mut self, ty: &mut Type) {
+        syn::visit_mut::visit_type_mut(self, ty);
         let Type::Path(path) = ty else { return };
         let Some(last) = path.path.segments.last_mut() else {
             return;
