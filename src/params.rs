@@ -56,7 +56,8 @@ pub trait Params: Sized {
     /// Errors: [`Error::ParamsSymbol`] for a symbol `sizes` does not give.
     fn declarations(sizes: &[(&str, usize)]) -> Result<Vec<Leaf>> {
         let lookup = |name: &str| sizes.iter().find(|(s, _)| *s == name).map(|(_, n)| *n);
-        let mut walk = Walk::new(Builder::new("params"), Mode::Declare(&lookup), "", "");
+        let name = std::any::type_name::<Self>();
+        let mut walk = Walk::new(Builder::new(name), Mode::Declare(&lookup), "", name);
         Self::walk(&mut walk)?;
         Ok(walk.leaves)
     }

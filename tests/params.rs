@@ -46,35 +46,34 @@ fn residual(h: &Tensor, layer: &Block) -> Tensor {
     h + &(&ffn * &scale)
 }
 
-/// The sum of squares of the heads' output, after the layers as a Python-style loop.
+/// The sum of squares of the heads' output (plus the bias) for `h` out of the layers.
+fn heads_loss(h: Tensor, p: &Net) -> Tensor {
+    let shape = h.shape().to_vec();
+    let h = (p.heads.iter()).fold(h, |h, head| h.matmul(&head.w1).tanh().matmul(&head.w2));
+    let y = &h + &p.bias.broadcast_in_dim(shape, &[1]);
+    (&y * &y).sum(&[0, 1]) * 0.01
+}
+
+/// [`heads_loss`] after the layers as a Python-style loop.
 #[gspmd::model(mesh = (data, model))]
 pub fn net(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net) -> Tensor {
     let shape = x.shape().to_vec();
-    let mut h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape.clone(), &[1]);
+    let mut h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape, &[1]);
     for l in 0..p.layers.len() {
         h = residual(&h, &p.layers.layer(l));
     }
-    for head in &p.heads {
-        h = h.matmul(&head.w1).tanh().matmul(&head.w2);
-    }
-    let y = &h + &p.bias.broadcast_in_dim(shape, &[1]);
-    (&y * &y).sum(&[0, 1]) * 0.01
+    heads_loss(h, p)
 }
 
 /// [`net`] with the layers as one `scan` op.
 #[gspmd::model(mesh = (data, model))]
 pub fn scanned(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net) -> Tensor {
     let shape = x.shape().to_vec();
-    let h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape.clone(), &[1]);
+    let h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape, &[1]);
     let carry = p
         .layers
         .scan(&[h], |layer, carry| vec![residual(&carry[0], layer)]);
-    let mut h = carry[0].clone();
-    for head in &p.heads {
-        h = h.matmul(&head.w1).tanh().matmul(&head.w2);
-    }
-    let y = &h + &p.bias.broadcast_in_dim(shape, &[1]);
-    (&y * &y).sum(&[0, 1]) * 0.01
+    heads_loss(carry[0].clone(), p)
 }
 
 fn dims() -> net::Dims {
