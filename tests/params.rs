@@ -374,3 +374,34 @@ fn a_struct_model_trains_on_a_2x4_thread_mesh_as_on_the_reference() {
         }
     }
 }
+
+/// The language model's `#[init]`s make exactly the initial weights of the rules
+/// `examples/train_transformer.rs` wrote by hand before, so its measured losses hold.
+#[test]
+fn language_model_initializer_equals_the_hand_written_rules() {
+    use gspmd::models::transformer::LanguageModel;
+    use gspmd::train::Initializer;
+    let by_hand = Initializer::new(7)
+        .rule("embed", Init::Uniform { bound: 1.0 })
+        .rule("position", Init::Uniform { bound: 1.0 })
+        .rule("layers.attn.wo", Init::fan_in(&[1, 2]))
+        .rule("layers.*", Init::fan_in(&[1]))
+        .rule("unembed", Init::fan_in(&[0]));
+    let from_struct = LanguageModel::initializer(7);
+    let sizes = [
+        ("V", 16),
+        ("D", 8),
+        ("S", 4),
+        ("L", 2),
+        ("H", 2),
+        ("K", 4),
+        ("F", 16),
+    ];
+    let leaves = LanguageModel::declarations(&sizes).unwrap();
+    assert_eq!(leaves.len(), 9);
+    for leaf in leaves {
+        let want = by_hand.global(&leaf.name, &leaf.shape).unwrap();
+        let got = from_struct.global(&leaf.name, &leaf.shape).unwrap();
+        assert_eq!(got, want, "{}", leaf.name);
+    }
+}
