@@ -23,10 +23,10 @@ mod common;
 
 use std::time::Instant;
 
-use gspmd::models::moe::moe_language_model;
+use gspmd::models::moe::{MoeLanguageModel, moe_language_model};
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
+use gspmd::train::{Optimizer, Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -80,17 +80,6 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// Initial values: uniform in ±1/sqrt(fan-in) (1 for the embedding, the heads and head
-/// dim for `wo`, the dim after the expert dim for the experts' weights).
-fn initializer(seed: u64) -> Initializer {
-    Initializer::new(seed)
-        .rule("embed", Init::Uniform { bound: 1.0 })
-        .rule("wo", Init::fan_in(&[0, 1]))
-        .rule("w_in", Init::fan_in(&[1]))
-        .rule("w_out", Init::fan_in(&[1]))
-        .rule("*", Init::fan_in(&[0]))
-}
-
 /// How many of `data`'s tokens pick each expert first, with the model's current
 /// `weights` (on the reference interpreter).
 fn expert_counts(
@@ -129,7 +118,8 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trained: Vec<usize> = (DATA..model.params.len()).collect();
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3))?;
     let mesh = moe_language_model::mesh([2, 4])?;
-    let initial = initializer(7);
+    // Uniform in ±1/sqrt(fan-in), from the `#[init]`s of the struct's fields.
+    let initial = MoeLanguageModel::initializer(7);
 
     println!(
         "model: d_model {}, {} heads, {EXPERTS} experts of hidden {} (capacity {CAPACITY} per group), vocabulary {VOCAB}, {GROUPS} groups x {SEQ} tokens",

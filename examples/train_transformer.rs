@@ -64,11 +64,11 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{LanguageModel, language_model};
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
 use gspmd::train::{
-    Init, Initializer, Optimizer, Schedule, StepOptions, Trainer, load_checkpoint, save_checkpoint,
+    Initializer, Optimizer, Schedule, StepOptions, Trainer, load_checkpoint, save_checkpoint,
     step_program, step_program_with,
 };
 use rand::rngs::Xoshiro256PlusPlus;
@@ -119,15 +119,11 @@ fn batch(rng: &mut Xoshiro256PlusPlus, seq: usize) -> Vec<Literal> {
 /// The parameters that learn: all but the data (`tokens`, `targets`, `weights`).
 const TRAINED: [&str; 4] = ["embed", "position", "layers.*", "unembed"];
 
-/// Initial values by name: uniform in ±1/sqrt(fan-in) (the first dim after the stacked
-/// layer dim; the heads and head dim for `wo`; 1 for the embeddings).
+/// Initial values by name, from the `#[init]`s of [`LanguageModel`]'s fields: uniform in
+/// ±1/sqrt(fan-in) (the first dim after the stacked layer dim; the heads and head dim
+/// for `wo`; 1 for the embeddings).
 fn initializer(seed: u64) -> Initializer {
-    Initializer::new(seed)
-        .rule("embed", Init::Uniform { bound: 1.0 })
-        .rule("position", Init::Uniform { bound: 1.0 })
-        .rule("layers.attn.wo", Init::fan_in(&[1, 2]))
-        .rule("layers.*", Init::fan_in(&[1]))
-        .rule("unembed", Init::fan_in(&[0]))
+    LanguageModel::initializer(seed)
 }
 
 /// Held-out batches for the validation loss.

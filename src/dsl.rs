@@ -10,6 +10,8 @@ use std::fmt::Write;
 use gspmd_core::ir::{Builder, DType, Location, Program, Tensor, TensorType};
 use gspmd_core::{Error, Result};
 
+use crate::params::{Leaf, Mode, Params, Size, Walk, check_symbols};
+
 /// One declared dim of a model tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dim {
@@ -30,67 +32,167 @@ pub struct TensorDecl {
     pub dtype: DType,
 }
 
+/// A declared parameter of a model: a tensor, or a parameter struct.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// `x: Tensor<B, 16>`.
+    Tensor(TensorDecl),
+    /// `#[params(V, D)] p: &Model`.
+    Params(ParamsDecl),
+}
+
+/// A parameter struct a model takes (`#[params(V, D)] p: &Model`).
+#[derive(Debug, Clone, Copy)]
+pub struct ParamsDecl {
+    /// The model's parameter.
+    pub name: &'static str,
+    /// The shape symbols the model lists for it.
+    pub symbols: &'static [&'static str],
+    /// [`check_symbols`] of the struct.
+    pub check: fn(&str, &str, &[&str]) -> Result<()>,
+    /// [`describe`] of the struct.
+    pub describe: fn(&mut Walk<'_>) -> Result<()>,
+}
+
 /// A model's declared signature, with `N` shape symbols.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Signature<const N: usize> {
     /// The model's name.
     pub model: &'static str,
-    /// Shape symbols, in order of first appearance among the parameters.
+    /// Shape symbols, in order of first appearance among the parameters (a parameter
+    /// struct's at its `#[params(..)]`).
     pub symbols: [&'static str; N],
-    /// Tensor parameters, in order (static arguments are not listed).
-    pub params: &'static [TensorDecl],
+    /// Tensor parameters and parameter structs, in order (static arguments are not
+    /// listed).
+    pub params: &'static [Arg],
     /// Declared results.
     pub outputs: &'static [TensorDecl],
 }
 
+/// For each symbol: its size and the parameter that bound it.
+type Bound<const N: usize> = [Option<(usize, String)>; N];
+
 impl<const N: usize> Signature<N> {
-    /// Binds every shape symbol from one concrete shape per tensor parameter.
+    /// Binds every shape symbol from one concrete shape per tensor parameter, a
+    /// parameter struct taking one per leaf (in field order).
     ///
     /// Errors: [`Error::ArgumentCount`] for a wrong number of shapes,
     /// [`Error::ArgumentShape`] for a wrong rank or a fixed dim of another size,
-    /// [`Error::SymbolConflict`] for a symbol given two sizes (naming both parameters).
+    /// [`Error::SymbolConflict`] for a symbol given two sizes (naming both parameters),
+    /// [`Error::ParamsSymbol`] for a struct whose symbols its `#[params(..)]` does not
+    /// list exactly, or whose `Vec` length no earlier parameter bound.
     pub fn bind_shapes(&self, shapes: &[&[usize]]) -> Result<[usize; N]> {
-        if shapes.len() != self.params.len() {
-            return Err(Error::ArgumentCount {
-                model: self.model.to_string(),
-                expected: self.params.len(),
-                given: shapes.len(),
-            });
-        }
-        // For each symbol: its size and the parameter that bound it.
-        let mut bound: [Option<(usize, &'static str)>; N] = [None; N];
-        for (decl, shape) in self.params.iter().zip(shapes) {
-            let shape_error = || Error::ArgumentShape {
-                model: self.model.to_string(),
-                param: decl.name.to_string(),
-                declared: self.declared(decl),
-                given: shape.to_vec(),
+        let mut bound: Bound<N> = std::array::from_fn(|_| None);
+        let mut next = shapes.iter();
+        let mut expected = 0;
+        for arg in self.params {
+            let decls: Vec<(String, Vec<Dim>)> = match arg {
+                Arg::Tensor(decl) => vec![(decl.name.to_string(), decl.dims.to_vec())],
+                Arg::Params(p) => self.leaf_dims(p, &bound)?,
             };
-            if shape.len() != decl.dims.len() {
-                return Err(shape_error());
-            }
-            for (dim, &size) in decl.dims.iter().zip(shape.iter()) {
-                match *dim {
-                    Dim::Fixed(n) if n != size => return Err(shape_error()),
-                    Dim::Fixed(_) => {}
-                    Dim::Symbol(k) => match bound.get_mut(k) {
-                        Some(Some((first_size, first_param))) if *first_size != size => {
-                            return Err(Error::SymbolConflict {
-                                model: self.model.to_string(),
-                                symbol: self.symbol(k).to_string(),
-                                first_param: first_param.to_string(),
-                                first_size: *first_size,
-                                second_param: decl.name.to_string(),
-                                second_size: size,
-                            });
-                        }
-                        Some(slot @ None) => *slot = Some((size, decl.name)),
-                        _ => {}
-                    },
+            for (name, dims) in decls {
+                expected += 1;
+                if let Some(shape) = next.next() {
+                    self.bind(&name, &dims, shape, &mut bound)?;
                 }
             }
         }
+        if expected != shapes.len() {
+            return Err(Error::ArgumentCount {
+                model: self.model.to_string(),
+                expected,
+                given: shapes.len(),
+            });
+        }
         Ok(bound.map(|b| b.map_or(0, |(size, _)| size)))
+    }
+
+    /// The name and dims of each leaf of struct parameter `p`, its `Vec` lengths sized
+    /// by the symbols `bound` so far.
+    fn leaf_dims(&self, p: &ParamsDecl, bound: &Bound<N>) -> Result<Vec<(String, Vec<Dim>)>> {
+        (p.check)(self.model, p.name, p.symbols)?;
+        let sized = |symbol: &str| {
+            let k = self.symbols.iter().position(|s| *s == symbol)?;
+            bound.get(k)?.as_ref().map(|(size, _)| *size)
+        };
+        let mut walk = Walk::new(
+            Builder::new(self.model),
+            Mode::Bind(&sized),
+            self.model,
+            p.name,
+        );
+        (p.describe)(&mut walk)?;
+        let dims = |leaf: &Leaf| {
+            (leaf.dims.iter())
+                .map(|d| match *d {
+                    Size::Fixed(n) => Dim::Fixed(n),
+                    // Checked above: the struct's symbols are the model's.
+                    Size::Symbol(s) => {
+                        Dim::Symbol(self.symbols.iter().position(|x| *x == s).unwrap_or(N))
+                    }
+                })
+                .collect()
+        };
+        Ok(walk
+            .leaves()
+            .iter()
+            .map(|l| (l.name.clone(), dims(l)))
+            .collect())
+    }
+
+    /// Binds the symbols of parameter `name` declared `dims` from `shape`.
+    fn bind(&self, name: &str, dims: &[Dim], shape: &[usize], bound: &mut Bound<N>) -> Result<()> {
+        let shape_error = || Error::ArgumentShape {
+            model: self.model.to_string(),
+            param: name.to_string(),
+            declared: self.declared_dims(dims),
+            given: shape.to_vec(),
+        };
+        if shape.len() != dims.len() {
+            return Err(shape_error());
+        }
+        for (dim, &size) in dims.iter().zip(shape.iter()) {
+            match *dim {
+                Dim::Fixed(n) if n != size => return Err(shape_error()),
+                Dim::Fixed(_) => {}
+                Dim::Symbol(k) => match bound.get_mut(k) {
+                    Some(Some((first_size, first_param))) if *first_size != size => {
+                        return Err(Error::SymbolConflict {
+                            model: self.model.to_string(),
+                            symbol: self.symbol(k).to_string(),
+                            first_param: first_param.clone(),
+                            first_size: *first_size,
+                            second_param: name.to_string(),
+                            second_size: size,
+                        });
+                    }
+                    Some(slot @ None) => *slot = Some((size, name.to_string())),
+                    _ => {}
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares parameter struct `T`, the model's parameter `param` listing symbols
+    /// `listed`, as parameters of `builder`, its symbols sized by `sizes`.
+    ///
+    /// Errors: [`Error::ParamsSymbol`] if `listed` is not exactly the struct's symbols.
+    #[track_caller]
+    pub fn declare<T: Params>(
+        &self,
+        builder: &Builder,
+        param: &str,
+        listed: &[&str],
+        sizes: &[usize; N],
+    ) -> Result<T> {
+        check_symbols::<T>(self.model, param, listed)?;
+        let sized = |symbol: &str| {
+            let k = self.symbols.iter().position(|s| *s == symbol)?;
+            sizes.get(k).copied()
+        };
+        let mut walk = Walk::new(builder.clone(), Mode::Declare(&sized), self.model, param);
+        T::walk(&mut walk)
     }
 
     /// Ends tracing: returns the errors the body's ops recorded, else checks each
@@ -135,8 +237,12 @@ impl<const N: usize> Signature<N> {
 
     /// The declared dims as written: `[B, 16]`.
     pub fn declared(&self, decl: &TensorDecl) -> String {
+        self.declared_dims(decl.dims)
+    }
+
+    fn declared_dims(&self, dims: &[Dim]) -> String {
         let mut text = String::from("[");
-        for (i, dim) in decl.dims.iter().enumerate() {
+        for (i, dim) in dims.iter().enumerate() {
             if i > 0 {
                 text.push_str(", ");
             }

@@ -1,7 +1,8 @@
 //! gspmd: GSPMD (Xu et al., arXiv 2105.04663) as an embedded Rust DSL.
 //!
 //! This facade re-exports [`gspmd_core`] (IR, shardings, propagation, runtimes) and the
-//! [`macro@model`] attribute of [`gspmd_macros`]. Start with `use gspmd::prelude::*;`.
+//! [`macro@model`] and [`macro@params`] attributes of [`gspmd_macros`] (a model function
+//! and a struct of its parameters, [`Params`]). Start with `use gspmd::prelude::*;`.
 //!
 //! ```
 //! use gspmd::prelude::*;
@@ -38,9 +39,11 @@ extern crate self as gspmd;
 
 pub mod dsl;
 pub mod models;
+pub mod params;
 
 pub use gspmd_core::*;
-pub use gspmd_macros::{model, shard};
+pub use gspmd_macros::{model, params, shard};
+pub use params::{Params, Stacked};
 /// The README's Rust code blocks, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
@@ -55,12 +58,14 @@ struct DslDocDoctests;
 /// always matches: build inputs with `gspmd::ndarray::ArrayD`.
 pub use ndarray;
 
-/// What a model file needs: `use gspmd::prelude::*;` — the DSL, the tracer's types,
+/// What a model file needs: `use gspmd::prelude::*;` — the DSL (with parameter structs'
+/// [`Params`] and [`Stacked`]), the tracer's types,
 /// shardings, and what compiles and runs a program (`compile`, the `Backend` trait and
 /// its `ThreadMesh` and `Reference`, inputs as `Literal`s, and the reference
 /// `interpret`er to compare with).
 pub mod prelude {
-    pub use crate::{model, shard};
+    pub use crate::params::{Params, Stacked};
+    pub use crate::{model, params, shard};
     pub use gspmd_core::ir::{
         Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
     };

@@ -187,7 +187,7 @@ fn transformer_runs_on_every_mesh() {
 
 #[test]
 fn one_transformer_block_alone_runs_on_every_mesh() {
-    // Only the block's own `#[shard] let`s: no parameter is annotated.
+    // The block's `#[shard] let`s and its weights' shardings from `transformer::Block`.
     let dims = block::Dims {
         B: 4,
         S: 4,
@@ -217,8 +217,8 @@ fn transformer_shardings_after_propagation_are_2d() {
     assert_eq!(shardings_of(p, "hidden"), every_layer("(data, _, model)"));
     assert_eq!(output_sharding(p, 0), "(data, _, _)");
     // The annotated weights keep their 2-D shardings.
-    assert_eq!(shardings_of(p, "wq"), ["(_, data, model, _)"]);
-    assert_eq!(shardings_of(p, "w2"), ["(_, model, data)"]);
+    assert_eq!(shardings_of(p, "layers.attn.wq"), ["(_, data, model, _)"]);
+    assert_eq!(shardings_of(p, "layers.ffn.w2"), ["(_, model, data)"]);
 }
 
 #[test]

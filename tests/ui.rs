@@ -1,6 +1,6 @@
-//! Compile-time behaviour of `#[gspmd::model]`: every misuse in `tests/ui/fail/` (one
-//! per file) must fail with the `.stderr` next to it; every file in `tests/ui/pass/`
-//! must compile and run.
+//! Compile-time behaviour of `#[gspmd::model]` and `#[gspmd::params]`: every misuse in
+//! `tests/ui/fail/` (one per file) must fail with the `.stderr` next to it; every file
+//! in `tests/ui/pass/` must compile and run.
 
 #[test]
 fn ui() {

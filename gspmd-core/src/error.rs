@@ -175,6 +175,21 @@ pub enum Error {
         /// The size it gives.
         second_size: usize,
     },
+    /// A parameter struct (`#[gspmd::params]`) and the model that takes it disagree about
+    /// a shape symbol: the struct uses one the model's `#[params(..)]` does not list,
+    /// the list names one the struct does not use, or a symbol the struct needs has no
+    /// size yet.
+    #[error("model `{model}`: parameter struct `{param}`, shape symbol `{symbol}`: {problem}")]
+    ParamsSymbol {
+        /// The model.
+        model: String,
+        /// The model's parameter that takes the struct.
+        param: String,
+        /// The symbol, e.g. `L`.
+        symbol: String,
+        /// What is wrong and what to write instead.
+        problem: String,
+    },
     /// A model was given a different number of input shapes than it has tensor parameters.
     #[error("model `{model}` has {expected} tensor parameters but {given} shapes were given")]
     ArgumentCount {

@@ -21,7 +21,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat};
 
-use crate::parse::{DType, DimDecl, LetShard, Model, Param, TensorDecl, same_ident};
+use crate::parse::{DType, DimDecl, LetShard, Model, Param, StructArg, TensorDecl, same_ident};
 use crate::spec::{AxisSpec, ShardSpec};
 
 /// The body function: tensor types become `::gspmd::ir::Tensor`; with `constraints`,
@@ -118,14 +118,19 @@ pub fn sharding(spec: &ShardSpec) -> TokenStream {
     })
 }
 
-/// Shape symbols in order of first appearance among the tensor parameters.
+/// Shape symbols in order of first appearance among the tensor parameters' dims and the
+/// parameter structs' `#[params(..)]` lists.
 fn symbols(model: &Model) -> Vec<&Ident> {
     let mut symbols: Vec<&Ident> = Vec::new();
-    for decl in model.params.iter().filter_map(|p| p.tensor.as_ref()) {
-        for dim in &decl.dims {
-            if let DimDecl::Symbol(s) = dim
-                && !symbols.iter().any(|x| same_ident(x, s))
-            {
+    for param in &model.params {
+        let dims = param.tensor.iter().flat_map(|decl| &decl.dims);
+        let in_dims = dims.filter_map(|dim| match dim {
+            DimDecl::Symbol(s) => Some(s),
+            DimDecl::Fixed(_) => None,
+        });
+        let listed = param.structure.iter().flat_map(|s| &s.symbols);
+        for s in in_dims.chain(listed) {
+            if !symbols.iter().any(|x| same_ident(x, s)) {
                 symbols.push(s);
             }
         }
@@ -141,7 +146,7 @@ fn symbol_index(symbols: &[&Ident], symbol: &Ident) -> usize {
         .unwrap_or_default()
 }
 
-fn dtype(dtype: DType) -> TokenStream {
+pub fn dtype(dtype: DType) -> TokenStream {
     match dtype {
         DType::F32 => quote!(::gspmd::ir::DType::F32),
         DType::BF16 => quote!(::gspmd::ir::DType::BF16),
@@ -162,6 +167,18 @@ fn decl_literal(name: &str, decl: &TensorDecl, symbols: &[&Ident]) -> TokenStrea
     });
     let dtype = dtype(decl.dtype);
     quote!(::gspmd::dsl::TensorDecl { name: #name, dims: &[#(#dims),*], dtype: #dtype })
+}
+
+/// `::gspmd::dsl::ParamsDecl { .. }` for struct parameter `name`.
+fn struct_literal(name: &str, arg: &StructArg) -> TokenStream {
+    let ty = &arg.ty;
+    let symbols = arg.symbols.iter().map(|s| s.unraw().to_string());
+    quote!(::gspmd::dsl::ParamsDecl {
+        name: #name,
+        symbols: &[#(#symbols),*],
+        check: ::gspmd::params::check_symbols::<#ty>,
+        describe: ::gspmd::params::describe::<#ty>,
+    })
 }
 
 /// The body function and the model's module.
@@ -190,17 +207,25 @@ pub fn model(model: &Model) -> TokenStream {
     let sizes = Ident::new("sizes", Span::mixed_site());
     let dims = Ident::new("dims", Span::mixed_site());
     let shapes = Ident::new("shapes", Span::mixed_site());
+    let signature = quote!(#fn_name::SIGNATURE);
     let mut call_args = Vec::new();
     let mut statics = Vec::new();
     let mut static_names = Vec::new();
     let mut param_decls = Vec::new();
     for (i, param) in model.params.iter().enumerate() {
-        match &param.tensor {
-            Some(decl) => {
+        match (&param.tensor, &param.structure) {
+            (Some(decl), _) => {
                 call_args.push(parameter(param, decl, &symbols, &builder, &sizes));
-                param_decls.push(decl_literal(&param_name(param), decl, &symbols));
+                let decl = decl_literal(&param_name(param), decl, &symbols);
+                param_decls.push(quote!(::gspmd::dsl::Arg::Tensor(#decl)));
             }
-            None => {
+            (None, Some(arg)) => {
+                let name = param_name(param);
+                call_args.push(declare(&name, arg, &builder, &sizes, &signature));
+                let decl = struct_literal(&name, arg);
+                param_decls.push(quote!(::gspmd::dsl::Arg::Params(#decl)));
+            }
+            (None, None) => {
                 let ident = match &param.pat {
                     Pat::Ident(p) => p.ident.clone(),
                     _ => format_ident!("arg{}", i, span = Span::mixed_site()),
@@ -213,7 +238,6 @@ pub fn model(model: &Model) -> TokenStream {
         }
     }
 
-    let signature = quote!(#fn_name::SIGNATURE);
     let (result, output_decls, outputs_done) =
         outputs(model, &symbols, &builder, &sizes, &signature);
 
@@ -309,6 +333,23 @@ fn param_name(param: &Param) -> String {
         Pat::Ident(p) => p.ident.unraw().to_string(),
         other => other.to_token_stream().to_string(),
     })
+}
+
+/// `&model::SIGNATURE.declare::<Model>(&builder, "p", &["V", ..], &sizes)?`, spanned on the
+/// `#[params(..)]`: the struct's leaves become parameters, in field order.
+fn declare(
+    name: &str,
+    arg: &StructArg,
+    builder: &Ident,
+    sizes: &Ident,
+    signature: &TokenStream,
+) -> TokenStream {
+    let ty = &arg.ty;
+    let symbols = arg.symbols.iter().map(|s| s.unraw().to_string());
+    let span = arg.attr.span();
+    let value = quote_spanned!(span=>
+        #signature.declare::<#ty>(&#builder, #name, &[#(#symbols),*], &#sizes)?);
+    if arg.by_ref { quote!(&#value) } else { value }
 }
 
 /// `builder.parameter("x", vec![sizes[0], 16], F32)`, then `.annotate(..)`, spanned on

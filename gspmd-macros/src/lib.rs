@@ -1,6 +1,7 @@
 //! Procedural macros of gspmd: the `#[gspmd::model]` attribute, which turns an ordinary
-//! Rust function over tensors into code that traces it into gspmd's IR, and `#[shard]`,
-//! which only `#[gspmd::model]` reads (used anywhere else it is a spanned error).
+//! Rust function over tensors into code that traces it into gspmd's IR,
+//! `#[gspmd::params]`, which turns a struct into a tree of model parameters, and
+//! `#[shard]`, which only those two read (used anywhere else it is a spanned error).
 //!
 //! Use it through the facade crate (`gspmd::model`, `gspmd::prelude::*`); the generated
 //! code names items by `::gspmd::...` paths. The syntax and the generated API are
@@ -14,6 +15,7 @@
 
 mod errors;
 mod expand;
+mod params;
 mod parse;
 mod spec;
 mod validate;
@@ -51,7 +53,8 @@ use errors::Errors;
 /// (`16`), optionally followed by the element type `f32` (default), `i32` or `bool`;
 /// `Tensor<>` (which rustfmt writes `Tensor`) is an f32 scalar. The result is a `Tensor<..>` or a tuple of them; its
 /// symbols must appear in some parameter. Other parameters (`layers: usize`) are
-/// *static arguments*: passed through `trace` and `trace_shapes` to the body.
+/// *static arguments*: passed through `trace` and `trace_shapes` to the body, except a
+/// parameter struct marked `#[params(V, D)] p: &Model` (see [`macro@params`]).
 ///
 /// **Shardings.** `#[shard(...)]` on a tensor parameter annotates it; on a
 /// `let name = value;` it inserts a `sharding_constraint` on the value (named after the
@@ -90,6 +93,53 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
             quote!(#errors #func).into()
         }
     }
+}
+
+/// Turns a struct into a tree of model parameters (`gspmd::Params`).
+///
+/// ```ignore
+/// use gspmd::prelude::*;
+///
+/// #[gspmd::params(mesh = (data, model))]
+/// pub struct Mlp {
+///     #[shard(_, model)]
+///     #[init(fan_in(0))]
+///     w1: Tensor<D, F>,
+///     #[shard(model, _)]
+///     #[init(fan_in(0))]
+///     w2: Tensor<F, D>,
+/// }
+///
+/// #[gspmd::model(mesh = (data, model))]
+/// pub fn mlp(#[shard(data, _)] x: Tensor<B, D>, #[params(D, F)] p: &Mlp) -> Tensor<B, D> {
+///     x.matmul(&p.w1).relu().matmul(&p.w2)
+/// }
+/// ```
+///
+/// **Attribute.** `mesh = (axis, ...)` (required): the axes the fields' shardings name.
+///
+/// **Fields**, in order, are the model's parameters, named by their paths:
+/// - `w: Tensor<D, F>` (types as in [`macro@model`]), optionally `#[shard(..)]` (one entry
+///   per dim; `name = ".."` renames the leaf) and `#[init(..)]`: `zeros`, `ones`,
+///   `normal(std)`, `uniform(bound)` or `fan_in(dim, ..)` (`gspmd::train::Init`);
+/// - `attn: Attention`: a nested parameter struct, its leaves named `attn.wq`;
+/// - `blocks: Vec<Block, N>`: `N` copies (a shape symbol or a number), named
+///   `blocks.3.wq`;
+/// - `layers: Stacked<Block, N>`: every leaf of `Block` with a leading dim `N`, named
+///   `layers.wq` (its sharding gets a replicated leading dim, its `fan_in` dims shift);
+///   take layer `l` with `p.layers.layer(l)` or loop with `p.layers.scan(..)`.
+///
+/// **Generated.** The struct with concrete types (`Tensor`, `Vec<Block>`, `Stacked<Block>`:
+/// the written paths without dims and lengths) and `impl gspmd::Params`, whose provided methods
+/// give the leaves, the shape symbols and the `Initializer` of the `#[init]`s.
+///
+/// **In a model**, a parameter `#[params(D, F)] p: &Mlp` (or `p: Mlp`) declares the
+/// struct's leaves in its place; the list names the struct's shape symbols (the macro
+/// cannot see the struct), which join the model's `Dims`. Tracing checks the list
+/// against the struct (`gspmd::Error::ParamsSymbol` names a missing or extra symbol).
+#[proc_macro_attribute]
+pub fn params(attr: TokenStream, item: TokenStream) -> TokenStream {
+    params::expand(attr.into(), item.into()).into()
 }
 
 /// `#[shard(...)]` annotates a tensor parameter or a `let` of a [`macro@model`] function,

@@ -63,6 +63,20 @@ pub struct Param {
     pub tensor: Option<TensorDecl>,
     /// Its `#[shard(...)]`, if any.
     pub shard: Option<Shard>,
+    /// `Some` for a parameter struct `#[params(V, D)] p: &Model`.
+    pub structure: Option<StructArg>,
+}
+
+/// A model parameter taking a parameter struct: `#[params(V, D)] p: &Model`.
+pub struct StructArg {
+    /// The `#[params(..)]` attribute, for spans.
+    pub attr: Attribute,
+    /// The struct's shape symbols as the model lists them.
+    pub symbols: Vec<Ident>,
+    /// The struct type (`Model` of `&Model`).
+    pub ty: Type,
+    /// True for `&Model`, false for `Model`.
+    pub by_ref: bool,
 }
 
 /// A `#[shard(...)]` attribute and its parsed spec.
@@ -279,7 +293,7 @@ pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model 
 }
 
 /// Takes the `#[shard]` attributes off `attrs`: the first parsed, the others errors.
-fn take_shard(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Option<Shard> {
+pub fn take_shard(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Option<Shard> {
     let (shards, rest): (Vec<Attribute>, Vec<Attribute>) =
         std::mem::take(attrs).into_iter().partition(spec::is_shard);
     *attrs = rest;
@@ -299,26 +313,36 @@ fn take_shard(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Option<Shard> 
 
 fn param(pt: &mut syn::PatType, errors: &mut Errors) -> Param {
     let shard = take_shard(&mut pt.attrs, errors);
+    let structure = take_struct_arg(pt, errors);
     for attr in &pt.attrs {
         errors.spanned(
             attr,
             format!(
                 "`#[{}]` on a model parameter: the generated `trace` passes every parameter, \
-                 so none may be configured away or changed; only `#[shard(..)]` goes on a \
-                 parameter (put lint attributes such as `#[allow(..)]` on the function)",
+                 so none may be configured away or changed; only `#[shard(..)]` and \
+                 `#[params(..)]` go on a parameter (put lint attributes such as `#[allow(..)]` \
+                 on the function)",
                 attr.path().to_token_stream()
             ),
         );
     }
     let tensor = tensor_decl(&pt.ty, errors);
-    if tensor.is_some() && !matches!(&*pt.pat, Pat::Ident(p) if p.subpat.is_none()) {
+    let plain_name = matches!(&*pt.pat, Pat::Ident(p) if p.subpat.is_none());
+    if tensor.is_some() && !plain_name {
         errors.spanned(
             &pt.pat,
             "a tensor parameter must be a plain name, which names it in the program: \
              `w: Tensor<..>` (`_w` if the body does not use it)",
         );
     }
+    if structure.is_some() && !plain_name {
+        errors.spanned(
+            &pt.pat,
+            "a parameter struct must be bound to a plain name: `p: &Model`",
+        );
+    }
     if tensor.is_none()
+        && structure.is_none()
         && !is_tensor_type(&pt.ty)
         && let Some(message) = holds_tensor(&pt.ty)
     {
@@ -329,7 +353,71 @@ fn param(pt: &mut syn::PatType, errors: &mut Errors) -> Param {
         ty: (*pt.ty).clone(),
         tensor,
         shard,
+        structure,
     }
+}
+
+/// Takes `#[params(V, D)]` off a parameter: its symbols and the struct type it marks.
+fn take_struct_arg(pt: &mut syn::PatType, errors: &mut Errors) -> Option<StructArg> {
+    let position = pt.attrs.iter().position(|a| a.path().is_ident("params"))?;
+    let attr = pt.attrs.remove(position);
+    if let Some(dup) = pt.attrs.iter().position(|a| a.path().is_ident("params")) {
+        let dup = pt.attrs.remove(dup);
+        errors.spanned(
+            &dup,
+            "duplicate `#[params]`: give the struct's symbols once",
+        );
+    }
+    let symbols = match &attr.meta {
+        syn::Meta::Path(_) => Ok(Vec::new()),
+        syn::Meta::List(list) => list
+            .parse_args_with(syn::punctuated::Punctuated::<Ident, Token![,]>::parse_terminated)
+            .map(|symbols| symbols.into_iter().collect())
+            .map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    "expected the struct's shape symbols: `#[params(V, D, L)]`",
+                )
+            }),
+        syn::Meta::NameValue(_) => Err(syn::Error::new_spanned(
+            &attr,
+            "expected the struct's shape symbols: `#[params(V, D, L)]`",
+        )),
+    };
+    let symbols = match symbols {
+        Ok(symbols) => symbols,
+        Err(e) => {
+            errors.push(e);
+            return None;
+        }
+    };
+    let (ty, by_ref) = match strip_group(&pt.ty) {
+        Type::Reference(r) if r.mutability.is_none() && r.lifetime.is_none() => {
+            ((*r.elem).clone(), true)
+        }
+        ty @ Type::Path(_) => (ty.clone(), false),
+        _ => {
+            errors.spanned(
+                &pt.ty,
+                "`#[params(..)]` marks a parameter struct, taken as `p: &Model` or `p: Model`",
+            );
+            return None;
+        }
+    };
+    if is_tensor_type(&ty) {
+        errors.spanned(
+            &attr,
+            "`#[params(..)]` on a tensor: it marks a parameter struct (`#[gspmd::params]`); \
+             declare a tensor parameter as `x: Tensor<B, D>`",
+        );
+        return None;
+    }
+    Some(StructArg {
+        attr,
+        symbols,
+        ty,
+        by_ref,
+    })
 }
 
 fn output(ty: &Type, errors: &mut Errors) -> Option<Output> {
@@ -401,7 +489,7 @@ pub fn holds_tensor(ty: &Type) -> Option<&'static str> {
     })
 }
 
-fn strip_group(ty: &Type) -> &Type {
+pub fn strip_group(ty: &Type) -> &Type {
     match ty {
         Type::Group(g) => strip_group(&g.elem),
         Type::Paren(p) => strip_group(&p.elem),

@@ -5,13 +5,14 @@
 //! or with a `where` clause, a method or variadic), `mesh = ...` present with distinct axes, every axis of every
 //! spec a mesh axis and used once per spec, spec length equal to the declared rank
 //! (parameters and `out`), `#[shard]` only on tensor parameters, output symbols bound
-//! by some parameter. A `let`'s rank is only known when tracing: checked there.
+//! by some parameter (a tensor's dim or a parameter struct's `#[params(..)]`), each symbol
+//! listed once per `#[params(..)]`. A `let`'s rank is only known when tracing: checked there.
 
 use quote::ToTokens;
 use syn::{FnArg, Ident};
 
 use crate::errors::Errors;
-use crate::parse::{self, DimDecl, Model, TensorDecl};
+use crate::parse::{self, DimDecl, Model, Param, TensorDecl};
 use crate::spec::{AxisSpec, ShardSpec};
 
 /// Checks `model`, adding what is wrong to `errors`.
@@ -50,6 +51,16 @@ pub fn model(model: &Model, errors: &mut Errors) {
                     param.ty.to_token_stream()
                 ),
             ),
+        }
+    }
+    for arg in model.params.iter().filter_map(|p| p.structure.as_ref()) {
+        for (i, symbol) in arg.symbols.iter().enumerate() {
+            if arg.symbols[..i]
+                .iter()
+                .any(|s| parse::same_ident(s, symbol))
+            {
+                errors.spanned(symbol, format!("shape symbol `{symbol}` is listed twice"));
+            }
         }
     }
     for let_shard in &model.lets {
@@ -115,7 +126,7 @@ fn signature(sig: &syn::Signature, errors: &mut Errors) {
 /// Checks one spec: axes against `mesh` (if known), each axis once, and the rank
 /// against `tensor` (its declaration and a description such as `` `x` ``) if known;
 /// a rank error is spanned on `anchor`.
-fn sharding(
+pub fn sharding(
     spec: &ShardSpec,
     anchor: &dyn ToTokens,
     mesh: Option<&[Ident]>,
@@ -210,15 +221,13 @@ fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {
     // A malformed parameter type was reported already; its symbols are unknown.
     let params_known = model.params.iter().all(|p| {
         p.tensor.is_some()
+            || p.structure.is_some()
             || (!parse::is_tensor_type(&p.ty) && parse::holds_tensor(&p.ty).is_none())
     });
     for decl in output.tensors.iter().filter(|_| params_known) {
         for dim in &decl.dims {
             if let DimDecl::Symbol(symbol) = dim
-                && !model
-                    .params
-                    .iter()
-                    .any(|p| declares(p.tensor.as_ref(), symbol))
+                && !model.params.iter().any(|p| declares(p, symbol))
             {
                 errors.spanned(
                     symbol,
@@ -254,12 +263,16 @@ fn outputs(model: &Model, mesh: Option<&[Ident]>, errors: &mut Errors) {
     }
 }
 
-fn declares(decl: Option<&TensorDecl>, symbol: &Ident) -> bool {
-    decl.is_some_and(|d| {
+/// True if parameter `param` declares `symbol`: in a dim, or in its `#[params(..)]`.
+fn declares(param: &Param, symbol: &Ident) -> bool {
+    let in_dims = param.tensor.as_ref().is_some_and(|d| {
         d.dims
             .iter()
             .any(|dim| matches!(dim, DimDecl::Symbol(s) if parse::same_ident(s, symbol)))
-    })
+    });
+    let listed = (param.structure.as_ref())
+        .is_some_and(|a| a.symbols.iter().any(|s| parse::same_ident(s, symbol)));
+    in_dims || listed
 }
 
 /// `1 dim`, `2 dims`.

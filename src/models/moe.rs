@@ -104,35 +104,77 @@ pub fn moe_ffn(
 /// The weight of the load-balancing loss in the training loss (GShard's 1e-2).
 pub const AUX_LOSS_WEIGHT: f32 = 0.01;
 
+/// The weights of [`moe_language_model()`], named by field (`embed`, `wq`, .., `w_in`,
+/// `w_out`, `unembed`): dense weights replicated, the experts' split over `expert`;
+/// initialised uniform in ±1/sqrt(fan-in) (1 for the embedding, the heads and head dim
+/// for `wo`, the dim after the expert dim for the experts' weights).
+#[crate::params(mesh = (data, expert))]
+pub struct MoeLanguageModel {
+    /// The token embedding table.
+    #[shard(_, _)]
+    #[init(uniform(1.0))]
+    pub embed: Tensor<V, M>,
+    /// Attention queries.
+    #[shard(_, _, _)]
+    #[init(fan_in(0))]
+    pub wq: Tensor<M, N, K>,
+    /// Attention keys.
+    #[shard(_, _, _)]
+    #[init(fan_in(0))]
+    pub wk: Tensor<M, N, K>,
+    /// Attention values.
+    #[shard(_, _, _)]
+    #[init(fan_in(0))]
+    pub wv: Tensor<M, N, K>,
+    /// The attention's output projection.
+    #[shard(_, _, _)]
+    #[init(fan_in(0, 1))]
+    pub wo: Tensor<N, K, M>,
+    /// The gating weights.
+    #[shard(_, _)]
+    #[init(fan_in(0))]
+    pub wg: Tensor<M, E>,
+    /// The experts' first layer.
+    #[shard(expert, _, _)]
+    #[init(fan_in(1))]
+    pub w_in: Tensor<E, M, H>,
+    /// The experts' second layer.
+    #[shard(expert, _, _)]
+    #[init(fan_in(1))]
+    pub w_out: Tensor<E, H, M>,
+    /// The output projection to the vocabulary.
+    #[shard(_, _)]
+    #[init(fan_in(0))]
+    pub unembed: Tensor<M, V>,
+}
+
 /// A one-layer language model with self-attention (rotary positions) and a [`moe_ffn()`]
 /// feed-forward layer:
 /// returns the training loss (the mean weighted next-token cross-entropy plus
 /// [`AUX_LOSS_WEIGHT`] times the load-balancing loss) and the per-expert counts.
-/// Groups (the batch) are split over both mesh axes; dense weights are replicated.
+/// Groups (the batch) are split over both mesh axes; the weights are a
+/// [`MoeLanguageModel`].
 #[crate::model(mesh = (data, expert))]
-#[allow(clippy::too_many_arguments)]
 pub fn moe_language_model(
     #[shard((data, expert), _)] tokens: Tensor<G, S, i32>,
     #[shard((data, expert), _)] targets: Tensor<G, S, i32>,
     #[shard((data, expert), _)] weights: Tensor<G, S>,
-    #[shard(_, _)] embed: Tensor<V, M>,
-    #[shard(_, _, _)] wq: Tensor<M, N, K>,
-    #[shard(_, _, _)] wk: Tensor<M, N, K>,
-    #[shard(_, _, _)] wv: Tensor<M, N, K>,
-    #[shard(_, _, _)] wo: Tensor<N, K, M>,
-    #[shard(_, _)] wg: Tensor<M, E>,
-    #[shard(expert, _, _)] w_in: Tensor<E, M, H>,
-    #[shard(expert, _, _)] w_out: Tensor<E, H, M>,
-    #[shard(_, _)] unembed: Tensor<M, V>,
+    #[params(V, M, N, K, E, H)] p: &MoeLanguageModel,
     capacity: usize,
 ) -> (Tensor, Tensor<E>) {
-    let vocab = embed.shape()[0];
+    let vocab = p.embed.shape()[0];
     #[shard((data, expert), _, _)]
-    let x = einsum("gsv,vm->gsm", &one_hot(&tokens, vocab), &embed);
-    let x = &x + &rotary_attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
-    let (ffn, aux_loss, counts) = moe_ffn(x.layer_norm(-1, 1e-5), wg, w_in, w_out, capacity);
+    let x = einsum("gsv,vm->gsm", &one_hot(&tokens, vocab), &p.embed);
+    let x = &x + &rotary_attention(&x.layer_norm(-1, 1e-5), &p.wq, &p.wk, &p.wv, &p.wo);
+    let (ffn, aux_loss, counts) = moe_ffn(
+        x.layer_norm(-1, 1e-5),
+        p.wg.clone(),
+        p.w_in.clone(),
+        p.w_out.clone(),
+        capacity,
+    );
     let x = &x + &ffn;
-    let logits = einsum("gsm,mv->gsv", &x.layer_norm(-1, 1e-5), &unembed);
+    let logits = einsum("gsm,mv->gsv", &x.layer_norm(-1, 1e-5), &p.unembed);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
     let cross_entropy = -((&log_p * &weights).sum(&[0, 1]) / weights.sum(&[0, 1]));
     (&cross_entropy + &(aux_loss * AUX_LOSS_WEIGHT), counts)

@@ -59,6 +59,7 @@
 
 use crate::error::Error;
 use crate::ir::{Builder, DType, Tensor, einsum};
+use crate::params::Params;
 use crate::sharding::{DimSharding, Sharding};
 use crate::types::Location;
 
@@ -420,19 +421,30 @@ pub fn mlp_layer(w: &[Tensor], x: &Tensor) -> Tensor {
     x + &einsum("sbf,sfd->sbd", &hidden, &w[1])
 }
 
+/// The weights of [`mlp_stack()`]: `L = S R` [`mlp_layer`]s stacked `[S, R, ...]`, the
+/// stage dim over `stage` and the hidden dim over `model`; [`Pipeline::run`] takes its
+/// leaves, `[w1, w2]`.
+#[crate::params(mesh = (stage, model))]
+pub struct MlpStages {
+    /// Into the hidden dim.
+    #[shard(stage, _, _, model)]
+    pub w1: Tensor<S, R, D, F>,
+    /// Out of the hidden dim.
+    #[shard(stage, _, model, _)]
+    pub w2: Tensor<S, R, F, D>,
+}
+
 /// `L = S R` [`mlp_layer`]s over the microbatches `x: [M, B, D]` (`B` per microbatch),
-/// weights stacked `[S, R, ...]` with the stage dim over `stage` and the hidden dim
-/// over `model`: with `pipelined`, [`Pipeline::run`]; without, the same layers one
-/// after the other ([`Pipeline::sequential`]), the reference.
+/// weights [`MlpStages`]: with `pipelined`, [`Pipeline::run`]; without, the same layers
+/// one after the other ([`Pipeline::sequential`]), the reference.
 #[crate::model(mesh = (stage, model))]
 pub fn mlp_stack(
     #[shard(_, _, _)] x: Tensor<M, B, D>,
-    #[shard(stage, _, _, model)] w1: Tensor<S, R, D, F>,
-    #[shard(stage, _, model, _)] w2: Tensor<S, R, F, D>,
+    #[params(S, R, D, F)] w: &MlpStages,
     pipeline: Pipeline,
     pipelined: bool,
 ) -> Tensor<M, B, D> {
-    let weights = [w1, w2];
+    let weights = w.leaves();
     if pipelined {
         pipeline.run(&weights, &x, mlp_layer)
     } else {
@@ -445,10 +457,9 @@ pub fn mlp_stack(
 pub fn mlp_loss(
     #[shard(_, _, _)] x: Tensor<M, B, D>,
     #[shard(_, _, _)] y: Tensor<M, B, D>,
-    #[shard(stage, _, _, model)] w1: Tensor<S, R, D, F>,
-    #[shard(stage, _, model, _)] w2: Tensor<S, R, F, D>,
+    #[params(S, R, D, F)] w: &MlpStages,
     pipeline: Pipeline,
     pipelined: bool,
 ) -> Tensor {
-    mlp_stack(x, w1, w2, pipeline, pipelined).mse(&y)
+    mlp_stack(x, w, pipeline, pipelined).mse(&y)
 }

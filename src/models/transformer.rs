@@ -10,12 +10,7 @@
 //! unpredictable can be left out.
 
 use crate::ir::{DType, Tensor, einsum};
-
-/// Layer `l` of a weight stacked over layers (`[L, ...]` → `[...]`).
-pub fn layer(w: &Tensor, l: usize) -> Tensor {
-    let rest = w.shape()[1..].to_vec();
-    w.slice_axis(0, l, l + 1).reshape(rest)
-}
+use crate::params::Stacked;
 
 /// `scores: [B, H, S, T]` with every key after its query (`t > s`) set to -1e9.
 pub fn causal(scores: &Tensor) -> Tensor {
@@ -95,24 +90,89 @@ pub fn one_hot(ids: &Tensor, vocab: usize) -> Tensor {
         .convert(DType::F32)
 }
 
+/// One layer's attention weights: `wq, wk, wv: [D, H, K]`, `wo: [H, K, D]`, with the
+/// paper's 2-D finalized sharding (heads over `model`, the model dim over `data`).
+#[crate::params(mesh = (data, model))]
+pub struct Attention {
+    /// Queries.
+    #[shard(data, model, _)]
+    #[init(fan_in(0))]
+    pub wq: Tensor<D, H, K>,
+    /// Keys.
+    #[shard(data, model, _)]
+    #[init(fan_in(0))]
+    pub wk: Tensor<D, H, K>,
+    /// Values.
+    #[shard(data, model, _)]
+    #[init(fan_in(0))]
+    pub wv: Tensor<D, H, K>,
+    /// The output projection.
+    #[shard(model, _, data)]
+    #[init(fan_in(0, 1))]
+    pub wo: Tensor<H, K, D>,
+}
+
+/// One layer's feed-forward weights `w1: [D, F]`, `w2: [F, D]` (the hidden dim over
+/// `model`, the model dim over `data`).
+#[crate::params(mesh = (data, model))]
+pub struct Ffn {
+    /// Into the hidden dim.
+    #[shard(data, model)]
+    #[init(fan_in(0))]
+    pub w1: Tensor<D, F>,
+    /// Out of the hidden dim.
+    #[shard(model, data)]
+    #[init(fan_in(0))]
+    pub w2: Tensor<F, D>,
+}
+
+/// One Transformer layer's weights: `attn.{wq,wk,wv,wo}`, `ffn.{w1,w2}`.
+#[crate::params(mesh = (data, model))]
+pub struct Block {
+    /// Self-attention.
+    pub attn: Attention,
+    /// Feed-forward.
+    pub ffn: Ffn,
+}
+
+/// `L` layers stacked over a leading dim: `layers.attn.wq: [L, D, H, K]`, ...
+#[crate::params(mesh = (data, model))]
+pub struct Layers {
+    /// The layers.
+    pub layers: Stacked<Block, L>,
+}
+
+/// The language model's weights: `embed: [V, D]` (split by vocabulary over `model`),
+/// `position: [S, D]`, the stacked `layers` and `unembed: [D, V]`.
+#[crate::params(mesh = (data, model))]
+pub struct LanguageModel {
+    /// The token embedding table.
+    #[shard(model, _)]
+    #[init(uniform(1.0))]
+    pub embed: Tensor<V, D>,
+    /// The position table.
+    #[shard(_, _)]
+    #[init(uniform(1.0))]
+    pub position: Tensor<S, D>,
+    /// The layers.
+    pub layers: Stacked<Block, L>,
+    /// The output projection to the vocabulary.
+    #[shard(data, model)]
+    #[init(fan_in(0))]
+    pub unembed: Tensor<D, V>,
+}
+
 /// One pre-norm Transformer layer: `y = x + attention(ln(x))`, then `y + ffn(ln(y))`
 /// with a GELU FFN. Its `#[shard]`s pin the activations of every layer it is used for.
 #[crate::model(mesh = (data, model))]
-pub fn block(
-    x: Tensor<B, S, D>,
-    wq: Tensor<D, H, K>,
-    wk: Tensor<D, H, K>,
-    wv: Tensor<D, H, K>,
-    wo: Tensor<H, K, D>,
-    w1: Tensor<D, F>,
-    w2: Tensor<F, D>,
-) -> Tensor<B, S, D> {
-    let a = attention(&x.layer_norm(-1, 1e-5), &wq, &wk, &wv, &wo);
+pub fn block(x: Tensor<B, S, D>, #[params(D, H, K, F)] w: &Block) -> Tensor<B, S, D> {
+    let Attention { wq, wk, wv, wo } = &w.attn;
+    let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
     #[shard(data, _, _)]
     let attended = &x + &a;
     #[shard(data, _, model)]
-    let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w1).gelu();
-    &attended + &einsum("bsf,fd->bsd", &hidden, &w2)
+    let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w.ffn.w1).gelu();
+    &attended + &einsum("bsf,fd->bsd", &hidden, &w.ffn.w2)
 }
 
 /// `L` layers of [`block()`], weights stacked over layers, with the paper's 2-D finalized
@@ -120,17 +180,11 @@ pub fn block(
 #[crate::model(mesh = (data, model), out = (data, _, _))]
 pub fn stack(
     #[shard(data, _, _)] x: Tensor<B, S, D>,
-    #[shard(_, data, model, _)] wq: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _)] wk: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _)] wv: Tensor<L, D, H, K>,
-    #[shard(_, model, _, data)] wo: Tensor<L, H, K, D>,
-    #[shard(_, data, model)] w1: Tensor<L, D, F>,
-    #[shard(_, model, data)] w2: Tensor<L, F, D>,
+    #[params(L, D, H, K, F)] w: &Layers,
 ) -> Tensor<B, S, D> {
     let mut x = x;
-    for l in 0..wq.shape()[0] {
-        let w = |stacked: &Tensor| layer(stacked, l);
-        x = block(x, w(&wq), w(&wk), w(&wv), w(&wo), w(&w1), w(&w2));
+    for l in 0..w.layers.len() {
+        x = block(x, &w.layers.layer(l));
     }
     x
 }
@@ -139,9 +193,10 @@ pub fn stack(
 /// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack()`].
 ///
 /// Its parameters form a tree of names: the data `tokens`, `targets`, `weights`; then
-/// `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and `layers.ffn.{w1,w2}` (stacked
-/// over the `L` layers: dim 0 is the layer) and `unembed`, so `&["layers.*"]` picks the
-/// layers' weights.
+/// the leaves of [`LanguageModel`]: `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and
+/// `layers.ffn.{w1,w2}` (stacked over the `L` layers: dim 0 is the layer) and
+/// `unembed`, so `&["layers.*"]` picks the layers' weights, and
+/// `LanguageModel::initializer(seed)` initialises them.
 ///
 /// `compute` is the dtype of the activations: `DType::F32`, or `DType::BF16` for mixed
 /// precision as in the GSPMD paper's setup: the weights stay f32 parameters (master
@@ -149,36 +204,22 @@ pub fn stack(
 /// gathered in bf16, and its gradient is reduced in bf16 and converted back to f32),
 /// the layers run in bf16, and the logits return to f32 for the loss.
 #[crate::model(mesh = (data, model))]
-#[allow(clippy::too_many_arguments)]
 pub fn language_model(
     #[shard(data, _)] tokens: Tensor<B, S, i32>,
     #[shard(data, _)] targets: Tensor<B, S, i32>,
     #[shard(data, _)] weights: Tensor<B, S>,
-    #[shard(model, _, name = "embed")] embed: Tensor<V, D>,
-    #[shard(_, _, name = "position")] position: Tensor<S, D>,
-    #[shard(_, data, model, _, name = "layers.attn.wq")] wq: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _, name = "layers.attn.wk")] wk: Tensor<L, D, H, K>,
-    #[shard(_, data, model, _, name = "layers.attn.wv")] wv: Tensor<L, D, H, K>,
-    #[shard(_, model, _, data, name = "layers.attn.wo")] wo: Tensor<L, H, K, D>,
-    #[shard(_, data, model, name = "layers.ffn.w1")] w1: Tensor<L, D, F>,
-    #[shard(_, model, data, name = "layers.ffn.w2")] w2: Tensor<L, F, D>,
-    #[shard(data, model, name = "unembed")] unembed: Tensor<D, V>,
+    #[params(V, D, S, L, H, K, F)] p: &LanguageModel,
     compute: DType,
 ) -> Tensor {
-    let vocab = embed.shape()[0];
+    let vocab = p.embed.shape()[0];
     let low = |t: &Tensor| cast(t, compute);
     #[shard(data, _, _)]
-    let x = &low(&embed).embedding(&tokens) + &low(&position);
-    let x = stack(
-        x,
-        low(&wq),
-        low(&wk),
-        low(&wv),
-        low(&wo),
-        low(&w1),
-        low(&w2),
-    );
-    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&unembed));
+    let x = &low(&p.embed).embedding(&tokens) + &low(&p.position);
+    let layers = Layers {
+        layers: p.layers.map(low),
+    };
+    let x = stack(x, &layers);
+    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&p.unembed));
     let logits = cast(&logits, DType::F32);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
     let total = (&log_p * &weights).sum(&[0, 1]);

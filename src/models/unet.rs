@@ -29,33 +29,57 @@ pub fn up(x: &Tensor, skip: &Tensor, w_up: &Tensor, w_merge: &Tensor) -> Tensor 
     conv_relu(&joined, w_merge)
 }
 
+/// The U-Net's convolution kernels (HWIO), replicated, named by field (`down1a`, ..,
+/// `out`). Their sizes are fixed: the struct has no shape symbols.
+#[crate::params(mesh = (data, space))]
+pub struct UNet {
+    /// The first down block's first conv.
+    #[shard(_, _, _, _)]
+    pub down1a: Tensor<3, 3, 1, 8>,
+    /// The first down block's second conv.
+    #[shard(_, _, _, _)]
+    pub down1b: Tensor<3, 3, 8, 8>,
+    /// The second down block's conv.
+    #[shard(_, _, _, _)]
+    pub down2: Tensor<3, 3, 8, 16>,
+    /// The bottleneck conv.
+    #[shard(_, _, _, _)]
+    pub bottleneck: Tensor<3, 3, 16, 16>,
+    /// The second up block's conv after upsampling.
+    #[shard(_, _, _, _)]
+    pub up2: Tensor<3, 3, 16, 16>,
+    /// The second up block's conv after joining the skip.
+    #[shard(_, _, _, _)]
+    pub merge2: Tensor<3, 3, 32, 16>,
+    /// The first up block's conv after upsampling.
+    #[shard(_, _, _, _)]
+    pub up1: Tensor<3, 3, 16, 8>,
+    /// The first up block's conv after joining the skip.
+    #[shard(_, _, _, _)]
+    pub merge1: Tensor<3, 3, 16, 8>,
+    /// The 1x1 output conv.
+    #[shard(_, _, _, _)]
+    pub out: Tensor<1, 1, 8, 1>,
+}
+
 /// The denoising loss of the U-Net: the mean squared error of its prediction for
 /// `noisy` (NHWC, one channel in and out) against `clean`.
 #[crate::model(mesh = (data, space))]
-#[allow(clippy::too_many_arguments)]
 pub fn denoise(
     #[shard(data, space, _, _)] noisy: Tensor<B, H, W, 1>,
     #[shard(data, space, _, _)] clean: Tensor<B, H, W, 1>,
-    #[shard(_, _, _, _)] down1a: Tensor<3, 3, 1, 8>,
-    #[shard(_, _, _, _)] down1b: Tensor<3, 3, 8, 8>,
-    #[shard(_, _, _, _)] down2: Tensor<3, 3, 8, 16>,
-    #[shard(_, _, _, _)] bottleneck: Tensor<3, 3, 16, 16>,
-    #[shard(_, _, _, _)] up2: Tensor<3, 3, 16, 16>,
-    #[shard(_, _, _, _)] merge2: Tensor<3, 3, 32, 16>,
-    #[shard(_, _, _, _)] up1: Tensor<3, 3, 16, 8>,
-    #[shard(_, _, _, _)] merge1: Tensor<3, 3, 16, 8>,
-    #[shard(_, _, _, _)] out: Tensor<1, 1, 8, 1>,
+    #[params] p: &UNet,
 ) -> Tensor {
     #[shard(data, space, _, _)]
-    let skip1 = conv_relu(&conv_relu(&noisy, &down1a), &down1b);
+    let skip1 = conv_relu(&conv_relu(&noisy, &p.down1a), &p.down1b);
     #[shard(data, space, _, _)]
-    let skip2 = conv_relu(&pool(&skip1), &down2);
+    let skip2 = conv_relu(&pool(&skip1), &p.down2);
     #[shard(data, space, _, _)]
-    let deep = conv_relu(&pool(&skip2), &bottleneck);
+    let deep = conv_relu(&pool(&skip2), &p.bottleneck);
     #[shard(data, space, _, _)]
-    let y2 = up(&deep, &skip2, &up2, &merge2);
+    let y2 = up(&deep, &skip2, &p.up2, &p.merge2);
     #[shard(data, space, _, _)]
-    let predicted = up(&y2, &skip1, &up1, &merge1).conv2d(&out, [1, 1], Padding::Valid);
+    let predicted = up(&y2, &skip1, &p.up1, &p.merge1).conv2d(&p.out, [1, 1], Padding::Valid);
     let error = &predicted - &clean;
     (&error * &error).mean(&[0, 1, 2, 3])
 }

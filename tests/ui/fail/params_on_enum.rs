@@ -1,0 +1,6 @@
+#[gspmd::params(mesh = (data))]
+enum Weights {
+    One,
+}
+
+fn main() {}
