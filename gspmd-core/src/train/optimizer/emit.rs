@@ -4,8 +4,7 @@
 
 use super::transform::Param;
 use crate::error::Result;
-use crate::ir::{Appender, BinaryOp, DType, UnaryOp, ValueId};
-use crate::types::Location;
+use crate::ir::{Appender, BinaryOp, DType, Location, UnaryOp, ValueId};
 
 /// Appends nodes to the step program. Nodes are located at the step's loss unless
 /// emitted inside [`Emitter::each`], which locates them at the parameter's definition.

@@ -4,9 +4,8 @@
 
 use super::emit::Emitter;
 use crate::error::{Error, Result};
-use crate::ir::ValueId;
+use crate::ir::{Location, ValueId};
 use crate::train::Schedule;
-use crate::types::Location;
 use std::fmt;
 
 /// One state tensor a transform keeps for a trained parameter: shaped like the
