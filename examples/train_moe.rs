@@ -26,7 +26,7 @@ use std::time::Instant;
 use gspmd::models::moe::{MoeLanguageModel, moe_language_model};
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -116,7 +116,8 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let model = moe_language_model::trace(dims, CAPACITY)?;
     let trained: Vec<usize> = (DATA..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3))?;
+    let optimizer = common::adamw(3e-3);
+    let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = moe_language_model::mesh([2, 4])?;
     // Uniform in ±1/sqrt(fan-in), from the `#[init]`s of the struct's fields.
     let initial = MoeLanguageModel::initializer(7);

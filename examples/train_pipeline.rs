@@ -34,7 +34,7 @@ use gspmd::ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use gspmd::partition::CollectiveStats;
 use gspmd::prelude::*;
 use gspmd::runtime::uniform_f32;
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Trainer, step_program};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
@@ -187,7 +187,7 @@ fn train(
     steps: usize,
     teacher: &Array2<f32>,
 ) -> Result<common::Run, Box<dyn std::error::Error>> {
-    let optimizer = Optimizer::adamw(3e-3);
+    let optimizer = common::adamw(3e-3);
     let pipelined = mlp_loss::trace(dims(), p, true)?;
     let trained: Vec<usize> = (DATA..pipelined.params.len()).collect();
     let step = step_program(&pipelined, 0, &trained, &optimizer)?;

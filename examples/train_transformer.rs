@@ -68,8 +68,8 @@ use gspmd::models::transformer::{LanguageModel, language_model};
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
 use gspmd::train::{
-    Initializer, Optimizer, Schedule, StepOptions, Trainer, load_checkpoint, save_checkpoint,
-    step_program, step_program_with,
+    Initializer, Schedule, Trainer, chain, clip_by_global_norm, load_checkpoint, save_checkpoint,
+    step_program,
 };
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -220,16 +220,14 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (steps, dims) = (options.steps, options.dims);
     let model = language_model::trace(dims, options.compute)?;
     let mesh = language_model::mesh(options.mesh)?;
+    let adamw = common::adamw(3e-3);
     if options.bench {
-        let step = step_program(&model, 0, &TRAINED, &Optimizer::adamw(3e-3))?;
+        let step = step_program(&model, 0, &TRAINED, &adamw)?;
         return bench(&options, Trainer::on_mesh(step, mesh, initializer(7))?);
     }
-    // AdamW, gradients clipped to a global norm of 1, warm-up then cosine decay.
-    let clipped = StepOptions {
-        clip_global_norm: Some(1.0),
-        ..StepOptions::default()
-    };
-    let step = step_program_with(&model, 0, &TRAINED, &Optimizer::adamw(3e-3), &clipped)?;
+    // AdamW on gradients clipped to a global norm of 1, warm-up then cosine decay.
+    let clipped = chain([clip_by_global_norm(1.0), adamw]);
+    let step = step_program(&model, 0, &TRAINED, &clipped)?;
     let schedule = Schedule::WarmupCosine {
         warmup: (steps / 10) as u64,
         total: steps.max(1) as u64,

@@ -27,7 +27,7 @@ use gspmd::ir::Op;
 use gspmd::models::unet::denoise;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
+use gspmd::train::{Init, Initializer, Trainer, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -114,7 +114,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     // Parameters 0 and 1 are the noisy and the clean images; the rest are trained.
     let trained: Vec<usize> = (2..model.params.len()).collect();
-    let optimizer = Optimizer::adamw(3e-3);
+    let optimizer = common::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
     let mesh = denoise::mesh([2, 4])?;
     // He-uniform: `±sqrt(6 / fan_in)`, fan-in the kernel's window times its input

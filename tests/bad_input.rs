@@ -408,10 +408,7 @@ fn grad_through_an_spmd_op() {
 
 #[test]
 fn optimizer_with_a_negative_learning_rate() {
-    let sgd = Optimizer::Sgd {
-        lr: -0.1,
-        momentum: 0.0,
-    };
+    let sgd = Optimizer::sgd(-0.1, 0.0);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
         Error::Optimizer { .. }
@@ -420,10 +417,7 @@ fn optimizer_with_a_negative_learning_rate() {
 
 #[test]
 fn optimizer_with_a_nan_hyper_parameter() {
-    let sgd = Optimizer::Sgd {
-        lr: 0.1,
-        momentum: f32::NAN,
-    };
+    let sgd = Optimizer::sgd(0.1, f32::NAN);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
         Error::Optimizer { .. }
@@ -432,10 +426,7 @@ fn optimizer_with_a_nan_hyper_parameter() {
 
 #[test]
 fn train_step_of_nothing() {
-    let sgd = Optimizer::Sgd {
-        lr: 0.1,
-        momentum: 0.0,
-    };
+    let sgd = Optimizer::sgd(0.1, 0.0);
     assert_err!(
         step_program(&regression(), 0, &[] as &[usize], &sgd),
         Error::TrainRequest { .. }
@@ -448,10 +439,7 @@ fn train_step_of_nothing() {
 
 #[test]
 fn trainer_given_a_wrong_initial_value() {
-    let sgd = Optimizer::Sgd {
-        lr: 0.1,
-        momentum: 0.0,
-    };
+    let sgd = Optimizer::sgd(0.1, 0.0);
     let step = step_program(&regression(), 0, &[1], &sgd).unwrap();
     assert_err!(
         Trainer::reference(step.clone(), vec![f32s(&[2, 8], 0.0)]),
@@ -462,10 +450,7 @@ fn trainer_given_a_wrong_initial_value() {
 
 #[test]
 fn trainer_restored_from_tensors_of_another_model() {
-    let sgd = Optimizer::Sgd {
-        lr: 0.1,
-        momentum: 0.0,
-    };
+    let sgd = Optimizer::sgd(0.1, 0.0);
     let step = step_program(&regression(), 0, &[1], &sgd).unwrap();
     let mut trainer = Trainer::reference(step, vec![f32s(&[8, 2], 0.5)]).unwrap();
     let foreign = vec![("v".to_string(), f32s(&[8, 2], 0.0))];
@@ -713,10 +698,7 @@ fn sharded_checkpoint_whose_blocks_are_not_its_shardings() {
 #[test]
 fn sharded_checkpoint_of_another_optimizer() {
     let (index, _) = sharded_checkpoint("optimizer");
-    let sgd = Optimizer::Sgd {
-        lr: 0.1,
-        momentum: 0.9,
-    };
+    let sgd = Optimizer::sgd(0.1, 0.9);
     let e = load_error(&index, split_regression(2, &[1], &sgd), &index, None);
     assert!(e.to_string().contains("adamw"), "{e}");
 }

@@ -6,9 +6,7 @@
 
 use gspmd::params::Size;
 use gspmd::prelude::*;
-use gspmd::train::{
-    Init, Optimizer, StepOptions, Trainable, Trainer, param_names, step_program_with,
-};
+use gspmd::train::{AdamW, Init, Mask, Trainable, Trainer, param_names, step_program};
 
 #[gspmd::params(mesh = (data, model))]
 pub struct Ffn {
@@ -322,15 +320,15 @@ fn scan_over_a_stack_equals_the_unrolled_layers_on_a_2x4_mesh() {
 #[test]
 fn a_struct_model_trains_on_a_2x4_thread_mesh_as_on_the_reference() {
     let model = net::trace(dims()).unwrap();
-    let options = StepOptions {
-        no_decay: vec!["bias".into(), "layers.scale".into()],
-        ..StepOptions::default()
-    };
     let trainable = Trainable::patterns(&["embedding", "layers.*", "heads.*", "bias"]);
-    let adamw = Optimizer::adamw(1e-2);
-    let step = step_program_with(&model, 0, trainable, &adamw, &options).unwrap();
+    let no_decay = Mask::except(&["bias", "layers.scale"]);
+    let adamw = AdamW {
+        mask: no_decay.clone(),
+        ..AdamW::new(1e-2)
+    };
+    let step = step_program(&model, 0, trainable, &adamw.into()).unwrap();
     let trained: Vec<(&str, bool)> = (step.params.iter())
-        .map(|p| (p.name.as_str(), p.decayed))
+        .map(|p| (p.name.as_str(), no_decay.selects(&p.name)))
         .collect();
     assert_eq!(
         trained,

@@ -118,7 +118,7 @@ fn the_tpu_preset_is_one_core_of_the_public_chip_figures() {
 
 #[test]
 fn every_optimizers_slots_are_optimizer_state() {
-    use gspmd_core::train::{Optimizer, step_program};
+    use gspmd_core::train::{Adafactor, Optimizer, step_program};
     // A loss of two weights: a matrix (Adafactor factors its second moment into
     // `v_row` and `v_col`) and a vector (one `v`); the data is a parameter, not state.
     let model = build("model", |b| {
@@ -130,7 +130,14 @@ fn every_optimizers_slots_are_optimizer_state() {
     });
     for (optimizer, state_bytes) in [
         // Adafactor: v_row(w) f32[16], v_col(w) f32[32], v(bias) f32[32].
-        (Optimizer::adafactor(1e-2), (16 + 32 + 32) * 4),
+        (
+            Adafactor {
+                min_dim_size_to_factor: 0,
+                ..Adafactor::new(1e-2)
+            }
+            .into(),
+            (16 + 32 + 32) * 4,
+        ),
         // AdamW: m and v like each weight.
         (Optimizer::adamw(1e-3), 2 * (16 * 32 + 32) * 4),
     ] {

@@ -15,7 +15,9 @@ use gspmd_core::Error;
 use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::runtime::uniform_f32;
 use gspmd_core::sharding::{Mesh, Sharding};
-use gspmd_core::train::{Optimizer, STEP_COUNT, TrainStep, Trainer, load_checkpoint, step_program};
+use gspmd_core::train::{
+    Adafactor, Optimizer, STEP_COUNT, TrainStep, Trainer, load_checkpoint, step_program,
+};
 use ndarray::{AxisDescription, Slice};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -188,7 +190,14 @@ fn adamw_state_reshards_onto_other_meshes_and_the_reference() {
 #[test]
 fn adafactor_state_reshards_onto_other_meshes_and_the_reference() {
     // Factored moments: `v_row`/`v_col` are sharded like the weight's dims they keep.
-    round_trip(Optimizer::adafactor(1e-2), "adafactor");
+    round_trip(
+        Adafactor {
+            min_dim_size_to_factor: 0,
+            ..Adafactor::new(1e-2)
+        }
+        .into(),
+        "adafactor",
+    );
 }
 
 /// A checkpoint saved on the reference (one device, every tensor whole) loads onto a

@@ -12,8 +12,9 @@ use gspmd_core::runtime::{Loaded, ThreadMesh, sample_inputs, uniform_f32, unifor
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Batch, Dataset, Init, Initializer, Optimizer, STEP_COUNT, Schedule, StepOptions, TrainStep,
-    Trainer, load_checkpoint, save_checkpoint, step_program, step_program_with,
+    Adafactor, AdamW, Batch, Dataset, Init, Initializer, Mask, Optimizer, STEP_COUNT, Schedule,
+    StepOptions, TrainStep, Trainer, chain, clip_by_global_norm, load_checkpoint, save_checkpoint,
+    step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
@@ -59,17 +60,19 @@ fn meshes() -> Vec<Mesh> {
 }
 
 fn sgd(lr: f32, momentum: f32) -> Optimizer {
-    Optimizer::Sgd { lr, momentum }
+    Optimizer::sgd(lr, momentum)
 }
 
 fn adamw(lr: f32, weight_decay: f32) -> Optimizer {
-    Optimizer::AdamW {
+    AdamW {
         lr,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay,
+        mask: Mask::All,
     }
+    .into()
 }
 
 // ---- (a) single updates against hand-computed numbers ---------------------------------
@@ -102,9 +105,9 @@ fn step_program_layout() {
             "x",
             "m(w)",
             "v(w)",
-            "learning_rate",
             "bias_correction1",
-            "bias_correction2"
+            "bias_correction2",
+            "learning_rate"
         ]
     );
     let outs: Vec<&str> = step
@@ -179,7 +182,7 @@ fn a_schedule_sets_each_steps_learning_rate_without_rebuilding() {
     let mut w: Vec<f32> = W0.to_vec();
     for step_number in 1..=5 {
         let lr = 0.5 * schedule.factor(step_number);
-        assert_eq!(t.learning_rate(), lr);
+        assert_eq!(t.learning_rate(), Some(lr));
         t.step(std::slice::from_ref(&x)).unwrap();
         for (w, x) in w.iter_mut().zip(X) {
             *w -= lr * (*w - x);
@@ -208,14 +211,11 @@ fn a_schedule_sets_each_steps_learning_rate_without_rebuilding() {
 /// below is kept, and a bad limit is a typed error.
 #[test]
 fn clipping_scales_the_gradients_to_the_global_norm() {
-    let clip = |max: f32| StepOptions {
-        clip_global_norm: Some(max),
-        ..StepOptions::default()
-    };
+    let clip = |max: f32| chain([clip_by_global_norm(max), sgd(0.1, 0.0)]);
     // g = w - x = [0.5, -3]: norm sqrt(9.25) = 3.041.
     let norm = 9.25f32.sqrt();
     for (max, scale) in [(1.0, 1.0 / norm), (10.0, 1.0)] {
-        let step = step_program_with(&tiny(), 0, &[0], &sgd(0.1, 0.0), &clip(max)).unwrap();
+        let step = step_program(&tiny(), 0, &[0], &clip(max)).unwrap();
         let mut t = Trainer::reference(step, vec![f32s(&[2], &W0)]).unwrap();
         t.step(&[f32s(&[2], &X)]).unwrap();
         let want = [1.0 - 0.1 * 0.5 * scale, -2.0 + 0.1 * 3.0 * scale];
@@ -227,7 +227,7 @@ fn clipping_scales_the_gradients_to_the_global_norm() {
         );
     }
     for max in [0.0, -1.0, f32::NAN] {
-        let e = step_program_with(&tiny(), 0, &[0], &sgd(0.1, 0.0), &clip(max));
+        let e = step_program(&tiny(), 0, &[0], &clip(max));
         assert!(matches!(e, Err(Error::Optimizer { .. })), "{max}: {e:?}");
     }
 }
@@ -294,13 +294,11 @@ fn bad_requests_are_typed_errors() {
             &p,
             0,
             &[0],
-            &Optimizer::AdamW {
-                lr: 0.1,
+            &AdamW {
                 beta1: 1.5,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0
+                ..AdamW::new(0.1)
             }
+            .into()
         ),
         Err(Error::Optimizer { .. })
     ));
@@ -524,17 +522,8 @@ fn megatron_mlp_trains_like_the_interpreter_adamw() {
 #[test]
 fn megatron_mlp_trains_like_the_interpreter_with_schedule_and_clipping() {
     let problem = megatron(&mut Xoshiro256PlusPlus::seed_from_u64(5), 8);
-    let options = StepOptions {
-        clip_global_norm: Some(0.5),
-        ..StepOptions::default()
-    };
-    let step = step_program_with(
-        &problem.model,
-        0,
-        &problem.trained,
-        &adamw(0.05, 0.01),
-        &options,
-    );
+    let clipped = chain([clip_by_global_norm(0.5), adamw(0.05, 0.01)]);
+    let step = step_program(&problem.model, 0, &problem.trained, &clipped);
     let schedule = Schedule::WarmupCosine {
         warmup: 2,
         total: 5,
@@ -566,7 +555,6 @@ fn accumulating_two_microbatches_trains_like_one_batch() {
     };
     let options = StepOptions {
         accumulate: Some(2),
-        ..StepOptions::default()
     };
     let optimizer = adamw(0.01, 0.01);
     let whole = step_program(&full.model, 0, &full.trained, &optimizer).unwrap();
@@ -584,7 +572,6 @@ fn accumulating_two_microbatches_trains_like_one_batch() {
     train_step_everywhere(&micro, accumulated, Schedule::Constant);
     let bad = StepOptions {
         accumulate: Some(0),
-        ..StepOptions::default()
     };
     let e = step_program_with(&micro.model, 0, &micro.trained, &optimizer, &bad);
     assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");
@@ -967,25 +954,28 @@ fn trained_parameters_by_name_pattern() {
     );
 }
 
-/// `no_decay` exempts the matching parameters from AdamW's weight decay: one step moves
+/// A [`Mask`] exempts the matching parameters from AdamW's weight decay: one step moves
 /// `dense.bias` as AdamW without decay and `dense.w` as AdamW with it.
 #[test]
 fn weight_decay_mask_by_name() {
     let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(4));
     let (lr, wd) = (0.1, 0.5);
+    let optimizer = |no_decay: &[&str], weight_decay: f32| -> Optimizer {
+        AdamW {
+            weight_decay,
+            mask: Mask::except(no_decay),
+            ..AdamW::new(lr)
+        }
+        .into()
+    };
     let run = |no_decay: &[&str], weight_decay: f32| {
-        let options = StepOptions {
-            no_decay: no_decay.iter().map(|p| p.to_string()).collect(),
-            ..StepOptions::default()
-        };
-        let step = step_program_with(
+        let step = step_program(
             &problem.model,
             0,
             &["dense.*"],
-            &adamw(lr, weight_decay),
-            &options,
-        )
-        .unwrap();
+            &optimizer(no_decay, weight_decay),
+        );
+        let step = step.unwrap();
         let mut t = Trainer::reference(step, problem.initial.clone()).unwrap();
         t.step(&problem.data).unwrap();
         t.params().unwrap()
@@ -996,14 +986,25 @@ fn weight_decay_mask_by_name() {
     assert_eq!(masked[0], decayed[0], "dense.w decays");
     assert_eq!(masked[1], undecayed[1], "dense.bias does not");
     assert_ne!(decayed[1], undecayed[1], "the decay changes the bias");
-    let bad = StepOptions {
-        no_decay: vec!["*.scale".into()],
-        ..StepOptions::default()
-    };
     assert!(matches!(
-        step_program_with(&problem.model, 0, &["dense.*"], &adamw(lr, wd), &bad),
-        Err(Error::TrainRequest { .. })
+        step_program(
+            &problem.model,
+            0,
+            &["dense.*"],
+            &optimizer(&["*.scale"], wd)
+        ),
+        Err(Error::Optimizer { .. })
     ));
+}
+
+/// Adafactor as the paper's and T5's: every matrix's second moment factored (optax
+/// factors only dims of 128 and more).
+fn factoring_every_matrix() -> Optimizer {
+    Adafactor {
+        min_dim_size_to_factor: 0,
+        ..Adafactor::new(1e-2)
+    }
+    .into()
 }
 
 /// Adafactor's state for one weight, on the host in f64: `[v_row, v_col]` for a
@@ -1074,7 +1075,7 @@ impl HostAdafactor {
 #[test]
 fn adafactor_three_steps_by_hand() {
     let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(5));
-    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let step = step_program(&problem.model, 0, &["dense.*"], &factoring_every_matrix()).unwrap();
     let slots: Vec<(String, Vec<usize>)> = step
         .params
         .iter()
@@ -1141,7 +1142,7 @@ fn adafactor_three_steps_by_hand() {
 #[test]
 fn adafactor_state_is_sharded_like_the_weights_dims() {
     let problem = dense(&mut Xoshiro256PlusPlus::seed_from_u64(6));
-    let step = step_program(&problem.model, 0, &["dense.*"], &Optimizer::adafactor(1e-2)).unwrap();
+    let step = step_program(&problem.model, 0, &["dense.*"], &factoring_every_matrix()).unwrap();
     let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
     let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
     let sharding = |name: &str| {
@@ -1368,7 +1369,7 @@ fn a_schedule_changes_the_lr_per_step_without_recompiling() {
         assert_near(&[want], &[loss], 1e-4 * want.abs().max(1.0), "loss");
     }
     assert_eq!(gspmd_core::compilations_on_this_thread(), before + 1);
-    let want: Vec<f32> = (1..=5).map(|t| 0.05 * schedule.factor(t)).collect();
+    let want: Vec<Option<f32>> = (1..=5).map(|t| Some(0.05 * schedule.factor(t))).collect();
     assert_eq!(rates, want);
     assert!(rates.windows(2).all(|w| w[0] != w[1]), "{rates:?}");
 }

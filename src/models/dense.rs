@@ -117,10 +117,7 @@ fn layer(x: &Tensor, w: &[Tensor]) -> Tensor {
 /// trained.
 pub fn step(c: &Config) -> crate::Result<TrainStep> {
     let model = forward(c)?;
-    let sgd = Optimizer::Sgd {
-        lr: 1e-3,
-        momentum: 0.0,
-    };
+    let sgd = Optimizer::sgd(1e-3, 0.0);
     step_program(&model, 0, &[1, 2, 3, 4, 5, 6], &sgd)
 }
 

@@ -3,7 +3,9 @@
 //! and the optimizer state like the weights), and a host loop that runs it.
 //!
 //! - `names`: parameters by name: [`Trainable`] (glob patterns or indices), [`glob_match`].
-//! - `optimizer`: [`Optimizer`] (SGD with momentum, AdamW, Adafactor), emitted as IR.
+//! - `optimizer`: [`Optimizer`]s as chains of gradient [`Transform`]s (optax's design:
+//!   [`chain`], [`clip_by_global_norm`], [`add_decayed_weights`], ...; [`Sgd`],
+//!   [`AdamW`], [`Lion`], [`Adafactor`]), emitted as IR.
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
@@ -33,7 +35,12 @@ pub use checkpoint::{load_checkpoint, save_checkpoint};
 pub use data::{Batch, Batches, DataLayout, Dataset, SafetensorsFile, Source};
 pub use init::{Init, Initializer};
 pub use names::{Trainable, glob_match, glob_match_any, param_names};
-pub use optimizer::{Optimizer, Slot};
+pub use optimizer::{
+    Adafactor, AdamW, Emitter, Lion, Mask, Optimizer, Param, Sgd, Slot, Transform,
+    add_decayed_weights, chain, check_hyper_parameters, clip_by_block_rms, clip_by_global_norm,
+    scale, scale_by_adafactor_step, scale_by_adam, scale_by_factored_rms, scale_by_learning_rate,
+    scale_by_lion, trace,
+};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
 pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};

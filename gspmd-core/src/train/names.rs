@@ -1,7 +1,7 @@
 //! Parameters by name: a model's parameters form a tree of dotted names
 //! (`layers.attn.wq`), and a [`Trainable`] picks the trained ones by glob patterns
 //! (`layers.*`) or by index; [`glob_match`] is the pattern language, shared with the
-//! weight-decay mask ([`StepOptions::no_decay`](super::StepOptions::no_decay)) and the
+//! optimizers' parameter masks ([`Mask`](super::Mask)) and the
 //! initialisers ([`Init`](super::Init)).
 
 use crate::error::{Error, Result};

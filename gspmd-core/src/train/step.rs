@@ -3,12 +3,12 @@
 //! whole step, and optimizer state is sharded like its parameter.
 
 use super::accumulate::accumulated_loss;
-use super::names::{Trainable, glob_match, glob_match_any};
-use super::optimizer::Optimizer;
+use super::names::Trainable;
+use super::optimizer::{Emitter, Optimizer, Param};
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{BinaryOp, DType, Program, TensorType, UnaryOp, ValueId, verify};
+use crate::ir::{DType, Program, TensorType, ValueId, verify};
 use crate::sharding::Sharding;
 use crate::simplify::eliminate_dead_code;
 
@@ -34,30 +34,19 @@ pub struct TrainedParam {
     pub output: usize,
     /// Its optimizer state, one per [`Optimizer::state_slots`].
     pub state: Vec<StateSlot>,
-    /// Whether weight decay applies to it (see [`StepOptions::no_decay`]).
-    pub decayed: bool,
 }
 
-/// Options of [`step_program_with`] beyond the optimizer.
+/// Options of [`step_program_with`] beyond the optimizer (gradient clipping and
+/// weight-decay masks are parts of the optimizer:
+/// [`clip_by_global_norm`](super::clip_by_global_norm), [`Mask`](super::Mask)).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepOptions {
-    /// Clip the gradients to this global norm before the update (optax's
-    /// `clip_by_global_norm`): each gradient is scaled by `max / max(norm, max)`, where
-    /// `norm` is the 2-norm of all trained parameters' gradients together. `None`: no
-    /// clipping.
-    pub clip_global_norm: Option<f32>,
     /// Accumulate the gradients over this many microbatches: every data input (each
     /// model parameter that is not trained) takes a leading dim of this size, one
     /// microbatch per index, and the step's loss is the mean of the microbatches'
     /// losses, computed by a `scan` (one microbatch's activations alive at a time; its
     /// reverse pass sums the gradients). `None`: one batch.
     pub accumulate: Option<usize>,
-    /// Glob patterns ([`glob_match`](super::glob_match)) of the trained parameters that the
-    /// optimizer's weight decay does not apply to, e.g. `["*.bias", "*.scale"]` (biases
-    /// and norm scales). Empty: every trained parameter decays (if the optimizer has
-    /// weight decay). A pattern matching no trained parameter is an
-    /// [`Error::TrainRequest`].
-    pub no_decay: Vec<String>,
 }
 
 /// A training step program and what its inputs and outputs are.
@@ -134,9 +123,8 @@ pub fn step_program(
     step_program_with(model, loss, trained, optimizer, &StepOptions::default())
 }
 
-/// [`step_program`] with `options` (gradient clipping, accumulation). A clipping norm
-/// that is not finite and positive is an [`Error::Optimizer`]; accumulation over 0
-/// microbatches an [`Error::TrainRequest`].
+/// [`step_program`] with `options` (gradient accumulation). Accumulation over 0
+/// microbatches is an [`Error::TrainRequest`].
 pub fn step_program_with(
     model: &Program,
     loss: usize,
@@ -146,14 +134,6 @@ pub fn step_program_with(
 ) -> Result<TrainStep> {
     optimizer.validate()?;
     let trained = &trained.into().resolve(model)?[..];
-    if let Some(max) = options.clip_global_norm
-        && !(max > 0.0 && max.is_finite())
-    {
-        return Err(Error::Optimizer {
-            optimizer: format!("{optimizer:?}"),
-            message: format!("clip_global_norm = {max} must be finite and > 0"),
-        });
-    }
     let request = |message: String| Error::TrainRequest {
         program: model.name.clone(),
         message,
@@ -196,7 +176,7 @@ pub fn step_program_with(
     let mut program = grad(model, loss, trained)?;
     program.name = format!("train_step_{}", model.name);
     let loss_value = program.outputs[loss];
-    let mut gradients = program.outputs[model.outputs.len()..].to_vec();
+    let gradients = program.outputs[model.outputs.len()..].to_vec();
     let weights: Vec<ValueId> = trained.iter().map(|&i| program.params[i]).collect();
     let names: Vec<String> = weights
         .iter()
@@ -222,7 +202,7 @@ pub fn step_program_with(
         a.location = location;
         let mut state = Vec::new();
         let mut values = Vec::new();
-        for slot in optimizer.state_slots(&ty.shape) {
+        for slot in optimizer.state_slots(&ty.shape)? {
             let slot_name = format!("{}({name})", slot.name);
             let (ty, annotation) = match slot.without_dim {
                 None => (ty.clone(), annotation.clone()),
@@ -248,39 +228,37 @@ pub fn step_program_with(
             input,
             output: 1 + i,
             state,
-            decayed: !glob_match_any(&options.no_decay, name),
         });
     }
-    if let Some(unused) =
-        (options.no_decay.iter()).find(|p| !names.iter().any(|n| glob_match(p, n)))
-    {
-        return Err(request(format!(
-            "no_decay pattern `{unused}` matches no trained parameter"
-        )));
-    }
-    if let Some(max) = options.clip_global_norm {
-        a.location = a.describe(loss_value).2;
-        gradients = clip_by_global_norm(&mut a, &gradients, max)?;
-    }
-    let (scalars, scalar_values): (Vec<usize>, Vec<ValueId>) = optimizer
-        .scalar_inputs()
-        .iter()
-        .map(|s| a.parameter((*s).to_string(), TensorType::new([], DType::F32), None))
+    let (scalars, scalar_values): (Vec<usize>, Vec<ValueId>) = (optimizer.scalar_inputs())
+        .into_iter()
+        .map(|s| a.parameter(s, TensorType::new([], DType::F32), None))
         .unzip();
-    for (((p, &w), &g), state) in params
-        .iter()
-        .zip(&weights)
-        .zip(&gradients)
+    // The transforms see every parameter at once (a global norm needs them all); nodes
+    // not of one parameter are located at the loss.
+    let mut updates: Vec<Param> = (names.iter().zip(&weights).zip(&gradients))
         .zip(&state_inputs)
+        .map(|(((name, &w), &g), state)| Param {
+            name: name.clone(),
+            weight: w,
+            update: g,
+            state: state.clone(),
+            location: a.describe(w).2,
+        })
+        .collect();
+    a.location = a.describe(loss_value).2;
+    optimizer.apply(&mut Emitter::new(&mut a), &mut updates, &scalar_values)?;
+    for ((p, &w), (update, state)) in
+        (params.iter().zip(&weights)).zip(updates.iter().zip(&state_inputs))
     {
         let (_, annotation, location) = a.describe(w);
         a.location = location;
-        let (w_new, s_new) =
-            optimizer.emit_update(&mut a, w, g, state, &scalar_values, p.decayed)?;
+        // optax's `apply_updates`: the update already points downhill.
+        let w_new = a.add(w, update.update)?;
         let w_new = a.constrain(w_new, annotation.clone())?;
         a.name(w_new, format!("new({})", p.name));
         new_params.push(w_new);
-        for ((slot, s), &old) in p.state.iter().zip(s_new).zip(state) {
+        for ((slot, &s), &old) in p.state.iter().zip(&update.state).zip(state) {
             let s = a.constrain(s, a.describe(old).1)?;
             a.name(s, format!("new({})", slot.name));
             new_state.push(s);
@@ -298,7 +276,7 @@ pub fn step_program_with(
         .collect();
     Ok(TrainStep {
         program,
-        optimizer: *optimizer,
+        optimizer: optimizer.clone(),
         params,
         data,
         scalars,
@@ -311,31 +289,4 @@ fn without_dim(sharding: &Sharding, dim: usize) -> Sharding {
     let mut s = sharding.clone();
     s.dims.remove(dim);
     s
-}
-
-/// `gradients`, each scaled by `max / max(norm, max)` where `norm` is the 2-norm of
-/// all of them together.
-fn clip_by_global_norm(
-    a: &mut Appender<'_>,
-    gradients: &[ValueId],
-    max: f32,
-) -> Result<Vec<ValueId>> {
-    let mut total = None;
-    for &g in gradients {
-        let squares = a.mul(g, g)?;
-        let sum = a.sum_all(squares)?;
-        total = Some(match total {
-            Some(t) => a.add(t, sum)?,
-            None => sum,
-        });
-    }
-    let Some(total) = total else {
-        return Ok(Vec::new());
-    };
-    let norm = a.unary(UnaryOp::Sqrt, total)?;
-    a.name(norm, "grad_norm".into());
-    let max_value = a.full(&[], DType::F32, max)?;
-    let denominator = a.binary(BinaryOp::Max, norm, max_value)?;
-    let scale = a.div(max_value, denominator)?;
-    gradients.iter().map(|&g| a.mul_scalar(g, scale)).collect()
 }

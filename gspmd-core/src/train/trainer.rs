@@ -323,9 +323,9 @@ impl Trainer {
         Ok(self)
     }
 
-    /// The learning rate the next step will use.
-    pub fn learning_rate(&self) -> f32 {
-        self.step.optimizer.lr() * self.schedule.factor(self.steps_done + 1)
+    /// The learning rate the next step will use (`None` if the optimizer applies none).
+    pub fn learning_rate(&self) -> Option<f32> {
+        (self.step.optimizer).learning_rate(self.steps_done + 1, &self.schedule)
     }
 
     /// The step program and its layout.

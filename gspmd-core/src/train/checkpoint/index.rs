@@ -123,7 +123,7 @@ pub(super) struct Index {
     pub id: String,
     /// The trainer's step count.
     pub step: u64,
-    /// The optimizer whose state was saved: `sgd`, `adamw` or `adafactor`.
+    /// The name of the optimizer whose state was saved ([`Optimizer::name`](crate::train::Optimizer::name): `sgd`, `adamw`, `lion`, `adafactor`, `chain(..)`).
     pub optimizer: String,
     /// The mesh the tensors were sharded over.
     #[serde(with = "mesh_layout")]

@@ -31,7 +31,6 @@ use std::path::Path;
 
 pub use single_file::{load_checkpoint, save_checkpoint};
 
-use super::optimizer::Optimizer;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::runtime::{Backend, Resident};
@@ -137,16 +136,6 @@ fn carried(trainer: &Trainer) -> Result<Vec<Carried>> {
             })
         })
         .collect()
-}
-
-/// The name of `optimizer`'s kind, which decides what its state tensors mean: a
-/// checkpoint's state loads only into a trainer of the same kind.
-fn optimizer_kind(optimizer: &Optimizer) -> &'static str {
-    match optimizer {
-        Optimizer::Sgd { .. } => "sgd",
-        Optimizer::AdamW { .. } => "adamw",
-        Optimizer::Adafactor { .. } => "adafactor",
-    }
 }
 
 /// `work`'s result on this process, run by every process of `backend` at the same point

@@ -20,7 +20,7 @@ use safetensors::tensor::Metadata;
 use super::index::{Block, INDEX, Index, TensorRecord};
 use super::single_file::stored_dtype;
 use super::write::SAVE_ID;
-use super::{Carried, carried, optimizer_kind, together};
+use super::{Carried, carried, together};
 use crate::error::{Error, Result};
 use crate::ir::Literal;
 use crate::train::trainer::Trainer;
@@ -106,7 +106,7 @@ impl Plan {
             tensor: tensor.map(str::to_string),
             message,
         };
-        let optimizer = optimizer_kind(&trainer.train_step().optimizer);
+        let optimizer = trainer.train_step().optimizer.name();
         if index.optimizer != optimizer {
             return Err(fail(
                 None,

@@ -28,7 +28,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 
 use super::index::{BlockRecord, INDEX, Index, file_name};
 use super::single_file::stored_dtype;
-use super::{Carried, carried, optimizer_kind, together};
+use super::{Carried, carried, together};
 use crate::error::{Error, Result};
 use crate::runtime::Backend;
 use crate::train::trainer::Trainer;
@@ -68,11 +68,11 @@ pub(super) fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
             )
         })
         .collect();
-    let optimizer = optimizer_kind(&trainer.train_step().optimizer);
+    let optimizer = trainer.train_step().optimizer.name();
     let index = Index::new(
         id,
         trainer.steps_done(),
-        optimizer,
+        &optimizer,
         backend.mesh(),
         &layout,
         &ranges,
