@@ -10,7 +10,12 @@ use crate::types::{Location, TensorType, ValueId};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in gspmd-core.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+///
+/// Its `Debug` form is its message (the `Display` form, which includes the causes of
+/// errors that wrap others), so that a `fn main() -> gspmd::Result<()>` that fails
+/// prints what went wrong rather than the enum's fields; match on the variants for the
+/// structure.
+#[derive(Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     // ---- building and verifying programs -------------------------------------------
@@ -446,6 +451,12 @@ fn tensor_prefix(tensor: &Option<String>) -> String {
 fn display_list(errors: &[Error]) -> String {
     let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
     format!("{} errors:\n  {}", errors.len(), lines.join("\n  "))
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Error {
