@@ -285,6 +285,16 @@ pub enum Error {
         /// Expected vs. given.
         message: String,
     },
+    /// A training step or an evaluation was asked for an aux output it does not have.
+    #[error("program `{program}` has no aux output `{name}` (it has [{}])", .available.join(", "))]
+    UnknownOutput {
+        /// The step's or the evaluated model's program name.
+        program: String,
+        /// The name asked for.
+        name: String,
+        /// The aux outputs it has.
+        available: Vec<String>,
+    },
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {}{message}", tensor_prefix(.tensor))]
     Checkpoint {

@@ -7,6 +7,8 @@
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
+//! - `outputs`: aux outputs (JAX's `has_aux`): model outputs besides the loss that a
+//!   step or an evaluation returns by name ([`StepOutput`], [`Fetch`]).
 //! - `init`: [`Initializer`], initial values by name from a counter-based generator,
 //!   made block by block on the devices that hold them.
 //! - `data`: [`Source`]s of examples ([`Dataset`] in memory, [`SafetensorsFile`] read
@@ -25,6 +27,7 @@ mod data;
 mod init;
 mod names;
 mod optimizer;
+mod outputs;
 mod schedule;
 mod step;
 mod trainer;
@@ -34,6 +37,7 @@ pub use data::{Batch, Batches, DataLayout, Dataset, SafetensorsFile, Source};
 pub use init::{Init, Initializer};
 pub use names::{Trainable, glob_match, glob_match_any, param_names};
 pub use optimizer::{Optimizer, Slot};
+pub use outputs::{AuxOutput, Fetch, StepOutput, output_name};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
 pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};
