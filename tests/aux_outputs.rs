@@ -104,6 +104,14 @@ fn assert_close(got: &Literal, want: &Literal, what: &str) {
     }
 }
 
+/// The outputs of `model` run forward by the interpreter on `data` and `trainer`'s
+/// current parameters.
+fn forward(model: &Program, trainer: &Trainer, data: &[Literal]) -> Vec<Literal> {
+    let params = trainer.params().unwrap().into_iter().map(|p| p.1);
+    let inputs: Vec<Literal> = data.iter().cloned().chain(params).collect();
+    interpret(model, &inputs).unwrap()
+}
+
 fn global<'a>(out: &'a StepOutput, name: &str) -> &'a Literal {
     out.global(name)
         .unwrap_or_else(|| panic!("no global aux output `{name}` in {out:?}"))
@@ -131,23 +139,8 @@ fn step_aux_outputs_match_the_reference_and_a_forward_run() {
     let mut reference = Trainer::reference(s, initial()).unwrap();
     let model = model();
     for k in 0..3 {
-        let params: Vec<Literal> = reference
-            .params()
-            .unwrap()
-            .into_iter()
-            .map(|p| p.1)
-            .collect();
         let data = batch(k);
-        let forward = interpret(
-            &model,
-            &[
-                data[0].clone(),
-                data[1].clone(),
-                params[0].clone(),
-                params[1].clone(),
-            ],
-        )
-        .unwrap();
+        let forward = forward(&model, &reference, &data);
         let got = mesh_trainer
             .step_with_aux(&Batch::Global(data.clone()))
             .unwrap();
@@ -227,22 +220,7 @@ fn evaluator_returns_named_outputs() {
     let names: Vec<&str> = got.aux.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["accuracy", "logits"]);
     assert_eq!(got.loss, trainer.evaluate(&eval, &data).unwrap());
-    let params: Vec<Literal> = reference
-        .params()
-        .unwrap()
-        .into_iter()
-        .map(|p| p.1)
-        .collect();
-    let forward = interpret(
-        &model,
-        &[
-            data[0].clone(),
-            data[1].clone(),
-            params[0].clone(),
-            params[1].clone(),
-        ],
-    )
-    .unwrap();
+    let forward = forward(&model, &reference, &data);
     assert_eq!(Literal::scalar_f32(want.loss), forward[0]);
     for (i, name) in [(1, "accuracy"), (2, "logits")] {
         assert_close(global(&got, name), global(&want, name), name);
