@@ -275,6 +275,27 @@ fn unknown_aux_names_are_typed_errors() {
     );
     assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");
 
+    // Two outputs of one name cannot both be aux outputs.
+    let b = Builder::new("twins");
+    let x = b.parameter("x", vec![4], DType::F32);
+    let loss = (&x * &x).sum(&[0]);
+    let (y, z) = ((&x * 2.0).named("y"), (&x * 3.0).named("y"));
+    let twins = b.finish(&[&loss, &y, &z]).unwrap();
+    let e = step_program_with(
+        &twins,
+        0,
+        &[0],
+        &Optimizer::adamw(0.05),
+        &StepOptions {
+            aux: vec!["y".into()],
+            ..StepOptions::default()
+        },
+    );
+    assert!(
+        matches!(&e, Err(Error::TrainRequest { message, .. }) if message.contains("both named `y`")),
+        "{e:?}"
+    );
+
     let mut trainer = Trainer::on_mesh(step(&["accuracy"]), mesh(), initial()).unwrap();
     let e = trainer.step_with(&Batch::Global(batch(0)), &[("logits", Fetch::Global)]);
     assert!(

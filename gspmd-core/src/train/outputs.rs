@@ -83,7 +83,8 @@ pub enum Fetch {
     /// Assembled into the global array on every process (gathered when sharded).
     #[default]
     Global,
-    /// The blocks of this process's devices, as they reside (no gather).
+    /// The blocks of this process's devices, as they reside (no gather; for an
+    /// unreduced output, each device's partial value, as [`Output::Shards`]).
     Blocks,
 }
 

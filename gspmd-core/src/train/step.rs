@@ -75,8 +75,8 @@ pub struct StepOptions {
 /// [`Optimizer::state_slots`] order), then the optimizer's scalars
 /// ([`Optimizer::scalar_inputs`]). Outputs: the loss (output 0), the updated trained
 /// parameters (in `params` order), then the new optimizer state (in input order), then
-/// the [`TrainStep::aux`] outputs. Feeding output [`TrainStep::feedback`]`.0` back as input `.1` gives the next step's
-/// inputs.
+/// the [`TrainStep::aux`] outputs. Feeding output [`TrainStep::feedback`]`.0` back as
+/// input `.1` gives the next step's inputs.
 #[derive(Debug, Clone)]
 pub struct TrainStep {
     /// The step program.
