@@ -26,7 +26,7 @@ use std::time::Instant;
 use gspmd::models::moe::{MoeLanguageModel, moe_language_model};
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
-use gspmd::train::{Trainer, step_program};
+use gspmd::train::{Fetch, Trainer, output_name, step_program};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -80,25 +80,6 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
     ]
 }
 
-/// How many of `data`'s tokens pick each expert first, with the model's current
-/// `weights` (on the reference interpreter).
-fn expert_counts(
-    model: &Program,
-    weights: &[(String, Literal)],
-    data: &[Literal],
-) -> gspmd::Result<Vec<f32>> {
-    let inputs: Vec<Literal> = data
-        .iter()
-        .cloned()
-        .chain(weights.iter().map(|(_, w)| w.clone()))
-        .collect();
-    let outputs = interpret(model, &inputs)?;
-    Ok(outputs[1]
-        .as_f32()
-        .map(|a| a.iter().copied().collect())
-        .unwrap_or_default())
-}
-
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args()
         .nth(1)
@@ -133,8 +114,15 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
     let probe = batch(&mut Xoshiro256PlusPlus::seed_from_u64(1));
+    // The router load, the model's second output: per expert, how many of the probe's
+    // tokens pick it first, by name from the model run forward on the mesh.
+    let evaluator = trainer.evaluator(&model, 0)?;
+    let load = output_name(&model, 1);
     let show = |when: &str, trainer: &Trainer| -> gspmd::Result<()> {
-        let counts = expert_counts(&model, &trainer.params()?, &probe)?;
+        let out = trainer.evaluate_with(&evaluator, &probe, &[(&load, Fetch::Global)])?;
+        let counts: Vec<f32> = (out.global(&load).and_then(Literal::as_f32))
+            .map(|a| a.iter().copied().collect())
+            .unwrap_or_default();
         println!("tokens choosing each expert first, {when}: {counts:?}");
         Ok(())
     };

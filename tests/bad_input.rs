@@ -900,3 +900,35 @@ fn device_that_never_reaches_a_collective() {
     };
     assert_eq!(missing, [3]);
 }
+
+/// A `fn main() -> gspmd::Result<()>` that fails prints the error's message (Rust's
+/// `Termination` prints the error's `Debug` form, which is its message), not the
+/// enum's fields: the child process returns an error from a stand-in `main` through
+/// `Termination::report`, as a real `main` does.
+#[test]
+fn main_returning_an_error_prints_its_message() {
+    const CHILD: &str = "GSPMD_MAIN_ERROR_CHILD";
+    fn main() -> Result<()> {
+        Mesh::new([("data", 2), ("data", 4)])?;
+        Ok(())
+    }
+    if std::env::var_os(CHILD).is_some() {
+        let failed = main().is_err();
+        let _ = std::process::Termination::report(main());
+        std::process::exit(i32::from(failed));
+    }
+    let message = err(main()).to_string();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "main_returning_an_error_prints_its_message",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(message.contains("data"), "{message}");
+    assert_eq!(stderr.trim_end(), format!("Error: {message}"));
+}

@@ -10,7 +10,12 @@ use crate::types::{Location, TensorType, ValueId};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in gspmd-core.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+///
+/// Its `Debug` form is its message (the `Display` form, which includes the causes of
+/// errors that wrap others), so that a `fn main() -> gspmd::Result<()>` that fails
+/// prints what went wrong rather than the enum's fields; match on the variants for the
+/// structure.
+#[derive(Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     // ---- building and verifying programs -------------------------------------------
@@ -295,6 +300,16 @@ pub enum Error {
         /// Expected vs. given.
         message: String,
     },
+    /// A training step or an evaluation was asked for an aux output it does not have.
+    #[error("program `{program}` has no aux output `{name}` (it has [{}])", .available.join(", "))]
+    UnknownOutput {
+        /// The step's or the evaluated model's program name.
+        program: String,
+        /// The name asked for.
+        name: String,
+        /// The aux outputs it has.
+        available: Vec<String>,
+    },
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {}{message}", tensor_prefix(.tensor))]
     Checkpoint {
@@ -461,6 +476,12 @@ fn tensor_prefix(tensor: &Option<String>) -> String {
 fn display_list(errors: &[Error]) -> String {
     let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
     format!("{} errors:\n  {}", errors.len(), lines.join("\n  "))
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Error {

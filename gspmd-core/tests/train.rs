@@ -555,6 +555,7 @@ fn accumulating_two_microbatches_trains_like_one_batch() {
     };
     let options = StepOptions {
         accumulate: Some(2),
+        ..StepOptions::default()
     };
     let optimizer = adamw(0.01, 0.01);
     let whole = step_program(&full.model, 0, &full.trained, &optimizer).unwrap();
@@ -572,6 +573,7 @@ fn accumulating_two_microbatches_trains_like_one_batch() {
     train_step_everywhere(&micro, accumulated, Schedule::Constant);
     let bad = StepOptions {
         accumulate: Some(0),
+        ..StepOptions::default()
     };
     let e = step_program_with(&micro.model, 0, &micro.trained, &optimizer, &bad);
     assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");

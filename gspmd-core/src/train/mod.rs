@@ -9,6 +9,8 @@
 //! - `schedule`: [`Schedule`], the learning rate per step (a run-time input).
 //! - `step`: [`step_program`] builds a [`TrainStep`] on top of [`crate::autodiff::grad`];
 //!   `accumulate`: gradient accumulation over microbatches as a `scan`.
+//! - `outputs`: aux outputs (JAX's `has_aux`): model outputs besides the loss that a
+//!   step or an evaluation returns by name ([`StepOutput`], [`Fetch`]).
 //! - `init`: [`Initializer`], initial values by name from a counter-based generator,
 //!   made block by block on the devices that hold them.
 //! - `data`: [`Source`]s of examples ([`Dataset`] in memory, [`SafetensorsFile`] read
@@ -27,6 +29,7 @@ mod data;
 mod init;
 mod names;
 mod optimizer;
+mod outputs;
 mod schedule;
 mod step;
 mod trainer;
@@ -41,6 +44,7 @@ pub use optimizer::{
     scale, scale_by_adafactor_step, scale_by_adam, scale_by_factored_rms, scale_by_learning_rate,
     scale_by_lion, trace,
 };
+pub use outputs::{AuxOutput, Fetch, StepOutput, output_name};
 pub use schedule::Schedule;
 pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
 pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};

@@ -5,6 +5,7 @@
 use super::accumulate::accumulated_loss;
 use super::names::Trainable;
 use super::optimizer::{Emitter, Optimizer, Param};
+use super::outputs::{AuxOutput, select_aux};
 use crate::autodiff::grad;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
@@ -47,6 +48,13 @@ pub struct StepOptions {
     /// losses, computed by a `scan` (one microbatch's activations alive at a time; its
     /// reverse pass sums the gradients). `None`: one batch.
     pub accumulate: Option<usize>,
+    /// Glob patterns of the model outputs besides the loss that the step also returns
+    /// (JAX's `has_aux`), by [`output_name`](super::output_name): e.g. `["accuracy"]`,
+    /// or `["*"]` for all. Each is the forward value (not differentiated), sharded as
+    /// the model annotates it. A pattern matching no such output is an
+    /// [`Error::TrainRequest`]; so are aux outputs together with `accumulate`. Empty:
+    /// the step returns the loss only and drops what only the other outputs need.
+    pub aux: Vec<String>,
 }
 
 /// A training step program and what its inputs and outputs are.
@@ -55,9 +63,9 @@ pub struct StepOptions {
 /// the optimizer state of each trained parameter (in `params` order, slots in
 /// [`Optimizer::state_slots`] order), then the optimizer's scalars
 /// ([`Optimizer::scalar_inputs`]). Outputs: the loss (output 0), the updated trained
-/// parameters (in `params` order), then the new optimizer state (in input order).
-/// Feeding output [`TrainStep::feedback`]`.0` back as input `.1` gives the next step's
-/// inputs.
+/// parameters (in `params` order), then the new optimizer state (in input order), then
+/// the [`TrainStep::aux`] outputs. Feeding output [`TrainStep::feedback`]`.0` back as
+/// input `.1` gives the next step's inputs.
 #[derive(Debug, Clone)]
 pub struct TrainStep {
     /// The step program.
@@ -73,6 +81,8 @@ pub struct TrainStep {
     pub scalars: Vec<usize>,
     /// The options it was built with.
     pub options: StepOptions,
+    /// The aux outputs ([`StepOptions::aux`]), in model output order.
+    pub aux: Vec<AuxOutput>,
 }
 
 impl TrainStep {
@@ -108,8 +118,8 @@ impl TrainStep {
 /// updated parameter and state pass through a `sharding_constraint` with that
 /// annotation (none if the parameter has none), so they come out sharded like the
 /// inputs they replace. Update nodes are located at their parameter's source line. The
-/// model's other outputs are not outputs of the step, and nodes that only they use are
-/// dropped.
+/// model's other outputs are outputs of the step only if [`StepOptions::aux`] asks for
+/// them (see [`step_program_with`]); nodes that only the others use are dropped.
 ///
 /// Errors: [`Error::Optimizer`] for bad hyper-parameters, [`Error::TrainRequest`] for
 /// an empty or repeated `trained` list or a pattern that matches nothing, and `grad`'s errors ([`Error::GradRequest`]: an
@@ -123,8 +133,8 @@ pub fn step_program(
     step_program_with(model, loss, trained, optimizer, &StepOptions::default())
 }
 
-/// [`step_program`] with `options` (gradient accumulation). Accumulation over 0
-/// microbatches is an [`Error::TrainRequest`].
+/// [`step_program`] with `options` (gradient accumulation, aux outputs). Accumulation
+/// over 0 microbatches, or together with aux outputs, is an [`Error::TrainRequest`].
 pub fn step_program_with(
     model: &Program,
     loss: usize,
@@ -149,6 +159,13 @@ pub fn step_program_with(
         return Err(request(format!(
             "parameter {p} is listed twice among the trained parameters (at {i})"
         )));
+    }
+    if !options.aux.is_empty() && options.accumulate.is_some() {
+        return Err(request(
+            "aux outputs with gradient accumulation: the step has one loss for all \
+             microbatches but no aux output of them"
+                .into(),
+        ));
     }
     let accumulated;
     let (model, loss) = match options.accumulate {
@@ -176,6 +193,12 @@ pub fn step_program_with(
     let mut program = grad(model, loss, trained)?;
     program.name = format!("train_step_{}", model.name);
     let loss_value = program.outputs[loss];
+    // Aux outputs: forward values of the gradient program (only the loss has a
+    // reverse pass), returned after the update's outputs.
+    let aux_values: Vec<(String, ValueId)> = select_aux(model, loss, &options.aux)?
+        .into_iter()
+        .map(|(name, i)| (name, program.outputs[i]))
+        .collect();
     let gradients = program.outputs[model.outputs.len()..].to_vec();
     let weights: Vec<ValueId> = trained.iter().map(|&i| program.params[i]).collect();
     let names: Vec<String> = weights
@@ -269,6 +292,13 @@ pub fn step_program_with(
         .chain(new_params)
         .chain(new_state)
         .collect();
+    let aux = (aux_values.into_iter())
+        .map(|(name, v)| {
+            program.outputs.push(v);
+            let output = program.outputs.len() - 1;
+            AuxOutput { name, output }
+        })
+        .collect();
     verify(&program)?;
     let program = eliminate_dead_code(&program);
     let data = (0..model.params.len())
@@ -281,6 +311,7 @@ pub fn step_program_with(
         data,
         scalars,
         options: options.clone(),
+        aux,
     })
 }
 

@@ -6,12 +6,13 @@
 
 use super::data::{Batch, DataLayout};
 use super::init::Initializer;
+use super::outputs::{Fetch, StepOutput, output_name, request_aux, step_output};
 use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
 use crate::executable::{CompileOptions, Executable, compile_for};
 use crate::ir::{Builder, DType, Literal, Program, TensorType};
-use crate::runtime::{Backend, Input, Output, Reference, Resident, ThreadMesh, Value};
+use crate::runtime::{Backend, Input, Output, Reference, Resident, ThreadMesh};
 use crate::sharding::Mesh;
 
 /// Name of the step count in a [`Trainer::checkpoint`].
@@ -200,7 +201,8 @@ impl Trainer {
 
     /// The inputs and outputs of a step: carried values resident, data inputs as
     /// `blocks` (per data input, the blocks of this process's devices) if given, the
-    /// rest global.
+    /// other inputs and the loss global, the aux outputs as blocks (no gather; the
+    /// caller sets those it wants).
     fn resident_io<'a>(
         &'a self,
         blocks: Option<&'a [Vec<Literal>]>,
@@ -215,11 +217,12 @@ impl Trainer {
                 },
             )
             .collect();
-        let outputs = (self.feeds.iter())
+        let outputs = (self.feeds.iter().enumerate())
             .map(
-                |feed| match feed.and_then(|input| self.carried[input].clone()) {
+                |(k, feed)| match feed.and_then(|input| self.carried[input].clone()) {
                     Some(key) => Output::Resident(key),
-                    None => Output::Global,
+                    None if k == TrainStep::LOSS => Output::Global,
+                    None => Output::Shards,
                 },
             )
             .collect();
@@ -254,24 +257,53 @@ impl Trainer {
     /// they are unchanged, unless the step donates them (see [`Trainer::with_options`]):
     /// then they are gone and the next step is an [`Error::Input`] naming them.
     pub fn step(&mut self, data: &[Literal]) -> Result<f32> {
-        self.check_data_count(data.len())?;
-        for (&index, value) in self.step.data.iter().zip(data) {
-            self.inputs[index] = value.clone();
-        }
-        self.run(None)
+        self.set_data(data)?;
+        Ok(self.run(None, &[])?.loss)
     }
 
     /// [`Trainer::step`] with a [`Batch`]: global arrays, or the blocks of this
     /// process's devices (as [`Dataset::batches`](super::Dataset::batches) cuts them
     /// for [`Trainer::data_layout`]), bound to each device without a global batch.
     pub fn step_batch(&mut self, batch: &Batch) -> Result<f32> {
+        Ok(self.step_with(batch, &[])?.loss)
+    }
+
+    /// [`Trainer::step_batch`] returning the loss and every aux output of the step
+    /// ([`TrainStep::aux`]) assembled on the host: `loss, aux = step(batch)` of a JAX
+    /// step built with `has_aux`.
+    pub fn step_with_aux(&mut self, batch: &Batch) -> Result<StepOutput> {
+        let names: Vec<String> = self.step.aux.iter().map(|a| a.name.clone()).collect();
+        let asked: Vec<(&str, Fetch)> = (names.iter())
+            .map(|n| (n.as_str(), Fetch::Global))
+            .collect();
+        self.step_with(batch, &asked)
+    }
+
+    /// [`Trainer::step_batch`] returning the loss and the aux outputs named in `aux`,
+    /// each as its [`Fetch`] asks (assembled, or this process's devices' blocks); the
+    /// step's other aux outputs are not gathered. A name the step does not return is an
+    /// [`Error::UnknownOutput`] (and no step runs).
+    pub fn step_with(&mut self, batch: &Batch, aux: &[(&str, Fetch)]) -> Result<StepOutput> {
         match batch {
-            Batch::Global(data) => self.step(data),
+            Batch::Global(data) => {
+                self.set_data(data)?;
+                self.run(None, aux)
+            }
             Batch::Blocks(blocks) => {
                 self.check_data_count(blocks.len())?;
-                self.run(Some(blocks))
+                self.run(Some(blocks), aux)
             }
         }
+    }
+
+    /// Sets the data inputs of the next step to `data` (one global array per
+    /// [`TrainStep::data`] input).
+    fn set_data(&mut self, data: &[Literal]) -> Result<()> {
+        self.check_data_count(data.len())?;
+        for (&index, value) in self.step.data.iter().zip(data) {
+            self.inputs[index] = value.clone();
+        }
+        Ok(())
     }
 
     /// Where the data inputs go: the mesh, each data input's sharding and this
@@ -302,16 +334,25 @@ impl Trainer {
     }
 
     /// Runs the step on the data set in `inputs`, or on `blocks` (per data input, the
-    /// blocks of this process's devices) if given.
-    fn run(&mut self, blocks: Option<&[Vec<Literal>]>) -> Result<f32> {
+    /// blocks of this process's devices) if given, returning the `aux` outputs asked.
+    fn run(
+        &mut self,
+        blocks: Option<&[Vec<Literal>]>,
+        aux: &[(&str, Fetch)],
+    ) -> Result<StepOutput> {
         let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
         }
-        let (inputs, outputs) = self.resident_io(blocks);
-        let loss = global_loss(self.exe.execute(&*self.backend, &inputs, &outputs)?)?;
+        let (inputs, mut outputs) = self.resident_io(blocks);
+        let available: Vec<(String, usize)> = (self.step.aux.iter())
+            .map(|a| (a.name.clone(), a.output))
+            .collect();
+        let indices = request_aux(&self.step.program.name, &available, aux, &mut outputs)?;
+        let values = self.exe.execute(&*self.backend, &inputs, &outputs)?;
+        let output = step_output(values, TrainStep::LOSS, aux, &indices)?;
         self.steps_done += 1;
-        Ok(loss)
+        Ok(output)
     }
 
     /// The same trainer with the learning rate of step `t` set to the optimizer's
@@ -485,29 +526,14 @@ fn check(program: &Program, index: usize, name: &str, value: &Literal) -> Result
     Ok(())
 }
 
-/// The loss from a mesh step's outputs: [`loss_of`] the global one at
-/// [`TrainStep::LOSS`].
-fn global_loss(values: Vec<Value>) -> Result<f32> {
-    let loss = values.into_iter().nth(TrainStep::LOSS);
-    loss_of(loss.and_then(Value::into_global).as_ref())
-}
-
-/// The loss from the step's output, which must be an f32 scalar.
-fn loss_of(output: Option<&Literal>) -> Result<f32> {
-    output
-        .and_then(Literal::as_f32)
-        .and_then(|a| a.iter().next().copied())
-        .ok_or_else(|| Error::TrainerInput {
-            name: "loss".into(),
-            message: "the step did not return an f32 loss".into(),
-        })
-}
-
 /// A model's forward program (its loss, no update) compiled once for a [`Trainer`]'s
-/// backend, to compute a validation loss on held-out data ([`Trainer::evaluate`]).
+/// backend, to compute a validation loss and the model's other outputs, by name, on
+/// held-out data ([`Trainer::evaluate`], [`Trainer::evaluate_with`]).
 pub struct Evaluator {
     model: Program,
     loss: usize,
+    /// The model's other outputs: [`output_name`] and output index.
+    aux: Vec<(String, usize)>,
     /// The model compiled for the trainer's backend.
     exe: Executable,
     /// For each trained parameter the model shards otherwise than the step: its input
@@ -557,9 +583,14 @@ impl Trainer {
                 ));
             }
         }
+        let aux = (0..model.outputs.len())
+            .filter(|&i| i != loss)
+            .map(|i| (output_name(model, i), i))
+            .collect();
         Ok(Evaluator {
             model: model.clone(),
             loss,
+            aux,
             exe,
             reshards,
         })
@@ -571,7 +602,32 @@ impl Trainer {
     /// programs is read where it resides; any other is resharded on the devices (no
     /// process holds more than its devices' blocks) and dropped afterwards.
     pub fn evaluate(&self, eval: &Evaluator, data: &[Literal]) -> Result<f32> {
+        Ok(self.evaluate_with(eval, data, &[])?.loss)
+    }
+
+    /// [`Trainer::evaluate`] returning the loss and every other output of the model,
+    /// by [`output_name`], assembled on the host.
+    pub fn evaluate_with_aux(&self, eval: &Evaluator, data: &[Literal]) -> Result<StepOutput> {
+        let asked: Vec<(&str, Fetch)> = (eval.aux.iter())
+            .map(|(n, _)| (n.as_str(), Fetch::Global))
+            .collect();
+        self.evaluate_with(eval, data, &asked)
+    }
+
+    /// [`Trainer::evaluate`] returning the loss and the model outputs named in `aux`
+    /// (by [`output_name`]), each as its [`Fetch`] asks; the model's other outputs are
+    /// not gathered. A name the model's outputs (the loss aside) do not have is an
+    /// [`Error::UnknownOutput`].
+    pub fn evaluate_with(
+        &self,
+        eval: &Evaluator,
+        data: &[Literal],
+        aux: &[(&str, Fetch)],
+    ) -> Result<StepOutput> {
         self.check_data_count(data.len())?;
+        let mut outputs = vec![Output::Shards; eval.model.outputs.len()];
+        outputs[eval.loss] = Output::Global;
+        let indices = request_aux(&eval.model.name, &eval.aux, aux, &mut outputs)?;
         let backend = &*self.backend;
         for (index, reshard) in &eval.reshards {
             let from = self.carried_key(*index).unwrap_or_default();
@@ -592,15 +648,10 @@ impl Trainer {
                 (None, None) => Input::Global(&self.inputs[i]),
             })
             .collect();
-        let outputs = vec![Output::Global; eval.model.outputs.len()];
         let values = eval.exe.execute(backend, &inputs, &outputs);
         for (index, _) in &eval.reshards {
             backend.remove(&resharded_key(*index))?;
         }
-        let loss = values?
-            .into_iter()
-            .nth(eval.loss)
-            .and_then(Value::into_global);
-        loss_of(loss.as_ref())
+        step_output(values?, eval.loss, aux, &indices)
     }
 }
