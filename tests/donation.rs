@@ -4,7 +4,8 @@
 //! - the same losses and parameters, bit for bit, as without donation, on a 2x4 thread
 //!   mesh and on the reference;
 //! - the process's allocator counts what the memory analysis predicts, and the new
-//!   weights and state no longer beside the old ones;
+//!   weights and state no longer beside the old ones (the language model's and the
+//!   U-Net's steps);
 //! - a donating step that fails loses what it was given (a typed error at the next
 //!   step, no panic), and a donated index that is no input is an error at compile time.
 //!
@@ -14,6 +15,7 @@
 use std::sync::Mutex;
 
 use gspmd::models::transformer::language_model;
+use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::pooled_bytes;
 use gspmd::train::{Initializer, Optimizer, TrainStep, Trainer, step_program};
@@ -106,11 +108,16 @@ fn donating_steps_train_bitwise_like_lending_ones() {
     assert_eq!(train(donated.expect("trainer")), reference, "reference");
 }
 
-/// The bytes one step on one device allocates beyond what is allocated before it, and
-/// the memory analysis's prediction of them, compiled with `options`. (On one device no
-/// weight is gathered: the weights, their gradients and their state make the peak.)
-fn step_allocation(step: &TrainStep, options: &CompileOptions) -> (usize, usize) {
-    let mesh = language_model::mesh([1, 1]).expect("mesh");
+/// The bytes one step of `step` on one device (`mesh`, of one device) allocates beyond
+/// what is allocated before it, and the memory analysis's prediction of them, compiled
+/// with `options`. (On one device no weight is gathered: the weights, their gradients
+/// and their state make the peak.)
+fn step_allocation(
+    step: &TrainStep,
+    mesh: Mesh,
+    batch: &dyn Fn(usize) -> Vec<Literal>,
+    options: &CompileOptions,
+) -> (usize, usize) {
     let devices = mesh.num_devices();
     let mut trainer = Trainer::on_mesh_with(step.clone(), mesh, init(), options).expect("trainer");
     let analysis = trainer.executable().memory_analysis();
@@ -126,33 +133,73 @@ fn step_allocation(step: &TrainStep, options: &CompileOptions) -> (usize, usize)
     (counted, devices * (analysis.peak_bytes - inputs))
 }
 
-#[test]
-fn a_donating_step_writes_the_new_weights_and_state_over_the_old() {
-    let _one = lock();
-    let step = step();
+/// Scratch inside kernels that the memory analysis does not model (its module doc says
+/// so): about 100 KB on both steps here, the matrix kernel's packing buffers.
+const UNMODELLED_SCRATCH: usize = 128 << 10;
+
+/// Lending, the update's new weights and state (some written into the gradients'
+/// buffers) sit beside the old ones: the peak. Donating, they overwrite the old ones,
+/// and the peak moves into the backward pass: the counted and the predicted peak both
+/// drop by at least a quarter of the weights and state, and the prediction is within
+/// 10% (plus [`UNMODELLED_SCRATCH`]) of the count.
+fn donation_lowers_the_peak(
+    step: &TrainStep,
+    mesh: impl Fn() -> Mesh,
+    batch: &dyn Fn(usize) -> Vec<Literal>,
+) {
     let carried: usize = (step.carried().iter())
         .map(|&i| step.program.ty(step.program.params[i]).size_in_bytes())
         .sum();
-    let (lending, _) = step_allocation(&step, &CompileOptions::default());
-    let (donating, predicted) = step_allocation(&step, &donating(&step));
+    let (lending, lending_predicted) =
+        step_allocation(step, mesh(), batch, &CompileOptions::default());
+    let (donating, predicted) = step_allocation(step, mesh(), batch, &donating(step));
     println!(
-        "one step allocates {lending} bytes lending, {donating} donating (predicted \
-         {predicted}); weights and state: {carried} bytes"
+        "{}: one step allocates {lending} bytes lending (predicted {lending_predicted}), \
+         {donating} donating (predicted {predicted}); weights and state: {carried} bytes",
+        step.program.name
     );
-    // Lending, the update's new weights and state (a third of them written into the
-    // gradients' buffers) sit beside the old ones: the peak. Donating, they overwrite
-    // the old ones, and the peak moves into the backward pass, lower by at least a
-    // quarter of the weights and state.
     assert!(
         donating + carried / 4 <= lending,
         "donating saved {} of {carried} bytes",
         lending.saturating_sub(donating)
     );
-    let error = predicted as f64 / donating as f64 - 1.0;
     assert!(
-        error.abs() <= 0.10,
-        "predicted {predicted}, counted {donating}"
+        predicted + carried / 4 <= lending_predicted,
+        "the analysis predicts donating saves {} of {carried} bytes",
+        lending_predicted.saturating_sub(predicted)
     );
+    for (counted, predicted) in [(lending, lending_predicted), (donating, predicted)] {
+        assert!(
+            counted.abs_diff(predicted) <= counted / 10 + UNMODELLED_SCRATCH,
+            "predicted {predicted}, counted {counted}"
+        );
+    }
+}
+
+#[test]
+fn a_donating_step_writes_the_new_weights_and_state_over_the_old() {
+    let _one = lock();
+    let mesh = || language_model::mesh([1, 1]).expect("mesh");
+    donation_lowers_the_peak(&step(), mesh, &batch);
+}
+
+/// The U-Net's AdamW step on small images (1x8x8), so that its weights and state, not
+/// its activations, make the peak.
+#[test]
+fn a_donating_unet_step_writes_the_new_weights_and_state_over_the_old() {
+    let _one = lock();
+    let model = denoise::trace(denoise::Dims { B: 1, H: 8, W: 8 }).expect("traces");
+    // Parameters 0 and 1 are the noisy and the clean images; the rest are trained.
+    let trained: Vec<usize> = (2..model.params.len()).collect();
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step");
+    let image = |k: usize, shift: usize| {
+        Literal::from(gspmd::ndarray::ArrayD::from_shape_fn(
+            gspmd::ndarray::IxDyn(&[1, 8, 8, 1]),
+            |ix| ((ix[1] * 5 + ix[2] * 3 + k + shift) % 7) as f32 / 7.0,
+        ))
+    };
+    let batch = |k: usize| vec![image(k, 1), image(k, 0)];
+    donation_lowers_the_peak(&step, || denoise::mesh([1, 1]).expect("mesh"), &batch);
 }
 
 #[test]
