@@ -130,6 +130,55 @@ fn split_and_fold_in_are_threefry_of_the_index() {
     }
 }
 
+/// Values JAX 0.12.0.1 gives for `PRNGKey(42)` (threefry, partitionable: its default),
+/// printed by `jax.random.bits(k, (2, 3), uint32)`, `split(k, 3)`, `fold_in(k, 5)`,
+/// `uniform(k, (4,))` and `uniform(k, (4,), minval=-2.0, maxval=3.0)` (as f32 bits) and
+/// `bernoulli(k, 0.3, (8,))`: the same here, on one device and split over the 2x4 mesh.
+/// Scaled to `[-2, 3)` they may differ by the rounding of the product: XLA on the CPU
+/// contracts `u * (hi - lo) + lo` into a fused multiply-add, which rounds once where a
+/// multiply and an add round twice.
+#[test]
+fn draws_equal_jax() {
+    let b = Builder::new("jax");
+    let key = random::key(&b, 42);
+    let five = b.constant(Literal::full(&[], DType::I32, 5.0));
+    let outputs = [
+        random::bits(&key, [2, 3]).annotate(s("(data, model)")),
+        random::split_stacked(&key, 3).annotate(s("(model, _)")),
+        random::fold_in(&key, &five),
+        random::uniform(&key, [4], 0.0, 1.0).annotate(s("(model)")),
+        random::uniform(&key, [4], -2.0, 3.0),
+        random::bernoulli(&key, 0.3, [8]).annotate(s("((data, model))")),
+    ];
+    let program = b.finish(&outputs.iter().collect::<Vec<_>>()).unwrap();
+    let got = same_everywhere(&program, &[]);
+    let words = |ws: &[u32]| ws.iter().map(|&w| w as i32).collect::<Vec<_>>();
+    let bits = [
+        0x7d1c13a2, 0xae0730d9, 0x9dc3f9f9, 0x8f9ec1d7, 0x735d7315, 0x95fb4ed8,
+    ];
+    assert_eq!(i32s(&got[0]), words(&bits));
+    let keys = [
+        0x6d3e048f, 0x1022172d, 0x03d7b32d, 0xadd083f4, 0x92fb20ea, 0x0f38d913,
+    ];
+    assert_eq!(i32s(&got[1]), words(&keys));
+    assert_eq!(i32s(&got[2]), words(&[0xa4d91a96, 0x3122544e]));
+    let unit = [1056585764, 1059981104, 1058915320, 1057988288].map(f32::from_bits);
+    assert_eq!(f32s(&got[3]), unit);
+    let scaled = [0x3ee318b4, 0x3fb311f8, 0x3f8a69ec, 0x3f4e19c0].map(f32::from_bits);
+    for (got, jax) in f32s(&got[4]).into_iter().zip(scaled) {
+        // The product's rounding: half an ulp of a value below 5.
+        assert!(
+            (got - jax).abs() <= 5.0 * f32::EPSILON,
+            "{got} vs JAX's {jax}"
+        );
+    }
+    let bernoulli: Vec<bool> = got[5].as_bool().unwrap().iter().copied().collect();
+    assert_eq!(
+        bernoulli,
+        [false, false, false, false, false, false, true, false]
+    );
+}
+
 /// Stacked split keys sharded on their counter dim, and on their word dim too (which
 /// each device computes whole and then cuts), and a split key's own draws.
 #[test]

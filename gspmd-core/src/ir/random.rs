@@ -12,9 +12,11 @@
 //!
 //! Same values as JAX (`jax_threefry_partitionable`, the default since JAX 0.5):
 //! `bits` is `random_bits(key, 32, shape)`, `split` and `fold_in` are JAX's, `uniform`
-//! is JAX's (the top 23 bits as the mantissa). `normal` uses Box–Muller on two
-//! uniform draws (JAX uses the inverse error function, which the IR has no op for), so
-//! its values differ from JAX's but its distribution is the same.
+//! is JAX's (the top 23 bits as the mantissa; scaled to `[lo, hi)`, up to the rounding
+//! of the product, which XLA's CPU backend fuses into a multiply-add), and so is
+//! `bernoulli` (`tests/random.rs` checks values printed by JAX 0.12). `normal` uses
+//! Box–Muller on two uniform draws (JAX uses the inverse error function, which the IR
+//! has no op for), so its values differ from JAX's but its distribution is the same.
 //!
 //! Every function is `#[track_caller]`: a bad key (not `i32[2]`) is an
 //! [`Error::Shape`] of `random_bits` at the caller's line, a value outside its domain
@@ -197,8 +199,8 @@ pub fn bernoulli(key: &Tensor, p: f64, shape: impl Into<Shape>) -> Tensor {
 }
 
 /// Inverted dropout of the float tensor `x`: each element kept with probability
-/// `1 - rate` (an independent [`bernoulli`] draw from `key` per element) and scaled by
-/// `1 / (1 - rate)`, the others zero, so the expectation is `x`. `rate = 0` is `x`
+/// `1 - rate` (an independent [`bernoulli`] draw from `key` per element) and divided by
+/// `1 - rate` (as Flax's `Dropout`), the others zero, so the expectation is `x`. `rate = 0` is `x`
 /// itself. The gradient flows to `x` through the kept elements; none to the key. An
 /// [`Error::Random`] unless `0 <= rate < 1`, an [`Error::Shape`] for a non-float `x`.
 #[track_caller]
@@ -220,8 +222,9 @@ pub fn dropout(x: &Tensor, rate: f64, key: &Tensor) -> Tensor {
     if rate == 0.0 {
         return x.clone();
     }
-    let keep = bernoulli(key, 1.0 - rate, x.shape().to_vec());
-    let scaled = x * &x.scalar_like(1.0 / (1.0 - rate));
+    let keep_probability = 1.0 - rate;
+    let keep = bernoulli(key, keep_probability, x.shape().to_vec());
+    let scaled = x / &x.scalar_like(keep_probability);
     keep.select(&scaled, &x.scalar_like(0.0))
 }
 
