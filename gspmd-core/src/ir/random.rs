@@ -48,22 +48,35 @@ const PARITY: u32 = 0x1BD1_1BDA;
 /// counter `(x0, x1)` under `key`. A bijection of the counter for each key; the
 /// published known-answer vectors are checked in this module's tests.
 pub fn threefry2x32(key: [u32; 2], counter: [u32; 2]) -> [u32; 2] {
+    let [[y0], [y1]] = threefry2x32_lanes(key, [counter[0]], [counter[1]]);
+    [y0, y1]
+}
+
+/// [`threefry2x32`] of `L` counters `(x0[l], x1[l])` at once: plain arrays, which the
+/// compiler turns into vector instructions where the caller enables them (the kernel
+/// runs it under `pulp`'s run-time dispatch).
+#[inline(always)]
+pub(crate) fn threefry2x32_lanes<const L: usize>(
+    key: [u32; 2],
+    x0: [u32; L],
+    x1: [u32; L],
+) -> [[u32; L]; 2] {
     let schedule = [key[0], key[1], key[0] ^ key[1] ^ PARITY];
-    let [mut x0, mut x1] = [
-        counter[0].wrapping_add(schedule[0]),
-        counter[1].wrapping_add(schedule[1]),
-    ];
+    let mut x0 = x0.map(|x| x.wrapping_add(schedule[0]));
+    let mut x1 = x1.map(|x| x.wrapping_add(schedule[1]));
     for injection in 1..=5u32 {
         for r in 0..4 {
             let rotation = ROTATIONS[(4 * (injection as usize - 1) + r) % 8];
-            x0 = x0.wrapping_add(x1);
-            x1 = x1.rotate_left(rotation) ^ x0;
+            for l in 0..L {
+                x0[l] = x0[l].wrapping_add(x1[l]);
+                x1[l] = x1[l].rotate_left(rotation) ^ x0[l];
+            }
         }
         let i = injection as usize;
-        x0 = x0.wrapping_add(schedule[i % 3]);
-        x1 = x1
-            .wrapping_add(schedule[(i + 1) % 3])
-            .wrapping_add(injection);
+        for l in 0..L {
+            x0[l] = x0[l].wrapping_add(schedule[i % 3]);
+            x1[l] = (x1[l].wrapping_add(schedule[(i + 1) % 3])).wrapping_add(injection);
+        }
     }
     [x0, x1]
 }

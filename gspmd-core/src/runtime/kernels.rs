@@ -15,6 +15,7 @@ mod elementwise;
 mod indexing;
 mod movement;
 mod narrow;
+mod random;
 mod reduce;
 
 use std::borrow::Cow;
@@ -32,7 +33,6 @@ pub(crate) use elementwise::{
 use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn};
 pub(crate) use reduce::{Lanes, body_len};
 
-use crate::ir::random::{self, RandomOutput};
 use crate::ir::{
     ConvConfig, CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim,
     by_element, infer_type, map_literal, with_literal,
@@ -233,7 +233,7 @@ fn compute_borrowed(
             shape,
             strides,
             output,
-        } => random_bits(operands[0], operands[1], shape, strides, *output)?,
+        } => random::random_bits(operands[0], operands[1], shape, strides, *output)?,
         Op::Broadcast { shape, dims } => {
             map_literal!(operands[0], a => movement::broadcast_in_dim(a.view(), shape, dims)?)
         }
@@ -362,49 +362,6 @@ fn iota(shape: &[usize], dim: usize, dtype: DType) -> Result<Literal, String> {
         return Err("iota of bool".into());
     }
     by_element!(dtype, count_in(shape, dim))
-}
-
-/// [`Op::RandomBits`]: each counter's threefry block, walked in row-major order.
-fn random_bits(
-    key: &Literal,
-    base: &Literal,
-    shape: &[usize],
-    strides: &[usize],
-    output: RandomOutput,
-) -> Result<Literal, String> {
-    let key = random::key_words(key).ok_or("random_bits: the key is not i32[2]")?;
-    let base = (base.as_i32())
-        .and_then(|b| b.iter().next().copied())
-        .ok_or("random_bits: the counter base is not an i32 scalar")?;
-    let words = if output == RandomOutput::Key { 2 } else { 1 };
-    let mut out = Vec::with_capacity(shape.iter().product::<usize>() * words);
-    let mut index = vec![0usize; shape.len()];
-    let mut counter = base as u32;
-    let strides: Vec<u32> = strides.iter().map(|&s| s as u32).collect();
-    for _ in 0..shape.iter().product::<usize>() {
-        let [y0, y1] = random::threefry2x32(key, [0, counter]);
-        match output {
-            RandomOutput::Bits => out.push((y0 ^ y1) as i32),
-            RandomOutput::Key => out.extend([y0 as i32, y1 as i32]),
-        }
-        // The next index, row-major; the counter moves by the strides (mod 2^32).
-        for d in (0..shape.len()).rev() {
-            index[d] += 1;
-            counter = counter.wrapping_add(strides[d]);
-            if index[d] < shape[d] {
-                break;
-            }
-            counter = counter.wrapping_sub(strides[d].wrapping_mul(shape[d] as u32));
-            index[d] = 0;
-        }
-    }
-    let mut dims = shape.to_vec();
-    if output == RandomOutput::Key {
-        dims.push(2);
-    }
-    ArrayD::from_shape_vec(IxDyn(&dims), out)
-        .map(Literal::I32)
-        .map_err(|e| e.to_string())
 }
 
 // ---- data movement ---------------------------------------------------------------------
