@@ -409,7 +409,7 @@ pub enum Op {
     /// program's device computes its block with the same `strides` and its block's
     /// offset added to `base`.
     RandomBits {
-        /// The counters' array dims (the result's, plus the word dim of a key output).
+        /// The counters' dims: the result's, without a key output's trailing word dim.
         shape: Vec<usize>,
         /// Counter step per dim: row-major strides of the global array (so at most
         /// 2^32 distinct counters: the shape rule bounds the largest one).

@@ -1,7 +1,11 @@
 //! Counter-based random numbers, as `jax.random` with its threefry key in the
 //! partitionable layout: the one primitive [`Op::RandomBits`] and, on top of it, keys
-//! ([`key`], [`split`], [`split_stacked`], [`fold_in`]) and draws ([`bits`], [`uniform`], [`normal`],
-//! [`bernoulli`], [`dropout`]).
+//! ([`key`], [`split`], [`split_stacked`], [`fold_in`]) and draws ([`bits`],
+//! [`uniform`], [`normal`], [`bernoulli`], [`dropout`]).
+//!
+//! As in JAX, a key is either split (or folded) or drawn from, not both: key `i` of a
+//! split and `fold_in(key, i)` are the same block of counter `i` whose two words'
+//! xor is `bits(key)` at index `i`.
 //!
 //! A key is an `i32[2]` tensor: two u32 words with their bits reinterpreted, since the
 //! IR's integer dtype is i32 (no u32, no 64-bit type; a pair of scalars would make
@@ -131,8 +135,9 @@ pub fn bits(key: &Tensor, shape: impl Into<Shape>) -> Tensor {
     random_bits(key, &zero_base(key), shape.into(), RandomOutput::Bits)
 }
 
-/// `n` new keys from `key` (JAX's `split`): key `i` is `threefry2x32(key, (0, i))`.
-/// Keys of one split are independent of each other and of `key`'s own draws.
+/// `n` new keys from `key` (JAX's `split`): key `i` is `threefry2x32(key, (0, i))`,
+/// which is also `fold_in(key, i)`. Draw from the new keys, not from `key` (see the
+/// module docs).
 #[track_caller]
 pub fn split(key: &Tensor, n: usize) -> Vec<Tensor> {
     let keys = split_stacked(key, n);
@@ -212,10 +217,11 @@ pub fn bernoulli(key: &Tensor, p: f64, shape: impl Into<Shape>) -> Tensor {
 }
 
 /// Inverted dropout of the float tensor `x`: each element kept with probability
-/// `1 - rate` (an independent [`bernoulli`] draw from `key` per element) and divided by
-/// `1 - rate` (as Flax's `Dropout`), the others zero, so the expectation is `x`. `rate = 0` is `x`
-/// itself. The gradient flows to `x` through the kept elements; none to the key. An
-/// [`Error::Random`] unless `0 <= rate < 1`, an [`Error::Shape`] for a non-float `x`.
+/// `1 - rate` (an independent [`bernoulli`] draw from `key` per element) and divided
+/// by `1 - rate` (as Flax's `Dropout`), the others zero, so the expectation is `x`;
+/// `rate = 0` is `x` itself. The gradient flows to `x` through the kept elements; none
+/// to the key. An [`Error::Random`] unless `0 <= rate < 1`, an [`Error::Shape`] for a
+/// non-float `x`.
 #[track_caller]
 pub fn dropout(x: &Tensor, rate: f64, key: &Tensor) -> Tensor {
     let location = Location::caller();
