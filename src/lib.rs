@@ -68,6 +68,7 @@ pub mod prelude {
     pub use crate::{model, params, shard};
     pub use gspmd_core::ir::{
         Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
+        random,
     };
     pub use gspmd_core::runtime::{Backend, Reference, ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};

@@ -29,6 +29,18 @@ pub enum Error {
         /// What is wrong, naming the operands' shapes.
         message: String,
     },
+    /// A random-number op was asked for something outside its domain: a probability
+    /// outside `[0, 1]`, a dropout rate outside `[0, 1)`, an empty or infinite interval
+    /// (see [`crate::ir::random`]).
+    #[error("{location}: {op}: {message}")]
+    Random {
+        /// The function's name (`uniform`, `bernoulli`, `dropout`).
+        op: &'static str,
+        /// Where it was traced.
+        location: Location,
+        /// What is wrong, naming the value given.
+        message: String,
+    },
     /// Several errors found at once (the verifier and the tracer report all they find).
     #[error("{}", display_list(.0))]
     Many(Vec<Error>),

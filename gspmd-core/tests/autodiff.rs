@@ -10,6 +10,7 @@
 
 use gspmd_core::Error;
 use gspmd_core::autodiff::{grad, is_differentiable};
+use gspmd_core::ir::random;
 use gspmd_core::ir::{
     AxisGroup, Builder, DType, DotDims, GatherDims, Literal, Location, Node, Op, OpKind, Padding,
     Program, ReduceKind, ScatterDims, Tensor, ValueId, WindowDim, einsum, verify,
@@ -1519,6 +1520,25 @@ fn cross_entropy_with_logits_matches_hand_computed_values() {
         }
         other => panic!("expected one error, got {other:?}"),
     }
+}
+
+/// Dropout's gradient: the cotangent through the kept elements, scaled by
+/// `1 / (1 - rate)`; none to the key (an i32 input the sweep never differentiates).
+#[test]
+fn dropout_matches_finite_differences() {
+    let b = Builder::new("dropout");
+    let x = b.parameter("x", [4, 6], DType::F32);
+    let key = b.parameter("key", [2], DType::I32);
+    let loss = (random::dropout(&x, 0.4, &key) * &x).sum(&[0, 1]);
+    let program = b.finish(&[&loss]).unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(26);
+    let inputs = [
+        uniform_f32(&mut rng, &[4, 6], -1.0, 1.0),
+        random::key_data(5),
+    ];
+    let g = check_gradients(&program, &inputs, &[0]);
+    let zeros = values(&g[0]).iter().filter(|&&d| d == 0.0).count();
+    assert!(zeros > 0 && zeros < 24, "{zeros} of 24 elements dropped");
 }
 
 /// Every differentiable op kind is in a program whose gradients a test above checks

@@ -2,6 +2,7 @@
 //! primitive op, every composite helper of the builder, input checking and errors.
 
 use gspmd_core::Error;
+use gspmd_core::ir::random;
 use gspmd_core::ir::{
     Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Literal, OpKind, Padding,
     ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
@@ -2265,6 +2266,36 @@ fn cond_takes_one_branch() {
 
 /// Every op kind of a global program is interpreted by some test above (through
 /// [`run`]); the SPMD-only ones are rejected (`spmd_only_op_is_a_runtime_error_with_location`).
+/// `random_bits` against Random123's known answer for threefry2x32_20 at key and
+/// counter zero (`6b200159 99ba4efe`): `fold_in(key, 0)` is that block, the first
+/// draw of `bits` its xor; a stacked split counts from 0 in row-major order.
+#[test]
+fn random_bits_give_the_known_threefry_answer() {
+    let outs = run(
+        |b| {
+            let key = b.parameter("key", [2], DType::I32);
+            let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
+            vec![
+                random::fold_in(&key, &zero),
+                random::bits(&key, [2, 3]),
+                random::split_stacked(&key, 3),
+            ]
+        },
+        &[i32s(&[2], &[0, 0])],
+    );
+    let (y0, y1) = (0x6b20_0159u32 as i32, 0x99ba_4efeu32 as i32);
+    assert_eq!(outs[0], i32s(&[2], &[y0, y1]));
+    let bits = outs[1].as_i32().unwrap();
+    assert_eq!(bits.shape(), [2, 3]);
+    assert_eq!(bits[[0, 0]], y0 ^ y1);
+    let keys = outs[2].as_i32().unwrap();
+    assert_eq!(keys.shape(), [3, 2]);
+    assert_eq!((keys[[0, 0]], keys[[0, 1]]), (y0, y1));
+    for (i, row) in keys.outer_iter().enumerate().skip(1) {
+        assert_eq!(row[0] ^ row[1], bits.as_slice().unwrap()[i], "counter {i}");
+    }
+}
+
 #[test]
 fn covers_every_op_kind() {
     let kinds = op_coverage::kinds_checked("covers_every_op_kind");

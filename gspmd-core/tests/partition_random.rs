@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use gspmd_core::ir::random;
 use gspmd_core::ir::{
     Builder, DType, Flow, GatherDims, Literal, Op, OpKind, Padding, Program, ReduceKind,
     ScatterDims, Tensor, WindowDim,
@@ -522,6 +523,28 @@ fn gathers_and_scatters_with_indices_out_of_range() {
         ]
     });
     check(&p, 6, 41);
+}
+
+/// Random draws with every value randomly sharded: keys split on their one dim,
+/// stacked split keys on their word dim, draws on uneven dims; each device's block
+/// must hold the global indices' draws.
+#[test]
+fn random_draws_under_random_shardings() {
+    let p = build("random", |b| {
+        let key = b.parameter("key", [2], DType::I32);
+        let step = b.parameter("step", [], DType::I32);
+        let x = b.parameter("x", [5, 9], DType::F32);
+        let folded = random::fold_in(&key, &step);
+        let k = random::split(&folded, 2)[1].clone();
+        vec![
+            random::split_stacked(&folded, 5),
+            random::bits(&k, [7, 5, 3]),
+            random::uniform(&key, [6, 10], -1.0, 2.0),
+            random::dropout(&x, 0.3, &k),
+            random::normal(&key, [4, 6]),
+        ]
+    });
+    check(&p, 6, 43);
 }
 
 #[test]

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use gspmd_core::ir::random;
 use gspmd_core::ir::{
     BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Flow, GatherDims,
     Literal, Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor,
@@ -1232,12 +1233,13 @@ impl Gen<'_> {
         } else {
             DType::F32
         };
-        match self.rng.random_range(0..3) {
+        match self.rng.random_range(0..4) {
             0 => {
                 let dim = self.rng.random_range(0..rank);
                 let r = self.b.iota(shape, dim, dtype);
                 self.push(r, true);
             }
+            3 => self.random(shape),
             1 => {
                 let r = self
                     .b
@@ -1246,6 +1248,31 @@ impl Gen<'_> {
             }
             _ => {
                 self.parameter(shape, dtype);
+            }
+        }
+    }
+
+    /// Random draws of `shape` from an i32[2] key of the pool (any pair is a key),
+    /// sometimes folded with an i32 scalar or split first: bits modulo 8 (small exact
+    /// i32s, like the inputs), uniform floats (not on the exact grid), or a stacked
+    /// split (`[n, 2]` keys modulo 8, their word dim possibly annotated split).
+    fn random(&mut self, shape: Vec<usize>) {
+        let mut key = self.value_of(&[2], DType::I32, true).t;
+        if self.rng.random_ratio(1, 3) {
+            let data = self.value_of(&[], DType::I32, true).t;
+            key = random::fold_in(&key, &data);
+        }
+        if self.rng.random_ratio(1, 3) {
+            let n = 1 + self.rng.random_range(0..3);
+            key = random::split(&key, n)[self.rng.random_range(0..n)].clone();
+        }
+        let eight = self.b.full([], DType::I32, 8.0);
+        match self.rng.random_range(0..3) {
+            0 => self.push(random::bits(&key, shape).rem(&eight), true),
+            1 => self.push(random::uniform(&key, shape, -1.0, 1.0), false),
+            _ => {
+                let n = dim_size(self.rng);
+                self.push(random::split_stacked(&key, n).rem(&eight), true);
             }
         }
     }
@@ -1506,7 +1533,7 @@ fn values_and_errors(
         let error = match &node.op {
             _ if node.ty.dtype != DType::F32 => ArrayD::zeros(y.raw_dim()),
             Op::Parameter { index, .. } => input_errors[*index].clone(),
-            Op::Constant(_) | Op::Iota { .. } => ArrayD::zeros(y.raw_dim()),
+            Op::Constant(_) | Op::Iota { .. } | Op::RandomBits { .. } => ArrayD::zeros(y.raw_dim()),
             Op::Flow { .. } => flow_error.take().ok_or("a flow result without its error")?,
             Op::Convert(_) if operands[0].dtype() != DType::F32 => ArrayD::zeros(y.raw_dim()),
             Op::Unary(u) => match u {

@@ -3,6 +3,7 @@
 //! layouts), never taken from the code's output.
 
 use gspmd_core::Error;
+use gspmd_core::ir::random;
 use gspmd_core::ir::{
     Builder, ConvDimensionNumbers, DType, Op, OpKind, Padding, Program, ReduceKind, ScatterDims,
     Tensor, ValueId, einsum,
@@ -1090,6 +1091,35 @@ fn scan_slices_and_cond_branches_take_the_operands_shardings() {
     let on_false = flow.regions()[1];
     let out = on_false.node(on_false.outputs[0]);
     assert_eq!(out.sharding.as_ref().unwrap().to_string(), "(data, model)");
+}
+
+/// `random_bits`: every counter dim is free (each device counts its own block), the
+/// key and a stacked key's word dim are whole; an annotated draw leaves its key
+/// replicated, and a draw used with a split value takes that value's sharding.
+#[test]
+fn random_bits_counters_may_be_split_and_keys_stay_whole() {
+    let b = Builder::new("random");
+    let key = b.parameter("key", [2], DType::I32);
+    let x = param(&b, "x", &[8, 12], Some("(data, model)"));
+    let keys = random::split_stacked(&key, 4);
+    let y = random::dropout(&x, 0.5, &key);
+    let p = finish(b, &[&y, &keys]);
+    assert_eq!(
+        rule(&p, &keys),
+        "([k], [])->([i, j]) {i=4, j=2, k=2} need_replication={j, k}"
+    );
+    let p = run(&p);
+    assert_eq!(of(&p, &key), "(_)");
+    let bits = (p.values())
+        .find(|&v| {
+            let bits = random::RandomOutput::Bits;
+            matches!(p.node(v).op, Op::RandomBits { output, .. } if output == bits)
+        })
+        .unwrap();
+    assert_eq!(
+        p.node(bits).sharding.as_ref().unwrap().to_string(),
+        "(data, model)"
+    );
 }
 
 /// Every op kind of a global program has its sharding rule printed or is propagated

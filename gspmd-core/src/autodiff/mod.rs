@@ -20,7 +20,9 @@
 //! - `select`: the cotangent goes to the chosen branch, zeros to the other; none to the
 //!   predicate or through `compare`;
 //! - `convert`: identity from f32 to f32; no gradient to or from i32 and bool;
-//! - `constant`, `iota`: none;
+//! - `constant`, `iota`: none; `random_bits`: none (integer bits of an integer key:
+//!   a draw is a constant of the sweep, so `dropout` passes the cotangent through the
+//!   kept elements only);
 //! - `broadcast` sums over the broadcast dims (and reshapes back size-1 dims);
 //!   `reshape` reshapes back; `transpose` applies the inverse permutation;
 //! - `reduce` sum broadcasts back; `reduce` max/min sends the cotangent to the positions

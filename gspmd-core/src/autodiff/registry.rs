@@ -45,6 +45,8 @@ pub fn is_differentiable(kind: OpKind) -> bool {
     use OpKind as K;
     match kind {
         K::Parameter | K::Constant | K::Iota | K::Select | K::Convert => true,
+        // Integer bits of an integer key: no gradient, but a rule.
+        K::RandomBits => true,
         K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => true,
         K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => true,
         K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge => true,
@@ -93,7 +95,11 @@ pub(super) fn operand_cotangent(
     let operands = &node.operands;
     let x = operands[i];
     let ct = match &node.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => None,
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::RandomBits { .. }
+        | Op::Compare(_) => None,
         Op::Unary(u) => unary(e, *u, x, y, ct)?,
         Op::Binary(b) => binary(e, *b, operands[0], operands[1], y, ct, i)?,
         Op::Select => match i {

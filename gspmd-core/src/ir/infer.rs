@@ -2,6 +2,7 @@
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
 use super::op::{BinaryOp, ConvConfig, DotDims, Op, UnaryOp, WindowDim};
+use super::random::RandomOutput;
 use crate::types::{DType, TensorType, checked_num_elements};
 
 /// The result type of `op` applied to operands of types `operands`, or a message naming
@@ -26,6 +27,44 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
                 return Err("iota of bool".into());
             }
             Ok(TensorType::new(shape.clone(), *dtype))
+        }
+        Op::RandomBits {
+            shape,
+            strides,
+            output,
+        } => {
+            let (key, base) = (operands[0], operands[1]);
+            if key.dtype != DType::I32 || key.shape != [2] {
+                return Err(format!("the key must be i32[2] (two u32 words), got {key}"));
+            }
+            if base.dtype != DType::I32 || !base.shape.is_empty() {
+                return Err(format!(
+                    "the counter base must be an i32 scalar, got {base}"
+                ));
+            }
+            if strides.len() != shape.len() {
+                return Err(format!(
+                    "{} counter strides for the {} dims of {shape:?}",
+                    strides.len(),
+                    shape.len()
+                ));
+            }
+            // The largest counter offset: distinct counters need it below 2^32.
+            let last = (shape.iter().zip(strides)).try_fold(0u64, |acc, (&n, &s)| {
+                (n.saturating_sub(1) as u64)
+                    .checked_mul(s as u64)
+                    .and_then(|v| acc.checked_add(v))
+            });
+            if last.is_none_or(|last| last > u64::from(u32::MAX)) {
+                return Err(format!(
+                    "{shape:?} with counter strides {strides:?} needs more than 2^32 counters"
+                ));
+            }
+            let mut dims = shape.clone();
+            if *output == RandomOutput::Key {
+                dims.push(2);
+            }
+            Ok(TensorType::new(dims, DType::I32))
         }
         Op::Unary(u) => {
             let t = operands[0];

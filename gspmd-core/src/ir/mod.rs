@@ -20,6 +20,7 @@ mod operators;
 mod pooling;
 mod printer;
 mod program;
+pub mod random;
 mod rotation;
 mod verifier;
 mod why;

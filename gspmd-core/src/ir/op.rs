@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::flow::Flow;
 use super::indexing::{GatherDims, ScatterDims, ScatterKind};
 use super::literal::Literal;
+use super::random::RandomOutput;
 use crate::error::Error;
 use crate::types::{DType, Location};
 
@@ -398,6 +399,24 @@ pub enum Op {
         /// Result element type.
         dtype: DType,
     },
+    /// `random_bits(key, base)`: counter-based random bits, threefry-2x32 with 20 rounds
+    /// (Salmon et al. 2011; JAX's `threefry2x32` in its partitionable layout; see
+    /// [`crate::ir::random`]). Operands: the key, `i32[2]` (two u32 words, bits
+    /// reinterpreted: the IR has no unsigned dtype), and the counter base, an `i32[]`
+    /// read as a u32. Element `j` of `shape` is `threefry2x32(key, (0, c))` for the
+    /// counter `c = base + sum_d j_d * strides[d]` (mod 2^32), reduced per `output`.
+    /// Its value depends only on the key and its counter, never on a mesh: a partitioned
+    /// program's device computes its block with the same `strides` and its block's
+    /// offset added to `base`.
+    RandomBits {
+        /// The counters' dims: the result's, without a key output's trailing word dim.
+        shape: Vec<usize>,
+        /// Counter step per dim: row-major strides of the global array (so at most
+        /// 2^32 distinct counters: the shape rule bounds the largest one).
+        strides: Vec<usize>,
+        /// What each counter's two words become.
+        output: RandomOutput,
+    },
     /// Elementwise op of one operand.
     Unary(UnaryOp),
     /// Elementwise op of two operands of equal type.
@@ -592,6 +611,7 @@ impl Op {
             Op::Parameter { .. } => "parameter",
             Op::Constant(_) => "constant",
             Op::Iota { .. } => "iota",
+            Op::RandomBits { .. } => "random_bits",
             Op::Unary(u) => match u {
                 UnaryOp::Neg => "negate",
                 UnaryOp::Abs => "abs",
@@ -667,6 +687,7 @@ impl Op {
             Op::Parameter { .. } => OpKind::Parameter,
             Op::Constant(_) => OpKind::Constant,
             Op::Iota { .. } => OpKind::Iota,
+            Op::RandomBits { .. } => OpKind::RandomBits,
             Op::Unary(u) => match u {
                 UnaryOp::Neg => OpKind::Neg,
                 UnaryOp::Abs => OpKind::Abs,
@@ -778,6 +799,8 @@ impl Op {
             | Op::CollectiveShift { .. }
             | Op::ShardingConstraint => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
+            // The key, then the counter base.
+            Op::RandomBits { .. } => Arity::Fixed(2),
             Op::Convolution(_) => Arity::Fixed(2),
             Op::Gather(_) => Arity::Fixed(2),
             Op::Scatter { .. } => Arity::Fixed(3),
@@ -810,6 +833,7 @@ impl Op {
             Op::Parameter { .. }
             | Op::Constant(_)
             | Op::Iota { .. }
+            | Op::RandomBits { .. }
             | Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare(_)
@@ -903,6 +927,8 @@ op_kinds! {
     Constant,
     /// [`Op::Iota`].
     Iota,
+    /// [`Op::RandomBits`].
+    RandomBits,
     /// [`UnaryOp::Neg`].
     Neg,
     /// [`UnaryOp::Abs`].
@@ -1056,7 +1082,7 @@ impl OpKind {
             | K::AllToAll
             | K::CollectivePermute
             | K::CollectiveShift => true,
-            K::Parameter | K::Constant | K::Iota => false,
+            K::Parameter | K::Constant | K::Iota | K::RandomBits => false,
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,
@@ -1089,7 +1115,7 @@ impl OpKind {
             }
             K::Rem => true,
             K::ShardingConstraint => true,
-            K::Parameter | K::Constant | K::Iota => false,
+            K::Parameter | K::Constant | K::Iota | K::RandomBits => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
             K::Convolution | K::Reverse => false,
@@ -1114,7 +1140,7 @@ impl OpKind {
             K::DotGeneral | K::ReduceSum | K::Convolution => true,
             // Max and min are not sums; the collectives already combine across devices.
             K::ReduceMax | K::ReduceMin | K::AllReduce | K::ReduceScatter => false,
-            K::Parameter | K::Constant | K::Iota => false,
+            K::Parameter | K::Constant | K::Iota | K::RandomBits => false,
             K::Neg | K::Abs | K::Exp | K::Log | K::Sqrt | K::Rsqrt | K::Tanh | K::Logistic => false,
             K::Not | K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow | K::And => false,
             K::Or | K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Select | K::Convert => false,

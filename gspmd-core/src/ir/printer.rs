@@ -124,6 +124,9 @@ fn attributes(op: &Op) -> String {
             ),
         },
         Op::Iota { dim, .. } => format!(", iota_dim={dim}"),
+        Op::RandomBits {
+            strides, output, ..
+        } => format!(", strides={{{}}}, output={output:?}", join(strides)),
         Op::Broadcast { dims, .. } => format!(", dims={{{}}}", join(dims)),
         Op::Transpose(perm) => format!(", permutation={{{}}}", join(perm)),
         Op::Reduce { dims, .. } => format!(", dims={{{}}}", join(dims)),

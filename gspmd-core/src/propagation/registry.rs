@@ -3,6 +3,7 @@
 
 use super::factor_propagation::Direction;
 use super::rule::{FactorKind, OpShardingRule, TensorFactors};
+use crate::ir::random::RandomOutput;
 use crate::ir::{ConvConfig, Flow, Indexing, Op, Program, ScatterKind, ValueId};
 
 /// The sharding rule of the op defining `value`.
@@ -23,6 +24,24 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => {
             // No operands; every result dim (iota's counting dim too) may be sharded.
             rule.result = own_factors(&mut rule, result_shape);
+        }
+        Op::RandomBits { output, .. } => {
+            // Every counter dim may be sharded (each device counts from its block's
+            // offset); a key's word dim and the key operand are whole; the base is a
+            // scalar.
+            rule.result = own_factors(&mut rule, result_shape);
+            if *output == RandomOutput::Key {
+                set_kind(
+                    &mut rule,
+                    result_shape.len() - 1,
+                    FactorKind::NeedReplication,
+                );
+            }
+            let key = rule.add_factor(2, FactorKind::NeedReplication);
+            rule.operands = vec![TensorFactors {
+                dims: vec![vec![key]],
+            }];
+            rule.operands.extend(scalars(1));
         }
         Op::Unary(_)
         | Op::Binary(_)

@@ -15,6 +15,7 @@ mod elementwise;
 mod indexing;
 mod movement;
 mod narrow;
+mod random;
 mod reduce;
 
 use std::borrow::Cow;
@@ -228,6 +229,11 @@ fn compute_borrowed(
         }
         Op::Constant(lit) => lit.clone(),
         Op::Iota { shape, dim, dtype } => iota(shape, *dim, *dtype)?,
+        Op::RandomBits {
+            shape,
+            strides,
+            output,
+        } => random::random_bits(operands[0], operands[1], shape, strides, *output)?,
         Op::Broadcast { shape, dims } => {
             map_literal!(operands[0], a => movement::broadcast_in_dim(a.view(), shape, dims)?)
         }

@@ -192,7 +192,7 @@ impl Walk {
 /// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
 /// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
 /// a scatter's updates, a dot's operands regrouped and packed; none for elementwise
-/// ops, broadcasts, iotas and control flow (its regions' loops reserve their own); a
+/// ops, broadcasts, iotas, random bits and control flow (its regions' loops reserve their own); a
 /// copy of the operands and of the result for any other op (an operand copied to
 /// standard layout, say).
 pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
@@ -215,6 +215,7 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
         Op::Parameter { .. }
         | Op::Constant(_)
         | Op::Iota { .. }
+        | Op::RandomBits { .. }
         | Op::Broadcast { .. }
         | Op::Unary(_)
         | Op::Binary(_)

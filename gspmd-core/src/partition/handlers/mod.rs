@@ -10,6 +10,7 @@ mod dynamic_slicing;
 mod elementwise;
 mod flow;
 mod indexing;
+mod random;
 mod reduce;
 mod scan;
 mod shape;
@@ -34,6 +35,9 @@ pub(crate) fn partition_node(
         Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => {
             data_movement::source(em, node, target)
         }
+        Op::RandomBits {
+            strides, output, ..
+        } => random::random_bits(em, node, (strides, *output), operands, target),
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_) => {
             elementwise::elementwise(em, node, operands, target)
         }

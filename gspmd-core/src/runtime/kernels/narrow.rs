@@ -43,6 +43,7 @@ fn computes(op: &Op) -> bool {
         Op::Parameter { .. }
         | Op::Constant(_)
         | Op::Iota { .. }
+        | Op::RandomBits { .. }
         | Op::Convert(_)
         | Op::ShardingConstraint
         | Op::Broadcast { .. }
