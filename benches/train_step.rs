@@ -32,7 +32,7 @@ fn model(compute: DType) -> Program {
         K: 16,
         F: 256,
     };
-    language_model::trace(dims, compute).expect("traces")
+    language_model::trace(dims, compute, 0.0).expect("traces")
 }
 
 /// One fixed batch: tokens, targets and unit loss weights.

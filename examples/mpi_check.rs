@@ -47,7 +47,7 @@ use gspmd::compile;
 use gspmd::ir::{DType, Literal, Program, ReduceKind};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_stack};
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{self, language_model};
 use gspmd::models::unet::denoise;
 use gspmd::runtime::{Backend, Communicator, MpiMesh, Reference, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
@@ -76,6 +76,7 @@ fn small_lm() -> Result<Program> {
             F: 32,
         },
         DType::F32,
+        0.0,
     )
 }
 
@@ -108,12 +109,13 @@ fn cases(devices: usize) -> Result<Vec<Case>> {
         pipeline,
         true,
     )?;
+    // The gradient with respect to the float parameters from `first_trained` on (the
+    // language model's key `rng` is an i32).
     let gradient = |forward: &Program, first_trained: usize| {
-        grad(
-            forward,
-            0,
-            &(first_trained..forward.params.len()).collect::<Vec<_>>(),
-        )
+        let trained: Vec<usize> = (first_trained..forward.params.len())
+            .filter(|&i| forward.ty(forward.params[i]).dtype == DType::F32)
+            .collect();
+        grad(forward, 0, &trained)
     };
     // Two-axis shapes of `devices` devices: all on one axis, all on the other, and split.
     let mut shapes = vec![[1, devices], [devices, 1]];
@@ -495,8 +497,7 @@ fn same_loss(what: &str, got: f32, want: f32) -> Result<()> {
 /// those of the single-device reference and of a thread mesh.
 fn initial_weights(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let model = small_lm()?;
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let mesh = language_model::mesh([2, devices / 2])?;
     let init = || Initializer::new(11).rule("*", Init::Normal { std: 0.5 });
     let on_ranks = Trainer::new(step.clone(), MpiMesh::new(mesh.clone())?, init())?.params()?;
@@ -520,9 +521,7 @@ fn initial_weights(mpi: &MpiMesh, devices: usize) -> Result<()> {
 /// next step of each is bitwise equal to the original trainers'.
 fn training(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let model = small_lm()?;
-    // Parameters 0..3 are tokens, targets and loss weights; the rest are trained.
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let mesh = language_model::mesh([2, devices / 2])?;
     let shape = mesh.to_string();
     let initial = |seed| sample_inputs(&model, seed).split_off(3);
@@ -600,8 +599,7 @@ fn training(mpi: &MpiMesh, devices: usize) -> Result<()> {
 fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let (me, ranks) = mpi.process();
     let model = small_lm()?;
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let wide = language_model::mesh([2, devices / 2])?;
     let tall = language_model::mesh([devices / 2, 2])?;
     let initial = |seed| sample_inputs(&model, seed).split_off(3);
@@ -704,8 +702,7 @@ fn kept_checkpoint(devices: usize, ranks: usize) -> std::path::PathBuf {
 /// the next step on the ranks bitwise that of a 2x4 thread mesh loaded alike.
 fn load_checkpoint(mpi: &MpiMesh, dir: &str) -> Result<()> {
     let model = small_lm()?;
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
+    let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let initial = |seed| sample_inputs(&model, seed).split_off(3);
     let next = sample_inputs(&model, 202)[..3].to_vec();
     let (wide, tall) = (language_model::mesh([2, 4])?, language_model::mesh([4, 2])?);

@@ -123,7 +123,7 @@ fn main() -> Result<()> {
         K: 8,
         F: 32,
     };
-    let model = language_model::trace(dims, DType::F32)?;
+    let model = language_model::trace(dims, DType::F32, 0.0)?;
     let trained = ["embed", "position", "layers.*", "unembed"];
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2))?;
     let mesh = language_model::mesh([2, ranks / 2])?;

@@ -101,7 +101,7 @@ fn initializer() -> Initializer {
 
 /// The AdamW step training every weight, donating the weights and state.
 fn step() -> Result<(TrainStep, CompileOptions), Error> {
-    let model = language_model::trace(DIMS, DType::F32)?;
+    let model = language_model::trace(DIMS, DType::F32, 0.0)?;
     let step = step_program(
         &model,
         0,

@@ -218,7 +218,7 @@ fn dims(name: &str) -> Result<language_model::Dims, String> {
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse()?;
     let (steps, dims) = (options.steps, options.dims);
-    let model = language_model::trace(dims, options.compute)?;
+    let model = language_model::trace(dims, options.compute, 0.0)?;
     let mesh = language_model::mesh(options.mesh)?;
     let adamw = common::adamw(3e-3);
     if options.bench {

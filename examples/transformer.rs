@@ -24,7 +24,7 @@ pub fn main() -> gspmd::Result<()> {
         K: 8,
         F: 64,
     };
-    let program = transformer::trace(dims)?;
+    let program = transformer::trace(dims, 0.0)?; // no dropout
     let mesh = transformer::mesh([2, 4])?;
     let exe = compile(&program, &mesh)?;
     let p = exe.propagated();

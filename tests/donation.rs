@@ -47,7 +47,7 @@ fn step() -> TrainStep {
         K: 64,
         F: 1024,
     };
-    let model = language_model::trace(dims, DType::F32).expect("traces");
+    let model = language_model::trace(dims, DType::F32, 0.0).expect("traces");
     step_program(
         &model,
         0,

@@ -37,7 +37,16 @@ fn inputs(program: &Program) -> Vec<Literal> {
         .params
         .iter()
         .enumerate()
-        .map(|(k, &p)| input(&program.ty(p).shape, k))
+        .map(|(k, &p)| {
+            let ty = program.ty(p);
+            match ty.dtype {
+                // A random key (the Transformer's dropout).
+                DType::I32 => Literal::I32(ArrayD::from_shape_fn(IxDyn(&ty.shape), |i| {
+                    (i[0] * 7 + k) as i32
+                })),
+                _ => input(&ty.shape, k),
+            }
+        })
         .collect()
 }
 
@@ -177,7 +186,7 @@ fn transformer_program() -> Program {
         K: 4,
         F: 32,
     };
-    transformer::trace(dims).unwrap()
+    transformer::trace(dims, 0.0).unwrap()
 }
 
 #[test]
@@ -187,7 +196,8 @@ fn transformer_runs_on_every_mesh() {
 
 #[test]
 fn one_transformer_block_alone_runs_on_every_mesh() {
-    // The block's `#[shard] let`s and its weights' shardings from `transformer::Block`.
+    // The block's `#[shard] let`s and its weights' shardings from `transformer::Block`;
+    // its residual dropout draws the same masks on every mesh (layer 1's sites).
     let dims = block::Dims {
         B: 4,
         S: 4,
@@ -196,7 +206,7 @@ fn one_transformer_block_alone_runs_on_every_mesh() {
         K: 4,
         F: 16,
     };
-    check_on_meshes(&block::trace(dims).unwrap(), &meshes_2d());
+    check_on_meshes(&block::trace(dims, 0.25, 1).unwrap(), &meshes_2d());
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn dims() -> language_model::Dims {
 }
 
 fn lm_step() -> (Program, TrainStep) {
-    let model = language_model::trace(dims(), DType::F32).unwrap();
+    let model = language_model::trace(dims(), DType::F32, 0.0).unwrap();
     let trained = ["embed", "position", "layers.*", "unembed"];
     let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3)).unwrap();
     (model, step)

@@ -32,9 +32,12 @@ use peak_alloc::PeakAlloc;
 #[global_allocator]
 static ALLOCATOR: PeakAlloc = PeakAlloc;
 
-/// The AdamW step of `model` training every parameter from `first` on.
+/// The AdamW step of `model` training every float parameter from `first` on (not the
+/// language model's key `rng`).
 fn adamw_step(model: &Program, first: usize) -> TrainStep {
-    let trained: Vec<usize> = (first..model.params.len()).collect();
+    let trained: Vec<usize> = (first..model.params.len())
+        .filter(|&i| model.ty(model.params[i]).dtype == DType::F32)
+        .collect();
     step_program(model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step")
 }
 
@@ -50,7 +53,10 @@ fn language_model_step() -> TrainStep {
         K: 32,
         F: 512,
     };
-    adamw_step(&language_model::trace(dims, DType::F32).expect("traces"), 3)
+    adamw_step(
+        &language_model::trace(dims, DType::F32, 0.0).expect("traces"),
+        3,
+    )
 }
 
 /// The U-Net denoiser of `examples/train_unet.rs`, on larger images.

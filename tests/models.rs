@@ -11,7 +11,7 @@ use gspmd::models::transformer::{language_model, rotary};
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::{ThreadMesh, interpret};
-use gspmd::train::{Optimizer, Trainer, step_program};
+use gspmd::train::{Optimizer, TrainStep, Trainer, step_program};
 use ndarray::{ArrayD, IxDyn};
 
 fn dims() -> language_model::Dims {
@@ -84,8 +84,10 @@ fn assert_matches(
 
 #[test]
 fn language_model_and_its_gradient_match_the_reference_on_meshes() {
-    let forward = language_model::trace(dims(), DType::F32).unwrap();
-    let trained: Vec<usize> = (3..forward.params.len()).collect();
+    // With dropout: every mesh draws the reference's masks from the key input.
+    let forward = language_model::trace(dims(), DType::F32, 0.1).unwrap();
+    // The weights, between the data and the key `rng`.
+    let trained: Vec<usize> = (3..forward.params.len() - 1).collect();
     let program = grad(&forward, 0, &trained).unwrap();
     let inputs = inputs(&program);
     let want = interpret(&program, &inputs).unwrap();
@@ -103,20 +105,63 @@ fn language_model_and_its_gradient_match_the_reference_on_meshes() {
 /// Mixed precision (bf16 activations, f32 master weights): the step program keeps the
 /// weights f32 and computes the layers in bf16, and training on a 2x2 mesh reaches,
 /// at the same step, a loss within 10% of f32 training's from the same start.
+/// The language model's AdamW step training every weight (the parameters between the
+/// data and the key `rng`), its data and initial weights.
+fn lm_step(model: &Program) -> (TrainStep, Vec<Literal>, Vec<Literal>) {
+    let weights = 3..model.params.len() - 1;
+    let trained: Vec<usize> = weights.clone().collect();
+    let step = step_program(model, 0, &trained, &Optimizer::adamw(1e-2)).unwrap();
+    let given = inputs(model);
+    (step, given[..3].to_vec(), given[weights].to_vec())
+}
+
+/// With dropout the 2x2 mesh draws the reference's masks (the trainer feeds both the
+/// same key per step): its losses track the reference's, and differ from those without
+/// dropout.
+#[test]
+fn language_model_dropout_draws_the_same_masks_on_a_mesh_as_the_reference() {
+    let losses = |mut trainer: Trainer, data: &[Literal]| -> Vec<f32> {
+        (0..4).map(|_| trainer.step(data).unwrap()).collect()
+    };
+    let model = language_model::trace(dims(), DType::F32, 0.2).unwrap();
+    let (step, data, initial) = lm_step(&model);
+    assert_eq!(step.rng, Some(model.params.len() - 1));
+    let reference = losses(
+        Trainer::reference(step.clone(), initial.clone()).unwrap(),
+        &data,
+    );
+    let mesh = language_model::mesh([2, 2]).unwrap();
+    let on_mesh = losses(
+        Trainer::on_mesh(step, mesh, initial.clone()).unwrap(),
+        &data,
+    );
+    for (got, want) in on_mesh.iter().zip(&reference) {
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs(),
+            "{on_mesh:?} vs {reference:?}"
+        );
+    }
+    let plain = language_model::trace(dims(), DType::F32, 0.0).unwrap();
+    let (step, _, _) = lm_step(&plain);
+    let without = losses(Trainer::reference(step, initial).unwrap(), &data);
+    assert!(
+        (without[0] - reference[0]).abs() > 1e-3,
+        "dropout changed nothing: {without:?} vs {reference:?}"
+    );
+}
+
 #[test]
 fn bf16_training_of_the_language_model_tracks_f32() {
     const STEPS: usize = 40;
     let mesh = language_model::mesh([2, 2]).unwrap();
     let mut last = Vec::new();
     for compute in [DType::F32, DType::BF16] {
-        let model = language_model::trace(dims(), compute).unwrap();
-        let trained: Vec<usize> = (3..model.params.len()).collect();
-        let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-2)).unwrap();
+        let model = language_model::trace(dims(), compute, 0.0).unwrap();
+        let (step, data, initial) = lm_step(&model);
         let narrow = (step.program.nodes.iter()).filter(|n| n.ty.dtype == DType::BF16);
         assert_eq!(narrow.count() > 0, compute == DType::BF16);
-        let given = inputs(&model);
-        let (data, initial) = given.split_at(3);
-        let mut trainer = Trainer::on_mesh(step, mesh.clone(), initial.to_vec()).unwrap();
+        let data = &data[..];
+        let mut trainer = Trainer::on_mesh(step, mesh.clone(), initial).unwrap();
         let first = trainer.step(data).unwrap();
         let losses: Vec<f32> = (1..STEPS).map(|_| trainer.step(data).unwrap()).collect();
         let params = trainer.params().unwrap();

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{WEIGHTS, language_model};
 use gspmd::prelude::*;
 use gspmd::train::{Optimizer, step_program};
 
@@ -89,10 +89,10 @@ fn the_language_model_step_report_is_one_page_that_renders() {
             F: 256,
         },
         DType::F32,
+        0.0,
     )
     .unwrap();
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).unwrap();
+    let step = step_program(&model, 0, WEIGHTS, &Optimizer::adamw(1e-3)).unwrap();
     let exe = compile(&step.program, &language_model::mesh([2, 4]).unwrap()).unwrap();
     let dir = std::env::temp_dir().join(format!("gspmd_report_html_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

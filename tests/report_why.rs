@@ -4,10 +4,10 @@
 
 use gspmd::ir::{Node, Purpose, Why, distinct_flows};
 use gspmd::models::moe::moe_language_model;
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{WEIGHTS, language_model};
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, step_program};
+use gspmd::train::{Optimizer, Trainable, step_program};
 
 fn s(text: &str) -> Sharding {
     text.parse().unwrap()
@@ -36,8 +36,8 @@ fn reasons<'p>(program: &'p Program, out: &mut Vec<(&'static str, &'p Why)>) {
 /// Compiles the training step of `model` (parameters `trained` trained by AdamW) for
 /// `mesh` and checks every collective's reasons: a resharding names both shardings,
 /// and some reason traces a sharding to an annotation in the models' source.
-fn check_step(model: &Program, trained: Vec<usize>, mesh: &Mesh) -> Executable {
-    let step = step_program(model, 0, &trained, &Optimizer::adamw(1e-3)).unwrap();
+fn check_step(model: &Program, trained: impl Into<Trainable>, mesh: &Mesh) -> Executable {
+    let step = step_program(model, 0, trained, &Optimizer::adamw(1e-3)).unwrap();
     let exe = compile(&step.program, mesh).unwrap();
     let mut all = Vec::new();
     reasons(&exe.spmd().program, &mut all);
@@ -80,10 +80,10 @@ fn every_collective_of_the_example_steps_has_a_reason() {
             F: 32,
         },
         DType::F32,
+        0.0,
     )
     .unwrap();
-    let trained = (3..lm.params.len()).collect();
-    let exe = check_step(&lm, trained, &language_model::mesh([2, 4]).unwrap());
+    let exe = check_step(&lm, WEIGHTS, &language_model::mesh([2, 4]).unwrap());
     // explain: a parameter's sharding, its annotation line and the collectives on it.
     let w = (exe.propagated().values())
         .find(|&v| {
@@ -98,8 +98,8 @@ fn every_collective_of_the_example_steps_has_a_reason() {
     );
 
     let unet = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 }).unwrap();
-    let trained = (2..unet.params.len()).collect();
-    check_step(&unet, trained, &denoise::mesh([2, 4]).unwrap());
+    let trained: Vec<usize> = (2..unet.params.len()).collect();
+    check_step(&unet, &trained, &denoise::mesh([2, 4]).unwrap());
 
     let dims = moe_language_model::Dims {
         G: 8,
@@ -112,8 +112,8 @@ fn every_collective_of_the_example_steps_has_a_reason() {
         H: 8,
     };
     let moe = moe_language_model::trace(dims, 2).unwrap();
-    let trained = (3..moe.params.len()).collect();
-    check_step(&moe, trained, &moe_language_model::mesh([2, 4]).unwrap());
+    let trained: Vec<usize> = (3..moe.params.len()).collect();
+    check_step(&moe, &trained, &moe_language_model::mesh([2, 4]).unwrap());
 }
 
 /// Two annotations that disagree on a `[10]` value, `(data)` then `(model)` on a 2x4

@@ -12,9 +12,12 @@ pub fn literal(shape: &[usize], f: impl Fn(usize) -> f32) -> Literal {
 }
 
 /// The AdamW (lr 1e-3) training step of `model`'s loss (result 0), training every
-/// parameter from `first_trained` on, and deterministic initial weights in `±0.1`.
+/// float parameter from `first_trained` on (not the language model's key `rng`), and
+/// deterministic initial weights in `±0.1`.
 pub fn adamw_step(model: &Program, first_trained: usize) -> (TrainStep, Vec<Literal>) {
-    let trained: Vec<usize> = (first_trained..model.params.len()).collect();
+    let trained: Vec<usize> = (first_trained..model.params.len())
+        .filter(|&i| model.ty(model.params[i]).dtype == DType::F32)
+        .collect();
     let step = step_program(model, 0, &trained, &Optimizer::adamw(1e-3)).expect("builds");
     let initial = trained
         .iter()

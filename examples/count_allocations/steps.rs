@@ -2,7 +2,7 @@
 //! of the crate that includes this file (`examples/count_allocations`,
 //! `tests/allocations.rs`).
 
-use gspmd::models::transformer::language_model;
+use gspmd::models::transformer::{WEIGHTS, language_model};
 use gspmd::prelude::*;
 use gspmd::runtime::sample_inputs;
 use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
@@ -22,9 +22,8 @@ pub fn allocations_per_step(mesh: [usize; 2], steps: usize) -> usize {
         K: 16,
         F: 256,
     };
-    let model = language_model::trace(dims, DType::F32).expect("traces");
-    let trained: Vec<usize> = (3..model.params.len()).collect();
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(1e-3)).expect("step");
+    let model = language_model::trace(dims, DType::F32, 0.0).expect("traces");
+    let step = step_program(&model, 0, WEIGHTS, &Optimizer::adamw(1e-3)).expect("step");
     let mesh = language_model::mesh(mesh).expect("mesh");
     let init = Initializer::new(1).rule("*", Init::Uniform { bound: 0.1 });
     let mut trainer = Trainer::on_mesh(step, mesh, init).expect("trainer");

@@ -124,6 +124,9 @@ fn split_and_fold_in_are_threefry_of_the_index() {
         }
         let [f0, f1] = threefry2x32([0, 7], [0, step as u32]);
         assert_eq!(i32s(&got[3]), [f0 as i32, f1 as i32]);
+        // The host's fold_in (a trainer's key per step) is the traced one.
+        let host = random::fold_in_data(&random::key_data(7), step as u32).unwrap();
+        assert_eq!(host, got[3]);
         assert_eq!(i32s(&got[4]), host_bits([f0, f1], 16));
         assert_ne!(previous.as_ref(), Some(&got[4]), "each step draws anew");
         previous = Some(got[4].clone());
@@ -467,4 +470,18 @@ fn bad_keys_and_bounds_are_typed_errors_at_the_callers_line() {
         one_error(b, &out, line),
         Error::Shape { op: "dropout", .. }
     ));
+    // The host's fold_in of a literal that is no key.
+    let not_a_key = Literal::full(&[3], DType::I32, 0.0);
+    let (e, line) = (random::fold_in_data(&not_a_key, 1), line!());
+    match e {
+        Err(Error::Random {
+            op,
+            location,
+            message,
+        }) => {
+            assert_eq!((op, location.line), ("fold_in", line));
+            assert!(message.contains("i32[3]"), "{message}");
+        }
+        other => panic!("expected a random error, got {other:?}"),
+    }
 }

@@ -12,9 +12,9 @@ use gspmd_core::runtime::{Loaded, ThreadMesh, sample_inputs, uniform_f32, unifor
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::simplify::{Stage, simplify};
 use gspmd_core::train::{
-    Adafactor, AdamW, Batch, Dataset, Init, Initializer, Mask, Optimizer, STEP_COUNT, Schedule,
-    StepOptions, TrainStep, Trainer, chain, clip_by_global_norm, load_checkpoint, save_checkpoint,
-    step_program, step_program_with,
+    Adafactor, AdamW, Batch, Dataset, Init, Initializer, Mask, Optimizer, RNG, STEP_COUNT,
+    Schedule, StepOptions, TrainStep, Trainer, chain, clip_by_global_norm, load_checkpoint,
+    save_checkpoint, step_program, step_program_with,
 };
 use ndarray::{ArrayD, IxDyn};
 use rand::SeedableRng;
@@ -1462,4 +1462,63 @@ fn evaluating_a_model_that_shards_a_weight_otherwise() {
         );
         t.step(&problem.data).unwrap();
     }
+}
+
+/// A model parameter named `rng` (an `i32[2]` key) is the step's random key: not data,
+/// fed by the trainer with `fold_in(key(seed), t)` at step `t`. The loss here counts the
+/// kept elements of a dropout (exact in any summation order; the trained weight does not
+/// change it), so it shows the masks: each step draws anew, the 2x4 mesh draws the
+/// reference's bitwise, the seed gives its stream again and another seed another.
+#[test]
+fn the_trainer_feeds_the_step_a_new_random_key_each_step() {
+    let b = Builder::new("kept");
+    let x = b
+        .parameter("x", [64], DType::F32)
+        .annotate("(data)".parse().unwrap());
+    let w = b.parameter("w", [1], DType::F32);
+    let rng = b.parameter(RNG, [2], DType::I32);
+    let kept = gspmd_core::ir::random::dropout(&x, 0.5, &rng).sum(&[0]);
+    let loss = &kept + &(&w * 0.0).sum(&[0]);
+    let model = b.finish(&[&loss]).unwrap();
+    let step = step_program(&model, 0, &["w"], &Optimizer::sgd(0.1, 0.0)).unwrap();
+    assert_eq!((step.rng, &step.data[..]), (Some(2), &[0][..]));
+    let data = [Literal::full(&[64], DType::F32, 1.0)];
+    let losses = |trainer: Trainer| -> Vec<u32> {
+        let mut trainer = trainer;
+        (0..4)
+            .map(|_| trainer.step(&data).unwrap().to_bits())
+            .collect()
+    };
+    let initial = || vec![Literal::full(&[1], DType::F32, 0.0)];
+    let reference = losses(Trainer::reference(step.clone(), initial()).unwrap());
+    let mesh = Mesh::new([("data", 2), ("model", 4)]).unwrap();
+    let on_mesh = Trainer::on_mesh(step.clone(), mesh, initial()).unwrap();
+    assert_eq!(losses(on_mesh), reference, "2x4 mesh");
+    let counts: Vec<f32> = reference.iter().map(|&l| f32::from_bits(l)).collect();
+    assert!(
+        counts.iter().all(|&c| c > 0.0 && c < 128.0) && counts.windows(2).any(|w| w[0] != w[1]),
+        "{counts:?}: every step the same mask, or none kept"
+    );
+    let again = Trainer::reference(step.clone(), initial()).unwrap();
+    assert_eq!(losses(again.with_rng_seed(0)), reference, "seed 0 again");
+    let other = Trainer::reference(step.clone(), initial()).unwrap();
+    assert_ne!(losses(other.with_rng_seed(1)), reference, "seed 1");
+
+    // A parameter named `rng` that is no key, and a key with accumulation.
+    let b = Builder::new("bad_rng");
+    let w = b.parameter("w", [1], DType::F32);
+    let rng = b.parameter(RNG, [3], DType::I32);
+    let loss = (&w * &rng.convert(DType::F32).sum(&[0])).sum(&[0]);
+    let bad = b.finish(&[&loss]).unwrap();
+    let e = step_program(&bad, 0, &["w"], &Optimizer::sgd(0.1, 0.0));
+    assert!(
+        matches!(&e, Err(Error::TrainRequest { message, .. }) if message.contains("[3]")),
+        "{e:?}"
+    );
+    let accumulate = StepOptions {
+        accumulate: Some(2),
+        ..StepOptions::default()
+    };
+    let e = step_program_with(&model, 0, &["w"], &Optimizer::sgd(0.1, 0.0), &accumulate);
+    assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");
 }

@@ -9,7 +9,7 @@
 //! vocabulary too. The loss is weighted per position so that positions whose target is
 //! unpredictable can be left out.
 
-use crate::ir::{DType, Tensor, einsum};
+use crate::ir::{DType, Tensor, einsum, random};
 use crate::params::Stacked;
 
 /// `scores: [B, H, S, T]` with every key after its query (`t > s`) set to -1e9.
@@ -162,29 +162,57 @@ pub struct LanguageModel {
     pub unembed: Tensor<D, V>,
 }
 
-/// One pre-norm Transformer layer: `y = x + attention(ln(x))`, then `y + ffn(ln(y))`
-/// with a GELU FFN. Its `#[shard]`s pin the activations of every layer it is used for.
+/// The language model's weights (the leaves of [`LanguageModel`]) as name patterns: what
+/// a step trains, e.g. `step_program(&model, 0, WEIGHTS, &optimizer)`; its other
+/// parameters are the data and the random key `rng`.
+pub const WEIGHTS: &[&str] = &["embed", "position", "layers.*", "unembed"];
+
+/// `x` after dropout at `rate` drawn from the key `fold_in(key, site)`; `x` itself at
+/// rate 0 (nothing drawn, `key` unused).
+pub fn dropout_at(x: &Tensor, rate: f64, key: &Tensor, site: u32) -> Tensor {
+    if rate == 0.0 {
+        x.clone()
+    } else {
+        random::dropout(x, rate, &random::fold_in_index(key, site))
+    }
+}
+
+/// One pre-norm Transformer layer, number `layer` of its stack:
+/// `y = x + dropout(attention(ln(x)))`, then `y + dropout(ffn(ln(y)))` with a GELU FFN
+/// (residual dropout at `rate`, as GPT-2's, drawn from [`dropout_at`] sites `2 layer`
+/// and `2 layer + 1` of `key`). Its `#[shard]`s pin the activations of every layer it
+/// is used for.
 #[crate::model(mesh = (data, model))]
-pub fn block(x: Tensor<B, S, D>, #[params(D, H, K, F)] w: &Block) -> Tensor<B, S, D> {
+pub fn block(
+    x: Tensor<B, S, D>,
+    #[params(D, H, K, F)] w: &Block,
+    key: Tensor<2, i32>,
+    rate: f64,
+    layer: usize,
+) -> Tensor<B, S, D> {
+    let site = 2 * layer as u32;
     let Attention { wq, wk, wv, wo } = &w.attn;
     let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
     #[shard(data, _, _)]
-    let attended = &x + &a;
+    let attended = &x + &dropout_at(&a, rate, &key, site);
     #[shard(data, _, model)]
     let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w.ffn.w1).gelu();
-    &attended + &einsum("bsf,fd->bsd", &hidden, &w.ffn.w2)
+    let out = einsum("bsf,fd->bsd", &hidden, &w.ffn.w2);
+    &attended + &dropout_at(&out, rate, &key, site + 1)
 }
 
 /// `L` layers of [`block()`], weights stacked over layers, with the paper's 2-D finalized
-/// sharding of the weights.
+/// sharding of the weights, and residual dropout at `rate` from `key`.
 #[crate::model(mesh = (data, model), out = (data, _, _))]
 pub fn stack(
     #[shard(data, _, _)] x: Tensor<B, S, D>,
     #[params(L, D, H, K, F)] w: &Layers,
+    key: Tensor<2, i32>,
+    rate: f64,
 ) -> Tensor<B, S, D> {
     let mut x = x;
     for l in 0..w.layers.len() {
-        x = block(x, &w.layers.layer(l));
+        x = block(x, &w.layers.layer(l), key.clone(), rate, l);
     }
     x
 }
@@ -203,22 +231,32 @@ pub fn stack(
 /// weights, updated in f32), each is converted to bf16 where it is used (so it is
 /// gathered in bf16, and its gradient is reduced in bf16 and converted back to f32),
 /// the layers run in bf16, and the logits return to f32 for the loss.
+///
+/// `dropout` is the rate of dropout on the embedding's output and on each layer's two
+/// residual branches (0: none, and `rng` is unused; evaluate with a model traced with
+/// 0). `rng` is the step's random key ([`crate::train::RNG`]: a trainer feeds a new
+/// one each step); layer `l` draws from sites `2 l`, `2 l + 1` of [`dropout_at`], the
+/// embedding from site `2 L`, so every draw has its own key and the masks are the same
+/// on every mesh.
 #[crate::model(mesh = (data, model))]
 pub fn language_model(
     #[shard(data, _)] tokens: Tensor<B, S, i32>,
     #[shard(data, _)] targets: Tensor<B, S, i32>,
     #[shard(data, _)] weights: Tensor<B, S>,
     #[params(V, D, S, L, H, K, F)] p: &LanguageModel,
+    rng: Tensor<2, i32>,
     compute: DType,
+    dropout: f64,
 ) -> Tensor {
     let vocab = p.embed.shape()[0];
     let low = |t: &Tensor| cast(t, compute);
+    let embedded = &low(&p.embed).embedding(&tokens) + &low(&p.position);
     #[shard(data, _, _)]
-    let x = &low(&p.embed).embedding(&tokens) + &low(&p.position);
+    let x = dropout_at(&embedded, dropout, &rng, 2 * p.layers.len() as u32);
     let layers = Layers {
         layers: p.layers.map(low),
     };
-    let x = stack(x, &layers);
+    let x = stack(x, &layers, rng, dropout);
     let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&p.unembed));
     let logits = cast(&logits, DType::F32);
     let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);

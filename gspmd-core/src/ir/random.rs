@@ -1,6 +1,6 @@
 //! Counter-based random numbers, as `jax.random` with its threefry key in the
 //! partitionable layout: the one primitive [`Op::RandomBits`] and, on top of it, keys
-//! ([`key`], [`split`], [`split_stacked`], [`fold_in`]) and draws ([`bits`],
+//! ([`key`], [`split`], [`split_stacked`], [`fold_in`], [`fold_in_index`]) and draws ([`bits`],
 //! [`uniform`], [`normal`], [`bernoulli`], [`dropout`]).
 //!
 //! As in JAX, a key is either split (or folded) or drawn from, not both: key `i` of a
@@ -101,6 +101,27 @@ pub fn key_data(seed: u32) -> Literal {
     Literal::I32(ndarray::arr1(&[0, seed as i32]).into_dyn())
 }
 
+/// [`fold_in`] on the host: the key `threefry2x32(key, (0, data))` as a literal, e.g.
+/// the key of step `t` made from a seed's key, to pass as a program's input. A `key`
+/// that is not an `i32[2]` literal is an [`Error::Random`] at the caller's line.
+#[track_caller]
+pub fn fold_in_data(key: &Literal, data: u32) -> crate::error::Result<Literal> {
+    let location = Location::caller();
+    let words = key_words(key).ok_or_else(|| Error::Random {
+        op: "fold_in",
+        location,
+        message: format!(
+            "a key is an i32[2] literal, got {}{:?}",
+            key.dtype(),
+            key.shape()
+        ),
+    })?;
+    let [k0, k1] = threefry2x32(words, [0, data]);
+    Ok(Literal::I32(
+        ndarray::arr1(&[k0 as i32, k1 as i32]).into_dyn(),
+    ))
+}
+
 /// [`key_data`] as a constant of `b`.
 #[track_caller]
 pub fn key(b: &Builder, seed: u32) -> Tensor {
@@ -159,6 +180,16 @@ pub fn split_stacked(key: &Tensor, n: usize) -> Tensor {
 #[track_caller]
 pub fn fold_in(key: &Tensor, data: &Tensor) -> Tensor {
     random_bits(key, data, vec![], RandomOutput::Key)
+}
+
+/// [`fold_in`] of a number known when tracing (a layer's index, a dropout site): the
+/// key `threefry2x32(key, (0, data))`, as JAX's `fold_in(key, 3)`.
+#[track_caller]
+pub fn fold_in_index(key: &Tensor, data: u32) -> Tensor {
+    let data = key
+        .builder()
+        .constant(Literal::I32(ndarray::arr0(data as i32).into_dyn()));
+    fold_in(key, &data)
 }
 
 /// Floats uniform in `[lo, hi)` of `shape` (f32; JAX's `uniform`): the top 23 of

@@ -46,5 +46,7 @@ pub use optimizer::{
 };
 pub use outputs::{AuxOutput, Fetch, StepOutput, output_name};
 pub use schedule::Schedule;
-pub use step::{StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with};
+pub use step::{
+    RNG, StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with,
+};
 pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};

@@ -83,7 +83,18 @@ pub struct TrainStep {
     pub options: StepOptions,
     /// The aux outputs ([`StepOptions::aux`]), in model output order.
     pub aux: Vec<AuxOutput>,
+    /// Input index of the model's random key (the parameter named [`RNG`]), if it has
+    /// one: not data, the trainer gives it a new key each step.
+    pub rng: Option<usize>,
 }
+
+/// The name of a model parameter that is the step's random key (an `i32[2]` key of
+/// [`crate::ir::random`], e.g. for dropout): like Flax's `rngs`, the trainer feeds it,
+/// not the data — at step `t` (counted from 1, restored with a checkpoint) the key
+/// `fold_in(key(seed), t)` ([`crate::ir::random::fold_in_data`]) of the trainer's seed
+/// ([`Trainer::with_rng_seed`](super::Trainer::with_rng_seed)), so that every step draws
+/// anew and the same on every mesh; the model splits or folds it per layer.
+pub const RNG: &str = "rng";
 
 impl TrainStep {
     /// Output index of the loss.
@@ -158,6 +169,13 @@ pub fn step_program_with(
     {
         return Err(request(format!(
             "parameter {p} is listed twice among the trained parameters (at {i})"
+        )));
+    }
+    let rng = rng_input(model)?;
+    if rng.is_some() && options.accumulate.is_some() {
+        return Err(request(format!(
+            "a random key (`{RNG}`) with gradient accumulation: the microbatches would \
+             need a key each"
         )));
     }
     if !options.aux.is_empty() && options.accumulate.is_some() {
@@ -302,7 +320,7 @@ pub fn step_program_with(
     verify(&program)?;
     let program = eliminate_dead_code(&program);
     let data = (0..model.params.len())
-        .filter(|i| !trained.contains(i))
+        .filter(|i| !trained.contains(i) && rng != Some(*i))
         .collect();
     Ok(TrainStep {
         program,
@@ -312,7 +330,30 @@ pub fn step_program_with(
         scalars,
         options: options.clone(),
         aux,
+        rng,
     })
+}
+
+/// The index of `model`'s parameter named [`RNG`], if any; an [`Error::TrainRequest`]
+/// unless it is an `i32[2]` key.
+fn rng_input(model: &Program) -> Result<Option<usize>> {
+    let Some(index) =
+        (model.params.iter()).position(|&p| model.node(p).name.as_deref() == Some(RNG))
+    else {
+        return Ok(None);
+    };
+    let ty = model.ty(model.params[index]);
+    if ty.dtype != DType::I32 || ty.shape[..] != [2] {
+        return Err(Error::TrainRequest {
+            program: model.name.clone(),
+            message: format!(
+                "parameter {index} `{RNG}` is the step's random key, an i32[2], but it is \
+                 {}{:?}",
+                ty.dtype, ty.shape
+            ),
+        });
+    }
+    Ok(Some(index))
 }
 
 /// `sharding` without dim `dim` (the sharding of a factored accumulator).

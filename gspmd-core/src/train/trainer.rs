@@ -11,6 +11,7 @@ use super::schedule::Schedule;
 use super::step::TrainStep;
 use crate::error::{Error, Result};
 use crate::executable::{CompileOptions, Executable, compile_for};
+use crate::ir::random::{fold_in_data, key_data};
 use crate::ir::{Builder, DType, Literal, Program, TensorType};
 use crate::runtime::{Backend, Input, Output, Reference, Resident, ThreadMesh};
 use crate::sharding::Mesh;
@@ -73,6 +74,8 @@ pub struct Trainer {
     steps_done: u64,
     /// The learning rate of each step, as a multiple of the optimizer's.
     schedule: Schedule,
+    /// The seed of the step's random keys ([`RNG`](super::RNG)).
+    rng_seed: u32,
 }
 
 impl Trainer {
@@ -149,6 +152,7 @@ impl Trainer {
             feeds,
             steps_done: 0,
             schedule: Schedule::Constant,
+            rng_seed: 0,
         };
         trainer.place_initial(&initial)?;
         Ok(trainer)
@@ -340,9 +344,14 @@ impl Trainer {
         blocks: Option<&[Vec<Literal>]>,
         aux: &[(&str, Fetch)],
     ) -> Result<StepOutput> {
-        let scalars = (self.step.optimizer).scalars(self.steps_done + 1, &self.schedule);
+        let t = self.steps_done + 1;
+        let scalars = (self.step.optimizer).scalars(t, &self.schedule);
         for (&index, value) in self.step.scalars.iter().zip(scalars) {
             self.inputs[index] = Literal::scalar_f32(value);
+        }
+        if let Some(index) = self.step.rng {
+            // Counts wrap at 2^32 steps, as JAX's fold_in of a u32.
+            self.inputs[index] = fold_in_data(&key_data(self.rng_seed), t as u32)?;
         }
         let (inputs, mut outputs) = self.resident_io(blocks);
         let available: Vec<(String, usize)> = (self.step.aux.iter())
@@ -362,6 +371,14 @@ impl Trainer {
         schedule.validate()?;
         self.schedule = schedule;
         Ok(self)
+    }
+
+    /// The same trainer with the step's random keys ([`RNG`](super::RNG)) drawn from `seed` (0 by
+    /// default): step `t` gets `fold_in(key(seed), t)`, so the same seed and step give
+    /// the same dropout on every backend and mesh, and after a restored checkpoint.
+    pub fn with_rng_seed(mut self, seed: u32) -> Self {
+        self.rng_seed = seed;
+        self
     }
 
     /// The learning rate the next step will use (`None` if the optimizer applies none).
