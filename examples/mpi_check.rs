@@ -51,7 +51,7 @@ use gspmd::models::transformer::{self, language_model};
 use gspmd::models::unet::denoise;
 use gspmd::runtime::{Backend, Communicator, MpiMesh, Reference, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
-use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
+use gspmd::train::{Init, Initializer, Optimizer, TrainStep, Trainer, step_program};
 use gspmd::{Error, Result};
 use ndarray::{ArrayD, IxDyn};
 
@@ -515,6 +515,13 @@ fn initial_weights(mpi: &MpiMesh, devices: usize) -> Result<()> {
     Ok(())
 }
 
+/// Of a model's `inputs`, those `step` trains, in its order: its initial values.
+fn trained_inputs(step: &TrainStep, inputs: Vec<Literal>) -> Vec<Literal> {
+    (step.params.iter())
+        .map(|p| inputs[p.input].clone())
+        .collect()
+}
+
 /// The small language model's AdamW step on the ranks and on a thread mesh of the same
 /// shape: three steps with bitwise equal losses and checkpoints; then a checkpoint saved
 /// on the ranks is loaded on threads and one saved on threads on the ranks, and the
@@ -524,7 +531,7 @@ fn training(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let mesh = language_model::mesh([2, devices / 2])?;
     let shape = mesh.to_string();
-    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let initial = |seed| trained_inputs(&step, sample_inputs(&model, seed));
     let data: Vec<Vec<Literal>> = (0..4)
         .map(|seed| sample_inputs(&model, 100 + seed)[..3].to_vec())
         .collect();
@@ -561,7 +568,7 @@ fn training(mpi: &MpiMesh, devices: usize) -> Result<()> {
     )?;
     drop(on_ranks);
     let mut on_threads = Trainer::on_mesh(step.clone(), mesh.clone(), initial(1))?;
-    let mut ranks_from_threads = Trainer::new(step, MpiMesh::new(mesh)?, initial(2))?;
+    let mut ranks_from_threads = Trainer::new(step.clone(), MpiMesh::new(mesh)?, initial(2))?;
     // Every rank reads the file itself (the path must be one all ranks see): a missing
     // file is an error on every rank.
     let missing = dir.join(name("missing"));
@@ -602,7 +609,7 @@ fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
     let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
     let wide = language_model::mesh([2, devices / 2])?;
     let tall = language_model::mesh([devices / 2, 2])?;
-    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let initial = |seed| trained_inputs(&step, sample_inputs(&model, seed));
     let data: Vec<Vec<Literal>> = (0..3)
         .map(|seed| sample_inputs(&model, 200 + seed)[..3].to_vec())
         .collect();
@@ -703,7 +710,7 @@ fn kept_checkpoint(devices: usize, ranks: usize) -> std::path::PathBuf {
 fn load_checkpoint(mpi: &MpiMesh, dir: &str) -> Result<()> {
     let model = small_lm()?;
     let step = step_program(&model, 0, transformer::WEIGHTS, &Optimizer::adamw(1e-2))?;
-    let initial = |seed| sample_inputs(&model, seed).split_off(3);
+    let initial = |seed| trained_inputs(&step, sample_inputs(&model, seed));
     let next = sample_inputs(&model, 202)[..3].to_vec();
     let (wide, tall) = (language_model::mesh([2, 4])?, language_model::mesh([4, 2])?);
     let mut on_ranks = Trainer::new(step.clone(), MpiMesh::new(wide.clone())?, initial(3))?;
