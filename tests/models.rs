@@ -7,6 +7,7 @@ use gspmd::autodiff::grad;
 use gspmd::compile;
 use gspmd::ir::Literal;
 use gspmd::models::moe::moe_language_model;
+use gspmd::models::mu_transformer::mu_transformer;
 use gspmd::models::transformer::{language_model, rotary};
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
@@ -96,6 +97,35 @@ fn language_model_and_its_gradient_match_the_reference_on_meshes() {
     );
     for (data, model) in [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)] {
         let mesh = language_model::mesh([data, model]).unwrap();
+        assert_matches(&program, &mesh, &inputs, &want);
+    }
+}
+
+/// The μ-Transformer (rotary attention scaled by 1/d_head, RMSNorm, the layers as one
+/// `scan`) and its gradient on `rows` x `columns` x `planes` meshes: each splits the
+/// batch, d_model or heads and FFN hidden, and together.
+#[test]
+fn mu_transformer_and_its_gradient_match_the_reference_on_3d_meshes() {
+    let d = dims();
+    let dims = mu_transformer::Dims {
+        B: d.B,
+        S: d.S,
+        V: d.V,
+        D: d.D,
+        L: d.L,
+        H: d.H,
+        K: d.K,
+        F: d.F,
+    };
+    let forward = mu_transformer::trace(dims).unwrap();
+    let scans = (forward.nodes.iter()).filter(|n| n.op.name() == "scan");
+    assert_eq!(scans.count(), 1, "the layers are one scan");
+    let trained: Vec<usize> = (3..forward.params.len()).collect();
+    let program = grad(&forward, 0, &trained).unwrap();
+    let inputs = inputs(&program);
+    let want = interpret(&program, &inputs).unwrap();
+    for shape in [[2, 1, 1], [1, 2, 1], [1, 1, 2], [2, 2, 2]] {
+        let mesh = mu_transformer::mesh(shape).unwrap();
         assert_matches(&program, &mesh, &inputs, &want);
     }
 }

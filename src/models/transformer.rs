@@ -24,13 +24,23 @@ pub fn causal(scores: &Tensor) -> Tensor {
 /// Causal multi-head self-attention over `x: [B, S, D]` with `wq, wk, wv: [D, H, K]`
 /// and `wo: [H, K, D]`.
 pub fn attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    attend(x, wq, wk, wv, wo, |t| t.clone())
+    attend(
+        x,
+        [wq, wk, wv, wo],
+        |t| t.clone(),
+        inverse_sqrt_head_dim(wq),
+    )
 }
 
 /// [`attention()`] with rotary positions: queries and keys pass through [`rotary()`], so
 /// that scores depend on the distance between query and key (no position table needed).
 pub fn rotary_attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    attend(x, wq, wk, wv, wo, rotary)
+    attend(x, [wq, wk, wv, wo], rotary, inverse_sqrt_head_dim(wq))
+}
+
+/// `1 / sqrt(K)` for `wq: [D, H, K]`: the usual attention scale.
+fn inverse_sqrt_head_dim(wq: &Tensor) -> f32 {
+    1.0 / (wq.shape()[2] as f32).sqrt()
 }
 
 /// Rotary position embedding (RoFormer, Su et al. 2021) of `x: [B, H, S, K]`, `K` even:
@@ -51,22 +61,39 @@ pub fn rotary(x: &Tensor) -> Tensor {
     b.concatenate(&[&first, &second], 3)
 }
 
-/// Attention with `position` applied to the queries and keys.
-fn attend(
+/// Causal multi-head self-attention over `x: [B, S, D]` with `[wq, wk, wv, wo]` as in
+/// [`attention()`], `position` applied to the queries and keys ([`rotary()`], or the
+/// identity) and the scores `q . k` multiplied by `scale` (`1 / sqrt(K)` usually; μP's
+/// is `1 / K`).
+pub fn attend(
     x: &Tensor,
-    wq: &Tensor,
-    wk: &Tensor,
-    wv: &Tensor,
-    wo: &Tensor,
+    [wq, wk, wv, wo]: [&Tensor; 4],
     position: impl Fn(&Tensor) -> Tensor,
+    scale: f32,
 ) -> Tensor {
     let q = position(&einsum("bsd,dhk->bhsk", x, wq)).named("q");
     let k = position(&einsum("btd,dhk->bhtk", x, wk));
     let v = einsum("btd,dhk->bhtk", x, wv);
-    let scale = 1.0 / (q.shape()[3] as f32).sqrt();
     let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale)).named("scores");
     let context = einsum("bhst,bhtk->bhsk", &scores.softmax(-1), &v).named("context");
     einsum("bhsk,hkd->bsd", &context, wo)
+}
+
+/// RMSNorm without a gain (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps)` along
+/// the last dim.
+pub fn rms_norm(x: &Tensor, eps: f32) -> Tensor {
+    let kept: Vec<usize> = (0..x.rank() - 1).collect();
+    let rms = ((x * x).mean(&[-1]) + eps).sqrt();
+    x / &rms.broadcast_in_dim(x.shape().to_vec(), &kept)
+}
+
+/// The mean over positions, weighted by `weights: [B, S]`, of the cross-entropy of
+/// `logits: [B, S, V]` (f32) against the ids `targets: [B, S]`.
+pub fn weighted_cross_entropy(logits: &Tensor, targets: &Tensor, weights: &Tensor) -> Tensor {
+    let vocab = logits.shape()[2];
+    let log_p = (&logits.log_softmax(-1) * &one_hot(targets, vocab)).sum(&[-1]);
+    let total = (&log_p * weights).sum(&[0, 1]);
+    -(total / weights.sum(&[0, 1]))
 }
 
 /// `t` converted to `dtype` (`t` itself if it has that dtype: no convert op).
@@ -211,7 +238,6 @@ pub fn language_model(
     #[params(V, D, S, L, H, K, F)] p: &LanguageModel,
     compute: DType,
 ) -> Tensor {
-    let vocab = p.embed.shape()[0];
     let low = |t: &Tensor| cast(t, compute);
     #[shard(data, _, _)]
     let x = &low(&p.embed).embedding(&tokens) + &low(&p.position);
@@ -220,8 +246,5 @@ pub fn language_model(
     };
     let x = stack(x, &layers);
     let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&p.unembed));
-    let logits = cast(&logits, DType::F32);
-    let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
-    let total = (&log_p * &weights).sum(&[0, 1]);
-    -(total / weights.sum(&[0, 1]))
+    weighted_cross_entropy(&cast(&logits, DType::F32), &targets, &weights)
 }
