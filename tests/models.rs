@@ -8,7 +8,7 @@ use gspmd::compile;
 use gspmd::ir::Literal;
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::mu_transformer::mu_transformer;
-use gspmd::models::transformer::{language_model, rotary};
+use gspmd::models::transformer::{LanguageModel, axlearn, language_model, rotary};
 use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::{ThreadMesh, interpret};
@@ -127,6 +127,83 @@ fn mu_transformer_and_its_gradient_match_the_reference_on_3d_meshes() {
     for shape in [[2, 1, 1], [1, 2, 1], [1, 1, 2], [2, 2, 2]] {
         let mesh = mu_transformer::mesh(shape).unwrap();
         assert_matches(&program, &mesh, &inputs, &want);
+    }
+}
+
+/// The LM under axlearn's mesh rule (batch over `(data, fsdp)`, weights over `fsdp`
+/// and `model`) trains on a 2x2x2 thread mesh as on the reference, from the LM's own
+/// initial weights and to the LM's losses; its collectives are FSDP's: the weights
+/// all-gathered over `fsdp`, their gradients reduce-scattered over `fsdp` and the
+/// shards all-reduced over `data` (as many elements), and nothing gathered over `data`.
+#[test]
+fn axlearn_mesh_rule_trains_as_the_reference_with_fsdp_collectives() {
+    const TRAINED: [&str; 4] = ["embed", "position", "layers.*", "unembed"];
+    let d = dims();
+    let dims = axlearn::language_model::Dims {
+        B: 8,
+        ..d_as_axlearn(d)
+    };
+    let model = axlearn::language_model::trace(dims, DType::F32).unwrap();
+    let adamw = Optimizer::adamw(1e-2);
+    let step = step_program(&model, 0, &TRAINED, &adamw).unwrap();
+    let init = axlearn::LanguageModel::initializer(3);
+    assert_eq!(init, LanguageModel::initializer(3), "the LM's initialisers");
+    let mesh = axlearn::language_model::mesh([2, 2, 2]).unwrap();
+    let mut trainer = Trainer::on_mesh(step.clone(), mesh, init.clone()).unwrap();
+    let mut reference = Trainer::reference(step, init.clone()).unwrap();
+    let lm = language_model::trace(language_model::Dims { B: 8, ..d }, DType::F32).unwrap();
+    let lm_step = step_program(&lm, 0, &TRAINED, &adamw).unwrap();
+    let mut lm_reference = Trainer::reference(lm_step, init).unwrap();
+    let data = inputs(&model)[..3].to_vec();
+    for i in 0..3 {
+        let (got, want) = (trainer.step(&data).unwrap(), reference.step(&data).unwrap());
+        let lm_loss = lm_reference.step(&data).unwrap();
+        let diff = (got - want).abs() / want.abs();
+        assert!(
+            diff <= 1e-5,
+            "step {i}: {got} on the mesh, {want} on the reference"
+        );
+        assert_eq!(want, lm_loss, "step {i}: the LM's loss");
+    }
+    let spmd = trainer.executable().spmd();
+    println!("{}", spmd.collectives());
+    // The output sizes (elements per device) of the `kind` collectives over `axes`.
+    let over = |kind: &str, axes: &[&str]| -> Vec<usize> {
+        (spmd.program.nodes.iter())
+            .filter(|n| n.op.name() == kind)
+            .filter(|n| n.op.collective_group().is_some_and(|g| g.axes == axes))
+            .map(|n| n.ty.shape.iter().product())
+            .collect()
+    };
+    assert!(
+        !over("all_gather", &["fsdp"]).is_empty(),
+        "weights gathered over fsdp"
+    );
+    let scattered = over("reduce_scatter", &["fsdp"]);
+    assert!(
+        !scattered.is_empty(),
+        "gradients reduce-scattered over fsdp"
+    );
+    let reduced: usize = over("all_reduce", &["data"]).iter().sum();
+    let shards: usize = scattered.iter().sum();
+    assert_eq!(reduced, shards, "the gradient shards all-reduced over data");
+    assert!(
+        over("all_gather", &["data"]).is_empty(),
+        "nothing gathered over data"
+    );
+}
+
+/// [`dims()`] as the axlearn LM's.
+fn d_as_axlearn(d: language_model::Dims) -> axlearn::language_model::Dims {
+    axlearn::language_model::Dims {
+        B: d.B,
+        S: d.S,
+        V: d.V,
+        D: d.D,
+        L: d.L,
+        H: d.H,
+        K: d.K,
+        F: d.F,
     }
 }
 

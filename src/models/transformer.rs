@@ -8,9 +8,13 @@
 //! in its range, then one all-reduce); the logits and the cross-entropy stay split by
 //! vocabulary too. The loss is weighted per position so that positions whose target is
 //! unpredictable can be left out.
+//!
+//! [`axlearn`] is the same model under axlearn's mesh rule (`data`, `fsdp`, `model`).
 
 use crate::ir::{DType, Tensor, einsum};
 use crate::params::Stacked;
+
+pub mod axlearn;
 
 /// `scores: [B, H, S, T]` with every key after its query (`t > s`) set to -1e9.
 pub fn causal(scores: &Tensor) -> Tensor {
@@ -189,17 +193,60 @@ pub struct LanguageModel {
     pub unembed: Tensor<D, V>,
 }
 
-/// One pre-norm Transformer layer: `y = x + attention(ln(x))`, then `y + ffn(ln(y))`
-/// with a GELU FFN. Its `#[shard]`s pin the activations of every layer it is used for.
+/// One pre-norm Transformer layer's math on `x: [B, S, D]`: `y = x + attention(ln(x))`
+/// with `[wq, wk, wv, wo]`, then `y + ffn(ln(y))` with a GELU FFN of `[w1, w2]`. A mesh
+/// rule pins the activations: `pin_attended` is applied to `y`, `pin_hidden` to the
+/// FFN's hidden activations `[B, S, F]` (each a `#[shard] let` in the rule's model).
+pub fn pre_norm_layer(
+    x: &Tensor,
+    [wq, wk, wv, wo]: [&Tensor; 4],
+    [w1, w2]: [&Tensor; 2],
+    pin_attended: impl FnOnce(Tensor) -> Tensor,
+    pin_hidden: impl FnOnce(Tensor) -> Tensor,
+) -> Tensor {
+    let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
+    let attended = pin_attended(x + &a);
+    let hidden = pin_hidden(einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), w1).gelu());
+    &attended + &einsum("bsf,fd->bsd", &hidden, w2)
+}
+
+/// The language model's loss around its layers: the tokens' embeddings from `embed`
+/// plus the `position` table, pinned by `pin_embedded` (the mesh rule's `#[shard]`),
+/// then `layers(x, low)` (which runs the layers, each weight passed through `low`: the
+/// cast to `compute`), a layer norm, the logits by `unembed`, and the mean over
+/// positions (weighted by `weights`) of the cross-entropy against `targets`.
+pub fn language_model_loss(
+    [tokens, targets, weights]: [&Tensor; 3],
+    [embed, position, unembed]: [&Tensor; 3],
+    compute: DType,
+    pin_embedded: impl FnOnce(Tensor) -> Tensor,
+    layers: impl FnOnce(Tensor, &dyn Fn(&Tensor) -> Tensor) -> Tensor,
+) -> Tensor {
+    let low = |t: &Tensor| cast(t, compute);
+    let x = pin_embedded(&low(embed).embedding(tokens) + &low(position));
+    let x = layers(x, &low);
+    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(unembed));
+    weighted_cross_entropy(&cast(&logits, DType::F32), targets, weights)
+}
+
+/// One pre-norm Transformer layer ([`pre_norm_layer()`]). Its `#[shard]`s pin the
+/// activations of every layer it is used for: the batch over `data`, the FFN's hidden
+/// dim over `model`.
 #[crate::model(mesh = (data, model))]
 pub fn block(x: Tensor<B, S, D>, #[params(D, H, K, F)] w: &Block) -> Tensor<B, S, D> {
     let Attention { wq, wk, wv, wo } = &w.attn;
-    let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
-    #[shard(data, _, _)]
-    let attended = &x + &a;
-    #[shard(data, _, model)]
-    let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w.ffn.w1).gelu();
-    &attended + &einsum("bsf,fd->bsd", &hidden, &w.ffn.w2)
+    let ffn = [&w.ffn.w1, &w.ffn.w2];
+    let pin_attended = |y: Tensor| {
+        #[shard(data, _, _)]
+        let attended = y;
+        attended
+    };
+    let pin_hidden = |h: Tensor| {
+        #[shard(data, _, model)]
+        let hidden = h;
+        hidden
+    };
+    pre_norm_layer(&x, [wq, wk, wv, wo], ffn, pin_attended, pin_hidden)
 }
 
 /// `L` layers of [`block()`], weights stacked over layers, with the paper's 2-D finalized
@@ -216,8 +263,9 @@ pub fn stack(
     x
 }
 
-/// The language model's loss: the mean over positions (weighted by `weights`) of the
-/// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack()`].
+/// The language model's loss ([`language_model_loss()`]): the mean over positions
+/// (weighted by `weights`) of the cross-entropy of predicting `targets` from `tokens`,
+/// with the layers of [`stack()`].
 ///
 /// Its parameters form a tree of names: the data `tokens`, `targets`, `weights`; then
 /// the leaves of [`LanguageModel`]: `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and
@@ -238,13 +286,21 @@ pub fn language_model(
     #[params(V, D, S, L, H, K, F)] p: &LanguageModel,
     compute: DType,
 ) -> Tensor {
-    let low = |t: &Tensor| cast(t, compute);
-    #[shard(data, _, _)]
-    let x = &low(&p.embed).embedding(&tokens) + &low(&p.position);
-    let layers = Layers {
-        layers: p.layers.map(low),
+    let pin_embedded = |e: Tensor| {
+        #[shard(data, _, _)]
+        let x = e;
+        x
     };
-    let x = stack(x, &layers);
-    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&p.unembed));
-    weighted_cross_entropy(&cast(&logits, DType::F32), &targets, &weights)
+    language_model_loss(
+        [&tokens, &targets, &weights],
+        [&p.embed, &p.position, &p.unembed],
+        compute,
+        pin_embedded,
+        |x, low| {
+            let layers = Layers {
+                layers: p.layers.map(low),
+            };
+            stack(x, &layers)
+        },
+    )
 }
