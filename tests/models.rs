@@ -28,6 +28,23 @@ fn dims() -> language_model::Dims {
     }
 }
 
+/// [`dims()`] as the `Dims` struct `$dims` of another model with the LM's symbols.
+macro_rules! dims_of {
+    ($($dims:ident)::+) => {{
+        let d = dims();
+        $($dims)::+ {
+            B: d.B,
+            S: d.S,
+            V: d.V,
+            D: d.D,
+            L: d.L,
+            H: d.H,
+            K: d.K,
+            F: d.F,
+        }
+    }};
+}
+
 fn inputs(program: &Program) -> Vec<Literal> {
     program
         .params
@@ -106,18 +123,7 @@ fn language_model_and_its_gradient_match_the_reference_on_meshes() {
 /// batch, d_model or heads and FFN hidden, and together.
 #[test]
 fn mu_transformer_and_its_gradient_match_the_reference_on_3d_meshes() {
-    let d = dims();
-    let dims = mu_transformer::Dims {
-        B: d.B,
-        S: d.S,
-        V: d.V,
-        D: d.D,
-        L: d.L,
-        H: d.H,
-        K: d.K,
-        F: d.F,
-    };
-    let forward = mu_transformer::trace(dims).unwrap();
+    let forward = mu_transformer::trace(dims_of!(mu_transformer::Dims)).unwrap();
     let scans = (forward.nodes.iter()).filter(|n| n.op.name() == "scan");
     assert_eq!(scans.count(), 1, "the layers are one scan");
     let trained: Vec<usize> = (3..forward.params.len()).collect();
@@ -138,12 +144,11 @@ fn mu_transformer_and_its_gradient_match_the_reference_on_3d_meshes() {
 #[test]
 fn axlearn_mesh_rule_trains_as_the_reference_with_fsdp_collectives() {
     const TRAINED: [&str; 4] = ["embed", "position", "layers.*", "unembed"];
-    let d = dims();
-    let dims = axlearn::language_model::Dims {
+    let sizes = axlearn::language_model::Dims {
         B: 8,
-        ..d_as_axlearn(d)
+        ..dims_of!(axlearn::language_model::Dims)
     };
-    let model = axlearn::language_model::trace(dims, DType::F32).unwrap();
+    let model = axlearn::language_model::trace(sizes, DType::F32).unwrap();
     let adamw = Optimizer::adamw(1e-2);
     let step = step_program(&model, 0, &TRAINED, &adamw).unwrap();
     let init = axlearn::LanguageModel::initializer(3);
@@ -151,7 +156,7 @@ fn axlearn_mesh_rule_trains_as_the_reference_with_fsdp_collectives() {
     let mesh = axlearn::language_model::mesh([2, 2, 2]).unwrap();
     let mut trainer = Trainer::on_mesh(step.clone(), mesh, init.clone()).unwrap();
     let mut reference = Trainer::reference(step, init.clone()).unwrap();
-    let lm = language_model::trace(language_model::Dims { B: 8, ..d }, DType::F32).unwrap();
+    let lm = language_model::trace(language_model::Dims { B: 8, ..dims() }, DType::F32).unwrap();
     let lm_step = step_program(&lm, 0, &TRAINED, &adamw).unwrap();
     let mut lm_reference = Trainer::reference(lm_step, init).unwrap();
     let data = inputs(&model)[..3].to_vec();
@@ -191,20 +196,6 @@ fn axlearn_mesh_rule_trains_as_the_reference_with_fsdp_collectives() {
         over("all_gather", &["data"]).is_empty(),
         "nothing gathered over data"
     );
-}
-
-/// [`dims()`] as the axlearn LM's.
-fn d_as_axlearn(d: language_model::Dims) -> axlearn::language_model::Dims {
-    axlearn::language_model::Dims {
-        B: d.B,
-        S: d.S,
-        V: d.V,
-        D: d.D,
-        L: d.L,
-        H: d.H,
-        K: d.K,
-        F: d.F,
-    }
 }
 
 /// Mixed precision (bf16 activations, f32 master weights): the step program keeps the
