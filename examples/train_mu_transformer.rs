@@ -18,15 +18,16 @@
 //! ```text
 //! cargo run --release --example train_mu_transformer          # 100 steps
 //! cargo run --release --example train_mu_transformer -- 40
-//! cargo run --release --example train_mu_transformer -- 60 --dump /tmp/mu.safetensors
+//! cargo run --release --example train_mu_transformer -- 40 --dump /tmp/mu.safetensors
 //! ```
 //!
 //! `--lr X` sets the learning rate before μP's scaling (default 1); `--plot PATH`
 //! where the loss curve goes (default `target/train_mu_transformer_loss.svg`, and a
-//! CSV beside it). `--dump PATH` writes the initial parameters (by name), the first
-//! batches (`tokens.<i>`, `targets.<i>`, `weights.<i>`), their losses (`losses`) and
-//! the learning rate (`lr`) as safetensors for `benches/jax/mu_transformer.py`, the same model in JAX and optax,
-//! to replay. `--mesh RxCxP` picks another mesh.
+//! CSV beside it); `--mesh RxCxP` another mesh. `--dump PATH` writes the initial
+//! parameters (by name), the first batches (`tokens.<i>`, `targets.<i>`,
+//! `weights.<i>`), their losses (`losses`) and the learning rate (`lr`) as
+//! safetensors, for `benches/jax/mu_transformer.py` (the same model in JAX and optax)
+//! to replay.
 
 // Shared by the training examples; this one has μP's own optimizer (no `adamw`).
 #[allow(dead_code)]
