@@ -179,6 +179,9 @@ impl<'a> Walk<'a> {
                 scale,
                 in_dims: in_dims.iter().map(|d| d + stacked).collect(),
             },
+            Init::NormalFanIn { in_dims } => Init::NormalFanIn {
+                in_dims: in_dims.iter().map(|d| d + stacked).collect(),
+            },
             other => other,
         });
         let mut tensor = self.builder.parameter(&name, shape.clone(), dtype);

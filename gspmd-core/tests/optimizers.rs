@@ -12,7 +12,7 @@ use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::train::{
     Adafactor, AdamW, Emitter, Lion, Mask, Optimizer, Param, Schedule, Sgd, Slot, Trainer,
     Transform, add_decayed_weights, chain, check_hyper_parameters, clip_by_global_norm, scale,
-    scale_by_adam, scale_by_learning_rate, step_program,
+    scale_by_adam, scale_by_learning_rate, scale_masked, step_program,
 };
 use ndarray::{Array1, Array2, Axis};
 use rand::SeedableRng;
@@ -331,6 +331,39 @@ fn adamw_with_a_decay_mask_equals_a_host_computation() {
     });
     assert_params_near(&got[0], &want, "interpreter");
     assert_params_near(&got[1], &want, "2x4 mesh");
+}
+
+/// Per-parameter learning rates as μP's: `scale_masked` scales the SGD update of the
+/// parameters its mask selects (`dense.w` by 1/16) and leaves the others; equals the
+/// host's over four steps. A pattern that selects nothing is a typed error.
+#[test]
+fn scale_masked_scales_only_the_selected_parameters() {
+    let lr = 0.1;
+    let optimizer = chain([
+        scale_masked(1.0 / 16.0, Mask::only(&["dense.w"])),
+        scale_by_learning_rate(lr),
+    ]);
+    let got = train(&optimizer);
+    let mut which = 0;
+    let want = host_train(&dense(), |t, g, w, _: &mut ()| {
+        let factor = if which % 2 == 0 { 1.0 / 16.0 } else { 1.0 };
+        which += 1;
+        let rate = f64::from(lr * SCHEDULE.factor(t));
+        for (w, g) in w.iter_mut().zip(g) {
+            *w -= rate * factor * g;
+        }
+    });
+    assert_params_near(&got[0], &want, "interpreter");
+    assert_params_near(&got[1], &want, "2x4 mesh");
+    let misspelt = chain([
+        scale_masked(0.5, Mask::only(&["dense.weight"])),
+        scale_by_learning_rate(lr),
+    ]);
+    let err = step_program(&dense().model, 0, &["dense.*"], &misspelt).unwrap_err();
+    assert!(
+        matches!(&err, Error::Optimizer { message, .. } if message.contains("dense.weight")),
+        "{err}"
+    );
 }
 
 /// Every state tensor of the compiled step is sharded like its parameter: Lion's `m`

@@ -1237,6 +1237,38 @@ fn initialiser_blocks_assemble_to_the_global_array() {
     );
 }
 
+/// `NormalFanIn` (μP's `N(0, 1/fan_in)`): blocks assemble to the global array, and the
+/// draws of a `[layers, 64, 4, 4]` stack with fan-in dims 1 and 2 (`64 x 4`) have a
+/// standard deviation of about `1/16`.
+#[test]
+fn normal_fan_in_has_variance_one_over_fan_in() {
+    let init = Initializer::new(5).rule(
+        "*",
+        Init::NormalFanIn {
+            in_dims: vec![1, 2],
+        },
+    );
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let sharding = s("(_, data, model, _)");
+    let shape = [3, 64, 4, 4];
+    let blocks: Vec<Literal> = (0..4)
+        .map(|d| {
+            let block = sharding.device_block(&mesh, &shape, d);
+            init.block("x", &shape, &block).unwrap()
+        })
+        .collect();
+    let global = init.global("x", &shape).unwrap();
+    let assembled = gspmd_core::runtime::assemble(&blocks, &sharding, &mesh, &shape).unwrap();
+    assert_eq!(assembled, global);
+    let many = values(&global);
+    let mean = many.iter().sum::<f32>() / many.len() as f32;
+    let var = many.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / many.len() as f32;
+    assert!(
+        mean.abs() < 0.01 && (var.sqrt() * 16.0 - 1.0).abs() < 0.05,
+        "{mean} {var}"
+    );
+}
+
 // ---- (e) datasets: shuffled batches cut for the mesh -----------------------------------
 
 /// 20 examples of `dense`'s data (`x: [16]`, `target: [8]` each).

@@ -121,7 +121,8 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// **Fields**, in order, are the model's parameters, named by their paths:
 /// - `w: Tensor<D, F>` (types as in [`macro@model`]), optionally `#[shard(..)]` (one entry
 ///   per dim; `name = ".."` renames the leaf) and `#[init(..)]`: `zeros`, `ones`,
-///   `normal(std)`, `uniform(bound)` or `fan_in(dim, ..)` (`gspmd::train::Init`);
+///   `normal(std)`, `uniform(bound)`, `fan_in(dim, ..)` or `normal_fan_in(dim, ..)`
+///   (`gspmd::train::Init`);
 /// - `attn: Attention`: a nested parameter struct, its leaves named `attn.wq`;
 /// - `blocks: Vec<Block, N>`: `N` copies (a shape symbol or a number), named
 ///   `blocks.3.wq`;

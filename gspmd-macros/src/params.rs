@@ -32,8 +32,8 @@ const FIELD_TYPES: &str = "a parameter struct's field is a `Tensor<..>`, a neste
      number. Pass other settings to the model as static arguments";
 
 /// The initialisers `#[init(..)]` accepts, for errors.
-const INITS: &str = "`zeros`, `ones`, `normal(0.02)`, `uniform(0.1)` or `fan_in(0)` (the \
-     input dims, e.g. `fan_in(0, 1)`)";
+const INITS: &str = "`zeros`, `ones`, `normal(0.02)`, `uniform(0.1)`, `fan_in(0)` or \
+     `normal_fan_in(0)` (the input dims, e.g. `fan_in(0, 1)`)";
 
 /// One field of the struct.
 struct Field {
@@ -327,7 +327,7 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
         ("uniform", Some(args)) => {
             value(args, errors).map(|bound| quote!(#init::Uniform { bound: #bound }))
         }
-        ("fan_in", Some(args)) => {
+        (kind @ ("fan_in" | "normal_fan_in"), Some(args)) => {
             let mut dims = Vec::new();
             for arg in args {
                 match arg {
@@ -338,8 +338,8 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
                         errors.spanned(
                             other,
                             format!(
-                                "`fan_in` lists input dims of the tensor, from 0 to {}: \
-                                 `fan_in(0)`",
+                                "`{kind}` lists input dims of the tensor, from 0 to {}: \
+                                 `{kind}(0)`",
                                 rank.saturating_sub(1)
                             ),
                         );
@@ -347,7 +347,12 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
                     }
                 }
             }
-            Some(quote!(#init::FanIn { scale: 1.0, in_dims: ::std::vec![#(#dims),*] }))
+            let in_dims = quote!(::std::vec![#(#dims),*]);
+            Some(if kind == "fan_in" {
+                quote!(#init::FanIn { scale: 1.0, in_dims: #in_dims })
+            } else {
+                quote!(#init::NormalFanIn { in_dims: #in_dims })
+            })
         }
         ("zeros" | "ones", Some(_)) => {
             let name = &spec.name;
@@ -357,12 +362,13 @@ fn init(attr: &Attribute, rank: usize, errors: &mut Errors) -> Option<TokenStrea
             );
             None
         }
-        ("normal" | "uniform" | "fan_in", None) => {
+        ("normal" | "uniform" | "fan_in" | "normal_fan_in", None) => {
             let name = &spec.name;
             let wanted = match name.to_string().as_str() {
                 "normal" => "its standard deviation: `normal(0.02)`",
                 "uniform" => "its bound: `uniform(0.1)`",
-                _ => "the input dims: `fan_in(0)`",
+                "fan_in" => "the input dims: `fan_in(0)`",
+                _ => "the input dims: `normal_fan_in(0)`",
             };
             errors.spanned(name, format!("`{name}` takes {wanted}"));
             None

@@ -3,6 +3,7 @@
 
 pub mod dense;
 pub mod moe;
+pub mod mu_transformer;
 pub mod pipeline;
 pub mod transformer;
 pub mod unet;

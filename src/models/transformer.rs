@@ -8,9 +8,13 @@
 //! in its range, then one all-reduce); the logits and the cross-entropy stay split by
 //! vocabulary too. The loss is weighted per position so that positions whose target is
 //! unpredictable can be left out.
+//!
+//! [`axlearn`] is the same model under axlearn's mesh rule (`data`, `fsdp`, `model`).
 
 use crate::ir::{DType, Tensor, einsum, random};
 use crate::params::Stacked;
+
+pub mod axlearn;
 
 /// `scores: [B, H, S, T]` with every key after its query (`t > s`) set to -1e9.
 pub fn causal(scores: &Tensor) -> Tensor {
@@ -24,13 +28,23 @@ pub fn causal(scores: &Tensor) -> Tensor {
 /// Causal multi-head self-attention over `x: [B, S, D]` with `wq, wk, wv: [D, H, K]`
 /// and `wo: [H, K, D]`.
 pub fn attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    attend(x, wq, wk, wv, wo, |t| t.clone())
+    attend(
+        x,
+        [wq, wk, wv, wo],
+        |t| t.clone(),
+        inverse_sqrt_head_dim(wq),
+    )
 }
 
 /// [`attention()`] with rotary positions: queries and keys pass through [`rotary()`], so
 /// that scores depend on the distance between query and key (no position table needed).
 pub fn rotary_attention(x: &Tensor, wq: &Tensor, wk: &Tensor, wv: &Tensor, wo: &Tensor) -> Tensor {
-    attend(x, wq, wk, wv, wo, rotary)
+    attend(x, [wq, wk, wv, wo], rotary, inverse_sqrt_head_dim(wq))
+}
+
+/// `1 / sqrt(K)` for `wq: [D, H, K]`: the usual attention scale.
+fn inverse_sqrt_head_dim(wq: &Tensor) -> f32 {
+    1.0 / (wq.shape()[2] as f32).sqrt()
 }
 
 /// Rotary position embedding (RoFormer, Su et al. 2021) of `x: [B, H, S, K]`, `K` even:
@@ -51,22 +65,39 @@ pub fn rotary(x: &Tensor) -> Tensor {
     b.concatenate(&[&first, &second], 3)
 }
 
-/// Attention with `position` applied to the queries and keys.
-fn attend(
+/// Causal multi-head self-attention over `x: [B, S, D]` with `[wq, wk, wv, wo]` as in
+/// [`attention()`], `position` applied to the queries and keys ([`rotary()`], or the
+/// identity) and the scores `q . k` multiplied by `scale` (`1 / sqrt(K)` usually; μP's
+/// is `1 / K`).
+pub fn attend(
     x: &Tensor,
-    wq: &Tensor,
-    wk: &Tensor,
-    wv: &Tensor,
-    wo: &Tensor,
+    [wq, wk, wv, wo]: [&Tensor; 4],
     position: impl Fn(&Tensor) -> Tensor,
+    scale: f32,
 ) -> Tensor {
     let q = position(&einsum("bsd,dhk->bhsk", x, wq)).named("q");
     let k = position(&einsum("btd,dhk->bhtk", x, wk));
     let v = einsum("btd,dhk->bhtk", x, wv);
-    let scale = 1.0 / (q.shape()[3] as f32).sqrt();
     let scores = causal(&(einsum("bhsk,bhtk->bhst", &q, &k) * scale)).named("scores");
     let context = einsum("bhst,bhtk->bhsk", &scores.softmax(-1), &v).named("context");
     einsum("bhsk,hkd->bsd", &context, wo)
+}
+
+/// RMSNorm without a gain (Zhang & Sennrich 2019): `x / sqrt(mean(x^2) + eps)` along
+/// the last dim.
+pub fn rms_norm(x: &Tensor, eps: f32) -> Tensor {
+    let kept: Vec<usize> = (0..x.rank() - 1).collect();
+    let rms = ((x * x).mean(&[-1]) + eps).sqrt();
+    x / &rms.broadcast_in_dim(x.shape().to_vec(), &kept)
+}
+
+/// The mean over positions, weighted by `weights: [B, S]`, of the cross-entropy of
+/// `logits: [B, S, V]` (f32) against the ids `targets: [B, S]`.
+pub fn weighted_cross_entropy(logits: &Tensor, targets: &Tensor, weights: &Tensor) -> Tensor {
+    let vocab = logits.shape()[2];
+    let log_p = (&logits.log_softmax(-1) * &one_hot(targets, vocab)).sum(&[-1]);
+    let total = (&log_p * weights).sum(&[0, 1]);
+    -(total / weights.sum(&[0, 1]))
 }
 
 /// `t` converted to `dtype` (`t` itself if it has that dtype: no convert op).
@@ -177,11 +208,49 @@ pub fn dropout_at(x: &Tensor, rate: f64, key: &Tensor, site: u32) -> Tensor {
     }
 }
 
-/// One pre-norm Transformer layer, number `layer` of its stack:
-/// `y = x + dropout(attention(ln(x)))`, then `y + dropout(ffn(ln(y)))` with a GELU FFN
-/// (residual dropout at `rate`, as GPT-2's, drawn from [`dropout_at`] sites `2 layer`
-/// and `2 layer + 1` of `key`). Its `#[shard]`s pin the activations of every layer it
-/// is used for.
+/// One pre-norm Transformer layer's math on `x: [B, S, D]`: `y = x + attention(ln(x))`
+/// with `[wq, wk, wv, wo]`, then `y + ffn(ln(y))` with a GELU FFN of `[w1, w2]`. A mesh
+/// rule pins the activations: `pin_attended` is applied to `y`, `pin_hidden` to the
+/// FFN's hidden activations `[B, S, F]` (each a `#[shard] let` in the rule's model).
+/// `drop(branch, i)` is the dropout of the attention (`i = 0`) and the FFN (`i = 1`)
+/// residual branches.
+pub fn pre_norm_layer(
+    x: &Tensor,
+    [wq, wk, wv, wo]: [&Tensor; 4],
+    [w1, w2]: [&Tensor; 2],
+    pin_attended: impl FnOnce(Tensor) -> Tensor,
+    pin_hidden: impl FnOnce(Tensor) -> Tensor,
+    drop: impl Fn(&Tensor, u32) -> Tensor,
+) -> Tensor {
+    let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
+    let attended = pin_attended(x + &drop(&a, 0));
+    let hidden = pin_hidden(einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), w1).gelu());
+    &attended + &drop(&einsum("bsf,fd->bsd", &hidden, w2), 1)
+}
+
+/// The language model's loss around its layers: the tokens' embeddings from `embed`
+/// plus the `position` table, pinned by `pin_embedded` (the mesh rule's `#[shard]`),
+/// then `layers(x, low)` (which runs the layers, each weight passed through `low`: the
+/// cast to `compute`), a layer norm, the logits by `unembed`, and the mean over
+/// positions (weighted by `weights`) of the cross-entropy against `targets`.
+pub fn language_model_loss(
+    [tokens, targets, weights]: [&Tensor; 3],
+    [embed, position, unembed]: [&Tensor; 3],
+    compute: DType,
+    pin_embedded: impl FnOnce(Tensor) -> Tensor,
+    layers: impl FnOnce(Tensor, &dyn Fn(&Tensor) -> Tensor) -> Tensor,
+) -> Tensor {
+    let low = |t: &Tensor| cast(t, compute);
+    let x = pin_embedded(&low(embed).embedding(tokens) + &low(position));
+    let x = layers(x, &low);
+    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(unembed));
+    weighted_cross_entropy(&cast(&logits, DType::F32), targets, weights)
+}
+
+/// One pre-norm Transformer layer ([`pre_norm_layer()`]), number `layer` of its stack,
+/// with residual dropout at `rate` (as GPT-2's) drawn from [`dropout_at`] sites
+/// `2 layer` and `2 layer + 1` of `key`. Its `#[shard]`s pin the activations of every
+/// layer it is used for: the batch over `data`, the FFN's hidden dim over `model`.
 #[crate::model(mesh = (data, model))]
 pub fn block(
     x: Tensor<B, S, D>,
@@ -192,13 +261,19 @@ pub fn block(
 ) -> Tensor<B, S, D> {
     let site = 2 * layer as u32;
     let Attention { wq, wk, wv, wo } = &w.attn;
-    let a = attention(&x.layer_norm(-1, 1e-5), wq, wk, wv, wo);
-    #[shard(data, _, _)]
-    let attended = &x + &dropout_at(&a, rate, &key, site);
-    #[shard(data, _, model)]
-    let hidden = einsum("bsd,df->bsf", &attended.layer_norm(-1, 1e-5), &w.ffn.w1).gelu();
-    let out = einsum("bsf,fd->bsd", &hidden, &w.ffn.w2);
-    &attended + &dropout_at(&out, rate, &key, site + 1)
+    let ffn = [&w.ffn.w1, &w.ffn.w2];
+    let pin_attended = |y: Tensor| {
+        #[shard(data, _, _)]
+        let attended = y;
+        attended
+    };
+    let pin_hidden = |h: Tensor| {
+        #[shard(data, _, model)]
+        let hidden = h;
+        hidden
+    };
+    let drop = |t: &Tensor, i: u32| dropout_at(t, rate, &key, site + i);
+    pre_norm_layer(&x, [wq, wk, wv, wo], ffn, pin_attended, pin_hidden, drop)
 }
 
 /// `L` layers of [`block()`], weights stacked over layers, with the paper's 2-D finalized
@@ -217,8 +292,9 @@ pub fn stack(
     x
 }
 
-/// The language model's loss: the mean over positions (weighted by `weights`) of the
-/// cross-entropy of predicting `targets` from `tokens`, with the layers of [`stack()`].
+/// The language model's loss ([`language_model_loss()`]): the mean over positions
+/// (weighted by `weights`) of the cross-entropy of predicting `targets` from `tokens`,
+/// with the layers of [`stack()`].
 ///
 /// Its parameters form a tree of names: the data `tokens`, `targets`, `weights`; then
 /// the leaves of [`LanguageModel`]: `embed`, `position`, `layers.attn.{wq,wk,wv,wo}` and
@@ -248,18 +324,21 @@ pub fn language_model(
     compute: DType,
     dropout: f64,
 ) -> Tensor {
-    let vocab = p.embed.shape()[0];
-    let low = |t: &Tensor| cast(t, compute);
-    let embedded = &low(&p.embed).embedding(&tokens) + &low(&p.position);
-    #[shard(data, _, _)]
-    let x = dropout_at(&embedded, dropout, &rng, 2 * p.layers.len() as u32);
-    let layers = Layers {
-        layers: p.layers.map(low),
+    let pin_embedded = |e: Tensor| {
+        #[shard(data, _, _)]
+        let x = dropout_at(&e, dropout, &rng, 2 * p.layers.len() as u32);
+        x
     };
-    let x = stack(x, &layers, rng, dropout);
-    let logits = einsum("bsd,dv->bsv", &x.layer_norm(-1, 1e-5), &low(&p.unembed));
-    let logits = cast(&logits, DType::F32);
-    let log_p = (&logits.log_softmax(-1) * &one_hot(&targets, vocab)).sum(&[-1]);
-    let total = (&log_p * &weights).sum(&[0, 1]);
-    -(total / weights.sum(&[0, 1]))
+    language_model_loss(
+        [&tokens, &targets, &weights],
+        [&p.embed, &p.position, &p.unembed],
+        compute,
+        pin_embedded,
+        |x, low| {
+            let layers = Layers {
+                layers: p.layers.map(low),
+            };
+            stack(x, &layers, rng.clone(), dropout)
+        },
+    )
 }

@@ -35,6 +35,13 @@ pub enum Init {
         /// The input dims.
         in_dims: Vec<usize>,
     },
+    /// Normal with mean 0 and standard deviation `1 / sqrt(fan_in)`, `fan_in` as in
+    /// [`Init::FanIn`]: variance `1 / fan_in` (LeCun-normal without truncation; μP's
+    /// hidden weights).
+    NormalFanIn {
+        /// The input dims.
+        in_dims: Vec<usize>,
+    },
 }
 
 impl Init {
@@ -138,24 +145,29 @@ fn draw(init: &Init, shape: &[usize], key: u64, index: u64) -> f32 {
         ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     };
     let symmetric = |bound: f32| ((2.0 * uniform(0) - 1.0) * f64::from(bound)) as f32;
+    // Box-Muller.
+    let normal = |std: f64| {
+        let radius = (-2.0 * uniform(0).ln()).sqrt();
+        let angle = 2.0 * std::f64::consts::PI * uniform(1);
+        (radius * angle.cos() * std) as f32
+    };
     match init {
         Init::Zeros => 0.0,
         Init::Ones => 1.0,
         Init::Uniform { bound } => symmetric(*bound),
-        Init::FanIn { scale, in_dims } => {
-            let fan_in: usize = in_dims
-                .iter()
-                .map(|&d| shape.get(d).copied().unwrap_or(1))
-                .product();
-            symmetric(scale / (fan_in.max(1) as f32).sqrt())
-        }
-        Init::Normal { std } => {
-            // Box-Muller.
-            let radius = (-2.0 * uniform(0).ln()).sqrt();
-            let angle = 2.0 * std::f64::consts::PI * uniform(1);
-            (radius * angle.cos() * f64::from(*std)) as f32
-        }
+        Init::FanIn { scale, in_dims } => symmetric(scale / fan_in(shape, in_dims).sqrt()),
+        Init::Normal { std } => normal(f64::from(*std)),
+        Init::NormalFanIn { in_dims } => normal(1.0 / f64::from(fan_in(shape, in_dims)).sqrt()),
     }
+}
+
+/// The product of the sizes of `shape`'s dims `in_dims` (a missing dim counts 1), at
+/// least 1.
+fn fan_in(shape: &[usize], in_dims: &[usize]) -> f32 {
+    let fan_in: usize = (in_dims.iter())
+        .map(|&d| shape.get(d).copied().unwrap_or(1))
+        .product();
+    fan_in.max(1) as f32
 }
 
 /// SplitMix64's finaliser: a bijective 64-bit mix (also [`Dataset::order`]'s

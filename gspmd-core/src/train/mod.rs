@@ -42,7 +42,7 @@ pub use optimizer::{
     Adafactor, AdamW, Emitter, Lion, Mask, Optimizer, Param, Sgd, Slot, Transform,
     add_decayed_weights, chain, check_hyper_parameters, clip_by_block_rms, clip_by_global_norm,
     scale, scale_by_adafactor_step, scale_by_adam, scale_by_factored_rms, scale_by_learning_rate,
-    scale_by_lion, trace,
+    scale_by_lion, scale_masked, trace,
 };
 pub use outputs::{AuxOutput, Fetch, StepOutput, output_name};
 pub use schedule::Schedule;

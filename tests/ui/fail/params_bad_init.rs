@@ -14,6 +14,10 @@ struct Weights {
     e: Tensor<D>,
     #[init(zeros)]
     inner: Inner,
+    #[init(normal_fan_in(3))]
+    f: Tensor<D, F>,
+    #[init(normal_fan_in)]
+    g: Tensor<D, F>,
 }
 
 #[gspmd::params(mesh = (data))]

@@ -46,7 +46,7 @@ impl Mask {
 
     /// An [`Error::Optimizer`] (naming `owner`) for a pattern that matches none of
     /// `params`.
-    fn check(&self, owner: &dyn std::fmt::Debug, params: &[Param]) -> Result<()> {
+    pub(super) fn check(&self, owner: &dyn std::fmt::Debug, params: &[Param]) -> Result<()> {
         let (Mask::Only(patterns) | Mask::Except(patterns)) = self else {
             return Ok(());
         };

@@ -5,7 +5,7 @@
 //! - `transform`: the [`Transform`] trait (state [`Slot`]s, host scalars, the update)
 //!   and the [`Param`] it updates; `emit`: the [`Emitter`] it writes IR with.
 //! - `chain`: [`chain`] of transforms.
-//! - `scale`: [`scale`], [`scale_by_learning_rate`]; `decay`: [`add_decayed_weights`]
+//! - `scale`: [`scale`], [`scale_masked`], [`scale_by_learning_rate`]; `decay`: [`add_decayed_weights`]
 //!   with a [`Mask`] of parameter names; `clip`: [`clip_by_global_norm`],
 //!   [`clip_by_block_rms`].
 //! - The optimizers, each a named chain of the above and its own scaling:
@@ -31,7 +31,7 @@ pub use clip::{clip_by_block_rms, clip_by_global_norm};
 pub use decay::{Mask, add_decayed_weights};
 pub use emit::Emitter;
 pub use lion::{Lion, scale_by_lion};
-pub use scale::{scale, scale_by_learning_rate};
+pub use scale::{scale, scale_by_learning_rate, scale_masked};
 pub use sgd::{Sgd, trace};
 pub use transform::{Param, Slot, Transform, check_hyper_parameters};
 

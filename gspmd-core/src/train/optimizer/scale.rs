@@ -1,23 +1,32 @@
 //! [`scale`] by a constant and [`scale_by_learning_rate`] (optax's, with the sign
 //! flipped for descent).
 
-use super::Optimizer;
 use super::emit::Emitter;
 use super::transform::{Param, Transform, check_hyper_parameters, positive};
+use super::{Mask, Optimizer};
 use crate::error::Result;
 use crate::ir::{UnaryOp, ValueId};
 use crate::train::Schedule;
 
-/// `update * factor`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `update * factor` for the parameters `mask` selects.
+#[derive(Debug, Clone, PartialEq)]
 struct Scale {
     factor: f32,
+    mask: Mask,
 }
 
 /// Multiplies the updates by the constant `factor` (finite); `scale(-1.0)` turns an
 /// ascent direction into the descent the step applies (exactly: it emits a negation).
 pub fn scale(factor: f32) -> Optimizer {
-    Optimizer::new(Scale { factor })
+    scale_masked(factor, Mask::All)
+}
+
+/// [`scale`] of the updates of the parameters `mask` selects only (optax's
+/// `masked(scale(factor), mask)`): per-parameter learning rates, such as μP's
+/// `1 / fan_in` for hidden weights, are a chain of these before
+/// [`scale_by_learning_rate`].
+pub fn scale_masked(factor: f32, mask: Mask) -> Optimizer {
+    Optimizer::new(Scale { factor, mask })
 }
 
 impl Transform for Scale {
@@ -31,7 +40,11 @@ impl Transform for Scale {
     }
 
     fn update(&self, e: &mut Emitter<'_, '_>, params: &mut [Param], _: &[ValueId]) -> Result<()> {
+        self.mask.check(self, params)?;
         e.each(params, |e, p| {
+            if !self.mask.selects(&p.name) {
+                return Ok(());
+            }
             p.update = match self.factor {
                 -1.0 => e.unary(UnaryOp::Neg, p.update)?,
                 factor => e.scale(p.update, factor)?,
