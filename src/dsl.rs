@@ -50,7 +50,7 @@ pub struct ParamsDecl {
     pub symbols: &'static [&'static str],
     /// [`check_symbols`] of the struct.
     pub check: fn(&str, &str, &[&str]) -> Result<()>,
-    /// [`describe`] of the struct.
+    /// [`describe`](crate::params::describe) of the struct.
     pub describe: fn(&mut Walk<'_>) -> Result<()>,
 }
 

@@ -131,7 +131,7 @@ pub fn mu_transformer(
     weighted_cross_entropy(&logits, &targets, &weights)
 }
 
-/// μP's AdamW for [`mu_transformer`] with `d_model` `d` and FFN width `f` (the
+/// μP's AdamW for [`mu_transformer()`] with `d_model` `d` and FFN width `f` (the
 /// original's `grad_transform_factory`): gradients clipped to a global norm of 1,
 /// Adam's direction (`beta1`, `beta2`, `eps`), scaled by `1 / d` for the attention
 /// weights, `w1` and `unembed` and by `1 / f` for `w2` (`1 / fan_in`; the embedding
