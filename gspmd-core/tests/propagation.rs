@@ -91,6 +91,52 @@ fn all(p: &Program) -> Vec<String> {
         .collect()
 }
 
+/// A manual region (`shard_map` over `model`): its operands and results have the specs'
+/// shardings (manual axes closed, `data` replicated at the boundary), automatic
+/// shardings go on around it, and propagation does not enter its per-device body.
+#[test]
+fn shard_map_boundary_is_fixed_and_its_body_untouched() {
+    let b = Builder::new("manual");
+    let x = param(&b, "x", &[8, 16], Some("(data, ?)"));
+    let w = param(&b, "w", &[16, 4], None);
+    let other = param(&b, "other", &[8, 4], Some("(data, _)"));
+    let h = x.exp();
+    let ys = b.shard_map(
+        &mesh(),
+        &["model"],
+        &[h.clone(), w],
+        &[sh("(_, model)"), sh("(model, _)")],
+        &[sh("(_, _)")],
+        |_, blocks| vec![blocks[0].matmul(&blocks[1]).psum(&["model"])],
+    );
+    let z = ys[0].tanh().add(&other);
+    let p = run(&finish(b, &[&z]));
+    // Automatic around the region: the operand takes `data` from `x` and `model` from
+    // the spec (gathered over `data` at the boundary).
+    assert_eq!(of(&p, &h), "(data, model)");
+    let flow = (p.values())
+        .find(|&v| p.node(v).op.kind() == OpKind::ShardMap)
+        .expect("the region");
+    let boundary: Vec<String> = (p.node(flow).operands.iter())
+        .map(|&o| p.node(o).sharding.as_ref().expect("a sharding").to_string())
+        .collect();
+    assert_eq!(boundary, ["(_, model)", "(model, _)"]);
+    assert_eq!(
+        p.node(flow)
+            .sharding
+            .as_ref()
+            .expect("a sharding")
+            .to_string(),
+        "(_, _)"
+    );
+    assert_eq!(of(&p, &z), "(data, _)");
+    let Op::Flow { flow, .. } = &p.node(flow).op else {
+        panic!("a flow node")
+    };
+    let body = flow.regions()[0];
+    assert!(body.nodes.iter().all(|n| n.sharding.is_none()), "{body}");
+}
+
 // ---- rules -----------------------------------------------------------------------------
 
 /// The rule of the op defining `t`, printed.

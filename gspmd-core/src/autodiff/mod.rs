@@ -47,6 +47,7 @@
 
 mod flow;
 mod indexing;
+mod manual;
 mod registry;
 mod sweep;
 

@@ -751,6 +751,7 @@ impl Op {
                 Flow::While { .. } => OpKind::While,
                 Flow::Scan { .. } => OpKind::Scan,
                 Flow::Cond { .. } => OpKind::Cond,
+                Flow::Manual { .. } => OpKind::ShardMap,
             },
         }
     }
@@ -1041,6 +1042,8 @@ op_kinds! {
     Scan,
     /// [`Op::Flow`] with [`Flow::Cond`].
     Cond,
+    /// [`Op::Flow`] with [`Flow::Manual`] (`shard_map`).
+    ShardMap,
 }
 
 impl OpKind {
@@ -1072,7 +1075,7 @@ impl OpKind {
             K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 
@@ -1100,7 +1103,7 @@ impl OpKind {
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 
@@ -1137,7 +1140,7 @@ impl OpKind {
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 }

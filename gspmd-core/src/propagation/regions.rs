@@ -41,6 +41,9 @@ pub(super) fn propagate_regions(
         let Op::Flow { flow, result } = &original.node(v).op else {
             continue;
         };
+        if is_manual(flow) {
+            continue;
+        }
         let operands = &propagated.node(v).operands;
         let mut boundary = operand_shardings(propagated, operands);
         let instance = &instances[&(Arc::as_ptr(flow), operands.clone())];
@@ -67,6 +70,13 @@ pub(super) fn propagate_regions(
     Ok(())
 }
 
+/// True for a manual region (`shard_map`): its body is a per-device program whose
+/// boundary is fixed by its specs (annotations around it); propagation does not enter
+/// it, so no sharding crosses into its manual axes.
+fn is_manual(flow: &Flow) -> bool {
+    matches!(flow, Flow::Manual { .. })
+}
+
 /// The shardings of `operands` (replicated where propagation has not set one).
 fn operand_shardings(program: &Program, operands: &[ValueId]) -> Vec<Sharding> {
     (operands.iter())
@@ -82,7 +92,7 @@ fn carried_count(flow: &Flow) -> usize {
     match flow {
         Flow::While { body, .. } => body.outputs.len(),
         Flow::Scan { carried, .. } => *carried,
-        Flow::Cond { .. } => 0,
+        Flow::Cond { .. } | Flow::Manual { .. } => 0,
     }
 }
 
@@ -105,6 +115,9 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
         let Op::Flow { flow, result } = &node.op else {
             continue;
         };
+        if is_manual(flow) {
+            continue;
+        }
         let n = carried_count(flow);
         let key = (Arc::as_ptr(flow), node.operands.clone());
         // What to hint: this result node; at an instance's first node also the initial
@@ -125,6 +138,7 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
                         (body, slice_params(flow, &boundary))
                     }
                     Flow::Cond { on_true, .. } => (on_true, boundary[1..].to_vec()),
+                    Flow::Manual { .. } => continue,
                 };
                 let mut seeded = region.clone();
                 for (i, (&p, s)) in region.params.iter().zip(params).enumerate() {
@@ -144,7 +158,7 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
                     dims.extend(output.dims);
                     vec![Sharding::new(dims)]
                 }
-                Flow::While { .. } | Flow::Cond { .. } => vec![output],
+                Flow::While { .. } | Flow::Cond { .. } | Flow::Manual { .. } => vec![output],
             };
             let current = program.node(target).sharding.clone().unwrap_or_default();
             if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
@@ -206,6 +220,7 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
             let on_false = pinned(on_false, &boundary[1..], &outputs, mesh)?;
             Flow::Cond { on_true, on_false }
         }
+        Flow::Manual { .. } => flow.clone(),
     })
 }
 

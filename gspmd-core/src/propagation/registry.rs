@@ -42,13 +42,13 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             let carried = match **flow {
                 Flow::While { .. } => usize::MAX,
                 Flow::Scan { carried, .. } => carried,
-                Flow::Cond { .. } => 0,
+                Flow::Cond { .. } | Flow::Manual { .. } => 0,
             };
             let stacked = match **flow {
                 Flow::Scan {
                     carried, stacked, ..
                 } => carried..carried + stacked,
-                Flow::While { .. } | Flow::Cond { .. } => 0..0,
+                Flow::While { .. } | Flow::Cond { .. } | Flow::Manual { .. } => 0..0,
             };
             rule.result = own_factors(&mut rule, result_shape);
             let stacked_result = matches!(**flow, Flow::Scan { .. }) && *result >= carried;

@@ -10,12 +10,15 @@
 //! same number of iterations and takes the same branch: the condition and predicate
 //! are replicated scalars, computed from replicated values or by collectives whose
 //! result is the same on every device.
+//!
+//! A manual region (`shard_map`) has its specs as boundary: its operands are resharded
+//! to them and its per-device body is emitted in place ([`crate::partition::manual`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ir::{Flow, Node, Op, Program};
+use crate::ir::{Flow, ManualSpec, Node, Op, Program};
 use crate::partition::emit::Emitter;
 use crate::partition::reshard::reshard;
 use crate::partition::value::PValue;
@@ -37,6 +40,13 @@ pub(super) fn flow(
     let mut locals = Vec::with_capacity(operands.len());
     for (x, s) in operands.iter().zip(&boundary) {
         locals.push(reshard(em, x, s)?.id);
+    }
+    if let Flow::Manual { body, .. } = &**flow {
+        return Ok(PValue {
+            id: crate::partition::manual::inline(em, body, &locals)?[result],
+            global: node.ty.clone(),
+            sharding: result_sharding(&pinned, result),
+        });
     }
     let local_flow = match em.flows.get(&Arc::as_ptr(flow)) {
         Some(f) => f.clone(),
@@ -112,6 +122,8 @@ fn with_boundary(flow: &Flow) -> Flow {
                 on_false: pin(on_false, Some(on_true), &outputs),
             }
         }
+        // The body is per-device: its boundary is its specs.
+        Flow::Manual { .. } => flow.clone(),
     }
 }
 
@@ -150,6 +162,7 @@ fn boundary(flow: &Flow) -> Vec<Sharding> {
         Flow::Cond { on_true, .. } => std::iter::once(Sharding::replicated(0))
             .chain(on_true.params.iter().map(|&p| sharding_of(on_true, p)))
             .collect(),
+        Flow::Manual { spec, .. } => spec.in_specs.iter().map(ManualSpec::boundary).collect(),
     }
 }
 
@@ -162,5 +175,6 @@ fn result_sharding(flow: &Flow, result: usize) -> Sharding {
             if result < *carried { s } else { stacked(s) }
         }
         Flow::Cond { on_true, .. } => sharding_of(on_true, on_true.outputs[result]),
+        Flow::Manual { spec, .. } => ManualSpec::boundary(&spec.out_specs[result]),
     }
 }
