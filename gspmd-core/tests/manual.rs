@@ -6,11 +6,11 @@
 mod differential;
 
 use differential::compile_and_check;
-use gspmd_core::Error;
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{Builder, DType, Literal, OpKind, Program, Tensor};
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::{Error, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn mesh() -> Mesh {
@@ -59,7 +59,27 @@ fn run_both(program: &Program, inputs: &[Literal]) -> Vec<Literal> {
     interpret(program, inputs).unwrap()
 }
 
-/// A one-input, one-output `shard_map` over `model` with the given specs.
+/// A one-input, one-output `shard_map` over `model` on a parameter of `shape`, with
+/// the given specs and body, traced in `b`.
+fn region(
+    b: &Builder,
+    shape: &[usize],
+    in_spec: &str,
+    out_spec: &str,
+    body: impl FnOnce(&Builder, &Tensor) -> Tensor,
+) -> Vec<Tensor> {
+    let x = b.parameter("x", shape.to_vec(), DType::F32);
+    b.shard_map(
+        &mesh(),
+        &["model"],
+        &[x],
+        &[spec(in_spec)],
+        &[spec(out_spec)],
+        |b, blocks| vec![body(b, &blocks[0])],
+    )
+}
+
+/// [`region`] as a program.
 fn single(
     shape: &[usize],
     in_spec: &str,
@@ -67,120 +87,161 @@ fn single(
     body: impl FnOnce(&Builder, &Tensor) -> Tensor,
 ) -> Program {
     let b = Builder::new("single");
-    let x = b.parameter("x", shape.to_vec(), DType::F32);
-    let y = b.shard_map(
+    let y = region(&b, shape, in_spec, out_spec, body);
+    b.finish(&[&y[0]]).unwrap()
+}
+
+/// `x @ w` by hand: `x` split by columns and `w` by rows over `model`, each device's
+/// product summed by `psum` (the result replicated over `model`), plus `bias`, a value
+/// of the enclosing program captured whole, if given.
+fn row_parallel(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    let y = x.builder().shard_map(
         &mesh(),
         &["model"],
-        &[x],
-        &[spec(in_spec)],
-        &[spec(out_spec)],
-        |b, blocks| vec![body(b, &blocks[0])],
+        &[x.clone(), w.clone()],
+        &[spec("(_, model)"), spec("(model, _)")],
+        &[spec("(_, _)")],
+        |_, blocks| {
+            let y = blocks[0].matmul(&blocks[1]).psum(&["model"]);
+            vec![match bias {
+                Some(bias) => &y + bias,
+                None => y,
+            }]
+        },
     );
-    b.finish(&[&y[0]]).unwrap()
+    y[0].clone()
 }
 
 /// A row-parallel matmul by hand (local product, then `psum` over `model`) equals the
 /// reference and the same product with automatic sharding, on 2x4.
 #[test]
 fn row_parallel_matmul_with_psum() {
-    let b = Builder::new("row_parallel");
-    let x = b.parameter("x", vec![4, 16], DType::F32);
-    let w = b.parameter("w", vec![16, 6], DType::F32);
-    let y = b.shard_map(
-        &mesh(),
-        &["model"],
-        &[x, w],
-        &[spec("(_, model)"), spec("(model, _)")],
-        &[spec("(_, _)")],
-        |_, blocks| {
-            assert_eq!(blocks[0].ty().shape, vec![4, 4]);
-            assert_eq!(blocks[1].ty().shape, vec![4, 6]);
-            vec![blocks[0].matmul(&blocks[1]).psum(&["model"])]
-        },
-    );
-    let manual = b.finish(&[&y[0]]).unwrap();
     let inputs = [array(&[4, 16], 1), array(&[16, 6], 2)];
+    let [manual, automatic] = [true, false].map(|manual| {
+        let b = Builder::new("matmul");
+        let x = b.parameter("x", vec![4, 16], DType::F32);
+        let w = b.parameter("w", vec![16, 6], DType::F32);
+        let y = match manual {
+            true => row_parallel(&x, &w, None),
+            false => x
+                .shard(spec("(_, model)"))
+                .matmul(&w.shard(spec("(model, _)"))),
+        };
+        b.finish(&[&y]).unwrap()
+    });
     let got = run_both(&manual, &inputs);
-
-    let b = Builder::new("automatic");
-    let x = b.parameter("x", vec![4, 16], DType::F32);
-    let w = b.parameter("w", vec![16, 6], DType::F32);
-    let x = x.shard(spec("(_, model)"));
-    let w = w.shard(spec("(model, _)"));
-    let automatic = b.finish(&[&x.matmul(&w)]).unwrap();
     let want = compile_and_check(&automatic, &mesh(), &inputs, 1e-5);
     assert_close(
         &got[0],
         &interpret(&automatic, &inputs).unwrap()[0],
         "vs automatic",
     );
-    // The automatic version also reduces its partial sums with one all-reduce.
-    assert!(want.report().contains("all_reduce"), "{}", want.report());
-}
-
-/// `all_gather` of row blocks gives every device the whole array back.
-#[test]
-fn all_gather_body() {
-    let program = single(&[8, 3], "(model, _)", "(_, _)", |_, x| {
-        x.all_gather(&["model"], 0)
-    });
-    let x = array(&[8, 3], 3);
-    let got = run_both(&program, std::slice::from_ref(&x));
-    assert_eq!(got[0], x);
-}
-
-/// `all_to_all` from row blocks to column blocks is the identity on the global array.
-#[test]
-fn all_to_all_body() {
-    let program = single(&[8, 8], "(model, _)", "(_, model)", |_, x| {
-        x.all_to_all(&["model"], 1, 0)
-    });
-    let x = array(&[8, 8], 4);
-    let got = run_both(&program, std::slice::from_ref(&x));
-    assert_eq!(got[0], x);
-}
-
-/// `ppermute` by one passes each row block to the next device (a ring): the global
-/// rows roll by one block.
-#[test]
-fn ppermute_body() {
-    let program = single(&[8, 3], "(model, _)", "(model, _)", |_, x| {
-        x.ppermute(&["model"], 1)
-    });
-    let x = array(&[8, 3], 5);
-    let got = run_both(&program, std::slice::from_ref(&x));
-    let (a, g) = (f32s(&x), f32s(&got[0]));
-    for r in 0..8 {
-        for c in 0..3 {
-            assert_eq!(g[[r, c]], a[[(r + 6) % 8, c]], "row {r}");
-        }
+    // Both reduce the partial products with one all-reduce.
+    for exe in [compile(&manual, &mesh()).unwrap(), want] {
+        let stats = exe.spmd().collectives();
+        assert_eq!(
+            (stats.count("all_reduce"), stats.total()),
+            (1, 1),
+            "{}",
+            exe.report()
+        );
     }
 }
 
-/// `axis_index` adds each device's index over `model` to its block.
+/// A body of one collective over `model` (4 devices): its input's shape, in- and
+/// out-spec, body, and its meaning on the global array (element at `[row, col]` of
+/// the input `x`).
+type Case = (
+    &'static str,
+    [usize; 2],
+    &'static str,
+    &'static str,
+    fn(&Builder, &Tensor) -> Tensor,
+    fn(&ArrayD<f32>, usize, usize) -> f32,
+);
+
+/// Each collective alone in a body, on the 2x4 mesh and the reference, equals its
+/// meaning worked out on the global array.
 #[test]
-fn axis_index_body() {
-    let program = single(&[8, 3], "(model, _)", "(model, _)", |b, x| {
-        x + &b.axis_index(&["model"]).convert(DType::F32)
-    });
-    let x = array(&[8, 3], 6);
-    let got = run_both(&program, std::slice::from_ref(&x));
-    let (a, g) = (f32s(&x), f32s(&got[0]));
-    for r in 0..8 {
-        assert_eq!(g[[r, 1]], a[[r, 1]] + (r / 2) as f32, "row {r}");
+fn single_collective_bodies() {
+    let cases: [Case; 5] = [
+        // The row blocks gathered: every device holds the whole array.
+        (
+            "all_gather",
+            [8, 3],
+            "(model, _)",
+            "(_, _)",
+            |_, x| x.all_gather(&["model"], 0),
+            |x, r, c| x[[r, c]],
+        ),
+        // Row blocks exchanged into column blocks: the same global array.
+        (
+            "all_to_all",
+            [8, 8],
+            "(model, _)",
+            "(_, model)",
+            |_, x| x.all_to_all(&["model"], 1, 0),
+            |x, r, c| x[[r, c]],
+        ),
+        // Each row block passed to the next device: the rows roll by one block (2).
+        (
+            "ppermute",
+            [8, 3],
+            "(model, _)",
+            "(model, _)",
+            |_, x| x.ppermute(&["model"], 1),
+            |x, r, c| x[[(r + 6) % 8, c]],
+        ),
+        // Device i (rows 2i, 2i + 1) adds i.
+        (
+            "axis_index",
+            [8, 3],
+            "(model, _)",
+            "(model, _)",
+            |b, x| x + &b.axis_index(&["model"]).convert(DType::F32),
+            |x, r, c| x[[r, c]] + (r / 2) as f32,
+        ),
+        // Four copies summed, device i keeping row block i.
+        (
+            "psum_scatter",
+            [8, 3],
+            "(_, _)",
+            "(model, _)",
+            |_, x| x.psum_scatter(&["model"], 0),
+            |x, r, c| 4.0 * x[[r, c]],
+        ),
+    ];
+    for (k, (name, shape, in_spec, out_spec, body, meaning)) in cases.into_iter().enumerate() {
+        let program = single(&shape, in_spec, out_spec, body);
+        let x = array(&shape, k + 3);
+        let got = run_both(&program, std::slice::from_ref(&x));
+        let a = f32s(&x);
+        let want = ArrayD::from_shape_fn(a.raw_dim(), |ix| meaning(a, ix[0], ix[1]));
+        assert_close(&got[0], &Literal::F32(want), name);
     }
 }
 
-/// `psum_scatter` sums over `model` and leaves device `i` the `i`-th row block.
-#[test]
-fn psum_scatter_body() {
-    let program = single(&[8, 3], "(_, _)", "(model, _)", |_, x| {
-        x.psum_scatter(&["model"], 0)
-    });
-    let x = array(&[8, 3], 7);
-    let got = run_both(&program, std::slice::from_ref(&x));
-    let want = f32s(&x).mapv(|v| 4.0 * v);
-    assert_close(&got[0], &Literal::F32(want), "4 x");
+/// `tanh(x) @ w + bias` with the batch split over `data`, the matmul written by hand
+/// ([`row_parallel`]) when `manual`; with `loss`, then a scalar loss.
+fn mlp(manual: bool, loss: bool) -> Program {
+    let b = Builder::new("mlp");
+    let x = b.parameter("x", vec![8, 16], DType::F32);
+    let w = b.parameter("w", vec![16, 6], DType::F32);
+    let bias = b.parameter("bias", vec![6], DType::F32);
+    let h = x.shard(spec("(data, _)")).tanh();
+    let y = match manual {
+        true => row_parallel(&h, &w, Some(&bias)),
+        false => &h.matmul(&w.shard(spec("(model, _)"))) + &bias,
+    };
+    let out = match loss {
+        true => (&y * &y).sum(&[0, 1]),
+        false => y.shard(spec("(data, _)")).exp(),
+    };
+    b.finish(&[&out]).unwrap()
+}
+
+fn mlp_inputs() -> [Literal; 3] {
+    [array(&[8, 16], 8), array(&[16, 6], 9), array(&[6], 10)]
 }
 
 /// Partially manual: manual over `model`, automatic over `data` (the batch dim is
@@ -188,65 +249,10 @@ fn psum_scatter_body() {
 /// whole.
 #[test]
 fn partially_manual_over_model() {
-    let b = Builder::new("partial");
-    let x = b.parameter("x", vec![8, 16], DType::F32);
-    let w = b.parameter("w", vec![16, 6], DType::F32);
-    let bias = b.parameter("bias", vec![6], DType::F32);
-    let h = x.shard(spec("(data, _)")).tanh();
-    let y = b.shard_map(
-        &mesh(),
-        &["model"],
-        &[h, w],
-        &[spec("(_, model)"), spec("(model, _)")],
-        &[spec("(_, _)")],
-        |_, blocks| {
-            let partial = blocks[0].matmul(&blocks[1]).psum(&["model"]);
-            vec![&partial + &bias]
-        },
-    );
-    let out = y[0].shard(spec("(data, _)")).exp();
-    let program = b.finish(&[&out]).unwrap();
-    let inputs = [array(&[8, 16], 8), array(&[16, 6], 9), array(&[6], 10)];
-    let got = run_both(&program, &inputs);
-
-    let b = Builder::new("automatic");
-    let x = b.parameter("x", vec![8, 16], DType::F32);
-    let w = b.parameter("w", vec![16, 6], DType::F32);
-    let bias = b.parameter("bias", vec![6], DType::F32);
-    let y = x.tanh().matmul(&w);
-    let out = (&y + &bias).exp();
-    let want = interpret(&b.finish(&[&out]).unwrap(), &inputs).unwrap();
+    let inputs = mlp_inputs();
+    let got = run_both(&mlp(true, false), &inputs);
+    let want = interpret(&mlp(false, false), &inputs).unwrap();
     assert_close(&got[0], &want[0], "vs automatic");
-}
-
-/// `x -> tanh(x) @ w + bias` (batch split over `data`), with the matmul written by
-/// hand as a row-parallel `shard_map` over `model` when `manual`, then a scalar loss.
-fn mlp_loss(manual: bool) -> Program {
-    let b = Builder::new(if manual {
-        "manual_loss"
-    } else {
-        "automatic_loss"
-    });
-    let x = b.parameter("x", vec![8, 16], DType::F32);
-    let w = b.parameter("w", vec![16, 6], DType::F32);
-    let bias = b.parameter("bias", vec![6], DType::F32);
-    let h = x.shard(spec("(data, _)")).tanh();
-    let y = if manual {
-        let y = b.shard_map(
-            &mesh(),
-            &["model"],
-            &[h, w],
-            &[spec("(_, model)"), spec("(model, _)")],
-            &[spec("(_, _)")],
-            |_, blocks| vec![blocks[0].matmul(&blocks[1]).psum(&["model"])],
-        );
-        y[0].clone()
-    } else {
-        h.matmul(&w.shard(spec("(model, _)")))
-    };
-    let y = &y + &bias;
-    let loss = (&y * &y).sum(&[0, 1]);
-    b.finish(&[&loss]).unwrap()
 }
 
 /// The gradient of a loss through a hand-written row-parallel matmul (partially
@@ -254,8 +260,8 @@ fn mlp_loss(manual: bool) -> Program {
 /// gradient of the same loss with automatic sharding.
 #[test]
 fn gradient_through_a_manual_region_on_the_mesh() {
-    let inputs = [array(&[8, 16], 11), array(&[16, 6], 12), array(&[6], 13)];
-    let manual = grad(&mlp_loss(true), 0, &[0, 1, 2]).unwrap();
+    let inputs = mlp_inputs();
+    let manual = grad(&mlp(true, true), 0, &[0, 1, 2]).unwrap();
     let backward_regions = (manual.nodes.iter())
         .filter(|n| n.op.kind() == OpKind::ShardMap)
         .count();
@@ -264,7 +270,7 @@ fn gradient_through_a_manual_region_on_the_mesh() {
         "a forward region and the backward one's results\n{manual}"
     );
     let got = run_both(&manual, &inputs);
-    let automatic = grad(&mlp_loss(false), 0, &[0, 1, 2]).unwrap();
+    let automatic = grad(&mlp(false, true), 0, &[0, 1, 2]).unwrap();
     let want = interpret(&automatic, &inputs).unwrap();
     for (k, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close(g, w, &format!("output {k}"));
@@ -289,62 +295,49 @@ fn manual_error(f: impl FnOnce(&Builder) -> Vec<Tensor>) -> (String, String) {
     }
 }
 
-fn bad_single(
-    b: &Builder,
-    in_spec: &str,
-    out_spec: &str,
-    body: impl FnOnce(&Builder, &Tensor) -> Tensor,
-) -> Vec<Tensor> {
-    let x = b.parameter("x", vec![8, 6], DType::F32);
-    b.shard_map(
-        &mesh(),
-        &["model"],
-        &[x],
-        &[spec(in_spec)],
-        &[spec(out_spec)],
-        |b, blocks| vec![body(b, &blocks[0])],
-    )
-}
+/// A one-input region over `model` on an `f32[8, 6]`, with the given specs and body.
+type BadCase = (&'static str, &'static str, fn(&Builder, &Tensor) -> Tensor);
 
+/// Each misuse of one region is one `Error::Manual` of the op naming the problem.
 #[test]
-fn spec_naming_an_axis_that_is_not_manual() {
-    let (op, message) = manual_error(|b| bad_single(b, "(data, _)", "(data, _)", |_, x| x.clone()));
-    assert_eq!(op, "shard_map");
-    assert!(
-        message.contains("`data`, which is not a manual axis"),
-        "{message}"
-    );
-}
-
-#[test]
-fn dim_not_divisible_by_its_axes() {
-    let (_, message) =
-        manual_error(|b| bad_single(b, "(_, model)", "(_, model)", |_, x| x.clone()));
-    assert!(
-        message.contains("not divisible by the 4 devices"),
-        "{message}"
-    );
-}
-
-#[test]
-fn body_result_not_fitting_its_out_spec() {
-    let (_, message) =
-        manual_error(|b| bad_single(b, "(model, _)", "(model, _, _)", |_, x| x.clone()));
-    assert!(
-        message.contains("has 3 dims but the tensor has rank 2"),
-        "{message}"
-    );
-    let (_, message) =
-        manual_error(|b| bad_single(b, "(model, _)", "(model, _)", |_, x| x.sum(&[0])));
-    assert!(message.contains("result 0"), "{message}");
-}
-
-#[test]
-fn collective_over_an_axis_that_is_not_manual() {
-    let (op, message) =
-        manual_error(|b| bad_single(b, "(model, _)", "(model, _)", |_, x| x.psum(&["data"])));
-    assert_eq!(op, "psum");
-    assert!(message.contains("`data` is not a manual axis"), "{message}");
+fn misuses_are_typed_errors_at_the_line() {
+    let cases: [(BadCase, &str, &str); 6] = [
+        (
+            ("(data, _)", "(data, _)", |_, x| x.clone()),
+            "shard_map",
+            "`data`, which is not a manual axis",
+        ),
+        (
+            ("(_, model)", "(_, model)", |_, x| x.clone()),
+            "shard_map",
+            "not divisible by the 4 devices",
+        ),
+        (
+            ("(model, _)", "(model, _, _)", |_, x| x.clone()),
+            "shard_map",
+            "has 3 dims but the tensor has rank 2",
+        ),
+        (
+            ("(model, _)", "(model, _)", |_, x| x.sum(&[0])),
+            "shard_map",
+            "result 0",
+        ),
+        (
+            ("(model, _)", "(model, _)", |_, x| x.psum(&["data"])),
+            "psum",
+            "`data` is not a manual axis",
+        ),
+        (
+            ("(model, _)", "(model, _)", |_, x| x.shard(spec("(_, _)"))),
+            "shard_map",
+            "automatic axes are replicated inside",
+        ),
+    ];
+    for ((in_spec, out_spec, body), want_op, fragment) in cases {
+        let (op, message) = manual_error(|b| region(b, &[8, 6], in_spec, out_spec, body));
+        assert_eq!(op, want_op, "{message}");
+        assert!(message.contains(fragment), "{message}");
+    }
 }
 
 #[test]
@@ -356,7 +349,7 @@ fn collective_outside_a_body() {
 }
 
 #[test]
-fn manual_axis_not_in_the_mesh_and_spec_count() {
+fn misused_regions_are_typed_errors() {
     let (_, message) = manual_error(|b| {
         let x = b.parameter("x", vec![8], DType::F32);
         b.shard_map(
@@ -379,17 +372,18 @@ fn manual_axis_not_in_the_mesh_and_spec_count() {
         })
     });
     assert!(message.contains("1 inputs but 0 in-specs"), "{message}");
-}
-
-#[test]
-fn annotation_inside_a_body() {
     let (_, message) = manual_error(|b| {
-        bad_single(b, "(model, _)", "(model, _)", |_, x| {
-            x.shard(spec("(_, _)"))
+        region(b, &[8, 6], "(model, _)", "(model, _)", |b, x| {
+            let inner = b.shard_map(
+                &mesh(),
+                &["data"],
+                std::slice::from_ref(x),
+                &[spec("(_, _)")],
+                &[spec("(_, _)")],
+                |_, xs| xs.to_vec(),
+            );
+            inner[0].clone()
         })
     });
-    assert!(
-        message.contains("automatic axes are replicated inside"),
-        "{message}"
-    );
+    assert!(message.contains("inside a shard_map body"), "{message}");
 }

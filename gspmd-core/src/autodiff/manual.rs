@@ -26,7 +26,6 @@ use super::flow::FlowCall;
 use super::sweep::vjp;
 use crate::error::{Error, Result};
 use crate::ir::{Appender, AxisGroup, Flow, ManualSpec, Node, Op, Program, ReduceKind, ValueId};
-use crate::sharding::Sharding;
 
 /// The cotangent of the operand of the collective `node` (which defines `y`) when `y`'s
 /// cotangent is `ct`.
@@ -121,7 +120,7 @@ pub(super) fn manual(
     }
     let mut backward = vjp(body, &zs, &ys)?;
     for (k, &i) in zs.iter().enumerate() {
-        let axes = unnamed(spec, &spec.in_specs[i]);
+        let axes = spec.unnamed_axes(&spec.in_specs[i]);
         if !axes.is_empty() {
             let g = backward.outputs[k];
             let location = backward.node(g).location;
@@ -138,7 +137,7 @@ pub(super) fn manual(
     }
     let mut backward_operands = operands.to_vec();
     for &(j, ct) in &seeded {
-        let axes = unnamed(spec, &spec.out_specs[j]);
+        let axes = spec.unnamed_axes(&spec.out_specs[j]);
         let copies = spec.mesh.axes_size(&axes);
         backward_operands.push(match copies {
             1 => ct,
@@ -163,13 +162,4 @@ pub(super) fn manual(
         out[i] = Some(e.push(op, &backward_operands)?);
     }
     Ok(out)
-}
-
-/// The manual axes `s` does not name, in the mesh's order.
-fn unnamed(spec: &ManualSpec, s: &Sharding) -> Vec<String> {
-    let named: Vec<&str> = s.axes().collect();
-    (spec.mesh.axis_names())
-        .filter(|a| !named.contains(a))
-        .map(ToString::to_string)
-        .collect()
 }

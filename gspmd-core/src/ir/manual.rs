@@ -89,6 +89,16 @@ impl ManualSpec {
             .map_err(|e| e.to_string())
     }
 
+    /// The manual axes `spec` names nowhere, in the mesh's order: every device along
+    /// them holds the same block.
+    pub fn unnamed_axes(&self, spec: &Sharding) -> Vec<String> {
+        let named: Vec<&str> = spec.axes().collect();
+        (self.mesh.axis_names())
+            .filter(|a| !named.contains(a))
+            .map(ToString::to_string)
+            .collect()
+    }
+
     /// The sharding on the whole mesh of a value cut by `spec`: its manual axes per dim,
     /// closed, every other axis replicated (the region's boundary).
     pub fn boundary(spec: &Sharding) -> Sharding {
@@ -127,7 +137,9 @@ impl ManualSpec {
         }
         (outs.iter().zip(&self.out_specs))
             .enumerate()
-            .map(|(i, (t, s))| self.global(s, t).map_err(|e| format!("result {i}: {e}")))
+            .map(|(i, (t, s))| {
+                (self.global(s, t)).map_err(|e| format!("result {i}: the body returns {t}: {e}"))
+            })
             .collect()
     }
 }
@@ -145,7 +157,8 @@ impl Builder {
     /// Errors ([`Error::Manual`] at the caller's line): a manual axis that is not a mesh
     /// axis; as many specs as inputs and results expected; a spec naming an axis that
     /// is not manual; a dim not divisible by its axes' devices; a body result whose rank
-    /// does not fit its out-spec; a sharding annotation inside the body.
+    /// does not fit its out-spec; a sharding annotation inside the body; a `shard_map`
+    /// inside a body.
     #[track_caller]
     pub fn shard_map(
         &self,
@@ -175,6 +188,9 @@ impl Builder {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         if any_poisoned(&refs) {
             return poisoned();
+        }
+        if manual_scope(self) != Err(false) {
+            return fail("a shard_map inside a shard_map body is not supported".into());
         }
         let spec = match manual_mesh(mesh, manual_axes) {
             Ok(m) => ManualSpec {
@@ -225,21 +241,13 @@ impl Builder {
         let mut spec = spec;
         let captured = captures.iter().map(|(_, t)| Sharding::replicated(t.rank()));
         spec.in_specs.extend(captured);
-        let outs = outputs(&program);
-        if outs.len() != out_specs.len() {
-            return fail(format!(
-                "the body returns {} blocks but {} out-specs were given",
-                outs.len(),
-                out_specs.len()
-            ));
-        }
-        let mut types = Vec::with_capacity(outs.len());
-        for (i, (t, s)) in outs.iter().zip(out_specs).enumerate() {
-            match spec.global(s, t) {
-                Ok(g) => types.push(g),
-                Err(e) => return fail(format!("result {i}: the body returns {t}: {e}")),
-            }
-        }
+        let operand_types: Vec<&TensorType> = (inputs.iter().map(Tensor::ty))
+            .chain(captures.iter().map(|(_, t)| t))
+            .collect();
+        let types = match spec.result_types(&program, &operand_types) {
+            Ok(types) => types,
+            Err(message) => return fail(message),
+        };
         let flow = Flow::Manual {
             body: program,
             spec,

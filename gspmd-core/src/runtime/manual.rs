@@ -140,7 +140,7 @@ fn collective<'a>(
         .map(|d| match op {
             Op::AxisIndex(g) => Ok(Literal::full(
                 &[],
-                crate::types::DType::I32,
+                crate::ir::DType::I32,
                 index(d, g)? as f64,
             )),
             Op::AllReduce { group, kind } => reduce(d, group, *kind),
