@@ -15,8 +15,8 @@
 //! the ring (`ppermute`), `n` steps for `n` devices, so each step's transfer is
 //! independent of that step's product and could overlap it (the thread mesh runs them
 //! one after the other). The rest of the model stays automatic: `tanh` before, the
-//! row-parallel second matmul and its reduce-scatter after, and the `data` axis
-//! (replicated inside the region). Prints both per-device programs' collectives (with
+//! row-parallel second matmul and its reduce-scatter after (`data` is not used here,
+//! so every value is replicated over it). Prints both per-device programs' collectives (with
 //! the bytes each device receives) and each one's largest difference from the
 //! single-device reference.
 

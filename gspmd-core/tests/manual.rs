@@ -59,16 +59,19 @@ fn run_both(program: &Program, inputs: &[Literal]) -> Vec<Literal> {
     interpret(program, inputs).unwrap()
 }
 
-/// A one-input, one-output `shard_map` over `model` on a parameter of `shape`, with
-/// the given specs and body, traced in `b`.
+/// A one-input, one-output `shard_map` over `model` on a parameter of `shape`
+/// annotated `outside` (the automatic axes it brings in), with the given specs and
+/// body, traced in `b`.
 fn region(
     b: &Builder,
-    shape: &[usize],
+    (shape, outside): (&[usize], &str),
     in_spec: &str,
     out_spec: &str,
     body: impl FnOnce(&Builder, &Tensor) -> Tensor,
 ) -> Vec<Tensor> {
-    let x = b.parameter("x", shape.to_vec(), DType::F32);
+    let x = b
+        .parameter("x", shape.to_vec(), DType::F32)
+        .shard(spec(outside));
     b.shard_map(
         &mesh(),
         &["model"],
@@ -81,7 +84,7 @@ fn region(
 
 /// [`region`] as a program.
 fn single(
-    shape: &[usize],
+    shape: (&[usize], &str),
     in_spec: &str,
     out_spec: &str,
     body: impl FnOnce(&Builder, &Tensor) -> Tensor,
@@ -161,7 +164,8 @@ type Case = (
 );
 
 /// Each collective alone in a body, on the 2x4 mesh and the reference, equals its
-/// meaning worked out on the global array.
+/// meaning worked out on the global array, whichever dim the automatic axis `data`
+/// splits inside the body (none, the one the collective moves along, the other).
 #[test]
 fn single_collective_bodies() {
     let cases: [Case; 5] = [
@@ -212,12 +216,18 @@ fn single_collective_bodies() {
         ),
     ];
     for (k, (name, shape, in_spec, out_spec, body, meaning)) in cases.into_iter().enumerate() {
-        let program = single(&shape, in_spec, out_spec, body);
-        let x = array(&shape, k + 3);
-        let got = run_both(&program, std::slice::from_ref(&x));
-        let a = f32s(&x);
-        let want = ArrayD::from_shape_fn(a.raw_dim(), |ix| meaning(a, ix[0], ix[1]));
-        assert_close(&got[0], &Literal::F32(want), name);
+        for outside in ["(?, ?)", "(data, ?)", "(?, data)"] {
+            let program = single((&shape, outside), in_spec, out_spec, body);
+            let x = array(&shape, k + 3);
+            let got = run_both(&program, std::slice::from_ref(&x));
+            let a = f32s(&x);
+            let want = ArrayD::from_shape_fn(a.raw_dim(), |ix| meaning(a, ix[0], ix[1]));
+            assert_close(
+                &got[0],
+                &Literal::F32(want),
+                &format!("{name}, x {outside}"),
+            );
+        }
     }
 }
 
@@ -245,14 +255,31 @@ fn mlp_inputs() -> [Literal; 3] {
 }
 
 /// Partially manual: manual over `model`, automatic over `data` (the batch dim is
-/// split over `data` around the region); a captured outer value reaches every body
-/// whole.
+/// split over `data` around the region and inside it); a captured outer value reaches
+/// every body whole.
 #[test]
 fn partially_manual_over_model() {
     let inputs = mlp_inputs();
     let got = run_both(&mlp(true, false), &inputs);
     let want = interpret(&mlp(false, false), &inputs).unwrap();
     assert_close(&got[0], &want[0], "vs automatic");
+    // `data` stays automatic inside: the body runs on its batch rows (no gather over
+    // `data`); the psum is the one collective, as the automatic version's all-reduce.
+    let exe = compile(&mlp(true, false), &mesh()).unwrap();
+    let stats = exe.spmd().collectives();
+    assert_eq!(
+        (stats.count("all_reduce"), stats.total()),
+        (1, 1),
+        "{}",
+        exe.report()
+    );
+    let matmul = (exe.spmd().program.nodes.iter()).find(|n| n.op.name() == "dot_general");
+    assert_eq!(
+        matmul.expect("the body's matmul").ty.shape,
+        vec![4, 6],
+        "{}",
+        exe.report()
+    );
 }
 
 /// The gradient of a loss through a hand-written row-parallel matmul (partially
@@ -328,13 +355,16 @@ fn misuses_are_typed_errors_at_the_line() {
             "`data` is not a manual axis",
         ),
         (
-            ("(model, _)", "(model, _)", |_, x| x.shard(spec("(_, _)"))),
+            ("(model, _)", "(model, _)", |_, x| {
+                x.shard(spec("(_, model)"))
+            }),
             "shard_map",
-            "automatic axes are replicated inside",
+            "names manual axis `model`",
         ),
     ];
     for ((in_spec, out_spec, body), want_op, fragment) in cases {
-        let (op, message) = manual_error(|b| region(b, &[8, 6], in_spec, out_spec, body));
+        let (op, message) =
+            manual_error(|b| region(b, (&[8, 6], "(?, ?)"), in_spec, out_spec, body));
         assert_eq!(op, want_op, "{message}");
         assert!(message.contains(fragment), "{message}");
     }
@@ -373,17 +403,23 @@ fn misused_regions_are_typed_errors() {
     });
     assert!(message.contains("1 inputs but 0 in-specs"), "{message}");
     let (_, message) = manual_error(|b| {
-        region(b, &[8, 6], "(model, _)", "(model, _)", |b, x| {
-            let inner = b.shard_map(
-                &mesh(),
-                &["data"],
-                std::slice::from_ref(x),
-                &[spec("(_, _)")],
-                &[spec("(_, _)")],
-                |_, xs| xs.to_vec(),
-            );
-            inner[0].clone()
-        })
+        region(
+            b,
+            (&[8, 6], "(?, ?)"),
+            "(model, _)",
+            "(model, _)",
+            |b, x| {
+                let inner = b.shard_map(
+                    &mesh(),
+                    &["data"],
+                    std::slice::from_ref(x),
+                    &[spec("(_, _)")],
+                    &[spec("(_, _)")],
+                    |_, xs| xs.to_vec(),
+                );
+                inner[0].clone()
+            },
+        )
     });
     assert!(message.contains("inside a shard_map body"), "{message}");
 }

@@ -92,10 +92,10 @@ fn all(p: &Program) -> Vec<String> {
 }
 
 /// A manual region (`shard_map` over `model`): its operands and results have the specs'
-/// shardings (manual axes closed, `data` replicated at the boundary), automatic
-/// shardings go on around it, and propagation does not enter its per-device body.
+/// manual axes, the automatic axis `data` propagates around it and into its body (as
+/// minor axes at the boundary), and no value of the body is sharded over `model`.
 #[test]
-fn shard_map_boundary_is_fixed_and_its_body_untouched() {
+fn shard_map_keeps_its_manual_axes_and_propagates_the_automatic_ones() {
     let b = Builder::new("manual");
     let x = param(&b, "x", &[8, 16], Some("(data, ?)"));
     let w = param(&b, "w", &[16, 4], None);
@@ -111,8 +111,6 @@ fn shard_map_boundary_is_fixed_and_its_body_untouched() {
     );
     let z = ys[0].tanh().add(&other);
     let p = run(&finish(b, &[&z]));
-    // Automatic around the region: the operand takes `data` from `x` and `model` from
-    // the spec (gathered over `data` at the boundary).
     assert_eq!(of(&p, &h), "(data, model)");
     let flow = (p.values())
         .find(|&v| p.node(v).op.kind() == OpKind::ShardMap)
@@ -120,21 +118,26 @@ fn shard_map_boundary_is_fixed_and_its_body_untouched() {
     let boundary: Vec<String> = (p.node(flow).operands.iter())
         .map(|&o| p.node(o).sharding.as_ref().expect("a sharding").to_string())
         .collect();
-    assert_eq!(boundary, ["(_, model)", "(model, _)"]);
+    assert_eq!(boundary, ["(data, model)", "(model, _)"]);
     assert_eq!(
         p.node(flow)
             .sharding
             .as_ref()
             .expect("a sharding")
             .to_string(),
-        "(_, _)"
+        "(data, _)"
     );
     assert_eq!(of(&p, &z), "(data, _)");
     let Op::Flow { flow, .. } = &p.node(flow).op else {
         panic!("a flow node")
     };
     let body = flow.regions()[0];
-    assert!(body.nodes.iter().all(|n| n.sharding.is_none()), "{body}");
+    let shardings: Vec<String> = (body.nodes.iter())
+        .map(|n| n.sharding.as_ref().expect("a sharding").to_string())
+        .collect();
+    assert!(shardings.iter().all(|s| !s.contains("model")), "{body}");
+    let param = body.node(body.params[0]).sharding.as_ref();
+    assert_eq!(param.expect("a sharding").to_string(), "(data, _)");
 }
 
 // ---- rules -----------------------------------------------------------------------------

@@ -6,9 +6,10 @@
 //! ([`Tensor::psum`], [`Tensor::all_gather`], [`Tensor::psum_scatter`],
 //! [`Tensor::all_to_all`], [`Tensor::ppermute`], [`Builder::axis_index`]), and returns
 //! blocks that the out-specs assemble into the results. Mesh axes that are not manual
-//! stay automatic around the region; inside it they are replicated (the body runs
-//! whole on every device along them: the region's operands are gathered along them at
-//! the boundary). See ARCHITECTURE.md, "Manual regions".
+//! stay automatic, around the region and inside it: an operand keeps the automatic
+//! axes propagation gives it (minor to the spec's manual axes in each dim), the body is
+//! propagated and partitioned over them like any program, and annotations inside the
+//! body may name them. See ARCHITECTURE.md, "Manual regions".
 
 use super::builder::{Builder, Tensor, any_poisoned, close_region, manual_scope, mark_manual};
 use super::builder::{push, region_builder};
@@ -99,14 +100,47 @@ impl ManualSpec {
             .collect()
     }
 
-    /// The sharding on the whole mesh of a value cut by `spec`: its manual axes per dim,
-    /// closed, every other axis replicated (the region's boundary).
-    pub fn boundary(spec: &Sharding) -> Sharding {
-        Sharding::new(
-            spec.dims
-                .iter()
-                .map(|d| DimSharding::closed(d.axes.clone())),
-        )
+    /// The annotation of an operand or result cut by `spec`: its manual axes per dim,
+    /// open (propagation may add automatic axes after them), and the manual axes it
+    /// does not name explicitly replicated (propagation may not add them).
+    pub fn annotation(&self, spec: &Sharding) -> Sharding {
+        Sharding {
+            dims: (spec.dims.iter())
+                .map(|d| DimSharding::open(d.axes.clone()))
+                .collect(),
+            replicated: self.unnamed_axes(spec),
+            unreduced: Vec::new(),
+        }
+    }
+
+    /// The automatic part of `outside`, a sharding of an operand or result (manual axes
+    /// removed; closed): the sharding of its blocks inside the body.
+    pub fn inside(&self, outside: &Sharding) -> Sharding {
+        let manual: Vec<&str> = self.mesh.axis_names().collect();
+        let dims = outside.dims.iter().map(|d| {
+            DimSharding::closed(
+                d.axes
+                    .iter()
+                    .filter(|a| !manual.contains(&a.as_str()))
+                    .cloned(),
+            )
+        });
+        Sharding::new(dims)
+    }
+
+    /// The sharding on the whole mesh of a value cut by `spec` whose blocks are sharded
+    /// `inside` over automatic axes: per dim the spec's manual axes, then `inside`'s
+    /// (closed; the region's boundary).
+    pub fn around(spec: &Sharding, inside: &Sharding) -> Sharding {
+        let dims = spec.dims.iter().enumerate().map(|(d, dim)| {
+            let auto = inside
+                .dims
+                .get(d)
+                .map(|i| i.axes.clone())
+                .unwrap_or_default();
+            DimSharding::closed(dim.axes.iter().cloned().chain(auto))
+        });
+        Sharding::new(dims)
     }
 
     /// The result types of a manual region with body `body` on operands of types
@@ -151,14 +185,17 @@ impl Builder {
     /// which the out-specs assemble into the results. Inside, collectives over the
     /// manual axes ([`Tensor::psum`], ...) talk to the other devices' bodies. Values of
     /// the enclosing program used inside are passed whole (replicated) to every body.
-    /// Mesh axes not in `manual_axes` stay automatic around the region and are
-    /// replicated inside it.
+    /// Mesh axes not in `manual_axes` stay automatic around the region and inside it.
+    ///
+    /// Inside, the automatic axes shard the body's values as propagation decides (an
+    /// operand's automatic axes come in with it; annotations in the body may name
+    /// automatic axes).
     ///
     /// Errors ([`Error::Manual`] at the caller's line): a manual axis that is not a mesh
     /// axis; as many specs as inputs and results expected; a spec naming an axis that
     /// is not manual; a dim not divisible by its axes' devices; a body result whose rank
-    /// does not fit its out-spec; a sharding annotation inside the body; a `shard_map`
-    /// inside a body.
+    /// does not fit its out-spec; a sharding annotation inside the body naming a
+    /// manual axis; a `shard_map` inside a body.
     #[track_caller]
     pub fn shard_map(
         &self,
@@ -220,7 +257,7 @@ impl Builder {
             return fail(format!("out-spec {i}: {e}"));
         }
         let pinned: Vec<Tensor> = (inputs.iter().zip(in_specs))
-            .map(|(x, s)| x.shard(ManualSpec::boundary(s)))
+            .map(|(x, s)| x.shard(spec.annotation(s)))
             .collect();
         let b = region_builder(self, "shard_map");
         mark_manual(&b, spec.mesh.clone());
@@ -231,10 +268,24 @@ impl Builder {
         let Some((program, captures)) = close_region(&b, &outs, location, false) else {
             return poisoned();
         };
-        if let Some(n) = program.nodes.iter().find(|n| n.annotation.is_some()) {
+        let manual: Vec<&str> = spec.mesh.axis_names().collect();
+        let names_manual = |s: &Sharding| -> Option<String> {
+            (s.axes().chain(s.replicated.iter().map(String::as_str)))
+                .chain(s.unreduced.iter().map(String::as_str))
+                .find(|a| manual.iter().any(|m| a.split(':').next() == Some(*m)))
+                .map(ToString::to_string)
+        };
+        let annotated = program
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n, n.annotation.as_ref()?)));
+        if let Some((n, a)) = annotated
+            .filter_map(|(n, s)| Some((n, names_manual(s)?)))
+            .next()
+        {
             return fail(format!(
-                "a sharding annotation inside the body (traced at {}): automatic axes are \
-                 replicated inside a manual region, not partitioned",
+                "a sharding annotation inside the body (traced at {}) names manual axis \
+                 `{a}`: inside a manual region only automatic axes shard values",
                 n.location
             ));
         }
@@ -248,6 +299,7 @@ impl Builder {
             Ok(types) => types,
             Err(message) => return fail(message),
         };
+        let annotations: Vec<Sharding> = out_specs.iter().map(|s| spec.annotation(s)).collect();
         let flow = Flow::Manual {
             body: program,
             spec,
@@ -255,8 +307,8 @@ impl Builder {
         let captured = captures.into_iter().map(|(outer, _)| outer).collect();
         let operands: Vec<&Tensor> = pinned.iter().collect();
         let results = self.flow_results(Some((flow, captured)), &operands, types, location);
-        (results.iter().zip(out_specs))
-            .map(|(r, s)| r.shard(ManualSpec::boundary(s)))
+        (results.iter().zip(annotations))
+            .map(|(r, s)| r.shard(s))
             .collect()
     }
 

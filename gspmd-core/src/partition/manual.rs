@@ -1,12 +1,17 @@
 //! A manual region (`shard_map`, [`crate::ir::Flow::Manual`]) in the per-device
-//! program: its body already is one, so once the operands are resharded to the
-//! region's specs (`handlers::flow`) it is emitted in place, node for node. Its
-//! collectives name manual axes and become the runtime's collectives over those axes'
-//! device groups; automatic axes are replicated inside (the specs name manual axes only).
+//! program: `handlers::flow` reshards the operands to the region's boundary and
+//! partitions the body over the automatic axes like any region; the per-device body is
+//! then emitted in place, node for node. Its collectives name manual axes and become the
+//! runtime's collectives over those axes' device groups; inside the body they are
+//! partitioned by [`collective`]: the dims they gather, scatter or exchange are made
+//! whole along automatic axes first, the others stay as they are.
 
 use crate::error::Result;
-use crate::ir::{Op, Program, ValueId};
+use crate::ir::{Node, Op, Program, ValueId};
 use crate::partition::emit::Emitter;
+use crate::partition::reshard::reshard;
+use crate::partition::value::PValue;
+use crate::sharding::Sharding;
 
 /// Emits `body` with its parameters bound to `locals` (the operands' blocks) and
 /// returns the ids of its outputs. Each result node of an instance emits it again;
@@ -24,4 +29,40 @@ pub(super) fn inline(em: &mut Emitter, body: &Program, locals: &[ValueId]) -> Re
         ids.push(id);
     }
     Ok(body.outputs.iter().map(|o| ids[o.index()]).collect())
+}
+
+/// Partitions a collective (or `axis_index`) of a manual region's body over the
+/// automatic axes: the operand resharded to `target` without pending sums, and with the
+/// dims the op gathers, scatters or exchanges whole (each device's piece of such a dim
+/// must be the whole block dim); then the op on the local piece, over the same manual
+/// axes (devices sharing their automatic coordinates hold corresponding pieces).
+pub(super) fn collective(
+    em: &mut Emitter,
+    node: &Node,
+    operands: &[PValue],
+    target: &Sharding,
+) -> Result<PValue> {
+    let whole: &[usize] = match &node.op {
+        Op::AllGather { dim, .. } | Op::ReduceScatter { dim, .. } => &[*dim],
+        Op::AllToAll {
+            split_dim,
+            concat_dim,
+            ..
+        } => &[*split_dim, *concat_dim],
+        _ => &[],
+    };
+    let mut sharding = super::handlers::reduced(target);
+    for &d in whole {
+        if let Some(dim) = sharding.dims.get_mut(d) {
+            dim.axes.clear();
+        }
+    }
+    let locals = (operands.iter())
+        .map(|x| Ok(reshard(em, x, &sharding)?.id))
+        .collect::<Result<Vec<ValueId>>>()?;
+    Ok(PValue {
+        id: em.emit(node.op.clone(), &locals)?,
+        global: node.ty.clone(),
+        sharding,
+    })
 }

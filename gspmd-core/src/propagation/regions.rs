@@ -17,6 +17,10 @@
 //!   body a `sharding_constraint` to the boundary, so the state keeps one sharding
 //!   across iterations and the back edge needs no reshard. A `cond`'s `on_false`
 //!   outputs are constrained to what propagation gave `on_true`'s.
+//! - A manual region (`shard_map`): its boundary is annotated around it (manual axes
+//!   fixed, automatic ones free); its body, a per-device program, is propagated with
+//!   its parameters and outputs pinned to the automatic axes of its operands and
+//!   results, so no body value gets a manual axis and nothing flows back out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,12 +45,18 @@ pub(super) fn propagate_regions(
         let Op::Flow { flow, result } = &original.node(v).op else {
             continue;
         };
-        if is_manual(flow) {
-            continue;
-        }
         let operands = &propagated.node(v).operands;
         let mut boundary = operand_shardings(propagated, operands);
         let instance = &instances[&(Arc::as_ptr(flow), operands.clone())];
+        if let Flow::Manual { body, .. } = &**flow {
+            // A manual region's boundary: its operands' shardings, then its results'.
+            boundary.extend((0..body.outputs.len()).map(|j| {
+                let node = instance.get(j).and_then(|nodes| nodes.first());
+                let rank = body.ty(body.outputs[j]).rank();
+                (node.and_then(|&r| propagated.node(r).sharding.clone()))
+                    .unwrap_or_else(|| Sharding::replicated(rank))
+            }));
+        }
         for (j, s) in boundary.iter_mut().enumerate().take(carried_count(flow)) {
             let result = instance.get(j).and_then(|nodes| nodes.first());
             if let Some(sharding) = result.and_then(|&r| propagated.node(r).sharding.as_ref()) {
@@ -68,13 +78,6 @@ pub(super) fn propagate_regions(
         };
     }
     Ok(())
-}
-
-/// True for a manual region (`shard_map`): its body is a per-device program whose
-/// boundary is fixed by its specs (annotations around it); propagation does not enter
-/// it, so no sharding crosses into its manual axes.
-fn is_manual(flow: &Flow) -> bool {
-    matches!(flow, Flow::Manual { .. })
 }
 
 /// The shardings of `operands` (replicated where propagation has not set one).
@@ -115,7 +118,9 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
         let Op::Flow { flow, result } = &node.op else {
             continue;
         };
-        if is_manual(flow) {
+        // A manual region's boundary is annotated around it (`shard_map`'s constraints):
+        // nothing flows back out of its body.
+        if matches!(**flow, Flow::Manual { .. }) {
             continue;
         }
         let n = carried_count(flow);
@@ -198,7 +203,9 @@ fn refines(richer: &Sharding, s: &Sharding) -> bool {
         && count(richer) > count(s)
 }
 
-/// `flow` with its regions propagated for operands sharded as `boundary`.
+/// `flow` with its regions propagated for operands sharded as `boundary` (a manual
+/// region's: then its results'; its body over the automatic axes of both, the manual
+/// ones removed).
 fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flow> {
     Ok(match flow {
         Flow::While { cond, body } => {
@@ -220,7 +227,16 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
             let on_false = pinned(on_false, &boundary[1..], &outputs, mesh)?;
             Flow::Cond { on_true, on_false }
         }
-        Flow::Manual { .. } => flow.clone(),
+        Flow::Manual { body, spec } => {
+            let (operands, results) = boundary.split_at(body.params.len());
+            let inside =
+                |s: &[Sharding]| -> Vec<Sharding> { s.iter().map(|s| spec.inside(s)).collect() };
+            let r = annotated(body, &inside(operands), &inside(results));
+            Flow::Manual {
+                body: super::propagate::propagate_manual_body(&r, mesh)?,
+                spec: spec.clone(),
+            }
+        }
     })
 }
 
@@ -232,6 +248,12 @@ fn pinned(
     outputs: &[Sharding],
     mesh: &Mesh,
 ) -> Result<Program> {
+    propagate(&annotated(region, params, outputs), mesh)
+}
+
+/// `region` with its parameters annotated `params` (closed) and its first outputs
+/// constrained to `outputs`.
+fn annotated(region: &Program, params: &[Sharding], outputs: &[Sharding]) -> Program {
     let mut r = region.clone();
     for (&p, s) in region.params.iter().zip(params) {
         r.node_mut(p).annotation = Some(s.clone());
@@ -239,5 +261,5 @@ fn pinned(
     for (j, s) in outputs.iter().enumerate() {
         r.constrain_output(j, s.clone(), false);
     }
-    propagate(&r, mesh)
+    r
 }

@@ -272,21 +272,34 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             rule.result = o.clone();
             rule.operands = vec![o, i, data];
         }
-        Op::AxisIndex(_)
-        | Op::AllReduce { .. }
+        // Per-device ops, only in a manual region's body (`propagate` rejects them
+        // elsewhere), propagated over the automatic axes: a collective moves or combines
+        // blocks elementwise except along the dims it gathers, scatters or exchanges,
+        // which must be whole.
+        Op::AxisIndex(_) => rule.result = own_factors(&mut rule, result_shape),
+        Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
         | Op::CollectiveShift { .. } => {
-            // Per-device ops: `propagate` rejects programs that contain them. No factors.
-            let unfactored = |rank: usize| TensorFactors {
-                dims: vec![Vec::new(); rank],
+            let whole: &[usize] = match &node.op {
+                Op::AllGather { dim, .. } | Op::ReduceScatter { dim, .. } => &[*dim],
+                Op::AllToAll {
+                    split_dim,
+                    concat_dim,
+                    ..
+                } => &[*split_dim, *concat_dim],
+                _ => &[],
             };
-            rule.result = unfactored(result_shape.len());
-            rule.operands = (0..node.operands.len())
-                .map(|i| unfactored(operand_shape(i).len()))
-                .collect();
+            rule.result = own_factors(&mut rule, result_shape);
+            let mut operand = rule.result.clone();
+            for &d in whole {
+                set_kind(&mut rule, d, FactorKind::NeedReplication);
+                operand.dims[d] =
+                    vec![rule.add_factor(operand_shape(0)[d], FactorKind::NeedReplication)];
+            }
+            rule.operands = vec![operand];
         }
     }
     rule

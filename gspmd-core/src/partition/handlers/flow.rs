@@ -11,8 +11,10 @@
 //! are replicated scalars, computed from replicated values or by collectives whose
 //! result is the same on every device.
 //!
-//! A manual region (`shard_map`) has its specs as boundary: its operands are resharded
-//! to them and its per-device body is emitted in place ([`crate::partition::manual`]).
+//! A manual region (`shard_map`) has as boundary its specs' manual axes followed, per
+//! dim, by the automatic axes its body's parameters and outputs got from propagation;
+//! its body is partitioned over those like any region, then emitted in place
+//! ([`crate::partition::manual`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -41,13 +43,6 @@ pub(super) fn flow(
     for (x, s) in operands.iter().zip(&boundary) {
         locals.push(reshard(em, x, s)?.id);
     }
-    if let Flow::Manual { body, .. } = &**flow {
-        return Ok(PValue {
-            id: crate::partition::manual::inline(em, body, &locals)?[result],
-            global: node.ty.clone(),
-            sharding: result_sharding(&pinned, result),
-        });
-    }
     let local_flow = match em.flows.get(&Arc::as_ptr(flow)) {
         Some(f) => f.clone(),
         None => {
@@ -63,13 +58,16 @@ pub(super) fn flow(
             local
         }
     };
-    let id = em.emit(
-        Op::Flow {
-            flow: local_flow,
-            result,
-        },
-        &locals,
-    )?;
+    let id = match &*local_flow {
+        Flow::Manual { body, .. } => crate::partition::manual::inline(em, body, &locals)?[result],
+        _ => em.emit(
+            Op::Flow {
+                flow: local_flow,
+                result,
+            },
+            &locals,
+        )?,
+    };
     Ok(PValue {
         id,
         global: node.ty.clone(),
@@ -122,7 +120,7 @@ fn with_boundary(flow: &Flow) -> Flow {
                 on_false: pin(on_false, Some(on_true), &outputs),
             }
         }
-        // The body is per-device: its boundary is its specs.
+        // The boundary follows from the body's parameters and outputs.
         Flow::Manual { .. } => flow.clone(),
     }
 }
@@ -162,7 +160,9 @@ fn boundary(flow: &Flow) -> Vec<Sharding> {
         Flow::Cond { on_true, .. } => std::iter::once(Sharding::replicated(0))
             .chain(on_true.params.iter().map(|&p| sharding_of(on_true, p)))
             .collect(),
-        Flow::Manual { spec, .. } => spec.in_specs.iter().map(ManualSpec::boundary).collect(),
+        Flow::Manual { body, spec } => (spec.in_specs.iter().zip(&body.params))
+            .map(|(s, &p)| ManualSpec::around(s, &sharding_of(body, p)))
+            .collect(),
     }
 }
 
@@ -175,6 +175,9 @@ fn result_sharding(flow: &Flow, result: usize) -> Sharding {
             if result < *carried { s } else { stacked(s) }
         }
         Flow::Cond { on_true, .. } => sharding_of(on_true, on_true.outputs[result]),
-        Flow::Manual { spec, .. } => ManualSpec::boundary(&spec.out_specs[result]),
+        Flow::Manual { body, spec } => ManualSpec::around(
+            &spec.out_specs[result],
+            &sharding_of(body, body.outputs[result]),
+        ),
     }
 }
