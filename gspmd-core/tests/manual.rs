@@ -231,6 +231,62 @@ fn single_collective_bodies() {
     }
 }
 
+/// A body with a loop (no collective inside it) and an annotation of the automatic
+/// axis `data`: the loop runs per device on the reference and on the mesh, and the
+/// annotated value is split over `data` inside the body.
+#[test]
+fn loops_and_automatic_annotations_inside_a_body() {
+    let program = single((&[8, 6], "(?, ?)"), "(model, _)", "(model, _)", |b, x| {
+        let x = x.shard(spec("(_, data)"));
+        let looped = b.fori_loop(3, std::slice::from_ref(&x), |_, c| vec![c[0].tanh()]);
+        looped[0].psum(&["model"])
+    });
+    let x = array(&[8, 6], 21);
+    let got = run_both(&program, std::slice::from_ref(&x));
+    let a = f32s(&x);
+    // Each device's block: the sum over the 4 row blocks of tanh applied 3 times.
+    let want = ArrayD::from_shape_fn(a.raw_dim(), |ix| {
+        (0..4)
+            .map(|k| a[[2 * k + ix[0] % 2, ix[1]]].tanh().tanh().tanh())
+            .sum::<f32>()
+    });
+    assert_close(&got[0], &Literal::F32(want), "the summed loop");
+    let exe = compile(&program, &mesh()).unwrap();
+    let looped = (exe.spmd().program.nodes.iter()).find(|n| n.op.name() == "scan");
+    assert_eq!(
+        looped.expect("the loop").ty.shape,
+        vec![2, 3],
+        "{}",
+        exe.report()
+    );
+}
+
+/// A block split unevenly over an automatic axis (2 rows over `x`'s 3 devices) is not
+/// the whole value's split over `z` then `x`: the boundary keeps only even splits, and
+/// the result equals the reference (a case `pipeline_random` found).
+#[test]
+fn uneven_automatic_split_of_a_block() {
+    let mesh = Mesh::new([("x", 3), ("z", 2)]).unwrap();
+    let b = Builder::new("uneven");
+    let x = b.parameter("x", vec![4, 5], DType::F32);
+    let y = b.shard_map(
+        &mesh,
+        &["z"],
+        &[x],
+        &[spec("(z, _)")],
+        &[spec("(z, _)")],
+        |_, blocks| vec![blocks[0].shard(spec("(x, _)")).ppermute(&["z"], 1)],
+    );
+    let y = y[0].shard(spec("((z, x), _)")).exp();
+    let program = b.finish(&[&y]).unwrap();
+    let x = array(&[4, 5], 31);
+    compile_and_check(&program, &mesh, std::slice::from_ref(&x), 1e-5);
+    let a = f32s(&x);
+    let want = ArrayD::from_shape_fn(a.raw_dim(), |ix| a[[(ix[0] + 2) % 4, ix[1]]].exp());
+    let got = interpret(&program, std::slice::from_ref(&x)).unwrap();
+    assert_close(&got[0], &Literal::F32(want), "rolled by one block");
+}
+
 /// `tanh(x) @ w + bias` with the batch split over `data`, the matmul written by hand
 /// ([`row_parallel`]) when `manual`; with `loss`, then a scalar loss.
 fn mlp(manual: bool, loss: bool) -> Program {

@@ -334,7 +334,8 @@ impl Gen<'_> {
 
     /// A manual region (`shard_map`) over one mesh axis on the f32 value `a`, cut along
     /// a dim the axis divides: the blocks all-gathered back, shifted around the ring
-    /// (`ppermute`), exchanged to another such dim (`all_to_all`), or summed (`psum`).
+    /// (`ppermute`), exchanged to another such dim (`all_to_all`), or summed (`psum`);
+    /// the block sometimes annotated over the other (automatic) axes.
     fn manual(&mut self, a: &Val) {
         let (axis, n) = (self.mesh.axes().choose(self.rng).cloned()).expect("a mesh axis");
         let shape = a.t.shape().to_vec();
@@ -352,6 +353,20 @@ impl Gen<'_> {
         };
         let other = dims.iter().copied().find(|&e| e != d);
         let shift = self.rng.random_range(-2..=2);
+        // Sometimes an annotation of the automatic axes inside the body.
+        let auto = self
+            .mesh
+            .axes()
+            .iter()
+            .filter(|(name, _)| *name != axis)
+            .cloned();
+        let auto = Mesh::new(auto.collect::<Vec<_>>()).ok();
+        let inside = match auto {
+            Some(m) if m.num_devices() > 1 => self
+                .region_constraint(shape.len())
+                .map(|_| random_sharding(self.rng, &m, shape.len())),
+            _ => None,
+        };
         let (kind, out) = match self.rng.random_range(0..4) {
             0 => (0, None),
             1 => (1, Some(d)),
@@ -366,6 +381,10 @@ impl Gen<'_> {
             &[split(Some(d))],
             &[split(out)],
             |_, x| {
+                let x = match &inside {
+                    Some(s) => vec![x[0].shard(s.clone())],
+                    None => x.to_vec(),
+                };
                 vec![match kind {
                     0 => x[0].all_gather(&axes, d),
                     1 => x[0].ppermute(&axes, shift),

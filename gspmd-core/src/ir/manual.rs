@@ -113,17 +113,23 @@ impl ManualSpec {
         }
     }
 
-    /// The automatic part of `outside`, a sharding of an operand or result (manual axes
-    /// removed; closed): the sharding of its blocks inside the body.
-    pub fn inside(&self, outside: &Sharding) -> Sharding {
+    /// The automatic part of `outside`, a sharding of an operand or result on `mesh`,
+    /// for its blocks of shape `block` inside the body (closed): per dim its axes that
+    /// are not manual, as many as split the block dim evenly. Only an even split of a
+    /// block is the same tiling as the whole value's split over the manual axes then
+    /// these ([`ManualSpec::around`]); the partitioner reshards across the rest.
+    pub fn inside(&self, outside: &Sharding, block: &[usize], mesh: &Mesh) -> Sharding {
         let manual: Vec<&str> = self.mesh.axis_names().collect();
-        let dims = outside.dims.iter().map(|d| {
-            DimSharding::closed(
-                d.axes
-                    .iter()
-                    .filter(|a| !manual.contains(&a.as_str()))
-                    .cloned(),
-            )
+        let dims = outside.dims.iter().zip(block).map(|(d, &size)| {
+            let mut kept: Vec<String> = Vec::new();
+            for a in d.axes.iter().filter(|a| !manual.contains(&a.as_str())) {
+                kept.push(a.clone());
+                if !size.is_multiple_of(mesh.axes_size(&kept)) {
+                    kept.pop();
+                    break;
+                }
+            }
+            DimSharding::closed(kept)
         });
         Sharding::new(dims)
     }

@@ -229,9 +229,13 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
         }
         Flow::Manual { body, spec } => {
             let (operands, results) = boundary.split_at(body.params.len());
-            let inside =
-                |s: &[Sharding]| -> Vec<Sharding> { s.iter().map(|s| spec.inside(s)).collect() };
-            let r = annotated(body, &inside(operands), &inside(results));
+            let inside = |s: &[Sharding], values: &[ValueId]| -> Vec<Sharding> {
+                (s.iter().zip(values))
+                    .map(|(s, &v)| spec.inside(s, &body.ty(v).shape, mesh))
+                    .collect()
+            };
+            let params = inside(operands, &body.params);
+            let r = annotated(body, &params, &inside(results, &body.outputs));
             Flow::Manual {
                 body: super::propagate::propagate_manual_body(&r, mesh)?,
                 spec: spec.clone(),

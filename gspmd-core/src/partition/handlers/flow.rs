@@ -37,7 +37,7 @@ pub(super) fn flow(
 ) -> Result<PValue> {
     // The regions with one boundary; their parameters and outputs say how the
     // operands and results are sharded.
-    let pinned = with_boundary(flow);
+    let pinned = with_boundary(flow, em.mesh);
     let boundary = boundary(&pinned);
     let mut locals = Vec::with_capacity(operands.len());
     for (x, s) in operands.iter().zip(&boundary) {
@@ -79,10 +79,11 @@ pub(super) fn flow(
 /// (a `while`'s condition, a `cond`'s `on_false`) sharded like the first's, and
 /// outputs resharded where the boundary needs it: a body's carried outputs to their
 /// parameters' shardings (so the back edge needs nothing), a condition to a replicated
-/// scalar, `on_false`'s outputs to `on_true`'s. Propagation leaves regions so already;
+/// scalar, `on_false`'s outputs to `on_true`'s, a manual body's parameters and outputs
+/// to even splits of their blocks. Propagation leaves regions so already;
 /// a program sharded otherwise (by hand, or at random in tests) gets the
 /// `sharding_constraint`s here.
-fn with_boundary(flow: &Flow) -> Flow {
+fn with_boundary(flow: &Flow, mesh: &crate::sharding::Mesh) -> Flow {
     let pin = |region: &Program, params: Option<&Program>, outputs: &[Sharding]| {
         let mut r = region.clone();
         if let Some(first) = params {
@@ -120,8 +121,20 @@ fn with_boundary(flow: &Flow) -> Flow {
                 on_false: pin(on_false, Some(on_true), &outputs),
             }
         }
-        // The boundary follows from the body's parameters and outputs.
-        Flow::Manual { .. } => flow.clone(),
+        // Parameters and outputs split evenly over automatic axes (the boundary follows
+        // from them: `boundary`, `result_sharding`); propagation leaves them so.
+        Flow::Manual { body, spec } => {
+            let even = |v| spec.inside(&sharding_of(body, v), &body.ty(v).shape, mesh);
+            let mut r = body.clone();
+            for &p in &body.params {
+                r.node_mut(p).sharding = Some(even(p));
+            }
+            let outputs: Vec<Sharding> = body.outputs.iter().map(|&o| even(o)).collect();
+            Flow::Manual {
+                body: pin(&r, None, &outputs),
+                spec: spec.clone(),
+            }
+        }
     }
 }
 
