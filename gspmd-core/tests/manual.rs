@@ -10,7 +10,7 @@ use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{Builder, DType, Literal, OpKind, Program, Tensor};
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{Mesh, Sharding};
-use gspmd_core::{Error, compile};
+use gspmd_core::{Error, Executable, compile};
 use ndarray::{ArrayD, IxDyn};
 
 fn mesh() -> Mesh {
@@ -141,14 +141,18 @@ fn row_parallel_matmul_with_psum() {
     );
     // Both reduce the partial products with one all-reduce.
     for exe in [compile(&manual, &mesh()).unwrap(), want] {
-        let stats = exe.spmd().collectives();
-        assert_eq!(
-            (stats.count("all_reduce"), stats.total()),
-            (1, 1),
-            "{}",
-            exe.report()
-        );
+        assert_eq!(collectives(&exe), [("all_reduce", 1)], "{}", exe.report());
     }
+}
+
+/// The collectives of `exe`'s per-device program: kind and count.
+fn collectives(exe: &Executable) -> Vec<(&'static str, usize)> {
+    let stats = exe.spmd().collectives();
+    stats
+        .by_kind
+        .iter()
+        .map(|(&kind, &(n, _))| (kind, n))
+        .collect()
 }
 
 /// A body of one collective over `model` (4 devices): its input's shape, in- and
@@ -252,13 +256,13 @@ fn loops_and_automatic_annotations_inside_a_body() {
     });
     assert_close(&got[0], &Literal::F32(want), "the summed loop");
     let exe = compile(&program, &mesh()).unwrap();
-    let looped = (exe.spmd().program.nodes.iter()).find(|n| n.op.name() == "scan");
-    assert_eq!(
-        looped.expect("the loop").ty.shape,
-        vec![2, 3],
-        "{}",
-        exe.report()
-    );
+    assert_eq!(local_shape(&exe, "scan"), [2, 3], "{}", exe.report());
+}
+
+/// The per-device shape of the first `op` of `exe`'s per-device program.
+fn local_shape(exe: &Executable, op: &str) -> Vec<usize> {
+    let node = (exe.spmd().program.nodes.iter()).find(|n| n.op.name() == op);
+    node.map(|n| n.ty.shape.clone()).unwrap_or_default()
 }
 
 /// A block split unevenly over an automatic axis (2 rows over `x`'s 3 devices) is not
@@ -322,20 +326,8 @@ fn partially_manual_over_model() {
     // `data` stays automatic inside: the body runs on its batch rows (no gather over
     // `data`); the psum is the one collective, as the automatic version's all-reduce.
     let exe = compile(&mlp(true, false), &mesh()).unwrap();
-    let stats = exe.spmd().collectives();
-    assert_eq!(
-        (stats.count("all_reduce"), stats.total()),
-        (1, 1),
-        "{}",
-        exe.report()
-    );
-    let matmul = (exe.spmd().program.nodes.iter()).find(|n| n.op.name() == "dot_general");
-    assert_eq!(
-        matmul.expect("the body's matmul").ty.shape,
-        vec![4, 6],
-        "{}",
-        exe.report()
-    );
+    assert_eq!(collectives(&exe), [("all_reduce", 1)], "{}", exe.report());
+    assert_eq!(local_shape(&exe, "dot_general"), [4, 6], "{}", exe.report());
 }
 
 /// The gradient of a loss through a hand-written row-parallel matmul (partially

@@ -416,6 +416,21 @@ impl Tensor {
     }
 }
 
+/// The dims a collective gathers, scatters or exchanges (none for the others): each
+/// device's piece of them must be the whole block dim, so a manual body keeps them
+/// unsplit over automatic axes (propagation's factor rule, the partitioner's handler).
+pub fn moved_dims(op: &Op) -> Vec<usize> {
+    match op {
+        Op::AllGather { dim, .. } | Op::ReduceScatter { dim, .. } => vec![*dim],
+        Op::AllToAll {
+            split_dim,
+            concat_dim,
+            ..
+        } => vec![*split_dim, *concat_dim],
+        _ => Vec::new(),
+    }
+}
+
 /// The mesh of `mesh`'s axes named in `manual` (in `mesh`'s order), or why not.
 fn manual_mesh(mesh: &Mesh, manual: &[&str]) -> Result<Mesh, String> {
     if manual.is_empty() {

@@ -37,7 +37,7 @@ pub use infer::infer_type;
 pub use literal::{Element, Literal};
 pub(crate) use literal::{by_element, map_literal, with_literal};
 pub use lookup::embedding;
-pub use manual::ManualSpec;
+pub use manual::{ManualSpec, moved_dims};
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,
     DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,

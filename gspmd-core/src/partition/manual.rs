@@ -7,7 +7,7 @@
 //! whole along automatic axes first, the others stay as they are.
 
 use crate::error::Result;
-use crate::ir::{Node, Op, Program, ValueId};
+use crate::ir::{Node, Op, Program, ValueId, moved_dims};
 use crate::partition::emit::Emitter;
 use crate::partition::reshard::reshard;
 use crate::partition::value::PValue;
@@ -42,17 +42,8 @@ pub(super) fn collective(
     operands: &[PValue],
     target: &Sharding,
 ) -> Result<PValue> {
-    let whole: &[usize] = match &node.op {
-        Op::AllGather { dim, .. } | Op::ReduceScatter { dim, .. } => &[*dim],
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            ..
-        } => &[*split_dim, *concat_dim],
-        _ => &[],
-    };
     let mut sharding = super::handlers::reduced(target);
-    for &d in whole {
+    for d in moved_dims(&node.op) {
         if let Some(dim) = sharding.dims.get_mut(d) {
             dim.axes.clear();
         }

@@ -283,18 +283,9 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
         | Op::CollectiveShift { .. } => {
-            let whole: &[usize] = match &node.op {
-                Op::AllGather { dim, .. } | Op::ReduceScatter { dim, .. } => &[*dim],
-                Op::AllToAll {
-                    split_dim,
-                    concat_dim,
-                    ..
-                } => &[*split_dim, *concat_dim],
-                _ => &[],
-            };
             rule.result = own_factors(&mut rule, result_shape);
             let mut operand = rule.result.clone();
-            for &d in whole {
+            for d in crate::ir::moved_dims(&node.op) {
                 set_kind(&mut rule, d, FactorKind::NeedReplication);
                 operand.dims[d] =
                     vec![rule.add_factor(operand_shape(0)[d], FactorKind::NeedReplication)];
