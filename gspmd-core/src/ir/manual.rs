@@ -185,17 +185,15 @@ impl ManualSpec {
 }
 
 impl Builder {
-    /// `shard_map(inputs, in_specs, out_specs, manual_axes, body)`: a manual region.
+    /// `shard_map(mesh, manual_axes, inputs, in_specs, out_specs, body)`: a manual region.
     /// `body` gets this region's builder and the per-device blocks of `inputs` (each
     /// cut along the manual axes as its in-spec says) and returns per-device blocks,
     /// which the out-specs assemble into the results. Inside, collectives over the
     /// manual axes ([`Tensor::psum`], ...) talk to the other devices' bodies. Values of
     /// the enclosing program used inside are passed whole (replicated) to every body.
-    /// Mesh axes not in `manual_axes` stay automatic around the region and inside it.
-    ///
-    /// Inside, the automatic axes shard the body's values as propagation decides (an
-    /// operand's automatic axes come in with it; annotations in the body may name
-    /// automatic axes).
+    /// Mesh axes not in `manual_axes` stay automatic around the region and inside it:
+    /// they shard the body's values as propagation decides (an operand's automatic axes
+    /// come in with it; annotations in the body may name automatic axes).
     ///
     /// Errors ([`Error::Manual`] at the caller's line): a manual axis that is not a mesh
     /// axis; as many specs as inputs and results expected; a spec naming an axis that
