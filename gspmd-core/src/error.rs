@@ -41,6 +41,19 @@ pub enum Error {
         /// What is wrong, naming the value given.
         message: String,
     },
+    /// A `shard_map` (manual region) or a collective in its body misused: a spec naming
+    /// an axis that is not manual, a dim its axes do not divide, a body result that does
+    /// not fit its out-spec, a collective over an axis that is not manual or outside a
+    /// body.
+    #[error("{location}: {op}: {message}")]
+    Manual {
+        /// `shard_map` or the collective's name (`psum`, `all_gather`, ...).
+        op: &'static str,
+        /// Where it was traced.
+        location: Location,
+        /// What is wrong.
+        message: String,
+    },
     /// Several errors found at once (the verifier and the tracer report all they find).
     #[error("{}", display_list(.0))]
     Many(Vec<Error>),

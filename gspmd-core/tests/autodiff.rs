@@ -1283,6 +1283,41 @@ fn spmd_ops_are_not_differentiable() {
     }
 }
 
+/// A `shard_map` body through every collective (psum, all_gather, psum_scatter,
+/// all_to_all, ppermute, axis_index), with a block-split and a replicated operand and a
+/// replicated and a block-split result: the transposes and the boundary's scaling give
+/// the gradients of the region's single-device meaning.
+#[test]
+fn shard_map_matches_finite_differences() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(41);
+    let mesh = gspmd_core::sharding::Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let spec = |t: &str| -> Sharding { t.parse().unwrap() };
+    let program = trace(|b| {
+        let x = param(b, "x", &[4, 4]);
+        let w = param(b, "w", &[4, 4]);
+        let ys = b.shard_map(
+            &mesh,
+            &["model"],
+            &[x, w],
+            &[spec("(model, _)"), spec("(_, _)")],
+            &[spec("(_, _)"), spec("(_, model)")],
+            |b, blocks| {
+                let h = blocks[0].matmul(&blocks[1]).tanh();
+                let g = h.all_gather(&["model"], 0).sin();
+                let s = g.psum_scatter(&["model"], 0);
+                let t = s.all_to_all(&["model"], 1, 0);
+                let index = b.axis_index(&["model"]).convert(DType::F32);
+                let u = t.ppermute(&["model"], 1).mul(&(index + 1.0));
+                vec![u.psum(&["model"]), u.mul(&t)]
+            },
+        );
+        weighted_sum(&ys[0], &mut rng).add(&weighted_sum(&ys[1], &mut rng))
+    });
+    let x = array(&mut rng, &[4, 4], |r| r.random_range(-1.0..1.0));
+    let w = array(&mut rng, &[4, 4], |r| r.random_range(-1.0..1.0));
+    check_gradients(&program, &[x, w], &[0, 1]);
+}
+
 /// `while_loop` has a run-time trip count: `grad` of a loss reached through one is
 /// [`Error::NotDifferentiable`] at the line that traced it, naming the alternatives.
 #[test]

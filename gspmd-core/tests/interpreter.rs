@@ -2264,6 +2264,43 @@ fn cond_takes_one_branch() {
     }
 }
 
+/// A `shard_map` over `model` (2 devices) runs its body once per device on the blocks
+/// and assembles the results: worked out by hand. Device `i` holds `x[2i..2i+2]`.
+#[test]
+fn shard_map_runs_the_body_per_device() {
+    let mesh = gspmd_core::sharding::Mesh::new([("data", 3), ("model", 2)]).unwrap();
+    let spec = |t: &str| -> Sharding { t.parse().unwrap() };
+    let outs = run(
+        |b| {
+            let x = b.parameter("x", [4], DType::F32);
+            let c = b.parameter("c", [2], DType::F32);
+            b.shard_map(
+                &mesh,
+                &["model"],
+                &[x],
+                &[spec("(model)")],
+                &[spec("(_)"), spec("(model)"), spec("(_)")],
+                |inner, blocks| {
+                    let index = inner.axis_index(&["model"]).convert(DType::F32);
+                    // [1, 2] and [6, 8].
+                    let y = blocks[0].mul(&(index + 1.0));
+                    // c is captured: every device reads it whole.
+                    let summed = y.psum(&["model"]).add(&c);
+                    let gathered = blocks[0].all_gather(&["model"], 0);
+                    vec![summed, y.ppermute(&["model"], 1), gathered]
+                },
+            )
+        },
+        &[
+            f32s(&[4], &[1.0, 2.0, 3.0, 4.0]),
+            f32s(&[2], &[100.0, 200.0]),
+        ],
+    );
+    assert_f32(&outs[0], &[2], &[107.0, 210.0]);
+    assert_f32(&outs[1], &[4], &[6.0, 8.0, 1.0, 2.0]);
+    assert_f32(&outs[2], &[4], &[1.0, 2.0, 3.0, 4.0]);
+}
+
 /// Every op kind of a global program is interpreted by some test above (through
 /// [`run`]); the SPMD-only ones are rejected (`spmd_only_op_is_a_runtime_error_with_location`).
 /// `random_bits` against Random123's known answer for threefry2x32_20 at key and

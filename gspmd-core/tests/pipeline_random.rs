@@ -22,7 +22,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
     BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Flow, GatherDims,
-    Literal, Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor,
+    Literal, Location, Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor,
     TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
@@ -333,6 +333,70 @@ impl Gen<'_> {
             .then(|| random_sharding(self.rng, self.mesh, rank))
     }
 
+    /// A manual region (`shard_map`) over one mesh axis on the f32 value `a`, cut along
+    /// a dim the axis divides: the blocks all-gathered back, shifted around the ring
+    /// (`ppermute`), exchanged to another such dim (`all_to_all`), or summed (`psum`);
+    /// the block sometimes annotated over the other (automatic) axes.
+    fn manual(&mut self, a: &Val) {
+        let (axis, n) = (self.mesh.axes().choose(self.rng).cloned()).expect("a mesh axis");
+        let shape = a.t.shape().to_vec();
+        let dims: Vec<usize> = (0..shape.len())
+            .filter(|&d| shape[d].is_multiple_of(n))
+            .collect();
+        let Some(&d) = dims.choose(self.rng) else {
+            return;
+        };
+        let split = |at: Option<usize>| {
+            Sharding::new((0..shape.len()).map(|i| match at == Some(i) {
+                true => DimSharding::closed([axis.as_str()]),
+                false => DimSharding::closed(Vec::<String>::new()),
+            }))
+        };
+        let other = dims.iter().copied().find(|&e| e != d);
+        let shift = self.rng.random_range(-2..=2);
+        // Sometimes an annotation of the automatic axes inside the body.
+        let auto = self
+            .mesh
+            .axes()
+            .iter()
+            .filter(|(name, _)| *name != axis)
+            .cloned();
+        let auto = Mesh::new(auto.collect::<Vec<_>>()).ok();
+        let inside = match auto {
+            Some(m) if m.num_devices() > 1 => self
+                .region_constraint(shape.len())
+                .map(|_| random_sharding(self.rng, &m, shape.len())),
+            _ => None,
+        };
+        let (kind, out) = match self.rng.random_range(0..4) {
+            0 => (0, None),
+            1 => (1, Some(d)),
+            2 if other.is_some() => (2, other),
+            _ => (3, None),
+        };
+        let axes = [axis.as_str()];
+        let r = self.b.shard_map(
+            self.mesh,
+            &axes,
+            std::slice::from_ref(&a.t),
+            &[split(Some(d))],
+            &[split(out)],
+            |_, x| {
+                let x = match &inside {
+                    Some(s) => vec![x[0].shard(s.clone())],
+                    None => x.to_vec(),
+                };
+                vec![match kind {
+                    0 => x[0].all_gather(&axes, d),
+                    1 => x[0].ppermute(&axes, shift),
+                    2 => x[0].all_to_all(&axes, other.unwrap_or(d), d),
+                    _ => x[0].psum(&axes),
+                }]
+            },
+        );
+        self.push(r[0].clone(), a.exact && kind != 3);
+    }
+
     /// Control flow on an f32 value `a`: a scan over its leading dim (the body a dot
     /// with a captured weight when a slice has rank 2 or more), a `fori_loop`, a
     /// `while_loop` counting to a constant, or a `cond` on an exact i32 predicate. Loop
@@ -347,7 +411,8 @@ impl Gen<'_> {
             None => t,
         };
         let b = self.b.clone();
-        match self.rng.random_range(0..4) {
+        match self.rng.random_range(0..5) {
+            4 => self.manual(&a),
             0 if a.t.rank() > 0 => {
                 let slice = a.t.shape()[1..].to_vec();
                 let init = self.value_of(&slice, DType::F32, false);
@@ -1785,7 +1850,50 @@ fn flow_values_and_errors(
             };
             values_and_errors(branch, &v[1..], &e[1..])
         }
+        // The generator's bodies only move and sum f32 blocks: the region moves and
+        // sums the errors and the magnitudes alike.
+        Flow::Manual { .. } => {
+            let f32s = |arrays: &[ArrayD<f32>]| -> Vec<Literal> {
+                arrays.iter().map(|a| Literal::F32(a.clone())).collect()
+            };
+            let magnitudes: Vec<ArrayD<f32>> = v.iter().map(magnitude).collect();
+            let moved_errors = flow_alone(flow, &f32s(&e))?;
+            let moved_magnitudes = flow_alone(flow, &f32s(&magnitudes))?;
+            let errors = (moved_errors.iter().zip(&moved_magnitudes))
+                .map(|(a, b)| match (a, b) {
+                    (Literal::F32(a), Literal::F32(b)) => Ok(a + b),
+                    _ => Err("a manual region's errors are not f32".to_string()),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok((flow_alone(flow, &v)?, errors))
+        }
     }
+}
+
+/// All results of `flow` on `operands`, by the reference interpreter.
+fn flow_alone(flow: &Flow, operands: &[Literal]) -> Result<Vec<Literal>, String> {
+    let flow = std::sync::Arc::new(flow.clone());
+    let mut program = Program::new("flow");
+    let location = Location::caller();
+    for (index, x) in operands.iter().enumerate() {
+        let ty = TensorType::new(x.shape(), x.dtype());
+        let p = (program.push_op(Op::Parameter { index, ty }, &[], location))
+            .map_err(|e| e.to_string())?;
+        program.params.push(p);
+    }
+    let params = program.params.clone();
+    let results = flow.regions()[0].outputs.len();
+    for result in 0..results {
+        let op = Op::Flow {
+            flow: flow.clone(),
+            result,
+        };
+        let r = program
+            .push_op(op, &params, location)
+            .map_err(|e| e.to_string())?;
+        program.outputs.push(r);
+    }
+    interpret(&program, operands).map_err(|e| e.to_string())
 }
 
 /// `x[i]` along the leading dim.

@@ -92,6 +92,55 @@ fn all(p: &Program) -> Vec<String> {
         .collect()
 }
 
+/// A manual region (`shard_map` over `model`): its operands and results have the specs'
+/// manual axes, the automatic axis `data` propagates around it and into its body (as
+/// minor axes at the boundary), and no value of the body is sharded over `model`.
+#[test]
+fn shard_map_keeps_its_manual_axes_and_propagates_the_automatic_ones() {
+    let b = Builder::new("manual");
+    let x = param(&b, "x", &[8, 16], Some("(data, ?)"));
+    let w = param(&b, "w", &[16, 4], None);
+    let other = param(&b, "other", &[8, 4], Some("(data, _)"));
+    let h = x.exp();
+    let ys = b.shard_map(
+        &mesh(),
+        &["model"],
+        &[h.clone(), w],
+        &[sh("(_, model)"), sh("(model, _)")],
+        &[sh("(_, _)")],
+        |_, blocks| vec![blocks[0].matmul(&blocks[1]).psum(&["model"])],
+    );
+    let z = ys[0].tanh().add(&other);
+    let p = run(&finish(b, &[&z]));
+    assert_eq!(of(&p, &h), "(data, model)");
+    let flow = (p.values())
+        .find(|&v| p.node(v).op.kind() == OpKind::ShardMap)
+        .expect("the region");
+    let boundary: Vec<String> = (p.node(flow).operands.iter())
+        .map(|&o| p.node(o).sharding.as_ref().expect("a sharding").to_string())
+        .collect();
+    assert_eq!(boundary, ["(data, model)", "(model, _)"]);
+    assert_eq!(
+        p.node(flow)
+            .sharding
+            .as_ref()
+            .expect("a sharding")
+            .to_string(),
+        "(data, _)"
+    );
+    assert_eq!(of(&p, &z), "(data, _)");
+    let Op::Flow { flow, .. } = &p.node(flow).op else {
+        panic!("a flow node")
+    };
+    let body = flow.regions()[0];
+    let shardings: Vec<String> = (body.nodes.iter())
+        .map(|n| n.sharding.as_ref().expect("a sharding").to_string())
+        .collect();
+    assert!(shardings.iter().all(|s| !s.contains("model")), "{body}");
+    let param = body.node(body.params[0]).sharding.as_ref();
+    assert_eq!(param.expect("a sharding").to_string(), "(data, _)");
+}
+
 // ---- rules -----------------------------------------------------------------------------
 
 /// The rule of the op defining `t`, printed.

@@ -176,6 +176,7 @@ fn flow_count(flow: &Flow, mesh: &Mesh) -> Count {
     let mut count = Count::default();
     match flow {
         Flow::Scan { body, length, .. } => count.add(&Count::of(body, mesh), *length),
+        Flow::Manual { body, .. } => count.add(&Count::of(body, mesh), 1),
         Flow::While { cond, body } => {
             count.add(&Count::of(cond, mesh), 1);
             count.add(&Count::of(body, mesh), 1);

@@ -52,6 +52,7 @@ pub(super) fn flow_cotangents(
             reverse,
         } => scan(e, call, cts, body, (*carried, *stacked, *length, *reverse)),
         Flow::Cond { on_true, on_false } => cond(e, call, cts, on_true, on_false),
+        Flow::Manual { body, spec } => super::manual::manual(e, call, cts, body, spec),
         // The sweep rejects programs holding a `while` before it starts.
         Flow::While { .. } => Ok(vec![None; call.operands.len()]),
     }

@@ -49,6 +49,7 @@
 
 mod flow;
 mod indexing;
+mod manual;
 mod registry;
 mod sweep;
 

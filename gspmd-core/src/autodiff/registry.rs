@@ -38,7 +38,8 @@ use crate::ir::{
 /// True when the sweep has a rule for ops of `kind`: every op of a global program
 /// (bool- and integer-valued ones pass no gradient, but have a rule; `scan` and `cond`
 /// have theirs in `autodiff::flow`), and none of the SPMD-only ops nor `while` (its trip
-/// count is a run-time value): [`super::grad`] rejects a program holding one with
+/// count is a run-time value) (inside a `shard_map` body the collectives have their
+/// transposes: `autodiff::manual`): [`super::grad`] rejects a program holding one with
 /// [`Error::NotDifferentiable`]. `tests/autodiff.rs` checks both halves: a
 /// finite-difference test for every differentiable kind, the error for every other one.
 pub fn is_differentiable(kind: OpKind) -> bool {
@@ -64,7 +65,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::AxisIndex | K::AllReduce | K::AllGather => false,
         K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
         K::CollectiveShift => false,
-        K::Scan | K::Cond => true,
+        K::Scan | K::Cond | K::ShardMap => true,
         K::While => false,
     }
 }
@@ -83,8 +84,8 @@ pub(super) fn passes_gradient(op: &Op) -> bool {
 /// The cotangent flowing to operand `i` of `node` (which defines `y`) when `y`'s
 /// cotangent is `ct`, emitted through `e`; `Ok(None)` when no gradient flows along that
 /// edge. `node` belongs to a verified program, so its operand count and attributes fit
-/// its op. The SPMD-only ops (axis_index, collectives) are
-/// [`Error::NotDifferentiable`].
+/// its op. The SPMD-only ops (axis_index, collectives) have their transposes
+/// (`super::manual`), used in `shard_map` bodies.
 pub(super) fn operand_cotangent(
     e: &mut Appender<'_>,
     node: &Node,
@@ -230,13 +231,14 @@ pub(super) fn operand_cotangent(
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
+        // Only in a `shard_map` body: `grad` rejects them in a global program.
         Op::AxisIndex(_)
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
-        | Op::CollectiveShift { .. } => return Err(not_differentiable(node, y)),
+        | Op::CollectiveShift { .. } => super::manual::collective_cotangent(e, node, y, ct)?,
         // The sweep differentiates a flow instance as a whole (`super::flow`); a
         // `while` is rejected before it starts.
         Op::Flow { .. } => return Err(not_differentiable(node, y)),

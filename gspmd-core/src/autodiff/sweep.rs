@@ -39,7 +39,7 @@ use crate::simplify::eliminate_dead_code;
 /// [`super`] for the rules and their conventions at ties and kinks.
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     verify(program)?;
-    check_differentiable(program)?;
+    check_differentiable(program, false)?;
     let request = |message: String| Error::GradRequest {
         program: program.name.clone(),
         message,
@@ -104,7 +104,7 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
 /// do not need are dropped. A region holding an op that is not [`is_differentiable`]
 /// is [`Error::NotDifferentiable`].
 pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Program> {
-    check_differentiable(region)?;
+    check_differentiable(region, true)?;
     let params: Vec<ValueId> = wrt.iter().map(|&i| region.params[i]).collect();
     let active = active_values(region, &params);
     let mut out = region.clone();
@@ -127,9 +127,11 @@ pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Pr
 }
 
 /// [`Error::NotDifferentiable`] for the first op of `program` (not of its regions)
-/// that is not [`is_differentiable`].
-fn check_differentiable(program: &Program) -> Result<()> {
-    match (program.values()).find(|&v| !is_differentiable(program.node(v).op.kind())) {
+/// that is not [`is_differentiable`]; in a `region`, SPMD-only ops are (they occur in
+/// `shard_map` bodies, whose collectives have transposes).
+fn check_differentiable(program: &Program, region: bool) -> Result<()> {
+    let allowed = |k: crate::ir::OpKind| is_differentiable(k) || (region && k.is_spmd_only());
+    match (program.values()).find(|&v| !allowed(program.node(v).op.kind())) {
         Some(v) => Err(not_differentiable(program.node(v), v)),
         None => Ok(()),
     }

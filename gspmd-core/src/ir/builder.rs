@@ -33,6 +33,8 @@ struct State {
     captures: Vec<(ValueId, ValueId)>,
     /// A region's builder after its region was made: ops on its handles are errors.
     closed: bool,
+    /// A `shard_map` body's builder: the mesh of its manual axes (see `ir::manual`).
+    manual: Option<crate::sharding::Mesh>,
 }
 
 impl State {
@@ -43,6 +45,7 @@ impl State {
             parent,
             captures: Vec::new(),
             closed: false,
+            manual: None,
         }
     }
 }
@@ -378,6 +381,30 @@ pub(super) fn region_builder(parent: &Builder, name: &str) -> Builder {
     Builder {
         state: Rc::new(RefCell::new(state)),
     }
+}
+
+/// Marks the region builder `region` as a `shard_map` body over the manual axes of
+/// `manual` (see `ir::manual`).
+pub(super) fn mark_manual(region: &Builder, manual: crate::sharding::Mesh) {
+    region.state.borrow_mut().manual = Some(manual);
+}
+
+/// The manual axes an op traced in `b` may name in a collective: `Ok` with the mesh of
+/// the manual axes of the `shard_map` body `b` traces; `Err(true)` if a body encloses
+/// `b` only through other regions (control flow inside the body), `Err(false)` if no
+/// body encloses it.
+pub(super) fn manual_scope(b: &Builder) -> std::result::Result<crate::sharding::Mesh, bool> {
+    if let Some(mesh) = &b.state.borrow().manual {
+        return Ok(mesh.clone());
+    }
+    let mut at = b.state.borrow().parent.clone();
+    while let Some(s) = at {
+        if s.borrow().manual.is_some() {
+            return Err(true);
+        }
+        at = s.borrow().parent.clone();
+    }
+    Err(false)
 }
 
 /// Captures `outer` (a value of the parent's program of type `ty`) in the region

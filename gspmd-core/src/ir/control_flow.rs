@@ -86,7 +86,7 @@ impl<'b> Regions<'b> {
 impl Builder {
     /// Appends one result node of type `types[i]` per result of `flow` on `operands`
     /// then the captured values; poisoned handles of `types` if anything failed.
-    fn flow_results(
+    pub(super) fn flow_results(
         &self,
         flow: Option<(Flow, Vec<ValueId>)>,
         operands: &[&Tensor],

@@ -1,5 +1,6 @@
 //! Structured control flow: [`Flow`], an op holding nested sub-programs (*regions*)
-//! with their own parameters, and its signature rule.
+//! with their own parameters, and its signature rule (a manual region's is in
+//! [`super::manual`]).
 //!
 //! A flow op has several results. The IR stays single-result SSA: each result is its
 //! own node `Op::Flow { flow, result }`, all result nodes of one instance sharing the
@@ -9,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::manual::ManualSpec;
 use super::op::Op;
 use super::program::Program;
 use crate::types::{TensorType, ValueId};
@@ -93,6 +95,15 @@ pub enum Flow {
         /// The branch taken when it is false.
         on_false: Program,
     },
+    /// A manual region (`shard_map`, see [`ManualSpec`]): `body` is a per-device program
+    /// taking one block of each operand (cut by `spec.in_specs`) and returning blocks
+    /// that `spec.out_specs` assemble into the results. Runs once.
+    Manual {
+        /// The per-device body; its collectives name manual axes.
+        body: Program,
+        /// The manual axes and the specs.
+        spec: ManualSpec,
+    },
 }
 
 impl std::fmt::Debug for Flow {
@@ -124,6 +135,7 @@ impl Flow {
             Flow::While { .. } => "while",
             Flow::Scan { .. } => "scan",
             Flow::Cond { .. } => "cond",
+            Flow::Manual { .. } => "shard_map",
         }
     }
 
@@ -133,6 +145,7 @@ impl Flow {
             Flow::While { cond, body } => vec![cond, body],
             Flow::Scan { body, .. } => vec![body],
             Flow::Cond { on_true, on_false } => vec![on_true, on_false],
+            Flow::Manual { body, .. } => vec![body],
         }
     }
 
@@ -140,7 +153,7 @@ impl Flow {
     pub fn region_names(&self) -> &'static [&'static str] {
         match self {
             Flow::While { .. } => &["cond", "body"],
-            Flow::Scan { .. } => &["body"],
+            Flow::Scan { .. } | Flow::Manual { .. } => &["body"],
             Flow::Cond { .. } => &["on_true", "on_false"],
         }
     }
@@ -172,6 +185,10 @@ impl Flow {
             Flow::Cond { on_true, on_false } => Flow::Cond {
                 on_true: f(on_true)?,
                 on_false: f(on_false)?,
+            },
+            Flow::Manual { body, spec } => Flow::Manual {
+                body: f(body)?,
+                spec: spec.clone(),
             },
         })
     }
@@ -267,12 +284,13 @@ impl Flow {
                 check_outputs("on_false", on_false, &refs, "on_true's results", false)?;
                 Ok(true_types)
             }
+            Flow::Manual { body, spec } => spec.result_types(body, operands),
         }
     }
 }
 
 /// The types of a region's outputs.
-fn outputs(region: &Program) -> Vec<TensorType> {
+pub(super) fn outputs(region: &Program) -> Vec<TensorType> {
     region
         .outputs
         .iter()
@@ -281,7 +299,11 @@ fn outputs(region: &Program) -> Vec<TensorType> {
 }
 
 /// Checks that `region`'s parameters have the types `expected`.
-fn check_params(what: &str, region: &Program, expected: &[&TensorType]) -> Result<(), String> {
+pub(super) fn check_params(
+    what: &str,
+    region: &Program,
+    expected: &[&TensorType],
+) -> Result<(), String> {
     let params: Vec<TensorType> = region
         .params
         .iter()

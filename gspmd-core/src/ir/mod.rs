@@ -14,6 +14,7 @@ pub(crate) mod indexing;
 mod infer;
 mod literal;
 mod lookup;
+mod manual;
 mod math;
 mod op;
 mod operators;
@@ -37,6 +38,7 @@ pub use infer::infer_type;
 pub use literal::{Element, Literal};
 pub(crate) use literal::{by_element, map_literal, with_literal};
 pub use lookup::embedding;
+pub use manual::{ManualSpec, moved_dims};
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,
     DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,

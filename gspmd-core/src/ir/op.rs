@@ -772,6 +772,7 @@ impl Op {
                 Flow::While { .. } => OpKind::While,
                 Flow::Scan { .. } => OpKind::Scan,
                 Flow::Cond { .. } => OpKind::Cond,
+                Flow::Manual { .. } => OpKind::ShardMap,
             },
         }
     }
@@ -1067,6 +1068,8 @@ op_kinds! {
     Scan,
     /// [`Op::Flow`] with [`Flow::Cond`].
     Cond,
+    /// [`Op::Flow`] with [`Flow::Manual`] (`shard_map`).
+    ShardMap,
 }
 
 impl OpKind {
@@ -1098,7 +1101,7 @@ impl OpKind {
             K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::ShardingConstraint => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 
@@ -1126,7 +1129,7 @@ impl OpKind {
             K::ReduceScatter | K::AllToAll | K::CollectivePermute => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 
@@ -1163,7 +1166,7 @@ impl OpKind {
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,
-            K::While | K::Scan | K::Cond => false,
+            K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
     }
 }

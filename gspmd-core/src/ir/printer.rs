@@ -229,6 +229,21 @@ fn attributes(op: &Op) -> String {
                  reverse={reverse}"
             ),
             Flow::While { .. } | Flow::Cond { .. } => format!(", result={result}"),
+            Flow::Manual { ref spec, .. } => {
+                let specs = |s: &[crate::sharding::Sharding]| {
+                    s.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let manual: Vec<&str> = spec.mesh.axis_names().collect();
+                format!(
+                    ", result={result}, manual={{{}}}, in_specs=[{}], out_specs=[{}]",
+                    manual.join(","),
+                    specs(&spec.in_specs),
+                    specs(&spec.out_specs)
+                )
+            }
         },
         Op::Parameter { .. }
         | Op::Unary(_)

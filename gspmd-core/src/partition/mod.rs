@@ -16,6 +16,7 @@ mod emit;
 mod fusion;
 mod halo;
 mod handlers;
+mod manual;
 mod mask;
 pub(crate) mod regather;
 mod report;

@@ -46,12 +46,24 @@ use crate::sharding::Mesh;
 /// largest one keeps its axes and the others are left to be resharded by the
 /// partitioner.
 pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
+    propagate_program(program, mesh, true)
+}
+
+/// [`propagate`] of a manual region's body (`shard_map`), whose collectives and
+/// `axis_index` are per-device ops over manual axes: only annotations of automatic axes
+/// reach its values, so they are propagated over those.
+pub(super) fn propagate_manual_body(body: &Program, mesh: &Mesh) -> Result<Program> {
+    propagate_program(body, mesh, false)
+}
+
+/// [`propagate`]; per-device ops are an error in a `global` program.
+fn propagate_program(program: &Program, mesh: &Mesh, global: bool) -> Result<Program> {
     // Shardings regions give the flow results go back to them as open annotations
     // (`regions::result_hints`) until there are none; each round only
     // appends axes to some result, so there are at most `values x max_refinements`
     // rounds.
     let mut hinted = Cow::Borrowed(program);
-    let mut out = propagate_flat(&hinted, mesh)?;
+    let mut out = propagate_flat(&hinted, mesh, global)?;
     for _ in 0..program.nodes.len() * max_refinements(mesh) {
         let mut hints = super::regions::result_hints(&out, mesh)?;
         // A flow result the user annotated keeps the user's sharding.
@@ -63,7 +75,7 @@ pub fn propagate(program: &Program, mesh: &Mesh) -> Result<Program> {
         for (v, s) in hints {
             h.node_mut(v).annotation = Some(s);
         }
-        out = propagate_flat(&hinted, mesh)?;
+        out = propagate_flat(&hinted, mesh, global)?;
     }
     super::regions::propagate_regions(&mut out, program, mesh)?;
     // The hints were this function's own annotations, not the user's.
@@ -80,11 +92,14 @@ fn max_refinements(mesh: &Mesh) -> usize {
     mesh.num_devices().ilog2() as usize + mesh.axes().len()
 }
 
-/// [`propagate`] of the enclosing program alone (regions untouched).
-fn propagate_flat(program: &Program, mesh: &Mesh) -> Result<Program> {
+/// [`propagate`] of the enclosing program alone (regions untouched); per-device ops
+/// are an error in a `global` program.
+fn propagate_flat(program: &Program, mesh: &Mesh, global: bool) -> Result<Program> {
     validate_annotations(program, mesh)?;
     verify(program)?;
-    reject_per_device_ops(program)?;
+    if global {
+        reject_per_device_ops(program)?;
+    }
     let rounds = Rounds::of(program);
     let mut states = initial_states(program, mesh, &rounds);
     let rules: Vec<OpShardingRule> = program

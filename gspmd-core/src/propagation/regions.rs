@@ -17,6 +17,10 @@
 //!   body a `sharding_constraint` to the boundary, so the state keeps one sharding
 //!   across iterations and the back edge needs no reshard. A `cond`'s `on_false`
 //!   outputs are constrained to what propagation gave `on_true`'s.
+//! - A manual region (`shard_map`): its boundary is annotated around it (manual axes
+//!   fixed, automatic ones free); its body, a per-device program, is propagated with
+//!   its parameters and outputs pinned to the automatic axes of its operands and
+//!   results, so no body value gets a manual axis and nothing flows back out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +48,15 @@ pub(super) fn propagate_regions(
         let operands = &propagated.node(v).operands;
         let mut boundary = operand_shardings(propagated, operands);
         let instance = &instances[&(Arc::as_ptr(flow), operands.clone())];
+        if let Flow::Manual { body, .. } = &**flow {
+            // A manual region's boundary: its operands' shardings, then its results'.
+            boundary.extend((0..body.outputs.len()).map(|j| {
+                let node = instance.get(j).and_then(|nodes| nodes.first());
+                let rank = body.ty(body.outputs[j]).rank();
+                (node.and_then(|&r| propagated.node(r).sharding.clone()))
+                    .unwrap_or_else(|| Sharding::replicated(rank))
+            }));
+        }
         for (j, s) in boundary.iter_mut().enumerate().take(carried_count(flow)) {
             let result = instance.get(j).and_then(|nodes| nodes.first());
             if let Some(sharding) = result.and_then(|&r| propagated.node(r).sharding.as_ref()) {
@@ -82,7 +95,7 @@ fn carried_count(flow: &Flow) -> usize {
     match flow {
         Flow::While { body, .. } => body.outputs.len(),
         Flow::Scan { carried, .. } => *carried,
-        Flow::Cond { .. } => 0,
+        Flow::Cond { .. } | Flow::Manual { .. } => 0,
     }
 }
 
@@ -105,6 +118,11 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
         let Op::Flow { flow, result } = &node.op else {
             continue;
         };
+        // A manual region's boundary is annotated around it (`shard_map`'s constraints):
+        // nothing flows back out of its body.
+        if matches!(**flow, Flow::Manual { .. }) {
+            continue;
+        }
         let n = carried_count(flow);
         let key = (Arc::as_ptr(flow), node.operands.clone());
         // What to hint: this result node; at an instance's first node also the initial
@@ -125,6 +143,7 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
                         (body, slice_params(flow, &boundary))
                     }
                     Flow::Cond { on_true, .. } => (on_true, boundary[1..].to_vec()),
+                    Flow::Manual { .. } => continue,
                 };
                 let mut seeded = region.clone();
                 for (i, (&p, s)) in region.params.iter().zip(params).enumerate() {
@@ -144,7 +163,7 @@ pub(super) fn result_hints(program: &Program, mesh: &Mesh) -> Result<Vec<(ValueI
                     dims.extend(output.dims);
                     vec![Sharding::new(dims)]
                 }
-                Flow::While { .. } | Flow::Cond { .. } => vec![output],
+                Flow::While { .. } | Flow::Cond { .. } | Flow::Manual { .. } => vec![output],
             };
             let current = program.node(target).sharding.clone().unwrap_or_default();
             if let Some(richer) = candidates.iter().find(|c| refines(c, &current)) {
@@ -184,7 +203,9 @@ fn refines(richer: &Sharding, s: &Sharding) -> bool {
         && count(richer) > count(s)
 }
 
-/// `flow` with its regions propagated for operands sharded as `boundary`.
+/// `flow` with its regions propagated for operands sharded as `boundary` (a manual
+/// region's: then its results'; its body over the automatic axes of both, the manual
+/// ones removed).
 fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flow> {
     Ok(match flow {
         Flow::While { cond, body } => {
@@ -206,6 +227,20 @@ fn propagate_flow(flow: &Flow, boundary: &[Sharding], mesh: &Mesh) -> Result<Flo
             let on_false = pinned(on_false, &boundary[1..], &outputs, mesh)?;
             Flow::Cond { on_true, on_false }
         }
+        Flow::Manual { body, spec } => {
+            let (operands, results) = boundary.split_at(body.params.len());
+            let inside = |s: &[Sharding], values: &[ValueId]| -> Vec<Sharding> {
+                (s.iter().zip(values))
+                    .map(|(s, &v)| spec.inside(s, &body.ty(v).shape, mesh))
+                    .collect()
+            };
+            let params = inside(operands, &body.params);
+            let r = annotated(body, &params, &inside(results, &body.outputs));
+            Flow::Manual {
+                body: super::propagate::propagate_manual_body(&r, mesh)?,
+                spec: spec.clone(),
+            }
+        }
     })
 }
 
@@ -217,6 +252,12 @@ fn pinned(
     outputs: &[Sharding],
     mesh: &Mesh,
 ) -> Result<Program> {
+    propagate(&annotated(region, params, outputs), mesh)
+}
+
+/// `region` with its parameters annotated `params` (closed) and its first outputs
+/// constrained to `outputs`.
+fn annotated(region: &Program, params: &[Sharding], outputs: &[Sharding]) -> Program {
     let mut r = region.clone();
     for (&p, s) in region.params.iter().zip(params) {
         r.node_mut(p).annotation = Some(s.clone());
@@ -224,5 +265,5 @@ fn pinned(
     for (j, s) in outputs.iter().enumerate() {
         r.constrain_output(j, s.clone(), false);
     }
-    propagate(&r, mesh)
+    r
 }

@@ -61,13 +61,13 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             let carried = match **flow {
                 Flow::While { .. } => usize::MAX,
                 Flow::Scan { carried, .. } => carried,
-                Flow::Cond { .. } => 0,
+                Flow::Cond { .. } | Flow::Manual { .. } => 0,
             };
             let stacked = match **flow {
                 Flow::Scan {
                     carried, stacked, ..
                 } => carried..carried + stacked,
-                Flow::While { .. } | Flow::Cond { .. } => 0..0,
+                Flow::While { .. } | Flow::Cond { .. } | Flow::Manual { .. } => 0..0,
             };
             rule.result = own_factors(&mut rule, result_shape);
             let stacked_result = matches!(**flow, Flow::Scan { .. }) && *result >= carried;
@@ -291,21 +291,25 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             rule.result = o.clone();
             rule.operands = vec![o, i, data];
         }
-        Op::AxisIndex(_)
-        | Op::AllReduce { .. }
+        // Per-device ops, only in a manual region's body (`propagate` rejects them
+        // elsewhere), propagated over the automatic axes: a collective moves or combines
+        // blocks elementwise except along the dims it gathers, scatters or exchanges,
+        // which must be whole.
+        Op::AxisIndex(_) => rule.result = own_factors(&mut rule, result_shape),
+        Op::AllReduce { .. }
         | Op::AllGather { .. }
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
         | Op::CollectiveShift { .. } => {
-            // Per-device ops: `propagate` rejects programs that contain them. No factors.
-            let unfactored = |rank: usize| TensorFactors {
-                dims: vec![Vec::new(); rank],
-            };
-            rule.result = unfactored(result_shape.len());
-            rule.operands = (0..node.operands.len())
-                .map(|i| unfactored(operand_shape(i).len()))
-                .collect();
+            rule.result = own_factors(&mut rule, result_shape);
+            let mut operand = rule.result.clone();
+            for d in crate::ir::moved_dims(&node.op) {
+                set_kind(&mut rule, d, FactorKind::NeedReplication);
+                operand.dims[d] =
+                    vec![rule.add_factor(operand_shape(0)[d], FactorKind::NeedReplication)];
+            }
+            rule.operands = vec![operand];
         }
     }
     rule

@@ -1,7 +1,9 @@
 //! Running control flow ([`Flow`]): the regions of `while`, `scan` and `cond` run
 //! through the same evaluation loop as the program holding them, so a region of a
 //! per-device program calls the communicator like any other node (every device takes
-//! the same trip count and branch: see ARCHITECTURE.md, "Regions").
+//! the same trip count and branch: see ARCHITECTURE.md, "Regions"). A manual region
+//! only occurs in global programs (the partitioner emits its body in place): its
+//! reference meaning is `super::manual`'s.
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
@@ -81,6 +83,9 @@ pub(super) fn run_flow(
                 on_false
             };
             run(branch, &owned(&operands[1..]), memory_limit)?
+        }
+        Flow::Manual { body, spec } => {
+            super::manual::run_manual(body, spec, operands, memory_limit, run, fail)?
         }
     })
 }

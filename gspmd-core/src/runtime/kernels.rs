@@ -315,7 +315,7 @@ fn shape_of(lit: &Literal) -> Dims {
     with_literal!(lit, a => Dims::from_slice(a.shape()))
 }
 
-fn type_of(lit: &Literal) -> TensorType {
+pub(crate) fn type_of(lit: &Literal) -> TensorType {
     TensorType::new(lit.shape(), lit.dtype())
 }
 

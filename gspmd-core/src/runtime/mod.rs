@@ -20,6 +20,7 @@ mod interpreter;
 #[doc(hidden)]
 pub mod kernels;
 mod liveness;
+mod manual;
 mod memory;
 #[cfg(feature = "mpi")]
 mod mpi_mesh;

@@ -10,12 +10,17 @@
 //! same number of iterations and takes the same branch: the condition and predicate
 //! are replicated scalars, computed from replicated values or by collectives whose
 //! result is the same on every device.
+//!
+//! A manual region (`shard_map`) has as boundary its specs' manual axes followed, per
+//! dim, by the automatic axes its body's parameters and outputs got from propagation;
+//! its body is partitioned over those like any region, then emitted in place
+//! ([`crate::partition::manual`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ir::{Flow, Node, Op, Program};
+use crate::ir::{Flow, ManualSpec, Node, Op, Program};
 use crate::partition::emit::Emitter;
 use crate::partition::reshard::reshard;
 use crate::partition::value::PValue;
@@ -32,7 +37,7 @@ pub(super) fn flow(
 ) -> Result<PValue> {
     // The regions with one boundary; their parameters and outputs say how the
     // operands and results are sharded.
-    let pinned = with_boundary(flow);
+    let pinned = with_boundary(flow, em.mesh);
     let boundary = boundary(&pinned);
     let mut locals = Vec::with_capacity(operands.len());
     for (x, s) in operands.iter().zip(&boundary) {
@@ -53,13 +58,16 @@ pub(super) fn flow(
             local
         }
     };
-    let id = em.emit(
-        Op::Flow {
-            flow: local_flow,
-            result,
-        },
-        &locals,
-    )?;
+    let id = match &*local_flow {
+        Flow::Manual { body, .. } => crate::partition::manual::inline(em, body, &locals)?[result],
+        _ => em.emit(
+            Op::Flow {
+                flow: local_flow,
+                result,
+            },
+            &locals,
+        )?,
+    };
     Ok(PValue {
         id,
         global: node.ty.clone(),
@@ -71,10 +79,11 @@ pub(super) fn flow(
 /// (a `while`'s condition, a `cond`'s `on_false`) sharded like the first's, and
 /// outputs resharded where the boundary needs it: a body's carried outputs to their
 /// parameters' shardings (so the back edge needs nothing), a condition to a replicated
-/// scalar, `on_false`'s outputs to `on_true`'s. Propagation leaves regions so already;
+/// scalar, `on_false`'s outputs to `on_true`'s, a manual body's parameters and outputs
+/// to even splits of their blocks. Propagation leaves regions so already;
 /// a program sharded otherwise (by hand, or at random in tests) gets the
 /// `sharding_constraint`s here.
-fn with_boundary(flow: &Flow) -> Flow {
+fn with_boundary(flow: &Flow, mesh: &crate::sharding::Mesh) -> Flow {
     let pin = |region: &Program, params: Option<&Program>, outputs: &[Sharding]| {
         let mut r = region.clone();
         if let Some(first) = params {
@@ -110,6 +119,20 @@ fn with_boundary(flow: &Flow) -> Flow {
             Flow::Cond {
                 on_true: on_true.clone(),
                 on_false: pin(on_false, Some(on_true), &outputs),
+            }
+        }
+        // Parameters and outputs split evenly over automatic axes (the boundary follows
+        // from them: `boundary`, `result_sharding`); propagation leaves them so.
+        Flow::Manual { body, spec } => {
+            let even = |v| spec.inside(&sharding_of(body, v), &body.ty(v).shape, mesh);
+            let mut r = body.clone();
+            for &p in &body.params {
+                r.node_mut(p).sharding = Some(even(p));
+            }
+            let outputs: Vec<Sharding> = body.outputs.iter().map(|&o| even(o)).collect();
+            Flow::Manual {
+                body: pin(&r, None, &outputs),
+                spec: spec.clone(),
             }
         }
     }
@@ -150,6 +173,9 @@ fn boundary(flow: &Flow) -> Vec<Sharding> {
         Flow::Cond { on_true, .. } => std::iter::once(Sharding::replicated(0))
             .chain(on_true.params.iter().map(|&p| sharding_of(on_true, p)))
             .collect(),
+        Flow::Manual { body, spec } => (spec.in_specs.iter().zip(&body.params))
+            .map(|(s, &p)| ManualSpec::around(s, &sharding_of(body, p)))
+            .collect(),
     }
 }
 
@@ -162,5 +188,9 @@ fn result_sharding(flow: &Flow, result: usize) -> Sharding {
             if result < *carried { s } else { stacked(s) }
         }
         Flow::Cond { on_true, .. } => sharding_of(on_true, on_true.outputs[result]),
+        Flow::Manual { body, spec } => ManualSpec::around(
+            &spec.out_specs[result],
+            &sharding_of(body, body.outputs[result]),
+        ),
     }
 }

@@ -79,9 +79,8 @@ pub(crate) fn partition_node(
         | Op::ReduceScatter { .. }
         | Op::AllToAll { .. }
         | Op::CollectivePermute { .. }
-        | Op::CollectiveShift { .. } => {
-            Err(em.error("already a per-device op: partition a global program"))
-        }
+        // Only in a manual region's body (`shard_map`), partitioned over automatic axes.
+        | Op::CollectiveShift { .. } => super::manual::collective(em, node, operands, target),
     }
 }
 
