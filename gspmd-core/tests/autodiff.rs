@@ -1597,3 +1597,34 @@ fn covers_every_op_kind() {
         not,
     );
 }
+
+/// A scan whose body returns one value as its carry and as its output (JAX's
+/// `return h, h`): the two cotangents of that value add up in the backward body.
+/// Forward and reversed; the final carry and the stacked outputs both reach the loss.
+#[test]
+fn scan_returning_its_carry_as_its_output_matches_finite_differences() {
+    for reverse in [false, true] {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(74);
+        let b = Builder::new("rnn");
+        let h0 = param(&b, "h0", &[2, 3]);
+        let xs = param(&b, "xs", &[4, 2, 3]);
+        let w = param(&b, "w", &[3, 3]);
+        let body = |c: &[Tensor], x: &[Tensor]| {
+            let h = c[0].matmul(&w).add(&x[0]).tanh();
+            (vec![h.clone()], vec![h])
+        };
+        let (carry, hs) = if reverse {
+            b.scan_reverse(std::slice::from_ref(&xs), std::slice::from_ref(&h0), body)
+        } else {
+            b.scan(std::slice::from_ref(&xs), std::slice::from_ref(&h0), body)
+        };
+        let loss = weighted_sum(&carry[0], &mut rng).add(&weighted_sum(&hs[0], &mut rng));
+        let program = b.finish(&[&loss]).unwrap();
+        let inputs = [
+            array(&mut rng, &[2, 3], |r| r.random_range(-1.0..1.0)),
+            array(&mut rng, &[4, 2, 3], |r| r.random_range(-1.0..1.0)),
+            array(&mut rng, &[3, 3], |r| r.random_range(-0.8..0.8)),
+        ];
+        check_gradients(&program, &inputs, &[0, 1, 2]);
+    }
+}
