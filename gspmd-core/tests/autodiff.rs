@@ -1628,3 +1628,34 @@ fn scan_returning_its_carry_as_its_output_matches_finite_differences() {
         check_gradients(&program, &inputs, &[0, 1, 2]);
     }
 }
+
+/// A `cond` whose branches return one value twice, or two values of one name: each
+/// result gets its own cotangent parameter in the backward branches (distinct names),
+/// and the gradient matches finite differences for either branch.
+#[test]
+fn cond_returning_a_value_twice_matches_finite_differences() {
+    for sign in [1.0f32, -1.0] {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(75);
+        let b = Builder::new("cond_twice");
+        let x = param(&b, "x", &[3]);
+        let w = param(&b, "w", &[3]);
+        let s = param(&b, "s", &[]);
+        let pred = s.gt(&b.scalar(0.0));
+        let r = b.cond(
+            &pred,
+            |_| {
+                let h = x.mul(&w).tanh();
+                vec![h.clone(), h]
+            },
+            |_| vec![w.exp().named("h"), x.mul(&x).named("h")],
+        );
+        let loss = weighted_sum(&r[0], &mut rng).add(&weighted_sum(&r[1], &mut rng));
+        let program = b.finish(&[&loss]).unwrap();
+        let inputs = [
+            array(&mut rng, &[3], |r| r.random_range(-1.0..1.0)),
+            array(&mut rng, &[3], |r| r.random_range(-1.0..1.0)),
+            f32s(&[], &[sign]),
+        ];
+        check_gradients(&program, &inputs, &[0, 1]);
+    }
+}
