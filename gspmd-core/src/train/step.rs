@@ -135,7 +135,7 @@ impl TrainStep {
 /// Errors: [`Error::Optimizer`] for bad hyper-parameters, [`Error::TrainRequest`] for
 /// an empty or repeated `trained` list, a pattern that matches nothing or a model
 /// parameter named like an input the step adds (a state slot `m(w)`, a scalar
-/// `learning_rate`), and `grad`'s errors ([`Error::GradRequest`]: an
+/// `learning_rate`, with accumulation the loop's `loss_sum`), and `grad`'s errors ([`Error::GradRequest`]: an
 /// index out of range, a loss that is not an f32 scalar, a non-f32 trained parameter).
 pub fn step_program(
     model: &Program,
@@ -368,7 +368,11 @@ fn rng_input(model: &Program) -> Result<Option<usize>> {
 /// An [`Error::TrainRequest`] if `model` has a parameter named `name`, the name of an
 /// input the step adds (`added` says which): the user's parameter and where it was
 /// declared are named, not only the step's input.
-fn name_is_free(model: &Program, name: &str, added: impl FnOnce() -> String) -> Result<()> {
+pub(super) fn name_is_free(
+    model: &Program,
+    name: &str,
+    added: impl FnOnce() -> String,
+) -> Result<()> {
     let mut params = model.params.iter().map(|&p| model.node(p));
     match params.find(|node| node.name.as_deref() == Some(name)) {
         Some(node) => Err(Error::TrainRequest {
