@@ -1417,12 +1417,18 @@ fn fori_loop_matches_finite_differences() {
     check_gradients(&program, &inputs, &[0, 1]);
 }
 
-/// `cond`: the gradient follows the branch taken (each one, by the sign of a
-/// parameter), and reaches values captured by either branch.
-#[test]
-fn cond_matches_finite_differences() {
+/// Checks the gradients of a `cond` on the sign of a parameter `s`, each branch taken in
+/// turn, over `x`, `w` (f32[3]) and `s` (numbered `wrt`): `branch(builder, x, w,
+/// taken)` builds a branch's results (in the branch's builder or outside),
+/// `loss(results, s, rng)` the loss.
+fn check_cond(
+    seed: u64,
+    branch: impl Fn(&Builder, &Tensor, &Tensor, bool) -> Vec<Tensor>,
+    loss: impl Fn(&[Tensor], &Tensor, &mut Xoshiro256PlusPlus) -> Tensor,
+    wrt: &[usize],
+) {
     for sign in [1.0f32, -1.0] {
-        let mut rng = Xoshiro256PlusPlus::seed_from_u64(73);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         let b = Builder::new("cond");
         let x = param(&b, "x", &[3]);
         let w = param(&b, "w", &[3]);
@@ -1430,18 +1436,33 @@ fn cond_matches_finite_differences() {
         let pred = s.gt(&b.scalar(0.0));
         let r = b.cond(
             &pred,
-            |_| vec![x.mul(&w).tanh(), x.sum(&[0])],
-            |_| vec![w.exp(), x.mul(&x).sum(&[0])],
+            |bb| branch(bb, &x, &w, true),
+            |bb| branch(bb, &x, &w, false),
         );
-        let loss = weighted_sum(&r[0], &mut rng).add(&r[1].mul(&s));
+        let loss = loss(&r, &s, &mut rng);
         let program = b.finish(&[&loss]).unwrap();
         let inputs = [
             array(&mut rng, &[3], |r| r.random_range(-1.0..1.0)),
             array(&mut rng, &[3], |r| r.random_range(-1.0..1.0)),
             f32s(&[], &[0.5 * sign]),
         ];
-        check_gradients(&program, &inputs, &[0, 1, 2]);
+        check_gradients(&program, &inputs, wrt);
     }
+}
+
+/// `cond`: the gradient follows the branch taken (each one, by the sign of a
+/// parameter), and reaches values captured by either branch.
+#[test]
+fn cond_matches_finite_differences() {
+    check_cond(
+        73,
+        |_, x, w, taken| match taken {
+            true => vec![x.mul(w).tanh(), x.sum(&[0])],
+            false => vec![w.exp(), x.mul(x).sum(&[0])],
+        },
+        |r, s, rng| weighted_sum(&r[0], rng).add(&r[1].mul(s)),
+        &[0, 1, 2],
+    );
 }
 
 /// Control flow nested in control flow: a scan whose body runs an inner scan over a
@@ -1595,5 +1616,59 @@ fn covers_every_op_kind() {
         kinds.get("not_differentiable"),
         not,
         not,
+    );
+}
+
+/// A scan whose body returns one value as its carry and as its output (JAX's
+/// `return h, h`): the two cotangents of that value add up in the backward body.
+/// Forward and reversed; the final carry and the stacked outputs both reach the loss.
+#[test]
+fn scan_returning_its_carry_as_its_output_matches_finite_differences() {
+    for reverse in [false, true] {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(74);
+        let b = Builder::new("rnn");
+        let h0 = param(&b, "h0", &[2, 3]);
+        let xs = param(&b, "xs", &[4, 2, 3]);
+        let w = param(&b, "w", &[3, 3]);
+        let body = |c: &[Tensor], x: &[Tensor]| {
+            let h = c[0].matmul(&w).add(&x[0]).tanh();
+            (vec![h.clone()], vec![h])
+        };
+        let (carry, hs) = if reverse {
+            b.scan_reverse(std::slice::from_ref(&xs), std::slice::from_ref(&h0), body)
+        } else {
+            b.scan(std::slice::from_ref(&xs), std::slice::from_ref(&h0), body)
+        };
+        let loss = weighted_sum(&carry[0], &mut rng).add(&weighted_sum(&hs[0], &mut rng));
+        let program = b.finish(&[&loss]).unwrap();
+        let inputs = [
+            array(&mut rng, &[2, 3], |r| r.random_range(-1.0..1.0)),
+            array(&mut rng, &[4, 2, 3], |r| r.random_range(-1.0..1.0)),
+            array(&mut rng, &[3, 3], |r| r.random_range(-0.8..0.8)),
+        ];
+        check_gradients(&program, &inputs, &[0, 1, 2]);
+    }
+}
+
+/// A `cond` whose branches return one value twice, or two values of one name: each
+/// result gets its own cotangent parameter in the backward branches (distinct names),
+/// and the gradient matches finite differences for either branch.
+#[test]
+fn cond_returning_a_value_twice_matches_finite_differences() {
+    check_cond(
+        75,
+        |bb, x, w, taken| {
+            // Computed in the branch: `one * x` captures `x`.
+            let (x, w) = (bb.scalar(1.0).mul(x), bb.scalar(1.0).mul(w));
+            match taken {
+                true => {
+                    let h = x.mul(&w).tanh();
+                    vec![h.clone(), h]
+                }
+                false => vec![w.exp().named("h"), x.mul(&x).named("h")],
+            }
+        },
+        |r, _, rng| weighted_sum(&r[0], rng).add(&weighted_sum(&r[1], rng)),
+        &[0, 1],
     );
 }

@@ -1554,3 +1554,31 @@ fn the_trainer_feeds_the_step_a_new_random_key_each_step() {
     let e = step_program_with(&model, 0, &["w"], &Optimizer::sgd(0.1, 0.0), &accumulate);
     assert!(matches!(e, Err(Error::TrainRequest { .. })), "{e:?}");
 }
+
+/// A model input named like an input the training step adds (an optimizer state slot,
+/// a scalar, the accumulation loop's loss sum) is a [`Error::TrainRequest`] naming the model's parameter, where it was
+/// declared and what the step adds under that name.
+#[test]
+fn a_model_input_named_like_a_step_input_is_a_request_error() {
+    for (name, added, accumulate) in [
+        ("learning_rate", "an optimizer scalar", false),
+        ("m(w)", "the optimizer's state `m` of `w`", false),
+        ("loss_sum", "the microbatch loop's loss sum", true),
+    ] {
+        let b = Builder::new("clash");
+        let w = b.parameter("w", [2], DType::F32);
+        let (x, line) = (b.parameter(name, [2], DType::F32), line!());
+        let loss = w.mse(&x);
+        let model = b.finish(&[&loss]).unwrap();
+        let options = StepOptions {
+            accumulate: accumulate.then_some(2),
+            ..StepOptions::default()
+        };
+        let err = step_program_with(&model, 0, &[0], &adamw(0.1, 0.1), &options).unwrap_err();
+        let shown = err.to_string();
+        assert!(matches!(err, Error::TrainRequest { .. }), "{shown}");
+        let declared = format!("`{name}` (declared at {}:{line})", file!());
+        assert!(shown.contains(&declared), "{shown}");
+        assert!(shown.contains(added), "{shown}");
+    }
+}

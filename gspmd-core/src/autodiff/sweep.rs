@@ -2,6 +2,7 @@
 //! asking the [registry](super::registry) for each operand's cotangent and summing the
 //! cotangents of values used several times. It knows no op.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::flow::{FlowCall, flow_cotangents};
@@ -99,8 +100,10 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
 /// The vector-Jacobian product of `region` as a program (the rules of control flow
 /// build their backward regions from it): its parameters are `region`'s, then one
 /// cotangent per entry of `seeds` (an output index; shaped like that output, named
-/// `ct(<output name>)`); its outputs are the gradients with respect to the parameters
-/// numbered `wrt` (each f32), as [`grad`] makes them. The forward nodes the gradients
+/// `ct(<output name>)`, or `ct(<output name>, output <index>)` when that name is taken:
+/// a value seeded as two outputs, two values of one name); its outputs are the
+/// gradients with respect to the parameters numbered `wrt` (each f32), as [`grad`]
+/// makes them. The forward nodes the gradients
 /// do not need are dropped. A region holding an op that is not [`is_differentiable`]
 /// is [`Error::NotDifferentiable`].
 pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Program> {
@@ -110,11 +113,21 @@ pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Pr
     let mut out = region.clone();
     out.name = format!("vjp_{}", region.name);
     let mut e = Appender::new(&mut out, "gradient");
+    // One value can be several outputs (a scan body's `return h, h`), two values can
+    // share a name: each seed gets its own parameter (the sweep adds up the seeds of
+    // one value), named after its output number when its value's name is taken.
+    let mut taken: HashSet<String> = (region.params.iter())
+        .map(|&p| param_name(region, p))
+        .collect();
     let seeds = (seeds.iter())
         .map(|&s| {
             let o = region.outputs[s];
             e.location = region.node(o).location;
-            let name = format!("ct({})", param_name(region, o));
+            let mut name = format!("ct({})", param_name(region, o));
+            if taken.contains(&name) {
+                name = format!("ct({}, output {s})", param_name(region, o));
+            }
+            taken.insert(name.clone());
             (o, e.parameter(name, region.ty(o).clone(), None).1)
         })
         .collect::<Vec<_>>();

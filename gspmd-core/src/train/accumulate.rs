@@ -6,14 +6,19 @@
 
 use std::sync::Arc;
 
+use super::step::name_is_free;
 use crate::error::Result;
 use crate::ir::{Appender, BinaryOp, DType, Flow, Literal, Op, Program, TensorType, ValueId};
 use crate::sharding::{DimSharding, Sharding};
 
+/// The name of the loop body's carried loss sum.
+const LOSS_SUM: &str = "loss_sum";
+
 /// The loss of `model` (its output `loss`, an f32 scalar) averaged over `k` microbatches:
 /// a program with `model`'s parameters at the same indices, the trained ones unchanged
 /// and every other one (data) stacked `[k, ...]` (an annotation gains an unsplit leading
-/// dim), and one output, the mean of the `k` losses.
+/// dim), and one output, the mean of the `k` losses. A model parameter named
+/// `loss_sum` (the body's carry) is an [`Error::TrainRequest`](crate::Error::TrainRequest).
 pub(super) fn accumulated_loss(
     model: &Program,
     loss: usize,
@@ -33,7 +38,8 @@ pub(super) fn accumulated_loss(
     let mut a = Appender::new(&mut body, "gradient accumulation");
     a.location = location;
     let scalar = TensorType::new(vec![], DType::F32);
-    let (sum_index, sum) = a.parameter("loss_sum".into(), scalar, None);
+    name_is_free(model, LOSS_SUM, || "the microbatch loop's loss sum".into())?;
+    let (sum_index, sum) = a.parameter(LOSS_SUM.into(), scalar, None);
     let next = a.add(sum, loss_value)?;
     body.outputs = vec![next];
     let order: Vec<usize> = std::iter::once(sum_index)

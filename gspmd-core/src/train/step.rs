@@ -133,7 +133,9 @@ impl TrainStep {
 /// them (see [`step_program_with`]); nodes that only the others use are dropped.
 ///
 /// Errors: [`Error::Optimizer`] for bad hyper-parameters, [`Error::TrainRequest`] for
-/// an empty or repeated `trained` list or a pattern that matches nothing, and `grad`'s errors ([`Error::GradRequest`]: an
+/// an empty or repeated `trained` list, a pattern that matches nothing or a model
+/// parameter named like an input the step adds (a state slot `m(w)`, a scalar
+/// `learning_rate`, with accumulation the loop's `loss_sum`), and `grad`'s errors ([`Error::GradRequest`]: an
 /// index out of range, a loss that is not an f32 scalar, a non-f32 trained parameter).
 pub fn step_program(
     model: &Program,
@@ -254,6 +256,8 @@ pub fn step_program_with(
                     (TensorType::new(shape, ty.dtype), annotation)
                 }
             };
+            let added = || format!("the optimizer's state `{}` of `{name}`", slot.name);
+            name_is_free(model, &slot_name, added)?;
             let (index, v) = a.parameter(slot_name.clone(), ty, annotation);
             state.push(StateSlot {
                 name: slot_name,
@@ -273,7 +277,12 @@ pub fn step_program_with(
     }
     let (scalars, scalar_values): (Vec<usize>, Vec<ValueId>) = (optimizer.scalar_inputs())
         .into_iter()
-        .map(|s| a.parameter(s, TensorType::new([], DType::F32), None))
+        .map(|s| {
+            name_is_free(model, &s, || "an optimizer scalar".into())?;
+            Ok(a.parameter(s, TensorType::new([], DType::F32), None))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
         .unzip();
     // The transforms see every parameter at once (a global norm needs them all); nodes
     // not of one parameter are located at the loss.
@@ -354,6 +363,29 @@ fn rng_input(model: &Program) -> Result<Option<usize>> {
         });
     }
     Ok(Some(index))
+}
+
+/// An [`Error::TrainRequest`] if `model` has a parameter named `name`, the name of an
+/// input the step adds (`added` says which): the user's parameter and where it was
+/// declared are named, not only the step's input.
+pub(super) fn name_is_free(
+    model: &Program,
+    name: &str,
+    added: impl FnOnce() -> String,
+) -> Result<()> {
+    let mut params = model.params.iter().map(|&p| model.node(p));
+    match params.find(|node| node.name.as_deref() == Some(name)) {
+        Some(node) => Err(Error::TrainRequest {
+            program: model.name.clone(),
+            message: format!(
+                "the model's parameter `{name}` (declared at {}) has the name of {}, an \
+                 input the step adds: rename the parameter",
+                node.location,
+                added()
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `sharding` without dim `dim` (the sharding of a factored accumulator).
