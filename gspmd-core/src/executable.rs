@@ -15,8 +15,10 @@ use crate::sharding::Mesh;
 use crate::simplify::{Stage, simplify_verified};
 
 mod gathers;
+mod times;
 
 pub use gathers::{CompileOptions, GatherChoice, GatherPlan, GatherReuse};
+pub use times::CompileTimes;
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
 /// and the one per-device program that runs it.
@@ -33,6 +35,8 @@ pub struct Executable {
     gathers: GatherPlan,
     /// `spmd` with its plan, made at the first run.
     loaded: OnceLock<Arc<Loaded>>,
+    /// How long each phase of the compilation took.
+    times: CompileTimes,
 }
 
 thread_local! {
@@ -79,13 +83,18 @@ pub fn compile_with(
     options: &CompileOptions,
 ) -> Result<Executable> {
     COMPILATIONS.with(|c| c.set(c.get() + 1));
-    verify(program)?;
+    let mut times = CompileTimes::default();
+    times.time("verify", || verify(program))?;
     check_donated(program, &options.donated)?;
-    let program = simplify_verified(program, Stage::BeforePropagation);
-    let propagated = propagate(&program, mesh)?;
-    let mut spmd = partition(&propagated, mesh)?;
-    let simplified = simplify_verified(&spmd.program, Stage::Sharded);
-    let (chosen, gathers, planned) = gathers::choose(&simplified, mesh, options)?;
+    let program = times.time("simplify", || {
+        simplify_verified(program, Stage::BeforePropagation)
+    });
+    let propagated = times.time("propagate", || propagate(&program, mesh))?;
+    let mut spmd = times.time("partition", || partition(&propagated, mesh))?;
+    let simplified = times.time("simplify sharded", || {
+        simplify_verified(&spmd.program, Stage::Sharded)
+    });
+    let (chosen, gathers, planned) = gathers::choose(&simplified, mesh, options, &mut times)?;
     spmd.program = chosen;
     let loaded = match planned {
         Some(p) => OnceLock::from(Arc::new(Loaded::with_plan(spmd.clone(), p.plan))),
@@ -96,6 +105,7 @@ pub fn compile_with(
         spmd,
         gathers,
         loaded,
+        times,
     })
 }
 
@@ -121,6 +131,7 @@ pub fn compile_for<B: Backend + ?Sized>(
             ..GatherPlan::default()
         },
         loaded: OnceLock::new(),
+        times: CompileTimes::default(),
     })
 }
 
@@ -149,6 +160,12 @@ impl Executable {
     /// which are gathered again (see [`compile_with`]).
     pub fn gathers(&self) -> &GatherPlan {
         &self.gathers
+    }
+
+    /// How long each phase of the compilation took (empty for a program taken whole
+    /// by [`compile_for`]).
+    pub fn compile_times(&self) -> &CompileTimes {
+        &self.times
     }
 
     /// The per-device program. An executable does not change once compiled, so what

@@ -14,6 +14,8 @@ use crate::runtime::PlannedProgram;
 use crate::sharding::Mesh;
 use crate::types::Location;
 
+use super::CompileTimes;
+
 /// Whether a weight all-gathered for the forward pass is kept for the backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GatherReuse {
@@ -149,31 +151,34 @@ impl fmt::Display for GatherPlan {
 
 /// The per-device program `base` (simplified, not yet combined) with the gathers
 /// `options` chooses regathered and its collectives combined (the second gathers
-/// apart), the choice, and the plan of the program if the choice made one.
+/// apart), the choice, and the plan of the program if the choice made one. Each pass's
+/// time is added to `times`.
 pub(super) fn choose(
     base: &Program,
     mesh: &Mesh,
     options: &CompileOptions,
+    times: &mut CompileTimes,
 ) -> Result<(Program, GatherPlan, Option<PlannedProgram>)> {
-    let candidates = candidates(base);
+    let candidates = times.time("regather candidates", || candidates(base));
     let analysed = |(kept, trial): (usize, Trial)| {
         let peaks = (kept, trial.memory.peak_bytes, trial.planned);
         (trial.set, trial.built, Some(peaks))
     };
     let (set, built, peaks) = match (options.gathers, options.memory_limit) {
         (GatherReuse::Keep, _) | (GatherReuse::Auto, None) => {
-            (Vec::new(), build(base, &candidates, &[])?, None)
+            (Vec::new(), build(base, &candidates, &[], times)?, None)
         }
         (GatherReuse::Regather, _) => {
             let donated = &options.donated;
-            let kept = Trial::of(base, &candidates, Vec::new(), donated)?
+            let kept = Trial::of(base, &candidates, Vec::new(), donated, times)?
                 .memory
                 .peak_bytes;
-            let all = Trial::of(base, &candidates, (0..candidates.len()).collect(), donated)?;
+            let all = (0..candidates.len()).collect();
+            let all = Trial::of(base, &candidates, all, donated, times)?;
             analysed((kept, all))
         }
         (GatherReuse::Auto, Some(limit)) => {
-            analysed(greedy(base, &candidates, limit, &options.donated)?)
+            analysed(greedy(base, &candidates, limit, &options.donated, times)?)
         }
     };
     let (peak_all_kept, peak, planned) = match peaks {
@@ -213,10 +218,15 @@ pub(super) fn choose(
 type Built = (Program, Vec<ValueId>, Vec<ValueId>);
 
 /// `base` with `set` (indices into `candidates`, ascending) regathered and combined.
-fn build(base: &Program, candidates: &[Candidate], set: &[usize]) -> Result<Built> {
+fn build(
+    base: &Program,
+    candidates: &[Candidate],
+    set: &[usize],
+    times: &mut CompileTimes,
+) -> Result<Built> {
     let chosen: Vec<&Candidate> = set.iter().map(|&c| &candidates[c]).collect();
-    let (program, copies, ids) = regather(base, &chosen);
-    let (program, combined) = combine_collectives(&program, &copies)?;
+    let (program, copies, ids) = times.time("regather", || regather(base, &chosen));
+    let (program, combined) = times.time("combine", || combine_collectives(&program, &copies))?;
     let copies = copies.iter().map(|c| combined[c.index()]).collect();
     let ids = ids.iter().map(|v| combined[v.index()]).collect();
     Ok((program, copies, ids))
@@ -243,9 +253,10 @@ impl Trial {
         candidates: &[Candidate],
         set: Vec<usize>,
         donated: &[usize],
+        times: &mut CompileTimes,
     ) -> Result<Trial> {
-        let built = build(base, candidates, &set)?;
-        let (memory, planned) = memory_of(&built.0, donated);
+        let built = build(base, candidates, &set, times)?;
+        let (memory, planned) = times.time("memory analysis", || memory_of(&built.0, donated));
         Ok(Trial {
             set,
             built,
@@ -285,8 +296,9 @@ fn greedy(
     candidates: &[Candidate],
     limit: usize,
     donated: &[usize],
+    times: &mut CompileTimes,
 ) -> Result<(usize, Trial)> {
-    let mut current = Trial::of(base, candidates, Vec::new(), donated)?;
+    let mut current = Trial::of(base, candidates, Vec::new(), donated, times)?;
     let kept_peak = current.memory.peak_bytes;
     let mut best = (Vec::new(), kept_peak);
     while current.memory.peak_bytes > limit {
@@ -297,13 +309,13 @@ fn greedy(
         let mut set = current.set.clone();
         set.push(c);
         set.sort_unstable();
-        current = Trial::of(base, candidates, set, donated)?;
+        current = Trial::of(base, candidates, set, donated, times)?;
         if current.memory.peak_bytes < best.1 {
             best = (current.set.clone(), current.memory.peak_bytes);
         }
     }
     if current.set != best.0 {
-        current = Trial::of(base, candidates, best.0, donated)?;
+        current = Trial::of(base, candidates, best.0, donated, times)?;
     }
     Ok((kept_peak, current))
 }

@@ -76,7 +76,6 @@ pub(crate) fn combine_collectives(
     program: &Program,
     apart: &[ValueId],
 ) -> Result<(Program, Vec<ValueId>)> {
-    let users = program.users();
     let mut groups: Vec<Combined> = Vec::new();
     // `member_of[v]`: the group all-reduce `v` joined.
     let mut member_of: Vec<Option<usize>> = vec![None; program.nodes.len()];
@@ -89,13 +88,18 @@ pub(crate) fn combine_collectives(
         if bytes == 0 || bytes > COMBINE_THRESHOLD_BYTES {
             continue;
         }
-        let joins = (0..groups.len()).rev().find(|&g| {
-            let other = &groups[g];
-            other.key == key
-                && other.bytes + bytes <= COMBINE_THRESHOLD_BYTES
-                && !reaches(&users, &groups, &member_of, &other.members, v)
-                && !reaches(&users, &groups, &member_of, &[v], other.members[0])
-        });
+        let fits =
+            |other: &Combined| other.key == key && other.bytes + bytes <= COMBINE_THRESHOLD_BYTES;
+        // No path runs from `v` to a group: every member precedes `v`, and so does
+        // every node a path from `v` reaches. Only paths into `v` can forbid a group.
+        let joins = if groups.iter().any(fits) {
+            let reaching = groups_reaching(program, &groups, &member_of, v);
+            (0..groups.len())
+                .rev()
+                .find(|&g| fits(&groups[g]) && !reaching[g])
+        } else {
+            None
+        };
         let g = joins.unwrap_or_else(|| {
             groups.push(Combined {
                 key,
@@ -115,38 +119,41 @@ pub(crate) fn combine_collectives(
     emit(program, &combined)
 }
 
-/// True if a path runs from any of `from` to `to` in `program`'s graph with each group
-/// formed so far taken as one node (reaching a member reaches every member's users).
-fn reaches(
-    users: &[Vec<ValueId>],
+/// For each group formed so far, whether a path runs from it to `v` in `program`'s
+/// graph with each group taken as one node (reaching a member reaches every member's
+/// users). One walk back from `v` over operands, which on reaching a member marks its
+/// group and walks back from every member: linear in the nodes `v` depends on.
+fn groups_reaching(
+    program: &Program,
     groups: &[Combined],
     member_of: &[Option<usize>],
-    from: &[ValueId],
-    to: ValueId,
-) -> bool {
-    let mut seen = vec![false; users.len()];
+    v: ValueId,
+) -> Vec<bool> {
+    let mut reaching = vec![false; groups.len()];
+    let mut seen = vec![false; program.nodes.len()];
     let mut stack: Vec<ValueId> = Vec::new();
-    let mut visit = |v: ValueId, stack: &mut Vec<ValueId>| {
-        let alone = [v];
-        let members = member_of[v.index()].map_or(&alone[..], |g| &groups[g].members[..]);
+    let mut visit = |o: ValueId, stack: &mut Vec<ValueId>| {
+        let alone = [o];
+        let members = match member_of[o.index()] {
+            Some(g) => {
+                reaching[g] = true;
+                &groups[g].members[..]
+            }
+            None => &alone[..],
+        };
         for &m in members {
             if !std::mem::replace(&mut seen[m.index()], true) {
                 stack.push(m);
             }
         }
     };
-    for &v in from {
-        visit(v, &mut stack);
-    }
-    while let Some(v) = stack.pop() {
-        for &u in &users[v.index()] {
-            if u == to {
-                return true;
-            }
-            visit(u, &mut stack);
+    stack.push(v);
+    while let Some(x) = stack.pop() {
+        for &o in &program.node(x).operands {
+            visit(o, &mut stack);
         }
     }
-    false
+    reaching
 }
 
 /// `program` re-emitted with each of `combined` as one all-reduce, in a topological

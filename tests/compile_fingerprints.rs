@@ -1,0 +1,158 @@
+//! The per-device programs the compiler makes for the repository's models, pinned by
+//! fingerprints recorded from the compiler before its post-partition passes (gather
+//! reuse, combining) were made near-linear: a faster pass must make the same decisions.
+//! Covers the language model's training step (gathers kept, regathered, and chosen
+//! under a memory limit), the U-Net's and the mixture of experts' gradients, and the
+//! pipelined stack's gradient.
+//!
+//! A change that alters partitioning on purpose changes these fingerprints: the failure
+//! message prints every new one, to be recorded after checking the new programs.
+
+use gspmd::autodiff::grad;
+use gspmd::ir::Program;
+use gspmd::models::moe::moe_language_model;
+use gspmd::models::pipeline::{Pipeline, mlp_loss};
+use gspmd::models::transformer::language_model;
+use gspmd::models::unet::denoise;
+use gspmd::prelude::*;
+use gspmd::train::{Optimizer, step_program};
+use gspmd::{CompileOptions, Executable, GatherReuse, compile_with};
+
+/// FNV-1a (64 bits) of the per-device program's text, its global inputs and outputs,
+/// and the gather plan: stable across toolchains, unlike `DefaultHasher`.
+fn fingerprint(exe: &Executable) -> u64 {
+    let spmd = exe.spmd();
+    let text = format!(
+        "{}\n{:?}\n{:?}\n{}",
+        spmd.program,
+        spmd.inputs,
+        spmd.outputs,
+        exe.gathers()
+    );
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn lm_step() -> Program {
+    let dims = language_model::Dims {
+        B: 16,
+        S: 16,
+        V: 16,
+        D: 64,
+        L: 2,
+        H: 4,
+        K: 16,
+        F: 256,
+    };
+    let model = language_model::trace(dims, DType::F32, 0.0).unwrap();
+    let trained = ["embed", "position", "layers.*", "unembed"];
+    (step_program(&model, 0, &trained, &Optimizer::adamw(3e-3)).unwrap()).program
+}
+
+fn unet_grad() -> Program {
+    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 }).unwrap();
+    let trained: Vec<usize> = (2..forward.params.len()).collect();
+    grad(&forward, 0, &trained).unwrap()
+}
+
+fn moe_grad() -> Program {
+    let dims = moe_language_model::Dims {
+        G: 8,
+        S: 6,
+        V: 8,
+        M: 8,
+        N: 2,
+        K: 4,
+        E: 4,
+        H: 8,
+    };
+    let forward = moe_language_model::trace(dims, 2).unwrap();
+    let trained: Vec<usize> = (3..forward.params.len()).collect();
+    grad(&forward, 0, &trained).unwrap()
+}
+
+fn pipeline_grad() -> Program {
+    let p = Pipeline::circular(4, 2, 6);
+    let dims = mlp_loss::Dims {
+        M: p.microbatches,
+        B: 4,
+        D: 8,
+        S: p.stages,
+        R: p.repeats,
+        F: 16,
+    };
+    grad(&mlp_loss::trace(dims, p, true).unwrap(), 0, &[2, 3]).unwrap()
+}
+
+fn options(gathers: GatherReuse, memory_limit: Option<usize>) -> CompileOptions {
+    CompileOptions {
+        memory_limit,
+        gathers,
+        donated: Vec::new(),
+    }
+}
+
+#[test]
+fn models_compile_to_the_recorded_programs() {
+    let lm = lm_step();
+    let lm_mesh = language_model::mesh([2, 4]).unwrap();
+    let keep = options(GatherReuse::Keep, None);
+    let regather = options(GatherReuse::Regather, None);
+    let peak = (compile_with(&lm, &lm_mesh, &regather).unwrap())
+        .gathers()
+        .peak_all_kept
+        .unwrap();
+    let cases: Vec<(&str, Program, Mesh, CompileOptions, u64)> = vec![
+        (
+            "lm step, keep",
+            lm.clone(),
+            lm_mesh.clone(),
+            keep.clone(),
+            0xf4547a068105a24e,
+        ),
+        (
+            "lm step, regather",
+            lm.clone(),
+            lm_mesh.clone(),
+            regather,
+            0xa7c10c0cb6843b86,
+        ),
+        (
+            "lm step, auto under 3/4 of the kept peak",
+            lm,
+            lm_mesh,
+            options(GatherReuse::Auto, Some(peak * 3 / 4)),
+            0x80d3f122fb9107ac,
+        ),
+        (
+            "u-net gradient",
+            unet_grad(),
+            denoise::mesh([2, 4]).unwrap(),
+            keep.clone(),
+            0x9ab709b7dd204777,
+        ),
+        (
+            "moe gradient",
+            moe_grad(),
+            moe_language_model::mesh([2, 4]).unwrap(),
+            keep.clone(),
+            0xa8d5796e8e9f5f6f,
+        ),
+        (
+            "pipeline gradient",
+            pipeline_grad(),
+            mlp_loss::mesh([4, 2]).unwrap(),
+            keep,
+            0xc815c9b9e3376b9c,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (what, program, mesh, options, want) in cases {
+        let got = fingerprint(&compile_with(&program, &mesh, &options).unwrap());
+        if got != want {
+            wrong.push(format!("{what}: {got:#018x} (recorded {want:#018x})"));
+        }
+    }
+    assert!(wrong.is_empty(), "programs changed:\n{}", wrong.join("\n"));
+}
