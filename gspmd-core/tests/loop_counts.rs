@@ -49,6 +49,12 @@ fn inputs(program: &Program, int: i32) -> Vec<Literal> {
         .collect()
 }
 
+/// An f32 parameter of `b` annotated with `sharding`.
+fn sharded(b: &Builder, name: &str, shape: &[usize], sharding: &str) -> Tensor {
+    b.parameter(name, shape.to_vec(), DType::F32)
+        .annotate(s(sharding))
+}
+
 fn mesh_2x2() -> Mesh {
     Mesh::new([("data", 2), ("model", 2)]).unwrap()
 }
@@ -124,18 +130,10 @@ fn summaries_agree(exe: &Executable, stats: &CollectiveStats) {
 fn a_scan_body_counts_once_per_iteration() {
     let steps = 5;
     let p = build("rnn", |b| {
-        let xs = b
-            .parameter("xs", [steps, 8, 16], DType::F32)
-            .annotate(s("(_, data, _)"));
-        let h0 = b
-            .parameter("h0", [8, 16], DType::F32)
-            .annotate(s("(data, _)"));
-        let w = b
-            .parameter("w", [16, 16], DType::F32)
-            .annotate(s("(_, model)"));
-        let v = b
-            .parameter("v", [16, 4], DType::F32)
-            .annotate(s("(model, _)"));
+        let xs = sharded(b, "xs", &[steps, 8, 16], "(_, data, _)");
+        let h0 = sharded(b, "h0", &[8, 16], "(data, _)");
+        let w = sharded(b, "w", &[16, 16], "(_, model)");
+        let v = sharded(b, "v", &[16, 4], "(model, _)");
         let (h, _) = b.scan(&[xs], &[h0], |h, x| {
             (vec![h[0].matmul(&w).add(&x[0]).tanh()], vec![])
         });
@@ -181,12 +179,8 @@ fn a_scan_body_counts_once_per_iteration() {
 #[test]
 fn nested_loops_multiply_their_trip_counts() {
     let p = build("nested", |b| {
-        let x = b
-            .parameter("x", [8, 6], DType::F32)
-            .annotate(s("(data, _)"));
-        let w = b
-            .parameter("w", [6, 6], DType::F32)
-            .annotate(s("(_, model)"));
+        let x = sharded(b, "x", &[8, 6], "(data, _)");
+        let w = sharded(b, "w", &[6, 6], "(_, model)");
         b.fori_loop(2, &[x], |_, c| {
             b.fori_loop(3, c, |_, c| vec![c[0].matmul(&w).tanh()])
         })
@@ -223,12 +217,8 @@ fn nested_loops_multiply_their_trip_counts() {
 #[test]
 fn a_while_body_counts_once_marked_per_iteration() {
     let p = build("while", |b| {
-        let x = b
-            .parameter("x", [8, 12], DType::F32)
-            .annotate(s("(data, model)"));
-        let w = b
-            .parameter("w", [12, 12], DType::F32)
-            .annotate(s("(model, _)"));
+        let x = sharded(b, "x", &[8, 12], "(data, model)");
+        let w = sharded(b, "w", &[12, 12], "(model, _)");
         let n = b.parameter("n", [], DType::I32);
         let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
         b.while_loop(
@@ -279,15 +269,9 @@ fn a_while_body_counts_once_marked_per_iteration() {
 #[test]
 fn both_cond_branches_count() {
     let p = build("cond", |b| {
-        let x = b
-            .parameter("x", [8, 6], DType::F32)
-            .annotate(s("(data, _)"));
-        let w = b
-            .parameter("w", [6, 6], DType::F32)
-            .annotate(s("(_, model)"));
-        let v = b
-            .parameter("v", [6, 6], DType::F32)
-            .annotate(s("(model, _)"));
+        let x = sharded(b, "x", &[8, 6], "(data, _)");
+        let w = sharded(b, "w", &[6, 6], "(_, model)");
+        let v = sharded(b, "v", &[6, 6], "(model, _)");
         let k = b.parameter("k", [], DType::I32);
         let pred = k.gt(&b.constant(Literal::full(&[], DType::I32, 2.0)));
         b.cond(
