@@ -13,18 +13,18 @@
 //! - data movement (reshape, transpose, slice, gather, broadcast, ...) and conversions:
 //!   0;
 //! - collectives: 0 FLOPs; their counts and bytes are those the partitioner's report
-//!   gives ([`CollectiveStats`](crate::partition::CollectiveStats): [`bytes_received`],
+//!   gives ([`CollectiveStats`]: [`bytes_received`](crate::partition::bytes_received),
 //!   the bytes one device receives, ring algorithms; each counted as often as it runs,
-//!   [`Runs`]), leaving out those that move no data;
+//!   [`Runs`](crate::partition::Runs)), leaving out those that move no data;
 //! - control flow: a `scan` body counts `length` times, a `while` body and condition
 //!   once (the trip count is a run-time value), a `cond` its costlier branch in FLOPs
-//!   and both branches in collectives (as [`Runs`] counts them: an upper bound).
+//!   and both branches in collectives (as [`Runs`](crate::partition::Runs) counts them: an upper bound).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::ir::{DType, Flow, Node, Op, Program, distinct_flows, num_elements};
-use crate::partition::{Runs, bytes_received, visit_collectives};
+use crate::partition::CollectiveStats;
 use crate::sharding::Mesh;
 
 /// What one device can do: the figures a step time is estimated from.
@@ -76,7 +76,7 @@ impl DeviceModel {
 pub struct CostAnalysis {
     /// Floating-point operations by op name (`dot_general`, `add`, ...).
     pub flops: BTreeMap<&'static str, u64>,
-    /// Collectives by op name: how many run (a scan body's once per iteration, [`Runs`])
+    /// Collectives by op name: how many run (a scan body's once per iteration, [`Runs`](crate::partition::Runs))
     /// and the bytes one device receives in them; collectives that move no data are left
     /// out.
     pub collectives: BTreeMap<&'static str, (usize, usize)>,
@@ -93,15 +93,7 @@ impl CostAnalysis {
     pub fn of(program: &Program, mesh: &Mesh, device: &DeviceModel) -> Self {
         let count = Count::of(program);
         let total: u64 = count.flops.values().sum();
-        let mut collectives: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-        visit_collectives(program, "", &mut |_, runs: Runs, program, v| {
-            let bytes = bytes_received(program, program.node(v), mesh);
-            if bytes > 0 {
-                let slot = collectives.entry(program.node(v).op.name()).or_default();
-                slot.0 += runs.times;
-                slot.1 += runs.times * bytes;
-            }
-        });
+        let collectives = CollectiveStats::moving_data(program, mesh).by_kind;
         let (runs, bytes): (usize, usize) =
             (collectives.values()).fold((0, 0), |(n, b), &(m, c)| (n + m, b + c));
         CostAnalysis {
