@@ -102,7 +102,8 @@ fn one_line(stats: &CollectiveStats) -> String {
 }
 
 /// One line per loop of `exe`'s per-device program (its trip count and its body's
-/// collectives, run once per iteration), then the collectives outside the loops.
+/// collectives, run once per iteration), then the collectives outside the loops (the
+/// totals, which count each body `length` times, less the loops').
 fn loop_report(exe: &Executable) -> String {
     let (program, mesh) = (&exe.spmd().program, &exe.spmd().mesh);
     let mut out = String::new();
@@ -112,7 +113,7 @@ fn loop_report(exe: &Executable) -> String {
             let stats = CollectiveStats::of(body, mesh);
             for (kind, (n, bytes)) in &stats.by_kind {
                 let total = outside.by_kind.entry(kind).or_default();
-                (total.0, total.1) = (total.0 - n, total.1 - bytes);
+                (total.0, total.1) = (total.0 - length * n, total.1 - length * bytes);
             }
             out += &format!(
                 "    scan of {length} iterations, per iteration: {}\n",

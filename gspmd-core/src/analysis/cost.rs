@@ -12,16 +12,19 @@
 //!   element per window element;
 //! - data movement (reshape, transpose, slice, gather, broadcast, ...) and conversions:
 //!   0;
-//! - collectives: 0 FLOPs; their bytes are those the partitioner's report gives
-//!   ([`bytes_received`]: the bytes one device receives, ring algorithms);
+//! - collectives: 0 FLOPs; their counts and bytes are those the partitioner's report
+//!   gives ([`CollectiveStats`]: [`bytes_received`](crate::partition::bytes_received),
+//!   the bytes one device receives, ring algorithms; each counted as often as it runs,
+//!   [`Runs`](crate::partition::Runs)), leaving out those that move no data;
 //! - control flow: a `scan` body counts `length` times, a `while` body and condition
-//!   once (the trip count is a run-time value), a `cond` its costlier branch.
+//!   once (the trip count is a run-time value), a `cond` its costlier branch in FLOPs
+//!   and both branches in collectives (as [`Runs`](crate::partition::Runs) counts them: an upper bound).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::ir::{DType, Flow, Node, Op, Program, distinct_flows, num_elements};
-use crate::partition::bytes_received;
+use crate::partition::CollectiveStats;
 use crate::sharding::Mesh;
 
 /// What one device can do: the figures a step time is estimated from.
@@ -73,8 +76,9 @@ impl DeviceModel {
 pub struct CostAnalysis {
     /// Floating-point operations by op name (`dot_general`, `add`, ...).
     pub flops: BTreeMap<&'static str, u64>,
-    /// Collectives by op name: how many run (a scan body's once per iteration) and the
-    /// bytes one device receives in them; collectives that move no data are left out.
+    /// Collectives by op name: how many run (a scan body's once per iteration, [`Runs`](crate::partition::Runs))
+    /// and the bytes one device receives in them; collectives that move no data are left
+    /// out.
     pub collectives: BTreeMap<&'static str, (usize, usize)>,
     /// The device the times are for.
     pub device: DeviceModel,
@@ -87,18 +91,17 @@ pub struct CostAnalysis {
 impl CostAnalysis {
     /// The cost of `program`, partitioned for `mesh`, on `device`.
     pub fn of(program: &Program, mesh: &Mesh, device: &DeviceModel) -> Self {
-        let count = Count::of(program, mesh);
+        let count = Count::of(program);
         let total: u64 = count.flops.values().sum();
-        let (collectives, bytes): (usize, usize) = count
-            .collectives
-            .values()
-            .fold((0, 0), |(n, b), &(m, c)| (n + m, b + c));
+        let collectives = CollectiveStats::moving_data(program, mesh).by_kind;
+        let (runs, bytes): (usize, usize) =
+            (collectives.values()).fold((0, 0), |(n, b), &(m, c)| (n + m, b + c));
         CostAnalysis {
             compute_seconds: total as f64 / device.flops_per_second,
-            communication_seconds: collectives as f64 * device.collective_latency
+            communication_seconds: runs as f64 * device.collective_latency
                 + bytes as f64 / device.link_bytes_per_second,
             flops: count.flops,
-            collectives: count.collectives,
+            collectives,
             device: device.clone(),
         }
     }
@@ -124,15 +127,14 @@ impl CostAnalysis {
     }
 }
 
-/// FLOPs and collectives of a program and its regions.
+/// FLOPs of a program and its regions.
 #[derive(Debug, Clone, Default)]
 struct Count {
     flops: BTreeMap<&'static str, u64>,
-    collectives: BTreeMap<&'static str, (usize, usize)>,
 }
 
 impl Count {
-    fn of(program: &Program, mesh: &Mesh) -> Count {
+    fn of(program: &Program) -> Count {
         let mut count = Count::default();
         for node in &program.nodes {
             let flops = node_flops(program, node);
@@ -140,15 +142,9 @@ impl Count {
                 let slot = count.flops.entry(node.op.name()).or_default();
                 *slot = slot.saturating_add(flops);
             }
-            let bytes = bytes_received(program, node, mesh);
-            if node.op.is_collective() && bytes > 0 {
-                let slot = count.collectives.entry(node.op.name()).or_default();
-                slot.0 += 1;
-                slot.1 += bytes;
-            }
         }
         for (_, flow) in distinct_flows(program) {
-            count.add(&flow_count(flow, mesh), 1);
+            count.add(&flow_count(flow), 1);
         }
         count
     }
@@ -159,11 +155,6 @@ impl Count {
             let slot = self.flops.entry(kind).or_default();
             *slot = slot.saturating_add(flops.saturating_mul(times as u64));
         }
-        for (&kind, &(n, bytes)) in &other.collectives {
-            let slot = self.collectives.entry(kind).or_default();
-            slot.0 += n * times;
-            slot.1 += bytes.saturating_mul(times);
-        }
     }
 
     fn total_flops(&self) -> u64 {
@@ -172,17 +163,17 @@ impl Count {
 }
 
 /// One run of a control-flow instance (see the module docs).
-fn flow_count(flow: &Flow, mesh: &Mesh) -> Count {
+fn flow_count(flow: &Flow) -> Count {
     let mut count = Count::default();
     match flow {
-        Flow::Scan { body, length, .. } => count.add(&Count::of(body, mesh), *length),
-        Flow::Manual { body, .. } => count.add(&Count::of(body, mesh), 1),
+        Flow::Scan { body, length, .. } => count.add(&Count::of(body), *length),
+        Flow::Manual { body, .. } => count.add(&Count::of(body), 1),
         Flow::While { cond, body } => {
-            count.add(&Count::of(cond, mesh), 1);
-            count.add(&Count::of(body, mesh), 1);
+            count.add(&Count::of(cond), 1);
+            count.add(&Count::of(body), 1);
         }
         Flow::Cond { on_true, on_false } => {
-            let (t, f) = (Count::of(on_true, mesh), Count::of(on_false, mesh));
+            let (t, f) = (Count::of(on_true), Count::of(on_false));
             count.add(
                 if t.total_flops() >= f.total_flops() {
                     &t

@@ -24,8 +24,8 @@ mod reshard;
 mod value;
 
 pub(crate) use combine::combine_collectives;
-pub use report::CollectiveStats;
-pub(crate) use report::{bytes_received, collective_line, visit_collectives};
+pub use report::{CollectiveStats, Runs, bytes_received};
+pub(crate) use report::{collective_line, visit_collectives};
 pub(crate) use value::PValue;
 
 use crate::error::Result;

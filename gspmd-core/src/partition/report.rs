@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::SpmdProgram;
-use crate::ir::{Node, Op, Program, ValueId, distinct_flows};
+use crate::ir::{Flow, Node, Op, Program, ValueId, distinct_flows};
 use crate::sharding::Mesh;
 
 /// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
@@ -60,37 +60,103 @@ pub fn bytes_received(program: &Program, node: &Node, mesh: &Mesh) -> usize {
     }
 }
 
-/// Collectives by kind: how many, and bytes received per device.
+/// How often a collective inside control-flow regions runs in one run of the program.
+///
+/// Counting rules: a `scan` body runs its trip count (`length`) times, nested scans
+/// multiply; a `while` loop's trip count is a run-time value, so its cond and body count
+/// once and are marked per iteration; both branches of a `cond` count (either may run:
+/// an upper bound); a `shard_map` body runs once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runs {
+    /// Times per run of the program, or per iteration of the innermost `while` loop
+    /// around it when [`per_while_iteration`](Self::per_while_iteration).
+    pub times: usize,
+    /// Inside a `while` loop: `times` is per iteration of it.
+    pub per_while_iteration: bool,
+}
+
+impl Runs {
+    /// Outside every loop.
+    pub const ONCE: Runs = Runs {
+        times: 1,
+        per_while_iteration: false,
+    };
+
+    /// How often a region of `flow` runs when `flow` runs `self` times.
+    fn within(self, flow: &Flow) -> Runs {
+        match flow {
+            Flow::Scan { length, .. } => Runs {
+                times: self.times * length,
+                ..self
+            },
+            Flow::While { .. } => Runs {
+                per_while_iteration: true,
+                ..self
+            },
+            Flow::Cond { .. } | Flow::Manual { .. } => self,
+        }
+    }
+}
+
+impl std::fmt::Display for Runs {
+    /// `x 5 iterations`, `per while iteration`, `x 5 iterations per while iteration`;
+    /// nothing for [`Runs::ONCE`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.times != 1 {
+            write!(f, "x {} iterations", self.times)?;
+        }
+        match (self.per_while_iteration, self.times != 1) {
+            (true, true) => write!(f, " per while iteration"),
+            (true, false) => write!(f, "per while iteration"),
+            (false, _) => Ok(()),
+        }
+    }
+}
+
+/// Collectives by kind: how many run in one run of the program, and the bytes each
+/// device receives in them — each collective of a region counted as often as the region
+/// runs ([`Runs`]: a scan body's trip count times, a while loop's body once, both
+/// branches of a cond).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CollectiveStats {
     /// Op name (`all_reduce`, ...) → (count, bytes received per device).
     pub by_kind: BTreeMap<&'static str, (usize, usize)>,
+    /// How many of the counted collectives are inside a `while` loop, counted for one
+    /// iteration of it (its trip count is known only at run time).
+    pub per_while_iteration: usize,
 }
 
 impl CollectiveStats {
-    /// Counts the collectives of `program`, partitioned for `mesh`, with those inside
-    /// the regions of its control-flow ops counted once per region: once per iteration
-    /// of a loop (whose trip count may be a run-time value).
+    /// Counts the collectives of `program`, partitioned for `mesh`, each as often as it
+    /// runs ([`Runs`]).
     pub fn of(program: &Program, mesh: &Mesh) -> Self {
-        let mut stats = CollectiveStats::default();
-        stats.add(program, mesh);
-        stats
+        Self::counting(program, mesh, |_| true)
     }
 
-    /// Adds the collectives of `program` and of its regions (each once).
-    fn add(&mut self, program: &Program, mesh: &Mesh) {
-        for (_, flow) in distinct_flows(program) {
-            for region in flow.regions() {
-                self.add(region, mesh);
+    /// [`CollectiveStats::of`] leaving out the collectives that move no data (zero
+    /// [`bytes_received`]): those the cost analysis charges for.
+    pub(crate) fn moving_data(program: &Program, mesh: &Mesh) -> Self {
+        Self::counting(program, mesh, |bytes| bytes > 0)
+    }
+
+    /// [`CollectiveStats::of`] counting only the collectives whose bytes per run pass
+    /// `keep`.
+    fn counting(program: &Program, mesh: &Mesh, keep: fn(usize) -> bool) -> Self {
+        let mut stats = CollectiveStats::default();
+        visit_collectives(program, "", &mut |_, runs, program, v| {
+            let node = program.node(v);
+            let bytes = bytes_received(program, node, mesh);
+            if !keep(bytes) {
+                return;
             }
-        }
-        for node in &program.nodes {
-            if node.op.is_collective() {
-                let e: &mut (usize, usize) = self.by_kind.entry(node.op.name()).or_default();
-                e.0 += 1;
-                e.1 += bytes_received(program, node, mesh);
+            let e: &mut (usize, usize) = stats.by_kind.entry(node.op.name()).or_default();
+            e.0 += runs.times;
+            e.1 += runs.times * bytes;
+            if runs.per_while_iteration {
+                stats.per_while_iteration += runs.times;
             }
-        }
+        });
+        stats
     }
 
     /// Number of collectives of kind `name`.
@@ -126,7 +192,15 @@ impl std::fmt::Display for CollectiveStats {
             "total",
             self.total(),
             self.bytes()
-        )
+        )?;
+        if self.per_while_iteration > 0 {
+            write!(
+                f,
+                "\n{:>18}  ({} of them inside while loops, counted for one iteration: the trip count is known only at run time)",
+                "", self.per_while_iteration
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -138,7 +212,7 @@ impl SpmdProgram {
 
     /// The per-device program, then one line per collective (axes, bytes per device,
     /// the user's source line; a collective in a region named by the flow op and the
-    /// region: once per iteration) followed by a `why:` line per reason
+    /// region, with how often it runs, [`Runs`]) followed by a `why:` line per reason
     /// ([`Node::why`]), the totals and the partitioner's warnings.
     pub fn report(&self) -> String {
         let mut out = format!(
@@ -157,30 +231,44 @@ impl SpmdProgram {
 /// Appends one line per collective of `program` and of its regions (and its reasons;
 /// see [`visit_collectives`]).
 fn collective_lines(out: &mut String, program: &Program, mesh: &Mesh, within: &str) {
-    visit_collectives(program, within, &mut |within, program, v| {
-        let _ = write!(out, "  {within}{}", collective_line(program, v, mesh));
+    visit_collectives(program, within, &mut |within, runs, program, v| {
+        let line = collective_line(program, v, mesh);
+        let _ = match (runs == Runs::ONCE, line.split_once("  // ")) {
+            (false, Some((head, tail))) => write!(out, "  {within}{head}, {runs}  // {tail}"),
+            _ => write!(out, "  {within}{line}"),
+        };
     });
 }
 
-/// Calls `f(within, region, v)` for each collective `v` of `program` and of the regions
-/// of its control-flow ops, in program order, each region once, just before its flow
-/// op's first result; `within` is the path of flow ops and regions to it, prefixed by
-/// `within` (`%7 while body: `).
+/// Calls `f(within, runs, region, v)` for each collective `v` of `program` and of the
+/// regions of its control-flow ops, in program order, each region once, just before its
+/// flow op's first result; `within` is the path of flow ops and regions to it, prefixed
+/// by `within` (`%7 while body: `), and `runs` how often it runs per run of `program`.
 pub(crate) fn visit_collectives<'p>(
     program: &'p Program,
     within: &str,
-    f: &mut dyn FnMut(&str, &'p Program, ValueId),
+    f: &mut dyn FnMut(&str, Runs, &'p Program, ValueId),
+) {
+    visit_runs(program, within, Runs::ONCE, f);
+}
+
+/// [`visit_collectives`] for `program` running `runs` times.
+fn visit_runs<'p>(
+    program: &'p Program,
+    within: &str,
+    runs: Runs,
+    f: &mut dyn FnMut(&str, Runs, &'p Program, ValueId),
 ) {
     let mut flows = distinct_flows(program).into_iter().peekable();
     for v in program.values() {
         if let Some((_, flow)) = flows.next_if(|&(first, _)| first == v) {
             for (name, region) in flow.region_names().iter().zip(flow.regions()) {
                 let path = format!("{within}{v} {} {name}: ", flow.name());
-                visit_collectives(region, &path, f);
+                visit_runs(region, &path, runs.within(flow), f);
             }
         }
         if program.node(v).op.is_collective() {
-            f(within, program, v);
+            f(within, runs, program, v);
         }
     }
 }

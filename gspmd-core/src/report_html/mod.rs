@@ -14,7 +14,7 @@ use std::fmt::Write;
 
 use crate::analysis::{MemoryAnalysis, bytes};
 use crate::ir::{Location, Op, Program, Purpose, ValueId, Why};
-use crate::partition::{SpmdProgram, bytes_received, visit_collectives};
+use crate::partition::{CollectiveStats, Runs, SpmdProgram, bytes_received, visit_collectives};
 use crate::sharding::{Mesh, Sharding};
 
 /// The page's style sheet.
@@ -91,9 +91,9 @@ pub(crate) fn page(
     }
     let _ = write!(
         html,
-        r#"<section id="collectives"><h2>Collectives <small>{total} per step, {bytes} bytes received per device</small></h2>
+        r#"<section id="collectives"><h2>Collectives <small>{total} per step, {bytes} bytes received per device{per_while}</small></h2>
 <div class="kinds">{kinds}</div>
-<table class="collectives"><thead><tr><th>#</th><th>collective</th><th>over</th><th>per-device types</th><th>bytes / device</th><th>at</th><th>why</th></tr></thead><tbody>
+<table class="collectives"><thead><tr><th>#</th><th>collective</th><th>over</th><th>per-device types</th><th>bytes / device</th><th>runs</th><th>at</th><th>why</th></tr></thead><tbody>
 {rows}</tbody></table></section>
 <section id="program"><h2>Program <small>{values} values; each sharding drawn on the mesh ({layout}): one square per device, same colour and number = same block, dashed = partial sums</small></h2>
 <div class="tools"><button id="expand">expand all</button><button id="collapse">collapse all</button><input id="filter" placeholder="filter: name, op, line, sharding"></div>
@@ -103,6 +103,7 @@ pub(crate) fn page(
 "#,
         total = stats.total(),
         bytes = stats.bytes(),
+        per_while = per_while(&stats),
         kinds = kinds(&stats),
         rows = collectives
             .iter()
@@ -168,8 +169,11 @@ fn cards(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnalysis) -> S
     [
         ("global ops", propagated.nodes.len().to_string()),
         ("per-device ops", spmd.program.nodes.len().to_string()),
-        ("collectives", stats.total().to_string()),
-        ("bytes received / device", stats.bytes().to_string()),
+        ("collectives per step", stats.total().to_string()),
+        (
+            "bytes received / device per step",
+            stats.bytes().to_string(),
+        ),
         ("peak memory / device", bytes(memory.peak_bytes)),
         ("warnings", spmd.warnings.len().to_string()),
     ]
@@ -178,8 +182,20 @@ fn cards(propagated: &Program, spmd: &SpmdProgram, memory: &MemoryAnalysis) -> S
     .collect()
 }
 
-/// One chip per collective kind: count and bytes.
-fn kinds(stats: &crate::partition::CollectiveStats) -> String {
+/// `; 4 of them in while loops, counted for one iteration` when some are (see
+/// [`CollectiveStats`]), else nothing.
+fn per_while(stats: &CollectiveStats) -> String {
+    match stats.per_while_iteration {
+        0 => String::new(),
+        n => format!(
+            "; {n} of them in while loops, counted for one iteration (the trip count is known only at run time)"
+        ),
+    }
+}
+
+/// One chip per collective kind: count and bytes (each collective as often as it runs,
+/// [`Runs`]).
+fn kinds(stats: &CollectiveStats) -> String {
     (stats.by_kind.iter())
         .map(|(kind, (n, bytes))| {
             format!(r#"<span class="chip {kind}">{kind} × {n}: {bytes} B</span>"#)
@@ -191,18 +207,18 @@ fn kinds(stats: &crate::partition::CollectiveStats) -> String {
 /// global value of the top-level program, the numbers of the collectives its
 /// partitioning emitted.
 fn collectives(spmd: &SpmdProgram) -> (Vec<Collective>, HashMap<ValueId, Vec<usize>>) {
-    let mut list: Vec<(String, &Program, ValueId)> = Vec::new();
-    visit_collectives(&spmd.program, "", &mut |within, program, v| {
-        list.push((within.to_string(), program, v));
+    let mut list: Vec<(String, Runs, &Program, ValueId)> = Vec::new();
+    visit_collectives(&spmd.program, "", &mut |within, runs, program, v| {
+        list.push((within.to_string(), runs, program, v));
     });
     let most = (list.iter())
-        .map(|(_, p, v)| bytes_received(p, p.node(*v), &spmd.mesh))
+        .map(|(_, _, p, v)| bytes_received(p, p.node(*v), &spmd.mesh))
         .max()
         .unwrap_or(0)
         .max(1);
     let mut by_user: HashMap<ValueId, Vec<usize>> = HashMap::new();
     let rows = (list.iter().enumerate())
-        .map(|(number, (within, program, v))| {
+        .map(|(number, (within, runs, program, v))| {
             let node = program.node(*v);
             let bytes = bytes_received(program, node, &spmd.mesh);
             let axes = node.op.collective_group().map_or(&[][..], |g| &g.axes[..]);
@@ -227,7 +243,7 @@ fn collectives(spmd: &SpmdProgram) -> (Vec<Collective>, HashMap<ValueId, Vec<usi
             }
             let reasons = reasons.concat();
             let row = format!(
-                r#"<tr class="collective {kind}" id="c{number}"><td>{number}</td><td><span class="chip {kind}">{kind}</span> <small>{within}{v}</small></td><td>{axes}</td><td><code>{input} → {output}</code></td><td class="bytes"><span class="bar" style="width:{width}px"></span>{bytes}</td><td>{location}</td><td><ul>{reasons}</ul></td></tr>
+                r#"<tr class="collective {kind}" id="c{number}"><td>{number}</td><td><span class="chip {kind}">{kind}</span> <small>{within}{v}</small></td><td>{axes}</td><td><code>{input} → {output}</code></td><td class="bytes"><span class="bar" style="width:{width}px"></span>{bytes}</td><td>{runs}</td><td>{location}</td><td><ul>{reasons}</ul></td></tr>
 "#,
                 kind = node.op.name(),
                 within = escape(within),
@@ -236,6 +252,11 @@ fn collectives(spmd: &SpmdProgram) -> (Vec<Collective>, HashMap<ValueId, Vec<usi
                 output = node.ty,
                 width = 1 + 80 * bytes / most,
                 location = escape(&node.location.to_string()),
+                runs = if *runs == Runs::ONCE {
+                    "1".to_string()
+                } else {
+                    escape(&runs.to_string())
+                },
             );
             Collective {
                 number,
