@@ -25,7 +25,7 @@ pub(crate) fn permute_moves_data(mesh: &Mesh, receivers: &[String], senders: &[S
 /// algorithms for all-reduce; zero for a non-collective), counting only bytes that
 /// cross devices. For a collective permute or shift: the bytes of a device that
 /// receives from another one; zero when none does (a permute whose senders' order is
-/// the receivers', [`permute_moves_data`]; a shift where every pair of
+/// the receivers', see `permute_moves_data`; a shift where every pair of
 /// [`AxisGroup::shift_pairs`](crate::ir::AxisGroup::shift_pairs) keeps its operand: a
 /// shift by a multiple of the group size with wrap, by the group size or more without, a
 /// mirror of a group of one).
