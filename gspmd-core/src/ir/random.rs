@@ -34,6 +34,7 @@ use crate::types::{DType, Location, Shape};
 
 /// What [`Op::RandomBits`] makes of the two words `(y0, y1)` of each counter's block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RandomOutput {
     /// `y0 ^ y1`: 32 random bits per element (JAX's 32-bit `random_bits`).
     Bits,
@@ -98,7 +99,12 @@ pub(crate) fn key_words(key: &Literal) -> Option<[u32; 2]> {
 /// `jax.random.PRNGKey(seed)` makes of a 32-bit seed. Pass it as a program's input to
 /// change the stream without tracing again.
 pub fn key_data(seed: u32) -> Literal {
-    Literal::I32(ndarray::arr1(&[0, seed as i32]).into_dyn())
+    key_literal([0, seed])
+}
+
+/// The key literal (`i32[2]`, bits reinterpreted) of two words: [`key_words`]' inverse.
+fn key_literal([k0, k1]: [u32; 2]) -> Literal {
+    Literal::I32(ndarray::arr1(&[k0 as i32, k1 as i32]).into_dyn())
 }
 
 /// [`fold_in`] on the host: the key `threefry2x32(key, (0, data))` as a literal, e.g.
@@ -116,10 +122,7 @@ pub fn fold_in_data(key: &Literal, data: u32) -> crate::error::Result<Literal> {
             key.shape()
         ),
     })?;
-    let [k0, k1] = threefry2x32(words, [0, data]);
-    Ok(Literal::I32(
-        ndarray::arr1(&[k0 as i32, k1 as i32]).into_dyn(),
-    ))
+    Ok(key_literal(threefry2x32(words, [0, data])))
 }
 
 /// [`key_data`] as a constant of `b`.

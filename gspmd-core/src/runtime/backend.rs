@@ -89,6 +89,7 @@ impl Loaded {
 
 /// One input of a run.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Input<'a> {
     /// A global array, the same on every process; each device gets its block.
     Global(&'a Literal),
@@ -102,6 +103,7 @@ pub enum Input<'a> {
 
 /// Where one output of a run goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Output {
     /// Assembled into a global array on every process (an unreduced output is summed
     /// over its pending axes).
@@ -115,6 +117,7 @@ pub enum Output {
 
 /// One output of a run, as requested by its [`Output`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Value {
     /// A global array.
     Global(Literal),

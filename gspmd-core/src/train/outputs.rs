@@ -79,6 +79,7 @@ pub(super) fn select_aux(
 
 /// How a caller wants an aux output back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Fetch {
     /// Assembled into the global array on every process (gathered when sharded).
     #[default]

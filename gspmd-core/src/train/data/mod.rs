@@ -25,6 +25,7 @@ use crate::sharding::{Mesh, Sharding};
 
 /// One batch of a training step's data inputs.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Batch {
     /// One global array per data input.
     Global(Vec<Literal>),

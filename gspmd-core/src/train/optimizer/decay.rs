@@ -13,6 +13,7 @@ use crate::train::names::{glob_match, glob_match_any};
 /// parameter is an [`Error::Optimizer`] when the step is built (a misspelt pattern
 /// would otherwise silently select nothing).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mask {
     /// Every parameter.
     #[default]
