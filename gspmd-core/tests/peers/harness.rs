@@ -214,3 +214,30 @@ pub fn no_more_than_peer(ours: &Executable, peer: &Program, mesh: &Mesh) -> (usi
     );
     (a, b)
 }
+
+/// The propagated sharding of the value named `name` (see `Tensor::named`) in region
+/// `region` (its index in [`gspmd_core::ir::Flow::regions`]) of the flow op that
+/// returns `outer` (directly, or through the `sharding_constraint`s a `shard_map` pins
+/// its results with), as text. Names survive simplification, which renumbers regions.
+#[track_caller]
+pub fn region_sharding_of(exe: &Executable, outer: &Tensor, region: usize, name: &str) -> String {
+    let program = exe.propagated();
+    let mut node = program.node(outer.id().expect("traced without error"));
+    while let gspmd_core::ir::Op::ShardingConstraint = node.op {
+        node = program.node(node.operands[0]);
+    }
+    let gspmd_core::ir::Op::Flow { flow, .. } = &node.op else {
+        panic!("{} is not a flow op's result", node.op.name());
+    };
+    let body = flow.regions()[region];
+    let inner = body
+        .nodes
+        .iter()
+        .find(|n| n.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no value named {name:?} in region {region}:\n{body}"));
+    inner
+        .sharding
+        .as_ref()
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}

@@ -16,7 +16,7 @@ use gspmd_core::sharding::Mesh;
 
 use crate::harness::{
     Case, Verdict, assert_shardings, build_with, compile_and_check, mesh, no_more_than_peer, param,
-    sh,
+    region_sharding_of, sh,
 };
 
 /// The ported cases, in the order of the peer's files.
@@ -190,6 +190,72 @@ pub const CASES: &[Case] = &[
             "the argument takes the first result's split; the sine's chain is resharded instead",
         ),
         check: defer_backwards_propagation_for_op_with_multi_use_operand,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @no_conflict",
+        verdict: Verdict::Agrees,
+        check: no_conflict,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @fake_conflict_between_two_non_contracting_dims",
+        verdict: Verdict::Agrees,
+        check: fake_conflict_between_two_non_contracting_dims,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @fake_conflict_between_contracting_and_non_contracting_dims",
+        verdict: Verdict::Agrees,
+        check: fake_conflict_between_contracting_and_non_contracting_dims,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @fake_conflict_closed_dims",
+        verdict: Verdict::Agrees,
+        check: fake_conflict_closed_dims,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @real_conflict_within_a_factor",
+        verdict: Verdict::Better(
+            "the add keeps one operand's split: one permute where Shardy gathers both operands",
+        ),
+        check: real_conflict_within_a_factor,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @real_conflict_within_a_factor2",
+        verdict: Verdict::Better(
+            "the add keeps the first operand's `(a, b)`: only the second is resharded",
+        ),
+        check: real_conflict_within_a_factor2,
+    },
+    Case {
+        source: "aggressive_propagation.mlir: @real_and_fake_conflicts",
+        verdict: Verdict::Agrees,
+        check: real_and_fake_conflicts,
+    },
+    Case {
+        source: "propagation_pipeline.mlir: @sharding_constraint_applied",
+        verdict: Verdict::EqualBytes(
+            "the add stays split and its result is gathered at the constraint, not its operand",
+        ),
+        check: sharding_constraint_applied,
+    },
+    Case {
+        source: "propagation_pipeline.mlir: @while_func_return",
+        verdict: Verdict::Agrees,
+        check: while_func_return,
+    },
+    Case {
+        source: "propagation_pipeline.mlir: @while_body_propagate_block_arg",
+        verdict: Verdict::Agrees,
+        check: while_body_propagate_block_arg,
+    },
+    Case {
+        source: "basic_propagation_manual_computation.mlir: @append_in_sharding_from_outside",
+        verdict: Verdict::Agrees,
+        check: append_in_sharding_from_outside,
+    },
+    Case {
+        source: "basic_propagation_manual_computation.mlir: @append_out_sharding_from_outside",
+        verdict: Verdict::Agrees,
+        check: append_out_sharding_from_outside,
     },
 ];
 
@@ -786,4 +852,236 @@ fn defer_backwards_propagation_for_op_with_multi_use_operand() {
     );
     let (ours, peer) = no_more_than_peer(&exe, &program(true).0, &m);
     assert_eq!(ours, peer);
+}
+
+/// As `@simple` under the aggressive strategy: no conflict, the same shardings.
+fn no_conflict() {
+    simple();
+}
+
+/// `[256,512] x [128,512]^T` with the lhs `[{"a", ?}, {?}]` and the product `[{?},
+/// {"a", ?}]`: `a` cannot split both of the product's dims; the product keeps its own
+/// and the rhs takes `a` on its rows (shapes scaled to [16,16] x [8,16]).
+fn fake_conflict_between_two_non_contracting_dims() {
+    let (p, [arg1, dot]) = build_with("fake_conflict_non_contracting", |b| {
+        let arg0 = param(b, "arg0", &[16, 16], Some("(a?, ?)"));
+        let arg1 = param(b, "arg1", &[8, 16], None);
+        let dot = arg0
+            .dot_general(&arg1, transposed_rhs())
+            .annotate(sh("(?, a?)"));
+        (vec![dot.clone()], [arg1, dot])
+    });
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&arg1, "(a, _)"), (&dot, "(_, a)")]);
+}
+
+/// `lhs · rhs^T` (`contracting_dims = [1] x [1]`).
+fn transposed_rhs() -> DotDims {
+    DotDims {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contracting: vec![1],
+        rhs_contracting: vec![1],
+    }
+}
+
+/// `[{"a"}, {"b", "c"}] x ([{"c", "b"}, {"a"}])^T`: the contracting dims disagree, but
+/// each operand's free dim is unrivalled: the product is `(a, (c, b))` (shapes scaled
+/// to [16,16] x [8,16]).
+fn fake_conflict_between_contracting_and_non_contracting_dims() {
+    let (p, [dot]) = build_with("fake_conflict_contracting", |b| {
+        let arg0 = param(b, "arg0", &[16, 16], Some("(a, (b, c))"));
+        let arg1 = param(b, "arg1", &[8, 16], Some("((c, b), a)"));
+        let dot = arg0.dot_general(&arg1, transposed_rhs());
+        (vec![dot.clone()], [dot])
+    });
+    let exe = compile_and_check(&p, &mesh_abc());
+    assert_shardings(&p, &exe, &[(&dot, "(a, (c, b))")]);
+}
+
+/// `[{"a", ?}, {"b"}] + [{}, {"b", "c", ?}]`: the add takes `a` from the first and the
+/// longer `(b, c)` from the second.
+fn fake_conflict_closed_dims() {
+    let (p, [add]) = build_with("fake_conflict_closed_dims", |b| {
+        let arg0 = param(b, "arg0", &[8, 8], Some("(a?, b)"));
+        let arg1 = param(b, "arg1", &[8, 8], Some("(_, (b, c)?)"));
+        let add = &arg0 + &arg1;
+        (vec![add.clone()], [add])
+    });
+    let exe = compile_and_check(&p, &mesh_abc());
+    assert_shardings(&p, &exe, &[(&add, "(a, (b, c))")]);
+}
+
+/// `[{"a", ?}, {}] + [{"b", ?}, {}]`: the operands disagree on dim 0 and Shardy leaves
+/// the add replicated. gspmd gives it the first operand's `(a, _)` and reshards the
+/// second by one permute (128 bytes per device), where the peer gathers both (256).
+fn real_conflict_within_a_factor() {
+    let program = |peer: bool| {
+        build_with("real_conflict_within_a_factor", |b| {
+            let arg0 = param(b, "arg0", &[8, 8], Some("(a?, _)"));
+            let arg1 = param(b, "arg1", &[8, 8], Some("(b?, _)"));
+            let mut add = &arg0 + &arg1;
+            if peer {
+                add = add.annotate(sh("(_, _)"));
+            }
+            (vec![add.clone()], [add])
+        })
+    };
+    let m = mesh_abc();
+    let (p, [add]) = program(false);
+    let exe = compile_and_check(&p, &m);
+    assert_shardings(&p, &exe, &[(&add, "(a, _)")]);
+    let (ours, peer) = no_more_than_peer(&exe, &program(true).0, &m);
+    assert!(ours < peer, "{ours} vs {peer}");
+}
+
+/// `[{"a"}, {"b"}] + [{}, {"a", "b", "c"}]`: dim 1 conflicts and Shardy gives the add
+/// `(a, _)`. gspmd keeps the first operand's `(a, b)` and reshards the second only
+/// (80 bytes per device against the peer's 188).
+fn real_conflict_within_a_factor2() {
+    let program = |peer: bool| {
+        build_with("real_conflict_within_a_factor2", |b| {
+            let arg0 = param(b, "arg0", &[8, 8], Some("(a, b)"));
+            let arg1 = param(b, "arg1", &[8, 8], Some("(_, (a, b, c))"));
+            let mut add = &arg0 + &arg1;
+            if peer {
+                add = add.annotate(sh("(a, _)"));
+            }
+            (vec![add.clone()], [add])
+        })
+    };
+    let m = mesh_abc();
+    let (p, [add]) = program(false);
+    let exe = compile_and_check(&p, &m);
+    assert_shardings(&p, &exe, &[(&add, "(a, b)")]);
+    let (ours, peer) = no_more_than_peer(&exe, &program(true).0, &m);
+    assert!(ours < peer, "{ours} vs {peer}");
+}
+
+/// `[{"a", ?}, {?}] + [{"b", ?}, {"a", ?}]`: dim 0 conflicts, dim 1 takes `a`.
+fn real_and_fake_conflicts() {
+    let (p, [add]) = build_with("real_and_fake_conflicts", |b| {
+        let arg0 = param(b, "arg0", &[8, 8], Some("(a?, ?)"));
+        let arg1 = param(b, "arg1", &[8, 8], Some("(b?, a?)"));
+        let add = &arg0 + &arg1;
+        (vec![add.clone()], [add])
+    });
+    let exe = compile_and_check(&p, &mesh_abc());
+    assert_shardings(&p, &exe, &[(&add, "(_, a)")]);
+}
+
+/// A closed constraint `[{}, {}]` after an add of `[{"a"}, {}]`: Shardy replicates the
+/// add (gathering its operand); gspmd keeps the add split and gathers its result at
+/// the constraint: one all-gather of the same [8,8] either way.
+fn sharding_constraint_applied() {
+    let program = |peer: bool| {
+        build_with("sharding_constraint_applied", |b| {
+            let arg0 = param(b, "arg0", &[8, 8], Some("(a, _)"));
+            let mut add = &arg0 + &arg0;
+            if peer {
+                add = add.annotate(sh("(_, _)"));
+            }
+            (vec![add.shard(sh("(_, _)"))], [add])
+        })
+    };
+    let m = mesh_ab();
+    let (p, [add]) = program(false);
+    let exe = compile_and_check(&p, &m);
+    assert_shardings(&p, &exe, &[(&add, "(a, _)")]);
+    let (ours, peer) = no_more_than_peer(&exe, &program(true).0, &m);
+    assert_eq!(ours, peer);
+}
+
+/// The while loops of the pipeline tests: a [32,96] value carried with an i32 counter
+/// for 32 iterations, the body's `add` of the value to itself annotated `body_add` and
+/// passed through `neg` (Shardy's opaque `custom_call`) when `opaque`; the loop's value
+/// result constrained to `result`. The body's add is named `sum`. Returns the program,
+/// the argument and the loop's value result.
+fn pipeline_while(
+    name: &str,
+    body_add: Option<&str>,
+    opaque: bool,
+    result: Option<&str>,
+) -> (Program, [Tensor; 2]) {
+    build_with(name, |b| {
+        let arg0 = param(b, "arg0", &[32, 96], None);
+        let zero = b.full(Vec::<usize>::new(), gspmd_core::ir::DType::I32, 0.0);
+        let out = b.while_loop(
+            |s| s[1].lt(&s[1].scalar_like(32.0)),
+            |s| {
+                let count = &s[1] + &s[1].scalar_like(1.0);
+                let mut sum = (&s[0] + &s[0]).named("sum");
+                if let Some(sharding) = body_add {
+                    sum = sum.annotate(sh(sharding));
+                }
+                let next = if opaque { sum.neg() } else { sum };
+                vec![next, count]
+            },
+            &[arg0.clone(), zero],
+        );
+        let value = match result {
+            Some(s) => out[0].shard(sh(s)),
+            None => out[0].clone(),
+        };
+        (vec![value, out[1].clone()], [arg0, out[0].clone()])
+    })
+}
+
+/// A while loop whose value result is returned as `[{"a"}, {"b"}]`: the argument,
+/// the loop and the body's add all take `(a, b)`.
+fn while_func_return() {
+    let (p, [arg0, out]) = pipeline_while("while_func_return", None, false, Some("(a, b)"));
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&arg0, "(a, b)"), (&out, "(a, b)")]);
+    assert_eq!(region_sharding_of(&exe, &out, 1, "sum"), "(a, b)");
+}
+
+/// A while loop whose body's add is annotated `[{"a"}, {"b"}]` (its result then through
+/// an opaque op): the block argument, so the loop's operand and result, take `(a, b)`.
+fn while_body_propagate_block_arg() {
+    let (p, [arg0, out]) = pipeline_while("while_body_block_arg", Some("(a, b)"), true, None);
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&arg0, "(a, b)"), (&out, "(a, b)")]);
+}
+
+/// The manual regions of the manual-computation tests: a [32,32] operand whose blocks
+/// along `b` (manual) the body adds to themselves (the add named `sum`); the result
+/// assembled along `b`. Returns the program, the argument and the region's result.
+fn manual_add(name: &str, outside: &str, after: Option<&str>) -> (Program, [Tensor; 2]) {
+    build_with(name, |b| {
+        let arg0 = param(b, "arg0", &[32, 32], None);
+        let input = (&arg0 + &arg0).annotate(sh(outside));
+        let spec = sh("(b, _)");
+        let out = b.shard_map(
+            &mesh_ab(),
+            &["b"],
+            &[input],
+            std::slice::from_ref(&spec),
+            std::slice::from_ref(&spec),
+            |_, x| vec![(&x[0] + &x[0]).named("sum").abs()],
+        );
+        let value = match after {
+            Some(s) => (&out[0] + &out[0]).annotate(sh(s)),
+            None => out[0].clone(),
+        };
+        (vec![value], [arg0, out[0].clone()])
+    })
+}
+
+/// An operand `[{"b", "a", ?}, {?}]` of a region manual over `b`: the free axis `a`
+/// enters the body, whose add takes `(a, _)`; the result stays `(b, _)`.
+fn append_in_sharding_from_outside() {
+    let (p, [arg0, out]) = manual_add("append_in_from_outside", "((b, a)?, ?)", None);
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&arg0, "((b, a), _)"), (&out, "(b, _)")]);
+    assert_eq!(region_sharding_of(&exe, &out, 0, "sum"), "(a, _)");
+}
+
+/// The region's result is used by an add `[{"b", "a", ?}, {?}]`: the free axis `a`
+/// enters the result and, backwards, the body's values.
+fn append_out_sharding_from_outside() {
+    let (p, [_, out]) = manual_add("append_out_from_outside", "(b?, ?)", Some("((b, a)?, ?)"));
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&out, "((b, a), _)")]);
+    assert_eq!(region_sharding_of(&exe, &out, 0, "sum"), "(a, _)");
 }

@@ -8,7 +8,8 @@
 //! which dims the axes divide; each case's doc says so.
 
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Padding, ReduceKind, Tensor,
+    Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Padding, ReduceKind, ScatterDims,
+    Tensor,
 };
 
 use crate::harness::{
@@ -205,6 +206,96 @@ pub const CASES: &[Case] = &[
         source: "sharding_propagation_test.cc: GatherToDataOperand",
         verdict: Verdict::Agrees,
         check: gather_to_data_operand,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ReplicatedConvolutionLhs",
+        verdict: Verdict::Agrees,
+        check: replicated_convolution_lhs,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ForwardConvolutionLargeDilationForwardPass",
+        verdict: Verdict::Agrees,
+        check: forward_convolution_large_dilation_forward_pass,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialReplicatedPadForwardPass",
+        verdict: Verdict::Agrees,
+        check: partial_replicated_pad_forward_pass,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialReplicatedStridedSlice",
+        verdict: Verdict::Agrees,
+        check: partial_replicated_strided_slice,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialReplicateReshapeForwardPass",
+        verdict: Verdict::Agrees,
+        check: partial_replicate_reshape_forward_pass,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialReplicateReshapeBackwardPass",
+        verdict: Verdict::Agrees,
+        check: partial_replicate_reshape_backward_pass,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ConvAsDotOnTrivialDimsBackward",
+        verdict: Verdict::Agrees,
+        check: conv_as_dot_on_trivial_dims_backward,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ConvolutionFilterIFOFPartitionedInputPartialReplicate",
+        verdict: Verdict::Agrees,
+        check: convolution_filter_ifof_partitioned_input_partial_replicate,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: DotMergeOperands2",
+        verdict: Verdict::Agrees,
+        check: dot_merge_operands2,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: DynamicUpdateSliceForwardPassUpdate",
+        verdict: Verdict::Agrees,
+        check: dynamic_update_slice_forward_pass_update,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: GatherFromIndex_PartialReplicate",
+        verdict: Verdict::Agrees,
+        check: gather_from_index_partial_replicate,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: GatherFromDataOperand_PartialReplicate",
+        verdict: Verdict::Agrees,
+        check: gather_from_data_operand_partial_replicate,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: GatherToIndex3",
+        verdict: Verdict::Agrees,
+        check: gather_to_index3,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ScatterUpdateToIndex2",
+        verdict: Verdict::Agrees,
+        check: scatter_update_to_index2,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: ScatterIndexToUpdate",
+        verdict: Verdict::Agrees,
+        check: scatter_index_to_update,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialShardingOnElementwise",
+        verdict: Verdict::Agrees,
+        check: partial_sharding_on_elementwise,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialShardingTransposeForwardPass",
+        verdict: Verdict::Agrees,
+        check: partial_sharding_transpose_forward_pass,
+    },
+    Case {
+        source: "sharding_propagation_test.cc: PartialShardingTransposeBackwardPass",
+        verdict: Verdict::Agrees,
+        check: partial_sharding_transpose_backward_pass,
     },
 ];
 
@@ -455,18 +546,54 @@ fn sharded_preferred_over_replicated() {
     assert_shardings(&p, &exe, &[(&c0, split), (&c1, split), (&sum, split)]);
 }
 
+/// A 1-D convolution of an input of shape `lhs.0` split `lhs.1` by an unannotated
+/// kernel of shape `kernel`, with JAX's dimension labels (input, kernel, output), a
+/// window `stride` and `rhs_dilation`, unpadded, on a mesh of one axis `x` of `devices`;
+/// asserts the output's propagated sharding.
+#[allow(clippy::too_many_arguments)]
+fn conv_1d(
+    name: &str,
+    lhs: (&[usize], &str),
+    kernel: &[usize],
+    labels: [&str; 3],
+    stride: usize,
+    rhs_dilation: usize,
+    devices: usize,
+    output: &str,
+) {
+    let (p, [conv]) = build_with(name, |b| {
+        let input = param(b, "lhs", lhs.0, Some(lhs.1));
+        let kernel = param(b, "rhs", kernel, None);
+        let dims = ConvDimensionNumbers::from_labels(labels[0], labels[1], labels[2]).unwrap();
+        let conv = input.conv_general_dilated(
+            &kernel,
+            &[stride],
+            Padding::Valid,
+            &[],
+            &[rhs_dilation],
+            &dims,
+            1,
+        );
+        (vec![conv.clone()], [conv])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", devices)]));
+    assert_shardings(&p, &exe, &[(&conv, output)]);
+}
+
 /// A 1-D convolution `b0f_i0o->b0f` (window 5, no padding) of a [13,17,19] input split
 /// on its spatial dim: XLA expects the [13,13,19] output split alike.
 fn valid_convolution() {
-    let (p, [conv]) = build_with("valid_convolution", |b| {
-        let lhs = param(b, "lhs", &[13, 17, 19], Some("(_, x, _)"));
-        let rhs = param(b, "rhs", &[19, 5, 19], None);
-        let dims = ConvDimensionNumbers::from_labels("NWC", "IWO", "NWC").unwrap();
-        let conv = lhs.conv_general_dilated(&rhs, &[1], Padding::Valid, &[], &[], &dims, 1);
-        (vec![conv.clone()], [conv])
-    });
-    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
-    assert_shardings(&p, &exe, &[(&conv, "(_, x, _)")]);
+    let labels = ["NWC", "IWO", "NWC"];
+    conv_1d(
+        "valid_convolution",
+        (&[13, 17, 19], "(_, x, _)"),
+        &[19, 5, 19],
+        labels,
+        1,
+        1,
+        2,
+        "(_, x, _)",
+    );
 }
 
 /// A strided slice `[1:15:2], [5:10:1]` of a [17,13] operand split `[2,1]`: XLA
@@ -499,30 +626,34 @@ fn reduce_window_backward_pass() {
 /// A 1x1 convolution `bf0_oi0->bf0` whose [3,2,3] input is split on its feature dim
 /// (the contracted one): XLA leaves the output replicated.
 fn convolution_sharded_feature() {
-    let (p, [conv]) = build_with("convolution_sharded_feature", |b| {
-        let lhs = param(b, "lhs", &[3, 2, 3], Some("(_, x, _)"));
-        let rhs = param(b, "rhs", &[2, 2, 1], None);
-        let dims = ConvDimensionNumbers::from_labels("NCW", "OIW", "NCW").unwrap();
-        let conv = lhs.conv_general_dilated(&rhs, &[1], Padding::Valid, &[], &[], &dims, 1);
-        (vec![conv.clone()], [conv])
-    });
-    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
-    assert_shardings(&p, &exe, &[(&conv, "(_, _, _)")]);
+    let labels = ["NCW", "OIW", "NCW"];
+    conv_1d(
+        "convolution_sharded_feature",
+        (&[3, 2, 3], "(_, x, _)"),
+        &[2, 2, 1],
+        labels,
+        1,
+        1,
+        2,
+        "(_, _, _)",
+    );
 }
 
 /// A strided 1-D convolution `f0b_i0o->0bf` (window 2, stride 5) of an [8,16,512] input
 /// split on its spatial dim: XLA expects the [3,512,512] output split on its spatial
 /// dim, now dim 0 (batch and feature scaled from 512 to 8).
 fn convolution_different_dimension_numbers() {
-    let (p, [conv]) = build_with("convolution_dimension_numbers", |b| {
-        let lhs = param(b, "lhs", &[8, 16, 8], Some("(_, x, _)"));
-        let rhs = param(b, "rhs", &[8, 2, 8], None);
-        let dims = ConvDimensionNumbers::from_labels("CWN", "IWO", "WNC").unwrap();
-        let conv = lhs.conv_general_dilated(&rhs, &[5], Padding::Valid, &[], &[], &dims, 1);
-        (vec![conv.clone()], [conv])
-    });
-    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
-    assert_shardings(&p, &exe, &[(&conv, "(x, _, _)")]);
+    let labels = ["CWN", "IWO", "WNC"];
+    conv_1d(
+        "convolution_dimension_numbers",
+        (&[8, 16, 8], "(_, x, _)"),
+        &[8, 2, 8],
+        labels,
+        5,
+        1,
+        2,
+        "(x, _, _)",
+    );
 }
 
 /// [5,7] and [5,9] operands split `[2,1]` concatenated along dim 1: XLA expects `[2,1]`.
@@ -599,26 +730,35 @@ fn dot_tiled_batch_dim() {
     assert_shardings(&p, &exe, &[(&sum, "(x, y, _)")]);
 }
 
+/// `bij,bkj->bik` (batch dim 0, contracting dims 2 and 2): XLA's `dot` of the DotMerge
+/// tests.
+fn bij_bkj() -> DotDims {
+    DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contracting: vec![2],
+        rhs_contracting: vec![2],
+    }
+}
+
+/// `bij,bkj->bik` of [8,16,8] and [8,4,8] operands split `lhs` and `rhs` on 8 devices;
+/// asserts the product's propagated sharding.
+fn dot_merge(name: &str, lhs: &str, rhs: &str, product: &str) {
+    let (p, [d]) = build_with(name, |b| {
+        let p0 = param(b, "p0", &[8, 16, 8], Some(lhs));
+        let p1 = param(b, "p1", &[8, 4, 8], Some(rhs));
+        let d = p0.dot_general(&p1, bij_bkj());
+        (vec![copy(&d)], [d])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
+    assert_shardings(&p, &exe, &[(&d, product)]);
+}
+
 /// `bij,bkj->bik` of operands split `[2,2,1,2] last_tile_dim_replicate` with different
 /// device orders (8 devices): the lhs's `i` over the middle axis, the rhs's `k` over
 /// the minor one. XLA merges both into the product, `[2,2,2]`.
 fn dot_merge_operands() {
-    let (p, [d]) = build_with("dot_merge_operands", |b| {
-        let p0 = param(b, "p0", &[8, 16, 8], Some("(x, y, _)"));
-        let p1 = param(b, "p1", &[8, 4, 8], Some("(x, z, _)"));
-        let d = p0.dot_general(
-            &p1,
-            DotDims {
-                lhs_batch: vec![0],
-                rhs_batch: vec![0],
-                lhs_contracting: vec![2],
-                rhs_contracting: vec![2],
-            },
-        );
-        (vec![copy(&d)], [d])
-    });
-    let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
-    assert_shardings(&p, &exe, &[(&d, "(x, y, z)")]);
+    dot_merge("dot_merge_operands", "(x, y, _)", "(x, z, _)", "(x, y, z)");
 }
 
 /// `bij,bkj->bik` with the lhs split `[2,2,2]` and the product `[2,1,2,2]
@@ -629,17 +769,7 @@ fn backward_dot_from_contracting() {
         let p0 = param(b, "p0", &[8, 16, 8], Some("(x, y, z)"));
         let p1 = param(b, "p1", &[8, 4, 8], None);
         let c1 = copy(&p1);
-        let d = p0
-            .dot_general(
-                &c1,
-                DotDims {
-                    lhs_batch: vec![0],
-                    rhs_batch: vec![0],
-                    lhs_contracting: vec![2],
-                    rhs_contracting: vec![2],
-                },
-            )
-            .annotate(sh("(x, _, y)"));
+        let d = p0.dot_general(&c1, bij_bkj()).annotate(sh("(x, _, y)"));
         (vec![copy(&d)], [c1])
     });
     let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
@@ -803,4 +933,299 @@ fn gather_to_data_operand() {
     });
     let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
     assert_shardings(&p, &exe, &[(&input, "(_, x)")]);
+}
+
+/// A 1x1 convolution `bf0_oi0->bf0` of a [3,2,3] input annotated replicated: XLA
+/// leaves the output replicated.
+fn replicated_convolution_lhs() {
+    let labels = ["NCW", "OIW", "NCW"];
+    conv_1d(
+        "replicated_convolution_lhs",
+        (&[3, 2, 3], "(_, _, _)"),
+        &[2, 2, 1],
+        labels,
+        1,
+        1,
+        2,
+        "(_, _, _)",
+    );
+}
+
+/// A 1-D convolution `b0f_0io->b0f` with a window of 3 dilated by 16 over an [8,64,2]
+/// input split 4 ways on its spatial dim: XLA expects the [8,32,2] output split alike
+/// (the partitioner then gathers the input: each window spans 33 rows, more than one
+/// neighbour's 16).
+fn forward_convolution_large_dilation_forward_pass() {
+    let labels = ["NWC", "WIO", "NWC"];
+    conv_1d(
+        "forward_convolution_large_dilation",
+        (&[8, 64, 2], "(_, x, _)"),
+        &[3, 2, 2],
+        labels,
+        1,
+        16,
+        4,
+        "(_, x, _)",
+    );
+}
+
+/// The [11,17] operand split `[2,2,2] last_tile_dim_replicate` (8 devices, the minor
+/// axis replicated) padded with interior padding: XLA expects the pad split alike.
+fn partial_replicated_pad_forward_pass() {
+    let (p, [pad]) = build_with("partial_replicated_pad", |b| {
+        let a = param(b, "a", &[11, 17], Some("(x, y)"));
+        let pad = pad_11x17(&a, b);
+        (vec![copy(&pad)], [pad])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
+    assert_shardings(&p, &exe, &[(&pad, "(x, y)")]);
+}
+
+/// The strided slice of [`strided_slice`] on `[2,1,2] last_tile_dim_replicate`: XLA
+/// expects the slice split alike.
+fn partial_replicated_strided_slice() {
+    let (p, [s]) = build_with("partial_replicated_strided_slice", |b| {
+        let a = param(b, "a", &[17, 13], Some("(x, _)"));
+        let s = a.slice(&[1, 5], &[15, 10], &[2, 1]);
+        (vec![copy(&s)], [s])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&s, "(x, _)")]);
+}
+
+/// [`reshape_forward_pass`] on `[2,1,2] last_tile_dim_replicate`: XLA expects
+/// `[2,1,1,2] last_tile_dim_replicate`.
+fn partial_replicate_reshape_forward_pass() {
+    let (p, [r]) = build_with("partial_replicate_reshape_forward", |b| {
+        let a = param(b, "a", &[1430, 1], Some("(x, _)"));
+        let r = a.reshape([10, 11, 13]);
+        (vec![copy(&r)], [r])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&r, "(x, _, _)")]);
+}
+
+/// [`reshape_backward_pass`] with the reshape `[2,1,1,2] last_tile_dim_replicate`: XLA
+/// gives the operand `[2,1,2] last_tile_dim_replicate`.
+fn partial_replicate_reshape_backward_pass() {
+    let (p, [c]) = build_with("partial_replicate_reshape_backward", |b| {
+        let a = param(b, "a", &[2002, 1], None);
+        let c = copy(&a);
+        let r = c.reshape([14, 11, 13]).annotate(sh("(x, _, _)"));
+        (vec![r], [c])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&c, "(x, _)")]);
+}
+
+/// A 5x5 convolution `b01f_01io->b01f` of a [128,5,5,128] input into a
+/// [128,1,1,768] output split on its size-1 spatial dim: nothing to split backwards,
+/// XLA leaves both operands' copies replicated (batch and features scaled to 8).
+fn conv_as_dot_on_trivial_dims_backward() {
+    let (p, [lhs, rhs]) = build_with("conv_as_dot_backward", |b| {
+        let p0 = param(b, "p0", &[8, 5, 5, 8], None);
+        let p1 = param(b, "p1", &[5, 5, 8, 8], None);
+        let (lhs, rhs) = (copy(&p0), copy(&p1));
+        let conv = lhs
+            .conv2d(&rhs, [1, 1], Padding::Valid)
+            .annotate(sh("(_, x, _, _)"));
+        (vec![copy(&conv)], [lhs, rhs])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
+    let whole = "(_, _, _, _)";
+    assert_shardings(&p, &exe, &[(&lhs, whole), (&rhs, whole)]);
+}
+
+/// A 7x7 stride-2 convolution (padding 3) of an input split on its features over the
+/// major axis (`[1,1,1,2,2] last_tile_dim_replicate`) with a kernel split `[1,1,2,2]`
+/// (input features major, output features minor): XLA gives the output the kernel's
+/// output-feature split, `[1,1,1,2,2]0,2,1,3 last_tile_dim_replicate` (batch 128 and
+/// spatial 112 scaled to 2 and 8).
+fn convolution_filter_ifof_partitioned_input_partial_replicate() {
+    let (p, [conv]) = build_with("convolution_filter_ifof", |b| {
+        let p0 = param(b, "lhs", &[2, 8, 8, 12], None);
+        let p1 = param(b, "rhs", &[7, 7, 12, 64], None);
+        let lhs = copy(&p0).annotate(sh("(_, _, _, x)"));
+        let rhs = copy(&p1).annotate(sh("(_, _, x, y)"));
+        let padding = Padding::Explicit(vec![(3, 3), (3, 3)]);
+        let conv = lhs.conv2d(&rhs, [2, 2], padding);
+        (vec![copy(&conv)], [conv])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&conv, "(_, _, _, y)")]);
+}
+
+/// `bij,bkj->bik` with both operands split `[2,2,2]` (8 devices): the rhs's `k` would
+/// need the axis the lhs's `i` holds, so XLA gives the product the lhs's `[2,2,1,2]
+/// last_tile_dim_replicate`.
+fn dot_merge_operands2() {
+    dot_merge("dot_merge_operands2", "(x, y, z)", "(x, y, z)", "(x, y, _)");
+}
+
+/// A dynamic update of one row whose update's copy is split `[1,1,2]`: XLA gives the
+/// result and the operand's copy `[1,1,2]`.
+fn dynamic_update_slice_forward_pass_update() {
+    let (p, [dus, c0]) = build_with("dynamic_update_slice_update", |b| {
+        let a = param(b, "a", &[11, 13, 15], None);
+        let u = param(b, "u", &[11, 1, 15], None);
+        let c0 = copy(&a);
+        let c1 = copy(&u).annotate(sh("(_, _, x)"));
+        let (i0, i) = (index(b, "zero"), index(b, "i"));
+        let dus = c0.dynamic_update_slice(&c1, &[&i0, &i, &i0]);
+        (vec![dus.clone()], [dus, c0])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
+    assert_shardings(&p, &exe, &[(&dus, "(_, _, x)"), (&c0, "(_, _, x)")]);
+}
+
+/// Rows of a replicated [2,9] operand by indices split `[2,2]
+/// last_tile_dim_replicate`: XLA gives the [3,9] result `[2,1,2]
+/// last_tile_dim_replicate`.
+fn gather_from_index_partial_replicate() {
+    let (p, [g]) = build_with("gather_from_index_partial", |b| {
+        let input = param(b, "input", &[2, 9], Some("(_, _)"));
+        let indices = b
+            .parameter("indices", vec![3], DType::I32)
+            .annotate(sh("(x)"));
+        let g = input.gather(&indices, &row_lookup());
+        (vec![copy(&g)], [g])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&g, "(x, _)")]);
+}
+
+/// [`gather_from_data_operand`] with the operand `[1,2,2] last_tile_dim_replicate`:
+/// XLA gives the result `[1,2,2] last_tile_dim_replicate`.
+fn gather_from_data_operand_partial_replicate() {
+    let (p, [g]) = build_with("gather_from_data_operand_partial", |b| {
+        let input = param(b, "input", &[2, 9], Some("(_, x)"));
+        let indices = b
+            .parameter("indices", vec![3], DType::I32)
+            .annotate(sh("(_)"));
+        let g = input.gather(&indices, &row_lookup());
+        (vec![copy(&g)], [g])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    assert_shardings(&p, &exe, &[(&g, "(_, x)")]);
+}
+
+/// A gather of [1,1,4] windows from a replicated [2,4819,4] operand by [2,2,1000]
+/// indices (index vectors along dim 1), the [2,1000,4] result split `[1,2,1]`: XLA
+/// gives the indices' copy `[1,1,2]` (4819 and 1000 scaled to 37 and 10).
+fn gather_to_index3() {
+    let (p, [indices]) = build_with("gather_to_index3", |b| {
+        let input = param(b, "input", &[2, 37, 4], Some("(_, _, _)"));
+        let p1 = b.parameter("p1", vec![2, 2, 10], DType::I32);
+        let indices = p1.abs();
+        let dims = GatherDims {
+            offset_dims: vec![2],
+            collapsed_slice_dims: vec![0, 1],
+            operand_batching_dims: vec![],
+            start_indices_batching_dims: vec![],
+            start_index_map: vec![0, 1],
+            index_vector_dim: 1,
+            slice_sizes: vec![1, 1, 4],
+        };
+        let g = input.gather(&indices, &dims).annotate(sh("(_, x, _)"));
+        (vec![g], [indices])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
+    assert_shardings(&p, &exe, &[(&indices, "(_, _, x)")]);
+}
+
+/// The scatter-add of XLA's scatter tests: rows of [3,9] updates into a [2,9] operand
+/// at `indices` (`update_window_dims={1}, inserted_window_dims={0}`), index vectors
+/// along `index_vector_dim`.
+fn row_scatter(
+    input: &Tensor,
+    indices: &Tensor,
+    updates: &Tensor,
+    index_vector_dim: usize,
+) -> Tensor {
+    let dims = ScatterDims {
+        update_window_dims: vec![1],
+        inserted_window_dims: vec![0],
+        input_batching_dims: vec![],
+        scatter_indices_batching_dims: vec![],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim,
+    };
+    input
+        .scatter_add(indices, updates, &dims)
+        .annotate(sh("(_, _)"))
+}
+
+/// A replicated scatter-add whose updates are split `[2,1]` along their rows, the
+/// [1,3] indices (index vectors along dim 0) a copy: XLA gives the indices `[1,2]`.
+fn scatter_update_to_index2() {
+    let (p, [indices]) = build_with("scatter_update_to_index2", |b| {
+        let input = param(b, "input", &[2, 9], Some("(_, _)"));
+        let p1 = b
+            .parameter("p1", vec![1, 3], DType::I32)
+            .annotate(sh("(_, _)"));
+        let indices = p1.abs();
+        let updates = param(b, "updates", &[3, 9], Some("(x, _)"));
+        (vec![row_scatter(&input, &indices, &updates, 0)], [indices])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
+    assert_shardings(&p, &exe, &[(&indices, "(_, x)")]);
+}
+
+/// A replicated scatter-add with indices split `[2]`, the updates a copy of a
+/// replicated parameter: XLA gives the updates `[2,1]`.
+fn scatter_index_to_update() {
+    let (p, [updates]) = build_with("scatter_index_to_update", |b| {
+        let input = param(b, "input", &[2, 9], Some("(_, _)"));
+        let indices = b
+            .parameter("indices", vec![3], DType::I32)
+            .annotate(sh("(x)"));
+        let p2 = param(b, "p2", &[3, 9], Some("(_, _)"));
+        let updates = copy(&p2);
+        (vec![row_scatter(&input, &indices, &updates, 1)], [updates])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2)]));
+    assert_shardings(&p, &exe, &[(&updates, "(x, _)")]);
+}
+
+/// Copies of two [2,9] operands split on different dims over different axes (`[1,2,2]`
+/// and `[2,1,2]0,2,1,3`, both `last_tile_dim_replicate`) meet in an add: XLA merges the
+/// two into `[2,2]0,2,1,3` for both copies and the add.
+fn partial_sharding_on_elementwise() {
+    let (p, [lhs, rhs, sum]) = build_with("partial_sharding_on_elementwise", |b| {
+        let p0 = param(b, "p0", &[2, 9], Some("(_, x)"));
+        let p1 = param(b, "p1", &[2, 9], Some("(y, _)"));
+        let (lhs, rhs) = (copy(&p0), copy(&p1));
+        let sum = &lhs + &rhs;
+        (vec![copy(&sum)], [lhs, rhs, sum])
+    });
+    let exe = compile_and_check(&p, &mesh_2x2());
+    let merged = "(y, x)";
+    assert_shardings(&p, &exe, &[(&lhs, merged), (&rhs, merged), (&sum, merged)]);
+}
+
+/// [`transpose_forward_pass`] on 8 devices with the minor axis replicated (`[2,1,2,2]
+/// last_tile_dim_replicate`): XLA expects `[1,2,2,2]0,1,4,5,2,3,6,7
+/// last_tile_dim_replicate`, i.e. dim 1 over the middle axis and dim 2 the major one.
+fn partial_sharding_transpose_forward_pass() {
+    let (p, [t]) = build_with("partial_sharding_transpose_forward", |b| {
+        let a = param(b, "a", &[7, 11, 13], Some("(x, _, y)"));
+        let t = a.transpose(&[1, 2, 0]);
+        (vec![copy(&t)], [t])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
+    assert_shardings(&p, &exe, &[(&t, "(_, y, x)")]);
+}
+
+/// [`transpose_backward_pass`] on 8 devices, the transpose `[1,2,2,2]
+/// last_tile_dim_replicate`: XLA gives the copy `[2,1,2,2]0,1,4,5,2,3,6,7
+/// last_tile_dim_replicate`.
+fn partial_sharding_transpose_backward_pass() {
+    let (p, [c]) = build_with("partial_sharding_transpose_backward", |b| {
+        let a = param(b, "a", &[7, 11, 13], None);
+        let c = copy(&a);
+        let t = c.transpose(&[1, 2, 0]).annotate(sh("(_, x, y)"));
+        (vec![t], [c])
+    });
+    let exe = compile_and_check(&p, &mesh(&[("x", 2), ("y", 2), ("z", 2)]));
+    assert_shardings(&p, &exe, &[(&c, "(y, _, x)")]);
 }
