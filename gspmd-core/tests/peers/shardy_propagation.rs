@@ -54,6 +54,18 @@ pub const CASES: &[Case] = &[
         check: multi_axes_conflict,
     },
     Case {
+        source: "basic_propagation.mlir: @multi_axes_some_axes_incompatible",
+        verdict: Verdict::Agrees,
+        check: multi_axes_some_axes_incompatible,
+    },
+    Case {
+        source: "basic_propagation.mlir: @multi_axes_all_axes_incompatible",
+        verdict: Verdict::Better(
+            "an operand's replicated axis does not block the add: arg1 is sliced locally",
+        ),
+        check: multi_axes_all_axes_incompatible,
+    },
+    Case {
         source: "basic_propagation.mlir: @pointwise_size_one_axes",
         verdict: Verdict::Agrees,
         check: pointwise_size_one_axes,
@@ -1084,4 +1096,39 @@ fn append_out_sharding_from_outside() {
     let exe = compile_and_check(&p, &mesh_ab());
     assert_shardings(&p, &exe, &[(&out, "((b, a), _)")]);
     assert_eq!(region_sharding_of(&exe, &out, 0, "sum"), "(a, _)");
+}
+
+/// `[{"a", "b"}, {}] + arg1`, the add's own `[{?}, {"b", ?}]`: `b` is taken on dim 1,
+/// so only `a` of the first operand's dim 0 carries over.
+fn multi_axes_some_axes_incompatible() {
+    let (p, [add]) = build_with("multi_axes_some_incompatible", |b| {
+        let arg0 = param(b, "arg0", &[8, 8], Some("((a, b), _)"));
+        let arg1 = param(b, "arg1", &[8, 8], None);
+        let add = (&arg0 + &arg1).annotate(sh("(?, b?)"));
+        (vec![add.clone()], [add])
+    });
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&add, "(a, b)")]);
+}
+
+/// As [`multi_axes_some_axes_incompatible`] with arg1 `[{?}, {?}], replicated={"a"}`:
+/// Shardy takes `a` on an operand's explicitly replicated axis as a conflict and
+/// leaves dim 0 of the add unsplit. gspmd's replication is the operand's own (it is
+/// sliced locally), so the add keeps `(a, b)`: 32 bytes per device against the peer's
+/// 96, which gathers arg0's dim 0.
+fn multi_axes_all_axes_incompatible() {
+    let program = |peer: bool| {
+        build_with("multi_axes_all_incompatible", |b| {
+            let arg0 = param(b, "arg0", &[8, 8], Some("((a, b), _)"));
+            let arg1 = param(b, "arg1", &[8, 8], Some("(?, ?) replicated={a}"));
+            let own = if peer { "(_, b)" } else { "(?, b?)" };
+            let add = (&arg0 + &arg1).annotate(sh(own));
+            (vec![add.clone()], [add])
+        })
+    };
+    let (p, [add]) = program(false);
+    let exe = compile_and_check(&p, &mesh_ab());
+    assert_shardings(&p, &exe, &[(&add, "(a, b)")]);
+    let (ours, peer) = no_more_than_peer(&exe, &program(true).0, &mesh_ab());
+    assert!(ours < peer, "{ours} vs {peer}");
 }
