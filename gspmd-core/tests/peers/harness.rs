@@ -139,3 +139,105 @@ pub fn sharding_of(exe: &Executable, t: &Tensor) -> String {
         .map(|s| s.to_string())
         .unwrap_or_default()
 }
+
+/// [`build`] that also hands back values the case inspects: `f` returns the program's
+/// outputs and the values to look at (in the order the case names them).
+#[track_caller]
+pub fn build_with<const N: usize>(
+    name: &str,
+    f: impl FnOnce(&Builder) -> (Vec<Tensor>, [Tensor; N]),
+) -> (Program, [Tensor; N]) {
+    let mut seen = None;
+    let program = build(name, |b| {
+        let (outs, values) = f(b);
+        seen = Some(values);
+        outs
+    });
+    (program, seen.expect("the closure ran"))
+}
+
+/// Asserts the propagated sharding of each value (`(&t, "(x, _)")`), naming every
+/// mismatch at once. The program must reach propagation as traced (no dead or repeated
+/// values for simplification to remove), so that traced ids are propagated ids; that is
+/// checked first.
+#[track_caller]
+pub fn assert_shardings(program: &Program, exe: &Executable, expected: &[(&Tensor, &str)]) {
+    assert_eq!(
+        exe.propagated().nodes.len(),
+        program.nodes.len(),
+        "{}: simplification changed the program, so traced ids do not name propagated values",
+        program.name
+    );
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter_map(|&(t, want)| {
+            let got = sharding_of(exe, t);
+            (got != want).then(|| format!("{}: expected {want}, got {got}", t.ty()))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{}: {}\n{}",
+        program.name,
+        wrong.join("; "),
+        exe.propagated()
+    );
+}
+
+/// Where gspmd propagates otherwise than the peer: compiles `peer` (the same program
+/// with the peer's shardings written as annotations), checks it against the reference
+/// too, and asserts that gspmd's plan `ours` receives no more bytes per device than the
+/// peer's and holds no more per device at its peak. Returns both byte counts
+/// `(ours, peer's)`.
+#[track_caller]
+pub fn no_more_than_peer(ours: &Executable, peer: &Program, mesh: &Mesh) -> (usize, usize) {
+    let theirs = compile_and_check(peer, mesh);
+    let (a, b) = (
+        ours.spmd().collectives().bytes(),
+        theirs.spmd().collectives().bytes(),
+    );
+    assert!(
+        a <= b,
+        "{}: gspmd receives {a} bytes per device, the peer's plan {b}\n{}\npeer's plan:\n{}",
+        peer.name,
+        ours.report(),
+        theirs.report()
+    );
+    let (m, n) = (
+        ours.memory_analysis().peak_bytes,
+        theirs.memory_analysis().peak_bytes,
+    );
+    assert!(
+        m <= n,
+        "{}: gspmd's peak is {m} bytes per device, the peer's plan {n}",
+        peer.name
+    );
+    (a, b)
+}
+
+/// The propagated sharding of the value named `name` (see `Tensor::named`) in region
+/// `region` (its index in [`gspmd_core::ir::Flow::regions`]) of the flow op that
+/// returns `outer` (directly, or through the `sharding_constraint`s a `shard_map` pins
+/// its results with), as text. Names survive simplification, which renumbers regions.
+#[track_caller]
+pub fn region_sharding_of(exe: &Executable, outer: &Tensor, region: usize, name: &str) -> String {
+    let program = exe.propagated();
+    let mut node = program.node(outer.id().expect("traced without error"));
+    while let gspmd_core::ir::Op::ShardingConstraint = node.op {
+        node = program.node(node.operands[0]);
+    }
+    let gspmd_core::ir::Op::Flow { flow, .. } = &node.op else {
+        panic!("{} is not a flow op's result", node.op.name());
+    };
+    let body = flow.regions()[region];
+    let inner = body
+        .nodes
+        .iter()
+        .find(|n| n.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no value named {name:?} in region {region}:\n{body}"));
+    inner
+        .sharding
+        .as_ref()
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
