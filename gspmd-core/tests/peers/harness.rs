@@ -20,7 +20,6 @@ pub struct Case {
 }
 
 /// How gspmd compares with the peer on one case.
-#[allow(dead_code)] // until the suites port a case of each kind
 pub enum Verdict {
     /// The same propagated shardings, or the same collectives (kinds, per-device shapes).
     Agrees,
