@@ -33,6 +33,8 @@ pub(super) enum Direction {
     Both,
     /// Operands only: information flows from the result back to the operands.
     Backward,
+    /// The result only: information flows from the operands to the result.
+    Forward,
 }
 
 /// What one step at one op may do.
@@ -199,7 +201,12 @@ pub(super) fn propagate_op(
     let mut changed = false;
     for (t, (&v, mapping)) in values.iter().zip(rule.tensors()).enumerate() {
         let is_result = t == operands.len();
-        if step.direction == Direction::Backward && is_result {
+        let allowed = match step.direction {
+            Direction::Both => true,
+            Direction::Backward => !is_result,
+            Direction::Forward => is_result,
+        };
+        if !allowed {
             continue;
         }
         let state = &mut states[v.index()];
