@@ -70,6 +70,33 @@ fn a_forward_barrier_keeps_the_producer_on_its_operands_layout() {
     assert_eq!(sharding_of(&exe, &t[1]), "(model, _)");
 }
 
+/// In a `shard_map` body (a per-device program propagated over the automatic axes) a
+/// barrier of each direction partitions and runs like the reference.
+#[test]
+fn a_barrier_in_a_manual_region_runs_like_the_reference() {
+    let m = mesh(&[("data", 2), ("model", 4)]);
+    for allowed in [D::Forward, D::Backward, D::None] {
+        let p = build("manual", |b| {
+            let x = param(b, "x", &[8, 16], Some("(data, ?)"));
+            let w = param(b, "w", &[16, 4], None);
+            let ins = [sh("(_, model)"), sh("(model, _)")];
+            let ys = b.shard_map(
+                &m,
+                &["model"],
+                &[x, w],
+                &ins,
+                &[sh("(_, _)")],
+                |_, blocks| {
+                    let h = blocks[0].propagation_barrier(allowed).exp();
+                    vec![h.matmul(&blocks[1]).psum(&["model"])]
+                },
+            );
+            vec![ys[0].tanh()]
+        });
+        compile_and_check(&p, &m);
+    }
+}
+
 /// `BOTH` would block nothing: a typed error naming the op and the user's line.
 #[test]
 fn a_barrier_allowing_both_directions_is_an_error_at_the_users_line() {
