@@ -137,7 +137,7 @@ fn models_compile_to_the_recorded_programs() {
             moe_grad(),
             moe_language_model::mesh([2, 4]).unwrap(),
             keep.clone(),
-            0xa8d5796e8e9f5f6f,
+            0x4f6208510f120db8,
         ),
         (
             "pipeline gradient",

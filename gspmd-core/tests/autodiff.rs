@@ -13,7 +13,8 @@ use gspmd_core::autodiff::{grad, is_differentiable};
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
     AxisGroup, Builder, DType, DotDims, GatherDims, Literal, Location, Node, Op, OpKind, Padding,
-    Program, ReduceKind, ScatterDims, Tensor, ValueId, WindowDim, einsum, verify,
+    Program, PropagationDirection, ReduceKind, ScatterDims, Tensor, ValueId, WindowDim, einsum,
+    verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::runtime::uniform_f32;
@@ -960,6 +961,37 @@ fn a_constrained_value_has_a_cotangent_with_the_same_constraint() {
         .collect();
     assert_eq!(constrained.len(), 1, "{g}");
     assert_eq!(constrained[0].annotation.as_ref(), Some(&s));
+}
+
+/// A propagation barrier is an identity: its cotangent passes through a barrier of the
+/// mirrored direction (the backward pass crosses it from the result's side).
+#[test]
+fn a_barrier_passes_the_cotangent_through_the_mirrored_barrier() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1301);
+    for (forward, backward) in [
+        (
+            PropagationDirection::Forward,
+            PropagationDirection::Backward,
+        ),
+        (
+            PropagationDirection::Backward,
+            PropagationDirection::Forward,
+        ),
+        (PropagationDirection::None, PropagationDirection::None),
+    ] {
+        let program = trace(|b| {
+            let h = param(b, "x", &[4, 2]).tanh().propagation_barrier(forward);
+            weighted_sum(&h.mul(&h), &mut rng)
+        });
+        check_gradients(&program, &[uniform_f32(&mut rng, &[4, 2], -1.0, 1.0)], &[0]);
+        let g = grad(&program, 0, &[0]).unwrap();
+        let n = program.nodes.len();
+        let barriers: Vec<&Op> = (g.nodes[n..].iter())
+            .map(|node| &node.op)
+            .filter(|op| op.kind() == OpKind::PropagationBarrier)
+            .collect();
+        assert_eq!(barriers, [&Op::PropagationBarrier(backward)], "{g}");
+    }
 }
 
 #[test]

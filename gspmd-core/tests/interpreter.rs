@@ -5,7 +5,7 @@ use gspmd_core::Error;
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
     Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Literal, OpKind, Padding,
-    ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
+    PropagationDirection, ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
@@ -695,6 +695,21 @@ fn sharding_constraint_is_identity() {
         &[m23()],
     );
     assert_eq!(out, m23());
+}
+
+#[test]
+fn propagation_barrier_is_identity() {
+    let outs = run(
+        |b| {
+            let x = f32_param(b, "x", &[2, 3]);
+            // The second barrier's operand is still used afterwards (no buffer reuse).
+            let y = x.propagation_barrier(PropagationDirection::Forward);
+            let z = y.propagation_barrier(PropagationDirection::None);
+            vec![z, y.propagation_barrier(PropagationDirection::Backward)]
+        },
+        &[m23()],
+    );
+    assert_eq!(outs, [m23(), m23()]);
 }
 
 // ---- reductions ------------------------------------------------------------------------

@@ -22,8 +22,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
     BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Flow, GatherDims,
-    Literal, Location, Op, OpKind, Padding, Program, ReduceKind, ScatterDims, ScatterKind, Tensor,
-    TensorType, UnaryOp, ValueId, WindowDim, einsum,
+    Literal, Location, Op, OpKind, Padding, Program, PropagationDirection, ReduceKind, ScatterDims,
+    ScatterKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -239,7 +239,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..31) {
+        match self.rng.random_range(0..32) {
             0 | 1 => self.unary(),
             2..=4 => self.binary(),
             5 => self.compare_select(),
@@ -264,6 +264,7 @@ impl Gen<'_> {
             27 => self.gather(),
             28 => self.scatter(),
             29 => self.control_flow(),
+            30 => self.barrier(),
             _ => self.convert(),
         }
     }
@@ -1344,6 +1345,21 @@ impl Gen<'_> {
 
     /// `convert` of an i32 or bool value to f32 (or bool to i32); one time in three, a
     /// [`Gen::narrow_round_trip`] instead.
+    /// A propagation barrier (an identity) of a random allowed direction: the values on
+    /// its two sides are propagated apart, so the partitioner reshards at it.
+    fn barrier(&mut self) {
+        let Some(a) = self.operand(|_| true) else {
+            return;
+        };
+        let allowed = [
+            PropagationDirection::None,
+            PropagationDirection::Forward,
+            PropagationDirection::Backward,
+        ];
+        let r = (a.t).propagation_barrier(*allowed.choose(self.rng).expect("a direction"));
+        self.push(r, a.exact);
+    }
+
     fn convert(&mut self) {
         if self.rng.random_ratio(1, 3) {
             return self.narrow_round_trip();
@@ -1711,7 +1727,8 @@ fn values_and_errors(
             | Op::Pad { .. }
             | Op::Concatenate(_)
             | Op::Reverse(_)
-            | Op::ShardingConstraint => apply(&node.op, &f32s(&e))?,
+            | Op::ShardingConstraint
+            | Op::PropagationBarrier(_) => apply(&node.op, &f32s(&e))?,
             Op::Compare(_) => return Err("a compare with an f32 result".into()),
             // Moves: the operand's (and update's) errors moved alike; starts are exact.
             Op::DynamicSlice(_) | Op::DynamicUpdateSlice => {
@@ -2225,7 +2242,7 @@ fn shrink_candidates(program: &Program) -> Vec<Program> {
         if users[v.index()].is_empty() && !program.outputs.contains(&v) {
             edits.push(Edit::Remove);
         }
-        if matches!(node.op, Op::ShardingConstraint) {
+        if matches!(node.op, Op::ShardingConstraint | Op::PropagationBarrier(_)) {
             edits.push(Edit::Alias(node.operands[0]));
         } else if node.annotation.is_some() {
             edits.push(Edit::Unannotate);

@@ -1171,6 +1171,30 @@ fn random_bits_counters_may_be_split_and_keys_stay_whole() {
     );
 }
 
+/// A propagation barrier lets shardings cross it only in its allowed direction: `x`'s
+/// `data` reaches the barrier's result only through `Forward`, the constraint's `model`
+/// reaches `x` only through `Backward`; `None` keeps both sides apart.
+#[test]
+fn a_propagation_barrier_blocks_the_disallowed_direction() {
+    use gspmd_core::ir::PropagationDirection as D;
+    for (allowed, x_want, y_want) in [
+        (D::Forward, "(data, _)", "(data, model)"),
+        (D::Backward, "(data, model)", "(_, model)"),
+        (D::None, "(data, _)", "(_, model)"),
+    ] {
+        let b = Builder::new("barrier");
+        let x = param(&b, "x", &[8, 16], Some("(data, ?)"));
+        let y = x.propagation_barrier(allowed);
+        let z = y.tanh().shard(sh("(?, model)"));
+        let p = run(&finish(b, &[&z]));
+        assert_eq!(
+            (of(&p, &x), of(&p, &y)),
+            (x_want.into(), y_want.into()),
+            "{allowed:?}"
+        );
+    }
+}
+
 /// Every op kind of a global program has its sharding rule printed or is propagated
 /// through and checked by a test above (through [`rule`] or [`run`]).
 #[test]

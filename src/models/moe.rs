@@ -90,14 +90,22 @@ pub fn moe_ffn(
     capacity: usize,
 ) -> (Tensor<G, S, M>, Tensor, Tensor<E>) {
     let routing = top2_gating(&x, &wg, capacity);
+    // The routing tensors are split over groups like the tokens (GShard's Algorithm 2),
+    // and so are their cotangents: without this, the dot giving the combine's cotangent
+    // would keep `expert` on the expert dim of the larger `expert_out` (Shardy's conflict
+    // rule across factors) and reshard every routing tensor of the backward pass.
+    #[shard((data, expert), _, _, _)]
+    let dispatch = routing.dispatch;
+    #[shard((data, expert), _, _, _)]
+    let combine = routing.combine;
     #[shard(expert, data, _, _)]
-    let dispatched = einsum("gsec,gsm->egcm", &routing.dispatch, &x);
+    let dispatched = einsum("gsec,gsm->egcm", &dispatch, &x);
     #[shard(expert, data, _, _)]
     let hidden = einsum("egcm,emh->egch", &dispatched, &wi).gelu();
     #[shard(expert, data, _, _)]
     let expert_out = einsum("egch,ehm->egcm", &hidden, &wo);
     #[shard((data, expert), _, _)]
-    let combined = einsum("gsec,egcm->gsm", &routing.combine, &expert_out);
+    let combined = einsum("gsec,egcm->gsm", &combine, &expert_out);
     (combined, routing.aux_loss, routing.counts)
 }
 

@@ -55,7 +55,7 @@ pub fn is_differentiable(kind: OpKind) -> bool {
         K::Rem => true,
         K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => true,
         K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => true,
-        K::ShardingConstraint => true,
+        K::ShardingConstraint | K::PropagationBarrier => true,
         K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => true,
         K::Convolution | K::Reverse => true,
         K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => true,
@@ -231,6 +231,13 @@ pub(super) fn operand_cotangent(
         // GSPMD 3.6: the backward pass is sharded like the forward pass, so the
         // cotangent is pinned to the same sharding.
         Op::ShardingConstraint => Some(e.constrain(ct, node.annotation.clone())?),
+        // The cotangent's barrier runs from ct(y) (its operand) to ct(x) (its result).
+        // A cotangent is sharded like its primal (GSPMD 3.6), so to keep the forward
+        // barrier's rule (layouts pass from x's side to y's only, for FORWARD) its
+        // direction is mirrored: BACKWARD, from ct(x) back to ct(y).
+        Op::PropagationBarrier(allowed) => {
+            Some(e.push(Op::PropagationBarrier(allowed.mirrored()), &[ct])?)
+        }
         // Only in a `shard_map` body: `grad` rejects them in a global program.
         Op::AxisIndex(_)
         | Op::AllReduce { .. }

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::literal::Literal;
-use super::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+use super::op::{BinaryOp, CompareOp, DotDims, Op, PropagationDirection, ReduceKind, UnaryOp};
 use super::program::Program;
 use crate::error::{Error, Result};
 use crate::sharding::Sharding;
@@ -657,6 +657,17 @@ impl Tensor {
         }
         self.state.borrow_mut().program.node_mut(id).annotation = Some(sharding);
         self.clone()
+    }
+
+    /// The same value behind a `propagation_barrier` (Shardy's): sharding propagation
+    /// crosses it only in the `allowed` direction (`Forward`: from `self` to the result;
+    /// `Backward`: from the result's users back to `self`; `None`: not at all), so a
+    /// layout chosen on one side does not leak to the other. Where the two sides end up
+    /// sharded differently the partitioner reshards at the barrier. `Both` is an error
+    /// (the barrier would block nothing).
+    #[track_caller]
+    pub fn propagation_barrier(&self, allowed: PropagationDirection) -> Tensor {
+        push_at(self, Op::PropagationBarrier(allowed), Location::caller())
     }
 
     /// A `sharding_constraint`: the same value, pinned to `sharding` at this point.

@@ -1,7 +1,7 @@
 //! Result-type inference for every primitive op: the one place that knows each op's
 //! shape rules. The builder uses it to type new nodes, the verifier to re-check them.
 
-use super::op::{BinaryOp, ConvConfig, DotDims, Op, UnaryOp, WindowDim};
+use super::op::{BinaryOp, ConvConfig, DotDims, Op, PropagationDirection, UnaryOp, WindowDim};
 use super::random::RandomOutput;
 use crate::types::{DType, TensorType, checked_num_elements};
 
@@ -294,6 +294,14 @@ pub fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType, Strin
             Ok(operands[0].clone())
         }
         Op::CollectiveShift { .. } => Ok(operands[0].clone()),
+        Op::PropagationBarrier(direction) => match direction {
+            PropagationDirection::Both => Err(
+                "allowed_direction BOTH would block nothing (Shardy rejects it too): use \
+                 FORWARD, BACKWARD or NONE, or no barrier"
+                    .into(),
+            ),
+            _ => Ok(operands[0].clone()),
+        },
         Op::Flow { flow, result } => {
             let results = flow.result_types(operands)?;
             let count = results.len();

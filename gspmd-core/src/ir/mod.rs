@@ -41,7 +41,7 @@ pub use lookup::embedding;
 pub use manual::{ManualSpec, moved_dims};
 pub use op::{
     Arity, AxisGroup, BinaryOp, CompareOp, ConvConfig, ConvDimensionNumbers, CumulativeKind,
-    DotDims, Op, OpKind, Padding, ReduceKind, UnaryOp, WindowDim,
+    DotDims, Op, OpKind, Padding, PropagationDirection, ReduceKind, UnaryOp, WindowDim,
 };
 pub use program::{Node, Origin, Program};
 pub(crate) use rotation::{Rotation, rotation};

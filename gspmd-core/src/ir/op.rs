@@ -124,6 +124,45 @@ impl CumulativeKind {
     }
 }
 
+/// Which way shardings may cross a [`Op::PropagationBarrier`] (Shardy's
+/// `PropagationDirection`, the barrier's `allowed_direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PropagationDirection {
+    /// Nothing crosses: the operand and the result are propagated independently.
+    None,
+    /// From the operand to the result only: the result may take the operand's axes,
+    /// the operand never the result's.
+    Forward,
+    /// From the result to the operand only.
+    Backward,
+    /// Both ways, as for any identity; rejected on a barrier (it would block nothing).
+    Both,
+}
+
+impl PropagationDirection {
+    /// The direction for the barrier on the cotangent: the backward pass runs the
+    /// barrier from the result's cotangent (its operand) to the operand's cotangent (its
+    /// result), so "from the forward operand's side to the forward result's side" is
+    /// now from result to operand: `Forward` and `Backward` swap.
+    pub fn mirrored(self) -> Self {
+        match self {
+            PropagationDirection::Forward => PropagationDirection::Backward,
+            PropagationDirection::Backward => PropagationDirection::Forward,
+            PropagationDirection::None | PropagationDirection::Both => self,
+        }
+    }
+
+    /// Shardy's spelling: `NONE`, `FORWARD`, `BACKWARD`, `BOTH`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PropagationDirection::None => "NONE",
+            PropagationDirection::Forward => "FORWARD",
+            PropagationDirection::Backward => "BACKWARD",
+            PropagationDirection::Both => "BOTH",
+        }
+    }
+}
+
 /// Dimension numbers of a `dot_general` (XLA's `DotDimensionNumbers`).
 ///
 /// The result's dims are: batch dims (in `lhs_batch` order), then lhs dims that are
@@ -593,6 +632,10 @@ pub enum Op {
     /// Identity whose node carries a sharding annotation: pins a value's sharding
     /// mid-program (JAX's `with_sharding_constraint`).
     ShardingConstraint,
+    /// Identity that shardings cross during propagation only in the allowed direction
+    /// (Shardy's `sdy.propagation_barrier`): where the two sides end up differently
+    /// sharded, the partitioner reshards the operand to the result's sharding.
+    PropagationBarrier(PropagationDirection),
     /// Result number `result` of a control-flow op with regions (`while`, `scan`,
     /// `cond`; see [`Flow`]). Every result of one instance is its own node with the
     /// same `flow` and operands; the op runs once for all of them.
@@ -670,6 +713,7 @@ impl Op {
                 ScatterKind::Replace => "scatter",
             },
             Op::ShardingConstraint => "sharding_constraint",
+            Op::PropagationBarrier(_) => "propagation_barrier",
             Op::Flow { flow, .. } => flow.name(),
             Op::AxisIndex(_) => "axis_index",
             Op::AllReduce { .. } => "all_reduce",
@@ -768,6 +812,7 @@ impl Op {
             Op::CollectivePermute { .. } => OpKind::CollectivePermute,
             Op::CollectiveShift { .. } => OpKind::CollectiveShift,
             Op::ShardingConstraint => OpKind::ShardingConstraint,
+            Op::PropagationBarrier(_) => OpKind::PropagationBarrier,
             Op::Flow { flow, .. } => match **flow {
                 Flow::While { .. } => OpKind::While,
                 Flow::Scan { .. } => OpKind::Scan,
@@ -798,7 +843,8 @@ impl Op {
             | Op::AllToAll { .. }
             | Op::CollectivePermute { .. }
             | Op::CollectiveShift { .. }
-            | Op::ShardingConstraint => Arity::Fixed(1),
+            | Op::ShardingConstraint
+            | Op::PropagationBarrier(_) => Arity::Fixed(1),
             Op::Binary(_) | Op::Compare(_) | Op::Pad { .. } | Op::DotGeneral(_) => Arity::Fixed(2),
             // The key, then the counter base.
             Op::RandomBits { .. } => Arity::Fixed(2),
@@ -859,7 +905,8 @@ impl Op {
             | Op::Scatter { .. }
             | Op::AxisIndex(_)
             | Op::Flow { .. }
-            | Op::ShardingConstraint => None,
+            | Op::ShardingConstraint
+            | Op::PropagationBarrier(_) => None,
         }
     }
 
@@ -1062,6 +1109,8 @@ op_kinds! {
     CollectiveShift,
     /// [`Op::ShardingConstraint`].
     ShardingConstraint,
+    /// [`Op::PropagationBarrier`].
+    PropagationBarrier,
     /// [`Op::Flow`] with [`Flow::While`].
     While,
     /// [`Op::Flow`] with [`Flow::Scan`].
@@ -1099,7 +1148,7 @@ impl OpKind {
             K::DynamicSlice | K::DynamicUpdateSlice | K::CumulativeSum | K::CumulativeProd => false,
             K::Argsort => false,
             K::Gather | K::ScatterAdd | K::ScatterReplace => false,
-            K::ShardingConstraint => false,
+            K::ShardingConstraint | K::PropagationBarrier => false,
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::While | K::Scan | K::Cond | K::ShardMap => false,
         }
@@ -1118,6 +1167,8 @@ impl OpKind {
             }
             K::Rem => true,
             K::ShardingConstraint => true,
+            // An identity, but propagation crosses it only as its direction allows.
+            K::PropagationBarrier => false,
             K::Parameter | K::Constant | K::Iota | K::RandomBits => false,
             K::Broadcast | K::Reshape | K::Transpose | K::ReduceSum | K::ReduceMax => false,
             K::ReduceMin | K::DotGeneral | K::Slice | K::Pad | K::Concatenate => false,
@@ -1162,7 +1213,7 @@ impl OpKind {
             // indexed dim), which reduce them unless the target keeps them.
             K::Gather | K::ScatterAdd | K::ScatterReplace => false,
             K::AxisIndex | K::AllGather | K::AllToAll => false,
-            K::CollectivePermute | K::ShardingConstraint => false,
+            K::CollectivePermute | K::ShardingConstraint | K::PropagationBarrier => false,
             // A window sums neighbouring elements of one dim; nothing is left pending.
             K::ReduceWindowSum | K::ReduceWindowMax | K::ReduceWindowMin => false,
             K::CollectiveShift => false,

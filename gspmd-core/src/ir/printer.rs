@@ -253,6 +253,7 @@ fn attributes(op: &Op) -> String {
         | Op::Convert(_)
         | Op::Reshape(_)
         | Op::ShardingConstraint => String::new(),
+        Op::PropagationBarrier(allowed) => format!(", allowed_direction={}", allowed.name()),
     }
 }
 

@@ -124,7 +124,8 @@ fn propagate_flat(program: &Program, mesh: &Mesh, global: bool) -> Result<Progra
                         direction,
                     };
                     let rule = &rules[v.index()];
-                    propagate_op(&mut states, rule, &node.operands, v, step)
+                    let elementwise = node.op.is_elementwise();
+                    propagate_op(&mut states, rule, elementwise, &node.operands, v, step)
                 };
                 sweep_to_fixed_point(&ops, visit);
             }

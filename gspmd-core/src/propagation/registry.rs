@@ -4,7 +4,9 @@
 use super::factor_propagation::Direction;
 use super::rule::{FactorKind, OpShardingRule, TensorFactors};
 use crate::ir::random::RandomOutput;
-use crate::ir::{ConvConfig, Flow, Indexing, Op, Program, ScatterKind, ValueId};
+use crate::ir::{
+    ConvConfig, Flow, Indexing, Op, Program, PropagationDirection, ScatterKind, ValueId,
+};
 
 /// The sharding rule of the op defining `value`.
 ///
@@ -48,7 +50,9 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
         | Op::Compare(_)
         | Op::Select
         | Op::Convert(_)
-        | Op::ShardingConstraint => {
+        | Op::ShardingConstraint
+        | Op::PropagationBarrier(_) => {
+            // A barrier's direction is not in its rule but in `direction_at`.
             let shared = own_factors(&mut rule, result_shape);
             rule.operands = vec![shared.clone(); node.operands.len()];
             rule.result = shared;
@@ -598,9 +602,16 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 pub(super) const OP_PRIORITY_LEVELS: usize = 3;
 
 /// Which tensors of `op` propagation may refine at op-priority `level` (below
-/// [`OP_PRIORITY_LEVELS`]); `None` while the op is not yet crossed.
+/// [`OP_PRIORITY_LEVELS`]); `None` while the op is not yet crossed. A propagation
+/// barrier is crossed at every level, only in its allowed direction (`NONE`: never).
 pub(super) fn direction_at(op: &Op, level: usize) -> Option<Direction> {
     match (op, level) {
+        (Op::PropagationBarrier(allowed), _) => match allowed {
+            PropagationDirection::None => None,
+            PropagationDirection::Forward => Some(Direction::Forward),
+            PropagationDirection::Backward => Some(Direction::Backward),
+            PropagationDirection::Both => Some(Direction::Both),
+        },
         (op, _) if op.is_elementwise() => Some(Direction::Both),
         (_, 0) => None,
         (Op::Broadcast { .. }, 1) => Some(Direction::Backward),

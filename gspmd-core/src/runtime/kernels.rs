@@ -170,7 +170,8 @@ pub(crate) fn eval_typed(
             let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             elementwise::convert(x.into_value()?, *dtype)
         }
-        Op::ShardingConstraint => {
+        // Identities: the operand's buffer when it dies here, else a copy.
+        Op::ShardingConstraint | Op::PropagationBarrier(_) => {
             let [x] = exactly::<1>(operands).ok_or_else(|| arity(1))?;
             x.into_value()?.into_owned()
         }
@@ -296,6 +297,7 @@ fn compute_borrowed(
         | Op::Select
         | Op::Convert(_)
         | Op::ShardingConstraint
+        | Op::PropagationBarrier(_)
         | Op::Reshape(_)
         | Op::DynamicUpdateSlice => {
             return Err(format!("{} takes its operands by value", op.name()));

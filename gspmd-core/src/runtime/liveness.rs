@@ -223,6 +223,7 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
         | Op::Select
         | Op::Convert(_)
         | Op::ShardingConstraint
+        | Op::PropagationBarrier(_)
         | Op::Flow { .. } => 0,
         // A copy of its operands (regrouped, or in standard layout) and of its result.
         _ => (0..node.operands.len()).map(operand).sum::<usize>() + node.ty.size_in_bytes(),
@@ -257,7 +258,11 @@ fn in_place_operand(
     taken: &dyn Fn(usize) -> bool,
 ) -> Option<usize> {
     let candidates: &[usize] = match op {
-        Op::Unary(_) | Op::Binary(_) | Op::Convert(_) | Op::ShardingConstraint => &[0, 1],
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Convert(_)
+        | Op::ShardingConstraint
+        | Op::PropagationBarrier(_) => &[0, 1],
         Op::Select => &[1, 2],
         _ => return None,
     };

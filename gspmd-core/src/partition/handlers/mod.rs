@@ -41,7 +41,10 @@ pub(crate) fn partition_node(
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_) => {
             elementwise::elementwise(em, node, operands, target)
         }
-        Op::ShardingConstraint => super::reshard::reshard(em, &operands[0], target),
+        // Identities: the operand, resharded where the two sides differ.
+        Op::ShardingConstraint | Op::PropagationBarrier(_) => {
+            super::reshard::reshard(em, &operands[0], target)
+        }
         Op::Broadcast { dims, .. } => shape::broadcast(em, node, dims, &operands[0], target),
         Op::Reshape(_) => shape::reshape(em, node, &operands[0], target),
         Op::Transpose(perm) => shape::transpose(em, perm, &operands[0], target),

@@ -46,6 +46,7 @@ fn computes(op: &Op) -> bool {
         | Op::RandomBits { .. }
         | Op::Convert(_)
         | Op::ShardingConstraint
+        | Op::PropagationBarrier(_)
         | Op::Broadcast { .. }
         | Op::Reshape(_)
         | Op::Transpose(_)
