@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::PValue;
+use super::handlers::LocalFlow;
 use crate::error::{Error, Result};
 use crate::ir::{
     AxisGroup, DType, Flow, Literal, Location, Op, Program, Purpose, Source, TensorType, ValueId,
@@ -29,10 +30,10 @@ pub(crate) struct Emitter<'m> {
     pub current: (ValueId, &'static str, Location),
     /// Notes on costly choices (whole-dim gathers), each naming the value and location.
     pub warnings: Vec<String>,
-    /// The per-device form of each flow op's regions partitioned so far, keyed by the
-    /// global program's regions (alive while partitioning): an instance's result nodes
-    /// share one.
-    pub flows: HashMap<*const Flow, Arc<Flow>>,
+    /// The per-device form of each flow op partitioned so far, keyed by the global
+    /// program's regions (alive while partitioning): an instance's result nodes share
+    /// one.
+    pub flows: HashMap<*const Flow, Arc<LocalFlow>>,
 }
 
 impl<'m> Emitter<'m> {
