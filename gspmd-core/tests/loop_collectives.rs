@@ -8,27 +8,17 @@
 //! the GRU's losses likewise, step by step.
 
 mod differential;
+mod loop_programs;
 
 use std::collections::BTreeMap;
 
 use differential::compile_and_check;
 use gspmd_core::autodiff::grad;
-use gspmd_core::ir::{Builder, DType, Flow, Literal, Op, Program, Tensor};
-use gspmd_core::partition::bytes_received;
-use gspmd_core::sharding::{Mesh, Sharding};
+use gspmd_core::ir::{Flow, Literal, Program, Tensor};
+use gspmd_core::sharding::Mesh;
 use gspmd_core::train::{Optimizer, Trainer, step_program};
+use loop_programs::{build, flows, inputs, mesh_2x2, nested_loops, own, s, sharded, while_loop};
 use ndarray::{ArrayD, IxDyn};
-
-fn s(text: &str) -> Sharding {
-    text.parse().unwrap()
-}
-
-fn build(name: &str, f: impl FnOnce(&Builder) -> Vec<Tensor>) -> Program {
-    let b = Builder::new(name);
-    let outs = f(&b);
-    let refs: Vec<&Tensor> = outs.iter().collect();
-    b.finish(&refs).unwrap()
-}
 
 /// A deterministic f32 array of `shape`, values in `[-scale, scale)`, different for
 /// each `seed`.
@@ -40,59 +30,11 @@ fn values(shape: &[usize], seed: usize, scale: f32) -> Literal {
     Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
 }
 
-/// Deterministic inputs: f32 in [-0.5, 0.5), i32 scalars `int`.
-fn inputs(program: &Program, int: i32) -> Vec<Literal> {
-    (program.params.iter().enumerate())
-        .map(|(seed, &p)| {
-            let ty = program.ty(p);
-            match ty.dtype {
-                DType::I32 => Literal::full(&ty.shape, DType::I32, f64::from(int)),
-                _ => values(&ty.shape, seed, 0.5),
-            }
-        })
-        .collect()
-}
-
-/// An f32 parameter of `b` annotated with `sharding`.
-fn sharded(b: &Builder, name: &str, shape: &[usize], sharding: &str) -> Tensor {
-    b.parameter(name, shape.to_vec(), DType::F32)
-        .annotate(s(sharding))
-}
-
-fn mesh_2x2() -> Mesh {
-    Mesh::new([("data", 2), ("model", 2)]).unwrap()
-}
-
-/// The collectives of `program`'s own nodes (its regions left out), by kind: (count,
-/// bytes received per device).
-fn own(program: &Program, mesh: &Mesh) -> BTreeMap<&'static str, (usize, usize)> {
-    let mut by_kind: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-    for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
-        let e = by_kind.entry(node.op.name()).or_default();
-        e.0 += 1;
-        e.1 += bytes_received(program, node, mesh);
-    }
-    by_kind
-}
-
 /// The counts of `own`, by kind.
 fn counts(program: &Program, mesh: &Mesh) -> BTreeMap<&'static str, usize> {
     (own(program, mesh).into_iter())
         .map(|(kind, (n, _))| (kind, n))
         .collect()
-}
-
-/// The control-flow ops of `program`'s own nodes (each once).
-fn flows(program: &Program) -> Vec<&Flow> {
-    let mut seen: Vec<&Flow> = Vec::new();
-    for node in &program.nodes {
-        if let Op::Flow { flow, .. } = &node.op
-            && !seen.iter().any(|f| std::ptr::eq(*f, &**flow))
-        {
-            seen.push(flow);
-        }
-    }
-    seen
 }
 
 /// The body of `flow`, a scan or a while loop.
@@ -144,28 +86,9 @@ fn a_weight_gathered_in_a_scan_body_is_gathered_once_before_the_scan() {
 /// loops (6 iterations in all, one gather); a `while` body's too.
 #[test]
 fn invariant_gathers_leave_nested_loops_and_while_loops() {
-    let nested = build("nested", |b| {
-        let x = sharded(b, "x", &[64, 8], "(data, _)");
-        let w = sharded(b, "w", &[8, 8], "(data, _)");
-        b.fori_loop(2, &[x], |_, c| {
-            b.fori_loop(3, c, |_, c| vec![c[0].matmul(&w).tanh()])
-        })
-    });
-    let looped = build("while", |b| {
-        let x = sharded(b, "x", &[64, 8], "(data, _)");
-        let w = sharded(b, "w", &[8, 8], "(data, _)");
-        let n = b.parameter("n", [], DType::I32);
-        let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
-        b.while_loop(
-            |st| st[0].lt(&n),
-            |st| {
-                let one = (st[0].builder()).constant(Literal::full(&[], DType::I32, 1.0));
-                let next = st[1].matmul(&w).tanh();
-                vec![st[0].add(&one), next]
-            },
-            &[zero, x],
-        )
-    });
+    let x = (&[64, 8][..], "(data, _)");
+    let w = (&[8, 8][..], "(data, _)");
+    let (nested, looped) = (nested_loops(x, w), while_loop(x, w));
     let mesh = mesh_2x2();
     for p in [nested, looped] {
         let exe = compile_and_check(&p, &mesh, &inputs(&p, 3), 1e-5);
@@ -177,13 +100,9 @@ fn invariant_gathers_leave_nested_loops_and_while_loops() {
     }
 }
 
-/// The gradient of a weight captured by a scan (`h <- tanh(h @ w + x_t)`, batch split on
-/// `data`): each iteration's contribution is a partial sum over `data`; the backward
-/// scan accumulates the partial sums and all-reduces once after the loop, where it
-/// all-reduced every iteration.
-#[test]
-fn a_captured_weights_gradient_is_reduced_once_after_the_scan() {
-    let steps = 5;
+/// The gradient with respect to `w` of `sum(h^2)` after `steps` steps of
+/// `h <- tanh(h @ w + x_t)`, the batch split on `data`, `w` replicated.
+fn rnn_grad(steps: usize) -> Program {
     let forward = build("rnn", |b| {
         let xs = sharded(b, "xs", &[steps, 8, 16], "(_, data, _)");
         let h0 = sharded(b, "h0", &[8, 16], "(data, _)");
@@ -193,7 +112,16 @@ fn a_captured_weights_gradient_is_reduced_once_after_the_scan() {
         });
         vec![h[0].mul(&h[0]).sum(&[0, 1])]
     });
-    let p = grad(&forward, 0, &[2]).unwrap();
+    grad(&forward, 0, &[2]).unwrap()
+}
+
+/// The gradient of a weight captured by a scan (`h <- tanh(h @ w + x_t)`, batch split on
+/// `data`): each iteration's contribution is a partial sum over `data`; the backward
+/// scan accumulates the partial sums and all-reduces once after the loop, where it
+/// all-reduced every iteration.
+#[test]
+fn a_captured_weights_gradient_is_reduced_once_after_the_scan() {
+    let p = rnn_grad(5);
     let mesh = mesh_2x2();
     let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-5);
     let local = &exe.spmd().program;
@@ -215,16 +143,7 @@ fn a_captured_weights_gradient_is_reduced_once_after_the_scan() {
 /// and the accumulating carry would cost its zeroing.
 #[test]
 fn a_scan_of_one_iteration_keeps_its_reduction_in_the_body() {
-    let forward = build("rnn1", |b| {
-        let xs = sharded(b, "xs", &[1, 8, 16], "(_, data, _)");
-        let h0 = sharded(b, "h0", &[8, 16], "(data, _)");
-        let w = sharded(b, "w", &[16, 16], "(_, _)");
-        let (h, _) = b.scan(&[xs], &[h0], |h, x| {
-            (vec![h[0].matmul(&w).add(&x[0]).tanh()], vec![])
-        });
-        vec![h[0].mul(&h[0]).sum(&[0, 1])]
-    });
-    let p = grad(&forward, 0, &[2]).unwrap();
+    let p = rnn_grad(1);
     let mesh = mesh_2x2();
     let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-5);
     let local = &exe.spmd().program;

@@ -90,6 +90,24 @@ impl<'m> Emitter<'m> {
         Ok(id)
     }
 
+    /// Emits `program`'s nodes with its parameters bound to `locals`; returns the id of
+    /// each node's copy (a parameter's: its local).
+    pub fn inline(&mut self, program: &Program, locals: &[ValueId]) -> Result<Vec<ValueId>> {
+        let mut ids: Vec<ValueId> = Vec::with_capacity(program.nodes.len());
+        for node in &program.nodes {
+            let id = match &node.op {
+                Op::Parameter { index, .. } => locals[*index],
+                op => {
+                    let operands: Vec<ValueId> =
+                        node.operands.iter().map(|o| ids[o.index()]).collect();
+                    self.emit(op.clone(), &operands)?
+                }
+            };
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
     /// Why moving `v` to `target` for the current op: an operand of it (the global
     /// value `v` holds, if the driver partitioned it), or the op's result (when `v` holds
     /// the current value).

@@ -98,29 +98,20 @@ fn prelude(body: &Program, outputs: &[ValueId]) -> Program {
 }
 
 /// Emits `prelude` (from [`hoist`]) before the loop, its parameters bound to `locals`
-/// (the loop's per-device operands); returns the hoisted values, each collective with
+/// (the loop's per-device operands); returns the hoisted values. Each collective keeps
 /// its reasons and its user's location.
 pub(super) fn emit(
     em: &mut Emitter,
     prelude: &Program,
     locals: &[ValueId],
 ) -> Result<Vec<ValueId>> {
-    let mut ids: Vec<ValueId> = Vec::with_capacity(prelude.nodes.len());
-    for node in &prelude.nodes {
-        let id = match &node.op {
-            Op::Parameter { index, .. } => locals[*index],
-            op => {
-                let operands: Vec<ValueId> = node.operands.iter().map(|o| ids[o.index()]).collect();
-                let id = em.emit(op.clone(), &operands)?;
-                let copy = em.program.node_mut(id);
-                copy.why.clone_from(&node.why);
-                copy.location = node.location;
-                copy.sharding.clone_from(&node.sharding);
-                copy.name.clone_from(&node.name);
-                id
-            }
-        };
-        ids.push(id);
+    let ids = em.inline(prelude, locals)?;
+    for (node, &id) in prelude.nodes.iter().zip(&ids) {
+        let copy = em.program.node_mut(id);
+        if node.op.is_collective() && copy.op.is_collective() {
+            copy.why.clone_from(&node.why);
+            copy.location = node.location;
+        }
     }
     Ok(prelude.outputs.iter().map(|o| ids[o.index()]).collect())
 }

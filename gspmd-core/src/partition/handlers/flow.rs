@@ -61,7 +61,9 @@ pub(super) fn flow(
         locals.extend(hoisted);
     }
     let id = match &*local.flow {
-        Flow::Manual { body, .. } => crate::partition::manual::inline(em, body, &locals)?[result],
+        // Emitted in place; each result node emits it again, and the simplification
+        // after partitioning merges the copies (equal nodes).
+        Flow::Manual { body, .. } => em.inline(body, &locals)?[body.outputs[result].index()],
         _ => em.emit(
             Op::Flow {
                 flow: local.flow.clone(),
