@@ -48,8 +48,8 @@ pub(crate) fn pending_accumulators(
 
 /// For carried value `j` of `body`: when its output is `param_j + x` (either order),
 /// the parameter and the output read by nothing else, and `x` comes from one sum
-/// all-reduce through single-user linear ops: those ops' values, the all-reduce and its
-/// axes.
+/// all-reduce over axes the carry does not use, through single-user linear ops: those
+/// ops' values, the all-reduce and its axes.
 fn accumulation(
     body: &Program,
     users: &[Vec<ValueId>],
@@ -82,7 +82,16 @@ fn accumulation(
             Op::AllReduce {
                 group,
                 kind: ReduceKind::Sum,
-            } => return Some((chain, x, group.axes.clone())),
+            } => {
+                // The carry may hold pending sums only over axes it neither splits on
+                // nor already holds pending.
+                let held = body.node(param).sharding.as_ref()?;
+                let mut taken = held.axes().chain(held.unreduced.iter().map(String::as_str));
+                if taken.any(|a| group.axes.iter().any(|g| g == a)) {
+                    return None;
+                }
+                return Some((chain, x, group.axes.clone()));
+            }
             _ => return None,
         }
     }
