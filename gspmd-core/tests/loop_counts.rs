@@ -8,67 +8,16 @@
 //! Tolerance: |got - want| <= 1e-4 * max(1, max |want|) (f32 sums in another order).
 
 mod differential;
+mod loop_programs;
 
 use std::collections::BTreeMap;
 
 use differential::compile_and_check;
 use gspmd_core::Executable;
 use gspmd_core::analysis::DeviceModel;
-use gspmd_core::ir::{Builder, DType, Flow, Literal, Op, Program, Tensor};
-use gspmd_core::partition::{CollectiveStats, Runs, bytes_received};
-use gspmd_core::sharding::{Mesh, Sharding};
-use ndarray::{ArrayD, IxDyn};
-
-fn s(text: &str) -> Sharding {
-    text.parse().unwrap()
-}
-
-fn build(name: &str, f: impl FnOnce(&Builder) -> Vec<Tensor>) -> Program {
-    let b = Builder::new(name);
-    let outs = f(&b);
-    let refs: Vec<&Tensor> = outs.iter().collect();
-    b.finish(&refs).unwrap()
-}
-
-/// Deterministic inputs: f32 in [-0.75, 0.75], i32 scalars `int`.
-fn inputs(program: &Program, int: i32) -> Vec<Literal> {
-    (program.params.iter().enumerate())
-        .map(|(seed, &p)| {
-            let ty = program.ty(p);
-            match ty.dtype {
-                DType::I32 => Literal::full(&ty.shape, DType::I32, f64::from(int)),
-                _ => {
-                    let n: usize = ty.shape.iter().product();
-                    let v = (0..n)
-                        .map(|i| (((i * 7 + seed * 13) % 29) as f32 / 9.0 - 1.5) * 0.5)
-                        .collect();
-                    Literal::F32(ArrayD::from_shape_vec(IxDyn(&ty.shape), v).unwrap())
-                }
-            }
-        })
-        .collect()
-}
-
-/// An f32 parameter of `b` annotated with `sharding`.
-fn sharded(b: &Builder, name: &str, shape: &[usize], sharding: &str) -> Tensor {
-    b.parameter(name, shape.to_vec(), DType::F32)
-        .annotate(s(sharding))
-}
-
-fn mesh_2x2() -> Mesh {
-    Mesh::new([("data", 2), ("model", 2)]).unwrap()
-}
-
-/// The collectives of `program`'s own nodes (its regions left out), by kind.
-fn own(program: &Program, mesh: &Mesh) -> BTreeMap<&'static str, (usize, usize)> {
-    let mut by_kind: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-    for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
-        let e = by_kind.entry(node.op.name()).or_default();
-        e.0 += 1;
-        e.1 += bytes_received(program, node, mesh);
-    }
-    by_kind
-}
+use gspmd_core::ir::{DType, Flow, Literal};
+use gspmd_core::partition::{CollectiveStats, Runs};
+use loop_programs::{build, flows, inputs, mesh_2x2, nested_loops, own, sharded, while_loop};
 
 /// `a + times * b`, kind by kind.
 fn add(
@@ -81,19 +30,6 @@ fn add(
         e.0 += times * n;
         e.1 += times * bytes;
     }
-}
-
-/// The control-flow ops of `program`'s own nodes (each once).
-fn flows(program: &Program) -> Vec<&Flow> {
-    let mut seen: Vec<&Flow> = Vec::new();
-    for node in &program.nodes {
-        if let Op::Flow { flow, .. } = &node.op
-            && !seen.iter().any(|f| std::ptr::eq(*f, &**flow))
-        {
-            seen.push(flow);
-        }
-    }
-    seen
 }
 
 /// The report's and the HTML page's totals are `stats`', and the cost analysis has the
@@ -178,13 +114,7 @@ fn a_scan_body_counts_once_per_iteration() {
 /// 6 times.
 #[test]
 fn nested_loops_multiply_their_trip_counts() {
-    let p = build("nested", |b| {
-        let x = sharded(b, "x", &[8, 6], "(data, _)");
-        let w = sharded(b, "w", &[6, 6], "(_, model)");
-        b.fori_loop(2, &[x], |_, c| {
-            b.fori_loop(3, c, |_, c| vec![c[0].matmul(&w).tanh()])
-        })
-    });
+    let p = nested_loops((&[8, 6], "(data, _)"), (&[6, 6], "(_, model)"));
     let mesh = mesh_2x2();
     let exe = compile_and_check(&p, &mesh, &inputs(&p, 0), 1e-4);
     let local = &exe.spmd().program;
@@ -216,20 +146,7 @@ fn nested_loops_multiply_their_trip_counts() {
 /// marked per iteration in the totals and on their lines, and the cost analysis agrees.
 #[test]
 fn a_while_body_counts_once_marked_per_iteration() {
-    let p = build("while", |b| {
-        let x = sharded(b, "x", &[8, 12], "(data, model)");
-        let w = sharded(b, "w", &[12, 12], "(model, _)");
-        let n = b.parameter("n", [], DType::I32);
-        let zero = b.constant(Literal::full(&[], DType::I32, 0.0));
-        b.while_loop(
-            |st| st[0].lt(&n),
-            |st| {
-                let one = (st[0].builder()).constant(Literal::full(&[], DType::I32, 1.0));
-                vec![st[0].add(&one), st[1].matmul(&w).tanh()]
-            },
-            &[zero, x],
-        )
-    });
+    let p = while_loop((&[8, 12], "(data, model)"), (&[12, 12], "(model, _)"));
     let mesh = mesh_2x2();
     let exe = compile_and_check(&p, &mesh, &inputs(&p, 3), 1e-4);
     let local = &exe.spmd().program;

@@ -15,10 +15,11 @@
 //! was, and users of its earlier members move after it).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ir::{AxisGroup, DType, Node, Op, Program, ReduceKind, ValueId};
+use crate::ir::{AxisGroup, DType, Flow, Node, Op, Program, ReduceKind, ValueId};
 use crate::types::{Location, num_elements};
 
 /// Combined collectives carry at most this many bytes per device in their result (XLA's
@@ -70,12 +71,16 @@ struct Combined {
 /// group, reduce kind and dtype combined, up to [`COMBINE_THRESHOLD_BYTES`] each (see
 /// the module docs), except the collectives in `apart`, which are left as they are
 /// and where they are (a regathered weight's second all-gather, which combined with
-/// the first would move back to it). Returns the program and each old value's new id
-/// (a combined member's: the value cut out for it).
+/// the first would move back to it). The regions of its flow ops (loop bodies,
+/// branches) are combined alike, each on its own (nothing moves across a region's
+/// boundary). Returns the program and each old value's new id (a combined member's:
+/// the value cut out for it).
 pub(crate) fn combine_collectives(
     program: &Program,
     apart: &[ValueId],
 ) -> Result<(Program, Vec<ValueId>)> {
+    let with_regions = combine_in_regions(program)?;
+    let program = with_regions.as_ref().unwrap_or(program);
     let mut groups: Vec<Combined> = Vec::new();
     // `member_of[v]`: the group all-reduce `v` joined.
     let mut member_of: Vec<Option<usize>> = vec![None; program.nodes.len()];
@@ -117,6 +122,31 @@ pub(crate) fn combine_collectives(
         return Ok((program.clone(), program.values().collect()));
     }
     emit(program, &combined)
+}
+
+/// `program` with the regions of each of its flow ops combined (each distinct op once:
+/// an instance's result nodes keep sharing one), or `None` when no region changes.
+fn combine_in_regions(program: &Program) -> Result<Option<Program>> {
+    let mut done: HashMap<*const Flow, Arc<Flow>> = HashMap::new();
+    let mut out = program.clone();
+    let mut changed = false;
+    for node in &mut out.nodes {
+        let Op::Flow { flow, .. } = &mut node.op else {
+            continue;
+        };
+        let local = match done.get(&Arc::as_ptr(flow)) {
+            Some(f) => f.clone(),
+            None => {
+                let combined = flow.try_map_regions(|r| Ok(combine_collectives(r, &[])?.0))?;
+                let combined = Arc::new(combined);
+                done.insert(Arc::as_ptr(flow), combined.clone());
+                combined
+            }
+        };
+        changed |= *local != **flow;
+        *flow = local;
+    }
+    Ok(changed.then_some(out))
 }
 
 /// For each group formed so far, whether a path runs from it to `v` in `program`'s

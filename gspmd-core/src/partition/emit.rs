@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::PValue;
+use super::handlers::LocalFlow;
 use crate::error::{Error, Result};
 use crate::ir::{
     AxisGroup, DType, Flow, Literal, Location, Op, Program, Purpose, Source, TensorType, ValueId,
@@ -29,10 +30,10 @@ pub(crate) struct Emitter<'m> {
     pub current: (ValueId, &'static str, Location),
     /// Notes on costly choices (whole-dim gathers), each naming the value and location.
     pub warnings: Vec<String>,
-    /// The per-device form of each flow op's regions partitioned so far, keyed by the
-    /// global program's regions (alive while partitioning): an instance's result nodes
-    /// share one.
-    pub flows: HashMap<*const Flow, Arc<Flow>>,
+    /// The per-device form of each flow op partitioned so far, keyed by the global
+    /// program's regions (alive while partitioning): an instance's result nodes share
+    /// one.
+    pub flows: HashMap<*const Flow, Arc<LocalFlow>>,
 }
 
 impl<'m> Emitter<'m> {
@@ -87,6 +88,24 @@ impl<'m> Emitter<'m> {
             self.program.node_mut(id).why = vec![why];
         }
         Ok(id)
+    }
+
+    /// Emits `program`'s nodes with its parameters bound to `locals`; returns the id of
+    /// each node's copy (a parameter's: its local).
+    pub fn inline(&mut self, program: &Program, locals: &[ValueId]) -> Result<Vec<ValueId>> {
+        let mut ids: Vec<ValueId> = Vec::with_capacity(program.nodes.len());
+        for node in &program.nodes {
+            let id = match &node.op {
+                Op::Parameter { index, .. } => locals[*index],
+                op => {
+                    let operands: Vec<ValueId> =
+                        node.operands.iter().map(|o| ids[o.index()]).collect();
+                    self.emit(op.clone(), &operands)?
+                }
+            };
+            ids.push(id);
+        }
+        Ok(ids)
     }
 
     /// Why moving `v` to `target` for the current op: an operand of it (the global

@@ -7,29 +7,11 @@
 //! whole along automatic axes first, the others stay as they are.
 
 use crate::error::Result;
-use crate::ir::{Node, Op, Program, ValueId, moved_dims};
+use crate::ir::{Node, ValueId, moved_dims};
 use crate::partition::emit::Emitter;
 use crate::partition::reshard::reshard;
 use crate::partition::value::PValue;
 use crate::sharding::Sharding;
-
-/// Emits `body` with its parameters bound to `locals` (the operands' blocks) and
-/// returns the ids of its outputs. Each result node of an instance emits it again;
-/// the simplification after partitioning merges the copies (equal nodes).
-pub(super) fn inline(em: &mut Emitter, body: &Program, locals: &[ValueId]) -> Result<Vec<ValueId>> {
-    let mut ids: Vec<ValueId> = Vec::with_capacity(body.nodes.len());
-    for node in &body.nodes {
-        let id = match &node.op {
-            Op::Parameter { index, .. } => locals[*index],
-            op => {
-                let operands: Vec<ValueId> = node.operands.iter().map(|o| ids[o.index()]).collect();
-                em.emit(op.clone(), &operands)?
-            }
-        };
-        ids.push(id);
-    }
-    Ok(body.outputs.iter().map(|o| ids[o.index()]).collect())
-}
 
 /// Partitions a collective (or `axis_index`) of a manual region's body over the
 /// automatic axes: the operand resharded to `target` without pending sums, and with the

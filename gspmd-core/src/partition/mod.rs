@@ -11,11 +11,13 @@
 //! op needs, emits it, and the driver reshards the result to the value's propagated
 //! sharding (`reshard` picks the cheapest composition of collectives).
 
+mod accumulate;
 mod combine;
 mod emit;
 mod fusion;
 mod halo;
 mod handlers;
+mod hoist;
 mod manual;
 mod mask;
 pub(crate) mod regather;

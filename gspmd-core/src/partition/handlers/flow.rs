@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::ir::{Flow, ManualSpec, Node, Op, Program};
+use crate::partition::accumulate::pending_accumulators;
 use crate::partition::emit::Emitter;
+use crate::partition::hoist;
 use crate::partition::reshard::reshard;
 use crate::partition::value::PValue;
 use crate::sharding::{DimSharding, Sharding};
@@ -38,41 +40,108 @@ pub(super) fn flow(
     // The regions with one boundary; their parameters and outputs say how the
     // operands and results are sharded.
     let pinned = with_boundary(flow, em.mesh);
-    let boundary = boundary(&pinned);
-    let mut locals = Vec::with_capacity(operands.len());
-    for (x, s) in operands.iter().zip(&boundary) {
-        locals.push(reshard(em, x, s)?.id);
-    }
-    let local_flow = match em.flows.get(&Arc::as_ptr(flow)) {
-        Some(f) => f.clone(),
+    let local = match em.flows.get(&Arc::as_ptr(flow)) {
+        Some(local) => local.clone(),
         None => {
-            let mut warnings = Vec::new();
-            let local = pinned.try_map_regions(|region| {
-                let spmd = crate::partition::partition(region, em.mesh)?;
-                warnings.extend(spmd.warnings);
-                Ok::<_, crate::error::Error>(spmd.program)
-            })?;
-            em.warnings.extend(warnings);
-            let local = Arc::new(local);
+            let local = Arc::new(LocalFlow::partition(em, &pinned)?);
             em.flows.insert(Arc::as_ptr(flow), local.clone());
             local
         }
     };
-    let id = match &*local_flow {
-        Flow::Manual { body, .. } => crate::partition::manual::inline(em, body, &locals)?[result],
+    let mut boundary = boundary(&pinned);
+    for (j, axes) in &local.pending {
+        boundary[*j].unreduced.extend(axes.iter().cloned());
+    }
+    let mut locals = Vec::with_capacity(operands.len());
+    for (x, s) in operands.iter().zip(&boundary) {
+        locals.push(reshard(em, x, s)?.id);
+    }
+    if let Some(prelude) = &local.prelude {
+        let hoisted = hoist::emit(em, prelude, &locals)?;
+        locals.extend(hoisted);
+    }
+    let id = match &*local.flow {
+        // Emitted in place; each result node emits it again, and the simplification
+        // after partitioning merges the copies (equal nodes).
+        Flow::Manual { body, .. } => em.inline(body, &locals)?[body.outputs[result].index()],
         _ => em.emit(
             Op::Flow {
-                flow: local_flow,
+                flow: local.flow.clone(),
                 result,
             },
             &locals,
         )?,
     };
+    let mut sharding = result_sharding(&pinned, result);
+    if let Some((_, axes)) = local.pending.iter().find(|(j, _)| *j == result) {
+        sharding.unreduced.extend(axes.iter().cloned());
+    }
     Ok(PValue {
         id,
         global: node.ty.clone(),
-        sharding: result_sharding(&pinned, result),
+        sharding,
     })
+}
+
+/// The per-device form of a flow op, shared by its instance's result nodes.
+pub(crate) struct LocalFlow {
+    /// The per-device op: its regions partitioned, loop-invariant collectives hoisted
+    /// out of a loop body (taken as trailing captures) and sums accumulated pending.
+    flow: Arc<Flow>,
+    /// The carried values a scan accumulates as pending sums
+    /// ([`pending_accumulators`]), each with its pending axes: the operand's and the
+    /// result's sharding get them.
+    pending: Vec<(usize, Vec<String>)>,
+    /// What runs before the loop to compute the hoisted captures ([`hoist::hoist`]).
+    prelude: Option<Program>,
+}
+
+impl LocalFlow {
+    /// Partitions each region of `pinned` (regions with one boundary) once, then
+    /// rewrites a loop body: sums accumulated pending (a scan of more than one
+    /// iteration: one reduction after the loop instead of one per iteration), then
+    /// invariant collectives hoisted.
+    fn partition(em: &mut Emitter, pinned: &Flow) -> Result<LocalFlow> {
+        let mut warnings = Vec::new();
+        let mut local = pinned.try_map_regions(|region| {
+            let spmd = crate::partition::partition(region, em.mesh)?;
+            warnings.extend(spmd.warnings);
+            Ok::<_, crate::error::Error>(spmd.program)
+        })?;
+        em.warnings.extend(warnings);
+        let (mut pending, mut prelude) = (Vec::new(), None);
+        match &mut local {
+            Flow::Scan {
+                body,
+                carried,
+                stacked,
+                length,
+                ..
+            } => {
+                if *length > 1 {
+                    pending = pending_accumulators(body, *carried);
+                }
+                prelude = hoist::hoist(body, *carried + *stacked);
+            }
+            Flow::While { cond, body } => {
+                prelude = hoist::hoist(body, body.outputs.len());
+                for &p in &body.params[cond.params.len()..] {
+                    let mut param = body.node(p).clone();
+                    if let Op::Parameter { index, .. } = &mut param.op {
+                        *index = cond.params.len();
+                    }
+                    let id = cond.push(param);
+                    cond.params.push(id);
+                }
+            }
+            Flow::Cond { .. } | Flow::Manual { .. } => {}
+        }
+        Ok(LocalFlow {
+            flow: Arc::new(local),
+            pending,
+            prelude,
+        })
+    }
 }
 
 /// `flow` with one boundary for all its regions: the secondary region's parameters

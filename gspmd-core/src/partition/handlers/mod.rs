@@ -17,6 +17,7 @@ mod shape;
 mod sort;
 
 pub(crate) use data_movement::rotate;
+pub(crate) use flow::LocalFlow;
 
 use super::emit::Emitter;
 use super::value::PValue;
