@@ -60,9 +60,10 @@ fn local_output(exe: &Executable, k: usize) -> Vec<usize> {
 
 /// XLA's `HandleSort` with the sort dim split (its `SortShardedOnSortDim` cases): an
 /// f32[16, 64] split 4 ways along the sorted dim 1 moves the split to dim 0 with one
-/// all-to-all of the [16, 16] block ((4 - 1) / 4 of 1 KiB = 768 B per device, XLA's
-/// bytes), sorts [4, 64] lanes locally, and the indices stay split on dim 0: [4, 64]
-/// per device, 4x smaller than the gathered [16, 64].
+/// all-to-all of the [16, 16] block ((4 - 1) / 4 of 1 KiB = 768 B per device, the
+/// all-to-all XLA's handler emits to move the split), sorts [4, 64] lanes locally, and
+/// the indices stay split on dim 0: [4, 64] per device, 4x smaller than the gathered
+/// [16, 64].
 #[test]
 fn argsort_along_a_split_dim_moves_the_split_by_all_to_all() {
     let b = Builder::new("argsort_moved");
@@ -121,8 +122,9 @@ fn an_annotated_sort_result_keeps_the_users_sharding() {
 /// split on stages over `stage` (4): `x[3]` lies in the last device's block, so each
 /// device keeps its block's part of the slice where it owns it (zeros elsewhere) and
 /// one all-reduce of the [8, 32] f32 slice (1 KiB; 2 * 3/4 of it = 1,536 B per device)
-/// replaces the gather of the whole buffer (3 blocks of 1 KiB = 3,072 B). XLA's plan on
-/// the same program: the masked slice and an all-reduce of its 1 KiB.
+/// replaces the gather of the whole buffer (3 blocks of 1 KiB = 3,072 B). The pattern
+/// is XLA's for a block one device holds (`SingleDeviceToReplicated`: a select on the
+/// partition id, then an all-reduce).
 #[test]
 fn a_slice_of_one_stage_moves_only_the_slice() {
     let b = Builder::new("last_stage");
