@@ -256,6 +256,31 @@ fn halo_slices_pads_and_rolls() {
     check(&p, 12, 8);
 }
 
+/// Splits that move instead of gathering: slices inside one shard (the owners' part,
+/// summed, then reduced or scattered), uneven merges and splits of reshapes (halo
+/// exchange on the flattened dims, outer dims whole), sorts along a split dim.
+#[test]
+fn slices_in_one_shard_uneven_reshapes_and_sorts() {
+    let p = build("moved", |b| {
+        let x = b.parameter("x", [6, 4, 5], DType::F32);
+        let n = b.parameter("n", [10, 3], DType::I32);
+        vec![
+            x.slice(&[5, 0, 0], &[6, 4, 5], &[1, 1, 1]),
+            x.slice(&[2, 1, 1], &[3, 4, 5], &[1, 2, 3]),
+            x.slice(&[0, 3, 0], &[6, 4, 5], &[1, 1, 1]),
+            x.reshape([24, 5]),
+            x.reshape([6, 20]).reshape([120]),
+            x.reshape([3, 8, 5]),
+            x.reshape([2, 3, 2, 10]),
+            n.reshape([30]).reshape([5, 6]),
+            n.slice(&[7, 0], &[8, 3], &[1, 1]),
+            x.argsort(0, false).convert(DType::F32),
+            x.sort(2, true).0,
+        ]
+    });
+    check(&p, 12, 9);
+}
+
 #[test]
 fn windowed_reductions_pooling_and_upsampling() {
     let p = build("window", |b| {

@@ -630,9 +630,10 @@ fn dynamic_slices_scans_and_sorts_keep_the_dims_they_leave_whole() {
         b,
         &[&sliced, &updated, &scanned, &product, &sorted, &top],
     ));
-    // The sliced (sorted) dim of 16 does not pass `model` on; the whole dim keeps `data`.
+    // The sliced dim of 16 does not pass `model` on; the whole dim keeps `data`. The
+    // sorted dim's `model` moves to the other dim (XLA's sort along a split dim).
     assert_eq!(of(&p, &sliced), "(data, _)");
-    assert_eq!(of(&p, &sorted), "(data, _)");
+    assert_eq!(of(&p, &sorted), "((data, model), _)");
     // The update's whole dim follows the operand; its dim of 4 is its own.
     assert_eq!(of(&p, &u), "(data, _)");
     assert_eq!(of(&p, &updated), "(data, model)");

@@ -8,7 +8,8 @@
 //!   collective;
 //! - `cumsum` / `cumprod` along a split dim: one all-gather of the shard totals (one
 //!   element per lane and device), never of the data;
-//! - `argsort` along a split dim gathers it (every index depends on the whole lane).
+//! - `argsort` along a split dim moves the split to another dim with one all-to-all
+//!   (every index depends on the whole lane; `move_split.rs` has the goldens).
 
 mod differential;
 
@@ -230,7 +231,7 @@ fn cumprod_along_a_split_dim_is_exact_with_zeros_and_uneven_blocks() {
 }
 
 #[test]
-fn argsort_along_a_split_dim_gathers_it_and_argmax_reduces() {
+fn argsort_along_a_split_dim_moves_the_split_and_argmax_reduces() {
     let b = Builder::new("sort");
     let x = b
         .parameter("x", [8, 12], DType::F32)
@@ -239,8 +240,10 @@ fn argsort_along_a_split_dim_gathers_it_and_argmax_reduces() {
     let best = x.argmax(1);
     let program = b.finish(&[&order, &best]).expect("traces");
     let exe = compile_and_check(&program, &mesh24(), &[grid(&[8, 12], 6)]);
-    // argsort: one gather of the [4, 3] blocks along `model`; argmax: reduce max and
-    // reduce min of indices, each one all-reduce over `model`.
-    assert_eq!(collective(&exe, "all_gather").0, 1, "{}", exe.report());
+    // argsort: the split of the sorted dim moves to the rows (one all-to-all of the
+    // [4, 3] blocks over `model`, no gather); argmax: reduce max and reduce min of
+    // indices, each one all-reduce over `model`.
+    assert_eq!(collective(&exe, "all_gather").0, 0, "{}", exe.report());
+    assert_eq!(collective(&exe, "all_to_all").0, 1, "{}", exe.report());
     assert_eq!(collective(&exe, "all_reduce").0, 2, "{}", exe.report());
 }

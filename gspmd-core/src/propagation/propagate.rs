@@ -59,13 +59,15 @@ pub(super) fn propagate_manual_body(body: &Program, mesh: &Mesh) -> Result<Progr
 /// [`propagate`]; per-device ops are an error in a `global` program.
 fn propagate_program(program: &Program, mesh: &Mesh, global: bool) -> Result<Program> {
     // Shardings regions give the flow results go back to them as open annotations
-    // (`regions::result_hints`) until there are none; each round only
+    // (`regions::result_hints`), and the moved split of a sort along a split dim to the
+    // sort (`registry::moved_sort_splits`), until there are none; each round only
     // appends axes to some result, so there are at most `values x max_refinements`
     // rounds.
     let mut hinted = Cow::Borrowed(program);
     let mut out = propagate_flat(&hinted, mesh, global)?;
     for _ in 0..program.nodes.len() * max_refinements(mesh) {
         let mut hints = super::regions::result_hints(&out, mesh)?;
+        hints.extend(super::registry::moved_sort_splits(&out, mesh));
         // A flow result the user annotated keeps the user's sharding.
         hints.retain(|(v, _)| program.node(*v).annotation.is_none());
         if hints.is_empty() {

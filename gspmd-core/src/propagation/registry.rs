@@ -7,6 +7,54 @@ use crate::ir::random::RandomOutput;
 use crate::ir::{
     ConvConfig, Flow, Indexing, Op, Program, PropagationDirection, ScatterKind, ValueId,
 };
+use crate::sharding::{DimSharding, Mesh, Sharding};
+
+/// XLA's sort along a split dim (`HandleSort`): an `argsort` whose operand the
+/// propagated `program` splits along the sorted dim over axes `A` takes `A` on another
+/// dim of its result instead — the first one whose size the added split divides — so
+/// that the partitioner moves the split with one all-to-all (`(n - 1) / n` of a block
+/// per device, where a gather of the dim receives `n - 1` blocks) and sorts locally, the
+/// result staying as small per device as the operand. Returns, for each such `argsort`
+/// not yet split so, its result's sharding with `A` added, open elsewhere (a hint the
+/// driver applies to results the user did not annotate).
+pub(super) fn moved_sort_splits(program: &Program, mesh: &Mesh) -> Vec<(ValueId, Sharding)> {
+    let mut hints = Vec::new();
+    for v in program.values() {
+        let node = program.node(v);
+        let Op::Argsort { dim, .. } = node.op else {
+            continue;
+        };
+        let operand = program.node(node.operands[0]).sharding.as_ref();
+        let (Some(operand), Some(result)) = (operand, node.sharding.as_ref()) else {
+            continue;
+        };
+        let moved = &operand.dims[dim].axes;
+        let taken = result.parts(mesh);
+        let used = |a: &String| {
+            mesh.axis_part(a)
+                .is_none_or(|a| taken.iter().any(|t| t.overlaps(&a)))
+                || result.unreduced.contains(a)
+        };
+        if moved.is_empty() || moved.iter().any(used) {
+            continue;
+        }
+        let n = mesh.axes_size(moved);
+        let shape = &node.ty.shape;
+        let divides = |d: &usize| {
+            let shards = mesh.axes_size(&result.dims[*d].axes) * n;
+            *d != dim && shape[*d].is_multiple_of(shards)
+        };
+        let Some(to) = (0..shape.len()).find(divides) else {
+            continue;
+        };
+        let mut hint =
+            Sharding::new((result.dims.iter()).map(|d| DimSharding::open(d.axes.iter().cloned())));
+        hint.dims[dim] = DimSharding::closed(Vec::<String>::new());
+        hint.dims[to].axes.extend(moved.iter().cloned());
+        hints.push((v, hint));
+    }
+    hints
+}
 
 /// The sharding rule of the op defining `value`.
 ///
@@ -252,6 +300,8 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
             rule.operands = vec![rule.result.clone()];
         }
         Op::Argsort { dim, .. } => {
+            // The sorted dim needs its whole lane; a split of it moves to another dim
+            // (`moved_sort_splits`).
             rule.result = own_factors(&mut rule, result_shape);
             set_kind(&mut rule, *dim, FactorKind::NeedReplication);
             rule.operands = vec![rule.result.clone()];

@@ -7,9 +7,12 @@
 //! padding the window is then spread locally and cut at a per-device offset —
 //! reduce_window without base dilation, each operand of a concatenate; see
 //! `partition::halo`), or, for a reverse, each block is reversed and moved to the
-//! mirrored device (`halo::mirror`); otherwise it is made whole and the op runs on it
-//! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
-//! the target's axes.
+//! mirrored device (`halo::mirror`), or, for a slice inside one shard of the operand's
+//! split, the owners' cut becomes a pending sum ([`Owned`]); otherwise it is made whole
+//! and the op runs on it locally, with a warning when that gathers a split dim. Dims the
+//! op leaves alone keep the target's axes.
+
+use std::ops::Range;
 
 use super::super::emit::Emitter;
 use super::super::fusion::Rotation;
@@ -20,7 +23,7 @@ use super::super::value::PValue;
 use super::reduce::identity;
 use super::{reduced, with_dims};
 use crate::error::Result;
-use crate::ir::{BinaryOp, DType, Node, Op, TensorType, ValueId};
+use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, TensorType, ValueId};
 use crate::sharding::Sharding;
 
 /// Parameters arrive as local blocks; constants are built whole and sliced; iota counts
@@ -251,12 +254,16 @@ pub(super) fn windowed(
     let mut mirrored: Vec<usize> = Vec::new();
     let mut whole: Vec<usize> = Vec::new();
     let mut gathered: Vec<String> = Vec::new();
+    let mut owned: Vec<Owned> = Vec::new();
     for &d in &changed {
         let shards = em.mesh.axes_size(&target.dims[d].axes);
         let split =
             |o: &PValue| o.global.rank() > d && em.mesh.axes_size(&o.sharding.dims[d].axes) > 1;
         if shards == 1 || !operands.iter().any(split) {
-            whole.push(d);
+            match owned_slice(em, &node.op, &operands[0], d, target) {
+                Some(o) => owned.push(o),
+                None => whole.push(d),
+            }
             continue;
         }
         if let Op::Reverse(_) = node.op {
@@ -267,9 +274,11 @@ pub(super) fn windowed(
         let plan = window.and_then(|w| {
             halo::plan(shape[d], shards, w).ok_or("a window reaches past a neighbour's block")
         });
-        match plan {
-            Ok(plan) => halos.push(plan),
-            Err(reason) => {
+        match (plan, owned_slice(em, &node.op, &operands[0], d, target)) {
+            (Ok(plan), _) => halos.push(plan),
+            // Summed over the dim's axes, then scattered to the target's split.
+            (Err(_), Some(o)) => owned.push(o),
+            (Err(reason), None) => {
                 whole.push(d);
                 gathered.push(format!("dim {d}: {reason}"));
             }
@@ -282,7 +291,7 @@ pub(super) fn windowed(
             gathered.join("; ")
         ));
     }
-    let dims: Vec<Vec<String>> = (target.dims.iter().enumerate())
+    let mut dims: Vec<Vec<String>> = (target.dims.iter().enumerate())
         .map(|(d, s)| {
             if whole.contains(&d) {
                 Vec::new()
@@ -291,6 +300,9 @@ pub(super) fn windowed(
             }
         })
         .collect();
+    for o in &owned {
+        dims[o.dim].clone_from(&o.axes);
+    }
     let want = with_dims(dims, Vec::new());
     let mut ids = Vec::with_capacity(operands.len());
     for o in operands {
@@ -314,6 +326,9 @@ pub(super) fn windowed(
         global: operands[0].global.clone(),
         sharding: want.clone(),
     };
+    for o in &owned {
+        x.id = em.slice_dim(x.id, o.dim, o.local.start, o.local.end)?;
+    }
     for plan in &halos {
         let d = plan.dim();
         x.id = halo::exchange(em, &x, plan, fill)?;
@@ -343,10 +358,93 @@ pub(super) fn windowed(
         let local = em.shape(x.id);
         em.emit(local_op(&node.op, &local, &whole), &ids)?
     };
+    if owned.is_empty() {
+        return Ok(PValue {
+            id,
+            global: node.ty.clone(),
+            sharding: want,
+        });
+    }
+    owners_only(em, node, id, &owned, want)
+}
+
+/// A dim a slice cuts from one device's block (XLA slices a pipeline's last stage out
+/// of a stage-split buffer this way): the operand stays split along `dim` over `axes`,
+/// and the devices at shard index `owner` hold the whole slice at `local` positions
+/// of their block (before any stride).
+struct Owned {
+    dim: usize,
+    axes: Vec<String>,
+    owner: usize,
+    local: Range<usize>,
+}
+
+/// The [`Owned`] dim `dim` of a slice whose operand `x` is split along it while the
+/// target leaves it whole (or splits it where no halo plan reaches), when the slice
+/// lies inside one shard, its elements can be summed (not bool) and no other dim of the
+/// target uses the axes. Moving the slice (`w` elements of the dim) as a masked sum is
+/// never dearer than gathering the dim: an all-reduce receives
+/// `2 (n - 1) / n * w <= 2 (n - 1) / n * size / n` elements per lane, a reduce-scatter
+/// half that, a gather `(n - 1) / n * size`.
+fn owned_slice(em: &Emitter, op: &Op, x: &PValue, dim: usize, target: &Sharding) -> Option<Owned> {
+    let Op::Slice { start, limit, .. } = op else {
+        return None;
+    };
+    let axes = &x.sharding.dims[dim].axes;
+    let n = em.mesh.axes_size(axes);
+    let others = (target.dims.iter().enumerate())
+        .filter(|&(d, _)| d != dim)
+        .flat_map(|(_, s)| &s.axes)
+        .chain(&target.unreduced);
+    let overlapping = others.into_iter().any(|a| axes.contains(a));
+    if n == 1 || overlapping || x.global.dtype == DType::Bool || limit[dim] <= start[dim] {
+        return None;
+    }
+    let chunk = x.global.shape[dim].div_ceil(n);
+    let owner = start[dim] / chunk;
+    (owner == (limit[dim] - 1) / chunk).then(|| Owned {
+        dim,
+        axes: axes.clone(),
+        owner,
+        local: start[dim] - owner * chunk..limit[dim] - owner * chunk,
+    })
+}
+
+/// The slice `id` (of `want`'s tiling) kept where this device owns every [`Owned`]
+/// dim and zeros elsewhere: a pending sum over the owned dims' axes, which the driver
+/// reduces (one all-reduce of the slice, a reduce-scatter, or kept for a user asking
+/// for it).
+fn owners_only(
+    em: &mut Emitter,
+    node: &Node,
+    id: ValueId,
+    owned: &[Owned],
+    want: Sharding,
+) -> Result<PValue> {
+    let mut mine: Option<ValueId> = None;
+    let mut dims: Vec<Vec<String>> = want.dims.iter().map(|d| d.axes.clone()).collect();
+    let mut pending = Vec::new();
+    for o in owned {
+        let index = em.emit(Op::AxisIndex(em.group(&o.axes)), &[])?;
+        let owner = em.scalar(DType::I32, o.owner as f64)?;
+        let here = em.emit(Op::Compare(CompareOp::Eq), &[index, owner])?;
+        mine = Some(match mine {
+            Some(m) => em.emit(Op::Binary(BinaryOp::And), &[m, here])?,
+            None => here,
+        });
+        dims[o.dim].clear();
+        pending.extend(o.axes.iter().cloned());
+    }
+    let mine = mine.ok_or_else(|| em.error("internal: no owned dim"))?;
+    let shape = em.shape(id);
+    let mine = em.splat(mine, &shape)?;
+    let zero = em.scalar(node.ty.dtype, 0.0)?;
+    let zeros = em.splat(zero, &shape)?;
+    let id = em.emit(Op::Select, &[mine, id, zeros])?;
     Ok(PValue {
         id,
         global: node.ty.clone(),
-        sharding: want,
+        sharding: with_dims(dims, pending),
     })
 }
 

@@ -1,5 +1,9 @@
-//! `argsort`: the sorted dim is made whole (gathered when split: every index depends on
-//! the whole lane), the other dims keep the target's axes, and the local op sorts.
+//! `argsort`: the sorted dim is made whole (every index depends on the whole lane), the
+//! other dims keep the target's axes, and the local op sorts. When the operand is split
+//! along the sorted dim, propagation has moved that split to another dim of the result
+//! (`propagation::registry::moved_sort_splits`, XLA's `HandleSort`): the reshard is one
+//! all-to-all, not a gather; a target without the moved split (an annotated result)
+//! gathers the dim.
 
 use super::super::emit::Emitter;
 use super::super::reshard::reshard;
