@@ -18,6 +18,7 @@ mod halo;
 mod handlers;
 mod manual;
 mod mask;
+mod order;
 pub(crate) mod regather;
 mod report;
 mod reshard;
@@ -121,8 +122,21 @@ fn in_common_parts(
     (target.cut_at(mesh, &parts), operands)
 }
 
-/// Partitions a propagated program (every node has a `sharding`) for `mesh`.
+/// Partitions a propagated program (every node has a `sharding`) for `mesh`. Its
+/// outputs may be in a device order other than the mesh's (a reversed dim: see
+/// [`DimSharding::reversed`](crate::sharding::DimSharding::reversed));
+/// [`SpmdProgram::outputs`] says which.
 pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
+    partition_program(program, mesh, false)
+}
+
+/// [`partition`] for a region of a flow op: its outputs are in their targets' order.
+pub(crate) fn partition_region(region: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
+    partition_program(region, mesh, true)
+}
+
+/// [`partition`]; a `region`'s outputs are put in their targets' order.
+fn partition_program(program: &Program, mesh: &Mesh, region: bool) -> Result<SpmdProgram> {
     let mut em = Emitter::new(program, mesh);
     let mut values: Vec<Option<PValue>> = vec![None; program.nodes.len()];
     let users = program.users();
@@ -150,23 +164,29 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
                 })
                 .collect()
         };
+        let fused = fusions[v.index()].is_some();
         let result = match &fusions[v.index()] {
             Some(Fusion::Rotation(rotation)) => {
                 let a = operands(&em, &[rotation.source])?;
                 let (cut, a) = in_common_parts(mesh, &target, a);
+                let (cut, a) = order::for_handler(&mut em, node, fused, cut, a)?;
                 handlers::rotate(&mut em, node, &a[0], *rotation, &cut)?
             }
             Some(Fusion::SliceOfPad { node: pad, .. }) => {
                 let ops = operands(&em, &pad.operands)?;
                 let (cut, ops) = in_common_parts(mesh, &target, ops);
+                let (cut, ops) = order::for_handler(&mut em, pad, fused, cut, ops)?;
                 handlers::partition_node(&mut em, pad, &ops, &cut)?
             }
             None => {
                 let ops = operands(&em, &node.operands)?;
                 let (cut, ops) = in_common_parts(mesh, &target, ops);
+                let (cut, ops) = order::for_handler(&mut em, node, fused, cut, ops)?;
                 handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };
+        let region_output = region && program.outputs.contains(&v);
+        let target = order::kept_order(mesh, &result, target, region_output);
         em.globals.entry(result.id).or_insert(v);
         let result = reshard::reshard(&mut em, &result, &target)?;
         em.globals.insert(result.id, v);

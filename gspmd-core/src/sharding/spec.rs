@@ -16,6 +16,12 @@ pub struct DimSharding {
     pub closed: bool,
     /// User priority of this dim's annotation: 0 is the highest; `None` is the lowest.
     pub priority: Option<u32>,
+    /// The dim's device order (XLA's permuted tile assignment, as `reverse` produces
+    /// it): `false` (mesh order, almost every value) puts shard `i` on the device at
+    /// index `i` of the group over `axes` ([`Mesh::group_index`]); `true` puts it on the
+    /// device at index `n - 1 - i` of the `n`. Written `-` before the dim: `(-data, _)`.
+    /// Only a split dim is reversed.
+    pub reversed: bool,
 }
 
 /// A sharding of a tensor over a mesh: one [`DimSharding`] per dim, plus axes that are
@@ -38,6 +44,7 @@ impl DimSharding {
             axes: axes.into_iter().map(Into::into).collect(),
             closed: true,
             priority: None,
+            reversed: false,
         }
     }
 
@@ -56,12 +63,25 @@ impl DimSharding {
             ..self
         }
     }
+
+    /// The same dim with its shards in reversed device order (see
+    /// [`DimSharding::reversed`]).
+    pub fn with_reversed_order(self) -> Self {
+        DimSharding {
+            reversed: true,
+            ..self
+        }
+    }
 }
 
 impl std::fmt::Display for DimSharding {
     /// `_` (closed, unsplit), `?` (open, unsplit), `data`, `(data, model)`; a `?` after
-    /// axes marks an open dim, `@N` a user priority: `data?@1`.
+    /// axes marks an open dim, `@N` a user priority: `data?@1`; a leading `-` a
+    /// reversed device order: `-(data, model)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.reversed {
+            f.write_str("-")?;
+        }
         match (self.axes.as_slice(), self.closed) {
             ([], true) => f.write_str("_")?,
             ([], false) => f.write_str("?")?,
@@ -114,6 +134,25 @@ impl Sharding {
     /// value. Open dims and explicitly replicated axes do not matter.
     pub fn is_replicated(&self) -> bool {
         self.dims.iter().all(|d| d.axes.is_empty()) && self.unreduced.is_empty()
+    }
+
+    /// True if every dim's shards are in mesh order (no dim is
+    /// [`reversed`](DimSharding::reversed)): the case of almost every value.
+    pub fn is_in_mesh_order(&self) -> bool {
+        self.dims.iter().all(|d| !d.reversed)
+    }
+
+    /// The same tiling with every dim's shards in mesh order.
+    pub fn in_mesh_order(&self) -> Sharding {
+        Sharding {
+            dims: (self.dims.iter())
+                .map(|d| DimSharding {
+                    reversed: false,
+                    ..d.clone()
+                })
+                .collect(),
+            ..self.clone()
+        }
     }
 
     /// Every mesh axis the dims are split over, dim by dim, major to minor.

@@ -48,7 +48,7 @@ pub(super) fn flow(
         None => {
             let mut warnings = Vec::new();
             let local = pinned.try_map_regions(|region| {
-                let spmd = crate::partition::partition(region, em.mesh)?;
+                let spmd = crate::partition::partition_region(region, em.mesh)?;
                 warnings.extend(spmd.warnings);
                 Ok::<_, crate::error::Error>(spmd.program)
             })?;
