@@ -168,20 +168,20 @@ fn partition_program(program: &Program, mesh: &Mesh, region: bool) -> Result<Spm
         let result = match &fusions[v.index()] {
             Some(Fusion::Rotation(rotation)) => {
                 let a = operands(&em, &[rotation.source])?;
-                let (cut, a) = in_common_parts(mesh, &target, a);
-                let (cut, a) = order::for_handler(&mut em, node, fused, cut, a)?;
+                let (want, a) = order::for_handler(&mut em, node, fused, target.clone(), a)?;
+                let (cut, a) = in_common_parts(mesh, &want, a);
                 handlers::rotate(&mut em, node, &a[0], *rotation, &cut)?
             }
             Some(Fusion::SliceOfPad { node: pad, .. }) => {
                 let ops = operands(&em, &pad.operands)?;
-                let (cut, ops) = in_common_parts(mesh, &target, ops);
-                let (cut, ops) = order::for_handler(&mut em, pad, fused, cut, ops)?;
+                let (want, ops) = order::for_handler(&mut em, pad, fused, target.clone(), ops)?;
+                let (cut, ops) = in_common_parts(mesh, &want, ops);
                 handlers::partition_node(&mut em, pad, &ops, &cut)?
             }
             None => {
                 let ops = operands(&em, &node.operands)?;
-                let (cut, ops) = in_common_parts(mesh, &target, ops);
-                let (cut, ops) = order::for_handler(&mut em, node, fused, cut, ops)?;
+                let (want, ops) = order::for_handler(&mut em, node, fused, target.clone(), ops)?;
+                let (cut, ops) = in_common_parts(mesh, &want, ops);
                 handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };
