@@ -229,3 +229,92 @@ fn a_loop_carry_comes_back_in_mesh_order() {
         assert_eq!(outputs, vec![s("(h, _)")]);
     }
 }
+
+#[test]
+fn shards_and_resident_values_keep_their_order() {
+    use gspmd_core::runtime::{Backend, Input, Output, Value, shard_literal};
+    let mesh = Mesh::with_device_order([("h", 4)], vec![3, 1, 2, 0]).unwrap();
+    let threads = ThreadMesh::new(mesh.clone()).unwrap();
+    let p = build("flip", |b| {
+        let x = b.parameter("x", [16, 8], DType::F32).annotate(s("(h, _)"));
+        vec![x.reverse(&[0]), x.reverse(&[0])]
+    });
+    let exe = compile(&p, &mesh).unwrap();
+    let x = input(&[16, 8], 0);
+    let want = interpret(&p, std::slice::from_ref(&x)).unwrap();
+    let out = exe
+        .execute(
+            &threads,
+            &[Input::Global(&x)],
+            &[Output::Shards, Output::Resident("y".into())],
+        )
+        .unwrap();
+    // Device d's shard is its block of the reversed order: the first device of the
+    // mesh holds the last rows.
+    let Value::Shards(blocks) = &out[0] else {
+        panic!("{out:?}")
+    };
+    for (d, block) in blocks.iter().enumerate() {
+        assert_eq!(
+            *block,
+            shard_literal(&want[0], &s("(-h, _)"), &mesh, d),
+            "device {d}"
+        );
+    }
+    assert_eq!(threads.fetch("y").unwrap(), want[1]);
+    // A resident value in reversed order feeds a parameter in that order, and is
+    // refused, by name, by one in mesh order.
+    let consumer = |order: &str| {
+        let q = build("consumer", |b| {
+            let y = b.parameter("y", [16, 8], DType::F32).annotate(s(order));
+            vec![y.exp()]
+        });
+        compile(&q, &mesh).unwrap()
+    };
+    let out = consumer("(-h, _)").execute(&threads, &[Input::Resident("y")], &[Output::Global]);
+    let Value::Global(got) = &out.unwrap()[0] else {
+        panic!()
+    };
+    let exp = build("exp", |b| vec![b.parameter("y", [16, 8], DType::F32).exp()]);
+    assert_eq!(
+        *got,
+        interpret(&exp, std::slice::from_ref(&want[1])).unwrap()[0]
+    );
+    let err = consumer("(h, _)")
+        .execute(&threads, &[Input::Resident("y")], &[Output::Global])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sharded (-h, _), but the parameter is f32[16,8] sharded (h, _)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reversed_unsplit_dim_is_an_error_at_the_users_line() {
+    let mut bad = s("(h, _)");
+    bad.dims[1].reversed = true;
+    let line = line!() + 3;
+    let b = Builder::new("bad");
+    let x = b.parameter("x", [16, 8], DType::F32);
+    let y = x.exp().annotate(bad);
+    let p = b.finish(&[&y]).unwrap();
+    let err = compile(&p, &h4()).unwrap_err();
+    assert!(
+        matches!(&err, gspmd_core::Error::ReversedUnsplitDim { dim: 1, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("device_order.rs:{line}"))
+            && text.contains("dim 1 of sharding (h, -_) is in reversed device order"),
+        "{text}"
+    );
+    assert!(
+        "(h, -_)"
+            .parse::<Sharding>()
+            .unwrap_err()
+            .to_string()
+            .contains("`-` (reversed device order) before an unsplit dim")
+    );
+}

@@ -934,6 +934,43 @@ mod tests {
     }
 
     #[test]
+    fn orders_move_by_mirrored_shifts() {
+        let mesh = mesh24();
+        let plan = |from: &str, to: &str| {
+            let p = plan_reshard(
+                &mesh,
+                &[8, 16],
+                &from.parse().unwrap(),
+                &to.parse().unwrap(),
+            );
+            (p.mirror_first, p.mirror_last, p.steps.len(), p.cost)
+        };
+        let names = |axes: &[&str]| -> Vec<String> { axes.iter().map(|a| a.to_string()).collect() };
+        // Only the order differs: one mirror over the dims whose order differs, one local
+        // block ([4, 4]) received.
+        assert_eq!(
+            plan("(-data, model)", "(-data, model)"),
+            (vec![], vec![], 0, 0.0)
+        );
+        assert_eq!(
+            plan("(-data, model)", "(data, model)"),
+            (names(&["data"]), vec![], 0, 16.0)
+        );
+        assert_eq!(
+            plan("(-data, model)", "(data, -model)"),
+            (names(&["data", "model"]), vec![], 0, 16.0)
+        );
+        // Another tiling: out of the value's order first, into the target's last.
+        let (first, last, steps, cost) = plan("(-data, _)", "(_, -model)");
+        assert_eq!((first, last), (names(&["data"]), names(&["model"])));
+        assert!(steps > 0);
+        assert_eq!(
+            cost,
+            4.0 * 16.0 + plan("(data, _)", "(_, model)").3 + 8.0 * 4.0
+        );
+    }
+
+    #[test]
     fn same_tiling_needs_nothing() {
         let m = mesh24();
         assert!(plan(&m, &[8, 8], &t(&[&["data"], &[]]), &t(&[&["data"], &[]])).is_empty());

@@ -166,7 +166,8 @@ impl Sharding {
     /// dims, replicated and unreduced) is a mesh axis or a valid sub-axis of one
     /// (`model:(2)2`: see [`Mesh::sub_axis`]), unreduced axes are whole, no axis is used
     /// twice, no two parts of one axis overlap (an axis and a sub-axis of it, or two
-    /// sub-axes sharing digits), and there is one dim sharding per tensor dim.
+    /// sub-axes sharing digits), no unsplit dim is in reversed device order, and there
+    /// is one dim sharding per tensor dim.
     /// `context` (e.g. `"src/model.rs:12: %3: "`) prefixes the error message.
     ///
     /// ```
@@ -232,6 +233,17 @@ impl Sharding {
                 axis: axis.clone(),
                 sharding: self.to_string(),
                 message: "partial sums are kept over whole mesh axes, not sub-axes".into(),
+                context: context.to_string(),
+            });
+        }
+        if let Some(dim) = self
+            .dims
+            .iter()
+            .position(|d| d.reversed && d.axes.is_empty())
+        {
+            return Err(Error::ReversedUnsplitDim {
+                dim,
+                sharding: self.to_string(),
                 context: context.to_string(),
             });
         }
@@ -493,6 +505,20 @@ mod tests {
             "((model:(2)2, model:(1)2))"
         );
         assert_eq!(canon("((model:(1)4, data)?@1)"), "((model, data)?@1)");
+    }
+
+    #[test]
+    fn reversed_dims_must_be_split() {
+        assert_eq!(check("(-(data, model), _)", 2), Ok(()));
+        let mut s: Sharding = "(data, _)".parse().unwrap();
+        s.dims[1].reversed = true;
+        assert_eq!(
+            s.validate(&mesh(), 2, "src/model.rs:12: %3: ")
+                .unwrap_err()
+                .to_string(),
+            "src/model.rs:12: %3: dim 1 of sharding (data, -_) is in reversed device order \
+             (`-`) but not split over any mesh axis"
+        );
     }
 
     #[test]
