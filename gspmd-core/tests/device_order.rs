@@ -176,19 +176,20 @@ fn other_ops_read_a_flipped_value_in_mesh_order() {
 }
 
 #[test]
-fn uneven_and_differently_split_flips_are_mirrored_shifts() {
+fn uneven_flips_are_mirrored_shifts_and_resplit_ones_in_place() {
     // 14 rows in 4 shards of 4 (the last has 2): the blocks do not line up reversed, so
-    // each device receives its mirrored block (as before per-value orders).
+    // each device receives its mirrored rows, in two pieces (as before per-value
+    // orders).
     let p = build("uneven", |b| {
         let x = b.parameter("x", [14, 8], DType::F32).annotate(s("(h, _)"));
         vec![x.reverse(&[0])]
     });
     for mesh in meshes_4() {
         let (collectives, _, outputs) = run(&p, &mesh);
-        assert!(collectives > 0, "{mesh}");
-        assert_eq!(outputs, vec![s("(h, _)")]);
+        assert_eq!((collectives, outputs), (2, vec![s("(h, _)")]), "{mesh}");
     }
-    // Operand split on `data`, result on `model`: resharded, then flipped in place.
+    // Operand split on `data`, result on `model`: resharded to `model` (one permute of
+    // the blocks that fit), then flipped in place.
     let p = build("moved", |b| {
         let x = b
             .parameter("x", [8, 8], DType::F32)
@@ -196,7 +197,7 @@ fn uneven_and_differently_split_flips_are_mirrored_shifts() {
         vec![x.reverse(&[0]).annotate(s("(model, _)"))]
     });
     for mesh in meshes_2x4() {
-        run(&p, &mesh);
+        assert_eq!(run(&p, &mesh).2, vec![s("(-model, _)")], "{mesh}");
     }
 }
 

@@ -11,9 +11,9 @@
 //! locally, with a warning when that gathers a split dim. Dims the op leaves alone keep
 //! the target's axes.
 //!
-//! A reverse whose every reversed dim the target splits evenly over the operand's axes
-//! (or not at all) moves no data: each block is reversed where it is, and the split
-//! dims' device order flips ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed),
+//! A reverse whose every reversed dim the target splits evenly (or not at all) moves
+//! no data beyond resharding the operand to the target's tiling: each block is
+//! reversed where it is, and the split dims' device order flips ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed),
 //! `partition::order`).
 
 use super::super::emit::Emitter;
@@ -238,9 +238,10 @@ fn spread(
     halo::cut(em, padded, axes, dim, (r, phase), chunk)
 }
 
-/// Reverse of `dims` of `a`: in place, flipping the device order of the split dims,
-/// when each is split evenly over the same axes by `a` and the target or not split by
-/// the target (see the module doc); otherwise as [`windowed`] does it.
+/// Reverse of `dims` of `a`: `a` resharded to the target's tiling (keeping its order
+/// where it is split alike), then each block reversed in place and the split dims'
+/// device order flipped, when the target splits each of `dims` evenly (or not at all;
+/// see the module doc); otherwise as [`windowed`] does it.
 pub(super) fn reverse(
     em: &mut Emitter,
     node: &Node,
@@ -249,14 +250,8 @@ pub(super) fn reverse(
     target: &Sharding,
 ) -> Result<PValue> {
     let mesh = em.mesh;
-    let in_place = |d: usize| {
-        let axes = &target.dims[d].axes;
-        let shards = mesh.axes_size(axes);
-        shards == 1
-            || (a.global.shape[d].is_multiple_of(shards)
-                && mesh.canonical_axes(axes) == mesh.canonical_axes(&a.sharding.dims[d].axes))
-    };
-    if !dims.iter().all(|&d| in_place(d)) {
+    let even = |d: usize| a.global.shape[d].is_multiple_of(mesh.axes_size(&target.dims[d].axes));
+    if !dims.iter().all(|&d| even(d)) {
         return windowed(em, node, std::slice::from_ref(a), target);
     }
     let want = in_order_of(mesh, target.clone(), &a.sharding);
