@@ -30,7 +30,7 @@ pub(crate) use report::{collective_line, visit_collectives};
 pub(crate) use value::PValue;
 
 use crate::error::Result;
-use crate::ir::{Op, Program, TensorType, ValueId};
+use crate::ir::{Node, Op, Program, TensorType, ValueId};
 use crate::sharding::{Mesh, Sharding};
 use emit::Emitter;
 use fusion::Fusion;
@@ -164,24 +164,29 @@ fn partition_program(program: &Program, mesh: &Mesh, region: bool) -> Result<Spm
                 })
                 .collect()
         };
+        // The handler's target and operands: in the device order it understands
+        // (`order`), then cut into common parts.
         let fused = fusions[v.index()].is_some();
+        let inputs = |em: &mut Emitter, n: &Node| -> Result<(Sharding, Vec<PValue>)> {
+            let ids = match &fusions[v.index()] {
+                Some(Fusion::Rotation(rotation)) => vec![rotation.source],
+                _ => n.operands.clone(),
+            };
+            let ops = operands(em, &ids)?;
+            let (want, ops) = order::for_handler(em, n, fused, target.clone(), ops)?;
+            Ok(in_common_parts(mesh, &want, ops))
+        };
         let result = match &fusions[v.index()] {
             Some(Fusion::Rotation(rotation)) => {
-                let a = operands(&em, &[rotation.source])?;
-                let (want, a) = order::for_handler(&mut em, node, fused, target.clone(), a)?;
-                let (cut, a) = in_common_parts(mesh, &want, a);
+                let (cut, a) = inputs(&mut em, node)?;
                 handlers::rotate(&mut em, node, &a[0], *rotation, &cut)?
             }
             Some(Fusion::SliceOfPad { node: pad, .. }) => {
-                let ops = operands(&em, &pad.operands)?;
-                let (want, ops) = order::for_handler(&mut em, pad, fused, target.clone(), ops)?;
-                let (cut, ops) = in_common_parts(mesh, &want, ops);
+                let (cut, ops) = inputs(&mut em, pad)?;
                 handlers::partition_node(&mut em, pad, &ops, &cut)?
             }
             None => {
-                let ops = operands(&em, &node.operands)?;
-                let (want, ops) = order::for_handler(&mut em, node, fused, target.clone(), ops)?;
-                let (cut, ops) = in_common_parts(mesh, &want, ops);
+                let (cut, ops) = inputs(&mut em, node)?;
                 handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };

@@ -13,8 +13,8 @@
 //!
 //! A reverse whose every reversed dim the target splits evenly (or not at all) moves
 //! no data beyond resharding the operand to the target's tiling: each block is
-//! reversed where it is, and the split dims' device order flips ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed),
-//! `partition::order`).
+//! reversed where it is, and the split dims' device order flips
+//! ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed), `partition::order`).
 
 use super::super::emit::Emitter;
 use super::super::fusion::Rotation;
