@@ -115,6 +115,20 @@ pub enum Error {
         /// Which value and source location, e.g. `src/model.rs:12: %3: `; may be empty.
         context: String,
     },
+    /// A sharding puts a dim that is not split in reversed device order
+    /// ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed)).
+    #[error(
+        "{context}dim {dim} of sharding {sharding} is in reversed device order (`-`) but not \
+         split over any mesh axis"
+    )]
+    ReversedUnsplitDim {
+        /// The dim.
+        dim: usize,
+        /// The sharding as written.
+        sharding: String,
+        /// Which value and source location; may be empty.
+        context: String,
+    },
     /// A sharding uses the same mesh axis twice.
     #[error("{context}mesh axis `{axis}` used twice in sharding {sharding}")]
     DuplicateAxis {

@@ -26,7 +26,7 @@ mod random_axes;
 use random_axes::random_axes;
 
 /// A random valid sharding: each mesh axis, or sub-axis ([`random_axes`]), unused
-/// (1/3) or on a random dim.
+/// (1/3) or on a random dim; a split dim's device order reversed 1 time in 4.
 fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sharding {
     let mut axes = random_axes(rng, mesh);
     let mut dims = vec![Vec::new(); rank];
@@ -39,7 +39,16 @@ fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sh
             }
         }
     }
-    Sharding::new(dims.into_iter().map(DimSharding::closed))
+    // A split dim is in reversed device order (as a `reverse` leaves it) 1 time in 4.
+    Sharding::new(dims.into_iter().map(|axes| {
+        let reversed = !axes.is_empty() && rng.random_ratio(1, 4);
+        let dim = DimSharding::closed(axes);
+        if reversed {
+            dim.with_reversed_order()
+        } else {
+            dim
+        }
+    }))
 }
 
 fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {

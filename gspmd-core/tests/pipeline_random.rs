@@ -117,6 +117,10 @@ fn random_sharding(rng: &mut Xoshiro256PlusPlus, mesh: &Mesh, rank: usize) -> Sh
             }
         }
     }
+    // Now and then a split dim in reversed device order (`-x`), as a user may write.
+    for d in &mut dims {
+        d.reversed = !d.axes.is_empty() && rng.random_ratio(1, 8);
+    }
     Sharding {
         dims,
         replicated,

@@ -107,7 +107,7 @@ pub fn sharding(spec: &ShardSpec) -> TokenStream {
             Some(p) => quote!(::std::option::Option::Some(#p)),
             None => quote!(::std::option::Option::None),
         };
-        quote!(::gspmd::sharding::DimSharding { axes: #axes, closed: #closed, priority: #priority })
+        quote!(::gspmd::sharding::DimSharding { axes: #axes, closed: #closed, priority: #priority, reversed: false })
     });
     let replicated = strings(&spec.replicated);
     let unreduced = strings(&spec.unreduced);

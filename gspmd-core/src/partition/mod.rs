@@ -20,6 +20,7 @@ mod handlers;
 mod hoist;
 mod manual;
 mod mask;
+mod order;
 pub(crate) mod regather;
 mod report;
 mod reshard;
@@ -31,7 +32,7 @@ pub(crate) use report::{collective_line, visit_collectives};
 pub(crate) use value::PValue;
 
 use crate::error::Result;
-use crate::ir::{Op, Program, TensorType, ValueId};
+use crate::ir::{Node, Op, Program, TensorType, ValueId};
 use crate::sharding::{Mesh, Sharding};
 use emit::Emitter;
 use fusion::Fusion;
@@ -123,8 +124,21 @@ fn in_common_parts(
     (target.cut_at(mesh, &parts), operands)
 }
 
-/// Partitions a propagated program (every node has a `sharding`) for `mesh`.
+/// Partitions a propagated program (every node has a `sharding`) for `mesh`. Its
+/// outputs may be in a device order other than the mesh's (a reversed dim: see
+/// [`DimSharding::reversed`](crate::sharding::DimSharding::reversed));
+/// [`SpmdProgram::outputs`] says which.
 pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
+    partition_program(program, mesh, false)
+}
+
+/// [`partition`] for a region of a flow op: its outputs are in their targets' order.
+pub(crate) fn partition_region(region: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
+    partition_program(region, mesh, true)
+}
+
+/// [`partition`]; a `region`'s outputs are put in their targets' order.
+fn partition_program(program: &Program, mesh: &Mesh, region: bool) -> Result<SpmdProgram> {
     let mut em = Emitter::new(program, mesh);
     let mut values: Vec<Option<PValue>> = vec![None; program.nodes.len()];
     let users = program.users();
@@ -152,23 +166,34 @@ pub fn partition(program: &Program, mesh: &Mesh) -> Result<SpmdProgram> {
                 })
                 .collect()
         };
+        // The handler's target and operands: in the device order it understands
+        // (`order`), then cut into common parts.
+        let fused = fusions[v.index()].is_some();
+        let inputs = |em: &mut Emitter, n: &Node| -> Result<(Sharding, Vec<PValue>)> {
+            let ids = match &fusions[v.index()] {
+                Some(Fusion::Rotation(rotation)) => vec![rotation.source],
+                _ => n.operands.clone(),
+            };
+            let ops = operands(em, &ids)?;
+            let (want, ops) = order::for_handler(em, n, fused, target.clone(), ops)?;
+            Ok(in_common_parts(mesh, &want, ops))
+        };
         let result = match &fusions[v.index()] {
             Some(Fusion::Rotation(rotation)) => {
-                let a = operands(&em, &[rotation.source])?;
-                let (cut, a) = in_common_parts(mesh, &target, a);
+                let (cut, a) = inputs(&mut em, node)?;
                 handlers::rotate(&mut em, node, &a[0], *rotation, &cut)?
             }
             Some(Fusion::SliceOfPad { node: pad, .. }) => {
-                let ops = operands(&em, &pad.operands)?;
-                let (cut, ops) = in_common_parts(mesh, &target, ops);
+                let (cut, ops) = inputs(&mut em, pad)?;
                 handlers::partition_node(&mut em, pad, &ops, &cut)?
             }
             None => {
-                let ops = operands(&em, &node.operands)?;
-                let (cut, ops) = in_common_parts(mesh, &target, ops);
+                let (cut, ops) = inputs(&mut em, node)?;
                 handlers::partition_node(&mut em, node, &ops, &cut)?
             }
         };
+        let region_output = region && program.outputs.contains(&v);
+        let target = order::kept_order(mesh, &result, target, region_output);
         em.globals.entry(result.id).or_insert(v);
         let result = reshard::reshard(&mut em, &result, &target)?;
         em.globals.insert(result.id, v);

@@ -27,6 +27,12 @@
 //! block is inside what it holds or receives; the search routes around the others
 //! (gathering a dim whole is always possible, and so is slicing an unsplit dim).
 //! The search only depends on the number of axes and dims, never on device count.
+//!
+//! Device orders ([`DimSharding::reversed`]) are moved apart from tilings: between
+//! two shardings that tile alike and differ only in order, one mirrored collective
+//! shift over the axes of the dims whose order differs (every device receives one
+//! local block); otherwise the value is mirrored into mesh order first and into the
+//! target's order last (each when it has a reversed dim).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -539,6 +545,7 @@ pub(crate) fn sharding_of(dims: &Tiling, unreduced: Vec<String>) -> Sharding {
                 axes: axes.clone(),
                 closed: true,
                 priority: None,
+                reversed: false,
             })
             .collect(),
         replicated: Vec::new(),
@@ -549,6 +556,9 @@ pub(crate) fn sharding_of(dims: &Tiling, unreduced: Vec<String>) -> Sharding {
 /// A resharding decided but not emitted: what [`reshard`] will do, and its cost.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ReshardPlan {
+    /// First, the axes of a mirrored shift putting the value's reversed dims in the
+    /// order the tiling moves need or the target has (none: nothing to do).
+    mirror_first: Vec<String>,
     /// Pending sums reduce-scattered onto a dim: `(dim, axes)`.
     reduce_scatters: Vec<(usize, Vec<String>)>,
     /// Pending sums all-reduced.
@@ -559,8 +569,34 @@ pub(crate) struct ReshardPlan {
     /// have yet: the value stays on the devices at index 0 along them, the others hold
     /// zeros (exact, no communication).
     make_unreduced: Vec<String>,
+    /// Last, the axes of a mirrored shift putting the target's reversed dims in its
+    /// order (none: nothing to do).
+    mirror_last: Vec<String>,
     /// Elements each device receives.
     pub cost: f64,
+}
+
+/// The axes of the dims of `s` where `reversed` holds, dim by dim.
+fn axes_where(s: &Sharding, reversed: impl Fn(usize, &DimSharding) -> bool) -> Vec<String> {
+    (s.dims.iter().enumerate())
+        .filter(|(d, dim)| reversed(*d, dim))
+        .flat_map(|(_, dim)| dim.axes.iter().cloned())
+        .collect()
+}
+
+/// The mirrored shifts before and after the tiling moves from `from` to `to`
+/// ([`ReshardPlan::mirror_first`], [`ReshardPlan::mirror_last`]): when both tile
+/// alike, one over the dims whose order differs (a mirror over several dims' axes
+/// reverses each dim's index); otherwise out of `from`'s order and into `to`'s.
+fn order_moves(mesh: &Mesh, from: &Sharding, to: &Sharding) -> (Vec<String>, Vec<String>) {
+    if tiling_of(mesh, from) == tiling_of(mesh, to) {
+        let differs = |d: usize, dim: &DimSharding| dim.reversed != to.dims[d].reversed;
+        return (axes_where(from, differs), Vec::new());
+    }
+    (
+        axes_where(from, |_, dim| dim.reversed),
+        axes_where(to, |_, dim| dim.reversed),
+    )
 }
 
 /// Plans moving a value of `shape` from `from` to `to` (tilings and pending sums).
@@ -575,6 +611,15 @@ pub(crate) fn plan_reshard(
 ) -> ReshardPlan {
     let mut tiling = tiling_of(mesh, from);
     let goal = tiling_of(mesh, to);
+    let (mirror_first, mirror_last) = order_moves(mesh, from, to);
+    let mirrored = |axes: &[String], t: &Tiling| {
+        if mesh.axes_size(axes) > 1 {
+            local_elems(shape, t, mesh)
+        } else {
+            0.0
+        }
+    };
+    let order_cost = mirrored(&mirror_first, &tiling) + mirrored(&mirror_last, &goal);
     let mut pending: Vec<String> = from
         .unreduced
         .iter()
@@ -582,6 +627,8 @@ pub(crate) fn plan_reshard(
         .cloned()
         .collect();
     let mut plan = ReshardPlan {
+        mirror_first,
+        mirror_last,
         reduce_scatters: Vec::new(),
         all_reduce: Vec::new(),
         steps: Vec::new(),
@@ -589,7 +636,7 @@ pub(crate) fn plan_reshard(
             .filter(|a| !from.unreduced.contains(a))
             .cloned()
             .collect(),
-        cost: 0.0,
+        cost: order_cost,
     };
     for d in 0..shape.len() {
         let mut axes = Vec::new();
@@ -650,7 +697,7 @@ fn reshard_as_planned(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     let shape = v.global.shape.clone();
     let plan = plan_reshard(mesh, &shape, &v.sharding, target);
     let mut tiling = tiling_of(mesh, &v.sharding);
-    let mut x = v.id;
+    let mut x = mirror(em, v.id, &plan.mirror_first)?;
     for (d, axes) in &plan.reduce_scatters {
         let mut t = tiling.clone();
         t[*d].extend(axes.iter().cloned());
@@ -693,11 +740,26 @@ fn reshard_as_planned(em: &mut Emitter, v: &PValue, target: &Sharding) -> Result
     if !plan.make_unreduced.is_empty() {
         x = keep_one_copy(em, x, &plan.make_unreduced)?;
     }
+    x = mirror(em, x, &plan.mirror_last)?;
+    let mut sharding = sharding_of(&goal, target.unreduced.clone());
+    for (dim, want) in sharding.dims.iter_mut().zip(&target.dims) {
+        dim.reversed = want.reversed && !dim.axes.is_empty();
+    }
     Ok(PValue {
         id: x,
         global: v.global.clone(),
-        sharding: sharding_of(&goal, target.unreduced.clone()),
+        sharding,
     })
+}
+
+/// `x` mirrored over the group of `axes` (member `i` receives member `n - 1 - i`'s
+/// block); nothing when they hold one device.
+fn mirror(em: &mut Emitter, x: ValueId, axes: &[String]) -> Result<ValueId> {
+    if em.mesh.axes_size(axes) > 1 {
+        em.mirror(x, axes, 0)
+    } else {
+        Ok(x)
+    }
 }
 
 /// Warns that resharding `v` to `target` by `plan` replicates it whole on every device
@@ -869,6 +931,43 @@ mod tests {
 
     fn mesh24() -> Mesh {
         Mesh::new([("data", 2), ("model", 4)]).unwrap()
+    }
+
+    #[test]
+    fn orders_move_by_mirrored_shifts() {
+        let mesh = mesh24();
+        let plan = |from: &str, to: &str| {
+            let p = plan_reshard(
+                &mesh,
+                &[8, 16],
+                &from.parse().unwrap(),
+                &to.parse().unwrap(),
+            );
+            (p.mirror_first, p.mirror_last, p.steps.len(), p.cost)
+        };
+        let names = |axes: &[&str]| -> Vec<String> { axes.iter().map(|a| a.to_string()).collect() };
+        // Only the order differs: one mirror over the dims whose order differs, one local
+        // block ([4, 4]) received.
+        assert_eq!(
+            plan("(-data, model)", "(-data, model)"),
+            (vec![], vec![], 0, 0.0)
+        );
+        assert_eq!(
+            plan("(-data, model)", "(data, model)"),
+            (names(&["data"]), vec![], 0, 16.0)
+        );
+        assert_eq!(
+            plan("(-data, model)", "(data, -model)"),
+            (names(&["data", "model"]), vec![], 0, 16.0)
+        );
+        // Another tiling: out of the value's order first, into the target's last.
+        let (first, last, steps, cost) = plan("(-data, _)", "(_, -model)");
+        assert_eq!((first, last), (names(&["data"]), names(&["model"])));
+        assert!(steps > 0);
+        assert_eq!(
+            cost,
+            4.0 * 16.0 + plan("(data, _)", "(_, model)").3 + 8.0 * 4.0
+        );
     }
 
     #[test]

@@ -155,9 +155,20 @@ pub(super) fn final_sharding(
     mesh: &Mesh,
 ) -> Sharding {
     let name = |&a: &Axis| mesh.part_name(a);
+    // A device order the user wrote holds while the dim keeps the annotated axes.
+    let reversed = |i: usize, axes: &[String]| {
+        (annotation.and_then(|a| a.dims.get(i)))
+            .is_some_and(|d| d.reversed && mesh.canonical_axes(&d.axes) == axes)
+    };
     Sharding {
-        dims: (state.dims.iter())
-            .map(|d| DimSharding::closed(d.axes.iter().map(name)))
+        dims: (state.dims.iter().enumerate())
+            .map(|(i, d)| {
+                let axes = mesh.canonical_axes(&d.axes.iter().map(name).collect::<Vec<_>>());
+                DimSharding {
+                    reversed: reversed(i, &axes),
+                    ..DimSharding::closed(d.axes.iter().map(name))
+                }
+            })
             .collect(),
         replicated: annotation.map(|a| a.replicated.clone()).unwrap_or_default(),
         unreduced: annotation.map(|a| a.unreduced.clone()).unwrap_or_default(),

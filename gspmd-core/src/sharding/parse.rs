@@ -3,7 +3,8 @@
 //! ```text
 //! sharding := '(' [dim {',' dim}] ')' {attr}
 //! attr     := ('replicated' | 'unreduced') '=' '{' [axis {',' axis}] '}'   (each at most once)
-//! dim      := ('_' | '?' | axis ['?'] | '(' axis {',' axis} ')' ['?']) ['@' digits]
+//! dim      := ['-'] ('_' | '?' | axis ['?'] | '(' axis {',' axis} ')' ['?']) ['@' digits]
+//!             (`-`: reversed device order, only before a split dim)
 //! axis     := name [':' '(' digits ')' digits]    (a sub-axis `name:(pre)size`)
 //! name     := identifier other than `_`
 //! ```
@@ -207,6 +208,8 @@ impl<'a> Parser<'a> {
     }
 
     fn dim(&mut self) -> ParseResult<DimSharding> {
+        let start = self.pos;
+        let reversed = self.eat('-');
         let mut dim = if self.eat('?') {
             DimSharding::open(Vec::<String>::new())
         } else {
@@ -227,8 +230,17 @@ impl<'a> Parser<'a> {
                 axes,
                 closed,
                 priority: None,
+                reversed: false,
             }
         };
+        if reversed {
+            if dim.axes.is_empty() {
+                return Err(format!(
+                    "`-` (reversed device order) before an unsplit dim at offset {start}"
+                ));
+            }
+            dim = dim.with_reversed_order();
+        }
         if self.eat('@') {
             let priority = self.number("a priority (digits) after `@`")?;
             dim = dim.with_priority(
@@ -280,6 +292,32 @@ mod tests {
             s.to_string(),
             "(model:(1)2, (data, model:(2)2)?, _) replicated={x:(1)3}"
         );
+    }
+
+    #[test]
+    fn parses_reversed_device_orders() {
+        let s = parse("(-data, - (a, b)?@1, _)").unwrap();
+        assert_eq!(
+            s.dims[0],
+            DimSharding::closed(["data"]).with_reversed_order()
+        );
+        assert_eq!(
+            s.dims[1],
+            DimSharding::open(["a", "b"])
+                .with_priority(1)
+                .with_reversed_order()
+        );
+        assert!(!s.is_in_mesh_order());
+        assert!(s.in_mesh_order().is_in_mesh_order());
+        assert_eq!(s.to_string(), "(-data, -(a, b)?@1, _)");
+        for text in ["(-_)", "(-?)", "(-?@1, data)"] {
+            assert!(
+                matches!(parse(text), Err(Error::ParseSharding { message, .. })
+                    if message.contains("`-` (reversed device order) before an unsplit dim")),
+                "{text}"
+            );
+        }
+        assert!(parse("(--data)").is_err());
     }
 
     #[test]
@@ -386,13 +424,18 @@ mod tests {
     }
 
     fn dim_sharding() -> impl Strategy<Value = DimSharding> {
-        (axes(3), any::<bool>(), prop::option::of(any::<u32>())).prop_map(
-            |(axes, closed, priority)| DimSharding {
+        (
+            axes(3),
+            any::<bool>(),
+            prop::option::of(any::<u32>()),
+            any::<bool>(),
+        )
+            .prop_map(|(axes, closed, priority, reversed)| DimSharding {
+                reversed: reversed && !axes.is_empty(),
                 axes,
                 closed,
                 priority,
-            },
-        )
+            })
     }
 
     fn sharding() -> impl Strategy<Value = Sharding> {

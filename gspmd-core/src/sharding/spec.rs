@@ -16,6 +16,12 @@ pub struct DimSharding {
     pub closed: bool,
     /// User priority of this dim's annotation: 0 is the highest; `None` is the lowest.
     pub priority: Option<u32>,
+    /// The dim's device order (XLA's permuted tile assignment, as `reverse` produces
+    /// it): `false` (mesh order, almost every value) puts shard `i` on the device at
+    /// index `i` of the group over `axes` ([`Mesh::group_index`]); `true` puts it on the
+    /// device at index `n - 1 - i` of the `n`. Written `-` before the dim: `(-data, _)`.
+    /// Only a split dim is reversed.
+    pub reversed: bool,
 }
 
 /// A sharding of a tensor over a mesh: one [`DimSharding`] per dim, plus axes that are
@@ -38,6 +44,7 @@ impl DimSharding {
             axes: axes.into_iter().map(Into::into).collect(),
             closed: true,
             priority: None,
+            reversed: false,
         }
     }
 
@@ -56,12 +63,25 @@ impl DimSharding {
             ..self
         }
     }
+
+    /// The same dim with its shards in reversed device order (see
+    /// [`DimSharding::reversed`]).
+    pub fn with_reversed_order(self) -> Self {
+        DimSharding {
+            reversed: true,
+            ..self
+        }
+    }
 }
 
 impl std::fmt::Display for DimSharding {
     /// `_` (closed, unsplit), `?` (open, unsplit), `data`, `(data, model)`; a `?` after
-    /// axes marks an open dim, `@N` a user priority: `data?@1`.
+    /// axes marks an open dim, `@N` a user priority: `data?@1`; a leading `-` a
+    /// reversed device order: `-(data, model)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.reversed {
+            f.write_str("-")?;
+        }
         match (self.axes.as_slice(), self.closed) {
             ([], true) => f.write_str("_")?,
             ([], false) => f.write_str("?")?,
@@ -116,6 +136,25 @@ impl Sharding {
         self.dims.iter().all(|d| d.axes.is_empty()) && self.unreduced.is_empty()
     }
 
+    /// True if every dim's shards are in mesh order (no dim is
+    /// [`reversed`](DimSharding::reversed)): the case of almost every value.
+    pub fn is_in_mesh_order(&self) -> bool {
+        self.dims.iter().all(|d| !d.reversed)
+    }
+
+    /// The same tiling with every dim's shards in mesh order.
+    pub fn in_mesh_order(&self) -> Sharding {
+        Sharding {
+            dims: (self.dims.iter())
+                .map(|d| DimSharding {
+                    reversed: false,
+                    ..d.clone()
+                })
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// Every mesh axis the dims are split over, dim by dim, major to minor.
     pub fn axes(&self) -> impl Iterator<Item = &str> {
         self.dims
@@ -127,7 +166,8 @@ impl Sharding {
     /// dims, replicated and unreduced) is a mesh axis or a valid sub-axis of one
     /// (`model:(2)2`: see [`Mesh::sub_axis`]), unreduced axes are whole, no axis is used
     /// twice, no two parts of one axis overlap (an axis and a sub-axis of it, or two
-    /// sub-axes sharing digits), and there is one dim sharding per tensor dim.
+    /// sub-axes sharing digits), no unsplit dim is in reversed device order, and there
+    /// is one dim sharding per tensor dim.
     /// `context` (e.g. `"src/model.rs:12: %3: "`) prefixes the error message.
     ///
     /// ```
@@ -193,6 +233,17 @@ impl Sharding {
                 axis: axis.clone(),
                 sharding: self.to_string(),
                 message: "partial sums are kept over whole mesh axes, not sub-axes".into(),
+                context: context.to_string(),
+            });
+        }
+        if let Some(dim) = self
+            .dims
+            .iter()
+            .position(|d| d.reversed && d.axes.is_empty())
+        {
+            return Err(Error::ReversedUnsplitDim {
+                dim,
+                sharding: self.to_string(),
                 context: context.to_string(),
             });
         }
@@ -454,6 +505,20 @@ mod tests {
             "((model:(2)2, model:(1)2))"
         );
         assert_eq!(canon("((model:(1)4, data)?@1)"), "((model, data)?@1)");
+    }
+
+    #[test]
+    fn reversed_dims_must_be_split() {
+        assert_eq!(check("(-(data, model), _)", 2), Ok(()));
+        let mut s: Sharding = "(data, _)".parse().unwrap();
+        s.dims[1].reversed = true;
+        assert_eq!(
+            s.validate(&mesh(), 2, "src/model.rs:12: %3: ")
+                .unwrap_err()
+                .to_string(),
+            "src/model.rs:12: %3: dim 1 of sharding (data, -_) is in reversed device order \
+             (`-`) but not split over any mesh axis"
+        );
     }
 
     #[test]

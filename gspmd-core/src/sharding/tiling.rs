@@ -33,12 +33,20 @@ impl Sharding {
         mesh.axes_size(self.dim_axes(dim))
     }
 
-    /// Which shard of dim `dim` `device` holds: its [`Mesh::group_index`] over the dim's
-    /// axes (its coordinates along them as a mixed-radix number, first axis major). A
-    /// sharding that does not fit `mesh` (an unknown or repeated axis) or a device not in
-    /// `mesh` gives shard 0; call [`Sharding::validate`] first.
+    /// Which shard of dim `dim` `device` holds: its [`Mesh::group_index`] `g` over the
+    /// dim's axes (its coordinates along them as a mixed-radix number, first axis
+    /// major), or `n - 1 - g` of the `n` shards when the dim's device order is
+    /// [`reversed`](super::DimSharding::reversed). A sharding that does not fit `mesh`
+    /// (an unknown or repeated axis) or a device not in `mesh` gives shard 0; call
+    /// [`Sharding::validate`] first.
     pub fn shard_index(&self, dim: usize, mesh: &Mesh, device: usize) -> usize {
-        mesh.group_index(device, self.dim_axes(dim)).unwrap_or(0)
+        let Ok(g) = mesh.group_index(device, self.dim_axes(dim)) else {
+            return 0;
+        };
+        match self.dims.get(dim) {
+            Some(d) if d.reversed => self.num_shards(dim, mesh) - 1 - g,
+            _ => g,
+        }
     }
 
     /// The block of a tensor of `global_shape` that `device` holds: `(offset, len)` per
@@ -163,6 +171,27 @@ mod tests {
         assert_eq!(model_major.num_shards(0, &mesh), 8);
         assert_eq!(unsplit.num_shards(0, &mesh), 1);
         assert_eq!(sharding("((data, model)?)").local_shape(&mesh, &[10]), [2]);
+    }
+
+    #[test]
+    fn reversed_dims_count_shards_from_the_last_device() {
+        let mesh = permuted_mesh();
+        let s = sharding("(-model, data)");
+        let forward = sharding("(model, data)");
+        for (position, &device) in mesh.device_ids().iter().enumerate() {
+            let model = position % 4;
+            assert_eq!(s.shard_index(0, &mesh, device), 3 - model);
+            assert_eq!(
+                s.shard_index(1, &mesh, device),
+                forward.shard_index(1, &mesh, device)
+            );
+        }
+        // The shard device 2 (position 0, model 0) holds is the last: rows 6.. of 7.
+        assert_eq!(s.device_block(&mesh, &[7, 5], 2), [(6, 1), (0, 3)]);
+        let both = sharding("(-(data, model))");
+        for (position, &device) in mesh.device_ids().iter().enumerate() {
+            assert_eq!(both.shard_index(0, &mesh, device), 7 - position);
+        }
     }
 
     #[test]

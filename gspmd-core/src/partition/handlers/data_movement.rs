@@ -11,6 +11,11 @@
 //! split, the owners' cut becomes a pending sum ([`Owned`]); otherwise it is made whole
 //! and the op runs on it locally, with a warning when that gathers a split dim. Dims the
 //! op leaves alone keep the target's axes.
+//!
+//! A reverse whose every reversed dim the target splits evenly (or not at all) moves
+//! no data beyond resharding the operand to the target's tiling: each block is
+//! reversed where it is, and the split dims' device order flips
+//! ([`DimSharding::reversed`](crate::sharding::DimSharding::reversed), `partition::order`).
 
 use std::ops::Range;
 
@@ -18,6 +23,7 @@ use super::super::emit::Emitter;
 use super::super::fusion::Rotation;
 use super::super::halo::{self, HaloPlan, Window};
 use super::super::mask::positions_inside;
+use super::super::order::in_order_of;
 use super::super::reshard::reshard;
 use super::super::value::PValue;
 use super::reduce::identity;
@@ -233,6 +239,37 @@ fn spread(
     let s = interior as i64 + 1;
     let (r, phase) = (chunk as i64 % s, (-low).rem_euclid(s));
     halo::cut(em, padded, axes, dim, (r, phase), chunk)
+}
+
+/// Reverse of `dims` of `a`: `a` resharded to the target's tiling (keeping its order
+/// where it is split alike), then each block reversed in place and the split dims'
+/// device order flipped, when the target splits each of `dims` evenly (or not at all;
+/// see the module doc); otherwise as [`windowed`] does it.
+pub(super) fn reverse(
+    em: &mut Emitter,
+    node: &Node,
+    dims: &[usize],
+    a: &PValue,
+    target: &Sharding,
+) -> Result<PValue> {
+    let mesh = em.mesh;
+    let even = |d: usize| a.global.shape[d].is_multiple_of(mesh.axes_size(&target.dims[d].axes));
+    if !dims.iter().all(|&d| even(d)) {
+        return windowed(em, node, std::slice::from_ref(a), target);
+    }
+    let want = in_order_of(mesh, target.clone(), &a.sharding);
+    let x = reshard(em, a, &want)?;
+    let id = em.emit(node.op.clone(), &[x.id])?;
+    let mut sharding = x.sharding;
+    for &d in dims {
+        let dim = &mut sharding.dims[d];
+        dim.reversed = !dim.reversed && mesh.axes_size(&dim.axes) > 1;
+    }
+    Ok(PValue {
+        id,
+        global: node.ty.clone(),
+        sharding,
+    })
 }
 
 /// Slice, pad, concatenate, reverse and reduce_window (see the module doc).

@@ -104,7 +104,7 @@ impl LocalFlow {
     fn partition(em: &mut Emitter, pinned: &Flow) -> Result<LocalFlow> {
         let mut warnings = Vec::new();
         let mut local = pinned.try_map_regions(|region| {
-            let spmd = crate::partition::partition(region, em.mesh)?;
+            let spmd = crate::partition::partition_region(region, em.mesh)?;
             warnings.extend(spmd.warnings);
             Ok::<_, crate::error::Error>(spmd.program)
         })?;

@@ -64,11 +64,10 @@ pub(crate) fn partition_node(
             scan::cumulative(em, (*kind, *dim, *reverse), &operands[0], target)
         }
         Op::Argsort { dim, .. } => sort::argsort(em, node, *dim, &operands[0], target),
-        Op::Slice { .. }
-        | Op::Pad { .. }
-        | Op::Concatenate(_)
-        | Op::Reverse(_)
-        | Op::ReduceWindow { .. } => data_movement::windowed(em, node, operands, target),
+        Op::Reverse(dims) => data_movement::reverse(em, node, dims, &operands[0], target),
+        Op::Slice { .. } | Op::Pad { .. } | Op::Concatenate(_) | Op::ReduceWindow { .. } => {
+            data_movement::windowed(em, node, operands, target)
+        }
         Op::Gather(dims) => {
             indexing::gather(em, dims, &node.ty, &operands[0], &operands[1], target)
         }
