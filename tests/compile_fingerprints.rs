@@ -137,7 +137,7 @@ fn models_compile_to_the_recorded_programs() {
             moe_grad(),
             moe_language_model::mesh([2, 4]).unwrap(),
             keep.clone(),
-            0x7a83af8adb34c840,
+            0x53bae494aa8c10e5,
         ),
         (
             "pipeline gradient",
