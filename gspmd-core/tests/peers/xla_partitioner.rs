@@ -420,6 +420,73 @@ pub const CASES: &[Case] = &[
         verdict: Verdict::Agrees,
         check: einsum_output_rhs_non_contracting_dim_partitioned,
     },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedNonContractingAndContracting1",
+        verdict: Verdict::Better(
+            "reduce-scatters the partial products (1536 B) where XLA all-reduces them and slices (3072 B)",
+        ),
+        check: dot_2d_partitioned_non_contracting_and_contracting1,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedNonContractingAndContracting2",
+        verdict: Verdict::Better(
+            "keeps the contracting split and reduce-scatters (4736 B) where XLA permutes and gathers the rhs (6400 B)",
+        ),
+        check: dot_2d_partitioned_non_contracting_and_contracting2,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedBatchAndNonContracting",
+        verdict: Verdict::Agrees,
+        check: dot_2d_partitioned_batch_and_non_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedBatchAndContracting",
+        verdict: Verdict::Better(
+            "reduce-scatters the partial products (3072 B) where XLA all-reduces them and slices (6144 B)",
+        ),
+        check: dot_2d_partitioned_batch_and_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedBatchAndContracting2",
+        verdict: Verdict::Better(
+            "reduce-scatters the partial products (3072 B) where XLA all-to-alls the lhs (4800 B)",
+        ),
+        check: dot_2d_partitioned_batch_and_contracting2,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: Dot2DPartitionedBatchNonContractingAndContracting",
+        verdict: Verdict::Better(
+            "moves the rhs and reduce-scatters (9472 B) where XLA gathers the lhs (9600 B)",
+        ),
+        check: dot_2d_partitioned_batch_non_contracting_and_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SimpleDotPartial",
+        verdict: Verdict::Agrees,
+        check: simple_dot_partial,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: DotPartialContracting",
+        verdict: Verdict::Agrees,
+        check: dot_partial_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: DotPartialContracting2",
+        verdict: Verdict::Agrees,
+        check: dot_partial_contracting2,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: DotPartialContracting3",
+        verdict: Verdict::Better(
+            "reduce-scatters the partial products (1536 B) where XLA all-reduces and permutes them (3072 B)",
+        ),
+        check: dot_partial_contracting3,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: DotBatchAndPartialContracting",
+        verdict: Verdict::Agrees,
+        check: dot_batch_and_partial_contracting,
+    },
 ];
 
 /// A [3,3] operand split [2,1] meets a replicated one in a multiply and an add, all
@@ -1468,6 +1535,185 @@ fn einsum_output_rhs_non_contracting_dim_partitioned() {
         "(_, _, x)",
     );
     expect_local(&exe, &[4, 24, 20]);
+}
+
+/// [48,100] x [32,100] contracting dim 1, both split [2,2] (rows on `x`, the contracting
+/// dim on `y`), the result split [2,2]: XLA gathers the rhs rows over `x` (an
+/// all-gather of f32[16,50], 3200 B; the test's all-reduce 6400 B), contracts its half
+/// and all-reduces the f32[24,32] partial products over `y` (3072 B): 6272 B. gspmd
+/// gathers the same rows and reduce-scatters the partial products (1536 B): 4736 B.
+fn dot_2d_partitioned_non_contracting_and_contracting1() {
+    let exe = run("dot_2d_nc_c1", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[48, 100], Some("(x, y)"));
+        let r = param(b, "r", &[32, 100], Some("(x, y)"));
+        vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(x, y)"))]
+    });
+    expect(
+        &exe,
+        &[("all_gather", 1), ("reduce_scatter", 1)],
+        16 * 50 * 4 + 24 * 32 * 4 / 2,
+    );
+    expect_better(&exe, 16 * 50 * 4 + 24 * 32 * 4);
+}
+
+/// A replicated lhs and the rhs split [2,2], the result split [2,2]: the rhs rows must
+/// be on `y`, so XLA permutes the f32[16,50] tile (3200 B) and gathers its contracting
+/// dim over `x` (3200 B): 6400 B. gspmd gathers the rhs rows over `x` (3200 B), contracts
+/// its half of the contracting dim and reduce-scatters over `y` (1536 B): 4736 B.
+fn dot_2d_partitioned_non_contracting_and_contracting2() {
+    let exe = run("dot_2d_nc_c2", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[48, 100], Some("(_, _)"));
+        let r = param(b, "r", &[32, 100], Some("(x, y)"));
+        vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(x, y)"))]
+    });
+    expect(
+        &exe,
+        &[("all_gather", 1), ("reduce_scatter", 1)],
+        16 * 50 * 4 + 24 * 32 * 4 / 2,
+    );
+    expect_better(&exe, 2 * 16 * 50 * 4);
+}
+
+/// Batched [4,24,100] x [4,32,100], both split on batch (`x`) and non-contracting dim
+/// (`y`), the result split the lhs's way: XLA gathers the rhs's dim 1 over `y`
+/// (f32[2,16,100] arriving, 12800 B). So does gspmd.
+fn dot_2d_partitioned_batch_and_non_contracting() {
+    let exe = run("dot_2d_b_nc", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[4, 24, 100], Some("(x, y, _)"));
+        let r = param(b, "r", &[4, 32, 100], Some("(x, y, _)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
+    });
+    expect(&exe, &[("all_gather", 1)], 2 * 16 * 100 * 4);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
+}
+
+/// The lhs split on batch and contracting dim, the rhs on non-contracting and
+/// contracting dim, the result on batch and lhs rows: XLA all-to-alls the rhs onto the
+/// batch split (1/2 * 4*16*50*4 B = 6400 B), all-reduces the f32[2,24,32] partial
+/// products over `y` (6144 B) and slices: 12544 B. gspmd makes the same all-to-all and
+/// reduce-scatters the partial products (3072 B): 9472 B.
+fn dot_2d_partitioned_batch_and_contracting() {
+    let exe = run("dot_2d_b_c", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
+        let r = param(b, "r", &[4, 32, 100], Some("(_, x, y)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
+    });
+    expect(
+        &exe,
+        &[("all_to_all", 1), ("reduce_scatter", 1)],
+        4 * 16 * 50 * 4 / 2 + 2 * 24 * 32 * 4 / 2,
+    );
+    expect_better(&exe, 4 * 16 * 50 * 4 / 2 + 2 * 24 * 32 * 4);
+}
+
+/// The lhs split on batch and contracting dim, the rhs replicated, the result on batch
+/// and lhs rows: XLA all-to-alls the lhs's contracting split onto its rows
+/// (1/2 * 2*24*50*4 B = 4800 B). gspmd contracts the split and reduce-scatters the
+/// f32[2,24,32] partial products onto the rows (1/2 * 6144 B = 3072 B).
+fn dot_2d_partitioned_batch_and_contracting2() {
+    let exe = run("dot_2d_b_c2", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
+        let r = param(b, "r", &[4, 32, 100], Some("(_, _, _)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
+    });
+    expect(&exe, &[("reduce_scatter", 1)], 2 * 24 * 32 * 4 / 2);
+    expect_better(&exe, 2 * 24 * 50 * 4 / 2);
+}
+
+/// The lhs split on batch and contracting dim, the rhs on batch and non-contracting dim,
+/// the result the rhs's way: XLA gathers the lhs's contracting dim over `y`
+/// (f32[2,24,50] arriving, 9600 B). gspmd all-to-alls the rhs onto a split of its
+/// contracting dim (1/2 * 2*16*100*4 B = 6400 B) and reduce-scatters the f32[2,24,32]
+/// partial products onto the result's columns (3072 B): 9472 B.
+fn dot_2d_partitioned_batch_non_contracting_and_contracting() {
+    let exe = run("dot_2d_b_nc_c", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
+        let r = param(b, "r", &[4, 32, 100], Some("(x, y, _)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, _, y)"))]
+    });
+    expect(
+        &exe,
+        &[("all_to_all", 1), ("reduce_scatter", 1)],
+        2 * 16 * 100 * 4 / 2 + 2 * 24 * 32 * 4 / 2,
+    );
+    expect_better(&exe, 2 * 24 * 50 * 4);
+}
+
+/// Batched operands split on batch and replicated on the second axis: local, [1,24,32].
+fn simple_dot_partial() {
+    let exe = run("simple_dot_partial", &mesh(&[("x", 2), ("y", 2)]), |b| {
+        let l = param(b, "l", &[2, 24, 100], Some("(x, _, _)"));
+        let r = param(b, "r", &[2, 32, 100], Some("(x, _, _)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, _, _)"))]
+    });
+    expect_local(&exe, &[1, 24, 32]);
+}
+
+/// [24,100] x [32,100] contracting a dim split on `x` (replicated on `y`), the result
+/// replicated: XLA all-reduces the f32[24,32] partial products over `x` (3072 B). So does
+/// gspmd.
+fn dot_partial_contracting() {
+    let exe = run(
+        "dot_partial_contracting",
+        &mesh(&[("x", 2), ("y", 2)]),
+        |b| {
+            let l = param(b, "l", &[24, 100], Some("(_, x)"));
+            let r = param(b, "r", &[32, 100], Some("(_, x)"));
+            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(_, _)"))]
+        },
+    );
+    expect(&exe, &[("all_reduce", 1)], 24 * 32 * 4);
+}
+
+/// The same with the result split on its rows by `y` (`devices=[2,1,2]0,2,1,3`): XLA
+/// slices the lhs rows locally and all-reduces the f32[12,32] partial products over `x`
+/// (1536 B). So does gspmd.
+fn dot_partial_contracting2() {
+    let exe = run(
+        "dot_partial_contracting2",
+        &mesh(&[("x", 2), ("y", 2)]),
+        |b| {
+            let l = param(b, "l", &[24, 100], Some("(_, x)"));
+            let r = param(b, "r", &[32, 100], Some("(_, x)"));
+            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(y, _)"))]
+        },
+    );
+    expect(&exe, &[("all_reduce", 1)], 12 * 32 * 4);
+    assert_eq!(local_shape(&exe, 0), [12, 32]);
+}
+
+/// 8 devices (2x4): the contracting dim split on `x`, the result split on its columns by
+/// `x` too (`devices=[1,2,4]`): XLA slices the rhs rows locally, all-reduces the
+/// f32[24,16] partial products over `x` (1536 B) and permutes them to the devices that
+/// own those columns (1536 B): 3072 B. gspmd reduce-scatters the f32[24,32] partial
+/// products over `x` (1/2 * 3072 B = 1536 B).
+fn dot_partial_contracting3() {
+    let exe = run(
+        "dot_partial_contracting3",
+        &mesh(&[("x", 2), ("y", 4)]),
+        |b| {
+            let l = param(b, "l", &[24, 100], Some("(_, x)"));
+            let r = param(b, "r", &[32, 100], Some("(_, x)"));
+            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(_, x)"))]
+        },
+    );
+    expect(&exe, &[("reduce_scatter", 1)], 24 * 32 * 4 / 2);
+    expect_better(&exe, 2 * 24 * 16 * 4);
+}
+
+/// 8 devices (2x2x2): the lhs [4,24,100] split on batch (`x`), rows (`y`) and the
+/// contracting dim (`z`); the rhs (`devices=[2,1,2,2]0,2,1,3,4,6,5,7`) on batch (`x`) and
+/// the contracting dim (`z`); the result on batch and rows: XLA all-reduces the
+/// f32[2,12,32] partial products over `z` (3072 B). So does gspmd.
+fn dot_batch_and_partial_contracting() {
+    let m = mesh(&[("x", 2), ("y", 2), ("z", 2)]);
+    let exe = run("dot_batch_and_partial_contracting", &m, |b| {
+        let l = param(b, "l", &[4, 24, 100], Some("(x, y, z)"));
+        let r = param(b, "r", &[4, 32, 100], Some("(x, _, z)"));
+        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
+    });
+    expect(&exe, &[("all_reduce", 1)], 2 * 12 * 32 * 4);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
 }
 
 /// The program `f` traces, compiled for `m` and checked against the reference
