@@ -1384,21 +1384,25 @@ fn batch_partitioned_convolution() {
 /// A replicated [24,64] times a [392,64] (XLA: [39296,64]) split on its non-contracting
 /// dim 0, the result split on dim 1: local, [24,196].
 fn dot_output_feature_partitioned() {
-    let exe = run("dot_output_feature_partitioned", &mesh(&[("x", 2)]), |b| {
-        let l = param(b, "l", &[24, 64], Some("(_, _)"));
-        let r = param(b, "r", &[392, 64], Some("(x, _)"));
-        vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(_, x)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2)]),
+        (&[24, 64], "(_, _)"),
+        (&[392, 64], "(x, _)"),
+        &[],
+        &[1],
+        "(_, x)",
+    );
     expect_local(&exe, &[24, 196]);
 }
 
 /// A batched dot `[32,24,64] x [32,392,64]` (XLA: 39296) with both operands and the
 /// result split on the batch dim: local, [16,24,392].
 fn einsum_batch_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[32, 24, 64], "(x, _, _)"),
         (&[32, 392, 64], "(x, _, _)"),
+        &[0],
         &[2],
         "(x, _, _)",
     );
@@ -1407,10 +1411,11 @@ fn einsum_batch_partitioned() {
 
 /// The batched dot with the rhs replicated: each device slices its batch rows, local.
 fn einsum_lhs_and_output_batch_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[32, 24, 64], "(x, _, _)"),
         (&[32, 392, 64], "(_, _, _)"),
+        &[0],
         &[2],
         "(x, _, _)",
     );
@@ -1421,10 +1426,11 @@ fn einsum_lhs_and_output_batch_partitioned() {
 /// on the batch: XLA all-to-alls the lhs onto the batch split (1/2 * 32*12*64*4 B =
 /// 49152 B). So does gspmd.
 fn einsum_rhs_and_output_batch_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[32, 24, 64], "(_, x, _)"),
         (&[32, 392, 64], "(x, _, _)"),
+        &[0],
         &[2],
         "(x, _, _)",
     );
@@ -1434,10 +1440,11 @@ fn einsum_rhs_and_output_batch_partitioned() {
 
 /// The batched dot of replicated operands into a result split on the batch: local.
 fn einsum_output_batch_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[32, 24, 64], "(_, _, _)"),
         (&[32, 392, 64], "(_, _, _)"),
+        &[0],
         &[2],
         "(x, _, _)",
     );
@@ -1450,10 +1457,11 @@ fn einsum_output_batch_partitioned() {
 /// (2 * (2 * 1/2 * 30720 B) = 61440 B); gspmd all-reduces once over both axes
 /// (2 * 3/4 * 30720 B = 46080 B).
 fn einsum_contracting_dims_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 2)]),
         (&[8, 24, 16, 8], "(_, _, x, y)"),
         (&[8, 40, 16, 8], "(_, _, x, y)"),
+        &[0],
         &[2, 3],
         "(_, _, _)",
     );
@@ -1490,10 +1498,11 @@ fn einsum_contracting_dims_partitioned_result_partially_sliced() {
 /// the rhs [4,40,16] replicated, the result [4,24,8,40] split on the lhs's dims: local,
 /// [4,12,4,40].
 fn einsum_lhs_non_contracting_dims_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 2)]),
         (&[4, 24, 16, 8], "(_, x, _, y)"),
         (&[4, 40, 16], "(_, _, _)"),
+        &[0],
         &[2],
         "(_, x, y, _)",
     );
@@ -1503,10 +1512,11 @@ fn einsum_lhs_non_contracting_dims_partitioned() {
 /// The mirror: the rhs [4,40,16,8] split on its non-contracting dims 1 and 3, the lhs
 /// replicated: local, [4,24,20,4].
 fn einsum_rhs_non_contracting_dims_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 2)]),
         (&[4, 24, 16], "(_, _, _)"),
         (&[4, 40, 16, 8], "(_, x, _, y)"),
+        &[0],
         &[2],
         "(_, _, x, y)",
     );
@@ -1515,10 +1525,11 @@ fn einsum_rhs_non_contracting_dims_partitioned() {
 
 /// Replicated operands, the result split on the lhs's non-contracting dim: local.
 fn einsum_output_lhs_non_contracting_dim_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[4, 24, 16, 8], "(_, _, _, _)"),
         (&[4, 40, 16, 8], "(_, _, _, _)"),
+        &[0],
         &[2, 3],
         "(_, x, _)",
     );
@@ -1527,10 +1538,11 @@ fn einsum_output_lhs_non_contracting_dim_partitioned() {
 
 /// Replicated operands, the result split on the rhs's non-contracting dim: local.
 fn einsum_output_rhs_non_contracting_dim_partitioned() {
-    let exe = batched_dot(
+    let exe = dot_on(
         &mesh(&[("x", 2)]),
         (&[4, 24, 16, 8], "(_, _, _, _)"),
         (&[4, 40, 16, 8], "(_, _, _, _)"),
+        &[0],
         &[2, 3],
         "(_, _, x)",
     );
@@ -1543,11 +1555,14 @@ fn einsum_output_rhs_non_contracting_dim_partitioned() {
 /// and all-reduces the f32[24,32] partial products over `y` (3072 B): 6272 B. gspmd
 /// gathers the same rows and reduce-scatters the partial products (1536 B): 4736 B.
 fn dot_2d_partitioned_non_contracting_and_contracting1() {
-    let exe = run("dot_2d_nc_c1", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[48, 100], Some("(x, y)"));
-        let r = param(b, "r", &[32, 100], Some("(x, y)"));
-        vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(x, y)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[48, 100], "(x, y)"),
+        (&[32, 100], "(x, y)"),
+        &[],
+        &[1],
+        "(x, y)",
+    );
     expect(
         &exe,
         &[("all_gather", 1), ("reduce_scatter", 1)],
@@ -1561,11 +1576,14 @@ fn dot_2d_partitioned_non_contracting_and_contracting1() {
 /// dim over `x` (3200 B): 6400 B. gspmd gathers the rhs rows over `x` (3200 B), contracts
 /// its half of the contracting dim and reduce-scatters over `y` (1536 B): 4736 B.
 fn dot_2d_partitioned_non_contracting_and_contracting2() {
-    let exe = run("dot_2d_nc_c2", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[48, 100], Some("(_, _)"));
-        let r = param(b, "r", &[32, 100], Some("(x, y)"));
-        vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(x, y)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[48, 100], "(_, _)"),
+        (&[32, 100], "(x, y)"),
+        &[],
+        &[1],
+        "(x, y)",
+    );
     expect(
         &exe,
         &[("all_gather", 1), ("reduce_scatter", 1)],
@@ -1578,11 +1596,14 @@ fn dot_2d_partitioned_non_contracting_and_contracting2() {
 /// (`y`), the result split the lhs's way: XLA gathers the rhs's dim 1 over `y`
 /// (f32[2,16,100] arriving, 12800 B). So does gspmd.
 fn dot_2d_partitioned_batch_and_non_contracting() {
-    let exe = run("dot_2d_b_nc", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[4, 24, 100], Some("(x, y, _)"));
-        let r = param(b, "r", &[4, 32, 100], Some("(x, y, _)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[4, 24, 100], "(x, y, _)"),
+        (&[4, 32, 100], "(x, y, _)"),
+        &[0],
+        &[2],
+        "(x, y, _)",
+    );
     expect(&exe, &[("all_gather", 1)], 2 * 16 * 100 * 4);
     assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
 }
@@ -1593,11 +1614,14 @@ fn dot_2d_partitioned_batch_and_non_contracting() {
 /// products over `y` (6144 B) and slices: 12544 B. gspmd makes the same all-to-all and
 /// reduce-scatters the partial products (3072 B): 9472 B.
 fn dot_2d_partitioned_batch_and_contracting() {
-    let exe = run("dot_2d_b_c", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
-        let r = param(b, "r", &[4, 32, 100], Some("(_, x, y)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[4, 24, 100], "(x, _, y)"),
+        (&[4, 32, 100], "(_, x, y)"),
+        &[0],
+        &[2],
+        "(x, y, _)",
+    );
     expect(
         &exe,
         &[("all_to_all", 1), ("reduce_scatter", 1)],
@@ -1611,11 +1635,14 @@ fn dot_2d_partitioned_batch_and_contracting() {
 /// (1/2 * 2*24*50*4 B = 4800 B). gspmd contracts the split and reduce-scatters the
 /// f32[2,24,32] partial products onto the rows (1/2 * 6144 B = 3072 B).
 fn dot_2d_partitioned_batch_and_contracting2() {
-    let exe = run("dot_2d_b_c2", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
-        let r = param(b, "r", &[4, 32, 100], Some("(_, _, _)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[4, 24, 100], "(x, _, y)"),
+        (&[4, 32, 100], "(_, _, _)"),
+        &[0],
+        &[2],
+        "(x, y, _)",
+    );
     expect(&exe, &[("reduce_scatter", 1)], 2 * 24 * 32 * 4 / 2);
     expect_better(&exe, 2 * 24 * 50 * 4 / 2);
 }
@@ -1626,11 +1653,14 @@ fn dot_2d_partitioned_batch_and_contracting2() {
 /// contracting dim (1/2 * 2*16*100*4 B = 6400 B) and reduce-scatters the f32[2,24,32]
 /// partial products onto the result's columns (3072 B): 9472 B.
 fn dot_2d_partitioned_batch_non_contracting_and_contracting() {
-    let exe = run("dot_2d_b_nc_c", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[4, 24, 100], Some("(x, _, y)"));
-        let r = param(b, "r", &[4, 32, 100], Some("(x, y, _)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, _, y)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[4, 24, 100], "(x, _, y)"),
+        (&[4, 32, 100], "(x, y, _)"),
+        &[0],
+        &[2],
+        "(x, _, y)",
+    );
     expect(
         &exe,
         &[("all_to_all", 1), ("reduce_scatter", 1)],
@@ -1641,11 +1671,14 @@ fn dot_2d_partitioned_batch_non_contracting_and_contracting() {
 
 /// Batched operands split on batch and replicated on the second axis: local, [1,24,32].
 fn simple_dot_partial() {
-    let exe = run("simple_dot_partial", &mesh(&[("x", 2), ("y", 2)]), |b| {
-        let l = param(b, "l", &[2, 24, 100], Some("(x, _, _)"));
-        let r = param(b, "r", &[2, 32, 100], Some("(x, _, _)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, _, _)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2)]),
+        (&[2, 24, 100], "(x, _, _)"),
+        (&[2, 32, 100], "(x, _, _)"),
+        &[0],
+        &[2],
+        "(x, _, _)",
+    );
     expect_local(&exe, &[1, 24, 32]);
 }
 
@@ -1653,14 +1686,13 @@ fn simple_dot_partial() {
 /// replicated: XLA all-reduces the f32[24,32] partial products over `x` (3072 B). So does
 /// gspmd.
 fn dot_partial_contracting() {
-    let exe = run(
-        "dot_partial_contracting",
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 2)]),
-        |b| {
-            let l = param(b, "l", &[24, 100], Some("(_, x)"));
-            let r = param(b, "r", &[32, 100], Some("(_, x)"));
-            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(_, _)"))]
-        },
+        (&[24, 100], "(_, x)"),
+        (&[32, 100], "(_, x)"),
+        &[],
+        &[1],
+        "(_, _)",
     );
     expect(&exe, &[("all_reduce", 1)], 24 * 32 * 4);
 }
@@ -1669,14 +1701,13 @@ fn dot_partial_contracting() {
 /// slices the lhs rows locally and all-reduces the f32[12,32] partial products over `x`
 /// (1536 B). So does gspmd.
 fn dot_partial_contracting2() {
-    let exe = run(
-        "dot_partial_contracting2",
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 2)]),
-        |b| {
-            let l = param(b, "l", &[24, 100], Some("(_, x)"));
-            let r = param(b, "r", &[32, 100], Some("(_, x)"));
-            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(y, _)"))]
-        },
+        (&[24, 100], "(_, x)"),
+        (&[32, 100], "(_, x)"),
+        &[],
+        &[1],
+        "(y, _)",
     );
     expect(&exe, &[("all_reduce", 1)], 12 * 32 * 4);
     assert_eq!(local_shape(&exe, 0), [12, 32]);
@@ -1688,14 +1719,13 @@ fn dot_partial_contracting2() {
 /// own those columns (1536 B): 3072 B. gspmd reduce-scatters the f32[24,32] partial
 /// products over `x` (1/2 * 3072 B = 1536 B).
 fn dot_partial_contracting3() {
-    let exe = run(
-        "dot_partial_contracting3",
+    let exe = dot_on(
         &mesh(&[("x", 2), ("y", 4)]),
-        |b| {
-            let l = param(b, "l", &[24, 100], Some("(_, x)"));
-            let r = param(b, "r", &[32, 100], Some("(_, x)"));
-            vec![dot(&l, &r, &[], &[1], &[1]).annotate(sh("(_, x)"))]
-        },
+        (&[24, 100], "(_, x)"),
+        (&[32, 100], "(_, x)"),
+        &[],
+        &[1],
+        "(_, x)",
     );
     expect(&exe, &[("reduce_scatter", 1)], 24 * 32 * 4 / 2);
     expect_better(&exe, 2 * 24 * 16 * 4);
@@ -1706,12 +1736,14 @@ fn dot_partial_contracting3() {
 /// the contracting dim (`z`); the result on batch and rows: XLA all-reduces the
 /// f32[2,12,32] partial products over `z` (3072 B). So does gspmd.
 fn dot_batch_and_partial_contracting() {
-    let m = mesh(&[("x", 2), ("y", 2), ("z", 2)]);
-    let exe = run("dot_batch_and_partial_contracting", &m, |b| {
-        let l = param(b, "l", &[4, 24, 100], Some("(x, y, z)"));
-        let r = param(b, "r", &[4, 32, 100], Some("(x, _, z)"));
-        vec![dot(&l, &r, &[0], &[2], &[2]).annotate(sh("(x, y, _)"))]
-    });
+    let exe = dot_on(
+        &mesh(&[("x", 2), ("y", 2), ("z", 2)]),
+        (&[4, 24, 100], "(x, y, z)"),
+        (&[4, 32, 100], "(x, _, z)"),
+        &[0],
+        &[2],
+        "(x, y, _)",
+    );
     expect(&exe, &[("all_reduce", 1)], 2 * 12 * 32 * 4);
     assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
 }
@@ -1792,19 +1824,26 @@ fn row_windows(
     })
 }
 
-/// The batched dot (batch dim 0, `contracting` dims on both sides) of an f32 `lhs` and
-/// `rhs` (shape, sharding), the result split by `out`, compiled for `m`.
-fn batched_dot(
+/// The dot of an f32 `lhs` and `rhs` (shape, sharding) with `batch` and `contracting`
+/// dims (the same on both sides), the result split by `out`, compiled for `m`.
+fn dot_on(
     m: &Mesh,
     lhs: (&[usize], &str),
     rhs: (&[usize], &str),
+    batch: &[usize],
     contracting: &[usize],
     out: &str,
 ) -> Executable {
-    run("batched_dot", m, |b| {
+    run("dot", m, |b| {
         let l = param(b, "l", lhs.0, Some(lhs.1));
         let r = param(b, "r", rhs.0, Some(rhs.1));
-        vec![dot(&l, &r, &[0], contracting, contracting).annotate(sh(out))]
+        let dims = DotDims {
+            lhs_batch: batch.to_vec(),
+            rhs_batch: batch.to_vec(),
+            lhs_contracting: contracting.to_vec(),
+            rhs_contracting: contracting.to_vec(),
+        };
+        vec![l.dot_general(&r, dims).annotate(sh(out))]
     })
 }
 
@@ -1924,24 +1963,4 @@ fn point_scatter() -> ScatterDims {
         index_vector_dim: 1,
         ..ScatterDims::default()
     }
-}
-
-/// `dot_general` of `l` and `r` with batch dims `batch` (paired by position, the same on
-/// both sides) and contracting dims `l_contract`, `r_contract`.
-fn dot(
-    l: &Tensor,
-    r: &Tensor,
-    batch: &[usize],
-    l_contract: &[usize],
-    r_contract: &[usize],
-) -> Tensor {
-    l.dot_general(
-        r,
-        DotDims {
-            lhs_batch: batch.to_vec(),
-            rhs_batch: batch.to_vec(),
-            lhs_contracting: l_contract.to_vec(),
-            rhs_contracting: r_contract.to_vec(),
-        },
-    )
 }
