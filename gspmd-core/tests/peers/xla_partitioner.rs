@@ -256,6 +256,82 @@ pub const CASES: &[Case] = &[
         check: iota_along_tile_dimension,
     },
     Case {
+        source: "spmd_partitioner_test.cc: TiledDot",
+        verdict: Verdict::Agrees,
+        check: tiled_dot,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: TiledDotOutputTiled",
+        verdict: Verdict::Better(
+            "reshards the operands (32768 B) where XLA all-reduces the [128,256] partial products (131072 B)",
+        ),
+        check: tiled_dot_output_tiled,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: BatchPartitionedConvolution",
+        verdict: Verdict::Agrees,
+        check: batch_partitioned_convolution,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: DotOutputFeaturePartitioned",
+        verdict: Verdict::Agrees,
+        check: dot_output_feature_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumBatchPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_batch_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumLHSandOutputBatchPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_lhs_and_output_batch_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumRHSandOutputBatchPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_rhs_and_output_batch_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumOutputBatchPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_output_batch_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumContractingDimsPartitioned",
+        verdict: Verdict::Better(
+            "one all-reduce over both axes (46080 B) where XLA all-reduces over each in turn (61440 B)",
+        ),
+        check: einsum_contracting_dims_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumContractingDimsPartitionedResultPartiallySliced",
+        verdict: Verdict::Better(
+            "reduce-scatters the partial products (8192 B) where XLA all-reduces them whole (16384 B)",
+        ),
+        check: einsum_contracting_dims_partitioned_result_partially_sliced,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumLHSNonContractingDimsPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_lhs_non_contracting_dims_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumRHSNonContractingDimsPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_rhs_non_contracting_dims_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumOutputLHSNonContractingDimPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_output_lhs_non_contracting_dim_partitioned,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: EinsumOutputRHSNonContractingDimPartitioned",
+        verdict: Verdict::Agrees,
+        check: einsum_output_rhs_non_contracting_dim_partitioned,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: DynamicSliceAlongNonPartitionedDimension",
         verdict: Verdict::Agrees,
         check: dynamic_slice_along_non_partitioned_dimension,
@@ -345,80 +421,41 @@ pub const CASES: &[Case] = &[
         check: index_passthrough_scatter_partial_replicate,
     },
     Case {
-        source: "spmd_partitioner_test.cc: TiledDot",
+        source: "spmd_partitioner_test.cc: ScatterPartitionedOnTrivialSliceDims",
         verdict: Verdict::Agrees,
-        check: tiled_dot,
+        check: scatter_partitioned_on_trivial_slice_dims,
     },
     Case {
-        source: "spmd_partitioner_test.cc: TiledDotOutputTiled",
+        source: "spmd_partitioner_test.cc: ScatterPartitionedOnTrivialSliceDims_PartialReplicate",
+        verdict: Verdict::Agrees,
+        check: scatter_partitioned_on_trivial_slice_dims_partial_replicate,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: TiledReversePassthrough",
+        verdict: Verdict::Agrees,
+        check: tiled_reverse_passthrough,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: TiledReverseSwapShards",
+        verdict: Verdict::Agrees,
+        check: tiled_reverse_swap_shards,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SubgroupAllToAllReshard",
+        verdict: Verdict::Agrees,
+        check: subgroup_all_to_all_reshard,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SubgroupAllToAllReshard2",
+        verdict: Verdict::Agrees,
+        check: subgroup_all_to_all_reshard2,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SubgroupAllToAllReshard3",
         verdict: Verdict::Better(
-            "reshards the operands (32768 B) where XLA all-reduces the [128,256] partial products (131072 B)",
+            "two all-to-alls land each tile in place (256 B) where XLA permutes after them (512 B)",
         ),
-        check: tiled_dot_output_tiled,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: BatchPartitionedConvolution",
-        verdict: Verdict::Agrees,
-        check: batch_partitioned_convolution,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: DotOutputFeaturePartitioned",
-        verdict: Verdict::Agrees,
-        check: dot_output_feature_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumBatchPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_batch_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumLHSandOutputBatchPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_lhs_and_output_batch_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumRHSandOutputBatchPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_rhs_and_output_batch_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumOutputBatchPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_output_batch_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumContractingDimsPartitioned",
-        verdict: Verdict::Better(
-            "one all-reduce over both axes (46080 B) where XLA all-reduces over each in turn (61440 B)",
-        ),
-        check: einsum_contracting_dims_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumContractingDimsPartitionedResultPartiallySliced",
-        verdict: Verdict::Better(
-            "reduce-scatters the partial products (8192 B) where XLA all-reduces them whole (16384 B)",
-        ),
-        check: einsum_contracting_dims_partitioned_result_partially_sliced,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumLHSNonContractingDimsPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_lhs_non_contracting_dims_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumRHSNonContractingDimsPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_rhs_non_contracting_dims_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumOutputLHSNonContractingDimPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_output_lhs_non_contracting_dim_partitioned,
-    },
-    Case {
-        source: "spmd_partitioner_test.cc: EinsumOutputRHSNonContractingDimPartitioned",
-        verdict: Verdict::Agrees,
-        check: einsum_output_rhs_non_contracting_dim_partitioned,
+        check: subgroup_all_to_all_reshard3,
     },
     Case {
         source: "spmd_partitioner_test.cc: Dot2DPartitionedNonContractingAndContracting1",
@@ -1746,6 +1783,104 @@ fn dot_batch_and_partial_contracting() {
     );
     expect(&exe, &[("all_reduce", 1)], 2 * 12 * 32 * 4);
     assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
+}
+
+/// A [3,3] split on dim 0 reversed along dim 1: local, [2,3].
+fn tiled_reverse_passthrough() {
+    let exe = run("tiled_reverse_passthrough", &mesh(&[("x", 2)]), |b| {
+        let a = param(b, "a", &[3, 3], Some("(x, _)"));
+        vec![a.reverse(&[1]).annotate(sh("(x, _)"))]
+    });
+    expect_local(&exe, &[2, 3]);
+}
+
+/// f32[4] split 2 ways reversed along the split dim, the same sharding: XLA swaps the
+/// tiles (a collective-permute of f32[2], 8 B) and reverses each. So does gspmd (a
+/// mirrored shift).
+fn tiled_reverse_swap_shards() {
+    let exe = run("tiled_reverse_swap_shards", &mesh(&[("x", 2)]), |b| {
+        let a = param(b, "a", &[4], Some("(x)"));
+        vec![a.reverse(&[0]).annotate(sh("(x)"))]
+    });
+    expect(&exe, &[("collective_shift", 1)], 2 * 4);
+}
+
+/// 8 devices (2x2x2): f32[8,8,8,8] split on dims 0, 1, 3 (`x`, `y`, `z`) copied onto
+/// dims 1, 2, 3 (`devices=[1,2,2,2]0,1,4,5,2,3,6,7`: `y`, `x`, `z`): the `x` split moves
+/// from dim 0 to dim 2, one all-to-all within each `x` pair (1/2 * 4*4*8*4*4 B = 1024 B).
+/// So does gspmd.
+fn subgroup_all_to_all_reshard() {
+    let m = mesh(&[("x", 2), ("y", 2), ("z", 2)]);
+    let exe = run("subgroup_all_to_all_reshard", &m, |b| {
+        let a = param(b, "a", &[8, 8, 8, 8], Some("(x, y, _, z)"));
+        vec![a.shard(sh("(_, y, x, z)"))]
+    });
+    expect(&exe, &[("all_to_all", 1)], 4 * 4 * 8 * 4 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [8, 4, 4, 4]);
+}
+
+/// f32[8,8] split [2,4] copied into [4,2] (`devices=[4,2]0,1,4,5,2,3,6,7`): on a 2x2x2
+/// mesh, dims `(x, (y, z))` into `((y, x), z)`. XLA all-to-alls the f32[4,2] tile within
+/// the `y` pairs (16 B) and permutes the f32[2,4] result into place (32 B): 48 B. So
+/// does gspmd.
+fn subgroup_all_to_all_reshard2() {
+    let m = mesh(&[("x", 2), ("y", 2), ("z", 2)]);
+    let exe = run("subgroup_all_to_all_reshard2", &m, |b| {
+        let a = param(b, "a", &[8, 8], Some("(x, (y, z))"));
+        vec![a.shard(sh("((y, x), z)"))]
+    });
+    expect(
+        &exe,
+        &[("all_to_all", 1), ("collective_permute", 1)],
+        4 * 2 * 4 / 2 + 2 * 4 * 4,
+    );
+    assert_eq!(local_shape(&exe, 0), [2, 4]);
+}
+
+/// f32[8,8,8] split `[2,4,1]` copied into `[1,2,4]0,1,4,5,2,3,6,7`: dims
+/// `(x, (y, z), _)` into `(_, y, (x, z))`. XLA makes two all-to-alls (1/2 * 256 B each)
+/// and a permute of the f32[8,4,2] result (256 B): 512 B. gspmd's two all-to-alls land
+/// each tile where it belongs: 256 B.
+fn subgroup_all_to_all_reshard3() {
+    let m = mesh(&[("x", 2), ("y", 2), ("z", 2)]);
+    let exe = run("subgroup_all_to_all_reshard3", &m, |b| {
+        let a = param(b, "a", &[8, 8, 8], Some("(x, (y, z), _)"));
+        vec![a.shard(sh("(_, y, (x, z))"))]
+    });
+    expect(&exe, &[("all_to_all", 2)], 2 * (4 * 2 * 8 * 4 / 2));
+    expect_better(&exe, 2 * (4 * 2 * 8 * 4 / 2) + 8 * 4 * 2 * 4);
+    assert_eq!(local_shape(&exe, 0), [8, 4, 2]);
+}
+
+/// A scatter-add of replicated [2,3,9] updates at replicated s32[2,3] row indices into
+/// [17,9] split on the scattered dim 0: each device offsets the indices and scatters
+/// into its own rows (updates for other rows fall outside and are skipped): local,
+/// [9,9].
+fn scatter_partitioned_on_trivial_slice_dims() {
+    scatter_partitioned_on_trivial_slice_dims_on(&mesh(&[("x", 2)]));
+}
+
+/// `scatter_partitioned_on_trivial_slice_dims`'s program and expectation, on `m`.
+fn scatter_partitioned_on_trivial_slice_dims_on(m: &Mesh) {
+    let exe = run("scatter_trivial_slice_dims", m, |b| {
+        let a = param(b, "a", &[17, 9], Some("(x, _)"));
+        let i = int_param(b, "i", &[2, 3], "(_, _)");
+        let u = param(b, "u", &[2, 3, 9], Some("(_, _, _)"));
+        let dims = ScatterDims {
+            update_window_dims: vec![2],
+            inserted_window_dims: vec![0],
+            scatter_dims_to_operand_dims: vec![0],
+            index_vector_dim: 2,
+            ..ScatterDims::default()
+        };
+        vec![a.scatter_add(&i, &u, &dims).annotate(sh("(x, _)"))]
+    });
+    expect_local(&exe, &[9, 9]);
+}
+
+/// `ScatterPartitionedOnTrivialSliceDims` replicated on a second mesh axis: local.
+fn scatter_partitioned_on_trivial_slice_dims_partial_replicate() {
+    scatter_partitioned_on_trivial_slice_dims_on(&mesh(&[("x", 2), ("y", 2)]));
 }
 
 /// The program `f` traces, compiled for `m` and checked against the reference
