@@ -17,11 +17,14 @@
 //! amount than the blocks do (`step != chunk`: a slice or pad that changes the dim's
 //! chunk), the halos are the largest over the devices and each device cuts its window
 //! with a `dynamic_slice` at an offset computed from `axis_index` (the paper's
-//! non-constant halo). A window that needs more than one neighbour's block on either
-//! side has no plan (the caller gathers the dim instead).
+//! non-constant halo). A halo wider than a block comes from as many neighbours as it
+//! reaches, one shift per hop (XLA's multi-hop `ExchangeHalo`); a plan that would
+//! receive more than gathering the dim does is refused (the caller gathers instead).
 //!
 //! [`rotate`] is the cyclic case: a rotation of an evenly split dim moves at most two
-//! pieces of each block, each with one wrapping shift. [`mirror`] is the reversal: each
+//! pieces of each block, each with one wrapping shift; of an unevenly split one, two
+//! such rotations of the padded dim and a select by position
+//! ([`rotate_uneven`]). [`mirror`] is the reversal: each
 //! block reversed locally, then moved to the mirrored device with at most two mirrored
 //! shifts (one when the split is even).
 
@@ -54,24 +57,64 @@ impl Window {
 }
 
 /// The window of operand positions that output blocks of `chunk` elements of a
-/// windowed op (reduce_window, convolution) read along `dim` through `w`: output `j`
-/// reads `j * stride - padding_low + k * window_dilation` for `k < size`, so block `i`
-/// reads `len = (chunk - 1) * stride + (size - 1) * window_dilation + 1` positions from
-/// `i * chunk * stride - padding_low`. `Err` says why there is none (base dilation, an
-/// empty output).
+/// windowed op (reduce_window) read along `dim` through `w`, which must not be
+/// base-dilated: [`sliding_window`]'s window. `Err` says why there is none.
 pub(crate) fn sliding(w: &WindowDim, dim: usize, chunk: usize) -> Result<Window, &'static str> {
     if w.base_dilation != 1 {
         return Err("base dilation has no halo plan");
     }
+    sliding_window(w, dim, chunk).map(|(window, _)| window)
+}
+
+/// The window of (undilated) operand positions that output blocks of `chunk` elements
+/// of a windowed op read along `dim` through `w`, and the window the op then slides
+/// over that block of positions to compute exactly its `chunk` outputs.
+///
+/// Output `j` reads the base-dilated position `j * stride - padding_low + k *
+/// window_dilation` (`k < size`), which is operand position `q` when it equals
+/// `q * base_dilation`. With `s = base_dilation` dividing `chunk * stride`, block `i`
+/// reads the dilated span from `i * chunk * stride - padding_low`, `span = (chunk - 1) *
+/// stride + (size - 1) * window_dilation + 1` positions long, i.e. the operand positions
+/// from `i * chunk * stride / s + ceil(-padding_low / s)` through
+/// `floor((span - 1 - padding_low) / s)` more (XLA's undilated halo of `lhs_dilate`:
+/// only the source rows cross devices, the dilation is local). The local window keeps
+/// the stride and both dilations, with low padding `padding_low mod s` and high padding
+/// whatever makes `chunk` outputs (negative: a crop). Without base dilation that is
+/// padding 0 on both sides. `Err` says why there is no window (`s` not dividing
+/// `chunk * stride`, an empty output, a block reading only padding).
+pub(crate) fn sliding_window(
+    w: &WindowDim,
+    dim: usize,
+    chunk: usize,
+) -> Result<(Window, WindowDim), &'static str> {
     if chunk == 0 {
         return Err("an empty output has no halo plan");
     }
-    Ok(Window {
+    let s = w.base_dilation as i64;
+    if (chunk * w.stride) as i64 % s != 0 {
+        return Err("base dilation does not divide the output block's stride");
+    }
+    let span = ((chunk - 1) * w.stride + (w.size - 1) * w.window_dilation + 1) as i64;
+    let offset = -w.padding_low.div_euclid(s);
+    let last = (span - 1 - w.padding_low).div_euclid(s);
+    if last < offset {
+        return Err("an output block reads only padding");
+    }
+    let len = (last - offset + 1) as usize;
+    let padding_low = w.padding_low.rem_euclid(s);
+    let dilated_len = (len as i64 - 1) * s + 1;
+    let local = WindowDim {
+        padding_low,
+        padding_high: span - dilated_len - padding_low,
+        ..*w
+    };
+    let window = Window {
         dim,
-        step: chunk * w.stride,
-        offset: -w.padding_low,
-        len: (chunk - 1) * w.stride + (w.size - 1) * w.window_dilation + 1,
-    })
+        step: chunk * w.stride / w.base_dilation,
+        offset,
+        len,
+    };
+    Ok((window, local))
 }
 
 /// A halo exchange for a window of a value split in `shards` chunks of `chunk`.
@@ -82,7 +125,8 @@ pub(crate) struct HaloPlan {
     size: usize,
     shards: usize,
     chunk: usize,
-    /// Elements received from the left / right neighbour (at most `chunk`).
+    /// Elements received from the left / right neighbours (more than `chunk`: from
+    /// several of them).
     data_left: usize,
     data_right: usize,
     /// How far any window reaches left / right of its device's block.
@@ -100,10 +144,16 @@ impl HaloPlan {
     pub fn shards(&self) -> usize {
         self.shards
     }
+
+    /// Elements along the dim each device receives (the data halos on both sides).
+    pub fn received(&self) -> usize {
+        self.data_left + self.data_right
+    }
 }
 
 /// The halo exchange giving every device `window` of a dim of `size` elements split in
-/// `shards` shards; `None` when some window needs more than one neighbour's block.
+/// `shards` shards; `None` when it would receive more elements than gathering the dim
+/// (`(shards - 1) * chunk`): windows longer than a good part of the array.
 pub(crate) fn plan(size: usize, shards: usize, window: Window) -> Option<HaloPlan> {
     let chunk = size.div_ceil(shards);
     let (c, n, size_i) = (chunk as i64, shards as i64, size as i64);
@@ -122,7 +172,7 @@ pub(crate) fn plan(size: usize, shards: usize, window: Window) -> Option<HaloPla
             }
         }
     }
-    if data_left > c || data_right > c {
+    if data_left + data_right > (n - 1) * c {
         return None;
     }
     Some(HaloPlan {
@@ -158,16 +208,19 @@ pub(crate) fn exchange(
     if len == 0 {
         return em.slice_dim(v.id, dim, 0, 0);
     }
-    // [left halo | own block | right halo], each halo from one neighbour.
+    // [left halo | own block | right halo]; hop `h` brings the block of the neighbour
+    // `h` away whole, the farthest hop only the part next to the nearer ones.
+    let hops = |data: usize| data.div_ceil(c.max(1));
+    let part = |data: usize, h: usize| (data - (h - 1) * c).min(c);
     let mut parts = Vec::with_capacity(3);
-    if plan.data_left > 0 {
-        let tail = em.slice_dim(v.id, dim, c - plan.data_left, c)?;
-        parts.push(em.shift(tail, &axes, 1, false)?);
+    for h in (1..=hops(plan.data_left)).rev() {
+        let tail = em.slice_dim(v.id, dim, c - part(plan.data_left, h), c)?;
+        parts.push(em.shift(tail, &axes, h as i64, false)?);
     }
     parts.push(v.id);
-    if plan.data_right > 0 {
-        let head = em.slice_dim(v.id, dim, 0, plan.data_right)?;
-        parts.push(em.shift(head, &axes, -1, false)?);
+    for h in 1..=hops(plan.data_right) {
+        let head = em.slice_dim(v.id, dim, 0, part(plan.data_right, h))?;
+        parts.push(em.shift(head, &axes, -(h as i64), false)?);
     }
     let buffer = match parts.as_slice() {
         [only] => *only,
@@ -265,17 +318,25 @@ pub(crate) fn cut(
     em.dynamic_slice(x, &starts, &sizes)
 }
 
-/// `v` rotated along `dim`, which `v` splits evenly: element `p` of the result is
-/// element `(p + k) mod size` of `v` (`concatenate(v[k:], v[:k])`, jnp.roll by `-k`).
-/// Block `i` of the result is `block(i + q)[m:]` followed by `block(i + q + 1)[:m]`
-/// (`k = q * chunk + m`): at most two pieces move, each with one wrapping shift, and a
-/// piece from the device's own block none.
+/// The elements one device receives rotating a dim split in `n` blocks of `c` by `k`
+/// with [`rotate`] (`k < n * c`).
+pub(crate) fn rotation_received(n: usize, c: usize, k: usize) -> usize {
+    let (q, m) = (k / c.max(1), k % c.max(1));
+    let moved = |from: usize, len: usize| if from.is_multiple_of(n) { 0 } else { len };
+    moved(q, c - m) + moved(q + 1, m)
+}
+
+/// `v` rotated along `dim`, which `v` splits in `n` blocks of `chunk`: element `p` of
+/// the result is element `(p + k) mod (n * chunk)` of `v`'s blocks laid end to end
+/// (`concatenate(v[k:], v[:k])`, jnp.roll by `-k`, when the split is even). Block `i`
+/// of the result is `block(i + q)[m:]` followed by `block(i + q + 1)[:m]` (`k = q *
+/// chunk + m`): at most two pieces move, each with one wrapping shift, and a piece
+/// from the device's own block none.
 pub(crate) fn rotate(em: &mut Emitter, v: &PValue, dim: usize, k: usize) -> Result<ValueId> {
     let axes = v.sharding.dims[dim].axes.clone();
     let n = em.mesh.axes_size(&axes);
-    let size = v.global.shape[dim];
-    let c = size / n;
-    let k = k % size.max(1);
+    let c = v.global.shape[dim].div_ceil(n);
+    let k = k % (n * c).max(1);
     let (q, m) = (k / c.max(1), k % c.max(1));
     let piece = |em: &mut Emitter, start: usize, end: usize, from: usize| {
         let x = em.slice_dim(v.id, dim, start, end)?;
@@ -290,6 +351,24 @@ pub(crate) fn rotate(em: &mut Emitter, v: &PValue, dim: usize, k: usize) -> Resu
     }
     let second = piece(em, 0, m, q + 1)?;
     em.emit(Op::Concatenate(dim), &[first, second])
+}
+
+/// `v` rotated by `k` along `dim` of `size`, which `v` splits unevenly in `n` blocks of
+/// `c` (`pad = n * c - size` positions of padding at the end): element `p < size` of
+/// the result is element `p + k` of the padded blocks when `p + k < size`, else element
+/// `p + k - size = (p + k + pad) mod (n * c)`. So the result is the [`rotate`] of the
+/// blocks by `k` where `p + k` is inside the array and their rotate by `k + pad`
+/// elsewhere (a select by position); receives [`rotation_received`] of both.
+pub(crate) fn rotate_uneven(em: &mut Emitter, v: &PValue, dim: usize, k: usize) -> Result<ValueId> {
+    let axes = v.sharding.dims[dim].axes.clone();
+    let n = em.mesh.axes_size(&axes);
+    let size = v.global.shape[dim];
+    let c = size.div_ceil(n);
+    let inner = rotate(em, v, dim, k)?;
+    let wrapped = rotate(em, v, dim, k + n * c - size)?;
+    let shape = em.shape(inner);
+    let inside = positions_inside(em, &shape, dim, (&axes, c, k as i64), size)?;
+    em.emit(Op::Select, &[inside, inner, wrapped])
 }
 
 /// `v` reversed along `dim`, which `v` is split along (evenly or not): element `p` of the
