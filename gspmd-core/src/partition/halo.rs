@@ -17,7 +17,8 @@
 //! amount than the blocks do (`step != chunk`: a slice or pad that changes the dim's
 //! chunk), the halos are the largest over the devices and each device cuts its window
 //! with a `dynamic_slice` at an offset computed from `axis_index` (the paper's
-//! non-constant halo). A halo wider than a block comes from as many neighbours as it
+//! non-constant halo), or, when that receives less, the exchange goes piece by piece
+//! (see `exchange_pieces`). A halo wider than a block comes from as many neighbours as it
 //! reaches, one shift per hop (XLA's multi-hop `ExchangeHalo`); a plan that would
 //! receive more than gathering the dim does is refused (the caller gathers instead).
 //!
@@ -118,7 +119,7 @@ pub(crate) fn sliding_window(
 }
 
 /// A halo exchange for a window of a value split in `shards` chunks of `chunk`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HaloPlan {
     window: Window,
     /// The dim's global size.
@@ -132,6 +133,10 @@ pub(crate) struct HaloPlan {
     /// How far any window reaches left / right of its device's block.
     reach_left: usize,
     reach_right: usize,
+    /// Per hop `h` (the block `h` devices to the right; 0: the device's own), the most
+    /// elements of that block any window needs: the pieces of a [`exchange_pieces`]
+    /// exchange. Empty when the contiguous exchange receives as little.
+    pieces: Vec<(i64, usize)>,
 }
 
 impl HaloPlan {
@@ -145,10 +150,19 @@ impl HaloPlan {
         self.shards
     }
 
-    /// Elements along the dim each device receives (the data halos on both sides).
+    /// Elements along the dim each device receives.
     pub fn received(&self) -> usize {
-        self.data_left + self.data_right
+        if self.pieces.is_empty() {
+            self.data_left + self.data_right
+        } else {
+            pieces_received(&self.pieces)
+        }
     }
+}
+
+/// Elements received in an exchange of `pieces` (all but the device's own).
+fn pieces_received(pieces: &[(i64, usize)]) -> usize {
+    pieces.iter().filter(|p| p.0 != 0).map(|p| p.1).sum()
 }
 
 /// The halo exchange giving every device `window` of a dim of `size` elements split in
@@ -172,7 +186,34 @@ pub(crate) fn plan(size: usize, shards: usize, window: Window) -> Option<HaloPla
             }
         }
     }
-    if data_left + data_right > (n - 1) * c {
+    // Windows moving unlike the blocks: per hop, the largest part of a block a window
+    // needs may be much less than the contiguous halo.
+    let mut pieces = Vec::new();
+    if window.step as i64 != c && window.len > 0 {
+        for h in 1 - n..n {
+            let need = (0..n)
+                .filter(|i| (0..n).contains(&(i + h)))
+                .map(|i| {
+                    let start = i * window.step as i64 + window.offset;
+                    let end = start + window.len as i64;
+                    let block_end = ((i + h + 1) * c).min(size_i);
+                    (end.min(block_end) - start.max((i + h) * c)).max(0) as usize
+                })
+                .max()
+                .unwrap_or(0);
+            if need > 0 {
+                pieces.push((h, need));
+            }
+        }
+        if pieces_received(&pieces) as i64 >= data_left + data_right {
+            pieces.clear();
+        }
+    }
+    let received = match pieces.is_empty() {
+        true => data_left + data_right,
+        false => pieces_received(&pieces) as i64,
+    };
+    if received > (n - 1) * c {
         return None;
     }
     Some(HaloPlan {
@@ -184,6 +225,7 @@ pub(crate) fn plan(size: usize, shards: usize, window: Window) -> Option<HaloPla
         data_right: data_right as usize,
         reach_left: reach_left as usize,
         reach_right: reach_right as usize,
+        pieces,
     })
 }
 
@@ -204,10 +246,35 @@ pub(crate) fn exchange(
         len,
     } = plan.window;
     let axes = v.sharding.dims[dim].axes.clone();
-    let c = plan.chunk;
     if len == 0 {
         return em.slice_dim(v.id, dim, 0, 0);
     }
+    let window = if plan.pieces.is_empty() {
+        contiguous(em, v, plan)?
+    } else {
+        exchange_pieces(em, v, plan)?
+    };
+    let Some(fill) = fill else { return Ok(window) };
+    if offset >= 0 && plan.window.last_end(plan.shards) <= plan.size as i64 {
+        return Ok(window);
+    }
+    let shape = em.shape(window);
+    let inside = positions_inside(em, &shape, dim, (&axes, step, offset), plan.size)?;
+    let fill = em.splat(fill, &shape)?;
+    em.emit(Op::Select, &[inside, window, fill])
+}
+
+/// The windows of [`exchange`] from one buffer `[left halo | own block | right halo]`,
+/// the halos as wide as any window needs; positions outside the array arbitrary.
+fn contiguous(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> {
+    let Window {
+        dim,
+        step,
+        offset,
+        len,
+    } = plan.window;
+    let axes = v.sharding.dims[dim].axes.clone();
+    let c = plan.chunk;
     // [left halo | own block | right halo]; hop `h` brings the block of the neighbour
     // `h` away whole, the farthest hop only the part next to the nearer ones.
     let hops = |data: usize| data.div_ceil(c.max(1));
@@ -238,15 +305,80 @@ pub(crate) fn exchange(
     // The window of device i starts at buffer index reach_left + offset + i*(step - c).
     let drift = step as i64 - c as i64;
     let first = plan.reach_left as i64 + offset;
-    let window = cut(em, buffer, &axes, dim, (drift, first), len)?;
-    let Some(fill) = fill else { return Ok(window) };
-    if offset >= 0 && plan.window.last_end(plan.shards) <= plan.size as i64 {
-        return Ok(window);
+    cut(em, buffer, &axes, dim, (drift, first), len)
+}
+
+/// The windows of [`exchange`] piece by piece, for windows moving unlike the blocks
+/// (`step != chunk`), where each device's window needs less of a block than the widest
+/// halo: per hop `h` of the plan's pieces (`size` elements), every device `j` sends
+/// the `size` elements of its block from `clamp(w(j - h) - j * c, 0, c - size)` (`w(i)
+/// = i * step + offset`, where device `i`'s window starts) with one shift — the part
+/// of its block the window `h` devices to its left needs, widened to `size` inside the
+/// block — and the receiver writes it at its global position, relative to its window,
+/// into a buffer with `margin` (the largest piece) of spare room each side. Every
+/// element written is the array's element at that position, so overlaps agree; a
+/// piece not meeting the window has its position clamped into a margin. Positions
+/// outside the array (and pieces from beyond the group, zeros) are arbitrary.
+fn exchange_pieces(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> {
+    let Window {
+        dim,
+        step,
+        offset,
+        len,
+    } = plan.window;
+    let axes = v.sharding.dims[dim].axes.clone();
+    let (c, step) = (plan.chunk as i64, step as i64);
+    let margin = plan.pieces.iter().map(|p| p.1).max().unwrap_or(0);
+    let mut shape = em.shape(v.id);
+    shape[dim] = len + 2 * margin;
+    let zero = em.scalar(v.global.dtype, 0.0)?;
+    let mut buffer = em.splat(zero, &shape)?;
+    let index = em.emit(Op::AxisIndex(em.group(&axes)), &[])?;
+    let zero_start = em.scalar(DType::I32, 0.0)?;
+    for &(h, size) in &plan.pieces {
+        // Sender j cuts at clamp(j * (step - c) + offset - h * step, 0, c - size).
+        let limit = c - size as i64;
+        let start = affine(em, index, step - c, offset - h * step)?;
+        let start = clamp(em, start, 0, limit)?;
+        let mut starts = vec![None; shape.len()];
+        starts[dim] = Some(start);
+        let mut sizes = em.shape(v.id);
+        sizes[dim] = size;
+        let mut piece = em.dynamic_slice(v.id, &starts, &sizes)?;
+        if h != 0 {
+            piece = em.shift(piece, &axes, -h, false)?;
+        }
+        // Receiver i's piece starts at (i + h) * c + its sender's cut, i.e. at
+        // buffer index that minus w(i), plus the margin.
+        let sender_cut = affine(em, index, step - c, offset - h * c)?;
+        let sender_cut = clamp(em, sender_cut, 0, limit)?;
+        let at = affine(em, index, c - step, h * c - offset + margin as i64)?;
+        let at = em.emit(Op::Binary(BinaryOp::Add), &[at, sender_cut])?;
+        let at = clamp(em, at, (margin - size) as i64, (margin + len) as i64)?;
+        let mut places = vec![zero_start; shape.len()];
+        places[dim] = at;
+        buffer = em.emit(
+            Op::DynamicUpdateSlice,
+            &[&[buffer, piece], &places[..]].concat(),
+        )?;
     }
-    let shape = em.shape(window);
-    let inside = positions_inside(em, &shape, dim, (&axes, step, offset), plan.size)?;
-    let fill = em.splat(fill, &shape)?;
-    em.emit(Op::Select, &[inside, window, fill])
+    em.slice_dim(buffer, dim, margin, margin + len)
+}
+
+/// The i32 scalar `index * a + b`.
+fn affine(em: &mut Emitter, index: ValueId, a: i64, b: i64) -> Result<ValueId> {
+    let a = em.scalar(DType::I32, a as f64)?;
+    let scaled = em.emit(Op::Binary(BinaryOp::Mul), &[index, a])?;
+    let b = em.scalar(DType::I32, b as f64)?;
+    em.emit(Op::Binary(BinaryOp::Add), &[scaled, b])
+}
+
+/// The i32 scalar `x` clamped to `lo ..= hi`.
+fn clamp(em: &mut Emitter, x: ValueId, lo: i64, hi: i64) -> Result<ValueId> {
+    let lo = em.scalar(DType::I32, lo as f64)?;
+    let hi = em.scalar(DType::I32, hi as f64)?;
+    let x = em.emit(Op::Binary(BinaryOp::Max), &[x, lo])?;
+    em.emit(Op::Binary(BinaryOp::Min), &[x, hi])
 }
 
 /// The window of `x`, which every device holds whole along `window.dim` (`size`
@@ -307,10 +439,7 @@ pub(crate) fn cut(
         return em.slice_dim(x, dim, first as usize, first as usize + len);
     }
     let index = em.emit(Op::AxisIndex(em.group(axes)), &[])?;
-    let drift = em.scalar(DType::I32, drift as f64)?;
-    let drift = em.emit(Op::Binary(BinaryOp::Mul), &[index, drift])?;
-    let first = em.scalar(DType::I32, first as f64)?;
-    let start = em.emit(Op::Binary(BinaryOp::Add), &[drift, first])?;
+    let start = affine(em, index, drift, first)?;
     let mut starts = vec![None; em.ty(x).rank()];
     starts[dim] = Some(start);
     let mut sizes = em.shape(x);
