@@ -43,6 +43,23 @@ fn conv(
     )
 }
 
+/// The program convolving `x` (`x_shape`, split as `x_split`) with a replicated kernel
+/// of `kernel` (stride 1), its result split along H over `y`.
+fn conv_program(
+    name: &str,
+    (x_shape, x_split): (&[usize], &str),
+    kernel: &[usize],
+    padding: &[(i64, i64)],
+    lhs_dilation: &[usize],
+) -> gspmd_core::ir::Program {
+    build(name, |b: &Builder| {
+        let x = param(b, "x", x_shape, Some(x_split));
+        let k = param(b, "k", kernel, None);
+        let y = conv(&x, &k, &[1, 1], padding, lhs_dilation);
+        vec![y.annotate(sh("(_, y, _, _)"))]
+    })
+}
+
 /// Asserts the executable's collectives: `(kind, count)` pairs, exactly these kinds, and
 /// the total bytes received per device; no warning (nothing gathered).
 #[track_caller]
@@ -69,12 +86,13 @@ fn assert_collectives(exe: &Executable, kinds: &[(&str, usize)], bytes: usize) {
 /// bytes, before).
 #[test]
 fn base_dilated_convolution_exchanges_undilated_rows() {
-    let p = build("lhs_dilated", |b: &Builder| {
-        let x = param(b, "x", &[2, 16, 16, 8], Some("(_, y, _, _)"));
-        let k = param(b, "k", &[3, 3, 8, 8], None);
-        let y = conv(&x, &k, &[1, 1], &[(1, 2), (1, 1)], &[2, 1]);
-        vec![y.annotate(sh("(_, y, _, _)"))]
-    });
+    let p = conv_program(
+        "lhs_dilated",
+        (&[2, 16, 16, 8], "(_, y, _, _)"),
+        &[3, 3, 8, 8],
+        &[(1, 2), (1, 1)],
+        &[2, 1],
+    );
     let exe = compile_and_check(&p, &mesh24());
     assert_collectives(&exe, &[("collective_shift", 1)], 1024);
 }
@@ -106,12 +124,13 @@ fn strided_convolution_input_gradient_exchanges_undilated_rows() {
 /// bytes. gspmd: the same; it all-gathered the batch (49152 bytes) before.
 #[test]
 fn batch_split_convolution_to_spatial_output_is_all_to_all_and_halo() {
-    let p = build("batch_to_spatial", |b: &Builder| {
-        let x = param(b, "x", &[8, 16, 16, 8], Some("(y, _, _, _)"));
-        let k = param(b, "k", &[3, 3, 8, 8], None);
-        let y = conv(&x, &k, &[1, 1], &[(1, 1), (1, 1)], &[]);
-        vec![y.annotate(sh("(_, y, _, _)"))]
-    });
+    let p = conv_program(
+        "batch_to_spatial",
+        (&[8, 16, 16, 8], "(y, _, _, _)"),
+        &[3, 3, 8, 8],
+        &[(1, 1), (1, 1)],
+        &[],
+    );
     let exe = compile_and_check(&p, &mesh24());
     assert_collectives(&exe, &[("all_to_all", 1), ("collective_shift", 2)], 20480);
 }
@@ -120,12 +139,13 @@ fn batch_split_convolution_to_spatial_output_is_all_to_all_and_halo() {
 /// cost comparison keeps the cheaper plan.
 #[test]
 fn replicated_convolution_input_is_not_windowed() {
-    let p = build("replicated_to_spatial", |b: &Builder| {
-        let x = param(b, "x", &[2, 16, 16, 8], Some("(_, _, _, _)"));
-        let k = param(b, "k", &[3, 3, 8, 8], None);
-        let y = conv(&x, &k, &[1, 1], &[(1, 1), (1, 1)], &[]);
-        vec![y.annotate(sh("(_, y, _, _)"))]
-    });
+    let p = conv_program(
+        "replicated_to_spatial",
+        (&[2, 16, 16, 8], "(_, _, _, _)"),
+        &[3, 3, 8, 8],
+        &[(1, 1), (1, 1)],
+        &[],
+    );
     let exe = compile_and_check(&p, &mesh24());
     assert_collectives(&exe, &[], 0);
 }
@@ -136,12 +156,13 @@ fn replicated_convolution_input_is_not_windowed() {
 /// gathered H (12288 bytes) before.
 #[test]
 fn wide_kernel_exchanges_halos_with_two_neighbours() {
-    let p = build("wide_kernel", |b: &Builder| {
-        let x = param(b, "x", &[2, 16, 16, 8], Some("(_, y, _, _)"));
-        let k = param(b, "k", &[11, 1, 8, 8], None);
-        let y = conv(&x, &k, &[1, 1], &[(5, 5), (0, 0)], &[]);
-        vec![y.annotate(sh("(_, y, _, _)"))]
-    });
+    let p = conv_program(
+        "wide_kernel",
+        (&[2, 16, 16, 8], "(_, y, _, _)"),
+        &[11, 1, 8, 8],
+        &[(5, 5), (0, 0)],
+        &[],
+    );
     let exe = compile_and_check(&p, &mesh24());
     assert_collectives(&exe, &[("collective_shift", 4)], 10240);
 }

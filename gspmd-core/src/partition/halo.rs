@@ -134,7 +134,7 @@ pub(crate) struct HaloPlan {
     reach_left: usize,
     reach_right: usize,
     /// Per hop `h` (the block `h` devices to the right; 0: the device's own), the most
-    /// elements of that block any window needs: the pieces of a [`exchange_pieces`]
+    /// elements of that block any window needs: the pieces of an `exchange_pieces`
     /// exchange. Empty when the contiguous exchange receives as little.
     pieces: Vec<(i64, usize)>,
 }
@@ -267,14 +267,8 @@ pub(crate) fn exchange(
 /// The windows of [`exchange`] from one buffer `[left halo | own block | right halo]`,
 /// the halos as wide as any window needs; positions outside the array arbitrary.
 fn contiguous(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> {
-    let Window {
-        dim,
-        step,
-        offset,
-        len,
-    } = plan.window;
+    let (dim, c) = (plan.window.dim, plan.chunk);
     let axes = v.sharding.dims[dim].axes.clone();
-    let c = plan.chunk;
     // [left halo | own block | right halo]; hop `h` brings the block of the neighbour
     // `h` away whole, the farthest hop only the part next to the nearer ones.
     let hops = |data: usize| data.div_ceil(c.max(1));
@@ -303,9 +297,9 @@ fn contiguous(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> 
         plan.reach_right - plan.data_right,
     )?;
     // The window of device i starts at buffer index reach_left + offset + i*(step - c).
-    let drift = step as i64 - c as i64;
-    let first = plan.reach_left as i64 + offset;
-    cut(em, buffer, &axes, dim, (drift, first), len)
+    let drift = plan.window.step as i64 - c as i64;
+    let first = plan.reach_left as i64 + plan.window.offset;
+    cut(em, buffer, &axes, dim, (drift, first), plan.window.len)
 }
 
 /// The windows of [`exchange`] piece by piece, for windows moving unlike the blocks
@@ -320,14 +314,9 @@ fn contiguous(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> 
 /// piece not meeting the window has its position clamped into a margin. Positions
 /// outside the array (and pieces from beyond the group, zeros) are arbitrary.
 fn exchange_pieces(em: &mut Emitter, v: &PValue, plan: &HaloPlan) -> Result<ValueId> {
-    let Window {
-        dim,
-        step,
-        offset,
-        len,
-    } = plan.window;
+    let (dim, len, offset) = (plan.window.dim, plan.window.len, plan.window.offset);
     let axes = v.sharding.dims[dim].axes.clone();
-    let (c, step) = (plan.chunk as i64, step as i64);
+    let (c, step) = (plan.chunk as i64, plan.window.step as i64);
     let margin = plan.pieces.iter().map(|p| p.1).max().unwrap_or(0);
     let mut shape = em.shape(v.id);
     shape[dim] = len + 2 * margin;
