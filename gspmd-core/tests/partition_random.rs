@@ -234,8 +234,8 @@ fn slice_pad_concatenate_iota_select() {
 }
 
 /// Slices (strided too), pads without interior padding, slices of pads and rolls take the
-/// halo paths when their dim is split on both sides (one-hop halos, non-constant ones,
-/// edge fill, uneven shards); the others gather.
+/// halo paths when their dim is split on both sides (one- and multi-hop halos,
+/// non-constant ones, edge fill, uneven shards, uneven rotations); the others gather.
 #[test]
 fn halo_slices_pads_and_rolls() {
     let p = build("halo", |b| {
@@ -251,7 +251,7 @@ fn halo_slices_pads_and_rolls() {
             x.roll(-1, 1),
             x.roll(9, 1),
             // Strided: windows of (chunk - 1) * stride + 1, some moving faster than the
-            // blocks (a non-constant halo), some reaching past a neighbour (gathered).
+            // blocks (a non-constant halo), some reaching past a neighbour (several hops).
             x.slice(&[1, 0], &[13, 16], &[2, 3]),
             x.slice(&[0, 5], &[11, 16], &[3, 2]),
             padded.slice(&[3, 1], &[15, 17], &[4, 5]),
@@ -409,27 +409,57 @@ fn convolutions_in_every_configuration() {
 /// on 4 or 8 devices), strides, dilations and negative padding.
 #[test]
 fn convolutions_split_along_spatial_dims() {
-    let rows = |name, strides, padding, rhs_dilation| conv_cases::ConvCase {
-        name,
-        labels: ["NHWC", "HWIO", "NHWC"],
-        input: &[2, 10, 6, 3],
-        kernel: &[3, 3, 3, 4],
-        strides,
-        padding,
-        lhs_dilation: &[],
-        rhs_dilation,
-        groups: 1,
-    };
+    let rows =
+        |name, (kernel, strides), padding, (lhs_dilation, rhs_dilation)| conv_cases::ConvCase {
+            name,
+            labels: ["NHWC", "HWIO", "NHWC"],
+            input: &[2, 10, 6, 3],
+            kernel,
+            strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            groups: 1,
+        };
+    let k3: &[usize] = &[3, 3, 3, 4];
     let mut cases = conv_cases::cases();
     cases.extend([
-        rows("10 rows, 3x3 SAME", &[1, 1], &[(1, 1), (1, 1)], &[]),
-        rows("10 rows, stride 2", &[2, 1], &[(1, 1), (0, 0)], &[]),
-        rows("10 rows, dilation 2", &[1, 1], &[(2, 2), (1, 1)], &[2, 1]),
+        rows(
+            "10 rows, 3x3 SAME",
+            (k3, &[1, 1]),
+            &[(1, 1), (1, 1)],
+            (&[], &[]),
+        ),
+        rows(
+            "10 rows, stride 2",
+            (k3, &[2, 1]),
+            &[(1, 1), (0, 0)],
+            (&[], &[]),
+        ),
+        rows(
+            "10 rows, dilation 2",
+            (k3, &[1, 1]),
+            &[(2, 2), (1, 1)],
+            (&[], &[2, 1]),
+        ),
         rows(
             "10 rows, negative padding",
-            &[1, 2],
+            (k3, &[1, 2]),
             &[(-1, 2), (0, -1)],
-            &[],
+            (&[], &[]),
+        ),
+        // Halos from several neighbours, and undilated halos of a base-dilated input.
+        rows(
+            "10 rows, 9-row kernel",
+            (&[9, 1, 3, 4], &[1, 1]),
+            &[(4, 4), (0, 0)],
+            (&[], &[]),
+        ),
+        rows(
+            "10 rows, lhs dilation 2",
+            (k3, &[1, 1]),
+            &[(1, 2), (1, 1)],
+            (&[2, 1], &[]),
         ),
     ]);
     for (i, case) in cases.iter().enumerate() {

@@ -6,7 +6,7 @@
 
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum,
+    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind, Tensor, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -520,20 +520,20 @@ fn per_device_program_size_does_not_depend_on_the_device_count() {
 }
 
 #[test]
-fn gathering_a_split_dim_for_a_slice_is_reported() {
+fn gathering_a_split_dim_for_a_window_is_reported() {
     let p = build("window", |b| {
         let x = b
             .parameter("x", [16, 8], DType::F32)
             .annotate(s("(model, data)"));
-        // Output block 0 (one element) reads position 10, in block 2 of 4: past its
-        // neighbour, so no halo plan.
-        vec![x.slice(&[10, 0], &[16, 8], &[2, 1])]
+        // A window of 15 over 16 rows in blocks of 4: block 0 reads 7 rows right of it,
+        // block 3 7 rows left, 14 rows in all where gathering receives 12.
+        vec![x.reduce_window(ReduceKind::Max, &[15, 1], &[1, 1], &[(7, 7), (0, 0)])]
     });
     let exe = compile24(&p);
     assert!(
         exe.spmd().warnings.iter().any(|w| {
             w.contains(
-                "slice gathers split dims whole (dim 0: a window reaches past a neighbour's block)",
+                "reduce_window gathers split dims whole (dim 0: a halo exchange would receive more than gathering)",
             ) && w.contains("spmd.rs")
         }),
         "{:?}",
@@ -761,17 +761,19 @@ fn gathering_a_split_dim_is_reported_at_the_user_line() {
     let x = b
         .parameter("x", [8, 16, 16, 4], DType::F32)
         .annotate(s("(data, model, _, _)"));
-    // Output block 0 of dim 1 (one row) reads row 10, in block 2 of 4: past its
-    // neighbour, so the dim is gathered.
-    let (start, limit) = ([0, 10, 0, 0], [8, 16, 16, 4]);
-    let (y, line) = (x.slice(&start, &limit, &[1, 2, 1, 1]), line!());
+    // A window of 15 over 16 rows in blocks of 4 reaches 7 rows past block 0 and 7 past
+    // block 3: more than gathering the dim receives, so it is gathered.
+    let (window, padding) = ([1, 15, 1, 1], [(0, 0), (7, 7), (0, 0), (0, 0)]);
+    let y = x.reduce_window(ReduceKind::Max, &window, &[1; 4], &padding);
+    let line = line!() - 1;
     let exe = compile24(&b.finish(&[&y]).unwrap());
     let at = format!("spmd.rs:{line}");
     assert!(
         exe.spmd()
             .warnings
             .iter()
-            .any(|w| w.contains(&at) && w.contains("a window reaches past a neighbour's block")),
+            .any(|w| w.contains(&at)
+                && w.contains("a halo exchange would receive more than gathering")),
         "{:?}",
         exe.spmd().warnings
     );

@@ -2,13 +2,14 @@
 //! (kernel and output) keep the target's axes, input features (input and kernel) are
 //! contracted like a dot's contracting dims (partial sums, reduced by the driver's
 //! reshard), and spatial dims where the window moves nothing pass through like batch
-//! dims. Base (lhs) dilation along a split input dim is first made an explicit,
-//! partitioned interior `pad` (see `undilated`). A spatial dim with a real window is
+//! dims. A spatial dim with a real window is
 //!
 //! - *windowed* when the input and the target's output are split along it: output
-//!   block `i` reads the input window of [`halo::sliding`] (chunk `ceil(out / shards)`),
-//!   which a halo exchange gives each device; the local convolution runs on that
-//!   window without padding, the kernel's dim whole;
+//!   block `i` reads the input window of [`halo::sliding_window`] (chunk `ceil(out /
+//!   shards)`), which a halo exchange gives each device; the local convolution runs on
+//!   that window (the kernel's dim whole) with the local padding `sliding_window` says:
+//!   none, or with base (lhs) dilation the few positions that align the dilated
+//!   window, so only undilated input rows cross devices (XLA's `lhs_dilate` halo);
 //! - a *spatial contraction* when the kernel is split along it (a kernel gradient,
 //!   whose "kernel" is the split cotangent): each device convolves
 //!   the input window its kernel rows reach (the same formula with the roles of kernel
@@ -18,27 +19,34 @@
 //! - otherwise computed whole — gathered, with a warning naming the user's line and the
 //!   reason, when the input or kernel was split along it.
 //!
+//! Base dilation along a split input dim that is not windowed so (a spatial
+//! contraction, or a base dilation not dividing the output block's stride) is first
+//! made an explicit, partitioned interior `pad` (see `undilated`).
+//!
 //! The feature dims of a grouped convolution are computed whole.
 
 use super::super::emit::Emitter;
 use super::super::halo::{self, HaloPlan};
+use super::super::reshard::plan_reshard;
 use super::super::value::PValue;
 use super::contraction::{Contraction, contract};
+use super::with_dims;
 use crate::error::Result;
 use crate::ir::{ConvConfig, Node, Op, TensorType, WindowDim};
 use crate::sharding::Sharding;
 
-/// Base (lhs) dilation along dims the input is split along, made explicit: the input
-/// padded with `base_dilation - 1` zeros between elements (a partitioned interior `pad`,
-/// which exchanges halos: see `data_movement::windowed`) and the convolution's window
+/// Base (lhs) dilation along dims the input is split along and that are not windowed
+/// with an undilated halo (see the module doc), made explicit: the input padded with
+/// `base_dilation - 1` zeros between elements (a partitioned interior `pad`, which
+/// exchanges halos: see `data_movement::windowed`) and the convolution's window
 /// undilated there — the same convolution (XLA's definition of base dilation), now with
-/// a window `halo::sliding` can plan. `None` when no split dim is base-dilated (an input
-/// gradient of a strided convolution is).
+/// a window `halo::sliding` can plan. `None` when no such dim is base-dilated.
 fn undilated(
     em: &mut Emitter,
     node: &Node,
     config: &ConvConfig,
-    input: &PValue,
+    (input, kernel): (&PValue, &PValue),
+    target: &Sharding,
 ) -> Result<Option<(PValue, ConvConfig)>> {
     let dn = &config.dims;
     let rank = input.global.rank();
@@ -46,7 +54,14 @@ fn undilated(
     let mut local = config.clone();
     for (i, w) in config.window.iter().enumerate() {
         let x = dn.input_spatial[i];
-        if w.base_dilation > 1 && em.mesh.axes_size(&input.sharding.dims[x].axes) > 1 {
+        let out_size = node.ty.shape[dn.output_spatial[i]];
+        if w.base_dilation > 1
+            && em.mesh.axes_size(&input.sharding.dims[x].axes) > 1
+            && !matches!(
+                spatial(em, config, i, (input, kernel), target, out_size),
+                Spatial::Windowed(..)
+            )
+        {
             interior[x] = w.base_dilation - 1;
             local.window[i].base_dilation = 1;
         }
@@ -87,8 +102,8 @@ fn undilated(
 
 /// How spatial dim `i` of a convolution is partitioned.
 enum Spatial {
-    /// Output blocks read halo-exchanged input windows.
-    Windowed(HaloPlan),
+    /// Output blocks read halo-exchanged input windows, through the local window.
+    Windowed(HaloPlan, WindowDim),
     /// Kernel blocks read halo-exchanged input windows; the sum over them is pending.
     Contracted(HaloPlan),
     /// Computed whole; `Some(reason)` when that gathers a split operand.
@@ -120,7 +135,7 @@ fn spatial(
     let plan = |window: Result<halo::Window, &'static str>, n: usize| {
         window.and_then(|win| {
             halo::plan(input.global.shape[x], n, win)
-                .ok_or("a window reaches past a neighbour's block")
+                .ok_or("a halo exchange would receive more than gathering")
         })
     };
     if k_shards > 1 {
@@ -148,19 +163,58 @@ fn spatial(
             Err(reason) => Spatial::Whole(Some(reason)),
         };
     }
-    if x_shards == 1 {
-        return Spatial::Whole(None);
-    }
-    if out_shards == 1 {
+    if x_shards > 1 && out_shards == 1 {
         return Spatial::Whole(Some("the target's output is not split along it"));
     }
-    match plan(
-        halo::sliding(w, x, out_size.div_ceil(out_shards)),
-        out_shards,
-    ) {
-        Ok(p) => Spatial::Windowed(p),
-        Err(reason) => Spatial::Whole(Some(reason)),
+    if out_shards == 1 {
+        return Spatial::Whole(None);
     }
+    let windowed = halo::sliding_window(w, x, out_size.div_ceil(out_shards))
+        .and_then(|(window, local)| Ok((plan(Ok(window), out_shards)?, local)));
+    match windowed {
+        Ok((p, local))
+            if x_shards > 1 || windowing_is_cheaper(em, config, i, input, target, &p) =>
+        {
+            Spatial::Windowed(p, local)
+        }
+        Ok(_) => Spatial::Whole(None),
+        Err(reason) if x_shards > 1 => Spatial::Whole(Some(reason)),
+        Err(_) => Spatial::Whole(None),
+    }
+}
+
+/// Whether spatial dim `i`, along which the input is not split but the target's output
+/// is, costs fewer elements received per device windowed (the input resharded to the
+/// output's axes there — an all-to-all when they split its batch, XLA's batch-to-spatial
+/// plan — then the halo exchange `plan`) than computed whole (the input resharded with
+/// that dim whole, its batch as the target's: an all-gather when the target does not
+/// split the batch). Both reshards give the input's batch the target's axes and take
+/// the output dim's axes off every other dim; a replicated input is cheaper whole (a
+/// local slice of the result, no halo).
+fn windowing_is_cheaper(
+    em: &Emitter,
+    config: &ConvConfig,
+    i: usize,
+    input: &PValue,
+    target: &Sharding,
+    plan: &HaloPlan,
+) -> bool {
+    let dn = &config.dims;
+    let (x, out) = (dn.input_spatial[i], dn.output_spatial[i]);
+    let out_axes = &target.dims[out].axes;
+    let mut dims: Vec<Vec<String>> = input.sharding.dims.iter().map(|d| d.axes.clone()).collect();
+    dims[dn.input_batch] = target.dims[dn.output_batch].axes.clone();
+    for d in &mut dims {
+        d.retain(|a| !out_axes.contains(a));
+    }
+    let whole = with_dims(dims.clone(), Vec::new());
+    dims[x] = out_axes.clone();
+    let windowed = with_dims(dims, Vec::new());
+    let shape = &input.global.shape;
+    let cost = |to: &Sharding| plan_reshard(em.mesh, shape, &input.sharding, to).cost;
+    let local = windowed.local_shape(em.mesh, shape);
+    let halo = plan.received() * local.iter().product::<usize>() / local[x].max(1);
+    cost(&windowed) + (halo as f64) < cost(&whole)
 }
 
 pub(super) fn convolution(
@@ -171,7 +225,7 @@ pub(super) fn convolution(
     kernel: &PValue,
     target: &Sharding,
 ) -> Result<PValue> {
-    if let Some((input, config)) = undilated(em, node, config, input)? {
+    if let Some((input, config)) = undilated(em, node, config, (input, kernel), target)? {
         return convolution(em, node, &config, &input, kernel, target);
     }
     let dn = &config.dims;
@@ -196,23 +250,21 @@ pub(super) fn convolution(
         }
         let out_size = node.ty.shape[out];
         match spatial(em, config, i, (input, kernel), target, out_size) {
-            Spatial::Windowed(plan) => {
+            Spatial::Windowed(plan, window) => {
                 result[out] = (Some(x), None);
+                local.window[i] = window;
                 halos.push(plan);
             }
             Spatial::Contracted(plan) => {
                 contracting.push((x, k));
                 local.window[i].size = kernel.global.shape[k].div_ceil(plan.shards());
+                // The exchanged window holds exactly what the local block reads.
+                (local.window[i].padding_low, local.window[i].padding_high) = (0, 0);
                 halos.push(plan);
             }
-            Spatial::Whole(None) => continue,
-            Spatial::Whole(Some(reason)) => {
-                gathered.push(format!("spatial dim {i}: {reason}"));
-                continue;
-            }
+            Spatial::Whole(None) => {}
+            Spatial::Whole(Some(reason)) => gathered.push(format!("spatial dim {i}: {reason}")),
         }
-        // The exchanged window holds exactly what the local block reads.
-        (local.window[i].padding_low, local.window[i].padding_high) = (0, 0);
     }
     if !gathered.is_empty() {
         em.warn(format!(

@@ -309,7 +309,8 @@ pub(super) fn windowed(
         }
         let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards), shards);
         let plan = window.and_then(|w| {
-            halo::plan(shape[d], shards, w).ok_or("a window reaches past a neighbour's block")
+            halo::plan(shape[d], shards, w)
+                .ok_or("a halo exchange would receive more than gathering")
         });
         match (plan, owned_slice(em, &node.op, &operands[0], d, target)) {
             (Ok(plan), _) => halos.push(plan),
@@ -488,7 +489,7 @@ fn owners_only(
 /// Concatenate along `dim`, which the target splits and some operand does: output
 /// block `i` takes from operand `j` (starting at `o_j` in the result) the window of its
 /// positions `i * chunk - o_j ..`, by halo exchange when the operand is split along
-/// `dim` and the window reaches at most one neighbour, else from the operand made whole
+/// `dim` and that receives less than gathering it, else from the operand made whole
 /// along `dim` (a gather of that operand alone, warned when it was split); a select by
 /// position picks each element's operand.
 fn concatenate(
@@ -541,7 +542,7 @@ fn concatenate(
     }
     if !gathered.is_empty() {
         em.warn(format!(
-            "concatenate gathers dim {dim} of operands {gathered:?} whole (a window reaches past a neighbour's block)"
+            "concatenate gathers dim {dim} of operands {gathered:?} whole (a halo exchange would receive more)"
         ));
     }
     let id = result.ok_or_else(|| em.error("concatenate of no operands"))?;
@@ -554,7 +555,9 @@ fn concatenate(
 
 /// A [`Rotation`] of `a`: on a dim the target splits evenly, the pieces
 /// of each block move with at most two wrapping collective shifts
-/// ([`halo::rotate`]); otherwise the dim is made whole and rotated locally.
+/// ([`halo::rotate`]); unevenly, with at most four ([`halo::rotate_uneven`]) when that
+/// receives less than gathering the dim; otherwise the dim is made whole and rotated
+/// locally.
 pub(crate) fn rotate(
     em: &mut Emitter,
     node: &Node,
@@ -570,15 +573,24 @@ pub(crate) fn rotate(
         global: node.ty.clone(),
         sharding,
     };
-    if shards > 1 && size.is_multiple_of(shards) {
+    let c = size.div_ceil(shards.max(1));
+    let uneven_received = || {
+        let pad = shards * c - size;
+        halo::rotation_received(shards, c, k) + halo::rotation_received(shards, c, k + pad)
+    };
+    if shards > 1 && (size.is_multiple_of(shards) || uneven_received() < (shards - 1) * c) {
         let want = reduced(target);
         let a = reshard(em, a, &want)?;
-        let id = halo::rotate(em, &a, dim, k)?;
+        let id = if size.is_multiple_of(shards) {
+            halo::rotate(em, &a, dim, k)?
+        } else {
+            halo::rotate_uneven(em, &a, dim, k)?
+        };
         return Ok(pv(id, want));
     }
     if shards > 1 {
         em.warn(format!(
-            "rotation along dim {dim} of {size} over {shards} shards (uneven) gathers it whole"
+            "rotation along dim {dim} of {size} over {shards} shards (uneven) gathers it whole (cheaper than rotating the blocks)"
         ));
     }
     let mut dims: Vec<Vec<String>> = target.dims.iter().map(|s| s.axes.clone()).collect();
