@@ -4,8 +4,8 @@
 use gspmd_core::Error;
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Literal, OpKind, Padding,
-    ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
+    Builder, DType, DotDims, GatherDims, Literal, OpKind, Padding, ReduceKind, ScatterDims, Tensor,
+    WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
@@ -1680,19 +1680,20 @@ fn reduce_window_prints_like_xla() {
 // ---- convolution and reverse ------------------------------------------------------------
 
 /// The convolution by its definition: output element `[b, o, p..]` sums, over the
-/// input features `c` of `o`'s group and the kernel taps `t..`, input `[b, g * cg + c,
-/// i..]` times kernel `[o, c, t..]`, where `i * lhs_dilation = p * stride + t *
-/// rhs_dilation - padding_low` (no term where that has no integer solution in range).
+/// input features `c` of `o`'s group `g` and the kernel taps `t..`, input `[b, g * cg +
+/// c, i..]` (feature groups; `[g * batch + b, c, i..]` with batch groups) times kernel
+/// `[o, c, t..]`, where `i * lhs_dilation = p * stride + t * rhs_dilation -
+/// padding_low` (no term where that has no integer solution in range).
 fn naive_conv(
     x: &ArrayD<f32>,
     k: &ArrayD<f32>,
-    dn: &ConvDimensionNumbers,
-    window: &[WindowDim],
-    groups: usize,
+    config: &gspmd_core::ir::ConvConfig,
     out_shape: &[usize],
 ) -> ArrayD<f32> {
+    let (dn, window) = (&config.dims, &config.window);
+    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
     let cg = k.shape()[dn.kernel_input_feature];
-    let og = k.shape()[dn.kernel_output_feature] / groups;
+    let og = k.shape()[dn.kernel_output_feature] / (feature_groups * batch_groups);
     let taps: Vec<usize> = dn.kernel_spatial.iter().map(|&d| k.shape()[d]).collect();
     let mut out = ArrayD::zeros(IxDyn(out_shape));
     for (oi, v) in out.indexed_iter_mut() {
@@ -1702,8 +1703,10 @@ fn naive_conv(
             for t in ndarray::indices(IxDyn(&taps)) {
                 let mut xi = vec![0; x.ndim()];
                 let mut ki = vec![0; k.ndim()];
-                xi[dn.input_batch] = oi[dn.output_batch];
-                xi[dn.input_feature] = (o / og) * cg + c;
+                let g = o / og;
+                xi[dn.input_batch] =
+                    (g % batch_groups) * out_shape[dn.output_batch] + oi[dn.output_batch];
+                xi[dn.input_feature] = (g % feature_groups) * cg + c;
                 ki[dn.kernel_input_feature] = c;
                 ki[dn.kernel_output_feature] = o;
                 let mut inside = true;
@@ -1752,7 +1755,7 @@ fn convolution_matches_the_definition_in_every_configuration() {
             panic!("{}: not a convolution:\n{program}", case.name);
         };
         let shape = program.ty(program.outputs[0]).shape.clone();
-        let want = naive_conv(&x, &k, &config.dims, &config.window, case.groups, &shape);
+        let want = naive_conv(&x, &k, config, &shape);
         let want: Vec<f32> = want.iter().copied().collect();
         println!("{}: {shape:?}", case.name);
         assert_f32(&out[0], &shape, &want);
@@ -1763,7 +1766,7 @@ fn convolution_matches_the_definition_in_every_configuration() {
 fn convolution_output_shapes_by_hand() {
     // (input, kernel, output) per case, from the window arithmetic
     // (low + dilated input + high - dilated window) / stride + 1.
-    let shapes: [&[usize]; 7] = [
+    let shapes: [&[usize]; 9] = [
         &[2, 4, 4],
         &[2, 3, 3, 5],
         &[1, 3, 6, 4],
@@ -1771,6 +1774,8 @@ fn convolution_output_shapes_by_hand() {
         &[1, 3, 3, 8],
         &[3, 2, 3, 7, 3],
         &[3, 5, 6, 6],
+        &[2, 5, 4, 6],
+        &[3, 2, 5],
     ];
     for (case, want) in conv_cases::cases().iter().zip(shapes) {
         let b = Builder::new("conv");

@@ -385,6 +385,7 @@ fn convolutions_split_along_spatial_dims() {
         lhs_dilation: &[],
         rhs_dilation,
         groups: 1,
+        batch_groups: 1,
     };
     let mut cases = conv_cases::cases();
     cases.extend([

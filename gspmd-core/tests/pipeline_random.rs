@@ -919,7 +919,7 @@ impl Gen<'_> {
 
     /// `convolution` of a pool value of rank 3 or 4 (or a new one of rank 3 to 5): its
     /// dims, the kernel's and the output's take random roles; the window random sizes,
-    /// strides, padding (negative too), dilations; random feature groups.
+    /// strides, padding (negative too), dilations; random feature groups or batch groups.
     fn convolution(&mut self) {
         let a = match self.operand(|v| Self::numeric(v) && (3..=4).contains(&v.t.rank())) {
             Some(a) if self.rng.random_ratio(2, 3) => a,
@@ -956,10 +956,18 @@ impl Gen<'_> {
         } else {
             *divisors.choose(self.rng).expect("1 divides")
         };
+        let batch = sa[dn.input_batch];
+        let batch_groups = if groups == 1 && self.rng.random_ratio(1, 3) {
+            let divisors: Vec<usize> = (1..=batch).filter(|g| batch % g == 0).collect();
+            *divisors.choose(self.rng).expect("1 divides")
+        } else {
+            1
+        };
         let mut kernel_shape = vec![0; rank];
         kernel_shape[dn.kernel_input_feature] = features / groups;
-        kernel_shape[dn.kernel_output_feature] = groups * (1 + self.rng.random_range(0..3));
-        let mut out_elements = sa[dn.input_batch] * kernel_shape[dn.kernel_output_feature];
+        kernel_shape[dn.kernel_output_feature] =
+            groups * batch_groups * (1 + self.rng.random_range(0..3));
+        let mut out_elements = batch / batch_groups * kernel_shape[dn.kernel_output_feature];
         let (mut strides, mut pads, mut lhs, mut rhs) = (vec![], vec![], vec![], vec![]);
         for i in 0..rank - 2 {
             let n = sa[dn.input_spatial[i]] as i64;
@@ -983,7 +991,7 @@ impl Gen<'_> {
             return;
         }
         let kernel = self.value_of(&kernel_shape, a.t.dtype(), false);
-        let r = a.t.conv_general_dilated(
+        let r = a.t.conv_general_dilated_grouped(
             &kernel.t,
             &strides,
             Padding::Explicit(pads),
@@ -991,6 +999,7 @@ impl Gen<'_> {
             &rhs,
             &dn,
             groups,
+            batch_groups,
         );
         self.push(r, a.t.dtype() == DType::I32);
     }

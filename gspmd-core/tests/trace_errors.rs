@@ -543,6 +543,50 @@ fn conv_error(
     one_shape_error(b, "convolution", line)
 }
 
+/// The error of a SAME convolution of an f32[2,6,6,4] NHWC input with a `kernel` of
+/// that shape, in `feature_groups` and `batch_groups`.
+fn grouped_conv_error(kernel: &[usize], feature_groups: usize, batch_groups: usize) -> String {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 6, 6, 4]);
+    let k = f32_param(&b, "k", kernel);
+    let (line, same) = (line!() + 1, Padding::Same);
+    let _y = x.conv_general_dilated_grouped(
+        &k,
+        &[1, 1],
+        same,
+        &[],
+        &[],
+        &nhwc(),
+        feature_groups,
+        batch_groups,
+    );
+    one_shape_error(b, "convolution", line)
+}
+
+#[test]
+fn every_bad_batch_group_count_is_one_error_at_the_user_line() {
+    for (message, needle) in [
+        (
+            grouped_conv_error(&[3, 3, 4, 8], 1, 0),
+            "batch_group_count 0",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 2, 8], 2, 2),
+            "batch_group_count 2 with feature_group_count 2: the batch group count must be at least 1, and at most one of the two may exceed 1",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 4, 8], 1, 4),
+            "batch_group_count 4 must divide the input batch 2",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 4, 7], 1, 2),
+            "must divide the input batch 2 and the output features 7",
+        ),
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+}
+
 #[test]
 fn every_bad_convolution_is_one_error_at_the_user_line() {
     let ok_kernel: &[usize] = &[3, 3, 4, 8];

@@ -759,7 +759,9 @@ fn dilated_sizes(
 }
 
 /// The cotangent of a convolution's input `x`: the result's cotangent convolved with the
-/// spatially reversed kernel, in and out features swapped.
+/// spatially reversed kernel, in and out features swapped. With batch groups, that is a
+/// convolution with as many feature groups whose features (group major) are then moved
+/// into the batch (JAX's `_conv_general_dilated_transpose_lhs`).
 fn conv_input_cotangent(
     e: &mut Appender<'_>,
     config: &ConvConfig,
@@ -768,7 +770,8 @@ fn conv_input_cotangent(
     ct: ValueId,
 ) -> Result<ValueId> {
     let dn = &config.dims;
-    let groups = config.feature_group_count;
+    let batch_groups = config.batch_group_count;
+    let groups = config.feature_group_count * batch_groups;
     // The kernel's out features become its in features; with groups, the group count
     // moves from the out features into the in features.
     let major_minor = [dn.kernel_output_feature, dn.kernel_input_feature];
@@ -798,17 +801,32 @@ fn conv_input_cotangent(
         output_feature: dn.input_feature,
         output_spatial: dn.input_spatial.clone(),
     };
-    let config = ConvConfig {
+    let transposed = ConvConfig {
         dims,
         window,
         feature_group_count: groups,
+        batch_group_count: 1,
     };
-    e.convolution(ct, flipped, config)
+    let dx = e.convolution(ct, flipped, transposed)?;
+    if batch_groups == 1 {
+        return Ok(dx);
+    }
+    // [features (group major), batch, spatial..] -> [features / groups, groups * batch,
+    // spatial..], then back to the input's dim order.
+    let major_minor = [dn.input_feature, dn.input_batch];
+    let (dx, ..) = move_groups(e, dx, major_minor, &dn.input_spatial, batch_groups)?;
+    let mut order = vec![0; dn.input_spatial.len() + 2];
+    order[dn.input_batch] = 1;
+    for (i, &d) in dn.input_spatial.iter().enumerate() {
+        order[d] = i + 2;
+    }
+    e.transpose(dx, &order)
 }
 
-/// The cotangent of a convolution's kernel: the input, batch and feature swapped (with
-/// groups, the group count moved from the features into the new features), convolved
-/// with the result's cotangent as kernel.
+/// The cotangent of a convolution's kernel: the input, batch and feature swapped,
+/// convolved with the result's cotangent as kernel; feature groups become batch groups
+/// and batch groups feature groups (JAX's `_conv_general_dilated_transpose_rhs`): a
+/// feature group's input features are the swapped input's batch group.
 fn conv_kernel_cotangent(
     e: &mut Appender<'_>,
     config: &ConvConfig,
@@ -817,10 +835,6 @@ fn conv_kernel_cotangent(
     ct: ValueId,
 ) -> Result<ValueId> {
     let dn = &config.dims;
-    let groups = config.feature_group_count;
-    let major_minor = [dn.input_feature, dn.input_batch];
-    let (lhs, input_batch, input_feature, input_spatial) =
-        move_groups(e, x, major_minor, &dn.input_spatial, groups)?;
     let window = (config.window.iter().enumerate())
         .map(|(i, w)| {
             let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
@@ -833,9 +847,9 @@ fn conv_kernel_cotangent(
         })
         .collect();
     let dims = ConvDimensionNumbers {
-        input_batch,
-        input_feature,
-        input_spatial,
+        input_batch: dn.input_feature,
+        input_feature: dn.input_batch,
+        input_spatial: dn.input_spatial.clone(),
         kernel_input_feature: dn.output_batch,
         kernel_output_feature: dn.output_feature,
         kernel_spatial: dn.output_spatial.clone(),
@@ -846,7 +860,8 @@ fn conv_kernel_cotangent(
     let config = ConvConfig {
         dims,
         window,
-        feature_group_count: groups,
+        feature_group_count: config.batch_group_count,
+        batch_group_count: config.feature_group_count,
     };
-    e.convolution(lhs, ct, config)
+    e.convolution(x, ct, config)
 }
