@@ -1,12 +1,13 @@
 //! Goldens of grouped convolutions (feature groups and batch groups) split on their
-//! groups, each mirroring a case of
+//! groups and of base-dilated `reduce_window`, each mirroring a case of
 //! XLA's `xla/service/spmd/spmd_partitioner_test.cc` (shapes scaled down to keep the
 //! debug-build run short; the bytes per device are compared at gspmd's shapes).
 //! Every program also runs on the thread mesh against the reference interpreter.
 
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, ValueId,
+    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind, Tensor, ValueId,
+    WindowDim,
 };
 use gspmd_core::runtime::ThreadMesh;
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -231,4 +232,35 @@ fn batch_group_gradients_are_right() {
         vec![y.mul(&y).sum(&[0, 1, 2, 3])]
     });
     compile_and_check(&grad(&loss, 0, &[0, 1]).unwrap(), &mesh24());
+}
+
+/// `reduce_window` with base dilation 2 (XLA's `base_dilations`: the operand spread with
+/// the identity between its elements, what the gradient of a strided pooling reads)
+/// split along the dilated dim: 16 rows over `model` (4), windows of 3 every 2 padded
+/// 1_1, the batch over `data`. XLA exchanges the undilated halo: one row of the left
+/// neighbour's f32[1,4,8] block, 32 bytes per device. gspmd computes the dim whole,
+/// with a warning saying why (its halo plan takes no base dilation yet): an all-gather
+/// of the other 3/4 of f32[1,16,8], 384 bytes per device.
+#[test]
+fn base_dilated_reduce_window_split_along_the_dilated_dim() {
+    let p = build("base_dilated", |b| {
+        let x = param(b, "x", &[2, 16, 8], "(data, model, _)");
+        let one = WindowDim::new(1, 1, (0, 0));
+        let rows = WindowDim::new(3, 2, (1, 1)).with_base_dilation(2);
+        let y = x.reduce_window_with(ReduceKind::Max, &[one, rows, one]);
+        vec![y.annotate(sh("(data, model, _)"))]
+    });
+    let exe = compile_and_check(&p, &mesh24());
+    let stats = exe.spmd().collectives();
+    assert_eq!(
+        (stats.count("all_gather"), stats.total(), stats.bytes()),
+        (1, 1, 384),
+        "{}",
+        exe.report()
+    );
+    let warnings = &exe.spmd().warnings;
+    assert!(
+        (warnings.iter()).any(|w| w.contains("dim 1: base dilation has no halo plan")),
+        "{warnings:?}"
+    );
 }

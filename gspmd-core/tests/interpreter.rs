@@ -1455,6 +1455,17 @@ fn reduce_window_by_hand() {
                 // Windows wholly in the padding give the identity.
                 x.reduce_window(ReduceKind::Max, &[1], &[1], &[(2, 0)]),
                 x.reduce_window(ReduceKind::Min, &[1], &[3], &[(0, 1)]),
+                // Base dilation 2: [0,1,0,2,0,3,0,4,0,5,0] (holes and padding add
+                // nothing), windows of 3 every 2.
+                x.reduce_window_with(
+                    ReduceKind::Sum,
+                    &[WindowDim::new(3, 2, (1, 1)).with_base_dilation(2)],
+                ),
+                // [1,-inf,-inf,2,...]: a window of 2 between two elements is -inf.
+                x.reduce_window_with(
+                    ReduceKind::Max,
+                    &[WindowDim::new(2, 1, (0, 0)).with_base_dilation(3)],
+                ),
             ]
         },
         &[f32s(&[5], &[1., 2., 3., 4., 5.])],
@@ -1465,6 +1476,9 @@ fn reduce_window_by_hand() {
     let ninf = f32::NEG_INFINITY;
     assert_f32(&outs[3], &[7], &[ninf, ninf, 1., 2., 3., 4., 5.]);
     assert_f32(&outs[4], &[2], &[1., 4.]);
+    assert_f32(&outs[5], &[5], &[1., 2., 3., 4., 5.]);
+    let max = [1., ninf, 2., 2., ninf, 3., 3., ninf, 4., 4., ninf, 5.];
+    assert_f32(&outs[6], &[12], &max);
     // i32: identities are i32::MIN / MAX; 2-D windows.
     let outs = run(
         |b| {
@@ -1486,7 +1500,8 @@ fn reduce_window_by_hand() {
     );
 }
 
-/// `reduce_window` by the definition: every result index, every window offset.
+/// `reduce_window` by the definition: every result index, every window offset; a
+/// position between base-dilated elements, like padding, adds nothing.
 fn naive_reduce_window(
     kind: ReduceKind,
     shape: &[usize],
@@ -1495,7 +1510,8 @@ fn naive_reduce_window(
 ) -> (Vec<usize>, Vec<f32>) {
     let out_shape: Vec<usize> = (shape.iter().zip(window))
         .map(|(&n, w)| {
-            (n as i64 + w.padding_low + w.padding_high
+            let dilated = (n as i64 - 1) * w.base_dilation as i64 + 1;
+            (dilated + w.padding_low + w.padding_high
                 - ((w.size - 1) * w.window_dilation) as i64
                 - 1) as usize
                 / w.stride
@@ -1519,8 +1535,13 @@ fn naive_reduce_window(
                     (at[d] * w.stride + off[d] * w.window_dilation) as i64 - w.padding_low
                 })
                 .collect();
-            if idx.iter().zip(shape).all(|(&i, &n)| i >= 0 && i < n as i64) {
-                let idx: Vec<usize> = idx.iter().map(|&i| i as usize).collect();
+            let b = |d: usize| window[d].base_dilation as i64;
+            let inside = (idx.iter().zip(shape).enumerate())
+                .all(|(d, (&i, &n))| i >= 0 && i % b(d) == 0 && i / b(d) < n as i64);
+            if inside {
+                let idx: Vec<usize> = (idx.iter().enumerate())
+                    .map(|(d, &i)| (i / b(d)) as usize)
+                    .collect();
                 let v = data[flat(shape, &idx)];
                 acc = match kind {
                     ReduceKind::Sum => acc + v,
@@ -1572,6 +1593,21 @@ fn reduce_window_matches_naive_loops() {
                 WindowDim::new(3, 3, (2, 3)),
                 WindowDim::new(2, 3, (0, 2)).with_window_dilation(3),
             ],
+        ),
+        // Base dilation (XLA's base_dilations): with padding, strides and window
+        // dilation; a window can fall wholly between two elements.
+        (
+            vec![5, 4],
+            vec![
+                WindowDim::new(3, 2, (1, 1)).with_base_dilation(2),
+                WindowDim::new(2, 1, (0, 2))
+                    .with_base_dilation(3)
+                    .with_window_dilation(2),
+            ],
+        ),
+        (
+            vec![4],
+            vec![WindowDim::new(2, 1, (0, 0)).with_base_dilation(3)],
         ),
         (vec![], vec![]),
     ];

@@ -147,6 +147,11 @@ struct Gen<'a> {
     params: usize,
 }
 
+/// The size of `n` elements base-dilated by `w` (0 for none).
+fn dilated(n: usize, w: &WindowDim) -> i64 {
+    (n.saturating_sub(1) * w.base_dilation + usize::from(n > 0)) as i64
+}
+
 fn elements(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -1204,8 +1209,9 @@ impl Gen<'_> {
     }
 
     /// `reduce_window` with a random window per dim (trivial, or of size 1-3, stride
-    /// 1-3, padding below the window size or dilation 2 unpadded: every window holds an
-    /// operand element), a pooling layer, or a nearest-neighbour upsampling.
+    /// 1-3, padding below the window size and sometimes a base dilation up to the size,
+    /// or dilation 2 unpadded: every window holds an operand element), a pooling layer,
+    /// or a nearest-neighbour upsampling.
     fn windowed(&mut self) {
         let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
             return;
@@ -1258,10 +1264,15 @@ impl Gen<'_> {
                         } else {
                             let low = self.rng.random_range(0..size as i64);
                             let high = self.rng.random_range(0..size as i64);
-                            WindowDim::new(size, stride, (low, high))
+                            let base = if self.rng.random_ratio(1, 4) {
+                                1 + self.rng.random_range(0..size)
+                            } else {
+                                1
+                            };
+                            WindowDim::new(size, stride, (low, high)).with_base_dilation(base)
                         };
                         let span = ((w.size - 1) * w.window_dilation + 1) as i64;
-                        if span > n as i64 + w.padding_low + w.padding_high {
+                        if span > dilated(n, &w) + w.padding_low + w.padding_high {
                             WindowDim::new(1, stride, (0, 0))
                         } else {
                             w
@@ -1271,7 +1282,8 @@ impl Gen<'_> {
                 let out: Vec<usize> = (shape.iter().zip(&window))
                     .map(|(&n, w)| {
                         let span = ((w.size - 1) * w.window_dilation + 1) as i64;
-                        (n as i64 + w.padding_low + w.padding_high - span) as usize / w.stride + 1
+                        (dilated(n, w) + w.padding_low + w.padding_high - span) as usize / w.stride
+                            + 1
                     })
                     .collect();
                 if elements(&out) > MAX_ELEMENTS {

@@ -209,14 +209,20 @@ fn bad_windows_are_one_error_at_the_user_line() {
     );
     let m = window_error(rw, |x| x.ne(x).reduce_window(Max, &[1, 1], &[1, 1], &none));
     assert!(m.contains("cannot reduce pred[4,6]"), "{m}");
-    // The window type is shared with convolution; reduce_window takes neither base
-    // dilation nor negative padding.
-    let based = [WindowDim::new(1, 1, (0, 0)).with_base_dilation(2), one];
-    let m = window_error(rw, |x| x.reduce_window_with(Max, &based));
-    assert!(m.contains("reduce_window takes no base dilation"), "{m}");
+    // The window type is shared with convolution; reduce_window takes no negative
+    // padding, and a base dilation of at least 1.
     let cropped = [(-1, 0), (0, 0)];
     let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &cropped));
-    assert!(m.contains("padding -1_0"), "{m}");
+    assert!(
+        m.contains("padding -1_0: reduce_window takes no negative padding"),
+        "{m}"
+    );
+    let undilated = [WindowDim::new(1, 1, (0, 0)).with_base_dilation(0), one];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &undilated));
+    assert!(
+        m.contains("base dilation 0: each must be at least 1"),
+        "{m}"
+    );
 }
 
 #[test]

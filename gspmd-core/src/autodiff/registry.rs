@@ -519,7 +519,10 @@ fn reduce(
 /// offset `k` form a strided slice, and a pad with interior `stride - 1` (negative
 /// edges cropping the padding) scatters a result-shaped value back onto them. Sum:
 /// every offset gets the whole cotangent. Max/min: offset `k` gets it where its
-/// element equals the result and no earlier offset took it.
+/// element equals the result and no earlier offset took it. With base dilation, the
+/// same for the undilated window over `x` spread with the identity in the holes (XLA's
+/// definition; max/min compare with the spread operand, a sum needs only its shape),
+/// and the spread operand's cotangent strided back onto `x`.
 fn reduce_window(
     e: &mut Appender<'_>,
     kind: ReduceKind,
@@ -528,23 +531,53 @@ fn reduce_window(
     y: ValueId,
     ct: ValueId,
 ) -> Result<ValueId> {
-    let (x_shape, y_shape) = (e.shape(x), e.shape(y));
-    let rank = x_shape.len();
-    let count: usize = window.iter().map(|w| w.size).product();
-    // The operand padded with the identity, for max/min's comparisons.
+    let rank = window.len();
+    let identity = match kind {
+        ReduceKind::Sum => 0.0,
+        ReduceKind::Max => f32::NEG_INFINITY,
+        ReduceKind::Min => f32::INFINITY,
+    };
+    let dilation: Vec<usize> = window.iter().map(|w| w.base_dilation).collect();
+    let undilated: Vec<WindowDim> = (window.iter())
+        .map(|w| WindowDim {
+            base_dilation: 1,
+            ..*w
+        })
+        .collect();
+    let spread_shape: Vec<usize> = (e.shape(x).iter().zip(&dilation))
+        .map(|(&n, &b)| n.saturating_sub(1) * b + usize::from(n > 0))
+        .collect();
+    // The (spread) operand padded with the identity, for max/min's comparisons.
     let padded = match kind {
         ReduceKind::Sum => None,
         ReduceKind::Max | ReduceKind::Min => {
-            let identity = if kind == ReduceKind::Max {
-                f32::NEG_INFINITY
-            } else {
-                f32::INFINITY
-            };
             let low = window.iter().map(|w| w.padding_low).collect();
             let high = window.iter().map(|w| w.padding_high).collect();
-            Some(e.pad(x, identity, low, high, vec![0; rank])?)
+            let interior = dilation.iter().map(|&b| b - 1).collect();
+            Some(e.pad(x, identity, low, high, interior)?)
         }
     };
+    let spread_ct = reduce_window_ct(e, &undilated, &spread_shape, padded, y, ct)?;
+    if dilation.iter().all(|&b| b == 1) {
+        return Ok(spread_ct);
+    }
+    e.slice(spread_ct, vec![0; rank], spread_shape, dilation)
+}
+
+/// The cotangent of an undilated `reduce_window`'s operand of `x_shape` (see
+/// [`reduce_window`]): `padded` is the operand padded with the identity for max/min,
+/// `None` for a sum.
+fn reduce_window_ct(
+    e: &mut Appender<'_>,
+    window: &[WindowDim],
+    x_shape: &[usize],
+    padded: Option<ValueId>,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let y_shape = e.shape(y);
+    let rank = x_shape.len();
+    let count: usize = window.iter().map(|w| w.size).product();
     let mut taken = None;
     let mut total = None;
     for i in 0..count {
@@ -599,7 +632,10 @@ fn reduce_window(
     match total {
         Some(t) => Ok(t),
         // A window has at least one element; an empty sum of cotangents is zero.
-        None => e.zeros_like(x),
+        None => {
+            let dtype = e.ty(ct).dtype;
+            e.full(x_shape, dtype, 0.0)
+        }
     }
 }
 

@@ -425,10 +425,10 @@ fn infer_reduce_window(window: &[WindowDim], t: &TensorType) -> Result<TensorTyp
     }
     let shape = (window.iter().enumerate())
         .map(|(d, w)| {
-            if w.base_dilation != 1 || w.padding_low < 0 || w.padding_high < 0 {
+            if w.padding_low < 0 || w.padding_high < 0 {
                 return Err(format!(
-                    "window dim {d} has base dilation {} and padding {}_{}: reduce_window takes no base dilation nor negative padding",
-                    w.base_dilation, w.padding_low, w.padding_high
+                    "window dim {d} has padding {}_{}: reduce_window takes no negative padding",
+                    w.padding_low, w.padding_high
                 ));
             }
             window_output_size(d, w, t, d)

@@ -30,7 +30,7 @@ pub(crate) type Dims = SmallVec<[usize; 6]>;
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
-use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn};
+use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn, Slice};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
@@ -521,7 +521,8 @@ fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
 /// `reduce_window`: for every result position (row-major) and every window offset,
 /// the operand element under it, or nothing for a padding position (the identity).
 /// The window's offsets are listed once per call; the loop allocates nothing, and a
-/// window wholly inside the operand is read without bounds checks.
+/// window wholly inside the operand is read without bounds checks. A base-dilated
+/// operand is first spread into a copy with the identity in its holes.
 fn reduce_window(
     kind: ReduceKind,
     x: &Literal,
@@ -535,6 +536,26 @@ fn reduce_window(
         identity: T,
         f: impl Fn(T, T) -> T,
     ) -> Result<ArrayD<T>, String> {
+        if window.iter().any(|w| w.base_dilation > 1) {
+            // XLA's base dilation: the operand spread with the identity in the holes,
+            // under the same window undilated.
+            let spread_shape: Vec<usize> = (a.shape().iter().zip(window))
+                .map(|(&n, w)| n.saturating_sub(1) * w.base_dilation + usize::from(n > 0))
+                .collect();
+            let mut spread = ArrayD::from_elem(IxDyn(&spread_shape), identity);
+            spread
+                .slice_each_axis_mut(|ax| {
+                    Slice::new(0, None, window[ax.axis.index()].base_dilation as isize)
+                })
+                .assign(a);
+            let undilated: Vec<WindowDim> = (window.iter())
+                .map(|w| WindowDim {
+                    base_dilation: 1,
+                    ..*w
+                })
+                .collect();
+            return windows(&spread, &undilated, shape, identity, f);
+        }
         let rank = shape.len();
         let a = a.as_standard_layout();
         let (dims, data) = (a.shape(), a.as_slice().unwrap_or_default());
