@@ -556,6 +556,15 @@ fn reduce_window_rules_match_finite_differences() {
                 WindowDim::new(2, 1, (1, 0)).with_window_dilation(2),
             ],
         ),
+        // base dilation (XLA's base_dilations), with padding and strides; every
+        // window sees an element (a max of holes only would be -inf).
+        (
+            vec![4, 5],
+            vec![
+                WindowDim::new(3, 2, (1, 2)).with_base_dilation(2),
+                WindowDim::new(3, 1, (0, 1)).with_base_dilation(3),
+            ],
+        ),
     ];
     for (i, (shape, window)) in cases.into_iter().enumerate() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(1300 + i as u64);

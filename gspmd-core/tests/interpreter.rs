@@ -4,8 +4,8 @@
 use gspmd_core::Error;
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, DotDims, GatherDims, Literal, OpKind, Padding,
-    PropagationDirection, ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
+    Builder, DType, DotDims, GatherDims, Literal, OpKind, Padding, PropagationDirection,
+    ReduceKind, ScatterDims, Tensor, WindowDim, einsum, verify,
 };
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::{DimSharding, Sharding};
@@ -1470,6 +1470,17 @@ fn reduce_window_by_hand() {
                 // Windows wholly in the padding give the identity.
                 x.reduce_window(ReduceKind::Max, &[1], &[1], &[(2, 0)]),
                 x.reduce_window(ReduceKind::Min, &[1], &[3], &[(0, 1)]),
+                // Base dilation 2: [0,1,0,2,0,3,0,4,0,5,0] (holes and padding add
+                // nothing), windows of 3 every 2.
+                x.reduce_window_with(
+                    ReduceKind::Sum,
+                    &[WindowDim::new(3, 2, (1, 1)).with_base_dilation(2)],
+                ),
+                // [1,-inf,-inf,2,...]: a window of 2 between two elements is -inf.
+                x.reduce_window_with(
+                    ReduceKind::Max,
+                    &[WindowDim::new(2, 1, (0, 0)).with_base_dilation(3)],
+                ),
             ]
         },
         &[f32s(&[5], &[1., 2., 3., 4., 5.])],
@@ -1480,6 +1491,9 @@ fn reduce_window_by_hand() {
     let ninf = f32::NEG_INFINITY;
     assert_f32(&outs[3], &[7], &[ninf, ninf, 1., 2., 3., 4., 5.]);
     assert_f32(&outs[4], &[2], &[1., 4.]);
+    assert_f32(&outs[5], &[5], &[1., 2., 3., 4., 5.]);
+    let max = [1., ninf, 2., 2., ninf, 3., 3., ninf, 4., 4., ninf, 5.];
+    assert_f32(&outs[6], &[12], &max);
     // i32: identities are i32::MIN / MAX; 2-D windows.
     let outs = run(
         |b| {
@@ -1501,7 +1515,8 @@ fn reduce_window_by_hand() {
     );
 }
 
-/// `reduce_window` by the definition: every result index, every window offset.
+/// `reduce_window` by the definition: every result index, every window offset; a
+/// position between base-dilated elements, like padding, adds nothing.
 fn naive_reduce_window(
     kind: ReduceKind,
     shape: &[usize],
@@ -1510,7 +1525,8 @@ fn naive_reduce_window(
 ) -> (Vec<usize>, Vec<f32>) {
     let out_shape: Vec<usize> = (shape.iter().zip(window))
         .map(|(&n, w)| {
-            (n as i64 + w.padding_low + w.padding_high
+            let dilated = (n as i64 - 1) * w.base_dilation as i64 + 1;
+            (dilated + w.padding_low + w.padding_high
                 - ((w.size - 1) * w.window_dilation) as i64
                 - 1) as usize
                 / w.stride
@@ -1534,8 +1550,13 @@ fn naive_reduce_window(
                     (at[d] * w.stride + off[d] * w.window_dilation) as i64 - w.padding_low
                 })
                 .collect();
-            if idx.iter().zip(shape).all(|(&i, &n)| i >= 0 && i < n as i64) {
-                let idx: Vec<usize> = idx.iter().map(|&i| i as usize).collect();
+            let b = |d: usize| window[d].base_dilation as i64;
+            let inside = (idx.iter().zip(shape).enumerate())
+                .all(|(d, (&i, &n))| i >= 0 && i % b(d) == 0 && i / b(d) < n as i64);
+            if inside {
+                let idx: Vec<usize> = (idx.iter().enumerate())
+                    .map(|(d, &i)| (i / b(d)) as usize)
+                    .collect();
                 let v = data[flat(shape, &idx)];
                 acc = match kind {
                     ReduceKind::Sum => acc + v,
@@ -1587,6 +1608,21 @@ fn reduce_window_matches_naive_loops() {
                 WindowDim::new(3, 3, (2, 3)),
                 WindowDim::new(2, 3, (0, 2)).with_window_dilation(3),
             ],
+        ),
+        // Base dilation (XLA's base_dilations): with padding, strides and window
+        // dilation; a window can fall wholly between two elements.
+        (
+            vec![5, 4],
+            vec![
+                WindowDim::new(3, 2, (1, 1)).with_base_dilation(2),
+                WindowDim::new(2, 1, (0, 2))
+                    .with_base_dilation(3)
+                    .with_window_dilation(2),
+            ],
+        ),
+        (
+            vec![4],
+            vec![WindowDim::new(2, 1, (0, 0)).with_base_dilation(3)],
         ),
         (vec![], vec![]),
     ];
@@ -1695,19 +1731,20 @@ fn reduce_window_prints_like_xla() {
 // ---- convolution and reverse ------------------------------------------------------------
 
 /// The convolution by its definition: output element `[b, o, p..]` sums, over the
-/// input features `c` of `o`'s group and the kernel taps `t..`, input `[b, g * cg + c,
-/// i..]` times kernel `[o, c, t..]`, where `i * lhs_dilation = p * stride + t *
-/// rhs_dilation - padding_low` (no term where that has no integer solution in range).
+/// input features `c` of `o`'s group `g` and the kernel taps `t..`, input `[b, g * cg +
+/// c, i..]` (feature groups; `[g * batch + b, c, i..]` with batch groups) times kernel
+/// `[o, c, t..]`, where `i * lhs_dilation = p * stride + t * rhs_dilation -
+/// padding_low` (no term where that has no integer solution in range).
 fn naive_conv(
     x: &ArrayD<f32>,
     k: &ArrayD<f32>,
-    dn: &ConvDimensionNumbers,
-    window: &[WindowDim],
-    groups: usize,
+    config: &gspmd_core::ir::ConvConfig,
     out_shape: &[usize],
 ) -> ArrayD<f32> {
+    let (dn, window) = (&config.dims, &config.window);
+    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
     let cg = k.shape()[dn.kernel_input_feature];
-    let og = k.shape()[dn.kernel_output_feature] / groups;
+    let og = k.shape()[dn.kernel_output_feature] / (feature_groups * batch_groups);
     let taps: Vec<usize> = dn.kernel_spatial.iter().map(|&d| k.shape()[d]).collect();
     let mut out = ArrayD::zeros(IxDyn(out_shape));
     for (oi, v) in out.indexed_iter_mut() {
@@ -1717,8 +1754,10 @@ fn naive_conv(
             for t in ndarray::indices(IxDyn(&taps)) {
                 let mut xi = vec![0; x.ndim()];
                 let mut ki = vec![0; k.ndim()];
-                xi[dn.input_batch] = oi[dn.output_batch];
-                xi[dn.input_feature] = (o / og) * cg + c;
+                let g = o / og;
+                xi[dn.input_batch] =
+                    (g % batch_groups) * out_shape[dn.output_batch] + oi[dn.output_batch];
+                xi[dn.input_feature] = (g % feature_groups) * cg + c;
                 ki[dn.kernel_input_feature] = c;
                 ki[dn.kernel_output_feature] = o;
                 let mut inside = true;
@@ -1767,7 +1806,7 @@ fn convolution_matches_the_definition_in_every_configuration() {
             panic!("{}: not a convolution:\n{program}", case.name);
         };
         let shape = program.ty(program.outputs[0]).shape.clone();
-        let want = naive_conv(&x, &k, &config.dims, &config.window, case.groups, &shape);
+        let want = naive_conv(&x, &k, config, &shape);
         let want: Vec<f32> = want.iter().copied().collect();
         println!("{}: {shape:?}", case.name);
         assert_f32(&out[0], &shape, &want);
@@ -1778,7 +1817,7 @@ fn convolution_matches_the_definition_in_every_configuration() {
 fn convolution_output_shapes_by_hand() {
     // (input, kernel, output) per case, from the window arithmetic
     // (low + dilated input + high - dilated window) / stride + 1.
-    let shapes: [&[usize]; 7] = [
+    let shapes: [&[usize]; 9] = [
         &[2, 4, 4],
         &[2, 3, 3, 5],
         &[1, 3, 6, 4],
@@ -1786,6 +1825,8 @@ fn convolution_output_shapes_by_hand() {
         &[1, 3, 3, 8],
         &[3, 2, 3, 7, 3],
         &[3, 5, 6, 6],
+        &[2, 5, 4, 6],
+        &[3, 2, 5],
     ];
     for (case, want) in conv_cases::cases().iter().zip(shapes) {
         let b = Builder::new("conv");

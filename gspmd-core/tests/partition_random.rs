@@ -323,6 +323,15 @@ fn windowed_reductions_pooling_and_upsampling() {
             image.avg_pool(&[1, 3, 3, 1], &[1, 1, 1, 1], Padding::Same, false),
             image.upsample_nearest(&[1, 2, 1, 2]),
             ints.reduce_window(ReduceKind::Max, &[3, 1], &[2, 1], &[(1, 1), (0, 0)]),
+            // Base dilation (XLA's base_dilations).
+            x.reduce_window_with(
+                ReduceKind::Max,
+                &[
+                    WindowDim::new(1, 1, (0, 0)),
+                    WindowDim::new(3, 2, (1, 1)).with_base_dilation(2),
+                    WindowDim::new(2, 1, (0, 1)).with_base_dilation(2),
+                ],
+            ),
         ]
     });
     check(&p, 4, 7);
@@ -420,6 +429,7 @@ fn convolutions_split_along_spatial_dims() {
             lhs_dilation,
             rhs_dilation,
             groups: 1,
+            batch_groups: 1,
         };
     let k3: &[usize] = &[3, 3, 3, 4];
     let mut cases = conv_cases::cases();

@@ -151,6 +151,11 @@ struct Gen<'a> {
     params: usize,
 }
 
+/// The size of `n` elements base-dilated by `w` (0 for none).
+fn dilated(n: usize, w: &WindowDim) -> i64 {
+    (n.saturating_sub(1) * w.base_dilation + usize::from(n > 0)) as i64
+}
+
 fn elements(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -924,7 +929,7 @@ impl Gen<'_> {
 
     /// `convolution` of a pool value of rank 3 or 4 (or a new one of rank 3 to 5): its
     /// dims, the kernel's and the output's take random roles; the window random sizes,
-    /// strides, padding (negative too), dilations; random feature groups.
+    /// strides, padding (negative too), dilations; random feature groups or batch groups.
     fn convolution(&mut self) {
         let a = match self.operand(|v| Self::numeric(v) && (3..=4).contains(&v.t.rank())) {
             Some(a) if self.rng.random_ratio(2, 3) => a,
@@ -961,10 +966,18 @@ impl Gen<'_> {
         } else {
             *divisors.choose(self.rng).expect("1 divides")
         };
+        let batch = sa[dn.input_batch];
+        let batch_groups = if groups == 1 && self.rng.random_ratio(1, 3) {
+            let divisors: Vec<usize> = (1..=batch).filter(|g| batch % g == 0).collect();
+            *divisors.choose(self.rng).expect("1 divides")
+        } else {
+            1
+        };
         let mut kernel_shape = vec![0; rank];
         kernel_shape[dn.kernel_input_feature] = features / groups;
-        kernel_shape[dn.kernel_output_feature] = groups * (1 + self.rng.random_range(0..3));
-        let mut out_elements = sa[dn.input_batch] * kernel_shape[dn.kernel_output_feature];
+        kernel_shape[dn.kernel_output_feature] =
+            groups * batch_groups * (1 + self.rng.random_range(0..3));
+        let mut out_elements = batch / batch_groups * kernel_shape[dn.kernel_output_feature];
         let (mut strides, mut pads, mut lhs, mut rhs) = (vec![], vec![], vec![], vec![]);
         for i in 0..rank - 2 {
             let n = sa[dn.input_spatial[i]] as i64;
@@ -988,7 +1001,7 @@ impl Gen<'_> {
             return;
         }
         let kernel = self.value_of(&kernel_shape, a.t.dtype(), false);
-        let r = a.t.conv_general_dilated(
+        let r = a.t.conv_general_dilated_grouped(
             &kernel.t,
             &strides,
             Padding::Explicit(pads),
@@ -996,6 +1009,7 @@ impl Gen<'_> {
             &rhs,
             &dn,
             groups,
+            batch_groups,
         );
         self.push(r, a.t.dtype() == DType::I32);
     }
@@ -1200,8 +1214,9 @@ impl Gen<'_> {
     }
 
     /// `reduce_window` with a random window per dim (trivial, or of size 1-3, stride
-    /// 1-3, padding below the window size or dilation 2 unpadded: every window holds an
-    /// operand element), a pooling layer, or a nearest-neighbour upsampling.
+    /// 1-3, padding below the window size and sometimes a base dilation up to the size,
+    /// or dilation 2 unpadded: every window holds an operand element), a pooling layer,
+    /// or a nearest-neighbour upsampling.
     fn windowed(&mut self) {
         let Some(a) = self.operand(|v| Self::numeric(v) && v.t.rank() > 0) else {
             return;
@@ -1254,10 +1269,15 @@ impl Gen<'_> {
                         } else {
                             let low = self.rng.random_range(0..size as i64);
                             let high = self.rng.random_range(0..size as i64);
-                            WindowDim::new(size, stride, (low, high))
+                            let base = if self.rng.random_ratio(1, 4) {
+                                1 + self.rng.random_range(0..size)
+                            } else {
+                                1
+                            };
+                            WindowDim::new(size, stride, (low, high)).with_base_dilation(base)
                         };
                         let span = ((w.size - 1) * w.window_dilation + 1) as i64;
-                        if span > n as i64 + w.padding_low + w.padding_high {
+                        if span > dilated(n, &w) + w.padding_low + w.padding_high {
                             WindowDim::new(1, stride, (0, 0))
                         } else {
                             w
@@ -1267,7 +1287,8 @@ impl Gen<'_> {
                 let out: Vec<usize> = (shape.iter().zip(&window))
                     .map(|(&n, w)| {
                         let span = ((w.size - 1) * w.window_dilation + 1) as i64;
-                        (n as i64 + w.padding_low + w.padding_high - span) as usize / w.stride + 1
+                        (dilated(n, w) + w.padding_low + w.padding_high - span) as usize / w.stride
+                            + 1
                     })
                     .collect();
                 if elements(&out) > MAX_ELEMENTS {

@@ -283,8 +283,10 @@ fn rules_of_convolution_and_reverse() {
     let pointwise = x.conv2d(&k1, [1, 1], Padding::Valid);
     let dn = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").unwrap();
     let grouped = x.conv_general_dilated(&kg, &[1, 1], Padding::Same, &[], &[], &dn, 4);
+    let batch_grouped =
+        x.conv_general_dilated_grouped(&k3, &[1, 1], Padding::Same, &[], &[], &dn, 1, 4);
     let flipped = x.reverse(&[1, 3]);
-    let p = finish(b, &[&same, &pointwise, &grouped, &flipped]);
+    let p = finish(b, &[&same, &pointwise, &grouped, &batch_grouped, &flipped]);
     // Batch i and output features j pass through, input features k are a reduction,
     // H and W (l, n) are permutation factors, the kernel's window (m, o) is replicated.
     assert_eq!(
@@ -297,11 +299,21 @@ fn rules_of_convolution_and_reverse() {
         rule(&p, &pointwise),
         "([i, l, m, k], [1, 1, k, j])->([i, l, m, j]) {i=8, j=16, k=8, l=32, m=32} reduction={k}"
     );
-    // Feature groups: the feature factors are not split (yet).
+    // Feature groups: the group factor i (4) passes through, major in the input's
+    // features, the kernel's output features and the output's features; the features
+    // within a group (k out, l in) are not split.
     assert_eq!(
         rule(&p, &grouped),
-        "([i, m, o, k], [n, p, l, j])->([i, m, o, j]) {i=8, j=16, k=8, l=2, m=32, n=3, o=32, p=3} \
-         need_replication={j, k, l, n, p} permutation={m, o}"
+        "([j, m, o, il], [n, p, l, ik])->([j, m, o, ik]) {i=4, j=8, k=4, l=2, m=32, n=3, o=32, p=3} \
+         need_replication={k, l, n, p} permutation={m, o}"
+    );
+    // Batch groups: the group factor i (4) is major in the input's batch instead; the
+    // batch within a group (j) and the output features within a group (k) are not
+    // split; the input features (l) are a reduction.
+    assert_eq!(
+        rule(&p, &batch_grouped),
+        "([ij, m, o, l], [n, p, l, ik])->([j, m, o, ik]) {i=4, j=2, k=4, l=8, m=32, n=3, o=32, p=3} \
+         reduction={l} need_replication={j, k, n, p} permutation={m, o}"
     );
     assert_eq!(
         rule(&p, &flipped),

@@ -209,14 +209,20 @@ fn bad_windows_are_one_error_at_the_user_line() {
     );
     let m = window_error(rw, |x| x.ne(x).reduce_window(Max, &[1, 1], &[1, 1], &none));
     assert!(m.contains("cannot reduce pred[4,6]"), "{m}");
-    // The window type is shared with convolution; reduce_window takes neither base
-    // dilation nor negative padding.
-    let based = [WindowDim::new(1, 1, (0, 0)).with_base_dilation(2), one];
-    let m = window_error(rw, |x| x.reduce_window_with(Max, &based));
-    assert!(m.contains("reduce_window takes no base dilation"), "{m}");
+    // The window type is shared with convolution; reduce_window takes no negative
+    // padding, and a base dilation of at least 1.
     let cropped = [(-1, 0), (0, 0)];
     let m = window_error(rw, |x| x.reduce_window(Max, &[1, 1], &[1, 1], &cropped));
-    assert!(m.contains("padding -1_0"), "{m}");
+    assert!(
+        m.contains("padding -1_0: reduce_window takes no negative padding"),
+        "{m}"
+    );
+    let undilated = [WindowDim::new(1, 1, (0, 0)).with_base_dilation(0), one];
+    let m = window_error(rw, |x| x.reduce_window_with(Max, &undilated));
+    assert!(
+        m.contains("base dilation 0: each must be at least 1"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -541,6 +547,50 @@ fn conv_error(
     let line = line!() + 1;
     let _y = x.conv_general_dilated(&k, strides, padding, &[], rhs_dilation, dn, groups);
     one_shape_error(b, "convolution", line)
+}
+
+/// The error of a SAME convolution of an f32[2,6,6,4] NHWC input with a `kernel` of
+/// that shape, in `feature_groups` and `batch_groups`.
+fn grouped_conv_error(kernel: &[usize], feature_groups: usize, batch_groups: usize) -> String {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2, 6, 6, 4]);
+    let k = f32_param(&b, "k", kernel);
+    let (line, same) = (line!() + 1, Padding::Same);
+    let _y = x.conv_general_dilated_grouped(
+        &k,
+        &[1, 1],
+        same,
+        &[],
+        &[],
+        &nhwc(),
+        feature_groups,
+        batch_groups,
+    );
+    one_shape_error(b, "convolution", line)
+}
+
+#[test]
+fn every_bad_batch_group_count_is_one_error_at_the_user_line() {
+    for (message, needle) in [
+        (
+            grouped_conv_error(&[3, 3, 4, 8], 1, 0),
+            "batch_group_count 0",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 2, 8], 2, 2),
+            "batch_group_count 2 with feature_group_count 2: the batch group count must be at least 1, and at most one of the two may exceed 1",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 4, 8], 1, 4),
+            "batch_group_count 4 must divide the input batch 2",
+        ),
+        (
+            grouped_conv_error(&[3, 3, 4, 7], 1, 2),
+            "must divide the input batch 2 and the output features 7",
+        ),
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
 }
 
 #[test]

@@ -526,7 +526,10 @@ fn reduce(
 /// offset `k` form a strided slice, and a pad with interior `stride - 1` (negative
 /// edges cropping the padding) scatters a result-shaped value back onto them. Sum:
 /// every offset gets the whole cotangent. Max/min: offset `k` gets it where its
-/// element equals the result and no earlier offset took it.
+/// element equals the result and no earlier offset took it. With base dilation, the
+/// same for the undilated window over `x` spread with the identity in the holes (XLA's
+/// definition; max/min compare with the spread operand, a sum needs only its shape),
+/// and the spread operand's cotangent strided back onto `x`.
 fn reduce_window(
     e: &mut Appender<'_>,
     kind: ReduceKind,
@@ -535,23 +538,53 @@ fn reduce_window(
     y: ValueId,
     ct: ValueId,
 ) -> Result<ValueId> {
-    let (x_shape, y_shape) = (e.shape(x), e.shape(y));
-    let rank = x_shape.len();
-    let count: usize = window.iter().map(|w| w.size).product();
-    // The operand padded with the identity, for max/min's comparisons.
+    let rank = window.len();
+    let identity = match kind {
+        ReduceKind::Sum => 0.0,
+        ReduceKind::Max => f32::NEG_INFINITY,
+        ReduceKind::Min => f32::INFINITY,
+    };
+    let dilation: Vec<usize> = window.iter().map(|w| w.base_dilation).collect();
+    let undilated: Vec<WindowDim> = (window.iter())
+        .map(|w| WindowDim {
+            base_dilation: 1,
+            ..*w
+        })
+        .collect();
+    let spread_shape: Vec<usize> = (e.shape(x).iter().zip(&dilation))
+        .map(|(&n, &b)| n.saturating_sub(1) * b + usize::from(n > 0))
+        .collect();
+    // The (spread) operand padded with the identity, for max/min's comparisons.
     let padded = match kind {
         ReduceKind::Sum => None,
         ReduceKind::Max | ReduceKind::Min => {
-            let identity = if kind == ReduceKind::Max {
-                f32::NEG_INFINITY
-            } else {
-                f32::INFINITY
-            };
             let low = window.iter().map(|w| w.padding_low).collect();
             let high = window.iter().map(|w| w.padding_high).collect();
-            Some(e.pad(x, identity, low, high, vec![0; rank])?)
+            let interior = dilation.iter().map(|&b| b - 1).collect();
+            Some(e.pad(x, identity, low, high, interior)?)
         }
     };
+    let spread_ct = reduce_window_ct(e, &undilated, &spread_shape, padded, y, ct)?;
+    if dilation.iter().all(|&b| b == 1) {
+        return Ok(spread_ct);
+    }
+    e.slice(spread_ct, vec![0; rank], spread_shape, dilation)
+}
+
+/// The cotangent of an undilated `reduce_window`'s operand of `x_shape` (see
+/// [`reduce_window`]): `padded` is the operand padded with the identity for max/min,
+/// `None` for a sum.
+fn reduce_window_ct(
+    e: &mut Appender<'_>,
+    window: &[WindowDim],
+    x_shape: &[usize],
+    padded: Option<ValueId>,
+    y: ValueId,
+    ct: ValueId,
+) -> Result<ValueId> {
+    let y_shape = e.shape(y);
+    let rank = x_shape.len();
+    let count: usize = window.iter().map(|w| w.size).product();
     let mut taken = None;
     let mut total = None;
     for i in 0..count {
@@ -606,7 +639,10 @@ fn reduce_window(
     match total {
         Some(t) => Ok(t),
         // A window has at least one element; an empty sum of cotangents is zero.
-        None => e.zeros_like(x),
+        None => {
+            let dtype = e.ty(ct).dtype;
+            e.full(x_shape, dtype, 0.0)
+        }
     }
 }
 
@@ -766,7 +802,9 @@ fn dilated_sizes(
 }
 
 /// The cotangent of a convolution's input `x`: the result's cotangent convolved with the
-/// spatially reversed kernel, in and out features swapped.
+/// spatially reversed kernel, in and out features swapped. With batch groups, that is a
+/// convolution with as many feature groups whose features (group major) are then moved
+/// into the batch (JAX's `_conv_general_dilated_transpose_lhs`).
 fn conv_input_cotangent(
     e: &mut Appender<'_>,
     config: &ConvConfig,
@@ -775,7 +813,8 @@ fn conv_input_cotangent(
     ct: ValueId,
 ) -> Result<ValueId> {
     let dn = &config.dims;
-    let groups = config.feature_group_count;
+    let batch_groups = config.batch_group_count;
+    let groups = config.feature_group_count * batch_groups;
     // The kernel's out features become its in features; with groups, the group count
     // moves from the out features into the in features.
     let major_minor = [dn.kernel_output_feature, dn.kernel_input_feature];
@@ -805,17 +844,32 @@ fn conv_input_cotangent(
         output_feature: dn.input_feature,
         output_spatial: dn.input_spatial.clone(),
     };
-    let config = ConvConfig {
+    let transposed = ConvConfig {
         dims,
         window,
         feature_group_count: groups,
+        batch_group_count: 1,
     };
-    e.convolution(ct, flipped, config)
+    let dx = e.convolution(ct, flipped, transposed)?;
+    if batch_groups == 1 {
+        return Ok(dx);
+    }
+    // [features (group major), batch, spatial..] -> [features / groups, groups * batch,
+    // spatial..], then back to the input's dim order.
+    let major_minor = [dn.input_feature, dn.input_batch];
+    let (dx, ..) = move_groups(e, dx, major_minor, &dn.input_spatial, batch_groups)?;
+    let mut order = vec![0; dn.input_spatial.len() + 2];
+    order[dn.input_batch] = 1;
+    for (i, &d) in dn.input_spatial.iter().enumerate() {
+        order[d] = i + 2;
+    }
+    e.transpose(dx, &order)
 }
 
-/// The cotangent of a convolution's kernel: the input, batch and feature swapped (with
-/// groups, the group count moved from the features into the new features), convolved
-/// with the result's cotangent as kernel.
+/// The cotangent of a convolution's kernel: the input, batch and feature swapped,
+/// convolved with the result's cotangent as kernel; feature groups become batch groups
+/// and batch groups feature groups (JAX's `_conv_general_dilated_transpose_rhs`): a
+/// feature group's input features are the swapped input's batch group.
 fn conv_kernel_cotangent(
     e: &mut Appender<'_>,
     config: &ConvConfig,
@@ -824,10 +878,6 @@ fn conv_kernel_cotangent(
     ct: ValueId,
 ) -> Result<ValueId> {
     let dn = &config.dims;
-    let groups = config.feature_group_count;
-    let major_minor = [dn.input_feature, dn.input_batch];
-    let (lhs, input_batch, input_feature, input_spatial) =
-        move_groups(e, x, major_minor, &dn.input_spatial, groups)?;
     let window = (config.window.iter().enumerate())
         .map(|(i, w)| {
             let [n, k, out] = dilated_sizes(e, config, [x, kernel, ct], i);
@@ -840,9 +890,9 @@ fn conv_kernel_cotangent(
         })
         .collect();
     let dims = ConvDimensionNumbers {
-        input_batch,
-        input_feature,
-        input_spatial,
+        input_batch: dn.input_feature,
+        input_feature: dn.input_batch,
+        input_spatial: dn.input_spatial.clone(),
         kernel_input_feature: dn.output_batch,
         kernel_output_feature: dn.output_feature,
         kernel_spatial: dn.output_spatial.clone(),
@@ -853,7 +903,8 @@ fn conv_kernel_cotangent(
     let config = ConvConfig {
         dims,
         window,
-        feature_group_count: groups,
+        feature_group_count: config.batch_group_count,
+        batch_group_count: config.feature_group_count,
     };
-    e.convolution(lhs, ct, config)
+    e.convolution(x, ct, config)
 }

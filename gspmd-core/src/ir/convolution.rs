@@ -1,6 +1,7 @@
 //! Convolution on [`Tensor`]s in `jax.lax`'s spirit: [`Tensor::conv_general_dilated`]
-//! (any dimension numbers, strides, padding, dilations, feature groups) and the
-//! [`Tensor::conv2d`] convenience for NHWC inputs and HWIO kernels. Both build one
+//! (any dimension numbers, strides, padding, dilations, feature groups),
+//! [`Tensor::conv_general_dilated_grouped`] (the same with batch groups too) and the
+//! [`Tensor::conv2d`] convenience for NHWC inputs and HWIO kernels. All build one
 //! [`Op::Convolution`]; its shape rule reports every bad configuration.
 
 use super::builder::{Tensor, any_poisoned, push};
@@ -25,6 +26,37 @@ impl Tensor {
         dimension_numbers: &ConvDimensionNumbers,
         feature_group_count: usize,
     ) -> Tensor {
+        self.conv_general_dilated_grouped(
+            kernel,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            1,
+        )
+    }
+
+    /// [`Tensor::conv_general_dilated`] with `jax.lax`'s `batch_group_count` too: the
+    /// input batch is cut in that many groups (major), group `g` convolved with the
+    /// kernel's output features `g * O / count ..`, and the output batch is one group
+    /// (XLA's semantics; a grouped convolution's kernel gradient is one). At most one of
+    /// the two counts may exceed 1; a count that does not divide the batch or the
+    /// features is an [`crate::Error::Shape`] at the caller's line.
+    #[allow(clippy::too_many_arguments)]
+    #[track_caller]
+    pub fn conv_general_dilated_grouped(
+        &self,
+        kernel: &Tensor,
+        window_strides: &[usize],
+        padding: Padding,
+        lhs_dilation: &[usize],
+        rhs_dilation: &[usize],
+        dimension_numbers: &ConvDimensionNumbers,
+        feature_group_count: usize,
+        batch_group_count: usize,
+    ) -> Tensor {
         let location = Location::caller();
         if any_poisoned(&[self, kernel]) {
             return self.poisoned();
@@ -43,6 +75,7 @@ impl Tensor {
                     dims: dimension_numbers.clone(),
                     window,
                     feature_group_count,
+                    batch_group_count,
                 };
                 push(self, Op::Convolution(config), &[kernel], location)
             }

@@ -433,10 +433,10 @@ fn infer_reduce_window(window: &[WindowDim], t: &TensorType) -> Result<TensorTyp
     }
     let shape = (window.iter().enumerate())
         .map(|(d, w)| {
-            if w.base_dilation != 1 || w.padding_low < 0 || w.padding_high < 0 {
+            if w.padding_low < 0 || w.padding_high < 0 {
                 return Err(format!(
-                    "window dim {d} has base dilation {} and padding {}_{}: reduce_window takes no base dilation nor negative padding",
-                    w.base_dilation, w.padding_low, w.padding_high
+                    "window dim {d} has padding {}_{}: reduce_window takes no negative padding",
+                    w.padding_low, w.padding_high
                 ));
             }
             window_output_size(d, w, t, d)
@@ -517,8 +517,19 @@ fn infer_convolution(
             features / groups
         ));
     }
+    let (batch, batch_groups) = (input.shape[dn.input_batch], config.batch_group_count);
+    if batch_groups == 0 || (groups > 1 && batch_groups > 1) {
+        return Err(format!(
+            "batch_group_count {batch_groups} with feature_group_count {groups}: the batch group count must be at least 1, and at most one of the two may exceed 1"
+        ));
+    }
+    if !batch.is_multiple_of(batch_groups) || !out_features.is_multiple_of(batch_groups) {
+        return Err(format!(
+            "batch_group_count {batch_groups} must divide the input batch {batch} and the output features {out_features}"
+        ));
+    }
     let mut shape = vec![0; rank];
-    shape[dn.output_batch] = input.shape[dn.input_batch];
+    shape[dn.output_batch] = batch / batch_groups;
     shape[dn.output_feature] = out_features;
     for (i, w) in window.iter().enumerate() {
         let k = kernel.shape[dn.kernel_spatial[i]];

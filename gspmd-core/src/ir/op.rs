@@ -379,6 +379,11 @@ pub struct ConvConfig {
     /// Input features are cut in this many groups, each convolved with its own slice of
     /// the kernel's output features (grouped; depthwise when it equals the features).
     pub feature_group_count: usize,
+    /// The input batch is cut in this many groups (major), each convolved with its own
+    /// slice of the kernel's output features (XLA's `batch_group_count`: a grouped
+    /// convolution's kernel gradient); the output batch is the group size. At most one
+    /// of the two counts exceeds 1.
+    pub batch_group_count: usize,
 }
 
 /// The devices that take part together in a collective: those that share their

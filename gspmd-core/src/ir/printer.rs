@@ -257,10 +257,6 @@ fn attributes(op: &Op) -> String {
     }
 }
 
-/// XLA's form, without the window's size (the kernel's spatial dims give it):
-/// `, window={stride=1x1 pad=1_1x1_1}, dim_labels=b01f_01io->b01f`, then
-/// `lhs_dilate`/`rhs_dilate` where some dilation is not 1 and `feature_group_count`
-/// where it is not 1.
 /// XLA's window text: `{size=3x3 stride=1x1 pad=1_1x1_1}`, `lhs_dilate` and
 /// `rhs_dilate` only when some dim is dilated.
 fn window_text(w: &[WindowDim]) -> String {
@@ -282,6 +278,8 @@ fn window_text(w: &[WindowDim]) -> String {
     s + "}"
 }
 
+/// XLA's form: `, window={size=3x3 stride=1x1 pad=1_1x1_1}, dim_labels=b01f_01io->b01f`,
+/// then `feature_group_count` and `batch_group_count` where not 1.
 fn convolution_attributes(config: &ConvConfig) -> String {
     let mut s = format!(
         ", window={}, dim_labels={}",
@@ -290,6 +288,9 @@ fn convolution_attributes(config: &ConvConfig) -> String {
     );
     if config.feature_group_count != 1 {
         s += &format!(", feature_group_count={}", config.feature_group_count);
+    }
+    if config.batch_group_count != 1 {
+        s += &format!(", batch_group_count={}", config.batch_group_count);
     }
     s
 }

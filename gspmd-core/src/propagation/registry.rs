@@ -510,9 +510,16 @@ fn windowed_factors(
 /// output) pass through; input features (input and kernel) are a reduction; spatial
 /// dim `i` of input and output is one permutation factor, or pass-through where the
 /// window moves nothing ([`crate::ir::WindowDim::is_trivial`]), and the kernel's spatial
-/// dims need replication. With feature groups, the feature dims need replication
-/// (splitting a feature factor across groups is not implemented). A malformed config
-/// (dims out of range) gives unfactored tensors.
+/// dims need replication. With `G > 1` feature groups, the feature dims are compound:
+/// the group factor (size `G`, pass-through) is the major part of the input's features,
+/// the kernel's output features and the output's features (a split by whole groups
+/// partitions with no communication); the features within a group (the input's and the
+/// kernel's input features, the kernel's and the output's output features) need
+/// replication. With `B > 1` batch groups, the batch-group factor (size `B`,
+/// pass-through) is the major part of the input's batch, the kernel's output features
+/// and the output's features; the batch within a group (input and output) and the
+/// output features within a group need replication. A malformed config (dims out of
+/// range) gives unfactored tensors.
 fn convolution_factors(
     rule: &mut OpShardingRule,
     config: &ConvConfig,
@@ -543,30 +550,44 @@ fn convolution_factors(
     if !all_fit {
         return (vec![x, k], out);
     }
-    let grouped = config.feature_group_count != 1;
-    let feature_kind = |kind| {
+    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
+    let groups = feature_groups * batch_groups;
+    if groups > 1 {
+        let grouped = if batch_groups > 1 {
+            dn.input_batch
+        } else {
+            dn.input_feature
+        };
+        let g = rule.add_factor(groups, FactorKind::PassThrough);
+        x.dims[grouped].push(g);
+        k.dims[dn.kernel_output_feature].push(g);
+        out.dims[dn.output_feature].push(g);
+    }
+    // The factors within a group; with groups, a size-1 one is left out.
+    let kind = |grouped: bool, kind| {
         if grouped {
             FactorKind::NeedReplication
         } else {
             kind
         }
     };
-    let batch = rule.add_factor(input[dn.input_batch], FactorKind::PassThrough);
-    x.dims[dn.input_batch].push(batch);
-    out.dims[dn.output_batch].push(batch);
-    let features = kernel[dn.kernel_output_feature];
-    let f_out = rule.add_factor(features, feature_kind(FactorKind::PassThrough));
-    k.dims[dn.kernel_output_feature].push(f_out);
-    out.dims[dn.output_feature].push(f_out);
-    if grouped {
-        let f_in = rule.add_factor(input[dn.input_feature], FactorKind::NeedReplication);
-        x.dims[dn.input_feature].push(f_in);
-        let f_k = rule.add_factor(kernel[dn.kernel_input_feature], FactorKind::NeedReplication);
-        k.dims[dn.kernel_input_feature].push(f_k);
-    } else {
-        let f_in = rule.add_factor(input[dn.input_feature], FactorKind::Reduction);
-        x.dims[dn.input_feature].push(f_in);
-        k.dims[dn.kernel_input_feature].push(f_in);
+    let batch = result[dn.output_batch];
+    if batch_groups == 1 || batch > 1 {
+        let f = rule.add_factor(batch, kind(batch_groups > 1, FactorKind::PassThrough));
+        x.dims[dn.input_batch].push(f);
+        out.dims[dn.output_batch].push(f);
+    }
+    let out_features = kernel[dn.kernel_output_feature] / groups;
+    if groups == 1 || out_features > 1 {
+        let f = rule.add_factor(out_features, kind(groups > 1, FactorKind::PassThrough));
+        k.dims[dn.kernel_output_feature].push(f);
+        out.dims[dn.output_feature].push(f);
+    }
+    let in_features = kernel[dn.kernel_input_feature];
+    if feature_groups == 1 || in_features > 1 {
+        let f = rule.add_factor(in_features, kind(feature_groups > 1, FactorKind::Reduction));
+        x.dims[dn.input_feature].push(f);
+        k.dims[dn.kernel_input_feature].push(f);
     }
     for (i, w) in config.window.iter().enumerate() {
         let (xd, kd, od) = (

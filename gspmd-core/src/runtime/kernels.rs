@@ -30,7 +30,7 @@ pub(crate) type Dims = SmallVec<[usize; 6]>;
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
-use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn};
+use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn, Slice};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
@@ -523,7 +523,8 @@ fn concatenate(operands: &[&Literal], dim: usize) -> Result<Literal, String> {
 /// `reduce_window`: for every result position (row-major) and every window offset,
 /// the operand element under it, or nothing for a padding position (the identity).
 /// The window's offsets are listed once per call; the loop allocates nothing, and a
-/// window wholly inside the operand is read without bounds checks.
+/// window wholly inside the operand is read without bounds checks. A base-dilated
+/// operand is first spread into a copy with the identity in its holes.
 fn reduce_window(
     kind: ReduceKind,
     x: &Literal,
@@ -537,6 +538,26 @@ fn reduce_window(
         identity: T,
         f: impl Fn(T, T) -> T,
     ) -> Result<ArrayD<T>, String> {
+        if window.iter().any(|w| w.base_dilation > 1) {
+            // XLA's base dilation: the operand spread with the identity in the holes,
+            // under the same window undilated.
+            let spread_shape: Vec<usize> = (a.shape().iter().zip(window))
+                .map(|(&n, w)| n.saturating_sub(1) * w.base_dilation + usize::from(n > 0))
+                .collect();
+            let mut spread = ArrayD::from_elem(IxDyn(&spread_shape), identity);
+            spread
+                .slice_each_axis_mut(|ax| {
+                    Slice::new(0, None, window[ax.axis.index()].base_dilation as isize)
+                })
+                .assign(a);
+            let undilated: Vec<WindowDim> = (window.iter())
+                .map(|w| WindowDim {
+                    base_dilation: 1,
+                    ..*w
+                })
+                .collect();
+            return windows(&spread, &undilated, shape, identity, f);
+        }
         let rank = shape.len();
         let a = a.as_standard_layout();
         let (dims, data) = (a.shape(), a.as_slice().unwrap_or_default());
@@ -626,11 +647,13 @@ fn reduce_window(
 
 // ---- convolution -----------------------------------------------------------------------
 
-/// `convolution` as im2col: for each feature group, every output position's window of
-/// the input (zeros where it covers padding or a hole of the lhs dilation) becomes a row
-/// of a `[batch * positions, taps * group features]` matrix, which the matmul of
-/// `dot_general` multiplies by the group's kernel `[taps * group features, group output
-/// features]`; the products are placed in the output's dim order.
+/// `convolution` as im2col: for each group (feature or batch group: at most one count
+/// exceeds 1), every output position's window of the input (zeros where it covers
+/// padding or a hole of the lhs dilation) becomes a row of a `[batch * positions, taps *
+/// group features]` matrix, which the matmul of `dot_general` multiplies by the group's
+/// kernel `[taps * group features, group output features]`; the products are placed in
+/// the output's dim order. Feature group `g` reads input features `g * group features
+/// ..`, batch group `g` the input batch `g * batch ..` (`batch` the output's).
 fn convolution<T: contraction::DotScalar>(
     config: &ConvConfig,
     input: &ArrayD<T>,
@@ -638,7 +661,8 @@ fn convolution<T: contraction::DotScalar>(
     shape: &[usize],
 ) -> Result<ArrayD<T>, String> {
     let dn = &config.dims;
-    let groups = config.feature_group_count;
+    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
+    let groups = feature_groups * batch_groups;
     // Input [N, spatial.., C], kernel [O, spatial.., I], both row-major: a window tap
     // then reads a group's features as one contiguous run.
     let canonical = |a: &ArrayD<T>, first: usize, spatial: &[usize], last: usize| {
@@ -656,7 +680,7 @@ fn convolution<T: contraction::DotScalar>(
         dn.kernel_input_feature,
     );
     let rank = x.ndim();
-    let (batch, features) = (x.shape()[0], x.shape()[rank - 1]);
+    let (batch, features) = (x.shape()[0] / batch_groups, x.shape()[rank - 1]);
     let (out_features, group_features) = (k.shape()[0], k.shape()[rank - 1]);
     let group_out = out_features / groups;
     let out_spatial: Vec<usize> = dn.output_spatial.iter().map(|&d| shape[d]).collect();
@@ -676,14 +700,16 @@ fn convolution<T: contraction::DotScalar>(
     let mut out = Array3::<T>::default((groups, batch * positions, group_out));
     let mut cols = Array2::<T>::default((batch * positions, taps * group_features));
     for g in 0..groups {
+        let (feature_group, batch_group) = (g % feature_groups, g % batch_groups);
         for (r, mut row) in cols.outer_iter_mut().enumerate() {
             let (b, p) = (r / positions.max(1), r % positions.max(1));
+            let b = batch_group * batch + b;
             let row = row.as_slice_mut().ok_or("im2col row is not contiguous")?;
             let window = &offsets[p * taps..(p + 1) * taps];
             for (dst, off) in row.chunks_exact_mut(group_features.max(1)).zip(window) {
                 match off {
                     Some(o) => {
-                        let src = (b * block + o) * features + g * group_features;
+                        let src = (b * block + o) * features + feature_group * group_features;
                         dst.copy_from_slice(&xs[src..src + group_features]);
                     }
                     None => dst.fill(T::default()),

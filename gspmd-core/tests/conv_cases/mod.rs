@@ -1,7 +1,7 @@
 //! Convolution configurations shared by the suites (interpreter against a naive loop,
 //! gradients against finite differences, partitioned against the interpreter): 1-, 2-
 //! and 3-D windows, dims in unusual orders, strides, positive and negative padding,
-//! lhs and rhs dilation, feature groups and depthwise.
+//! lhs and rhs dilation, feature groups and depthwise, batch groups.
 
 use gspmd_core::ir::{Builder, ConvDimensionNumbers, DType, Padding, Tensor};
 
@@ -16,6 +16,7 @@ pub struct ConvCase {
     pub lhs_dilation: &'static [usize],
     pub rhs_dilation: &'static [usize],
     pub groups: usize,
+    pub batch_groups: usize,
 }
 
 impl ConvCase {
@@ -27,7 +28,7 @@ impl ConvCase {
     /// `input` convolved with `kernel` as this case says.
     #[track_caller]
     pub fn apply(&self, input: &Tensor, kernel: &Tensor) -> Tensor {
-        input.conv_general_dilated(
+        input.conv_general_dilated_grouped(
             kernel,
             self.strides,
             Padding::Explicit(self.padding.to_vec()),
@@ -35,6 +36,7 @@ impl ConvCase {
             self.rhs_dilation,
             &self.dims(),
             self.groups,
+            self.batch_groups,
         )
     }
 
@@ -59,6 +61,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[],
             rhs_dilation: &[],
             groups: 1,
+            batch_groups: 1,
         },
         ConvCase {
             name: "2-D NHWC/HWIO, strides and rhs dilation",
@@ -70,6 +73,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[],
             rhs_dilation: &[2, 1],
             groups: 1,
+            batch_groups: 1,
         },
         ConvCase {
             name: "2-D NCHW, lhs dilation and negative padding",
@@ -81,6 +85,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[2, 3],
             rhs_dilation: &[],
             groups: 1,
+            batch_groups: 1,
         },
         ConvCase {
             name: "2-D, 3 feature groups, SAME-like padding",
@@ -92,6 +97,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[],
             rhs_dilation: &[],
             groups: 3,
+            batch_groups: 1,
         },
         ConvCase {
             name: "2-D depthwise, multiplier 2, stride 2",
@@ -103,6 +109,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[],
             rhs_dilation: &[1, 2],
             groups: 4,
+            batch_groups: 1,
         },
         ConvCase {
             name: "3-D, dims in scrambled orders",
@@ -114,6 +121,7 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[1, 1, 2],
             rhs_dilation: &[],
             groups: 1,
+            batch_groups: 1,
         },
         ConvCase {
             name: "2-D 1x1 kernel, trivial window (spatial dims pass through)",
@@ -125,6 +133,31 @@ pub fn cases() -> Vec<ConvCase> {
             lhs_dilation: &[],
             rhs_dilation: &[],
             groups: 1,
+            batch_groups: 1,
+        },
+        ConvCase {
+            name: "2-D, 2 batch groups (a grouped convolution's kernel gradient)",
+            labels: ["NHWC", "HWIO", "NHWC"],
+            input: &[4, 5, 4, 3],
+            kernel: &[3, 2, 3, 6],
+            strides: &[1, 1],
+            padding: &[(1, 1), (0, 1)],
+            lhs_dilation: &[],
+            rhs_dilation: &[],
+            groups: 1,
+            batch_groups: 2,
+        },
+        ConvCase {
+            name: "1-D, 3 batch groups, stride 2 and lhs dilation, dims in odd orders",
+            labels: ["NCH", "IOH", "CNH"],
+            input: &[6, 2, 5],
+            kernel: &[2, 3, 2],
+            strides: &[2],
+            padding: &[(1, 0)],
+            lhs_dilation: &[2],
+            rhs_dilation: &[],
+            groups: 1,
+            batch_groups: 3,
         },
     ]
 }

@@ -23,7 +23,13 @@
 //! contraction, or a base dilation not dividing the output block's stride) is first
 //! made an explicit, partitioned interior `pad` (see `undilated`).
 //!
-//! The feature dims of a grouped convolution are computed whole.
+//! A convolution with `G > 1` feature (or batch) groups is split by whole groups, as
+//! XLA does: when the target splits the output's features over `s` shards and `s`
+//! divides `G`, the input's features (batch) and the kernel's output features take the
+//! same axes (block `j` of each holds groups `j G/s .. (j+1) G/s`) and each device
+//! convolves its blocks with `G/s` groups, with no communication. Otherwise the
+//! features are computed whole, with a warning saying why. With batch groups, the
+//! output's batch (one group's) is computed whole.
 
 use super::super::emit::Emitter;
 use super::super::halo::{self, HaloPlan};
@@ -149,6 +155,11 @@ fn spatial(
                 "the target splits another spatial dim over the kernel's axes",
             ));
         }
+        // The groups' split (see `split_groups`) keeps those axes.
+        let grouped = config.feature_group_count * config.batch_group_count > 1;
+        if grouped && (target.dims[dn.output_feature].axes.iter()).any(|a| k_axes.contains(a)) {
+            return Spatial::Whole(Some("the target splits the groups over the kernel's axes"));
+        }
         // The kernel's rows slide over the input as the output's do in the forward
         // direction: output and kernel swap sizes, strides and dilations.
         let swapped = WindowDim {
@@ -217,6 +228,44 @@ fn windowing_is_cheaper(
     cost(&windowed) + (halo as f64) < cost(&whole)
 }
 
+/// The (input dim, kernel dim) the output's features are split alike with (see
+/// [`Contraction::result`]): the kernel's output features without groups; with `G > 1`
+/// feature or batch groups, the grouped input dim (features or batch) and the kernel's
+/// output features when the target splits the output's features over `s` shards and
+/// `s` divides `G` (`local` then convolves `G / s` groups); otherwise neither, with a
+/// warning saying why.
+fn split_groups(
+    em: &mut Emitter,
+    config: &ConvConfig,
+    target: &Sharding,
+    local: &mut ConvConfig,
+) -> (Option<usize>, Option<usize>) {
+    let dn = &config.dims;
+    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
+    let groups = feature_groups * batch_groups;
+    if groups == 1 {
+        return (None, Some(dn.kernel_output_feature));
+    }
+    let shards = em.mesh.axes_size(&target.dims[dn.output_feature].axes);
+    let (grouped, what) = if batch_groups > 1 {
+        (dn.input_batch, "batch")
+    } else {
+        (dn.input_feature, "features")
+    };
+    if !groups.is_multiple_of(shards) {
+        em.warn(format!(
+            "{what} in {groups} groups gathered whole: the target splits the output features in {shards}, which does not divide the groups"
+        ));
+        return (None, None);
+    }
+    if batch_groups > 1 {
+        local.batch_group_count = groups / shards;
+    } else {
+        local.feature_group_count = groups / shards;
+    }
+    (Some(grouped), Some(dn.kernel_output_feature))
+}
+
 pub(super) fn convolution(
     em: &mut Emitter,
     node: &Node,
@@ -229,14 +278,13 @@ pub(super) fn convolution(
         return convolution(em, node, &config, &input, kernel, target);
     }
     let dn = &config.dims;
-    let grouped = config.feature_group_count != 1;
     let rank = node.ty.rank();
     let mut result = vec![(None, None); rank];
-    result[dn.output_batch] = (Some(dn.input_batch), None);
-    if !grouped {
-        result[dn.output_feature] = (None, Some(dn.kernel_output_feature));
+    if config.batch_group_count == 1 {
+        result[dn.output_batch] = (Some(dn.input_batch), None);
     }
     let mut local = config.clone();
+    result[dn.output_feature] = split_groups(em, config, target, &mut local);
     let (mut halos, mut contracting, mut gathered) = (Vec::new(), Vec::new(), Vec::new());
     for (i, w) in config.window.iter().enumerate() {
         let (x, k, out) = (
@@ -272,19 +320,7 @@ pub(super) fn convolution(
             gathered.join("; ")
         ));
     }
-    let split = |v: &PValue, d: usize| !v.sharding.dims[d].axes.is_empty();
-    if grouped
-        && (split(input, dn.input_feature)
-            || split(kernel, dn.kernel_input_feature)
-            || split(kernel, dn.kernel_output_feature)
-            || !target.dims[dn.output_feature].axes.is_empty())
-    {
-        em.warn(format!(
-            "features in {} groups gathered whole",
-            config.feature_group_count
-        ));
-    }
-    if !grouped {
+    if config.feature_group_count == 1 {
         contracting.push((dn.input_feature, dn.kernel_input_feature));
     }
     let c = Contraction {
