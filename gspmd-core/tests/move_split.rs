@@ -166,11 +166,12 @@ fn a_stage_at_a_run_time_index_moves_only_the_slice() {
 
 /// On a 2x4 mesh with the buffer also split on its batch dim over `data`, two stages
 /// inside one block whose result propagation keeps split over `stage` (2 rows over 4
-/// shards: no halo plan reaches) are summed and scattered over `stage` only: one
-/// reduce-scatter of the owner's [2, 4, 16] block padded to 4 rows (3/4 of 1 KiB =
-/// 768 B per device), where the gather it replaces received 3 blocks (1,536 B).
+/// shards, one row each on the first two): the halo exchange sends each of those
+/// devices just its row ([1, 4, 16], 256 B) from the owner, piece by piece — two
+/// shifts, 512 B per device — where a reduce-scatter of the owner's block receives
+/// 768 B and the gather it replaces 3 blocks (1,536 B).
 #[test]
-fn a_split_stage_slice_on_a_2x4_mesh_reduce_scatters_over_the_stage_axis() {
+fn a_split_stage_slice_on_a_2x4_mesh_moves_only_the_rows_each_device_keeps() {
     let b = Builder::new("stage_2x4");
     let x = b
         .parameter("x", [8, 8, 16], DType::F32)
@@ -180,7 +181,7 @@ fn a_split_stage_slice_on_a_2x4_mesh_reduce_scatters_over_the_stage_axis() {
     let program = b.finish(&[&inside]).expect("traces");
     let m = mesh(&[("data", 2), ("stage", 4)]);
     let exe = check(&program, &m, &[grid(&[8, 8, 16], 5)]);
-    only(&exe, "reduce_scatter", (1, 768));
+    only(&exe, "collective_shift", (2, 512));
 }
 
 /// XLA's `ReshapeMergeDimsWithHaloExchange` (spmd_partitioner_test.cc): s32[2,3,7,10]
