@@ -475,6 +475,11 @@ pub const CASES: &[Case] = &[
         check: tiled_reverse_passthrough,
     },
     Case {
+        source: "spmd_partitioner_test.cc: TiledReversePassthroughViaReversedSharding",
+        verdict: Verdict::Agrees,
+        check: tiled_reverse_passthrough_via_reversed_sharding,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: TiledReverseSwapShards",
         verdict: Verdict::Better("reverses the device order (0 B) where XLA swaps the tiles (8 B)"),
         check: tiled_reverse_swap_shards,
@@ -562,6 +567,36 @@ pub const CASES: &[Case] = &[
         source: "spmd_partitioner_test.cc: DotBatchAndPartialContracting",
         verdict: Verdict::Agrees,
         check: dot_batch_and_partial_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCount",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCountRHSAlignWithLHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count_rhs_align_with_lhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCountLHSAlignWithRHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count_lhs_align_with_rhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCount",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCountRHSAlignWithLHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count_rhs_align_with_lhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCountLHSAlignWithRHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count_lhs_align_with_rhs,
     },
 ];
 
@@ -1922,6 +1957,104 @@ fn dot_batch_and_partial_contracting() {
     assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
 }
 
+/// `PartitionConvWithBathGroupCount`: XLA's kernel-gradient convolution
+/// (`f01b_i01o->01bf`, window the whole 801 rows padded 2_2) with one batch group per
+/// batch element, [4,12,1,32] (XLA: [16,801,1,1024]) with 32 groups, input batch,
+/// kernel output features and result features split alike: each device convolves its
+/// 16 groups, 0 B. So does gspmd.
+fn partition_conv_with_batch_group_count() {
+    let exe = batch_grouped_conv("(_, _, _, x)", "(_, _, _, x)", "(_, _, _, x)");
+    expect_local(&exe, &[5, 1, 1, 16]);
+}
+
+/// The same with the kernel split on its rows: XLA moves the kernel's split to its
+/// output features, an all-to-all of the [4,6,1,32] block (1/2 * 3072 B = 1536 B). So
+/// does gspmd.
+fn partition_conv_with_batch_group_count_rhs_align_with_lhs() {
+    let exe = batch_grouped_conv("(_, _, _, x)", "(_, x, _, _)", "(_, _, _, x)");
+    expect(&exe, &[("all_to_all", 1)], 4 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [5, 1, 1, 16]);
+}
+
+/// The same with the input split on its rows instead: XLA moves the input's split to
+/// its batch (1536 B). So does gspmd.
+fn partition_conv_with_batch_group_count_lhs_align_with_rhs() {
+    let exe = batch_grouped_conv("(_, x, _, _)", "(_, _, _, x)", "(_, _, _, x)");
+    expect(&exe, &[("all_to_all", 1)], 4 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [5, 1, 1, 16]);
+}
+
+/// `PartitionConvWithFeatureGroupCount`: a depthwise convolution (`b01f_01io->b01f`,
+/// window 5x1 padded 2_2) with 2 output features per group, [2,12,1,32] (XLA:
+/// [16,801,1,1024]) in 32 groups, input features, kernel output features and result
+/// features split alike: each device convolves its 16 groups, 0 B. So does gspmd.
+fn partition_conv_with_feature_group_count() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 64],
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+    );
+    expect_local(&exe, &[2, 12, 1, 32]);
+}
+
+/// One output feature per group, the kernel split on its 5 rows: XLA moves the kernel's
+/// split to its output features, an all-to-all of the [3,1,1,32] block (padded; 1/2 *
+/// 384 B = 192 B). So does gspmd.
+fn partition_conv_with_feature_group_count_rhs_align_with_lhs() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 32],
+        "(_, _, _, x)",
+        "(x, _, _, _)",
+        "(_, _, _, x)",
+    );
+    expect(&exe, &[("all_to_all", 1)], 3 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 1, 16]);
+}
+
+/// The input split on its rows, the kernel on the groups: XLA moves the input's split
+/// to its features, an all-to-all of the [2,6,1,32] block (1/2 * 1536 B = 768 B). So
+/// does gspmd.
+fn partition_conv_with_feature_group_count_lhs_align_with_rhs() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 32],
+        "(_, x, _, _)",
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+    );
+    expect(&exe, &[("all_to_all", 1)], 2 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 1, 16]);
+}
+
+/// The `PartitionConvWithBathGroupCount*` convolution on 2 devices: a [4,12,1,32]
+/// input (`f01b`) and kernel (`i01o`) split by `lhs` and `rhs`, 32 batch groups, the
+/// [5,1,1,32] result (`01bf`) split by `out`.
+fn batch_grouped_conv(lhs: &str, rhs: &str, out: &str) -> Executable {
+    run("batch_grouped_conv", &mesh(&[("x", 2)]), |b| {
+        let x = param(b, "x", &[4, 12, 1, 32], Some(lhs));
+        let k = param(b, "k", &[4, 12, 1, 32], Some(rhs));
+        let dims = ConvDimensionNumbers::from_labels("CHWN", "IHWO", "HWNC").expect("valid");
+        let pad = Padding::Explicit(vec![(2, 2), (0, 0)]);
+        let y = x.conv_general_dilated_grouped(&k, &[1, 1], pad, &[], &[], &dims, 1, 32);
+        vec![y.annotate(sh(out))]
+    })
+}
+
+/// The `PartitionConvWithFeatureGroupCount*` convolution on 2 devices: a [2,12,1,32]
+/// NHWC input split by `lhs`, an HWIO kernel of `kernel` shape (5x1, one input feature
+/// per group) split by `rhs`, 32 feature groups, window padded 2_2, the result split by
+/// `out`.
+fn feature_grouped_conv(kernel: &[usize], lhs: &str, rhs: &str, out: &str) -> Executable {
+    run("feature_grouped_conv", &mesh(&[("x", 2)]), |b| {
+        let x = param(b, "x", &[2, 12, 1, 32], Some(lhs));
+        let k = param(b, "k", kernel, Some(rhs));
+        let dims = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").expect("valid");
+        let pad = Padding::Explicit(vec![(2, 2), (0, 0)]);
+        let y = x.conv_general_dilated(&k, &[1, 1], pad, &[], &[], &dims, 32);
+        vec![y.annotate(sh(out))]
+    })
+}
+
 /// A [3,3] split on dim 0 reversed along dim 1: local, [2,3].
 fn tiled_reverse_passthrough() {
     let exe = run("tiled_reverse_passthrough", &mesh(&[("x", 2)]), |b| {
@@ -1929,6 +2062,17 @@ fn tiled_reverse_passthrough() {
         vec![a.reverse(&[1]).annotate(sh("(x, _)"))]
     });
     expect_local(&exe, &[2, 3]);
+}
+
+/// f32[4] split 2 ways reversed along the split dim into `devices=[2]1,0`, the reversed
+/// device order `(-x)`: each device reverses its own tile, 0 B. So does gspmd.
+fn tiled_reverse_passthrough_via_reversed_sharding() {
+    let exe = run("tiled_reverse_via_reversed", &mesh(&[("x", 2)]), |b| {
+        let a = param(b, "a", &[4], Some("(x)"));
+        vec![a.reverse(&[0]).annotate(sh("(-x)"))]
+    });
+    expect_local(&exe, &[2]);
+    assert_eq!(exe.spmd().outputs[0].1, sh("(-x)"));
 }
 
 /// f32[4] split 2 ways reversed along the split dim, the same sharding: XLA swaps the
