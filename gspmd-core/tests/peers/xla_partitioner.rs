@@ -216,6 +216,11 @@ pub const CASES: &[Case] = &[
         check: sort_along_non_partitioned_dimension,
     },
     Case {
+        source: "spmd_partitioner_test.cc: SortShardedOnSortDim_RankOne",
+        verdict: Verdict::Agrees,
+        check: sort_sharded_on_sort_dim_rank_one,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: SortShardedOnSortDim_LastTileDimReplicate",
         verdict: Verdict::EqualBytes(
             "gathers the sorted dim within each pair (8192 B) where XLA moves the split there and back (8192 B)",
@@ -1099,6 +1104,21 @@ fn sort_along_non_partitioned_dimension() {
         ]
     });
     expect_local(&exe, &[4, 7, 33]);
+}
+
+/// f32[1024] (scaled to [64]) negated split 8 ways and sorted with an iota payload,
+/// the results replicated (the sort has no sharding): with no other dim to move the
+/// split to, XLA gathers the keys (7/8 * 256 B = 224 B) and sorts whole. So does gspmd
+/// (the indices are made where the sort runs).
+fn sort_sharded_on_sort_dim_rank_one() {
+    let exe = run("sort_rank_one", &mesh(&[("x", 8)]), |b| {
+        let a = param(b, "a", &[64], None);
+        let keys = (-&a).annotate(sh("(x)"));
+        let (values, indices) = keys.sort(0, false);
+        vec![values.annotate(sh("(_)")), indices.annotate(sh("(_)"))]
+    });
+    expect(&exe, &[("all_gather", 1)], 64 * 4 * 7 / 8);
+    assert_eq!(local_shape(&exe, 1), [64]);
 }
 
 /// f32[1024,1024] (scaled to [64,64]) negated and sorted along dim 1, split 2 ways there
