@@ -80,6 +80,11 @@ pub const CASES: &[Case] = &[
         check: reduce_window_tiled_negative_left_halo,
     },
     Case {
+        source: "spmd_partitioner_test.cc: ReduceWindowTiledOneSideHaloBeyondNeighbor",
+        verdict: Verdict::Agrees,
+        check: reduce_window_tiled_one_side_halo_beyond_neighbor,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: ReduceWindowTiledOneSideUnequalHalo",
         verdict: Verdict::Agrees,
         check: reduce_window_tiled_one_side_unequal_halo,
@@ -100,9 +105,21 @@ pub const CASES: &[Case] = &[
         check: convolution_lhs_tiled_rhs_replicated,
     },
     Case {
+        source: "spmd_partitioner_test.cc: ConvolutionLhsTiledRhsReplicatedNeedReshard",
+        verdict: Verdict::Better(
+            "gathers the batch (3072 B) where XLA all-to-alls it to H and exchanges halos (3456 B)",
+        ),
+        check: convolution_lhs_tiled_rhs_replicated_need_reshard,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: ConvolutionLhsTiledRhsReplicatedReordered",
         verdict: Verdict::Agrees,
         check: convolution_lhs_tiled_rhs_replicated_reordered,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: ConvolutionBaseDilationSameStartPatternLhsTiledRhsReplicated",
+        verdict: Verdict::Agrees,
+        check: convolution_base_dilation_same_start_pattern,
     },
     Case {
         source: "spmd_partitioner_test.cc: ConvolutionLhsTiledRhsTiled",
@@ -179,6 +196,11 @@ pub const CASES: &[Case] = &[
         check: merged_slice_then_concat_rotate_right,
     },
     Case {
+        source: "spmd_partitioner_test.cc: MergedSliceThenConcatRotateRightWithUnalignedPadding",
+        verdict: Verdict::Agrees,
+        check: merged_slice_then_concat_rotate_right_with_unaligned_padding,
+    },
+    Case {
         source: "spmd_partitioner_test.cc: PartialReplicateSliceAlongNonPartitionedDimension",
         verdict: Verdict::Agrees,
         check: partial_replicate_slice_along_non_partitioned_dimension,
@@ -192,6 +214,18 @@ pub const CASES: &[Case] = &[
         source: "spmd_partitioner_test.cc: SortAlongNonPartitionedDimension",
         verdict: Verdict::Agrees,
         check: sort_along_non_partitioned_dimension,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SortShardedOnSortDim_RankOne",
+        verdict: Verdict::Agrees,
+        check: sort_sharded_on_sort_dim_rank_one,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: SortShardedOnSortDim_LastTileDimReplicate",
+        verdict: Verdict::EqualBytes(
+            "gathers the sorted dim within each pair (8192 B) where XLA moves the split there and back (8192 B)",
+        ),
+        check: sort_sharded_on_sort_dim_last_tile_dim_replicate,
     },
     Case {
         source: "spmd_partitioner_test.cc: PartialReplicateShardableTranspose",
@@ -222,6 +256,16 @@ pub const CASES: &[Case] = &[
         source: "spmd_partitioner_test.cc: PartialReplicateShardableReshape",
         verdict: Verdict::Agrees,
         check: partial_replicate_shardable_reshape,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: ReshapeMergeDimsWithHaloExchange",
+        verdict: Verdict::Agrees,
+        check: reshape_merge_dims_with_halo_exchange,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartialReplicateReshapeMergeDimsWithHaloExchange",
+        verdict: Verdict::Agrees,
+        check: partial_replicate_reshape_merge_dims_with_halo_exchange,
     },
     Case {
         source: "spmd_partitioner_test.cc: TiledToTiledReduce",
@@ -436,8 +480,13 @@ pub const CASES: &[Case] = &[
         check: tiled_reverse_passthrough,
     },
     Case {
-        source: "spmd_partitioner_test.cc: TiledReverseSwapShards",
+        source: "spmd_partitioner_test.cc: TiledReversePassthroughViaReversedSharding",
         verdict: Verdict::Agrees,
+        check: tiled_reverse_passthrough_via_reversed_sharding,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: TiledReverseSwapShards",
+        verdict: Verdict::Better("reverses the device order (0 B) where XLA swaps the tiles (8 B)"),
         check: tiled_reverse_swap_shards,
     },
     Case {
@@ -523,6 +572,36 @@ pub const CASES: &[Case] = &[
         source: "spmd_partitioner_test.cc: DotBatchAndPartialContracting",
         verdict: Verdict::Agrees,
         check: dot_batch_and_partial_contracting,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCount",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCountRHSAlignWithLHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count_rhs_align_with_lhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithBathGroupCountLHSAlignWithRHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_batch_group_count_lhs_align_with_rhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCount",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCountRHSAlignWithLHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count_rhs_align_with_lhs,
+    },
+    Case {
+        source: "spmd_partitioner_test.cc: PartitionConvWithFeatureGroupCountLHSAlignWithRHS",
+        verdict: Verdict::Agrees,
+        check: partition_conv_with_feature_group_count_lhs_align_with_rhs,
     },
 ];
 
@@ -664,6 +743,16 @@ fn reduce_window_tiled_negative_left_halo() {
     assert_eq!(local_shape(&exe, 0), [2, 2]);
 }
 
+/// f32[9,2] split 5 ways (blocks of 2, the last holding 1), windows 4x1 stride 2 pad 3_0:
+/// block `i` reads 3 rows left of it, 2 from its neighbour and 1 from the next. XLA:
+/// collective-permutes of f32[2,2] and f32[1,2] ((2 + 1) * 2 * 4 B = 24 B). So does
+/// gspmd.
+fn reduce_window_tiled_one_side_halo_beyond_neighbor() {
+    let exe = row_windows(9, "(x, _)", 5, 4, 2, (3, 0));
+    expect_halo(&exe, (2 + 1) * 2 * 4);
+    assert_eq!(local_shape(&exe, 0), [1, 2]);
+}
+
 /// [9,2] split 3 ways, windows 3x1 stride 2 pad 1_1 into [5,2]: XLA exchanges a right
 /// halo of f32[2,2] (16 B).
 fn reduce_window_tiled_one_side_unequal_halo() {
@@ -706,19 +795,35 @@ fn reduce_window_tiled_2d() {
 /// kernel, scaled from [128,224,224,3] to [2,16,16,3]: XLA exchanges a left halo of 3
 /// rows and a right one of 2, f32[2,3,16,3] + f32[2,2,16,3] = 1152 + 768 B = 1920 B.
 fn convolution_lhs_tiled_rhs_replicated() {
-    strided_7x7_convolution(&[2, 16, 16, 3], "(_, x, _, _)", "NHWC");
+    let exe = strided_7x7_convolution(&[2, 16, 16, 3], "(_, x, _, _)", "NHWC");
+    expect_halo(&exe, STRIDED_7X7_HALOS);
+}
+
+/// The same convolution with the input split on its batch dim: XLA moves the split to H
+/// by an all-to-all of the [1,16,16,3] block (1/2 * 3072 B = 1536 B), then exchanges
+/// the halos of `ConvolutionLhsTiledRhsReplicated` (1920 B): 3456 B. gspmd gathers the
+/// batch (1/2 * 6144 B = 3072 B) and cuts the windows locally.
+fn convolution_lhs_tiled_rhs_replicated_need_reshard() {
+    let exe = strided_7x7_convolution(&[2, 16, 16, 3], "(x, _, _, _)", "NHWC");
+    expect(&exe, &[("all_gather", 1)], 16 * 16 * 3 * 4);
+    expect_better(&exe, 16 * 16 * 3 * 4 / 2 + STRIDED_7X7_HALOS);
 }
 
 /// The same convolution with the input laid out `01fb` (HWCN) and split on its dim 0:
 /// the same halos, 1920 B.
 fn convolution_lhs_tiled_rhs_replicated_reordered() {
-    strided_7x7_convolution(&[16, 16, 3, 2], "(x, _, _, _)", "HWCN");
+    let exe = strided_7x7_convolution(&[16, 16, 3, 2], "(x, _, _, _)", "HWCN");
+    expect_halo(&exe, STRIDED_7X7_HALOS);
 }
 
+/// XLA's halos for [`strided_7x7_convolution`] with the input split on H: 3 rows left and
+/// 2 right, f32[2,3,16,3] + f32[2,2,16,3] = 1152 + 768 B.
+const STRIDED_7X7_HALOS: usize = (2 * 3 * 16 * 3 + 2 * 2 * 16 * 3) * 4;
+
 /// The convolution of the `ConvolutionLhsTiledRhsReplicated*` cases: an input of `shape`
-/// laid out by `labels` and split by `sharding` on its H dim, a replicated 7x7x3x4 kernel,
-/// stride 2, pad 3, the NHWC result split on H; asserts XLA's halos (1920 B).
-fn strided_7x7_convolution(shape: &[usize], sharding: &str, labels: &str) {
+/// laid out by `labels` and split by `sharding`, a replicated 7x7x3x4 kernel, stride 2,
+/// pad 3, the NHWC result split on H ([2,4,8,4] per device, asserted).
+fn strided_7x7_convolution(shape: &[usize], sharding: &str, labels: &str) -> Executable {
     let exe = run("strided_7x7_convolution", &mesh(&[("x", 2)]), |b| {
         let x = param(b, "x", shape, Some(sharding));
         let k = param(b, "k", &[7, 7, 3, 4], Some("(_, _, _, _)"));
@@ -732,8 +837,24 @@ fn strided_7x7_convolution(shape: &[usize], sharding: &str, labels: &str) {
         );
         vec![y.annotate(sh("(_, x, _, _)"))]
     });
-    expect_halo(&exe, (2 * 3 * 16 * 3 + 2 * 2 * 16 * 3) * 4);
     assert_eq!(local_shape(&exe, 0), [2, 4, 8, 4]);
+    exe
+}
+
+/// `ConvolutionBaseDilationSameStartPatternLhsTiledRhsReplicated`: [2,7,7,4] (XLA:
+/// [128,7,7,512]) split on H, base dilation 2, a replicated 3x3x4x4 kernel reversed on
+/// its window dims (`rhs_reversal`), stride 4, pad 1, the result split on H: every output
+/// row of a device reads only its own input rows, so XLA slices locally with no
+/// collective (0 B). So does gspmd.
+fn convolution_base_dilation_same_start_pattern() {
+    let exe = run("base_dilated_convolution", &mesh(&[("x", 2)]), |b| {
+        let x = param(b, "x", &[2, 7, 7, 4], Some("(_, x, _, _)"));
+        let k = param(b, "k", &[3, 3, 4, 4], Some("(_, _, _, _)")).reverse(&[0, 1]);
+        let labels = ("NHWC", "HWIO", "NHWC");
+        let y = base_dilated_conv(&x, &k, labels, &[4, 4], &[(1, 1), (1, 1)], &[2, 2], &[]);
+        vec![y.annotate(sh("(_, x, _, _)"))]
+    });
+    expect_local(&exe, &[2, 2, 4, 4]);
 }
 
 /// A weight-gradient convolution (`f01b_i01o->01bf`, window the whole 56x56, scaled to
@@ -934,17 +1055,28 @@ fn slice_along_partitioned_dimension_on(m: &Mesh) {
 /// f32[12] split 4 ways, `concat(x[10:12], x[0:10])`: a rotation right by 2; XLA moves
 /// the last 2 elements of each tile of 3 to the next device (f32[2], 8 B).
 fn merged_slice_then_concat_rotate_right() {
-    let exe = run(
-        "merged_slice_then_concat_rotate_right",
-        &mesh(&[("x", 4)]),
-        |b| {
-            let a = param(b, "a", &[12], Some("(x)"));
-            let tail = a.slice(&[10], &[12], &[1]);
-            let head = a.slice(&[0], &[10], &[1]);
-            vec![b.concatenate(&[&tail, &head], 0).annotate(sh("(x)"))]
-        },
-    );
+    let exe = rotate_right(12, 10);
     expect_halo(&exe, 2 * 4);
+}
+
+/// f32[10] split 4 ways (blocks of 3, the last holding 1), `concat(x[4:10], x[0:4])`:
+/// an uneven rotation. XLA: a collective-permute of the whole f32[3] block and two of
+/// slices that together make f32[3], then a select (3 * 4 B + 3 * 4 B = 24 B). So does
+/// gspmd.
+fn merged_slice_then_concat_rotate_right_with_unaligned_padding() {
+    let exe = rotate_right(10, 4);
+    expect_halo(&exe, 3 * 4 + 3 * 4);
+    assert_eq!(local_shape(&exe, 0), [3]);
+}
+
+/// `concat(x[at..n], x[0..at])` of an f32[n] split 4 ways, the result split 4 ways.
+fn rotate_right(n: usize, at: usize) -> Executable {
+    run("merged_slice_then_concat", &mesh(&[("x", 4)]), |b| {
+        let a = param(b, "a", &[n], Some("(x)"));
+        let tail = a.slice(&[at], &[n], &[1]);
+        let head = a.slice(&[0], &[at], &[1]);
+        vec![b.concatenate(&[&tail, &head], 0).annotate(sh("(x)"))]
+    })
 }
 
 /// [8,14,257] split on dim 2, replicated on the second axis, sliced on dim 1: local.
@@ -972,6 +1104,40 @@ fn sort_along_non_partitioned_dimension() {
         ]
     });
     expect_local(&exe, &[4, 7, 33]);
+}
+
+/// f32[1024] (scaled to [64]) negated split 8 ways and sorted with an iota payload,
+/// the results replicated (the sort has no sharding): with no other dim to move the
+/// split to, XLA gathers the keys (7/8 * 256 B = 224 B) and sorts whole. So does gspmd
+/// (the indices are made where the sort runs).
+fn sort_sharded_on_sort_dim_rank_one() {
+    let exe = run("sort_rank_one", &mesh(&[("x", 8)]), |b| {
+        let a = param(b, "a", &[64], None);
+        let keys = (-&a).annotate(sh("(x)"));
+        let (values, indices) = keys.sort(0, false);
+        vec![values.annotate(sh("(_)")), indices.annotate(sh("(_)"))]
+    });
+    expect(&exe, &[("all_gather", 1)], 64 * 4 * 7 / 8);
+    assert_eq!(local_shape(&exe, 1), [64]);
+}
+
+/// f32[1024,1024] (scaled to [64,64]) negated and sorted along dim 1, split 2 ways there
+/// and replicated on a second axis of 4, the result split alike: XLA moves the split to
+/// dim 0 within each pair and back (2 all-to-alls of a [64,32] block, 2 * 1/2 * 8192 B
+/// = 8192 B). gspmd gathers the sorted dim within each pair (1/2 * 16384 B = 8192 B),
+/// sorts the whole [64,64] and keeps its half.
+fn sort_sharded_on_sort_dim_last_tile_dim_replicate() {
+    let exe = run(
+        "sort_last_tile_replicate",
+        &mesh(&[("x", 2), ("y", 4)]),
+        |b| {
+            let a = param(b, "a", &[64, 64], None);
+            let keys = (-&a).annotate(sh("(_, x)"));
+            vec![keys.sort(1, false).0.annotate(sh("(_, x)"))]
+        },
+    );
+    expect(&exe, &[("all_gather", 1)], 64 * 64 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [64, 32]);
 }
 
 /// [16,38,38,4] split on dim 1 (replicated on a second axis) transposed {0,3,1,2}: the
@@ -1048,6 +1214,32 @@ fn reshape_with_reshard() {
 /// `ShardableReshape` with the operand replicated on a second axis: local.
 fn partial_replicate_shardable_reshape() {
     shardable_reshape_on(&mesh(&[("x", 2), ("y", 2)]));
+}
+
+/// s32[2,3,7,10] split on dim 2 reshaped to s32[3,2,1,14,5] split on dim 3: the local
+/// reshape of a 4-row tile holds 8 of the 14, one more than a result tile, so XLA sends
+/// a [3,2,1,1,5] slice to the next device (one collective-permute, 30 * 4 B = 120 B).
+/// So does gspmd (a shift of the flattened group).
+fn reshape_merge_dims_with_halo_exchange() {
+    reshape_merge_dims_with_halo_exchange_on(&mesh(&[("x", 2)]));
+}
+
+/// `reshape_merge_dims_with_halo_exchange`'s program and expectation, on `m`.
+fn reshape_merge_dims_with_halo_exchange_on(m: &Mesh) {
+    let exe = run("reshape_merge_dims_halo", m, |b| {
+        let a = int_param(b, "a", &[2, 3, 7, 10], "(_, _, x, _)");
+        vec![
+            a.reshape(vec![3, 2, 1, 14, 5])
+                .annotate(sh("(_, _, _, x, _)")),
+        ]
+    });
+    expect(&exe, &[("collective_shift", 1)], 3 * 2 * 5 * 4);
+    assert_eq!(local_shape(&exe, 0), [3, 2, 1, 7, 5]);
+}
+
+/// `ReshapeMergeDimsWithHaloExchange` replicated on a second axis: the same 120 B.
+fn partial_replicate_reshape_merge_dims_with_halo_exchange() {
+    reshape_merge_dims_with_halo_exchange_on(&mesh(&[("x", 2), ("y", 2)]));
 }
 
 /// [4,8,8,128] (XLA: [4,32,32,128]) split on dim 3 summed over dims 0-2 into [128] split:
@@ -1785,6 +1977,104 @@ fn dot_batch_and_partial_contracting() {
     assert_eq!(local_shape(&exe, 0), [2, 12, 32]);
 }
 
+/// `PartitionConvWithBathGroupCount`: XLA's kernel-gradient convolution
+/// (`f01b_i01o->01bf`, window the whole 801 rows padded 2_2) with one batch group per
+/// batch element, [4,12,1,32] (XLA: [16,801,1,1024]) with 32 groups, input batch,
+/// kernel output features and result features split alike: each device convolves its
+/// 16 groups, 0 B. So does gspmd.
+fn partition_conv_with_batch_group_count() {
+    let exe = batch_grouped_conv("(_, _, _, x)", "(_, _, _, x)", "(_, _, _, x)");
+    expect_local(&exe, &[5, 1, 1, 16]);
+}
+
+/// The same with the kernel split on its rows: XLA moves the kernel's split to its
+/// output features, an all-to-all of the [4,6,1,32] block (1/2 * 3072 B = 1536 B). So
+/// does gspmd.
+fn partition_conv_with_batch_group_count_rhs_align_with_lhs() {
+    let exe = batch_grouped_conv("(_, _, _, x)", "(_, x, _, _)", "(_, _, _, x)");
+    expect(&exe, &[("all_to_all", 1)], 4 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [5, 1, 1, 16]);
+}
+
+/// The same with the input split on its rows instead: XLA moves the input's split to
+/// its batch (1536 B). So does gspmd.
+fn partition_conv_with_batch_group_count_lhs_align_with_rhs() {
+    let exe = batch_grouped_conv("(_, x, _, _)", "(_, _, _, x)", "(_, _, _, x)");
+    expect(&exe, &[("all_to_all", 1)], 4 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [5, 1, 1, 16]);
+}
+
+/// `PartitionConvWithFeatureGroupCount`: a depthwise convolution (`b01f_01io->b01f`,
+/// window 5x1 padded 2_2) with 2 output features per group, [2,12,1,32] (XLA:
+/// [16,801,1,1024]) in 32 groups, input features, kernel output features and result
+/// features split alike: each device convolves its 16 groups, 0 B. So does gspmd.
+fn partition_conv_with_feature_group_count() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 64],
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+    );
+    expect_local(&exe, &[2, 12, 1, 32]);
+}
+
+/// One output feature per group, the kernel split on its 5 rows: XLA moves the kernel's
+/// split to its output features, an all-to-all of the [3,1,1,32] block (padded; 1/2 *
+/// 384 B = 192 B). So does gspmd.
+fn partition_conv_with_feature_group_count_rhs_align_with_lhs() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 32],
+        "(_, _, _, x)",
+        "(x, _, _, _)",
+        "(_, _, _, x)",
+    );
+    expect(&exe, &[("all_to_all", 1)], 3 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 1, 16]);
+}
+
+/// The input split on its rows, the kernel on the groups: XLA moves the input's split
+/// to its features, an all-to-all of the [2,6,1,32] block (1/2 * 1536 B = 768 B). So
+/// does gspmd.
+fn partition_conv_with_feature_group_count_lhs_align_with_rhs() {
+    let exe = feature_grouped_conv(
+        &[5, 1, 1, 32],
+        "(_, x, _, _)",
+        "(_, _, _, x)",
+        "(_, _, _, x)",
+    );
+    expect(&exe, &[("all_to_all", 1)], 2 * 6 * 32 * 4 / 2);
+    assert_eq!(local_shape(&exe, 0), [2, 12, 1, 16]);
+}
+
+/// The `PartitionConvWithBathGroupCount*` convolution on 2 devices: a [4,12,1,32]
+/// input (`f01b`) and kernel (`i01o`) split by `lhs` and `rhs`, 32 batch groups, the
+/// [5,1,1,32] result (`01bf`) split by `out`.
+fn batch_grouped_conv(lhs: &str, rhs: &str, out: &str) -> Executable {
+    run("batch_grouped_conv", &mesh(&[("x", 2)]), |b| {
+        let x = param(b, "x", &[4, 12, 1, 32], Some(lhs));
+        let k = param(b, "k", &[4, 12, 1, 32], Some(rhs));
+        let dims = ConvDimensionNumbers::from_labels("CHWN", "IHWO", "HWNC").expect("valid");
+        let pad = Padding::Explicit(vec![(2, 2), (0, 0)]);
+        let y = x.conv_general_dilated_grouped(&k, &[1, 1], pad, &[], &[], &dims, 1, 32);
+        vec![y.annotate(sh(out))]
+    })
+}
+
+/// The `PartitionConvWithFeatureGroupCount*` convolution on 2 devices: a [2,12,1,32]
+/// NHWC input split by `lhs`, an HWIO kernel of `kernel` shape (5x1, one input feature
+/// per group) split by `rhs`, 32 feature groups, window padded 2_2, the result split by
+/// `out`.
+fn feature_grouped_conv(kernel: &[usize], lhs: &str, rhs: &str, out: &str) -> Executable {
+    run("feature_grouped_conv", &mesh(&[("x", 2)]), |b| {
+        let x = param(b, "x", &[2, 12, 1, 32], Some(lhs));
+        let k = param(b, "k", kernel, Some(rhs));
+        let dims = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC").expect("valid");
+        let pad = Padding::Explicit(vec![(2, 2), (0, 0)]);
+        let y = x.conv_general_dilated(&k, &[1, 1], pad, &[], &[], &dims, 32);
+        vec![y.annotate(sh(out))]
+    })
+}
+
 /// A [3,3] split on dim 0 reversed along dim 1: local, [2,3].
 fn tiled_reverse_passthrough() {
     let exe = run("tiled_reverse_passthrough", &mesh(&[("x", 2)]), |b| {
@@ -1794,15 +2084,28 @@ fn tiled_reverse_passthrough() {
     expect_local(&exe, &[2, 3]);
 }
 
+/// f32[4] split 2 ways reversed along the split dim into `devices=[2]1,0`, the reversed
+/// device order `(-x)`: each device reverses its own tile, 0 B. So does gspmd.
+fn tiled_reverse_passthrough_via_reversed_sharding() {
+    let exe = run("tiled_reverse_via_reversed", &mesh(&[("x", 2)]), |b| {
+        let a = param(b, "a", &[4], Some("(x)"));
+        vec![a.reverse(&[0]).annotate(sh("(-x)"))]
+    });
+    expect_local(&exe, &[2]);
+    assert_eq!(exe.spmd().outputs[0].1, sh("(-x)"));
+}
+
 /// f32[4] split 2 ways reversed along the split dim, the same sharding: XLA swaps the
-/// tiles (a collective-permute of f32[2], 8 B) and reverses each. So does gspmd (a
-/// mirrored shift).
+/// tiles (a collective-permute of f32[2], 8 B) and reverses each. gspmd reverses each
+/// tile in place and returns the result in reversed device order, `(-x)` (XLA's
+/// `devices=[2]1,0`): 0 B.
 fn tiled_reverse_swap_shards() {
     let exe = run("tiled_reverse_swap_shards", &mesh(&[("x", 2)]), |b| {
         let a = param(b, "a", &[4], Some("(x)"));
         vec![a.reverse(&[0]).annotate(sh("(x)"))]
     });
-    expect(&exe, &[("collective_shift", 1)], 2 * 4);
+    expect_local(&exe, &[2]);
+    assert_eq!(exe.spmd().outputs[0].1, sh("(-x)"));
 }
 
 /// 8 devices (2x2x2): f32[8,8,8,8] split on dims 0, 1, 3 (`x`, `y`, `z`) copied onto
@@ -2024,13 +2327,26 @@ fn conv(
     padding: &[(i64, i64)],
     rhs_dilation: &[usize],
 ) -> Tensor {
+    base_dilated_conv(x, k, labels, strides, padding, &[], rhs_dilation)
+}
+
+/// [`conv`] with base (`lhs_dilate`) dilation `lhs_dilation` too, none when empty.
+fn base_dilated_conv(
+    x: &Tensor,
+    k: &Tensor,
+    labels: (&str, &str, &str),
+    strides: &[usize],
+    padding: &[(i64, i64)],
+    lhs_dilation: &[usize],
+    rhs_dilation: &[usize],
+) -> Tensor {
     let dims =
         ConvDimensionNumbers::from_labels(labels.0, labels.1, labels.2).expect("valid labels");
     x.conv_general_dilated(
         k,
         strides,
         Padding::Explicit(padding.to_vec()),
-        &[],
+        lhs_dilation,
         rhs_dilation,
         &dims,
         1,
