@@ -5,7 +5,7 @@
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice, pad — with interior
 //! padding the window is then spread locally and cut at a per-device offset —
-//! reduce_window without base dilation, each operand of a concatenate; see
+//! reduce_window, whose base dilation stays local, each operand of a concatenate; see
 //! `partition::halo`), or, for a reverse, each block is reversed and moved to the
 //! mirrored device (`halo::mirror`), or, for a slice inside one shard of the operand's
 //! split, the owners' cut becomes a pending sum ([`Owned`]); otherwise it is made whole
@@ -29,7 +29,7 @@ use super::super::value::PValue;
 use super::reduce::identity;
 use super::{reduced, with_dims};
 use crate::error::Result;
-use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, TensorType, ValueId};
+use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, TensorType, ValueId, WindowDim};
 use crate::sharding::Sharding;
 
 /// Parameters arrive as local blocks; constants are built whole and sliced; iota counts
@@ -108,8 +108,9 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
 /// The op with its attributes restricted to local blocks: the dims in `changed` (made
 /// whole) keep the op's attributes; the others are taken whole, except that a slice
 /// strides from 0 over a dim holding its halo window (a dim the op leaves alone has
-/// stride 1).
-fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
+/// stride 1) and a reduce_window slides the window `slides` gives for a dim holding its
+/// halo window (see [`halo_window`]).
+fn local_op(op: &Op, local: &[usize], changed: &[usize], slides: &[(usize, WindowDim)]) -> Op {
     let keep = |d: usize| changed.contains(&d);
     match op {
         Op::Slice {
@@ -142,17 +143,13 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
         },
         // The other reversed dims are mirrored across devices (`halo::mirror`).
         Op::Reverse(dims) => Op::Reverse(dims.iter().copied().filter(|&d| keep(d)).collect()),
-        // A dim with a halo holds exactly the input window of its output block: the
-        // window slides over it without padding.
+        // Every other dim is whole or left alone (a trivial window fits any block).
         Op::ReduceWindow { kind, window } => Op::ReduceWindow {
             kind: *kind,
             window: (window.iter().enumerate())
-                .map(|(d, w)| {
-                    let mut w = *w;
-                    if !keep(d) {
-                        (w.padding_low, w.padding_high) = (0, 0);
-                    }
-                    w
+                .map(|(d, w)| match slides.iter().find(|s| s.0 == d) {
+                    Some(&(_, slide)) => slide,
+                    None => *w,
                 })
                 .collect(),
         },
@@ -161,16 +158,27 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
 }
 
 /// The window of input positions output block `i` of `op` reads along `dim`, when
-/// output blocks are `chunk` long on each of `shards` shards; `Err` says why there is
-/// none.
-fn halo_window(op: &Op, dim: usize, chunk: usize, shards: usize) -> Result<Window, &'static str> {
+/// output blocks are `chunk` long on each of `shards` shards, and for a reduce_window
+/// the window it then slides over those positions ([`halo::sliding_window`]: with base
+/// dilation only the undilated positions cross devices, the dilation stays local);
+/// `Err` says why there is none.
+fn halo_window(
+    op: &Op,
+    dim: usize,
+    chunk: usize,
+    shards: usize,
+) -> Result<(Window, Option<WindowDim>), &'static str> {
+    if let Op::ReduceWindow { window, .. } = op {
+        let (halo, slide) = halo::sliding_window(&window[dim], dim, chunk)?;
+        return Ok((halo, Some(slide)));
+    }
     let window = |offset: i64| Window {
         dim,
         step: chunk,
         offset,
         len: chunk,
     };
-    match op {
+    let halo = match op {
         Op::Slice { start, stride, .. } if stride[dim] == 1 => Ok(window(start[dim] as i64)),
         // Output `j` of block `i` reads `start + (i * chunk + j) * stride`, `j < chunk`;
         // `local_op` strides over the window from 0.
@@ -195,9 +203,9 @@ fn halo_window(op: &Op, dim: usize, chunk: usize, shards: usize) -> Result<Windo
                 len: (((k - 1) * (c % s) + phase + c) as usize).div_ceil(s as usize),
             })
         }
-        Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
         _ => Err("not a windowed op"),
-    }
+    };
+    halo.map(|w| (w, None))
 }
 
 /// Output block `i` (of `chunk` elements along `dim`, which `axes` split) of a pad with
@@ -288,6 +296,7 @@ pub(super) fn windowed(
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
     let mut halos: Vec<HaloPlan> = Vec::new();
+    let mut slides: Vec<(usize, WindowDim)> = Vec::new();
     let mut mirrored: Vec<usize> = Vec::new();
     let mut whole: Vec<usize> = Vec::new();
     let mut gathered: Vec<String> = Vec::new();
@@ -308,12 +317,16 @@ pub(super) fn windowed(
             continue;
         }
         let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards), shards);
-        let plan = window.and_then(|w| {
-            halo::plan(shape[d], shards, w)
-                .ok_or("a halo exchange would receive more than gathering")
+        let plan = window.and_then(|(w, slide)| {
+            let plan = halo::plan(shape[d], shards, w)
+                .ok_or("a halo exchange would receive more than gathering")?;
+            Ok((plan, slide))
         });
         match (plan, owned_slice(em, &node.op, &operands[0], d, target)) {
-            (Ok(plan), _) => halos.push(plan),
+            (Ok((plan, slide)), _) => {
+                halos.push(plan);
+                slides.extend(slide.map(|s| (d, s)));
+            }
             // Summed over the dim's axes, then scattered to the target's split.
             (Err(_), Some(o)) => owned.push(o),
             (Err(reason), None) => {
@@ -394,7 +407,7 @@ pub(super) fn windowed(
         x.id
     } else {
         let local = em.shape(x.id);
-        em.emit(local_op(&node.op, &local, &whole), &ids)?
+        em.emit(local_op(&node.op, &local, &whole, &slides), &ids)?
     };
     if owned.is_empty() {
         return Ok(PValue {
