@@ -5,12 +5,17 @@
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice, pad — with interior
 //! padding the window is then spread locally and cut at a per-device offset —
-//! reduce_window, whose base dilation stays local, each operand of a concatenate; see
-//! `partition::halo`), or, for a reverse, each block is reversed and moved to the
-//! mirrored device (`halo::mirror`), or, for a slice inside one shard of the operand's
-//! split, the owners' cut becomes a pending sum ([`Owned`]); otherwise it is made whole
-//! and the op runs on it locally, with a warning when that gathers a split dim. Dims the
-//! op leaves alone keep the target's axes.
+//! reduce_window, each operand of a concatenate; see `partition::halo`), or, for a
+//! reverse, each block is reversed and moved to the mirrored device (`halo::mirror`),
+//! or, for a slice inside one shard of the operand's split, the owners' cut becomes a
+//! pending sum ([`Owned`]); otherwise it is made whole and the op runs on it locally,
+//! with a warning when that gathers a split dim. Dims the op leaves alone keep the
+//! target's axes.
+//!
+//! A reduce_window's base dilation stays local: only undilated rows cross devices
+//! (`halo::sliding_window`). Where that window has no plan (the dilation not dividing
+//! the output block's stride), the operand is first spread with the reduction's
+//! identity by a partitioned interior pad ([`dilate`]) and the window undilated.
 //!
 //! A reverse whose every reversed dim the target splits evenly (or not at all) moves
 //! no data beyond resharding the operand to the target's tiling: each block is
@@ -293,6 +298,9 @@ pub(super) fn windowed(
             return concatenate(em, node, dim, operands, target);
         }
     }
+    if let Some((node, spread)) = undilated_reduce_window(em, node, &operands[0], target)? {
+        return windowed(em, &node, &[spread], target);
+    }
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
     let mut halos: Vec<HaloPlan> = Vec::new();
@@ -417,6 +425,90 @@ pub(super) fn windowed(
         });
     }
     owners_only(em, node, id, &owned, want)
+}
+
+/// `x` spread along each dim `d` with `interior[d]` copies of `value` between its
+/// elements — base dilation made explicit for `node`, a windowed op whose undilated
+/// halo has no plan — as an interior `pad` traced at `node`'s line and partitioned by
+/// [`windowed`] (halo exchanges along split dims), keeping `x`'s tiling.
+pub(super) fn dilate(
+    em: &mut Emitter,
+    node: &Node,
+    x: &PValue,
+    interior: Vec<usize>,
+    value: f64,
+) -> Result<PValue> {
+    let rank = x.global.rank();
+    let mut dilated = x.global.clone();
+    for (d, n) in dilated.shape.iter_mut().enumerate() {
+        *n = (*n).saturating_sub(1) * (interior[d] + 1) + usize::from(*n > 0);
+    }
+    let pad = Op::Pad {
+        low: vec![0; rank],
+        high: vec![0; rank],
+        interior,
+    };
+    let value = PValue {
+        id: em.scalar(dilated.dtype, value)?,
+        global: TensorType::new(vec![], dilated.dtype),
+        sharding: Sharding::replicated(0),
+    };
+    let pad_node = Node {
+        op: pad,
+        operands: Vec::new(),
+        ty: dilated,
+        annotation: None,
+        sharding: None,
+        origin: None,
+        name: None,
+        location: node.location,
+        why: Vec::new(),
+    };
+    let mut want = x.sharding.clone();
+    want.unreduced.clear();
+    windowed(em, &pad_node, &[x.clone(), value], &want)
+}
+
+/// A reduce_window whose base dilation along a dim that `target` and the operand `x`
+/// split has no undilated halo plan (`halo::sliding_window`: the dilation does not
+/// divide the output block's stride), made explicit there: `x` [`dilate`]d with the
+/// reduction's identity and the node with its window undilated there (XLA's definition
+/// of base dilation). `None` when no dim needs it.
+fn undilated_reduce_window(
+    em: &mut Emitter,
+    node: &Node,
+    x: &PValue,
+    target: &Sharding,
+) -> Result<Option<(Node, PValue)>> {
+    let Op::ReduceWindow { kind, window } = &node.op else {
+        return Ok(None);
+    };
+    let mut interior = vec![0; window.len()];
+    let mut local = window.clone();
+    for (d, w) in window.iter().enumerate() {
+        let shards = em.mesh.axes_size(&target.dims[d].axes);
+        let chunk = node.ty.shape[d].div_ceil(shards);
+        if w.base_dilation > 1
+            && shards > 1
+            && em.mesh.axes_size(&x.sharding.dims[d].axes) > 1
+            && halo::sliding_window(w, d, chunk).is_err()
+        {
+            interior[d] = w.base_dilation - 1;
+            local[d].base_dilation = 1;
+        }
+    }
+    if interior.iter().all(|&n| n == 0) {
+        return Ok(None);
+    }
+    let spread = dilate(em, node, x, interior, identity(*kind))?;
+    let node = Node {
+        op: Op::ReduceWindow {
+            kind: *kind,
+            window: local,
+        },
+        ..node.clone()
+    };
+    Ok(Some((node, spread)))
 }
 
 /// A dim a slice cuts from one device's block (XLA slices a pipeline's last stage out
