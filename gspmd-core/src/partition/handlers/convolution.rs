@@ -43,8 +43,8 @@ use crate::sharding::Sharding;
 
 /// Base (lhs) dilation along dims the input is split along and that are not windowed
 /// with an undilated halo (see the module doc), made explicit: the input padded with
-/// `base_dilation - 1` zeros between elements (a partitioned interior `pad`, which
-/// exchanges halos: see `data_movement::windowed`) and the convolution's window
+/// `base_dilation - 1` zeros between elements (`data_movement::dilate`: a partitioned
+/// interior `pad`, which exchanges halos) and the convolution's window
 /// undilated there — the same convolution (XLA's definition of base dilation), now with
 /// a window `halo::sliding` can plan. `None` when no such dim is base-dilated.
 fn undilated(
