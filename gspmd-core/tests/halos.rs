@@ -1,5 +1,5 @@
-//! Halo capabilities (issue 27, item 2): undilated halos for base-dilated convolutions,
-//! batch-to-spatial convolution resharding by all-to-all and halo, multi-hop halos and
+//! Halo capabilities (issue 27, item 2): undilated halos for base-dilated convolutions
+//! and reduce_windows (and so for the gradients of strided poolings), batch-to-spatial convolution resharding by all-to-all and halo, multi-hop halos and
 //! uneven rotations. Each golden pins gspmd's collectives and bytes received per device,
 //! runs the program on a thread mesh against the reference interpreter, and names the
 //! XLA test or program it mirrors with XLA's bytes per device on the same program (JAX
@@ -12,7 +12,7 @@ mod harness;
 
 use gspmd_core::Executable;
 use gspmd_core::autodiff::grad;
-use gspmd_core::ir::{Builder, ConvDimensionNumbers, Padding, ReduceKind, Tensor};
+use gspmd_core::ir::{Builder, ConvDimensionNumbers, Padding, ReduceKind, Tensor, WindowDim};
 use gspmd_core::sharding::Mesh;
 use harness::{build, compile_and_check, mesh, param, sh};
 
@@ -115,6 +115,111 @@ fn strided_convolution_input_gradient_exchanges_undilated_rows() {
     let p = grad(&loss, 0, &[0]).expect("differentiates");
     let exe = compile_and_check(&p, &mesh24());
     assert_collectives(&exe, &[("collective_shift", 2), ("all_reduce", 1)], 2054);
+}
+
+/// `reduce_window` (max) with base dilation 2 along rows split over `y`, windows of 3
+/// every row padded 1_2: output block `i` (8 rows) reads operand rows `4i .. 4i + 5`,
+/// one row from the right neighbour; the dilation is local. XLA (JAX 0.12,
+/// `lax.reduce_window(..., base_dilation=(1, 2, 1))`, the same shardings): 1
+/// collective-permute of f32[1,1,8], 32 bytes. gspmd: the same; it all-gathered the
+/// dim (384 bytes) before.
+#[test]
+fn base_dilated_reduce_window_exchanges_undilated_rows() {
+    let p = build("base_dilated_pool", |b: &Builder| {
+        let x = param(b, "x", &[2, 16, 8], Some("(x, y, _)"));
+        let one = WindowDim::new(1, 1, (0, 0));
+        let rows = WindowDim::new(3, 1, (1, 2)).with_base_dilation(2);
+        let y = x.reduce_window_with(ReduceKind::Max, &[one, rows, one]);
+        vec![y.annotate(sh("(x, y, _)"))]
+    });
+    let exe = compile_and_check(&p, &mesh24());
+    assert_collectives(&exe, &[("collective_shift", 1)], 32);
+}
+
+/// Differential sweep of base-dilated `reduce_window`s along a split dim: base
+/// dilations 2 to 4 with strides, window dilation, padding (low beyond a dilation
+/// step, high cropping nothing), uneven splits of the operand and of the result, over
+/// 4 and 8 shards, each kind; each against the reference interpreter. Where the base
+/// dilation divides the output block's stride only undilated rows move (the `true`
+/// cases); where it does not (an odd output block with stride 1, say), the operand is
+/// first spread with the identity by a partitioned interior pad. No dim is gathered.
+#[test]
+fn base_dilated_reduce_windows_match_the_reference() {
+    let m = mesh24();
+    // (rows, split, kind, size, stride, padding, window dilation, base dilation, halo)
+    let cases = [
+        (16, "y", ReduceKind::Max, 3, 1, (1, 2), 1, 2, true),
+        (16, "y", ReduceKind::Sum, 2, 1, (0, 0), 1, 3, true),
+        (15, "y", ReduceKind::Min, 3, 2, (2, 1), 1, 2, true),
+        (13, "y", ReduceKind::Sum, 4, 2, (3, 2), 1, 2, true),
+        (16, "y", ReduceKind::Max, 3, 2, (2, 2), 2, 2, true),
+        (10, "y", ReduceKind::Sum, 3, 4, (0, 0), 1, 4, true),
+        (16, "(x, y)", ReduceKind::Max, 5, 2, (4, 3), 1, 2, true),
+        (12, "(x, y)", ReduceKind::Sum, 3, 3, (5, 0), 1, 3, true),
+        (6, "y", ReduceKind::Max, 1, 1, (0, 0), 1, 2, false),
+        (9, "y", ReduceKind::Sum, 3, 1, (1, 1), 1, 2, false),
+        (7, "(x, y)", ReduceKind::Min, 2, 3, (0, 1), 1, 2, false),
+    ];
+    for (rows, split, kind, size, stride, padding, dilation, base, halo) in cases {
+        let p = build("base_dilation_sweep", |b: &Builder| {
+            let x = param(b, "x", &[rows, 3], Some(&format!("({split}, _)")));
+            let w = WindowDim::new(size, stride, padding)
+                .with_window_dilation(dilation)
+                .with_base_dilation(base);
+            let y = x.reduce_window_with(kind, &[w, WindowDim::new(1, 1, (0, 0))]);
+            vec![y.annotate(sh(&format!("({split}, _)")))]
+        });
+        let exe = compile_and_check(&p, &m);
+        assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
+        let local_dilation = exe.spmd().program.to_string().contains("lhs_dilate");
+        assert_eq!(
+            local_dilation,
+            halo,
+            "{rows} rows, base dilation {base}\n{}",
+            exe.report()
+        );
+    }
+}
+
+/// `grad` of `sum(pool(x)^2)` for a stride-2 pool of `kind` (3x3 windows, padding 1) of
+/// x f32[2,16,8,4] split along H over `y`.
+fn strided_pool_gradient(kind: ReduceKind) -> gspmd_core::ir::Program {
+    let loss = build("strided_pool_grad", |b: &Builder| {
+        let x = param(b, "x", &[2, 16, 8, 4], Some("(_, y, _, _)"));
+        let y = x.reduce_window(
+            kind,
+            &[1, 3, 3, 1],
+            &[1, 2, 2, 1],
+            &[(0, 0), (1, 1), (1, 1), (0, 0)],
+        );
+        vec![(&y * &y).sum(&[0, 1, 2, 3])]
+    });
+    grad(&loss, 0, &[0]).expect("differentiates")
+}
+
+/// The gradient of a stride-2 sum (average) pool, H split 4 ways: the cotangent is
+/// strided back onto the input by interior pads, each taking a one-row halo of the
+/// result-shaped cotangent, and the forward pool one row of the input; nothing is
+/// gathered. XLA (`jax.grad` of the same loss with `in_shardings=P(None, 'y')`; its
+/// transpose is a pad and a base-dilated reduce_window): 4 collective-permutes, 1664
+/// bytes. gspmd: 3 collective shifts (512 bytes) and the loss's all-reduce (6 bytes),
+/// which gspmd's gradient program returns too.
+#[test]
+fn strided_sum_pool_gradient_exchanges_halos() {
+    let exe = compile_and_check(&strided_pool_gradient(ReduceKind::Sum), &mesh24());
+    assert_collectives(&exe, &[("collective_shift", 3), ("all_reduce", 1)], 518);
+}
+
+/// The gradient of a stride-2 max pool, as [`strided_sum_pool_gradient_exchanges_halos`]:
+/// nothing gathered, but the VJP materialises the operand padded with `-inf` (18 rows,
+/// blocks of 5 misaligned with the input's 4) and compares strided slices of it with
+/// the pool, each realigned by halo exchange: 11 collective shifts, 3456 bytes, plus
+/// the loss's all-reduce (6 bytes). XLA (`select_and_scatter`, same program): 6
+/// collective-permutes, 2944 bytes; gspmd moves 1.17x that (pinned so a change shows).
+#[test]
+fn strided_max_pool_gradient_exchanges_halos() {
+    let exe = compile_and_check(&strided_pool_gradient(ReduceKind::Max), &mesh24());
+    assert_collectives(&exe, &[("collective_shift", 11), ("all_reduce", 1)], 3462);
 }
 
 /// XLA's batch-to-spatial plan (`spmd_partitioner_test.cc`'s convolutions whose input

@@ -192,8 +192,8 @@ pub struct DotDims {
 /// window_dilation + 1` must not exceed it. Result element `j` combines padded-operand
 /// elements `j * stride + k * window_dilation` for `k` in `0..size`.
 ///
-/// `reduce_window` takes neither base dilation nor negative padding (its shape rule
-/// says so); the padding holds the reduction's identity, a convolution's zeros.
+/// `reduce_window` takes no negative padding (its shape rule says so); its padding and
+/// base dilation's holes hold the reduction's identity, a convolution's zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowDim {
     /// Number of elements the window covers (>= 1).

@@ -58,8 +58,9 @@ impl Window {
 }
 
 /// The window of operand positions that output blocks of `chunk` elements of a
-/// windowed op (reduce_window) read along `dim` through `w`, which must not be
-/// base-dilated: [`sliding_window`]'s window. `Err` says why there is none.
+/// windowed op read along `dim` through `w`, which must not be base-dilated (the caller
+/// slides the window unpadded over it: a convolution's spatial contraction):
+/// [`sliding_window`]'s window. `Err` says why there is none.
 pub(crate) fn sliding(w: &WindowDim, dim: usize, chunk: usize) -> Result<Window, &'static str> {
     if w.base_dilation != 1 {
         return Err("base dilation has no halo plan");

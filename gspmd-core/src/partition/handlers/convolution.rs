@@ -38,13 +38,13 @@ use super::super::value::PValue;
 use super::contraction::{Contraction, contract};
 use super::with_dims;
 use crate::error::Result;
-use crate::ir::{ConvConfig, Node, Op, TensorType, WindowDim};
+use crate::ir::{ConvConfig, Node, Op, WindowDim};
 use crate::sharding::Sharding;
 
 /// Base (lhs) dilation along dims the input is split along and that are not windowed
 /// with an undilated halo (see the module doc), made explicit: the input padded with
-/// `base_dilation - 1` zeros between elements (a partitioned interior `pad`, which
-/// exchanges halos: see `data_movement::windowed`) and the convolution's window
+/// `base_dilation - 1` zeros between elements (`data_movement::dilate`: a partitioned
+/// interior `pad`, which exchanges halos) and the convolution's window
 /// undilated there — the same convolution (XLA's definition of base dilation), now with
 /// a window `halo::sliding` can plan. `None` when no such dim is base-dilated.
 fn undilated(
@@ -75,34 +75,7 @@ fn undilated(
     if interior.iter().all(|&n| n == 0) {
         return Ok(None);
     }
-    let mut dilated = input.global.clone();
-    for (d, n) in dilated.shape.iter_mut().enumerate() {
-        *n = (*n).saturating_sub(1) * (interior[d] + 1) + usize::from(*n > 0);
-    }
-    let pad = Op::Pad {
-        low: vec![0; rank],
-        high: vec![0; rank],
-        interior,
-    };
-    let zero = PValue {
-        id: em.scalar(dilated.dtype, 0.0)?,
-        global: TensorType::new(vec![], dilated.dtype),
-        sharding: Sharding::replicated(0),
-    };
-    let pad_node = Node {
-        op: pad,
-        operands: Vec::new(),
-        ty: dilated,
-        annotation: None,
-        sharding: None,
-        origin: None,
-        name: None,
-        location: node.location,
-        why: Vec::new(),
-    };
-    let mut want = input.sharding.clone();
-    want.unreduced.clear();
-    let x = super::data_movement::windowed(em, &pad_node, &[input.clone(), zero], &want)?;
+    let x = super::data_movement::dilate(em, node, input, interior, 0.0)?;
     Ok(Some((x, local)))
 }
 

@@ -5,12 +5,17 @@
 //! A dim such an op changes keeps the target's axes when the operand is split along it
 //! too and a halo exchange gives each device its window (slice, pad — with interior
 //! padding the window is then spread locally and cut at a per-device offset —
-//! reduce_window without base dilation, each operand of a concatenate; see
-//! `partition::halo`), or, for a reverse, each block is reversed and moved to the
-//! mirrored device (`halo::mirror`), or, for a slice inside one shard of the operand's
-//! split, the owners' cut becomes a pending sum ([`Owned`]); otherwise it is made whole
-//! and the op runs on it locally, with a warning when that gathers a split dim. Dims the
-//! op leaves alone keep the target's axes.
+//! reduce_window, each operand of a concatenate; see `partition::halo`), or, for a
+//! reverse, each block is reversed and moved to the mirrored device (`halo::mirror`),
+//! or, for a slice inside one shard of the operand's split, the owners' cut becomes a
+//! pending sum ([`Owned`]); otherwise it is made whole and the op runs on it locally,
+//! with a warning when that gathers a split dim. Dims the op leaves alone keep the
+//! target's axes.
+//!
+//! A reduce_window's base dilation stays local: only undilated rows cross devices
+//! (`halo::sliding_window`). Where that window has no plan (the dilation not dividing
+//! the output block's stride), the operand is first spread with the reduction's
+//! identity by a partitioned interior pad ([`dilate`]) and the window undilated.
 //!
 //! A reverse whose every reversed dim the target splits evenly (or not at all) moves
 //! no data beyond resharding the operand to the target's tiling: each block is
@@ -29,7 +34,7 @@ use super::super::value::PValue;
 use super::reduce::identity;
 use super::{reduced, with_dims};
 use crate::error::Result;
-use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, TensorType, ValueId};
+use crate::ir::{BinaryOp, CompareOp, DType, Node, Op, TensorType, ValueId, WindowDim};
 use crate::sharding::Sharding;
 
 /// Parameters arrive as local blocks; constants are built whole and sliced; iota counts
@@ -108,8 +113,9 @@ fn changed_dims(op: &Op, shape: &[usize]) -> Vec<usize> {
 /// The op with its attributes restricted to local blocks: the dims in `changed` (made
 /// whole) keep the op's attributes; the others are taken whole, except that a slice
 /// strides from 0 over a dim holding its halo window (a dim the op leaves alone has
-/// stride 1).
-fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
+/// stride 1) and a reduce_window slides the window `slides` gives for a dim holding its
+/// halo window (see [`halo_window`]).
+fn local_op(op: &Op, local: &[usize], changed: &[usize], slides: &[(usize, WindowDim)]) -> Op {
     let keep = |d: usize| changed.contains(&d);
     match op {
         Op::Slice {
@@ -142,17 +148,13 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
         },
         // The other reversed dims are mirrored across devices (`halo::mirror`).
         Op::Reverse(dims) => Op::Reverse(dims.iter().copied().filter(|&d| keep(d)).collect()),
-        // A dim with a halo holds exactly the input window of its output block: the
-        // window slides over it without padding.
+        // Every other dim is whole or left alone (a trivial window fits any block).
         Op::ReduceWindow { kind, window } => Op::ReduceWindow {
             kind: *kind,
             window: (window.iter().enumerate())
-                .map(|(d, w)| {
-                    let mut w = *w;
-                    if !keep(d) {
-                        (w.padding_low, w.padding_high) = (0, 0);
-                    }
-                    w
+                .map(|(d, w)| match slides.iter().find(|s| s.0 == d) {
+                    Some(&(_, slide)) => slide,
+                    None => *w,
                 })
                 .collect(),
         },
@@ -161,16 +163,27 @@ fn local_op(op: &Op, local: &[usize], changed: &[usize]) -> Op {
 }
 
 /// The window of input positions output block `i` of `op` reads along `dim`, when
-/// output blocks are `chunk` long on each of `shards` shards; `Err` says why there is
-/// none.
-fn halo_window(op: &Op, dim: usize, chunk: usize, shards: usize) -> Result<Window, &'static str> {
+/// output blocks are `chunk` long on each of `shards` shards, and for a reduce_window
+/// the window it then slides over those positions ([`halo::sliding_window`]: with base
+/// dilation only the undilated positions cross devices, the dilation stays local);
+/// `Err` says why there is none.
+fn halo_window(
+    op: &Op,
+    dim: usize,
+    chunk: usize,
+    shards: usize,
+) -> Result<(Window, Option<WindowDim>), &'static str> {
+    if let Op::ReduceWindow { window, .. } = op {
+        let (halo, slide) = halo::sliding_window(&window[dim], dim, chunk)?;
+        return Ok((halo, Some(slide)));
+    }
     let window = |offset: i64| Window {
         dim,
         step: chunk,
         offset,
         len: chunk,
     };
-    match op {
+    let halo = match op {
         Op::Slice { start, stride, .. } if stride[dim] == 1 => Ok(window(start[dim] as i64)),
         // Output `j` of block `i` reads `start + (i * chunk + j) * stride`, `j < chunk`;
         // `local_op` strides over the window from 0.
@@ -195,9 +208,9 @@ fn halo_window(op: &Op, dim: usize, chunk: usize, shards: usize) -> Result<Windo
                 len: (((k - 1) * (c % s) + phase + c) as usize).div_ceil(s as usize),
             })
         }
-        Op::ReduceWindow { window, .. } => halo::sliding(&window[dim], dim, chunk),
         _ => Err("not a windowed op"),
-    }
+    };
+    halo.map(|w| (w, None))
 }
 
 /// Output block `i` (of `chunk` elements along `dim`, which `axes` split) of a pad with
@@ -285,9 +298,13 @@ pub(super) fn windowed(
             return concatenate(em, node, dim, operands, target);
         }
     }
+    if let Some((node, spread)) = undilated_reduce_window(em, node, &operands[0], target)? {
+        return windowed(em, &node, &[spread], target);
+    }
     let shape = &operands[0].global.shape;
     let changed = changed_dims(&node.op, shape);
     let mut halos: Vec<HaloPlan> = Vec::new();
+    let mut slides: Vec<(usize, WindowDim)> = Vec::new();
     let mut mirrored: Vec<usize> = Vec::new();
     let mut whole: Vec<usize> = Vec::new();
     let mut gathered: Vec<String> = Vec::new();
@@ -308,12 +325,16 @@ pub(super) fn windowed(
             continue;
         }
         let window = halo_window(&node.op, d, node.ty.shape[d].div_ceil(shards), shards);
-        let plan = window.and_then(|w| {
-            halo::plan(shape[d], shards, w)
-                .ok_or("a halo exchange would receive more than gathering")
+        let plan = window.and_then(|(w, slide)| {
+            let plan = halo::plan(shape[d], shards, w)
+                .ok_or("a halo exchange would receive more than gathering")?;
+            Ok((plan, slide))
         });
         match (plan, owned_slice(em, &node.op, &operands[0], d, target)) {
-            (Ok(plan), _) => halos.push(plan),
+            (Ok((plan, slide)), _) => {
+                halos.push(plan);
+                slides.extend(slide.map(|s| (d, s)));
+            }
             // Summed over the dim's axes, then scattered to the target's split.
             (Err(_), Some(o)) => owned.push(o),
             (Err(reason), None) => {
@@ -394,7 +415,7 @@ pub(super) fn windowed(
         x.id
     } else {
         let local = em.shape(x.id);
-        em.emit(local_op(&node.op, &local, &whole), &ids)?
+        em.emit(local_op(&node.op, &local, &whole, &slides), &ids)?
     };
     if owned.is_empty() {
         return Ok(PValue {
@@ -404,6 +425,90 @@ pub(super) fn windowed(
         });
     }
     owners_only(em, node, id, &owned, want)
+}
+
+/// `x` spread along each dim `d` with `interior[d]` copies of `value` between its
+/// elements — base dilation made explicit for `node`, a windowed op whose undilated
+/// halo has no plan — as an interior `pad` traced at `node`'s line and partitioned by
+/// [`windowed`] (halo exchanges along split dims), keeping `x`'s tiling.
+pub(super) fn dilate(
+    em: &mut Emitter,
+    node: &Node,
+    x: &PValue,
+    interior: Vec<usize>,
+    value: f64,
+) -> Result<PValue> {
+    let rank = x.global.rank();
+    let mut dilated = x.global.clone();
+    for (d, n) in dilated.shape.iter_mut().enumerate() {
+        *n = (*n).saturating_sub(1) * (interior[d] + 1) + usize::from(*n > 0);
+    }
+    let pad = Op::Pad {
+        low: vec![0; rank],
+        high: vec![0; rank],
+        interior,
+    };
+    let value = PValue {
+        id: em.scalar(dilated.dtype, value)?,
+        global: TensorType::new(vec![], dilated.dtype),
+        sharding: Sharding::replicated(0),
+    };
+    let pad_node = Node {
+        op: pad,
+        operands: Vec::new(),
+        ty: dilated,
+        annotation: None,
+        sharding: None,
+        origin: None,
+        name: None,
+        location: node.location,
+        why: Vec::new(),
+    };
+    let mut want = x.sharding.clone();
+    want.unreduced.clear();
+    windowed(em, &pad_node, &[x.clone(), value], &want)
+}
+
+/// A reduce_window whose base dilation along a dim that `target` and the operand `x`
+/// split has no undilated halo plan (`halo::sliding_window`: the dilation does not
+/// divide the output block's stride), made explicit there: `x` [`dilate`]d with the
+/// reduction's identity and the node with its window undilated there (XLA's definition
+/// of base dilation). `None` when no dim needs it.
+fn undilated_reduce_window(
+    em: &mut Emitter,
+    node: &Node,
+    x: &PValue,
+    target: &Sharding,
+) -> Result<Option<(Node, PValue)>> {
+    let Op::ReduceWindow { kind, window } = &node.op else {
+        return Ok(None);
+    };
+    let mut interior = vec![0; window.len()];
+    let mut local = window.clone();
+    for (d, w) in window.iter().enumerate() {
+        let shards = em.mesh.axes_size(&target.dims[d].axes);
+        let chunk = node.ty.shape[d].div_ceil(shards);
+        if w.base_dilation > 1
+            && shards > 1
+            && em.mesh.axes_size(&x.sharding.dims[d].axes) > 1
+            && halo::sliding_window(w, d, chunk).is_err()
+        {
+            interior[d] = w.base_dilation - 1;
+            local[d].base_dilation = 1;
+        }
+    }
+    if interior.iter().all(|&n| n == 0) {
+        return Ok(None);
+    }
+    let spread = dilate(em, node, x, interior, identity(*kind))?;
+    let node = Node {
+        op: Op::ReduceWindow {
+            kind: *kind,
+            window: local,
+        },
+        ..node.clone()
+    };
+    Ok(Some((node, spread)))
 }
 
 /// A dim a slice cuts from one device's block (XLA slices a pipeline's last stage out
