@@ -349,7 +349,10 @@ fn the_file_source_reads_only_the_rows_asked_for() {
     // Consecutive examples are one read: all of `x` at once.
     let (bytes, reads) = (tally.bytes.get(), tally.reads.get());
     let all: Vec<usize> = (0..EXAMPLES).collect();
-    assert_eq!(file.read(0, &all).unwrap(), dataset.gather(&all)[0]);
+    assert_eq!(
+        file.read(0, &all).unwrap(),
+        dataset.gather(&all).unwrap()[0]
+    );
     assert_eq!(tally.bytes.get() - bytes, (EXAMPLES * X * 4) as u64);
     assert_eq!(tally.reads.get() - reads, 1);
     std::fs::remove_file(path).unwrap();
@@ -484,4 +487,17 @@ fn fields_mismatched_with_the_step_are_typed_errors() {
         .unwrap();
     let error = t.step_batch(&batch);
     assert!(matches!(error, Err(Error::Input { .. })), "{error:?}");
+}
+
+/// An example index past the end of a dataset is a typed error naming it, not a panic.
+#[test]
+fn gathering_an_example_past_the_end_is_a_typed_error() {
+    let dataset = Dataset::new(examples()).unwrap();
+    let n = dataset.len();
+    let err = dataset.gather(&[0, n + 980]).unwrap_err();
+    assert!(
+        matches!(&err, Error::TrainerInput { message, .. } if message.contains(&format!("no example {}", n + 980))),
+        "{err}"
+    );
+    assert_eq!(dataset.gather(&[n - 1]).unwrap().len(), examples().len());
 }

@@ -1361,7 +1361,7 @@ fn column_major_inputs_are_read_logically() {
 }
 
 #[test]
-fn malformed_programs_give_runtime_errors_not_panics() {
+fn malformed_programs_give_typed_errors_not_panics() {
     let fresh = || {
         let b = Builder::new("m");
         let x = f32_param(&b, "x", &[2, 3]);
@@ -1380,21 +1380,36 @@ fn malformed_programs_give_runtime_errors_not_panics() {
     p.node_mut(y).ty = gspmd_core::ir::TensorType::new([3, 2], DType::F32);
     let err = interpret(&p, &input).unwrap_err();
     assert!(
-        matches!(err, Error::Runtime { value, .. } if value == y),
+        matches!(&err, Error::Many(errors) if matches!(errors[0], Error::Verify { value, .. } if value == y)),
         "{err:?}"
     );
-    // An operand used before it is defined.
-    let (mut p, _, y, z) = fresh();
-    p.node_mut(y).operands = vec![z];
-    let err = interpret(&p, &input).unwrap_err();
-    assert!(
-        matches!(err, Error::Runtime { value, .. } if value == y),
-        "{err:?}"
-    );
-    // An output that is not a value of the program.
+    // Programs that fail `verify` are rejected by it before anything runs, with the
+    // verifier's error naming the value: an operand used before it is defined, an
+    // operand past the end of the program.
+    for operand in [2, 99] {
+        let (mut p, _, y, _) = fresh();
+        p.node_mut(y).operands = vec![gspmd_core::ir::ValueId(operand)];
+        let err = interpret(&p, &input).unwrap_err();
+        assert!(
+            matches!(err, Error::Verify { value, .. } if value == y),
+            "{err:?}"
+        );
+    }
+    // An output or a parameter that is not a value of the program.
     let (mut p, ..) = fresh();
     p.outputs.push(gspmd_core::ir::ValueId(99));
-    assert!(matches!(interpret(&p, &input), Err(Error::Runtime { .. })));
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(matches!(err, Error::Verify { .. }), "{err:?}");
+    let (mut p, ..) = fresh();
+    p.params.push(gspmd_core::ir::ValueId(99));
+    let err = interpret(&p, &input).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Verify { .. } | Error::Many(_) | Error::Runtime { .. }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]

@@ -1302,10 +1302,13 @@ fn dataset_shuffles_by_seed() {
         batches.iter().map(|b| b.0).collect::<Vec<_>>(),
         [0, 0, 1, 1]
     );
-    assert_eq!(batches[1].1, Batch::Global(data.gather(&order[8..16])));
+    assert_eq!(
+        batches[1].1,
+        Batch::Global(data.gather(&order[8..16]).unwrap())
+    );
     assert_eq!(
         batches[2].1,
-        Batch::Global(data.gather(&data.order(1, 1)[..8]))
+        Batch::Global(data.gather(&data.order(1, 1)[..8]).unwrap())
     );
     assert!(data.batches(21, 1, 1, None).is_err());
     assert!(Dataset::new(vec![f32s(&[2], &[0.0; 2]), f32s(&[3], &[0.0; 3])]).is_err());

@@ -38,6 +38,7 @@ pub fn interpret_with_memory_limit(
     inputs: &[Literal],
     memory_limit: usize,
 ) -> Result<Vec<Literal>> {
+    crate::ir::verify(program)?;
     let plan = Plan::new(program);
     execute(program, &plan, lend(inputs), memory_limit, eval_kernel)
 }

@@ -87,9 +87,12 @@ impl Dataset {
         epoch_order(self.len, seed, epoch)
     }
 
-    /// The examples `examples` of every field, stacked: one global array per field.
-    pub fn gather(&self, examples: &[usize]) -> Vec<Literal> {
-        self.fields.iter().map(|f| take_rows(f, examples)).collect()
+    /// The examples `examples` of every field, stacked: one global array per field; an
+    /// example index past the end is an [`Error::TrainerInput`] naming it.
+    pub fn gather(&self, examples: &[usize]) -> Result<Vec<Literal>> {
+        (0..self.fields.len())
+            .map(|f| self.read(f, examples))
+            .collect()
     }
 
     /// Shuffled batches of `batch` examples for `epochs` epochs under `seed`, cut for
