@@ -16,7 +16,8 @@ use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::runtime::uniform_f32;
 use gspmd_core::sharding::{Mesh, Sharding};
 use gspmd_core::train::{
-    Adafactor, Optimizer, STEP_COUNT, TrainStep, Trainer, load_checkpoint, step_program,
+    Adafactor, Optimizer, STEP_COUNT, TrainStep, Trainer, load_checkpoint, save_checkpoint,
+    step_program,
 };
 use ndarray::{AxisDescription, Slice};
 use rand::SeedableRng;
@@ -380,4 +381,28 @@ fn float_tensors_of_another_dtype_are_converted() {
         .collect();
     assert_bitwise(&loaded.checkpoint().unwrap(), &want, "bf16 loaded into f32");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// safetensors reserves `__metadata__` for the header: a tensor of that name is refused
+/// with a typed error naming it before anything is written, so the file saved before
+/// stays loadable.
+#[test]
+fn a_tensor_named_like_the_safetensors_header_is_refused_and_nothing_is_lost() {
+    let dir = std::env::temp_dir().join(format!("gspmd_reserved_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weights.safetensors");
+    let w = ("w".to_string(), Literal::full(&[2, 3], DType::F32, 1.5));
+    save_checkpoint(&path, std::slice::from_ref(&w)).unwrap();
+    let reserved = (
+        "__metadata__".to_string(),
+        Literal::full(&[2], DType::F32, 0.0),
+    );
+    let err = save_checkpoint(&path, &[w.clone(), reserved]).unwrap_err();
+    assert!(
+        matches!(&err, Error::Checkpoint { tensor: Some(t), message, .. }
+            if t == "__metadata__" && message.contains("reserved")),
+        "{err}"
+    );
+    assert_eq!(load_checkpoint(&path).unwrap(), vec![w]);
+    std::fs::remove_dir_all(dir).unwrap();
 }

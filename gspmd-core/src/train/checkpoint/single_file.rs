@@ -15,8 +15,9 @@ use crate::ir::{DType, Literal};
 /// `gspmd.order.<i>` holds the name of tensor `i`.
 const ORDER: &str = "gspmd.order.";
 
-/// Writes `tensors` (f32, bf16, f16, i32 or bool; names distinct) to `path` as a safetensors file,
-/// replacing it if it exists. Their order is kept in the header's metadata so that
+/// Writes `tensors` (f32, bf16, f16, i32 or bool; names distinct, none `__metadata__`,
+/// which the format reserves: an [`Error::Checkpoint`] before anything is written) to
+/// `path` as a safetensors file, replacing it if it exists. Their order is kept in the header's metadata so that
 /// [`load_checkpoint`] returns them in the same order.
 pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) -> Result<()> {
     let path = path.as_ref();
@@ -30,6 +31,14 @@ pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) ->
     for (i, (name, lit)) in tensors.iter().enumerate() {
         if tensors[..i].iter().any(|(n, _)| n == name) {
             return Err(fail(Some(name), "the name is given twice".into()));
+        }
+        if name == "__metadata__" {
+            return Err(fail(
+                Some(name),
+                "the name is reserved by the safetensors format for the header's metadata; \
+                 rename the tensor (or save to a checkpoint directory, which stores it by block)"
+                    .into(),
+            ));
         }
         order.insert(format!("{ORDER}{i}"), name.clone());
         bytes.push((
