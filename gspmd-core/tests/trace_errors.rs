@@ -1194,3 +1194,21 @@ fn finishing_a_region_builder_is_an_error_not_a_broken_loop() {
     let program = b.finish(&[&r[0]]).unwrap();
     verify(&program).unwrap();
 }
+
+/// A `fori_loop` counts in an i32 (as JAX's): a trip count past `i32::MAX` is an error
+/// at the call, not a counter that wraps.
+#[test]
+fn fori_loop_trip_count_past_the_i32_counter() {
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let n = i32::MAX as usize + 1;
+    let line = line!() + 1;
+    let _r = b.fori_loop(n, std::slice::from_ref(&x), |_, c| vec![c[0].clone()]);
+    let message = one_shape_error(b, "fori_loop", line);
+    assert!(message.contains("2147483648"), "{message}");
+    // The largest count that fits traces.
+    let b = Builder::new("t");
+    let x = f32_param(&b, "x", &[2]);
+    let r = b.fori_loop(i32::MAX as usize, &[x], |_, c| vec![c[0].clone()]);
+    b.finish(&[&r[0]]).unwrap();
+}

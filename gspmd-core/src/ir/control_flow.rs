@@ -236,7 +236,9 @@ impl Builder {
     /// `jax.lax.fori_loop` with a static trip count: runs `body(i, carry)` for `i` in
     /// `0..n` (an i32 scalar), threading the carried values from `init`; returns the
     /// final ones. It is a [`Builder::scan`] of `n` iterations with the counter
-    /// carried, so it is traced once and (in phase 2) differentiable like a scan.
+    /// carried, so it is traced once and (in phase 2) differentiable like a scan. A
+    /// trip count past `i32::MAX` (the counter's range) is an [`Error::Shape`] at the
+    /// caller's line.
     #[track_caller]
     pub fn fori_loop(
         &self,
@@ -256,11 +258,22 @@ impl Builder {
         };
         let mut carried = vec![counter(&host, 0.0)];
         carried.extend_from_slice(init);
+        let too_long = n > i32::MAX as usize;
+        if too_long && init.iter().all(|t| t.id().is_some()) {
+            host.record_error(Error::Shape {
+                op: "fori_loop",
+                location,
+                message: format!(
+                    "a trip count of {n} does not fit the loop's i32 counter (at most {})",
+                    i32::MAX
+                ),
+            });
+        }
         let (out, _) = host.scan_of_length(
             &[],
             &carried,
             (n, false),
-            false,
+            too_long,
             |carry, _| {
                 let i = &carry[0];
                 let one = counter(&i.builder(), 1.0);
