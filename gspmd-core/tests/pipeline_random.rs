@@ -1909,6 +1909,7 @@ fn flow_values_and_errors(
                 .collect::<Result<_, _>>()?;
             Ok((flow_alone(flow, &v)?, errors))
         }
+        other => Err(format!("no error model for this flow op: {}", other.name())),
     }
 }
 

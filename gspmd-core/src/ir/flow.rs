@@ -56,6 +56,7 @@ pub fn distinct_flows(program: &Program) -> Vec<(ValueId, &Arc<Flow>)> {
 /// A control-flow op and its regions. Operands and region parameters line up; the
 /// trailing `captures` are values of the enclosing program that the regions read.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Flow {
     /// `while cond(state) { state = body(state) }`. Operands: the `n` carried values,
     /// then the captures. Both regions take all operands as parameters (in order);

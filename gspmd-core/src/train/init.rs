@@ -11,6 +11,7 @@ use ndarray::{ArrayD, IxDyn};
 
 /// How one parameter's elements are drawn.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Init {
     /// All zero.
     Zeros,
