@@ -30,20 +30,6 @@ use crate::error::Result;
 use crate::ir::{Node, Op};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 
-/// True for the elementwise ops and `sharding_constraint`: their handlers take
-/// operands in any device order and keep a common one.
-fn keeps_order(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert(_)
-            | Op::ShardingConstraint
-    )
-}
-
 /// The target and operands `node`'s handler gets (see the module doc):
 /// - a `reverse` and a parameter (whose block arrives in the target's order): as given;
 /// - an elementwise op: its operands as given, and `target` itself when it names an
@@ -62,7 +48,9 @@ pub(super) fn for_handler(
     if !fused && matches!(node.op, Op::Parameter { .. } | Op::Reverse(_)) {
         return Ok((target, operands));
     }
-    if !fused && keeps_order(&node.op) {
+    // The elementwise ops (and `sharding_constraint`) take operands in any device
+    // order and keep a common one.
+    if !fused && node.op.is_elementwise() {
         // An order the user asked for (`(-h, _)`) is where the operands go.
         if !target.is_in_mesh_order() {
             return Ok((target, operands));
