@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Program, ValueId, verify};
 use crate::partition::{SpmdProgram, collective_line, partition};
 use crate::propagation::{explain, propagate};
@@ -141,10 +141,10 @@ fn check_donated(program: &Program, donated: &[usize]) -> Result<()> {
         Some(&index) => Err(Error::Input {
             index,
             name: "(no such parameter)".into(),
-            message: format!(
-                "input {index} is donated, but the program takes {} inputs",
-                program.params.len()
-            ),
+            problem: InputProblem::NoSuchInput {
+                index,
+                inputs: program.params.len(),
+            },
         }),
         None => Ok(()),
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::SpmdProgram;
-use crate::ir::{Flow, Node, Op, Program, ValueId, distinct_flows};
+use crate::ir::{CollectiveKind, Flow, Node, Op, Program, ValueId, distinct_flows};
 use crate::sharding::Mesh;
 
 /// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
@@ -119,8 +119,8 @@ impl std::fmt::Display for Runs {
 /// branches of a cond).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CollectiveStats {
-    /// Op name (`all_reduce`, ...) → (count, bytes received per device).
-    pub by_kind: BTreeMap<&'static str, (usize, usize)>,
+    /// Kind → (count, bytes received per device).
+    pub by_kind: BTreeMap<CollectiveKind, (usize, usize)>,
     /// How many of the counted collectives are inside a `while` loop, counted for one
     /// iteration of it (its trip count is known only at run time).
     pub per_while_iteration: usize,
@@ -149,7 +149,10 @@ impl CollectiveStats {
             if !keep(bytes) {
                 return;
             }
-            let e: &mut (usize, usize) = stats.by_kind.entry(node.op.name()).or_default();
+            let Some(kind) = node.op.collective_kind() else {
+                return;
+            };
+            let e: &mut (usize, usize) = stats.by_kind.entry(kind).or_default();
             e.0 += runs.times;
             e.1 += runs.times * bytes;
             if runs.per_while_iteration {
@@ -159,9 +162,14 @@ impl CollectiveStats {
         stats
     }
 
-    /// Number of collectives of kind `name`.
-    pub fn count(&self, name: &str) -> usize {
-        self.by_kind.get(name).map_or(0, |e| e.0)
+    /// Number of collectives of kind `kind`.
+    pub fn count(&self, kind: CollectiveKind) -> usize {
+        self.by_kind.get(&kind).map_or(0, |e| e.0)
+    }
+
+    /// Bytes each device receives in the collectives of kind `kind`.
+    pub fn bytes_of(&self, kind: CollectiveKind) -> usize {
+        self.by_kind.get(&kind).map_or(0, |e| e.1)
     }
 
     /// Total collectives.

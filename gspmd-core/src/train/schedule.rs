@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 /// How the learning rate changes with the step `t = 1, 2, ..`: `lr(t) = lr * factor(t)`
 /// (optax's `warmup_cosine_decay_schedule` and `linear_schedule` shapes).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub enum Schedule {
     /// `factor(t) = 1`.
     #[default]
