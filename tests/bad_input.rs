@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gspmd::autodiff::grad;
-use gspmd::error::{DeviceOrderProblem, InputProblem, MeshProblem};
+use gspmd::error::{DeviceOrderProblem, InputProblem, MeshProblem, OptimizerProblem};
 use gspmd::ir::{
     AxisGroup, Builder, CollectiveKind, DType, Literal, Op, Program, ReduceKind, verify,
 };
@@ -452,7 +452,10 @@ fn optimizer_with_a_negative_learning_rate() {
     let sgd = Optimizer::sgd(-0.1, 0.0);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
-        Error::Optimizer { .. }
+        Error::Optimizer {
+            problem: OptimizerProblem::HyperParameter { value, .. },
+            ..
+        } if *value == -0.1
     );
 }
 
@@ -461,7 +464,10 @@ fn optimizer_with_a_nan_hyper_parameter() {
     let sgd = Optimizer::sgd(0.1, f32::NAN);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
-        Error::Optimizer { .. }
+        Error::Optimizer {
+            problem: OptimizerProblem::HyperParameter { value, .. },
+            ..
+        } if value.is_nan()
     );
 }
 

@@ -319,13 +319,14 @@ pub enum Error {
     },
 
     // ---- training ------------------------------------------------------------------
-    /// An optimizer's hyper-parameters are out of range.
-    #[error("optimizer {optimizer}: {message}")]
+    /// An optimizer (or its learning-rate schedule) does not fit: a hyper-parameter out
+    /// of range, a weight-decay mask matching nothing, two state slots of one name.
+    #[error("optimizer {optimizer}: {problem}")]
     Optimizer {
-        /// The optimizer as given (its `Debug` text).
+        /// The optimizer or schedule as given (its `Debug` text).
         optimizer: String,
-        /// Which hyper-parameter is wrong and why.
-        message: String,
+        /// What is wrong.
+        problem: OptimizerProblem,
     },
     /// `step_program` was asked for a step that does not fit the model.
     #[error("training step of program `{program}`: {message}")]
@@ -549,6 +550,41 @@ pub enum MeshProblem {
     TooManyDevices,
 }
 
+/// What is wrong with an optimizer ([`Error::Optimizer`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptimizerProblem {
+    /// A hyper-parameter outside its range (or not finite).
+    #[error("{name} = {value} must be {requirement}")]
+    HyperParameter {
+        /// Its name (`lr`, `beta1`, `total`, ...).
+        name: String,
+        /// The value given.
+        value: f32,
+        /// What it must be, e.g. `finite and > 0`.
+        requirement: String,
+    },
+    /// A weight-decay [`Mask`](crate::train::Mask) pattern that matches no trained
+    /// parameter (a misspelt name would otherwise decay nothing silently).
+    #[error("mask pattern `{pattern}` matches no trained parameter")]
+    UnusedMask {
+        /// The pattern.
+        pattern: String,
+    },
+    /// Two state slots of one name (a chain of two transforms keeping the same state).
+    #[error("two state slots are named `{slot}`")]
+    RepeatedSlot {
+        /// The name.
+        slot: String,
+    },
+    /// The step's own inputs do not fit the optimizer (a bug of the step builder).
+    #[error("internal: {reason}")]
+    Internal {
+        /// What does not fit.
+        reason: String,
+    },
+}
+
 /// Why a mesh's device ids are not a permutation ([`Error::DeviceOrder`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -582,7 +618,7 @@ pub enum DeviceOrderProblem {
 pub enum InputProblem {
     /// Another number of values than the program (or the step's data, or the trained
     /// parameters) takes.
-    #[error("{expected} expected but {given} given")]
+    #[error("expects {expected} inputs but {given} were given")]
     Count {
         /// How many it takes.
         expected: usize,

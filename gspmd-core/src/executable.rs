@@ -263,7 +263,7 @@ impl Executable {
     ///   dim 1 (32): model, from the annotation of %1 "w1" at src/main.rs:10
     /// collectives:
     ///   %14 all_reduce over ["model"]: f32[4,8] -> f32[4,8], 128 bytes/device  // src/main.rs:12
-    ///       why: result of %5 = dot_general at src/main.rs:12: ...
+    ///       why (global %N): result of %5 = dot_general at src/main.rs:12: ...
     /// ```
     pub fn explain(&self, value: ValueId) -> String {
         let mut text = explain(&self.propagated, value);
