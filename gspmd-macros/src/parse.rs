@@ -705,7 +705,7 @@ fn symbol_sizes(params: &[Param]) -> Vec<(String, String)> {
 }
 
 /// Every name bound by a pattern in `block` (`let`, closure parameters, `for`, `match`
-/// arms), and every item it declares.
+/// arms), and every constant, static and `use` it declares.
 fn bound_names(block: &syn::Block) -> HashSet<String> {
     struct Names(HashSet<String>);
     impl syn::visit::Visit<'_> for Names {
@@ -720,6 +720,12 @@ fn bound_names(block: &syn::Block) -> HashSet<String> {
         fn visit_item_static(&mut self, item: &syn::ItemStatic) {
             self.0.insert(item.ident.unraw().to_string());
             syn::visit::visit_item_static(self, item);
+        }
+        fn visit_use_name(&mut self, name: &syn::UseName) {
+            self.0.insert(name.ident.unraw().to_string());
+        }
+        fn visit_use_rename(&mut self, rename: &syn::UseRename) {
+            self.0.insert(rename.rename.unraw().to_string());
         }
     }
     let mut names = Names(HashSet::new());
