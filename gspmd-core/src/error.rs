@@ -4,7 +4,6 @@
 //! panics. Variants name the problem, the op or value concerned and, where the value was
 //! traced from user code, the user's source location.
 
-use crate::runtime::Resident;
 use crate::types::{Location, TensorType, ValueId};
 
 /// Result alias used throughout the crate.
@@ -550,6 +549,16 @@ pub enum MeshProblem {
     TooManyDevices,
 }
 
+/// A value's type and sharding (as displayed: `error` sits below `sharding`), in an
+/// [`InputProblem::Resident`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// The global type.
+    pub ty: TensorType,
+    /// The sharding, e.g. `(data, _)`.
+    pub sharding: String,
+}
+
 /// What is wrong with an optimizer ([`Error::Optimizer`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -672,9 +681,9 @@ pub enum InputProblem {
         /// Its key.
         key: String,
         /// The parameter's type and sharding.
-        expected: Box<Resident>,
+        expected: Box<Placement>,
         /// The resident value's.
-        given: Box<Resident>,
+        given: Box<Placement>,
     },
     /// An input index past the program's parameters (e.g. a donated one).
     #[error("the program takes {inputs} inputs, there is no input {index}")]

@@ -13,7 +13,7 @@ use super::backend::{Input, Output, Resident};
 use super::blocks::{assemble, shard_literal};
 use super::kernels;
 use super::plan::Plan;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{Error, InputProblem, Placement, Result};
 use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -179,14 +179,16 @@ pub(super) fn bind_inputs(
                     }));
                 };
                 if &r.ty != ty || &r.sharding != sharding {
-                    let expected = Resident {
-                        ty: ty.clone(),
-                        sharding: sharding.clone(),
+                    let placement = |ty: &TensorType, sharding: &Sharding| {
+                        Box::new(Placement {
+                            ty: ty.clone(),
+                            sharding: sharding.to_string(),
+                        })
                     };
                     return Err(fail(InputProblem::Resident {
                         key: key.to_string(),
-                        expected: Box::new(expected),
-                        given: Box::new(r),
+                        expected: placement(ty, sharding),
+                        given: placement(&r.ty, &r.sharding),
                     }));
                 }
                 let key = RunKeys::input(index, key);
