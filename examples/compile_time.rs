@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use gspmd::error::Result;
-use gspmd::ir::{Builder, DType, Program};
+use gspmd::ir::{Builder, CollectiveKind, DType, Program};
 use gspmd::sharding::{Mesh, Sharding};
 
 /// `y = x`, then `links` times `y = y @ w` with `w` split over `model` on its rows
@@ -43,9 +43,12 @@ fn main() -> Result<()> {
         let exe = gspmd::compile(&program, &mesh)?;
         let total = start.elapsed();
         let stats = exe.spmd().collectives();
-        let all_reduces = stats.by_kind.get("all_reduce").map_or(0, |c| c.0);
+        let all_reduces = stats
+            .by_kind
+            .get(&CollectiveKind::AllReduce)
+            .map_or(0, |c| c.0);
         let others: usize = (stats.by_kind.iter())
-            .filter(|(k, _)| **k != "all_reduce")
+            .filter(|(k, _)| **k != CollectiveKind::AllReduce)
             .map(|(_, c)| c.0)
             .sum();
         assert_eq!(

@@ -28,7 +28,9 @@ pub fn mlp(
     h.matmul(&w2)
 }
 
-pub fn main() -> gspmd::Result<()> {
+/// The example's program (16 rows, 32 features, 64 hidden units) compiled for the 2x4
+/// mesh; `tests/readme.rs` checks the README's quotes of its report against it.
+pub fn compiled() -> gspmd::Result<(Program, Mesh, Executable)> {
     let program = mlp::trace(mlp::Dims {
         B: 16,
         D: 32,
@@ -36,6 +38,11 @@ pub fn main() -> gspmd::Result<()> {
     })?;
     let mesh = mlp::mesh([2, 4])?;
     let exe = compile(&program, &mesh)?;
+    Ok((program, mesh, exe))
+}
+
+pub fn main() -> gspmd::Result<()> {
+    let (program, mesh, exe) = compiled()?;
 
     println!(
         "== {} on {mesh}: shardings after propagation\n",

@@ -112,7 +112,7 @@ fn loop_report(exe: &Executable) -> String {
         if let Flow::Scan { body, length, .. } = &**flow {
             let stats = CollectiveStats::of(body, mesh);
             for (kind, (n, bytes)) in &stats.by_kind {
-                let total = outside.by_kind.entry(kind).or_default();
+                let total = outside.by_kind.entry(*kind).or_default();
                 (total.0, total.1) = (total.0 - length * n, total.1 - length * bytes);
             }
             out += &format!(

@@ -60,15 +60,15 @@ pub use ndarray;
 
 /// What a model file needs: `use gspmd::prelude::*;` — the DSL (with parameter structs'
 /// [`Params`] and [`Stacked`]), the tracer's types,
-/// shardings, and what compiles and runs a program (`compile`, the `Backend` trait and
+/// shardings, the collective kinds reports count by, and what compiles and runs a program (`compile`, the `Backend` trait and
 /// its `ThreadMesh` and `Reference`, inputs as `Literal`s, and the reference
 /// `interpret`er to compare with).
 pub mod prelude {
     pub use crate::params::{Params, Stacked};
     pub use crate::{model, params, shard};
     pub use gspmd_core::ir::{
-        Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor, einsum, embedding,
-        random,
+        Builder, CollectiveKind, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor,
+        einsum, embedding, random,
     };
     pub use gspmd_core::runtime::{Backend, Reference, ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};

@@ -12,10 +12,15 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gspmd::autodiff::grad;
-use gspmd::ir::{AxisGroup, Builder, DType, Literal, Op, Program, ReduceKind, verify};
+use gspmd::error::{DeviceOrderProblem, InputProblem, MeshProblem, OptimizerProblem};
+use gspmd::ir::{
+    AxisGroup, Builder, CollectiveKind, DType, Literal, Op, Program, ReduceKind, verify,
+};
 use gspmd::prelude::*;
 use gspmd::runtime::{Input, Output, assemble};
-use gspmd::train::{Optimizer, TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program};
+use gspmd::train::{
+    InputRole, Optimizer, TrainStep, Trainer, load_checkpoint, save_checkpoint, step_program,
+};
 
 /// The error of `r`, or a failed test naming what succeeded.
 #[track_caller]
@@ -28,9 +33,9 @@ fn err<T>(r: Result<T>) -> Error {
 
 /// Asserts `$e` is `Err` of the variant matched by `$pat`.
 macro_rules! assert_err {
-    ($e:expr, $pat:pat) => {{
+    ($e:expr, $pat:pat $(if $guard:expr)?) => {{
         let e = err($e);
-        assert!(matches!(e, $pat), "wrong variant: {e:?}");
+        assert!(matches!(&e, $pat $(if $guard)?), "wrong variant: {e:?}");
         assert!(!e.to_string().is_empty());
         e
     }};
@@ -97,24 +102,42 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn mesh_axis_of_size_zero() {
-    assert_err!(Mesh::new([("data", 0)]), Error::InvalidMesh(_));
+    let e = assert_err!(
+        Mesh::new([("data", 0)]),
+        Error::InvalidMesh {
+            problem: MeshProblem::ZeroSize { .. }
+        }
+    );
+    assert_eq!(e.to_string(), "invalid mesh: axis `data` has size 0");
 }
 
 #[test]
 fn mesh_axis_named_twice() {
-    assert_err!(Mesh::new([("x", 2), ("x", 2)]), Error::InvalidMesh(_));
+    assert_err!(
+        Mesh::new([("x", 2), ("x", 2)]),
+        Error::InvalidMesh {
+            problem: MeshProblem::RepeatedAxis { axis }
+        } if axis == "x"
+    );
 }
 
 #[test]
 fn mesh_axis_with_empty_name() {
-    assert_err!(Mesh::new([("", 2)]), Error::InvalidMesh(_));
+    assert_err!(
+        Mesh::new([("", 2)]),
+        Error::InvalidMesh {
+            problem: MeshProblem::NotAnIdentifier { axis }
+        } if axis.is_empty()
+    );
 }
 
 #[test]
 fn mesh_device_count_overflows() {
     assert_err!(
         Mesh::new([("a", usize::MAX), ("b", 2)]),
-        Error::InvalidMesh(_)
+        Error::InvalidMesh {
+            problem: MeshProblem::TooManyDevices
+        }
     );
 }
 
@@ -122,11 +145,24 @@ fn mesh_device_count_overflows() {
 fn mesh_device_order_is_not_a_permutation() {
     assert_err!(
         Mesh::with_device_order([("data", 2)], vec![0, 0]),
-        Error::DeviceOrder { .. }
+        Error::DeviceOrder {
+            num_devices: 2,
+            problem: DeviceOrderProblem::Repeated { id: 0 }
+        }
     );
     assert_err!(
         Mesh::with_device_order([("data", 2)], vec![0, 2]),
-        Error::DeviceOrder { .. }
+        Error::DeviceOrder {
+            num_devices: 2,
+            problem: DeviceOrderProblem::OutOfRange { id: 2 }
+        }
+    );
+    assert_err!(
+        Mesh::with_device_order([("data", 2)], vec![0]),
+        Error::DeviceOrder {
+            num_devices: 2,
+            problem: DeviceOrderProblem::Count { given: 1 }
+        }
     );
 }
 
@@ -344,7 +380,12 @@ fn dsl_symbol_bound_to_two_sizes() {
 
 #[test]
 fn dsl_mesh_with_an_empty_axis() {
-    assert_err!(two_layer::mesh([2, 0]), Error::InvalidMesh(_));
+    assert_err!(
+        two_layer::mesh([2, 0]),
+        Error::InvalidMesh {
+            problem: MeshProblem::ZeroSize { .. }
+        }
+    );
 }
 
 // ---- compiling -------------------------------------------------------------------------
@@ -411,7 +452,10 @@ fn optimizer_with_a_negative_learning_rate() {
     let sgd = Optimizer::sgd(-0.1, 0.0);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
-        Error::Optimizer { .. }
+        Error::Optimizer {
+            problem: OptimizerProblem::HyperParameter { value, .. },
+            ..
+        } if *value == -0.1
     );
 }
 
@@ -420,7 +464,111 @@ fn optimizer_with_a_nan_hyper_parameter() {
     let sgd = Optimizer::sgd(0.1, f32::NAN);
     assert_err!(
         step_program(&regression(), 0, &[1], &sgd),
-        Error::Optimizer { .. }
+        Error::Optimizer {
+            problem: OptimizerProblem::HyperParameter { value, .. },
+            ..
+        } if value.is_nan()
+    );
+}
+
+/// A training step's inputs have a typed description (order, name, type, role) and are
+/// fed by name: leaving out one the step adds (the learning rate) is a typed error
+/// naming it, not a made-up value; so is a misspelt name, a wrong type, or feeding the
+/// program positionally one input short.
+#[test]
+fn train_step_fed_without_its_learning_rate() {
+    let step = step_program(&regression(), 0, &[1], &Optimizer::adamw(0.1)).unwrap();
+    let inputs = step.inputs();
+    assert_eq!(inputs.len(), step.program.params.len());
+    let described: Vec<(&str, InputRole)> =
+        (inputs.iter()).map(|i| (i.name.as_str(), i.role)).collect();
+    assert_eq!(
+        described[..2],
+        [
+            ("x", InputRole::Data),
+            ("w", InputRole::Trained { param: 0 })
+        ]
+    );
+    assert!(described.contains(&("m(w)", InputRole::State { param: 0, slot: 0 })));
+    let lr = (inputs.iter()).find(|i| i.name == "learning_rate").unwrap();
+    assert_eq!((lr.role, lr.ty.shape.len()), (InputRole::Scalar, 0));
+    // Every input but the learning rate, by name.
+    let given = || {
+        (inputs.iter())
+            .filter(|i| i.name != "learning_rate")
+            .map(|i| (i.name.as_str(), Literal::full(&i.ty.shape, i.ty.dtype, 0.5)))
+            .collect::<Vec<_>>()
+    };
+    let e = assert_err!(
+        step.feed(given()),
+        Error::Input {
+            problem: InputProblem::Missing,
+            ..
+        }
+    );
+    let Error::Input { index, name, .. } = &e else {
+        unreachable!()
+    };
+    assert_eq!((*index, name.as_str()), (lr.index, "learning_rate"), "{e}");
+    let mut all = given();
+    all.push(("learning_rate", Literal::scalar_f32(0.1)));
+    let fed = step.feed(all.clone()).unwrap();
+    assert_eq!(fed.len(), inputs.len());
+    assert_eq!(
+        interpret(&step.program, &fed).unwrap().len(),
+        step.program.outputs.len()
+    );
+    // Positionally, one input short: a count error at the run, not a fallback.
+    assert_err!(
+        interpret(&step.program, &fed[..fed.len() - 1]),
+        Error::Input {
+            problem: InputProblem::Count { .. },
+            ..
+        }
+    );
+    let mut misspelt = given();
+    misspelt.push(("learning_rat", Literal::scalar_f32(0.1)));
+    assert_err!(
+        step.feed(misspelt),
+        Error::Input {
+            problem: InputProblem::Unknown { available },
+            ..
+        } if available.iter().any(|n| n == "learning_rate")
+    );
+    let mut twice = all.clone();
+    twice.push(("learning_rate", Literal::scalar_f32(0.2)));
+    assert_err!(
+        step.feed(twice),
+        Error::Input {
+            problem: InputProblem::Repeated,
+            ..
+        }
+    );
+    let mut wrong = given();
+    wrong.push(("learning_rate", f32s(&[1], 0.1)));
+    assert_err!(
+        step.feed(wrong),
+        Error::Input {
+            problem: InputProblem::Type { .. },
+            ..
+        }
+    );
+}
+
+/// Collective kinds are a type: a misspelt kind parsed from text is an error naming it,
+/// never a count of 0.
+#[test]
+fn collective_kind_misspelt() {
+    assert_eq!(
+        "all_gather".parse::<CollectiveKind>().unwrap(),
+        CollectiveKind::AllGather
+    );
+    for kind in CollectiveKind::ALL {
+        assert_eq!(kind.to_string().parse::<CollectiveKind>().unwrap(), kind);
+    }
+    assert_err!(
+        "all_gahter".parse::<CollectiveKind>(),
+        Error::UnknownCollective { name } if name == "all_gahter"
     );
 }
 
@@ -719,7 +867,14 @@ fn sharded_checkpoint_with_a_file_of_another_save() {
 fn interpreter_given_too_few_inputs() {
     assert_err!(
         interpret(&regression(), &[f32s(&[4, 8], 1.0)]),
-        Error::Input { .. }
+        Error::Input {
+            index: 1,
+            problem: InputProblem::Count {
+                expected: 2,
+                given: 1
+            },
+            ..
+        }
     );
 }
 
@@ -728,7 +883,11 @@ fn interpreter_given_an_input_of_the_wrong_dtype() {
     let i32s = Literal::full(&[4, 8], DType::I32, 1.0);
     assert_err!(
         interpret(&regression(), &[i32s, f32s(&[8, 2], 1.0)]),
-        Error::Input { .. }
+        Error::Input {
+            index: 0,
+            problem: InputProblem::Type { expected, given },
+            ..
+        } if (expected.dtype, given.dtype) == (DType::F32, DType::I32)
     );
 }
 
@@ -736,7 +895,11 @@ fn interpreter_given_an_input_of_the_wrong_dtype() {
 fn interpreter_given_an_input_of_the_wrong_shape() {
     assert_err!(
         interpret(&regression(), &[f32s(&[4, 9], 1.0), f32s(&[8, 2], 1.0)]),
-        Error::Input { .. }
+        Error::Input {
+            index: 0,
+            problem: InputProblem::Type { expected, given },
+            ..
+        } if (expected.shape.as_slice(), given.shape.as_slice()) == (&[4, 8][..], &[4, 9][..])
     );
 }
 
@@ -764,11 +927,22 @@ fn mesh_run_given_the_wrong_inputs() {
     let threads = ThreadMesh::new(mesh).unwrap();
     assert_err!(
         exe.run(&threads, &[f32s(&[4, 8], 1.0)]),
-        Error::Input { .. }
+        Error::Input {
+            index: 1,
+            problem: InputProblem::Count {
+                expected: 2,
+                given: 1
+            },
+            ..
+        }
     );
     assert_err!(
         exe.run(&threads, &[f32s(&[4, 8], 1.0), f32s(&[3, 2], 1.0)]),
-        Error::Input { .. }
+        Error::Input {
+            index: 1,
+            problem: InputProblem::Type { .. },
+            ..
+        }
     );
 }
 
@@ -825,7 +999,10 @@ fn device_program_that_fails_on_one_device() {
     let e = assert_err!(
         threads.run(|ctx| {
             if ctx.device() == 2 {
-                return Err(Error::InvalidMesh("injected".into()));
+                return Err(Error::MissingResident {
+                    device: 2,
+                    key: "injected".into(),
+                });
             }
             ctx.communicator()
                 .all_reduce(&["data".into()], ReduceKind::Sum, f32s(&[2], 1.0))

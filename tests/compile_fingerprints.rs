@@ -144,7 +144,7 @@ fn models_compile_to_the_recorded_programs() {
             pipeline_grad(),
             mlp_loss::mesh([4, 2]).unwrap(),
             keep,
-            0x4119fdba1aa509c4,
+            0x8f0dc0eb32e1ce7e,
         ),
     ];
     let mut wrong = Vec::new();

@@ -6,7 +6,7 @@
 //!
 //! `cargo test --test gather_reuse -- --nocapture` prints the figures.
 
-use gspmd::ir::{Literal, verify};
+use gspmd::ir::{CollectiveKind, Literal, verify};
 use gspmd::models::transformer::language_model;
 use gspmd::prelude::*;
 use gspmd::runtime::ThreadMesh;
@@ -68,7 +68,7 @@ fn all_gather_bytes(exe: &Executable) -> usize {
     exe.spmd()
         .collectives()
         .by_kind
-        .get("all_gather")
+        .get(&CollectiveKind::AllGather)
         .map_or(0, |&(_, bytes)| bytes)
 }
 

@@ -5,7 +5,7 @@
 
 use gspmd::autodiff::grad;
 use gspmd::compile;
-use gspmd::ir::Literal;
+use gspmd::ir::{CollectiveKind, Literal};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::mu_transformer::mu_transformer;
 use gspmd::models::transformer::{LanguageModel, axlearn, language_model, rotary};
@@ -331,12 +331,23 @@ fn mixture_of_experts_and_its_gradient_match_the_reference_with_all_to_all_dispa
             // Dispatch and combine forward, and their mirror images backward.
             let forward_exe = compile(&forward, &mesh).unwrap();
             assert_eq!(
-                forward_exe.spmd().collectives().count("all_to_all"),
+                forward_exe
+                    .spmd()
+                    .collectives()
+                    .count(CollectiveKind::AllToAll),
                 2,
                 "{mesh}"
             );
-            assert_eq!(exe.spmd().collectives().count("all_to_all"), 4, "{mesh}");
-            assert_eq!(exe.spmd().collectives().count("all_gather"), 0, "{mesh}");
+            assert_eq!(
+                exe.spmd().collectives().count(CollectiveKind::AllToAll),
+                4,
+                "{mesh}"
+            );
+            assert_eq!(
+                exe.spmd().collectives().count(CollectiveKind::AllGather),
+                0,
+                "{mesh}"
+            );
         }
     }
 }

@@ -303,6 +303,7 @@ fn bubble_fraction_is_the_counted_idle_share() {
         let per_iteration = match p.schedule {
             Schedule::GPipe => p.repeats,
             Schedule::Circular => 1,
+            other => panic!("no iteration count for schedule {other:?}"),
         };
         let mut done = vec![vec![None; p.layers()]; m];
         let mut idle = 0;

@@ -59,7 +59,7 @@ fn check_step(model: &Program, trained: impl Into<Trainable>, mesh: &Mesh) -> Ex
     let report = exe.report();
     let lines = report
         .lines()
-        .filter(|l| l.trim_start().starts_with("why: "))
+        .filter(|l| l.trim_start().starts_with("why (global %N): "))
         .count();
     assert_eq!(lines, all.len(), "{report}");
     println!("{} on {mesh}: {} collective reasons", model.name, all.len());
@@ -93,7 +93,7 @@ fn every_collective_of_the_example_steps_has_a_reason() {
         .unwrap();
     let text = exe.explain(w);
     assert!(
-        text.contains("collectives:\n") && text.contains("why: "),
+        text.contains("collectives:\n") && text.contains("why (global %N): "),
         "{text}"
     );
 

@@ -80,16 +80,20 @@ pub enum Error {
     },
 
     // ---- meshes and shardings ------------------------------------------------------
-    /// A mesh is malformed (empty axis name, zero size, repeated axis name, ...).
-    #[error("invalid mesh: {0}")]
-    InvalidMesh(String),
+    /// A mesh is malformed: an axis name that is not an identifier, an axis of size 0,
+    /// an axis named twice, more devices than a `usize` counts.
+    #[error("invalid mesh: {problem}")]
+    InvalidMesh {
+        /// What is wrong, naming the axis.
+        problem: MeshProblem,
+    },
     /// A mesh's device order is not a permutation of `0..num_devices`.
-    #[error("mesh device order is not a permutation of 0..{num_devices}: {detail}")]
+    #[error("mesh device order is not a permutation of 0..{num_devices}: {problem}")]
     DeviceOrder {
         /// Number of devices the mesh's axes describe.
         num_devices: usize,
         /// Which id is missing, repeated or out of range.
-        detail: String,
+        problem: DeviceOrderProblem,
     },
     /// A group of devices over a list of mesh axes (a collective's group, an
     /// `axis_index`) cannot be formed: an axis the mesh does not have or listed twice,
@@ -314,13 +318,14 @@ pub enum Error {
     },
 
     // ---- training ------------------------------------------------------------------
-    /// An optimizer's hyper-parameters are out of range.
-    #[error("optimizer {optimizer}: {message}")]
+    /// An optimizer (or its learning-rate schedule) does not fit: a hyper-parameter out
+    /// of range, a weight-decay mask matching nothing, two state slots of one name.
+    #[error("optimizer {optimizer}: {problem}")]
     Optimizer {
-        /// The optimizer as given (its `Debug` text).
+        /// The optimizer or schedule as given (its `Debug` text).
         optimizer: String,
-        /// Which hyper-parameter is wrong and why.
-        message: String,
+        /// What is wrong.
+        problem: OptimizerProblem,
     },
     /// `step_program` was asked for a step that does not fit the model.
     #[error("training step of program `{program}`: {message}")]
@@ -331,13 +336,13 @@ pub enum Error {
         message: String,
     },
     /// A value given to a trainer (an initial parameter, a step's data, a checkpoint's
-    /// tensor) does not fit the step program.
-    #[error("trainer input `{name}`: {message}")]
+    /// tensor, a data set's example) does not fit the step program.
+    #[error("trainer input `{name}`: {problem}")]
     TrainerInput {
         /// The input's name (parameter, state slot or data input).
         name: String,
         /// Expected vs. given.
-        message: String,
+        problem: InputProblem,
     },
     /// A training step or an evaluation was asked for an aux output it does not have.
     #[error("program `{program}` has no aux output `{name}` (it has [{}])", .available.join(", "))]
@@ -363,15 +368,16 @@ pub enum Error {
     },
 
     // ---- running programs ----------------------------------------------------------
-    /// A program was run with the wrong inputs.
-    #[error("input {index} ({name}): {message}")]
+    /// A program was run with the wrong inputs (a wrong count, a value of another type,
+    /// a resident value the backend does not hold, ...), found before anything runs.
+    #[error("input {index} ({name}): {problem}")]
     Input {
         /// Parameter index.
         index: usize,
-        /// Parameter name.
+        /// Parameter name (`#i` for a parameter without one).
         name: String,
         /// Expected vs. given.
-        message: String,
+        problem: InputProblem,
     },
     /// A program was run on a mesh other than the one it was partitioned for.
     #[error("program partitioned for mesh {partitioned_for} cannot run on mesh {given}")]
@@ -443,12 +449,23 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A collective kind given by name that is none
+    /// ([`CollectiveKind`](crate::ir::CollectiveKind)'s `FromStr`).
+    #[error(
+        "unknown collective `{name}` (the collectives are all_gather, all_reduce, all_to_all, \
+         collective_permute, collective_shift, reduce_scatter)"
+    )]
+    UnknownCollective {
+        /// The name given.
+        name: String,
+    },
     /// A device was released from a collective because the communicator was aborted.
     #[error("device {device}: collective aborted: {cause}")]
     Aborted {
         /// The device released.
         device: usize,
         /// Why the communicator was aborted (the first failure).
+        #[source]
         cause: Box<Error>,
     },
     /// A device's program returned an error during a run.
@@ -457,6 +474,7 @@ pub enum Error {
         /// The failing device.
         device: usize,
         /// Its error.
+        #[source]
         cause: Box<Error>,
     },
     /// A device's program panicked during a run.
@@ -502,6 +520,211 @@ pub enum Error {
     /// device count) or was given a program for another mesh.
     #[error("MPI mesh: {0}")]
     MpiMesh(String),
+}
+
+/// What is wrong with a mesh's axes ([`Error::InvalidMesh`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MeshProblem {
+    /// An axis name that is not an identifier (empty, or not letters, digits and `_`).
+    #[error("axis name `{axis}` is not an identifier")]
+    NotAnIdentifier {
+        /// The name as given.
+        axis: String,
+    },
+    /// An axis of size 0.
+    #[error("axis `{axis}` has size 0")]
+    ZeroSize {
+        /// The axis.
+        axis: String,
+    },
+    /// Two axes of one name.
+    #[error("axis `{axis}` appears twice")]
+    RepeatedAxis {
+        /// The repeated name.
+        axis: String,
+    },
+    /// The product of the axis sizes overflows a `usize`.
+    #[error("the number of devices overflows")]
+    TooManyDevices,
+}
+
+/// A value's type and sharding (as displayed: `error` sits below `sharding`), in an
+/// [`InputProblem::Resident`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// The global type.
+    pub ty: TensorType,
+    /// The sharding, e.g. `(data, _)`.
+    pub sharding: String,
+}
+
+/// What is wrong with an optimizer ([`Error::Optimizer`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptimizerProblem {
+    /// A hyper-parameter outside its range (or not finite).
+    #[error("{name} = {value} must be {requirement}")]
+    HyperParameter {
+        /// Its name (`lr`, `beta1`, `total`, ...).
+        name: String,
+        /// The value given.
+        value: f32,
+        /// What it must be, e.g. `finite and > 0`.
+        requirement: String,
+    },
+    /// A weight-decay [`Mask`](crate::train::Mask) pattern that matches no trained
+    /// parameter (a misspelt name would otherwise decay nothing silently).
+    #[error("mask pattern `{pattern}` matches no trained parameter")]
+    UnusedMask {
+        /// The pattern.
+        pattern: String,
+    },
+    /// Two state slots of one name (a chain of two transforms keeping the same state).
+    #[error("two state slots are named `{slot}`")]
+    RepeatedSlot {
+        /// The name.
+        slot: String,
+    },
+    /// The step's own inputs do not fit the optimizer (a bug of the step builder).
+    #[error("internal: {reason}")]
+    Internal {
+        /// What does not fit.
+        reason: String,
+    },
+}
+
+/// Why a mesh's device ids are not a permutation ([`Error::DeviceOrder`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceOrderProblem {
+    /// Another number of ids than the mesh has devices.
+    #[error("{given} device ids given")]
+    Count {
+        /// Number of ids given.
+        given: usize,
+    },
+    /// An id not below the number of devices.
+    #[error("id {id} out of range")]
+    OutOfRange {
+        /// The id.
+        id: usize,
+    },
+    /// An id listed twice.
+    #[error("id {id} repeated")]
+    Repeated {
+        /// The id.
+        id: usize,
+    },
+}
+
+/// What is wrong with a value fed to a program or a trainer ([`Error::Input`],
+/// [`Error::TrainerInput`]): every input is checked against the program's typed
+/// description of it before anything runs — a count, a type, a missing, unknown or
+/// repeated name is this error, never a fallback value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputProblem {
+    /// Another number of values than the program (or the step's data, or the trained
+    /// parameters) takes.
+    #[error("expects {expected} inputs but {given} were given")]
+    Count {
+        /// How many it takes.
+        expected: usize,
+        /// How many were given.
+        given: usize,
+    },
+    /// A value of another shape or dtype.
+    #[error("expected {expected}, given {given}")]
+    Type {
+        /// The type the program declares.
+        expected: TensorType,
+        /// The value's type.
+        given: TensorType,
+    },
+    /// A device's block of another shape or dtype than its block of the sharded value.
+    #[error("device {device}'s block is {given}, expected {expected}")]
+    Block {
+        /// The device.
+        device: usize,
+        /// The block's type under the input's sharding.
+        expected: TensorType,
+        /// The block given.
+        given: TensorType,
+    },
+    /// Another number of blocks than this process has devices.
+    #[error("{given} shards given for the {expected} devices of this process")]
+    ShardCount {
+        /// Devices of this process.
+        expected: usize,
+        /// Blocks given.
+        given: usize,
+    },
+    /// A partial-sum (unreduced) parameter given as a global value.
+    #[error("the parameter is unreduced over {axes:?}: give each device's partial sum as shards")]
+    Unreduced {
+        /// The axes it is unreduced over.
+        axes: Vec<String>,
+    },
+    /// A resident value the backend does not hold.
+    #[error("no resident value `{key}` on the mesh")]
+    NoResident {
+        /// Its key.
+        key: String,
+    },
+    /// A resident value of another type or sharding than the parameter.
+    #[error(
+        "resident `{key}` is {} sharded {}, but the parameter is {} sharded {}",
+        .given.ty, .given.sharding, .expected.ty, .expected.sharding
+    )]
+    Resident {
+        /// Its key.
+        key: String,
+        /// The parameter's type and sharding.
+        expected: Box<Placement>,
+        /// The resident value's.
+        given: Box<Placement>,
+    },
+    /// An input index past the program's parameters (e.g. a donated one).
+    #[error("the program takes {inputs} inputs, there is no input {index}")]
+    NoSuchInput {
+        /// The index given.
+        index: usize,
+        /// Number of inputs of the program.
+        inputs: usize,
+    },
+    /// An input the program takes was not given (by name).
+    #[error("missing")]
+    Missing,
+    /// A value given under a name the program has no input of.
+    #[error("no such input (the inputs are [{}])", .available.join(", "))]
+    Unknown {
+        /// The inputs it has.
+        available: Vec<String>,
+    },
+    /// A name given twice.
+    #[error("given twice")]
+    Repeated,
+    /// No initializer rule matches the parameter's name.
+    #[error("no initializer rule matches this parameter")]
+    NoInitRule,
+    /// An index past the end of a data set's examples or fields.
+    #[error("no {what} {index} of {len}")]
+    OutOfRange {
+        /// `example` or `field`.
+        what: &'static str,
+        /// The index asked for.
+        index: usize,
+        /// How many there are.
+        len: usize,
+    },
+    /// A value that does not fit otherwise (a data file's format, a step count that is
+    /// not a non-negative i32 scalar, ...).
+    #[error("{reason}")]
+    Invalid {
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// `tensor `name`: ` for an [`Error::Checkpoint`] about one tensor, else nothing.

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Program, ValueId, verify};
 use crate::partition::{SpmdProgram, collective_line, partition};
 use crate::propagation::{explain, propagate};
@@ -141,10 +141,10 @@ fn check_donated(program: &Program, donated: &[usize]) -> Result<()> {
         Some(&index) => Err(Error::Input {
             index,
             name: "(no such parameter)".into(),
-            message: format!(
-                "input {index} is donated, but the program takes {} inputs",
-                program.params.len()
-            ),
+            problem: InputProblem::NoSuchInput {
+                index,
+                inputs: program.params.len(),
+            },
         }),
         None => Ok(()),
     }
@@ -263,7 +263,7 @@ impl Executable {
     ///   dim 1 (32): model, from the annotation of %1 "w1" at src/main.rs:10
     /// collectives:
     ///   %14 all_reduce over ["model"]: f32[4,8] -> f32[4,8], 128 bytes/device  // src/main.rs:12
-    ///       why: result of %5 = dot_general at src/main.rs:12: ...
+    ///       why (global %N): result of %5 = dot_general at src/main.rs:12: ...
     /// ```
     pub fn explain(&self, value: ValueId) -> String {
         let mut text = explain(&self.propagated, value);

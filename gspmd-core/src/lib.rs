@@ -21,7 +21,14 @@ pub mod types;
 pub use error::{Error, Result};
 pub use executable::{
     Comparison, CompileOptions, CompileTimes, Executable, GatherChoice, GatherPlan, GatherReuse,
-    compilations_on_this_thread, compile, compile_for, compile_with,
+    compile, compile_for, compile_with,
 };
+
+/// Hooks for this crate's own tests, not part of the API: they may change or go
+/// without notice.
+#[doc(hidden)]
+pub mod test_hooks {
+    pub use crate::executable::compilations_on_this_thread;
+}
 /// The 16-bit float element types of `DType::BF16` and `DType::F16`.
 pub use half::{bf16, f16};

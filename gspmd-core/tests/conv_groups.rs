@@ -9,8 +9,8 @@
 
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind, Tensor, ValueId,
-    WindowDim,
+    Builder, CollectiveKind, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind,
+    Tensor, ValueId, WindowDim,
 };
 use gspmd_core::runtime::ThreadMesh;
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -168,7 +168,11 @@ fn depthwise_gradients_split_on_groups_reduce_only_over_the_batch() {
     let exe = compile_and_check(&g, &mesh24());
     let stats = exe.spmd().collectives();
     assert_eq!(
-        (stats.count("all_reduce"), stats.total(), stats.bytes()),
+        (
+            stats.count(CollectiveKind::AllReduce),
+            stats.total(),
+            stats.bytes()
+        ),
         (2, 2, 78),
         "{}",
         exe.report()

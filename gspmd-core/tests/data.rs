@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use gspmd_core::Error;
+use gspmd_core::error::InputProblem;
 use gspmd_core::ir::{Builder, DType, Literal, Program, TensorType};
 use gspmd_core::runtime::{shard_literal, uniform_f32};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -157,7 +158,7 @@ impl FileExt for Counted {
 /// The message of a [`Error::TrainerInput`], else a panic.
 fn trainer_input<T>(result: gspmd_core::Result<T>) -> String {
     match result {
-        Err(Error::TrainerInput { message, .. }) => message,
+        Err(Error::TrainerInput { problem, .. }) => problem.to_string(),
         Err(other) => panic!("expected a TrainerInput error, got {other}"),
         Ok(_) => panic!("expected a TrainerInput error, got Ok"),
     }
@@ -496,7 +497,7 @@ fn gathering_an_example_past_the_end_is_a_typed_error() {
     let n = dataset.len();
     let err = dataset.gather(&[0, n + 980]).unwrap_err();
     assert!(
-        matches!(&err, Error::TrainerInput { message, .. } if message.contains(&format!("no example {}", n + 980))),
+        matches!(&err, Error::TrainerInput { problem: InputProblem::OutOfRange { what: "example", index, len }, .. } if (*index, *len) == (n + 980, n)),
         "{err}"
     );
     assert_eq!(dataset.gather(&[n - 1]).unwrap().len(), examples().len());

@@ -12,7 +12,9 @@ mod harness;
 
 use gspmd_core::Executable;
 use gspmd_core::autodiff::grad;
-use gspmd_core::ir::{Builder, ConvDimensionNumbers, Padding, ReduceKind, Tensor, WindowDim};
+use gspmd_core::ir::{
+    Builder, CollectiveKind, ConvDimensionNumbers, Padding, ReduceKind, Tensor, WindowDim,
+};
 use gspmd_core::sharding::Mesh;
 use harness::{build, compile_and_check, mesh, param, sh};
 
@@ -67,6 +69,7 @@ fn assert_collectives(exe: &Executable, kinds: &[(&str, usize)], bytes: usize) {
     let stats = exe.spmd().collectives();
     let report = exe.report();
     for &(kind, n) in kinds {
+        let kind: CollectiveKind = kind.parse().expect("a collective kind");
         assert_eq!(stats.count(kind), n, "{kind}\n{report}");
     }
     assert_eq!(

@@ -1556,6 +1556,7 @@ fn naive_reduce_window(
             ReduceKind::Sum => 0.0,
             ReduceKind::Max => f32::NEG_INFINITY,
             ReduceKind::Min => f32::INFINITY,
+            other => panic!("not covered by this test: {other:?}"),
         };
         for k in 0..sizes.iter().product() {
             let off = unflat(&sizes, k);
@@ -1577,6 +1578,7 @@ fn naive_reduce_window(
                     ReduceKind::Sum => acc + v,
                     ReduceKind::Max => acc.max(v),
                     ReduceKind::Min => acc.min(v),
+                    other => panic!("not covered by this test: {other:?}"),
                 };
             }
         }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use differential::compile_and_check;
 use gspmd_core::autodiff::grad;
-use gspmd_core::ir::{Flow, Literal, Program, Tensor};
+use gspmd_core::ir::{CollectiveKind, Flow, Literal, Program, Tensor};
 use gspmd_core::sharding::Mesh;
 use gspmd_core::train::{Optimizer, Trainer, step_program};
 use loop_programs::{build, flows, inputs, mesh_2x2, nested_loops, own, s, sharded, while_loop};
@@ -33,7 +33,7 @@ fn values(shape: &[usize], seed: usize, scale: f32) -> Literal {
 /// The counts of `own`, by kind.
 fn counts(program: &Program, mesh: &Mesh) -> BTreeMap<&'static str, usize> {
     (own(program, mesh).into_iter())
-        .map(|(kind, (n, _))| (kind, n))
+        .map(|(kind, (n, _))| (kind.name(), n))
         .collect()
 }
 
@@ -75,7 +75,7 @@ fn a_weight_gathered_in_a_scan_body_is_gathered_once_before_the_scan() {
     assert_eq!(counts(local, &mesh), kinds([("all_gather", 1)]), "{local}");
     let stats = exe.spmd().collectives();
     assert_eq!(
-        stats.by_kind["all_gather"],
+        stats.by_kind[&CollectiveKind::AllGather],
         (1, 8 * 8 * 4 / 2),
         "{}",
         exe.report()
@@ -136,7 +136,12 @@ fn a_captured_weights_gradient_is_reduced_once_after_the_scan() {
     }
     // The loss's all-reduce and the gradient's, once each, combined.
     let stats = exe.spmd().collectives();
-    assert_eq!(stats.by_kind["all_reduce"].0, 1, "{}", exe.report());
+    assert_eq!(
+        stats.by_kind[&CollectiveKind::AllReduce].0,
+        1,
+        "{}",
+        exe.report()
+    );
 }
 
 /// A scan of one iteration keeps its reduction in the body: the same bytes either way,

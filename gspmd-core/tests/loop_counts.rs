@@ -15,18 +15,18 @@ use std::collections::BTreeMap;
 use differential::compile_and_check;
 use gspmd_core::Executable;
 use gspmd_core::analysis::DeviceModel;
-use gspmd_core::ir::{DType, Flow, Literal};
+use gspmd_core::ir::{CollectiveKind, DType, Flow, Literal};
 use gspmd_core::partition::{CollectiveStats, Runs};
 use loop_programs::{build, flows, inputs, mesh_2x2, nested_loops, own, sharded, while_loop};
 
 /// `a + times * b`, kind by kind.
 fn add(
-    a: &mut BTreeMap<&'static str, (usize, usize)>,
-    b: &BTreeMap<&'static str, (usize, usize)>,
+    a: &mut BTreeMap<CollectiveKind, (usize, usize)>,
+    b: &BTreeMap<CollectiveKind, (usize, usize)>,
     times: usize,
 ) {
     for (kind, (n, bytes)) in b {
-        let e = a.entry(kind).or_default();
+        let e = a.entry(*kind).or_default();
         e.0 += times * n;
         e.1 += times * bytes;
     }

@@ -151,7 +151,7 @@ fn collectives(exe: &Executable) -> Vec<(&'static str, usize)> {
     stats
         .by_kind
         .iter()
-        .map(|(&kind, &(n, _))| (kind, n))
+        .map(|(&kind, &(n, _))| (kind.name(), n))
         .collect()
 }
 

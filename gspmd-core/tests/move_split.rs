@@ -12,7 +12,7 @@
 mod differential;
 
 use gspmd_core::Executable;
-use gspmd_core::ir::{Builder, DType, Literal, Program};
+use gspmd_core::ir::{Builder, CollectiveKind, DType, Literal, Program};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 
@@ -40,16 +40,17 @@ fn check(program: &Program, mesh: &Mesh, inputs: &[Literal]) -> Executable {
 /// `(count, bytes received per device)` of collectives of `kind`.
 fn collective(exe: &Executable, kind: &str) -> (usize, usize) {
     let stats = exe.spmd().collectives();
-    stats.by_kind.get(kind).copied().unwrap_or_default()
+    let kind: CollectiveKind = kind.parse().expect("a collective kind");
+    stats.by_kind.get(&kind).copied().unwrap_or_default()
 }
 
 /// Asserts that the program's only collectives are `count` of `kind`, receiving `bytes`
 /// per device in all.
 fn only(exe: &Executable, kind: &str, (count, bytes): (usize, usize)) {
     let stats = exe.spmd().collectives();
-    let kinds: Vec<&str> = stats.by_kind.keys().copied().collect();
+    let kinds: Vec<&str> = stats.by_kind.keys().map(|k| k.name()).collect();
     assert_eq!(kinds, [kind], "{}", exe.report());
-    assert_eq!(stats.by_kind[kind], (count, bytes), "{}", exe.report());
+    assert_eq!(collective(exe, kind), (count, bytes), "{}", exe.report());
 }
 
 /// The local shape of output `k`.

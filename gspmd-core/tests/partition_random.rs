@@ -62,6 +62,7 @@ fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {
         DType::I32 => Literal::I32(a.mapv(|x| (x * 3.0) as i32)),
         DType::Bool => Literal::Bool(a.mapv(|x| x > 0.0)),
         DType::BF16 | DType::F16 => Literal::F32(a).convert(dtype),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 

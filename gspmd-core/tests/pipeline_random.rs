@@ -1515,6 +1515,7 @@ fn input(shape: &[usize], dtype: DType, seed: usize) -> Literal {
         DType::Bool => Literal::Bool(a.mapv(|x| x > 0.0)),
         // The grid is exact in bf16 and f16.
         DType::BF16 | DType::F16 => Literal::F32(a).convert(dtype),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -1660,6 +1661,7 @@ fn values_and_errors(
                 }
                 UnaryOp::Not => return Err("`not` of an f32".into()),
                 UnaryOp::IsFinite => return Err("an `is_finite` with an f32 result".into()),
+                other => panic!("not covered by this test: {other:?}"),
             },
             Op::Binary(op) => match op {
                 BinaryOp::Add | BinaryOp::Sub => elementwise(true, |_, _, _, ea, eb| ea + eb),
@@ -1672,6 +1674,7 @@ fn values_and_errors(
                 }
                 BinaryOp::Rem => elementwise(false, jumps),
                 BinaryOp::And | BinaryOp::Or => return Err("a logical op of f32s".into()),
+                other => panic!("not covered by this test: {other:?}"),
             },
             Op::Reduce { kind, dims } => match kind {
                 ReduceKind::Sum => {
@@ -1685,6 +1688,7 @@ fn values_and_errors(
                     };
                     apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
                 }
+                other => panic!("not covered by this test: {other:?}"),
             },
             Op::ReduceWindow { kind, window } => match kind {
                 ReduceKind::Sum => {
@@ -1698,6 +1702,7 @@ fn values_and_errors(
                     };
                     apply(&max, &f32s(&[e[0]]))?.mapv(|v| v.max(0.0))
                 }
+                other => panic!("not covered by this test: {other:?}"),
             },
             // A sum of the operand and the updates landing on each element.
             Op::Scatter {
@@ -1788,6 +1793,7 @@ fn values_and_errors(
                         let count = scan(CumulativeKind::Sum, &x[0].mapv(|_| 1.0))?;
                         big * scan(CumulativeKind::Sum, e[0])? + count * &y
                     }
+                    other => panic!("not covered by this test: {other:?}"),
                 }
             }
             Op::Argsort { .. } => return Err("an argsort with an f32 result".into()),
@@ -1798,6 +1804,7 @@ fn values_and_errors(
             | Op::AllToAll { .. }
             | Op::CollectivePermute { .. }
             | Op::CollectiveShift { .. } => return Err("an SPMD op in a global program".into()),
+            other => panic!("not covered by this test: {other:?}"),
         };
         errors.push(error.mapv(|v| if v.is_nan() { f32::INFINITY } else { v.abs() }));
         values.push(value);
@@ -1948,6 +1955,7 @@ fn index_leading(x: &Literal, i: usize) -> Literal {
         Literal::BF16(_) | Literal::F16(_) => {
             index_leading(&x.convert(DType::F32), i).convert(x.dtype())
         }
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -1986,6 +1994,7 @@ fn magnitude(v: &Literal) -> ArrayD<f32> {
         Literal::I32(a) => a.mapv(|x| x.unsigned_abs() as f32),
         Literal::Bool(a) => a.mapv(f32::from),
         Literal::BF16(_) | Literal::F16(_) => magnitude(&v.convert(DType::F32)),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -2111,7 +2120,7 @@ impl Coverage {
             }
         }
         for (kind, (count, _)) in exe.spmd().collectives().by_kind {
-            *self.collectives.entry(kind).or_default() += count;
+            *self.collectives.entry(kind.name()).or_default() += count;
         }
         self.warnings += exe.spmd().warnings.len();
     }

@@ -8,7 +8,7 @@
 mod harness;
 
 use gspmd_core::Error;
-use gspmd_core::ir::{Builder, DType, PropagationDirection as D};
+use gspmd_core::ir::{Builder, CollectiveKind, DType, PropagationDirection as D};
 use harness::{build, compile_and_check, mesh, param, sh, sharding_of};
 
 /// `x` is annotated `(data, model)`; its users sit behind a barrier. `Forward` lets the
@@ -38,7 +38,11 @@ fn a_barrier_keeps_a_layout_from_its_far_side_and_reshards_there() {
         );
         let stats = exe.spmd().collectives();
         assert_eq!(
-            (stats.count("all_gather"), stats.total(), stats.bytes()),
+            (
+                stats.count(CollectiveKind::AllGather),
+                stats.total(),
+                stats.bytes()
+            ),
             (all_gathers, all_gathers, bytes),
             "{allowed:?}\n{}",
             exe.report()

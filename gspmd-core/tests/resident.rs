@@ -2,6 +2,7 @@
 //! steps), per-device shards in and out, and their errors.
 
 use gspmd_core::compile;
+use gspmd_core::error::InputProblem;
 use gspmd_core::ir::{Builder, DType, Literal};
 use gspmd_core::runtime::shard_literal;
 use gspmd_core::runtime::{Backend, Input, Output, ThreadMesh, Value, interpret};
@@ -140,8 +141,10 @@ fn a_resident_value_of_another_sharding_is_an_input_error() {
     );
     match r {
         Err(Error::Input {
-            index: 1, message, ..
-        }) => assert!(message.contains("sharded"), "{message}"),
+            index: 1,
+            problem: InputProblem::Resident { key, .. },
+            ..
+        }) => assert_eq!(key, "w"),
         other => panic!("{other:?}"),
     }
     let missing = exe.execute(

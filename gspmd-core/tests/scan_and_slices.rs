@@ -14,7 +14,7 @@
 mod differential;
 
 use gspmd_core::Executable;
-use gspmd_core::ir::{Builder, CumulativeKind, DType, Literal, Program, Tensor};
+use gspmd_core::ir::{Builder, CollectiveKind, CumulativeKind, DType, Literal, Program, Tensor};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 
@@ -52,7 +52,8 @@ fn compile_and_check(program: &Program, mesh: &Mesh, inputs: &[Literal]) -> Exec
 /// `(count, bytes received per device)` of collectives of `kind`.
 fn collective(exe: &Executable, kind: &str) -> (usize, usize) {
     let stats = exe.spmd().collectives();
-    stats.by_kind.get(kind).copied().unwrap_or_default()
+    let kind: CollectiveKind = kind.parse().expect("a collective kind");
+    stats.by_kind.get(&kind).copied().unwrap_or_default()
 }
 
 /// `x: f32[rows, 64]` split over `model` along its rows; the `[16, 64]` block at a

@@ -2,7 +2,9 @@
 //! `compile`: node counts of the global and per-device programs, and differential runs
 //! (thread mesh vs. the reference interpreter on the original, unsimplified program).
 
-use gspmd_core::ir::{Builder, DType, Literal, Node, Op, Program, Tensor, UnaryOp, einsum};
+use gspmd_core::ir::{
+    Builder, CollectiveKind, DType, Literal, Node, Op, Program, Tensor, UnaryOp, einsum,
+};
 use gspmd_core::partition::partition;
 use gspmd_core::propagation::propagate;
 use gspmd_core::runtime::{ThreadMesh, interpret, sample_inputs};
@@ -379,7 +381,7 @@ fn nine_windows_of_one_padded_input_exchange_each_halo_once() {
     let unsimplified = partition(&propagated, &m).unwrap();
     let stats = unsimplified.collectives();
     assert_eq!(
-        (stats.count("collective_shift"), stats.total()),
+        (stats.count(CollectiveKind::CollectiveShift), stats.total()),
         (6, 6),
         "{}",
         unsimplified.report()
@@ -387,7 +389,12 @@ fn nine_windows_of_one_padded_input_exchange_each_halo_once() {
     // compile merges the equal shifts: one each way, no gather.
     let exe = check_on_mesh(&program, &m);
     assert_eq!(all_gathers(&exe.spmd().program), (0, 0), "{}", exe.report());
-    assert_eq!(exe.spmd().collectives().count("collective_shift"), 2);
+    assert_eq!(
+        exe.spmd()
+            .collectives()
+            .count(CollectiveKind::CollectiveShift),
+        2
+    );
     assert_eq!(exe.spmd().collectives().total(), 2);
     assert!(exe.spmd().program.nodes.len() < unsimplified.program.nodes.len());
 }

@@ -6,7 +6,8 @@
 
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{
-    Builder, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind, Tensor, einsum,
+    Builder, CollectiveKind, ConvDimensionNumbers, DType, Literal, Padding, Program, ReduceKind,
+    Tensor, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -292,7 +293,7 @@ fn megatron_forward_has_one_all_reduce_per_block_and_nothing_else() {
     let exe = compile24(&p);
     let stats = exe.spmd().collectives();
     assert_eq!(
-        (stats.count("all_reduce"), stats.total()),
+        (stats.count(CollectiveKind::AllReduce), stats.total()),
         (2, 2),
         "{}",
         exe.report()
@@ -323,7 +324,7 @@ fn contracting_sharded_dot_with_sharded_result_reduce_scatters() {
     let exe = compile24(&p);
     let stats = exe.spmd().collectives();
     assert_eq!(
-        (stats.count("reduce_scatter"), stats.total()),
+        (stats.count(CollectiveKind::ReduceScatter), stats.total()),
         (1, 1),
         "{}",
         exe.report()
@@ -341,7 +342,7 @@ fn data_to_model_on_one_dim_never_gathers_the_whole_dim() {
     let exe = compile24(&p);
     let stats = exe.spmd().collectives();
     assert!(
-        stats.count("all_to_all") + stats.count("collective_permute") >= 1,
+        stats.count(CollectiveKind::AllToAll) + stats.count(CollectiveKind::CollectivePermute) >= 1,
         "{}",
         exe.report()
     );
@@ -380,7 +381,7 @@ fn data_to_model_is_a_local_slice_and_one_collective_permute() {
     let stats = exe.spmd().collectives();
     assert_eq!(
         (
-            stats.count("collective_permute"),
+            stats.count(CollectiveKind::CollectivePermute),
             stats.total(),
             stats.bytes()
         ),
@@ -435,7 +436,12 @@ fn sub_axis_shardings_partition_like_their_axis() {
     });
     let exe = compile24(&p);
     let stats = exe.spmd().collectives();
-    let counts = ["all_gather", "all_to_all", "collective_permute"].map(|c| stats.count(c));
+    let counts = [
+        CollectiveKind::AllGather,
+        CollectiveKind::AllToAll,
+        CollectiveKind::CollectivePermute,
+    ]
+    .map(|c| stats.count(c));
     assert_eq!((counts, stats.total()), ([1, 1, 1], 3), "{}", exe.report());
     // The all-gather is over `model:(2)2` only: 4 of x's 8 rows on each device.
     let gathers = (exe.spmd().program.nodes.iter()).filter(|n| n.op.name() == "all_gather");
@@ -485,8 +491,8 @@ fn swapping_mesh_axes_between_dims_is_cheap_and_exact() {
     let stats = exe.spmd().collectives();
     assert_eq!(
         (
-            stats.count("all_to_all"),
-            stats.count("collective_permute"),
+            stats.count(CollectiveKind::AllToAll),
+            stats.count(CollectiveKind::CollectivePermute),
             stats.bytes()
         ),
         (1, 1, 2048 + 4096),
@@ -610,7 +616,7 @@ fn conv_split_on_input_features_all_reduces_like_a_dot() {
     let exe = compile24(&p);
     let stats = exe.spmd().collectives();
     assert_eq!(
-        (stats.count("all_reduce"), stats.total()),
+        (stats.count(CollectiveKind::AllReduce), stats.total()),
         (1, 1),
         "{}",
         exe.report()
@@ -656,10 +662,10 @@ fn conv_gradient_on_split_rows_exchanges_halos_and_reduce_scatters_the_kernel_gr
     // on its first dim; the loss's partial sum is all-reduced.
     let row = 8 * 32 * 8 * 4;
     let counts = [
-        "collective_shift",
-        "reduce_scatter",
-        "all_reduce",
-        "all_gather",
+        CollectiveKind::CollectiveShift,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
     ]
     .map(|kind| stats.count(kind));
     assert_eq!(
@@ -690,7 +696,12 @@ fn strided_conv_gradient_on_split_rows_gathers_nothing() {
     let g = grad(&loss, 0, &[0, 1]).unwrap();
     let exe = compile(&g, &h4()).unwrap();
     let stats = exe.spmd().collectives();
-    assert_eq!(stats.count("all_gather"), 0, "{}", exe.report());
+    assert_eq!(
+        stats.count(CollectiveKind::AllGather),
+        0,
+        "{}",
+        exe.report()
+    );
     assert!(exe.spmd().warnings.is_empty(), "{:?}", exe.spmd().warnings);
     let inputs = [input(&[8, 32, 32, 8], 0), input(&[3, 3, 8, 8], 1)];
     let want = interpret(&g, &inputs).unwrap();
@@ -739,7 +750,7 @@ fn pooling_along_a_split_dim_exchanges_halos_only() {
         let stats = exe.spmd().collectives();
         assert_eq!(
             (
-                stats.count("collective_shift"),
+                stats.count(CollectiveKind::CollectiveShift),
                 stats.total(),
                 stats.bytes()
             ),
@@ -829,7 +840,7 @@ fn unreduced_annotations_are_exact() {
     // `kept` stays partial until the add's consumer reduces it: one all-reduce over
     // model (the two pending sums of `kept + made` are reduced together or apart).
     assert!(
-        exe.spmd().collectives().count("all_reduce") >= 1,
+        exe.spmd().collectives().count(CollectiveKind::AllReduce) >= 1,
         "{}",
         exe.report()
     );
@@ -977,7 +988,7 @@ fn assert_one_row_shifted_each_way(exe: &Executable) {
     let row = 8 * 32 * 8 * 4;
     assert_eq!(
         (
-            stats.count("collective_shift"),
+            stats.count(CollectiveKind::CollectiveShift),
             stats.total(),
             stats.bytes()
         ),
@@ -1012,8 +1023,8 @@ fn interior_pad_along_a_split_dim_exchanges_halos_only() {
     let row = 8 * 4;
     assert_eq!(
         (
-            stats.count("collective_shift"),
-            stats.count("all_gather"),
+            stats.count(CollectiveKind::CollectiveShift),
+            stats.count(CollectiveKind::AllGather),
             stats.total(),
             stats.bytes()
         ),
@@ -1038,7 +1049,7 @@ fn roll_by_one_along_a_split_dim_is_one_collective_shift() {
     let stats = exe.spmd().collectives();
     assert_eq!(
         (
-            stats.count("collective_shift"),
+            stats.count(CollectiveKind::CollectiveShift),
             stats.total(),
             stats.bytes()
         ),

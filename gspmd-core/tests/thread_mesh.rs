@@ -33,6 +33,7 @@ fn input(device: usize, dtype: DType) -> Literal {
         DType::Bool => ArrayD::from_shape_fn(IxDyn(&SHAPE), |ix| value(ix) % 3 == 0).into(),
         // Small integers: exact in bf16 and f16.
         DType::BF16 | DType::F16 => input(device, DType::F32).convert(dtype),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -211,6 +212,7 @@ fn reduce(kind: ReduceKind, inputs: &[Literal]) -> Literal {
         (Literal::Bool(_), ReduceKind::Min) => {
             fold(&arrays(inputs, Literal::as_bool), |a, b| a && b).into()
         }
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -227,6 +229,7 @@ fn block(x: &Literal, dim: usize, n: usize, index: usize) -> Literal {
         Literal::F16(a) => cut(a, dim, n, index).into(),
         Literal::I32(a) => cut(a, dim, n, index).into(),
         Literal::Bool(a) => cut(a, dim, n, index).into(),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 
@@ -245,6 +248,7 @@ fn concat(dim: usize, blocks: &[Literal]) -> Literal {
         Literal::F16(_) => cat(dim, blocks, Literal::as_f16).into(),
         Literal::I32(_) => cat(dim, blocks, Literal::as_i32).into(),
         Literal::Bool(_) => cat(dim, blocks, Literal::as_bool).into(),
+        other => panic!("not covered by this test: {other:?}"),
     }
 }
 

@@ -7,10 +7,13 @@
 //! so the function left in [`Model::func`] is plain Rust apart from its `Tensor<..>`
 //! types.
 
+use std::collections::HashSet;
+
 use proc_macro2::{Delimiter, Group, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
 use syn::visit_mut::{self, VisitMut};
 use syn::{
     Attribute, Expr, FnArg, GenericArgument, Ident, ItemFn, Lit, Pat, PathArguments, ReturnType,
@@ -247,7 +250,7 @@ pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model 
         }
         !again
     });
-    let params = func
+    let params: Vec<Param> = func
         .sig
         .inputs
         .iter_mut()
@@ -271,6 +274,10 @@ pub fn model(attr: TokenStream, mut func: ItemFn, errors: &mut Errors) -> Model 
         count: 0,
         found: Vec::new(),
         nested: 0,
+        loop_body: None,
+        rewritten: 0,
+        symbols: symbol_sizes(&params),
+        bound: bound_names(&func.block),
     };
     lets.visit_block_mut(&mut func.block);
     let lets = lets.found;
@@ -638,6 +645,92 @@ struct Body<'a> {
     found: Vec<LetShard>,
     /// Depth of closures, `async` blocks and items: they have their own return type.
     nested: usize,
+    /// The loop method (`scan`, `fori_loop`, ...) whose body closure is being visited
+    /// (at `nested` 0: a loop body is traced as part of the model, not called).
+    loop_body: Option<String>,
+    /// How many `?`s and symbols used as values were reported and rewritten.
+    rewritten: usize,
+    /// Each shape symbol with where its size is, e.g. `x.shape()[1]`.
+    symbols: Vec<(String, String)>,
+    /// Every name a pattern of the body binds: a symbol's name bound there is a value.
+    bound: HashSet<String>,
+}
+
+/// The methods whose closure arguments are bodies traced into a region of the program:
+/// the builder's loops, `cond` and `shard_map`, and a stacked parameter struct's `scan`.
+const TRACED_BODIES: [&str; 6] = [
+    "scan",
+    "scan_reverse",
+    "fori_loop",
+    "while_loop",
+    "cond",
+    "shard_map",
+];
+
+/// Each shape symbol of the tensor parameters with where its size is while tracing
+/// (`x.shape()[1]` for the first parameter and dim declaring it); a symbol only a
+/// parameter struct uses says to read it from one of its tensors.
+fn symbol_sizes(params: &[Param]) -> Vec<(String, String)> {
+    let mut sizes: Vec<(String, String)> = Vec::new();
+    for p in params {
+        let Pat::Ident(name) = &p.pat else { continue };
+        if let Some(tensor) = &p.tensor {
+            for (dim, d) in tensor.dims.iter().enumerate() {
+                if let DimDecl::Symbol(s) = d {
+                    let symbol = s.unraw().to_string();
+                    if !sizes.iter().any(|(n, _)| *n == symbol) {
+                        let at = format!(
+                            "`{}.shape()[{dim}]` (parameter `{}: {tensor}`)",
+                            name.ident, name.ident
+                        );
+                        sizes.push((symbol, at));
+                    }
+                }
+            }
+        }
+        if let Some(structure) = &p.structure {
+            for s in &structure.symbols {
+                let symbol = s.unraw().to_string();
+                if !sizes.iter().any(|(n, _)| *n == symbol) {
+                    let at = format!(
+                        "the `.shape()` of a tensor of `{}` declared with it",
+                        name.ident
+                    );
+                    sizes.push((symbol, at));
+                }
+            }
+        }
+    }
+    sizes
+}
+
+/// Every name bound by a pattern in `block` (`let`, closure parameters, `for`, `match`
+/// arms), and every constant, static and `use` it declares.
+fn bound_names(block: &syn::Block) -> HashSet<String> {
+    struct Names(HashSet<String>);
+    impl syn::visit::Visit<'_> for Names {
+        fn visit_pat_ident(&mut self, p: &syn::PatIdent) {
+            self.0.insert(p.ident.unraw().to_string());
+            syn::visit::visit_pat_ident(self, p);
+        }
+        fn visit_item_const(&mut self, item: &syn::ItemConst) {
+            self.0.insert(item.ident.unraw().to_string());
+            syn::visit::visit_item_const(self, item);
+        }
+        fn visit_item_static(&mut self, item: &syn::ItemStatic) {
+            self.0.insert(item.ident.unraw().to_string());
+            syn::visit::visit_item_static(self, item);
+        }
+        fn visit_use_name(&mut self, name: &syn::UseName) {
+            self.0.insert(name.ident.unraw().to_string());
+        }
+        fn visit_use_rename(&mut self, rename: &syn::UseRename) {
+            self.0.insert(rename.rename.unraw().to_string());
+        }
+    }
+    let mut names = Names(HashSet::new());
+    syn::visit::Visit::visit_block(&mut names, block);
+    names.0
 }
 
 impl Body<'_> {
@@ -729,6 +822,18 @@ impl VisitMut for Body<'_> {
                  `#[shard(..)] let h = ..;`, and pass `h` to the macro",
             );
         }
+        // Arguments that are expressions (`vec![..]`, `assert!(..)`) are checked like
+        // the body; the tokens are rewritten only where something was reported.
+        let before = self.rewritten;
+        let parser = Punctuated::<Expr, Token![,]>::parse_terminated;
+        if let Ok(mut args) = mac.parse_body_with(parser) {
+            for arg in &mut args {
+                self.visit_expr_mut(arg);
+            }
+            if self.rewritten > before {
+                mac.tokens = args.to_token_stream();
+            }
+        }
         visit_mut::visit_macro_mut(self, mac);
     }
 
@@ -750,24 +855,79 @@ impl VisitMut for Body<'_> {
         }
     }
 
-    /// Reports `?` and removes it, so the emitted function has no follow-on errors.
+    /// Reports `?` (in the body or a loop body) and a shape symbol used as a value,
+    /// and removes them, so the emitted function has no follow-on errors.
     fn visit_expr_mut(&mut self, expr: &mut Expr) {
         if self.nested == 0
             && let Expr::Try(e) = expr
         {
-            self.errors.spanned(
-                e.question_token,
-                "`?` in a model body: the model returns tensors, not a `Result`. Tensor ops \
-                 need no `?` (tracing records shape errors and `trace` returns them); handle \
-                 other errors before tracing and pass the value as an argument",
-            );
+            let message = match &self.loop_body {
+                None => "`?` in a model body: the model returns tensors, not a `Result`. \
+                         Tensor ops need no `?` (tracing records shape errors and `trace` \
+                         returns them); handle other errors before tracing and pass the \
+                         value as an argument"
+                    .to_string(),
+                Some(method) => format!(
+                    "`?` in the body of `{method}`: the body is a closure traced once into \
+                     the program, returning tensors, not a `Result`. Tensor ops \
+                     need no `?`: tracing records their shape errors at your line and `trace` \
+                     returns them; compute anything else that can fail before the model \
+                     (pass it as an argument) or before the `{method}` (capture the value)"
+                ),
+            };
+            self.errors.spanned(e.question_token, message);
+            self.rewritten += 1;
             *expr = (*e.expr).clone();
+        }
+        if let Expr::Path(path) = expr
+            && path.qself.is_none()
+            && let Some(ident) = path.path.get_ident()
+            && let name = ident.unraw().to_string()
+            && !self.bound.contains(&name)
+            && let Some((_, at)) = self.symbols.iter().find(|(s, _)| *s == name)
+        {
+            self.errors.spanned(
+                &*path,
+                format!(
+                    "`{name}` is a shape symbol: it names a dim in the model's tensor types, \
+                     not a value (a model takes no const generics). Its size while tracing \
+                     is {at}"
+                ),
+            );
+            self.rewritten += 1;
+            *expr = syn::parse_quote!(0usize);
+            return;
         }
         visit_mut::visit_expr_mut(self, expr);
     }
 
+    /// A closure given to a loop or branch method ([`TRACED_BODIES`]) is visited as part
+    /// of the body (its `?` is an error); other arguments as usual.
+    fn visit_expr_method_call_mut(&mut self, call: &mut syn::ExprMethodCall) {
+        let method = call.method.to_string();
+        if self.nested > 0 || !TRACED_BODIES.contains(&method.as_str()) {
+            return visit_mut::visit_expr_method_call_mut(self, call);
+        }
+        for attr in &mut call.attrs {
+            self.visit_attribute_mut(attr);
+        }
+        self.visit_expr_mut(&mut call.receiver);
+        for arg in &mut call.args {
+            match arg {
+                Expr::Closure(closure) => {
+                    let outer = self.loop_body.replace(method.clone());
+                    visit_mut::visit_expr_closure_mut(self, closure);
+                    self.loop_body = outer;
+                }
+                other => self.visit_expr_mut(other),
+            }
+        }
+    }
+
     fn visit_expr_closure_mut(&mut self, expr: &mut syn::ExprClosure) {
+        let outer = self.loop_body.take();
         self.nested(|v| visit_mut::visit_expr_closure_mut(v, expr));
+        self.loop_body = outer;
     }
 
     fn visit_expr_async_mut(&mut self, expr: &mut syn::ExprAsync) {

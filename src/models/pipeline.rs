@@ -65,6 +65,7 @@ use crate::types::Location;
 
 /// How layers are placed on stages and scheduled (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Schedule {
     /// Consecutive layers per stage; every stage applies all its layers per iteration.
     GPipe,

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::ir::{DType, Flow, Node, Op, Program, distinct_flows, num_elements};
+use crate::ir::{CollectiveKind, DType, Flow, Node, Op, Program, distinct_flows, num_elements};
 use crate::partition::CollectiveStats;
 use crate::sharding::Mesh;
 
@@ -76,10 +76,10 @@ impl DeviceModel {
 pub struct CostAnalysis {
     /// Floating-point operations by op name (`dot_general`, `add`, ...).
     pub flops: BTreeMap<&'static str, u64>,
-    /// Collectives by op name: how many run (a scan body's once per iteration, [`Runs`](crate::partition::Runs))
+    /// Collectives by kind: how many run (a scan body's once per iteration, [`Runs`](crate::partition::Runs))
     /// and the bytes one device receives in them; collectives that move no data are left
     /// out.
-    pub collectives: BTreeMap<&'static str, (usize, usize)>,
+    pub collectives: BTreeMap<CollectiveKind, (usize, usize)>,
     /// The device the times are for.
     pub device: DeviceModel,
     /// `total_flops / flops_per_second`.

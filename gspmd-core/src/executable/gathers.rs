@@ -18,6 +18,7 @@ use super::CompileTimes;
 
 /// Whether a weight all-gathered for the forward pass is kept for the backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum GatherReuse {
     /// Keep every gathered weight while the memory analysis's peak fits
     /// [`CompileOptions::memory_limit`]; above it, regather weights one at a time, the

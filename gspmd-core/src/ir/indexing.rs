@@ -63,6 +63,7 @@ pub struct ScatterDims {
 
 /// How a scatter combines an update with the operand element it lands on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ScatterKind {
     /// Adds (f32 and i32): duplicate indices accumulate.
     Add,

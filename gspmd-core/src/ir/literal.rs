@@ -8,6 +8,7 @@ use crate::types::{DType, Shape};
 
 /// A dense host array of one of the IR's element types.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Literal {
     /// f32 elements.
     F32(ArrayD<f32>),

@@ -4,6 +4,7 @@
 mod along_dim;
 mod append;
 mod builder;
+mod collective_kind;
 mod control_flow;
 mod convolution;
 mod dynamic_slicing;
@@ -29,6 +30,7 @@ mod why;
 pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements};
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
+pub use collective_kind::CollectiveKind;
 pub use einsum::einsum;
 pub use flow::{Flow, FlowInstance, distinct_flows, flow_instances};
 pub(crate) use index_arithmetic::EmitOps;

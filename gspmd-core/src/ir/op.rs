@@ -12,6 +12,7 @@ use crate::types::{DType, Location};
 
 /// Elementwise ops of one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum UnaryOp {
     /// `-x`.
     Neg,
@@ -52,6 +53,7 @@ pub enum UnaryOp {
 
 /// Elementwise ops of two operands of the same shape and dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BinaryOp {
     /// `a + b`.
     Add,
@@ -79,6 +81,7 @@ pub enum BinaryOp {
 
 /// Elementwise comparisons; the result is bool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CompareOp {
     /// `==`.
     Eq,
@@ -96,6 +99,7 @@ pub enum CompareOp {
 
 /// The combining function of a reduction (and of an all-reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReduceKind {
     /// Sum; identity 0.
     Sum,
@@ -107,6 +111,7 @@ pub enum ReduceKind {
 
 /// The combining function of a scan ([`Op::Cumulative`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CumulativeKind {
     /// Running sum; identity 0.
     Sum,
@@ -424,6 +429,7 @@ impl std::fmt::Display for AxisGroup {
 /// A primitive op. Every attribute needed to infer the result type is here, so
 /// `infer_type(op, operand types)` is a pure function (see [`crate::ir::infer_type`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Op {
     /// The program's parameter number `index`; no operands.
     Parameter {
@@ -962,6 +968,7 @@ macro_rules! op_kinds {
         /// per sub-op of `Unary`, `Binary`, `Compare`, `Reduce` and `ReduceWindow` (each has its own
         /// kernel and VJP rule). Tests measure op coverage in kinds.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[non_exhaustive]
         pub enum OpKind {
             $($(#[$doc])* $kind,)*
         }

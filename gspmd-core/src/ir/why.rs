@@ -68,6 +68,7 @@ impl fmt::Display for Source {
 
 /// What a collective does for the op that needed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Purpose {
     /// Moves an operand of the op from the sharding it has to the one the op needs.
     Operand,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::SpmdProgram;
-use crate::ir::{Flow, Node, Op, Program, ValueId, distinct_flows};
+use crate::ir::{CollectiveKind, Flow, Node, Op, Program, ValueId, distinct_flows};
 use crate::sharding::Mesh;
 
 /// True if a [`Op::CollectivePermute`] over `receivers` from `senders` (the same axes
@@ -29,6 +29,32 @@ pub(crate) fn permute_moves_data(mesh: &Mesh, receivers: &[String], senders: &[S
 /// [`AxisGroup::shift_pairs`](crate::ir::AxisGroup::shift_pairs) keeps its operand: a
 /// shift by a multiple of the group size with wrap, by the group size or more without, a
 /// mirror of a group of one).
+///
+/// This is the bytes model every report prints (`bytes/device` on each collective's
+/// line, the totals of [`CollectiveStats`], the HTML page, the cost analysis):
+///
+/// ```
+/// use gspmd_core::compile;
+/// use gspmd_core::ir::{Builder, DType};
+/// use gspmd_core::partition::bytes_received;
+/// use gspmd_core::sharding::Mesh;
+///
+/// let b = Builder::new("product");
+/// let x = b.parameter("x", [8, 16], DType::F32).annotate("(_, model)".parse()?);
+/// let w = b.parameter("w", [16, 4], DType::F32).annotate("(model, _)".parse()?);
+/// let program = b.finish(&[&x.matmul(&w)])?;
+/// let mesh = Mesh::new([("model", 4)])?;
+/// let exe = compile(&program, &mesh)?;
+/// let spmd = exe.spmd();
+/// // One all-reduce of the f32[8, 4] partial sums: a ring moves 2 (k-1)/k of them.
+/// let bytes: Vec<usize> = (spmd.program.nodes.iter())
+///     .filter(|n| n.op.is_collective())
+///     .map(|n| bytes_received(&spmd.program, n, &mesh))
+///     .collect();
+/// assert_eq!(bytes, [2 * 8 * 4 * 4 * 3 / 4]);
+/// assert_eq!(spmd.collectives().bytes(), bytes[0]);
+/// # Ok::<(), gspmd_core::Error>(())
+/// ```
 pub fn bytes_received(program: &Program, node: &Node, mesh: &Mesh) -> usize {
     let input = node
         .operands
@@ -119,8 +145,8 @@ impl std::fmt::Display for Runs {
 /// branches of a cond).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CollectiveStats {
-    /// Op name (`all_reduce`, ...) → (count, bytes received per device).
-    pub by_kind: BTreeMap<&'static str, (usize, usize)>,
+    /// Kind → (count, bytes received per device).
+    pub by_kind: BTreeMap<CollectiveKind, (usize, usize)>,
     /// How many of the counted collectives are inside a `while` loop, counted for one
     /// iteration of it (its trip count is known only at run time).
     pub per_while_iteration: usize,
@@ -149,7 +175,10 @@ impl CollectiveStats {
             if !keep(bytes) {
                 return;
             }
-            let e: &mut (usize, usize) = stats.by_kind.entry(node.op.name()).or_default();
+            let Some(kind) = node.op.collective_kind() else {
+                return;
+            };
+            let e: &mut (usize, usize) = stats.by_kind.entry(kind).or_default();
             e.0 += runs.times;
             e.1 += runs.times * bytes;
             if runs.per_while_iteration {
@@ -159,9 +188,14 @@ impl CollectiveStats {
         stats
     }
 
-    /// Number of collectives of kind `name`.
-    pub fn count(&self, name: &str) -> usize {
-        self.by_kind.get(name).map_or(0, |e| e.0)
+    /// Number of collectives of kind `kind`.
+    pub fn count(&self, kind: CollectiveKind) -> usize {
+        self.by_kind.get(&kind).map_or(0, |e| e.0)
+    }
+
+    /// Bytes each device receives in the collectives of kind `kind`.
+    pub fn bytes_of(&self, kind: CollectiveKind) -> usize {
+        self.by_kind.get(&kind).map_or(0, |e| e.1)
     }
 
     /// Total collectives.
@@ -212,8 +246,10 @@ impl SpmdProgram {
 
     /// The per-device program, then one line per collective (axes, bytes per device,
     /// the user's source line; a collective in a region named by the flow op and the
-    /// region, with how often it runs, [`Runs`]) followed by a `why:` line per reason
-    /// ([`Node::why`]), the totals and the partitioner's warnings.
+    /// region, with how often it runs, [`Runs`]) followed by a `why (global %N):` line
+    /// per reason ([`Node::why`]; its `%N` are the global program's values, the
+    /// collective's own `%N` the per-device program's), the totals and the
+    /// partitioner's warnings.
     pub fn report(&self) -> String {
         let mut out = format!(
             "// partitioned for {}\n{}\n\ncollectives:\n",
@@ -273,9 +309,15 @@ fn visit_runs<'p>(
     }
 }
 
+/// How a report labels a collective's reasons: the collective's own `%N` is a value of
+/// the per-device program, the reason's values are the global program's (as printed
+/// after propagation, [`crate::Executable::propagated`]), and the label says so.
+pub(crate) const WHY_LABEL: &str = "why (global %N):";
+
 /// Collective `v` of `program` partitioned for `mesh`: `%7 all_gather over ["model"]:
-/// f32[4,8] -> f32[4,32], 384 bytes/device  // model.rs:12`, then a `why:` line per
-/// reason.
+/// f32[4,8] -> f32[4,32], 384 bytes/device  // model.rs:12` (`%7` of the per-device
+/// program), then a line per reason labelled [`WHY_LABEL`] (its values the global
+/// program's).
 pub(crate) fn collective_line(program: &Program, v: ValueId, mesh: &Mesh) -> String {
     let node = program.node(v);
     let mut line = format!(
@@ -288,7 +330,7 @@ pub(crate) fn collective_line(program: &Program, v: ValueId, mesh: &Mesh) -> Str
         node.location
     );
     for why in &node.why {
-        let _ = writeln!(line, "      why: {why}");
+        let _ = writeln!(line, "      {WHY_LABEL} {why}");
     }
     line
 }

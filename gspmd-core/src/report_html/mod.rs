@@ -93,7 +93,7 @@ pub(crate) fn page(
         html,
         r#"<section id="collectives"><h2>Collectives <small>{total} per step, {bytes} bytes received per device{per_while}</small></h2>
 <div class="kinds">{kinds}</div>
-<table class="collectives"><thead><tr><th>#</th><th>collective</th><th>over</th><th>per-device types</th><th>bytes / device</th><th>runs</th><th>at</th><th>why</th></tr></thead><tbody>
+<table class="collectives"><thead><tr><th>#</th><th>collective (per-device %N)</th><th>over</th><th>per-device types</th><th>bytes / device</th><th>runs</th><th>at</th><th>why (global %N)</th></tr></thead><tbody>
 {rows}</tbody></table></section>
 <section id="program"><h2>Program <small>{values} values; each sharding drawn on the mesh ({layout}): one square per device, same colour and number = same block, dashed = partial sums</small></h2>
 <div class="tools"><button id="expand">expand all</button><button id="collapse">collapse all</button><input id="filter" placeholder="filter: name, op, line, sharding"></div>
@@ -243,7 +243,7 @@ fn collectives(spmd: &SpmdProgram) -> (Vec<Collective>, HashMap<ValueId, Vec<usi
             }
             let reasons = reasons.concat();
             let row = format!(
-                r#"<tr class="collective {kind}" id="c{number}"><td>{number}</td><td><span class="chip {kind}">{kind}</span> <small>{within}{v}</small></td><td>{axes}</td><td><code>{input} → {output}</code></td><td class="bytes"><span class="bar" style="width:{width}px"></span>{bytes}</td><td>{runs}</td><td>{location}</td><td><ul>{reasons}</ul></td></tr>
+                r#"<tr class="collective {kind}" id="c{number}"><td>{number}</td><td><span class="chip {kind}">{kind}</span> <small title="value of the per-device program">{within}{v}</small></td><td>{axes}</td><td><code>{input} → {output}</code></td><td class="bytes"><span class="bar" style="width:{width}px"></span>{bytes}</td><td>{runs}</td><td>{location}</td><td><ul>{reasons}</ul></td></tr>
 "#,
                 kind = node.op.name(),
                 within = escape(within),

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::blocks::{assemble, shard_literal};
 use super::plan::Plan;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{DType, Literal, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -249,7 +249,9 @@ pub trait Backend {
         let resident = self.resident(key).ok_or_else(|| Error::Input {
             index: 0,
             name: key.to_string(),
-            message: format!("no resident value `{key}` on the mesh"),
+            problem: InputProblem::NoResident {
+                key: key.to_string(),
+            },
         })?;
         let mine = self.local_blocks(key)?;
         let blocks = if self.process().1 == 1 {

@@ -13,7 +13,7 @@ use super::backend::{Input, Output, Resident};
 use super::blocks::{assemble, shard_literal};
 use super::kernels;
 use super::plan::Plan;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Placement, Result};
 use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -39,17 +39,23 @@ fn check_block(
     sharding: &Sharding,
     mesh: &Mesh,
     device: usize,
-) -> Result<(), String> {
-    let expected = block_shape(sharding, mesh, &ty.shape, device);
-    if block.shape() != expected || block.dtype() != ty.dtype {
-        return Err(format!(
-            "device {device}'s block is {}{:?}, expected {}{expected:?}",
-            block.dtype(),
-            block.shape(),
-            ty.dtype
-        ));
+) -> Result<(), InputProblem> {
+    let expected = TensorType::new(block_shape(sharding, mesh, &ty.shape, device), ty.dtype);
+    let given = TensorType::new(block.shape(), block.dtype());
+    if given != expected {
+        return Err(InputProblem::Block {
+            device,
+            expected,
+            given,
+        });
     }
     Ok(())
+}
+
+/// [`pad_to`] whose failure (a block larger than the local shape) is an
+/// [`InputProblem::Invalid`].
+fn pad_input(lit: Literal, shape: &[usize]) -> Result<Literal, InputProblem> {
+    pad_to(lit, shape).map_err(|reason| InputProblem::Invalid { reason })
 }
 
 /// `lit` grown to `shape` with zeros at the end of each dim.
@@ -133,48 +139,57 @@ pub(super) fn bind_inputs(
     check_input_count(spmd, inputs.len())?;
     let mut binds: Vec<Vec<Bind>> = vec![Vec::with_capacity(inputs.len()); devices.len()];
     for (index, (input, (ty, sharding))) in inputs.iter().zip(&spmd.inputs).enumerate() {
-        let fail = |message: String| input_error(spmd, index, message);
+        let fail = |problem: InputProblem| input_error(spmd, index, problem);
         if !sharding.unreduced.is_empty() && !matches!(input, Input::Shards(_)) {
-            return Err(fail(format!(
-                "the parameter is unreduced over {:?}: give each device's partial sum as shards",
-                sharding.unreduced
-            )));
+            return Err(fail(InputProblem::Unreduced {
+                axes: sharding.unreduced.clone(),
+            }));
         }
         match input {
             Input::Global(lit) => {
                 if !kernels::has_type(lit, ty) {
-                    let given = TensorType::new(lit.shape(), lit.dtype());
-                    return Err(fail(format!("expected {ty}, given {given}")));
+                    return Err(fail(InputProblem::Type {
+                        expected: ty.clone(),
+                        given: TensorType::new(lit.shape(), lit.dtype()),
+                    }));
                 }
                 let local = sharding.local_shape(&spmd.mesh, &ty.shape);
                 for (device, b) in devices.clone().zip(&mut binds) {
                     let block = shard_literal(lit, sharding, &spmd.mesh, device);
-                    b.push(Bind::Host(pad_to(block, &local).map_err(fail)?));
+                    b.push(Bind::Host(pad_input(block, &local).map_err(fail)?));
                 }
             }
             Input::Shards(shards) => {
                 if shards.len() != devices.len() {
-                    return Err(fail(format!(
-                        "{} shards given for the {} devices {devices:?} of this process",
-                        shards.len(),
-                        devices.len()
-                    )));
+                    return Err(fail(InputProblem::ShardCount {
+                        expected: devices.len(),
+                        given: shards.len(),
+                    }));
                 }
                 let local = sharding.local_shape(&spmd.mesh, &ty.shape);
                 for ((device, b), block) in devices.clone().zip(&mut binds).zip(*shards) {
                     check_block(block, ty, sharding, &spmd.mesh, device).map_err(fail)?;
-                    b.push(Bind::Host(pad_to(block.clone(), &local).map_err(fail)?));
+                    b.push(Bind::Host(pad_input(block.clone(), &local).map_err(fail)?));
                 }
             }
             Input::Resident(key) => {
                 let Some(r) = resident(key) else {
-                    return Err(fail(format!("no resident value `{key}` on the mesh")));
+                    return Err(fail(InputProblem::NoResident {
+                        key: key.to_string(),
+                    }));
                 };
                 if &r.ty != ty || &r.sharding != sharding {
-                    return Err(fail(format!(
-                        "resident `{key}` is {} sharded {}, but the parameter is {ty} sharded {sharding}",
-                        r.ty, r.sharding
-                    )));
+                    let placement = |ty: &TensorType, sharding: &Sharding| {
+                        Box::new(Placement {
+                            ty: ty.clone(),
+                            sharding: sharding.to_string(),
+                        })
+                    };
+                    return Err(fail(InputProblem::Resident {
+                        key: key.to_string(),
+                        expected: placement(ty, sharding),
+                        given: placement(&r.ty, &r.sharding),
+                    }));
                 }
                 let key = RunKeys::input(index, key);
                 for b in &mut binds {
@@ -198,25 +213,23 @@ pub(super) fn global_output(spmd: &SpmdProgram, k: usize, blocks: Vec<Literal>) 
 
 /// An [`Error::Input`] unless `given` is the number of inputs of `spmd`.
 fn check_input_count(spmd: &SpmdProgram, given: usize) -> Result<()> {
-    if given == spmd.inputs.len() {
+    let expected = spmd.inputs.len();
+    if given == expected {
         return Ok(());
     }
-    let message = format!(
-        "the program takes {} inputs but {given} were given",
-        spmd.inputs.len()
-    );
-    Err(input_error(spmd, given.min(spmd.inputs.len()), message))
+    let problem = InputProblem::Count { expected, given };
+    Err(input_error(spmd, given.min(expected), problem))
 }
 
 /// An [`Error::Input`] for input `index` of `spmd`, named after its parameter.
-fn input_error(spmd: &SpmdProgram, index: usize, message: String) -> Error {
+fn input_error(spmd: &SpmdProgram, index: usize, problem: InputProblem) -> Error {
     let name = (spmd.program.params.get(index))
         .and_then(|&p| spmd.program.node(p).name.clone())
         .unwrap_or_else(|| format!("#{index}"));
     Error::Input {
         index,
         name,
-        message,
+        problem,
     }
 }
 
@@ -436,32 +449,30 @@ pub(super) fn padded_blocks(
     devices: Range<usize>,
 ) -> Result<Vec<Literal>> {
     let Resident { ty, sharding } = resident;
-    let fail = |message: String| Error::Input {
+    let fail = |problem: InputProblem| Error::Input {
         index: 0,
         name: key.to_string(),
-        message,
+        problem,
     };
     sharding.validate(mesh, ty.rank(), &format!("store `{key}`: "))?;
     if !sharding.unreduced.is_empty() {
-        return Err(fail(format!(
-            "cannot store a value unreduced over {:?}",
-            sharding.unreduced
-        )));
+        return Err(fail(InputProblem::Unreduced {
+            axes: sharding.unreduced.clone(),
+        }));
     }
     if blocks.len() != devices.len() {
-        return Err(fail(format!(
-            "{} blocks given for the {} devices {devices:?}",
-            blocks.len(),
-            devices.len()
-        )));
+        return Err(fail(InputProblem::ShardCount {
+            expected: devices.len(),
+            given: blocks.len(),
+        }));
     }
     let local = sharding.local_shape(mesh, &ty.shape);
     (blocks.into_iter().zip(devices))
         .map(|(block, d)| {
             check_block(&block, ty, sharding, mesh, d)?;
-            pad_to(block, &local)
+            pad_input(block, &local)
         })
-        .collect::<Result<Vec<Literal>, String>>()
+        .collect::<Result<Vec<Literal>, InputProblem>>()
         .map_err(fail)
 }
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::buffers;
@@ -449,7 +449,7 @@ fn check_inputs(program: &Program, inputs: &[Cow<'_, Literal>]) -> Result<()> {
             } else {
                 "(no such parameter)".into()
             },
-            message: format!("the program takes {expected} inputs but {given} were given"),
+            problem: InputProblem::Count { expected, given },
         });
     }
     for (index, (&p, input)) in program.params.iter().zip(inputs).enumerate() {
@@ -458,11 +458,19 @@ fn check_inputs(program: &Program, inputs: &[Cow<'_, Literal>]) -> Result<()> {
             continue;
         }
         let given = TensorType::new(input.shape(), input.dtype());
-        let expected = ty.map_or_else(|| "a parameter".into(), ToString::to_string);
+        let problem = match ty {
+            Some(expected) => InputProblem::Type {
+                expected: expected.clone(),
+                given,
+            },
+            None => InputProblem::Invalid {
+                reason: "the program's parameter has no node".into(),
+            },
+        };
         return Err(Error::Input {
             index,
             name: name(index),
-            message: format!("expected {expected}, given {given}"),
+            problem,
         });
     }
     Ok(())

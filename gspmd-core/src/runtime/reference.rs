@@ -12,7 +12,7 @@ use super::binding::{
 };
 use super::interpreter::{eval_kernel, execute};
 use super::memory::available_memory;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::Literal;
 use crate::sharding::Mesh;
 
@@ -124,7 +124,10 @@ impl Backend for Reference {
         let value = blocks.pop().ok_or_else(|| Error::Input {
             index: 0,
             name: key.to_string(),
-            message: "no block given".into(),
+            problem: InputProblem::ShardCount {
+                expected: 1,
+                given: 0,
+            },
         })?;
         self.values().insert(key.to_string(), value);
         self.residents().insert(key.to_string(), resident);

@@ -1,7 +1,7 @@
 //! [`Mesh`]: named axes with sizes over an ordered list of devices.
 
 use super::sub_axis::{AxisPart, merge_adjacent};
-use crate::error::{Error, Result};
+use crate::error::{DeviceOrderProblem, Error, MeshProblem, Result};
 
 /// A logical n-d array of devices with named axes (JAX's `Mesh`, Shardy's `sdy.mesh`).
 ///
@@ -44,22 +44,28 @@ impl Mesh {
                 && name.chars().all(|c| c.is_alphanumeric() || c == '_')
                 && name != "_";
             if !valid_name {
-                return Err(Error::InvalidMesh(format!(
-                    "axis name `{name}` is not an identifier"
-                )));
+                return Err(Error::InvalidMesh {
+                    problem: MeshProblem::NotAnIdentifier { axis: name.clone() },
+                });
             }
             if *size == 0 {
-                return Err(Error::InvalidMesh(format!("axis `{name}` has size 0")));
+                return Err(Error::InvalidMesh {
+                    problem: MeshProblem::ZeroSize { axis: name.clone() },
+                });
             }
             if axes[..i].iter().any(|(n, _)| n == name) {
-                return Err(Error::InvalidMesh(format!("axis `{name}` appears twice")));
+                return Err(Error::InvalidMesh {
+                    problem: MeshProblem::RepeatedAxis { axis: name.clone() },
+                });
             }
         }
         let num_devices = num_devices(&axes)?;
         if device_ids.len() != num_devices {
             return Err(Error::DeviceOrder {
                 num_devices,
-                detail: format!("{} device ids given", device_ids.len()),
+                problem: DeviceOrderProblem::Count {
+                    given: device_ids.len(),
+                },
             });
         }
         let mut positions = vec![usize::MAX; num_devices];
@@ -67,13 +73,13 @@ impl Mesh {
             if d >= num_devices {
                 return Err(Error::DeviceOrder {
                     num_devices,
-                    detail: format!("id {d} out of range"),
+                    problem: DeviceOrderProblem::OutOfRange { id: d },
                 });
             }
             if std::mem::replace(&mut positions[d], position) != usize::MAX {
                 return Err(Error::DeviceOrder {
                     num_devices,
-                    detail: format!("id {d} repeated"),
+                    problem: DeviceOrderProblem::Repeated { id: d },
                 });
             }
         }
@@ -390,7 +396,9 @@ pub(super) fn split_sub_axis(name: &str) -> Option<(&str, usize, usize)> {
 fn num_devices(axes: &[(String, usize)]) -> Result<usize> {
     axes.iter()
         .try_fold(1usize, |n, (_, size)| n.checked_mul(*size))
-        .ok_or_else(|| Error::InvalidMesh("the number of devices overflows".into()))
+        .ok_or(Error::InvalidMesh {
+            problem: MeshProblem::TooManyDevices,
+        })
 }
 
 impl std::fmt::Display for Mesh {

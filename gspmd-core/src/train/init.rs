@@ -5,7 +5,7 @@
 //! an unsharded initialisation makes ([`Initializer::global`]), bit for bit.
 
 use super::names::glob_match;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::Literal;
 use ndarray::{ArrayD, IxDyn};
 
@@ -91,7 +91,7 @@ impl Initializer {
             .map(|(_, init)| init)
             .ok_or_else(|| Error::TrainerInput {
                 name: name.to_string(),
-                message: "no initializer rule matches this parameter".into(),
+                problem: InputProblem::NoInitRule,
             })
     }
 
@@ -131,7 +131,9 @@ impl Initializer {
         let array =
             ArrayD::from_shape_vec(IxDyn(&sizes), values).map_err(|e| Error::TrainerInput {
                 name: name.to_string(),
-                message: e.to_string(),
+                problem: InputProblem::Invalid {
+                    reason: e.to_string(),
+                },
             })?;
         Ok(Literal::F32(array))
     }

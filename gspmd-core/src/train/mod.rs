@@ -47,6 +47,7 @@ pub use optimizer::{
 pub use outputs::{AuxOutput, Fetch, StepOutput, output_name};
 pub use schedule::Schedule;
 pub use step::{
-    RNG, StateSlot, StepOptions, TrainStep, TrainedParam, step_program, step_program_with,
+    InputRole, RNG, StateSlot, StepInput, StepOptions, TrainStep, TrainedParam, step_program,
+    step_program_with,
 };
 pub use trainer::{Evaluator, Initial, STEP_COUNT, Trainer};

@@ -9,7 +9,7 @@
 //! gather (its blocks are dropped where they are).
 
 use super::names::glob_match;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Program};
 use crate::runtime::{Output, Value};
 
@@ -127,12 +127,12 @@ pub(super) fn request_aux(
     asked: &[(&str, Fetch)],
     outputs: &mut [Output],
 ) -> Result<Vec<usize>> {
-    if let Some((i, (name, _))) =
+    if let Some((_, (name, _))) =
         (asked.iter().enumerate()).find(|(i, (name, _))| asked[..*i].iter().any(|(n, _)| n == name))
     {
         return Err(Error::TrainerInput {
             name: (*name).to_string(),
-            message: format!("aux output asked for twice (again at {i})"),
+            problem: InputProblem::Repeated,
         });
     }
     asked
@@ -174,7 +174,9 @@ pub(super) fn step_output(
         .and_then(|a| a.iter().next().copied())
         .ok_or_else(|| Error::TrainerInput {
             name: "loss".into(),
-            message: "the step did not return an f32 loss".into(),
+            problem: InputProblem::Invalid {
+                reason: "the step did not return an f32 loss".into(),
+            },
         })?;
     Ok(StepOutput { loss, aux })
 }

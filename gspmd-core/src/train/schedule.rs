@@ -3,11 +3,12 @@
 //! schedule runs without recompiling: the [`Trainer`](super::Trainer) computes each
 //! step's value on the host.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerProblem, Result};
 
 /// How the learning rate changes with the step `t = 1, 2, ..`: `lr(t) = lr * factor(t)`
 /// (optax's `warmup_cosine_decay_schedule` and `linear_schedule` shapes).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub enum Schedule {
     /// `factor(t) = 1`.
     #[default]
@@ -79,16 +80,20 @@ impl Schedule {
         else {
             return Ok(());
         };
-        let message = if total <= warmup {
-            format!("total = {total} must be above warmup = {warmup}")
+        let (name, value, requirement) = if total <= warmup {
+            ("total", total as f32, format!("above warmup = {warmup}"))
         } else if !(0.0..=1.0).contains(&final_fraction) {
-            format!("final_fraction = {final_fraction} must be in [0, 1]")
+            ("final_fraction", final_fraction, "in [0, 1]".to_string())
         } else {
             return Ok(());
         };
         Err(Error::Optimizer {
             optimizer: format!("{self:?}"),
-            message,
+            problem: OptimizerProblem::HyperParameter {
+                name: name.into(),
+                value,
+                requirement,
+            },
         })
     }
 }

@@ -7,9 +7,9 @@ use super::names::Trainable;
 use super::optimizer::{Emitter, Optimizer, Param};
 use super::outputs::{AuxOutput, select_aux};
 use crate::autodiff::grad;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::Appender;
-use crate::ir::{DType, Program, TensorType, ValueId, verify};
+use crate::ir::{DType, Literal, Program, TensorType, ValueId, verify};
 use crate::sharding::Sharding;
 use crate::simplify::eliminate_dead_code;
 
@@ -88,6 +88,46 @@ pub struct TrainStep {
     pub rng: Option<usize>,
 }
 
+/// What an input of a training step program is ([`StepInput::role`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InputRole {
+    /// Trained parameter [`TrainStep::params`]`[param]`, carried from step to step.
+    Trained {
+        /// Its position in [`TrainStep::params`].
+        param: usize,
+    },
+    /// Optimizer state slot `slot` of trained parameter `param`, carried from step to
+    /// step.
+    State {
+        /// The trained parameter's position in [`TrainStep::params`].
+        param: usize,
+        /// The slot's position in its [`TrainedParam::state`].
+        slot: usize,
+    },
+    /// A data input ([`TrainStep::data`]): given anew each step.
+    Data,
+    /// One of the optimizer's per-step scalars ([`TrainStep::scalars`]: the learning
+    /// rate, ...), computed by a [`Trainer`](super::Trainer) for each step.
+    Scalar,
+    /// The step's random key ([`RNG`]).
+    Rng,
+}
+
+/// One input of a training step program, as [`TrainStep::inputs`] describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepInput {
+    /// Its position among the program's parameters.
+    pub index: usize,
+    /// Its name (the model parameter's, a state slot's `m(w)`, a scalar's
+    /// `learning_rate`); `#i` for a parameter without one.
+    pub name: String,
+    /// Its type.
+    pub ty: TensorType,
+    /// What it is.
+    pub role: InputRole,
+}
+
 /// The name of a model parameter that is the step's random key (an `i32[2]` key of
 /// [`crate::ir::random`], e.g. for dropout): like Flax's `rngs`, the trainer feeds it,
 /// not the data — at step `t` (counted from 1, restored with a checkpoint) the key
@@ -105,6 +145,88 @@ impl TrainStep {
         self.params.iter().flat_map(|p| {
             std::iter::once((p.output, p.input)).chain(p.state.iter().map(|s| (s.output, s.input)))
         })
+    }
+
+    /// Every input of the step program, in input order: its index, name, type and
+    /// [`InputRole`]. The program's inputs are exactly these; feeding it (with
+    /// [`Executable::run`](crate::Executable::run), or arranged by name with
+    /// [`TrainStep::feed`]) checks each value against them.
+    pub fn inputs(&self) -> Vec<StepInput> {
+        let program = &self.program;
+        (program.params.iter().enumerate())
+            .map(|(index, &p)| {
+                let node = program.node(p);
+                StepInput {
+                    index,
+                    name: node.name.clone().unwrap_or_else(|| format!("#{index}")),
+                    ty: node.ty.clone(),
+                    role: self.role(index),
+                }
+            })
+            .collect()
+    }
+
+    /// The role of input `index` ([`InputRole::Data`] for an index no other role has).
+    fn role(&self, index: usize) -> InputRole {
+        for (param, p) in self.params.iter().enumerate() {
+            if p.input == index {
+                return InputRole::Trained { param };
+            }
+            if let Some(slot) = p.state.iter().position(|s| s.input == index) {
+                return InputRole::State { param, slot };
+            }
+        }
+        if self.scalars.contains(&index) {
+            InputRole::Scalar
+        } else if self.rng == Some(index) {
+            InputRole::Rng
+        } else {
+            InputRole::Data
+        }
+    }
+
+    /// The step program's inputs, in input order, from values given by name
+    /// ([`TrainStep::inputs`]' names): each input must be given exactly once, with its
+    /// type. A missing input is an [`Error::Input`] with [`InputProblem::Missing`]
+    /// naming it (no value is made up for it), a value of another shape or dtype one
+    /// with [`InputProblem::Type`]; a name given twice is [`InputProblem::Repeated`],
+    /// a name the step has no input of [`InputProblem::Unknown`] (with the index one
+    /// past the inputs).
+    pub fn feed<'a>(
+        &self,
+        named: impl IntoIterator<Item = (&'a str, Literal)>,
+    ) -> Result<Vec<Literal>> {
+        let inputs = self.inputs();
+        let error = |index: usize, name: &str, problem| Error::Input {
+            index,
+            name: name.to_string(),
+            problem,
+        };
+        let mut values: Vec<Option<Literal>> = vec![None; inputs.len()];
+        for (name, value) in named {
+            let Some(input) = inputs.iter().find(|i| i.name == name) else {
+                let available = inputs.iter().map(|i| i.name.clone()).collect();
+                return Err(error(
+                    inputs.len(),
+                    name,
+                    InputProblem::Unknown { available },
+                ));
+            };
+            let given = TensorType::new(value.shape(), value.dtype());
+            if given != input.ty {
+                let expected = input.ty.clone();
+                let problem = InputProblem::Type { expected, given };
+                return Err(error(input.index, name, problem));
+            }
+            if values[input.index].replace(value).is_some() {
+                return Err(error(input.index, name, InputProblem::Repeated));
+            }
+        }
+        (values.into_iter().zip(&inputs))
+            .map(|(value, input)| {
+                value.ok_or_else(|| error(input.index, &input.name, InputProblem::Missing))
+            })
+            .collect()
     }
 
     /// The inputs carried from step to step (the trained parameters and their

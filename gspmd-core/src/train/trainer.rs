@@ -9,7 +9,7 @@ use super::init::Initializer;
 use super::outputs::{Fetch, StepOutput, output_name, request_aux, step_output};
 use super::schedule::Schedule;
 use super::step::TrainStep;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::executable::{CompileOptions, Executable, compile_for};
 use crate::ir::random::{fold_in_data, key_data};
 use crate::ir::{Builder, DType, Literal, Program, TensorType};
@@ -112,11 +112,10 @@ impl Trainer {
         {
             return Err(Error::TrainerInput {
                 name: "initial parameters".into(),
-                message: format!(
-                    "{} trained parameters but {} initial values",
-                    step.params.len(),
-                    values.len()
-                ),
+                problem: InputProblem::Count {
+                    expected: step.params.len(),
+                    given: values.len(),
+                },
             });
         }
         let exe = compile_for(&step.program, &backend, options)?;
@@ -328,10 +327,10 @@ impl Trainer {
         if count != self.step.data.len() {
             return Err(Error::TrainerInput {
                 name: "data".into(),
-                message: format!(
-                    "the step takes {} data inputs but {count} were given",
-                    self.step.data.len(),
-                ),
+                problem: InputProblem::Count {
+                    expected: self.step.data.len(),
+                    given: count,
+                },
             });
         }
         Ok(())
@@ -474,7 +473,7 @@ impl Trainer {
                 .map(|(_, t)| t)
                 .ok_or_else(|| Error::TrainerInput {
                     name: name.to_string(),
-                    message: "missing from the checkpoint".into(),
+                    problem: InputProblem::Missing,
                 })
         };
         let mut updates = Vec::new();
@@ -509,11 +508,12 @@ pub(super) fn step_count(count: &Literal) -> Result<u64> {
         .and_then(|c| u64::try_from(c).ok())
         .ok_or_else(|| Error::TrainerInput {
             name: STEP_COUNT.into(),
-            message: format!(
-                "expected a non-negative i32 scalar, got {}{:?}",
-                count.dtype(),
-                count.shape()
-            ),
+            problem: InputProblem::Invalid {
+                reason: format!(
+                    "expected a non-negative i32 scalar, got {}",
+                    TensorType::new(count.shape(), count.dtype())
+                ),
+            },
         })
 }
 
@@ -534,10 +534,10 @@ fn check(program: &Program, index: usize, name: &str, value: &Literal) -> Result
     if value.dtype() != want.dtype || value.shape() != want.shape {
         return Err(Error::TrainerInput {
             name: name.to_string(),
-            message: format!(
-                "expected {want}, got {}",
-                TensorType::new(value.shape(), value.dtype())
-            ),
+            problem: InputProblem::Type {
+                expected: want.clone(),
+                given: TensorType::new(value.shape(), value.dtype()),
+            },
         });
     }
     Ok(())

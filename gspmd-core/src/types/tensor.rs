@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     /// 32-bit float: activations and weights.
     F32,

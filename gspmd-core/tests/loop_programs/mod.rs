@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gspmd_core::ir::{Builder, DType, Flow, Literal, Op, Program, Tensor};
+use gspmd_core::ir::{Builder, CollectiveKind, DType, Flow, Literal, Op, Program, Tensor};
 use gspmd_core::partition::bytes_received;
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
@@ -82,10 +82,13 @@ pub fn while_loop(x: (&[usize], &str), w: (&[usize], &str)) -> Program {
 
 /// The collectives of `program`'s own nodes (its regions left out), by kind: (count,
 /// bytes received per device).
-pub fn own(program: &Program, mesh: &Mesh) -> BTreeMap<&'static str, (usize, usize)> {
-    let mut by_kind: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-    for node in program.nodes.iter().filter(|n| n.op.is_collective()) {
-        let e = by_kind.entry(node.op.name()).or_default();
+pub fn own(program: &Program, mesh: &Mesh) -> BTreeMap<CollectiveKind, (usize, usize)> {
+    let mut by_kind: BTreeMap<CollectiveKind, (usize, usize)> = BTreeMap::new();
+    for node in &program.nodes {
+        let Some(kind) = node.op.collective_kind() else {
+            continue;
+        };
+        let e = by_kind.entry(kind).or_default();
         e.0 += 1;
         e.1 += bytes_received(program, node, mesh);
     }

@@ -32,7 +32,7 @@ use std::path::Path;
 pub use single_file::{load_checkpoint, save_checkpoint};
 
 use super::trainer::Trainer;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::runtime::{Backend, Resident};
 
 impl Trainer {
@@ -124,7 +124,9 @@ fn carried(trainer: &Trainer) -> Result<Vec<Carried>> {
                 .carried_key(input)
                 .ok_or_else(|| Error::TrainerInput {
                     name: name.clone(),
-                    message: format!("step input {input} is not carried from step to step"),
+                    problem: InputProblem::Invalid {
+                        reason: format!("step input {input} is not carried from step to step"),
+                    },
                 })?;
             Ok(Carried {
                 name: name.clone(),

@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use super::source::{Source, epoch_order};
 use super::{Batch, DataLayout};
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, TensorType};
 use crate::runtime::shard_literal;
 use crate::sharding::{DimSharding, Sharding};
@@ -317,6 +317,6 @@ impl Iterator for Batches<'_> {
 fn data_error(message: String) -> Error {
     Error::TrainerInput {
         name: "data".into(),
-        message,
+        problem: InputProblem::Invalid { reason: message },
     }
 }

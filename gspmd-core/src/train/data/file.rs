@@ -14,7 +14,7 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, Metadata};
 
 use super::source::Source;
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{DType, Literal, TensorType};
 
 /// The largest header read (safetensors' own limit): a larger length says the file is
@@ -196,6 +196,6 @@ fn dtype(stored: Dtype) -> Option<DType> {
 fn file_error(name: &str, message: String) -> Error {
     Error::TrainerInput {
         name: format!("data file {name}"),
-        message,
+        problem: InputProblem::Invalid { reason: message },
     }
 }

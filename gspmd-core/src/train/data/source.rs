@@ -6,7 +6,7 @@ use ndarray::Axis;
 
 use super::super::init::mix;
 use super::{Batches, DataLayout};
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, TensorType};
 
 /// Examples addressable by index: `len()` of them, each made of one array per *field*
@@ -46,9 +46,9 @@ impl Dataset {
     /// A dataset of `fields`, which must all have the same leading dim (the number of
     /// examples), else an [`Error::TrainerInput`].
     pub fn new(fields: Vec<Literal>) -> Result<Self> {
-        let fail = |message: String| Error::TrainerInput {
+        let fail = |reason: String| Error::TrainerInput {
             name: "dataset".into(),
-            message,
+            problem: InputProblem::Invalid { reason },
         };
         let Some(first) = fields.first() else {
             return Err(fail("no field".into()));
@@ -120,14 +120,14 @@ impl Source for Dataset {
     }
 
     fn read(&self, field: usize, examples: &[usize]) -> Result<Literal> {
-        let fail = |message: String| Error::TrainerInput {
+        let fail = |what, index, len| Error::TrainerInput {
             name: "dataset".into(),
-            message,
+            problem: InputProblem::OutOfRange { what, index, len },
         };
-        let values = (self.fields.get(field))
-            .ok_or_else(|| fail(format!("no field {field} of {}", self.fields.len())))?;
-        if let Some(e) = examples.iter().find(|&&e| e >= self.len) {
-            return Err(fail(format!("no example {e} of {}", self.len)));
+        let values =
+            (self.fields.get(field)).ok_or_else(|| fail("field", field, self.fields.len()))?;
+        if let Some(&e) = examples.iter().find(|&&e| e >= self.len) {
+            return Err(fail("example", e, self.len));
         }
         Ok(take_rows(values, examples))
     }

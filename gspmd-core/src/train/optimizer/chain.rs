@@ -4,7 +4,7 @@
 use super::Optimizer;
 use super::emit::Emitter;
 use super::transform::{Param, Slot, Transform};
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerProblem, Result};
 use crate::ir::ValueId;
 use crate::train::Schedule;
 
@@ -80,7 +80,9 @@ impl Transform for Chain {
             let Some((mine, rest)) = scalars.split_at_checked(count) else {
                 return Err(Error::Optimizer {
                     optimizer: self.name.clone(),
-                    message: format!("internal: {} scalars for the chain", scalars.len()),
+                    problem: OptimizerProblem::Internal {
+                        reason: format!("{} scalars for the chain", scalars.len()),
+                    },
                 });
             };
             scalars = rest;
@@ -91,7 +93,9 @@ impl Transform for Chain {
                 let Some(state) = state.get(*offset..end) else {
                     return Err(Error::Optimizer {
                         optimizer: self.name.clone(),
-                        message: format!("internal: too few state values for `{}`", p.name),
+                        problem: OptimizerProblem::Internal {
+                            reason: format!("too few state values for `{}`", p.name),
+                        },
                     });
                 };
                 views.push(Param {

@@ -4,7 +4,7 @@
 use super::Optimizer;
 use super::emit::Emitter;
 use super::transform::{Param, Transform, check_hyper_parameters, non_negative};
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerProblem, Result};
 use crate::ir::ValueId;
 use crate::train::names::{glob_match, glob_match_any};
 
@@ -54,7 +54,9 @@ impl Mask {
         match (patterns.iter()).find(|p| !params.iter().any(|q| glob_match(p, &q.name))) {
             Some(unused) => Err(Error::Optimizer {
                 optimizer: format!("{owner:?}"),
-                message: format!("mask pattern `{unused}` matches no trained parameter"),
+                problem: OptimizerProblem::UnusedMask {
+                    pattern: unused.clone(),
+                },
             }),
             None => Ok(()),
         }

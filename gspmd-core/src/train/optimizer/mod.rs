@@ -36,7 +36,7 @@ pub use sgd::{Sgd, trace};
 pub use transform::{Param, Slot, Transform, check_hyper_parameters};
 
 use super::schedule::Schedule;
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerProblem, Result};
 use crate::ir::ValueId;
 use std::fmt;
 use std::sync::Arc;
@@ -108,12 +108,14 @@ impl Optimizer {
     /// inputs, `<slot>(<parameter>)`, would clash).
     pub fn state_slots(&self, shape: &[usize]) -> Result<Vec<Slot>> {
         let slots = self.0.slots(shape);
-        if let Some((i, slot)) =
+        if let Some((_, slot)) =
             (slots.iter().enumerate()).find(|(i, s)| slots[..*i].iter().any(|t| t.name == s.name))
         {
             return Err(Error::Optimizer {
                 optimizer: format!("{self:?}"),
-                message: format!("two state slots are named `{}` (at {i})", slot.name),
+                problem: OptimizerProblem::RepeatedSlot {
+                    slot: slot.name.to_string(),
+                },
             });
         }
         Ok(slots)
@@ -143,9 +145,9 @@ impl Optimizer {
         params: &mut [Param],
         scalars: &[ValueId],
     ) -> Result<()> {
-        let internal = |message: String| Error::Optimizer {
+        let internal = |reason: String| Error::Optimizer {
             optimizer: format!("{self:?}"),
-            message,
+            problem: OptimizerProblem::Internal { reason },
         };
         let names = self.0.scalar_names().len();
         if scalars.len() != names {

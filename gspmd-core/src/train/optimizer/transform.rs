@@ -3,7 +3,7 @@
 //! host scalars, and emits its update into the step program through an [`Emitter`].
 
 use super::emit::Emitter;
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerProblem, Result};
 use crate::ir::{Location, ValueId};
 use crate::train::Schedule;
 use std::fmt;
@@ -107,7 +107,11 @@ pub fn check_hyper_parameters(
     match checks.iter().find(|c| !c.2) {
         Some((name, value, _, range)) => Err(Error::Optimizer {
             optimizer: format!("{transform:?}"),
-            message: format!("{name} = {value} must be finite and {range}"),
+            problem: OptimizerProblem::HyperParameter {
+                name: name.to_string(),
+                value: *value,
+                requirement: format!("finite and {range}"),
+            },
         }),
         None => Ok(()),
     }
