@@ -412,8 +412,8 @@ pub enum Error {
     /// A value does not fit in the memory limit next to the values live when it is
     /// computed; found before it is allocated.
     #[error(
-        "{location}: {value} = {op}: out of memory: needs {bytes} bytes with {live} bytes live, \
-         over the limit of {limit} bytes"
+        "{location}: {value} = {op}: out of memory: needs {bytes} bytes and {scratch} bytes of \
+         kernel scratch with {live} bytes live, over the limit of {limit} bytes"
     )]
     OutOfMemory {
         /// The value that does not fit.
@@ -424,6 +424,9 @@ pub enum Error {
         location: Location,
         /// The value's size in bytes.
         bytes: usize,
+        /// The scratch its kernel holds while it runs besides its operands and result
+        /// (a convolution's patch matrix, say), as the memory analysis estimates it.
+        scratch: usize,
         /// Bytes of the values live when it would be allocated.
         live: usize,
         /// The device's memory limit in bytes.
@@ -502,6 +505,31 @@ pub enum Error {
     /// device count) or was given a program for another mesh.
     #[error("MPI mesh: {0}")]
     MpiMesh(String),
+    /// A run passed its deadline (`with_deadline` on a mesh or the interpreter) and
+    /// was cancelled: where each device was when it stopped.
+    #[error(
+        "the run passed its deadline of {deadline:?} and was cancelled: {}",
+        crate::runtime::positions_text(positions)
+    )]
+    DeadlineExceeded {
+        /// The deadline the run was given.
+        deadline: std::time::Duration,
+        /// Where each device was, by device.
+        positions: Vec<crate::runtime::RunPosition>,
+    },
+    /// A zero timeout or deadline, which would fail every run at once.
+    #[error("{setting}: a zero duration would fail every run; give a positive one")]
+    ZeroDuration {
+        /// The setting given zero, e.g. `ThreadMesh::with_timeout`.
+        setting: &'static str,
+    },
+    /// A device thread of a thread mesh is gone (it panicked outside any program), so
+    /// the mesh cannot run; a new mesh can.
+    #[error("thread mesh: the thread of device {device} has exited; make a new mesh")]
+    DeviceThreadExited {
+        /// The device whose thread exited.
+        device: usize,
+    },
 }
 
 /// `tensor `name`: ` for an [`Error::Checkpoint`] about one tensor, else nothing.
