@@ -509,13 +509,13 @@ pub enum Error {
     /// was cancelled: where each device was when it stopped.
     #[error(
         "the run passed its deadline of {deadline:?} and was cancelled: {}",
-        crate::runtime::positions_text(positions)
+        positions_text(positions)
     )]
     DeadlineExceeded {
         /// The deadline the run was given.
         deadline: std::time::Duration,
         /// Where each device was, by device.
-        positions: Vec<crate::runtime::RunPosition>,
+        positions: Vec<RunPosition>,
     },
     /// A zero timeout or deadline, which would fail every run at once.
     #[error("{setting}: a zero duration would fail every run; give a positive one")]
@@ -530,6 +530,42 @@ pub enum Error {
         /// The device whose thread exited.
         device: usize,
     },
+}
+
+/// Where one device was when its run was cancelled: the node it was at (its op and
+/// the user's source line) and the iteration of the innermost loop around it, each if
+/// known (a device still inside a kernel when the run gave up on it is at neither).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPosition {
+    /// The device.
+    pub device: usize,
+    /// The op of the node it was at.
+    pub op: Option<&'static str>,
+    /// Where that node was traced.
+    pub location: Option<Location>,
+    /// The iteration of the innermost loop it was in (0 for the first).
+    pub iteration: Option<usize>,
+}
+
+impl std::fmt::Display for RunPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {}", self.device)?;
+        match (self.op, self.location) {
+            (Some(op), Some(location)) => write!(f, " at {op} ({location})")?,
+            (Some(op), None) => write!(f, " at {op}")?,
+            _ => write!(f, " still running")?,
+        }
+        if let Some(i) = self.iteration {
+            write!(f, " in loop iteration {i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The positions as one line, `; `-separated (for [`Error::DeadlineExceeded`]'s text).
+fn positions_text(positions: &[RunPosition]) -> String {
+    let items: Vec<String> = positions.iter().map(ToString::to_string).collect();
+    items.join("; ")
 }
 
 /// `tensor `name`: ` for an [`Error::Checkpoint`] about one tensor, else nothing.

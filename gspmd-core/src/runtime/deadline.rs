@@ -12,11 +12,10 @@
 //! waiting for it in a collective; the run's error then names where each device was.
 
 use std::cell::Cell;
-use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-use crate::types::Location;
+use crate::error::{Error, Result, RunPosition};
+use crate::ir::Location;
 
 thread_local! {
     /// The deadline of the run on this thread (when it ends, and the duration it was
@@ -25,42 +24,6 @@ thread_local! {
     /// The iteration the innermost loop running on this thread is at; kept when a loop
     /// fails, so the run's error can name it.
     static ITERATION: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// Where one device was when its run was cancelled: the node it was at (its op and
-/// the user's source line) and the iteration of the innermost loop around it, each if
-/// known (a device still inside a kernel when the run gave up on it is at neither).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunPosition {
-    /// The device.
-    pub device: usize,
-    /// The op of the node it was at.
-    pub op: Option<&'static str>,
-    /// Where that node was traced.
-    pub location: Option<Location>,
-    /// The iteration of the innermost loop it was in (0 for the first).
-    pub iteration: Option<usize>,
-}
-
-impl fmt::Display for RunPosition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "device {}", self.device)?;
-        match (self.op, self.location) {
-            (Some(op), Some(location)) => write!(f, " at {op} ({location})")?,
-            (Some(op), None) => write!(f, " at {op}")?,
-            _ => write!(f, " still running")?,
-        }
-        if let Some(i) = self.iteration {
-            write!(f, " in loop iteration {i}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The positions as one line, `; `-separated (for [`Error::DeadlineExceeded`]'s text).
-pub(crate) fn positions_text(positions: &[RunPosition]) -> String {
-    let items: Vec<String> = positions.iter().map(ToString::to_string).collect();
-    items.join("; ")
 }
 
 /// `duration` if it is positive; [`Error::ZeroDuration`] naming `setting` (e.g.

@@ -30,12 +30,13 @@ mod reference;
 mod sample;
 mod thread_mesh;
 
+/// Where a device was when its run passed its deadline (see
+/// [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded)).
+pub use crate::error::RunPosition;
 pub use backend::{Backend, Input, Loaded, Output, Resident, Value};
 pub use blocks::{assemble, shard_literal};
 pub use buffers::pooled_bytes;
 pub use communicator::Communicator;
-pub use deadline::RunPosition;
-pub(crate) use deadline::positions_text;
 /// Runs one device's program directly, bypassing the input checks of
 /// [`Backend::execute`]: for fault-injection tests.
 #[doc(hidden)]

@@ -19,10 +19,10 @@ use super::binding::{
 };
 use super::buffers;
 use super::communicator::{Communicator, Process, Rendezvous, SharedMemoryCommunicator, Uplink};
-use super::deadline::{self, DeadlineGuard, RunPosition};
+use super::deadline::{self, DeadlineGuard};
 use super::device::run_planned;
 use super::memory::available_memory;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RunPosition};
 use crate::ir::{Literal, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -124,9 +124,11 @@ struct Worker {
 /// ends): each device stops at its next node, and the run returns
 /// [`Error::DeadlineExceeded`] naming where each device was.
 ///
-/// A device thread outlives panics: a program's is the run's [`Error::DevicePanicked`],
-/// and so is one raised while the program (and what it captured) is dropped; should a
-/// thread exit anyway, every later run is an [`Error::DeviceThreadExited`] naming it.
+/// A device thread outlives panics: a program's (or `settle`'s) is the run's
+/// [`Error::DevicePanicked`]; one raised while the program and what it captured are
+/// dropped, after the run, is left to the panic hook to report, and the next runs go on;
+/// should a thread exit anyway, every later run is an [`Error::DeviceThreadExited`]
+/// naming it.
 ///
 /// Memory: each device's runtime holds at most [`ThreadMesh::memory_limit`] bytes of
 /// live values and kernel scratch; see [`ThreadMesh::with_memory_limit`].
@@ -396,12 +398,9 @@ impl ThreadMesh {
                 let _deadline = DeadlineGuard::start(started, run_deadline);
                 let result = run_on_device(context, &program.0);
                 let succeeded = result.is_ok();
-                // `settle`, and dropping the program with what it captures (on the
-                // device that finishes last), may panic too (a user's destructor): that
-                // is this device's failure, not the end of its thread.
+                // A panicking `settle` is this device's failure, not its thread's end.
                 let settled = catch_unwind(AssertUnwindSafe(|| (program.1)(context, succeeded)));
-                let dropped = catch_unwind(AssertUnwindSafe(move || drop(program)));
-                let result = match settled.and(dropped) {
+                let result = match settled {
                     Ok(()) => result,
                     Err(payload) => Err(Error::DevicePanicked {
                         device,
@@ -411,6 +410,12 @@ impl ThreadMesh {
                 let position = result.as_ref().err().map(|e| deadline::position(device, e));
                 // The receiver may be gone (a run that ended without this device).
                 let _ = results.send((device, result, position));
+                // The program and what it captures are dropped after the result is
+                // sent (on the device that finishes last), so they may hold the mesh's
+                // last handle (see `Drop`). A destructor panicking here (a user's value)
+                // cannot fail the run, which has ended: the panic hook reports it, and
+                // the thread lives on for the next runs.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(program)));
             });
             if worker.jobs.send(job).is_err() {
                 let device = self.devices.start + device;
