@@ -119,19 +119,25 @@ fn while_loop_body_returning_more_carried_values_than_it_carries() {
 
 // ---- values of a loop body used outside it -------------------------------------------
 
-#[test]
-fn loop_body_value_returned_as_a_program_output() {
-    let b = Builder::new("t");
-    let x = f32_param(&b, "x", &[2]);
+/// A `fori_loop` in `b` whose body also hands a value it traced to the caller: the
+/// loop's result and that value.
+fn loop_leaking_a_value(b: &Builder) -> (Tensor, Tensor) {
+    let x = f32_param(b, "x", &[2]);
     let mut leaked = None;
     let out = b.fori_loop(3, &[x], |_, c| {
         let y = c[0].exp();
         leaked = Some(y.clone());
         vec![y]
     });
-    let leaked = leaked.unwrap();
+    (out[0].clone(), leaked.unwrap())
+}
+
+#[test]
+fn loop_body_value_returned_as_a_program_output() {
+    let b = Builder::new("t");
+    let (out, leaked) = loop_leaking_a_value(&b);
     let line = line!() + 1;
-    let (_, message) = one_shape_error(b, &[&out[0], &leaked], line);
+    let (_, message) = one_shape_error(b, &[&out, &leaked], line);
     assert!(
         message.contains("traced inside a region (a loop body or branch) was used outside it"),
         "{message}"
@@ -141,15 +147,9 @@ fn loop_body_value_returned_as_a_program_output() {
 #[test]
 fn loop_body_value_used_after_the_loop_is_one_error() {
     let b = Builder::new("t");
-    let x = f32_param(&b, "x", &[2]);
-    let mut leaked = None;
-    let out = b.fori_loop(3, &[x], |_, c| {
-        let y = c[0].exp();
-        leaked = Some(y.clone());
-        vec![y]
-    });
+    let (out, leaked) = loop_leaking_a_value(&b);
     let line = line!() + 1;
-    let sum = out[0].add(&leaked.unwrap());
+    let sum = out.add(&leaked);
     // Used again, and returned: still the one error, at the first use.
     let more = sum.exp();
     let (_, message) = one_shape_error(b, &[&more, &sum], line);
