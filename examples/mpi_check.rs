@@ -436,7 +436,7 @@ fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
     // error (ranks wait longer for each other than a rank's devices do).
     let mpi = if mpi.local_devices().len() > 1 {
         let timeout = mpi.timeout();
-        let mpi = mpi.with_timeout(Duration::from_millis(500));
+        let mpi = mpi.with_timeout(Duration::from_millis(500))?;
         let started = Instant::now();
         let result = mpi.run("a step", move |comm| {
             if comm.device() == last {
@@ -452,7 +452,7 @@ fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
             result,
             "did not arrive",
         )?;
-        mpi.with_timeout(timeout)
+        mpi.with_timeout(timeout)?
     } else {
         mpi
     };
@@ -756,7 +756,7 @@ fn load_checkpoint(mpi: &MpiMesh, dir: &str) -> Result<()> {
 fn stall(mpi: MpiMesh, devices: usize) -> Result<()> {
     let mpi = mpi
         .reshape(Mesh::new([(ALL, devices)])?)?
-        .with_timeout(Duration::from_secs(1));
+        .with_timeout(Duration::from_secs(1))?;
     let (rank, ranks) = mpi.process();
     let last = devices - 1;
     let started = Instant::now();

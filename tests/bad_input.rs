@@ -1061,7 +1061,8 @@ fn run_called_from_a_device_thread() {
 fn device_that_never_reaches_a_collective() {
     let threads = ThreadMesh::new(mesh_2x2())
         .unwrap()
-        .with_timeout(std::time::Duration::from_millis(100));
+        .with_timeout(std::time::Duration::from_millis(100))
+        .unwrap();
     let e = assert_err!(
         threads.run(|ctx| {
             if ctx.device() == 3 {

@@ -418,8 +418,8 @@ pub enum Error {
     /// A value does not fit in the memory limit next to the values live when it is
     /// computed; found before it is allocated.
     #[error(
-        "{location}: {value} = {op}: out of memory: needs {bytes} bytes with {live} bytes live, \
-         over the limit of {limit} bytes"
+        "{location}: {value} = {op}: out of memory: needs {bytes} bytes and {scratch} bytes of \
+         kernel scratch with {live} bytes live, over the limit of {limit} bytes"
     )]
     OutOfMemory {
         /// The value that does not fit.
@@ -430,6 +430,9 @@ pub enum Error {
         location: Location,
         /// The value's size in bytes.
         bytes: usize,
+        /// The scratch its kernel holds while it runs besides its operands and result
+        /// (a convolution's patch matrix, say), as the memory analysis estimates it.
+        scratch: usize,
         /// Bytes of the values live when it would be allocated.
         live: usize,
         /// The device's memory limit in bytes.
@@ -520,6 +523,67 @@ pub enum Error {
     /// device count) or was given a program for another mesh.
     #[error("MPI mesh: {0}")]
     MpiMesh(String),
+    /// A run passed its deadline (`with_deadline` on a mesh or the interpreter) and
+    /// was cancelled: where each device was when it stopped.
+    #[error(
+        "the run passed its deadline of {deadline:?} and was cancelled: {}",
+        positions_text(positions)
+    )]
+    DeadlineExceeded {
+        /// The deadline the run was given.
+        deadline: std::time::Duration,
+        /// Where each device was, by device.
+        positions: Vec<RunPosition>,
+    },
+    /// A zero timeout or deadline, which would fail every run at once.
+    #[error("{setting}: a zero duration would fail every run; give a positive one")]
+    ZeroDuration {
+        /// The setting given zero, e.g. `ThreadMesh::with_timeout`.
+        setting: &'static str,
+    },
+    /// A device thread of a thread mesh is gone (it panicked outside any program), so
+    /// the mesh cannot run; a new mesh can.
+    #[error("thread mesh: the thread of device {device} has exited; make a new mesh")]
+    DeviceThreadExited {
+        /// The device whose thread exited.
+        device: usize,
+    },
+}
+
+/// Where one device was when its run was cancelled: the node it was at (its op and
+/// the user's source line) and the iteration of the innermost loop around it, each if
+/// known (a device still inside a kernel when the run gave up on it is at neither).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPosition {
+    /// The device.
+    pub device: usize,
+    /// The op of the node it was at.
+    pub op: Option<&'static str>,
+    /// Where that node was traced.
+    pub location: Option<Location>,
+    /// The iteration of the innermost loop it was in (0 for the first).
+    pub iteration: Option<usize>,
+}
+
+impl std::fmt::Display for RunPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {}", self.device)?;
+        match (self.op, self.location) {
+            (Some(op), Some(location)) => write!(f, " at {op} ({location})")?,
+            (Some(op), None) => write!(f, " at {op}")?,
+            _ => write!(f, " still running")?,
+        }
+        if let Some(i) = self.iteration {
+            write!(f, " in loop iteration {i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The positions as one line, `; `-separated (for [`Error::DeadlineExceeded`]'s text).
+fn positions_text(positions: &[RunPosition]) -> String {
+    let items: Vec<String> = positions.iter().map(ToString::to_string).collect();
+    items.join("; ")
 }
 
 /// What is wrong with a mesh's axes ([`Error::InvalidMesh`]).

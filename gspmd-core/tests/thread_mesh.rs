@@ -1154,9 +1154,9 @@ fn the_default_timeout_is_generous_and_can_be_changed() {
     let mesh = ThreadMesh::new(Mesh::new([("x", 2)]).unwrap()).unwrap();
     assert_eq!(mesh.timeout(), Some(ThreadMesh::DEFAULT_TIMEOUT));
     assert!(ThreadMesh::DEFAULT_TIMEOUT >= Duration::from_secs(60));
-    let mesh = mesh.with_timeout(Duration::from_millis(5));
+    let mesh = mesh.with_timeout(Duration::from_millis(5)).unwrap();
     assert_eq!(mesh.timeout(), Some(Duration::from_millis(5)));
-    assert_eq!(mesh.with_timeout(None).timeout(), None);
+    assert_eq!(mesh.with_timeout(None).unwrap().timeout(), None);
 }
 
 #[test]
@@ -1165,7 +1165,8 @@ fn a_device_that_does_not_arrive_times_out_by_name_and_the_mesh_recovers() {
     let mesh = Arc::new(
         ThreadMesh::new(Mesh::new([("x", 4)]).unwrap())
             .unwrap()
-            .with_timeout(timeout),
+            .with_timeout(timeout)
+            .unwrap(),
     );
     // Device 3 is stuck (until released) before the all-reduce the others wait in.
     let (release, stuck) = mpsc::channel::<()>();

@@ -217,6 +217,11 @@ pub(super) fn any_poisoned(tensors: &[&Tensor]) -> bool {
 fn push_in(state: &Shared, op: Op, operands: &[&Tensor], location: Location) -> Tensor {
     let state = &innermost(state, operands);
     let poisoned = |ty| poisoned_in(state, ty);
+    if any_poisoned(operands) {
+        // The failed op's error is recorded already (also for a value of a closed
+        // region, whose first use recorded it).
+        return poisoned(TensorType::new(vec![], DType::F32));
+    }
     if state.borrow().closed {
         record(state, closed_error(location));
         return poisoned(TensorType::new(vec![], DType::F32));
@@ -502,15 +507,24 @@ impl Builder {
     }
 }
 
-/// True if `t` belongs to the builder `state`; records an error at `location` otherwise.
+/// True if `t` belongs to the builder `state`; records an error at `location`
+/// otherwise: a value traced inside one of this builder's loop bodies or branches is
+/// [`closed_error`] (or nothing, if it is a poisoned handle: its error is recorded
+/// already); a value of an unrelated builder is "another builder".
 fn same_builder(state: &Shared, t: &Tensor, location: Location) -> bool {
     if Rc::ptr_eq(state, &t.state) {
         return true;
     }
-    let err = Error::Shape {
-        op: "trace",
-        location,
-        message: "a tensor from another builder was used".into(),
+    let err = if !encloses(state, &t.state) {
+        Error::Shape {
+            op: "trace",
+            location,
+            message: "a tensor from another builder was used".into(),
+        }
+    } else if t.id.is_none() {
+        return false;
+    } else {
+        closed_error(location)
     };
     state.borrow_mut().errors.push(err);
     false

@@ -30,6 +30,9 @@ struct Regions<'b> {
     captures: Vec<(ValueId, TensorType)>,
     /// Each region traced, with how many captures it had when closed.
     traced: Vec<Option<(Program, usize)>>,
+    /// A region broke the loop's contract ([`Regions::check_carried`]): the op's error
+    /// is recorded, its results are poisoned.
+    broken: bool,
 }
 
 impl<'b> Regions<'b> {
@@ -40,7 +43,28 @@ impl<'b> Regions<'b> {
             quiet: operands.iter().any(|t| t.id().is_none()),
             captures: Vec::new(),
             traced: Vec::new(),
+            broken: false,
         }
+    }
+
+    /// The carried-arity check every loop form shares: a body returning `returned`
+    /// carried values for a loop carrying `carried` is an [`Error::Shape`] of `op` at
+    /// the loop's line (recorded unless an operand is poisoned), and the loop's results
+    /// are poisoned, so it is the only error (the region's types are not checked).
+    fn check_carried(&mut self, op: &'static str, carried: usize, returned: usize) {
+        if carried == returned {
+            return;
+        }
+        if !self.quiet {
+            self.parent.record_error(Error::Shape {
+                op,
+                location: self.location,
+                message: format!(
+                    "the body returns {returned} carried values but the loop carries {carried}"
+                ),
+            });
+        }
+        self.broken = true;
     }
 
     /// Traces `f` into a region called `name` whose first parameters are `params`
@@ -70,6 +94,9 @@ impl<'b> Regions<'b> {
     /// The traced regions, each with a parameter for every capture, and the captured
     /// values; `None` if a region failed.
     fn finish(self) -> Option<(Vec<Program>, Vec<ValueId>)> {
+        if self.broken {
+            return None;
+        }
         let mut regions = Vec::with_capacity(self.traced.len());
         for traced in self.traced {
             let (mut program, had) = traced?;
@@ -174,17 +201,23 @@ impl Builder {
                 (0, true)
             }
         };
-        self.scan_of_length(xs, init, (length, reverse), failed, body, location)
+        let form = ScanForm {
+            op: "scan",
+            length,
+            reverse,
+            counters: 0,
+        };
+        self.scan_of_length(xs, init, form, failed, body, location)
     }
 
-    /// A scan of `length` iterations over `xs` (each of leading dim `length`), from
-    /// the last index with `reverse`. When `failed` (an error is recorded already) the
-    /// body is traced only to count its results, and every result is poisoned.
+    /// A scan of `form.length` iterations over `xs` (each of leading dim `length`), from
+    /// the last index with `form.reverse`. When `failed` (an error is recorded already)
+    /// the body is traced only to count its results, and every result is poisoned.
     fn scan_of_length(
         &self,
         xs: &[Tensor],
         init: &[Tensor],
-        (length, reverse): (usize, bool),
+        form: ScanForm,
         failed: bool,
         body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
         location: Location,
@@ -204,12 +237,25 @@ impl Builder {
         }
         let mut regions = Regions::new(&host, location, &operands);
         regions.quiet |= failed;
+        let ScanForm {
+            op,
+            length,
+            reverse,
+            counters,
+        } = form;
         let mut y_types = Vec::new();
+        let mut returned = n;
         regions.trace("body", &params, |_, p| {
             let (carry, ys) = body(&p[..n], &p[n..]);
             y_types = ys.iter().map(|y| y.ty().clone()).collect();
+            returned = carry.len();
             carry.into_iter().chain(ys).collect()
         });
+        regions.check_carried(
+            op,
+            n.saturating_sub(counters),
+            returned.saturating_sub(counters),
+        );
         let mut types: Vec<TensorType> = init.iter().map(|t| t.ty().clone()).collect();
         types.extend(y_types.into_iter().map(|mut t| {
             t.shape.insert(0, length);
@@ -269,10 +315,16 @@ impl Builder {
                 ),
             });
         }
+        let form = ScanForm {
+            op: "fori_loop",
+            length: n,
+            reverse: false,
+            counters: 1,
+        };
         let (out, _) = host.scan_of_length(
             &[],
             &carried,
-            (n, false),
+            form,
             too_long,
             |carry, _| {
                 let i = &carry[0];
@@ -308,7 +360,13 @@ impl Builder {
             .collect();
         let mut regions = Regions::new(&host, location, &operands);
         regions.trace("cond", &params, |_, p| vec![cond(p)]);
-        regions.trace("body", &params, |_, p| body(p));
+        let mut returned = init.len();
+        regions.trace("body", &params, |_, p| {
+            let next = body(p);
+            returned = next.len();
+            next
+        });
+        regions.check_carried("while", init.len(), returned);
         let types = init.iter().map(|t| t.ty().clone()).collect();
         let flow = regions.finish().map(|(mut r, captures)| {
             let body = r.remove(1);
@@ -348,6 +406,16 @@ impl Builder {
         });
         host.flow_results(flow, &[pred], types, location)
     }
+}
+
+/// What a scan is traced for: the loop form's name (for errors), the trip count and
+/// direction, and how many leading carried values the form adds itself (`fori_loop`'s
+/// counter), which the carried-arity check leaves out of its counts.
+struct ScanForm {
+    op: &'static str,
+    length: usize,
+    reverse: bool,
+    counters: usize,
 }
 
 /// The common leading dim of the stacked operands of a scan, or what is wrong.

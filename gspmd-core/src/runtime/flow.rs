@@ -7,6 +7,7 @@
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
+use super::deadline;
 use crate::error::{Error, Result};
 use crate::ir::{Element, Flow, Literal, Program, TensorType, by_element, map_literal};
 
@@ -17,7 +18,8 @@ pub(super) type RunRegion<'a> = dyn FnMut(&Program, &[Literal], usize) -> Result
 /// All results of `flow` on `operands` (see [`Flow`] for each op's semantics), with
 /// `memory_limit` bytes for each region run. A region's error is returned as it is;
 /// a fault of the op itself (a predicate that is not a bool scalar, which the verifier
-/// rules out) is `fail(message)`.
+/// rules out) is `fail(message)`. A loop records the iteration it is at for a run's
+/// deadline (`super::deadline`), which names it when the run is cancelled.
 pub(super) fn run_flow(
     flow: &Flow,
     operands: &[&Literal],
@@ -30,7 +32,9 @@ pub(super) fn run_flow(
         Flow::While { cond, body } => {
             let n = body.outputs.len();
             let mut inputs = owned(operands);
-            loop {
+            let outer = deadline::enter_iteration(0);
+            for i in 0.. {
+                deadline::enter_iteration(i);
                 let p = run(cond, &inputs, memory_limit)?;
                 if !truth(&p[0]).map_err(fail)? {
                     break;
@@ -40,6 +44,7 @@ pub(super) fn run_flow(
                     *slot = value;
                 }
             }
+            deadline::leave_loop(outer);
             inputs.truncate(n);
             inputs
         }
@@ -54,7 +59,9 @@ pub(super) fn run_flow(
             let mut inputs = owned(operands);
             let xs: Vec<Literal> = inputs.drain(n..n + k).collect();
             let mut ys: Vec<Vec<Literal>> = Vec::new();
+            let outer = deadline::enter_iteration(0);
             for step in 0..*length {
+                deadline::enter_iteration(step);
                 let i = if *reverse { length - 1 - step } else { step };
                 let mut args = inputs[..n].to_vec();
                 args.extend(xs.iter().map(|x| index_leading(x, i)));
@@ -65,6 +72,7 @@ pub(super) fn run_flow(
                     *slot = value;
                 }
             }
+            deadline::leave_loop(outer);
             if *reverse {
                 ys.reverse();
             }

@@ -4,11 +4,13 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
 use super::buffers;
+use super::deadline;
 use super::flow::run_flow;
 use super::kernels;
 use super::kernels::{Operand, Operands};
@@ -41,6 +43,20 @@ pub fn interpret_with_memory_limit(
     crate::ir::verify(program)?;
     let plan = Plan::new(program);
     execute(program, &plan, lend(inputs), memory_limit, eval_kernel)
+}
+
+/// [`interpret`] cancelled once it has run for `deadline`: an
+/// [`Error::DeadlineExceeded`] naming the node it was at and the iteration of the
+/// innermost loop (a `while_loop` that never ends, say). A zero deadline is an
+/// [`Error::ZeroDuration`].
+pub fn interpret_with_deadline(
+    program: &Program,
+    inputs: &[Literal],
+    deadline: Duration,
+) -> Result<Vec<Literal>> {
+    let deadline = deadline::positive("interpret_with_deadline", deadline)?;
+    let _deadline = deadline::DeadlineGuard::start(Instant::now(), Some(deadline));
+    interpret(program, inputs)
 }
 
 /// `inputs` lent to a run (none donated).
@@ -116,9 +132,13 @@ pub(crate) fn eval_kernel(
 ///
 /// Memory: every live value counts (parameters and constants too), by its type's size.
 /// Before a node's value is bound or computed, the live bytes plus its bytes are checked
-/// against `memory_limit`; over it is an [`Error::OutOfMemory`] for that node, so no
-/// allocation beyond the limit is attempted. An operand handed over still counts until
-/// the node is computed. Scratch space inside a kernel is not counted.
+/// against `memory_limit`, with the scratch its kernel holds while it runs (as the
+/// memory analysis estimates it: [`Step::scratch`]); over it is an
+/// [`Error::OutOfMemory`] for that node, so no allocation beyond the limit is
+/// attempted. An operand handed over still counts until the node is computed.
+///
+/// Before each node, a run past its deadline (see `super::deadline`) stops with an
+/// [`Error::DeadlineExceeded`] naming the node.
 ///
 /// Control flow ([`Op::Flow`]) runs its regions through this same loop with the same
 /// `eval` (so collectives inside a loop body run once per iteration), each region run
@@ -184,6 +204,8 @@ fn execute_dyn<'a>(
             // Computed by its group's loop at the root, or its readers read its operand.
             continue;
         }
+        // A run past its deadline stops here, naming this node.
+        deadline::check(node.op.name(), node.location)?;
         // A fusion root computes every result of its group.
         let bytes = match step.fusion {
             Fusion::Root(k) => plan.groups.get(k).map_or(step.bytes, |g| {
@@ -191,12 +213,14 @@ fn execute_dyn<'a>(
             }),
             _ => step.bytes,
         };
-        if live.saturating_add(bytes) > memory_limit {
+        // The kernel's scratch is allocated beside its result while it runs.
+        if live.saturating_add(bytes).saturating_add(step.scratch) > memory_limit {
             return Err(Error::OutOfMemory {
                 value: v,
                 op: node.op.name(),
                 location: node.location,
                 bytes,
+                scratch: step.scratch,
                 live,
                 limit: memory_limit,
             });
@@ -291,6 +315,7 @@ fn execute_dyn<'a>(
                                         op: node.op.name(),
                                         location: node.location,
                                         bytes: held,
+                                        scratch: 0,
                                         live,
                                         limit: memory_limit,
                                     });

@@ -1,8 +1,8 @@
 //! Memory limits: how many bytes of live values a device may hold while it runs a
 //! program, and the default taken from the host's available memory.
 //!
-//! The evaluation loop (`interpreter::execute`) checks every value against the limit
-//! before allocating it, so a program too large for the host is an
+//! The evaluation loop (`interpreter::execute`) checks every value, with the scratch
+//! its kernel holds while it runs, against the limit before allocating it, so a program too large for the host is an
 //! [`Error::OutOfMemory`](crate::Error::OutOfMemory) with the user's source line, not an
 //! aborted process.
 

@@ -12,6 +12,7 @@ mod binding;
 mod blocks;
 mod buffers;
 mod communicator;
+mod deadline;
 mod device;
 mod flow;
 mod fusion;
@@ -29,6 +30,9 @@ mod reference;
 mod sample;
 mod thread_mesh;
 
+/// Where a device was when its run passed its deadline (see
+/// [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded)).
+pub use crate::error::RunPosition;
 pub use backend::{Backend, Input, Loaded, Output, Resident, Value};
 pub use blocks::{assemble, shard_literal};
 pub use buffers::pooled_bytes;
@@ -40,7 +44,7 @@ pub use device::run_on_device;
 /// The fusion groups of a program's execution plan: for tests.
 #[doc(hidden)]
 pub use fusion::fusion_groups;
-pub use interpreter::{Prepared, interpret, interpret_with_memory_limit};
+pub use interpreter::{Prepared, interpret, interpret_with_deadline, interpret_with_memory_limit};
 pub(crate) use liveness::{Walk, lent_input_bytes};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};
 #[cfg(feature = "mpi")]

@@ -170,7 +170,7 @@ impl MpiMesh {
         let rank = usize::try_from(world.rank()).unwrap_or_default();
         let hierarchy = Hierarchy::new(mesh.clone(), ranks)?;
         let threads_mesh = ThreadMesh::with_devices(mesh, hierarchy.devices(rank), true)?
-            .with_timeout(timeout)
+            .with_timeout(timeout)?
             .with_memory_limit(memory_limit);
         let ranks_mesh = Arc::new(hierarchy.ranks().clone());
         let between_ranks = timeout * RANKS_WAIT;
@@ -211,7 +211,7 @@ impl MpiMesh {
                 self.mesh()
             )));
         }
-        let new = MpiMesh::new(mesh)?.with_timeout(self.timeout());
+        let new = MpiMesh::new(mesh)?.with_timeout(self.timeout())?;
         Ok(new.with_memory_limit(self.memory_limit))
     }
 
@@ -247,8 +247,10 @@ impl MpiMesh {
     /// [`ThreadMesh::DEFAULT_TIMEOUT`]. With several devices per rank, a rank's devices
     /// wait at most `timeout` for each other, and ranks twice that for each other: a
     /// device that stops responding is found by its own rank's devices, which fail the
-    /// run on every rank, before the other ranks give up on the whole rank.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+    /// run on every rank, before the other ranks give up on the whole rank. A zero
+    /// timeout, which would fail every run, is an [`Error::ZeroDuration`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Result<Self> {
+        let timeout = super::deadline::positive("MpiMesh::with_timeout", timeout)?;
         match &mut self.devices {
             Devices::One { .. } => self.communicator.set_timeout(timeout),
             Devices::Threads(local) => {
@@ -256,7 +258,7 @@ impl MpiMesh {
                 self.communicator.set_timeout(timeout * RANKS_WAIT);
             }
         }
-        self
+        Ok(self)
     }
 
     /// How long a rank waits at a step for the others before ending the job (with

@@ -5,11 +5,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
 use super::binding::{
     bind_inputs, check_target, donated_keys, global_output, padded_blocks, run_bound,
 };
+use super::deadline::{self, DeadlineGuard};
 use super::interpreter::{eval_kernel, execute};
 use super::memory::available_memory;
 use crate::error::{Error, InputProblem, Result};
@@ -26,6 +28,8 @@ use crate::sharding::Mesh;
 pub struct Reference {
     mesh: Mesh,
     memory_limit: usize,
+    /// How long a run may take, if bounded.
+    deadline: Option<Duration>,
     /// Each resident value, whole, by key.
     values: Mutex<HashMap<String, Literal>>,
     /// What each resident value is, by key.
@@ -44,6 +48,7 @@ impl Reference {
         Reference {
             mesh: Mesh::new(Vec::<(String, usize)>::new()).unwrap_or_else(|_| unreachable!()),
             memory_limit: available_memory(),
+            deadline: None,
             values: Mutex::new(HashMap::new()),
             residents: Mutex::new(HashMap::new()),
         }
@@ -54,6 +59,16 @@ impl Reference {
     pub fn with_memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
         self
+    }
+
+    /// This interpreter with each run cancelled once it has taken `deadline` (`None`,
+    /// the default: unbounded): the run returns [`Error::DeadlineExceeded`] naming the
+    /// node it was at and its loop iteration. Zero is an [`Error::ZeroDuration`].
+    pub fn with_deadline(mut self, deadline: impl Into<Option<Duration>>) -> Result<Self> {
+        self.deadline = (deadline.into())
+            .map(|d| deadline::positive("Reference::with_deadline", d))
+            .transpose()?;
+        Ok(self)
     }
 
     fn values(&self) -> MutexGuard<'_, HashMap<String, Literal>> {
@@ -92,6 +107,7 @@ impl Backend for Reference {
         let binds = binds.pop().unwrap_or_default();
         let mut values = self.values();
         let plan = &program.plan;
+        let _deadline = DeadlineGuard::start(Instant::now(), self.deadline);
         let outs = run_bound(0, binds, &mut values, &plan.donated, |locals| {
             execute(&spmd.program, plan, locals, self.memory_limit, eval_kernel)
         });

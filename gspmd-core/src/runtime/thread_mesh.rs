@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend::{Backend, Input, Loaded, Output, Resident, Value};
 use super::binding::{
@@ -19,9 +19,10 @@ use super::binding::{
 };
 use super::buffers;
 use super::communicator::{Communicator, Process, Rendezvous, SharedMemoryCommunicator, Uplink};
+use super::deadline::{self, DeadlineGuard};
 use super::device::run_planned;
 use super::memory::available_memory;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RunPosition};
 use crate::ir::{Literal, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -118,8 +119,19 @@ struct Worker {
 /// program on its own thread, its collectives fail at once, and its next run starts
 /// after it.
 ///
+/// Deadline: a run given [`ThreadMesh::with_deadline`] is cancelled once it has run
+/// that long, even while its devices keep meeting in collectives (which no timeout
+/// ends): each device stops at its next node, and the run returns
+/// [`Error::DeadlineExceeded`] naming where each device was.
+///
+/// A device thread outlives panics: a program's (or `settle`'s) is the run's
+/// [`Error::DevicePanicked`]; one raised while the program and what it captured are
+/// dropped, after the run, is left to the panic hook to report, and the next runs go on;
+/// should a thread exit anyway, every later run is an [`Error::DeviceThreadExited`]
+/// naming it.
+///
 /// Memory: each device's runtime holds at most [`ThreadMesh::memory_limit`] bytes of
-/// live values; see [`ThreadMesh::with_memory_limit`].
+/// live values and kernel scratch; see [`ThreadMesh::with_memory_limit`].
 pub struct ThreadMesh {
     mesh: Arc<Mesh>,
     /// The devices whose threads these are (all of the mesh's but in an `MpiMesh`).
@@ -129,6 +141,8 @@ pub struct ThreadMesh {
     uplink: Option<Arc<Uplink>>,
     workers: Vec<Worker>,
     timeout: Option<Duration>,
+    /// How long a run may take, if bounded.
+    deadline: Option<Duration>,
     memory_limit: usize,
     /// Runs are serialised: jobs of two runs interleaved on the threads would meet in
     /// each other's collectives.
@@ -167,6 +181,7 @@ impl ThreadMesh {
             uplink: uplink.clone(),
             workers: Vec::with_capacity(devices.len()),
             timeout: Some(Self::DEFAULT_TIMEOUT),
+            deadline: None,
             memory_limit,
             run_lock: Mutex::new(()),
             residents: Mutex::new(HashMap::new()),
@@ -187,7 +202,14 @@ impl ThreadMesh {
             // On error, dropping `thread_mesh` joins the threads already started.
             let thread = std::thread::Builder::new()
                 .name(format!("gspmd-device-{device}"))
-                .spawn(move || queue.into_iter().for_each(|job| job(&mut context)))
+                .spawn(move || {
+                    for job in queue {
+                        // A job reports its program's panics itself; one escaping it
+                        // (its run's receiver gets no result and names the device) must
+                        // not end the thread, which the next runs need.
+                        let _ = catch_unwind(AssertUnwindSafe(|| job(&mut context)));
+                    }
+                })
                 .map_err(|e| {
                     Error::ThreadMesh(format!("cannot start the thread of device {device}: {e}"))
                 })?;
@@ -202,10 +224,30 @@ impl ThreadMesh {
     }
 
     /// This mesh with devices waiting at most `timeout` in a collective for the others
-    /// (`None`: for ever; see the type's docs).
-    pub fn with_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
-        self.set_timeout(timeout.into());
-        self
+    /// (`None`: for ever; see the type's docs). A zero timeout, which would fail every
+    /// run, is an [`Error::ZeroDuration`].
+    pub fn with_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Result<Self> {
+        let timeout = (timeout.into())
+            .map(|t| deadline::positive("ThreadMesh::with_timeout", t))
+            .transpose()?;
+        self.set_timeout(timeout);
+        Ok(self)
+    }
+
+    /// This mesh with each run cancelled once it has taken `deadline` (`None`, the
+    /// default: runs are not bounded): the run returns [`Error::DeadlineExceeded`]
+    /// naming where each device was (see the type's docs). A zero deadline, which
+    /// would fail every run, is an [`Error::ZeroDuration`].
+    pub fn with_deadline(mut self, deadline: impl Into<Option<Duration>>) -> Result<Self> {
+        self.deadline = (deadline.into())
+            .map(|d| deadline::positive("ThreadMesh::with_deadline", d))
+            .transpose()?;
+        Ok(self)
+    }
+
+    /// How long a run may take; `None` if unbounded.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
     }
 
     /// Sets [`ThreadMesh::timeout`] (see [`ThreadMesh::with_timeout`]).
@@ -219,7 +261,8 @@ impl ThreadMesh {
         self.timeout
     }
 
-    /// This mesh with each device's runtime limited to `bytes` of live values: a value
+    /// This mesh with each device's runtime limited to `bytes` of live values and the
+    /// scratch of the kernel running (as the memory analysis estimates it): a value
     /// that would exceed it fails the run with [`Error::OutOfMemory`] (wrapped in
     /// [`Error::DeviceFailed`]) before it is allocated. Resident values kept in the
     /// stores between runs count only while a run binds them.
@@ -336,6 +379,8 @@ impl ThreadMesh {
         let generation = self.rendezvous.generation();
         let memory_limit = self.memory_limit;
         let linked = process.is_some();
+        let started = Instant::now();
+        let run_deadline = self.deadline;
         // One handle per device and none kept here, so the program is dropped on the
         // thread of the last device to finish.
         let program = Arc::new((program, settle));
@@ -349,52 +394,133 @@ impl ThreadMesh {
             let job: Job = Box::new(move |context| {
                 context.communicator.join_run(generation, linked);
                 context.memory_limit = memory_limit;
-                let (program, settle) = &*program;
-                let result = run_on_device(context, program);
-                settle(context, result.is_ok());
+                let device = context.device();
+                let _deadline = DeadlineGuard::start(started, run_deadline);
+                let result = run_on_device(context, &program.0);
+                let succeeded = result.is_ok();
+                // A panicking `settle` is this device's failure, not its thread's end.
+                let settled = catch_unwind(AssertUnwindSafe(|| (program.1)(context, succeeded)));
+                let result = match settled {
+                    Ok(()) => result,
+                    Err(payload) => Err(Error::DevicePanicked {
+                        device,
+                        message: panic_message(payload.as_ref()),
+                    }),
+                };
+                let position = result.as_ref().err().map(|e| deadline::position(device, e));
                 // The receiver may be gone (a run that ended without this device).
-                let _ = results.send((context.device(), result));
+                let _ = results.send((device, result, position));
+                // The program and what it captures are dropped after the result is
+                // sent (on the device that finishes last), so they may hold the mesh's
+                // last handle (see `Drop`). A destructor panicking here (a user's value)
+                // cannot fail the run, which has ended: the panic hook reports it, and
+                // the thread lives on for the next runs.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(program)));
             });
             if worker.jobs.send(job).is_err() {
-                self.rendezvous.abort(
-                    generation,
-                    Error::ThreadMesh(format!("the thread of device {device} has exited")),
-                );
+                let device = self.devices.start + device;
+                self.rendezvous
+                    .abort(generation, Error::DeviceThreadExited { device });
             }
         }
         drop(results);
         if let (Some(uplink), Some(process)) = (&self.uplink, process) {
             uplink.serve(&self.rendezvous, generation, process);
         }
-        let mut outputs: Vec<Option<T>> = (0..self.workers.len()).map(|_| None).collect();
-        let mut missing = self.workers.len();
+        let local = self.workers.len();
+        let mut outputs: Vec<Option<T>> = (0..local).map(|_| None).collect();
+        let mut failures: Vec<Option<(Error, RunPosition)>> = (0..local).map(|_| None).collect();
+        let ends = run_deadline.map(|d| started + d);
+        let mut cancelled = false;
+        let mut missing = local;
         while missing > 0 {
-            let received = match self.timeout {
+            let received = match self.wait(ends) {
                 None => collected.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(timeout) => collected.recv_timeout(timeout),
+                Some(wait) => collected.recv_timeout(wait),
             };
             match received {
-                Ok((device, result)) => {
-                    outputs[device - self.devices.start] = result.ok();
+                Ok((device, result, position)) => {
+                    let k = device - self.devices.start;
+                    match result {
+                        Ok(output) => outputs[k] = Some(output),
+                        Err(error) => failures[k] = position.map(|p| (error, p)),
+                    }
                     missing -= 1;
                 }
                 // Devices still running a failed run are left to finish on their own.
                 Err(RecvTimeoutError::Timeout) if self.rendezvous.is_aborted() => break,
+                // Past the deadline and its grace, devices that did not stop by
+                // themselves (waiting in a collective for one inside a long kernel) are
+                // released.
+                Err(RecvTimeoutError::Timeout)
+                    if ends.is_some_and(|at| Instant::now() >= at + DEADLINE_GRACE) =>
+                {
+                    let deadline = run_deadline.unwrap_or_default();
+                    let positions = Vec::new();
+                    (self.rendezvous).abort(
+                        generation,
+                        Error::DeadlineExceeded {
+                            deadline,
+                            positions,
+                        },
+                    );
+                    cancelled = true;
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 // Every job has sent its result or was dropped unrun.
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
         let cause = self.rendezvous.reset();
-        match (outputs.into_iter().collect::<Option<Vec<T>>>(), cause) {
-            (Some(outputs), _) => Ok(outputs),
-            (None, Some(cause)) => Err(cause),
-            (None, None) => Err(Error::ThreadMesh(
-                "a device thread exited during the run".into(),
-            )),
+        if outputs.iter().all(Option::is_some) {
+            return Ok(outputs.into_iter().flatten().collect());
         }
+        let past_deadline =
+            (failures.iter().flatten()).any(|(e, _)| matches!(e, Error::DeadlineExceeded { .. }));
+        if let (Some(deadline), true) = (run_deadline, cancelled || past_deadline) {
+            // Where each device that had not finished was.
+            let devices = self.devices.clone();
+            let positions = (devices.zip(failures).zip(&outputs))
+                .filter(|(_, output)| output.is_none())
+                .map(|((device, failure), _)| {
+                    failure.map_or_else(
+                        || RunPosition {
+                            device,
+                            op: None,
+                            location: None,
+                            iteration: None,
+                        },
+                        |(_, p)| p,
+                    )
+                })
+                .collect();
+            return Err(Error::DeadlineExceeded {
+                deadline,
+                positions,
+            });
+        }
+        let first_failure = failures.into_iter().flatten().next().map(|(e, _)| e);
+        Err(cause
+            .or(first_failure)
+            .unwrap_or_else(|| Error::ThreadMesh("a device ended the run without a result".into())))
+    }
+
+    /// How long the host waits for the next device's result: the collective timeout,
+    /// and at most until the deadline `ends` and its grace (then that grace again).
+    fn wait(&self, ends: Option<Instant>) -> Option<Duration> {
+        let Some(ends) = ends else {
+            return self.timeout;
+        };
+        let left = (ends + DEADLINE_GRACE)
+            .saturating_duration_since(Instant::now())
+            .max(DEADLINE_GRACE);
+        Some(self.timeout.map_or(left, |t| t.min(left)))
     }
 }
+
+/// How long past a run's deadline the host waits for the devices to stop by themselves
+/// (at their next node) before it releases those waiting in collectives.
+const DEADLINE_GRACE: Duration = Duration::from_millis(200);
 
 /// Runs `program` on one device, turning a panic into an error; a failure aborts the
 /// communicator (the first abort's error is the run's error).
@@ -406,6 +532,7 @@ fn run_on_device<T>(
     match catch_unwind(AssertUnwindSafe(|| program(context))) {
         Ok(Ok(output)) => context.communicator.end_program().map(|()| output),
         Ok(Err(error)) => {
+            let error = deadline::on_device(device, error);
             context.communicator.abort(Error::DeviceFailed {
                 device,
                 cause: Box::new(error.clone()),
@@ -446,8 +573,8 @@ impl Drop for ThreadMesh {
             })
             .collect();
         for thread in threads.into_iter().filter(|t| t.thread().id() != me) {
-            // A device thread cannot panic (programs run under catch_unwind); there is
-            // nothing to report from a destructor anyway.
+            // A device thread does not panic (its jobs run under catch_unwind); there
+            // is nothing to report from a destructor anyway.
             let _ = thread.join();
         }
     }

@@ -46,6 +46,38 @@ pub enum Init {
 }
 
 impl Init {
+    /// Whether this rule can draw a parameter shaped `shape`: its scale, bound or
+    /// standard deviation finite and not negative, a fan-in rule's dims distinct dims
+    /// of `shape`; else what is wrong.
+    fn check(&self, shape: &[usize]) -> std::result::Result<(), String> {
+        let (what, value) = match self {
+            Init::Zeros | Init::Ones | Init::NormalFanIn { .. } => ("", 0.0),
+            Init::Normal { std } => ("standard deviation", *std),
+            Init::Uniform { bound } => ("bound", *bound),
+            Init::FanIn { scale, .. } => ("scale", *scale),
+        };
+        if !value.is_finite() || value < 0.0 {
+            return Err(format!(
+                "the initializer's {what} is {value}: it must be finite and not negative"
+            ));
+        }
+        if let Init::FanIn { in_dims, .. } | Init::NormalFanIn { in_dims } = self {
+            for (k, &d) in in_dims.iter().enumerate() {
+                if d >= shape.len() {
+                    return Err(format!(
+                        "the fan-in initializer's input dim {d} is not a dim of the \
+                         parameter's shape {shape:?} (rank {})",
+                        shape.len()
+                    ));
+                }
+                if in_dims[..k].contains(&d) {
+                    return Err(format!("the fan-in initializer names input dim {d} twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// [`Init::FanIn`] with scale 1: uniform in `±1 / sqrt(fan_in)`, the fan-in the
     /// product of the sizes of dims `in_dims`.
     pub fn fan_in(in_dims: &[usize]) -> Self {
@@ -106,8 +138,16 @@ impl Initializer {
     /// parameter `name`'s f32 array shaped `shape`, made without the rest of the array:
     /// each element is drawn from `(seed, name, its row-major index in the whole
     /// array)`.
+    ///
+    /// Errors ([`Error::TrainerInput`] naming the parameter): no rule matches it; its
+    /// rule's parameter is NaN, infinite or negative; a fan-in rule names a dim (or a
+    /// dim twice) that the parameter's shape does not have.
     pub fn block(&self, name: &str, shape: &[usize], block: &[(usize, usize)]) -> Result<Literal> {
         let init = self.init_of(name)?;
+        init.check(shape).map_err(|message| Error::TrainerInput {
+            name: name.to_string(),
+            message,
+        })?;
         let key = mix(self.seed ^ mix(fnv1a(name)));
         let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
         let count: usize = sizes.iter().product();
@@ -164,8 +204,8 @@ fn draw(init: &Init, shape: &[usize], key: u64, index: u64) -> f32 {
     }
 }
 
-/// The product of the sizes of `shape`'s dims `in_dims` (a missing dim counts 1), at
-/// least 1.
+/// The product of the sizes of `shape`'s dims `in_dims` (checked to be dims of `shape`
+/// by [`Init::check`]; a missing one would count 1), at least 1.
 fn fan_in(shape: &[usize], in_dims: &[usize]) -> f32 {
     let fan_in: usize = (in_dims.iter())
         .map(|&d| shape.get(d).copied().unwrap_or(1))

@@ -60,7 +60,9 @@ impl Trainable {
 
     /// The parameter indices of `model` this selects. Errors
     /// ([`Error::TrainRequest`]): a pattern that matches no parameter (a typo would
-    /// otherwise silently freeze a weight). Indices are checked by the step builder.
+    /// otherwise silently freeze a weight); a parameter that two patterns select (a
+    /// pattern repeated, or overlapping ones), as a repeated index is. Indices are
+    /// checked by the step builder.
     pub fn resolve(&self, model: &Program) -> Result<Vec<usize>> {
         match self {
             Trainable::Indices(indices) => Ok(indices.clone()),
@@ -77,6 +79,20 @@ impl Trainable {
                             names.join(", ")
                         ),
                     });
+                }
+                // A parameter two patterns select (a pattern given twice, or two that
+                // overlap) is refused, as an index given twice is.
+                for name in &names {
+                    let mut matching = patterns.iter().filter(|p| glob_match(p, name));
+                    if let (Some(first), Some(second)) = (matching.next(), matching.next()) {
+                        return Err(Error::TrainRequest {
+                            program: model.name.clone(),
+                            message: format!(
+                                "patterns `{first}` and `{second}` both select parameter \
+                                 `{name}` (each parameter may be selected once)"
+                            ),
+                        });
+                    }
                 }
                 Ok((0..names.len())
                     .filter(|&i| glob_match_any(patterns, &names[i]))
