@@ -21,7 +21,7 @@ pub mod types;
 pub use error::{Error, Result};
 pub use executable::{
     Comparison, CompileOptions, CompileTimes, Executable, GatherChoice, GatherPlan, GatherReuse,
-    compilations_on_this_thread, compile, compile_for, compile_with,
+    ScanRemat, compilations_on_this_thread, compile, compile_for, compile_with,
 };
 /// The 16-bit float element types of `DType::BF16` and `DType::F16`.
 pub use half::{bf16, f16};

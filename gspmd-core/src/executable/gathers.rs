@@ -37,6 +37,24 @@ pub enum GatherReuse {
     Regather,
 }
 
+/// What a backward scan does with the collectives of the forward body it recomputes
+/// (the per-device program's rematerialisation policy for scans; JAX's `scan` VJP
+/// saves residuals by default, `jax.checkpoint` recomputes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScanRemat {
+    /// A collective of the recomputed forward that the forward scan computes too (a
+    /// hidden state all-gathered for its product with a weight) is stacked by the
+    /// forward scan as one more output and read by the backward body: the forward's
+    /// collective serves both, the recomputation feeding it is dropped. Never more
+    /// bytes received; each saved value held `length` times between the two scans.
+    #[default]
+    SaveCollectives,
+    /// The backward body recomputes the forward body from the stacked carried values,
+    /// collectives included: the fewest bytes held, each such collective run twice per
+    /// iteration.
+    Recompute,
+}
+
 /// Options of [`compile_with`](crate::compile_with). The default compiles as
 /// [`compile`](crate::compile) does.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -53,6 +71,9 @@ pub struct CompileOptions {
     /// nothing after the run (unless an output is stored under its key), whether the run
     /// succeeded or failed. Indices beyond the program's parameters are an error.
     pub donated: Vec<usize>,
+    /// Whether backward scans reuse the forward scans' collectives
+    /// ([`ScanRemat::SaveCollectives`], the default) or recompute them.
+    pub scan_remat: ScanRemat,
 }
 
 /// What became of one all-gather that could be issued again for its later users: a

@@ -74,6 +74,7 @@ mod tests {
             "propagate",
             "partition",
             "simplify sharded",
+            "save scan residuals",
             "regather candidates",
             "regather",
             "combine",
