@@ -76,7 +76,9 @@ pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
 /// [`CompileOptions::memory_limit`]; the second gathers are not combined. The choice is
 /// [`Executable::gathers`]. Deterministic: the same program and options give the same
 /// per-device program. The default options (no limit, [`GatherReuse::Auto`]) keep
-/// every gather, as [`compile`] does.
+/// every gather, as [`compile`] does. Before that, with [`ScanRemat::SaveCollectives`]
+/// ([`CompileOptions::scan_remat`]), each backward scan's recomputed collectives of
+/// activations that its forward scan runs too are read from the forward scan instead.
 pub fn compile_with(
     program: &Program,
     mesh: &Mesh,

@@ -74,7 +74,6 @@ mod tests {
             "propagate",
             "partition",
             "simplify sharded",
-            "save scan residuals",
             "regather candidates",
             "regather",
             "combine",

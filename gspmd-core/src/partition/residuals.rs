@@ -20,24 +20,62 @@
 //! same computation ([`same_computation`]: op, attributes, type, sharding) of matched
 //! operands. Both scans index their slices by iteration, whatever their directions, so
 //! a matched value is the same array in both bodies. Only collectives are saved, so the
-//! forward scan never communicates more than it did.
+//! forward scan never communicates more than it did; and only those of activations
+//! (depending on a forward output `y`): a collective of slices and captures alone, a
+//! layer's weights gathered from a stacked operand, is gathered again, as FSDP
+//! regathers weights for the backward pass, since stacking every layer's gathered
+//! weights would hold the model less sharded than it is (the paper's memory per
+//! device, O(1/devices), would not hold).
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::ir::{Flow, Node, Op, Program, TensorType, ValueId};
 use crate::simplify::same_computation;
 
-/// `program` (a per-device program) with every collective of a top-level backward
-/// scan's body that its forward scan's body computes too saved by the forward scan
-/// (see the module docs); `None` when there is none. Dead code the rewrite leaves (the
-/// backward body's recomputation) is for the caller's simplification to remove.
+/// `program` (a per-device program) with every collective of a backward scan's body
+/// that its forward scan's body computes too saved by the forward scan (see the module
+/// docs), at the top level and in every region (a training step accumulating its
+/// gradients over microbatches holds the model's scans in its own scan's bodies);
+/// `None` when there is none. Dead code the rewrite leaves (the backward body's
+/// recomputation) is for the caller's simplification to remove.
 pub(crate) fn save_residual_collectives(program: &Program) -> Option<Program> {
-    let mut out: Option<Program> = None;
+    let mut out = in_regions(program);
     // Each rewrite turns the saved collectives into parameters, so a scan is rewritten
     // at most once and the loop ends.
     while let Some(next) = save_once(out.as_ref().unwrap_or(program)) {
         out = Some(next);
+    }
+    out
+}
+
+/// `program` with [`save_residual_collectives`] applied to the regions of its flow ops;
+/// `None` when no region changes. The result nodes of one instance keep sharing one
+/// `Arc<Flow>`.
+fn in_regions(program: &Program) -> Option<Program> {
+    let mut done: HashMap<*const Flow, Option<Arc<Flow>>> = HashMap::new();
+    let mut out: Option<Program> = None;
+    for (i, node) in program.nodes.iter().enumerate() {
+        let Op::Flow { flow, result } = &node.op else {
+            continue;
+        };
+        let rewritten = done.entry(Arc::as_ptr(flow)).or_insert_with(|| {
+            let mut changed = false;
+            let Ok(f) = flow.try_map_regions(|region| {
+                let saved = save_residual_collectives(region);
+                changed |= saved.is_some();
+                Ok::<_, Infallible>(saved.unwrap_or_else(|| region.clone()))
+            });
+            changed.then(|| Arc::new(f))
+        });
+        if let Some(flow) = rewritten {
+            let copy = out.get_or_insert_with(|| program.clone());
+            copy.nodes[i].op = Op::Flow {
+                flow: flow.clone(),
+                result: *result,
+            };
+        }
     }
     out
 }
@@ -111,13 +149,19 @@ fn saving(program: &Program, v: ValueId) -> Option<Saving<'_>> {
         }
     }
     let mut matched: Vec<Option<ValueId>> = vec![None; body.nodes.len()];
+    // Whether a value depends on the forward's outputs `y` (activations), not only on
+    // slices and captures (weights).
+    let mut activation = vec![false; body.nodes.len()];
     for (i, &p) in body.params.iter().enumerate() {
         let o = operands[i];
         matched[p.index()] = if i < *carried {
             None
         } else if i < carried + stacked {
             match reads_output_y(program, o, *length) {
-                Some((flow, r)) if Arc::ptr_eq(flow, forward) => Some(forward_body.outputs[r]),
+                Some((flow, r)) if Arc::ptr_eq(flow, forward) => {
+                    activation[p.index()] = true;
+                    Some(forward_body.outputs[r])
+                }
                 _ => forward_param(o, *forward_carried, captures),
             }
         } else {
@@ -140,7 +184,8 @@ fn saving(program: &Program, v: ValueId) -> Option<Saving<'_>> {
             (candidates.iter().copied()).find(|&f| same_computation(forward_body.node(f), n))
         });
         matched[u.index()] = same;
-        if let (Some(f), true) = (same, n.op.is_collective()) {
+        activation[u.index()] = n.operands.iter().any(|o| activation[o.index()]);
+        if let (Some(f), true) = (same, n.op.is_collective() && activation[u.index()]) {
             saved.push((u, f));
         }
     }
