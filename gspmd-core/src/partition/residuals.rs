@@ -325,7 +325,8 @@ fn backward_taking_slices(saving: &Saving<'_>) -> (Arc<Flow>, usize) {
     let mut body = body.clone();
     let position = carried + stacked;
     let n = saving.saved.len();
-    for p in body.params[position..].to_vec() {
+    for k in position..body.params.len() {
+        let p = body.params[k];
         if let Op::Parameter { index, .. } = &mut body.node_mut(p).op {
             *index += n;
         }
