@@ -89,7 +89,7 @@ fn options(gathers: GatherReuse, memory_limit: Option<usize>) -> CompileOptions 
     CompileOptions {
         memory_limit,
         gathers,
-        donated: Vec::new(),
+        ..CompileOptions::default()
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use crate::analysis::{CostAnalysis, DeviceModel, MemoryAnalysis};
 use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Program, ValueId, verify};
-use crate::partition::{SpmdProgram, collective_line, partition};
+use crate::partition::{SpmdProgram, collective_line, partition, save_residual_collectives};
 use crate::propagation::{explain, propagate};
 use crate::runtime::{Backend, Input, Loaded, Output, Value, interpret};
 use crate::sharding::Mesh;
@@ -17,7 +17,7 @@ use crate::simplify::{Stage, simplify_verified};
 mod gathers;
 mod times;
 
-pub use gathers::{CompileOptions, GatherChoice, GatherPlan, GatherReuse};
+pub use gathers::{CompileOptions, GatherChoice, GatherPlan, GatherReuse, ScanRemat};
 pub use times::CompileTimes;
 
 /// A program compiled for a mesh: the global program with a sharding on every value,
@@ -76,7 +76,9 @@ pub fn compile(program: &Program, mesh: &Mesh) -> Result<Executable> {
 /// [`CompileOptions::memory_limit`]; the second gathers are not combined. The choice is
 /// [`Executable::gathers`]. Deterministic: the same program and options give the same
 /// per-device program. The default options (no limit, [`GatherReuse::Auto`]) keep
-/// every gather, as [`compile`] does.
+/// every gather, as [`compile`] does. Before that, with [`ScanRemat::SaveCollectives`]
+/// ([`CompileOptions::scan_remat`]), each backward scan's recomputed collectives of
+/// activations that its forward scan runs too are read from the forward scan instead.
 pub fn compile_with(
     program: &Program,
     mesh: &Mesh,
@@ -91,9 +93,19 @@ pub fn compile_with(
     });
     let propagated = times.time("propagate", || propagate(&program, mesh))?;
     let mut spmd = times.time("partition", || partition(&propagated, mesh))?;
-    let simplified = times.time("simplify sharded", || {
+    let mut simplified = times.time("simplify sharded", || {
         simplify_verified(&spmd.program, Stage::Sharded)
     });
+    if options.scan_remat == ScanRemat::SaveCollectives {
+        let saved = times.time("save scan residuals", || {
+            save_residual_collectives(&simplified)
+        });
+        if let Some(saved) = saved {
+            simplified = times.time("simplify sharded", || {
+                simplify_verified(&saved, Stage::Sharded)
+            });
+        }
+    }
     let (chosen, gathers, planned) = gathers::choose(&simplified, mesh, options, &mut times)?;
     spmd.program = chosen;
     let loaded = match planned {

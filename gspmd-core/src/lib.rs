@@ -21,7 +21,7 @@ pub mod types;
 pub use error::{Error, Result};
 pub use executable::{
     Comparison, CompileOptions, CompileTimes, Executable, GatherChoice, GatherPlan, GatherReuse,
-    compile, compile_for, compile_with,
+    ScanRemat, compile, compile_for, compile_with,
 };
 
 /// Hooks for this crate's own tests, not part of the API: they may change or go

@@ -16,7 +16,10 @@ use differential::compile_and_check;
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{CollectiveKind, Flow, Literal, Program, Tensor};
 use gspmd_core::sharding::Mesh;
-use gspmd_core::train::{Optimizer, Trainer, step_program};
+use gspmd_core::train::{
+    Optimizer, StepOptions, TrainStep, Trainer, step_program, step_program_with,
+};
+use gspmd_core::{CompileOptions, ScanRemat, compile_with};
 use loop_programs::{build, flows, inputs, mesh_2x2, nested_loops, own, s, sharded, while_loop};
 use ndarray::{ArrayD, IxDyn};
 
@@ -220,39 +223,53 @@ const GRU_WEIGHTS: [&str; 6] = ["wz", "uz", "wr", "ur", "wn", "un"];
 
 /// The golden: the GRU's backward body all-reduced six weight gradients every
 /// iteration (2 all-gathers + 3 reduce-scatters + 6 all-reduces per iteration; 53
-/// collectives, 3,590 bytes per device per step). Now the gradients are accumulated
+/// collectives, 3,590 bytes per device per step). Then the gradients were accumulated
 /// pending and reduced after the loop in one combined all-reduce, and two of the three
-/// reduce-scatters are combined: 2 all-gathers (the recomputed forward's) + 2
-/// reduce-scatters per iteration (the third depends on the first), 26 collectives,
-/// 1,574 bytes. Trained on 2x2 it follows the reference step by step.
+/// reduce-scatters combined: 2 all-gathers (the recomputed forward's: `h` and `r*h`
+/// gathered over `model` again) + 2 reduce-scatters per iteration, 26 collectives,
+/// 1,574 bytes, what [`ScanRemat::Recompute`] still gives. Now the forward scan stacks
+/// the two gathered values it computes anyway and the backward body reads them
+/// ([`ScanRemat::SaveCollectives`]; not the default, see it): 2 reduce-scatters per iteration (JAX:
+/// 1 all-gather + 2 all-reduces), 18 collectives, 1,318 bytes, for two more stacked
+/// `[4, 2, 8]` blocks held between the scans. Trained on 2x2 under either policy it
+/// follows the reference step by step.
 #[test]
 fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
     let step = step_program(&gru(), 0, &GRU_WEIGHTS[..], &Optimizer::adamw(0.05)).unwrap();
     let mesh = mesh_2x2();
-    let exe = gspmd_core::compile(&step.program, &mesh).unwrap();
-    let local = &exe.spmd().program;
-    let scans = flows(local);
-    assert_eq!(scans.len(), 2, "{local}");
-    let backward = scans[1];
-    assert!(
-        matches!(backward, Flow::Scan { reverse: true, .. }),
-        "{local}"
-    );
-    let per_iteration = counts(body(backward), &mesh);
-    assert_eq!(
-        per_iteration,
-        kinds([("all_gather", 2), ("reduce_scatter", 2)]),
-        "{}",
-        exe.report()
-    );
-    let stats = exe.spmd().collectives();
-    assert_eq!(
-        (stats.total(), stats.bytes()),
-        (26, 1574),
-        "{}",
-        exe.report()
-    );
-    assert!(stats.bytes() < 3590);
+    let saved = compile_with(&step.program, &mesh, &remat(ScanRemat::SaveCollectives)).unwrap();
+    let recomputed = compile_with(&step.program, &mesh, &remat(ScanRemat::Recompute)).unwrap();
+    let cases = [
+        (&saved, kinds([("reduce_scatter", 2)]), (18, 1318)),
+        (
+            &recomputed,
+            kinds([("all_gather", 2), ("reduce_scatter", 2)]),
+            (26, 1574),
+        ),
+    ];
+    for (exe, per_iteration, totals) in cases {
+        let local = &exe.spmd().program;
+        let scans = flows(local);
+        assert_eq!(scans.len(), 2, "{local}");
+        let backward = scans[1];
+        assert!(
+            matches!(backward, Flow::Scan { reverse: true, .. }),
+            "{local}"
+        );
+        assert_eq!(
+            counts(body(backward), &mesh),
+            per_iteration,
+            "{}",
+            exe.report()
+        );
+        let stats = exe.spmd().collectives();
+        assert_eq!((stats.total(), stats.bytes()), totals, "{}", exe.report());
+    }
+    let default = gspmd_core::compile(&step.program, &mesh).unwrap();
+    assert_eq!(default.spmd().program, recomputed.spmd().program);
+    // The memory analysis' predicted peak per device: the saved gathers are held.
+    let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
+    assert_eq!(peaks, [7344, 6320]);
 
     let initial: Vec<Literal> = (0..6)
         .map(|i| match i % 2 {
@@ -265,14 +282,127 @@ fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
         values(&[4, 4, 8], 2, 0.5),
         values(&[4, 8], 3, 0.5),
     ];
-    let mut on_mesh = Trainer::on_mesh(step.clone(), mesh, initial.clone()).unwrap();
-    let mut reference = Trainer::reference(step, initial).unwrap();
+    for policy in [ScanRemat::SaveCollectives, ScanRemat::Recompute] {
+        trains_like_the_reference(&step, &remat(policy), &initial, &batch);
+    }
+}
+
+/// The GRU trained on two microbatches: the step's own scan over them holds the GRU's
+/// forward and backward scans in its bodies, where the backward body reads the
+/// forward's gathers as at the top level: 48 all-gathers per step (2 per iteration in
+/// the forward scan, its recomputation in the outer backward body, and the inner
+/// backward scan; 2 microbatches x 4 iterations each) become 32, 2,988 bytes 2,476. It
+/// trains like the reference.
+#[test]
+fn a_gru_under_gradient_accumulation_saves_its_gathers_inside_the_outer_scan() {
+    let options = StepOptions {
+        accumulate: Some(2),
+        ..StepOptions::default()
+    };
+    let optimizer = Optimizer::adamw(0.05);
+    let step = step_program_with(&gru(), 0, &GRU_WEIGHTS[..], &optimizer, &options).unwrap();
+    let mesh = mesh_2x2();
+    let gathers = |policy| {
+        let exe = compile_with(&step.program, &mesh, &remat(policy)).unwrap();
+        let stats = exe.spmd().collectives();
+        (stats.count("all_gather"), stats.bytes())
+    };
+    let (saved, recomputed) = (
+        gathers(ScanRemat::SaveCollectives),
+        gathers(ScanRemat::Recompute),
+    );
+    assert_eq!((saved, recomputed), ((32, 2476), (48, 2988)));
+
+    let initial: Vec<Literal> = (0..6)
+        .map(|i| values(&[if i % 2 == 0 { 6 } else { 8 }, 8], 10 + i, 0.3))
+        .collect();
+    let batch = vec![
+        values(&[2, 4, 4, 6], 1, 1.0),
+        values(&[2, 4, 4, 8], 2, 0.5),
+        values(&[2, 4, 8], 3, 0.5),
+    ];
+    trains_like_the_reference(&step, &remat(ScanRemat::SaveCollectives), &initial, &batch);
+}
+
+/// Compile options with the scan rematerialisation `policy`.
+fn remat(policy: ScanRemat) -> CompileOptions {
+    CompileOptions {
+        scan_remat: policy,
+        ..CompileOptions::default()
+    }
+}
+
+/// Trains `step` from `initial` on `batch` for five steps on a 2x2 thread mesh
+/// (compiled with `options`) and on the reference interpreter: the losses agree step
+/// by step.
+fn trains_like_the_reference(
+    step: &TrainStep,
+    options: &CompileOptions,
+    initial: &[Literal],
+    batch: &[Literal],
+) {
+    let (mesh, initial) = (mesh_2x2(), initial.to_vec());
+    let mut on_mesh = Trainer::on_mesh_with(step.clone(), mesh, initial.clone(), options).unwrap();
+    let mut reference = Trainer::reference(step.clone(), initial).unwrap();
     for k in 0..5 {
-        let got = on_mesh.step(&batch).unwrap();
-        let want = reference.step(&batch).unwrap();
+        let got = on_mesh.step(batch).unwrap();
+        let want = reference.step(batch).unwrap();
         assert!(
             (got - want).abs() <= 1e-5 * want.abs().max(1.0),
-            "step {k}: loss {got} on the mesh, {want} on the reference"
+            "step {k} ({:?}): loss {got} on the mesh, {want} on the reference",
+            options.scan_remat
         );
+    }
+}
+
+/// A stack of layers `x <- tanh(x @ w[l])` as one scan over the stacked weights
+/// `[L, D, D]` (output features on `model`), its activations split on both axes, so
+/// each layer gathers its input over `model` for the product; the mean squared error
+/// against targets is trained with SGD.
+fn scanned_mlp() -> Program {
+    let (layers, batch, d) = (3, 8, 8);
+    build("scanned_mlp", |b| {
+        let w = sharded(b, "w", &[layers, d, d], "(_, _, model)");
+        let x = sharded(b, "x", &[batch, d], "(data, model)");
+        let targets = sharded(b, "targets", &[batch, d], "(data, model)");
+        let (y, _) = b.scan(&[w], &[x], |c, w| {
+            let next = c[0].matmul(&w[0]).tanh().annotate(s("(data, model)"));
+            (vec![next], vec![])
+        });
+        vec![y[0].mse(&targets)]
+    })
+}
+
+/// The scanned MLP's backward body reads each layer's gathered input from the forward
+/// scan instead of gathering it again: no all-gather in it (one with
+/// [`ScanRemat::Recompute`]), fewer bytes; trained on 2x2 under either policy it
+/// follows the reference.
+#[test]
+fn a_scanned_layer_stack_reuses_its_forward_gathers_in_the_backward_scan() {
+    let step = step_program(&scanned_mlp(), 0, &["w"], &Optimizer::sgd(0.1, 0.0)).unwrap();
+    let mesh = mesh_2x2();
+    let saved = compile_with(&step.program, &mesh, &remat(ScanRemat::SaveCollectives)).unwrap();
+    let recomputed = compile_with(&step.program, &mesh, &remat(ScanRemat::Recompute)).unwrap();
+    let backward_gathers = |exe: &gspmd_core::Executable| {
+        let scans = flows(&exe.spmd().program);
+        let backward = scans.last().copied().expect("a backward scan");
+        counts(body(backward), &mesh)
+            .get("all_gather")
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(backward_gathers(&saved), 0, "{}", saved.report());
+    assert_eq!(backward_gathers(&recomputed), 1, "{}", recomputed.report());
+    let stats = [&saved, &recomputed].map(|e| e.spmd().collectives());
+    let totals = stats.map(|s| (s.total(), s.bytes()));
+    assert_eq!(totals, [(10, 774), (13, 966)], "{}", saved.report());
+    // The memory analysis' predicted peak per device: the saved gathers are held.
+    let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
+    assert_eq!(peaks, [2888, 2184]);
+
+    let initial = vec![values(&[3, 8, 8], 4, 0.4)];
+    let batch = vec![values(&[8, 8], 5, 1.0), values(&[8, 8], 6, 0.5)];
+    for policy in [ScanRemat::SaveCollectives, ScanRemat::Recompute] {
+        trains_like_the_reference(&step, &remat(policy), &initial, &batch);
     }
 }

@@ -38,6 +38,30 @@ pub enum GatherReuse {
     Regather,
 }
 
+/// What a backward scan does with the collectives of the forward body it recomputes
+/// (the per-device program's rematerialisation policy for scans; JAX's `scan` VJP
+/// saves residuals by default, `jax.checkpoint` recomputes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScanRemat {
+    /// A collective of an activation in the recomputed forward that the forward scan
+    /// computes too (a hidden state all-gathered for its product with a weight) is
+    /// stacked by the forward scan as one more output and read by the backward body:
+    /// the forward's collective serves both, the recomputation feeding it is dropped.
+    /// Never more bytes received; each saved value held `length` times between the
+    /// two scans. Collectives of weights alone (a stacked layer's weights gathered)
+    /// are gathered again, as FSDP does, so weights stay as sharded as they are. Not
+    /// the default: a saved gather is held less sharded than the activations it
+    /// gathers, so memory per device no longer falls as 1/devices (the paper's dense
+    /// Transformer, 256 scanned layers, `tests/paper_scale.rs`: memory x devices 1.39
+    /// times as large on 2x4 and 4x4 as on 2x2).
+    SaveCollectives,
+    /// The backward body recomputes the forward body from the stacked carried values,
+    /// collectives included (the default): the fewest bytes held, each such collective
+    /// run twice per iteration.
+    #[default]
+    Recompute,
+}
+
 /// Options of [`compile_with`](crate::compile_with). The default compiles as
 /// [`compile`](crate::compile) does.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,6 +78,9 @@ pub struct CompileOptions {
     /// nothing after the run (unless an output is stored under its key), whether the run
     /// succeeded or failed. Indices beyond the program's parameters are an error.
     pub donated: Vec<usize>,
+    /// Whether backward scans recompute the forward scans' collectives
+    /// ([`ScanRemat::Recompute`], the default) or reuse them.
+    pub scan_remat: ScanRemat,
 }
 
 /// What became of one all-gather that could be issued again for its later users: a

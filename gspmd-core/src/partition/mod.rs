@@ -24,11 +24,13 @@ mod order;
 pub(crate) mod regather;
 mod report;
 mod reshard;
+mod residuals;
 mod value;
 
 pub(crate) use combine::combine_collectives;
 pub use report::{CollectiveStats, Runs, bytes_received};
 pub(crate) use report::{collective_line, visit_collectives};
+pub(crate) use residuals::save_residual_collectives;
 pub(crate) use value::PValue;
 
 use crate::error::Result;

@@ -96,7 +96,7 @@ fn key_hash(node: &Node, operands: &[ValueId]) -> u64 {
 /// True if `a` and `b` compute the same value from the same operands: equal ops
 /// (constants bitwise), types, annotations and shardings. Operands are compared by
 /// the caller.
-fn same_computation(a: &Node, b: &Node) -> bool {
+pub(crate) fn same_computation(a: &Node, b: &Node) -> bool {
     let same_op = match (&a.op, &b.op) {
         (Op::Constant(x), Op::Constant(y)) => same_bits(x, y),
         (x, y) => x == y,

@@ -10,6 +10,7 @@
 mod cse;
 mod dce;
 
+pub(crate) use cse::same_computation;
 pub(crate) use dce::eliminate_dead_code;
 
 use std::borrow::Cow;
