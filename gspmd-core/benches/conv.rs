@@ -135,25 +135,21 @@ fn passes(layer: &Layer) -> Vec<(&'static str, Op, Vec<TensorType>, TensorType)>
     let loss = (&y * &dy).mean(&[0, 1, 2, 3]);
     let forward = b.finish(&[&loss]).expect("a valid program");
     let backward = grad(&forward, 0, &[0, 1]).expect("differentiable");
-    let (x_ty, k_ty) = (forward.ty(forward.params[0]), forward.ty(forward.params[1]));
-    let convs: Vec<_> = (backward.nodes.iter())
+    let (x, k) = (backward.params[0], backward.params[1]);
+    let k_ty = backward.ty(k);
+    let passes: Vec<_> = (backward.nodes.iter())
         .filter(|node| matches!(node.op, Op::Convolution(_)))
         .map(|node| {
+            let pass = if node.operands == [x, k] {
+                "forward"
+            } else if node.ty == *k_ty {
+                "kernel_grad"
+            } else {
+                "input_grad"
+            };
             let operands = node.operands.iter().map(|&o| backward.ty(o).clone());
-            (node.op.clone(), operands.collect(), node.ty.clone())
+            (pass, node.op.clone(), operands.collect(), node.ty.clone())
         })
-        .collect();
-    let pass = |ty: &TensorType| {
-        if ty == x_ty {
-            "input_grad"
-        } else if ty == k_ty {
-            "kernel_grad"
-        } else {
-            "forward"
-        }
-    };
-    let passes: Vec<_> = (convs.into_iter())
-        .map(|(op, operands, ty)| (pass(&ty), op, operands, ty))
         .collect();
     assert_eq!(passes.len(), 3, "{}: one convolution per pass", layer.name);
     passes
