@@ -35,10 +35,12 @@ def run(command, env=None):
     return done.stdout
 
 
-def gspmd_side():
-    """Microseconds per pass from one criterion run of the `conv_passes` group."""
-    out = run(["cargo", "bench", "-q", "-p", "gspmd-core", "--bench", "conv", "--",
-               "conv_passes"])
+def gspmd_side(binary):
+    """Microseconds per pass from one criterion run of the `conv_passes` group (of the
+    built bench `binary`, or through cargo)."""
+    command = [binary, "--bench"] if binary else [
+        "cargo", "bench", "-q", "-p", "gspmd-core", "--bench", "conv", "--"]
+    out = run([*command, "conv_passes"])
     return {name: float(t) * UNIT[unit] for name, t, unit in CRITERION.findall(out)}
 
 
@@ -57,11 +59,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0,
                         help="JAX's timing per pass")
+    parser.add_argument("--bench-binary", help="the built conv bench (else cargo bench)")
     args = parser.parse_args()
     os.chdir(ROOT)
     rounds = []
     for r in range(args.rounds):
-        sides = [("gspmd", gspmd_side), ("jax", lambda: jax_side(args.python, args.seconds))]
+        sides = [("gspmd", lambda: gspmd_side(args.bench_binary)), ("jax", lambda: jax_side(args.python, args.seconds))]
         if r % 2:
             sides.reverse()
         times = {name: side() for name, side in sides}
