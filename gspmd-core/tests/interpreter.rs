@@ -1834,7 +1834,7 @@ fn convolution_matches_the_definition_in_every_configuration() {
 fn convolution_output_shapes_by_hand() {
     // (input, kernel, output) per case, from the window arithmetic
     // (low + dilated input + high - dilated window) / stride + 1.
-    let shapes: [&[usize]; 9] = [
+    let shapes: [&[usize]; 13] = [
         &[2, 4, 4],
         &[2, 3, 3, 5],
         &[1, 3, 6, 4],
@@ -1844,6 +1844,10 @@ fn convolution_output_shapes_by_hand() {
         &[3, 5, 6, 6],
         &[2, 5, 4, 6],
         &[3, 2, 5],
+        &[2, 5, 6, 4],
+        &[4, 2, 4, 5],
+        &[3, 6, 4, 6],
+        &[2, 2, 2, 4],
     ];
     for (case, want) in conv_cases::cases().iter().zip(shapes) {
         let b = Builder::new("conv");

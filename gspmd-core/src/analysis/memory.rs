@@ -20,8 +20,9 @@
 //!   write in place, else into a new buffer;
 //! - every other node allocates its result while its operands are held, and a
 //!   collective whose operand is not taken over copies it first;
-//! - a convolution also holds its im2col scratch while it runs: its operands in a
-//!   canonical layout and the patch matrix, often several times its result;
+//! - a convolution also holds its im2col scratch while it runs: the patch matrix,
+//!   often several times its result, the kernel packed and the product before it is
+//!   placed in the result's layout;
 //! - a control-flow instance copies its operands, runs its regions (each region's own
 //!   peak, recursively), and holds all its results until their nodes take them.
 //!

@@ -10,6 +10,7 @@
 //! Every result is in standard (row-major, contiguous) layout.
 
 mod contraction;
+mod convolution;
 pub mod elementary;
 mod elementwise;
 mod indexing;
@@ -30,12 +31,12 @@ pub(crate) type Dims = SmallVec<[usize; 6]>;
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
-use ndarray::{Array1, Array2, Array3, ArrayD, Axis, IxDyn, Slice};
+use ndarray::{Array1, ArrayD, Axis, IxDyn, Slice};
 pub(crate) use reduce::{Lanes, body_len};
 
 use crate::ir::{
-    ConvConfig, CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim,
-    by_element, infer_type, map_literal, with_literal,
+    CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim, by_element,
+    infer_type, map_literal, with_literal,
 };
 
 /// Applies a dtype-generic array expression to two numeric literals of one dtype: in
@@ -258,7 +259,7 @@ fn compute_borrowed(
             reduce_window(*kind, operands[0], window, &result.shape)?
         }
         Op::Convolution(config) => {
-            numeric_pair!(operands[0], operands[1], (x, k) => convolution(config, x, k, &result.shape)?)
+            numeric_pair!(operands[0], operands[1], (x, k) => convolution::convolution(config, x, k, &result.shape)?)
         }
         Op::Gather(dims) => indexing::gather(dims, operands[0], operands[1], &result.shape)?,
         Op::Scatter { dims, kind } => {
@@ -641,151 +642,4 @@ fn reduce_window(
         }),
         x => return Err(format!("cannot reduce {}", type_of(x))),
     })
-}
-
-// ---- contractions ----------------------------------------------------------------------
-
-// ---- convolution -----------------------------------------------------------------------
-
-/// `convolution` as im2col: for each group (feature or batch group: at most one count
-/// exceeds 1), every output position's window of the input (zeros where it covers
-/// padding or a hole of the lhs dilation) becomes a row of a `[batch * positions, taps *
-/// group features]` matrix, which the matmul of `dot_general` multiplies by the group's
-/// kernel `[taps * group features, group output features]`; the products are placed in
-/// the output's dim order. Feature group `g` reads input features `g * group features
-/// ..`, batch group `g` the input batch `g * batch ..` (`batch` the output's).
-fn convolution<T: contraction::DotScalar>(
-    config: &ConvConfig,
-    input: &ArrayD<T>,
-    kernel: &ArrayD<T>,
-    shape: &[usize],
-) -> Result<ArrayD<T>, String> {
-    let dn = &config.dims;
-    let (feature_groups, batch_groups) = (config.feature_group_count, config.batch_group_count);
-    let groups = feature_groups * batch_groups;
-    // Input [N, spatial.., C], kernel [O, spatial.., I], both row-major: a window tap
-    // then reads a group's features as one contiguous run.
-    let canonical = |a: &ArrayD<T>, first: usize, spatial: &[usize], last: usize| {
-        let perm = [&[first][..], spatial, &[last]].concat();
-        a.view()
-            .permuted_axes(IxDyn(&perm))
-            .as_standard_layout()
-            .into_owned()
-    };
-    let x = canonical(input, dn.input_batch, &dn.input_spatial, dn.input_feature);
-    let k = canonical(
-        kernel,
-        dn.kernel_output_feature,
-        &dn.kernel_spatial,
-        dn.kernel_input_feature,
-    );
-    let rank = x.ndim();
-    let (batch, features) = (x.shape()[0] / batch_groups, x.shape()[rank - 1]);
-    let (out_features, group_features) = (k.shape()[0], k.shape()[rank - 1]);
-    let group_out = out_features / groups;
-    let out_spatial: Vec<usize> = dn.output_spatial.iter().map(|&d| shape[d]).collect();
-    let positions: usize = out_spatial.iter().product();
-    let taps: usize = k.shape()[1..rank - 1].iter().product();
-    let block: usize = x.shape()[1..rank - 1].iter().product();
-    let offsets = window_offsets(
-        &config.window,
-        &x.shape()[1..rank - 1],
-        &k.shape()[1..rank - 1],
-        &out_spatial,
-    );
-    let xs = x.as_slice().ok_or("input is not contiguous")?;
-    let k3 = k
-        .into_shape_with_order((groups, group_out, taps * group_features))
-        .map_err(|e| format!("cannot group the kernel: {e}"))?;
-    let mut out = Array3::<T>::default((groups, batch * positions, group_out));
-    let mut cols = Array2::<T>::default((batch * positions, taps * group_features));
-    for g in 0..groups {
-        let (feature_group, batch_group) = (g % feature_groups, g % batch_groups);
-        for (r, mut row) in cols.outer_iter_mut().enumerate() {
-            let (b, p) = (r / positions.max(1), r % positions.max(1));
-            let b = batch_group * batch + b;
-            let row = row.as_slice_mut().ok_or("im2col row is not contiguous")?;
-            let window = &offsets[p * taps..(p + 1) * taps];
-            for (dst, off) in row.chunks_exact_mut(group_features.max(1)).zip(window) {
-                match off {
-                    Some(o) => {
-                        let src = (b * block + o) * features + feature_group * group_features;
-                        dst.copy_from_slice(&xs[src..src + group_features]);
-                    }
-                    None => dst.fill(T::default()),
-                }
-            }
-        }
-        T::matmul_into(
-            cols.view(),
-            k3.index_axis(Axis(0), g).t(),
-            out.index_axis_mut(Axis(0), g),
-        );
-    }
-    // [G, N * P, O/G] -> [N, P, G, O/G] = [N, spatial.., O] -> the output's dim order.
-    let canonical_shape = [&[batch][..], &out_spatial, &[out_features]].concat();
-    let out = out
-        .into_shape_with_order((groups, batch, positions, group_out))
-        .map_err(|e| format!("cannot split the product: {e}"))?
-        .permuted_axes([1, 2, 0, 3])
-        .as_standard_layout()
-        .into_owned()
-        .into_dyn()
-        .into_shape_with_order(IxDyn(&canonical_shape))
-        .map_err(|e| format!("cannot shape the product: {e}"))?;
-    let mut perm = vec![0; shape.len()];
-    perm[dn.output_feature] = out_spatial.len() + 1;
-    for (i, &d) in dn.output_spatial.iter().enumerate() {
-        perm[d] = i + 1;
-    }
-    perm[dn.output_batch] = 0;
-    Ok(out.permuted_axes(IxDyn(&perm)))
-}
-
-/// For output position `p` and kernel tap `t` (both row-major over the spatial dims),
-/// entry `p * taps + t` is the row-major offset of the input element the tap sees, or
-/// `None` where it sees padding or a hole of the lhs dilation.
-fn window_offsets(
-    window: &[WindowDim],
-    input: &[usize],
-    kernel: &[usize],
-    output: &[usize],
-) -> Vec<Option<usize>> {
-    // Per spatial dim, entry `o * kernel[d] + t`: the input index output `o` sees by tap `t`.
-    let per_dim: Vec<Vec<Option<usize>>> = (0..window.len())
-        .map(|d| {
-            let w = &window[d];
-            let dilation = w.base_dilation as i64;
-            (0..output[d] * kernel[d])
-                .map(|ot| {
-                    let (o, t) = (ot / kernel[d], ot % kernel[d]);
-                    let q = (o * w.stride + t * w.window_dilation) as i64 - w.padding_low;
-                    (q >= 0 && q % dilation == 0)
-                        .then_some((q / dilation) as usize)
-                        .filter(|&i| i < input[d])
-                })
-                .collect()
-        })
-        .collect();
-    let mut strides = vec![1; input.len()];
-    for d in (0..input.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * input[d + 1];
-    }
-    let positions: usize = output.iter().product();
-    let taps: usize = kernel.iter().product();
-    let mut offsets = Vec::with_capacity(positions * taps);
-    for p in 0..positions {
-        for t in 0..taps {
-            let (mut p_rest, mut t_rest, mut offset) = (p, t, Some(0));
-            for d in (0..window.len()).rev() {
-                let (o, k) = (p_rest % output[d], t_rest % kernel[d]);
-                (p_rest, t_rest) = (p_rest / output[d], t_rest / kernel[d]);
-                offset = offset
-                    .zip(per_dim[d][o * kernel[d] + k])
-                    .map(|(a, i)| a + i * strides[d]);
-            }
-            offsets.push(offset);
-        }
-    }
-    offsets
 }

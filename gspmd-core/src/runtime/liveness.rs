@@ -230,12 +230,13 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     }
 }
 
-/// The scratch the convolution kernel holds besides its result: its operands copied to
-/// a canonical layout and the patch matrix (one row per output position, one column
-/// per kernel element of an output feature).
+/// The scratch the convolution kernel holds besides its result, at most: the patch
+/// matrix (one row per output position, one column per kernel element of an output
+/// feature), the kernel packed as a matrix (when its layout is not one) and the product
+/// before it is placed in the result's layout (when that differs). The kernel reads
+/// its input where it lies.
 fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
-    let [input, kernel] = [0, 1].map(|k| node.operands.get(k).map(|&o| program.ty(o)));
-    let (Some(input), Some(kernel)) = (input, kernel) else {
+    let Some(kernel) = node.operands.get(1).map(|&o| program.ty(o)) else {
         return 0;
     };
     let outputs = (kernel.shape.get(config.dims.kernel_output_feature))
@@ -244,7 +245,9 @@ fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
         .max(1);
     let rows = num_elements(&node.ty.shape) / outputs;
     let columns = num_elements(&kernel.shape) / outputs;
-    input.size_in_bytes() + kernel.size_in_bytes() + rows * columns * node.ty.dtype.size_in_bytes()
+    kernel.size_in_bytes()
+        + node.ty.size_in_bytes()
+        + rows * columns * node.ty.dtype.size_in_bytes()
 }
 
 /// The operand an elementwise kernel overwrites with its result (see the elementwise

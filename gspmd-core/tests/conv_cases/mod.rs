@@ -1,7 +1,9 @@
 //! Convolution configurations shared by the suites (interpreter against a naive loop,
 //! gradients against finite differences, partitioned against the interpreter): 1-, 2-
 //! and 3-D windows, dims in unusual orders, strides, positive and negative padding,
-//! lhs and rhs dilation, feature groups and depthwise, batch groups.
+//! lhs and rhs dilation, feature groups and depthwise, batch groups; each of the
+//! convolution kernel's evaluation orders (direct depthwise, im2col, transposed im2col
+//! for an input whose batch is innermost).
 
 use gspmd_core::ir::{Builder, ConvDimensionNumbers, DType, Padding, Tensor};
 
@@ -158,6 +160,54 @@ pub fn cases() -> Vec<ConvCase> {
             rhs_dilation: &[],
             groups: 1,
             batch_groups: 3,
+        },
+        ConvCase {
+            name: "2-D depthwise, multiplier 1, SAME (channels contiguous: the direct kernel)",
+            labels: ["NHWC", "HWIO", "NHWC"],
+            input: &[2, 5, 6, 4],
+            kernel: &[3, 3, 1, 4],
+            strides: &[1, 1],
+            padding: &[(1, 1), (1, 1)],
+            lhs_dilation: &[],
+            rhs_dilation: &[],
+            groups: 4,
+            batch_groups: 1,
+        },
+        ConvCase {
+            name: "2-D, input batch innermost (a kernel gradient's layout), rhs dilation",
+            labels: ["CHWN", "IHWO", "HWNC"],
+            input: &[3, 5, 4, 4],
+            kernel: &[3, 2, 3, 5],
+            strides: &[1, 2],
+            padding: &[(1, 0), (1, 1)],
+            lhs_dilation: &[],
+            rhs_dilation: &[2, 1],
+            groups: 1,
+            batch_groups: 1,
+        },
+        ConvCase {
+            name: "2-D, input batch innermost, 2 feature groups, lhs dilation",
+            labels: ["CHWN", "HWIO", "NHWC"],
+            input: &[4, 4, 3, 3],
+            kernel: &[2, 2, 2, 6],
+            strides: &[1, 1],
+            padding: &[(0, 0), (1, 1)],
+            lhs_dilation: &[2, 1],
+            rhs_dilation: &[],
+            groups: 2,
+            batch_groups: 1,
+        },
+        ConvCase {
+            name: "2-D, input batch innermost, 2 batch groups",
+            labels: ["CHWN", "HWIO", "NHWC"],
+            input: &[2, 3, 3, 4],
+            kernel: &[2, 2, 2, 4],
+            strides: &[1, 1],
+            padding: &[(0, 0), (0, 0)],
+            lhs_dilation: &[],
+            rhs_dilation: &[],
+            groups: 1,
+            batch_groups: 2,
         },
     ]
 }

@@ -42,6 +42,10 @@ use crate::runtime::buffers::{self, Pooled};
 /// contents are ignored: it may hold anything, NaN included).
 pub(super) trait DotScalar: Pooled + Copy + Default {
     fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
+
+    /// `acc + a * b` in the element type's arithmetic (wrapping for integers), for the
+    /// kernels that accumulate one product at a time.
+    fn mul_add(acc: Self, a: Self, b: Self) -> Self;
 }
 
 impl DotScalar for f32 {
@@ -59,6 +63,10 @@ impl DotScalar for f32 {
         } else {
             general_mat_mul(1.0, &a, &b, 0.0, &mut c);
         }
+    }
+
+    fn mul_add(acc: f32, a: f32, b: f32) -> f32 {
+        acc + a * b
     }
 }
 
@@ -284,6 +292,10 @@ impl DotScalar for i32 {
                 .and_broadcast(&row.insert_axis(Axis(0)))
                 .for_each(|c, &p, &q| *c = c.wrapping_add(p.wrapping_mul(q)));
         }
+    }
+
+    fn mul_add(acc: i32, a: i32, b: i32) -> i32 {
+        acc.wrapping_add(a.wrapping_mul(b))
     }
 }
 
