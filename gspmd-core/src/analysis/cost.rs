@@ -55,6 +55,8 @@ pub struct CostAnalysis {
     /// Each collective's latency plus its transfer time on the device's interconnect
     /// ([`DeviceModel::collective_seconds`]), summed over every run.
     pub communication_seconds: f64,
+    /// `communication_seconds` by collective kind (the keys of `collectives`).
+    pub communication_by_kind: BTreeMap<&'static str, f64>,
 }
 
 impl CostAnalysis {
@@ -63,7 +65,7 @@ impl CostAnalysis {
         let count = Count::of(program);
         let total: u64 = count.flops.values().sum();
         let mut collectives: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-        let mut communication_seconds = 0.0;
+        let mut communication_by_kind: BTreeMap<&'static str, f64> = BTreeMap::new();
         visit_collectives(program, "", &mut |_, runs, program, v| {
             let node = program.node(v);
             let bytes = bytes_received(program, node, mesh);
@@ -73,12 +75,15 @@ impl CostAnalysis {
             let entry = collectives.entry(node.op.name()).or_default();
             entry.0 += runs.times;
             entry.1 += runs.times * bytes;
-            communication_seconds += runs.times as f64
+            let seconds = runs.times as f64
                 * (device.collective_latency + device.collective_seconds(&node.op, mesh, bytes));
+            *communication_by_kind.entry(node.op.name()).or_default() += seconds;
         });
+        let communication_seconds = communication_by_kind.values().fold(0.0, |a, b| a + b);
         CostAnalysis {
             compute_seconds: total as f64 / device.sustained_flops_per_second(),
             communication_seconds,
+            communication_by_kind,
             flops: count.flops,
             collectives,
             device: device.clone(),
