@@ -102,6 +102,13 @@ fn flops_and_bytes_of_a_megatron_mlp_are_the_hand_counts() {
         let compute = cost.total_flops() as f64 / device.flops_per_second;
         assert!((cost.compute_seconds - compute).abs() < 1e-15);
         assert!(cost.step_seconds(true) <= cost.step_seconds(false));
+        // Each kind's time, one latency per run plus its bytes at 12 GB/s, adds up.
+        let by_kind: f64 = cost.communication_by_kind.values().sum();
+        assert!((by_kind - cost.communication_seconds).abs() < 1e-12);
+        if let Some(&(n, bytes)) = cost.collectives.get("all_reduce") {
+            let want = n as f64 * device.collective_latency + bytes as f64 / 12e9;
+            assert!((cost.communication_by_kind["all_reduce"] - want).abs() < 1e-12);
+        }
         assert_eq!(
             cost.step_seconds(false),
             cost.compute_seconds + cost.communication_seconds
