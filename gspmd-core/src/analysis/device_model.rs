@@ -48,8 +48,9 @@ pub struct DeviceModel {
     pub name: String,
     /// Peak floating-point operations per second of one device.
     pub flops_per_second: f64,
-    /// The fraction of `flops_per_second` the program's compute reaches, in `(0, 1]`:
-    /// the one constant fitted to a measured step (1: peak).
+    /// The fraction of `flops_per_second` the program's compute reaches: the one
+    /// constant fitted to a measured step (1: peak). Above 1 only when fitted to a step
+    /// whose communication the model over-charges (e.g. hidden behind compute).
     pub efficiency: f64,
     /// Bytes of memory one device has (for whether a plan fits).
     pub memory_bytes: usize,
