@@ -4,6 +4,7 @@
 //! trainable patterns selecting a parameter twice. Each is one typed error naming the
 //! user's line or the parameter, none silently accepted.
 
+use gspmd::error::InputProblem;
 use gspmd::ir::{Builder, DType, Tensor};
 use gspmd::prelude::*;
 use gspmd::train::{Init, Initializer, Optimizer, step_program};
@@ -162,9 +163,12 @@ fn loop_body_value_used_after_the_loop_is_one_error() {
 #[track_caller]
 fn init_error(init: Init, shape: &[usize]) -> String {
     match Initializer::new(7).rule("w", init).global("w", shape) {
-        Err(Error::TrainerInput { name, message }) => {
+        Err(Error::TrainerInput {
+            name,
+            problem: InputProblem::Invalid { reason },
+        }) => {
             assert_eq!(name, "w");
-            message
+            reason
         }
         other => panic!("expected TrainerInput, got {other:?}"),
     }

@@ -2,7 +2,7 @@
 
 use gspmd_core::analysis::DeviceModel;
 use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Program, Tensor, einsum};
+use gspmd_core::ir::{Builder, CollectiveKind, DType, Program, Tensor, einsum};
 use gspmd_core::sharding::{Mesh, Sharding};
 
 fn s(text: &str) -> Sharding {
@@ -102,6 +102,13 @@ fn flops_and_bytes_of_a_megatron_mlp_are_the_hand_counts() {
         let compute = cost.total_flops() as f64 / device.flops_per_second;
         assert!((cost.compute_seconds - compute).abs() < 1e-15);
         assert!(cost.step_seconds(true) <= cost.step_seconds(false));
+        // Each kind's time, one latency per run plus its bytes at 12 GB/s, adds up.
+        let by_kind: f64 = cost.communication_by_kind.values().sum();
+        assert!((by_kind - cost.communication_seconds).abs() < 1e-12);
+        if let Some(&(n, bytes)) = cost.collectives.get(&CollectiveKind::AllReduce) {
+            let want = n as f64 * device.collective_latency + bytes as f64 / 12e9;
+            assert!((cost.communication_by_kind[&CollectiveKind::AllReduce] - want).abs() < 1e-12);
+        }
         assert_eq!(
             cost.step_seconds(false),
             cost.compute_seconds + cost.communication_seconds
@@ -110,10 +117,127 @@ fn flops_and_bytes_of_a_megatron_mlp_are_the_hand_counts() {
 }
 
 #[test]
+fn bf16_and_f16_values_count_like_f32_ones() {
+    // The same MLP (unannotated: replicated, every device computes all of it) in each
+    // float type: the same FLOPs (a TPU's bf16 matmul is its peak), and an i32 product
+    // none.
+    let count = |dtype: DType| {
+        let program = build("mlp", |b| {
+            let x = b.parameter("x", [8, 16], dtype);
+            let w = b.parameter("w", [16, 32], dtype);
+            vec![einsum("bd,df->bf", &x, &w).tanh()]
+        });
+        let exe = compile(&program, &mesh(2, 1)).expect("compiles");
+        exe.cost_analysis(&DeviceModel::this_machine())
+            .total_flops()
+    };
+    let want = 2 * 8 * 16 * 32 + 8 * 32;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        assert_eq!(count(dtype), want, "{dtype}");
+    }
+    let ints = build("ints", |b| {
+        let x = b.parameter("x", [8, 16], DType::I32);
+        let w = b.parameter("w", [16, 32], DType::I32);
+        vec![einsum("bd,df->bf", &x, &w)]
+    });
+    let exe = compile(&ints, &mesh(1, 1)).expect("compiles");
+    assert_eq!(
+        exe.cost_analysis(&DeviceModel::this_machine())
+            .total_flops(),
+        0
+    );
+}
+
+#[test]
+fn a_scan_of_bf16_layers_counts_each_iteration() {
+    let (layers, d) = (6usize, 16usize);
+    let program = build("stack", |b| {
+        let x = b.parameter("x", [4, d], DType::BF16);
+        let w = b.parameter("w", [layers, d, d], DType::BF16);
+        let (last, _) = b.scan(&[w], &[x], |h, w| {
+            (vec![einsum("bd,de->be", &h[0], &w[0]).tanh()], vec![])
+        });
+        vec![last[0].clone()]
+    });
+    let exe = compile(&program, &mesh(1, 1)).expect("compiles");
+    let cost = exe.cost_analysis(&DeviceModel::this_machine());
+    let per_layer = (2 * 4 * d * d + 4 * d) as u64;
+    assert_eq!(cost.total_flops(), layers as u64 * per_layer, "{cost}");
+}
+
+#[test]
+fn sorts_and_scatter_adds_have_their_flops() {
+    let program = build("sort", |b| {
+        let x = b.parameter("x", [4, 8], DType::F32);
+        vec![x.argsort(1, false)]
+    });
+    let exe = compile(&program, &mesh(1, 1)).expect("compiles");
+    let cost = exe.cost_analysis(&DeviceModel::this_machine());
+    // 4 rows of 8: 8 log2 8 = 24 comparisons each.
+    assert_eq!(cost.flops.get("argsort"), Some(&(4 * 24)), "{cost}");
+    // 3 source rows of 8 added into a [5, 8] table: 24 additions.
+    let program = build("index_add", |b| {
+        let table = b.parameter("table", [5, 8], DType::BF16);
+        let index = b.parameter("index", [3], DType::I32);
+        let source = b.parameter("source", [3, 8], DType::BF16);
+        vec![table.index_add(0, &index, &source)]
+    });
+    let exe = compile(&program, &mesh(1, 1)).expect("compiles");
+    let cost = exe.cost_analysis(&DeviceModel::this_machine());
+    assert_eq!(cost.flops.get("scatter_add"), Some(&24), "{cost}");
+}
+
+#[test]
 fn the_tpu_preset_is_one_core_of_the_public_chip_figures() {
+    use gspmd_core::analysis::Interconnect;
+    use gspmd_core::ir::{AxisGroup, Op, ReduceKind};
     let tpu = DeviceModel::tpu_v3_core();
     assert_eq!(tpu.flops_per_second, 61.5e12);
-    assert!(tpu.link_bytes_per_second > 1e11);
+    assert_eq!(tpu.memory_bytes, 16 << 30);
+    let Interconnect::Torus {
+        link_bytes_per_second: link,
+        devices_per_chip: 2,
+    } = tpu.interconnect
+    else {
+        panic!("{tpu:?}")
+    };
+    // 340 TB/s per pod of 1024 chips over 4 links each.
+    assert!((link - 83.0e9).abs() < 0.1e9, "{link}");
+    let half = tpu.clone().with_efficiency(0.5);
+    assert_eq!(half.sustained_flops_per_second(), 30.75e12);
+    // A (32, 64) mesh of 2048 cores: 32 x 32 chips.
+    let pod = Mesh::new([("x", 32), ("y", 64)]).expect("mesh");
+    let group = |axes: &[&str]| AxisGroup {
+        axes: axes.iter().map(|a| a.to_string()).collect(),
+        size: pod.axes_size(axes),
+    };
+    let gather = |axes: &[&str]| Op::AllGather {
+        group: group(axes),
+        dim: 0,
+    };
+    let bytes = 1usize << 30;
+    // Along one torus dim a device gets half its chip's two links; along two, all four.
+    let one = tpu.collective_seconds(&gather(&["x"]), &pod, bytes);
+    assert!((one - bytes as f64 / link).abs() < 1e-9, "{one}");
+    let y = tpu.collective_seconds(&gather(&["y"]), &pod, bytes);
+    assert_eq!(one, y);
+    let reduce = Op::ReduceScatter {
+        group: group(&["x", "y"]),
+        kind: ReduceKind::Sum,
+        dim: 0,
+    };
+    let two = tpu.collective_seconds(&reduce, &pod, bytes);
+    assert!((two - one / 2.0).abs() < 1e-9, "{two}");
+    // An all-to-all over y's 32 chips is bisection bound: 32 / 8 times a link's time
+    // for the chip's two devices' bytes.
+    let a2a = Op::AllToAll {
+        group: group(&["y"]),
+        split_dim: 0,
+        concat_dim: 1,
+    };
+    let t = tpu.collective_seconds(&a2a, &pod, bytes);
+    let want = 2.0 * bytes as f64 * 32.0 / (8.0 * link);
+    assert!((t - want).abs() < 1e-9, "{t} vs {want}");
 }
 
 #[test]

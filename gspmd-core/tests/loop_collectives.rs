@@ -305,7 +305,7 @@ fn a_gru_under_gradient_accumulation_saves_its_gathers_inside_the_outer_scan() {
     let gathers = |policy| {
         let exe = compile_with(&step.program, &mesh, &remat(policy)).unwrap();
         let stats = exe.spmd().collectives();
-        (stats.count("all_gather"), stats.bytes())
+        (stats.count(CollectiveKind::AllGather), stats.bytes())
     };
     let (saved, recomputed) = (
         gathers(ScanRemat::SaveCollectives),

@@ -8,9 +8,11 @@
 //! the same time for any depth. Written for compiling and analysing without data (see
 //! `examples/paper_scale.rs`); it runs like any program on small sizes.
 //!
-//! Left out next to the paper's language model: the vocabulary embedding and softmax
-//! (the loss is the mean square of the last layer's output), dropout, and bf16 (every
-//! value is f32).
+//! Mixed precision as the paper's: weights (and so their gradients and the optimizer
+//! state) are f32, converted to [`Config::dtype`] (bf16 in the paper) inside each
+//! layer, and the activations are of that type; the loss is taken in f32. Left out next
+//! to the paper's language model: the vocabulary embedding and softmax (the loss is the
+//! mean square of the last layer's output) and dropout.
 
 use crate::ir::{Builder, DType, Program, Tensor, einsum};
 use crate::models::transformer::causal;
@@ -34,6 +36,8 @@ pub struct Config {
     pub batch: usize,
     /// Tokens per sequence `S`.
     pub seq: usize,
+    /// The activations' element type (the weights are f32).
+    pub dtype: DType,
 }
 
 impl Config {
@@ -61,7 +65,7 @@ pub fn forward(c: &Config) -> crate::Result<Program> {
     let param = |name: &str, shape: Vec<usize>, s: &str| {
         b.parameter(name, shape, DType::F32).annotate(sharding(s))
     };
-    let x = param("x", vec![c.batch, c.seq, m], "(x, _, y)");
+    let x = (b.parameter("x", vec![c.batch, c.seq, m], c.dtype)).annotate(sharding("(x, _, y)"));
     let wq = param("wq", vec![l, m, n, d], "(_, x, y, _)");
     let wk = param("wk", vec![l, m, n, d], "(_, x, y, _)");
     let wv = param("wv", vec![l, m, n, d], "(_, x, y, _)");
@@ -71,15 +75,15 @@ pub fn forward(c: &Config) -> crate::Result<Program> {
     let (last, _) = b.scan(&[wq, wk, wv, wo, w1, w2], &[x], |carried, w| {
         (vec![layer(&carried[0], w)], vec![])
     });
-    let y = &last[0];
+    let y = &last[0].convert(DType::F32);
     let loss = (y * y).mean(&[0, 1, 2]);
     b.finish(&[&loss])
 }
 
-/// One pre-norm layer on `x: [B, S, M]` with its weights `w = [wq, wk, wv, wo, w1, w2]`.
-/// Each weight goes through a sharding constraint of its own sharding, so that its
-/// gradient is constrained alike: reduce-scattered in each iteration of the backward
-/// scan, not kept whole for every layer.
+/// One pre-norm layer on `x: [B, S, M]` with its weights `w = [wq, wk, wv, wo, w1, w2]`,
+/// computed in `x`'s dtype. Each weight goes through a sharding constraint of its own
+/// sharding, so that its gradient is constrained alike: reduce-scattered in each
+/// iteration of the backward scan, not kept whole for every layer.
 fn layer(x: &Tensor, w: &[Tensor]) -> Tensor {
     let pin = |t: Tensor, s: &str| t.shard(sharding(s));
     let split = [
@@ -93,7 +97,7 @@ fn layer(x: &Tensor, w: &[Tensor]) -> Tensor {
     let w: Vec<Tensor> = w
         .iter()
         .zip(split)
-        .map(|(t, s)| pin(t.clone(), s))
+        .map(|(t, s)| pin(t.clone(), s).convert(x.dtype()))
         .collect();
     let a = x.layer_norm(-1, 1e-5);
     let q = pin(einsum("bsm,mnd->bnsd", &a, &w[0]), "(x, y, _, _)");
@@ -116,9 +120,14 @@ fn layer(x: &Tensor, w: &[Tensor]) -> Tensor {
 /// The training step of [`forward`]: plain SGD (no optimizer state), every weight
 /// trained.
 pub fn step(c: &Config) -> crate::Result<TrainStep> {
+    step_with(c, &Optimizer::sgd(1e-3, 0.0))
+}
+
+/// The training step of [`forward`] with `optimizer` (the paper's: Adafactor, its
+/// second moments factored), every weight trained.
+pub fn step_with(c: &Config, optimizer: &Optimizer) -> crate::Result<TrainStep> {
     let model = forward(c)?;
-    let sgd = Optimizer::sgd(1e-3, 0.0);
-    step_program(&model, 0, &[1, 2, 3, 4, 5, 6], &sgd)
+    step_program(&model, 0, &[1, 2, 3, 4, 5, 6], optimizer)
 }
 
 /// One model compiled on the mesh `(x, y)`: what one device holds and receives.

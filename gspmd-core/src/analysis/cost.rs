@@ -7,68 +7,37 @@
 //!   i.e. `2*M*N*K` for an `[M, K] x [K, N]` product;
 //! - `convolution`: 2 x (result elements) x (kernel elements per output feature);
 //! - elementwise ops (unary, binary, compare, select): 1 per result element;
-//! - ops on `i32` and `bool` values only (index arithmetic, masks): 0;
+//! - ops on `i32` and `bool` values only (index arithmetic, masks): 0; f32, bf16 and
+//!   f16 count alike (a TPU's bf16 matmul is its peak rate);
 //! - `reduce`, `cumulative`: 1 per operand element; `reduce_window`: 1 per result
-//!   element per window element;
-//! - data movement (reshape, transpose, slice, gather, broadcast, ...) and conversions:
-//!   0;
-//! - collectives: 0 FLOPs; their counts and bytes are those the partitioner's report
-//!   gives ([`CollectiveStats`]: [`bytes_received`](crate::partition::bytes_received),
+//!   element per window element; `argsort`: `n log2 n` comparisons per sorted row of
+//!   `n`; `scatter_add`: 1 per update element;
+//! - data movement (reshape, transpose, slice, gather, scatter, broadcast, ...),
+//!   conversions, random bits and axis indices: 0;
+//! - collectives: 0 FLOPs (their combining arithmetic is part of their communication
+//!   time); their counts and bytes are those the partitioner's report
+//!   gives ([`CollectiveStats`](crate::partition::CollectiveStats): [`bytes_received`](crate::partition::bytes_received),
 //!   the bytes one device receives, ring algorithms; each counted as often as it runs,
 //!   [`Runs`](crate::partition::Runs)), leaving out those that move no data;
 //! - control flow: a `scan` body counts `length` times, a `while` body and condition
 //!   once (the trip count is a run-time value), a `cond` its costlier branch in FLOPs
 //!   and both branches in collectives (as [`Runs`](crate::partition::Runs) counts them: an upper bound).
+//!
+//! Times: the compute runs at the device's sustained FLOP rate, each collective takes
+//! its latency plus its transfer time on the device's interconnect
+//! ([`DeviceModel::collective_seconds`]); a step is the two in sequence, or overlapped
+//! (the larger of the two: XLA's asynchronous collectives hiding the communication
+//! behind independent compute, an upper bound on what overlap gains).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::ir::{CollectiveKind, DType, Flow, Node, Op, Program, distinct_flows, num_elements};
-use crate::partition::CollectiveStats;
+use super::DeviceModel;
+use crate::ir::{
+    CollectiveKind, Flow, Node, Op, Program, ScatterKind, distinct_flows, num_elements,
+};
+use crate::partition::{bytes_received, visit_collectives};
 use crate::sharding::Mesh;
-
-/// What one device can do: the figures a step time is estimated from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceModel {
-    /// A name for reports.
-    pub name: String,
-    /// Peak floating-point operations per second of one device.
-    pub flops_per_second: f64,
-    /// Bytes per second one device receives over its links in a collective.
-    pub link_bytes_per_second: f64,
-    /// Fixed cost of one collective, in seconds (synchronisation, start-up).
-    pub collective_latency: f64,
-}
-
-impl DeviceModel {
-    /// One thread-mesh device on this project's build machines, as measured (see
-    /// `shared/FACTS.md`, 2026-11-29): single-thread f32 matmul at 70–77 GFLOP/s (75
-    /// taken), collectives moving data through memory at memcpy speed, 11–13 GB/s (12
-    /// taken), and a rendezvous of 8 threads costing 50–65 µs (55 taken).
-    pub fn this_machine() -> Self {
-        DeviceModel {
-            name: "this machine (one thread per device)".into(),
-            flops_per_second: 75e9,
-            link_bytes_per_second: 12e9,
-            collective_latency: 55e-6,
-        }
-    }
-
-    /// One TPUv3 core (the paper's device). Google Cloud's TPU v3 documentation
-    /// (cloud.google.com/tpu/docs/v3): 123 teraflops (bf16) peak per chip of two
-    /// TensorCores, so 61.5 TFLOP/s per core; 340 TB/s all-reduce bandwidth per pod of
-    /// 1024 chips, so 166 GB/s per core (the ICI of Norrie et al. 2021, "The Design
-    /// Process for Google's Training Chips: TPUv2 and TPUv3", IEEE Micro). The latency
-    /// per collective, 10 µs, is an assumption: no public figure.
-    pub fn tpu_v3_core() -> Self {
-        DeviceModel {
-            name: "TPUv3 core".into(),
-            flops_per_second: 123e12 / 2.0,
-            link_bytes_per_second: 340e12 / 2048.0,
-            collective_latency: 10e-6,
-        }
-    }
-}
 
 /// What one device does in one run of a per-device program (see the module docs), and
 /// the time that takes on a [`DeviceModel`].
@@ -82,10 +51,14 @@ pub struct CostAnalysis {
     pub collectives: BTreeMap<CollectiveKind, (usize, usize)>,
     /// The device the times are for.
     pub device: DeviceModel,
-    /// `total_flops / flops_per_second`.
+    /// `total_flops` over the device's sustained rate
+    /// ([`DeviceModel::sustained_flops_per_second`]).
     pub compute_seconds: f64,
-    /// Each collective's latency plus its bytes over the link bandwidth, summed.
+    /// Each collective's latency plus its transfer time on the device's interconnect
+    /// ([`DeviceModel::collective_seconds`]), summed over every run.
     pub communication_seconds: f64,
+    /// `communication_seconds` by collective kind (the keys of `collectives`).
+    pub communication_by_kind: BTreeMap<CollectiveKind, f64>,
 }
 
 impl CostAnalysis {
@@ -93,13 +66,26 @@ impl CostAnalysis {
     pub fn of(program: &Program, mesh: &Mesh, device: &DeviceModel) -> Self {
         let count = Count::of(program);
         let total: u64 = count.flops.values().sum();
-        let collectives = CollectiveStats::moving_data(program, mesh).by_kind;
-        let (runs, bytes): (usize, usize) =
-            (collectives.values()).fold((0, 0), |(n, b), &(m, c)| (n + m, b + c));
+        let mut collectives: BTreeMap<CollectiveKind, (usize, usize)> = BTreeMap::new();
+        let mut communication_by_kind: BTreeMap<CollectiveKind, f64> = BTreeMap::new();
+        visit_collectives(program, "", &mut |_, runs, program, v| {
+            let node = program.node(v);
+            let bytes = bytes_received(program, node, mesh);
+            let Some(kind) = node.op.collective_kind().filter(|_| bytes > 0) else {
+                return;
+            };
+            let entry = collectives.entry(kind).or_default();
+            entry.0 += runs.times;
+            entry.1 += runs.times * bytes;
+            let seconds = runs.times as f64
+                * (device.collective_latency + device.collective_seconds(&node.op, mesh, bytes));
+            *communication_by_kind.entry(kind).or_default() += seconds;
+        });
+        let communication_seconds = communication_by_kind.values().fold(0.0, |a, b| a + b);
         CostAnalysis {
-            compute_seconds: total as f64 / device.flops_per_second,
-            communication_seconds: runs as f64 * device.collective_latency
-                + bytes as f64 / device.link_bytes_per_second,
+            compute_seconds: total as f64 / device.sustained_flops_per_second(),
+            communication_seconds,
+            communication_by_kind,
             flops: count.flops,
             collectives,
             device: device.clone(),
@@ -187,7 +173,8 @@ fn flow_count(flow: &Flow) -> Count {
     count
 }
 
-/// The floating-point operations of one node (see the module docs).
+/// The floating-point operations of one node (see the module docs): one rule per op
+/// kind, no default, so that a new op needs its own.
 fn node_flops(program: &Program, node: &Node) -> u64 {
     let out = num_elements(&node.ty.shape) as u64;
     let operand = |k: usize| {
@@ -195,9 +182,13 @@ fn node_flops(program: &Program, node: &Node) -> u64 {
             .get(k)
             .map_or(&[][..], |&o| &program.ty(o).shape[..])
     };
-    // Index arithmetic (i32) and masks (bool) do no floating-point operation.
-    let floating = node.ty.dtype == DType::F32
-        || (node.operands.iter()).any(|&o| program.ty(o).dtype == DType::F32);
+    // Index arithmetic (i32) and masks (bool) do no floating-point operation; f32, bf16
+    // and f16 values all count.
+    let floating =
+        node.ty.dtype.is_float() || (node.operands.iter()).any(|&o| program.ty(o).dtype.is_float());
+    if !floating {
+        return 0;
+    }
     match &node.op {
         Op::DotGeneral(dims) => {
             let lhs = operand(0);
@@ -212,13 +203,50 @@ fn node_flops(program: &Program, node: &Node) -> u64 {
             let per_output = num_elements(kernel) / outputs.unwrap_or(1).max(1);
             2 * out * per_output as u64
         }
-        _ if !floating => 0,
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => out,
         Op::Reduce { .. } | Op::Cumulative { .. } => num_elements(operand(0)) as u64,
         Op::ReduceWindow { window, .. } => {
             out * window.iter().map(|w| w.size as u64).product::<u64>()
         }
-        _ => 0,
+        // A comparison sort: `n log2 n` comparisons along the sorted dim.
+        Op::Argsort { dim, .. } => {
+            let n = operand(0).get(*dim).copied().unwrap_or(1).max(1) as u64;
+            num_elements(operand(0)) as u64 * u64::from(n.next_power_of_two().trailing_zeros())
+        }
+        // One addition per update element; a replacing scatter only moves data.
+        Op::Scatter { kind, .. } => match kind {
+            ScatterKind::Add => num_elements(operand(2)) as u64,
+            ScatterKind::Replace => 0,
+        },
+        // Data movement, conversions, identities and inputs: no arithmetic.
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Convert(_)
+        | Op::Broadcast { .. }
+        | Op::Reshape(_)
+        | Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Concatenate(_)
+        | Op::DynamicSlice(_)
+        | Op::DynamicUpdateSlice
+        | Op::Reverse(_)
+        | Op::Gather(_)
+        | Op::ShardingConstraint
+        | Op::PropagationBarrier(_) => 0,
+        // Random bits are integer hashing (threefry), and an axis index an integer.
+        Op::RandomBits { .. } | Op::AxisIndex(_) => 0,
+        // Collectives: their combining arithmetic is charged to their communication
+        // time (see `DeviceModel::collective_seconds`).
+        Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. }
+        | Op::CollectiveShift { .. } => 0,
+        // A control-flow instance's regions count by `flow_count`, once per instance.
+        Op::Flow { .. } => 0,
     }
 }
 

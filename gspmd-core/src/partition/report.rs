@@ -156,25 +156,10 @@ impl CollectiveStats {
     /// Counts the collectives of `program`, partitioned for `mesh`, each as often as it
     /// runs ([`Runs`]).
     pub fn of(program: &Program, mesh: &Mesh) -> Self {
-        Self::counting(program, mesh, |_| true)
-    }
-
-    /// [`CollectiveStats::of`] leaving out the collectives that move no data (zero
-    /// [`bytes_received`]): those the cost analysis charges for.
-    pub(crate) fn moving_data(program: &Program, mesh: &Mesh) -> Self {
-        Self::counting(program, mesh, |bytes| bytes > 0)
-    }
-
-    /// [`CollectiveStats::of`] counting only the collectives whose bytes per run pass
-    /// `keep`.
-    fn counting(program: &Program, mesh: &Mesh, keep: fn(usize) -> bool) -> Self {
         let mut stats = CollectiveStats::default();
         visit_collectives(program, "", &mut |_, runs, program, v| {
             let node = program.node(v);
             let bytes = bytes_received(program, node, mesh);
-            if !keep(bytes) {
-                return;
-            }
             let Some(kind) = node.op.collective_kind() else {
                 return;
             };

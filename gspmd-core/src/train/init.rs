@@ -144,9 +144,9 @@ impl Initializer {
     /// dim twice) that the parameter's shape does not have.
     pub fn block(&self, name: &str, shape: &[usize], block: &[(usize, usize)]) -> Result<Literal> {
         let init = self.init_of(name)?;
-        init.check(shape).map_err(|message| Error::TrainerInput {
+        init.check(shape).map_err(|reason| Error::TrainerInput {
             name: name.to_string(),
-            message,
+            problem: InputProblem::Invalid { reason },
         })?;
         let key = mix(self.seed ^ mix(fnv1a(name)));
         let sizes: Vec<usize> = block.iter().map(|b| b.1).collect();
