@@ -8,6 +8,7 @@ pub mod analysis;
 pub mod autodiff;
 pub mod error;
 mod executable;
+pub mod export;
 pub mod ir;
 pub mod partition;
 pub mod propagation;

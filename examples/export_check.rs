@@ -1,0 +1,239 @@
+//! Exports the example models and small DSL programs to StableHLO (per device and
+//! global, see `gspmd::export`), with inputs and gspmd's thread-mesh outputs beside
+//! them, then has XLA check them: `tools/xla_check.py` compiles each module with JAX's
+//! XLA on as many CPU devices as the mesh, runs it on the same inputs and compares its
+//! outputs with gspmd's (1e-5 relative), printing XLA's collectives beside gspmd's.
+//!
+//! ```text
+//! cargo run --example export_check -- OUT_DIR                  # write only
+//! cargo run --example export_check -- OUT_DIR --python PYTHON  # and check with XLA
+//! ```
+//!
+//! `PYTHON` is an interpreter with JAX 0.12 (`pip install jax==0.12.0.1` in a venv).
+//! The run fails if a module does not export, or if the check fails.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gspmd::autodiff::grad;
+use gspmd::ir::{Program, distinct_flows, random};
+use gspmd::models::moe::moe_language_model;
+use gspmd::models::pipeline::{Pipeline, mlp_loss};
+use gspmd::models::transformer::language_model;
+use gspmd::models::unet::denoise;
+use gspmd::prelude::*;
+use gspmd::runtime::sample_inputs;
+use gspmd::train::{Optimizer, save_checkpoint, step_program};
+
+#[gspmd::model(mesh = (data, model))]
+pub fn mlp(
+    #[shard(data, _)] x: Tensor<B, D>,
+    #[shard(_, model)] w1: Tensor<D, F>,
+    #[shard(model, _)] w2: Tensor<F, D>,
+) -> Tensor<B, D> {
+    #[shard(data, model)]
+    let h = x.matmul(&w1).gelu();
+    h.matmul(&w2)
+}
+
+fn lm_step() -> gspmd::Result<(Program, Mesh)> {
+    let dims = language_model::Dims {
+        B: 16,
+        S: 16,
+        V: 16,
+        D: 64,
+        L: 2,
+        H: 4,
+        K: 16,
+        F: 256,
+    };
+    let model = language_model::trace(dims, DType::F32, 0.0)?;
+    let trained = ["embed", "position", "layers.*", "unembed"];
+    let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3))?;
+    Ok((step.program, language_model::mesh([2, 4])?))
+}
+
+fn unet_grad() -> gspmd::Result<(Program, Mesh)> {
+    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 })?;
+    let trained: Vec<usize> = (2..forward.params.len()).collect();
+    Ok((grad(&forward, 0, &trained)?, denoise::mesh([2, 4])?))
+}
+
+fn moe_grad() -> gspmd::Result<(Program, Mesh)> {
+    let dims = moe_language_model::Dims {
+        G: 8,
+        S: 6,
+        V: 8,
+        M: 8,
+        N: 2,
+        K: 4,
+        E: 4,
+        H: 8,
+    };
+    let forward = moe_language_model::trace(dims, 2)?;
+    let trained: Vec<usize> = (3..forward.params.len()).collect();
+    Ok((
+        grad(&forward, 0, &trained)?,
+        moe_language_model::mesh([2, 4])?,
+    ))
+}
+
+fn pipeline_grad() -> gspmd::Result<(Program, Mesh)> {
+    let p = Pipeline::circular(4, 2, 6);
+    let dims = mlp_loss::Dims {
+        M: p.microbatches,
+        B: 4,
+        D: 8,
+        S: p.stages,
+        R: p.repeats,
+        F: 16,
+    };
+    let program = grad(&mlp_loss::trace(dims, p, true)?, 0, &[2, 3])?;
+    Ok((program, mlp_loss::mesh([4, 2])?))
+}
+
+fn mlp_program() -> gspmd::Result<(Program, Mesh)> {
+    let program = mlp::trace(mlp::Dims {
+        B: 16,
+        D: 32,
+        F: 64,
+    })?;
+    Ok((program, mlp::mesh([2, 4])?))
+}
+
+/// Ops the models use little or not at all: a scan, a loop, a cond, a sort, a scan
+/// along a split dim, a gather and a scatter, a window, random bits.
+fn ops_program() -> gspmd::Result<(Program, Mesh)> {
+    let mesh = Mesh::new([("data", 2), ("model", 4)])?;
+    let b = Builder::new("ops");
+    let x = b
+        .parameter("x", vec![8, 16], DType::F32)
+        .annotate("(data, model)".parse()?);
+    let w = b
+        .parameter("w", vec![16, 16], DType::F32)
+        .annotate("(_, model)".parse()?);
+    let idx = b.parameter("idx", vec![8], DType::I32);
+    let seq = b.parameter("seq", vec![4, 8, 16], DType::F32);
+    let h = x.matmul(&w).tanh();
+    let sorted = h.argsort(1, true).convert(DType::F32);
+    let running = h.cumsum(1);
+    let (carry, ys) = b.scan(&[seq], &[h.clone()], |c, xs| {
+        let next = c[0].add(&xs[0]).sin();
+        (vec![next.clone()], vec![next.exp()])
+    });
+    let looped = b.fori_loop(3, &[carry[0].clone()], |_, c| vec![c[0].matmul(&w).cos()]);
+    let total = looped[0].sum(&[0, 1]);
+    let zero = total.scalar_like(0.0);
+    let branch = b.cond(
+        &total.gt(&zero),
+        |_| vec![looped[0].abs()],
+        |_| vec![looped[0].neg()],
+    );
+    let picked = branch[0].take(&idx, 0);
+    let key = random::key(&b, 7);
+    let noise = random::uniform(&key, vec![8, 16], -1.0, 1.0);
+    let pooled = h.max_pool(&[1, 4], &[1, 2], Padding::Same);
+    let p = b.finish(&[&sorted, &running, &ys[0], &picked.add(&noise), &pooled])?;
+    Ok((p, mesh))
+}
+
+/// Counts of each collective in a program and its regions (each region once).
+fn collectives(program: &Program, counts: &mut BTreeMap<String, usize>) {
+    for node in &program.nodes {
+        if node.op.is_collective() {
+            *counts.entry(node.op.name().to_string()).or_default() += 1;
+        }
+    }
+    for (_, flow) in distinct_flows(program) {
+        for region in flow.regions() {
+            collectives(region, counts);
+        }
+    }
+}
+
+/// Writes one case's modules, inputs and gspmd's outputs under `dir/name`.
+fn write_case(dir: &Path, name: &str, program: &Program, mesh: &Mesh) -> gspmd::Result<()> {
+    let exe = compile(program, mesh)?;
+    let inputs = sample_inputs(program, 1);
+    let threads = ThreadMesh::new(mesh.clone())?;
+    let outputs = exe.run(&threads, &inputs)?;
+    let case = dir.join(name);
+    std::fs::create_dir_all(&case).map_err(|e| io_error(&case, e))?;
+    let write = |file: &str, text: String| {
+        let path = case.join(file);
+        std::fs::write(&path, text).map_err(|e| io_error(&path, e))
+    };
+    write("per_device.mlir", exe.to_stablehlo()?)?;
+    write("global.mlir", exe.to_stablehlo_global()?)?;
+    write("traced.mlir", program.to_stablehlo(mesh)?)?;
+    let named = |prefix: &str, values: &[Literal]| -> Vec<(String, Literal)> {
+        (values.iter().enumerate())
+            .map(|(i, v)| (format!("{prefix}{i:04}"), v.clone()))
+            .collect()
+    };
+    save_checkpoint(case.join("inputs.safetensors"), &named("in", &inputs))?;
+    save_checkpoint(case.join("outputs.safetensors"), &named("out", &outputs))?;
+    let mut counts = BTreeMap::new();
+    collectives(&exe.spmd().program, &mut counts);
+    let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    write("gspmd_collectives.txt", counts.join("\n") + "\n")?;
+    write("devices.txt", format!("{}\n", mesh.num_devices()))?;
+    println!(
+        "{name}: {} inputs, {} outputs on {mesh}",
+        inputs.len(),
+        outputs.len()
+    );
+    Ok(())
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> Error {
+    Error::Checkpoint {
+        path: path.display().to_string(),
+        tensor: None,
+        message: e.to_string(),
+    }
+}
+
+fn main() -> gspmd::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = PathBuf::from(args.first().map_or("target/export_check", String::as_str));
+    let python = (args.iter().position(|a| a == "--python")).and_then(|i| args.get(i + 1));
+    let cases: [(&str, fn() -> gspmd::Result<(Program, Mesh)>); 7] = [
+        ("mlp", mlp_program),
+        ("ops", ops_program),
+        ("lm_step", lm_step),
+        ("unet_grad", unet_grad),
+        ("moe_grad", moe_grad),
+        ("pipeline_grad", pipeline_grad),
+        ("lm_step_mesh_4x2", || {
+            Ok((lm_step()?.0, language_model::mesh([4, 2])?))
+        }),
+    ];
+    for (name, make) in cases {
+        let (program, mesh) = make()?;
+        write_case(&dir, name, &program, &mesh)?;
+    }
+    let Some(python) = python else {
+        println!(
+            "wrote {}; pass --python PYTHON to check with XLA",
+            dir.display()
+        );
+        return Ok(());
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/xla_check.py");
+    let status = Command::new(python)
+        .arg(&script)
+        .arg(&dir)
+        .env("JAX_PLATFORMS", "cpu")
+        .status()
+        .map_err(|e| io_error(&script, e))?;
+    if !status.success() {
+        return Err(Error::Checkpoint {
+            path: script.display().to_string(),
+            tensor: None,
+            message: format!("the XLA check failed ({status})"),
+        });
+    }
+    Ok(())
+}
