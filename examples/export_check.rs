@@ -118,7 +118,7 @@ fn ops_program() -> gspmd::Result<(Program, Mesh)> {
     let h = x.matmul(&w).tanh();
     let sorted = h.argsort(1, true).convert(DType::F32);
     let running = h.cumsum(1);
-    let (carry, ys) = b.scan(&[seq], &[h.clone()], |c, xs| {
+    let (carry, ys) = b.scan(&[seq], std::slice::from_ref(&h), |c, xs| {
         let next = c[0].add(&xs[0]).sin();
         (vec![next.clone()], vec![next.exp()])
     });
@@ -137,6 +137,62 @@ fn ops_program() -> gspmd::Result<(Program, Mesh)> {
     let p = b.finish(&[&sorted, &running, &ys[0], &picked.add(&noise), &pooled])?;
     Ok((p, mesh))
 }
+
+/// More ops: a strided grouped convolution, a scatter, pads, reversals, rolls, a
+/// dynamic slice and update, a `while`, bf16 and i32 converts, the rounding and
+/// predicate ops, a `shard_map` with its own collective.
+fn more_ops_program() -> gspmd::Result<(Program, Mesh)> {
+    let mesh = Mesh::new([("data", 2), ("model", 4)])?;
+    let b = Builder::new("more_ops");
+    let img = b
+        .parameter("img", vec![4, 8, 8, 4], DType::F32)
+        .annotate("(data, model, _, _)".parse()?);
+    let kernel = b.parameter("kernel", vec![3, 3, 2, 8], DType::F32);
+    let rows = b
+        .parameter("rows", vec![16, 8], DType::F32)
+        .annotate("(model, _)".parse()?);
+    let at = b.parameter("at", vec![4], DType::I32);
+    let dn = ConvDimensionNumbers::from_labels("NHWC", "HWIO", "NHWC")?;
+    let conv = img.conv_general_dilated(&kernel, &[1, 2], Padding::Same, &[], &[2, 1], &dn, 2);
+    let pooled = conv.avg_pool(&[1, 2, 2, 1], &[1, 2, 2, 1], Padding::Same, false);
+    let added = rows.index_add(0, &at, &rows.slice_axis(0, 0, 4));
+    let padded = added
+        .pad(&added.scalar_like(0.5), &[1, -1], &[-1, 2], &[0, 1])
+        .reverse(&[0, 1])
+        .roll(3, 0);
+    let start = at.slice_axis(0, 0, 1).reshape(vec![]);
+    let zero = start.scalar_like(0.0);
+    let window = padded.dynamic_slice(&[&start, &zero], &[4, 8]);
+    let updated = padded.dynamic_update_slice(&window.erf().round(), &[&zero, &start]);
+    let steps = b.while_loop(
+        |s| s[0].sum(&[0, 1]).lt(&s[0].scalar_like(1e4)),
+        |s| vec![s[0].mul(&s[0].scalar_like(2.0)).add(&s[0].scalar_like(1.0))],
+        &[updated.abs()],
+    );
+    let halves = steps[0]
+        .convert(DType::BF16)
+        .mul(&steps[0].convert(DType::BF16))
+        .convert(DType::F32);
+    let signs = halves.sub(&halves.scalar_like(3.0)).sign().floor().ceil();
+    let finite = halves.log().is_finite().convert(DType::F32);
+    let ints = halves
+        .convert(DType::I32)
+        .remainder(&halves.convert(DType::I32).scalar_like(7.0));
+    let spec: Sharding = "(model, _)".parse()?;
+    let summed = b.shard_map(
+        &mesh,
+        &["model"],
+        std::slice::from_ref(&rows),
+        std::slice::from_ref(&spec),
+        std::slice::from_ref(&spec),
+        |_, blocks| vec![blocks[0].psum(&["model"]).pow(&blocks[0].scalar_like(2.0))],
+    );
+    let p = b.finish(&[&pooled, &signs, &finite, &ints, &summed[0]])?;
+    Ok((p, mesh))
+}
+
+/// A case: its program and mesh.
+type Case = fn() -> gspmd::Result<(Program, Mesh)>;
 
 /// Counts of each collective in a program and its regions (each region once).
 fn collectives(program: &Program, counts: &mut BTreeMap<String, usize>) {
@@ -199,9 +255,10 @@ fn main() -> gspmd::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().map_or("target/export_check", String::as_str));
     let python = (args.iter().position(|a| a == "--python")).and_then(|i| args.get(i + 1));
-    let cases: [(&str, fn() -> gspmd::Result<(Program, Mesh)>); 7] = [
+    let cases: [(&str, Case); 8] = [
         ("mlp", mlp_program),
         ("ops", ops_program),
+        ("more_ops", more_ops_program),
         ("lm_step", lm_step),
         ("unet_grad", unet_grad),
         ("moe_grad", moe_grad),

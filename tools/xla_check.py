@@ -12,7 +12,8 @@ collective counts and the mesh's device count.
 Each module is compiled by XLA for that many CPU devices (one partition each, Shardy
 partitioner), run on the inputs sharded as the module's parameters say, and its outputs
 are compared with gspmd's: floats to 1e-5 of the tensor's largest magnitude, integers
-and booleans exactly. For every form it prints the collectives in XLA's optimized
+and booleans exactly. XLA runs with `--xla_allow_excess_precision=false`: gspmd rounds
+every bf16 value, and so must XLA for the values to be comparable. For every form it prints the collectives in XLA's optimized
 per-device HLO beside those of gspmd's per-device program. Exits non-zero if a module
 fails to compile or run, or an output differs.
 """
@@ -145,7 +146,13 @@ def main():
         return 1
     most = max(int((c / "devices.txt").read_text()) for c in cases)
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={most}"
+    # XLA may skip a bf16 result's rounding when a convert to f32 follows (excess
+    # precision, on by default); gspmd rounds every bf16 value, so exact bf16 semantics
+    # are asked for (without it a bf16 product converted to i32 differed by one).
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_force_host_platform_device_count={most}"
+        " --xla_allow_excess_precision=false"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.extend  # noqa: F401  (the backend accessor)
