@@ -307,6 +307,16 @@ pub enum Error {
         message: String,
     },
 
+    /// A StableHLO module that `gspmd_core::import` cannot read: an op outside its
+    /// subset, a malformed type, attribute or sharding, an undefined value.
+    #[error("StableHLO line {line}: {message}")]
+    Import {
+        /// The 1-based line of the module text.
+        line: usize,
+        /// What cannot be read, quoting the text.
+        message: String,
+    },
+
     // ---- autodiff ------------------------------------------------------------------
     /// `grad` was asked for a loss or parameters that do not fit the program.
     #[error("grad of program `{program}`: {message}")]

@@ -9,6 +9,7 @@ pub mod autodiff;
 pub mod error;
 mod executable;
 pub mod export;
+pub mod import;
 pub mod ir;
 pub mod partition;
 pub mod propagation;
