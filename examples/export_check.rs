@@ -7,7 +7,12 @@
 //! ```text
 //! cargo run --example export_check -- OUT_DIR                  # write only
 //! cargo run --example export_check -- OUT_DIR --python PYTHON  # and check with XLA
+//! cargo run --example export_check -- --import JAX_DIR           # JAX's modules imported
 //! ```
+//!
+//! With `--import`, the modules `tools/jax_models.py` lowered with JAX are imported
+//! (`gspmd::import`), partitioned and run on the thread mesh instead, and compared
+//! with JAX's outputs.
 //!
 //! `PYTHON` is an interpreter with JAX 0.12 (`pip install jax==0.12.0.1` in a venv).
 //! The run fails if a module does not export, or if the check fails.
@@ -16,7 +21,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gspmd::autodiff::grad;
 use gspmd::ir::{Program, distinct_flows, random};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_loss};
@@ -54,13 +58,19 @@ fn lm_step() -> gspmd::Result<(Program, Mesh)> {
     Ok((step.program, language_model::mesh([2, 4])?))
 }
 
-fn unet_grad() -> gspmd::Result<(Program, Mesh)> {
-    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 })?;
-    let trained: Vec<usize> = (2..forward.params.len()).collect();
-    Ok((grad(&forward, 0, &trained)?, denoise::mesh([2, 4])?))
+/// A training step of `model` (loss output 0) updating `trained` with AdamW, as the
+/// training examples run it.
+fn step(model: &Program, trained: Vec<usize>) -> gspmd::Result<Program> {
+    Ok(step_program(model, 0, &trained, &Optimizer::adamw(3e-3))?.program)
 }
 
-fn moe_grad() -> gspmd::Result<(Program, Mesh)> {
+fn unet_step() -> gspmd::Result<(Program, Mesh)> {
+    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 })?;
+    let trained: Vec<usize> = (2..forward.params.len()).collect();
+    Ok((step(&forward, trained)?, denoise::mesh([2, 4])?))
+}
+
+fn moe_step() -> gspmd::Result<(Program, Mesh)> {
     let dims = moe_language_model::Dims {
         G: 8,
         S: 6,
@@ -73,13 +83,10 @@ fn moe_grad() -> gspmd::Result<(Program, Mesh)> {
     };
     let forward = moe_language_model::trace(dims, 2)?;
     let trained: Vec<usize> = (3..forward.params.len()).collect();
-    Ok((
-        grad(&forward, 0, &trained)?,
-        moe_language_model::mesh([2, 4])?,
-    ))
+    Ok((step(&forward, trained)?, moe_language_model::mesh([2, 4])?))
 }
 
-fn pipeline_grad() -> gspmd::Result<(Program, Mesh)> {
+fn pipeline_step() -> gspmd::Result<(Program, Mesh)> {
     let p = Pipeline::circular(4, 2, 6);
     let dims = mlp_loss::Dims {
         M: p.microbatches,
@@ -89,7 +96,7 @@ fn pipeline_grad() -> gspmd::Result<(Program, Mesh)> {
         R: p.repeats,
         F: 16,
     };
-    let program = grad(&mlp_loss::trace(dims, p, true)?, 0, &[2, 3])?;
+    let program = step(&mlp_loss::trace(dims, p, true)?, vec![2, 3])?;
     Ok((program, mlp_loss::mesh([4, 2])?))
 }
 
@@ -251,8 +258,79 @@ fn io_error(path: &Path, e: std::io::Error) -> Error {
     }
 }
 
+/// The round trip: each `DIR/NAME/jax.mlir` that `tools/jax_models.py` wrote is
+/// imported, compiled for its mesh and run on the thread mesh with JAX's inputs; the
+/// outputs must equal JAX's to 1e-5 of their largest magnitude. Prints gspmd's
+/// collectives beside XLA's.
+fn import_check(dir: &Path) -> gspmd::Result<()> {
+    let mut cases: Vec<PathBuf> = (std::fs::read_dir(dir).map_err(|e| io_error(dir, e))?)
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.join("jax.mlir").exists())
+        .collect();
+    cases.sort();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let read = |file: &str| {
+            let path = case.join(file);
+            std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))
+        };
+        let imported = gspmd::import::from_stablehlo(&read("jax.mlir")?)?;
+        let exe = compile(&imported.program, &imported.mesh)?;
+        let values = |file: &str| -> gspmd::Result<Vec<Literal>> {
+            let loaded = gspmd::train::load_checkpoint(case.join(file))?;
+            Ok(loaded.into_iter().map(|(_, v)| v).collect())
+        };
+        let (inputs, want) = (
+            values("inputs.safetensors")?,
+            values("outputs.safetensors")?,
+        );
+        let threads = ThreadMesh::new(imported.mesh.clone())?;
+        let got = exe.run(&threads, &inputs)?;
+        let mut worst = 0.0f32;
+        for (w, g) in want.iter().zip(&got) {
+            if let (Some(w), Some(g)) = (w.as_f32(), g.as_f32()) {
+                let scale = w.iter().fold(f32::MIN_POSITIVE, |m, x| m.max(x.abs()));
+                let diff = (w.iter().zip(g)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                worst = worst.max(diff / scale);
+            }
+        }
+        let mut counts = BTreeMap::new();
+        collectives(&exe.spmd().program, &mut counts);
+        let name = case
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let ok = worst <= 1e-5 && got.len() == want.len();
+        println!(
+            "{name}: imported {} nodes on {}; outputs vs JAX: worst {worst:.2e} {}",
+            imported.program.nodes.len(),
+            imported.mesh,
+            if ok { "ok" } else { "DIFFERS" }
+        );
+        println!("   gspmd collectives: {counts:?}");
+        println!(
+            "   XLA collectives:   {}",
+            read("xla_collectives.txt")?.trim().replace('\n', ", ")
+        );
+        if !ok {
+            failures.push(name);
+        }
+    }
+    if cases.is_empty() || !failures.is_empty() {
+        return Err(Error::Checkpoint {
+            path: dir.display().to_string(),
+            tensor: None,
+            message: format!("{} cases, differing: {failures:?}", cases.len()),
+        });
+    }
+    Ok(())
+}
+
 fn main() -> gspmd::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--import") {
+        let dir = args.get(1).map_or("target/jax_models", String::as_str);
+        return import_check(Path::new(dir));
+    }
     let dir = PathBuf::from(args.first().map_or("target/export_check", String::as_str));
     let python = (args.iter().position(|a| a == "--python")).and_then(|i| args.get(i + 1));
     let cases: [(&str, Case); 8] = [
@@ -260,9 +338,9 @@ fn main() -> gspmd::Result<()> {
         ("ops", ops_program),
         ("more_ops", more_ops_program),
         ("lm_step", lm_step),
-        ("unet_grad", unet_grad),
-        ("moe_grad", moe_grad),
-        ("pipeline_grad", pipeline_grad),
+        ("unet_step", unet_step),
+        ("moe_step", moe_step),
+        ("pipeline_step", pipeline_step),
         ("lm_step_mesh_4x2", || {
             Ok((lm_step()?.0, language_model::mesh([4, 2])?))
         }),

@@ -475,9 +475,7 @@ fn parse_dense(text: &str, ty: &TensorType) -> std::result::Result<Literal, Stri
         .map(|s| match s {
             "true" => Ok(1.0),
             "false" => Ok(0.0),
-            _ => s
-                .parse::<f64>()
-                .map_err(|_| format!("constant element `{s}` is not a number")),
+            _ => element(s, ty.dtype),
         })
         .collect::<std::result::Result<Vec<f64>, String>>()?;
     let count: usize = ty.shape.iter().product();
@@ -493,6 +491,23 @@ fn parse_dense(text: &str, ty: &TensorType) -> std::result::Result<Literal, Stri
         }
         _ => Err(format!("constant has {} values for {ty}", values.len())),
     }
+}
+
+/// A constant's element: a decimal, or a float's bit pattern in hex as MLIR writes
+/// infinities and NaNs (`0xFF800000`).
+fn element(s: &str, dtype: DType) -> std::result::Result<f64, String> {
+    let bad = || format!("constant element `{s}` is not a number");
+    let Some(hex) = s.strip_prefix("0x") else {
+        return s.parse::<f64>().map_err(|_| bad());
+    };
+    let bits = u32::from_str_radix(hex, 16).map_err(|_| bad())?;
+    Ok(match dtype {
+        DType::F32 => f64::from(f32::from_bits(bits)),
+        DType::BF16 => half::bf16::from_bits(bits as u16).to_f64(),
+        DType::F16 => half::f16::from_bits(bits as u16).to_f64(),
+        DType::I32 => f64::from(bits as i32),
+        DType::Bool => f64::from(u8::from(bits != 0)),
+    })
 }
 
 /// `sdy.mesh`'s `@mesh = <["data"=2, "model"=4]>` (after the `sdy.mesh `).

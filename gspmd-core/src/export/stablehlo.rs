@@ -764,7 +764,8 @@ impl<'a> Writer<'a> {
                 let x = first()?.clone();
                 let sharding = match self.form {
                     Form::Traced => node.annotation.as_ref(),
-                    Form::Propagated => node.sharding.as_ref().or(node.annotation.as_ref()),
+                    // As for any value: a reversed dim leaves it unconstrained.
+                    Form::Propagated => node.sharding.as_ref().filter(|s| s.is_in_mesh_order()),
                     Form::PerDevice => None,
                 };
                 match sharding {
