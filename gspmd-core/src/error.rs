@@ -294,6 +294,33 @@ pub enum Error {
         message: String,
     },
 
+    // ---- export ----------------------------------------------------------------------
+    /// A value that StableHLO with Shardy's `sdy` dialect cannot express (see
+    /// `gspmd_core::export`): a shard order the `sdy` mesh cannot name (a reversed dim),
+    /// a per-device block padded because its axes do not divide the dim, a manual
+    /// region inside a per-device program.
+    #[error("{location}: {value}: cannot export {op} to StableHLO: {message}")]
+    Export {
+        /// The value being exported.
+        value: ValueId,
+        /// The op's name.
+        op: &'static str,
+        /// Where the op was traced.
+        location: Location,
+        /// What cannot be expressed.
+        message: String,
+    },
+
+    /// A StableHLO module that `gspmd_core::import` cannot read: an op outside its
+    /// subset, a malformed type, attribute or sharding, an undefined value.
+    #[error("StableHLO line {line}: {message}")]
+    Import {
+        /// The 1-based line of the module text.
+        line: usize,
+        /// What cannot be read, quoting the text.
+        message: String,
+    },
+
     // ---- autodiff ------------------------------------------------------------------
     /// `grad` was asked for a loss or parameters that do not fit the program.
     #[error("grad of program `{program}`: {message}")]

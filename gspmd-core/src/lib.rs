@@ -8,6 +8,8 @@ pub mod analysis;
 pub mod autodiff;
 pub mod error;
 mod executable;
+pub mod export;
+pub mod import;
 pub mod ir;
 pub mod partition;
 pub mod propagation;
