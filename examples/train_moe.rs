@@ -18,7 +18,19 @@
 //! cargo run --release --example train_moe            # 300 steps
 //! cargo run --release --example train_moe -- 50      # fewer steps
 //! ```
+//!
+//! With `--bench` the step is timed instead (`benches/jax` compares it with JAX): no
+//! reference run, no plot; `--mesh DxE` picks the `data`x`expert` mesh (default 2x4),
+//! `--warmup N` the untimed steps and `--dump PATH` writes the initial weights, the
+//! first batches (`tokens.<i>`, `targets.<i>`, `weights.<i>`) and their losses for
+//! `benches/jax/moe_step.py` to replay.
+//!
+//! ```text
+//! cargo run --release --example train_moe -- 20 --bench --mesh 1x1
+//! ```
 
+#[path = "common/bench.rs"]
+mod bench;
 mod common;
 
 use std::time::Instant;
@@ -81,10 +93,8 @@ fn batch(rng: &mut Xoshiro256PlusPlus) -> Vec<Literal> {
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let steps: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(STEPS);
+    let args = bench::Args::parse(20, |arg, _| Err(format!("unknown option {arg}")))?;
+    let steps = args.steps.unwrap_or(STEPS);
     let dims = moe_language_model::Dims {
         G: GROUPS,
         S: SEQ,
@@ -99,9 +109,19 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trained: Vec<usize> = (DATA..model.params.len()).collect();
     let optimizer = common::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
-    let mesh = moe_language_model::mesh([2, 4])?;
+    let mesh = moe_language_model::mesh(args.mesh.unwrap_or([2, 4]))?;
     // Uniform in ±1/sqrt(fan-in), from the `#[init]`s of the struct's fields.
     let initial = MoeLanguageModel::initializer(7);
+    if let Some(timing) = &args.bench {
+        let mut trainer = Trainer::on_mesh(step, mesh, initial)?;
+        let [a, b] = args.mesh.unwrap_or([2, 4]);
+        let label = format!("MoE, mesh {a}x{b}");
+        let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
+        let names = ["tokens", "targets", "weights"];
+        return bench::run(timing, &mut trainer, &label, &names, || {
+            batch(&mut data_rng)
+        });
+    }
 
     println!(
         "model: d_model {}, {} heads, {EXPERTS} experts of hidden {} (capacity {CAPACITY} per group), vocabulary {VOCAB}, {GROUPS} groups x {SEQ} tokens",

@@ -30,9 +30,9 @@
 //! `benches/README.md` uses it): plain AdamW at a constant learning rate, no clipping,
 //! no reference run and no checkpoint; after `--warmup`
 //! steps it prints the losses of the first steps and the median ms/step over the
-//! rest. `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 512` the
-//! d_model-512 model (8 heads of 64, FFN 2048, 128 tokens per sequence) in place of the
-//! default `small` one, and `--dump PATH` writes the initial parameters (by the last
+//! rest. `--mesh DxM` picks the `data`x`model` mesh (default 2x4), `--dims 128|256|512|1024`
+//! a model of that d_model (heads of 64, FFN 4 x d_model, 128 tokens per sequence) in
+//! place of the default `small` one, and `--dump PATH` writes the initial parameters (by the last
 //! part of their names: `wq`, `w1`, ..), the first batches and their losses as
 //! safetensors for `benches/jax/lm_step.py` to replay.
 //!
@@ -59,6 +59,8 @@
 //! are compared with the reference interpreter's to 1e-2 (a contraction split across
 //! devices rounds its partial products to bf16 once more than the reference does).
 
+#[path = "common/bench.rs"]
+mod bench;
 mod common;
 
 use std::path::PathBuf;
@@ -129,17 +131,13 @@ fn initializer(seed: u64) -> Initializer {
 /// Held-out batches for the validation loss.
 const HELD_OUT: usize = 4;
 
-/// Steps whose losses `--bench` prints and whose batches `--dump` writes.
-const LOGGED_STEPS: usize = 5;
-
 /// The command line: see the module docs.
 struct Options {
     steps: usize,
     mesh: [usize; 2],
     dims: language_model::Dims,
-    bench: bool,
-    warmup: usize,
-    dump: Option<PathBuf>,
+    /// `--bench`: time the steps instead of training.
+    bench: Option<bench::Bench>,
     html: Option<PathBuf>,
     mpi: bool,
     eval_every: usize,
@@ -150,58 +148,52 @@ struct Options {
 
 impl Options {
     fn parse() -> Result<Self, String> {
-        let mut options = Options {
-            steps: 300,
-            mesh: [2, 4],
-            dims: dims("small")?,
-            bench: false,
-            warmup: 3,
-            dump: None,
-            html: None,
-            mpi: false,
-            eval_every: 50,
-            plot: common::output_path("train_transformer_loss.svg"),
-            compute: DType::F32,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value = || args.next().ok_or(format!("{arg} needs a value"));
-            match arg.as_str() {
-                "--bench" => options.bench = true,
-                "--mpi" => options.mpi = true,
-                "--bf16" => options.compute = DType::BF16,
-                "--mesh" => options.mesh = mesh_shape(&value()?)?,
-                "--dims" => options.dims = dims(&value()?)?,
-                "--warmup" => options.warmup = number(&value()?)?,
-                "--dump" => options.dump = Some(value()?.into()),
-                "--html" => options.html = Some(value()?.into()),
-                "--eval-every" => options.eval_every = number(&value()?)?,
-                "--plot" => options.plot = value()?.into(),
-                _ => options.steps = number(&arg)?,
+        let (mut dims, mut html, mut mpi, mut eval_every) = (dims("small")?, None, false, 50);
+        let (mut plot, mut compute) = (
+            common::output_path("train_transformer_loss.svg"),
+            DType::F32,
+        );
+        let args = bench::Args::parse(300, |arg, rest| {
+            let mut value = || rest.next().ok_or(format!("{arg} needs a value"));
+            match arg {
+                "--mpi" => mpi = true,
+                "--bf16" => compute = DType::BF16,
+                "--dims" => dims = self::dims(&value()?)?,
+                "--html" => html = Some(value()?.into()),
+                "--eval-every" => eval_every = bench::number(&value()?)?,
+                "--plot" => plot = value()?.into(),
+                _ => return Err(format!("unknown option {arg}")),
             }
-        }
-        Ok(options)
+            Ok(())
+        })?;
+        Ok(Options {
+            steps: args.steps.unwrap_or(300),
+            mesh: args.mesh.unwrap_or([2, 4]),
+            dims,
+            bench: args.bench,
+            html,
+            mpi,
+            eval_every,
+            plot,
+            compute,
+        })
     }
 }
 
-fn number(text: &str) -> Result<usize, String> {
-    text.parse().map_err(|_| format!("`{text}` is not a count"))
-}
-
-/// `DxM`: the sizes of the `data` and `model` axes.
-fn mesh_shape(text: &str) -> Result<[usize; 2], String> {
-    match text.split_once('x').map(|(d, m)| (number(d), number(m))) {
-        Some((Ok(d), Ok(m))) => Ok([d, m]),
-        _ => Err(format!("--mesh takes DATAxMODEL such as 2x4, not `{text}`")),
-    }
-}
-
-/// The model sizes: `small` (the default) or `512`.
+/// The model sizes: `small` (the default), or d_model `128`, `256`, `512` or `1024`
+/// (heads of 64, FFN 4 x d_model, 128 tokens per sequence).
 fn dims(name: &str) -> Result<language_model::Dims, String> {
     let (seq, d, h, k, f) = match name {
         "small" => (16, 64, 4, 16, 256),
-        "512" => (128, 512, 8, 64, 2048),
-        _ => return Err(format!("--dims takes small or 512, not `{name}`")),
+        "128" | "256" | "512" | "1024" => {
+            let d: usize = name.parse().expect("a number");
+            (128, d, d / 64, 64, 4 * d)
+        }
+        _ => {
+            return Err(format!(
+                "--dims takes small, 128, 256, 512 or 1024, not `{name}`"
+            ));
+        }
     };
     Ok(language_model::Dims {
         B: BATCH,
@@ -221,9 +213,16 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = language_model::trace(dims, options.compute, 0.0)?;
     let mesh = language_model::mesh(options.mesh)?;
     let adamw = common::adamw(3e-3);
-    if options.bench {
+    if let Some(timing) = &options.bench {
         let step = step_program(&model, 0, &TRAINED, &adamw)?;
-        return bench(&options, Trainer::on_mesh(step, mesh, initializer(7))?);
+        let mut trainer = Trainer::on_mesh(step, mesh, initializer(7))?;
+        let [d, m] = options.mesh;
+        let label = format!("mesh {d}x{m}, d_model {}", dims.D);
+        let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
+        let names = ["tokens", "targets", "weights"];
+        return bench::run(timing, &mut trainer, &label, &names, || {
+            batch(&mut data_rng, dims.S)
+        });
     }
     // AdamW on gradients clipped to a global norm of 1, warm-up then cosine decay.
     let clipped = chain([clip_by_global_norm(1.0), adamw]);
@@ -396,61 +395,4 @@ fn train_on_mpi(
     _: Schedule,
 ) -> Result<(), Box<dyn std::error::Error>> {
     Err("--mpi needs the example built with --features mpi".into())
-}
-
-/// `--bench`: times `options.steps` steps of `trainer` (the median after `--warmup`),
-/// prints the first losses and, with `--dump`, writes the initial parameters (named by
-/// the last part of their names), the first batches (`tokens.<i>`, `targets.<i>`,
-/// `weights.<i>`) and their losses (`losses`).
-fn bench(options: &Options, mut trainer: Trainer) -> Result<(), Box<dyn std::error::Error>> {
-    if options.steps <= options.warmup {
-        return Err(format!(
-            "--bench needs more steps than the {} warm-up ones",
-            options.warmup
-        )
-        .into());
-    }
-    let initial: Vec<(String, Literal)> = (trainer.params()?.into_iter())
-        .map(|(name, value)| (name.rsplit('.').next().unwrap_or(&name).to_string(), value))
-        .collect();
-    let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
-    let (mut losses, mut batches, mut times) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..options.steps {
-        let data = batch(&mut data_rng, options.dims.S);
-        let started = Instant::now();
-        let loss = trainer.step(&data)?;
-        let ms = started.elapsed().as_secs_f64() * 1e3;
-        if i >= options.warmup {
-            times.push(ms);
-        }
-        if i < LOGGED_STEPS {
-            println!("step {} loss {loss:.8}", i + 1);
-            losses.push(loss);
-            batches.push(data);
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    println!(
-        "mesh {}x{}, d_model {}: median {:.3} ms/step over {} steps (min {:.3}, max {:.3})",
-        options.mesh[0],
-        options.mesh[1],
-        options.dims.D,
-        times[times.len() / 2],
-        times.len(),
-        times[0],
-        times[times.len() - 1]
-    );
-    if let Some(path) = &options.dump {
-        let mut tensors = initial;
-        for (i, data) in batches.into_iter().enumerate() {
-            for (name, value) in ["tokens", "targets", "weights"].into_iter().zip(data) {
-                tensors.push((format!("{name}.{i}"), value));
-            }
-        }
-        let n = losses.len();
-        let losses = ArrayD::from_shape_vec(IxDyn(&[n]), losses).expect("shape fits");
-        tensors.push(("losses".into(), Literal::F32(losses)));
-        save_checkpoint(path, &tensors)?;
-    }
-    Ok(())
 }

@@ -18,7 +18,19 @@
 //! cargo run --release --example train_unet            # 150 steps
 //! cargo run --release --example train_unet -- 20      # fewer steps
 //! ```
+//!
+//! With `--bench` the step is timed instead (`benches/jax` compares it with JAX): no
+//! reference run, no plot; `--mesh DxS` picks the `data`x`space` mesh (default 2x4),
+//! `--warmup N` the untimed steps and `--dump PATH` writes the initial weights, the
+//! first batches (`noisy.<i>`, `clean.<i>`) and their losses for
+//! `benches/jax/unet_step.py` to replay.
+//!
+//! ```text
+//! cargo run --release --example train_unet -- 20 --bench --mesh 1x1
+//! ```
 
+#[path = "common/bench.rs"]
+mod bench;
 mod common;
 
 use std::time::Instant;
@@ -103,10 +115,8 @@ fn all_gather_plan_bytes(exe: &Executable) -> (usize, usize) {
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let steps: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(150);
+    let args = bench::Args::parse(20, |arg, _| Err(format!("unknown option {arg}")))?;
+    let steps = args.steps.unwrap_or(150);
     let model = denoise::trace(denoise::Dims {
         B: BATCH,
         H: SIZE,
@@ -116,7 +126,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trained: Vec<usize> = (2..model.params.len()).collect();
     let optimizer = common::adamw(3e-3);
     let step = step_program(&model, 0, &trained, &optimizer)?;
-    let mesh = denoise::mesh([2, 4])?;
+    let mesh = denoise::mesh(args.mesh.unwrap_or([2, 4]))?;
     // He-uniform: `±sqrt(6 / fan_in)`, fan-in the kernel's window times its input
     // channels (HWIO).
     let initial = Initializer::new(7).rule(
@@ -126,6 +136,15 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
             in_dims: vec![0, 1, 2],
         },
     );
+    if let Some(timing) = &args.bench {
+        let mut trainer = Trainer::on_mesh(step, mesh, initial)?;
+        let [a, b] = args.mesh.unwrap_or([2, 4]);
+        let label = format!("U-Net, mesh {a}x{b}");
+        let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);
+        return bench::run(timing, &mut trainer, &label, &["noisy", "clean"], || {
+            batch(&mut data_rng)
+        });
+    }
 
     println!(
         "U-Net denoiser: {BATCH} images of {SIZE}x{SIZE}, channels 8 and 16, batch over `data`, height over `space`"
