@@ -21,6 +21,8 @@
 //! Results are bitwise those of the unfused kernels: every op applies the kernels'
 //! scalar function ([`f32_unary`], [`f32_binary`]), and a reduction
 //! folds each row as `reduce` does ([`Lanes`]), however the row is cut into chunks.
+//! The loop runs under `pulp`'s run-time dispatch ([`Vectorised`]): the same scalar
+//! functions, vectorised by the compiler for AVX2 and FMA or AVX-512.
 //!
 //! The rule (see [`plan_groups`]): from the last node back, a group grows from an f32
 //! elementwise op or a reduction of trailing dims (its root) by every earlier f32
