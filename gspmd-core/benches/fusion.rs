@@ -3,16 +3,23 @@
 //! keys, FFN 256, vocabulary 16, batch 16 x 16 tokens) at the shapes one device sees on
 //! a 1x1 mesh and on a 2x4 mesh (batch over `data`; heads, FFN and the weights' blocks
 //! over `model`): layer norm over `d_model`, softmax over the keys, GELU over the FFN
-//! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight.
+//! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight;
+//! and the MoE router's gating chain (the example `train_moe`'s shapes).
 //!
 //! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
 //! them, the plan not remade per call); the handwritten loop computes the same values
 //! with the same `exp` and `tanh` ([`elementary`]) into a preallocated output, so the
-//! ratio is the plan's overhead over a loop the compiler sees whole.
+//! ratio is the plan's overhead over a loop the compiler sees whole. Each group first
+//! prints `ratio GROUP: fused/handwritten R`, the two timed alternately (medians), then
+//! criterion times each side. The fused loops run on the CPU's widest vectors (`pulp`'s
+//! dispatch; the first line printed says which); the handwritten loops are compiled
+//! for the build's target (baseline x86-64: SSE2), as the unfused kernels are.
 //!
-//! `cargo bench -p gspmd-core --bench fusion`
+//! `cargo bench -p gspmd-core --bench fusion` (the ratios alone: append `-- none`,
+//! a filter no criterion bench matches)
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gspmd_core::ir::{Builder, DType, Literal, Program};
@@ -94,6 +101,17 @@ fn compare(
         );
     }
     let groups = fusion_groups(program).len();
+    print_ratio(
+        group,
+        groups,
+        || {
+            black_box(prepared.run(inputs).expect("runs"));
+        },
+        || {
+            handwritten(inputs, &mut want);
+            black_box(&want);
+        },
+    );
     let mut g = c.benchmark_group(group);
     g.bench_function(format!("gspmd ({groups} fused loops)"), |b| {
         b.iter(|| black_box(prepared.run(inputs).expect("runs")))
@@ -105,6 +123,37 @@ fn compare(
         })
     });
     g.finish();
+}
+
+/// Prints the median time of `fused` over that of `handwritten`, timed alternately
+/// (rounds of as many calls as take about a millisecond, one side then the other) so
+/// that both see the same machine load.
+fn print_ratio(group: &str, groups: usize, mut fused: impl FnMut(), mut handwritten: impl FnMut()) {
+    let time = |f: &mut dyn FnMut(), calls: usize| {
+        let start = Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        start.elapsed().as_secs_f64() / calls as f64
+    };
+    let once = time(&mut fused, 10).max(1e-9);
+    let calls = ((1e-3 / once) as usize).clamp(1, 10_000);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..41 {
+        a.push(time(&mut fused, calls));
+        b.push(time(&mut handwritten, calls));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, b) = (median(&mut a), median(&mut b));
+    println!(
+        "ratio {group}: fused/handwritten {:.2} (fused {:.2} us in {groups} loops, handwritten {:.2} us)",
+        a / b,
+        a * 1e6,
+        b * 1e6
+    );
 }
 
 /// `f` over each row of `row` elements of `x` into `out`.
@@ -274,13 +323,117 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
     );
 }
 
+/// The MoE router's gating chain (`models::moe::top2_gating` in the `gspmd` crate,
+/// the example `train_moe`'s shapes: 16 groups of 16 tokens, 4 experts of capacity
+/// 12): the gates' softmax over the experts, each token's first and second gate
+/// (masked by the one-hot choices, summed over the experts), their normalisation, and
+/// the combine weights `gate1 / norm * route1 + gate2 / norm * route2` over
+/// `[G, S, E, C]`. On a 2x4 mesh a device holds 2 of the 16 groups.
+fn gating(c: &mut Criterion, s: &Shapes) {
+    const SEQ: usize = 16;
+    const EXPERTS: usize = 4;
+    const CAPACITY: usize = 12;
+    let groups = if s.name == "1x1" { 16 } else { 2 };
+    let (gse, full) = ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY]);
+    let b = Builder::new("gating");
+    let logits = b.parameter("logits", gse, DType::F32);
+    let first = b.parameter("first", gse, DType::F32);
+    let second = b.parameter("second", gse, DType::F32);
+    let route1 = b.parameter("route1", full, DType::F32);
+    let route2 = b.parameter("route2", full, DType::F32);
+    let gates = logits.softmax(-1);
+    let gate1 = gates.mul(&first).sum(&[-1]);
+    let gate2 = gates.mul(&second).sum(&[-1]);
+    let norm = gate1.add(&gate2).add(&gate1.scalar_like(1e-9));
+    let spread = |t: &gspmd_core::ir::Tensor| t.broadcast_in_dim(full, &[0, 1]);
+    let combine = spread(&gate1.div(&norm))
+        .mul(&route1)
+        .add(&spread(&gate2.div(&norm)).mul(&route2));
+    let program = b.finish(&[&combine]).expect("traces");
+    // One-hot choices: expert `t % 4` first, `(t + 1) % 4` second; slot masks with a
+    // one at slot `t % 12` (as the router's are).
+    let tokens = groups * SEQ;
+    let hot = |shift: usize| {
+        let v = (0..tokens * EXPERTS)
+            .map(|k| f32::from(u8::from((k / EXPERTS + shift) % EXPERTS == k % EXPERTS)))
+            .collect();
+        Literal::F32(ArrayD::from_shape_vec(IxDyn(&gse), v).expect("shape fits"))
+    };
+    let slots = |shift: usize| {
+        let v = (0..tokens * EXPERTS * CAPACITY)
+            .map(|k| {
+                let (t, e, c) = (
+                    k / (EXPERTS * CAPACITY),
+                    k / CAPACITY % EXPERTS,
+                    k % CAPACITY,
+                );
+                f32::from(u8::from((t + shift) % EXPERTS == e && t % CAPACITY == c))
+            })
+            .collect();
+        Literal::F32(ArrayD::from_shape_vec(IxDyn(&full), v).expect("shape fits"))
+    };
+    let inputs = [values(&gse, 4.0), hot(0), hot(1), slots(0), slots(1)];
+    compare(
+        c,
+        &format!("gating {}", s.name),
+        &program,
+        &inputs,
+        1e-6,
+        |inputs, out| {
+            let [x, f1, f2, r1, r2] = [0, 1, 2, 3, 4].map(|k| f32s(&inputs[k]));
+            let mut gates = [0.0f32; EXPERTS];
+            for t in 0..tokens {
+                let x = &x[t * EXPERTS..][..EXPERTS];
+                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                for (g, &v) in gates.iter_mut().zip(x) {
+                    *g = elementary::exp(v - max);
+                }
+                let sum: f32 = gates.iter().sum();
+                let (mut g1, mut g2) = (0.0, 0.0);
+                for e in 0..EXPERTS {
+                    let g = gates[e] / sum;
+                    g1 += g * f1[t * EXPERTS + e];
+                    g2 += g * f2[t * EXPERTS + e];
+                }
+                let norm = g1 + g2 + 1e-9;
+                let (w1, w2) = (g1 / norm, g2 / norm);
+                let span = t * EXPERTS * CAPACITY..(t + 1) * EXPERTS * CAPACITY;
+                for ((o, &a), &b) in out[span.clone()]
+                    .iter_mut()
+                    .zip(&r1[span.clone()])
+                    .zip(&r2[span])
+                {
+                    *o = w1 * a + w2 * b;
+                }
+            }
+        },
+    );
+}
+
 fn bench(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    println!(
+        "vector path of the fused loops: {}",
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512cd")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl")
+        {
+            "AVX-512 (pulp V4)"
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            "AVX2 and FMA (pulp V3)"
+        } else {
+            "scalar"
+        }
+    );
     for s in &MESHES {
         layer_norm(c, s);
         softmax(c, s);
         gelu(c, s);
         cross_entropy(c, s);
         adamw(c, s);
+        gating(c, s);
     }
 }
 

@@ -424,6 +424,7 @@ pub(crate) trait WithBinary {
 
 /// `w` applied to the f32 function of `op`; `None` if `op` has none (`not`, and
 /// `is_finite`, whose result is bool).
+#[inline(always)]
 pub(crate) fn f32_unary<W: WithUnary>(op: UnaryOp, w: W) -> Option<W::Out> {
     Some(match op {
         UnaryOp::Neg => w.with(|v| -v),
@@ -446,6 +447,7 @@ pub(crate) fn f32_unary<W: WithUnary>(op: UnaryOp, w: W) -> Option<W::Out> {
 }
 
 /// `w` applied to the f32 function of `op`; `None` if `op` has none (`and`, `or`).
+#[inline(always)]
 pub(crate) fn f32_binary<W: WithBinary>(op: BinaryOp, w: W) -> Option<W::Out> {
     Some(match op {
         BinaryOp::Add => w.with(|p, q| p + q),
@@ -505,16 +507,19 @@ pub(super) fn unary(op: UnaryOp, x: Operand<'_>) -> Result<Literal, String> {
 }
 
 /// IEEE maximum that propagates NaN (XLA's `maximum`).
+#[inline(always)]
 pub(crate) fn max_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || a > b { a } else { b }
 }
 
 /// IEEE minimum that propagates NaN (XLA's `minimum`).
+#[inline(always)]
 pub(crate) fn min_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || a < b { a } else { b }
 }
 
 /// XLA's `sign`: `-1`, `1`, or the operand itself for `±0` and NaN.
+#[inline(always)]
 fn sign_f32(v: f32) -> f32 {
     if v == 0.0 || v.is_nan() {
         v

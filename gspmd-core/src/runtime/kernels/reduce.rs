@@ -138,6 +138,7 @@ impl<T: Copy> Lanes<T> {
 
     /// Folds the next piece of the body (its length a multiple of the width; a
     /// remainder is ignored) into the lanes with `f`.
+    #[inline(always)]
     pub(crate) fn push(&mut self, piece: &[T], f: impl Fn(T, T) -> T) {
         for chunk in piece.chunks_exact(LANES) {
             for (a, &v) in self.acc.iter_mut().zip(chunk) {
@@ -147,6 +148,7 @@ impl<T: Copy> Lanes<T> {
     }
 
     /// Combines the lanes pairwise and folds in the row's `tail`.
+    #[inline(always)]
     pub(crate) fn finish(mut self, tail: &[T], f: impl Fn(T, T) -> T) -> T {
         let mut width = LANES;
         while width > 1 {
