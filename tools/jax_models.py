@@ -4,8 +4,9 @@
 
 For each model it writes DIR/NAME/: `jax.mlir` (`jax.jit(f).lower(..).as_text()`,
 shardings over a 2x4 mesh of CPU devices as Shardy annotations), `inputs.safetensors`
-and `outputs.safetensors` (JAX's outputs on those inputs) and `xla_collectives.txt`
-(the collectives in XLA's optimized per-device program). `cargo run --example
+and `outputs.safetensors` (JAX's outputs on those inputs, computed on one device; the
+partitioned program's are compared with them and a difference is printed) and `xla_collectives.txt`
+(the collectives in XLA's optimized per-device program: kind, count, bytes). `cargo run --example
 export_check -- --import DIR` imports each module into gspmd, partitions it, runs it on
 the thread mesh, compares with JAX's outputs and prints gspmd's collectives beside
 XLA's.
@@ -30,7 +31,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from xla_check import xla_collectives  # noqa: E402
+from xla_check import xla_collective_sizes  # noqa: E402
 
 MESH = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
@@ -284,6 +285,80 @@ STEP_MODELS = {
 }
 
 
+def scan_ops(xs, w, starts):
+    """Control flow and slicing (a test fixture): a `lax.scan` (while) whose body
+    reads a dynamic slice, writes a dynamic update, rolls, clamps and takes a
+    `lax.cond` (case); private functions (calls)."""
+    c = partial(constrain_on, MESH)
+
+    def body(carry, x):
+        i = carry[1]
+        row = jax.lax.dynamic_slice_in_dim(carry[0], jax.lax.clamp(0, i % 3, 2), 2, axis=0)
+        y = jnp.tanh(row @ w + x[None, :])
+        big = jnp.sum(y) > 0.0
+        y = jax.lax.cond(big, lambda v: jnp.sin(v), lambda v: -v, y)
+        state = jax.lax.dynamic_update_slice_in_dim(carry[0], y, starts[i % 4], axis=0)
+        return (jnp.roll(state, 1, axis=1), i + 1), jnp.sum(y, axis=0)
+
+    init = c(jnp.ones((8, 16), jnp.float32), "data", "model")
+    (state, _), ys = jax.lax.scan(body, (init, jnp.int32(0)), xs)
+    return state, ys
+
+
+OPS_MESH = mesh((2, 2), ("data", "model"))
+
+
+def window_ops(image, kernel, ids, table):
+    """Windows and indexing with their gradients (a test fixture): a strided,
+    dilated grouped convolution, max pooling (reduce_window; its gradient a
+    select_and_scatter), average pooling, a transposed convolution, an embedding
+    lookup (gather; its gradient a scatter-add), argmax and cumsum."""
+
+    def loss(image, kernel, table):
+        c = partial(constrain_on, OPS_MESH)
+        y = jax.lax.conv_general_dilated(
+            image, kernel, (1, 1), "SAME", rhs_dilation=(2, 1),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=2,
+        )
+        y = c(jnp.tanh(y), "data", "model", None, None)
+        pooled = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        mean = jax.lax.reduce_window(y, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME") / 9.0
+        up = jax.lax.conv_transpose(
+            pooled, kernel.transpose(0, 1, 3, 2), (2, 2), "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        rows = table[ids]
+        picked = jnp.argmax(rows, axis=-1).astype(jnp.float32)
+        running = jnp.cumsum(rows, axis=1)
+        return jnp.sum(up * up) + jnp.sum(mean) + jnp.sum(running * running) + jnp.sum(picked)
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))(image, kernel, table)
+
+
+def fixtures(rng):
+    """The test fixtures' functions and arguments."""
+
+    def arg(shape, *spec, mesh_=MESH):
+        value = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+        return value, NamedSharding(mesh_, P(*spec))
+
+    def ints(values, mesh_=MESH):
+        return np.array(values, np.int32), NamedSharding(mesh_, P())
+
+    yield "scan_ops", scan_ops, [
+        arg((5, 16), None, None),
+        arg((16, 16), None, "model"),
+        ints([0, 3, 6, 2]),
+    ]
+    ids = rng.integers(0, 6, (4, 3)).astype(np.int32)
+    yield "window_ops", window_ops, [
+        arg((2, 8, 8, 4), "data", None, None, None, mesh_=OPS_MESH),
+        arg((3, 3, 2, 4), None, None, None, None, mesh_=OPS_MESH),
+        (ids, NamedSharding(OPS_MESH, P("data", None))),
+        arg((6, 8), "model", None, mesh_=OPS_MESH),
+    ]
+
+
 def models():
     """Each model: name, function, and its arguments as (value, sharding) pairs."""
     rng = np.random.default_rng(0)
@@ -309,6 +384,7 @@ def models():
     for name, (mesh_, loss) in STEP_MODELS.items():
         params, data = step_arguments(name, rng, mesh_)
         yield name, flat_step(loss, [n for n, _ in params]), [a for _, a in params] + data
+    yield from fixtures(rng)
 
 
 def step_arguments(name, rng, mesh_):
@@ -416,6 +492,12 @@ def write_safetensors(path, arrays):
     Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def relative_difference(got, want):
+    """The largest difference of two arrays relative to `want`'s largest magnitude."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max(initial=0.0) / max(np.abs(want).max(initial=0.0), 1e-30))
+
+
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "target/jax_models")
     only = set(sys.argv[2:])
@@ -427,14 +509,19 @@ def main():
         values = [jax.device_put(v, s) for v, s in args]
         lowered = jax.jit(f).lower(*values)
         (case / "jax.mlir").write_text(lowered.as_text())
-        outs = jax.jit(f)(*values)
-        outs = outs if isinstance(outs, tuple) else (outs,)
+        # The expected outputs are XLA's on one device; its partitioned program's
+        # outputs are compared with them (they differ where XLA's partitioner errs).
+        outs = jax.tree.leaves(jax.jit(f)(*[v for v, _ in args]))
+        partitioned = jax.tree.leaves(jax.jit(f)(*values))
+        worst = max(relative_difference(a, b) for a, b in zip(partitioned, outs))
         write_safetensors(case / "inputs.safetensors", [v for v, _ in args])
         write_safetensors(case / "outputs.safetensors", [np.asarray(o) for o in outs])
-        counts = xla_collectives(lowered.compile().as_text())
-        lines = "".join(f"{k} {n}\n" for k, n in sorted(counts.items()))
+        sizes = xla_collective_sizes(lowered.compile().as_text())
+        lines = "".join(f"{k} {n} {b}\n" for k, (n, b) in sorted(sizes.items()))
         (case / "xla_collectives.txt").write_text(lines)
-        print(f"{name}: {len(args)} inputs, {len(outs)} outputs, XLA collectives {counts}")
+        print(f"{name}: {len(args)} inputs, {len(outs)} outputs, XLA collectives {sizes}")
+        if worst > 1e-5:
+            print(f"   XLA's partitioned outputs differ from its one-device outputs by {worst:.2e}")
 
 
 if __name__ == "__main__":
