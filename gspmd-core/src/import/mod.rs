@@ -82,6 +82,10 @@ fn location(line: usize) -> Location {
     }
 }
 
+/// The outer values a region reads (their names and ids in the enclosing program), in
+/// the order of its trailing parameters.
+type Captures = Vec<(String, ValueId)>;
+
 /// The program being read (a function's, or a region's), the MLIR name of each of
 /// its values, and for a region the enclosing reader whose values it may capture.
 struct Reader<'a> {
@@ -92,7 +96,7 @@ struct Reader<'a> {
     /// The enclosing function's reader (a region's captures come from its values).
     outer: Option<&'a Reader<'a>>,
     /// The outer values a region reads, in the order of its trailing parameters.
-    captures: Vec<(String, ValueId)>,
+    captures: Captures,
 }
 
 impl<'a> Reader<'a> {
@@ -264,7 +268,7 @@ impl<'a> Reader<'a> {
         line: usize,
         params: &[(String, TensorType)],
         seed: &[(String, ValueId)],
-    ) -> Result<(Program, Vec<(String, ValueId)>)> {
+    ) -> Result<(Program, Captures)> {
         let mut reader = Reader::new(self.module, self.mesh, Some(self));
         for (name, ty) in params {
             reader.parameter(line, name, ty.clone())?;
@@ -277,6 +281,27 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| error(line, "a region without a return".into()))?;
         reader.program.outputs = outputs;
         Ok((reader.program, reader.captures))
+    }
+
+    /// The two regions of a flow op, both taking `params` then the captures of
+    /// either (a capture only the second reads is an unused parameter of the first);
+    /// the captures.
+    fn two_regions(
+        &self,
+        n: usize,
+        [first, second]: [&Region; 2],
+        params: &[(String, TensorType)],
+    ) -> Result<(Program, Program, Captures)> {
+        let (mut a, first_captures) = self.region(first, n, params, &[])?;
+        let (b, captures) = self.region(second, n, params, &first_captures)?;
+        for (name, v) in &captures[first_captures.len()..] {
+            let index = a.params.len();
+            let ty = self.program.ty(*v).clone();
+            let id = a.push_op(Op::Parameter { index, ty }, &[], location(n))?;
+            a.node_mut(id).name = Some(name.trim_start_matches('%').to_string());
+            a.params.push(id);
+        }
+        Ok((a, b, captures))
     }
 
     /// One node per result of `flow` over `operands`.
@@ -317,15 +342,7 @@ impl<'a> Reader<'a> {
             params.push((name.trim().to_string(), ty));
             inits.push(self.value(n, init.trim())?);
         }
-        let (mut cond, cond_captures) = self.region(cond, n, &params, &[])?;
-        let (body, captures) = self.region(body, n, &params, &cond_captures)?;
-        for (name, v) in &captures[cond_captures.len()..] {
-            let index = cond.params.len();
-            let ty = self.program.ty(*v).clone();
-            let id = cond.push_op(Op::Parameter { index, ty }, &[], location(n))?;
-            cond.node_mut(id).name = Some(name.trim_start_matches('%').to_string());
-            cond.params.push(id);
-        }
+        let (cond, body, captures) = self.two_regions(n, [cond, body], &params)?;
         let count = inits.len();
         inits.extend(captures.iter().map(|&(_, v)| v));
         self.flow_results(n, Flow::While { cond, body }, &inits, count)
@@ -341,15 +358,7 @@ impl<'a> Reader<'a> {
         let [index] = self.operands(n, rhs)?[..] else {
             return Err(error(n, "case: one index operand expected".into()));
         };
-        let (mut on_false, false_captures) = self.region(first, n, &[], &[])?;
-        let (on_true, captures) = self.region(second, n, &[], &false_captures)?;
-        for (name, v) in &captures[false_captures.len()..] {
-            let index = on_false.params.len();
-            let ty = self.program.ty(*v).clone();
-            let id = on_false.push_op(Op::Parameter { index, ty }, &[], location(n))?;
-            on_false.node_mut(id).name = Some(name.trim_start_matches('%').to_string());
-            on_false.params.push(id);
-        }
+        let (on_false, on_true, captures) = self.two_regions(n, [first, second], &[])?;
         let ty = self.program.ty(index).clone();
         let zero = self.constant(n, Literal::full(&[], ty.dtype, 0.0))?;
         let pred =

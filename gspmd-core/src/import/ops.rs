@@ -176,7 +176,7 @@ fn broadcast(
 
 /// The name of the first op of region `k`'s body (`stablehlo.return` if it only
 /// returns an argument).
-fn combiner<'s>(stmt: &'s Stmt, k: usize) -> Option<&'s str> {
+fn combiner(stmt: &Stmt, k: usize) -> Option<&str> {
     let first = stmt.regions.get(k)?.body.first()?;
     let text = first
         .text
@@ -314,9 +314,10 @@ fn convolution(rhs: &str, kernel: &TensorType) -> std::result::Result<ConvConfig
     };
     if [stride.len(), lhs_dilate.len(), rhs_dilate.len()] != [spatial; 3]
         || pad.len() != 2 * spatial
+        || kernel.rank() != kernel_labels.len()
     {
         return Err(format!(
-            "convolution: a window of other than {spatial} dims"
+            "convolution: a window or kernel of other than {spatial} spatial dims"
         ));
     }
     let window = (0..spatial)
@@ -401,7 +402,8 @@ fn reduce(r: &mut Reader, stmt: &Stmt, rhs: &str, operands: &[ValueId]) -> Resul
         .nth(1)
         .and_then(|a| a.split_whitespace().next());
     if let [x, _, index, _] = operands[..] {
-        let kind = match combiner(stmt, 0).zip(stmt.regions[0].body.first()) {
+        let first_op = stmt.regions.first().and_then(|g| g.body.first());
+        let kind = match combiner(stmt, 0).zip(first_op) {
             Some(("stablehlo.compare", first)) if first.text.contains(" GT,") => ReduceKind::Max,
             Some(("stablehlo.compare", first)) if first.text.contains(" LT,") => ReduceKind::Min,
             _ => {
@@ -558,6 +560,7 @@ fn select_and_scatter(
             && w.padding_high == 0
             && w.window_dilation == 1
             && w.base_dilation == 1
+            && w.size > 0
             && d % w.size == 0
     });
     if !tiles {
