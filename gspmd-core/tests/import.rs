@@ -207,3 +207,47 @@ fn unsupported_ops_in_regions_and_callees_name_their_line() {
         other => panic!("expected an import error, got {other:?}"),
     }
 }
+
+/// Regions that read values of the enclosing function (captures), as StableHLO allows
+/// though JAX passes everything as operands: a `while` body reading `%arg1` (the cond
+/// not) and a `case` branch reading `%arg1` (the other `%arg0`).
+#[test]
+fn regions_capture_enclosing_values() {
+    let text = r#"module @m {
+  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0:2 = stablehlo.while(%iterArg = %c, %iterArg_0 = %arg0) : tensor<i32>, tensor<4xf32>
+    cond {
+      %c_1 = stablehlo.constant dense<3> : tensor<i32>
+      %1 = stablehlo.compare  LT, %iterArg, %c_1,  SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %1 : tensor<i1>
+    } do {
+      %c_1 = stablehlo.constant dense<1> : tensor<i32>
+      %1 = stablehlo.add %iterArg, %c_1 : tensor<i32>
+      %2 = stablehlo.multiply %iterArg_0, %arg1 : tensor<4xf32>
+      stablehlo.return %1, %2 : tensor<i32>, tensor<4xf32>
+    }
+    %p = stablehlo.constant dense<1> : tensor<i32>
+    %3 = "stablehlo.case"(%p) ({
+      stablehlo.return %arg0 : tensor<4xf32>
+    }, {
+      %4 = stablehlo.negate %arg1 : tensor<4xf32>
+      stablehlo.return %4 : tensor<4xf32>
+    }) : (tensor<i32>) -> tensor<4xf32>
+    return %0#1, %3 : tensor<4xf32>, tensor<4xf32>
+  }
+}"#;
+    let imported = from_stablehlo(text).unwrap();
+    let x = Literal::F32(ndarray::arr1(&[1.0f32, 2.0, 3.0, 4.0]).into_dyn());
+    let y = Literal::F32(ndarray::arr1(&[2.0f32, 1.0, -1.0, 0.5]).into_dyn());
+    let out = interpret(&imported.program, &[x, y]).unwrap();
+    let (looped, branch) = (out[0].as_f32().unwrap(), out[1].as_f32().unwrap());
+    assert_eq!(
+        looped.iter().copied().collect::<Vec<f32>>(),
+        [8.0, 2.0, -3.0, 0.5]
+    );
+    assert_eq!(
+        branch.iter().copied().collect::<Vec<f32>>(),
+        [-2.0, -1.0, 1.0, -0.5]
+    );
+}
