@@ -1,15 +1,21 @@
 """JAX models lowered to StableHLO for gspmd's import (the round trip of issue 31).
 
-    python tools/jax_models.py DIR
+    python tools/jax_models.py DIR [NAME ...]
+
+The models: an MLP and an attention block; JAX twins of the four example training
+steps (`lm_step`, `unet_step`, `moe_step`, `pipeline_step`: the shapes and shardings of
+`examples/export_check/models.rs`, `jax.value_and_grad` and an SGD update); and two op
+fixtures (`scan_ops`, `window_ops`; copies live in `gspmd-core/tests/data/jax_*`).
+NAMEs pick some.
 
 For each model it writes DIR/NAME/: `jax.mlir` (`jax.jit(f).lower(..).as_text()`,
-shardings over a 2x4 mesh of CPU devices as Shardy annotations), `inputs.safetensors`
-and `outputs.safetensors` (JAX's outputs on those inputs, computed on one device; the
-partitioned program's are compared with them and a difference is printed) and `xla_collectives.txt`
-(the collectives in XLA's optimized per-device program: kind, count, bytes). `cargo run --example
-export_check -- --import DIR` imports each module into gspmd, partitions it, runs it on
-the thread mesh, compares with JAX's outputs and prints gspmd's collectives beside
-XLA's.
+shardings over the model's mesh of CPU devices as Shardy annotations),
+`inputs.safetensors`, `outputs.safetensors` (JAX's outputs on those inputs computed on
+one device; the partitioned program's are compared with them and a difference is
+printed) and `xla_collectives.txt` (the collectives in XLA's optimized per-device
+program: kind, count, bytes). `cargo run --example export_check -- --import DIR`
+imports each module into gspmd, partitions it, runs it on the thread mesh, compares
+with JAX's outputs and prints gspmd's collectives beside XLA's.
 """
 
 import json
@@ -224,11 +230,13 @@ def moe_loss(p, tokens, targets, weights, capacity=2):
         return mask[..., None] * slot[:, :, None, :]
 
     route1, route2 = route(first, position1), route(second, position2)
-    combine = c((gate1 / norm)[..., None, None] * route1 + (gate2 / norm)[..., None, None] * route2, groups, None, None, None)
+    weighted = (gate1 / norm)[..., None, None] * route1 + (gate2 / norm)[..., None, None] * route2
+    combine = c(weighted, groups, None, None, None)
     dispatch = c(route1 + route2, groups, None, None, None)
-    dispatched = c(jnp.einsum("gsec,gsm->egcm", dispatch, h), "expert", "data", None, None)
-    hidden = c(jax.nn.gelu(jnp.einsum("egcm,emh->egch", dispatched, p["w_in"])), "expert", "data", None, None)
-    expert_out = c(jnp.einsum("egch,ehm->egcm", hidden, p["w_out"]), "expert", "data", None, None)
+    experts_split = ("expert", "data", None, None)
+    dispatched = c(jnp.einsum("gsec,gsm->egcm", dispatch, h), *experts_split)
+    hidden = c(jax.nn.gelu(jnp.einsum("egcm,emh->egch", dispatched, p["w_in"])), *experts_split)
+    expert_out = c(jnp.einsum("egch,ehm->egcm", hidden, p["w_out"]), *experts_split)
     combined = c(jnp.einsum("gsec,egcm->gsm", combine, expert_out), groups, None, None)
     x = x + combined
     logits = jnp.einsum("gsm,mv->gsv", layer_norm(x), p["unembed"])
@@ -321,7 +329,7 @@ def window_ops(image, kernel, ids, table):
             dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=2,
         )
         y = c(jnp.tanh(y), "data", "model", None, None)
-        pooled = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        pooled = max_pool(y)
         mean = jax.lax.reduce_window(y, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME") / 9.0
         up = jax.lax.conv_transpose(
             pooled, kernel.transpose(0, 1, 3, 2), (2, 2), "SAME",
