@@ -10,13 +10,11 @@
 
 use gspmd::autodiff::grad;
 use gspmd::ir::Program;
-use gspmd::models::moe::moe_language_model;
-use gspmd::models::pipeline::{Pipeline, mlp_loss};
-use gspmd::models::transformer::language_model;
-use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
-use gspmd::train::{Optimizer, step_program};
 use gspmd::{CompileOptions, Executable, GatherReuse, compile_with};
+
+#[path = "../examples/export_check/models.rs"]
+mod models;
 
 /// FNV-1a (64 bits) of the per-device program's text, its global inputs and outputs,
 /// and the gather plan: stable across toolchains, unlike `DefaultHasher`.
@@ -34,55 +32,10 @@ fn fingerprint(exe: &Executable) -> u64 {
     })
 }
 
-fn lm_step() -> Program {
-    let dims = language_model::Dims {
-        B: 16,
-        S: 16,
-        V: 16,
-        D: 64,
-        L: 2,
-        H: 4,
-        K: 16,
-        F: 256,
-    };
-    let model = language_model::trace(dims, DType::F32, 0.0).unwrap();
-    let trained = ["embed", "position", "layers.*", "unembed"];
-    (step_program(&model, 0, &trained, &Optimizer::adamw(3e-3)).unwrap()).program
-}
-
-fn unet_grad() -> Program {
-    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 }).unwrap();
-    let trained: Vec<usize> = (2..forward.params.len()).collect();
-    grad(&forward, 0, &trained).unwrap()
-}
-
-fn moe_grad() -> Program {
-    let dims = moe_language_model::Dims {
-        G: 8,
-        S: 6,
-        V: 8,
-        M: 8,
-        N: 2,
-        K: 4,
-        E: 4,
-        H: 8,
-    };
-    let forward = moe_language_model::trace(dims, 2).unwrap();
-    let trained: Vec<usize> = (3..forward.params.len()).collect();
-    grad(&forward, 0, &trained).unwrap()
-}
-
-fn pipeline_grad() -> Program {
-    let p = Pipeline::circular(4, 2, 6);
-    let dims = mlp_loss::Dims {
-        M: p.microbatches,
-        B: 4,
-        D: 8,
-        S: p.stages,
-        R: p.repeats,
-        F: 16,
-    };
-    grad(&mlp_loss::trace(dims, p, true).unwrap(), 0, &[2, 3]).unwrap()
+/// The gradient of `model`'s loss with respect to its trained parameters, and its mesh.
+fn gradient(model: gspmd::Result<models::Model>) -> (Program, Mesh) {
+    let model = model.unwrap();
+    (grad(&model.forward, 0, &model.trained).unwrap(), model.mesh)
 }
 
 fn options(gathers: GatherReuse, memory_limit: Option<usize>) -> CompileOptions {
@@ -95,60 +48,53 @@ fn options(gathers: GatherReuse, memory_limit: Option<usize>) -> CompileOptions 
 
 #[test]
 fn models_compile_to_the_recorded_programs() {
-    let lm = lm_step();
-    let lm_mesh = language_model::mesh([2, 4]).unwrap();
+    let (lm, lm_mesh) = models::lm_step().unwrap();
     let keep = options(GatherReuse::Keep, None);
     let regather = options(GatherReuse::Regather, None);
     let peak = (compile_with(&lm, &lm_mesh, &regather).unwrap())
         .gathers()
         .peak_all_kept
         .unwrap();
-    let cases: Vec<(&str, Program, Mesh, CompileOptions, u64)> = vec![
+    let cases: Vec<(&str, (Program, Mesh), CompileOptions, u64)> = vec![
         (
             "lm step, keep",
-            lm.clone(),
-            lm_mesh.clone(),
+            (lm.clone(), lm_mesh.clone()),
             keep.clone(),
             0x039b69f0cf90e75f,
         ),
         (
             "lm step, regather",
-            lm.clone(),
-            lm_mesh.clone(),
+            (lm.clone(), lm_mesh.clone()),
             regather,
             0xa8ff899407bd8bb1,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
-            lm,
-            lm_mesh,
+            (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
             0xce3649baf84223f1,
         ),
         (
             "u-net gradient",
-            unet_grad(),
-            denoise::mesh([2, 4]).unwrap(),
+            gradient(models::unet()),
             keep.clone(),
             0x2567e714e1db38bf,
         ),
         (
             "moe gradient",
-            moe_grad(),
-            moe_language_model::mesh([2, 4]).unwrap(),
+            gradient(models::moe()),
             keep.clone(),
             0x53bae494aa8c10e5,
         ),
         (
             "pipeline gradient",
-            pipeline_grad(),
-            mlp_loss::mesh([4, 2]).unwrap(),
+            gradient(models::pipeline()),
             keep,
             0x8f0dc0eb32e1ce7e,
         ),
     ];
     let mut wrong = Vec::new();
-    for (what, program, mesh, options, want) in cases {
+    for (what, (program, mesh), options, want) in cases {
         let got = fingerprint(&compile_with(&program, &mesh, &options).unwrap());
         if got != want {
             wrong.push(format!("{what}: {got:#018x} (recorded {want:#018x})"));

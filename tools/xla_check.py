@@ -58,21 +58,43 @@ def read_safetensors(path):
 
 def xla_collectives(hlo_text):
     """Counts of each collective kind in optimized HLO text (async pairs once)."""
-    counts = {}
-    lines = hlo_text.splitlines()
+    return {k: n for k, (n, _) in xla_collective_sizes(hlo_text).items()}
+
+
+ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
+
+
+def xla_collective_sizes(hlo_text):
+    """Each collective kind in optimized HLO text: (count, bytes of their results per
+    device), async pairs once (a `-start`'s result tuple counts its last shape), each op
+    once however often a loop runs it."""
+    sizes = {}
+    shape = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
     for kind in KINDS:
-        pattern = re.compile(rf"^\s*(ROOT )?%\S+ = .* {kind}(-start)?\(")
-        n = sum(1 for line in lines if pattern.search(line))
-        if n:
-            counts[kind.replace("-", "_")] = n
-    return counts
+        pattern = re.compile(rf"^\s*(ROOT )?%\S+ = (.*) {kind}(-start)?\(")
+        for line in hlo_text.splitlines():
+            match = pattern.search(line)
+            if not match:
+                continue
+            shapes = shape.findall(match.group(2))
+            if match.group(3):
+                shapes = shapes[-1:]
+            total = 0
+            for dtype, dims in shapes:
+                count = 1
+                for d in filter(None, dims.split(",")):
+                    count *= int(d)
+                total += count * ELEMENT_BYTES.get(dtype, 8)
+            n, b = sizes.get(kind.replace("-", "_"), (0, 0))
+            sizes[kind.replace("-", "_")] = (n + 1, b + total)
+    return sizes
 
 
 def gspmd_collectives(case):
     counts = {}
     for line in (case / "gspmd_collectives.txt").read_text().splitlines():
         if line.strip():
-            kind, n = line.split()
+            kind, n = line.split()[:2]
             counts[kind] = int(n)
     return counts
 

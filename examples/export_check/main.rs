@@ -22,13 +22,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gspmd::ir::{Program, distinct_flows, random};
-use gspmd::models::moe::moe_language_model;
-use gspmd::models::pipeline::{Pipeline, mlp_loss};
 use gspmd::models::transformer::language_model;
-use gspmd::models::unet::denoise;
 use gspmd::prelude::*;
 use gspmd::runtime::sample_inputs;
 use gspmd::train::{Optimizer, save_checkpoint, step_program};
+use models::lm_step;
+
+mod models;
 
 #[gspmd::model(mesh = (data, model))]
 pub fn mlp(
@@ -41,63 +41,12 @@ pub fn mlp(
     h.matmul(&w2)
 }
 
-fn lm_step() -> gspmd::Result<(Program, Mesh)> {
-    let dims = language_model::Dims {
-        B: 16,
-        S: 16,
-        V: 16,
-        D: 64,
-        L: 2,
-        H: 4,
-        K: 16,
-        F: 256,
-    };
-    let model = language_model::trace(dims, DType::F32, 0.0)?;
-    let trained = ["embed", "position", "layers.*", "unembed"];
-    let step = step_program(&model, 0, &trained, &Optimizer::adamw(3e-3))?;
-    Ok((step.program, language_model::mesh([2, 4])?))
-}
-
-/// A training step of `model` (loss output 0) updating `trained` with AdamW, as the
-/// training examples run it.
-fn step(model: &Program, trained: Vec<usize>) -> gspmd::Result<Program> {
-    Ok(step_program(model, 0, &trained, &Optimizer::adamw(3e-3))?.program)
-}
-
-fn unet_step() -> gspmd::Result<(Program, Mesh)> {
-    let forward = denoise::trace(denoise::Dims { B: 2, H: 16, W: 8 })?;
-    let trained: Vec<usize> = (2..forward.params.len()).collect();
-    Ok((step(&forward, trained)?, denoise::mesh([2, 4])?))
-}
-
-fn moe_step() -> gspmd::Result<(Program, Mesh)> {
-    let dims = moe_language_model::Dims {
-        G: 8,
-        S: 6,
-        V: 8,
-        M: 8,
-        N: 2,
-        K: 4,
-        E: 4,
-        H: 8,
-    };
-    let forward = moe_language_model::trace(dims, 2)?;
-    let trained: Vec<usize> = (3..forward.params.len()).collect();
-    Ok((step(&forward, trained)?, moe_language_model::mesh([2, 4])?))
-}
-
-fn pipeline_step() -> gspmd::Result<(Program, Mesh)> {
-    let p = Pipeline::circular(4, 2, 6);
-    let dims = mlp_loss::Dims {
-        M: p.microbatches,
-        B: 4,
-        D: 8,
-        S: p.stages,
-        R: p.repeats,
-        F: 16,
-    };
-    let program = step(&mlp_loss::trace(dims, p, true)?, vec![2, 3])?;
-    Ok((program, mlp_loss::mesh([4, 2])?))
+/// A training step of `model` (loss output 0) updating its trained parameters with
+/// AdamW, as the training examples run it.
+fn step(model: gspmd::Result<models::Model>) -> gspmd::Result<(Program, Mesh)> {
+    let model = model?;
+    let step = step_program(&model.forward, 0, &model.trained, &Optimizer::adamw(3e-3))?;
+    Ok((step.program, model.mesh))
 }
 
 fn mlp_program() -> gspmd::Result<(Program, Mesh)> {
@@ -201,11 +150,13 @@ fn more_ops_program() -> gspmd::Result<(Program, Mesh)> {
 /// A case: its program and mesh.
 type Case = fn() -> gspmd::Result<(Program, Mesh)>;
 
-/// Counts of each collective in a program and its regions (each region once).
-fn collectives(program: &Program, counts: &mut BTreeMap<String, usize>) {
+/// Each collective kind of a per-device program and its regions (each region once,
+/// however often a loop runs it): how many, and the bytes of their results.
+fn collectives(program: &Program, counts: &mut BTreeMap<String, (usize, usize)>) {
     for node in &program.nodes {
         if node.op.is_collective() {
-            *counts.entry(node.op.name().to_string()).or_default() += 1;
+            let entry = counts.entry(node.op.name().to_string()).or_default();
+            *entry = (entry.0 + 1, entry.1 + node.ty.size_in_bytes());
         }
     }
     for (_, flow) in distinct_flows(program) {
@@ -239,7 +190,9 @@ fn write_case(dir: &Path, name: &str, program: &Program, mesh: &Mesh) -> gspmd::
     save_checkpoint(case.join("outputs.safetensors"), &named("out", &outputs))?;
     let mut counts = BTreeMap::new();
     collectives(&exe.spmd().program, &mut counts);
-    let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let counts: Vec<String> = (counts.iter())
+        .map(|(k, (n, bytes))| format!("{k} {n} {bytes}"))
+        .collect();
     write("gspmd_collectives.txt", counts.join("\n") + "\n")?;
     write("devices.txt", format!("{}\n", mesh.num_devices()))?;
     println!(
@@ -286,31 +239,39 @@ fn import_check(dir: &Path) -> gspmd::Result<()> {
         );
         let threads = ThreadMesh::new(imported.mesh.clone())?;
         let got = exe.run(&threads, &inputs)?;
-        let mut worst = 0.0f32;
-        for (w, g) in want.iter().zip(&got) {
-            if let (Some(w), Some(g)) = (w.as_f32(), g.as_f32()) {
-                let scale = w.iter().fold(f32::MIN_POSITIVE, |m, x| m.max(x.abs()));
-                let diff = (w.iter().zip(g)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                worst = worst.max(diff / scale);
-            }
-        }
+        let reference = gspmd::runtime::interpret(&imported.program, &inputs)?;
+        let (worst, worst_reference) = (differences(&want, &got), differences(&want, &reference));
         let mut counts = BTreeMap::new();
         collectives(&exe.spmd().program, &mut counts);
         let name = case
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let ok = worst <= 1e-5 && got.len() == want.len();
+        let ok =
+            (worst.iter().chain(&worst_reference)).all(|&d| d <= 1e-5) && got.len() == want.len();
+        let largest = |d: &[f32]| d.iter().fold(0.0f32, |m, &x| m.max(x));
         println!(
-            "{name}: imported {} nodes on {}; outputs vs JAX: worst {worst:.2e} {}",
+            "{name}: imported {} nodes on {}; vs JAX's outputs, worst: thread mesh {:.2e}, \
+             reference {:.2e} {}",
             imported.program.nodes.len(),
             imported.mesh,
+            largest(&worst),
+            largest(&worst_reference),
             if ok { "ok" } else { "DIFFERS" }
         );
-        println!("   gspmd collectives: {counts:?}");
-        println!(
-            "   XLA collectives:   {}",
-            read("xla_collectives.txt")?.trim().replace('\n', ", ")
-        );
+        if !ok {
+            println!("   per output: thread mesh {worst:?}, reference {worst_reference:?}");
+        }
+        let gspmd: Vec<String> = (counts.iter())
+            .map(|(k, (n, bytes))| format!("{k} {n} ({bytes} B)"))
+            .collect();
+        let xla: Vec<String> = (read("xla_collectives.txt")?.lines())
+            .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                [k, n, bytes] => Some(format!("{k} {n} ({bytes} B)")),
+                _ => None,
+            })
+            .collect();
+        println!("   gspmd collectives per device: {}", gspmd.join(", "));
+        println!("   XLA collectives per device:   {}", xla.join(", "));
         if !ok {
             failures.push(name);
         }
@@ -323,6 +284,21 @@ fn import_check(dir: &Path) -> gspmd::Result<()> {
         });
     }
     Ok(())
+}
+
+/// Each float output's largest difference from `want`'s, relative to `want`'s largest
+/// magnitude (0 for the other dtypes).
+fn differences(want: &[Literal], got: &[Literal]) -> Vec<f32> {
+    (want.iter().zip(got))
+        .map(|(w, g)| match (w.as_f32(), g.as_f32()) {
+            (Some(w), Some(g)) => {
+                let scale = w.iter().fold(f32::MIN_POSITIVE, |m, x| m.max(x.abs()));
+                let diff = (w.iter().zip(g)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                diff / scale
+            }
+            _ => 0.0,
+        })
+        .collect()
 }
 
 fn main() -> gspmd::Result<()> {
@@ -338,9 +314,9 @@ fn main() -> gspmd::Result<()> {
         ("ops", ops_program),
         ("more_ops", more_ops_program),
         ("lm_step", lm_step),
-        ("unet_step", unet_step),
-        ("moe_step", moe_step),
-        ("pipeline_step", pipeline_step),
+        ("unet_step", || step(models::unet())),
+        ("moe_step", || step(models::moe())),
+        ("pipeline_step", || step(models::pipeline())),
         ("lm_step_mesh_4x2", || {
             Ok((lm_step()?.0, language_model::mesh([4, 2])?))
         }),
