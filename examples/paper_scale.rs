@@ -112,8 +112,11 @@ const STEP_EXCEPTIONS: (&[usize], &str) = (
      (overlapped, every row but 1T predicts 4.8 s)",
 );
 
+/// The remat policy of the layers' scan that the paper's peaks imply.
+const PAPER_REMAT: Remat = Remat::DotsSaveable;
+
 /// The paper's layer sizes (4x the parameters per layer when `wide`).
-fn config(layers: usize, wide: bool, batch: usize, dtype: DType) -> Config {
+fn config(layers: usize, wide: bool, batch: usize, dtype: DType, remat: Remat) -> Config {
     let k = if wide { 2 } else { 1 };
     Config {
         layers,
@@ -124,6 +127,7 @@ fn config(layers: usize, wide: bool, batch: usize, dtype: DType) -> Config {
         batch,
         seq: 1024,
         dtype,
+        remat,
     }
 }
 
@@ -194,7 +198,17 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let tpu = DeviceModel::tpu_v3_core();
     let mut plans = Vec::new();
     for p in &TABLE_2 {
-        let c = config(p.layers, p.wide, p.batch, DType::BF16);
+        let c = config(
+            p.layers,
+            p.wide,
+            p.batch,
+            DType::BF16,
+            match std::env::var("REMAT").as_deref() {
+                Ok("n") => Remat::NothingSaveable,
+                Ok("e") => Remat::EverythingSaveable,
+                _ => PAPER_REMAT,
+            },
+        );
         let planned = plan(&c, p.mesh, &adafactor)?;
         if planned.plan_time > Duration::from_secs(2) {
             failures.push(format!(
@@ -327,7 +341,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     // One model (1T, batch 64, f32 activations, SGD) on every mesh: the scaling of memory
     // and communication.
     println!("\n1T model, batch 64, across meshes:");
-    let c = config(512, false, 64, DType::F32);
+    let c = config(512, false, 64, DType::F32, Remat::NothingSaveable);
     let sgd = Optimizer::sgd(1e-3, 0.0);
     let mut points = Vec::new();
     for (x, y) in [(8, 16), (16, 16), (16, 32), (32, 32), (32, 64)] {

@@ -1,6 +1,7 @@
 //! The memory analysis against the allocator: for the training steps of the examples'
-//! models (the language model, the U-Net, the mixture of experts; AdamW) on 1x1, 2x1
-//! and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
+//! models (the language model, the U-Net, the mixture of experts, and the paper's dense
+//! Transformer with its layers' scan saving the products for the backward pass; AdamW)
+//! on 1x1, 2x1 and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
 //! of the peak the process's allocator counts while the step runs.
 //!
 //! What is compared: the bytes a step allocates beyond its inputs, device by device.
@@ -36,6 +37,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use gspmd::models::dense;
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
@@ -162,6 +164,24 @@ fn moe_step() -> TrainStep {
     adamw_step(&moe_language_model::trace(dims, 24).expect("traces"), 3)
 }
 
+/// The paper's dense Transformer (`examples/paper_scale.rs`), small, its layers' scan
+/// under `dots_saveable`: the backward scan reads every layer's products from the
+/// forward one.
+fn dense_step() -> TrainStep {
+    let c = dense::Config {
+        layers: 4,
+        model: 64,
+        hidden: 256,
+        heads: 4,
+        head_dim: 16,
+        batch: 8,
+        seq: 32,
+        dtype: DType::F32,
+        remat: Remat::DotsSaveable,
+    };
+    adamw_step(&dense::forward(&c).expect("traces"), 1)
+}
+
 /// `(predicted, most predicted, counted)` bytes allocated by one run of `step` on
 /// `mesh`.
 fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
@@ -214,10 +234,13 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
         fn() -> TrainStep,
         fn([usize; 2]) -> Result<Mesh>,
     );
-    let models: [Model; 3] = [
+    let models: [Model; 4] = [
         ("language model", language_model_step, language_model::mesh),
         ("U-Net", unet_step, denoise::mesh),
         ("mixture of experts", moe_step, moe_language_model::mesh),
+        ("dense, dots saveable", dense_step, |[x, y]| {
+            dense::mesh(x, y)
+        }),
     ];
     let mut failures = Vec::new();
     for (name, step, mesh_of) in models {

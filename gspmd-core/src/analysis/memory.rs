@@ -23,7 +23,8 @@
 //! - a convolution also holds its im2col scratch while it runs: the patch matrix,
 //!   often several times its result, the kernel packed and the product before it is
 //!   placed in the result's layout;
-//! - a control-flow instance copies its operands, runs its regions (each region's own
+//! - a control-flow instance copies its operands (but a scan's stacked operands, which
+//!   it reads in place, a slice per iteration), runs its regions (each region's own
 //!   peak, recursively), and holds all its results until their nodes take them.
 //!
 //! Other scratch space inside kernels is not counted.

@@ -54,17 +54,21 @@ pub(super) fn run_flow(
             stacked,
             length,
             reverse,
+            ..
         } => {
             let (n, k) = (*carried, *stacked);
-            let mut inputs = owned(operands);
-            let xs: Vec<Literal> = inputs.drain(n..n + k).collect();
+            // The stacked operands are read in place, a slice per iteration: only the
+            // carried values and the captures are copied.
+            let xs = &operands[n..n + k];
+            let mut inputs = owned(&operands[..n]);
+            inputs.extend(owned(&operands[n + k..]));
             let mut ys: Vec<Vec<Literal>> = Vec::new();
             let outer = deadline::enter_iteration(0);
             for step in 0..*length {
                 deadline::enter_iteration(step);
                 let i = if *reverse { length - 1 - step } else { step };
                 let mut args = inputs[..n].to_vec();
-                args.extend(xs.iter().map(|x| index_leading(x, i)));
+                args.extend(xs.iter().map(|&x| index_leading(x, i)));
                 args.extend_from_slice(&inputs[n..]);
                 let mut outs = run(body, &args, memory_limit)?;
                 ys.push(outs.split_off(n));
