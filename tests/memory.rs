@@ -1,6 +1,6 @@
 //! The memory analysis against the allocator: for the training steps of the examples'
-//! models (the language model, the U-Net, the mixture of experts, and the paper's dense
-//! Transformer with its layers' scan saving the products for the backward pass; AdamW)
+//! models (the language model, the U-Net, the mixture of experts, and a residual MLP
+//! whose layers' scan saves the products for the backward pass; AdamW)
 //! on 1x1, 2x1 and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
 //! of the peak the process's allocator counts while the step runs.
 //!
@@ -37,7 +37,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use gspmd::models::dense;
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
@@ -164,22 +163,34 @@ fn moe_step() -> TrainStep {
     adamw_step(&moe_language_model::trace(dims, 24).expect("traces"), 3)
 }
 
-/// The paper's dense Transformer (`examples/paper_scale.rs`), small, its layers' scan
-/// under `dots_saveable`: the backward scan reads every layer's products from the
-/// forward one.
-fn dense_step() -> TrainStep {
-    let c = dense::Config {
-        layers: 4,
-        model: 64,
-        hidden: 256,
-        heads: 4,
-        head_dim: 16,
-        batch: 8,
-        seq: 32,
-        dtype: DType::F32,
+/// A residual MLP of 8 layers under one scan that saves the products for the backward
+/// pass (`dots_saveable`): the backward scan reads every layer's `h @ w1` from the
+/// forward one instead of recomputing it.
+fn scanned_mlp_step() -> TrainStep {
+    let (layers, batch, model, hidden) = (8, 64, 128, 512);
+    let b = Builder::new("scanned_mlp");
+    let x = b.parameter("x", vec![batch, model], DType::F32);
+    let x = x.annotate("(data, _)".parse().expect("sharding"));
+    let w1 = b.parameter("w1", vec![layers, model, hidden], DType::F32);
+    let w1 = w1.annotate("(_, _, model)".parse().expect("sharding"));
+    let w2 = b.parameter("w2", vec![layers, hidden, model], DType::F32);
+    let w2 = w2.annotate("(_, model, _)".parse().expect("sharding"));
+    let options = ScanOptions {
         remat: Remat::DotsSaveable,
+        ..ScanOptions::default()
     };
-    adamw_step(&dense::forward(&c).expect("traces"), 1)
+    let (h, _) = b.scan_with(&[w1, w2], &[x], options, |h, w| {
+        let hidden = h[0].matmul(&w[0]).tanh();
+        (vec![&h[0] + &hidden.matmul(&w[1])], vec![])
+    });
+    let loss = (&h[0] * &h[0]).mean(&[0, 1]);
+    let model = b.finish(&[&loss]).expect("traces");
+    adamw_step(&model, 1)
+}
+
+/// The mesh `(data, model)` of `scanned_mlp_step`.
+fn data_model_mesh([data, model]: [usize; 2]) -> Result<Mesh> {
+    Mesh::new([("data", data), ("model", model)])
 }
 
 /// `(predicted, most predicted, counted)` bytes allocated by one run of `step` on
@@ -238,9 +249,11 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
         ("language model", language_model_step, language_model::mesh),
         ("U-Net", unet_step, denoise::mesh),
         ("mixture of experts", moe_step, moe_language_model::mesh),
-        ("dense, dots saveable", dense_step, |[x, y]| {
-            dense::mesh(x, y)
-        }),
+        (
+            "scanned MLP, dots saveable",
+            scanned_mlp_step,
+            data_model_mesh,
+        ),
     ];
     let mut failures = Vec::new();
     for (name, step, mesh_of) in models {
