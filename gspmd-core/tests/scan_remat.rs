@@ -7,15 +7,17 @@
 //! their stacked bytes.
 
 mod differential;
+// Shared with the loop suites; this one uses only some of it.
+#[allow(dead_code)]
 mod loop_programs;
 
 use differential::compile_and_check;
 use gspmd_core::autodiff::grad;
 use gspmd_core::compile;
-use gspmd_core::ir::{Flow, Literal, Op, OpKind, Program, Remat, ScanOptions};
+use gspmd_core::ir::{Flow, Literal, OpKind, Program, Remat, ScanOptions};
 use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::Mesh;
-use loop_programs::{build, inputs, sharded};
+use loop_programs::{build, flows, inputs, sharded};
 
 const POLICIES: [Remat; 3] = [
     Remat::NothingSaveable,
@@ -52,22 +54,6 @@ fn mlp_grad(remat: Remat) -> Program {
 
 fn mesh_2x4() -> Mesh {
     Mesh::new([("data", 2), ("model", 4)]).unwrap()
-}
-
-/// The scans of `program` (not of its regions), forward first.
-fn scans(program: &Program) -> Vec<&Flow> {
-    let mut seen: Vec<*const Flow> = Vec::new();
-    let mut out = Vec::new();
-    for node in &program.nodes {
-        if let Op::Flow { flow, .. } = &node.op
-            && matches!(flow.as_ref(), Flow::Scan { .. })
-            && !seen.contains(&std::sync::Arc::as_ptr(flow))
-        {
-            seen.push(std::sync::Arc::as_ptr(flow));
-            out.push(flow.as_ref());
-        }
-    }
-    out
 }
 
 /// How many nodes of `kind` the body of `scan` has.
@@ -119,7 +105,7 @@ fn each_policy_stacks_what_it_saves_and_recomputes_the_rest() {
     ];
     for (remat, stacked, dots, tanhs) in want {
         let program = mlp_grad(remat);
-        let scans = scans(&program);
+        let scans = flows(&program);
         assert_eq!(scans.len(), 2, "{remat}: {program}");
         let (forward, backward) = (scans[0], scans[1]);
         assert_eq!(stacked_outputs(forward), stacked, "{remat}: {program}");

@@ -88,7 +88,7 @@ pub enum Flow {
         /// Iterate from the last index to the first.
         reverse: bool,
         /// What the backward pass of this scan reads from its forward pass rather than
-        /// recomputes (only [`crate::grad`] reads it).
+        /// recomputes (only [`crate::autodiff::grad`] reads it).
         remat: Remat,
     },
     /// `if pred { on_true(captures) } else { on_false(captures) }`. Operands: a bool
