@@ -7,7 +7,10 @@
 //! backward nodes built from its op's rule stay right); the recomputation that only fed
 //! saved values is then dead code. Only values the gradients read are saved: a value
 //! whose readers are all recomputed from other saved values is not (the walk treats
-//! every value the policy could save as a leaf, and saves those it reaches).
+//! every value the policy could save as a leaf, and saves those it reaches). Only the
+//! region's own values can be saved: a scan nested in the body stacks its residuals
+//! as new nodes of the VJP, which the backward body recomputes (its forward scan runs
+//! again) under every policy.
 
 use crate::ir::{Op, Program, Remat, ValueId};
 
