@@ -67,8 +67,8 @@ pub mod prelude {
     pub use crate::params::{Params, Stacked};
     pub use crate::{model, params, shard};
     pub use gspmd_core::ir::{
-        Builder, CollectiveKind, ConvDimensionNumbers, DType, Literal, Padding, Program, Tensor,
-        einsum, embedding, random,
+        Builder, CollectiveKind, ConvDimensionNumbers, DType, Literal, Padding, Program, Remat,
+        ScanOptions, Tensor, einsum, embedding, random,
     };
     pub use gspmd_core::runtime::{Backend, Reference, ThreadMesh, interpret};
     pub use gspmd_core::sharding::{DimSharding, Mesh, Sharding};

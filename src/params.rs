@@ -14,7 +14,7 @@
 //! symbols the walk meets ([`check_symbols`]), each mismatch an
 //! [`Error::ParamsSymbol`] naming the symbol.
 
-use gspmd_core::ir::{Builder, DType, Tensor};
+use gspmd_core::ir::{Builder, DType, ScanOptions, Tensor};
 use gspmd_core::sharding::{DimSharding, Sharding};
 use gspmd_core::train::{Init, Initializer};
 use gspmd_core::{Error, Result};
@@ -375,11 +375,24 @@ impl<T: Params> Stacked<T> {
         init: &[Tensor],
         body: impl FnOnce(&T, &[Tensor]) -> Vec<Tensor>,
     ) -> Vec<Tensor> {
+        self.scan_with(init, ScanOptions::default(), body)
+    }
+
+    /// [`Stacked::scan`] with `options` ([`Builder::scan_with`]): e.g. the layers
+    /// rematerialised under a policy (`ScanOptions { remat: Remat::DotsSaveable,
+    /// ..Default::default() }` keeps the matrix products for the backward pass).
+    #[track_caller]
+    pub fn scan_with(
+        &self,
+        init: &[Tensor],
+        options: ScanOptions,
+        body: impl FnOnce(&T, &[Tensor]) -> Vec<Tensor>,
+    ) -> Vec<Tensor> {
         let xs = self.layers.leaves();
         let Some(builder) = xs.first().or(init.first()).map(Tensor::builder) else {
             return Vec::new();
         };
-        let (carry, _) = builder.scan(&xs, init, |carry, x| {
+        let (carry, _) = builder.scan_with(&xs, init, options, |carry, x| {
             let mut slices = x.iter();
             let layer = self
                 .layers

@@ -1,6 +1,7 @@
 //! The memory analysis against the allocator: for the training steps of the examples'
-//! models (the language model, the U-Net, the mixture of experts; AdamW) on 1x1, 2x1
-//! and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
+//! models (the language model, the U-Net, the mixture of experts, and a residual MLP
+//! whose layers' scan saves the products for the backward pass; AdamW)
+//! on 1x1, 2x1 and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
 //! of the peak the process's allocator counts while the step runs.
 //!
 //! What is compared: the bytes a step allocates beyond its inputs, device by device.
@@ -162,6 +163,36 @@ fn moe_step() -> TrainStep {
     adamw_step(&moe_language_model::trace(dims, 24).expect("traces"), 3)
 }
 
+/// A residual MLP of 8 layers under one scan that saves the products for the backward
+/// pass (`dots_saveable`): the backward scan reads every layer's `h @ w1` from the
+/// forward one instead of recomputing it.
+fn scanned_mlp_step() -> TrainStep {
+    let (layers, batch, model, hidden) = (8, 64, 128, 512);
+    let b = Builder::new("scanned_mlp");
+    let x = b.parameter("x", vec![batch, model], DType::F32);
+    let x = x.annotate("(data, _)".parse().expect("sharding"));
+    let w1 = b.parameter("w1", vec![layers, model, hidden], DType::F32);
+    let w1 = w1.annotate("(_, _, model)".parse().expect("sharding"));
+    let w2 = b.parameter("w2", vec![layers, hidden, model], DType::F32);
+    let w2 = w2.annotate("(_, model, _)".parse().expect("sharding"));
+    let options = ScanOptions {
+        remat: Remat::DotsSaveable,
+        ..ScanOptions::default()
+    };
+    let (h, _) = b.scan_with(&[w1, w2], &[x], options, |h, w| {
+        let hidden = h[0].matmul(&w[0]).tanh();
+        (vec![&h[0] + &hidden.matmul(&w[1])], vec![])
+    });
+    let loss = (&h[0] * &h[0]).mean(&[0, 1]);
+    let model = b.finish(&[&loss]).expect("traces");
+    adamw_step(&model, 1)
+}
+
+/// The mesh `(data, model)` of `scanned_mlp_step`.
+fn data_model_mesh([data, model]: [usize; 2]) -> Result<Mesh> {
+    Mesh::new([("data", data), ("model", model)])
+}
+
 /// `(predicted, most predicted, counted)` bytes allocated by one run of `step` on
 /// `mesh`.
 fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
@@ -214,10 +245,15 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
         fn() -> TrainStep,
         fn([usize; 2]) -> Result<Mesh>,
     );
-    let models: [Model; 3] = [
+    let models: [Model; 4] = [
         ("language model", language_model_step, language_model::mesh),
         ("U-Net", unet_step, denoise::mesh),
         ("mixture of experts", moe_step, moe_language_model::mesh),
+        (
+            "scanned MLP, dots saveable",
+            scanned_mlp_step,
+            data_model_mesh,
+        ),
     ];
     let mut failures = Vec::new();
     for (name, step, mesh_of) in models {

@@ -20,6 +20,7 @@ fn small() -> Config {
         batch: 16,
         seq: 16,
         dtype: DType::F32,
+        remat: Remat::NothingSaveable,
     }
 }
 
@@ -101,6 +102,7 @@ fn the_bf16_adafactor_step_computes_what_the_reference_does() {
         batch: 4,
         seq: 4,
         dtype: DType::BF16,
+        remat: Remat::NothingSaveable,
     };
     // Factored from dims of 2 up (the default, 128, would leave these small weights
     // second moments whole).

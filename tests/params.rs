@@ -74,6 +74,21 @@ pub fn scanned(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net)
     heads_loss(carry[0].clone(), p)
 }
 
+/// [`scanned`] with the layers' scan saving their products for the backward pass.
+#[gspmd::model(mesh = (data, model))]
+pub fn scanned_dots(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net) -> Tensor {
+    let shape = x.shape().to_vec();
+    let h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape, &[1]);
+    let options = ScanOptions {
+        remat: Remat::DotsSaveable,
+        ..ScanOptions::default()
+    };
+    let carry = (p.layers).scan_with(&[h], options, |layer, carry| {
+        vec![residual(&carry[0], layer)]
+    });
+    heads_loss(carry[0].clone(), p)
+}
+
 fn dims() -> net::Dims {
     net::Dims {
         B: 4,
@@ -315,6 +330,46 @@ fn scan_over_a_stack_equals_the_unrolled_layers_on_a_2x4_mesh() {
     let (w, g) = (want[0].as_f32().unwrap(), got[0].as_f32().unwrap());
     let (w, g) = (w.iter().next().unwrap(), g.iter().next().unwrap());
     assert!((w - g).abs() <= 1e-4 * w.abs().max(1.0), "{w} vs {g}");
+}
+
+/// A model's scan with a remat policy (`Stacked::scan_with`): its scan op carries the
+/// policy, and the gradients of every parameter are those of [`scanned`]'s, bitwise on
+/// the reference.
+#[test]
+fn a_stack_scanned_under_dots_saveable_has_the_same_gradients() {
+    use gspmd::autodiff::grad;
+    use gspmd::ir::{Flow, Op};
+    let sizes = |d: net::Dims| (d.B, d.V, d.D, d.L, d.F);
+    let (b, v, d, l, f) = sizes(dims());
+    let plain = scanned::trace(scanned::Dims {
+        B: b,
+        V: v,
+        D: d,
+        L: l,
+        F: f,
+    })
+    .unwrap();
+    let dots = scanned_dots::trace(scanned_dots::Dims {
+        B: b,
+        V: v,
+        D: d,
+        L: l,
+        F: f,
+    })
+    .unwrap();
+    let remat = (dots.nodes.iter()).find_map(|n| match &n.op {
+        Op::Flow { flow, .. } => match flow.as_ref() {
+            Flow::Scan { remat, .. } => Some(*remat),
+            _ => None,
+        },
+        _ => None,
+    });
+    assert_eq!(remat, Some(Remat::DotsSaveable));
+    let wrt: Vec<usize> = (1..plain.params.len()).collect();
+    let inputs = inputs(&plain);
+    let want = interpret(&grad(&plain, 0, &wrt).unwrap(), &inputs).unwrap();
+    let got = interpret(&grad(&dots, 0, &wrt).unwrap(), &inputs).unwrap();
+    assert_eq!(got, want);
 }
 
 #[test]

@@ -267,9 +267,10 @@ fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
     }
     let default = gspmd_core::compile(&step.program, &mesh).unwrap();
     assert_eq!(default.spmd().program, recomputed.spmd().program);
-    // The memory analysis' predicted peak per device: the saved gathers are held.
+    // The memory analysis' predicted peak per device: the saved gathers are held, two
+    // stacked `[4, 2, 8]` f32 blocks, 512 bytes (the backward scan reads them in place).
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
-    assert_eq!(peaks, [7344, 6320]);
+    assert_eq!(peaks, [6384, 5872]);
 
     let initial: Vec<Literal> = (0..6)
         .map(|i| match i % 2 {
@@ -398,7 +399,7 @@ fn a_scanned_layer_stack_reuses_its_forward_gathers_in_the_backward_scan() {
     assert_eq!(totals, [(10, 774), (13, 966)], "{}", saved.report());
     // The memory analysis' predicted peak per device: the saved gathers are held.
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
-    assert_eq!(peaks, [2888, 2184]);
+    assert_eq!(peaks, [1928, 1608]);
 
     let initial = vec![values(&[3, 8, 8], 4, 0.4)];
     let batch = vec![values(&[8, 8], 5, 1.0), values(&[8, 8], 6, 0.5)];

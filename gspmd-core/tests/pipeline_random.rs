@@ -1851,6 +1851,7 @@ fn flow_values_and_errors(
             stacked,
             length,
             reverse,
+            ..
         } => {
             let (n, k) = (*carried, *stacked);
             let xs: Vec<Literal> = v.drain(n..n + k).collect();

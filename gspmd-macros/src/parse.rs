@@ -658,9 +658,10 @@ struct Body<'a> {
 
 /// The methods whose closure arguments are bodies traced into a region of the program:
 /// the builder's loops, `cond` and `shard_map`, and a stacked parameter struct's `scan`.
-const TRACED_BODIES: [&str; 6] = [
+const TRACED_BODIES: [&str; 7] = [
     "scan",
     "scan_reverse",
+    "scan_with",
     "fori_loop",
     "while_loop",
     "cond",

@@ -3,8 +3,9 @@
 //! over both axes (`(X, Y)` on its model and hidden/heads dims), activations `[B, S, M]`
 //! split `(X, _, Y)`, the FFN's hidden activations `(X, _, Y)`.
 //!
-//! The layers run under one [`Builder::scan`] over weights stacked `[L, ...]`, so a
-//! model of 256 layers is one traced layer: tracing, propagation and partitioning take
+//! The layers run under one [`Builder::scan`] over weights stacked `[L, ...]` with the
+//! configuration's remat policy ([`Config::remat`]), so a model of 256 layers is one
+//! traced layer: tracing, propagation and partitioning take
 //! the same time for any depth. Written for compiling and analysing without data (see
 //! `examples/paper_scale.rs`); it runs like any program on small sizes.
 //!
@@ -14,7 +15,7 @@
 //! to the paper's language model: the vocabulary embedding and softmax (the loss is the
 //! mean square of the last layer's output) and dropout.
 
-use crate::ir::{Builder, DType, Program, Tensor, einsum};
+use crate::ir::{Builder, DType, Program, Remat, ScanOptions, Tensor, einsum};
 use crate::models::transformer::causal;
 use crate::sharding::{Mesh, Sharding};
 use crate::train::{Optimizer, TrainStep, step_program};
@@ -38,6 +39,8 @@ pub struct Config {
     pub seq: usize,
     /// The activations' element type (the weights are f32).
     pub dtype: DType,
+    /// What the layers' scan keeps for the backward pass (the rest it recomputes).
+    pub remat: Remat,
 }
 
 impl Config {
@@ -72,7 +75,11 @@ pub fn forward(c: &Config) -> crate::Result<Program> {
     let wo = param("wo", vec![l, n, d, m], "(_, y, _, x)");
     let w1 = param("w1", vec![l, m, h], "(_, x, y)");
     let w2 = param("w2", vec![l, h, m], "(_, y, x)");
-    let (last, _) = b.scan(&[wq, wk, wv, wo, w1, w2], &[x], |carried, w| {
+    let options = ScanOptions {
+        remat: c.remat,
+        ..ScanOptions::default()
+    };
+    let (last, _) = b.scan_with(&[wq, wk, wv, wo, w1, w2], &[x], options, |carried, w| {
         (vec![layer(&carried[0], w)], vec![])
     });
     let y = &last[0].convert(DType::F32);

@@ -23,8 +23,10 @@
 //! - a convolution also holds its im2col scratch while it runs: the patch matrix,
 //!   often several times its result, the kernel packed and the product before it is
 //!   placed in the result's layout;
-//! - a control-flow instance copies its operands, runs its regions (each region's own
-//!   peak, recursively), and holds all its results until their nodes take them.
+//! - a control-flow instance copies its operands (but a scan's stacked operands, which
+//!   it reads in place, a slice per iteration), runs its regions (each region's own
+//!   peak, recursively), and holds all its results until their nodes take them (a
+//!   scan writes each iteration's outputs `y` into its results as it goes).
 //!
 //! Other scratch space inside kernels is not counted.
 //!

@@ -9,7 +9,10 @@
 //!   captures' gradients, and stacking the stacked operands' gradients. Its body
 //!   recomputes the forward body from the stacked carry, then runs the body's VJP: the
 //!   memory of a loop is its carried values per iteration, not every intermediate
-//!   (JAX's `scan` under `jax.checkpoint`).
+//!   (JAX's `scan` under `jax.checkpoint`). The scan's [`Remat`] policy can keep more:
+//!   the forward scan then also stacks the values it saves (the products under
+//!   `dots_saveable`, everything under `everything_saveable`) and the backward body
+//!   reads them instead of recomputing them ([`super::remat`]).
 //! - `cond`: a `cond` on the same predicate whose branches are the VJPs of the
 //!   forward branches (each recomputes its forward part), taking the captures and the
 //!   results' cotangents and returning the captures' gradients.
@@ -18,9 +21,9 @@
 
 use std::sync::Arc;
 
-use super::sweep::{param_name, vjp};
+use super::sweep::{param_name, vjp, vjp_reading};
 use crate::error::Result;
-use crate::ir::{Appender, Flow, Op, Program, TensorType, ValueId};
+use crate::ir::{Appender, Flow, Op, Program, Remat, TensorType, ValueId};
 
 /// One flow instance of the forward program, as the sweep sees it.
 pub(super) struct FlowCall<'a> {
@@ -50,7 +53,15 @@ pub(super) fn flow_cotangents(
             stacked,
             length,
             reverse,
-        } => scan(e, call, cts, body, (*carried, *stacked, *length, *reverse)),
+            remat,
+        } => scan(
+            e,
+            call,
+            cts,
+            body,
+            (*carried, *stacked, *length, *reverse),
+            *remat,
+        ),
         Flow::Cond { on_true, on_false } => cond(e, call, cts, on_true, on_false),
         Flow::Manual { body, spec } => super::manual::manual(e, call, cts, body, spec),
         // The sweep rejects programs holding a `while` before it starts.
@@ -68,7 +79,8 @@ fn is_float(ty: &TensorType) -> bool {
 /// - carried: the carried values' cotangents (`nc`), then the captures' gradient
 ///   sums (`nz`, from zeros);
 /// - stacked: the forward carries each iteration started from (all `n`), the forward
-///   stacked operands (all `k`), the `y` cotangents (`ny`);
+///   stacked operands (all `k`), the `y` cotangents (`ny`), the forward values `remat`
+///   saves (`ns`, stacked by the forward scan after its carries);
 /// - captures: the forward captures;
 /// - results: the initial carried values' cotangents, the captures' gradients, the
 ///   stacked operands' gradients (stacked).
@@ -78,6 +90,7 @@ fn scan(
     cts: &[Option<ValueId>],
     body: &Program,
     (n, k, length, reverse): (usize, usize, usize, bool),
+    remat: Remat,
 ) -> Result<Vec<Option<ValueId>>> {
     let operands = call.operands;
     let m = operands.len() - n - k;
@@ -104,7 +117,8 @@ fn scan(
         .copied()
         .chain(ys.iter().map(|j| n + j))
         .collect();
-    let mut backward_body = vjp(body, &wrt, &seeds)?;
+    let (mut backward_body, saved) = vjp_reading(body, &wrt, &seeds, remat)?;
+    let ns = saved.len();
     let grads = backward_body.outputs.clone();
     let (g_carried, g_xs, g_zs) = (&grads[..nc], &grads[nc..nc + nx], &grads[nc + nx..]);
     let mut sums = Vec::with_capacity(nz);
@@ -120,31 +134,37 @@ fn scan(
     backward_body.outputs = [g_carried, &sums, g_xs].concat();
     let forward_params = n + k + m;
     let (ct_carried, ct_ys) = (forward_params..forward_params + nc, forward_params + nc..);
-    let sum_params = forward_params + nc + ny..;
+    let saved_params = forward_params + nc + ny..forward_params + nc + ny + ns;
+    let sum_params = saved_params.end..;
     let order: Vec<usize> = (ct_carried.clone())
         .chain(sum_params.take(nz))
         .chain(0..n + k)
         .chain(ct_ys.take(ny))
+        .chain(saved_params)
         .chain(n + k..forward_params)
         .collect();
     backward_body.permute_params(&order);
     let backward = Arc::new(Flow::Scan {
         body: backward_body,
         carried: nc + nz,
-        stacked: n + k + ny,
+        stacked: n + k + ny + ns,
         length,
         reverse: !reverse,
+        remat: Remat::default(),
     });
 
-    // The forward scan with its residuals: the carried values each iteration starts from.
+    // The forward scan with its residuals: the carried values each iteration starts
+    // from, then the values `remat` saves.
     let mut residual_body = body.clone();
     residual_body.outputs.extend_from_slice(&body.params[..n]);
+    residual_body.outputs.extend_from_slice(&saved);
     let forward = Arc::new(Flow::Scan {
         body: residual_body,
         carried: n,
         stacked: k,
         length,
         reverse,
+        remat,
     });
     for (result, nodes) in call.results.iter().enumerate() {
         for &node in nodes {
@@ -155,7 +175,7 @@ fn scan(
             e.replace_op(node, op);
         }
     }
-    let residuals = (0..n)
+    let residuals = (0..n + ns)
         .map(|j| {
             let op = Op::Flow {
                 flow: forward.clone(),
@@ -165,7 +185,8 @@ fn scan(
         })
         .collect::<Result<Vec<ValueId>>>()?;
 
-    let mut backward_operands = Vec::with_capacity(nc + nz + n + k + ny + m);
+    let (residuals, saved) = residuals.split_at(n);
+    let mut backward_operands = Vec::with_capacity(nc + nz + n + k + ny + ns + m);
     for &j in &carried {
         backward_operands.push(match cts[j] {
             Some(ct) => ct,
@@ -175,9 +196,10 @@ fn scan(
     for &j in &zs {
         backward_operands.push(e.zeros_like(operands[j])?);
     }
-    backward_operands.extend(residuals);
+    backward_operands.extend_from_slice(residuals);
     backward_operands.extend_from_slice(&operands[n..n + k]);
     backward_operands.extend(ys.iter().filter_map(|&j| cts[n + j]));
+    backward_operands.extend_from_slice(saved);
     backward_operands.extend_from_slice(&operands[n + k..]);
 
     let targets = carried.iter().chain(&zs).chain(&xs);

@@ -7,6 +7,7 @@
 //! - `registry`: one vector-Jacobian rule per primitive op, in one exhaustive match.
 //! - `flow`: the rules of control flow (`scan`, `cond`), whose backward regions are
 //!   the VJPs of the forward regions.
+//! - `remat`: a scan body's VJP reading the forward values its remat policy saves.
 //! - `emit`: appends typed nodes located at the forward node they come from.
 //!
 //! Rules and conventions (the registry's documentation has the details):
@@ -44,13 +45,15 @@
 //! - `scan` and `fori_loop`: the forward scan also stacks the carried values each
 //!   iteration starts from; the backward pass is a scan the other way whose body
 //!   recomputes the forward body from them and runs its VJP (JAX's `scan` under
-//!   `jax.checkpoint`); `cond`: a `cond` of the branches' VJPs;
+//!   `jax.checkpoint`), reading instead the values its [`crate::ir::Remat`] policy
+//!   saves (stacked by the forward scan too); `cond`: a `cond` of the branches' VJPs;
 //! - `while` (a run-time trip count): [`crate::Error::NotDifferentiable`], as in JAX.
 
 mod flow;
 mod indexing;
 mod manual;
 mod registry;
+mod remat;
 mod sweep;
 
 pub use registry::is_differentiable;

@@ -9,9 +9,10 @@ use super::flow::{FlowCall, flow_cotangents};
 use super::registry::{
     is_differentiable, not_differentiable, operand_cotangent, passes_gradient, pattern_cotangent,
 };
+use super::remat::read_saved;
 use crate::error::{Error, Result};
 use crate::ir::Appender;
-use crate::ir::{Literal, Op, Program, ValueId, flow_instances, verify};
+use crate::ir::{Literal, Op, Program, Remat, ValueId, flow_instances, verify};
 use crate::simplify::eliminate_dead_code;
 
 /// Reverse-mode gradient of `program`'s output number `loss` with respect to the
@@ -107,6 +108,19 @@ pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
 /// do not need are dropped. A region holding an op that is not [`is_differentiable`]
 /// is [`Error::NotDifferentiable`].
 pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Program> {
+    vjp_reading(region, wrt, seeds, Remat::NothingSaveable).map(|(program, _)| program)
+}
+
+/// [`vjp`] reading the values of `region` that `remat` saves instead of recomputing
+/// them: each one the gradients need becomes a parameter, after the seeds' (see
+/// [`read_saved`]). Returns the program and those values of `region`, in parameter
+/// order.
+pub(super) fn vjp_reading(
+    region: &Program,
+    wrt: &[usize],
+    seeds: &[usize],
+    remat: Remat,
+) -> Result<(Program, Vec<ValueId>)> {
     check_differentiable(region, true)?;
     let params: Vec<ValueId> = wrt.iter().map(|&i| region.params[i]).collect();
     let active = active_values(region, &params);
@@ -136,7 +150,8 @@ pub(super) fn vjp(region: &Program, wrt: &[usize], seeds: &[usize]) -> Result<Pr
         .map(|&p| gradient(&mut e, region, p, &cotangent))
         .collect::<Result<Vec<ValueId>>>()?;
     out.outputs = gradients;
-    Ok(eliminate_dead_code(&out))
+    let saved = read_saved(&mut out, region, remat);
+    Ok((eliminate_dead_code(&out), saved))
 }
 
 /// [`Error::NotDifferentiable`] for the first op of `program` (not of its regions)

@@ -961,6 +961,7 @@ impl<'a> Writer<'a> {
                 stacked,
                 length,
                 reverse,
+                ..
             } => self.scan(body, *carried, *stacked, *length, *reverse, operands),
             Flow::Cond { on_true, on_false } => {
                 let (pred, captures) = (operands.split_first())

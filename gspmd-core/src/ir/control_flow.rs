@@ -17,6 +17,7 @@ use super::flow::Flow;
 use super::literal::Literal;
 use super::op::{BinaryOp, Op};
 use super::program::Program;
+use super::remat::Remat;
 use crate::error::Error;
 use crate::types::{DType, Location, TensorType, ValueId};
 
@@ -110,6 +111,16 @@ impl<'b> Regions<'b> {
     }
 }
 
+/// How a [`Builder::scan_with`] loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ScanOptions {
+    /// Iterate from the last index to the first ([`Builder::scan_reverse`]).
+    pub reverse: bool,
+    /// What its backward pass keeps from the forward pass ([`Remat::NothingSaveable`]
+    /// unless set: recompute everything but the carried values).
+    pub remat: Remat,
+}
+
 impl Builder {
     /// Appends one result node of type `types[i]` per result of `flow` on `operands`
     /// then the captured values; poisoned handles of `types` if anything failed.
@@ -165,7 +176,7 @@ impl Builder {
         init: &[Tensor],
         body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
     ) -> (Vec<Tensor>, Vec<Tensor>) {
-        self.scan_at(xs, init, false, body, Location::caller())
+        self.scan_at(xs, init, ScanOptions::default(), body, Location::caller())
     }
 
     /// [`Builder::scan`] from the last index to the first (`jax.lax.scan(...,
@@ -177,14 +188,34 @@ impl Builder {
         init: &[Tensor],
         body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
     ) -> (Vec<Tensor>, Vec<Tensor>) {
-        self.scan_at(xs, init, true, body, Location::caller())
+        let options = ScanOptions {
+            reverse: true,
+            ..ScanOptions::default()
+        };
+        self.scan_at(xs, init, options, body, Location::caller())
+    }
+
+    /// [`Builder::scan`] with its `options`: the direction and the remat policy (what
+    /// the backward pass of this scan reads from the forward pass rather than
+    /// recomputes, see [`Remat`]), e.g. `jax.checkpoint(body,
+    /// policy=dots_saveable)` scanned: `b.scan_with(&xs, &init, ScanOptions { remat:
+    /// Remat::DotsSaveable, ..Default::default() }, body)`.
+    #[track_caller]
+    pub fn scan_with(
+        &self,
+        xs: &[Tensor],
+        init: &[Tensor],
+        options: ScanOptions,
+        body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
+    ) -> (Vec<Tensor>, Vec<Tensor>) {
+        self.scan_at(xs, init, options, body, Location::caller())
     }
 
     fn scan_at(
         &self,
         xs: &[Tensor],
         init: &[Tensor],
-        reverse: bool,
+        options: ScanOptions,
         body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
         location: Location,
     ) -> (Vec<Tensor>, Vec<Tensor>) {
@@ -204,14 +235,14 @@ impl Builder {
         let form = ScanForm {
             op: "scan",
             length,
-            reverse,
+            options,
             counters: 0,
         };
         self.scan_of_length(xs, init, form, failed, body, location)
     }
 
     /// A scan of `form.length` iterations over `xs` (each of leading dim `length`), from
-    /// the last index with `form.reverse`. When `failed` (an error is recorded already)
+    /// the last index with `form.options.reverse`. When `failed` (an error is recorded already)
     /// the body is traced only to count its results, and every result is poisoned.
     fn scan_of_length(
         &self,
@@ -240,7 +271,7 @@ impl Builder {
         let ScanForm {
             op,
             length,
-            reverse,
+            options,
             counters,
         } = form;
         let mut y_types = Vec::new();
@@ -270,7 +301,8 @@ impl Builder {
                     carried: n,
                     stacked: k,
                     length,
-                    reverse,
+                    reverse: options.reverse,
+                    remat: options.remat,
                 };
                 (flow, captures)
             });
@@ -318,7 +350,7 @@ impl Builder {
         let form = ScanForm {
             op: "fori_loop",
             length: n,
-            reverse: false,
+            options: ScanOptions::default(),
             counters: 1,
         };
         let (out, _) = host.scan_of_length(
@@ -408,13 +440,13 @@ impl Builder {
     }
 }
 
-/// What a scan is traced for: the loop form's name (for errors), the trip count and
-/// direction, and how many leading carried values the form adds itself (`fori_loop`'s
+/// What a scan is traced for: the loop form's name (for errors), the trip count, its
+/// options (direction, remat policy), and how many leading carried values the form adds itself (`fori_loop`'s
 /// counter), which the carried-arity check leaves out of its counts.
 struct ScanForm {
     op: &'static str,
     length: usize,
-    reverse: bool,
+    options: ScanOptions,
     counters: usize,
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::manual::ManualSpec;
 use super::op::Op;
 use super::program::Program;
+use super::remat::Remat;
 use crate::types::{TensorType, ValueId};
 
 /// One instance of a flow op: its regions (by address) and its operands. Its result
@@ -86,6 +87,9 @@ pub enum Flow {
         length: usize,
         /// Iterate from the last index to the first.
         reverse: bool,
+        /// What the backward pass of this scan reads from its forward pass rather than
+        /// recomputes (only [`crate::autodiff::grad`] reads it).
+        remat: Remat,
     },
     /// `if pred { on_true(captures) } else { on_false(captures) }`. Operands: a bool
     /// scalar predicate, then the captures (both branches' parameters). The branches
@@ -176,12 +180,14 @@ impl Flow {
                 stacked,
                 length,
                 reverse,
+                remat,
             } => Flow::Scan {
                 body: f(body)?,
                 carried: *carried,
                 stacked: *stacked,
                 length: *length,
                 reverse: *reverse,
+                remat: *remat,
             },
             Flow::Cond { on_true, on_false } => Flow::Cond {
                 on_true: f(on_true)?,

@@ -23,6 +23,7 @@ mod pooling;
 mod printer;
 mod program;
 pub mod random;
+mod remat;
 mod rotation;
 mod verifier;
 mod why;
@@ -31,6 +32,7 @@ pub use crate::types::{DType, Location, Shape, TensorType, ValueId, num_elements
 pub(crate) use append::Appender;
 pub use builder::{Builder, Tensor};
 pub use collective_kind::CollectiveKind;
+pub use control_flow::ScanOptions;
 pub use einsum::einsum;
 pub use flow::{Flow, FlowInstance, distinct_flows, flow_instances};
 pub(crate) use index_arithmetic::EmitOps;
@@ -46,6 +48,7 @@ pub use op::{
     DotDims, Op, OpKind, Padding, PropagationDirection, ReduceKind, UnaryOp, WindowDim,
 };
 pub use program::{Node, Origin, Program};
+pub use remat::Remat;
 pub(crate) use rotation::{Rotation, rotation};
 pub use verifier::verify;
 pub use why::{Purpose, Source, Why};

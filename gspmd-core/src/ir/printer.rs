@@ -16,6 +16,7 @@ use super::flow::Flow;
 use super::literal::Literal;
 use super::op::{CompareOp, ConvConfig, ConvDimensionNumbers, Op, ReduceKind, WindowDim};
 use super::program::{Node, Program};
+use super::remat::Remat;
 use crate::types::{ValueId, join};
 
 impl fmt::Display for Program {
@@ -223,11 +224,19 @@ fn attributes(op: &Op) -> String {
                 stacked,
                 length,
                 reverse,
+                remat,
                 ..
-            } => format!(
-                ", result={result}, carried={carried}, stacked={stacked}, length={length}, \
-                 reverse={reverse}"
-            ),
+            } => {
+                // The default policy is left out (as the text was before policies).
+                let remat = match remat {
+                    Remat::NothingSaveable => String::new(),
+                    remat => format!(", remat={remat}"),
+                };
+                format!(
+                    ", result={result}, carried={carried}, stacked={stacked}, length={length}, \
+                     reverse={reverse}{remat}"
+                )
+            }
             Flow::While { .. } | Flow::Cond { .. } => format!(", result={result}"),
             Flow::Manual { ref spec, .. } => {
                 let specs = |s: &[crate::sharding::Sharding]| {

@@ -222,6 +222,7 @@ fn rewrite(program: &Program, saving: &Saving<'_>) -> Program {
         stacked,
         length,
         reverse,
+        remat,
     } = saving.forward.as_ref()
     else {
         unreachable!("a saving's forward flow is a scan")
@@ -235,6 +236,7 @@ fn rewrite(program: &Program, saving: &Saving<'_>) -> Program {
         stacked: *stacked,
         length: *length,
         reverse: *reverse,
+        remat: *remat,
     });
     let (backward, position) = backward_taking_slices(saving);
 
@@ -318,6 +320,7 @@ fn backward_taking_slices(saving: &Saving<'_>) -> (Arc<Flow>, usize) {
         stacked,
         length,
         reverse,
+        remat,
     } = saving.backward.as_ref()
     else {
         unreachable!("a saving's backward flow is a scan")
@@ -350,6 +353,7 @@ fn backward_taking_slices(saving: &Saving<'_>) -> (Arc<Flow>, usize) {
         stacked: stacked + n,
         length: *length,
         reverse: *reverse,
+        remat: *remat,
     };
     (Arc::new(flow), position)
 }

@@ -5,11 +5,11 @@
 //! only occurs in global programs (the partitioner emits its body in place): its
 //! reference meaning is `super::manual`'s.
 
-use ndarray::{ArrayD, Axis, IxDyn};
+use ndarray::Axis;
 
 use super::deadline;
 use crate::error::{Error, Result};
-use crate::ir::{Element, Flow, Literal, Program, TensorType, by_element, map_literal};
+use crate::ir::{Flow, Literal, Program, TensorType, map_literal};
 
 /// Runs one region on `inputs`, its live values limited to the given bytes: the
 /// caller's evaluation loop, recursively.
@@ -54,34 +54,42 @@ pub(super) fn run_flow(
             stacked,
             length,
             reverse,
+            ..
         } => {
             let (n, k) = (*carried, *stacked);
-            let mut inputs = owned(operands);
-            let xs: Vec<Literal> = inputs.drain(n..n + k).collect();
-            let mut ys: Vec<Vec<Literal>> = Vec::new();
+            // The stacked operands are read in place, a slice per iteration: only the
+            // carried values and the captures are copied.
+            let xs = &operands[n..n + k];
+            let mut inputs = owned(&operands[..n]);
+            inputs.extend(owned(&operands[n + k..]));
+            // Each output `y` is stacked into its result as the iterations make it
+            // (the memory analysis holds the results from the loop's start).
+            let y_types: Vec<&TensorType> = body.outputs[n..].iter().map(|&o| body.ty(o)).collect();
+            let mut ys: Vec<Literal> = (y_types.iter())
+                .map(|ty| {
+                    let mut shape = vec![*length];
+                    shape.extend_from_slice(&ty.shape);
+                    Literal::full(&shape, ty.dtype, 0.0)
+                })
+                .collect();
             let outer = deadline::enter_iteration(0);
             for step in 0..*length {
                 deadline::enter_iteration(step);
                 let i = if *reverse { length - 1 - step } else { step };
                 let mut args = inputs[..n].to_vec();
-                args.extend(xs.iter().map(|x| index_leading(x, i)));
+                args.extend(xs.iter().map(|&x| index_leading(x, i)));
                 args.extend_from_slice(&inputs[n..]);
                 let mut outs = run(body, &args, memory_limit)?;
-                ys.push(outs.split_off(n));
+                for (stacked, y) in ys.iter_mut().zip(outs.split_off(n)) {
+                    write_leading(stacked, i, &y).map_err(fail)?;
+                }
                 for (slot, value) in inputs.iter_mut().zip(outs) {
                     *slot = value;
                 }
             }
             deadline::leave_loop(outer);
-            if *reverse {
-                ys.reverse();
-            }
             inputs.truncate(n);
-            let y_types = body.outputs[n..].iter().map(|&o| body.ty(o));
-            for (j, ty) in y_types.enumerate() {
-                let column: Vec<&Literal> = ys.iter().map(|y| &y[j]).collect();
-                inputs.push(stack(&column, ty).map_err(fail)?);
-            }
+            inputs.extend(ys);
             inputs
         }
         Flow::Cond { on_true, on_false } => {
@@ -111,30 +119,29 @@ fn index_leading(x: &Literal, i: usize) -> Literal {
     map_literal!(x, a => a.index_axis(Axis(0), i).to_owned())
 }
 
-/// `parts` (each of type `ty`) stacked along a new leading dim; a part of another type
-/// is an `Err`.
-fn stack(parts: &[&Literal], ty: &TensorType) -> std::result::Result<Literal, String> {
-    if let Some(p) = parts
-        .iter()
-        .find(|p| p.dtype() != ty.dtype || p.shape() != ty.shape)
-    {
-        return Err(format!(
-            "a scan output is {:?} where {ty} was declared",
-            p.shape()
-        ));
+/// Writes `part` at index `i` of `stacked`'s leading dim; a part of another type than
+/// the rest of `stacked` is an `Err`.
+fn write_leading(
+    stacked: &mut Literal,
+    i: usize,
+    part: &Literal,
+) -> std::result::Result<(), String> {
+    macro_rules! write {
+        ($($variant:ident),*) => {
+            match (stacked, part) {
+                $((Literal::$variant(s), Literal::$variant(p)) if s.shape()[1..] == *p.shape() => {
+                    s.index_axis_mut(Axis(0), i).assign(p);
+                    Ok(())
+                })*
+                (s, p) => Err(format!(
+                    "a scan output is {}{:?} where {}{:?} was declared",
+                    p.dtype(),
+                    p.shape(),
+                    s.dtype(),
+                    &s.shape()[1..]
+                )),
+            }
+        };
     }
-    let mut shape = vec![parts.len()];
-    shape.extend_from_slice(&ty.shape);
-    fn gather<T: Element>(
-        shape: &[usize],
-        parts: &[&Literal],
-    ) -> std::result::Result<Literal, String> {
-        let elements = parts
-            .iter()
-            .flat_map(|p| T::array(p).into_iter().flatten().copied());
-        ArrayD::from_shape_vec(IxDyn(shape), elements.collect())
-            .map(T::literal)
-            .map_err(|e| e.to_string())
-    }
-    by_element!(ty.dtype, gather(&shape, parts))
+    write!(F32, BF16, F16, I32, Bool)
 }

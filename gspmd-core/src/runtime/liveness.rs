@@ -5,7 +5,7 @@
 //! it ([`pool_model`]), and so does the memory analysis
 //! ([`MemoryAnalysis`](crate::analysis::MemoryAnalysis)), which explains the model.
 
-use crate::ir::{ConvConfig, Node, Op, Program, ValueId, num_elements};
+use crate::ir::{ConvConfig, Flow, Node, Op, Program, ValueId, num_elements};
 
 use super::plan::{Fusion, Plan};
 
@@ -131,7 +131,18 @@ impl Walk {
                             .map(|(plan, region)| Walk::of(region, plan).max)
                             .max()
                             .unwrap_or(0);
-                        copies = (0..step.reads.len()).map(read_bytes).sum::<usize>() + inner;
+                        // A scan reads its stacked operands in place.
+                        let in_place = match flow.as_ref() {
+                            Flow::Scan {
+                                carried, stacked, ..
+                            } => *carried..carried + stacked,
+                            _ => 0..0,
+                        };
+                        copies = (0..step.reads.len())
+                            .filter(|k| !in_place.contains(k))
+                            .map(read_bytes)
+                            .sum::<usize>()
+                            + inner;
                         pending_bytes += results.iter().sum::<usize>();
                         pending[instance] = Some(results);
                     }

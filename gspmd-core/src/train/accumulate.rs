@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use super::step::name_is_free;
 use crate::error::Result;
-use crate::ir::{Appender, BinaryOp, DType, Flow, Literal, Op, Program, TensorType, ValueId};
+use crate::ir::{
+    Appender, BinaryOp, DType, Flow, Literal, Op, Program, Remat, TensorType, ValueId,
+};
 use crate::sharding::{DimSharding, Sharding};
 
 /// The name of the loop body's carried loss sum.
@@ -79,6 +81,7 @@ pub(super) fn accumulated_loss(
         stacked: data.len(),
         length: k,
         reverse: false,
+        remat: Remat::default(),
     });
     let total = program.push_op(
         Op::Flow {
