@@ -194,6 +194,7 @@ impl MpiMesh {
                 hierarchy,
             })),
             memory_limit,
+            deadline: None,
             _environment: environment,
         })
     }
