@@ -34,6 +34,7 @@
 
 use std::time::{Duration, Instant};
 
+use gspmd::error::MpiProblem;
 use gspmd::ir::{Literal, ReduceKind};
 use gspmd::runtime::{Backend, Communicator, MpiMesh, ThreadMesh};
 use gspmd::sharding::Mesh;
@@ -163,7 +164,7 @@ fn side_by_side(
     };
     match medians(reps, &mut [&mut gspmd, &mut bare])?[..] {
         [g, b] => Ok((g, b)),
-        _ => Err(Error::MpiMesh("two sides give two medians".into())),
+        _ => Err(broken("two sides give two medians")),
     }
 }
 
@@ -253,7 +254,16 @@ fn main() -> Result<()> {
             );
         }
     } else if mpi.device() == 0 {
-        return Err(Error::MpiMesh("rank 0 measured no thread mesh".into()));
+        return Err(broken("rank 0 measured no thread mesh"));
     }
     Ok(())
+}
+
+/// An error for a broken invariant of this bench (a bug).
+fn broken(reason: &str) -> Error {
+    Error::MpiMesh {
+        problem: MpiProblem::Internal {
+            reason: reason.into(),
+        },
+    }
 }

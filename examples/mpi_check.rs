@@ -21,7 +21,10 @@
 //! program differs, a device whose program fails or panics mid-step, a rank running out
 //! of memory in a model's gradient, and (with several devices per rank) a device that
 //! stops responding; every rank must get an error naming the culprit within a second
-//! (two for the stalled device), and the mesh must run the next program correctly. Then
+//! (two for the stalled device), and the mesh must run the next program correctly. A
+//! never-ending loop whose devices meet in an all-reduce every iteration, run with a
+//! deadline (`MpiMesh::with_deadline`): every rank must get `Error::DeadlineExceeded`
+//! naming every device of the mesh, within 5 s of a 0.5 s deadline. Then
 //! training: initial weights from an `Initializer` bitwise equal to the single-device
 //! reference's and a thread mesh's; the language model's AdamW step on the ranks and on
 //! threads, with bitwise equal losses, and checkpoints saved on either loaded on the
@@ -42,9 +45,10 @@
 
 use std::time::{Duration, Instant};
 
+use gspmd::Error;
 use gspmd::autodiff::grad;
 use gspmd::compile;
-use gspmd::ir::{DType, Literal, Program, ReduceKind};
+use gspmd::ir::{Builder, DType, Literal, Location, Program, ReduceKind, ValueId};
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::pipeline::{Pipeline, mlp_stack};
 use gspmd::models::transformer::{self, language_model};
@@ -52,7 +56,12 @@ use gspmd::models::unet::denoise;
 use gspmd::runtime::{Backend, Communicator, MpiMesh, Reference, ThreadMesh, sample_inputs};
 use gspmd::sharding::Mesh;
 use gspmd::train::{Init, Initializer, Optimizer, TrainStep, Trainer, step_program};
-use gspmd::{Error, Result};
+
+/// A failure of this check: a gspmd error, or a result that is not what it must be.
+type Failure = Box<dyn std::error::Error>;
+
+/// Results of this check's steps (gspmd's own in the programs run on the mesh).
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use ndarray::{ArrayD, IxDyn};
 
 /// A model's gradient program and the meshes of `devices` devices it runs on.
@@ -63,7 +72,7 @@ struct Case {
 }
 
 /// The small language model of the differential and training checks.
-fn small_lm() -> Result<Program> {
+fn small_lm() -> gspmd::Result<Program> {
     language_model::trace(
         language_model::Dims {
             B: 4,
@@ -124,8 +133,11 @@ fn cases(devices: usize) -> Result<Vec<Case>> {
         8 => shapes.extend([[2, 4], [4, 2]]),
         _ => {}
     }
-    let meshes = |make: &dyn Fn([usize; 2]) -> Result<Mesh>| {
-        shapes.iter().map(|&s| make(s)).collect::<Result<Vec<_>>>()
+    let meshes = |make: &dyn Fn([usize; 2]) -> gspmd::Result<Mesh>| {
+        shapes
+            .iter()
+            .map(|&s| make(s))
+            .collect::<gspmd::Result<Vec<_>>>()
     };
     Ok(vec![
         Case {
@@ -156,9 +168,7 @@ fn same_bits(what: &str, a: &Literal, b: &Literal) -> Result<()> {
     if a.shape() == b.shape() && a.bit_patterns() == b.bit_patterns() {
         return Ok(());
     }
-    Err(Error::MpiMesh(format!(
-        "{what} differs between MPI and threads"
-    )))
+    Err(format!("{what} differs between MPI and threads").into())
 }
 
 /// Whether this is rank 0 (which prints).
@@ -184,7 +194,7 @@ fn operand(device: usize, shape: &[usize], dtype: DType) -> Literal {
 }
 
 /// Every kind of collective over `axes`, as a device runs them: the results in order.
-fn collectives_over(comm: &dyn Communicator, axes: &[String]) -> Result<Vec<Literal>> {
+fn collectives_over(comm: &dyn Communicator, axes: &[String]) -> gspmd::Result<Vec<Literal>> {
     let n = comm.mesh().axes_size(axes);
     let d = comm.device();
     let shift: Vec<(usize, usize)> = (0..n).map(|i| (i, (i + 1) % n)).collect();
@@ -296,10 +306,12 @@ fn collectives(mut mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
 /// which each rank holds 3 (its prime digits are 2 then 3, smallest first: a rank would
 /// cut them). Each must be an error on every rank, naming the problem.
 fn layouts(mpi: MpiMesh, ranks: usize) -> Result<MpiMesh> {
-    let expect = |what: &str, result: Result<MpiMesh>, culprit: &str| match result {
-        Ok(_) => Err(Error::MpiMesh(format!("{what}: accepted"))),
-        Err(e) if e.to_string().contains(culprit) => Ok(()),
-        Err(e) => Err(Error::MpiMesh(format!("{what}: {e}"))),
+    let expect = |what: &str, result: gspmd::Result<MpiMesh>, culprit: &str| -> Result<()> {
+        match result {
+            Ok(_) => Err(format!("{what}: accepted").into()),
+            Err(e) if e.to_string().contains(culprit) => Ok(()),
+            Err(e) => Err(format!("{what}: {e}").into()),
+        }
     };
     let odd = Mesh::new([("x", ranks + 1)])?;
     expect("an odd mesh", MpiMesh::new(odd), "launch with mpirun -np")?;
@@ -359,18 +371,16 @@ fn expect_error_within<T>(
     what: &str,
     limit: Duration,
     started: Instant,
-    result: Result<T>,
+    result: gspmd::Result<T>,
     culprit: &str,
 ) -> Result<()> {
     let elapsed = started.elapsed();
     match result {
-        Ok(_) => Err(Error::MpiMesh(format!("{what}: the run succeeded"))),
-        Err(e) if !e.to_string().contains(culprit) => Err(Error::MpiMesh(format!(
-            "{what}: the error does not name {culprit}: {e}"
-        ))),
-        Err(_) if elapsed > limit => Err(Error::MpiMesh(format!(
-            "{what}: the error took {elapsed:?}"
-        ))),
+        Ok(_) => Err(format!("{what}: the run succeeded").into()),
+        Err(e) if !e.to_string().contains(culprit) => {
+            Err(format!("{what}: the error does not name {culprit}: {e}").into())
+        }
+        Err(_) if elapsed > limit => Err(format!("{what}: the error took {elapsed:?}").into()),
         Err(e) => {
             println!("{what}: error in {elapsed:?}: {e}");
             Ok(())
@@ -379,7 +389,12 @@ fn expect_error_within<T>(
 }
 
 /// Checks that `result` is an error on this rank mentioning `culprit`, within a second.
-fn expect_error<T>(what: &str, started: Instant, result: Result<T>, culprit: &str) -> Result<()> {
+fn expect_error<T>(
+    what: &str,
+    started: Instant,
+    result: gspmd::Result<T>,
+    culprit: &str,
+) -> Result<()> {
     expect_error_within(what, Duration::from_secs(1), started, result, culprit)
 }
 
@@ -387,7 +402,7 @@ fn expect_error<T>(what: &str, started: Instant, result: Result<T>, culprit: &st
 const ALL: &str = "all";
 
 /// A step of three all-reduces over every device; `failing` fails after the first.
-fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> Result<Literal> {
+fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> gspmd::Result<Literal> {
     let axes = [ALL.to_string()];
     let mut x = Literal::F32(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[4]), 1.0));
     for round in 0..3 {
@@ -396,12 +411,73 @@ fn step(comm: &dyn Communicator, failing: usize, panic: bool) -> Result<Literal>
             if panic {
                 panic!("injected panic on device {failing}");
             }
-            return Err(Error::MpiMesh(format!(
-                "injected failure on device {failing}"
-            )));
+            // An op of the step failing (a stand-in for any error of a device).
+            return Err(Error::Runtime {
+                value: ValueId(0),
+                op: "step",
+                location: Location::caller(),
+                message: format!("injected failure on device {failing}"),
+            });
         }
     }
     Ok(x)
+}
+
+/// `while sum(x) > -1 { x = x * 1 }` on `x` split over every device: it never ends, and
+/// every iteration's condition all-reduces, so the devices keep meeting and no timeout
+/// ends it. Run under a deadline, it must fail on every rank with
+/// [`Error::DeadlineExceeded`] naming each device of the mesh, in time; the mesh (its
+/// deadline taken off) is returned for the next cases.
+fn never_ending(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
+    let b = Builder::new("never_ending");
+    let x = b.parameter("x", [2 * devices], DType::F32);
+    let x = x.shard(format!("({ALL})").parse()?);
+    let out = b.while_loop(
+        |s| {
+            let minus_one = s[0].builder().scalar(-1.0);
+            s[0].sum(&[0]).gt(&minus_one)
+        },
+        |s| {
+            let one = s[0].builder().full([2 * devices], DType::F32, 1.0);
+            vec![&s[0] * &one]
+        },
+        &[x],
+    );
+    let program = b.finish(&[&out[0]])?;
+    let mesh = Mesh::new([(ALL, devices)])?;
+    let exe = compile(&program, &mesh)?;
+    let deadline = Duration::from_millis(500);
+    let mpi = mpi.reshape(mesh)?.with_deadline(deadline)?;
+    let started = Instant::now();
+    let result = exe.run(&mpi, &[Literal::full(&[2 * devices], DType::F32, 1.0)]);
+    let elapsed = started.elapsed();
+    let what = "a never-ending loop under a deadline";
+    match result {
+        Err(Error::DeadlineExceeded {
+            deadline: d,
+            positions,
+        }) if d == deadline => {
+            let named: Vec<usize> = positions.iter().map(|p| p.device).collect();
+            if named != (0..devices).collect::<Vec<_>>() {
+                return Err(format!("{what}: devices {named:?} named, not all {devices}").into());
+            }
+            if !positions.iter().any(|p| p.op.is_some()) {
+                return Err(format!("{what}: no device's node named: {positions:?}").into());
+            }
+            if elapsed < deadline || elapsed > Duration::from_secs(5) {
+                return Err(format!("{what}: the run ended after {elapsed:?}").into());
+            }
+            if first(&mpi) {
+                let error = Error::DeadlineExceeded {
+                    deadline,
+                    positions,
+                };
+                println!("{what} ({devices} devices), after {elapsed:.1?}: {error}");
+            }
+        }
+        other => return Err(format!("{what}: {other:?}").into()),
+    }
+    Ok(mpi.with_deadline(None)?)
 }
 
 fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
@@ -416,7 +492,12 @@ fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
     let mpi = mpi.reshape(mesh)?;
     let started = Instant::now();
     let result = exe.run(&mpi, &sample_inputs(&case.program, 7));
-    expect_error("different programs", started, result, "ranks disagree")?;
+    expect_error(
+        "different programs",
+        started,
+        result,
+        "disagree on the collective",
+    )?;
     let mpi = mpi.reshape(Mesh::new([(ALL, devices)])?)?;
     // A device fails after the first collective; the others are in the second.
     let started = Instant::now();
@@ -431,6 +512,7 @@ fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
     let started = Instant::now();
     let result = mpi.run("a step", move |comm| step(comm, last, true));
     expect_error("a panicking device", started, result, "injected panic")?;
+    let mpi = never_ending(mpi, devices)?;
     // With several devices per rank, the last device stops responding for a while: its
     // rank's other devices give up on it after the timeout, and every rank gets the
     // error (ranks wait longer for each other than a rank's devices do).
@@ -475,9 +557,7 @@ fn faults(mpi: MpiMesh, devices: usize) -> Result<MpiMesh> {
     let want = (devices * devices * devices) as f32;
     let wrong = |x: &Literal| x.as_f32().is_none_or(|a| a.iter().any(|&x| x != want));
     if sums.iter().any(wrong) {
-        return Err(Error::MpiMesh(format!(
-            "after the faults: {sums:?}, want {want}"
-        )));
+        return Err(format!("after the faults: {sums:?}, want {want}").into());
     }
     Ok(mpi)
 }
@@ -487,9 +567,7 @@ fn same_loss(what: &str, got: f32, want: f32) -> Result<()> {
     if got.to_bits() == want.to_bits() {
         return Ok(());
     }
-    Err(Error::MpiMesh(format!(
-        "{what}: loss {got} on MPI, {want} on threads"
-    )))
+    Err(format!("{what}: loss {got} on MPI, {want} on threads").into())
 }
 
 /// The initial weights an [`Initializer`] makes for the small language model's step on
@@ -666,11 +744,11 @@ fn sharded_checkpoints(mpi: &MpiMesh, devices: usize) -> Result<()> {
     saved.save(kept_checkpoint(devices, ranks))?;
     // Rank 0 removes the last rank's file before a load starts: the error of the rank
     // that reads it is every rank's.
-    let io = |e: std::io::Error| Error::MpiMesh(format!("{}: {e}", dir.display()));
+    let io = |e: std::io::Error| Failure::from(format!("{}: {e}", dir.display()));
     let save = (std::fs::read_dir(&dir).map_err(io)?)
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .find(|path| path.is_dir())
-        .ok_or_else(|| Error::MpiMesh(format!("no save in {}", dir.display())))?;
+        .ok_or_else(|| Failure::from(format!("no save in {}", dir.display())))?;
     let missing = save.join(format!(
         "process-{:05}-of-{ranks:05}.safetensors",
         ranks - 1
@@ -769,10 +847,11 @@ fn stall(mpi: MpiMesh, devices: usize) -> Result<()> {
         }
         step(comm, usize::MAX, false)
     })?;
-    Err(Error::MpiMesh(format!(
+    Err(format!(
         "a rank stalled for {:?} and the job went on",
         started.elapsed()
-    )))
+    )
+    .into())
 }
 
 fn main() -> Result<()> {
@@ -783,9 +862,9 @@ fn main() -> Result<()> {
         return sharded_checkpoints(&mpi, ranks);
     }
     if let Some(at) = args.iter().position(|a| a == "--load-checkpoint") {
-        let dir = args.get(at + 1).ok_or_else(|| {
-            Error::MpiMesh("--load-checkpoint needs a checkpoint directory".into())
-        })?;
+        let dir = args
+            .get(at + 1)
+            .ok_or_else(|| Failure::from("--load-checkpoint needs a checkpoint directory"))?;
         return load_checkpoint(&mpi, dir);
     }
     let args: Vec<String> = std::env::args().collect();
@@ -793,15 +872,13 @@ fn main() -> Result<()> {
         let devices = match args.get(at + 1) {
             Some(n) => n
                 .parse()
-                .map_err(|_| Error::MpiMesh(format!("--stall {n}: not a device count")))?,
+                .map_err(|_| Failure::from(format!("--stall {n}: not a device count")))?,
             None => ranks,
         };
         return stall(mpi, devices);
     }
     if ranks != 2 && ranks != 4 {
-        return Err(Error::MpiMesh(format!(
-            "run with mpirun -np 2 or -np 4, not {ranks} ranks"
-        )));
+        return Err(format!("run with mpirun -np 2 or -np 4, not {ranks} ranks").into());
     }
     // A device per rank, then 8 devices: several per rank.
     let mut mpi = layouts(mpi, ranks)?;

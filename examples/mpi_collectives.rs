@@ -19,7 +19,12 @@
 use gspmd::ir::{DType, Literal, ReduceKind};
 use gspmd::runtime::{Communicator, MpiMesh, ThreadMesh};
 use gspmd::sharding::Mesh;
-use gspmd::{Error, Result};
+
+/// A failure of this check: a gspmd error, or a result that is not what it must be.
+type Failure = Box<dyn std::error::Error>;
+
+/// Results of this check's steps (gspmd's own in the programs run on the mesh).
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use ndarray::{ArrayD, IxDyn};
 
 /// One collective, with its arguments over a group of `n` members.
@@ -61,7 +66,7 @@ impl Collective {
         }
     }
 
-    fn call(&self, comm: &dyn Communicator, axes: &[String], x: Literal) -> Result<Literal> {
+    fn call(&self, comm: &dyn Communicator, axes: &[String], x: Literal) -> gspmd::Result<Literal> {
         match self {
             Self::AllReduce(kind) => comm.all_reduce(axes, *kind, x),
             Self::AllGather(dim) => comm.all_gather(axes, *dim, x),
@@ -137,7 +142,7 @@ fn main() -> Result<()> {
             .iter()
             .map(|a| mesh.axis_size(a))
             .product::<Option<usize>>();
-        let n = n.ok_or_else(|| Error::MpiMesh(format!("{axes:?} are not axes of {mesh}")))?;
+        let n = n.ok_or_else(|| Failure::from(format!("{axes:?} are not axes of {mesh}")))?;
         for shape in shapes {
             for collective in Collective::all(n, shape.len()) {
                 if !collective.fits(shape, n) {
@@ -161,9 +166,10 @@ fn main() -> Result<()> {
                     if on_rank.shape() != want.shape()
                         || on_rank.bit_patterns() != want.bit_patterns()
                     {
-                        return Err(Error::MpiMesh(format!(
+                        return Err(format!(
                             "device {device}: {what} differs between MPI and threads"
-                        )));
+                        )
+                        .into());
                     }
                     checked += 1;
                 }

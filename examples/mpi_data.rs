@@ -24,7 +24,12 @@ use gspmd::train::{
     Batch, Batches, Init, Initializer, Optimizer, SafetensorsFile, Source, Trainer,
     save_checkpoint, step_program,
 };
-use gspmd::{Error, Result};
+
+/// A failure of this check: a gspmd error, or a result that is not what it must be.
+type Failure = Box<dyn std::error::Error>;
+
+/// Results of this check's steps (gspmd's own in the programs run on the mesh).
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -72,7 +77,7 @@ impl Source for Counted<'_> {
     fn fields(&self) -> Vec<TensorType> {
         self.source.fields()
     }
-    fn read(&self, field: usize, examples: &[usize]) -> Result<Literal> {
+    fn read(&self, field: usize, examples: &[usize]) -> gspmd::Result<Literal> {
         self.asked.set(self.asked.get() + examples.len());
         self.source.read(field, examples)
     }
@@ -91,14 +96,15 @@ fn train_alike(
     for (i, (cut, global)) in batches.zip(whole).enumerate() {
         let ((_, cut), (_, global)) = (cut?, global?);
         let Batch::Global(global) = global else {
-            return Err(Error::MpiMesh("batches without a layout are global".into()));
+            return Err("batches without a layout are global".into());
         };
         let (got, want) = (on_ranks.step_batch(&cut)?, on_threads.step(&global)?);
         if got.to_bits() != want.to_bits() {
-            return Err(Error::MpiMesh(format!(
+            return Err(format!(
                 "{what}, step {}: loss {got} on the ranks, {want} on threads",
                 i + 1
-            )));
+            )
+            .into());
         }
     }
     Ok(())
@@ -108,9 +114,7 @@ fn main() -> Result<()> {
     let mpi = MpiMesh::init()?;
     let ranks = mpi.mesh().num_devices();
     if ranks != 2 && ranks != 4 {
-        return Err(Error::MpiMesh(format!(
-            "run with mpirun -np 2 or -np 4, not {ranks} ranks"
-        )));
+        return Err(format!("run with mpirun -np 2 or -np 4, not {ranks} ranks").into());
     }
     let me = mpi.device();
     let dims = language_model::Dims {
@@ -165,10 +169,11 @@ fn main() -> Result<()> {
     // Each rank's device holds half of each batch: per field, half the batch's examples.
     let half = (SEQUENCES / BATCH) * (BATCH / 2) * names.len();
     if counted.asked.get() != half {
-        return Err(Error::MpiMesh(format!(
+        return Err(format!(
             "rank {me} asked the file for {} examples, not its {half}",
             counted.asked.get()
-        )));
+        )
+        .into());
     }
 
     // The function: row `r` of batch `k` is the sequence of seed `1000 + k * BATCH + r`.

@@ -14,6 +14,7 @@
 //! symbols the walk meets ([`check_symbols`]), each mismatch an
 //! [`Error::ParamsSymbol`] naming the symbol.
 
+use gspmd_core::error::SymbolProblem;
 use gspmd_core::ir::{Builder, DType, ScanOptions, Tensor};
 use gspmd_core::sharding::{DimSharding, Sharding};
 use gspmd_core::train::{Init, Initializer};
@@ -259,11 +260,9 @@ impl<'a> Walk<'a> {
             None => Err(self.symbol_error(
                 symbol,
                 if length {
-                    "it sets a `Vec` length, so it must be sized before the struct's leaves \
-                     are listed: give it to `trace`, or bind it from a tensor parameter \
-                     before the struct"
+                    SymbolProblem::LengthUnsized
                 } else {
-                    "it has no size: list it in the model's `#[params(..)]`"
+                    SymbolProblem::NoSize
                 },
             )),
         }
@@ -278,12 +277,12 @@ impl<'a> Walk<'a> {
         name
     }
 
-    fn symbol_error(&self, symbol: &str, problem: &str) -> Error {
+    fn symbol_error(&self, symbol: &str, problem: SymbolProblem) -> Error {
         Error::ParamsSymbol {
             model: self.model.clone(),
             param: self.param.clone(),
             symbol: symbol.to_string(),
-            problem: problem.to_string(),
+            problem,
         }
     }
 }
@@ -295,31 +294,20 @@ impl<'a> Walk<'a> {
 /// lacks, else the first listed one the struct does not use.
 pub fn check_symbols<T: Params>(model: &str, param: &str, listed: &[&str]) -> Result<()> {
     let used = T::symbols();
-    let error = |symbol: &str, problem: String| Error::ParamsSymbol {
+    let error = |symbol: &str, problem: SymbolProblem| Error::ParamsSymbol {
         model: model.to_string(),
         param: param.to_string(),
         symbol: symbol.to_string(),
         problem,
     };
+    let used_names = || used.iter().map(ToString::to_string).collect();
     if let Some(missing) = used.iter().find(|s| !listed.contains(s)) {
-        return Err(error(
-            missing,
-            format!(
-                "the struct's fields use it but the model's `#[params(..)]` does not list \
-                 it: write `#[params({})]`",
-                used.join(", ")
-            ),
-        ));
+        let used = used_names();
+        return Err(error(missing, SymbolProblem::NotListed { used }));
     }
     if let Some(extra) = listed.iter().find(|s| !used.contains(s)) {
-        return Err(error(
-            extra,
-            format!(
-                "listed in the model's `#[params(..)]` but no field of the struct uses it: \
-                 write `#[params({})]`",
-                used.join(", ")
-            ),
-        ));
+        let used = used_names();
+        return Err(error(extra, SymbolProblem::NotUsed { used }));
     }
     Ok(())
 }

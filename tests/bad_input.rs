@@ -12,7 +12,11 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gspmd::autodiff::grad;
-use gspmd::error::{DeviceOrderProblem, InputProblem, MeshProblem, OptimizerProblem};
+use gspmd::error::{
+    AssembleProblem, CheckpointProblem, CollectiveProblem, DeviceOrderProblem, GroupProblem,
+    InputProblem, MeshProblem, OptimizerProblem, ParseProblem, RequestProblem, SubAxisProblem,
+    ThreadMeshProblem,
+};
 use gspmd::ir::{
     AxisGroup, Builder, CollectiveKind, DType, Literal, Op, Program, ReduceKind, verify,
 };
@@ -168,9 +172,29 @@ fn mesh_device_order_is_not_a_permutation() {
 
 #[test]
 fn sharding_text_does_not_parse() {
-    for text in ["(data", "(data,, model)", "(data) unreduced=", "((a, b)"] {
-        assert_err!(text.parse::<Sharding>(), Error::ParseSharding { .. });
+    for (text, at) in [
+        ("(data", 5),
+        ("(data,, model)", 6),
+        ("(data) unreduced=", 17),
+        ("((a, b)", 7),
+    ] {
+        assert_err!(
+            text.parse::<Sharding>(),
+            Error::ParseSharding { offset, problem: ParseProblem::Expected { .. }, .. } if *offset == at
+        );
     }
+    assert_err!(
+        "(-_)".parse::<Sharding>(),
+        Error::ParseSharding {
+            offset: 1,
+            problem: ParseProblem::ReversedUnsplit,
+            ..
+        }
+    );
+    assert_err!(
+        "(data) replicated={x} replicated={y}".parse::<Sharding>(),
+        Error::ParseSharding { problem: ParseProblem::GivenTwice { clause }, .. } if clause == "replicated"
+    );
 }
 
 #[test]
@@ -193,14 +217,19 @@ fn annotation_uses_an_axis_twice() {
 #[test]
 fn annotation_names_an_invalid_sub_axis() {
     // model=2: a sub-axis of 4 does not divide it; size 1 is not a sub-axis.
-    for text in [
-        "(model:(1)4, _)",
-        "(model:(1)1, _)",
-        "(_, _) unreduced={model:(1)2}",
+    let not_dividing = SubAxisProblem::NotDividing {
+        pre: 1,
+        size: 4,
+        axis_size: 2,
+    };
+    for (text, why) in [
+        ("(model:(1)4, _)", not_dividing),
+        ("(model:(1)1, _)", SubAxisProblem::SizeBelowTwo { size: 1 }),
+        ("(_, _) unreduced={model:(1)2}", SubAxisProblem::Unreduced),
     ] {
         let e = assert_err!(
             compile(&matmul_program(text), &mesh_2x2()),
-            Error::InvalidSubAxis { .. }
+            Error::InvalidSubAxis { problem, .. } if *problem == why
         );
         assert!(e.to_string().contains("tests/bad_input.rs:"), "{e}");
     }
@@ -233,7 +262,22 @@ fn shards_do_not_assemble() {
     let shards = vec![f32s(&[2, 8], 0.0); 3];
     assert_err!(
         assemble(&shards, &sharding("(data, _)"), &mesh_2x2(), &[4, 8]),
-        Error::Assemble { .. }
+        Error::Assemble {
+            problem: AssembleProblem::ShardCount {
+                given: 3,
+                devices: 4
+            },
+            ..
+        }
+    );
+    let mut shards = vec![f32s(&[2, 8], 0.0); 4];
+    shards[3] = f32s(&[2, 7], 0.0);
+    assert_err!(
+        assemble(&shards, &sharding("(data, _)"), &mesh_2x2(), &[4, 8]),
+        Error::Assemble {
+            problem: AssembleProblem::Shard { device: 3, given, expected },
+            ..
+        } if given.shape[..] == [2, 7] && expected.shape[..] == [2, 8]
     );
 }
 
@@ -403,20 +447,38 @@ fn partitioning_an_unpropagated_program() {
 
 #[test]
 fn grad_of_a_missing_output() {
-    assert_err!(grad(&regression(), 3, &[1]), Error::GradRequest { .. });
+    assert_err!(
+        grad(&regression(), 3, &[1]),
+        Error::GradRequest {
+            problem: RequestProblem::NoSuchOutput {
+                index: 3,
+                outputs: 1
+            },
+            ..
+        }
+    );
 }
 
 #[test]
 fn grad_of_a_non_scalar_loss() {
     assert_err!(
         grad(&matmul_program("(_, _)"), 0, &[1]),
-        Error::GradRequest { .. }
+        Error::GradRequest {
+            problem: RequestProblem::LossNotScalar { index: 0, ty, .. },
+            ..
+        } if ty.rank() == 2
     );
 }
 
 #[test]
 fn grad_with_respect_to_a_missing_parameter() {
-    assert_err!(grad(&regression(), 0, &[9]), Error::GradRequest { .. });
+    assert_err!(
+        grad(&regression(), 0, &[9]),
+        Error::GradRequest {
+            problem: RequestProblem::NoSuchParameter { index: 9, .. },
+            ..
+        }
+    );
 }
 
 #[test]
@@ -577,11 +639,24 @@ fn train_step_of_nothing() {
     let sgd = Optimizer::sgd(0.1, 0.0);
     assert_err!(
         step_program(&regression(), 0, &[] as &[usize], &sgd),
-        Error::TrainRequest { .. }
+        Error::TrainRequest {
+            problem: RequestProblem::NothingTrained,
+            ..
+        }
     );
     assert_err!(
         step_program(&regression(), 0, &[1, 1], &sgd),
-        Error::TrainRequest { .. }
+        Error::TrainRequest {
+            problem: RequestProblem::RepeatedParameter { index: 1, at: 1 },
+            ..
+        }
+    );
+    assert_err!(
+        step_program(&regression(), 0, &["v*"], &sgd),
+        Error::TrainRequest {
+            problem: RequestProblem::UnmatchedPattern { pattern, .. },
+            ..
+        } if pattern == "v*"
     );
 }
 
@@ -611,7 +686,10 @@ fn trainer_restored_from_tensors_of_another_model() {
 fn checkpoint_that_does_not_exist() {
     assert_err!(
         load_checkpoint(scratch("missing.safetensors")),
-        Error::Checkpoint { .. }
+        Error::Checkpoint {
+            problem: CheckpointProblem::Io { .. },
+            ..
+        }
     );
 }
 
@@ -619,7 +697,13 @@ fn checkpoint_that_does_not_exist() {
 fn checkpoint_that_is_not_safetensors() {
     let path = scratch("garbage.safetensors");
     std::fs::write(&path, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
-    assert_err!(load_checkpoint(&path), Error::Checkpoint { .. });
+    assert_err!(
+        load_checkpoint(&path),
+        Error::Checkpoint {
+            problem: CheckpointProblem::Format { .. },
+            ..
+        }
+    );
     std::fs::remove_file(path).unwrap();
 }
 
@@ -631,7 +715,11 @@ fn checkpoint_saved_with_a_name_twice() {
     ];
     assert_err!(
         save_checkpoint(scratch("twice.safetensors"), &tensors),
-        Error::Checkpoint { .. }
+        Error::Checkpoint {
+            tensor: Some(name),
+            problem: CheckpointProblem::RepeatedName,
+            ..
+        } if name == "w"
     );
 }
 
@@ -805,13 +893,25 @@ fn sharded_checkpoint_that_never_committed() {
     std::fs::remove_file(&index).unwrap();
     let e = load_error(&index, adamw_step(), &index, None);
     assert!(e.to_string().contains("committed"), "{e}");
+    assert!(matches!(
+        e,
+        Error::Checkpoint {
+            problem: CheckpointProblem::NoIndex,
+            ..
+        }
+    ));
 }
 
 #[test]
 fn sharded_checkpoint_of_another_shape() {
     let (index, _) = sharded_checkpoint("shape");
     let wider = split_regression(3, &[1], &Optimizer::adamw(0.1));
-    load_error(&index, wider, &index, Some("w"));
+    let e = load_error(&index, wider, &index, Some("w"));
+    assert!(
+        matches!(&e, Error::Checkpoint { problem: CheckpointProblem::Type { saved, expected }, .. }
+            if saved.shape != expected.shape),
+        "{e}"
+    );
 }
 
 #[test]
@@ -830,7 +930,17 @@ fn sharded_checkpoint_of_another_dtype() {
 fn sharded_checkpoint_missing_a_tensor() {
     let (index, _) = sharded_checkpoint("missing-tensor");
     let both = split_regression(2, &[0, 1], &Optimizer::adamw(0.1));
-    load_error(&index, both, &index, Some("x"));
+    let e = load_error(&index, both, &index, Some("x"));
+    assert!(
+        matches!(
+            e,
+            Error::Checkpoint {
+                problem: CheckpointProblem::Missing,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -849,6 +959,11 @@ fn sharded_checkpoint_of_another_optimizer() {
     let sgd = Optimizer::sgd(0.1, 0.9);
     let e = load_error(&index, split_regression(2, &[1], &sgd), &index, None);
     assert!(e.to_string().contains("adamw"), "{e}");
+    assert!(
+        matches!(&e, Error::Checkpoint { problem: CheckpointProblem::Optimizer { saved, .. }, .. }
+            if saved == "adamw"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -859,6 +974,11 @@ fn sharded_checkpoint_with_a_file_of_another_save() {
     std::fs::remove_dir_all(other_index.parent().unwrap()).unwrap();
     let e = load_error(&index, adamw_step(), &file, Some("w"));
     assert!(e.to_string().contains("belongs to save"), "{e}");
+    assert!(
+        matches!(&e, Error::Checkpoint { problem: CheckpointProblem::OtherSave { file: Some(a), index }, .. }
+            if a != index),
+        "{e}"
+    );
 }
 
 // ---- running ---------------------------------------------------------------------------
@@ -988,7 +1108,12 @@ fn collective_over_an_unknown_axis() {
             ctx.communicator()
                 .all_reduce(&["rows".into()], ReduceKind::Sum, f32s(&[2], 1.0))
         }),
-        Error::Collective { .. }
+        Error::Collective {
+            problem: CollectiveProblem::Group {
+                problem: GroupProblem::UnknownAxis { axis, available },
+            },
+            ..
+        } if axis == "rows" && available[..] == ["data", "model"]
     );
     assert!(e.to_string().contains("rows"), "{e}");
 }
@@ -1020,10 +1145,21 @@ fn device_program_that_panics() {
             assert_ne!(ctx.device(), 1, "device 1 panics on purpose");
             Ok(())
         }),
-        Error::DevicePanicked { device: 1, .. }
+        Error::DevicePanicked { device: 1, message, .. } if message.contains("on purpose")
     );
     // The mesh is usable afterwards.
     assert_eq!(threads.run(|ctx| Ok(ctx.device())).unwrap(), [0, 1, 2, 3]);
+}
+
+#[test]
+fn blocks_of_a_resident_value_the_mesh_does_not_hold() {
+    let threads = ThreadMesh::new(mesh_2x2()).unwrap();
+    assert_err!(
+        threads.local_blocks("nothing"),
+        Error::ThreadMesh {
+            problem: ThreadMeshProblem::NoResident { key }
+        } if key == "nothing"
+    );
 }
 
 #[test]

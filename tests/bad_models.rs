@@ -4,7 +4,7 @@
 //! trainable patterns selecting a parameter twice. Each is one typed error naming the
 //! user's line or the parameter, none silently accepted.
 
-use gspmd::error::InputProblem;
+use gspmd::error::{InputProblem, RequestProblem};
 use gspmd::ir::{Builder, DType, Tensor};
 use gspmd::prelude::*;
 use gspmd::train::{Init, Initializer, Optimizer, step_program};
@@ -223,12 +223,12 @@ fn regression() -> Program {
     b.finish(&[&loss]).unwrap()
 }
 
-/// The [`Error::TrainRequest`] message of training `patterns` of the regression.
+/// The [`Error::TrainRequest`] problem of training `patterns` of the regression.
 #[track_caller]
-fn pattern_error(patterns: &[&str]) -> String {
+fn pattern_error(patterns: &[&str]) -> RequestProblem {
     let sgd = Optimizer::sgd(0.1, 0.0);
     match step_program(&regression(), 0, patterns, &sgd) {
-        Err(Error::TrainRequest { message, .. }) => message,
+        Err(Error::TrainRequest { problem, .. }) => problem,
         Err(other) => panic!("expected TrainRequest, got {other:?}"),
         Ok(_) => panic!("expected TrainRequest, got a step"),
     }
@@ -236,20 +236,29 @@ fn pattern_error(patterns: &[&str]) -> String {
 
 #[test]
 fn trainable_pattern_given_twice() {
-    let m = pattern_error(&["w", "w"]);
+    let p = pattern_error(&["w", "w"]);
     assert!(
-        m.contains("patterns `w` and `w` both select parameter `w`"),
-        "{m}"
+        p.to_string()
+            .contains("patterns `w` and `w` both select parameter `w`"),
+        "{p}"
     );
+    let overlap = RequestProblem::OverlappingPatterns {
+        first: "w".into(),
+        second: "w".into(),
+        name: "w".into(),
+    };
+    assert_eq!(p, overlap);
 }
 
 #[test]
 fn trainable_patterns_that_overlap() {
-    let m = pattern_error(&["w", "*"]);
-    assert!(
-        m.contains("patterns `w` and `*` both select parameter `w`"),
-        "{m}"
-    );
+    let p = pattern_error(&["w", "*"]);
+    let overlap = RequestProblem::OverlappingPatterns {
+        first: "w".into(),
+        second: "*".into(),
+        name: "w".into(),
+    };
+    assert_eq!(p, overlap, "{p}");
     // Disjoint patterns are fine.
     let sgd = Optimizer::sgd(0.1, 0.0);
     assert!(step_program(&regression(), 0, &["w", "b*"], &sgd).is_ok());

@@ -60,19 +60,19 @@ fn models_compile_to_the_recorded_programs() {
             "lm step, keep",
             (lm.clone(), lm_mesh.clone()),
             keep.clone(),
-            0x039b69f0cf90e75f,
+            0x3e5910b1c4393471,
         ),
         (
             "lm step, regather",
             (lm.clone(), lm_mesh.clone()),
             regather,
-            0xa8ff899407bd8bb1,
+            0x3e0000da23105a67,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
             (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
-            0xce3649baf84223f1,
+            0x0408a5b5a782098b,
         ),
         (
             "u-net gradient",

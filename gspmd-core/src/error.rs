@@ -98,14 +98,14 @@ pub enum Error {
     /// A group of devices over a list of mesh axes (a collective's group, an
     /// `axis_index`) cannot be formed: an axis the mesh does not have or listed twice,
     /// a device not in the mesh, or a member index beyond the group.
-    #[error("group over [{}] of {mesh}: {message}", .axes.join(", "))]
+    #[error("group over [{}] of {mesh}: {problem}", .axes.join(", "))]
     AxisGroup {
         /// The axes as listed.
         axes: Vec<String>,
         /// The mesh, as displayed.
         mesh: String,
         /// What is wrong.
-        message: String,
+        problem: GroupProblem,
     },
     /// A sharding names an axis the mesh does not have.
     #[error("{context}unknown mesh axis `{axis}` in sharding {sharding} (mesh axes: {available})")]
@@ -146,14 +146,14 @@ pub enum Error {
     /// A sharding names a sub-axis `axis:(pre)size` that is not one: `size` below 2,
     /// `pre` of 0, `pre * size` not dividing the axis size, or a sub-axis among the
     /// unreduced axes (partial sums are kept over whole axes).
-    #[error("{context}invalid sub-axis `{axis}` in sharding {sharding}: {message}")]
+    #[error("{context}invalid sub-axis `{axis}` in sharding {sharding}: {problem}")]
     InvalidSubAxis {
         /// The sub-axis as written.
         axis: String,
         /// The sharding as written.
         sharding: String,
         /// What is wrong.
-        message: String,
+        problem: SubAxisProblem,
         /// Which value and source location; may be empty.
         context: String,
     },
@@ -186,21 +186,23 @@ pub enum Error {
         context: String,
     },
     /// A sharding's text could not be parsed.
-    #[error("cannot parse sharding `{text}`: {message}")]
+    #[error("cannot parse sharding `{text}` at offset {offset}: {problem}")]
     ParseSharding {
         /// The text given.
         text: String,
-        /// What is wrong.
-        message: String,
+        /// The byte offset in `text` where the problem is.
+        offset: usize,
+        /// What is wrong there.
+        problem: ParseProblem,
     },
 
     /// Per-device shards do not fit together into the global value.
-    #[error("cannot assemble shards of sharding {sharding}: {message}")]
+    #[error("cannot assemble shards of sharding {sharding}: {problem}")]
     Assemble {
         /// The sharding as written.
         sharding: String,
         /// What does not fit: shard count, a device's shard shape or dtype, ...
-        message: String,
+        problem: AssembleProblem,
     },
 
     // ---- binding a model's inputs (the `#[gspmd::model]` DSL) ---------------------
@@ -236,7 +238,7 @@ pub enum Error {
         /// The symbol, e.g. `L`.
         symbol: String,
         /// What is wrong and what to write instead.
-        problem: String,
+        problem: SymbolProblem,
     },
     /// A model was given a different number of input shapes than it has tensor parameters.
     #[error("model `{model}` has {expected} tensor parameters but {given} shapes were given")]
@@ -323,12 +325,12 @@ pub enum Error {
 
     // ---- autodiff ------------------------------------------------------------------
     /// `grad` was asked for a loss or parameters that do not fit the program.
-    #[error("grad of program `{program}`: {message}")]
+    #[error("grad of program `{program}`: {problem}")]
     GradRequest {
         /// The program's name.
         program: String,
         /// What does not fit: the output or parameter index, its name and type.
-        message: String,
+        problem: RequestProblem,
     },
     /// A value on a path from a differentiated parameter to the loss has an op with no
     /// gradient rule.
@@ -355,12 +357,12 @@ pub enum Error {
         problem: OptimizerProblem,
     },
     /// `step_program` was asked for a step that does not fit the model.
-    #[error("training step of program `{program}`: {message}")]
+    #[error("training step of program `{program}`: {problem}")]
     TrainRequest {
         /// The model program's name.
         program: String,
         /// What does not fit: the parameter index, its name and type.
-        message: String,
+        problem: RequestProblem,
     },
     /// A value given to a trainer (an initial parameter, a step's data, a checkpoint's
     /// tensor, a data set's example) does not fit the step program.
@@ -382,7 +384,7 @@ pub enum Error {
         available: Vec<String>,
     },
     /// A checkpoint could not be written or read.
-    #[error("checkpoint {path}: {}{message}", tensor_prefix(.tensor))]
+    #[error("checkpoint {path}: {}{problem}", tensor_prefix(.tensor))]
     Checkpoint {
         /// The file or directory: a safetensors file, a sharded checkpoint's index or
         /// one of its shard files.
@@ -391,7 +393,7 @@ pub enum Error {
         tensor: Option<String>,
         /// What went wrong (I/O, format, an unsupported dtype, a repeated name, a
         /// tensor that does not fit the step, a file of another save).
-        message: String,
+        problem: CheckpointProblem,
     },
 
     // ---- running programs ----------------------------------------------------------
@@ -470,14 +472,14 @@ pub enum Error {
     /// A collective could not run: unknown or repeated axes, a dim out of range or not
     /// divisible by the group size, bad permute pairs, operands that differ across the
     /// group, or devices that are not all at the same collective.
-    #[error("device {device}: {collective}: {message}")]
+    #[error("device {device}: {collective}: {problem}")]
     Collective {
         /// The device that found the problem.
         device: usize,
         /// The collective as called, e.g. `all_reduce(sum) over [data]`.
         collective: String,
         /// What is wrong.
-        message: String,
+        problem: CollectiveProblem,
     },
     /// A collective kind given by name that is none
     /// ([`CollectiveKind`](crate::ir::CollectiveKind)'s `FromStr`).
@@ -508,11 +510,14 @@ pub enum Error {
         cause: Box<Error>,
     },
     /// A device's program panicked during a run.
-    #[error("device {device} panicked: {message}")]
+    #[error("device {device} panicked{}: {message}", panic_place(.position))]
     DevicePanicked {
         /// The panicking device.
         device: usize,
-        /// The panic message.
+        /// Where it was: the last node its program reached (its op and the user's
+        /// source line) and the loop iteration, each if known.
+        position: RunPosition,
+        /// The panic's message (its payload, as text).
         message: String,
     },
     /// Devices did not reach a collective (or the end of their program) within the
@@ -535,9 +540,12 @@ pub enum Error {
         /// The device whose thread called `run`.
         device: usize,
     },
-    /// The thread mesh could not start its threads or lost one.
-    #[error("thread mesh: {0}")]
-    ThreadMesh(String),
+    /// The thread mesh could not start its threads, or lost track of one.
+    #[error("thread mesh: {problem}")]
+    ThreadMesh {
+        /// What went wrong.
+        problem: ThreadMeshProblem,
+    },
     /// An MPI rank's program failed; the other ranks learn it at their next collective.
     #[error("rank {rank} failed: {message}")]
     RankFailed {
@@ -548,8 +556,11 @@ pub enum Error {
     },
     /// The MPI mesh could not start (no MPI, or a world size other than the mesh's
     /// device count) or was given a program for another mesh.
-    #[error("MPI mesh: {0}")]
-    MpiMesh(String),
+    #[error("MPI mesh: {problem}")]
+    MpiMesh {
+        /// What went wrong.
+        problem: MpiProblem,
+    },
     /// A run passed its deadline (`with_deadline` on a mesh or the interpreter) and
     /// was cancelled: where each device was when it stopped.
     #[error(
@@ -592,6 +603,19 @@ pub struct RunPosition {
     pub iteration: Option<usize>,
 }
 
+impl RunPosition {
+    /// `device`, at no known node or iteration (it is still running, or was not
+    /// seen).
+    pub fn unknown(device: usize) -> Self {
+        RunPosition {
+            device,
+            op: None,
+            location: None,
+            iteration: None,
+        }
+    }
+}
+
 impl std::fmt::Display for RunPosition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "device {}", self.device)?;
@@ -605,6 +629,20 @@ impl std::fmt::Display for RunPosition {
         }
         Ok(())
     }
+}
+
+/// ` at dot_general (src/model.rs:12) in loop iteration 3`, or as much of it as
+/// `position` knows (for [`Error::DevicePanicked`]'s text).
+fn panic_place(position: &RunPosition) -> String {
+    let mut text = match (position.op, position.location) {
+        (Some(op), Some(location)) => format!(" at {op} ({location})"),
+        (Some(op), None) => format!(" at {op}"),
+        _ => String::new(),
+    };
+    if let Some(i) = position.iteration {
+        text.push_str(&format!(" in loop iteration {i}"));
+    }
+    text
 }
 
 /// The positions as one line, `; `-separated (for [`Error::DeadlineExceeded`]'s text).
@@ -846,4 +884,627 @@ impl Error {
             _ => Err(Error::Many(errors)),
         }
     }
+}
+
+/// Why a group of devices over mesh axes cannot be formed ([`Error::AxisGroup`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupProblem {
+    /// An axis the mesh does not have.
+    #[error("unknown mesh axis `{axis}` (mesh axes: {})", .available.join(", "))]
+    UnknownAxis {
+        /// The axis as listed.
+        axis: String,
+        /// The mesh's axes.
+        available: Vec<String>,
+    },
+    /// An axis listed twice (or two parts of one axis that overlap).
+    #[error("mesh axis `{axis}` listed twice")]
+    RepeatedAxis {
+        /// The axis listed again.
+        axis: String,
+    },
+    /// A device id not in the mesh.
+    #[error("device {device} is not in the mesh")]
+    NoSuchDevice {
+        /// The id.
+        device: usize,
+    },
+    /// A member index not below the group's size.
+    #[error("index {index} is not below the group size {size}")]
+    NoSuchMember {
+        /// The index asked for.
+        index: usize,
+        /// The group's size.
+        size: usize,
+    },
+}
+
+/// Why a sub-axis `axis:(pre)size` of a sharding is not one ([`Error::InvalidSubAxis`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubAxisProblem {
+    /// The name is not of the form `axis:(pre)size`.
+    #[error("not of the form `axis:(pre)size`")]
+    NotSubAxis,
+    /// `pre` is 0.
+    #[error("`pre` must be at least 1")]
+    ZeroPre,
+    /// `size` is below 2.
+    #[error("size {size} is below 2")]
+    SizeBelowTwo {
+        /// The size written.
+        size: usize,
+    },
+    /// `pre * size` does not divide the axis's size.
+    #[error("pre * size = {pre} * {size} does not divide the axis size {axis_size}")]
+    NotDividing {
+        /// The `pre` written.
+        pre: usize,
+        /// The `size` written.
+        size: usize,
+        /// The whole axis's size.
+        axis_size: usize,
+    },
+    /// A sub-axis among the unreduced axes.
+    #[error("partial sums are kept over whole mesh axes, not sub-axes")]
+    Unreduced,
+}
+
+/// What the sharding parser found at a byte offset ([`Error::ParseSharding`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParseProblem {
+    /// Something other than what may come next (or the end of the text).
+    #[error("expected {expected}, found {}", .found.map_or_else(|| "the end of the text".to_string(), |c| format!("`{c}`")))]
+    Expected {
+        /// What may come there, e.g. `` `,` or `)` ``.
+        expected: String,
+        /// The character found; none at the end of the text.
+        found: Option<char>,
+    },
+    /// `replicated={..}` or `unreduced={..}` given twice.
+    #[error("`{clause}` given twice")]
+    GivenTwice {
+        /// The clause's name.
+        clause: String,
+    },
+    /// `-` (reversed device order) before a dim that is not split.
+    #[error("`-` (reversed device order) before an unsplit dim")]
+    ReversedUnsplit,
+    /// A number too large for a `usize`.
+    #[error("the number `{digits}` is too large")]
+    Number {
+        /// The digits.
+        digits: String,
+    },
+}
+
+/// Why per-device shards do not fit together ([`Error::Assemble`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AssembleProblem {
+    /// The sharding has unreduced axes: partial sums must be reduced first.
+    #[error("unreduced over {{{}}}: partial sums must be reduced first", .axes.join(", "))]
+    Unreduced {
+        /// The unreduced axes.
+        axes: Vec<String>,
+    },
+    /// Not one shard per device.
+    #[error("{given} shards given for {devices} devices")]
+    ShardCount {
+        /// Shards given.
+        given: usize,
+        /// Devices of the mesh.
+        devices: usize,
+    },
+    /// A device's shard of another shape or dtype than its block.
+    #[error("device {device}'s shard is {given}, expected {expected}")]
+    Shard {
+        /// The device.
+        device: usize,
+        /// The shard given.
+        given: TensorType,
+        /// Its block's type under the sharding.
+        expected: TensorType,
+    },
+    /// A block could not be cut, summed or decoded (its bytes from another process).
+    #[error("{reason}")]
+    Block {
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// How a parameter struct and its model disagree about a shape symbol
+/// ([`Error::ParamsSymbol`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SymbolProblem {
+    /// The struct's fields use the symbol but the model's `#[params(..)]` does not
+    /// list it.
+    #[error(
+        "the struct's fields use it but the model's `#[params(..)]` does not list it: write \
+         `#[params({})]`", .used.join(", ")
+    )]
+    NotListed {
+        /// The symbols the struct uses.
+        used: Vec<String>,
+    },
+    /// The model's `#[params(..)]` lists a symbol the struct does not use.
+    #[error(
+        "listed in the model's `#[params(..)]` but no field of the struct uses it: write \
+         `#[params({})]`", .used.join(", ")
+    )]
+    NotUsed {
+        /// The symbols the struct uses.
+        used: Vec<String>,
+    },
+    /// The struct needs the symbol's size, but it has none: it is not in the model's
+    /// `#[params(..)]`.
+    #[error("it has no size: list it in the model's `#[params(..)]`")]
+    NoSize,
+    /// The symbol sets a `Vec` length, so it must be sized before the struct's leaves
+    /// are listed.
+    #[error(
+        "it sets a `Vec` length, so it must be sized before the struct's leaves are listed: \
+         give it to `trace`, or bind it from a tensor parameter before the struct"
+    )]
+    LengthUnsized,
+}
+
+/// What a `grad` or a training-step request gets wrong ([`Error::GradRequest`],
+/// [`Error::TrainRequest`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestProblem {
+    /// The loss output's index is past the program's outputs.
+    #[error("loss output {index} is out of range: the program has {outputs} outputs")]
+    NoSuchOutput {
+        /// The index given.
+        index: usize,
+        /// The program's outputs.
+        outputs: usize,
+    },
+    /// The loss is not a float scalar.
+    #[error("loss output {index} ({value}) is {ty}, not a float scalar")]
+    LossNotScalar {
+        /// The output's index.
+        index: usize,
+        /// Its value.
+        value: ValueId,
+        /// Its type.
+        ty: TensorType,
+    },
+    /// A parameter index past the program's parameters.
+    #[error("parameter {index} is out of range: the program has {params} parameters")]
+    NoSuchParameter {
+        /// The index given.
+        index: usize,
+        /// The program's parameters.
+        params: usize,
+    },
+    /// A parameter that is not a float (it has no gradient).
+    #[error("parameter {index} ({name}) is {ty}: only float parameters have gradients")]
+    NotFloat {
+        /// Its index.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// Its type.
+        ty: TensorType,
+    },
+    /// No parameter to train.
+    #[error("no parameter to train")]
+    NothingTrained,
+    /// A parameter listed twice among the trained ones.
+    #[error("parameter {index} is listed twice among the trained parameters (at {at})")]
+    RepeatedParameter {
+        /// The parameter.
+        index: usize,
+        /// Its second place in the list.
+        at: usize,
+    },
+    /// A trainable-parameter pattern that matches no parameter (a typo would otherwise
+    /// silently freeze a weight).
+    #[error("pattern `{pattern}` matches no parameter (they are {})", .names.join(", "))]
+    UnmatchedPattern {
+        /// The pattern.
+        pattern: String,
+        /// The parameters' names.
+        names: Vec<String>,
+    },
+    /// Two patterns select one parameter.
+    #[error(
+        "patterns `{first}` and `{second}` both select parameter `{name}` (each parameter may \
+         be selected once)"
+    )]
+    OverlappingPatterns {
+        /// The first pattern.
+        first: String,
+        /// The second.
+        second: String,
+        /// The parameter both select.
+        name: String,
+    },
+    /// An aux-output pattern that matches no output besides the loss.
+    #[error("aux pattern `{pattern}` matches no model output besides the loss (they are [{}])", .names.join(", "))]
+    UnmatchedAux {
+        /// The pattern.
+        pattern: String,
+        /// The outputs' names.
+        names: Vec<String>,
+    },
+    /// Two selected aux outputs of one name.
+    #[error(
+        "model outputs {first} and {second} are both named `{name}`: name them apart to return \
+         both as aux outputs"
+    )]
+    RepeatedAux {
+        /// The first output's index.
+        first: usize,
+        /// The second's.
+        second: usize,
+        /// Their name.
+        name: String,
+    },
+    /// Gradient accumulation over 0 microbatches.
+    #[error("gradient accumulation over 0 microbatches")]
+    ZeroMicrobatches,
+    /// Something the step cannot combine with gradient accumulation.
+    #[error("{what} with gradient accumulation: {why}")]
+    NotWithAccumulation {
+        /// What, e.g. `aux outputs`.
+        what: &'static str,
+        /// Why not.
+        why: &'static str,
+    },
+    /// The parameter named as the step's random key is not an `i32[2]`.
+    #[error("parameter {index} `{name}` is the step's random key, an i32[2], but it is {ty}")]
+    RandomKey {
+        /// Its index.
+        index: usize,
+        /// Its name.
+        name: &'static str,
+        /// Its type.
+        ty: TensorType,
+    },
+    /// A model parameter has the name of an input the step adds.
+    #[error(
+        "the model's parameter `{name}` (declared at {location}) has the name of {added}, an \
+         input the step adds: rename the parameter"
+    )]
+    ReservedName {
+        /// The name.
+        name: String,
+        /// Where the parameter was declared.
+        location: Location,
+        /// The step's input of that name.
+        added: String,
+    },
+    /// An evaluator asked for a model and loss other than the step's.
+    #[error(
+        "output {loss} of a model with {outputs} outputs and {params} parameters is not the \
+         loss of this step's model"
+    )]
+    NotTheStepsModel {
+        /// The loss output given.
+        loss: usize,
+        /// The model's outputs.
+        outputs: usize,
+        /// The model's parameters.
+        params: usize,
+    },
+}
+
+/// What went wrong with a checkpoint ([`Error::Checkpoint`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointProblem {
+    /// Reading or writing a file failed (the operating system's error).
+    #[error("{reason}")]
+    Io {
+        /// The error, as the OS gave it.
+        reason: String,
+    },
+    /// A directory to save a sharded checkpoint in that holds something a save did not
+    /// write.
+    #[error("not a checkpoint directory: it holds `{entry}`")]
+    NotCheckpointDir {
+        /// The foreign entry's name.
+        entry: String,
+    },
+    /// A sharded checkpoint has no index: no save of it has committed.
+    #[error("no index (no save of this checkpoint has committed)")]
+    NoIndex,
+    /// A file that is not what it should be: not safetensors or not an index, truncated
+    /// or damaged, its recorded order of tensors inconsistent.
+    #[error("{reason}")]
+    Format {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An index of another format or version than this reader reads.
+    #[error(
+        "format `{format}` version {version}; this reader reads `{reads}` version {reads_version}"
+    )]
+    Version {
+        /// The index's format.
+        format: String,
+        /// Its version.
+        version: u32,
+        /// The format this reader reads.
+        reads: &'static str,
+        /// The version it reads.
+        reads_version: u32,
+    },
+    /// A tensor name given (or listed) twice.
+    #[error("the name is given twice")]
+    RepeatedName,
+    /// The name `__metadata__`, which the safetensors format reserves for its header.
+    #[error(
+        "the name is reserved by the safetensors format for the header's metadata; rename the \
+         tensor (or save to a checkpoint directory, which stores it by block)"
+    )]
+    ReservedName,
+    /// A tensor the trainer needs is not in the checkpoint.
+    #[error("missing from the checkpoint")]
+    Missing,
+    /// A saved tensor of another shape, or a dtype that does not convert.
+    #[error("saved as {saved}, the step takes {expected}")]
+    Type {
+        /// The saved tensor's type.
+        saved: TensorType,
+        /// The step's.
+        expected: TensorType,
+    },
+    /// The state of another optimizer than the trainer's.
+    #[error("the state of an `{saved}` optimizer cannot load into a trainer of `{given}`")]
+    Optimizer {
+        /// The optimizer the checkpoint was saved with.
+        saved: String,
+        /// The trainer's.
+        given: String,
+    },
+    /// A shard file of another save than its index.
+    #[error("the file belongs to save {}, the index to save {index}", .file.as_deref().unwrap_or("(none)"))]
+    OtherSave {
+        /// The file's save id, if it has one.
+        file: Option<String>,
+        /// The index's.
+        index: String,
+    },
+    /// The blocks an index records (or a process holds) do not fit the tensor.
+    #[error("{reason}")]
+    Blocks {
+        /// What does not fit.
+        reason: String,
+    },
+    /// A load failed after some of the trainer's tensors were replaced.
+    #[error("{problem} (the trainer's {} were loaded already, the rest not)", .loaded.join(", "))]
+    PartlyLoaded {
+        /// The tensors replaced already.
+        loaded: Vec<String>,
+        /// What went wrong.
+        problem: Box<CheckpointProblem>,
+    },
+    /// The backend returned without running the work of every process (a backend's bug).
+    #[error("{place}: the backend returned without running it")]
+    NotRun {
+        /// The step of the save or load.
+        place: String,
+    },
+}
+
+/// What went wrong with a thread mesh itself ([`Error::ThreadMesh`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ThreadMeshProblem {
+    /// A device's thread could not be started.
+    #[error("cannot start the thread of device {device}: {reason}")]
+    Spawn {
+        /// The device.
+        device: usize,
+        /// The operating system's error.
+        reason: String,
+    },
+    /// The mesh holds no resident value under the key.
+    #[error("no resident value `{key}` on the mesh")]
+    NoResident {
+        /// The key.
+        key: String,
+    },
+    /// A device ended the run without sending a result.
+    #[error("a device ended the run without a result")]
+    NoResult,
+    /// A device is still running an earlier run, which failed.
+    #[error("device {device} is still running an earlier, failed run")]
+    StaleRun {
+        /// The device.
+        device: usize,
+    },
+    /// A broken invariant of the mesh's own bookkeeping (a bug).
+    #[error("internal: {reason}")]
+    Internal {
+        /// What broke.
+        reason: String,
+    },
+}
+
+/// Where devices were when they did not agree on a collective: each place (a
+/// collective as called, or the end of a program) and the devices at it, in order of
+/// first appearance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Census {
+    /// Each place and the devices at it (increasing ids).
+    pub places: Vec<(String, Vec<usize>)>,
+}
+
+impl Census {
+    /// The census of `(device, place)` pairs: devices at equal places grouped.
+    pub fn of<P: PartialEq + std::fmt::Display>(
+        devices: impl IntoIterator<Item = (usize, P)>,
+    ) -> Census {
+        let mut grouped: Vec<(P, Vec<usize>)> = Vec::new();
+        for (device, place) in devices {
+            match grouped.iter_mut().find(|(p, _)| *p == place) {
+                Some((_, at)) => at.push(device),
+                None => grouped.push((place, vec![device])),
+            }
+        }
+        let places = grouped
+            .into_iter()
+            .map(|(place, devices)| (place.to_string(), devices))
+            .collect();
+        Census { places }
+    }
+}
+
+impl std::fmt::Display for Census {
+    /// `devices [0, 1, 2] are at all_reduce(sum) over [x]; device 3 is at the end of
+    /// its program`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (place, devices)) in self.places.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            match devices.as_slice() {
+                [device] => write!(f, "device {device} is at {place}")?,
+                _ => write!(f, "devices {devices:?} are at {place}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a collective could not run ([`Error::Collective`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectiveProblem {
+    /// The devices of a group (or the MPI ranks) are not all at this collective.
+    #[error("devices disagree on the collective: {census}")]
+    Disagree {
+        /// Where each device was.
+        census: Census,
+    },
+    /// Every device waits at a collective that others are not at.
+    #[error("every device waits at a collective that others are not at: {census}")]
+    Deadlock {
+        /// Where each device waits.
+        census: Census,
+    },
+    /// The group's members have operands of different shapes or dtypes.
+    #[error(
+        "operands differ across the group: device {device} has {ty}, device {other} has {other_ty}"
+    )]
+    OperandsDiffer {
+        /// A device.
+        device: usize,
+        /// Its operand's type.
+        ty: TensorType,
+        /// A device whose operand differs.
+        other: usize,
+        /// That operand's type.
+        other_ty: TensorType,
+    },
+    /// The group over the collective's axes cannot be formed.
+    #[error("{problem}")]
+    Group {
+        /// Why not.
+        problem: GroupProblem,
+    },
+    /// A dim out of range or not divisible by the group size, or permute pairs that
+    /// leave the group or are not one-to-one.
+    #[error("{reason}")]
+    Arguments {
+        /// Which argument, and why.
+        reason: String,
+    },
+    /// A device at a meeting of a group it is not in.
+    #[error("device {device} is not in this group")]
+    NotInGroup {
+        /// The device.
+        device: usize,
+    },
+    /// A device called a collective while already in one (concurrent calls).
+    #[error("this device is already in a collective (called concurrently?)")]
+    Concurrent,
+    /// The group spans processes, but the run stays inside this one.
+    #[error("the group spans processes, but this run stays inside the process")]
+    Unlinked,
+    /// Moving the data failed (MPI counts and sizes, blocks that do not fit).
+    #[error("{reason}")]
+    Transfer {
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// What went wrong with an MPI mesh ([`Error::MpiMesh`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MpiProblem {
+    /// MPI was finalised (every `MpiMesh` of the process dropped) and cannot start again.
+    #[error(
+        "MPI was finalised when the last MpiMesh of this process was dropped: keep one alive \
+         while others are made"
+    )]
+    Finalised,
+    /// MPI was initialised outside gspmd.
+    #[error("MPI is initialised already in this process, outside gspmd")]
+    InitialisedOutside,
+    /// The job's rank count does not divide the mesh's device count.
+    #[error(
+        "{ranks} MPI ranks for mesh {mesh} of {devices} devices: launch with mpirun -np {devices} \
+         (a device per rank), or -np a divisor of {devices} (as many devices per rank, as threads)"
+    )]
+    RankCount {
+        /// Ranks of the job.
+        ranks: usize,
+        /// The mesh, as displayed.
+        mesh: String,
+        /// Its devices.
+        devices: usize,
+    },
+    /// Several devices per rank, but this MPI does not allow threads.
+    #[error(
+        "this MPI does not allow threads (MPI_THREAD_FUNNELED): launch with mpirun -np {devices} \
+         for one device per rank"
+    )]
+    NoThreads {
+        /// The mesh's devices.
+        devices: usize,
+    },
+    /// A rank's devices would not be a block of the mesh (the devices sharing their
+    /// coordinates on its major digits), or a mesh axis or reduction is cut unevenly
+    /// between ranks.
+    #[error("{reason} (launch with mpirun -np {devices} for one device per rank)")]
+    NotABlock {
+        /// What does not fit, naming the mesh.
+        reason: String,
+        /// The mesh's devices.
+        devices: usize,
+    },
+    /// A rank dropped its mesh: it takes part in no more runs.
+    #[error("rank {rank} has left the mesh (dropped its MpiMesh); device {device} is at {place}")]
+    Left {
+        /// The rank that left.
+        rank: usize,
+        /// This rank's (first) device.
+        device: usize,
+        /// Where this device was.
+        place: String,
+    },
+    /// More elements than an MPI count (a C int) holds.
+    #[error("{elements} elements exceed an MPI count")]
+    Count {
+        /// The elements.
+        elements: usize,
+    },
+    /// A broken invariant of the rank's own bookkeeping (a bug).
+    #[error("internal: {reason}")]
+    Internal {
+        /// What broke.
+        reason: String,
+    },
 }

@@ -1193,7 +1193,8 @@ fn cross_entropy_of_an_mlp_built_from_primitives() {
 
 fn is_request(r: Result<Program, Error>, needle: &str) {
     match r {
-        Err(Error::GradRequest { message, .. }) => {
+        Err(Error::GradRequest { problem, .. }) => {
+            let message = problem.to_string();
             assert!(message.contains(needle), "{message:?} lacks {needle:?}")
         }
         other => panic!("expected a GradRequest error, got {other:?}"),

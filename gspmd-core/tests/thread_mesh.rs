@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gspmd_core::compile;
+use gspmd_core::error::{CollectiveProblem, RunPosition, ThreadMeshProblem};
 use gspmd_core::ir::{
     AxisGroup, Builder, DType, Literal, Location, Op, Program, ReduceKind, Tensor, TensorType,
 };
@@ -465,7 +466,16 @@ fn bf16_all_reduce_rounds_once() {
 }
 
 fn deliberate() -> Error {
-    Error::ThreadMesh("deliberate failure".into())
+    failure("deliberate failure")
+}
+
+/// A failure of a test's own program on a device (a stand-in for any error).
+fn failure(reason: &str) -> Error {
+    Error::ThreadMesh {
+        problem: ThreadMeshProblem::Internal {
+            reason: reason.into(),
+        },
+    }
 }
 
 #[test]
@@ -494,7 +504,7 @@ fn a_failing_device_releases_the_others_and_the_mesh_recovers() {
     );
     assert_eq!(
         result.unwrap_err().to_string(),
-        "device 3 failed: thread mesh: deliberate failure"
+        "device 3 failed: thread mesh: internal: deliberate failure"
     );
     assert_all_reduce_works(&mesh);
 }
@@ -520,6 +530,8 @@ fn a_panicking_device_releases_the_others_and_the_mesh_recovers() {
         result,
         Err(Error::DevicePanicked {
             device: 5,
+            // A closure run on the mesh has no nodes: no position is known.
+            position: RunPosition::unknown(5),
             message: "deliberate panic on device 5".into()
         })
     );
@@ -563,13 +575,19 @@ fn mismatched_shapes_are_an_error_on_every_member() {
     for (device, record) in records.into_iter().enumerate() {
         match record {
             Some(Err(Error::Collective {
-                device: d, message, ..
+                device: d,
+                problem:
+                    CollectiveProblem::OperandsDiffer {
+                        device: mine,
+                        ty,
+                        other_ty,
+                        ..
+                    },
+                ..
             })) => {
-                assert_eq!(d, device);
-                assert!(
-                    message.contains("f32[3]") && message.contains("f32[4]"),
-                    "{message}"
-                );
+                assert_eq!((d, mine), (device, device));
+                let shapes = [ty.shape[0], other_ty.shape[0]];
+                assert!(shapes == [3, 4] || shapes == [4, 3], "{shapes:?}");
             }
             other => panic!("device {device}: {other:?}"),
         }
@@ -642,7 +660,7 @@ fn groups_synchronise_only_their_members() {
                     .wait_timeout_while(count.lock().unwrap(), Duration::from_secs(5), |c| *c < 2)
                     .unwrap();
                 if waited.1.timed_out() {
-                    return Err(Error::ThreadMesh("devices 0 and 1 were held up".into()));
+                    return Err(failure("devices 0 and 1 were held up"));
                 }
             }
             for _ in 0..3 {
@@ -684,7 +702,7 @@ fn a_group_of_one_meets_nobody() {
         runner.run(move |ctx| {
             if ctx.device() == 1 {
                 let started = start.lock().unwrap().recv_timeout(Duration::from_secs(5));
-                started.map_err(|_| Error::ThreadMesh("device 0 was held up".into()))?;
+                started.map_err(|_| failure("device 0 was held up"))?;
             }
             let comm = ctx.communicator();
             let x = input(ctx.device(), DType::F32);
@@ -718,7 +736,7 @@ fn a_failure_in_one_group_releases_a_device_waiting_in_another() {
         let x = Literal::full(&[len], DType::F32, 1.0);
         if ctx.device() == 3 {
             let released = arrive.lock().unwrap().recv_timeout(Duration::from_secs(4));
-            released.map_err(|_| Error::ThreadMesh("device 2 was not released".into()))?;
+            released.map_err(|_| failure("device 2 was not released"))?;
         }
         let y = ctx
             .communicator()

@@ -10,7 +10,7 @@ use super::registry::{
     is_differentiable, not_differentiable, operand_cotangent, passes_gradient, pattern_cotangent,
 };
 use super::remat::read_saved;
-use crate::error::{Error, Result};
+use crate::error::{Error, RequestProblem, Result};
 use crate::ir::Appender;
 use crate::ir::{Literal, Op, Program, Remat, ValueId, flow_instances, verify};
 use crate::simplify::eliminate_dead_code;
@@ -42,37 +42,40 @@ use crate::simplify::eliminate_dead_code;
 pub fn grad(program: &Program, loss: usize, wrt: &[usize]) -> Result<Program> {
     verify(program)?;
     check_differentiable(program, false)?;
-    let request = |message: String| Error::GradRequest {
+    let request = |problem: RequestProblem| Error::GradRequest {
         program: program.name.clone(),
-        message,
+        problem,
     };
     let loss_value = *program.outputs.get(loss).ok_or_else(|| {
-        request(format!(
-            "loss output {loss} is out of range: the program has {} outputs",
-            program.outputs.len()
-        ))
+        request(RequestProblem::NoSuchOutput {
+            index: loss,
+            outputs: program.outputs.len(),
+        })
     })?;
     let loss_ty = program.ty(loss_value);
     if !loss_ty.dtype.is_float() || loss_ty.rank() != 0 {
-        return Err(request(format!(
-            "loss output {loss} ({loss_value}) is {loss_ty}, not a float scalar"
-        )));
+        return Err(request(RequestProblem::LossNotScalar {
+            index: loss,
+            value: loss_value,
+            ty: loss_ty.clone(),
+        }));
     }
     let params = wrt
         .iter()
         .map(|&index| {
             let p = *program.params.get(index).ok_or_else(|| {
-                request(format!(
-                    "parameter {index} is out of range: the program has {} parameters",
-                    program.params.len()
-                ))
+                request(RequestProblem::NoSuchParameter {
+                    index,
+                    params: program.params.len(),
+                })
             })?;
             let ty = program.ty(p);
             if !ty.dtype.is_float() {
-                return Err(request(format!(
-                    "parameter {index} ({}) is {ty}: only float parameters have gradients",
-                    param_name(program, p)
-                )));
+                return Err(request(RequestProblem::NotFloat {
+                    index,
+                    name: param_name(program, p),
+                    ty: ty.clone(),
+                }));
             }
             Ok(p)
         })

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::blocks::{assemble, shard_literal};
 use super::plan::Plan;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{AssembleProblem, Error, InputProblem, Result};
 use crate::ir::{DType, Literal, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -263,7 +263,9 @@ pub trait Backend {
             for bytes in gathered {
                 blocks.extend(decode_blocks(&bytes).map_err(|message| Error::Assemble {
                     sharding: resident.sharding.to_string(),
-                    message: format!("{place}: {message}"),
+                    problem: AssembleProblem::Block {
+                        reason: format!("{place}: {message}"),
+                    },
                 })?);
             }
             blocks

@@ -13,7 +13,7 @@ use super::backend::{Input, Output, Resident};
 use super::blocks::{assemble, shard_literal};
 use super::kernels;
 use super::plan::Plan;
-use crate::error::{Error, InputProblem, Placement, Result};
+use crate::error::{AssembleProblem, Error, InputProblem, Placement, Result};
 use crate::ir::{Literal, Op, TensorType, with_literal};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -246,9 +246,9 @@ pub(super) fn trimmed_blocks(
         .zip(devices)
         .map(|(block, device)| {
             let shape = block_shape(sharding, &spmd.mesh, &ty.shape, device);
-            trim_to(block, &shape).map_err(|message| Error::Assemble {
+            trim_to(block, &shape).map_err(|reason| Error::Assemble {
                 sharding: sharding.to_string(),
-                message,
+                problem: AssembleProblem::Block { reason },
             })
         })
         .collect()
@@ -324,9 +324,9 @@ fn sum_partials(
             .collect()
     };
     let add = Op::Binary(crate::ir::BinaryOp::Add);
-    let fail = |message: String| Error::Assemble {
+    let fail = |reason: String| Error::Assemble {
         sharding: sharding.to_string(),
-        message,
+        problem: AssembleProblem::Block { reason },
     };
     let keys: Vec<Vec<usize>> = (0..blocks.len()).map(key).collect();
     let mut totals: HashMap<&[usize], Literal> = HashMap::new();
@@ -484,8 +484,8 @@ pub(super) fn unpadded_block(
     block: Literal,
 ) -> Result<Literal> {
     let shape = block_shape(&resident.sharding, mesh, &resident.ty.shape, device);
-    trim_to(block, &shape).map_err(|message| Error::Assemble {
+    trim_to(block, &shape).map_err(|reason| Error::Assemble {
         sharding: resident.sharding.to_string(),
-        message,
+        problem: AssembleProblem::Block { reason },
     })
 }

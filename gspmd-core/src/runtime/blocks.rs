@@ -6,8 +6,8 @@ use std::collections::HashSet;
 
 use ndarray::{ArrayD, AxisDescription, IxDyn, Slice};
 
-use crate::error::{Error, Result};
-use crate::ir::{Element, Literal, by_element, map_literal};
+use crate::error::{AssembleProblem, Error, Result};
+use crate::ir::{Element, Literal, TensorType, by_element, map_literal};
 use crate::sharding::{Mesh, Sharding};
 
 /// `device`'s block of `lit` under `sharding` (unpadded: short or empty for the late
@@ -31,34 +31,30 @@ pub fn assemble(
     global_shape: &[usize],
 ) -> Result<Literal> {
     sharding.validate(mesh, global_shape.len(), "")?;
-    let error = |message: String| Error::Assemble {
+    let error = |problem: AssembleProblem| Error::Assemble {
         sharding: sharding.to_string(),
-        message,
+        problem,
     };
     if !sharding.unreduced.is_empty() {
-        return Err(error(format!(
-            "unreduced over {{{}}}: partial sums must be reduced first",
-            sharding.unreduced.join(", ")
-        )));
+        let axes = sharding.unreduced.clone();
+        return Err(error(AssembleProblem::Unreduced { axes }));
     }
     if shards.len() != mesh.num_devices() {
-        return Err(error(format!(
-            "{} shards given for {} devices",
-            shards.len(),
-            mesh.num_devices()
-        )));
+        return Err(error(AssembleProblem::ShardCount {
+            given: shards.len(),
+            devices: mesh.num_devices(),
+        }));
     }
     let mut blocks = Vec::with_capacity(shards.len());
     for (device, shard) in shards.iter().enumerate() {
         let block = sharding.device_block(mesh, global_shape, device);
         let expected: Vec<usize> = block.iter().map(|b| b.1).collect();
         if shard.shape() != expected || shard.dtype() != shards[0].dtype() {
-            return Err(error(format!(
-                "device {device}'s shard is {}{:?}, expected {}{expected:?}",
-                shard.dtype(),
-                shard.shape(),
-                shards[0].dtype()
-            )));
+            return Err(error(AssembleProblem::Shard {
+                device,
+                given: TensorType::new(shard.shape(), shard.dtype()),
+                expected: TensorType::new(expected, shards[0].dtype()),
+            }));
         }
         blocks.push(block);
     }
@@ -211,30 +207,52 @@ mod tests {
                 .to_string(),
             "cannot assemble shards of sharding (model, data): 7 shards given for 8 devices"
         );
-        let message = |r: Result<Literal>| match r {
-            Err(Error::Assemble { message, .. }) => message,
+        let problem = |r: Result<Literal>| match r {
+            Err(Error::Assemble { problem, .. }) => problem,
             other => panic!("expected Error::Assemble, got {other:?}"),
         };
+        let ty = |shape: &[usize], dtype| TensorType::new(shape.to_vec(), dtype);
 
         assert_eq!(
-            message(assemble(&shards[..7], &s, &mesh, &[7, 5])),
-            "7 shards given for 8 devices"
+            problem(assemble(&shards[..7], &s, &mesh, &[7, 5])),
+            AssembleProblem::ShardCount {
+                given: 7,
+                devices: 8
+            }
         );
         let mut wrong_shape = shards.clone();
         wrong_shape[3] = Literal::full(&[2, 3], DType::I32, 0.0);
+        let wrong = problem(assemble(&wrong_shape, &s, &mesh, &[7, 5]));
         assert_eq!(
-            message(assemble(&wrong_shape, &s, &mesh, &[7, 5])),
-            "device 3's shard is i32[2, 3], expected i32[1, 2]"
+            wrong.to_string(),
+            format!(
+                "device 3's shard is {}, expected {}",
+                ty(&[2, 3], DType::I32),
+                ty(&[1, 2], DType::I32)
+            )
+        );
+        assert_eq!(
+            wrong,
+            AssembleProblem::Shard {
+                device: 3,
+                given: ty(&[2, 3], DType::I32),
+                expected: ty(&[1, 2], DType::I32)
+            }
         );
         let mut wrong_dtype = shards.clone();
         wrong_dtype[1] = Literal::full(&[2, 2], DType::F32, 0.0);
         assert_eq!(
-            message(assemble(&wrong_dtype, &s, &mesh, &[7, 5])),
-            "device 1's shard is f32[2, 2], expected i32[2, 2]"
+            problem(assemble(&wrong_dtype, &s, &mesh, &[7, 5])),
+            AssembleProblem::Shard {
+                device: 1,
+                given: ty(&[2, 2], DType::F32),
+                expected: ty(&[2, 2], DType::I32)
+            }
         );
         let partial = sharding("(model, _) unreduced={data}");
+        let unreduced = problem(assemble(&shards, &partial, &mesh, &[7, 5]));
         assert_eq!(
-            message(assemble(&shards, &partial, &mesh, &[7, 5])),
+            unreduced.to_string(),
             "unreduced over {data}: partial sums must be reduced first"
         );
         assert!(matches!(

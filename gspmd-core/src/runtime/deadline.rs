@@ -24,6 +24,9 @@ thread_local! {
     /// The iteration the innermost loop running on this thread is at; kept when a loop
     /// fails, so the run's error can name it.
     static ITERATION: Cell<Option<usize>> = const { Cell::new(None) };
+    /// The node (its op and source location) the run on this thread is at: the last
+    /// one [`check`] was called for.
+    static NODE: Cell<Option<(&'static str, Location)>> = const { Cell::new(None) };
 }
 
 /// `duration` if it is positive; [`Error::ZeroDuration`] naming `setting` (e.g.
@@ -41,16 +44,18 @@ pub(crate) fn positive(setting: &'static str, duration: Duration) -> Result<Dura
 pub(crate) struct DeadlineGuard {
     previous: Option<(Instant, Duration)>,
     previous_iteration: Option<usize>,
+    previous_node: Option<(&'static str, Location)>,
 }
 
 impl DeadlineGuard {
     /// Sets the current thread's run to end `deadline` after `started` (none: no
-    /// deadline); no loop iteration yet.
+    /// deadline); no node and no loop iteration yet.
     pub(crate) fn start(started: Instant, deadline: Option<Duration>) -> Self {
         let ends = deadline.map(|d| (started + d, d));
         DeadlineGuard {
             previous: DEADLINE.replace(ends),
             previous_iteration: ITERATION.replace(None),
+            previous_node: NODE.replace(None),
         }
     }
 }
@@ -59,13 +64,16 @@ impl Drop for DeadlineGuard {
     fn drop(&mut self) {
         DEADLINE.set(self.previous);
         ITERATION.set(self.previous_iteration);
+        NODE.set(self.previous_node);
     }
 }
 
-/// Before a node runs: [`Error::DeadlineExceeded`] (its one position on device 0, the
-/// caller's to renumber: [`on_device`]) if the current thread's run is past its
-/// deadline, at this node (`op` at `location`).
+/// Before a node runs: records it as where the run on this thread is ([`here`]), then
+/// [`Error::DeadlineExceeded`] (its one position on device 0, the caller's to
+/// renumber: [`on_device`]) if the current thread's run is past its deadline, at this
+/// node (`op` at `location`).
 pub(crate) fn check(op: &'static str, location: Location) -> Result<()> {
+    NODE.set(Some((op, location)));
     let Some((ends, deadline)) = DEADLINE.get() else {
         return Ok(());
     };
@@ -97,23 +105,34 @@ pub(crate) fn leave_loop(outer: Option<usize>) {
 }
 
 /// Where `device` was, from the error its program returned on this thread: the node a
-/// deadline check or a failing node (a collective released by an abort) names, and
-/// the loop iteration recorded on this thread.
+/// deadline check or a failing node (a collective released by an abort) names, else
+/// the last node the run on this thread reached ([`here`]), and the loop iteration
+/// recorded on this thread.
 pub(crate) fn position(device: usize, error: &Error) -> RunPosition {
-    let (op, location) = match error {
-        Error::DeadlineExceeded { positions, .. } => (
-            positions.first().and_then(|p| p.op),
-            positions.first().and_then(|p| p.location),
-        ),
-        Error::Runtime { op, location, .. } | Error::OutOfMemory { op, location, .. } => {
-            (Some(*op), Some(*location))
+    let named = match error {
+        Error::DeadlineExceeded { positions, .. } => {
+            (positions.first()).and_then(|p| p.op.zip(p.location))
         }
-        _ => (None, None),
+        Error::Runtime { op, location, .. } | Error::OutOfMemory { op, location, .. } => {
+            Some((*op, *location))
+        }
+        _ => None,
     };
+    let mut at = here(device);
+    if let Some((op, location)) = named {
+        (at.op, at.location) = (Some(op), Some(location));
+    }
+    at
+}
+
+/// Where the run on this thread is, as `device`: the last node it reached (see
+/// [`check`]) and the iteration of the innermost loop around it, each if any.
+pub(crate) fn here(device: usize) -> RunPosition {
+    let node = NODE.get();
     RunPosition {
         device,
-        op,
-        location,
+        op: node.map(|(op, _)| op),
+        location: node.map(|(_, location)| location),
         iteration: ITERATION.get(),
     }
 }

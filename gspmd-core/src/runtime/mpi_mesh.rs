@@ -5,12 +5,12 @@
 //! over MPI. Every device runs the same per-device program as a thread mesh's device.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::{Rc, Weak};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use mpi::environment::{Threading, Universe};
 use mpi::topology::Communicator as _;
@@ -20,11 +20,12 @@ use super::binding::{
     bind_inputs, check_target, donated_keys, padded_blocks, run_bound, unpadded_block,
 };
 use super::communicator::{Communicator, Hierarchy, MpiCommunicator, Process, RankSteps};
+use super::deadline::{self, DeadlineGuard};
 use super::device::run_planned;
 use super::memory::available_memory;
-use super::thread_mesh::{ThreadMesh, output_values, panic_message};
-use crate::error::{Error, Result};
-use crate::ir::Literal;
+use super::thread_mesh::{ThreadMesh, device_panicked, output_values};
+use crate::error::{Error, MpiProblem, Result, RunPosition};
+use crate::ir::{Literal, Location};
 use crate::sharding::Mesh;
 
 /// This process's devices of a mesh whose devices are spread over the ranks of an MPI
@@ -47,6 +48,12 @@ use crate::sharding::Mesh;
 /// ranks that run different programs or meshes get an error at the start of the run;
 /// no rank is left waiting. The mesh is usable again afterwards. A rank that dies (a
 /// signal, `exit`) is MPI's to report: `mpirun` then ends the job.
+///
+/// A run can be given a deadline ([`MpiMesh::with_deadline`], as a thread mesh's): every
+/// device stops at its next node once the run has taken that long, which fails the run
+/// on every rank as above; the ranks then tell each other where their devices were,
+/// and every rank returns the same [`Error::DeadlineExceeded`] naming every device of
+/// the mesh.
 ///
 /// A rank that stops responding (it hangs, or computes for longer than the timeout
 /// between two steps across ranks) is detected by the others when they have waited
@@ -73,6 +80,8 @@ pub struct MpiMesh {
     communicator: MpiCommunicator,
     devices: Devices,
     memory_limit: usize,
+    /// How long a run may take, if bounded.
+    deadline: Option<Duration>,
     /// Dropped last: the last mesh finalises MPI after its communicator is freed.
     _environment: Rc<Universe>,
 }
@@ -111,17 +120,14 @@ thread_local! {
 fn environment() -> Result<Rc<Universe>> {
     let known = ENVIRONMENT.with_borrow(|e| e.as_ref().map(Weak::upgrade));
     if let Some(known) = known {
-        return known.ok_or_else(|| {
-            Error::MpiMesh(
-                "MPI was finalised when the last MpiMesh of this process was dropped: keep one \
-             alive while others are made"
-                    .into(),
-            )
+        return known.ok_or(Error::MpiMesh {
+            problem: MpiProblem::Finalised,
         });
     }
-    let (universe, _) = mpi::initialize_with_threading(Threading::Funneled).ok_or_else(|| {
-        Error::MpiMesh("MPI is initialised already in this process, outside gspmd".into())
-    })?;
+    let (universe, _) =
+        mpi::initialize_with_threading(Threading::Funneled).ok_or(Error::MpiMesh {
+            problem: MpiProblem::InitialisedOutside,
+        })?;
     let universe = Rc::new(universe);
     ENVIRONMENT.set(Some(Rc::downgrade(&universe)));
     Ok(universe)
@@ -141,11 +147,13 @@ impl MpiMesh {
         let ranks = usize::try_from(world.size()).unwrap_or_default().max(1);
         let n = mesh.num_devices();
         if !n.is_multiple_of(ranks) {
-            return Err(Error::MpiMesh(format!(
-                "{ranks} MPI ranks for mesh {mesh} of {n} devices: launch with mpirun -np {n} \
-                 (a device per rank), or -np a divisor of {n} (as many devices per rank, as \
-                 threads)"
-            )));
+            return Err(Error::MpiMesh {
+                problem: MpiProblem::RankCount {
+                    ranks,
+                    mesh: mesh.to_string(),
+                    devices: n,
+                },
+            });
         }
         let threads = n / ranks;
         let timeout = ThreadMesh::DEFAULT_TIMEOUT;
@@ -158,14 +166,14 @@ impl MpiMesh {
                     residents: RefCell::new(HashMap::new()),
                 },
                 memory_limit,
+                deadline: None,
                 _environment: environment,
             });
         }
         if mpi::environment::threading_support() < Threading::Funneled {
-            return Err(Error::MpiMesh(format!(
-                "this MPI does not allow threads (MPI_THREAD_FUNNELED): launch with mpirun -np \
-                 {n} for one device per rank"
-            )));
+            return Err(Error::MpiMesh {
+                problem: MpiProblem::NoThreads { devices: n },
+            });
         }
         let rank = usize::try_from(world.rank()).unwrap_or_default();
         let hierarchy = Hierarchy::new(mesh.clone(), ranks)?;
@@ -186,6 +194,7 @@ impl MpiMesh {
                 hierarchy,
             })),
             memory_limit,
+            deadline: None,
             _environment: environment,
         })
     }
@@ -206,13 +215,17 @@ impl MpiMesh {
     /// belong to the old shape).
     pub fn reshape(self, mesh: Mesh) -> Result<Self> {
         if let Some(rank) = self.communicator.has_left() {
-            return Err(Error::MpiMesh(format!(
-                "rank {rank} has left mesh {}: cannot reshape it",
-                self.mesh()
-            )));
+            return Err(Error::MpiMesh {
+                problem: MpiProblem::Left {
+                    rank,
+                    device: self.device(),
+                    place: "the reshape of the mesh".into(),
+                },
+            });
         }
         let new = MpiMesh::new(mesh)?.with_timeout(self.timeout())?;
-        Ok(new.with_memory_limit(self.memory_limit))
+        new.with_memory_limit(self.memory_limit)
+            .with_deadline(self.deadline)
     }
 
     /// This rank's first device (its only one when each rank holds one).
@@ -261,6 +274,27 @@ impl MpiMesh {
         Ok(self)
     }
 
+    /// This mesh with each run cancelled once it has taken `deadline` (`None`, the
+    /// default: runs are not bounded), on every rank: the run returns
+    /// [`Error::DeadlineExceeded`] naming where each device of the mesh was (see the
+    /// type's docs). Every rank gives the same deadline. A zero deadline, which would
+    /// fail every run, is an [`Error::ZeroDuration`].
+    pub fn with_deadline(mut self, deadline: impl Into<Option<Duration>>) -> Result<Self> {
+        let deadline = (deadline.into())
+            .map(|d| deadline::positive("MpiMesh::with_deadline", d))
+            .transpose()?;
+        self.deadline = deadline;
+        if let Devices::Threads(local) = &mut self.devices {
+            local.threads.set_deadline(deadline);
+        }
+        Ok(self)
+    }
+
+    /// How long a run may take; `None` if unbounded.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+
     /// How long a rank waits at a step for the others before ending the job (with
     /// several devices per rank: how long they wait for each other, the ranks twice
     /// that).
@@ -302,18 +336,55 @@ impl MpiMesh {
         let comm = &self.communicator;
         let device = self.device();
         comm.meet(&format!("the start of {place}"))?;
+        let guard = DeadlineGuard::start(Instant::now(), self.deadline);
         let result = match catch_unwind(AssertUnwindSafe(work)) {
             Ok(Ok(output)) => comm.meet("the end of its program").map(|()| output),
-            Ok(Err(error)) => Err(error),
-            Err(payload) => Err(Error::DevicePanicked {
-                device,
-                message: panic_message(payload.as_ref()),
-            }),
+            Ok(Err(error)) => Err(deadline::on_device(device, error)),
+            Err(payload) => Err(device_panicked(device, payload.as_ref())),
         };
-        if let Err(error) = &result {
-            comm.fail(error);
+        // Where the device stopped, before the guard forgets it.
+        let stopped = result.as_ref().err().map(|e| deadline::position(device, e));
+        drop(guard);
+        match (result, stopped) {
+            (Err(error), Some(position)) => {
+                comm.fail(&error);
+                Err(self.after_failure(error, vec![position]))
+            }
+            (result, _) => result,
         }
-        result
+    }
+
+    /// The error of a failed run on every rank (each rank calls this after the run's
+    /// failure, with its `error` and where its devices were, `mine`): without a
+    /// deadline, `error`; with one, the ranks tell each other where their devices were
+    /// and whether they passed the deadline, and if one did, every rank's error is the
+    /// same [`Error::DeadlineExceeded`] naming every device (a rank that cannot take
+    /// part, one having left the mesh, keeps `error`).
+    fn after_failure(&self, error: Error, mine: Vec<RunPosition>) -> Error {
+        let Some(deadline) = self.deadline else {
+            return error;
+        };
+        let passed = matches!(error, Error::DeadlineExceeded { .. });
+        let record = positions_record(passed, &mine);
+        let place = "where each device was when the run failed";
+        let Ok(records) = self.communicator.all_gather_bytes(place, record) else {
+            return error;
+        };
+        let mut any_passed = false;
+        let mut positions = Vec::new();
+        for record in &records {
+            let (passed, theirs) = read_positions(record);
+            any_passed |= passed;
+            positions.extend(theirs);
+        }
+        if !any_passed {
+            return error;
+        }
+        positions.sort_by_key(|p| p.device);
+        Error::DeadlineExceeded {
+            deadline,
+            positions,
+        }
     }
 
     /// Meets every rank at the start of `place`, then runs `work`, which runs this
@@ -330,10 +401,16 @@ impl MpiMesh {
         comm.meet(&format!("the start of {place}"))?;
         let mut steps = RankSteps { hierarchy, comm };
         let result = work(&mut steps);
-        if let Err(error) = &result {
-            comm.fail(error);
-        }
-        result
+        let Err(error) = result else {
+            return result;
+        };
+        comm.fail(&error);
+        // The rank's thread mesh names its devices when they passed the deadline.
+        let mine = match &error {
+            Error::DeadlineExceeded { positions, .. } => positions.clone(),
+            _ => (self.local_devices()).map(RunPosition::unknown).collect(),
+        };
+        Err(self.after_failure(error, mine))
     }
 
     /// Every rank's `blocks` (one per device), by device id.
@@ -472,8 +549,10 @@ impl Backend for MpiMesh {
         let devices = self.local_devices();
         let device = devices.start;
         let mut blocks = padded_blocks(self.mesh(), key, &resident, blocks, devices)?;
-        let block = blocks.pop().ok_or_else(|| {
-            Error::MpiMesh(format!("store `{key}`: no block for device {device}"))
+        let block = blocks.pop().ok_or_else(|| Error::MpiMesh {
+            problem: MpiProblem::Internal {
+                reason: format!("store `{key}`: no block for device {device}"),
+            },
         })?;
         store.borrow_mut().insert(key.to_string(), block);
         residents.borrow_mut().insert(key.to_string(), resident);
@@ -488,8 +567,9 @@ impl Backend for MpiMesh {
         let device = self.device();
         let resident = self.resident(key);
         let block = store.borrow().get(key).cloned();
-        let (resident, block) = resident.zip(block).ok_or_else(|| {
-            Error::MpiMesh(format!("device {device} holds no resident value `{key}`"))
+        let (resident, block) = resident.zip(block).ok_or_else(|| Error::MissingResident {
+            device,
+            key: key.to_string(),
         })?;
         Ok(vec![unpadded_block(self.mesh(), &resident, device, block)?])
     }
@@ -511,5 +591,98 @@ impl Backend for MpiMesh {
 
     fn together(&self, place: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.run_here(place, work)
+    }
+}
+
+/// A rank's record of where its devices were when a run failed (see
+/// [`MpiMesh::after_failure`]): a line saying whether it passed the deadline (`1`), then
+/// a line per device, its fields tab-separated (empty if unknown): device, op, file,
+/// line, column, loop iteration.
+fn positions_record(passed: bool, positions: &[RunPosition]) -> Vec<u8> {
+    let mut text = String::from(if passed { "1" } else { "0" });
+    for p in positions {
+        let (file, line, column) = p
+            .location
+            .map_or((String::new(), String::new(), String::new()), |l| {
+                (l.file.to_string(), l.line.to_string(), l.column.to_string())
+            });
+        let op = p.op.unwrap_or_default();
+        let iteration = p.iteration.map(|i| i.to_string()).unwrap_or_default();
+        text.push_str(&format!(
+            "\n{}\t{op}\t{file}\t{line}\t{column}\t{iteration}",
+            p.device
+        ));
+    }
+    text.into_bytes()
+}
+
+/// The record [`positions_record`] wrote: whether that rank passed the deadline, and
+/// where its devices were (a field that does not read as written is unknown).
+fn read_positions(record: &[u8]) -> (bool, Vec<RunPosition>) {
+    let text = String::from_utf8_lossy(record);
+    let mut lines = text.lines();
+    let passed = lines.next() == Some("1");
+    let positions = lines
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [device, op, file, row, column, iteration] = fields[..] else {
+                return None;
+            };
+            let location = match (row.parse(), column.parse()) {
+                (Ok(line), Ok(column)) if !file.is_empty() => Some(Location {
+                    file: intern(file),
+                    line,
+                    column,
+                }),
+                _ => None,
+            };
+            Some(RunPosition {
+                device: device.parse().ok()?,
+                op: (!op.is_empty()).then(|| intern(op)),
+                location,
+                iteration: iteration.parse().ok(),
+            })
+        })
+        .collect();
+    (passed, positions)
+}
+
+/// `text` as a `&'static str`, the same one for equal texts: the ops and source files
+/// other ranks' positions name (those of the same program, a few distinct texts), kept
+/// for the process's life.
+fn intern(text: &str) -> &'static str {
+    static KNOWN: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = known.get(text) {
+        return known;
+    }
+    let text: &'static str = Box::leak(text.to_owned().into_boxed_str());
+    known.insert(text);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_cross_ranks_as_written() {
+        let at = RunPosition {
+            device: 3,
+            op: Some("all_reduce"),
+            location: Some(Location {
+                file: "src/model.rs",
+                line: 12,
+                column: 5,
+            }),
+            iteration: Some(7),
+        };
+        let positions = [at, RunPosition::unknown(4)];
+        let (passed, read) = read_positions(&positions_record(true, &positions));
+        assert!(passed);
+        assert_eq!(read, positions);
+        let (passed, read) = read_positions(&positions_record(false, &[]));
+        assert!(!passed && read.is_empty());
+        assert!(std::ptr::eq(intern("src/model.rs"), intern("src/model.rs")));
     }
 }

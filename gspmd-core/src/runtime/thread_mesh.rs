@@ -22,7 +22,7 @@ use super::communicator::{Communicator, Process, Rendezvous, SharedMemoryCommuni
 use super::deadline::{self, DeadlineGuard};
 use super::device::run_planned;
 use super::memory::available_memory;
-use crate::error::{Error, Result, RunPosition};
+use crate::error::{Error, Result, RunPosition, ThreadMeshProblem};
 use crate::ir::{Literal, TensorType};
 use crate::partition::SpmdProgram;
 use crate::sharding::{Mesh, Sharding};
@@ -210,8 +210,11 @@ impl ThreadMesh {
                         let _ = catch_unwind(AssertUnwindSafe(|| job(&mut context)));
                     }
                 })
-                .map_err(|e| {
-                    Error::ThreadMesh(format!("cannot start the thread of device {device}: {e}"))
+                .map_err(|e| Error::ThreadMesh {
+                    problem: ThreadMeshProblem::Spawn {
+                        device,
+                        reason: e.to_string(),
+                    },
                 })?;
             thread_mesh.workers.push(Worker { jobs, thread });
         }
@@ -243,6 +246,12 @@ impl ThreadMesh {
             .map(|d| deadline::positive("ThreadMesh::with_deadline", d))
             .transpose()?;
         Ok(self)
+    }
+
+    /// Sets [`ThreadMesh::deadline`] (a positive one, see [`ThreadMesh::with_deadline`]).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn set_deadline(&mut self, deadline: Option<Duration>) {
+        self.deadline = deadline;
     }
 
     /// How long a run may take; `None` if unbounded.
@@ -402,10 +411,7 @@ impl ThreadMesh {
                 let settled = catch_unwind(AssertUnwindSafe(|| (program.1)(context, succeeded)));
                 let result = match settled {
                     Ok(()) => result,
-                    Err(payload) => Err(Error::DevicePanicked {
-                        device,
-                        message: panic_message(payload.as_ref()),
-                    }),
+                    Err(payload) => Err(device_panicked(device, payload.as_ref())),
                 };
                 let position = result.as_ref().err().map(|e| deadline::position(device, e));
                 // The receiver may be gone (a run that ended without this device).
@@ -483,15 +489,7 @@ impl ThreadMesh {
             let positions = (devices.zip(failures).zip(&outputs))
                 .filter(|(_, output)| output.is_none())
                 .map(|((device, failure), _)| {
-                    failure.map_or_else(
-                        || RunPosition {
-                            device,
-                            op: None,
-                            location: None,
-                            iteration: None,
-                        },
-                        |(_, p)| p,
-                    )
+                    failure.map_or_else(|| RunPosition::unknown(device), |(_, p)| p)
                 })
                 .collect();
             return Err(Error::DeadlineExceeded {
@@ -500,9 +498,9 @@ impl ThreadMesh {
             });
         }
         let first_failure = failures.into_iter().flatten().next().map(|(e, _)| e);
-        Err(cause
-            .or(first_failure)
-            .unwrap_or_else(|| Error::ThreadMesh("a device ended the run without a result".into())))
+        Err(cause.or(first_failure).unwrap_or(Error::ThreadMesh {
+            problem: ThreadMeshProblem::NoResult,
+        }))
     }
 
     /// How long the host waits for the next device's result: the collective timeout,
@@ -540,18 +538,25 @@ fn run_on_device<T>(
             Err(error)
         }
         Err(payload) => {
-            let error = Error::DevicePanicked {
-                device,
-                message: panic_message(payload.as_ref()),
-            };
+            let error = device_panicked(device, payload.as_ref());
             context.communicator.abort(error.clone());
             Err(error)
         }
     }
 }
 
+/// [`Error::DevicePanicked`] for `device`, whose program on this thread panicked with
+/// `payload`: where the program was ([`deadline::here`]) and the panic's text.
+pub(super) fn device_panicked(device: usize, payload: &(dyn Any + Send)) -> Error {
+    Error::DevicePanicked {
+        device,
+        position: deadline::here(device),
+        message: panic_message(payload),
+    }
+}
+
 /// The text of a panic payload.
-pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
+fn panic_message(payload: &(dyn Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(ToString::to_string)
@@ -748,14 +753,17 @@ impl Backend for ThreadMesh {
     }
 
     fn local_blocks(&self, key: &str) -> Result<Vec<Literal>> {
-        let r = self
-            .resident(key)
-            .ok_or_else(|| Error::ThreadMesh(format!("no resident value `{key}` on the mesh")))?;
+        let r = self.resident(key).ok_or_else(|| Error::ThreadMesh {
+            problem: ThreadMeshProblem::NoResident {
+                key: key.to_string(),
+            },
+        })?;
         let k = key.to_string();
         let blocks = self.run(move |ctx| {
             let device = ctx.device();
-            ctx.store().get(&k).cloned().ok_or_else(|| {
-                Error::ThreadMesh(format!("device {device} holds no resident value `{k}`"))
+            (ctx.store().get(&k).cloned()).ok_or_else(|| Error::MissingResident {
+                device,
+                key: k.clone(),
             })
         })?;
         (blocks.into_iter().zip(self.devices.clone()))

@@ -1,7 +1,7 @@
 //! [`Mesh`]: named axes with sizes over an ordered list of devices.
 
 use super::sub_axis::{AxisPart, merge_adjacent};
-use crate::error::{DeviceOrderProblem, Error, MeshProblem, Result};
+use crate::error::{DeviceOrderProblem, Error, GroupProblem, MeshProblem, Result};
 
 /// A logical n-d array of devices with named axes (JAX's `Mesh`, Shardy's `sdy.mesh`).
 ///
@@ -298,10 +298,7 @@ impl Mesh {
         let mut coords = self.coords_in_group(device, axes)?;
         let size = self.axes_size(axes);
         if index >= size {
-            return Err(self.group_error(
-                axes,
-                format!("index {index} is not below the group size {size}"),
-            ));
+            return Err(self.group_error(axes, GroupProblem::NoSuchMember { index, size }));
         }
         let mut rest = index;
         for p in parts.iter().rev() {
@@ -322,16 +319,13 @@ impl Mesh {
         for axis in axes {
             let axis = axis.as_ref();
             let part = self.part(axis).ok_or_else(|| {
-                self.group_error(
-                    axes,
-                    format!(
-                        "unknown mesh axis `{axis}` (mesh axes: {})",
-                        self.axis_list()
-                    ),
-                )
+                let available = self.axis_names().map(str::to_string).collect();
+                let axis = axis.to_string();
+                self.group_error(axes, GroupProblem::UnknownAxis { axis, available })
             })?;
             if parts.iter().any(|p| p.overlaps(&part)) {
-                return Err(self.group_error(axes, format!("mesh axis `{axis}` listed twice")));
+                let axis = axis.to_string();
+                return Err(self.group_error(axes, GroupProblem::RepeatedAxis { axis }));
             }
             parts.push(part);
         }
@@ -341,14 +335,14 @@ impl Mesh {
     /// The coordinates of `device`, or an error naming the group over `axes`.
     fn coords_in_group<S: AsRef<str>>(&self, device: usize, axes: &[S]) -> Result<Vec<usize>> {
         self.device_coords(device)
-            .ok_or_else(|| self.group_error(axes, format!("device {device} is not in the mesh")))
+            .ok_or_else(|| self.group_error(axes, GroupProblem::NoSuchDevice { device }))
     }
 
-    fn group_error<S: AsRef<str>>(&self, axes: &[S], message: String) -> Error {
+    fn group_error<S: AsRef<str>>(&self, axes: &[S], problem: GroupProblem) -> Error {
         Error::AxisGroup {
             axes: axes.iter().map(|a| a.as_ref().to_string()).collect(),
             mesh: self.to_string(),
-            message,
+            problem,
         }
     }
 

@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use super::mesh::Mesh;
 use super::spec::{DimSharding, Sharding};
-use crate::error::{Error, Result};
+use crate::error::{Error, ParseProblem, Result};
 
 impl FromStr for Sharding {
     type Err = Error;
@@ -30,20 +30,23 @@ impl FromStr for Sharding {
     /// ```
     fn from_str(text: &str) -> Result<Self> {
         let mut parser = Parser { text, pos: 0 };
-        parser.sharding().map_err(|message| Error::ParseSharding {
-            text: text.to_string(),
-            message,
-        })
+        parser
+            .sharding()
+            .map_err(|(offset, problem)| Error::ParseSharding {
+                text: text.to_string(),
+                offset,
+                problem,
+            })
     }
 }
 
-/// A cursor over the text; errors are messages naming the byte offset.
+/// A cursor over the text; errors are problems at a byte offset.
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
 }
 
-type ParseResult<T> = std::result::Result<T, String>;
+type ParseResult<T> = std::result::Result<T, (usize, ParseProblem)>;
 
 impl<'a> Parser<'a> {
     fn rest(&self) -> &'a str {
@@ -74,14 +77,12 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn unexpected(&self, wanted: &str) -> String {
-        match self.rest().chars().next() {
-            Some(c) => format!("expected {wanted} at offset {}, found `{c}`", self.pos),
-            None => format!(
-                "expected {wanted} at offset {}, found end of text",
-                self.pos
-            ),
-        }
+    fn unexpected(&self, wanted: &str) -> (usize, ParseProblem) {
+        let problem = ParseProblem::Expected {
+            expected: wanted.to_string(),
+            found: self.rest().chars().next(),
+        };
+        (self.pos, problem)
     }
 
     /// An identifier (`_` alone included); `None` if none starts here.
@@ -135,9 +136,11 @@ impl<'a> Parser<'a> {
             return Err(self.unexpected(wanted));
         }
         let digits = &rest[..len];
-        let n = digits
-            .parse()
-            .map_err(|_| format!("number `{digits}` at offset {} too large", self.pos))?;
+        let too_large = || {
+            let digits = digits.to_string();
+            (self.pos, ParseProblem::Number { digits })
+        };
+        let n = digits.parse().map_err(|_| too_large())?;
         self.pos += len;
         Ok(n)
     }
@@ -191,10 +194,8 @@ impl<'a> Parser<'a> {
                 }
             };
             if slot.is_some() {
-                return Err(format!(
-                    "`{}` given twice (offset {start})",
-                    &self.text[start..self.pos]
-                ));
+                let clause = self.text[start..self.pos].to_string();
+                return Err((start, ParseProblem::GivenTwice { clause }));
             }
             self.expect('=')?;
             self.expect('{')?;
@@ -235,17 +236,17 @@ impl<'a> Parser<'a> {
         };
         if reversed {
             if dim.axes.is_empty() {
-                return Err(format!(
-                    "`-` (reversed device order) before an unsplit dim at offset {start}"
-                ));
+                return Err((start, ParseProblem::ReversedUnsplit));
             }
             dim = dim.with_reversed_order();
         }
         if self.eat('@') {
+            let at = self.pos;
             let priority = self.number("a priority (digits) after `@`")?;
-            dim = dim.with_priority(
-                u32::try_from(priority).map_err(|_| format!("priority {priority} too large"))?,
-            );
+            let digits = priority.to_string();
+            let priority =
+                u32::try_from(priority).map_err(|_| (at, ParseProblem::Number { digits }))?;
+            dim = dim.with_priority(priority);
         }
         Ok(dim)
     }
@@ -312,8 +313,14 @@ mod tests {
         assert_eq!(s.to_string(), "(-data, -(a, b)?@1, _)");
         for text in ["(-_)", "(-?)", "(-?@1, data)"] {
             assert!(
-                matches!(parse(text), Err(Error::ParseSharding { message, .. })
-                    if message.contains("`-` (reversed device order) before an unsplit dim")),
+                matches!(
+                    parse(text),
+                    Err(Error::ParseSharding {
+                        offset: 1,
+                        problem: ParseProblem::ReversedUnsplit,
+                        ..
+                    })
+                ),
                 "{text}"
             );
         }
@@ -378,9 +385,11 @@ mod tests {
             "(_:(1)2)",
         ] {
             match parse(text) {
-                Err(Error::ParseSharding { text: t, message }) => {
+                Err(Error::ParseSharding {
+                    text: t, offset, ..
+                }) => {
                     assert_eq!(t, text);
-                    assert!(!message.is_empty());
+                    assert!(offset <= text.len());
                 }
                 other => panic!("`{text}` parsed as {other:?}"),
             }
@@ -392,7 +401,14 @@ mod tests {
         let err = parse("(data, ]").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "cannot parse sharding `(data, ]`: expected a dim sharding (`_`, `?`, axis or `(..)`) at offset 7, found `]`"
+            "cannot parse sharding `(data, ]` at offset 7: expected a dim sharding (`_`, `?`, axis or `(..)`), found `]`"
+        );
+        let expected = ParseProblem::Expected {
+            expected: "a dim sharding (`_`, `?`, axis or `(..)`)".into(),
+            found: Some(']'),
+        };
+        assert!(
+            matches!(err, Error::ParseSharding { offset: 7, problem, .. } if problem == expected)
         );
     }
 

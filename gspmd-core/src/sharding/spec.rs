@@ -2,7 +2,7 @@
 
 use super::mesh::{Mesh, split_sub_axis};
 use super::sub_axis::{AxisPart, cut_at};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SubAxisProblem};
 
 /// How one tensor dim is split: over `axes`, major to minor (the dim is cut in
 /// `product(axis sizes)` pieces; the first axis varies slowest). An axis may be a
@@ -189,10 +189,10 @@ impl Sharding {
             .collect();
         let mut parts = Vec::with_capacity(all_axes.len());
         for &axis in &all_axes {
-            let invalid = |message: String| Error::InvalidSubAxis {
+            let invalid = |problem: SubAxisProblem| Error::InvalidSubAxis {
                 axis: axis.to_string(),
                 sharding: self.to_string(),
-                message,
+                problem,
                 context: context.to_string(),
             };
             let parent = split_sub_axis(axis).map_or(axis, |(parent, _, _)| parent);
@@ -232,7 +232,7 @@ impl Sharding {
             return Err(Error::InvalidSubAxis {
                 axis: axis.clone(),
                 sharding: self.to_string(),
-                message: "partial sums are kept over whole mesh axes, not sub-axes".into(),
+                problem: SubAxisProblem::Unreduced,
                 context: context.to_string(),
             });
         }
@@ -337,14 +337,16 @@ impl Sharding {
 }
 
 /// Why `name`, a sub-axis of an axis of size `whole`, is not a valid one.
-fn sub_axis_problem(name: &str, whole: usize) -> String {
+fn sub_axis_problem(name: &str, axis_size: usize) -> SubAxisProblem {
     match split_sub_axis(name) {
-        None => "not of the form `axis:(pre)size`".into(),
-        Some((_, 0, _)) => "`pre` must be at least 1".into(),
-        Some((_, _, size)) if size < 2 => format!("size {size} is below 2"),
-        Some((_, pre, size)) => {
-            format!("pre * size = {pre} * {size} does not divide the axis size {whole}")
-        }
+        None => SubAxisProblem::NotSubAxis,
+        Some((_, 0, _)) => SubAxisProblem::ZeroPre,
+        Some((_, _, size)) if size < 2 => SubAxisProblem::SizeBelowTwo { size },
+        Some((_, pre, size)) => SubAxisProblem::NotDividing {
+            pre,
+            size,
+            axis_size,
+        },
     }
 }
 
@@ -426,31 +428,50 @@ mod tests {
 
     #[test]
     fn invalid_sub_axes_say_why() {
-        for (text, axis, message) in [
+        let not_dividing = |pre, size| SubAxisProblem::NotDividing {
+            pre,
+            size,
+            axis_size: 4,
+        };
+        for (text, axis, problem, message) in [
             (
                 "(model:(1)3)",
                 "model:(1)3",
+                not_dividing(1, 3),
                 "pre * size = 1 * 3 does not divide the axis size 4",
             ),
             (
                 "(model:(2)4)",
                 "model:(2)4",
+                not_dividing(2, 4),
                 "pre * size = 2 * 4 does not divide the axis size 4",
             ),
-            ("(model:(1)1)", "model:(1)1", "size 1 is below 2"),
-            ("(model:(0)2)", "model:(0)2", "`pre` must be at least 1"),
+            (
+                "(model:(1)1)",
+                "model:(1)1",
+                SubAxisProblem::SizeBelowTwo { size: 1 },
+                "size 1 is below 2",
+            ),
+            (
+                "(model:(0)2)",
+                "model:(0)2",
+                SubAxisProblem::ZeroPre,
+                "`pre` must be at least 1",
+            ),
             (
                 "(_) unreduced={model:(1)2}",
                 "model:(1)2",
+                SubAxisProblem::Unreduced,
                 "partial sums are kept over whole mesh axes, not sub-axes",
             ),
         ] {
+            assert_eq!(problem.to_string(), message);
             assert_eq!(
                 check(text, 1).unwrap_err(),
                 Error::InvalidSubAxis {
                     axis: axis.into(),
                     sharding: text.into(),
-                    message: message.into(),
+                    problem,
                     context: "src/model.rs:12: %3: ".into(),
                 },
                 "{text}"

@@ -4,7 +4,7 @@
 //! optimizers' parameter masks ([`Mask`](super::Mask)) and the
 //! initialisers ([`Init`](super::Init)).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, RequestProblem, Result};
 use crate::ir::Program;
 
 /// Whether `name` matches the glob `pattern`: `*` stands for any run of characters
@@ -74,10 +74,10 @@ impl Trainable {
                 {
                     return Err(Error::TrainRequest {
                         program: model.name.clone(),
-                        message: format!(
-                            "pattern `{unused}` matches no parameter (they are {})",
-                            names.join(", ")
-                        ),
+                        problem: RequestProblem::UnmatchedPattern {
+                            pattern: unused.clone(),
+                            names,
+                        },
                     });
                 }
                 // A parameter two patterns select (a pattern given twice, or two that
@@ -87,10 +87,11 @@ impl Trainable {
                     if let (Some(first), Some(second)) = (matching.next(), matching.next()) {
                         return Err(Error::TrainRequest {
                             program: model.name.clone(),
-                            message: format!(
-                                "patterns `{first}` and `{second}` both select parameter \
-                                 `{name}` (each parameter may be selected once)"
-                            ),
+                            problem: RequestProblem::OverlappingPatterns {
+                                first: first.clone(),
+                                second: second.clone(),
+                                name: name.clone(),
+                            },
                         });
                     }
                 }

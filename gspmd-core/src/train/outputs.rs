@@ -9,7 +9,7 @@
 //! gather (its blocks are dropped where they are).
 
 use super::names::glob_match;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{Error, InputProblem, RequestProblem, Result};
 use crate::ir::{Literal, Program};
 use crate::runtime::{Output, Value};
 
@@ -42,9 +42,9 @@ pub(super) fn select_aux(
     loss: usize,
     patterns: &[String],
 ) -> Result<Vec<(String, usize)>> {
-    let request = |message: String| Error::TrainRequest {
+    let request = |problem: RequestProblem| Error::TrainRequest {
         program: model.name.clone(),
-        message,
+        problem,
     };
     let candidates: Vec<(String, usize)> = (0..model.outputs.len())
         .filter(|&i| i != loss)
@@ -54,11 +54,10 @@ pub(super) fn select_aux(
         .iter()
         .find(|p| !candidates.iter().any(|(n, _)| glob_match(p, n)))
     {
-        let names: Vec<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(request(format!(
-            "aux pattern `{unused}` matches no model output besides the loss (they are [{}])",
-            names.join(", ")
-        )));
+        return Err(request(RequestProblem::UnmatchedAux {
+            pattern: unused.clone(),
+            names: candidates.iter().map(|(n, _)| n.clone()).collect(),
+        }));
     }
     let selected: Vec<(String, usize)> = candidates
         .into_iter()
@@ -68,11 +67,11 @@ pub(super) fn select_aux(
         .find(|(i, (name, _))| selected[..*i].iter().any(|(n, _)| n == name))
     {
         let first = selected.iter().find(|(n, _)| n == name).map_or(0, |s| s.1);
-        return Err(request(format!(
-            "model outputs {first} and {} are both named `{name}`: name them apart to \
-             return both as aux outputs",
-            selected[i].1
-        )));
+        return Err(request(RequestProblem::RepeatedAux {
+            first,
+            second: selected[i].1,
+            name: name.clone(),
+        }));
     }
     Ok(selected)
 }

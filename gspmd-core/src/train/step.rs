@@ -7,7 +7,7 @@ use super::names::Trainable;
 use super::optimizer::{Emitter, Optimizer, Param};
 use super::outputs::{AuxOutput, select_aux};
 use crate::autodiff::grad;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{Error, InputProblem, RequestProblem, Result};
 use crate::ir::Appender;
 use crate::ir::{DType, Literal, Program, TensorType, ValueId, verify};
 use crate::sharding::Sharding;
@@ -279,54 +279,54 @@ pub fn step_program_with(
 ) -> Result<TrainStep> {
     optimizer.validate()?;
     let trained = &trained.into().resolve(model)?[..];
-    let request = |message: String| Error::TrainRequest {
+    let request = |problem: RequestProblem| Error::TrainRequest {
         program: model.name.clone(),
-        message,
+        problem,
     };
     if trained.is_empty() {
-        return Err(request("no parameter to train".into()));
+        return Err(request(RequestProblem::NothingTrained));
     }
     if let Some((i, &p)) = trained
         .iter()
         .enumerate()
         .find(|(i, p)| trained[..*i].contains(p))
     {
-        return Err(request(format!(
-            "parameter {p} is listed twice among the trained parameters (at {i})"
-        )));
+        return Err(request(RequestProblem::RepeatedParameter {
+            index: p,
+            at: i,
+        }));
     }
     let rng = rng_input(model)?;
     if rng.is_some() && options.accumulate.is_some() {
-        return Err(request(format!(
-            "a random key (`{RNG}`) with gradient accumulation: the microbatches would \
-             need a key each"
-        )));
+        return Err(request(RequestProblem::NotWithAccumulation {
+            what: "a random key (`rng`)",
+            why: "the microbatches would need a key each",
+        }));
     }
     if !options.aux.is_empty() && options.accumulate.is_some() {
-        return Err(request(
-            "aux outputs with gradient accumulation: the step has one loss for all \
-             microbatches but no aux output of them"
-                .into(),
-        ));
+        return Err(request(RequestProblem::NotWithAccumulation {
+            what: "aux outputs",
+            why: "the step has one loss for all microbatches but no aux output of them",
+        }));
     }
     let accumulated;
     let (model, loss) = match options.accumulate {
         None => (model, loss),
         Some(k) => {
             if k == 0 {
-                return Err(request("gradient accumulation over 0 microbatches".into()));
+                return Err(request(RequestProblem::ZeroMicrobatches));
             }
             if let Some(&p) = trained.iter().find(|&&p| p >= model.params.len()) {
-                return Err(request(format!(
-                    "parameter {p} is out of range: the model has {} parameters",
-                    model.params.len()
-                )));
+                return Err(request(RequestProblem::NoSuchParameter {
+                    index: p,
+                    params: model.params.len(),
+                }));
             }
             if loss >= model.outputs.len() {
-                return Err(request(format!(
-                    "loss output {loss} is out of range: the model has {} outputs",
-                    model.outputs.len()
-                )));
+                return Err(request(RequestProblem::NoSuchOutput {
+                    index: loss,
+                    outputs: model.outputs.len(),
+                }));
             }
             accumulated = accumulated_loss(model, loss, trained, k)?;
             (&accumulated, 0)
@@ -477,11 +477,11 @@ fn rng_input(model: &Program) -> Result<Option<usize>> {
     if ty.dtype != DType::I32 || ty.shape[..] != [2] {
         return Err(Error::TrainRequest {
             program: model.name.clone(),
-            message: format!(
-                "parameter {index} `{RNG}` is the step's random key, an i32[2], but it is \
-                 {}{:?}",
-                ty.dtype, ty.shape
-            ),
+            problem: RequestProblem::RandomKey {
+                index,
+                name: RNG,
+                ty: ty.clone(),
+            },
         });
     }
     Ok(Some(index))
@@ -499,12 +499,11 @@ pub(super) fn name_is_free(
     match params.find(|node| node.name.as_deref() == Some(name)) {
         Some(node) => Err(Error::TrainRequest {
             program: model.name.clone(),
-            message: format!(
-                "the model's parameter `{name}` (declared at {}) has the name of {}, an \
-                 input the step adds: rename the parameter",
-                node.location,
-                added()
-            ),
+            problem: RequestProblem::ReservedName {
+                name: name.to_string(),
+                location: node.location,
+                added: added(),
+            },
         }),
         None => Ok(()),
     }

@@ -9,7 +9,7 @@ use super::init::Initializer;
 use super::outputs::{Fetch, StepOutput, output_name, request_aux, step_output};
 use super::schedule::Schedule;
 use super::step::TrainStep;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{Error, InputProblem, RequestProblem, Result};
 use crate::executable::{CompileOptions, Executable, compile_for};
 use crate::ir::random::{fold_in_data, key_data};
 use crate::ir::{Builder, DType, Literal, Program, TensorType};
@@ -573,12 +573,11 @@ impl Trainer {
         if loss >= model.outputs.len() || model.params.len() > self.step.program.params.len() {
             return Err(Error::TrainRequest {
                 program: model.name.clone(),
-                message: format!(
-                    "output {loss} of a model with {} outputs and {} parameters is not the \
-                     loss of this step's model",
-                    model.outputs.len(),
-                    model.params.len()
-                ),
+                problem: RequestProblem::NotTheStepsModel {
+                    loss,
+                    outputs: model.outputs.len(),
+                    params: model.params.len(),
+                },
             });
         }
         let backend = &*self.backend;

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::{Census, CollectiveProblem};
 use crate::ir::{Literal, ReduceKind};
 
 /// Where a device is at a rendezvous; every device of a meeting must be at the same place.
@@ -73,41 +74,18 @@ pub(super) struct Post {
 pub(super) type Round = Arc<Vec<Post>>;
 
 /// Checks that every post of `round` (the posts of `devices`, in that order) is at
-/// `call`; otherwise the census of where they are, the same message on every device.
-/// A post whose call is `call` itself (the meeting's shared instance) is not compared.
+/// `call`; otherwise [`CollectiveProblem::Disagree`] with the census of where they are,
+/// the same on every device. A post whose call is `call` itself (the meeting's shared
+/// instance) is not compared.
 pub(super) fn check_calls(
     round: &[Post],
     devices: &[usize],
     call: &Arc<Call>,
-) -> Result<(), String> {
+) -> Result<(), CollectiveProblem> {
     if (round.iter()).all(|p| Arc::ptr_eq(&p.call, call) || *p.call == **call) {
         return Ok(());
     }
     let places = devices.iter().zip(round).map(|(&d, p)| (d, &*p.call));
-    Err(format!(
-        "devices disagree on the collective: {}",
-        census(places)
-    ))
-}
-
-/// Where devices are, grouped by place in order of first appearance: `devices [0, 1, 2]
-/// are at all_reduce(sum) over [x]; device 3 is at the end of its program`.
-pub(super) fn census<P: PartialEq + fmt::Display>(
-    places: impl IntoIterator<Item = (usize, P)>,
-) -> String {
-    let mut grouped: Vec<(P, Vec<usize>)> = Vec::new();
-    for (device, call) in places {
-        match grouped.iter_mut().find(|(c, _)| *c == call) {
-            Some((_, devices)) => devices.push(device),
-            None => grouped.push((call, vec![device])),
-        }
-    }
-    let parts: Vec<String> = grouped
-        .iter()
-        .map(|(call, devices)| match devices.as_slice() {
-            [device] => format!("device {device} is at {call}"),
-            _ => format!("devices {devices:?} are at {call}"),
-        })
-        .collect();
-    parts.join("; ")
+    let census = Census::of(places);
+    Err(CollectiveProblem::Disagree { census })
 }

@@ -11,6 +11,7 @@ use ndarray::{
 
 use super::call::CollectiveOp;
 use super::group::Group;
+use crate::error::GroupProblem;
 use half::{bf16, f16};
 use smallvec::SmallVec;
 
@@ -259,7 +260,7 @@ impl ReductionOrder {
             let coords = mesh.device_coords(member).ok_or_else(|| Error::AxisGroup {
                 axes: axes.to_vec(),
                 mesh: mesh.to_string(),
-                message: format!("device {member} is not in the mesh"),
+                problem: GroupProblem::NoSuchDevice { device: member },
             })?;
             keys.push((coords, i));
         }

@@ -1,7 +1,7 @@
 //! Collective groups: the devices a collective over a list of mesh axes spans, in
 //! group order, and a device's index among them.
 
-use crate::error::Result;
+use crate::error::{CollectiveProblem, Error, Result};
 use crate::sharding::Mesh;
 
 /// The devices of one collective group, in group order, and this device's index in it.
@@ -31,10 +31,20 @@ impl Group {
     }
 }
 
+/// The problem of a collective whose group could not be joined: `error` from
+/// [`Group::of`] (an [`Error::AxisGroup`]) as [`CollectiveProblem::Group`].
+pub(super) fn group_problem(error: Error) -> CollectiveProblem {
+    match error {
+        Error::AxisGroup { problem, .. } => CollectiveProblem::Group { problem },
+        other => CollectiveProblem::Transfer {
+            reason: other.to_string(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
 
     fn axes(names: &[&str]) -> Vec<String> {
         names.iter().map(ToString::to_string).collect()

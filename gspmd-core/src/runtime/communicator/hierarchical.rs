@@ -45,7 +45,7 @@ use super::combine::{Element, ReductionOrder, block, by_dtype, literal_type, red
 use super::group::Group;
 use super::mpi::MpiCommunicator;
 use super::uplink::{Process, Step};
-use crate::error::{Error, Result};
+use crate::error::{Error, MpiProblem, Result};
 use crate::ir::{DType, Literal, ReduceKind};
 use crate::sharding::{AxisPart, Mesh};
 
@@ -94,11 +94,14 @@ impl Hierarchy {
             }
         }
         if remaining != 1 {
-            return Err(Error::MpiMesh(format!(
-                "{ranks} ranks of {threads} devices cannot each hold a block of mesh {mesh}: the \
-                 devices per rank must be the product of the minor axes' sizes times a \
-                 divisor of the next axis's (launch with mpirun -np {n} for one device per rank)"
-            )));
+            return Err(not_a_block(
+                format!(
+                    "{ranks} ranks of {threads} devices cannot each hold a block of mesh {mesh}: \
+                     the devices per rank must be the product of the minor axes' sizes times a \
+                     divisor of the next axis's"
+                ),
+                n,
+            ));
         }
         let rank_axes: Vec<usize> = (0..sizes.len()).filter(|&i| sizes[i] > inside[i]).collect();
         let across: Vec<(String, usize)> = (rank_axes.iter())
@@ -117,13 +120,16 @@ impl Hierarchy {
             if rank_ids[rank_position] == usize::MAX {
                 rank_ids[rank_position] = rank;
             } else if rank_ids[rank_position] != rank {
-                return Err(Error::MpiMesh(format!(
-                    "the devices of rank {rank} ({}..{}) are not a block of mesh {mesh} (the \
-                     devices sharing their coordinates on its major digits): reorder the \
-                     mesh's devices or launch with mpirun -np {n} for one device per rank",
-                    rank * threads,
-                    (rank + 1) * threads
-                )));
+                return Err(not_a_block(
+                    format!(
+                        "the devices of rank {rank} ({}..{}) are not a block of mesh {mesh} (the \
+                         devices sharing their coordinates on its major digits): reorder the \
+                         mesh's devices",
+                        rank * threads,
+                        (rank + 1) * threads
+                    ),
+                    n,
+                ));
             }
             *position_of = position;
             at[rank * threads + position] = device;
@@ -175,10 +181,11 @@ impl Hierarchy {
         let (mut across, mut local) = (Vec::new(), Vec::new());
         for name in axes {
             let uneven = || {
-                Error::MpiMesh(format!(
+                let reason = format!(
                     "axis `{name}` of mesh {} is cut unevenly between ranks",
                     self.mesh
-                ))
+                );
+                not_a_block(reason, self.mesh.num_devices())
             };
             let part = self.mesh.axis_part(name).ok_or_else(uneven)?;
             let size = self.mesh.axes()[part.axis].1;
@@ -284,14 +291,15 @@ impl Plan {
             order.levels.iter().copied().filter(|&d| d > 1).collect()
         };
         if digits(&whole) != [digits(&inner), digits(&outer)].concat() {
-            return Err(Error::MpiMesh(format!(
+            let reason = format!(
                 "a reduction over {axes:?} on mesh {mesh} has digits {:?}, which ranks of {} \
                  devices cut: inside a rank {:?}, across ranks {:?}",
                 digits(&whole),
                 hierarchy.threads,
                 digits(&inner),
                 digits(&outer)
-            )));
+            );
+            return Err(not_a_block(reason, mesh.num_devices()));
         }
         Ok(Plan {
             rank_index: hierarchy.rank_index(rank, &across)?,
@@ -326,11 +334,12 @@ impl Process for RankSteps<'_> {
                     .meet("the end of its program")
                     .map(|()| Vec::new());
             }
-            Call::Process => return Err(Error::MpiMesh("a device posted no step".into())),
+            Call::Process => return Err(internal("a device posted no step".into())),
         };
-        let first = step.operands.first().ok_or_else(|| {
-            Error::MpiMesh(format!("{}: the devices posted no operands", step.call))
-        })?;
+        let first = step
+            .operands
+            .first()
+            .ok_or_else(|| internal(format!("{}: the devices posted no operands", step.call)))?;
         let plan = self.hierarchy.plan(axes, step.devices)?;
         let place = format!("{} of {}", step.call, literal_type(first));
         let dtype = first.dtype();
@@ -422,7 +431,7 @@ impl Run<'_> {
         let results = by_dtype!(
             operands[0].dtype(),
             reduction(self, &operands, kind, dim),
-            narrow => Err(Error::MpiMesh("narrow floats reduce in f32".into()))
+            narrow => Err(internal("narrow floats reduce in f32".into()))
         )?;
         Ok(if dtype.is_narrow_float() {
             results.iter().map(|r| r.convert(dtype)).collect()
@@ -435,9 +444,7 @@ impl Run<'_> {
 /// The typed arrays of `operands`.
 fn arrays<'a, T: Element>(operands: &[&'a Literal]) -> Result<Vec<&'a ArrayD<T>>> {
     (operands.iter())
-        .map(|x| {
-            T::array(x).ok_or_else(|| Error::MpiMesh(format!("an operand is not {}", T::DTYPE)))
-        })
+        .map(|x| T::array(x).ok_or_else(|| internal(format!("an operand is not {}", T::DTYPE))))
         .collect()
 }
 
@@ -445,19 +452,19 @@ fn arrays<'a, T: Element>(operands: &[&'a Literal]) -> Result<Vec<&'a ArrayD<T>>
 fn stack<T: Element>(views: &[ArrayViewD<'_, T>]) -> Result<Literal> {
     ndarray::stack(Axis(0), views)
         .map(T::literal)
-        .map_err(|e| Error::MpiMesh(format!("stacking the rank's operands: {e}")))
+        .map_err(|e| internal(format!("stacking the rank's operands: {e}")))
 }
 
 /// `views` concatenated along `dim`.
 fn concatenate<T: Element>(dim: usize, views: &[ArrayViewD<'_, T>]) -> Result<Literal> {
     ndarray::concatenate(Axis(dim), views)
         .map(T::literal)
-        .map_err(|e| Error::MpiMesh(format!("cannot concatenate along dim {dim}: {e}")))
+        .map_err(|e| internal(format!("cannot concatenate along dim {dim}: {e}")))
 }
 
 /// The typed array of a rank-level result.
 fn array<T: Element>(x: &Literal) -> Result<&ArrayD<T>> {
-    T::array(x).ok_or_else(|| Error::MpiMesh(format!("a rank-level result is not {}", T::DTYPE)))
+    T::array(x).ok_or_else(|| internal(format!("a rank-level result is not {}", T::DTYPE)))
 }
 
 fn reduction<T: Element>(
@@ -472,7 +479,7 @@ fn reduction<T: Element>(
         .map(|class| {
             let views: Vec<ArrayViewD<'_, T>> = class.iter().map(|&s| xs[s].view()).collect();
             reduce_blocks(kind, &plan.inner, &views)
-                .ok_or_else(|| Error::MpiMesh("an empty group inside a rank".into()))
+                .ok_or_else(|| internal("an empty group inside a rank".into()))
         })
         .collect::<Result<Vec<ArrayD<T>>>>()?;
     let Some(dim) = dim else {
@@ -498,7 +505,7 @@ fn reduction<T: Element>(
                 let blocks: Vec<ArrayViewD<'_, T>> =
                     order.iter().map(|&(_, i)| block(p, dim, n, i)).collect();
                 ndarray::concatenate(Axis(dim), &blocks)
-                    .map_err(|e| Error::MpiMesh(format!("reordering blocks: {e}")))
+                    .map_err(|e| internal(format!("reordering blocks: {e}")))
             })
             .collect::<Result<Vec<ArrayD<T>>>>()?
     };
@@ -513,7 +520,7 @@ fn reduction<T: Element>(
     (0..plan.class_of.len())
         .map(|s| {
             let k = (mine.iter().position(|&i| i == plan.index[s]))
-                .ok_or_else(|| Error::MpiMesh("a member's block went to another rank".into()))?;
+                .ok_or_else(|| internal("a member's block went to another rank".into()))?;
             let row = scattered.index_axis(Axis(0), plan.class_of[s]);
             Ok(T::literal(block(&row, dim, mine.len(), k).to_owned()))
         })
@@ -622,4 +629,19 @@ fn collective_permute<T: Element>(run: &Run<'_>, pairs: &[(usize, usize)]) -> Re
             }
         })
         .collect()
+}
+
+/// An [`Error::MpiMesh`] saying that ranks cannot hold blocks of the mesh of `devices`
+/// devices: `reason`.
+fn not_a_block(reason: String, devices: usize) -> Error {
+    Error::MpiMesh {
+        problem: MpiProblem::NotABlock { reason, devices },
+    }
+}
+
+/// An [`Error::MpiMesh`] for a broken invariant of the rank's bookkeeping.
+fn internal(reason: String) -> Error {
+    Error::MpiMesh {
+        problem: MpiProblem::Internal { reason },
+    }
 }

@@ -44,13 +44,13 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use super::super::buffers;
 use super::Communicator;
-use super::call::{Call, CollectiveOp, census};
+use super::call::{Call, CollectiveOp};
 use super::combine::{
     Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
     reduce_chunks_into, standard_layout,
 };
-use super::group::Group;
-use crate::error::{Error, Result};
+use super::group::{Group, group_problem};
+use crate::error::{Census, CollectiveProblem, Error, MpiProblem, Result};
 use crate::ir::{DType, Literal, ReduceKind};
 use crate::sharding::Mesh;
 
@@ -184,12 +184,12 @@ impl MpiCommunicator {
     /// with a census of where the ranks are.
     /// Once a rank has left (dropped its mesh), every meeting is an [`Error::MpiMesh`].
     pub(crate) fn meet(&self, place: &str) -> Result<()> {
-        let left = |rank: usize| {
-            Error::MpiMesh(format!(
-                "{} has left the mesh (dropped its MpiMesh); device {} is at {place}",
-                self.name_ranks(&[rank]),
-                self.device()
-            ))
+        let left = |rank: usize| Error::MpiMesh {
+            problem: MpiProblem::Left {
+                rank,
+                device: self.device(),
+                place: place.to_string(),
+            },
         };
         if let Some(rank) = self.left.get() {
             return Err(left(rank));
@@ -215,10 +215,9 @@ impl MpiCommunicator {
             Error::Collective {
                 device: self.device(),
                 collective: place.to_string(),
-                message: format!(
-                    "ranks disagree: {}",
-                    census(places.map(|(r, (_, p))| (r * self.threads, p)))
-                ),
+                problem: CollectiveProblem::Disagree {
+                    census: Census::of(places.map(|(r, (_, p))| (r * self.threads, p))),
+                },
             }
         };
         self.met_failure.set(true);
@@ -356,9 +355,10 @@ impl MpiCommunicator {
         let comm = self
             .world
             .split_by_color_with_key(colour, count(group.index)?)
-            .ok_or_else(|| Error::RankFailed {
-                rank: self.rank,
-                message: format!("MPI_Comm_split over {axes:?} gave no communicator"),
+            .ok_or_else(|| Error::MpiMesh {
+                problem: MpiProblem::Internal {
+                    reason: format!("MPI_Comm_split over {axes:?} gave no communicator"),
+                },
             })?;
         let joined = Rc::new(Joined { group, order, comm });
         (self.groups.borrow_mut()).insert(axes.to_vec(), Rc::clone(&joined));
@@ -386,34 +386,36 @@ impl MpiCommunicator {
             Some(step) => self.meet(&format!("{step}: {call} of {operand}"))?,
             None => self.meet(&format!("{call} of {operand}"))?,
         }
-        let fail = |message: String| Error::Collective {
+        let fail = |problem: CollectiveProblem| Error::Collective {
             device: self.device(),
             collective: call.to_string(),
-            message,
+            problem,
         };
+        let transfer = |reason: String| fail(CollectiveProblem::Transfer { reason });
         let Call::Collective { op, .. } = &call else {
-            return Err(fail("not a collective".into()));
+            return Err(transfer("not a collective".into()));
         };
-        let joined = self.joined(axes).map_err(|e| fail(e.to_string()))?;
-        check_arguments(op, &joined.group, &operand.shape).map_err(fail)?;
+        let joined = self.joined(axes).map_err(|e| fail(group_problem(e)))?;
+        check_arguments(op, &joined.group, &operand.shape)
+            .map_err(|reason| fail(CollectiveProblem::Arguments { reason }))?;
         // bf16 and f16 travel as f32 (MPI has no datatype for them): exact, and a
         // reduction of them then sums in f32 in the group's order and rounds once, as on
         // the thread mesh (`combine`), so the results are bitwise the same.
         if operand.dtype.is_narrow_float() {
             let wide = move_data(&joined, &self.scratch, op, x.convert(DType::F32));
-            return Ok(wide.map_err(fail)?.convert(operand.dtype));
+            return Ok(wide.map_err(transfer)?.convert(operand.dtype));
         }
-        move_data(&joined, &self.scratch, op, x).map_err(fail)
+        move_data(&joined, &self.scratch, op, x).map_err(transfer)
     }
 
     /// Every rank's `blocks` (all of one shape and dtype, as many on every rank), by rank
     /// then as given: for outputs, which after a successful run have one shape and
     /// dtype on every device (checked at the meeting).
     pub(crate) fn gather_world(&self, blocks: Vec<Literal>) -> Result<Vec<Literal>> {
-        let fail = |message: String| Error::Collective {
+        let fail = |reason: String| Error::Collective {
             device: self.device(),
             collective: "the gathering of an output".into(),
-            message,
+            problem: CollectiveProblem::Transfer { reason },
         };
         let first = blocks.first().ok_or_else(|| fail("no blocks".into()))?;
         let (dtype, shape) = (first.dtype(), literal_type(first));
@@ -447,10 +449,10 @@ impl MpiCommunicator {
     pub(crate) fn all_gather_bytes(&self, place: &str, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
         self.meet(&format!("the gathering of {place}"))?;
         let n = self.mesh.num_devices();
-        let fail = |message: String| Error::Collective {
+        let fail = |reason: String| Error::Collective {
             device: self.device(),
             collective: format!("the gathering of {place}"),
-            message,
+            problem: CollectiveProblem::Transfer { reason },
         };
         let mut lengths = vec![0u64; n];
         self.world
@@ -478,7 +480,9 @@ impl std::fmt::Debug for MpiCommunicator {
 
 /// An MPI count (a C int) for `n`.
 fn count(n: usize) -> Result<i32> {
-    i32::try_from(n).map_err(|_| Error::MpiMesh(format!("{n} elements exceed an MPI count")))
+    i32::try_from(n).map_err(|_| Error::MpiMesh {
+        problem: MpiProblem::Count { elements: n },
+    })
 }
 
 fn counts(sizes: &[usize]) -> Result<(Vec<i32>, Vec<i32>), String> {

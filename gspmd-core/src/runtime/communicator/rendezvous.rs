@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::call::{Call, Post, Round, census};
-use crate::error::{Error, Result};
+use super::call::{Call, Post, Round};
+use crate::error::{Census, CollectiveProblem, Error, Result, ThreadMeshProblem};
 
 /// No code run under these locks can panic, so a poisoned lock's state is sound.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -283,14 +283,14 @@ impl Rendezvous {
         timeout: Option<Duration>,
     ) -> Result<Round> {
         let call = Arc::clone(&post.call);
-        let collective_error = |message: String| Error::Collective {
+        let collective_error = |problem: CollectiveProblem| Error::Collective {
             device,
             collective: call.to_string(),
-            message,
+            problem,
         };
         let slot = meeting
             .slot(device)
-            .ok_or_else(|| collective_error(format!("device {device} is not in this group")))?;
+            .ok_or_else(|| collective_error(CollectiveProblem::NotInGroup { device }))?;
         let mut state = lock(&meeting.state);
         if state.generation != generation || self.generation() != generation {
             return Err(stale(device));
@@ -300,9 +300,7 @@ impl Rendezvous {
             return Err(self.aborted_error(device));
         }
         if state.pending[slot].is_some() {
-            return Err(collective_error(
-                "this device is already in a collective (called concurrently?)".into(),
-            ));
+            return Err(collective_error(CollectiveProblem::Concurrent));
         }
         state.pending[slot] = Some(post);
         state.arrived += 1;
@@ -401,7 +399,11 @@ impl Rendezvous {
         } else {
             state.completed.clone()
         };
-        round.ok_or_else(|| Error::ThreadMesh("completed round already collected".into()))
+        round.ok_or_else(|| Error::ThreadMesh {
+            problem: ThreadMeshProblem::Internal {
+                reason: "completed round already collected".into(),
+            },
+        })
     }
 
     /// The error of an arrival that left every device waiting: a census of where each
@@ -410,7 +412,7 @@ impl Rendezvous {
         &self,
         device: usize,
         generation: u64,
-        collective_error: impl FnOnce(String) -> Error,
+        collective_error: impl FnOnce(CollectiveProblem) -> Error,
     ) -> Error {
         let mut places: Vec<(usize, Arc<Call>)> = Vec::with_capacity(self.participants.len());
         for meeting in lock(&self.meetings).values() {
@@ -423,10 +425,8 @@ impl Rendezvous {
             }
         }
         places.sort_by_key(|(d, _)| *d);
-        let error = collective_error(format!(
-            "every device waits at a collective that others are not at: {}",
-            census(places.iter().map(|(d, call)| (*d, &**call)))
-        ));
+        let census = Census::of(places.iter().map(|(d, call)| (*d, &**call)));
+        let error = collective_error(CollectiveProblem::Deadlock { census });
         self.abort(generation, error.clone());
         // A concurrent abort (whose releases left the count stale) is the real cause.
         match lock(&self.abort).cause.as_ref() {
@@ -500,9 +500,9 @@ impl Rendezvous {
 
 /// The error of a device still in a run that has ended (after an abort).
 fn stale(device: usize) -> Error {
-    let cause = Error::ThreadMesh(format!(
-        "device {device} is still running an earlier, failed run"
-    ));
+    let cause = Error::ThreadMesh {
+        problem: ThreadMeshProblem::StaleRun { device },
+    };
     aborted(device, &cause)
 }
 

@@ -18,10 +18,10 @@ use super::combine::{
     Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
     reduce_blocks, reduce_chunks, same_type, shape_of, standard_layout,
 };
-use super::group::Group;
+use super::group::{Group, group_problem};
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
 use super::uplink::Uplink;
-use crate::error::{Error, Result};
+use crate::error::{CollectiveProblem, Error, Result, ThreadMeshProblem};
 use crate::ir::{Literal, ReduceKind};
 use crate::sharding::Mesh;
 
@@ -198,7 +198,11 @@ impl SharedMemoryCommunicator {
                     call,
                     Some(x),
                 )?
-                .ok_or_else(|| Error::ThreadMesh("the process gave no result".into())),
+                .ok_or_else(|| Error::ThreadMesh {
+                    problem: ThreadMeshProblem::Internal {
+                        reason: "the process gave no result".into(),
+                    },
+                }),
         });
         self.abort_on_error(result)
     }
@@ -212,24 +216,24 @@ impl SharedMemoryCommunicator {
                 axes: axes.to_vec(),
             }
             .to_string(),
-            message: e.to_string(),
+            problem: group_problem(e),
         })?;
         let call = joined.call(op, axes);
-        let fail = |message: String| Error::Collective {
+        let fail = |problem: CollectiveProblem| Error::Collective {
             device: self.device,
             collective: call.to_string(),
-            message,
+            problem,
         };
         let Call::Collective { op, .. } = &*call else {
-            return Err(fail("not a collective".into()));
+            let reason = "not a collective".into();
+            return Err(fail(CollectiveProblem::Transfer { reason }));
         };
         let shape = shape_of(&x);
-        check_arguments(op, &joined.group, shape).map_err(fail)?;
+        check_arguments(op, &joined.group, shape)
+            .map_err(|reason| fail(CollectiveProblem::Arguments { reason }))?;
         if let Some(uplink) = &joined.uplink {
             if !self.linked {
-                return Err(fail(
-                    "the group spans processes, but this run stays inside the process".into(),
-                ));
+                return Err(fail(CollectiveProblem::Unlinked));
             }
             return Ok(Start::Process(Arc::clone(uplink), call, x));
         }
@@ -270,12 +274,12 @@ impl SharedMemoryCommunicator {
         for (&member, &slot) in joined.group.members.iter().zip(&joined.slots) {
             let theirs = (round[slot].data.as_deref()).filter(|_| round[slot].checked);
             if let Some(theirs) = theirs.filter(|t| !same_type(t, &mine)) {
-                return Err(fail(format!(
-                    "operands differ across the group: device {} has {}, device {member} has {}",
-                    self.device,
-                    literal_type(&mine),
-                    literal_type(theirs)
-                )));
+                return Err(fail(CollectiveProblem::OperandsDiffer {
+                    device: self.device,
+                    ty: literal_type(&mine),
+                    other: member,
+                    other_ty: literal_type(theirs),
+                }));
             }
         }
         Ok(Start::Exchange(Exchange {
@@ -312,11 +316,11 @@ impl SharedMemoryCommunicator {
                 Duration::ZERO,
             )
             .and_then(|round| {
-                check_calls(&round, self.everyone.devices(), &call).map_err(|message| {
+                check_calls(&round, self.everyone.devices(), &call).map_err(|problem| {
                     Error::Collective {
                         device: self.device,
                         collective: call.to_string(),
-                        message,
+                        problem,
                     }
                 })
             });
@@ -339,11 +343,11 @@ impl Exchange {
         &self.joined.group
     }
 
-    fn fail(&self, message: String) -> Error {
+    fn fail(&self, reason: String) -> Error {
         Error::Collective {
             device: self.device,
             collective: self.call.to_string(),
-            message,
+            problem: CollectiveProblem::Transfer { reason },
         }
     }
 
@@ -506,10 +510,10 @@ fn all_reduce_typed<T: Element>(
         comm.rendezvous
             .exchange(&meeting, comm.device, comm.generation, post, Duration::ZERO)?;
     let mut result = Arc::unwrap_or_clone(mine);
-    let fail = |message: String| Error::Collective {
+    let fail = |reason: String| Error::Collective {
         device: comm.device,
         collective: call.to_string(),
-        message,
+        problem: CollectiveProblem::Transfer { reason },
     };
     let out = T::array_mut(&mut result)
         .and_then(|a| a.as_slice_mut())

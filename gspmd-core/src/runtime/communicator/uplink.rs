@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::call::{Call, Post, check_calls};
 use super::combine::{literal_type, same_type};
 use super::rendezvous::{Meeting, PROCESS, Rendezvous};
-use crate::error::{Error, Result};
+use crate::error::{CollectiveProblem, Error, Result};
 use crate::ir::Literal;
 
 /// A step of a process: where its devices are (all at the same place) and their
@@ -39,15 +39,15 @@ impl Step<'_> {
         };
         match (self.devices.iter().zip(&self.operands)).find(|(_, x)| !same_type(x, first)) {
             None => Ok(()),
-            Some((other, x)) => Err(Error::Collective {
+            Some((&other, x)) => Err(Error::Collective {
                 device,
                 collective: self.call.to_string(),
-                message: format!(
-                    "operands differ across the process's devices: device {device} has {}, \
-                     device {other} has {}",
-                    literal_type(first),
-                    literal_type(x)
-                ),
+                problem: CollectiveProblem::OperandsDiffer {
+                    device,
+                    ty: literal_type(first),
+                    other,
+                    other_ty: literal_type(x),
+                },
             }),
         }
     }
@@ -143,10 +143,10 @@ impl Uplink {
                 .and_then(|round| {
                     let posts = &round[..devices.len()];
                     let call = Arc::clone(&posts[0].call);
-                    check_calls(posts, devices, &call).map_err(|message| Error::Collective {
+                    check_calls(posts, devices, &call).map_err(|problem| Error::Collective {
                         device: devices[0],
                         collective: call.to_string(),
-                        message,
+                        problem,
                     })?;
                     let operands = posts.iter().filter_map(|p| p.data.as_deref()).collect();
                     let step = Step {

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{CheckpointProblem, Error, Result};
 use crate::ir::{DType, TensorType};
 use crate::sharding::{Mesh, Sharding};
 
@@ -241,57 +241,58 @@ impl Index {
     /// [`written_blocks`] gives, in files the index lists. Any problem is an
     /// [`Error::Checkpoint`] naming `path` (and the tensor).
     pub fn read(path: &Path) -> Result<Index> {
-        let fail = |tensor: Option<&str>, message: String| Error::Checkpoint {
+        let fail = |tensor: Option<&str>, problem: CheckpointProblem| Error::Checkpoint {
             path: path.display().to_string(),
             tensor: tensor.map(str::to_string),
-            message,
+            problem,
         };
+        let blocks = |reason: String| CheckpointProblem::Blocks { reason };
         let bytes = std::fs::read(path).map_err(|e| {
-            let hint = match e.kind() {
-                std::io::ErrorKind::NotFound => " (no save of this checkpoint has committed)",
-                _ => "",
+            let problem = match e.kind() {
+                std::io::ErrorKind::NotFound => CheckpointProblem::NoIndex,
+                _ => CheckpointProblem::Io {
+                    reason: e.to_string(),
+                },
             };
-            fail(None, format!("{e}{hint}"))
+            fail(None, problem)
         })?;
-        let index: Index = serde_json::from_slice(&bytes)
-            .map_err(|e| fail(None, format!("not a checkpoint index: {e}")))?;
+        let index: Index = serde_json::from_slice(&bytes).map_err(|e| {
+            let reason = format!("not a checkpoint index: {e}");
+            fail(None, CheckpointProblem::Format { reason })
+        })?;
         if index.format != FORMAT || index.version != VERSION {
-            return Err(fail(
-                None,
-                format!(
-                    "format `{}` version {}; this reader reads `{FORMAT}` version {VERSION}",
-                    index.format, index.version
-                ),
-            ));
+            let problem = CheckpointProblem::Version {
+                format: index.format,
+                version: index.version,
+                reads: FORMAT,
+                reads_version: VERSION,
+            };
+            return Err(fail(None, problem));
         }
         for (i, tensor) in index.tensors.iter().enumerate() {
             let name = tensor.name.as_str();
             if index.tensors[..i].iter().any(|t| t.name == name) {
-                return Err(fail(Some(name), "listed twice".into()));
+                return Err(fail(Some(name), CheckpointProblem::RepeatedName));
             }
             (tensor.sharding)
                 .validate(&index.mesh, tensor.shape.len(), "")
-                .map_err(|e| fail(Some(name), e.to_string()))?;
+                .map_err(|e| fail(Some(name), blocks(e.to_string())))?;
             let expected = written_blocks(&index.mesh, &tensor.sharding, &tensor.shape);
             let recorded = tensor.blocks.iter().map(|b| (b.device, b.block.clone()));
             if !recorded.eq(expected) {
-                return Err(fail(
-                    Some(name),
-                    format!(
-                        "its blocks are not those of sharding {} of shape {:?} on {}",
-                        tensor.sharding, tensor.shape, index.mesh
-                    ),
-                ));
+                let reason = format!(
+                    "its blocks are not those of sharding {} of shape {:?} on {}",
+                    tensor.sharding, tensor.shape, index.mesh
+                );
+                return Err(fail(Some(name), blocks(reason)));
             }
             if let Some(b) = tensor.blocks.iter().find(|b| b.file >= index.files.len()) {
-                return Err(fail(
-                    Some(name),
-                    format!(
-                        "a block is in file {}, but the index lists {} files",
-                        b.file,
-                        index.files.len()
-                    ),
-                ));
+                let reason = format!(
+                    "a block is in file {}, but the index lists {} files",
+                    b.file,
+                    index.files.len()
+                );
+                return Err(fail(Some(name), blocks(reason)));
             }
         }
         Ok(index)

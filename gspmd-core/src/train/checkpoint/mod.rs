@@ -32,7 +32,7 @@ use std::path::Path;
 pub use single_file::{load_checkpoint, save_checkpoint};
 
 use super::trainer::Trainer;
-use crate::error::{Error, InputProblem, Result};
+use crate::error::{CheckpointProblem, Error, InputProblem, Result};
 use crate::runtime::{Backend, Resident};
 
 impl Trainer {
@@ -157,6 +157,8 @@ fn together<T>(
     value.ok_or_else(|| Error::Checkpoint {
         path: path.display().to_string(),
         tensor: None,
-        message: format!("{place}: the backend returned without running it"),
+        problem: CheckpointProblem::NotRun {
+            place: place.to_string(),
+        },
     })
 }

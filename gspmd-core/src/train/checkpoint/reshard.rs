@@ -21,8 +21,8 @@ use super::index::{Block, INDEX, Index, TensorRecord};
 use super::single_file::stored_dtype;
 use super::write::SAVE_ID;
 use super::{Carried, carried, together};
-use crate::error::{Error, Result};
-use crate::ir::Literal;
+use crate::error::{CheckpointProblem, Error, Result};
+use crate::ir::{Literal, TensorType};
 use crate::train::trainer::Trainer;
 
 /// The largest safetensors header read (as the safetensors crate's limit): a corrupt
@@ -59,14 +59,14 @@ fn partly_loaded(e: Error, loaded: &[Loading]) -> Error {
         Error::Checkpoint {
             path,
             tensor,
-            message,
+            problem,
         } if !names.is_empty() => Error::Checkpoint {
             path,
             tensor,
-            message: format!(
-                "{message} (the trainer's {} were loaded already, the rest not)",
-                names.join(", ")
-            ),
+            problem: CheckpointProblem::PartlyLoaded {
+                loaded: names.iter().map(ToString::to_string).collect(),
+                problem: Box::new(problem),
+            },
         },
         e => e,
     }
@@ -101,20 +101,18 @@ impl Plan {
     fn new(trainer: &Trainer, dir: &Path) -> Result<Plan> {
         let index_path = dir.join(INDEX);
         let index = Index::read(&index_path)?;
-        let fail = |tensor: Option<&str>, message: String| Error::Checkpoint {
+        let fail = |tensor: Option<&str>, problem: CheckpointProblem| Error::Checkpoint {
             path: index_path.display().to_string(),
             tensor: tensor.map(str::to_string),
-            message,
+            problem,
         };
         let optimizer = trainer.train_step().optimizer.name();
         if index.optimizer != optimizer {
-            return Err(fail(
-                None,
-                format!(
-                    "the state of an `{}` optimizer cannot load into a trainer of `{optimizer}`",
-                    index.optimizer
-                ),
-            ));
+            let problem = CheckpointProblem::Optimizer {
+                saved: index.optimizer.clone(),
+                given: optimizer,
+            };
+            return Err(fail(None, problem));
         }
         let backend = trainer.backend();
         let mesh = backend.mesh().clone();
@@ -123,18 +121,16 @@ impl Plan {
         for carried in carried(trainer)? {
             let name = carried.name.as_str();
             let saved = (index.tensor(name).cloned())
-                .ok_or_else(|| fail(Some(name), "missing from the checkpoint".into()))?;
+                .ok_or_else(|| fail(Some(name), CheckpointProblem::Missing))?;
             let want = &carried.resident.ty;
             let convertible =
                 saved.dtype == want.dtype || (saved.dtype.is_float() && want.dtype.is_float());
             if saved.shape != want.shape || !convertible {
-                return Err(fail(
-                    Some(name),
-                    format!(
-                        "saved as {}{:?}, the step takes {want}",
-                        saved.dtype, saved.shape
-                    ),
-                ));
+                let problem = CheckpointProblem::Type {
+                    saved: TensorType::new(saved.shape.clone(), saved.dtype),
+                    expected: want.clone(),
+                };
+                return Err(fail(Some(name), problem));
             }
             let mut starts = HashMap::new();
             for device in backend.local_devices() {
@@ -185,17 +181,17 @@ impl Plan {
             let Some(overlap) = target.overlap(&b.block) else {
                 continue;
             };
-            let fail = |path: &Path, message: String| Error::Checkpoint {
+            let fail = |path: &Path, problem: CheckpointProblem| Error::Checkpoint {
                 path: path.display().to_string(),
                 tensor: Some(tensor.carried.name.clone()),
-                message,
+                problem,
             };
             let (Some(&start), Some(file)) = (tensor.starts.get(&i), self.files.get(&b.file))
             else {
-                let message = format!("block {:?} was not planned", b.block);
-                return Err(fail(&self.dir, message));
+                let reason = format!("block {:?} was not planned", b.block);
+                return Err(fail(&self.dir, CheckpointProblem::Blocks { reason }));
             };
-            let fail = |message| fail(&file.path, message);
+            let fail = |reason| fail(&file.path, CheckpointProblem::Io { reason });
             // The saved block's elements from the overlap's first to its last.
             let first = b.block.position(&overlap.offsets);
             let count = b.block.position(&overlap.last()) + 1 - first;
@@ -214,7 +210,9 @@ impl Plan {
                 Error::Checkpoint {
                     path: self.dir.display().to_string(),
                     tensor: Some(tensor.carried.name.clone()),
-                    message: format!("{message} (a damaged block)"),
+                    problem: CheckpointProblem::Format {
+                        reason: format!("{message} (a damaged block)"),
+                    },
                 }
             })?;
         Ok(if want.dtype == saved.dtype {
@@ -270,39 +268,43 @@ impl ShardFile {
     /// from it, named in errors): a safetensors file whose length is what its header
     /// says, and whose `gspmd.checkpoint` metadata is `id`.
     fn open(path: PathBuf, id: &str, tensor: &str) -> Result<ShardFile> {
-        let fail = |message: String| Error::Checkpoint {
+        let fail = |problem: CheckpointProblem| Error::Checkpoint {
             path: path.display().to_string(),
             tensor: Some(tensor.to_string()),
-            message,
+            problem,
         };
-        let file = File::open(&path).map_err(|e| fail(e.to_string()))?;
-        let len = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+        let io = |e: std::io::Error| {
+            let reason = e.to_string();
+            fail(CheckpointProblem::Io { reason })
+        };
+        let format = |reason: String| fail(CheckpointProblem::Format { reason });
+        let file = File::open(&path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
         let mut word = [0u8; 8];
         file.read_exact_at(&mut word, 0)
-            .map_err(|e| fail(format!("no safetensors header ({len} bytes): {e}")))?;
+            .map_err(|e| format(format!("no safetensors header ({len} bytes): {e}")))?;
         let n = u64::from_le_bytes(word);
         if n > MAX_HEADER || n > len - 8 {
-            return Err(fail(format!(
+            return Err(format(format!(
                 "a header of {n} bytes, in a file of {len}: truncated or not safetensors"
             )));
         }
         let mut header = vec![0u8; n as usize];
-        file.read_exact_at(&mut header, 8)
-            .map_err(|e| fail(e.to_string()))?;
+        file.read_exact_at(&mut header, 8).map_err(io)?;
         let metadata: Metadata = serde_json::from_slice(&header)
-            .map_err(|e| fail(format!("not a safetensors header: {e}")))?;
+            .map_err(|e| format(format!("not a safetensors header: {e}")))?;
         let end = 8 + n + metadata.data_len() as u64;
         if end != len {
-            return Err(fail(format!(
+            return Err(format(format!(
                 "{len} bytes, but its header describes {end}: truncated or damaged"
             )));
         }
         let save = metadata.metadata().as_ref().and_then(|m| m.get(SAVE_ID));
         if save.map(String::as_str) != Some(id) {
-            return Err(fail(format!(
-                "the file belongs to save {}, the index to save {id}",
-                save.map_or("(none)", String::as_str)
-            )));
+            return Err(fail(CheckpointProblem::OtherSave {
+                file: save.cloned(),
+                index: id.to_string(),
+            }));
         }
         Ok(ShardFile {
             path,
@@ -315,10 +317,10 @@ impl ShardFile {
     /// Where `block` of `tensor`, stored as `name`, starts in the file, once its dtype
     /// and shape in the header are checked against the index's.
     fn start(&self, name: &str, tensor: &TensorRecord, block: &Block) -> Result<u64> {
-        let fail = |message: String| Error::Checkpoint {
+        let fail = |reason: String| Error::Checkpoint {
             path: self.path.display().to_string(),
             tensor: Some(tensor.name.clone()),
-            message,
+            problem: CheckpointProblem::Format { reason },
         };
         let info = (self.metadata.info(name))
             .ok_or_else(|| fail(format!("the file holds no block `{name}`")))?;

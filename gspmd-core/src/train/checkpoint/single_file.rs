@@ -8,7 +8,7 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use crate::error::{Error, Result};
+use crate::error::{CheckpointProblem, Error, Result};
 use crate::ir::{DType, Literal};
 
 /// Header metadata key prefix recording the order tensors were given in: key
@@ -21,24 +21,21 @@ const ORDER: &str = "gspmd.order.";
 /// [`load_checkpoint`] returns them in the same order.
 pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) -> Result<()> {
     let path = path.as_ref();
-    let fail = |tensor: Option<&str>, message: String| Error::Checkpoint {
+    let fail = |tensor: Option<&str>, problem: CheckpointProblem| Error::Checkpoint {
         path: path.display().to_string(),
         tensor: tensor.map(str::to_string),
-        message,
+        problem,
     };
+    let format =
+        |tensor: Option<&str>, reason: String| fail(tensor, CheckpointProblem::Format { reason });
     let mut order = HashMap::with_capacity(tensors.len());
     let mut bytes = Vec::with_capacity(tensors.len());
     for (i, (name, lit)) in tensors.iter().enumerate() {
         if tensors[..i].iter().any(|(n, _)| n == name) {
-            return Err(fail(Some(name), "the name is given twice".into()));
+            return Err(fail(Some(name), CheckpointProblem::RepeatedName));
         }
         if name == "__metadata__" {
-            return Err(fail(
-                Some(name),
-                "the name is reserved by the safetensors format for the header's metadata; \
-                 rename the tensor (or save to a checkpoint directory, which stores it by block)"
-                    .into(),
-            ));
+            return Err(fail(Some(name), CheckpointProblem::ReservedName));
         }
         order.insert(format!("{ORDER}{i}"), name.clone());
         bytes.push((
@@ -53,10 +50,13 @@ pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) ->
         .map(|(name, dtype, shape, data)| {
             TensorView::new(*dtype, shape.clone(), data)
                 .map(|view| (name.as_str(), view))
-                .map_err(|e| fail(Some(name), e.to_string()))
+                .map_err(|e| format(Some(name), e.to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(views, Some(order), path).map_err(|e| fail(None, e.to_string()))
+    safetensors::serialize_to_file(views, Some(order), path).map_err(|e| {
+        let reason = e.to_string();
+        fail(None, CheckpointProblem::Io { reason })
+    })
 }
 
 /// Reads the tensors of the safetensors file at `path`: in the order they were saved
@@ -65,18 +65,23 @@ pub fn save_checkpoint(path: impl AsRef<Path>, tensors: &[(String, Literal)]) ->
 /// [`Error::Checkpoint`].
 pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>> {
     let path = path.as_ref();
-    let fail = |tensor: Option<&str>, message: String| Error::Checkpoint {
+    let fail = |tensor: Option<&str>, problem: CheckpointProblem| Error::Checkpoint {
         path: path.display().to_string(),
         tensor: tensor.map(str::to_string),
-        message,
+        problem,
     };
-    let buffer = std::fs::read(path).map_err(|e| fail(None, e.to_string()))?;
+    let format =
+        |tensor: Option<&str>, reason: String| fail(tensor, CheckpointProblem::Format { reason });
+    let buffer = std::fs::read(path).map_err(|e| {
+        let reason = e.to_string();
+        fail(None, CheckpointProblem::Io { reason })
+    })?;
     let (_, metadata) =
-        SafeTensors::read_metadata(&buffer).map_err(|e| fail(None, e.to_string()))?;
-    let file = SafeTensors::deserialize(&buffer).map_err(|e| fail(None, e.to_string()))?;
+        SafeTensors::read_metadata(&buffer).map_err(|e| format(None, e.to_string()))?;
+    let file = SafeTensors::deserialize(&buffer).map_err(|e| format(None, e.to_string()))?;
     let names = match metadata.metadata() {
         Some(m) if m.keys().any(|k| k.starts_with(ORDER)) => {
-            saved_order(m, &metadata.offset_keys()).map_err(|message| fail(None, message))?
+            saved_order(m, &metadata.offset_keys()).map_err(|reason| format(None, reason))?
         }
         _ => metadata.offset_keys(),
     };
@@ -85,10 +90,10 @@ pub fn load_checkpoint(path: impl AsRef<Path>) -> Result<Vec<(String, Literal)>>
         .map(|name| {
             let view = file
                 .tensor(&name)
-                .map_err(|e| fail(Some(&name), e.to_string()))?;
+                .map_err(|e| format(Some(&name), e.to_string()))?;
             let lit = element_type(view.dtype())
                 .and_then(|dtype| Literal::from_le_bytes(dtype, view.shape(), view.data()))
-                .map_err(|message| fail(Some(&name), message))?;
+                .map_err(|reason| format(Some(&name), reason))?;
             Ok((name, lit))
         })
         .collect()

@@ -29,7 +29,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use super::index::{BlockRecord, INDEX, Index, file_name};
 use super::single_file::stored_dtype;
 use super::{Carried, carried, together};
-use crate::error::{Error, Result};
+use crate::error::{CheckpointProblem, Error, Result};
 use crate::runtime::Backend;
 use crate::train::trainer::Trainer;
 
@@ -45,10 +45,10 @@ pub(super) fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
     let tensors = carried(trainer)?;
     let (me, processes) = backend.process();
     let place = |what: &str| format!("{what} of checkpoint {}", dir.display());
-    let fail = |message: String| Error::Checkpoint {
+    let fail = |reason: String| Error::Checkpoint {
         path: dir.display().to_string(),
         tensor: None,
-        message,
+        problem: CheckpointProblem::Blocks { reason },
     };
     let devices = backend.local_devices();
     let mine = format!(
@@ -145,7 +145,9 @@ fn io_error(path: &Path, tensor: Option<&str>, e: impl std::fmt::Display) -> Err
     Error::Checkpoint {
         path: path.display().to_string(),
         tensor: tensor.map(str::to_string),
-        message: e.to_string(),
+        problem: CheckpointProblem::Io {
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -157,11 +159,13 @@ fn prepare(dir: &Path, id: &str) -> Result<()> {
         let name = entry.map_err(|e| io_error(dir, None, e))?.file_name();
         let name = name.to_string_lossy();
         if name != INDEX && name != INDEX_TMP && !is_save_id(&name) {
-            return Err(io_error(
-                dir,
-                None,
-                format!("not a checkpoint directory: it holds `{name}`"),
-            ));
+            return Err(Error::Checkpoint {
+                path: dir.display().to_string(),
+                tensor: None,
+                problem: CheckpointProblem::NotCheckpointDir {
+                    entry: name.into_owned(),
+                },
+            });
         }
     }
     let save = dir.join(id);
@@ -224,13 +228,15 @@ fn write_shard(
                 .and_then(|i| blocks.get(i))
                 .filter(|l| l.shape() == b.block.sizes && l.dtype() == tensor.resident.ty.dtype)
                 .ok_or_else(|| {
-                    fail(
-                        Some(&tensor.name),
-                        format!(
-                            "device {} of this process ({local:?}) holds no {} block {:?}",
-                            b.device, tensor.resident.ty.dtype, b.block
-                        ),
-                    )
+                    let reason = format!(
+                        "device {} of this process ({local:?}) holds no {} block {:?}",
+                        b.device, tensor.resident.ty.dtype, b.block
+                    );
+                    Error::Checkpoint {
+                        path: path.display().to_string(),
+                        tensor: Some(tensor.name.clone()),
+                        problem: CheckpointProblem::Blocks { reason },
+                    }
                 })?;
             write(&mut out, &block.to_le_bytes(), Some(&tensor.name))?;
         }
