@@ -5,12 +5,12 @@
 //! It reads the pretty and generic forms JAX 0.12 writes: the `sdy.mesh`, `@main`'s
 //! arguments with their `sdy.sharding` (annotations of the parameters) and results
 //! (constraints on the outputs), and its ops:
-//! - one op a line ([`ops`]): constants, the elementwise ops, `compare`, `select`,
+//! - one op a line (`ops`): constants, the elementwise ops, `compare`, `select`,
 //!   `clamp`, `convert`, `broadcast_in_dim`, `reshape`, `transpose`, `dot_general`,
 //!   `iota`, `concatenate`, `slice`, `pad`, `reverse`, `dynamic_slice`,
 //!   `dynamic_update_slice`, `convolution`, `optimization_barrier`,
 //!   `sdy.sharding_constraint`;
-//! - ops with a combiner region ([`ops`]): `reduce` (add, maximum, minimum; the
+//! - ops with a combiner region (`ops`): `reduce` (add, maximum, minimum; the
 //!   two-operand argmax/argmin reduce), `reduce_window`, `scatter` (add, replace),
 //!   `select_and_scatter` (max pooling's gradient, non-overlapping windows), `gather`;
 //! - control flow (here): `func.call` (the callee inlined), `stablehlo.while`
