@@ -740,7 +740,8 @@ mod tests {
         let copied = 2 * 4 * 8 * 16 * 4;
         let packing = 64 * (16 + 32) * 4;
         assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied + packing);
-        let (l, r) = (Flat::new(&counting(&lhs)), Flat::new(&counting(&rhs)));
+        let (lhs, rhs) = (counting(&lhs), counting(&rhs));
+        let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
         assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
         assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
     }
