@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::error::{Error, InputProblem, Result};
 use crate::ir::{Literal, Node, Op, Program, TensorType, ValueId};
 
@@ -257,7 +259,21 @@ fn execute_dyn<'a>(
                     (_, _, Fusion::Root(k)) => {
                         let group = plan.groups.get(k);
                         let group = group.ok_or_else(|| fail("no fusion group".into()))?;
-                        let mut results = group.run(operands).map_err(fail)?;
+                        // The leaves handed over that the loop will not write a
+                        // result into: lent to it, then pooled.
+                        let root_ty = &node.ty;
+                        let mut in_place = 0;
+                        let mut spare = SmallVec::new();
+                        let operands = lend_spare(operands, &mut spare, |k, x| {
+                            let fits = in_place < group.results.len()
+                                && group.writes_in_place(k)
+                                && kernels::has_type(x, root_ty);
+                            in_place += usize::from(fits);
+                            fits
+                        });
+                        let results = group.run(operands);
+                        spare.into_iter().for_each(buffers::release);
+                        let mut results = results.map_err(fail)?;
                         // The root's value is the last; the others are bound now.
                         let root = results.pop().ok_or_else(|| fail("no result".into()))?;
                         for (r, lit) in group.results.iter().zip(results) {
@@ -353,7 +369,31 @@ fn execute_dyn<'a>(
                                 // Its operand was checked when it was deferred.
                                 Operand::Broadcast { .. } => true,
                             });
-                        Cow::Owned(eval(node, operands, typed).map_err(fail)?)
+                        // An elementwise kernel writes its result into the first
+                        // operand handed over that has the result's type (see
+                        // `liveness::in_place_operand`); the others it would drop:
+                        // lent to it, then pooled.
+                        let candidates = match &node.op {
+                            Op::Select => Some(1..3),
+                            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Convert(_) => {
+                                Some(0..2)
+                            }
+                            _ => None,
+                        };
+                        let mut found = false;
+                        let mut spare = SmallVec::new();
+                        let operands = lend_spare(operands, &mut spare, |k, x| {
+                            let Some(candidates) = &candidates else {
+                                return true;
+                            };
+                            let keep =
+                                !found && candidates.contains(&k) && kernels::has_type(x, &node.ty);
+                            found |= keep;
+                            keep
+                        });
+                        let value = eval(node, operands, typed);
+                        spare.into_iter().for_each(buffers::release);
+                        Cow::Owned(value.map_err(fail)?)
                     }
                 }
             }
@@ -378,6 +418,34 @@ fn execute_dyn<'a>(
         outputs.push(lit.into_owned());
     }
     Ok(outputs)
+}
+
+/// `operands` with each one handed over (owned) that `keeps(k, value)` rejects moved
+/// into `spare` and lent instead, in order: a kernel drops the operands it takes over
+/// and does not write its result into, where the caller gives them to the pool
+/// ([`buffers::release`]) once the kernel has run.
+fn lend_spare<'s, 'v: 's>(
+    operands: Operands<'v>,
+    spare: &'s mut SmallVec<[Literal; 4]>,
+    mut keeps: impl FnMut(usize, &Literal) -> bool,
+) -> Operands<'s> {
+    let mut slots: SmallVec<[Result<Operand<'v>, usize>; 8]> = SmallVec::new();
+    for (k, x) in operands.into_iter().enumerate() {
+        match x {
+            Operand::Value(Cow::Owned(lit)) if !keeps(k, &lit) => {
+                slots.push(Err(spare.len()));
+                spare.push(lit);
+            }
+            x => slots.push(Ok(x)),
+        }
+    }
+    let spare: &'s SmallVec<[Literal; 4]> = spare;
+    (slots.into_iter())
+        .map(|slot| match slot {
+            Ok(x) => x,
+            Err(j) => Operand::Value(Cow::Borrowed(&spare[j])),
+        })
+        .collect()
 }
 
 /// Drops the values `step` drops (the buffers of those the loop owns go to the pool),

@@ -202,10 +202,13 @@ impl Walk {
 /// result, which the buffer pool leaves free while the node runs (see
 /// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
 /// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
-/// a scatter's updates, a dot's operands regrouped and packed; none for elementwise
-/// ops, broadcasts, iotas, random bits and control flow (its regions' loops reserve their own); a
-/// copy of the operands and of the result for any other op (an operand copied to
-/// standard layout, say).
+/// a scatter's updates, a dot's operands where they are copied and its packing buffers
+/// (see `kernels::dot_scratch_bytes`); none for elementwise ops, data movement
+/// (transposes, slices, pads, concatenations, reshapes), broadcasts, iotas, random bits
+/// and control flow (its regions' loops reserve their own); a copy of the operands and
+/// of the result for any other op (an operand copied to standard layout, say). An
+/// estimate above what the kernel holds costs time, not memory: the pool frees that
+/// many bytes of its buffers before the node, and later results find them gone.
 pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     let operand = |k: usize| {
         node.operands
@@ -215,8 +218,21 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     let positions = |elements: usize| elements * size_of::<Option<usize>>();
     match &node.op {
         Op::Convolution(config) => im2col_bytes(program, node, config),
-        // Its operands regrouped into matrices and packed for the gemm (each at most the
-        // operands), its result regrouped back.
+        // f32 and i32: the operands copied where their contracting dims do not merge,
+        // and the matmul's packing buffers.
+        Op::DotGeneral(dd) if !node.ty.dtype.is_narrow_float() => {
+            match (node.operands.first(), node.operands.get(1)) {
+                (Some(&l), Some(&r)) => super::kernels::dot_scratch_bytes(
+                    dd,
+                    &program.ty(l).shape,
+                    &program.ty(r).shape,
+                    node.ty.dtype.size_in_bytes(),
+                ),
+                _ => 0,
+            }
+        }
+        // bf16 and f16 compute in f32: the operands converted (twice their bytes, at
+        // most), the f32 product and its scratch.
         Op::DotGeneral(_) => 2 * (operand(0) + operand(1)) + node.ty.size_in_bytes(),
         op if op.is_collective() => operand(0),
         Op::Gather(_) => positions(num_elements(&node.ty.shape)),
@@ -236,6 +252,16 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
         | Op::ShardingConstraint
         | Op::PropagationBarrier(_)
         | Op::Flow { .. } => 0,
+        // Data movement writes each element of its (pooled) result straight from its
+        // operand, in place where it is handed over (`reshape`, `dynamic_update_slice`).
+        Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::DynamicSlice(_)
+        | Op::Pad { .. }
+        | Op::Concatenate(_)
+        | Op::Reverse(_)
+        | Op::Reshape(_)
+        | Op::DynamicUpdateSlice => 0,
         // A copy of its operands (regrouped, or in standard layout) and of its result.
         _ => (0..node.operands.len()).map(operand).sum::<usize>() + node.ty.size_in_bytes(),
     }

@@ -299,6 +299,49 @@ impl DotScalar for i32 {
     }
 }
 
+/// The contracted elements, rows of `a` and columns of `b` matrixmultiply packs at most
+/// per product (its f32 `KC`, `MC` and `NC`), each packed panel padded to a multiple of
+/// [`PACK_ALIGN`]; the `gemm` crate blocks by sizes of the same order.
+const PACK: [usize; 3] = [256, 64, 1024];
+
+/// The rows and columns a packed panel is padded to (the micro-kernel's tile).
+const PACK_ALIGN: usize = 16;
+
+/// The scratch bytes [`dot_general`] holds besides its result for operands of shapes
+/// `lhs` and `rhs` in standard layout (every value the runtime makes is) and elements
+/// of `element` bytes: a copy of each operand whose contracting dims do not merge (see
+/// [`Flat::merging`]), and the matmul kernel's packing buffers for one product (at most
+/// [`PACK`]: about 1.1 MB of f32). Products read their operands in place and write
+/// straight into the result, so that is all; a dim beyond an operand's rank counts as
+/// size 1.
+pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element: usize) -> usize {
+    let size = |shape: &[usize], d: usize| shape.get(d).copied().unwrap_or(1);
+    let copy = |shape: &[usize], contracting: &[usize]| {
+        let strides = super::row_major(shape);
+        let dims: SmallVec<[(usize, usize); 6]> = (contracting.iter())
+            .map(|&d| (size(shape, d), strides.get(d).copied().unwrap_or(0)))
+            .collect();
+        match merged(&dims) {
+            Some(_) => 0,
+            None => shape.iter().product(),
+        }
+    };
+    let product = |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
+    let k: usize = product(lhs, &dd.lhs_contracting);
+    let m: usize = product(
+        lhs,
+        &free_dims(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting),
+    );
+    let n: usize = product(
+        rhs,
+        &free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting),
+    );
+    let [kc, mc, nc] = PACK;
+    let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
+    let packed = k.min(kc) * panels;
+    (copy(lhs, &dd.lhs_contracting) + copy(rhs, &dd.rhs_contracting) + packed) * element
+}
+
 /// An operand as flat memory: element `ix` at `data[sum(ix[d] * strides[d])]`.
 struct Flat<'a, T: Clone> {
     data: Cow<'a, [T]>,
@@ -675,6 +718,32 @@ mod tests {
                 "rhs of {dd:?}"
             );
         }
+    }
+
+    /// The scratch a product holds: its packing panels, and a copy of an operand only
+    /// where its contracting dims do not merge (`bhsk,hkd->bsd` on a head-major lhs).
+    #[test]
+    fn scratch_is_the_packing_panels_and_the_copies() {
+        // Projection bsm,mf->bsf: 8 x 16 rows, 16 contracted, 32 columns: panels only.
+        let projection = dims(&[], &[], &[2], &[0]);
+        let panels = 16 * (16 + 32) * 4;
+        assert_eq!(
+            scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4),
+            panels
+        );
+        // The d_model-1024 FFN: panels of at most 256 x (64 + 1024), not the operands.
+        let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
+        assert_eq!(ffn, 256 * (64 + 1024) * 4);
+        // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
+        let heads = dims(&[], &[], &[1, 3], &[0, 1]);
+        let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);
+        let copied = 2 * 4 * 8 * 16 * 4;
+        let packing = 64 * (16 + 32) * 4;
+        assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied + packing);
+        let (lhs, rhs) = (counting(&lhs), counting(&rhs));
+        let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
+        assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
+        assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
     }
 
     /// `a` with its memory laid out in the order `perm` (its logical shape unchanged).
