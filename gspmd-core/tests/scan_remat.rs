@@ -120,8 +120,9 @@ fn each_policy_stacks_what_it_saves_and_recomputes_the_rest() {
 
 /// Saving the products holds `h @ w1` for every layer from the forward scan to the
 /// backward one: the predicted peak per device grows by those stacked bytes (`L x
-/// B/2 x F/4` f32 on 2x4), less at most the one slice of it the recomputation held
-/// (the backward scan reads the stack in place, without copying it).
+/// B/2 x F/4` f32 on 2x4), give or take one slice of it: the recomputation held one
+/// slice, and the backward scan, which reads the stack in place, hands its body a
+/// slice per iteration.
 #[test]
 fn saving_the_products_raises_the_peak_by_their_stacked_bytes() {
     let mesh = mesh_2x4();
@@ -137,7 +138,7 @@ fn saving_the_products_raises_the_peak_by_their_stacked_bytes() {
         "peak: nothing saveable {nothing} bytes, dots saveable {dots} bytes (+{grown}), stacked products {stacked} bytes"
     );
     assert!(
-        (stacked - slice) as isize <= grown && grown <= stacked as isize,
+        (stacked - slice) as isize <= grown && grown <= (stacked + slice) as isize,
         "peak grew by {grown} bytes, the stacked products are {stacked} bytes"
     );
 }

@@ -77,6 +77,24 @@ impl DotScalar for f32 {
 /// attention products are `[16, 16] x [16, 16]` in batches of 64.
 const TINY: usize = 16 * 16 * 16;
 
+/// The bytes of the packing buffers one f32 product `[m, k] x [k, n]` allocates while it
+/// runs (outside the device's pool): none for a tiny product ([`small_f32`]), else
+/// matrixmultiply's two blocks, `kc` rows of `mc` lhs and of `nc` rhs elements (its
+/// sgemm blocking: `kc = min(k, 256)`, `mc = min(m, 64)`, `nc = min(n, 1024)`, the
+/// last two rounded up to its 8x8 kernel). On AVX-512 the `gemm` crate packs into
+/// cache-sized blocks of its own; the same figure stands for them.
+pub(crate) fn packing_bytes(m: usize, k: usize, n: usize) -> usize {
+    if m * k * n <= TINY || m == 0 || k == 0 || n == 0 {
+        return 0;
+    }
+    let kc = k.min(256);
+    let (mc, nc) = (
+        m.min(64).next_multiple_of(8),
+        n.min(1024).next_multiple_of(8),
+    );
+    kc * (mc + nc) * size_of::<f32>()
+}
+
 /// The most operand rows [`small_f32`] lists without allocating (the lists are moved
 /// by value: a longer inline list costs a longer copy on every call).
 const LISTED_ROWS: usize = 16;
