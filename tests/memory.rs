@@ -206,10 +206,7 @@ fn scanned_mlp_step() -> TrainStep {
     let w1 = w1.annotate("(_, _, model)".parse().expect("sharding"));
     let w2 = b.parameter("w2", vec![layers, hidden, model], DType::F32);
     let w2 = w2.annotate("(_, model, _)".parse().expect("sharding"));
-    let options = ScanOptions {
-        remat: Remat::DotsSaveable,
-        ..ScanOptions::default()
-    };
+    let options = ScanOptions::new().remat(Remat::DotsSaveable);
     let (h, _) = b.scan_with(&[w1, w2], &[x], options, |h, w| {
         let hidden = h[0].matmul(&w[0]).tanh();
         (vec![&h[0] + &hidden.matmul(&w[1])], vec![])

@@ -39,10 +39,7 @@ fn mlp_grad(remat: Remat) -> Program {
         let h0 = sharded(b, "h0", &[B, D], "(data, _)");
         let w1 = sharded(b, "w1", &[L, D, F], "(_, _, model)");
         let w2 = sharded(b, "w2", &[L, F, D], "(_, model, _)");
-        let options = ScanOptions {
-            remat,
-            ..ScanOptions::default()
-        };
+        let options = ScanOptions::new().remat(remat);
         let (h, _) = b.scan_with(&[w1, w2], &[h0], options, |h, w| {
             let hidden = h[0].matmul(&w[0]).tanh();
             (vec![h[0].add(&hidden.matmul(&w[1]))], vec![])
