@@ -427,8 +427,9 @@ impl<'a> Gen<'a> {
     }
 
     /// A scan over the leading dim of the f32 value `a` (rank 1 or more) from a carried
-    /// value of a slice's shape, forward or reversed, under a random remat policy: the
-    /// body a dot with a captured weight when a slice has rank 2 or more, then `tanh`,
+    /// value of a slice's shape, forward or reversed, under a random remat policy (one of
+    /// them saving the value named `mixed`): the body a dot with a captured weight when
+    /// a slice has rank 2 or more, then `tanh` (named `mixed`),
     /// plus the slice, sometimes constrained; it stacks half the new carry. Returns the
     /// last carry and the stacked outputs.
     fn scan_loop(&mut self, a: &Val) -> (Tensor, Tensor) {
@@ -443,6 +444,7 @@ impl<'a> Gen<'a> {
             Remat::NothingSaveable,
             Remat::DotsSaveable,
             Remat::EverythingSaveable,
+            Remat::SaveOnlyTheseNames(&["mixed"]),
         ]
         .choose(self.rng)
         .expect("a non-empty choice");
@@ -453,7 +455,8 @@ impl<'a> Gen<'a> {
             let mixed = match &w {
                 Some(w) => c[0].matmul(&w.t).tanh(),
                 None => c[0].tanh(),
-            };
+            }
+            .named("mixed");
             let next = match &s {
                 Some(s) => mixed.add(&x[0]).shard(s.clone()),
                 None => mixed.add(&x[0]),
@@ -2437,7 +2440,12 @@ fn gradients_of_scans_under_random_remat_policies() {
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
     assert_eq!(
         policies,
-        BTreeSet::from(["nothing_saveable", "dots_saveable", "everything_saveable"])
+        BTreeSet::from([
+            "nothing_saveable",
+            "dots_saveable",
+            "everything_saveable",
+            "save_only_these_names"
+        ])
     );
 }
 

@@ -19,10 +19,11 @@ use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::Mesh;
 use loop_programs::{build, flows, inputs, sharded};
 
-const POLICIES: [Remat; 3] = [
+const POLICIES: [Remat; 4] = [
     Remat::NothingSaveable,
     Remat::DotsSaveable,
     Remat::EverythingSaveable,
+    Remat::SaveOnlyTheseNames(&["hidden"]),
 ];
 
 /// Sizes of the scanned MLP: layers, batch, model dim, hidden dim.
@@ -41,7 +42,7 @@ fn mlp_grad(remat: Remat) -> Program {
         let w2 = sharded(b, "w2", &[L, F, D], "(_, model, _)");
         let options = ScanOptions::new().remat(remat);
         let (h, _) = b.scan_with(&[w1, w2], &[h0], options, |h, w| {
-            let hidden = h[0].matmul(&w[0]).tanh();
+            let hidden = h[0].matmul(&w[0]).tanh().named("hidden");
             (vec![h[0].add(&hidden.matmul(&w[1]))], vec![])
         });
         vec![h[0].mul(&h[0]).sum(&[0, 1])]
@@ -99,6 +100,11 @@ fn each_policy_stacks_what_it_saves_and_recomputes_the_rest() {
         (Remat::NothingSaveable, 1, 5, 1),
         (Remat::DotsSaveable, 2, 4, 1),
         (Remat::EverythingSaveable, 2, 4, 0),
+        // Only `hidden = tanh(h @ w1)`, named so: what the gradients read of the layer
+        // besides its input, so neither the product nor the tanh is recomputed.
+        (Remat::SaveOnlyTheseNames(&["hidden"]), 2, 4, 0),
+        // A name no value has: nothing saved.
+        (Remat::SaveOnlyTheseNames(&["nowhere"]), 1, 5, 1),
     ];
     for (remat, stacked, dots, tanhs) in want {
         let program = mlp_grad(remat);
