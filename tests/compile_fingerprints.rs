@@ -66,13 +66,13 @@ fn models_compile_to_the_recorded_programs() {
             "lm step, regather",
             (lm.clone(), lm_mesh.clone()),
             regather,
-            0x3e0000da23105a67,
+            0x2150b28d8a68d12e,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
             (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
-            0x0408a5b5a782098b,
+            0x3e882f1d62ee5d4f,
         ),
         (
             "u-net gradient",
