@@ -367,8 +367,8 @@ impl<T: Params> Stacked<T> {
     }
 
     /// [`Stacked::scan`] with `options` ([`Builder::scan_with`]): e.g. the layers
-    /// rematerialised under a policy (`ScanOptions { remat: Remat::DotsSaveable,
-    /// ..Default::default() }` keeps the matrix products for the backward pass).
+    /// rematerialised under a policy (`ScanOptions::new().remat(Remat::DotsSaveable)`
+    /// keeps the matrix products for the backward pass).
     #[track_caller]
     pub fn scan_with(
         &self,

@@ -66,13 +66,13 @@ fn models_compile_to_the_recorded_programs() {
             "lm step, regather",
             (lm.clone(), lm_mesh.clone()),
             regather,
-            0x3e0000da23105a67,
+            0x9861f8ed5bc9df8a,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
             (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
-            0x0408a5b5a782098b,
+            0x53f6129880c06ff8,
         ),
         (
             "u-net gradient",

@@ -1,21 +1,24 @@
 //! The memory analysis against the allocator: for the training steps of the examples'
-//! models (the language model, the U-Net, the mixture of experts, and a residual MLP
-//! whose layers' scan saves the products for the backward pass; AdamW)
-//! on 1x1, 2x1 and 2x4 meshes, the peak that [`Executable::memory_analysis`] predicts is within 10%
-//! of the peak the process's allocator counts while the step runs.
+//! models (the language model, the U-Net, the mixture of experts, a residual MLP
+//! whose layers' scan saves the products for the backward pass, and the paper's dense
+//! Transformer with its layers under a scan that recomputes everything or saves the
+//! products; AdamW) on 1x1, 2x1 and 2x4 meshes, the peak that
+//! [`Executable::memory_analysis`] predicts is within 7% of the peak the process's
+//! allocator counts while the step runs.
 //!
 //! What is compared: the bytes a step allocates beyond its inputs, device by device.
 //! Every input (weights, optimizer state, data) is resident on the devices before the
-//! measured run; the allocator counts each thread's own allocations, so each device
-//! thread's peak during the run, less what it held when the run started, is what that
-//! device allocates; the counted peak is their sum (with the calling thread's), and the
-//! prediction is the number of devices times the analysis's peak less its inputs (every
-//! device runs the same program on blocks of the same shapes). Collectives keep the
-//! devices of a group nearly in step, not in lockstep: a device can be ahead while a
-//! slower peer still holds the operand it posted, which
-//! [`MemoryAnalysis::in_flight_bytes`] bounds. The prediction is therefore the range
-//! from the in-step peak to it plus that bound, and the counted peak must lie within
-//! 10% of the range.
+//! measured run; the allocator counts each buffer against the thread that allocated it
+//! until it is freed, by whichever thread (a collective's operand is often freed by the
+//! last peer to read it), so each device thread's peak during the run, less what it
+//! held when the run started, is what that device allocates; the counted peak is their
+//! sum (with the calling thread's), and the prediction is the number of devices times
+//! the analysis's peak less its inputs (every device runs the same program on blocks of
+//! the same shapes). Collectives keep the devices of a group nearly in step, not in
+//! lockstep: a device can be ahead while a slower peer still holds the operand it
+//! posted, which [`MemoryAnalysis::in_flight_bytes`] bounds. The prediction is
+//! therefore the range from the in-step peak to it plus that bound, and the counted
+//! peak must lie within 7% of the range.
 //!
 //! Why per device, not the process's peak: devices reach their peaks at different
 //! moments unless they run in step. The U-Net on 2x4 (8 device threads on this
@@ -28,15 +31,18 @@
 //! analysis's peak (see `runtime::pooled_bytes`): what the pools hold when the measured
 //! run starts counts as allocated by it.
 //!
-//! A buffer one thread allocates and another frees (a collective's operand) counts
-//! against the first until the run ends: a device's count drifts by such buffers (by
-//! at most 0.3 MB in a run of the U-Net on 2x4). The calling thread's count includes
-//! whatever else it does: this file holds one test, so that no other test allocates on
-//! it while it measures.
+//! The calling thread's count includes whatever else it does: this file holds one
+//! test, so that no other test allocates on it while it measures.
+//!
+//! Measured (debug build, 2026-12-03): every case within 3.4% of its range but the
+//! dense Transformer on 2x4, 3.9% (nothing saveable) and 5.5% (dots saveable) above
+//! its in-flight bound; on 1x1 and 2x1 the dense Transformer is within 2.4%.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
+use gspmd::models::dense;
 use gspmd::models::moe::moe_language_model;
 use gspmd::models::transformer::language_model;
 use gspmd::models::unet::denoise;
@@ -44,71 +50,96 @@ use gspmd::prelude::*;
 use gspmd::runtime::{Input, Output, pooled_bytes, sample_inputs};
 use gspmd::train::{Optimizer, TrainStep, step_program};
 
+/// The most threads counted apart; later threads share the last slot (the test runs
+/// about 70).
+const SLOTS: usize = 4096;
+
+/// Per thread slot: the bytes of the live buffers the thread allocated (whichever
+/// thread frees them), the most of it since the last [`start_count`], and its value
+/// then.
+static HELD: [AtomicIsize; SLOTS] = [const { AtomicIsize::new(0) }; SLOTS];
+static PEAK: [AtomicIsize; SLOTS] = [const { AtomicIsize::new(0) }; SLOTS];
+static START: [AtomicIsize; SLOTS] = [const { AtomicIsize::new(0) }; SLOTS];
+/// The next free slot.
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
 thread_local! {
-    /// The bytes this thread has allocated less those it has freed, since it started.
-    static HELD: Cell<isize> = const { Cell::new(0) };
-    /// The most of [`HELD`] since the last [`start_count`].
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-    /// [`HELD`] at the last [`start_count`].
-    static START: Cell<isize> = const { Cell::new(0) };
+    /// This thread's slot, taken at its first allocation.
+    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-/// Adds `bytes` (negative: freed) to the current thread's count. A thread whose
-/// slots are gone (it is exiting) is not counted.
-fn count(bytes: isize) {
-    let _ = HELD.try_with(|held| {
-        let now = held.get() + bytes;
-        held.set(now);
-        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
-    });
+/// The current thread's slot (the last one while its thread-local is gone).
+fn slot() -> usize {
+    SLOT.try_with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT_SLOT.fetch_add(1, Ordering::Relaxed).min(SLOTS - 1));
+        }
+        s.get()
+    })
+    .unwrap_or(SLOTS - 1)
 }
 
 /// Starts counting the current thread's peak from what it holds now.
 fn start_count() {
-    let now = HELD.get();
-    START.set(now);
-    PEAK.set(now);
+    let s = slot();
+    let now = HELD[s].load(Ordering::Relaxed);
+    START[s].store(now, Ordering::Relaxed);
+    PEAK[s].store(now, Ordering::Relaxed);
 }
 
 /// The most the current thread held since [`start_count`] beyond what it held then.
 fn counted_peak() -> usize {
-    usize::try_from(PEAK.get() - START.get()).unwrap_or(0)
+    let s = slot();
+    usize::try_from(PEAK[s].load(Ordering::Relaxed) - START[s].load(Ordering::Relaxed)).unwrap_or(0)
 }
 
-/// The system allocator, counting each thread's bytes (see the module docs).
+/// The system allocator, counting each buffer against the thread that allocated it
+/// until it is freed (see the module docs). Each allocation carries its thread's slot
+/// in a header of `HEADER` bytes (at least its alignment) before the caller's bytes.
 struct PerThread;
 
-// SAFETY: every call forwards to `System` with the caller's arguments unchanged; the
-// counting touches only const-initialised thread-local cells without destructors,
-// which allocate nothing.
+const HEADER: usize = 16;
+
+/// The layout with the header in front, and the header's size.
+fn with_header(layout: Layout) -> (Layout, usize) {
+    let header = layout.align().max(HEADER);
+    let size = layout.size() + header;
+    (
+        Layout::from_size_align(size, header).expect("a header fits"),
+        header,
+    )
+}
+
+// SAFETY: every call forwards to `System` with a layout grown by a header of at least
+// the caller's alignment (so the caller's pointer, `header` bytes in, keeps that
+// alignment and its `size` bytes lie inside the block); the slot is written in the
+// `usize` right before the caller's pointer, inside the header, and read back from
+// there by `dealloc` with the same layout arithmetic. The counting touches only
+// atomics and a const-initialised thread-local cell without a destructor, which
+// allocate nothing.
 unsafe impl GlobalAlloc for PerThread {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            count(layout.size() as isize);
+        let (outer, header) = with_header(layout);
+        let block = unsafe { System.alloc(outer) };
+        if block.is_null() {
+            return block;
         }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            count(layout.size() as isize);
+        let s = slot();
+        let now =
+            HELD[s].fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
+        PEAK[s].fetch_max(now, Ordering::Relaxed);
+        unsafe {
+            let p = block.add(header);
+            (p as *mut usize).sub(1).write_unaligned(s);
+            p
         }
-        p
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        count(-(layout.size() as isize));
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            count(new_size as isize - layout.size() as isize);
-        }
-        p
+        let (outer, header) = with_header(layout);
+        let s = unsafe { (ptr as *const usize).sub(1).read_unaligned() };
+        HELD[s].fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr.sub(header), outer) };
     }
 }
 
@@ -175,10 +206,7 @@ fn scanned_mlp_step() -> TrainStep {
     let w1 = w1.annotate("(_, _, model)".parse().expect("sharding"));
     let w2 = b.parameter("w2", vec![layers, hidden, model], DType::F32);
     let w2 = w2.annotate("(_, model, _)".parse().expect("sharding"));
-    let options = ScanOptions {
-        remat: Remat::DotsSaveable,
-        ..ScanOptions::default()
-    };
+    let options = ScanOptions::new().remat(Remat::DotsSaveable);
     let (h, _) = b.scan_with(&[w1, w2], &[x], options, |h, w| {
         let hidden = h[0].matmul(&w[0]).tanh();
         (vec![&h[0] + &hidden.matmul(&w[1])], vec![])
@@ -186,6 +214,36 @@ fn scanned_mlp_step() -> TrainStep {
     let loss = (&h[0] * &h[0]).mean(&[0, 1]);
     let model = b.finish(&[&loss]).expect("traces");
     adamw_step(&model, 1)
+}
+
+/// The paper's dense Transformer (`gspmd::models::dense`) on small sizes, its two layers
+/// under one scan with `remat`, f32 throughout.
+fn dense_step(remat: Remat) -> TrainStep {
+    let config = dense::Config {
+        layers: 2,
+        model: 64,
+        hidden: 256,
+        heads: 4,
+        head_dim: 16,
+        batch: 8,
+        seq: 32,
+        dtype: DType::F32,
+        remat,
+    };
+    adamw_step(&dense::forward(&config).expect("traces"), 1)
+}
+
+fn dense_nothing_saveable() -> TrainStep {
+    dense_step(Remat::NothingSaveable)
+}
+
+fn dense_dots_saveable() -> TrainStep {
+    dense_step(Remat::DotsSaveable)
+}
+
+/// The mesh `(x, y)` of the dense Transformer.
+fn dense_mesh([x, y]: [usize; 2]) -> Result<Mesh> {
+    dense::mesh(x, y)
 }
 
 /// The mesh `(data, model)` of `scanned_mlp_step`.
@@ -239,13 +297,13 @@ fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
 }
 
 #[test]
-fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
+fn predicted_peak_is_within_seven_percent_of_the_counted_peak() {
     type Model = (
         &'static str,
         fn() -> TrainStep,
         fn([usize; 2]) -> Result<Mesh>,
     );
-    let models: [Model; 4] = [
+    let models: [Model; 6] = [
         ("language model", language_model_step, language_model::mesh),
         ("U-Net", unet_step, denoise::mesh),
         ("mixture of experts", moe_step, moe_language_model::mesh),
@@ -253,6 +311,16 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
             "scanned MLP, dots saveable",
             scanned_mlp_step,
             data_model_mesh,
+        ),
+        (
+            "dense Transformer, nothing saveable",
+            dense_nothing_saveable,
+            dense_mesh,
+        ),
+        (
+            "dense Transformer, dots saveable",
+            dense_dots_saveable,
+            dense_mesh,
         ),
     ];
     let mut failures = Vec::new();
@@ -269,10 +337,10 @@ fn predicted_peak_is_within_ten_percent_of_the_counted_peak() {
                 mesh[1],
                 100.0 * error
             );
-            if error.abs() > 0.10 {
+            if error.abs() > 0.07 {
                 failures.push(format!("{name} on {}x{}", mesh[0], mesh[1]));
             }
         }
     }
-    assert!(failures.is_empty(), "off by more than 10% on {failures:?}");
+    assert!(failures.is_empty(), "off by more than 7% on {failures:?}");
 }

@@ -79,10 +79,7 @@ pub fn scanned(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net)
 pub fn scanned_dots(#[shard(data, _)] x: Tensor<B, D>, #[params(V, D, L, F)] p: &Net) -> Tensor {
     let shape = x.shape().to_vec();
     let h = &x + &p.embed.sum(&[0]).broadcast_in_dim(shape, &[1]);
-    let options = ScanOptions {
-        remat: Remat::DotsSaveable,
-        ..ScanOptions::default()
-    };
+    let options = ScanOptions::new().remat(Remat::DotsSaveable);
     let carry = (p.layers).scan_with(&[h], options, |layer, carry| {
         vec![residual(&carry[0], layer)]
     });

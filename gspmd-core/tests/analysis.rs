@@ -1,6 +1,6 @@
 //! Memory and cost analysis of compiled programs, against counts by hand.
 
-use gspmd_core::analysis::DeviceModel;
+use gspmd_core::analysis::{DeviceModel, Overlap};
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, CollectiveKind, DType, Program, Tensor, einsum};
 use gspmd_core::sharding::{Mesh, Sharding};
@@ -101,7 +101,13 @@ fn flops_and_bytes_of_a_megatron_mlp_are_the_hand_counts() {
         assert_eq!(cost.bytes_received(), want, "{cost}");
         let compute = cost.total_flops() as f64 / device.flops_per_second;
         assert!((cost.compute_seconds - compute).abs() < 1e-15);
-        assert!(cost.step_seconds(true) <= cost.step_seconds(false));
+        // (The schedule adds up its ops in another order: equal up to rounding.)
+        let [none, scheduled, full] =
+            [Overlap::None, Overlap::Scheduled, Overlap::Full].map(|o| cost.step_seconds(o));
+        assert!(
+            full <= scheduled * (1.0 + 1e-12) && scheduled <= none * (1.0 + 1e-12),
+            "{cost}"
+        );
         // Each kind's time, one latency per run plus its bytes at 12 GB/s, adds up.
         let by_kind: f64 = cost.communication_by_kind.values().sum();
         assert!((by_kind - cost.communication_seconds).abs() < 1e-12);
@@ -110,7 +116,7 @@ fn flops_and_bytes_of_a_megatron_mlp_are_the_hand_counts() {
             assert!((cost.communication_by_kind[&CollectiveKind::AllReduce] - want).abs() < 1e-12);
         }
         assert_eq!(
-            cost.step_seconds(false),
+            cost.step_seconds(Overlap::None),
             cost.compute_seconds + cost.communication_seconds
         );
     }
@@ -273,4 +279,53 @@ fn every_optimizers_slots_are_optimizer_state() {
             "{optimizer:?}: {m}"
         );
     }
+}
+
+/// The scheduled overlap on compiled programs: a product whose partial sums are
+/// all-reduced and then used has nothing to overlap (its step is compute plus
+/// communication); a second product independent of the all-reduce hides it.
+#[test]
+fn a_collective_overlaps_only_compute_independent_of_it() {
+    let device = DeviceModel::this_machine();
+    let reduced = |b: &Builder| {
+        let x = b
+            .parameter("x", [64, 512], DType::F32)
+            .annotate(s("(_, model)"));
+        let w = b
+            .parameter("w", [512, 256], DType::F32)
+            .annotate(s("(model, _)"));
+        x.matmul(&w).annotate(s("(_, _)")).tanh()
+    };
+    let chain = build("chain", |b| vec![reduced(b)]);
+    let exe = compile(&chain, &mesh(1, 2)).expect("compiles");
+    let cost = exe.cost_analysis(&device);
+    assert!(cost.communication_seconds > 0.0, "{cost}");
+    let serial = cost.step_seconds(Overlap::None);
+    assert!(
+        (cost.step_seconds(Overlap::Scheduled) - serial).abs() <= 1e-12 * serial,
+        "{cost}"
+    );
+
+    let beside = build("beside", |b| {
+        let a = b.parameter("a", [256, 256], DType::F32);
+        let c = b.parameter("c", [256, 256], DType::F32);
+        vec![reduced(b), a.matmul(&c).annotate(s("(_, _)"))]
+    });
+    let exe = compile(&beside, &mesh(1, 2)).expect("compiles");
+    let cost = exe.cost_analysis(&device);
+    let (serial, scheduled, full) = (
+        cost.step_seconds(Overlap::None),
+        cost.step_seconds(Overlap::Scheduled),
+        cost.step_seconds(Overlap::Full),
+    );
+    // The independent product (2 * 256^3 FLOPs) is longer than the all-reduce, so the
+    // all-reduce is hidden entirely: the step is the compute alone.
+    let independent = 2.0 * 256f64.powi(3) / device.sustained_flops_per_second();
+    assert!(independent > cost.communication_seconds, "{cost}");
+    assert!(scheduled < serial, "{cost}");
+    assert!((scheduled - full).abs() <= 1e-12 * full, "{cost}");
+    assert!(
+        (full - cost.compute_seconds).abs() <= 1e-12 * full,
+        "{cost}"
+    );
 }

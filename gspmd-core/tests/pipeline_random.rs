@@ -19,11 +19,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use gspmd_core::autodiff::grad;
 use gspmd_core::ir::random;
 use gspmd_core::ir::{
     BinaryOp, Builder, ConvDimensionNumbers, CumulativeKind, DType, DotDims, Flow, GatherDims,
-    Literal, Location, Op, OpKind, Padding, Program, PropagationDirection, ReduceKind, ScatterDims,
-    ScatterKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
+    Literal, Location, Op, OpKind, Padding, Program, PropagationDirection, ReduceKind, Remat,
+    ScanOptions, ScatterDims, ScatterKind, Tensor, TensorType, UnaryOp, ValueId, WindowDim, einsum,
 };
 use gspmd_core::runtime::{ThreadMesh, interpret, kernels, uniform_f32};
 use gspmd_core::sharding::{DimSharding, Mesh, Sharding};
@@ -160,7 +161,25 @@ fn elements(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
-impl Gen<'_> {
+impl<'a> Gen<'a> {
+    /// A generator of values traced by `b` for `mesh`, annotating at `annotate_rate`
+    /// (in 1/8), with an empty pool.
+    fn new(
+        rng: &'a mut Xoshiro256PlusPlus,
+        b: &Builder,
+        mesh: &'a Mesh,
+        annotate_rate: usize,
+    ) -> Self {
+        Gen {
+            rng,
+            b: b.clone(),
+            mesh,
+            pool: Vec::new(),
+            annotate_rate,
+            params: 0,
+        }
+    }
+
     fn parameter(&mut self, shape: Vec<usize>, dtype: DType) -> Val {
         let name = format!("p{}", self.params);
         self.params += 1;
@@ -407,8 +426,52 @@ impl Gen<'_> {
         self.push(r[0].clone(), a.exact && kind != 3);
     }
 
-    /// Control flow on an f32 value `a`: a scan over its leading dim (the body a dot
-    /// with a captured weight when a slice has rank 2 or more), a `fori_loop`, a
+    /// A scan over the leading dim of the f32 value `a` (rank 1 or more) from a carried
+    /// value of a slice's shape, forward or reversed, under a random remat policy (one of
+    /// them saving the value named `mixed`): the body a dot with a captured weight when
+    /// a slice has rank 2 or more, then `tanh` (named `mixed`),
+    /// plus the slice, sometimes constrained; it stacks half the new carry. Returns the
+    /// last carry and the stacked outputs.
+    fn scan_loop(&mut self, a: &Val) -> (Tensor, Tensor) {
+        let slice = a.t.shape()[1..].to_vec();
+        let init = self.value_of(&slice, DType::F32, false);
+        let w = match slice.last() {
+            Some(&k) if slice.len() >= 2 => Some(self.value_of(&[k, k], DType::F32, false)),
+            _ => None,
+        };
+        let s = self.region_constraint(slice.len());
+        let remat = *[
+            Remat::NothingSaveable,
+            Remat::DotsSaveable,
+            Remat::EverythingSaveable,
+            Remat::SaveOnlyTheseNames(&["mixed"]),
+        ]
+        .choose(self.rng)
+        .expect("a non-empty choice");
+        let options = ScanOptions::new()
+            .reverse(self.rng.random_ratio(1, 3))
+            .remat(remat);
+        let body = |c: &[Tensor], x: &[Tensor]| {
+            let mixed = match &w {
+                Some(w) => c[0].matmul(&w.t).tanh(),
+                None => c[0].tanh(),
+            }
+            .named("mixed");
+            let next = match &s {
+                Some(s) => mixed.add(&x[0]).shard(s.clone()),
+                None => mixed.add(&x[0]),
+            };
+            let y = next.mul(&x[0].builder().scalar(0.5));
+            (vec![next], vec![y])
+        };
+        let (carry, ys) = self
+            .b
+            .scan_with(std::slice::from_ref(&a.t), &[init.t], options, body);
+        (carry[0].clone(), ys[0].clone())
+    }
+
+    /// Control flow on an f32 value `a`: a scan over its leading dim
+    /// ([`Gen::scan_loop`]), a `fori_loop`, a
     /// `while_loop` counting to a constant, or a `cond` on an exact i32 predicate. Loop
     /// bodies sometimes constrain the carried value (which the loop then carries with
     /// the initial value's sharding).
@@ -424,30 +487,9 @@ impl Gen<'_> {
         match self.rng.random_range(0..5) {
             4 => self.manual(&a),
             0 if a.t.rank() > 0 => {
-                let slice = a.t.shape()[1..].to_vec();
-                let init = self.value_of(&slice, DType::F32, false);
-                let w = match slice.last() {
-                    Some(&k) if slice.len() >= 2 => Some(self.value_of(&[k, k], DType::F32, false)),
-                    _ => None,
-                };
-                let s = self.region_constraint(slice.len());
-                let reverse = self.rng.random_ratio(1, 3);
-                let body = |c: &[Tensor], x: &[Tensor]| {
-                    let mixed = match &w {
-                        Some(w) => c[0].matmul(&w.t).tanh(),
-                        None => c[0].tanh(),
-                    };
-                    let next = pin(mixed.add(&x[0]), &s);
-                    let y = next.mul(&x[0].builder().scalar(0.5));
-                    (vec![next], vec![y])
-                };
-                let (carry, ys) = if reverse {
-                    b.scan_reverse(std::slice::from_ref(&a.t), &[init.t], body)
-                } else {
-                    b.scan(std::slice::from_ref(&a.t), &[init.t], body)
-                };
-                self.push(carry[0].clone(), false);
-                self.push(ys[0].clone(), false);
+                let (carry, ys) = self.scan_loop(&a);
+                self.push(carry, false);
+                self.push(ys, false);
             }
             0 | 1 => {
                 let n = self.rng.random_range(0..4);
@@ -1465,14 +1507,7 @@ fn random_case(seed: u64, max_steps: usize) -> (Program, Mesh) {
         .choose(&mut rng)
         .expect("a non-empty choice");
     let b = Builder::new(format!("case{seed}"));
-    let mut g = Gen {
-        rng: &mut rng,
-        b: b.clone(),
-        mesh: &mesh,
-        pool: Vec::new(),
-        annotate_rate,
-        params: 0,
-    };
+    let mut g = Gen::new(&mut rng, &b, &mesh, annotate_rate);
     let first_dtype = if g.rng.random_ratio(1, 5) {
         DType::I32
     } else {
@@ -2352,6 +2387,65 @@ fn covers_every_op_kind() {
     assert!(
         missing.is_empty() && unexpected.is_empty(),
         "the generator has no case for {missing:?}; generates SPMD ops {unexpected:?}"
+    );
+}
+
+/// Differentiated cases: scans under random remat policies.
+const GRADIENT_CASES: u64 = 120;
+
+/// Scans under random remat policies, differentiated: for each of `GRADIENT_CASES` seeds,
+/// the generator's scan ([`Gen::scan_loop`]: a random policy, direction, captured weight
+/// and constraint) over a random f32 value on a random mesh, the loss the sum of the
+/// squares of the last carry and of the stacked outputs, its gradient with respect to
+/// every input; the partitioned gradient program must equal the reference interpreter
+/// (as `random_programs_on_random_meshes` checks, shrinking a failure), and every
+/// policy must occur.
+#[test]
+fn gradients_of_scans_under_random_remat_policies() {
+    let mut policies = BTreeSet::new();
+    let mut failures = Vec::new();
+    for seed in 1..=GRADIENT_CASES {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let mesh = random_mesh(&mut rng);
+        let annotate_rate = rng.random_range(0..5);
+        let b = Builder::new(format!("gradient{seed}"));
+        let mut g = Gen::new(&mut rng, &b, &mesh, annotate_rate);
+        let rank = 2 + g.rng.random_range(0..2);
+        let dims = shape(g.rng, rank);
+        let a = g.parameter(dims, DType::F32);
+        let (carry, ys) = g.scan_loop(&a);
+        let square_sum = |t: &Tensor| t.mul(t).sum(&(0..t.rank() as isize).collect::<Vec<_>>());
+        let loss = square_sum(&carry).add(&square_sum(&ys));
+        let forward = b
+            .finish(&[&loss])
+            .unwrap_or_else(|e| panic!("seed {seed}: the generator built an ill-typed scan: {e}"));
+        for node in &forward.nodes {
+            if let Op::Flow { flow, .. } = &node.op
+                && let Flow::Scan { remat, .. } = flow.as_ref()
+            {
+                policies.insert(remat.name());
+            }
+        }
+        let wrt: Vec<usize> = (0..forward.params.len()).collect();
+        let program = grad(&forward, 0, &wrt)
+            .unwrap_or_else(|e| panic!("seed {seed}: no gradient: {e}\n{forward}"));
+        if let Err(e) = run_case(&program, &mesh, None) {
+            let small = shrink(program.clone(), &mesh, &e);
+            eprintln!(
+                "FAILED gradient seed {seed} on mesh {mesh}: {e}\n{program}\n-- shrunk to --\n{small}\n"
+            );
+            failures.push(seed);
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+    assert_eq!(
+        policies,
+        BTreeSet::from([
+            "nothing_saveable",
+            "dots_saveable",
+            "everything_saveable",
+            "save_only_these_names"
+        ])
     );
 }
 

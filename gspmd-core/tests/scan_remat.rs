@@ -19,10 +19,11 @@ use gspmd_core::runtime::interpret;
 use gspmd_core::sharding::Mesh;
 use loop_programs::{build, flows, inputs, sharded};
 
-const POLICIES: [Remat; 3] = [
+const POLICIES: [Remat; 4] = [
     Remat::NothingSaveable,
     Remat::DotsSaveable,
     Remat::EverythingSaveable,
+    Remat::SaveOnlyTheseNames(&["hidden"]),
 ];
 
 /// Sizes of the scanned MLP: layers, batch, model dim, hidden dim.
@@ -39,12 +40,9 @@ fn mlp_grad(remat: Remat) -> Program {
         let h0 = sharded(b, "h0", &[B, D], "(data, _)");
         let w1 = sharded(b, "w1", &[L, D, F], "(_, _, model)");
         let w2 = sharded(b, "w2", &[L, F, D], "(_, model, _)");
-        let options = ScanOptions {
-            remat,
-            ..ScanOptions::default()
-        };
+        let options = ScanOptions::new().remat(remat);
         let (h, _) = b.scan_with(&[w1, w2], &[h0], options, |h, w| {
-            let hidden = h[0].matmul(&w[0]).tanh();
+            let hidden = h[0].matmul(&w[0]).tanh().named("hidden");
             (vec![h[0].add(&hidden.matmul(&w[1]))], vec![])
         });
         vec![h[0].mul(&h[0]).sum(&[0, 1])]
@@ -102,6 +100,11 @@ fn each_policy_stacks_what_it_saves_and_recomputes_the_rest() {
         (Remat::NothingSaveable, 1, 5, 1),
         (Remat::DotsSaveable, 2, 4, 1),
         (Remat::EverythingSaveable, 2, 4, 0),
+        // Only `hidden = tanh(h @ w1)`, named so: what the gradients read of the layer
+        // besides its input, so neither the product nor the tanh is recomputed.
+        (Remat::SaveOnlyTheseNames(&["hidden"]), 2, 4, 0),
+        // A name no value has: nothing saved.
+        (Remat::SaveOnlyTheseNames(&["nowhere"]), 1, 5, 1),
     ];
     for (remat, stacked, dots, tanhs) in want {
         let program = mlp_grad(remat);
@@ -120,8 +123,9 @@ fn each_policy_stacks_what_it_saves_and_recomputes_the_rest() {
 
 /// Saving the products holds `h @ w1` for every layer from the forward scan to the
 /// backward one: the predicted peak per device grows by those stacked bytes (`L x
-/// B/2 x F/4` f32 on 2x4), less at most the one slice of it the recomputation held
-/// (the backward scan reads the stack in place, without copying it).
+/// B/2 x F/4` f32 on 2x4), give or take one slice of it: the recomputation held one
+/// slice, and the backward scan, which reads the stack in place, hands its body a
+/// slice per iteration.
 #[test]
 fn saving_the_products_raises_the_peak_by_their_stacked_bytes() {
     let mesh = mesh_2x4();
@@ -137,7 +141,7 @@ fn saving_the_products_raises_the_peak_by_their_stacked_bytes() {
         "peak: nothing saveable {nothing} bytes, dots saveable {dots} bytes (+{grown}), stacked products {stacked} bytes"
     );
     assert!(
-        (stacked - slice) as isize <= grown && grown <= stacked as isize,
+        (stacked - slice) as isize <= grown && grown <= (stacked + slice) as isize,
         "peak grew by {grown} bytes, the stacked products are {stacked} bytes"
     );
 }

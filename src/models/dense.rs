@@ -75,10 +75,7 @@ pub fn forward(c: &Config) -> crate::Result<Program> {
     let wo = param("wo", vec![l, n, d, m], "(_, y, _, x)");
     let w1 = param("w1", vec![l, m, h], "(_, x, y)");
     let w2 = param("w2", vec![l, h, m], "(_, y, x)");
-    let options = ScanOptions {
-        remat: c.remat,
-        ..ScanOptions::default()
-    };
+    let options = ScanOptions::new().remat(c.remat);
     let (last, _) = b.scan_with(&[wq, wk, wv, wo, w1, w2], &[x], options, |carried, w| {
         (vec![layer(&carried[0], w)], vec![])
     });

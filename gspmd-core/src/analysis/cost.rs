@@ -25,14 +25,18 @@
 //!
 //! Times: the compute runs at the device's sustained FLOP rate, each collective takes
 //! its latency plus its transfer time on the device's interconnect
-//! ([`DeviceModel::collective_seconds`]); a step is the two in sequence, or overlapped
-//! (the larger of the two: XLA's asynchronous collectives hiding the communication
-//! behind independent compute, an upper bound on what overlap gains).
+//! ([`DeviceModel::collective_seconds`]); a step is the two in sequence
+//! ([`Overlap::None`]), the program scheduled on a compute and a communication stream
+//! ([`Overlap::Scheduled`]: collectives hidden behind the compute that does not depend
+//! on them, as XLA's asynchronous collectives and latency-hiding scheduler do; see
+//! `analysis/schedule.rs` for what is modelled and what not), or the larger of the two
+//! ([`Overlap::Full`]: a lower bound).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use super::DeviceModel;
+use super::schedule::span;
 use crate::ir::{
     CollectiveKind, Flow, Node, Op, Program, ScatterKind, distinct_flows, num_elements,
 };
@@ -59,6 +63,22 @@ pub struct CostAnalysis {
     pub communication_seconds: f64,
     /// `communication_seconds` by collective kind (the keys of `collectives`).
     pub communication_by_kind: BTreeMap<CollectiveKind, f64>,
+    /// The step under [`Overlap::Scheduled`].
+    pub scheduled_seconds: f64,
+}
+
+/// How a step's collectives share time with its compute (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overlap {
+    /// None: every collective runs after the compute before it, the compute waits:
+    /// compute plus communication.
+    None,
+    /// The program scheduled on one compute and one communication stream, each op
+    /// waiting only for its operands and its stream.
+    Scheduled,
+    /// All of the communication hidden: the larger of compute and communication.
+    Full,
 }
 
 impl CostAnalysis {
@@ -83,6 +103,7 @@ impl CostAnalysis {
         });
         let communication_seconds = communication_by_kind.values().fold(0.0, |a, b| a + b);
         CostAnalysis {
+            scheduled_seconds: span(program, mesh, device),
             compute_seconds: total as f64 / device.sustained_flops_per_second(),
             communication_seconds,
             communication_by_kind,
@@ -102,13 +123,12 @@ impl CostAnalysis {
         self.collectives.values().map(|c| c.1).sum()
     }
 
-    /// The estimated time of one run: compute then communication one after the other
-    /// (`overlap == false`), or overlapped perfectly (the larger of the two).
-    pub fn step_seconds(&self, overlap: bool) -> f64 {
-        if overlap {
-            self.compute_seconds.max(self.communication_seconds)
-        } else {
-            self.compute_seconds + self.communication_seconds
+    /// The estimated time of one run under `overlap`.
+    pub fn step_seconds(&self, overlap: Overlap) -> f64 {
+        match overlap {
+            Overlap::None => self.compute_seconds + self.communication_seconds,
+            Overlap::Scheduled => self.scheduled_seconds,
+            Overlap::Full => self.compute_seconds.max(self.communication_seconds),
         }
     }
 }
@@ -175,7 +195,7 @@ fn flow_count(flow: &Flow) -> Count {
 
 /// The floating-point operations of one node (see the module docs): one rule per op
 /// kind, no default, so that a new op needs its own.
-fn node_flops(program: &Program, node: &Node) -> u64 {
+pub(super) fn node_flops(program: &Program, node: &Node) -> u64 {
     let out = num_elements(&node.ty.shape) as u64;
     let operand = |k: usize| {
         node.operands
@@ -268,9 +288,10 @@ impl fmt::Display for CostAnalysis {
         )?;
         write!(
             f,
-            "  step {:.3} ms without overlap, {:.3} ms with",
-            1e3 * self.step_seconds(false),
-            1e3 * self.step_seconds(true)
+            "  step {:.3} ms without overlap, {:.3} ms scheduled, {:.3} ms fully overlapped",
+            1e3 * self.step_seconds(Overlap::None),
+            1e3 * self.step_seconds(Overlap::Scheduled),
+            1e3 * self.step_seconds(Overlap::Full)
         )
     }
 }

@@ -27,7 +27,7 @@ pub(super) fn read_saved(vjp: &mut Program, region: &Program, remat: Remat) -> V
         varying[i] = matches!(node.op, Op::Parameter { .. })
             || node.operands.iter().any(|o| varying[o.index()]);
     }
-    let saveable = |i: usize| i < region.nodes.len() && varying[i] && remat.saves(&vjp.nodes[i].op);
+    let saveable = |i: usize| i < region.nodes.len() && varying[i] && remat.saves(&vjp.nodes[i]);
     let mut read = vec![false; vjp.nodes.len()];
     for o in &vjp.outputs {
         read[o.index()] = true;

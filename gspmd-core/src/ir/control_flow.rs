@@ -111,14 +111,38 @@ impl<'b> Regions<'b> {
     }
 }
 
-/// How a [`Builder::scan_with`] loop runs.
+/// How a [`Builder::scan_with`] loop runs: `ScanOptions::new()` (forward,
+/// [`Remat::NothingSaveable`]) and its setters, e.g.
+/// `ScanOptions::new().remat(Remat::DotsSaveable)`. Non-exhaustive: options may be
+/// added, so it is built that way rather than as a struct literal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub struct ScanOptions {
     /// Iterate from the last index to the first ([`Builder::scan_reverse`]).
     pub reverse: bool,
     /// What its backward pass keeps from the forward pass ([`Remat::NothingSaveable`]
     /// unless set: recompute everything but the carried values).
     pub remat: Remat,
+}
+
+impl ScanOptions {
+    /// A forward scan whose backward pass recomputes everything but the carried
+    /// values (the defaults).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same options iterating from the last index to the first when `reverse`.
+    pub fn reverse(mut self, reverse: bool) -> Self {
+        self.reverse = reverse;
+        self
+    }
+
+    /// The same options with the remat policy `remat`.
+    pub fn remat(mut self, remat: Remat) -> Self {
+        self.remat = remat;
+        self
+    }
 }
 
 impl Builder {
@@ -188,18 +212,15 @@ impl Builder {
         init: &[Tensor],
         body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
     ) -> (Vec<Tensor>, Vec<Tensor>) {
-        let options = ScanOptions {
-            reverse: true,
-            ..ScanOptions::default()
-        };
+        let options = ScanOptions::new().reverse(true);
         self.scan_at(xs, init, options, body, Location::caller())
     }
 
     /// [`Builder::scan`] with its `options`: the direction and the remat policy (what
     /// the backward pass of this scan reads from the forward pass rather than
     /// recomputes, see [`Remat`]), e.g. `jax.checkpoint(body,
-    /// policy=dots_saveable)` scanned: `b.scan_with(&xs, &init, ScanOptions { remat:
-    /// Remat::DotsSaveable, ..Default::default() }, body)`.
+    /// policy=dots_saveable)` scanned: `b.scan_with(&xs, &init,
+    /// ScanOptions::new().remat(Remat::DotsSaveable), body)`.
     #[track_caller]
     pub fn scan_with(
         &self,

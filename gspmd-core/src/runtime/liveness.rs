@@ -5,7 +5,7 @@
 //! it ([`pool_model`]), and so does the memory analysis
 //! ([`MemoryAnalysis`](crate::analysis::MemoryAnalysis)), which explains the model.
 
-use crate::ir::{ConvConfig, Flow, Node, Op, Program, ValueId, num_elements};
+use crate::ir::{ConvConfig, DType, Flow, Node, Op, Program, ValueId, num_elements};
 
 use super::plan::{Fusion, Plan};
 
@@ -92,6 +92,8 @@ impl Walk {
             let read_bytes = |k: usize| program.ty(step.reads[k]).size_in_bytes();
             let taken = |k: usize| step.hand_over[k] && owned[step.reads[k].index()];
             let mut copies = 0;
+            // The operands a control-flow instance copies, held while its regions run.
+            let mut instance_copies = 0;
             // Whether the node computes a value into a buffer, and the read value whose
             // buffer it takes over.
             let (mut computed, mut reuse) = (false, None);
@@ -131,18 +133,28 @@ impl Walk {
                             .map(|(plan, region)| Walk::of(region, plan).max)
                             .max()
                             .unwrap_or(0);
-                        // A scan reads its stacked operands in place.
-                        let in_place = match flow.as_ref() {
+                        // The instance copies its operands, but a scan reads its stacked
+                        // operands in place; each iteration of a scan hands its body
+                        // another copy of the carried values and captures and a slice
+                        // of each stacked operand (see `runtime::flow`).
+                        let (in_place, length) = match flow.as_ref() {
                             Flow::Scan {
-                                carried, stacked, ..
-                            } => *carried..carried + stacked,
-                            _ => 0..0,
+                                carried,
+                                stacked,
+                                length,
+                                ..
+                            } => (*carried..carried + stacked, Some((*length).max(1))),
+                            _ => (0..0, None),
                         };
-                        copies = (0..step.reads.len())
+                        let kept: usize = (0..step.reads.len())
                             .filter(|k| !in_place.contains(k))
                             .map(read_bytes)
-                            .sum::<usize>()
-                            + inner;
+                            .sum();
+                        let arguments = length.map_or(0, |length| {
+                            kept + in_place.clone().map(read_bytes).sum::<usize>() / length
+                        });
+                        copies = kept + arguments + inner;
+                        instance_copies = kept;
                         pending_bytes += results.iter().sum::<usize>();
                         pending[instance] = Some(results);
                     }
@@ -160,8 +172,14 @@ impl Walk {
                     if op.is_collective() && !step.reads.is_empty() && !taken(0) {
                         copies = read_bytes(0);
                     }
-                    if let Op::Convolution(config) = op {
-                        copies = im2col_bytes(program, node, config);
+                    match op {
+                        Op::Convolution(config) => copies = im2col_bytes(program, node, config),
+                        // f32 products: the operand copies and packing buffers they
+                        // allocate outside the pool (narrow ones: not modelled).
+                        Op::DotGeneral(_) if node.ty.dtype == DType::F32 => {
+                            copies = kernel_scratch(program, node)
+                        }
+                        _ => {}
                     }
                     computed = true;
                 }
@@ -188,7 +206,7 @@ impl Walk {
                     .collect();
             }
             walk.held.push(held);
-            let during = live + pending_bytes;
+            let during = live + pending_bytes + instance_copies;
             for o in &step.drops {
                 live -= std::mem::take(&mut buffer[o.index()]);
             }

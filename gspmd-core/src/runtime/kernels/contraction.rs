@@ -338,7 +338,13 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
     );
     let [kc, mc, nc] = PACK;
     let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
-    let packed = k.min(kc) * panels;
+    // A tiny product on `small_f32` packs nothing (one whose `b` has strided rows does,
+    // on matrixmultiply: counted, an estimate above is harmless).
+    let packed = if m * k * n <= TINY {
+        0
+    } else {
+        k.min(kc) * panels
+    };
     (copy(lhs, &dd.lhs_contracting) + copy(rhs, &dd.rhs_contracting) + packed) * element
 }
 
