@@ -1,5 +1,6 @@
-//! Fusion in the execution plan: chains of f32 elementwise ops with their broadcasts
-//! and a trailing reduction run as one loop. Fused results are bitwise those of the
+//! Fusion in the execution plan: chains of float elementwise ops (f32, and bf16 and
+//! f16 in f32 lanes), compares and selects, with their broadcasts and a trailing
+//! reduction, run as one loop. Fused results are bitwise those of the
 //! unfused kernels (node by node through `kernels::eval`, a fresh array per op) — so
 //! within the 1 ulp per op the issue allows — on random chains and on the library's
 //! softmax, layer norm, GELU and cross-entropy; and the interpreter and a 1-device mesh
@@ -43,12 +44,12 @@ fn labels(rows: usize, cols: usize, rng: &mut StdRng) -> Literal {
 /// the chain, with broadcast rows, columns and scalars (on either side), compares and
 /// selects (on a compare in the chain, with ties, or on a bool parameter), some
 /// intermediates also outputs, and a trailing sum, max or min over the last dim, over
-/// both dims, or none.
-fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
+/// both dims, or none; in `dtype`.
+fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Program {
     let b = Builder::new("chain");
-    let x = b.parameter("x", [rows, cols], DType::F32);
-    let row = b.parameter("row", [cols], DType::F32);
-    let col = b.parameter("col", [rows], DType::F32);
+    let x = b.parameter("x", [rows, cols], dtype);
+    let row = b.parameter("row", [cols], dtype);
+    let col = b.parameter("col", [rows], dtype);
     let mask = b.parameter("mask", [rows, cols], DType::Bool);
     let mut pool: Vec<Tensor> = vec![x.clone()];
     let mut outputs: Vec<Tensor> = Vec::new();
@@ -106,31 +107,47 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
 
 #[test]
 fn random_chains_fused_equal_unfused_bitwise() {
-    let mut rng = StdRng::seed_from_u64(13);
+    random_chains_in(DType::F32, 13, 300);
+}
+
+/// bf16 and f16 chains run in f32 lanes, each op rounded to the narrow type as the
+/// unfused kernels round it.
+#[test]
+fn narrow_float_chains_fused_equal_unfused_bitwise() {
+    random_chains_in(DType::BF16, 29, 120);
+    random_chains_in(DType::F16, 31, 120);
+}
+
+/// `cases` random chains in `dtype` from `seed`: fused equals unfused bitwise, most
+/// chains fuse and many fuse a select.
+fn random_chains_in(dtype: DType, seed: u64, cases: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
     let (mut fused, mut selects) = (0, 0);
-    let cases = 300;
     for case in 0..cases {
         // Rows across chunks (above 256) and with tails (not a multiple of 8); short
         // rows several to a chunk, over several chunks (40 rows).
         let rows = [1, 2, 3, 4, 40][rng.random_range(0..5)];
         let cols = [1, 3, 8, 37, 256, 300, 600][rng.random_range(0..7)];
-        let program = random_chain(&mut rng, rows, cols);
+        let program = random_chain(&mut rng, rows, cols, dtype);
         let inputs = [
-            random(&[rows, cols], &mut rng),
-            random(&[cols], &mut rng),
-            random(&[rows], &mut rng),
+            random(&[rows, cols], &mut rng).convert(dtype),
+            random(&[cols], &mut rng).convert(dtype),
+            random(&[rows], &mut rng).convert(dtype),
             bools(&[rows, cols], &mut rng),
         ];
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
-        assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
+        assert_eq!(bits(&got), bits(&want), "{dtype:?} case {case}: {program}");
         fused += usize::from(!fusion_groups(&program).is_empty());
         selects += usize::from(group_ops(&program).iter().any(|g| g.contains(&"select")));
     }
-    assert!(fused * 2 > cases, "only {fused} of {cases} chains fused");
+    assert!(
+        fused * 2 > cases,
+        "{dtype:?}: {fused} of {cases} chains fused"
+    );
     assert!(
         selects * 5 > cases,
-        "only {selects} of {cases} chains fused a select"
+        "{dtype:?}: {selects} of {cases} fused a select"
     );
 }
 

@@ -1,4 +1,4 @@
-//! Fusion: a chain of f32 elementwise ops, with the broadcasts it reads and an optional
+//! Fusion: a chain of float elementwise ops, with the broadcasts it reads and an optional
 //! trailing reduction over the minor dims, run as one loop over contiguous memory
 //! instead of an array per op (softmax's `exp(x - max)` and sum, layer norm, GELU,
 //! the AdamW update of a weight and its two moments, the ReLU gradient's compares and
@@ -9,14 +9,19 @@
 //! from outside the group (a select's predicate) is loaded as such lanes. A comparison
 //! is only an inner member (its bool value is never stored).
 //!
+//! A group computes in one float dtype ([`Group::dtype`]): f32, or bf16 or f16 in f32
+//! lanes (narrow leaves widened exactly as they are read, each op's lanes rounded to
+//! the narrow type, the results converted), as `kernels::narrow` computes each op.
+//!
 //! A [`Group`] is a plan-level decision: the program (the IR the partitioner sees) is
 //! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
 //! the group's loop where its root (its last node) would run. The loop walks the
 //! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
 //! outside the group, directly or through a broadcast, as a strided view) is loaded
-//! into a scratch register, each op writes its own register from earlier ones, and
-//! each result's register is stored into that result's buffer, or the last register is
-//! folded into the row's reduction.
+//! into a scratch register, each op writes a register from earlier ones (the ops share
+//! registers, assigned once at plan time by [`allocate`], so a chunk's working set
+//! stays small), and each result's register is stored into that result's buffer, or the
+//! last register is folded into the row's reduction.
 //!
 //! A group has one result or several ([`Group::results`]): the members whose values
 //! are read outside the group or are outputs, the root last. The loop computes every
@@ -25,18 +30,18 @@
 //! has its own buffer. The evaluation loop binds every result's value at the root.
 //!
 //! Results are bitwise those of the unfused kernels: every op applies the kernels'
-//! scalar function ([`f32_unary`], [`f32_binary`]), and a reduction
+//! scalar function ([`f32_unary`], [`f32_binary`], [`compare_fn`]), and a reduction
 //! folds each row as `reduce` does ([`Lanes`]), however the row is cut into chunks.
 //! The loop runs under `pulp`'s run-time dispatch ([`Vectorised`]): the same scalar
 //! functions, vectorised by the compiler for AVX2 and FMA or AVX-512.
 //!
-//! The rule (see [`plan_groups`]): from the last node back, a group grows from an f32
+//! The rule (see [`plan_groups`]): from the last node back, a group grows from a float
 //! elementwise op (a select included) or a reduction of trailing dims (its root) by
-//! every earlier f32 elementwise op, comparison of f32 values and broadcast of the
+//! every earlier elementwise op, comparison and broadcast of its float dtype and the
 //! loop's shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
-//! - the root is elementwise, the member is an f32 elementwise op read by at least one
+//! - the root is elementwise, the member is a float elementwise op read by at least one
 //!   member (no broadcast), every reader outside the group comes after the root (the
 //!   value exists from the root on), and the group has fewer than [`MAX_RESULTS`]
 //!   results: an extra result (outputs included).
@@ -96,6 +101,10 @@ pub(crate) struct Group {
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
     /// dims after them are folded).
     reduce: Option<(ReduceKind, usize)>,
+    /// The members' float dtype. A narrow one (bf16, f16) is computed in f32 lanes,
+    /// each op's lanes rounded to it as the unfused kernels round each op's result
+    /// (see `kernels::narrow`); the results are converted to it.
+    dtype: DType,
 }
 
 /// A value the fused loop reads.
@@ -142,17 +151,20 @@ enum Role {
 }
 
 /// The role of node `i` of `program` reading `operands`: none unless its types were
-/// checked (`typed`), it is f32 (or an f32 comparison) and its operands come before it.
+/// checked (`typed`), it is a float (or compares floats, see [`float_of`]) and its
+/// operands come before it.
 fn role(program: &Program, node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
     let ordered = operands.iter().all(|o| o.index() < i);
     if !typed || !ordered {
         return Role::Other;
     }
     if let Op::Compare(_) = node.op {
-        let f32s = (operands.iter()).all(|o| program.nodes[o.index()].ty.dtype == DType::F32);
-        return if f32s { Role::Compare } else { Role::Other };
+        let mut dtypes = operands.iter().map(|o| program.nodes[o.index()].ty.dtype);
+        let first = dtypes.next();
+        let floats = first.is_some_and(is_float) && dtypes.all(|d| Some(d) == first);
+        return if floats { Role::Compare } else { Role::Other };
     }
-    if node.ty.dtype != DType::F32 {
+    if !is_float(node.ty.dtype) {
         return Role::Other;
     }
     match &node.op {
@@ -170,6 +182,20 @@ fn role(program: &Program, node: &Node, operands: &[ValueId], i: usize, typed: b
             }
         }
         _ => Role::Other,
+    }
+}
+
+/// Whether the loop computes values of `dtype`: f32, or a narrow float in f32 lanes.
+fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// The float dtype node `i` computes in (a comparison: its operands'), reading
+/// `operands`.
+fn float_of(program: &Program, operands: &[ValueId], i: usize) -> DType {
+    match (&program.nodes[i].op, operands.first()) {
+        (Op::Compare(_), Some(o)) => program.nodes[o.index()].ty.dtype,
+        _ => program.nodes[i].ty.dtype,
     }
 }
 
@@ -218,6 +244,7 @@ pub(crate) fn plan_groups(
         if claimed[root] {
             continue;
         }
+        let dtype = float_of(program, &operands[root], root);
         let mut members = vec![root];
         let mut results = vec![root];
         in_group[root] = true;
@@ -230,7 +257,8 @@ pub(crate) fn plan_groups(
                     roles[j],
                     Role::Elementwise | Role::Broadcast | Role::Compare
                 )
-                && nodes[j].ty.shape == *shape;
+                && nodes[j].ty.shape == *shape
+                && float_of(program, &operands[j], j) == dtype;
             if !candidate {
                 continue;
             }
@@ -279,6 +307,7 @@ pub(crate) fn plan_groups(
             &members,
             &results,
             shape.clone(),
+            dtype,
         ));
     }
     groups
@@ -293,6 +322,7 @@ impl Group {
         members: &[usize],
         results: &[usize],
         shape: Vec<usize>,
+        dtype: DType,
     ) -> Group {
         /// Where a member's elements are: a leaf's register or an op's.
         #[derive(Clone, Copy)]
@@ -385,15 +415,17 @@ impl Group {
             stores,
             registers,
             reduce,
+            dtype,
         }
     }
 
     /// Whether the loop may write a result into leaf `k`'s buffer when it is handed
     /// over (an f32 array of the loop's shape in standard layout): no trailing
-    /// reduction, and the leaf is f32 and not broadcast. Such leaves, in leaf order,
+    /// reduction, the loop and the leaf are f32 and the leaf is not broadcast. Such leaves, in leaf order,
     /// become the buffers of the results in [`Group::results`] order, one each.
     pub(crate) fn writes_in_place(&self, k: usize) -> bool {
         self.reduce.is_none()
+            && self.dtype == DType::F32
             && (self.leaves.get(k))
                 .is_some_and(|leaf| leaf.dims.is_none() && leaf.dtype == DType::F32)
     }
@@ -480,7 +512,7 @@ impl Group {
                     self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
                 }
             };
-            return Ok(smallvec::smallvec![shaped(&self.shape[..kept], data)?]);
+            return Ok(smallvec::smallvec![self.shaped(&self.shape[..kept], data)?]);
         }
         while outs.len() < self.results.len() {
             outs.push(Out::Fresh(super::buffers::with_capacity(total)));
@@ -503,7 +535,7 @@ impl Group {
         outs.into_iter()
             .map(|out| match out {
                 Out::InPlace(a) => Ok(Literal::F32(a)),
-                Out::Fresh(v) => shaped(&self.shape, v),
+                Out::Fresh(v) => self.shaped(&self.shape, v),
             })
             .collect()
     }
@@ -580,6 +612,7 @@ impl Group {
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&self.shape, &mut reg[..len], start);
         }
+        let round = rounding(self.dtype);
         for &(ref instr, dst) in &self.code {
             // The op's register apart from the others (its operands' are others).
             let (before, after) = regs.split_at_mut(dst);
@@ -601,14 +634,16 @@ impl Group {
             };
             match *instr {
                 Instr::Unary(op, a) => {
-                    f32_unary(op, MapInto(arg(a), dst));
+                    f32_unary(op, MapInto(arg(a), &mut *dst));
+                    round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
                 }
                 Instr::Binary(op, a, b) => {
                     match (splat(a), splat(b)) {
-                        (None, Some(q)) => f32_binary(op, ZipSplat(arg(a), q, dst)),
-                        (Some(p), None) => f32_binary(op, SplatZip(p, arg(b), dst)),
-                        _ => f32_binary(op, ZipInto(arg(a), arg(b), dst)),
+                        (None, Some(q)) => f32_binary(op, ZipSplat(arg(a), q, &mut *dst)),
+                        (Some(p), None) => f32_binary(op, SplatZip(p, arg(b), &mut *dst)),
+                        _ => f32_binary(op, ZipInto(arg(a), arg(b), &mut *dst)),
                     };
+                    round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
                 }
                 Instr::Compare(op, a, b) => compare_fn(op, CompareInto(arg(a), arg(b), dst)),
                 Instr::Select(p, t, f) => {
@@ -699,11 +734,26 @@ enum Out {
     Fresh(Vec<f32>),
 }
 
-/// `data` as an f32 literal of `shape`.
-fn shaped(shape: &[usize], data: Vec<f32>) -> Result<Literal, String> {
-    ArrayD::from_shape_vec(shape, data)
-        .map(Literal::F32)
-        .map_err(|e| e.to_string())
+impl Group {
+    /// `data` as a literal of `shape` in the loop's dtype (converted from f32 lanes
+    /// that hold it exactly).
+    fn shaped(&self, shape: &[usize], data: Vec<f32>) -> Result<Literal, String> {
+        let lanes = ArrayD::from_shape_vec(shape, data).map_err(|e| e.to_string())?;
+        Ok(match self.dtype {
+            DType::F32 => Literal::F32(lanes),
+            narrow => Literal::F32(lanes).convert(narrow),
+        })
+    }
+}
+
+/// The function rounding an op's f32 lanes to `dtype` as `Literal::convert` rounds (to
+/// nearest even), if `dtype` is narrow.
+fn rounding(dtype: DType) -> Option<fn(f32) -> f32> {
+    match dtype {
+        DType::BF16 => Some(|v| half::bf16::from_f32(v).to_f32()),
+        DType::F16 => Some(|v| half::f16::from_f32(v).to_f32()),
+        _ => None,
+    }
 }
 
 /// A unary op's function from one register into another.
@@ -829,10 +879,15 @@ impl<'a> Source<'a> {
                     Cow::Owned(a.iter().map(|&b| bool_lane(b)).collect()),
                     Dims::from_slice(a.shape()),
                 )),
-                other => Err(format!(
-                    "a fused loop reads f32 or bool, given {}",
-                    other.dtype()
+                Literal::BF16(a) => Ok((
+                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
+                    Dims::from_slice(a.shape()),
                 )),
+                Literal::F16(a) => Ok((
+                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
+                    Dims::from_slice(a.shape()),
+                )),
+                Literal::I32(_) => Err("a fused loop reads floats or bool, given i32".into()),
             }
         };
         // The value's elements, shape and strides over that shape.
