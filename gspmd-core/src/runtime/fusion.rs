@@ -4,9 +4,9 @@
 //! the AdamW update of a weight and its two moments, the ReLU gradient's compares and
 //! selects).
 //!
-//! Comparisons of f32 values and selects fuse through bool lanes: a comparison writes
-//! 1 or 0 into an f32 register ([`bool_lane`]), a select reads it; a bool value read
-//! from outside the group (a select's predicate) is loaded as such lanes. A comparison
+//! Comparisons of float values and selects fuse through bool lanes: a comparison
+//! writes a mask into an f32 register ([`bool_lane`]), a select blends with it; a bool
+//! value read from outside the group (a select's predicate) is loaded as such lanes. A comparison
 //! is only an inner member (its bool value is never stored).
 //!
 //! A group computes in one float dtype ([`Group::dtype`]): f32, or bf16 or f16 in f32
@@ -131,11 +131,21 @@ enum Instr {
     Select(usize, usize, usize),
 }
 
-/// A bool held in an f32 register: 1 for true, 0 for false. A comparison writes
-/// these, a select reads any nonzero lane as true.
+/// A bool held in an f32 register as a mask: every bit set for true (a NaN), none
+/// for false. A comparison writes these (the vector compare instructions' own result),
+/// a select blends with them bit by bit ([`select_lane`]).
 #[inline(always)]
 fn bool_lane(b: bool) -> f32 {
-    if b { 1.0 } else { 0.0 }
+    f32::from_bits(0u32.wrapping_sub(u32::from(b)))
+}
+
+/// `if p { t } else { f }` for a [`bool_lane`] `p`, as a bitwise blend: the compiler
+/// vectorises it where a branch on each lane would become a gather of the picked
+/// elements.
+#[inline(always)]
+fn select_lane(p: f32, t: f32, f: f32) -> f32 {
+    let m = p.to_bits();
+    f32::from_bits((t.to_bits() & m) | (f.to_bits() & !m))
 }
 
 /// What a node may be in a group.
@@ -649,7 +659,7 @@ impl Group {
                 Instr::Select(p, t, f) => {
                     let lanes = dst.iter_mut().zip(arg(p)).zip(arg(t)).zip(arg(f));
                     for (((d, &p), &t), &f) in lanes {
-                        *d = if p != 0.0 { t } else { f };
+                        *d = select_lane(p, t, f);
                     }
                 }
             }
