@@ -124,7 +124,7 @@ fn random_chains_in(dtype: DType, seed: u64, cases: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut fused, mut selects) = (0, 0);
     for case in 0..cases {
-        // Rows across chunks (above 256) and with tails (not a multiple of 8); short
+        // Rows across chunks (above 512) and with tails (not a multiple of 8); short
         // rows several to a chunk, over several chunks (40 rows).
         let rows = [1, 2, 3, 4, 40][rng.random_range(0..5)];
         let cols = [1, 3, 8, 37, 256, 300, 600][rng.random_range(0..7)];
