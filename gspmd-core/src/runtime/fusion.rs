@@ -622,10 +622,6 @@ impl Group {
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&self.shape, &mut reg[..len], start);
         }
-        // The leaves read in place, sliced once per chunk rather than per op.
-        let in_place: SmallVec<[Option<&[f32]>; 8]> = (sources.iter())
-            .map(|x| x.in_place(outs).map(|data| &data[start..start + len]))
-            .collect();
         let round = rounding(self.dtype);
         for &(ref instr, dst) in &self.code {
             // The op's register apart from the others (its operands' are others).
@@ -635,8 +631,8 @@ impl Group {
             };
             let dst = &mut dst[..len];
             let (before, after, at) = (&*before, &*after, before.len());
-            let arg = |r: usize| match in_place.get(r).copied().flatten() {
-                Some(data) => data,
+            let arg = |r: usize| match sources.get(r).and_then(|x| x.in_place(outs)) {
+                Some(data) => &data[start..start + len],
                 None if r < at => &before[r][..len],
                 None => &after[r - at - 1][..len],
             };
