@@ -4,7 +4,8 @@
 //! a 1x1 mesh and on a 2x4 mesh (batch over `data`; heads, FFN and the weights' blocks
 //! over `model`): layer norm over `d_model`, softmax over the keys, GELU over the FFN
 //! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight;
-//! and the MoE router's gating chain (the example `train_moe`'s shapes).
+//! the MoE router's gating chain (the example `train_moe`'s shapes); and the ReLU's
+//! gradient (compares and selects) on a U-Net activation.
 //!
 //! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
 //! them, the plan not remade per call); the handwritten loop computes the same values
@@ -323,6 +324,43 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
     );
 }
 
+/// The ReLU's gradient as the autodiff writes it (`max(x, 0)`'s cotangent: the
+/// compares of the input and of zero with the output, the selects of the cotangent and
+/// its half at ties) on a U-Net activation (`[8, 32, 32, 16]`; on a 2x4 mesh an eighth
+/// of the batch and channels).
+fn relu_grad(c: &mut Criterion, s: &Shapes) {
+    let shape = if s.name == "1x1" {
+        [8, 32, 32, 16]
+    } else {
+        [4, 32, 32, 4]
+    };
+    let b = Builder::new("relu_grad");
+    let x = b.parameter("x", shape, DType::F32);
+    let y = b.parameter("y", shape, DType::F32);
+    let ct = b.parameter("ct", shape, DType::F32);
+    let zero = x.scalar_like(0.0);
+    let share = zero.eq(&y).select(&ct.mul(&ct.scalar_like(0.5)), &ct);
+    let dx = x.eq(&y).select(&share, &zero);
+    let program = b.finish(&[&dx]).expect("traces");
+    let x = values(&shape, 2.0);
+    let y = Literal::F32(x.as_f32().expect("f32").mapv(|v| v.max(0.0)));
+    let inputs = [x, y, values(&shape, 1.0)];
+    compare(
+        c,
+        &format!("relu_grad {}", s.name),
+        &program,
+        &inputs,
+        0.0,
+        |inputs, out| {
+            let [x, y, ct] = [0, 1, 2].map(|k| f32s(&inputs[k]));
+            for (((o, &x), &y), &ct) in out.iter_mut().zip(x).zip(y).zip(ct) {
+                let share = if y == 0.0 { ct * 0.5 } else { ct };
+                *o = if x == y { share } else { 0.0 };
+            }
+        },
+    );
+}
+
 /// The MoE router's gating chain (`models::moe::top2_gating` in the `gspmd` crate,
 /// the example `train_moe`'s shapes: 16 groups of 16 tokens, 4 experts of capacity
 /// 12): the gates' softmax over the experts, each token's first and second gate
@@ -434,6 +472,7 @@ fn bench(c: &mut Criterion) {
         cross_entropy(c, s);
         adamw(c, s);
         gating(c, s);
+        relu_grad(c, s);
     }
 }
 

@@ -1,10 +1,12 @@
-//! Fusion in the execution plan: chains of f32 elementwise ops with their broadcasts
-//! and a trailing reduction run as one loop. Fused results are bitwise those of the
+//! Fusion in the execution plan: chains of float elementwise ops (f32, and bf16 and
+//! f16 in f32 lanes), compares and selects, with their broadcasts and a trailing
+//! reduction, run as one loop. Fused results are bitwise those of the
 //! unfused kernels (node by node through `kernels::eval`, a fresh array per op) — so
 //! within the 1 ulp per op the issue allows — on random chains and on the library's
 //! softmax, layer norm, GELU and cross-entropy; and the interpreter and a 1-device mesh
 //! agree bitwise (the mesh's identity `dynamic_slice`s forwarded, fusion across them).
 
+use gspmd_core::autodiff::grad;
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
 use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, interpret};
@@ -39,14 +41,16 @@ fn labels(rows: usize, cols: usize, rng: &mut StdRng) -> Literal {
 }
 
 /// A random chain over `[rows, cols]`: unary ops, binary ops with earlier values of
-/// the chain, with broadcast rows, columns and scalars (on either side), some
+/// the chain, with broadcast rows, columns and scalars (on either side), compares and
+/// selects (on a compare in the chain, with ties, or on a bool parameter), some
 /// intermediates also outputs, and a trailing sum, max or min over the last dim, over
-/// both dims, or none.
-fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
+/// both dims, or none; in `dtype`.
+fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Program {
     let b = Builder::new("chain");
-    let x = b.parameter("x", [rows, cols], DType::F32);
-    let row = b.parameter("row", [cols], DType::F32);
-    let col = b.parameter("col", [rows], DType::F32);
+    let x = b.parameter("x", [rows, cols], dtype);
+    let row = b.parameter("row", [cols], dtype);
+    let col = b.parameter("col", [rows], dtype);
+    let mask = b.parameter("mask", [rows, cols], DType::Bool);
     let mut pool: Vec<Tensor> = vec![x.clone()];
     let mut outputs: Vec<Tensor> = Vec::new();
     let steps = rng.random_range(2..12);
@@ -63,7 +67,7 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
         } else {
             (other, a.clone())
         };
-        let y = match rng.random_range(0..14) {
+        let y = match rng.random_range(0..18) {
             0 => a.exp(),
             1 => a.tanh(),
             2 => a.neg(),
@@ -77,6 +81,10 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
             10 => p.div(&q),
             11 => p.max(&q),
             12 => p.min(&q),
+            13 => p.gt(&q).select(&a, &q),
+            14 => p.max(&q).eq(&a).select(&p, &a.scalar_like(0.0)),
+            15 => mask.select(&p, &q),
+            16 => p.le(&q).select(&a.exp(), &q.neg()),
             _ => a.abs().add(&a.scalar_like(0.5)).log(),
         };
         if rng.random_bool(0.1) {
@@ -99,26 +107,92 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
 
 #[test]
 fn random_chains_fused_equal_unfused_bitwise() {
-    let mut rng = StdRng::seed_from_u64(13);
-    let mut fused = 0;
-    let cases = 300;
+    random_chains_in(DType::F32, 13, 300);
+}
+
+/// bf16 and f16 chains run in f32 lanes, each op rounded to the narrow type as the
+/// unfused kernels round it.
+#[test]
+fn narrow_float_chains_fused_equal_unfused_bitwise() {
+    random_chains_in(DType::BF16, 29, 120);
+    random_chains_in(DType::F16, 31, 120);
+}
+
+/// `cases` random chains in `dtype` from `seed`: fused equals unfused bitwise, most
+/// chains fuse and many fuse a select.
+fn random_chains_in(dtype: DType, seed: u64, cases: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut fused, mut selects) = (0, 0);
     for case in 0..cases {
-        // Rows across chunks (above 256) and with tails (not a multiple of 8); short
+        // Rows across chunks (above 512) and with tails (not a multiple of 8); short
         // rows several to a chunk, over several chunks (40 rows).
         let rows = [1, 2, 3, 4, 40][rng.random_range(0..5)];
         let cols = [1, 3, 8, 37, 256, 300, 600][rng.random_range(0..7)];
-        let program = random_chain(&mut rng, rows, cols);
+        let program = random_chain(&mut rng, rows, cols, dtype);
         let inputs = [
-            random(&[rows, cols], &mut rng),
-            random(&[cols], &mut rng),
-            random(&[rows], &mut rng),
+            random(&[rows, cols], &mut rng).convert(dtype),
+            random(&[cols], &mut rng).convert(dtype),
+            random(&[rows], &mut rng).convert(dtype),
+            bools(&[rows, cols], &mut rng),
         ];
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
-        assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
+        assert_eq!(bits(&got), bits(&want), "{dtype:?} case {case}: {program}");
         fused += usize::from(!fusion_groups(&program).is_empty());
+        selects += usize::from(group_ops(&program).iter().any(|g| g.contains(&"select")));
     }
-    assert!(fused * 2 > cases, "only {fused} of {cases} chains fused");
+    assert!(
+        fused * 2 > cases,
+        "{dtype:?}: {fused} of {cases} chains fused"
+    );
+    assert!(
+        selects * 5 > cases,
+        "{dtype:?}: {selects} of {cases} fused a select"
+    );
+}
+
+fn bools(shape: &[usize], rng: &mut StdRng) -> Literal {
+    let n = shape.iter().product();
+    let v = (0..n).map(|_| rng.random_bool(0.5)).collect();
+    Literal::Bool(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape fits"))
+}
+
+/// The gradient of a ReLU layer (`max(x w, 0)`: the compares of the input and of zero
+/// with the output, the selects of the cotangent and its half at ties) fuses its
+/// compares and selects into the loop of the cotangent's product, with inputs at 0
+/// (ties), on one chunk and many; equal to unfused bitwise, on a 1-device mesh too.
+#[test]
+fn the_relu_gradient_compares_and_selects_fuse_equal_unfused() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for (rows, cols) in [(3, 8), (40, 300)] {
+        let b = Builder::new("relu");
+        let x = b.parameter("x", [rows, cols], DType::F32);
+        let w = b.parameter("w", [cols], DType::F32);
+        let y = x.mul(&w.broadcast_in_dim([rows, cols], &[1])).relu();
+        let loss = y.mul(&y).sum(&[0, 1]);
+        let forward = b.finish(&[&loss]).expect("traces");
+        let program = grad(&forward, 0, &[0, 1]).expect("differentiates");
+        let groups = group_ops(&program);
+        assert!(
+            groups
+                .iter()
+                .any(|g| g.contains(&"compare") && g.contains(&"select")),
+            "compares and selects not fused: {groups:?}"
+        );
+        // A third of the inputs 0: ties of `max(x w, 0)`.
+        let x = random(&[rows, cols], &mut rng);
+        let x = Literal::F32(
+            x.as_f32()
+                .expect("f32")
+                .mapv(|v| if v > 1.0 { 0.0 } else { v }),
+        );
+        let inputs = [x, random(&[cols], &mut rng)];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "{rows}x{cols}");
+        let mesh = on_one_device(&program, &inputs);
+        assert_eq!(bits(&mesh), bits(&want), "mesh, {rows}x{cols}");
+    }
 }
 
 /// The library's composite ops on `[rows, cols]` logits (and `[rows]` labels).

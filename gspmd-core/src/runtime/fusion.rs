@@ -1,16 +1,27 @@
-//! Fusion: a chain of f32 elementwise ops, with the broadcasts it reads and an optional
+//! Fusion: a chain of float elementwise ops, with the broadcasts it reads and an optional
 //! trailing reduction over the minor dims, run as one loop over contiguous memory
 //! instead of an array per op (softmax's `exp(x - max)` and sum, layer norm, GELU,
-//! the AdamW update of a weight and its two moments).
+//! the AdamW update of a weight and its two moments, the ReLU gradient's compares and
+//! selects).
+//!
+//! Comparisons of float values and selects fuse through bool lanes: a comparison
+//! writes a mask into an f32 register ([`bool_lane`]), a select blends with it; a bool
+//! value read from outside the group (a select's predicate) is loaded as such lanes. A comparison
+//! is only an inner member (its bool value is never stored).
+//!
+//! A group computes in one float dtype ([`Group::dtype`]): f32, or bf16 or f16 in f32
+//! lanes (narrow leaves widened exactly as they are read, each op's lanes rounded to
+//! the narrow type, the results converted), as `kernels::narrow` computes each op.
 //!
 //! A [`Group`] is a plan-level decision: the program (the IR the partitioner sees) is
 //! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
 //! the group's loop where its root (its last node) would run. The loop walks the
 //! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
 //! outside the group, directly or through a broadcast, as a strided view) is loaded
-//! into a scratch register, each op writes its own register from earlier ones, and
-//! each result's register is stored into that result's buffer, or the last register is
-//! folded into the row's reduction.
+//! into a scratch register, each op writes a register from earlier ones (the ops share
+//! registers, assigned once at plan time by [`allocate`], so a chunk's working set
+//! stays small), and each result's register is stored into that result's buffer, or the
+//! last register is folded into the row's reduction.
 //!
 //! A group has one result or several ([`Group::results`]): the members whose values
 //! are read outside the group or are outputs, the root last. The loop computes every
@@ -19,17 +30,18 @@
 //! has its own buffer. The evaluation loop binds every result's value at the root.
 //!
 //! Results are bitwise those of the unfused kernels: every op applies the kernels'
-//! scalar function ([`f32_unary`], [`f32_binary`]), and a reduction
+//! scalar function ([`f32_unary`], [`f32_binary`], [`compare_fn`]), and a reduction
 //! folds each row as `reduce` does ([`Lanes`]), however the row is cut into chunks.
 //! The loop runs under `pulp`'s run-time dispatch ([`Vectorised`]): the same scalar
 //! functions, vectorised by the compiler for AVX2 and FMA or AVX-512.
 //!
-//! The rule (see [`plan_groups`]): from the last node back, a group grows from an f32
-//! elementwise op or a reduction of trailing dims (its root) by every earlier f32
-//! elementwise op and broadcast of the loop's shape, not yet in a group, such that
+//! The rule (see [`plan_groups`]): from the last node back, a group grows from a float
+//! elementwise op (a select included) or a reduction of trailing dims (its root) by
+//! every earlier elementwise op, comparison and broadcast of its float dtype and the
+//! loop's shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
-//! - the root is elementwise, the member is an elementwise op read by at least one
+//! - the root is elementwise, the member is a float elementwise op read by at least one
 //!   member (no broadcast), every reader outside the group comes after the root (the
 //!   value exists from the root on), and the group has fewer than [`MAX_RESULTS`]
 //!   results: an extra result (outputs included).
@@ -46,14 +58,16 @@ use ndarray::ArrayD;
 use smallvec::SmallVec;
 
 use super::kernels::{
-    Dims, Lanes, Operand, Operands, WithBinary, WithUnary, body_len, f32_binary, f32_unary,
-    map_strides, max_nan, min_nan, row_major,
+    Dims, Lanes, Operand, Operands, WithBinary, WithCompare, WithUnary, body_len, compare_fn,
+    f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
-use crate::ir::{BinaryOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
+use crate::ir::{
+    BinaryOp, CompareOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId,
+};
 
 /// The elements a fused loop computes at a time: each register holds one chunk.
 /// A multiple of the reduction's lane count, so that chunks cut a row's body whole.
-pub(crate) const CHUNK: usize = 256;
+pub(crate) const CHUNK: usize = 512;
 
 /// The most results a group stores (its root included): each is one more register
 /// read back per chunk and one more buffer.
@@ -78,13 +92,19 @@ pub(crate) struct Group {
     pub(crate) leaves: Vec<Leaf>,
     /// The shape the loop walks (the elementwise ops' shape).
     shape: Vec<usize>,
-    /// The ops; op `k` writes register `leaves.len() + k`, from lower registers.
-    code: Vec<Instr>,
+    /// The ops in order, each with the register it writes (see [`allocate`]).
+    code: Vec<(Instr, usize)>,
     /// The register of each of `results` (with a reduction: the root's operand's).
     stores: Vec<usize>,
+    /// The registers the loop uses: one per leaf, then those the ops share.
+    registers: usize,
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
     /// dims after them are folded).
     reduce: Option<(ReduceKind, usize)>,
+    /// The members' float dtype. A narrow one (bf16, f16) is computed in f32 lanes,
+    /// each op's lanes rounded to it as the unfused kernels round each op's result
+    /// (see `kernels::narrow`); the results are converted to it.
+    dtype: DType,
 }
 
 /// A value the fused loop reads.
@@ -95,6 +115,9 @@ pub(crate) struct Leaf {
     /// `None`: the value has the loop's shape; else the value broadcast to it, operand
     /// dim `i` becoming loop dim `dims[i]` (a broadcast in the group).
     dims: Option<Vec<usize>>,
+    /// The value's dtype: f32, or bool (a select's predicate, read as [bool
+    /// lanes](bool_lane)).
+    dtype: DType,
 }
 
 /// One op of a fused loop, on register indices.
@@ -102,6 +125,27 @@ pub(crate) struct Leaf {
 enum Instr {
     Unary(UnaryOp, usize),
     Binary(BinaryOp, usize, usize),
+    /// A comparison of two f32 registers into bool lanes.
+    Compare(CompareOp, usize, usize),
+    /// `select(pred, on_true, on_false)`, the predicate bool lanes.
+    Select(usize, usize, usize),
+}
+
+/// A bool held in an f32 register as a mask: every bit set for true (a NaN), none
+/// for false. A comparison writes these (the vector compare instructions' own result),
+/// a select blends with them bit by bit ([`select_lane`]).
+#[inline(always)]
+fn bool_lane(b: bool) -> f32 {
+    f32::from_bits(0u32.wrapping_sub(u32::from(b)))
+}
+
+/// `if p { t } else { f }` for a [`bool_lane`] `p`, as a bitwise blend: the compiler
+/// vectorises it where a branch on each lane would become a gather of the picked
+/// elements.
+#[inline(always)]
+fn select_lane(p: f32, t: f32, f: f32) -> f32 {
+    let m = p.to_bits();
+    f32::from_bits((t.to_bits() & m) | (f.to_bits() & !m))
 }
 
 /// What a node may be in a group.
@@ -109,21 +153,34 @@ enum Instr {
 enum Role {
     Elementwise,
     Broadcast,
+    /// A comparison of f32 values (its bool result only read inside the group).
+    Compare,
     /// A reduction of the operand's minor dims.
     TrailingReduce,
     Other,
 }
 
-/// The role of node `i` reading `operands`: none unless its types were checked
-/// (`typed`), it is f32 and its operands come before it.
-fn role(node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
+/// The role of node `i` of `program` reading `operands`: none unless its types were
+/// checked (`typed`), it is a float (or compares floats, see [`float_of`]) and its
+/// operands come before it.
+fn role(program: &Program, node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
     let ordered = operands.iter().all(|o| o.index() < i);
-    if !typed || !ordered || node.ty.dtype != DType::F32 {
+    if !typed || !ordered {
+        return Role::Other;
+    }
+    if let Op::Compare(_) = node.op {
+        let mut dtypes = operands.iter().map(|o| program.nodes[o.index()].ty.dtype);
+        let first = dtypes.next();
+        let floats = first.is_some_and(is_float) && dtypes.all(|d| Some(d) == first);
+        return if floats { Role::Compare } else { Role::Other };
+    }
+    if !is_float(node.ty.dtype) {
         return Role::Other;
     }
     match &node.op {
         Op::Unary(u) if !matches!(u, UnaryOp::Not | UnaryOp::IsFinite) => Role::Elementwise,
         Op::Binary(b) if !matches!(b, BinaryOp::And | BinaryOp::Or) => Role::Elementwise,
+        Op::Select => Role::Elementwise,
         Op::Broadcast { .. } => Role::Broadcast,
         Op::Reduce { dims, .. } => {
             let kept = node.ty.shape.len();
@@ -135,6 +192,20 @@ fn role(node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
             }
         }
         _ => Role::Other,
+    }
+}
+
+/// Whether the loop computes values of `dtype`: f32, or a narrow float in f32 lanes.
+fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// The float dtype node `i` computes in (a comparison: its operands'), reading
+/// `operands`.
+fn float_of(program: &Program, operands: &[ValueId], i: usize) -> DType {
+    match (&program.nodes[i].op, operands.first()) {
+        (Op::Compare(_), Some(o)) => program.nodes[o.index()].ty.dtype,
+        _ => program.nodes[i].ty.dtype,
     }
 }
 
@@ -151,7 +222,7 @@ pub(crate) fn plan_groups(
     let nodes = &program.nodes;
     let n = nodes.len();
     let roles: Vec<Role> = (nodes.iter().zip(operands).zip(typed).enumerate())
-        .map(|(i, ((x, o), &t))| role(x, o, i, t))
+        .map(|(i, ((x, o), &t))| role(program, x, o, i, t))
         .collect();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, values) in operands.iter().enumerate() {
@@ -183,6 +254,7 @@ pub(crate) fn plan_groups(
         if claimed[root] {
             continue;
         }
+        let dtype = float_of(program, &operands[root], root);
         let mut members = vec![root];
         let mut results = vec![root];
         in_group[root] = true;
@@ -191,8 +263,12 @@ pub(crate) fn plan_groups(
         while j > low {
             j -= 1;
             let candidate = !claimed[j]
-                && matches!(roles[j], Role::Elementwise | Role::Broadcast)
-                && nodes[j].ty.shape == *shape;
+                && matches!(
+                    roles[j],
+                    Role::Elementwise | Role::Broadcast | Role::Compare
+                )
+                && nodes[j].ty.shape == *shape
+                && float_of(program, &operands[j], j) == dtype;
             if !candidate {
                 continue;
             }
@@ -214,7 +290,7 @@ pub(crate) fn plan_groups(
                 if result {
                     results.push(j);
                 }
-                if roles[j] == Role::Elementwise {
+                if matches!(roles[j], Role::Elementwise | Role::Compare) {
                     low = low.min(lowest_operand(j).unwrap_or(j));
                 }
             }
@@ -226,7 +302,7 @@ pub(crate) fn plan_groups(
         results.reverse();
         let ops = members
             .iter()
-            .filter(|&&m| roles[m] == Role::Elementwise)
+            .filter(|&&m| matches!(roles[m], Role::Elementwise | Role::Compare))
             .count();
         let reduces = usize::from(roles[root] == Role::TrailingReduce);
         if ops == 0 || ops + reduces < 2 {
@@ -241,6 +317,7 @@ pub(crate) fn plan_groups(
             &members,
             &results,
             shape.clone(),
+            dtype,
         ));
     }
     groups
@@ -255,6 +332,7 @@ impl Group {
         members: &[usize],
         results: &[usize],
         shape: Vec<usize>,
+        dtype: DType,
     ) -> Group {
         /// Where a member's elements are: a leaf's register or an op's.
         #[derive(Clone, Copy)]
@@ -285,6 +363,7 @@ impl Group {
                     Leaf {
                         value: operands[m][0],
                         dims: Some(dims.clone()),
+                        dtype: node.ty.dtype,
                     },
                 ),
                 Op::Reduce { kind, .. } => {
@@ -301,6 +380,7 @@ impl Group {
                                 Leaf {
                                     value: *o,
                                     dims: None,
+                                    dtype: program.nodes[o.index()].ty.dtype,
                                 },
                             ),
                         });
@@ -322,14 +402,19 @@ impl Group {
         let stores = (results.iter())
             .map(|m| ref_of(m).unwrap_or(last))
             .collect();
-        let code = ops
+        let code: Vec<Instr> = ops
             .iter()
             .filter_map(|(op, args)| match (op, args.as_slice()) {
                 (Op::Unary(u), [a]) => Some(Instr::Unary(*u, register(a))),
                 (Op::Binary(b), [a, c]) => Some(Instr::Binary(*b, register(a), register(c))),
+                (Op::Compare(c), [a, b]) => Some(Instr::Compare(*c, register(a), register(b))),
+                (Op::Select, [p, t, f]) => {
+                    Some(Instr::Select(register(p), register(t), register(f)))
+                }
                 _ => None,
             })
             .collect();
+        let (code, stores, registers) = allocate(base, code, stores);
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         Group {
             members: ids(members),
@@ -338,16 +423,21 @@ impl Group {
             shape,
             code,
             stores,
+            registers,
             reduce,
+            dtype,
         }
     }
 
     /// Whether the loop may write a result into leaf `k`'s buffer when it is handed
     /// over (an f32 array of the loop's shape in standard layout): no trailing
-    /// reduction, and the leaf is not broadcast. Such leaves, in leaf order, become
-    /// the buffers of the results in [`Group::results`] order, one each.
+    /// reduction, the loop and the leaf are f32 and the leaf is not broadcast. Such leaves, in leaf order,
+    /// become the buffers of the results in [`Group::results`] order, one each.
     pub(crate) fn writes_in_place(&self, k: usize) -> bool {
-        self.reduce.is_none() && self.leaves.get(k).is_some_and(|leaf| leaf.dims.is_none())
+        self.reduce.is_none()
+            && self.dtype == DType::F32
+            && (self.leaves.get(k))
+                .is_some_and(|leaf| leaf.dims.is_none() && leaf.dtype == DType::F32)
     }
 
     /// Runs the loop on the leaves' values (in [`Group::leaves`] order; a leaf without
@@ -393,7 +483,7 @@ impl Group {
             })
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
-            regs.resize(self.leaves.len() + self.code.len(), [0.0; CHUNK]);
+            regs.resize(self.registers, [0.0; CHUNK]);
             for (source, reg) in sources.iter().zip(regs.iter_mut()) {
                 if let Source::Splat(v) = *source {
                     reg.fill(v);
@@ -432,7 +522,7 @@ impl Group {
                     self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
                 }
             };
-            return Ok(smallvec::smallvec![shaped(&self.shape[..kept], data)?]);
+            return Ok(smallvec::smallvec![self.shaped(&self.shape[..kept], data)?]);
         }
         while outs.len() < self.results.len() {
             outs.push(Out::Fresh(super::buffers::with_capacity(total)));
@@ -455,7 +545,7 @@ impl Group {
         outs.into_iter()
             .map(|out| match out {
                 Out::InPlace(a) => Ok(Literal::F32(a)),
-                Out::Fresh(v) => shaped(&self.shape, v),
+                Out::Fresh(v) => self.shaped(&self.shape, v),
             })
             .collect()
     }
@@ -529,21 +619,22 @@ impl Group {
         start: usize,
         len: usize,
     ) -> &'r [f32] {
-        let base = self.leaves.len();
-        let (leaf_regs, op_regs) = regs.split_at_mut(base);
-        for (source, reg) in sources.iter().zip(leaf_regs.iter_mut()) {
+        for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&self.shape, &mut reg[..len], start);
         }
-        let leaf = |k: usize| match sources[k].in_place(outs) {
-            Some(data) => &data[start..start + len],
-            None => &leaf_regs[k][..len],
-        };
-        for (k, instr) in self.code.iter().enumerate() {
-            let (before, after) = op_regs.split_at_mut(k);
-            let dst = &mut after[0][..len];
-            let arg = |r: usize| match r.checked_sub(base) {
-                Some(op) => &before[op][..len],
-                None => leaf(r),
+        let round = rounding(self.dtype);
+        for &(ref instr, dst) in &self.code {
+            // The op's register apart from the others (its operands' are others).
+            let (before, after) = regs.split_at_mut(dst);
+            let Some((dst, after)) = after.split_first_mut() else {
+                continue;
+            };
+            let dst = &mut dst[..len];
+            let (before, after, at) = (&*before, &*after, before.len());
+            let arg = |r: usize| match sources.get(r).and_then(|x| x.in_place(outs)) {
+                Some(data) => &data[start..start + len],
+                None if r < at => &before[r][..len],
+                None => &after[r - at - 1][..len],
             };
             // A scalar broadcast is one value in a machine register, not a register
             // of the loop read element by element.
@@ -552,19 +643,96 @@ impl Group {
                 _ => None,
             };
             match *instr {
-                Instr::Unary(op, a) => f32_unary(op, MapInto(arg(a), dst)),
-                Instr::Binary(op, a, b) => match (splat(a), splat(b)) {
-                    (None, Some(q)) => f32_binary(op, ZipSplat(arg(a), q, dst)),
-                    (Some(p), None) => f32_binary(op, SplatZip(p, arg(b), dst)),
-                    _ => f32_binary(op, ZipInto(arg(a), arg(b), dst)),
-                },
-            };
+                Instr::Unary(op, a) => {
+                    f32_unary(op, MapInto(arg(a), &mut *dst));
+                    round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
+                }
+                Instr::Binary(op, a, b) => {
+                    match (splat(a), splat(b)) {
+                        (None, Some(q)) => f32_binary(op, ZipSplat(arg(a), q, &mut *dst)),
+                        (Some(p), None) => f32_binary(op, SplatZip(p, arg(b), &mut *dst)),
+                        _ => f32_binary(op, ZipInto(arg(a), arg(b), &mut *dst)),
+                    };
+                    round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
+                }
+                Instr::Compare(op, a, b) => compare_fn(op, CompareInto(arg(a), arg(b), dst)),
+                Instr::Select(p, t, f) => {
+                    let lanes = dst.iter_mut().zip(arg(p)).zip(arg(t)).zip(arg(f));
+                    for (((d, &p), &t), &f) in lanes {
+                        *d = select_lane(p, t, f);
+                    }
+                }
+            }
         }
-        match op_regs.last() {
-            Some(last) => &last[..len],
+        match self.code.last() {
+            Some(&(_, last)) => &regs[last][..len],
             None => &[],
         }
     }
+}
+
+/// Registers for `code` (op `k` writing register `base + k`, reading lower ones: the
+/// leaves' below `base`), so that the ops share few: each op writes a register no live
+/// value holds (never one of its operands'), and a register is free again after its
+/// value's last reader, unless the value is stored (`stores`) or is the last op's (a
+/// reduction folds it). Returns the code with each op's register, `stores` renamed,
+/// and the number of registers.
+fn allocate(
+    base: usize,
+    code: Vec<Instr>,
+    stores: Vec<usize>,
+) -> (Vec<(Instr, usize)>, Vec<usize>, usize) {
+    fn reads(instr: &Instr) -> SmallVec<[usize; 3]> {
+        match *instr {
+            Instr::Unary(_, a) => smallvec::smallvec![a],
+            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => smallvec::smallvec![a, b],
+            Instr::Select(p, t, f) => smallvec::smallvec![p, t, f],
+        }
+    }
+    // The last op reading each op's value; `usize::MAX`: kept to the chunk's end.
+    let mut last = vec![0; code.len()];
+    for (k, instr) in code.iter().enumerate() {
+        for r in reads(instr) {
+            if let Some(op) = r.checked_sub(base) {
+                last[op] = k;
+            }
+        }
+    }
+    for &r in stores.iter().chain(&[base + code.len().saturating_sub(1)]) {
+        if let Some(op) = r.checked_sub(base) {
+            last[op] = usize::MAX;
+        }
+    }
+    // Each op's register, as assigned so far.
+    let mut register: Vec<usize> = Vec::with_capacity(code.len());
+    let (mut free, mut registers) = (Vec::new(), base);
+    let mut out = Vec::with_capacity(code.len());
+    for (k, instr) in code.into_iter().enumerate() {
+        let dst = free.pop().unwrap_or_else(|| {
+            registers += 1;
+            registers - 1
+        });
+        let operands = reads(&instr);
+        let rename = |r: usize| r.checked_sub(base).map_or(r, |op| register[op]);
+        let renamed = match instr {
+            Instr::Unary(op, a) => Instr::Unary(op, rename(a)),
+            Instr::Binary(op, a, b) => Instr::Binary(op, rename(a), rename(b)),
+            Instr::Compare(op, a, b) => Instr::Compare(op, rename(a), rename(b)),
+            Instr::Select(p, t, f) => Instr::Select(rename(p), rename(t), rename(f)),
+        };
+        // The operands read for the last time here free their registers (once each).
+        for op in operands.iter().filter_map(|r| r.checked_sub(base)) {
+            if last[op] == k && !free.contains(&register[op]) {
+                free.push(register[op]);
+            }
+        }
+        register.push(dst);
+        out.push((renamed, dst));
+    }
+    let stores = (stores.iter())
+        .map(|&r| r.checked_sub(base).map_or(r, |op| register[op]))
+        .collect();
+    (out, stores, registers)
 }
 
 /// The buffer a fused loop stores one result into.
@@ -576,11 +744,26 @@ enum Out {
     Fresh(Vec<f32>),
 }
 
-/// `data` as an f32 literal of `shape`.
-fn shaped(shape: &[usize], data: Vec<f32>) -> Result<Literal, String> {
-    ArrayD::from_shape_vec(shape, data)
-        .map(Literal::F32)
-        .map_err(|e| e.to_string())
+impl Group {
+    /// `data` as a literal of `shape` in the loop's dtype (converted from f32 lanes
+    /// that hold it exactly).
+    fn shaped(&self, shape: &[usize], data: Vec<f32>) -> Result<Literal, String> {
+        let lanes = ArrayD::from_shape_vec(shape, data).map_err(|e| e.to_string())?;
+        Ok(match self.dtype {
+            DType::F32 => Literal::F32(lanes),
+            narrow => Literal::F32(lanes).convert(narrow),
+        })
+    }
+}
+
+/// The function rounding an op's f32 lanes to `dtype` as `Literal::convert` rounds (to
+/// nearest even), if `dtype` is narrow.
+fn rounding(dtype: DType) -> Option<fn(f32) -> f32> {
+    match dtype {
+        DType::BF16 => Some(|v| half::bf16::from_f32(v).to_f32()),
+        DType::F16 => Some(|v| half::f16::from_f32(v).to_f32()),
+        _ => None,
+    }
 }
 
 /// A unary op's function from one register into another.
@@ -605,6 +788,19 @@ impl WithBinary for ZipInto<'_> {
     fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) {
         for ((d, &a), &b) in self.2.iter_mut().zip(self.0).zip(self.1) {
             *d = f(a, b);
+        }
+    }
+}
+
+/// A comparison's function from two registers into bool lanes in a third.
+struct CompareInto<'a>(&'a [f32], &'a [f32], &'a mut [f32]);
+
+impl WithCompare<f32> for CompareInto<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn with(self, f: impl Fn(f32, f32) -> bool + Copy) {
+        for ((d, &a), &b) in self.2.iter_mut().zip(self.0).zip(self.1) {
+            *d = bool_lane(f(a, b));
         }
     }
 }
@@ -679,24 +875,46 @@ enum Source<'a> {
 impl<'a> Source<'a> {
     /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`.
     fn new(x: &'a Operand<'_>, dims: Option<&[usize]>, shape: &[usize]) -> Result<Self, String> {
-        let f32s = |lit: &'a Literal| match lit {
-            Literal::F32(a) => Ok(a),
-            other => Err(format!("a fused loop reads f32, given {}", other.dtype())),
+        // The elements as lanes (f32 in place, bool as `bool_lane`s) and their shape.
+        let lanes = |lit: &'a Literal| -> Result<(Cow<'a, [f32]>, Dims), String> {
+            match lit {
+                Literal::F32(a) => Ok((
+                    match a.as_slice() {
+                        Some(s) => Cow::Borrowed(s),
+                        None => Cow::Owned(a.iter().copied().collect()),
+                    },
+                    Dims::from_slice(a.shape()),
+                )),
+                Literal::Bool(a) => Ok((
+                    Cow::Owned(a.iter().map(|&b| bool_lane(b)).collect()),
+                    Dims::from_slice(a.shape()),
+                )),
+                Literal::BF16(a) => Ok((
+                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
+                    Dims::from_slice(a.shape()),
+                )),
+                Literal::F16(a) => Ok((
+                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
+                    Dims::from_slice(a.shape()),
+                )),
+                Literal::I32(_) => Err("a fused loop reads floats or bool, given i32".into()),
+            }
         };
         // The value's elements, shape and strides over that shape.
-        let (array, value_shape, value_strides) = match x {
+        let (data, value_shape, value_strides) = match x {
             Operand::Value(v) => {
-                let a = f32s(v)?;
-                (a, Dims::from_slice(a.shape()), row_major(a.shape()))
+                let (data, shape) = lanes(v)?;
+                let strides = row_major(&shape);
+                (data, shape, strides)
             }
             Operand::Broadcast {
                 source,
                 shape: to,
                 dims,
             } => {
-                let a = f32s(source)?;
-                let strides = map_strides(a.shape(), &row_major(a.shape()), to, dims)?;
-                (a, Dims::from_slice(to), strides)
+                let (data, from) = lanes(source)?;
+                let strides = map_strides(&from, &row_major(&from), to, dims)?;
+                (data, Dims::from_slice(to), strides)
             }
         };
         let identity: Dims;
@@ -709,14 +927,10 @@ impl<'a> Source<'a> {
         };
         let strides = map_strides(&value_shape, &value_strides, shape, dims)?;
         if strides.iter().all(|&s| s == 0)
-            && let Some(&v) = array.first()
+            && let Some(&v) = data.first()
         {
             return Ok(Source::Splat(v));
         }
-        let data = match array.as_slice() {
-            Some(s) => Cow::Borrowed(s),
-            None => Cow::Owned(array.iter().copied().collect()),
-        };
         let contiguous = strides == row_major(shape);
         Ok(Source::Strided {
             data,

@@ -585,21 +585,45 @@ pub(super) fn binary(op: BinaryOp, x: Operand<'_>, y: Operand<'_>) -> Result<Lit
     })
 }
 
+/// [`WithBinary`] for comparisons of elements of type `T` (see [`compare_fn`]).
+pub(crate) trait WithCompare<T> {
+    /// What the use gives.
+    type Out;
+    /// Applies the use to the comparison's function `f`.
+    fn with(self, f: impl Fn(T, T) -> bool + Copy) -> Self::Out;
+}
+
+/// `w` applied to the function of comparison `op` (IEEE: every comparison with a NaN
+/// is false but `!=`). The kernel here and the fused loops apply the same functions.
+#[inline(always)]
+pub(crate) fn compare_fn<T: PartialOrd, W: WithCompare<T>>(op: CompareOp, w: W) -> W::Out {
+    match op {
+        CompareOp::Eq => w.with(|p, q| p == q),
+        CompareOp::Ne => w.with(|p, q| p != q),
+        CompareOp::Lt => w.with(|p, q| p < q),
+        CompareOp::Le => w.with(|p, q| p <= q),
+        CompareOp::Gt => w.with(|p, q| p > q),
+        CompareOp::Ge => w.with(|p, q| p >= q),
+    }
+}
+
+/// [`zip_to`] of a comparison over a shape as a [`WithCompare`].
+struct CompareTo<'a, 's, T: Clone>(&'s [usize], Arg<'a, T>, Arg<'a, T>);
+
+impl<T: Pooled + PartialOrd> WithCompare<T> for CompareTo<'_, '_, T> {
+    type Out = ArrayD<bool>;
+    fn with(self, f: impl Fn(T, T) -> bool + Copy) -> ArrayD<bool> {
+        zip_to(self.0, &self.1, &self.2, f)
+    }
+}
+
 fn compare_arrays<T: Pooled + PartialOrd>(
     op: CompareOp,
     shape: &[usize],
     a: Arg<'_, T>,
     b: Arg<'_, T>,
 ) -> ArrayD<bool> {
-    let (a, b) = (&a, &b);
-    match op {
-        CompareOp::Eq => zip_to(shape, a, b, |p, q| p == q),
-        CompareOp::Ne => zip_to(shape, a, b, |p, q| p != q),
-        CompareOp::Lt => zip_to(shape, a, b, |p, q| p < q),
-        CompareOp::Le => zip_to(shape, a, b, |p, q| p <= q),
-        CompareOp::Gt => zip_to(shape, a, b, |p, q| p > q),
-        CompareOp::Ge => zip_to(shape, a, b, |p, q| p >= q),
-    }
+    compare_fn(op, CompareTo(shape, a, b))
 }
 
 /// The elements of the operands `xs` and the result shape they share, or `Err` if
