@@ -97,8 +97,7 @@ impl CostAnalysis {
             let entry = collectives.entry(kind).or_default();
             entry.0 += runs.times;
             entry.1 += runs.times * bytes;
-            let seconds = runs.times as f64
-                * (device.collective_latency + device.collective_seconds(&node.op, mesh, bytes));
+            let seconds = runs.times as f64 * device.collective_run_seconds(&node.op, mesh, bytes);
             *communication_by_kind.entry(kind).or_default() += seconds;
         });
         let communication_seconds = communication_by_kind.values().fold(0.0, |a, b| a + b);

@@ -113,6 +113,12 @@ impl DeviceModel {
         self.flops_per_second * self.efficiency
     }
 
+    /// Seconds one run of collective `op` on `mesh` takes, its latency included, when
+    /// one device receives `bytes` in it: what the cost analysis and its schedule charge.
+    pub fn collective_run_seconds(&self, op: &Op, mesh: &Mesh, bytes: usize) -> f64 {
+        self.collective_latency + self.collective_seconds(op, mesh, bytes)
+    }
+
     /// Seconds one run of collective `op` on `mesh` takes when one device receives
     /// `bytes` in it (see the module docs); its latency is not included. The torus dims
     /// a group spans are the distinct mesh axes of its (sub-)axes; the mesh's last axis

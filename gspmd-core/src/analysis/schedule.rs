@@ -75,9 +75,7 @@ pub(crate) fn span(program: &Program, mesh: &Mesh, device: &DeviceModel) -> f64 
                 if bytes == 0 {
                     Work::Free
                 } else {
-                    Work::Communication(
-                        device.collective_latency + device.collective_seconds(op, mesh, bytes),
-                    )
+                    Work::Communication(device.collective_run_seconds(op, mesh, bytes))
                 }
             }
             _ => match node_flops(program, node) {
