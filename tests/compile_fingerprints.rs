@@ -66,13 +66,13 @@ fn models_compile_to_the_recorded_programs() {
             "lm step, regather",
             (lm.clone(), lm_mesh.clone()),
             regather,
-            0x9861f8ed5bc9df8a,
+            0xcfc62cb408a488fd,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
             (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
-            0x53f6129880c06ff8,
+            0xd9180a2709257861,
         ),
         (
             "u-net gradient",

@@ -169,8 +169,11 @@ impl Walk {
                     reuse = (step.typed)
                         .then(|| in_place_operand(op, node, &step.reads, program, &taken))
                         .flatten();
-                    if op.is_collective() && !step.reads.is_empty() && !taken(0) {
-                        copies = read_bytes(0);
+                    if op.is_collective() {
+                        copies = reduction_scratch(node);
+                        if !step.reads.is_empty() && !taken(0) {
+                            copies += read_bytes(0);
+                        }
                     }
                     match op {
                         Op::Convolution(config) => copies = im2col_bytes(program, node, config),
@@ -219,7 +222,7 @@ impl Walk {
 /// An estimate of the scratch space `node`'s kernel may hold besides its operands and
 /// result, which the buffer pool leaves free while the node runs (see
 /// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
-/// operand, the flat positions (an `Option<usize>` per element) of a gather's result or
+/// operand (and a reduction's accumulators), the flat positions (an `Option<usize>` per element) of a gather's result or
 /// a scatter's updates, a dot's operands where they are copied and its packing buffers
 /// (see `kernels::dot_scratch_bytes`); none for elementwise ops, data movement
 /// (transposes, slices, pads, concatenations, reshapes), broadcasts, iotas, random bits
@@ -252,7 +255,7 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
         // bf16 and f16 compute in f32: the operands converted (twice their bytes, at
         // most), the f32 product and its scratch.
         Op::DotGeneral(_) => 2 * (operand(0) + operand(1)) + node.ty.size_in_bytes(),
-        op if op.is_collective() => operand(0),
+        op if op.is_collective() => operand(0) + reduction_scratch(node),
         Op::Gather(_) => positions(num_elements(&node.ty.shape)),
         Op::Scatter { .. } => {
             (node.operands.get(2)).map_or(0, |&u| positions(num_elements(&program.ty(u).shape)))
@@ -283,6 +286,15 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
         // A copy of its operands (regrouped, or in standard layout) and of its result.
         _ => (0..node.operands.len()).map(operand).sum::<usize>() + node.ty.size_in_bytes(),
     }
+}
+
+/// The accumulators a reduction collective holds besides its operand and result (see
+/// `communicator::reduction_scratch_bytes`); none for other ops.
+fn reduction_scratch(node: &Node) -> usize {
+    node.op.collective_group().map_or(0, |group| {
+        let elements = num_elements(&node.ty.shape);
+        super::communicator::reduction_scratch_bytes(&node.op, node.ty.dtype, elements, group.size)
+    })
 }
 
 /// The scratch the convolution kernel holds besides its result, at most: the patch

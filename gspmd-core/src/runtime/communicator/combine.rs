@@ -338,7 +338,7 @@ impl ReductionOrder {
 type Levels<T> = SmallVec<[T; 8]>;
 
 /// The prime factors of `n`, smallest first (none for 1).
-fn prime_factors(mut n: usize) -> Vec<usize> {
+pub(super) fn prime_factors(mut n: usize) -> Vec<usize> {
     let mut factors = Vec::new();
     let mut p = 2;
     while p * p <= n {
@@ -395,7 +395,7 @@ pub(super) fn standard_layout(x: Literal) -> Literal {
 }
 
 /// Elements of a reduction tile: 64 KiB of f32, so a tile's accumulator stays in L2.
-const TILE: usize = 16 * 1024;
+pub(super) const TILE: usize = 16 * 1024;
 
 /// Block `index` of `x` cut in `n` equal blocks along `dim` (which `n` divides).
 pub(super) fn block<S: Data>(

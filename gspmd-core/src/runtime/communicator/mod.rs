@@ -32,7 +32,7 @@ pub(crate) use hierarchical::{Hierarchy, RankSteps};
 #[cfg(feature = "mpi")]
 pub(crate) use mpi::MpiCommunicator;
 pub(crate) use rendezvous::Rendezvous;
-pub(crate) use shared_memory::SharedMemoryCommunicator;
+pub(crate) use shared_memory::{SharedMemoryCommunicator, reduction_scratch_bytes};
 pub(crate) use uplink::{Process, Uplink};
 
 use crate::error::{Error, Result};

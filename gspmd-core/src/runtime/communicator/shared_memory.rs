@@ -15,14 +15,14 @@ use super::super::buffers;
 use super::Communicator;
 use super::call::{Call, CollectiveOp, Post, Round, check_calls};
 use super::combine::{
-    Element, ReductionOrder, block, by_dtype, check_arguments, chunk_start, literal_type,
-    reduce_blocks, reduce_chunks, same_type, shape_of, standard_layout,
+    Element, ReductionOrder, TILE, block, by_dtype, check_arguments, chunk_start, literal_type,
+    prime_factors, reduce_blocks, reduce_chunks, same_type, shape_of, standard_layout,
 };
 use super::group::{Group, group_problem};
 use super::rendezvous::{Meeting, Rendezvous, SPIN};
 use super::uplink::Uplink;
 use crate::error::{CollectiveProblem, Error, Result, ThreadMeshProblem};
-use crate::ir::{Literal, ReduceKind};
+use crate::ir::{DType, Literal, Op, ReduceKind};
 use crate::sharding::Mesh;
 
 /// A [`Communicator`] for devices that are threads of one process: collectives exchange
@@ -453,6 +453,43 @@ impl Communicator for SharedMemoryCommunicator {
 /// for one meeting instead of two. Collectives of such operands are small: their
 /// members spin a while before sleeping ([`SPIN`]).
 const ONE_ROUND_MAX_ELEMENTS: usize = 4096;
+
+/// The scratch a reduction collective (an all-reduce or a reduce-scatter; `result_elements`
+/// elements of `dtype` on each member of a group of `group_size`) holds on a thread mesh
+/// besides its operand and its result: the accumulators of its [`ReductionOrder`]'s
+/// levels (one per prime factor of the group size; f32 for narrow floats), the whole
+/// result's when the operand is small or scattered, else the member's chunk and a
+/// cache-sized tile per further level, and the chunk rounded to `dtype` when that is
+/// narrower. No other collective holds any. The memory analysis counts it
+/// (`runtime::liveness::kernel_scratch`).
+pub(crate) fn reduction_scratch_bytes(
+    op: &Op,
+    dtype: DType,
+    result_elements: usize,
+    group_size: usize,
+) -> usize {
+    let levels = prime_factors(group_size).len().max(1);
+    let acc = match dtype {
+        DType::Bool => 1,
+        _ => 4,
+    };
+    // A level's accumulator is the result itself only when `dtype` is its own
+    // accumulator type.
+    let own = usize::from(acc == dtype.size_in_bytes());
+    match op {
+        Op::AllReduce { .. } if result_elements > ONE_ROUND_MAX_ELEMENTS => {
+            let chunk = result_elements.div_ceil(group_size.max(1));
+            let rounded = if own == 1 {
+                0
+            } else {
+                chunk * dtype.size_in_bytes()
+            };
+            chunk * acc + (levels - 1) * TILE.min(chunk) * acc + rounded
+        }
+        Op::AllReduce { .. } | Op::ReduceScatter { .. } => (levels - own) * result_elements * acc,
+        _ => 0,
+    }
+}
 
 /// Every member gets, element by element, the members' operands combined in the group's
 /// [`ReductionOrder`] — on both paths (one round, or reduce-scatter then all-gather), so
