@@ -20,9 +20,9 @@
 //!   write in place, else into a new buffer;
 //! - every other node allocates its result while its operands are held, and a
 //!   collective whose operand is not taken over copies it first;
-//! - a convolution also holds its im2col scratch while it runs: the patch matrix,
-//!   often several times its result, the kernel packed and the product before it is
-//!   placed in the result's layout;
+//! - a convolution also holds its scratch while it runs: a padded copy of its input
+//!   when windows reach padding, the kernel packed in panels, offset tables, and the
+//!   product before it is placed in the result's layout when that differs;
 //! - a control-flow instance copies its operands (but a scan's stacked operands, which
 //!   it reads in place, a slice per iteration), runs its regions (each region's own
 //!   peak, recursively), and holds all its results until their nodes take them (a

@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 /// rank 6, so a call allocates only its result.
 pub(crate) type Dims = SmallVec<[usize; 6]>;
 
+pub(crate) use convolution::scratch_bytes as convolution_scratch;
 pub(crate) use elementwise::{
     WithBinary, WithUnary, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
