@@ -460,7 +460,7 @@ pub enum Error {
         /// The value's size in bytes.
         bytes: usize,
         /// The scratch its kernel holds while it runs besides its operands and result
-        /// (a convolution's patch matrix, say), as the memory analysis estimates it.
+        /// (a convolution's padded input, say), as the memory analysis estimates it.
         scratch: usize,
         /// Bytes of the values live when it would be allocated.
         live: usize,

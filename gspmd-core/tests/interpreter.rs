@@ -1830,6 +1830,50 @@ fn convolution_matches_the_definition_in_every_configuration() {
     }
 }
 
+/// Shapes past the f32 kernel's blocking (`kernels/convolution.rs`): more rows than a
+/// chunk (256 > 240), output features over two vector registers (3 panels of 16 with
+/// AVX2, 2 of 32 with AVX-512, the last one partial), a reduction of several blocks
+/// (9 taps x 30 features), windows both in place (VALID) and over a padded copy (SAME,
+/// and lhs dilation); grid values keep every sum exact, so any order must match.
+#[test]
+fn convolution_past_the_kernel_blocking_matches_the_definition() {
+    type Window = (&'static [(i64, i64)], &'static [usize]);
+    let windows: [Window; 3] = [
+        (&[(1, 1), (1, 1)], &[]),
+        (&[(0, 0), (0, 0)], &[]),
+        (&[(1, 0), (2, 1)], &[2, 1]),
+    ];
+    for (padding, lhs_dilation) in windows {
+        let case = conv_cases::ConvCase {
+            name: "blocked",
+            labels: ["NHWC", "HWIO", "NHWC"],
+            input: &[1, 16, 16, 30],
+            kernel: &[3, 3, 30, 36],
+            strides: &[1, 1],
+            padding,
+            lhs_dilation,
+            rhs_dilation: &[],
+            groups: 1,
+            batch_groups: 1,
+        };
+        let (x, k) = (grid_values(case.input, 3), grid_values(case.kernel, 4));
+        let b = Builder::new("conv");
+        let (_, _, y) = case.trace(&b, DType::F32);
+        let program = b.finish(&[&y]).unwrap();
+        let out = interpret(
+            &program,
+            &[Literal::F32(x.clone()), Literal::F32(k.clone())],
+        );
+        let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op)
+        else {
+            panic!("not a convolution:\n{program}");
+        };
+        let shape = program.ty(program.outputs[0]).shape.clone();
+        let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
+        assert_f32(&out.unwrap()[0], &shape, &want);
+    }
+}
+
 #[test]
 fn convolution_output_shapes_by_hand() {
     // (input, kernel, output) per case, from the window arithmetic

@@ -22,10 +22,11 @@
 //!   collective whose operand is not taken over copies it first, and a reduction
 //!   (all-reduce, reduce-scatter) holds the accumulators of its reduction order's
 //!   levels while it runs;
-//! - a convolution also holds its im2col scratch while it runs: the patch matrix,
-//!   often several times its result, the kernel packed and the product before it is
-//!   placed in the result's layout;
-//! - a matrix product also holds its kernel's packing buffers while it runs (up to
+//! - a convolution also holds its scratch while it runs: a padded copy of its input
+//!   when windows reach padding, the kernel packed in panels, offset tables, and the
+//!   product before it is placed in the result's layout when that differs;
+//! - an f32 matrix product also holds, while it runs, a copy of each operand whose
+//!   contracting dims do not merge and its kernel's packing buffers (up to
 //!   `256 x (64 + 1024)` f32 elements per product, matrixmultiply's blocks; none for
 //!   tiny products);
 //! - a control-flow instance copies its operands (but a scan's stacked operands, which

@@ -29,6 +29,7 @@ use smallvec::SmallVec;
 pub(crate) type Dims = SmallVec<[usize; 6]>;
 
 pub(crate) use contraction::scratch_bytes as dot_scratch_bytes;
+pub(crate) use convolution::scratch_bytes as convolution_scratch;
 pub(crate) use elementwise::{
     WithBinary, WithCompare, WithUnary, compare_fn, f32_binary, f32_unary, map_strides, max_nan,
     min_nan, row_major,

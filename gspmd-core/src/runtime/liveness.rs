@@ -176,7 +176,9 @@ impl Walk {
                         }
                     }
                     match op {
-                        Op::Convolution(config) => copies = im2col_bytes(program, node, config),
+                        Op::Convolution(config) => {
+                            copies = convolution_bytes(program, node, config)
+                        }
                         // f32 products: the operand copies and packing buffers they
                         // allocate outside the pool (narrow ones: not modelled).
                         Op::DotGeneral(_) if node.ty.dtype == DType::F32 => {
@@ -221,9 +223,10 @@ impl Walk {
 
 /// An estimate of the scratch space `node`'s kernel may hold besides its operands and
 /// result, which the buffer pool leaves free while the node runs (see
-/// [`Plan::budget`]): a convolution's im2col buffers, a collective's copy of its
-/// operand (and a reduction's accumulators), the flat positions (an `Option<usize>` per element) of a gather's result or
-/// a scatter's updates, a dot's operands where they are copied and its packing buffers
+/// [`Plan::budget`]): a convolution's padded input, packed kernel and tables, a
+/// collective's copy of its operand (and a reduction's accumulators), the flat
+/// positions (an `Option<usize>` per element) of a gather's result or a scatter's
+/// updates, a dot's operands where they are copied and its packing buffers
 /// (see `kernels::dot_scratch_bytes`); none for elementwise ops, data movement
 /// (transposes, slices, pads, concatenations, reshapes), broadcasts, iotas, random bits
 /// and control flow (its regions' loops reserve their own); a copy of the operands and
@@ -238,7 +241,7 @@ pub(crate) fn kernel_scratch(program: &Program, node: &Node) -> usize {
     };
     let positions = |elements: usize| elements * size_of::<Option<usize>>();
     match &node.op {
-        Op::Convolution(config) => im2col_bytes(program, node, config),
+        Op::Convolution(config) => convolution_bytes(program, node, config),
         // f32 and i32: the operands copied where their contracting dims do not merge,
         // and the matmul's packing buffers.
         Op::DotGeneral(dd) if !node.ty.dtype.is_narrow_float() => {
@@ -297,24 +300,15 @@ fn reduction_scratch(node: &Node) -> usize {
     })
 }
 
-/// The scratch the convolution kernel holds besides its result, at most: the patch
-/// matrix (one row per output position, one column per kernel element of an output
-/// feature), the kernel packed as a matrix (when its layout is not one) and the product
-/// before it is placed in the result's layout (when that differs). The kernel reads
-/// its input where it lies.
-fn im2col_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
-    let Some(kernel) = node.operands.get(1).map(|&o| program.ty(o)) else {
+/// The scratch the convolution kernel holds besides its operands and result, at most
+/// (`kernels::convolution_scratch`).
+fn convolution_bytes(program: &Program, node: &Node, config: &ConvConfig) -> usize {
+    let [Some(input), Some(kernel)] = [0, 1].map(|k| node.operands.get(k).map(|&o| program.ty(o)))
+    else {
         return 0;
     };
-    let outputs = (kernel.shape.get(config.dims.kernel_output_feature))
-        .copied()
-        .unwrap_or(1)
-        .max(1);
-    let rows = num_elements(&node.ty.shape) / outputs;
-    let columns = num_elements(&kernel.shape) / outputs;
-    kernel.size_in_bytes()
-        + node.ty.size_in_bytes()
-        + rows * columns * node.ty.dtype.size_in_bytes()
+    let size = node.ty.dtype.size_in_bytes();
+    super::kernels::convolution_scratch(config, &input.shape, &kernel.shape, &node.ty.shape, size)
 }
 
 /// The operand an elementwise kernel overwrites with its result (see the elementwise

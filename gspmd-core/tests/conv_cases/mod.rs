@@ -1,9 +1,10 @@
 //! Convolution configurations shared by the suites (interpreter against a naive loop,
 //! gradients against finite differences, partitioned against the interpreter): 1-, 2-
 //! and 3-D windows, dims in unusual orders, strides, positive and negative padding,
-//! lhs and rhs dilation, feature groups and depthwise, batch groups; each of the
-//! convolution kernel's evaluation orders (direct depthwise, im2col, transposed im2col
-//! for an input whose batch is innermost).
+//! lhs and rhs dilation, feature groups and depthwise, batch groups; both of the
+//! convolution kernel's evaluation orders (direct depthwise, the implicit product), its
+//! input read in place and padded, inputs whose batch is innermost (a kernel
+//! gradient's layout) and outputs whose features are not.
 
 use gspmd_core::ir::{Builder, ConvDimensionNumbers, DType, Padding, Tensor};
 
