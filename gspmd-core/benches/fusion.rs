@@ -17,7 +17,9 @@
 //! for the build's target (baseline x86-64: SSE2), as the unfused kernels are.
 //!
 //! `cargo bench -p gspmd-core --bench fusion` (the ratios alone: append `-- none`,
-//! a filter no criterion bench matches)
+//! a filter no criterion bench matches). For a profile of one group: `FUSION_ONLY=adamw`
+//! (groups whose name contains it) and `FUSION_ROUNDS=2000` (rounds of the ratio, 41
+//! by default).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -88,6 +90,9 @@ fn compare(
     tolerance: f32,
     handwritten: impl Fn(&[Literal], &mut [f32]),
 ) {
+    if std::env::var("FUSION_ONLY").is_ok_and(|only| !group.contains(&only)) {
+        return;
+    }
     let prepared = Prepared::new(program);
     let got = prepared.run(inputs).expect("runs");
     let got: Vec<f32> = got.iter().flat_map(|o| f32s(o).to_vec()).collect();
@@ -140,7 +145,8 @@ fn print_ratio(group: &str, groups: usize, mut fused: impl FnMut(), mut handwrit
     let once = time(&mut fused, 10).max(1e-9);
     let calls = ((1e-3 / once) as usize).clamp(1, 10_000);
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..41 {
+    let rounds = std::env::var("FUSION_ROUNDS").map_or(41, |r| r.parse().expect("a count"));
+    for _ in 0..rounds {
         a.push(time(&mut fused, calls));
         b.push(time(&mut handwritten, calls));
     }

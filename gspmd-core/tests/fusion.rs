@@ -9,7 +9,7 @@
 use gspmd_core::autodiff::grad;
 use gspmd_core::compile;
 use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
-use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, interpret};
+use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, fusion_passes, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::Xoshiro256PlusPlus as StdRng;
@@ -103,6 +103,80 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Pro
     outputs.push(end);
     let refs: Vec<&Tensor> = outputs.iter().collect();
     b.finish(&refs).expect("traces")
+}
+
+/// A random chain of `add`, `sub`, `mul` and `div` over `[rows, cols]` on earlier
+/// values, broadcast rows and scalars (on either side), some intermediates outputs, a
+/// trailing sum over the last dim or none: chains whose ops the loop merges in pairs.
+fn random_arithmetic_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
+    let b = Builder::new("arithmetic");
+    let x = b.parameter("x", [rows, cols], DType::F32);
+    let y = b.parameter("y", [rows, cols], DType::F32);
+    let row = b.parameter("row", [cols], DType::F32);
+    let mut pool: Vec<Tensor> = vec![x, y];
+    let mut outputs: Vec<Tensor> = Vec::new();
+    for _ in 0..rng.random_range(2..14) {
+        let a = pool[rng.random_range(pool.len().saturating_sub(3)..pool.len())].clone();
+        let other = match rng.random_range(0..3) {
+            0 => row.broadcast_in_dim([rows, cols], &[1]),
+            1 => a.scalar_like(rng.random_range(-2.0..2.0)),
+            _ => pool[rng.random_range(0..pool.len())].clone(),
+        };
+        let (p, q) = if rng.random_bool(0.5) {
+            (a, other)
+        } else {
+            (other, a)
+        };
+        let z = match rng.random_range(0..4) {
+            0 => p.add(&q),
+            1 => p.sub(&q),
+            2 => p.mul(&q),
+            _ => p.div(&q),
+        };
+        if rng.random_bool(0.1) {
+            outputs.push(z.clone());
+        }
+        pool.push(z);
+    }
+    let last = pool.last().expect("a chain").clone();
+    outputs.push(if rng.random_bool(0.3) {
+        last.sum(&[-1])
+    } else {
+        last
+    });
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    b.finish(&refs).expect("traces")
+}
+
+/// Arithmetic ops whose value only the next op reads run as one pass with it (a pair):
+/// fused equals unfused bitwise, across chunks and tails, and most chains merge.
+#[test]
+fn arithmetic_pairs_fuse_into_one_pass_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let (cases, mut merged) = (200, 0);
+    for case in 0..cases {
+        let rows = [1, 3, 40][rng.random_range(0..3)];
+        let cols = [1, 8, 37, 600][rng.random_range(0..4)];
+        let program = random_arithmetic_chain(&mut rng, rows, cols);
+        let inputs = [
+            random(&[rows, cols], &mut rng),
+            random(&[rows, cols], &mut rng),
+            random(&[cols], &mut rng),
+        ];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
+        let ops = group_ops(&program);
+        let passes = fusion_passes(&program);
+        merged += usize::from(ops.iter().zip(&passes).any(|(g, &n)| {
+            let arithmetic = g.iter().filter(|o| !matches!(**o, "broadcast" | "reduce"));
+            n < arithmetic.count()
+        }));
+    }
+    assert!(
+        merged * 2 > cases,
+        "{merged} of {cases} chains merged a pair"
+    );
 }
 
 #[test]
@@ -225,16 +299,18 @@ fn softmax_layer_norm_gelu_and_cross_entropy_fuse_and_equal_unfused() {
     let program = composites(rows, cols);
     let groups = group_ops(&program);
     // GELU is one loop (its thirteen ops and four broadcast scalars); softmax's
-    // `exp(x - max)` is one (read by its sum and its division, so stored); the
-    // cross-entropy's `exp` folds into its sum, layer norm's squared deviations into
-    // theirs.
+    // `exp(x - max)` folds into its sum and is stored beside it (its division reads
+    // it), and so does the cross-entropy's (its `x - max` stored, read after the sum);
+    // layer norm's squared deviations fold into theirs.
     let has = |ops: &[&str]| groups.iter().any(|g| g.as_slice() == ops);
     assert!(
         groups.iter().any(|g| g.len() >= 13 && g.contains(&"tanh")),
         "GELU not fused: {groups:?}"
     );
-    assert!(has(&["broadcast", "subtract", "exponential"]), "{groups:?}");
-    assert!(has(&["exponential", "reduce"]), "{groups:?}");
+    let exp_sums = (groups.iter())
+        .filter(|g| g.as_slice() == ["broadcast", "subtract", "exponential", "reduce"])
+        .count();
+    assert_eq!(exp_sums, 2, "{groups:?}");
     assert!(
         has(&["broadcast", "subtract", "multiply", "reduce"]),
         "{groups:?}"
@@ -508,6 +584,10 @@ fn the_adamw_update_of_a_weight_is_one_loop_equal_to_unfused() {
                 )
             });
             assert_eq!(groups.len(), 1, "{groups:?}");
+            // Of its 14 ops, 5 merge into pairs (`m b1` into `.. + g (1 - b1)`,
+            // `g g` into `.. (1 - b2)`, `v b2` into `.. + ..`, `m / c1` into
+            // `.. / (sqrt + eps)`, `.. lr` into `w - ..`).
+            assert_eq!(fusion_passes(&program), [9], "{groups:?}");
             assert_eq!(
                 groups[0].iter().filter(|o| **o != "broadcast").count(),
                 ops.count(),

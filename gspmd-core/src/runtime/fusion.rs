@@ -21,7 +21,10 @@
 //! into a scratch register, each op writes a register from earlier ones (the ops share
 //! registers, assigned once at plan time by [`allocate`], so a chunk's working set
 //! stays small), and each result's register is stored into that result's buffer, or the
-//! last register is folded into the row's reduction.
+//! last register is folded into the row's reduction. Two arithmetic ops of which the
+//! first's value only the second reads run as one pass ([`Instr::Pair`], formed at
+//! plan time by [`pair`]): the value between them stays in a machine register, one
+//! register of the loop fewer is written and read back (AdamW's 14 ops are 9 passes).
 //!
 //! A group has one result or several ([`Group::results`]): the members whose values
 //! are read outside the group or are outputs, the root last. The loop computes every
@@ -41,10 +44,11 @@
 //! loop's shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
-//! - the root is elementwise, the member is a float elementwise op read by at least one
-//!   member (no broadcast), every reader outside the group comes after the root (the
-//!   value exists from the root on), and the group has fewer than [`MAX_RESULTS`]
-//!   results: an extra result (outputs included).
+//! - the member is a float elementwise op read by at least one member (no broadcast),
+//!   every reader outside the group comes after the root (the value exists from the
+//!   root on), and the group has fewer than [`MAX_RESULTS`] results: an extra result
+//!   (outputs included). A reduction's group stores them too (softmax's `exp(x - max)`
+//!   beside its sum, layer norm's `x - mean` beside the variance).
 //!
 //! A group is kept if it has at least two ops besides broadcasts. Its leaves come
 //! before the members that read them, so before the root, where they are read; a leaf
@@ -59,7 +63,7 @@ use smallvec::SmallVec;
 
 use super::kernels::{
     Dims, Lanes, Operand, Operands, WithBinary, WithCompare, WithUnary, body_len, compare_fn,
-    f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
+    f32_arith, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
 use crate::ir::{
     BinaryOp, CompareOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId,
@@ -85,8 +89,8 @@ pub(crate) struct Group {
     /// The group's nodes in node order; the last is the root, where the loop runs.
     pub(crate) members: Vec<ValueId>,
     /// The members whose values the loop stores (read outside the group, or outputs),
-    /// in node order: the root last, and before it (only with no reduction) the extra
-    /// results.
+    /// in node order: the root last, and before it the extra results (of the loop's
+    /// shape; with a reduction, stored as the chunks are folded).
     pub(crate) results: Vec<ValueId>,
     /// The values the loop reads from outside the group, in register order.
     pub(crate) leaves: Vec<Leaf>,
@@ -107,6 +111,13 @@ pub(crate) struct Group {
     dtype: DType,
 }
 
+/// The rows a trailing reduction folds: `outer` rows of `row` elements.
+#[derive(Clone, Copy)]
+struct Rows {
+    outer: usize,
+    row: usize,
+}
+
 /// A value the fused loop reads.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Leaf {
@@ -121,7 +132,7 @@ pub(crate) struct Leaf {
 }
 
 /// One op of a fused loop, on register indices.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Instr {
     Unary(UnaryOp, usize),
     Binary(BinaryOp, usize, usize),
@@ -129,6 +140,141 @@ enum Instr {
     Compare(CompareOp, usize, usize),
     /// `select(pred, on_true, on_false)`, the predicate bool lanes.
     Select(usize, usize, usize),
+    /// Two arithmetic ops (`add`, `sub`, `mul`, `div`) in one pass: `t = a first b`,
+    /// then `t second c` (`t_left`) or `c second t`; `t` is read by nothing else, so
+    /// it never goes through a register (see [`pair`]).
+    Pair {
+        first: BinaryOp,
+        a: usize,
+        b: usize,
+        second: BinaryOp,
+        c: usize,
+        t_left: bool,
+    },
+}
+
+impl Instr {
+    /// The registers the op reads.
+    fn reads(&self) -> SmallVec<[usize; 3]> {
+        match *self {
+            Instr::Unary(_, a) => smallvec::smallvec![a],
+            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => smallvec::smallvec![a, b],
+            Instr::Select(p, t, f) => smallvec::smallvec![p, t, f],
+            Instr::Pair { a, b, c, .. } => smallvec::smallvec![a, b, c],
+        }
+    }
+
+    /// The op reading `rename(r)` for each register `r` it reads.
+    fn renamed(self, rename: impl Fn(usize) -> usize) -> Instr {
+        match self {
+            Instr::Unary(op, a) => Instr::Unary(op, rename(a)),
+            Instr::Binary(op, a, b) => Instr::Binary(op, rename(a), rename(b)),
+            Instr::Compare(op, a, b) => Instr::Compare(op, rename(a), rename(b)),
+            Instr::Select(p, t, f) => Instr::Select(rename(p), rename(t), rename(f)),
+            Instr::Pair {
+                first,
+                a,
+                b,
+                second,
+                c,
+                t_left,
+            } => Instr::Pair {
+                first,
+                a: rename(a),
+                b: rename(b),
+                second,
+                c: rename(c),
+                t_left,
+            },
+        }
+    }
+}
+
+/// Whether `op` may be one of a [`Instr::Pair`]'s ops.
+fn arithmetic(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div
+    )
+}
+
+/// `code` (op `k` writing register `base + k`, reading lower ones: the leaves' below
+/// `base`) with pairs of arithmetic ops merged into [`Instr::Pair`]s: an op whose value
+/// is read once, by a later arithmetic op, not stored (`stores`) and not the last op
+/// (a reduction folds it), is computed inside its reader, which then merges no other
+/// and is merged into none. The bits do not change: the pair applies the two ops'
+/// scalar functions in the same order to the same values, in f32 (only f32 loops
+/// pair: a narrow loop rounds each op's lanes). Returns the code and `stores` in the
+/// same numbering (op `k` of the result writing `base + k`).
+fn pair(base: usize, code: Vec<Instr>, stores: Vec<usize>) -> (Vec<Instr>, Vec<usize>) {
+    let n = code.len();
+    let mut reads = vec![0usize; n];
+    for instr in &code {
+        for r in instr.reads() {
+            if let Some(op) = r.checked_sub(base) {
+                reads[op] += 1;
+            }
+        }
+    }
+    let kept = |op: usize| op + 1 == n || stores.contains(&(base + op));
+    // The op each op merged (`merged[j] = Some(k)`: `k` computed inside `j`).
+    let mut merged: Vec<Option<usize>> = vec![None; n];
+    let mut inside = vec![false; n];
+    for j in 0..n {
+        let Instr::Binary(second, x, y) = code[j] else {
+            continue;
+        };
+        if !arithmetic(second) {
+            continue;
+        }
+        let mergeable = |r: usize| {
+            r.checked_sub(base).filter(|&k| {
+                matches!(code[k], Instr::Binary(first, ..) if arithmetic(first))
+                    && reads[k] == 1
+                    && !kept(k)
+                    && merged[k].is_none()
+            })
+        };
+        if let Some(k) = mergeable(x).or_else(|| mergeable(y)) {
+            merged[j] = Some(k);
+            inside[k] = true;
+        }
+    }
+    // Each surviving op's new index.
+    let mut index = vec![usize::MAX; n];
+    let mut next = 0;
+    for k in 0..n {
+        if !inside[k] {
+            index[k] = next;
+            next += 1;
+        }
+    }
+    let rename = |r: usize| r.checked_sub(base).map_or(r, |op| base + index[op]);
+    let mut out = Vec::with_capacity(next);
+    for j in 0..n {
+        if inside[j] {
+            continue;
+        }
+        out.push(match (merged[j], &code[j]) {
+            (Some(k), &Instr::Binary(second, x, y)) => {
+                let Instr::Binary(first, a, b) = code[k] else {
+                    unreachable!("only binary ops are merged")
+                };
+                let t_left = x == base + k;
+                Instr::Pair {
+                    first,
+                    a: rename(a),
+                    b: rename(b),
+                    second,
+                    c: rename(if t_left { y } else { x }),
+                    t_left,
+                }
+            }
+            (_, instr) => instr.clone().renamed(rename),
+        });
+    }
+    let stores = stores.into_iter().map(rename).collect();
+    (out, stores)
 }
 
 /// A bool held in an f32 register as a mask: every bit set for true (a NaN), none
@@ -277,7 +423,6 @@ pub(crate) fn plan_groups(
                 && !readers[j].is_empty()
                 && readers[j].iter().all(|&r| member_reader(r));
             let result = !inner
-                && roles[root] == Role::Elementwise
                 && roles[j] == Role::Elementwise
                 && results.len() < MAX_RESULTS
                 && readers[j].iter().any(|&r| member_reader(r))
@@ -414,6 +559,11 @@ impl Group {
                 _ => None,
             })
             .collect();
+        let (code, stores) = if dtype == DType::F32 {
+            pair(base, code, stores)
+        } else {
+            (code, stores)
+        };
         let (code, stores, registers) = allocate(base, code, stores);
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         Group {
@@ -484,9 +634,11 @@ impl Group {
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
             regs.resize(self.registers, [0.0; CHUNK]);
+            // No chunk is longer than the loop.
+            let longest = CHUNK.min(self.shape.iter().product());
             for (source, reg) in sources.iter().zip(regs.iter_mut()) {
                 if let Source::Splat(v) = *source {
-                    reg.fill(v);
+                    reg[..longest].fill(v);
                 }
             }
             pulp::Arch::new().dispatch(Vectorised {
@@ -508,69 +660,99 @@ impl Group {
         regs: &mut [[f32; CHUNK]],
     ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
         let total: usize = self.shape.iter().product();
-        if let Some((kind, kept)) = self.reduce {
-            let (outer, row) = (
-                self.shape[..kept].iter().product(),
-                self.shape[kept..].iter().product(),
-            );
-            let data = match kind {
-                ReduceKind::Sum => self.fold_rows(sources, regs, outer, row, 0.0, |p, q| p + q),
-                ReduceKind::Max => {
-                    self.fold_rows(sources, regs, outer, row, f32::NEG_INFINITY, max_nan)
-                }
-                ReduceKind::Min => {
-                    self.fold_rows(sources, regs, outer, row, f32::INFINITY, min_nan)
-                }
-            };
-            return Ok(smallvec::smallvec![self.shaped(&self.shape[..kept], data)?]);
-        }
-        while outs.len() < self.results.len() {
+        // With a reduction, the buffers of the results besides the root (its last).
+        let stored = self.results.len() - usize::from(self.reduce.is_some());
+        while outs.len() < stored {
             outs.push(Out::Fresh(super::buffers::with_capacity(total)));
         }
-        for start in (0..total).step_by(CHUNK) {
-            let len = CHUNK.min(total - start);
-            self.chunk(sources, &outs, regs, start, len);
-            // Every register of the chunk is computed: the buffers may be written.
-            for (out, &r) in outs.iter_mut().zip(&self.stores) {
-                let values = &regs[r][..len];
-                match out {
-                    Out::InPlace(a) => {
-                        let data = a.as_slice_mut().ok_or("a standard-layout buffer")?;
-                        data[start..start + len].copy_from_slice(values);
+        let reduced = match self.reduce {
+            Some((kind, kept)) => {
+                let (outer, row) = (
+                    self.shape[..kept].iter().product(),
+                    self.shape[kept..].iter().product(),
+                );
+                let (rows, outs) = (Rows { outer, row }, &mut outs[..]);
+                let data = match kind {
+                    ReduceKind::Sum => self.fold_rows(sources, outs, regs, rows, 0.0, |p, q| p + q),
+                    ReduceKind::Max => {
+                        self.fold_rows(sources, outs, regs, rows, f32::NEG_INFINITY, max_nan)
                     }
-                    Out::Fresh(v) => v.extend_from_slice(values),
-                }
+                    ReduceKind::Min => {
+                        self.fold_rows(sources, outs, regs, rows, f32::INFINITY, min_nan)
+                    }
+                }?;
+                Some(self.shaped(&self.shape[..kept], data)?)
             }
-        }
-        outs.into_iter()
+            None => {
+                for start in (0..total).step_by(CHUNK) {
+                    let len = CHUNK.min(total - start);
+                    self.chunk(sources, &outs, regs, start, len);
+                    self.store(&mut outs, regs, start, len)?;
+                }
+                None
+            }
+        };
+        (outs.into_iter())
             .map(|out| match out {
                 Out::InPlace(a) => Ok(Literal::F32(a)),
                 Out::Fresh(v) => self.shaped(&self.shape, v),
             })
+            .chain(reduced.map(Ok))
             .collect()
     }
 
-    /// The reduction of each of `outer` rows of `row` elements with `f` (identity
-    /// `identity`), folded as [`Lanes`] fold. Rows shorter than a chunk are computed
-    /// several at a time (as many whole rows as a chunk holds) and folded one by one
-    /// from the last register; longer rows chunk by chunk. Either way each row is fed
-    /// to its own lanes in order, so the result does not depend on the cut.
+    /// Stores the chunk of `len` elements from flat index `start` of each result with a
+    /// buffer in `outs` (the first results) from its register; every register of the
+    /// chunk is computed, so the buffers may be written (a leaf's handed over too).
+    #[inline(always)]
+    fn store(
+        &self,
+        outs: &mut [Out],
+        regs: &[[f32; CHUNK]],
+        start: usize,
+        len: usize,
+    ) -> Result<(), String> {
+        for (out, &r) in outs.iter_mut().zip(&self.stores) {
+            let values = &regs[r][..len];
+            match out {
+                Out::InPlace(a) => {
+                    let data = a.as_slice_mut().ok_or("a standard-layout buffer")?;
+                    data[start..start + len].copy_from_slice(values);
+                }
+                Out::Fresh(v) => v.extend_from_slice(values),
+            }
+        }
+        Ok(())
+    }
+
+    /// The reduction of each of the `rows` with `f` (identity `identity`), folded as
+    /// [`Lanes`] fold; the results besides the root stored into `outs` chunk by chunk
+    /// (in order: fresh buffers). Rows shorter than a chunk are computed several at a
+    /// time (as many whole rows as a chunk holds) and folded one by one from the last
+    /// register; longer rows chunk by chunk. Either way each row is fed to its own
+    /// lanes in order, so the result does not depend on the cut.
     #[inline(always)]
     fn fold_rows(
         &self,
         sources: &[Source<'_>],
+        outs: &mut [Out],
         regs: &mut [[f32; CHUNK]],
-        outer: usize,
-        row: usize,
+        Rows { outer, row }: Rows,
         identity: f32,
         f: impl Fn(f32, f32) -> f32 + Copy,
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, String> {
         let body = body_len(row);
         let mut out = super::buffers::with_capacity(outer);
         if row == 0 {
             out.resize(outer, identity);
-            return out;
+            return Ok(out);
         }
+        // The register the reduction folds: the last op's (see `Group::new`).
+        let last = self
+            .stores
+            .last()
+            .copied()
+            .ok_or("a reduction folds a register")?;
         let fold = |values: &[f32]| {
             let mut lanes = Lanes::new(identity);
             lanes.push(&values[..body], f);
@@ -581,18 +763,22 @@ impl Group {
             let mut r = 0;
             while r < outer {
                 let rows = per_chunk.min(outer - r);
-                let values = self.chunk(sources, &[], regs, r * row, rows * row);
-                out.extend(values.chunks_exact(row).map(fold));
+                let (start, len) = (r * row, rows * row);
+                self.chunk(sources, &[], regs, start, len);
+                self.store(outs, regs, start, len)?;
+                out.extend(regs[last][..len].chunks_exact(row).map(fold));
                 r += rows;
             }
-            return out;
+            return Ok(out);
         }
         for r in 0..outer {
             let mut lanes = Lanes::new(identity);
             let mut start = 0;
             while start < row {
                 let len = CHUNK.min(row - start);
-                let values = self.chunk(sources, &[], regs, r * row + start, len);
+                self.chunk(sources, &[], regs, r * row + start, len);
+                self.store(outs, regs, r * row + start, len)?;
+                let values = &regs[last][..len];
                 let in_body = body.saturating_sub(start).min(len);
                 lanes.push(&values[..in_body], f);
                 start += len;
@@ -602,23 +788,23 @@ impl Group {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Computes the `len` elements from flat index `start` of the loop: reads the
     /// leaves (in place where they are contiguous, a [`Source::Buffer`] from its
     /// result's buffer in `outs`; a [`Source::Splat`] from its register, filled for the
-    /// run; the others loaded into their registers), runs the ops into their
-    /// registers, and returns the last register.
+    /// run; the others loaded into their registers), and runs the ops into their
+    /// registers.
     #[inline(always)]
-    fn chunk<'r>(
+    fn chunk(
         &self,
         sources: &[Source<'_>],
         outs: &[Out],
-        regs: &'r mut [[f32; CHUNK]],
+        regs: &mut [[f32; CHUNK]],
         start: usize,
         len: usize,
-    ) -> &'r [f32] {
+    ) {
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&self.shape, &mut reg[..len], start);
         }
@@ -662,11 +848,18 @@ impl Group {
                         *d = select_lane(p, t, f);
                     }
                 }
+                Instr::Pair {
+                    first,
+                    a,
+                    b,
+                    second,
+                    c,
+                    t_left,
+                } => {
+                    let (a, b, c) = (arg(a), arg(b), arg(c));
+                    f32_arith(first, PairInto(second, a, b, c, t_left, dst));
+                }
             }
-        }
-        match self.code.last() {
-            Some(&(_, last)) => &regs[last][..len],
-            None => &[],
         }
     }
 }
@@ -682,17 +875,10 @@ fn allocate(
     code: Vec<Instr>,
     stores: Vec<usize>,
 ) -> (Vec<(Instr, usize)>, Vec<usize>, usize) {
-    fn reads(instr: &Instr) -> SmallVec<[usize; 3]> {
-        match *instr {
-            Instr::Unary(_, a) => smallvec::smallvec![a],
-            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => smallvec::smallvec![a, b],
-            Instr::Select(p, t, f) => smallvec::smallvec![p, t, f],
-        }
-    }
     // The last op reading each op's value; `usize::MAX`: kept to the chunk's end.
     let mut last = vec![0; code.len()];
     for (k, instr) in code.iter().enumerate() {
-        for r in reads(instr) {
+        for r in instr.reads() {
             if let Some(op) = r.checked_sub(base) {
                 last[op] = k;
             }
@@ -712,14 +898,8 @@ fn allocate(
             registers += 1;
             registers - 1
         });
-        let operands = reads(&instr);
-        let rename = |r: usize| r.checked_sub(base).map_or(r, |op| register[op]);
-        let renamed = match instr {
-            Instr::Unary(op, a) => Instr::Unary(op, rename(a)),
-            Instr::Binary(op, a, b) => Instr::Binary(op, rename(a), rename(b)),
-            Instr::Compare(op, a, b) => Instr::Compare(op, rename(a), rename(b)),
-            Instr::Select(p, t, f) => Instr::Select(rename(p), rename(t), rename(f)),
-        };
+        let operands = instr.reads();
+        let renamed = instr.renamed(|r| r.checked_sub(base).map_or(r, |op| register[op]));
         // The operands read for the last time here free their registers (once each).
         for op in operands.iter().filter_map(|r| r.checked_sub(base)) {
             if last[op] == k && !free.contains(&register[op]) {
@@ -788,6 +968,47 @@ impl WithBinary for ZipInto<'_> {
     fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) {
         for ((d, &a), &b) in self.2.iter_mut().zip(self.0).zip(self.1) {
             *d = f(a, b);
+        }
+    }
+}
+
+/// An [`Instr::Pair`] from three registers into a fourth, given its second op: the
+/// first op's function is applied here, the second's in [`PairWith`].
+struct PairInto<'a>(
+    BinaryOp,
+    &'a [f32],
+    &'a [f32],
+    &'a [f32],
+    bool,
+    &'a mut [f32],
+);
+
+impl WithBinary for PairInto<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn with(self, first: impl Fn(f32, f32) -> f32 + Copy) {
+        let PairInto(second, a, b, c, t_left, dst) = self;
+        f32_arith(second, PairWith(first, a, b, c, t_left, dst));
+    }
+}
+
+/// An [`Instr::Pair`] with its first op's function: runs the pass.
+struct PairWith<'a, F>(F, &'a [f32], &'a [f32], &'a [f32], bool, &'a mut [f32]);
+
+impl<F: Fn(f32, f32) -> f32 + Copy> WithBinary for PairWith<'_, F> {
+    type Out = ();
+    #[inline(always)]
+    fn with(self, second: impl Fn(f32, f32) -> f32 + Copy) {
+        let PairWith(first, a, b, c, t_left, dst) = self;
+        let lanes = dst.iter_mut().zip(a).zip(b).zip(c);
+        if t_left {
+            for (((d, &a), &b), &c) in lanes {
+                *d = second(first(a, b), c);
+            }
+        } else {
+            for (((d, &a), &b), &c) in lanes {
+                *d = second(c, first(a, b));
+            }
         }
     }
 }
@@ -1019,6 +1240,13 @@ impl<'a> Source<'a> {
 pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
     let plan = super::plan::Plan::new(program);
     plan.groups.iter().map(|g| g.members.clone()).collect()
+}
+
+/// The passes each fusion group of `program`'s plan makes over a chunk (its ops, an
+/// [`Instr::Pair`] one pass for two), in the order of [`fusion_groups`]: for tests.
+pub fn fusion_passes(program: &Program) -> Vec<usize> {
+    let plan = super::plan::Plan::new(program);
+    plan.groups.iter().map(|g| g.code.len()).collect()
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ pub(crate) type Dims = SmallVec<[usize; 6]>;
 pub(crate) use contraction::scratch_bytes as dot_scratch_bytes;
 pub(crate) use convolution::scratch_bytes as convolution_scratch;
 pub(crate) use elementwise::{
-    WithBinary, WithCompare, WithUnary, compare_fn, f32_binary, f32_unary, map_strides, max_nan,
-    min_nan, row_major,
+    WithBinary, WithCompare, WithUnary, compare_fn, f32_arith, f32_binary, f32_unary, map_strides,
+    max_nan, min_nan, row_major,
 };
 use ndarray::{Array1, ArrayD, Axis, IxDyn, Slice};
 pub(crate) use reduce::{Lanes, body_len};

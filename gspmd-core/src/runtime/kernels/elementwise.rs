@@ -450,16 +450,27 @@ pub(crate) fn f32_unary<W: WithUnary>(op: UnaryOp, w: W) -> Option<W::Out> {
 #[inline(always)]
 pub(crate) fn f32_binary<W: WithBinary>(op: BinaryOp, w: W) -> Option<W::Out> {
     Some(match op {
-        BinaryOp::Add => w.with(|p, q| p + q),
-        BinaryOp::Sub => w.with(|p, q| p - q),
-        BinaryOp::Mul => w.with(|p, q| p * q),
-        BinaryOp::Div => w.with(|p, q| p / q),
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => return f32_arith(op, w),
         BinaryOp::Max => w.with(max_nan),
         BinaryOp::Min => w.with(min_nan),
         BinaryOp::Pow => w.with(f32::powf),
         // Rust's `%` on floats is C's `fmod`: exact, the sign of the dividend.
         BinaryOp::Rem => w.with(|p, q| p % q),
         BinaryOp::And | BinaryOp::Or => return None,
+    })
+}
+
+/// [`f32_binary`] of the four arithmetic ops (`add`, `sub`, `mul`, `div`); `None` for
+/// the others. Fewer functions than [`f32_binary`], for uses instantiated once per
+/// pair of ops (the fused loops' [pairs](crate::runtime::fusion)).
+#[inline(always)]
+pub(crate) fn f32_arith<W: WithBinary>(op: BinaryOp, w: W) -> Option<W::Out> {
+    Some(match op {
+        BinaryOp::Add => w.with(|p, q| p + q),
+        BinaryOp::Sub => w.with(|p, q| p - q),
+        BinaryOp::Mul => w.with(|p, q| p * q),
+        BinaryOp::Div => w.with(|p, q| p / q),
+        _ => return None,
     })
 }
 
