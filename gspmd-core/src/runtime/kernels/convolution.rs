@@ -360,6 +360,7 @@ impl Plan {
             .collect();
         let gemm = Gemm {
             input: &padded.data,
+            adjacent_features: feature_stride == 1,
             rows,
             outs,
             span: reduction.iter().max().map_or(0, |&m| m + 1),
@@ -523,6 +524,9 @@ fn fill<T: Copy + Default>(
 /// group out + o]`.
 pub(super) struct Gemm<'a, T> {
     input: &'a [T],
+    /// Whether a tap's group features are adjacent in `input` (feature stride 1): its
+    /// reduction indices read one contiguous run.
+    adjacent_features: bool,
     rows: Vec<usize>,
     outs: Vec<usize>,
     reduction: Vec<usize>,
@@ -557,6 +561,20 @@ impl<T: DotScalar> Gemm<'_, T> {
                         *to = self.kernel[from + o * self.kernel_out_stride];
                     }
                 }
+            }
+        }
+    }
+
+    /// Packs the kernel's output features `column .. column + columns` into `panel` for
+    /// [`dots`]: per feature, its weights in reduction order.
+    fn pack_dots(&self, panel: &mut Vec<T>, column: usize, columns: usize) {
+        panel.clear();
+        for o in column..column + columns {
+            for &tap in self.tap_offsets {
+                let from = tap + o * self.kernel_out_stride;
+                let weights =
+                    (0..self.group_features).map(|f| self.kernel[from + f * self.kernel_in_stride]);
+                panel.extend(weights);
             }
         }
     }
@@ -603,7 +621,12 @@ impl pulp::WithSimd for Vectorised<'_, '_, '_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        if self.gemm.group_out <= S::F32_LANES {
+        let gemm = self.gemm;
+        let lanes = S::F32_LANES;
+        if gemm.adjacent_features && 2 * gemm.group_out <= lanes && 2 * gemm.group_features >= lanes
+        {
+            dots::<S>(simd, self.gemm, self.out, self.panel);
+        } else if self.gemm.group_out <= lanes {
             product::<S, 8, 1>(simd, self.gemm, self.out, self.panel);
         } else {
             product::<S, 6, 2>(simd, self.gemm, self.out, self.panel);
@@ -652,6 +675,108 @@ fn product<S: Simd, const R: usize, const V: usize>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Rows per block of [`dots`]: each weight register loaded serves this many rows.
+const DOT_ROWS: usize = 4;
+
+/// The product for few output features and many adjacent group features (under half a
+/// register of the one, at least half of the other): each output element is a dot
+/// product over its window, the features of each tap in vector registers (the last
+/// one partial), so the lanes hold features rather than mostly idle output columns.
+/// Lane `l` sums, tap by tap in order, the features `l, l + lanes, ..` of each tap;
+/// the lanes are added at the end. That order depends only on the group features and
+/// the taps, not on which rows a call computes.
+#[inline(always)]
+fn dots<S: Simd>(simd: S, gemm: &Gemm<'_, f32>, out: &mut [f32], panel: &mut Vec<f32>) {
+    let (lanes, features, go) = (S::F32_LANES, gemm.group_features, gemm.group_out);
+    let full = features / lanes * lanes;
+    let taps: Vec<usize> = gemm.reduction.iter().step_by(features).copied().collect();
+    for (g, &group) in gemm.groups.iter().enumerate() {
+        gemm.pack_dots(panel, g * go, go);
+        let input = &gemm.input[group..];
+        let mut blocks = gemm
+            .rows
+            .chunks_exact(DOT_ROWS)
+            .zip(gemm.outs.chunks_exact(DOT_ROWS));
+        for (rows, outs) in blocks.by_ref() {
+            dot_block::<S, DOT_ROWS>(
+                simd,
+                input,
+                gemm.span,
+                &taps,
+                panel,
+                full,
+                features,
+                rows,
+                outs,
+                g * go,
+                out,
+            );
+        }
+        let done = gemm.rows.len() / DOT_ROWS * DOT_ROWS;
+        for (rows, outs) in gemm.rows[done..].chunks(1).zip(gemm.outs[done..].chunks(1)) {
+            dot_block::<S, 1>(
+                simd,
+                input,
+                gemm.span,
+                &taps,
+                panel,
+                full,
+                features,
+                rows,
+                outs,
+                g * go,
+                out,
+            );
+        }
+    }
+}
+
+/// `R` rows of [`dots`] by every output feature of one group (`panel` holding each
+/// feature's weights, `taps * features` in reduction order; the first `full` features
+/// of a tap a whole number of registers), written from `out[outs[r] + column]` on.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dot_block<S: Simd, const R: usize>(
+    simd: S,
+    input: &[f32],
+    span: usize,
+    taps: &[usize],
+    panel: &[f32],
+    full: usize,
+    features: usize,
+    rows: &[usize],
+    outs: &[usize],
+    column: usize,
+    out: &mut [f32],
+) {
+    let inputs: [&[f32]; R] = std::array::from_fn(|r| &input[rows[r]..][..span]);
+    for (o, weights) in panel.chunks_exact(taps.len() * features).enumerate() {
+        let mut acc = [simd.splat_f32s(0.0); R];
+        for (&tap, weights) in taps.iter().zip(weights.chunks_exact(features)) {
+            let (whole, rest): (&[S::f32s], _) =
+                (bytemuck::cast_slice(&weights[..full]), &weights[full..]);
+            for (v, &w) in whole.iter().enumerate() {
+                for (acc, input) in acc.iter_mut().zip(&inputs) {
+                    let x: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
+                        &input[tap + v * S::F32_LANES..][..S::F32_LANES],
+                    ));
+                    *acc = simd.mul_add_e_f32s(x, w, *acc);
+                }
+            }
+            if !rest.is_empty() {
+                let w = simd.partial_load_f32s(rest);
+                for (acc, input) in acc.iter_mut().zip(&inputs) {
+                    let x = simd.partial_load_f32s(&input[tap + full..][..rest.len()]);
+                    *acc = simd.mul_add_e_f32s(x, w, *acc);
+                }
+            }
+        }
+        for (acc, &at) in acc.iter().zip(outs) {
+            out[at + column + o] = simd.reduce_sum_f32s(*acc);
         }
     }
 }
