@@ -31,6 +31,13 @@
 //! is one sum over `(t, f)` in order, whatever the blocking. i32 runs the same product
 //! as a plain loop (wrapping).
 //!
+//! **Few output features, dots.** At most half a register of output features per group
+//! over at least half a register of adjacent input features (the 1x1 output conv, the
+//! input gradient of a one-channel input's conv) would leave most lanes of a panel
+//! idle: each output element is instead a dot product over its window, each tap's
+//! features in vector registers, the lanes added at the end ([`dots`]); its order
+//! depends only on the features and taps, not on which rows a call computes.
+//!
 //! **Depthwise, direct.** One input and one output feature per group, features
 //! contiguous in the input and the output (a depthwise convolution, or its input
 //! gradient): a matrix product would be one per channel, each with a single column, so
