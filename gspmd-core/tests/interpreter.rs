@@ -1856,22 +1856,31 @@ fn convolution_past_the_kernel_blocking_matches_the_definition() {
             groups: 1,
             batch_groups: 1,
         };
-        let (x, k) = (grid_values(case.input, 3), grid_values(case.kernel, 4));
-        let b = Builder::new("conv");
-        let (_, _, y) = case.trace(&b, DType::F32);
-        let program = b.finish(&[&y]).unwrap();
-        let out = interpret(
-            &program,
-            &[Literal::F32(x.clone()), Literal::F32(k.clone())],
-        );
-        let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op)
-        else {
-            panic!("not a convolution:\n{program}");
-        };
-        let shape = program.ty(program.outputs[0]).shape.clone();
-        let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
-        assert_f32(&out.unwrap()[0], &shape, &want);
+        matches_the_definition(&case, 3);
     }
+}
+
+/// Interprets `case` on grid values (seeds `seed` and `seed + 1`) and compares it with
+/// the naive loop; returns the result's shape.
+fn matches_the_definition(case: &conv_cases::ConvCase, seed: usize) -> Vec<usize> {
+    let (x, k) = (
+        grid_values(case.input, seed),
+        grid_values(case.kernel, seed + 1),
+    );
+    let b = Builder::new("conv");
+    let (_, _, y) = case.trace(&b, DType::F32);
+    let program = b.finish(&[&y]).unwrap();
+    let out = interpret(
+        &program,
+        &[Literal::F32(x.clone()), Literal::F32(k.clone())],
+    );
+    let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op) else {
+        panic!("not a convolution:\n{program}");
+    };
+    let shape = program.ty(program.outputs[0]).shape.clone();
+    let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
+    assert_f32(&out.unwrap()[0], &shape, &want);
+    shape
 }
 
 /// Few output features over many adjacent input features: the f32 kernel's dot path
@@ -1914,22 +1923,8 @@ fn convolution_with_few_output_features_matches_the_definition() {
                 groups,
                 batch_groups: 1,
             };
-            let (x, k) = (grid_values(case.input, 5), grid_values(case.kernel, 6));
-            let b = Builder::new("conv");
-            let (_, _, y) = case.trace(&b, DType::F32);
-            let program = b.finish(&[&y]).unwrap();
-            let out = interpret(
-                &program,
-                &[Literal::F32(x.clone()), Literal::F32(k.clone())],
-            );
-            let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op)
-            else {
-                panic!("not a convolution:\n{program}");
-            };
-            let shape = program.ty(program.outputs[0]).shape.clone();
-            let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
+            let shape = matches_the_definition(&case, 5);
             println!("{input:?} * {kernel:?}, padding {padding:?}: {shape:?}");
-            assert_f32(&out.unwrap()[0], &shape, &want);
         }
     }
 }

@@ -703,87 +703,80 @@ fn dots<S: Simd>(simd: S, gemm: &Gemm<'_, f32>, out: &mut [f32], panel: &mut Vec
     let taps: Vec<usize> = gemm.reduction.iter().step_by(features).copied().collect();
     for (g, &group) in gemm.groups.iter().enumerate() {
         gemm.pack_dots(panel, g * go, go);
-        let input = &gemm.input[group..];
-        let mut blocks = gemm
-            .rows
-            .chunks_exact(DOT_ROWS)
-            .zip(gemm.outs.chunks_exact(DOT_ROWS));
+        let dots = Dots {
+            input: &gemm.input[group..],
+            span: gemm.span,
+            taps: &taps,
+            panel,
+            full,
+            features,
+            column: g * go,
+        };
+        let mut blocks = (gemm.rows.chunks_exact(DOT_ROWS)).zip(gemm.outs.chunks_exact(DOT_ROWS));
         for (rows, outs) in blocks.by_ref() {
-            dot_block::<S, DOT_ROWS>(
-                simd,
-                input,
-                gemm.span,
-                &taps,
-                panel,
-                full,
-                features,
-                rows,
-                outs,
-                g * go,
-                out,
-            );
+            dots.run::<S, DOT_ROWS>(simd, rows, outs, out);
         }
         let done = gemm.rows.len() / DOT_ROWS * DOT_ROWS;
         for (rows, outs) in gemm.rows[done..].chunks(1).zip(gemm.outs[done..].chunks(1)) {
-            dot_block::<S, 1>(
-                simd,
-                input,
-                gemm.span,
-                &taps,
-                panel,
-                full,
-                features,
-                rows,
-                outs,
-                g * go,
-                out,
-            );
+            dots.run::<S, 1>(simd, rows, outs, out);
         }
     }
 }
 
-/// `R` rows of [`dots`] by every output feature of one group (`panel` holding each
-/// feature's weights, `taps * features` in reduction order; the first `full` features
-/// of a tap a whole number of registers), written from `out[outs[r] + column]` on.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn dot_block<S: Simd, const R: usize>(
-    simd: S,
-    input: &[f32],
+/// One group of [`dots`]: what its row blocks share.
+struct Dots<'a> {
+    /// The padded input from the group's first batch element and feature.
+    input: &'a [f32],
     span: usize,
-    taps: &[usize],
-    panel: &[f32],
+    /// Each tap's input offset from a window's first element.
+    taps: &'a [usize],
+    /// Each output feature's weights, `taps * features` in reduction order.
+    panel: &'a [f32],
+    /// The features of a tap that fill whole registers, and all of them.
     full: usize,
     features: usize,
-    rows: &[usize],
-    outs: &[usize],
+    /// The group's first output feature.
     column: usize,
-    out: &mut [f32],
-) {
-    let inputs: [&[f32]; R] = std::array::from_fn(|r| &input[rows[r]..][..span]);
-    for (o, weights) in panel.chunks_exact(taps.len() * features).enumerate() {
-        let mut acc = [simd.splat_f32s(0.0); R];
-        for (&tap, weights) in taps.iter().zip(weights.chunks_exact(features)) {
-            let (whole, rest): (&[S::f32s], _) =
-                (bytemuck::cast_slice(&weights[..full]), &weights[full..]);
-            for (v, &w) in whole.iter().enumerate() {
-                for (acc, input) in acc.iter_mut().zip(&inputs) {
-                    let x: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
-                        &input[tap + v * S::F32_LANES..][..S::F32_LANES],
-                    ));
-                    *acc = simd.mul_add_e_f32s(x, w, *acc);
+}
+
+impl Dots<'_> {
+    /// `R` rows (input offsets `rows`, output offsets `outs`) by every output feature
+    /// of the group.
+    #[inline(always)]
+    fn run<S: Simd, const R: usize>(
+        &self,
+        simd: S,
+        rows: &[usize],
+        outs: &[usize],
+        out: &mut [f32],
+    ) {
+        let (lanes, full) = (S::F32_LANES, self.full);
+        let inputs: [&[f32]; R] = std::array::from_fn(|r| &self.input[rows[r]..][..self.span]);
+        let per_feature = self.taps.len() * self.features;
+        for (o, weights) in self.panel.chunks_exact(per_feature).enumerate() {
+            let mut acc = [simd.splat_f32s(0.0); R];
+            for (&tap, weights) in self.taps.iter().zip(weights.chunks_exact(self.features)) {
+                let whole: &[S::f32s] = bytemuck::cast_slice(&weights[..full]);
+                for (v, &w) in whole.iter().enumerate() {
+                    for (acc, input) in acc.iter_mut().zip(&inputs) {
+                        let x: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
+                            &input[tap + v * lanes..][..lanes],
+                        ));
+                        *acc = simd.mul_add_e_f32s(x, w, *acc);
+                    }
+                }
+                let rest = &weights[full..];
+                if !rest.is_empty() {
+                    let w = simd.partial_load_f32s(rest);
+                    for (acc, input) in acc.iter_mut().zip(&inputs) {
+                        let x = simd.partial_load_f32s(&input[tap + full..][..rest.len()]);
+                        *acc = simd.mul_add_e_f32s(x, w, *acc);
+                    }
                 }
             }
-            if !rest.is_empty() {
-                let w = simd.partial_load_f32s(rest);
-                for (acc, input) in acc.iter_mut().zip(&inputs) {
-                    let x = simd.partial_load_f32s(&input[tap + full..][..rest.len()]);
-                    *acc = simd.mul_add_e_f32s(x, w, *acc);
-                }
+            for (acc, &at) in acc.iter().zip(outs) {
+                out[at + self.column + o] = simd.reduce_sum_f32s(*acc);
             }
-        }
-        for (acc, &at) in acc.iter().zip(outs) {
-            out[at + column + o] = simd.reduce_sum_f32s(*acc);
         }
     }
 }
