@@ -1856,21 +1856,76 @@ fn convolution_past_the_kernel_blocking_matches_the_definition() {
             groups: 1,
             batch_groups: 1,
         };
-        let (x, k) = (grid_values(case.input, 3), grid_values(case.kernel, 4));
-        let b = Builder::new("conv");
-        let (_, _, y) = case.trace(&b, DType::F32);
-        let program = b.finish(&[&y]).unwrap();
-        let out = interpret(
-            &program,
-            &[Literal::F32(x.clone()), Literal::F32(k.clone())],
-        );
-        let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op)
-        else {
-            panic!("not a convolution:\n{program}");
-        };
-        let shape = program.ty(program.outputs[0]).shape.clone();
-        let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
-        assert_f32(&out.unwrap()[0], &shape, &want);
+        matches_the_definition(&case, 3);
+    }
+}
+
+/// Interprets `case` on grid values (seeds `seed` and `seed + 1`) and compares it with
+/// the naive loop; returns the result's shape.
+fn matches_the_definition(case: &conv_cases::ConvCase, seed: usize) -> Vec<usize> {
+    let (x, k) = (
+        grid_values(case.input, seed),
+        grid_values(case.kernel, seed + 1),
+    );
+    let b = Builder::new("conv");
+    let (_, _, y) = case.trace(&b, DType::F32);
+    let program = b.finish(&[&y]).unwrap();
+    let out = interpret(
+        &program,
+        &[Literal::F32(x.clone()), Literal::F32(k.clone())],
+    );
+    let Some(gspmd_core::ir::Op::Convolution(config)) = program.nodes.last().map(|n| &n.op) else {
+        panic!("not a convolution:\n{program}");
+    };
+    let shape = program.ty(program.outputs[0]).shape.clone();
+    let want: Vec<f32> = naive_conv(&x, &k, config, &shape).iter().copied().collect();
+    assert_f32(&out.unwrap()[0], &shape, &want);
+    shape
+}
+
+/// Few output features over many adjacent input features: the f32 kernel's dot path
+/// (`kernels/convolution.rs`, `dots`) when the outputs fill at most half a vector
+/// register and the features at least half (AVX2: 1-4 outputs, 4 or more features; a
+/// tap's features whole registers and a partial one), and shapes at its edges: 5
+/// outputs, 3 features, rows not a multiple of the block, two feature groups, a
+/// 1x1 window (the U-Net's output conv), padded (SAME, lhs dilation) and in place.
+#[test]
+fn convolution_with_few_output_features_matches_the_definition() {
+    type Shapes = (&'static [usize], &'static [usize], usize);
+    let shapes: [Shapes; 9] = [
+        (&[2, 7, 5, 8], &[3, 3, 8, 1], 1),
+        (&[1, 5, 6, 13], &[3, 2, 13, 2], 1),
+        (&[3, 4, 3, 4], &[2, 3, 4, 4], 1),
+        (&[1, 6, 5, 20], &[3, 3, 20, 3], 1),
+        (&[2, 5, 5, 8], &[3, 3, 8, 5], 1),
+        (&[2, 5, 5, 3], &[3, 3, 3, 1], 1),
+        (&[2, 5, 4, 16], &[3, 3, 8, 2], 2),
+        (&[3, 5, 7, 8], &[1, 1, 8, 1], 1),
+        (&[1, 9, 9, 24], &[3, 3, 24, 1], 1),
+    ];
+    type Window = (&'static [(i64, i64)], &'static [usize], &'static [usize]);
+    let windows: [Window; 3] = [
+        (&[(1, 1), (1, 1)], &[], &[1, 1]),
+        (&[(0, 0), (0, 0)], &[], &[1, 2]),
+        (&[(1, 0), (2, 1)], &[2, 1], &[1, 1]),
+    ];
+    for (input, kernel, groups) in shapes {
+        for (padding, lhs_dilation, strides) in windows {
+            let case = conv_cases::ConvCase {
+                name: "few outputs",
+                labels: ["NHWC", "HWIO", "NHWC"],
+                input,
+                kernel,
+                strides,
+                padding,
+                lhs_dilation,
+                rhs_dilation: &[],
+                groups,
+                batch_groups: 1,
+            };
+            let shape = matches_the_definition(&case, 5);
+            println!("{input:?} * {kernel:?}, padding {padding:?}: {shape:?}");
+        }
     }
 }
 

@@ -562,17 +562,27 @@ fn reduce_window(
                 .collect();
             return windows(&spread, &undilated, shape, identity, f);
         }
-        let rank = shape.len();
         let a = a.as_standard_layout();
         let (dims, data) = (a.shape(), a.as_slice().unwrap_or_default());
+        // The trailing dims the window leaves alone (size 1, stride 1, no padding: the
+        // result's dims are the operand's) form runs contiguous in both: the loop goes
+        // over the result positions of the other dims, each a run of `run` elements.
+        let trivial = |(w, (&n, &m)): (&WindowDim, (&usize, &usize))| {
+            w.size == 1 && w.stride == 1 && w.padding_low == 0 && n == m
+        };
+        let kept = (window.iter().zip(dims.iter().zip(shape)).rev())
+            .take_while(|&d| trivial(d))
+            .count();
+        let rank = shape.len() - kept;
+        let run: usize = dims[rank..].iter().product();
         // Row-major element strides of the operand.
-        let mut strides = vec![1; rank];
+        let mut strides = vec![run; rank];
         for d in (0..rank.saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * dims[d + 1];
         }
         // Offsets from the window's start of every window element, `rank` per element,
         // row-major, and the same as linear offsets.
-        let count: usize = window.iter().map(|w| w.size).product();
+        let count: usize = window[..rank].iter().map(|w| w.size).product();
         let mut offsets = vec![0isize; count * rank];
         let mut linear = vec![0isize; count];
         for (i, lin) in linear.iter_mut().enumerate() {
@@ -590,10 +600,10 @@ fn reduce_window(
             .map(|w| ((w.size - 1) * w.window_dilation + 1) as isize)
             .collect();
         let total: usize = shape.iter().product();
-        let mut out = Vec::with_capacity(total);
+        let mut out = vec![identity; total];
         let mut start = vec![0isize; rank];
         let mut position = vec![0usize; rank];
-        for _ in 0..total {
+        for acc in out.chunks_exact_mut(run.max(1)).take(total / run.max(1)) {
             let (mut inside, mut base) = (true, 0isize);
             for d in 0..rank {
                 let w = &window[d];
@@ -601,11 +611,15 @@ fn reduce_window(
                 inside &= start[d] >= 0 && start[d] + span[d] <= dims[d] as isize;
                 base += start[d] * strides[d] as isize;
             }
-            let mut acc = identity;
+            let mut combine = |at: usize| {
+                for (acc, &x) in acc.iter_mut().zip(&data[at..at + run]) {
+                    *acc = f(*acc, x);
+                }
+            };
             if inside {
                 // No padding under the window: no bounds checks.
                 for &o in &linear {
-                    acc = f(acc, data[(base + o) as usize]);
+                    combine((base + o) as usize);
                 }
             } else {
                 'offsets: for o in (0..count).map(|i| &offsets[i * rank..(i + 1) * rank]) {
@@ -617,10 +631,9 @@ fn reduce_window(
                         }
                         at += i as usize * strides[d];
                     }
-                    acc = f(acc, data[at]);
+                    combine(at);
                 }
             }
-            out.push(acc);
             // The next result position, row-major.
             for d in (0..rank).rev() {
                 position[d] += 1;

@@ -31,6 +31,13 @@
 //! is one sum over `(t, f)` in order, whatever the blocking. i32 runs the same product
 //! as a plain loop (wrapping).
 //!
+//! **Few output features, dots.** At most half a register of output features per group
+//! over at least half a register of adjacent input features (the 1x1 output conv, the
+//! input gradient of a one-channel input's conv) would leave most lanes of a panel
+//! idle: each output element is instead a dot product over its window, each tap's
+//! features in vector registers, the lanes added at the end ([`dots`]); its order
+//! depends only on the features and taps, not on which rows a call computes.
+//!
 //! **Depthwise, direct.** One input and one output feature per group, features
 //! contiguous in the input and the output (a depthwise convolution, or its input
 //! gradient): a matrix product would be one per channel, each with a single column, so
@@ -360,6 +367,7 @@ impl Plan {
             .collect();
         let gemm = Gemm {
             input: &padded.data,
+            adjacent_features: feature_stride == 1,
             rows,
             outs,
             span: reduction.iter().max().map_or(0, |&m| m + 1),
@@ -523,6 +531,9 @@ fn fill<T: Copy + Default>(
 /// group out + o]`.
 pub(super) struct Gemm<'a, T> {
     input: &'a [T],
+    /// Whether a tap's group features are adjacent in `input` (feature stride 1): its
+    /// reduction indices read one contiguous run.
+    adjacent_features: bool,
     rows: Vec<usize>,
     outs: Vec<usize>,
     reduction: Vec<usize>,
@@ -557,6 +568,20 @@ impl<T: DotScalar> Gemm<'_, T> {
                         *to = self.kernel[from + o * self.kernel_out_stride];
                     }
                 }
+            }
+        }
+    }
+
+    /// Packs the kernel's output features `column .. column + columns` into `panel` for
+    /// [`dots`]: per feature, its weights in reduction order.
+    fn pack_dots(&self, panel: &mut Vec<T>, column: usize, columns: usize) {
+        panel.clear();
+        for o in column..column + columns {
+            for &tap in self.tap_offsets {
+                let from = tap + o * self.kernel_out_stride;
+                let weights =
+                    (0..self.group_features).map(|f| self.kernel[from + f * self.kernel_in_stride]);
+                panel.extend(weights);
             }
         }
     }
@@ -603,7 +628,12 @@ impl pulp::WithSimd for Vectorised<'_, '_, '_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        if self.gemm.group_out <= S::F32_LANES {
+        let gemm = self.gemm;
+        let lanes = S::F32_LANES;
+        if gemm.adjacent_features && 2 * gemm.group_out <= lanes && 2 * gemm.group_features >= lanes
+        {
+            dots::<S>(simd, self.gemm, self.out, self.panel);
+        } else if self.gemm.group_out <= lanes {
             product::<S, 8, 1>(simd, self.gemm, self.out, self.panel);
         } else {
             product::<S, 6, 2>(simd, self.gemm, self.out, self.panel);
@@ -651,6 +681,101 @@ fn product<S: Simd, const R: usize, const V: usize>(
                         tile.run::<S, 1, V>(simd, rows, outs, out);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Rows per block of [`dots`]: each weight register loaded serves this many rows.
+const DOT_ROWS: usize = 4;
+
+/// The product for few output features and many adjacent group features (under half a
+/// register of the one, at least half of the other): each output element is a dot
+/// product over its window, the features of each tap in vector registers (the last
+/// one partial), so the lanes hold features rather than mostly idle output columns.
+/// Lane `l` sums, tap by tap in order, the features `l, l + lanes, ..` of each tap;
+/// the lanes are added at the end. That order depends only on the group features and
+/// the taps, not on which rows a call computes.
+#[inline(always)]
+fn dots<S: Simd>(simd: S, gemm: &Gemm<'_, f32>, out: &mut [f32], panel: &mut Vec<f32>) {
+    let (lanes, features, go) = (S::F32_LANES, gemm.group_features, gemm.group_out);
+    let full = features / lanes * lanes;
+    let taps: Vec<usize> = gemm.reduction.iter().step_by(features).copied().collect();
+    for (g, &group) in gemm.groups.iter().enumerate() {
+        gemm.pack_dots(panel, g * go, go);
+        let dots = Dots {
+            input: &gemm.input[group..],
+            span: gemm.span,
+            taps: &taps,
+            panel,
+            full,
+            features,
+            column: g * go,
+        };
+        let mut blocks = (gemm.rows.chunks_exact(DOT_ROWS)).zip(gemm.outs.chunks_exact(DOT_ROWS));
+        for (rows, outs) in blocks.by_ref() {
+            dots.run::<S, DOT_ROWS>(simd, rows, outs, out);
+        }
+        let done = gemm.rows.len() / DOT_ROWS * DOT_ROWS;
+        for (rows, outs) in gemm.rows[done..].chunks(1).zip(gemm.outs[done..].chunks(1)) {
+            dots.run::<S, 1>(simd, rows, outs, out);
+        }
+    }
+}
+
+/// One group of [`dots`]: what its row blocks share.
+struct Dots<'a> {
+    /// The padded input from the group's first batch element and feature.
+    input: &'a [f32],
+    span: usize,
+    /// Each tap's input offset from a window's first element.
+    taps: &'a [usize],
+    /// Each output feature's weights, `taps * features` in reduction order.
+    panel: &'a [f32],
+    /// The features of a tap that fill whole registers, and all of them.
+    full: usize,
+    features: usize,
+    /// The group's first output feature.
+    column: usize,
+}
+
+impl Dots<'_> {
+    /// `R` rows (input offsets `rows`, output offsets `outs`) by every output feature
+    /// of the group.
+    #[inline(always)]
+    fn run<S: Simd, const R: usize>(
+        &self,
+        simd: S,
+        rows: &[usize],
+        outs: &[usize],
+        out: &mut [f32],
+    ) {
+        let (lanes, full) = (S::F32_LANES, self.full);
+        let inputs: [&[f32]; R] = std::array::from_fn(|r| &self.input[rows[r]..][..self.span]);
+        let per_feature = self.taps.len() * self.features;
+        for (o, weights) in self.panel.chunks_exact(per_feature).enumerate() {
+            let mut acc = [simd.splat_f32s(0.0); R];
+            for (&tap, weights) in self.taps.iter().zip(weights.chunks_exact(self.features)) {
+                let whole: &[S::f32s] = bytemuck::cast_slice(&weights[..full]);
+                for (v, &w) in whole.iter().enumerate() {
+                    for (acc, input) in acc.iter_mut().zip(&inputs) {
+                        let x: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
+                            &input[tap + v * lanes..][..lanes],
+                        ));
+                        *acc = simd.mul_add_e_f32s(x, w, *acc);
+                    }
+                }
+                let rest = &weights[full..];
+                if !rest.is_empty() {
+                    let w = simd.partial_load_f32s(rest);
+                    for (acc, input) in acc.iter_mut().zip(&inputs) {
+                        let x = simd.partial_load_f32s(&input[tap + full..][..rest.len()]);
+                        *acc = simd.mul_add_e_f32s(x, w, *acc);
+                    }
+                }
+            }
+            for (acc, &at) in acc.iter().zip(outs) {
+                out[at + self.column + o] = simd.reduce_sum_f32s(*acc);
             }
         }
     }

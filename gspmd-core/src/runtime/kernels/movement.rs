@@ -569,6 +569,7 @@ fn each_offset(dims: &[Dim], mut s: isize, mut t: isize, mut f: impl FnMut(isize
 fn run<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, m: Dim) {
     let (s, t, n) = (s as usize, t as usize, m.n);
     match (m.from, m.to) {
+        (1, 1) if n < SHORT_RUN => copy_short(&src[s..s + n], &mut dst[t..t + n]),
         (1, 1) => dst[t..t + n].copy_from_slice(&src[s..s + n]),
         (0, 1) => dst[t..t + n].fill(src[s]),
         (from, to) => {
@@ -576,6 +577,25 @@ fn run<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, m: Dim) {
                 dst[(t as isize + j * to) as usize] = src[(s as isize + j * from) as usize];
             }
         }
+    }
+}
+
+/// Runs shorter than this many elements are copied inline rather than by a `memcpy`
+/// call, which costs more than it moves for a few elements (the channels of a strided
+/// slice or an interior pad over NHWC images).
+const SHORT_RUN: usize = 32;
+
+/// Copies `src` into `dst` (of the same length) four elements at a time, each copy of
+/// a fixed length so that it compiles to register moves.
+#[inline(always)]
+fn copy_short<T: Copy>(src: &[T], dst: &mut [T]) {
+    let mut to = dst.chunks_exact_mut(4);
+    let mut from = src.chunks_exact(4);
+    for (to, from) in to.by_ref().zip(from.by_ref()) {
+        to.copy_from_slice(from);
+    }
+    for (to, from) in to.into_remainder().iter_mut().zip(from.remainder()) {
+        *to = *from;
     }
 }
 
