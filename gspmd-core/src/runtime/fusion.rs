@@ -1243,7 +1243,7 @@ pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
 }
 
 /// The passes each fusion group of `program`'s plan makes over a chunk (its ops, an
-/// [`Instr::Pair`] one pass for two), in the order of [`fusion_groups`]: for tests.
+/// `Instr::Pair` one pass for two), in the order of [`fusion_groups`]: for tests.
 pub fn fusion_passes(program: &Program) -> Vec<usize> {
     let plan = super::plan::Plan::new(program);
     plan.groups.iter().map(|g| g.code.len()).collect()
