@@ -32,6 +32,16 @@ fn random(shape: &[usize], rng: &mut StdRng) -> Literal {
     Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape fits"))
 }
 
+/// The inputs of a random chain ([`random_arithmetic_chain`],
+/// [`random_multi_result_chain`]): two `[rows, cols]` values and a row.
+fn chain_inputs(rng: &mut StdRng, rows: usize, cols: usize) -> [Literal; 3] {
+    [
+        random(&[rows, cols], rng),
+        random(&[rows, cols], rng),
+        random(&[cols], rng),
+    ]
+}
+
 /// `rows` class labels below `cols`.
 fn labels(rows: usize, cols: usize, rng: &mut StdRng) -> Literal {
     let v = (0..rows)
@@ -158,11 +168,7 @@ fn arithmetic_pairs_fuse_into_one_pass_equal_unfused_bitwise() {
         let rows = [1, 3, 40][rng.random_range(0..3)];
         let cols = [1, 8, 37, 600][rng.random_range(0..4)];
         let program = random_arithmetic_chain(&mut rng, rows, cols);
-        let inputs = [
-            random(&[rows, cols], &mut rng),
-            random(&[rows, cols], &mut rng),
-            random(&[cols], &mut rng),
-        ];
+        let inputs = chain_inputs(&mut rng, rows, cols);
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
         assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
@@ -498,11 +504,7 @@ fn chains_with_several_results_fused_equal_unfused_bitwise() {
         let rows = [1, 3, 4, 40][rng.random_range(0..4)];
         let cols = [1, 8, 37, 256, 300][rng.random_range(0..5)];
         let program = random_multi_result_chain(&mut rng, rows, cols);
-        let inputs = [
-            random(&[rows, cols], &mut rng),
-            random(&[rows, cols], &mut rng),
-            random(&[cols], &mut rng),
-        ];
+        let inputs = chain_inputs(&mut rng, rows, cols);
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
         assert_eq!(bits(&got), bits(&want), "case {case}: {program}");

@@ -603,7 +603,7 @@ fn reduce_window(
         let mut out = vec![identity; total];
         let mut start = vec![0isize; rank];
         let mut position = vec![0usize; rank];
-        for acc in out.chunks_exact_mut(run.max(1)).take(total / run.max(1)) {
+        for acc in out.chunks_exact_mut(run.max(1)) {
             let (mut inside, mut base) = (true, 0isize);
             for d in 0..rank {
                 let w = &window[d];
