@@ -27,10 +27,10 @@ fn allocations_per_training_step_stay_within_what_was_reached() {
     // Reached: about 565 and 3,200 (the 2x4 count varies by a few dozen with the
     // collectives' timing), 11.8x and 12.2x fewer than before: every kernel's result and
     // gather scratch from the pool, the pool counting live bytes as the memory analysis
-    // models buffers, resident keys shared from one run to the next, tiny products with
-    // contiguous rhs rows on `small_f32` (no packing buffer). Both bounds are the issue's
-    // 10x. What remains: matrixmultiply's packing buffer for the tiny products with a
-    // transposed rhs (attention scores, about 250 per step on 1x1), dot_general's
+    // models buffers, resident keys shared from one run to the next, small products
+    // (attention's scores included) on `small_product.rs` (no packing buffer). Both
+    // bounds are the 10x. What remains: matrixmultiply's packing buffers for the
+    // larger products, dot_general's
     // regrouping copies (`contraction.rs`), results made fresh when the pool holds no
     // buffer of their length; on 2x4 also the collectives' posts and exchanges
     // (`communicator`).

@@ -18,6 +18,7 @@ mod movement;
 mod narrow;
 mod random;
 mod reduce;
+mod small_product;
 
 use std::borrow::Cow;
 

@@ -12,12 +12,12 @@
 //! contracting dims that do not merge (`bhsk,hkd->bsd` on head-major values: `h` and
 //! `k` apart) make a copy of their operand, in `[batch, free, contracting]` order.
 //!
-//! The f32 kernel: tiny products (at most 16^3 multiply-adds) whose rhs rows are
-//! contiguous on a small register-blocked loop (`small_f32`, vectorised through
-//! `pulp`'s runtime dispatch; it allocates nothing, where matrixmultiply allocated
-//! its packing buffers); on CPUs with AVX-512, the `gemm` crate's (one thread) for
-//! all but tiny products; else matrixmultiply's (via ndarray's `general_mat_mul`);
-//! i32 a wrapping loop. Measured single-threaded on the
+//! The f32 kernel: small products (at most 32^3 multiply-adds, at least 8 result
+//! columns) on [`small_product`], a register-blocked loop without packing that runs a
+//! whole batch in one vector dispatch (it allocates nothing, where matrixmultiply
+//! allocates and fills its packing buffers on every product); on CPUs with AVX-512,
+//! the `gemm` crate's (one thread) for the rest; else matrixmultiply's (via ndarray's
+//! `general_mat_mul`); i32 a wrapping loop. Measured single-threaded on the
 //! shapes the LM steps run (d_model 512: `[2048, 512] x [512, 2048]` and the like in
 //! every operand layout, 128 attention products of `[128, 64] x [64, 128]`; the example
 //! LM: `[256, 64] x [64, 256]` down to batches of `[16, 16] x [16, 16]`), `gemm` with
@@ -26,7 +26,6 @@
 //! products").
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 
 use ndarray::{
     ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn, ShapeBuilder, Zip, linalg::general_mat_mul,
@@ -35,6 +34,7 @@ use ndarray::{
 use smallvec::{SmallVec, smallvec};
 
 use super::Dims;
+use super::small_product::{self, Layout};
 use crate::ir::DotDims;
 use crate::runtime::buffers::{self, Pooled};
 
@@ -46,176 +46,79 @@ pub(super) trait DotScalar: Pooled + Copy + Default {
     /// `acc + a * b` in the element type's arithmetic (wrapping for integers), for the
     /// kernels that accumulate one product at a time.
     fn mul_add(acc: Self, a: Self, b: Self) -> Self;
+
+    /// The products of a batch laid out as `layout`: `c[oc..] = a[oa..] · b[ob..]` for
+    /// each `[oa, ob, oc]` of `offsets`, `c`'s prior contents ignored. By default one
+    /// [`DotScalar::matmul_into`] each.
+    fn products_into(
+        layout: &Layout,
+        operands: [&[Self]; 2],
+        c: &mut [Self],
+        offsets: Offsets,
+    ) -> Result<(), String> {
+        each_product(layout, operands, c, offsets)
+    }
+}
+
+/// [`DotScalar::products_into`] one [`DotScalar::matmul_into`] a product.
+fn each_product<T: DotScalar>(
+    layout: &Layout,
+    [a, b]: [&[T]; 2],
+    c: &mut [T],
+    offsets: Offsets,
+) -> Result<(), String> {
+    let &Layout {
+        m,
+        k,
+        n,
+        a: [am, ak],
+        b: [bk, bn],
+        c_row,
+    } = layout;
+    let view_err = |e: ndarray::ShapeError| e.to_string();
+    for [oa, ob, oc] in offsets {
+        let a = ArrayView2::from_shape((m, k).strides((am, ak)), &a[oa..]);
+        let b = ArrayView2::from_shape((k, n).strides((bk, bn)), &b[ob..]);
+        let c = ArrayViewMut2::from_shape((m, n).strides((c_row, 1)), &mut c[oc..]);
+        T::matmul_into(
+            a.map_err(view_err)?,
+            b.map_err(view_err)?,
+            c.map_err(view_err)?,
+        );
+    }
+    Ok(())
 }
 
 impl DotScalar for f32 {
-    /// Tiny products whose `b` has contiguous rows on [`small_f32`]; the rest on the
-    /// `gemm` crate's kernel on machines with AVX-512 for all but tiny products, else
-    /// matrixmultiply's (see the module docs). Each is deterministic: the same shapes,
-    /// strides and values give the same bits on every run on a machine.
+    /// The `gemm` crate's kernel on machines with AVX-512, else matrixmultiply's (see
+    /// the module docs). Each is deterministic: the same shapes, strides and values
+    /// give the same bits on every run on a machine.
     fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
-        let (m, k) = a.dim();
-        let tiny = m * k * b.ncols() <= TINY;
-        if tiny && (b.ncols() <= 1 || b.strides()[1] == 1) {
-            small_f32(a, b, c);
-        } else if !tiny && avx512() {
+        if avx512() {
             gemm_f32(a, b, c);
         } else {
             general_mat_mul(1.0, &a, &b, 0.0, &mut c);
         }
     }
 
+    /// Small products ([`Layout::is_small`]) on [`small_product`], the rest one
+    /// [`DotScalar::matmul_into`] each. Deterministic as that is.
+    fn products_into(
+        layout: &Layout,
+        operands: [&[f32]; 2],
+        c: &mut [f32],
+        offsets: Offsets,
+    ) -> Result<(), String> {
+        if layout.is_small() {
+            small_product::products(layout, operands, c, offsets);
+            Ok(())
+        } else {
+            each_product(layout, operands, c, offsets)
+        }
+    }
+
     fn mul_add(acc: f32, a: f32, b: f32) -> f32 {
         acc + a * b
-    }
-}
-
-/// Products of at most this many multiply-adds (`m * k * n`) are tiny: they run on
-/// [`small_f32`] where `b`'s rows are contiguous (for them a packing gemm's set-up
-/// costs more than the arithmetic), on matrixmultiply otherwise (`b` would need a
-/// transposing copy, which matrixmultiply's packing does faster). The example LM's
-/// attention products are `[16, 16] x [16, 16]` in batches of 64.
-const TINY: usize = 16 * 16 * 16;
-
-/// The most operand rows [`small_f32`] lists without allocating (the lists are moved
-/// by value: a longer inline list costs a longer copy on every call).
-const LISTED_ROWS: usize = 16;
-
-/// The rows of `c` [`small_f32`] computes together: one accumulator register each, so
-/// as many independent sums are in flight (one alone would wait on the adder's
-/// latency at every step) and each load of a `b` register serves them all.
-const ROW_BLOCK: usize = 8;
-
-thread_local! {
-    /// [`small_f32`]'s copies of operand rows it cannot read in place, kept between
-    /// calls: the kernel allocates nothing once it has seen its largest product.
-    static SMALL_SCRATCH: RefCell<[Vec<f32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
-}
-
-/// `c = a · b` for small products, `c`'s prior contents ignored. Each element is the
-/// sum over the contracted index in increasing order, products and sums rounded
-/// apart (no fused multiply-add): the bits of the textbook scalar loop, on every CPU.
-/// The loop runs across columns instead, one vector register of a row of `c` at a
-/// time (16 lanes with AVX-512, 8 with AVX2: `pulp`'s runtime dispatch) for
-/// [`ROW_BLOCK`] rows at once, accumulating `a[i, p] * b[p, block]` over `p` in the
-/// registers. Rows are read in place where contiguous, else copied; a `c` whose rows
-/// are not contiguous goes to matrixmultiply.
-///
-/// Panics unless the shapes agree (`a` is `[m, k]`, `b` `[k, n]`, `c` `[m, n]`).
-fn small_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
-    let ((m, k), (k2, n)) = (a.dim(), b.dim());
-    assert!(k == k2 && c.dim() == (m, n), "matmul shapes disagree");
-    if n > 1 && c.strides()[1] != 1 {
-        // Not a layout the runtime makes.
-        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
-        return;
-    }
-    SMALL_SCRATCH.with_borrow_mut(|[a_copy, b_copy]| {
-        let a_rows = rows_of(a, a_copy);
-        let b_rows = rows_of(b, b_copy);
-        let mut c_rows: SmallVec<[&mut [f32]; LISTED_ROWS]> = c
-            .into_outer_iter_mut()
-            .map(|row| row.into_slice().expect("contiguous rows (checked above)"))
-            .collect();
-        pulp::Arch::new().dispatch(SmallProduct {
-            a: &a_rows,
-            b: &b_rows,
-            c: &mut c_rows,
-        })
-    });
-}
-
-/// The rows of `x` as slices: in place when each is contiguous, else copied into
-/// `copy`.
-fn rows_of<'a>(
-    x: ArrayView2<'a, f32>,
-    copy: &'a mut Vec<f32>,
-) -> SmallVec<[&'a [f32]; LISTED_ROWS]> {
-    let (rows, cols) = x.dim();
-    if cols <= 1 || x.strides()[1] == 1 {
-        return x
-            .into_outer_iter()
-            .map(|row| row.to_slice().expect("contiguous rows"))
-            .collect();
-    }
-    if copy.len() < rows * cols {
-        copy.resize(rows * cols, 0.0);
-    }
-    // Every element of the first `rows * cols` is written below.
-    let copy = &mut copy[..rows * cols];
-    if rows <= 1 || x.strides()[0] == 1 {
-        // Columns contiguous (the layout left in practice: `k^T` in attention scores):
-        // each row read across them.
-        let columns: SmallVec<[&[f32]; LISTED_ROWS]> = (x.t().into_outer_iter())
-            .map(|column| column.to_slice().expect("contiguous columns"))
-            .collect();
-        for (r, row) in copy.chunks_exact_mut(cols).enumerate() {
-            for (to, column) in row.iter_mut().zip(&columns) {
-                *to = column[r];
-            }
-        }
-    } else {
-        for (to, row) in copy.chunks_exact_mut(cols).zip(x.rows()) {
-            for (to, &from) in to.iter_mut().zip(&row) {
-                *to = from;
-            }
-        }
-    }
-    copy.chunks_exact(cols).take(rows).collect()
-}
-
-/// [`small_f32`]'s loop, run by `pulp` with the CPU's vector features enabled.
-struct SmallProduct<'r, 'a, 'c> {
-    /// `a`'s rows, each of `k` elements.
-    a: &'r [&'a [f32]],
-    /// `b`'s rows, each of `n` elements.
-    b: &'r [&'a [f32]],
-    /// `c`'s rows, each of `n` elements.
-    c: &'r mut [&'c mut [f32]],
-}
-
-impl pulp::WithSimd for SmallProduct<'_, '_, '_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, simd: S) {
-        let SmallProduct { a, b, c } = self;
-        let mut blocks = a.chunks_exact(ROW_BLOCK).zip(c.chunks_exact_mut(ROW_BLOCK));
-        for (a, c) in blocks.by_ref() {
-            rows_times::<S, ROW_BLOCK>(simd, a, b, c);
-        }
-        let done = a.len() / ROW_BLOCK * ROW_BLOCK;
-        for (a, c) in a[done..].chunks(1).zip(c[done..].chunks_mut(1)) {
-            rows_times::<S, 1>(simd, a, b, c);
-        }
-    }
-}
-
-/// `c = a · b` for `R` rows of `a` and `c` (`a`'s of `b.len()` elements, `c`'s as
-/// long as `b`'s): per register of columns, `R` sums over `p` in order.
-#[inline(always)]
-fn rows_times<S: pulp::Simd, const R: usize>(
-    simd: S,
-    a: &[&[f32]],
-    b: &[&[f32]],
-    c: &mut [&mut [f32]],
-) {
-    let k = b.len();
-    let a: [&[f32]; R] = std::array::from_fn(|r| &a[r][..k]);
-    let lanes = S::F32_LANES;
-    let n = c[0].len();
-    for start in (0..n).step_by(lanes) {
-        let width = lanes.min(n - start);
-        let mut acc = [simd.splat_f32s(0.0); R];
-        for (p, b_row) in b.iter().enumerate() {
-            let y = simd.partial_load_f32s(&b_row[start..start + width]);
-            for (acc, a) in acc.iter_mut().zip(&a) {
-                *acc = simd.add_f32s(*acc, simd.mul_f32s(simd.splat_f32s(a[p]), y));
-            }
-        }
-        for (c, acc) in c.iter_mut().zip(acc) {
-            simd.partial_store_f32s(&mut c[start..start + width], acc);
-        }
     }
 }
 
@@ -338,9 +241,9 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
     );
     let [kc, mc, nc] = PACK;
     let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
-    // A tiny product on `small_f32` packs nothing (one whose `b` has strided rows does,
-    // on matrixmultiply: counted, an estimate above is harmless).
-    let packed = if m * k * n <= TINY {
+    // A small product packs nothing (one whose `b` is too large to copy does, on
+    // matrixmultiply: a few KB not counted).
+    let packed = if small_product::small_work(m, k, n) {
         0
     } else {
         k.min(kc) * panels
@@ -525,37 +428,65 @@ fn multiply<T: DotScalar>(
     );
     // The result's rows (the merged minor lhs free dims) are `row` apart, its columns
     // (the merged minor rhs free dims) adjacent.
-    let row: usize = shape[nb + nl..].iter().product();
-    let view_err = |e: ndarray::ShapeError| e.to_string();
-    let mut index: Dims = smallvec![0; loops.len()];
-    let mut at = [0usize; 3];
-    loop {
-        let a = ArrayView2::from_shape((m, k).strides((lm, lk)), &l.data[at[0]..]);
-        let b = ArrayView2::from_shape((k, n).strides((rk, rn)), &r.data[at[1]..]);
-        let c = ArrayViewMut2::from_shape((m, n).strides((row, 1)), &mut out[at[2]..]);
-        T::matmul_into(
-            a.map_err(view_err)?,
-            b.map_err(view_err)?,
-            c.map_err(view_err)?,
-        );
-        // The next loop index: an odometer, the last dim fastest.
-        let mut d = loops.len();
-        loop {
-            if d == 0 {
-                return Ok(());
-            }
-            d -= 1;
-            let (size, strides) = loops[d];
-            index[d] += 1;
-            if index[d] < size {
-                (0..3).for_each(|x| at[x] += strides[x]);
-                break;
-            }
-            index[d] = 0;
-            (0..3).for_each(|x| at[x] -= strides[x] * (size - 1));
+    let layout = Layout {
+        m,
+        k,
+        n,
+        a: [lm, lk],
+        b: [rk, rn],
+        c_row: shape[nb + nl..].iter().product(),
+    };
+    T::products_into(&layout, [&l.data, &r.data], out, Offsets::new(loops))
+}
+
+/// The offsets `[lhs, rhs, result]` of each product of a batch: an odometer over the
+/// loop dims (each its size and the three strides along it), the last dim fastest.
+pub(super) struct Offsets {
+    loops: SmallVec<[(usize, [usize; 3]); 6]>,
+    index: Dims,
+    at: [usize; 3],
+    done: bool,
+}
+
+impl Offsets {
+    fn new(loops: SmallVec<[(usize, [usize; 3]); 6]>) -> Self {
+        Offsets {
+            index: smallvec![0; loops.len()],
+            done: loops.iter().any(|&(size, _)| size == 0),
+            loops,
+            at: [0; 3],
         }
     }
 }
+
+impl Iterator for Offsets {
+    type Item = [usize; 3];
+
+    fn next(&mut self) -> Option<[usize; 3]> {
+        if self.done {
+            return None;
+        }
+        let now = self.at;
+        let mut d = self.loops.len();
+        loop {
+            if d == 0 {
+                self.done = true;
+                break;
+            }
+            d -= 1;
+            let (size, strides) = self.loops[d];
+            self.index[d] += 1;
+            if self.index[d] < size {
+                (0..3).for_each(|x| self.at[x] += strides[x]);
+                break;
+            }
+            self.index[d] = 0;
+            (0..3).for_each(|x| self.at[x] -= strides[x] * (size - 1));
+        }
+        Some(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use ndarray::{ArrayD, IxDyn};
@@ -730,22 +661,24 @@ mod tests {
     /// where its contracting dims do not merge (`bhsk,hkd->bsd` on a head-major lhs).
     #[test]
     fn scratch_is_the_packing_panels_and_the_copies() {
-        // Projection bsm,mf->bsf: 8 x 16 rows, 16 contracted, 32 columns: panels only.
+        // Projection bsm,mf->bsf: 4 x 8 rows, 16 contracted, 128 columns: panels only.
         let projection = dims(&[], &[], &[2], &[0]);
-        let panels = 16 * (16 + 32) * 4;
+        let panels = 16 * (32 + 128) * 4;
         assert_eq!(
-            scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4),
+            scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4),
             panels
         );
+        // A small product (at most 32^3 multiply-adds) packs nothing.
+        assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);
         // The d_model-1024 FFN: panels of at most 256 x (64 + 1024), not the operands.
         let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
         assert_eq!(ffn, 256 * (64 + 1024) * 4);
         // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
         let heads = dims(&[], &[], &[1, 3], &[0, 1]);
         let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);
+        // 16 x 64 x 32 multiply-adds: small, no panels.
         let copied = 2 * 4 * 8 * 16 * 4;
-        let packing = 64 * (16 + 32) * 4;
-        assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied + packing);
+        assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied);
         let (lhs, rhs) = (counting(&lhs), counting(&rhs));
         let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
         assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
@@ -822,50 +755,6 @@ mod tests {
             let (lf, rf) = (lhs.mapv(|v| v as f32), rhs.mapv(|v| v as f32));
             let got = dot_general(&dd, &lf, &rf, want.shape()).unwrap();
             prop_assert_eq!(got, want.mapv(|v| v as f32));
-        }
-
-        /// Small products of arbitrary floats on every row count (whole row blocks and
-        /// the rows after them), widths across a vector register's lanes, and each
-        /// operand read in place or copied (transposed layouts): the bits of the
-        /// textbook loop, products and sums rounded apart, `p` increasing.
-        #[test]
-        fn small_products_are_the_textbook_loop_bit_for_bit(
-            m in 0usize..20,
-            k in 0usize..12,
-            n in 0usize..40,
-            transposed in proptest::array::uniform2(any::<bool>()),
-            seed in any::<u64>(),
-        ) {
-            let mut state = seed;
-            let mut draw = |len: usize| -> Vec<f32> {
-                (0..len)
-                    .map(|_| {
-                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-                    })
-                    .collect()
-            };
-            // An `[rows, cols]` matrix, stored column-major when `t` (then copied).
-            let matrix = |rows: usize, cols: usize, t: bool, values: Vec<f32>| {
-                if t {
-                    ndarray::Array2::from_shape_vec((rows, cols).f(), values).unwrap()
-                } else {
-                    ndarray::Array2::from_shape_vec((rows, cols), values).unwrap()
-                }
-            };
-            let a = matrix(m, k, transposed[0], draw(m * k));
-            let b = matrix(k, n, transposed[1], draw(k * n));
-            let mut c = ndarray::Array2::from_elem((m, n), f32::NAN);
-            small_f32(a.view(), b.view(), c.view_mut());
-            for i in 0..m {
-                for j in 0..n {
-                    let mut want = 0.0f32;
-                    for p in 0..k {
-                        want += a[[i, p]] * b[[p, j]];
-                    }
-                    prop_assert_eq!(c[[i, j]].to_bits(), want.to_bits(), "c[{}, {}]", i, j);
-                }
-            }
         }
     }
 }
