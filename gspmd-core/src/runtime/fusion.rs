@@ -578,7 +578,10 @@ impl Group {
             .map(|&r| code.iter().rposition(|&(_, dst)| dst == r).unwrap_or(0))
             .collect();
         let last_reads = (0..base)
-            .map(|k| code.iter().rposition(|(instr, _)| instr.reads().contains(&k)))
+            .map(|k| {
+                code.iter()
+                    .rposition(|(instr, _)| instr.reads().contains(&k))
+            })
             .collect();
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         Group {
@@ -726,7 +729,10 @@ impl Group {
                     self.shape[kept..].iter().product(),
                 );
                 let (rows, outs) = (Rows { outer, row }, &mut outs[..]);
-                let run = Run { sources, direct: &direct };
+                let run = Run {
+                    sources,
+                    direct: &direct,
+                };
                 let data = match kind {
                     ReduceKind::Sum => self.fold_rows(run, outs, regs, rows, 0.0, |p, q| p + q),
                     ReduceKind::Max => {
@@ -739,7 +745,10 @@ impl Group {
                 Some(self.shaped(&self.shape[..kept], data)?)
             }
             None => {
-                let run = Run { sources, direct: &direct };
+                let run = Run {
+                    sources,
+                    direct: &direct,
+                };
                 for start in (0..total).step_by(CHUNK) {
                     let len = CHUNK.min(total - start);
                     self.chunk(run, &mut outs, regs, start, len);
@@ -857,7 +866,7 @@ impl Group {
     ) {
         let Run { sources, direct } = run;
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
-            source.load(&self.shape, &mut reg[..len], start);
+            source.load(&mut reg[..len], start);
         }
         let round = rounding(self.dtype);
         let end = start + len;
@@ -1011,7 +1020,10 @@ type Direct = SmallVec<[(usize, usize); MAX_RESULTS]>;
 
 /// The result buffer register `r` is written into, if it is written directly.
 fn slot_of(direct: &[(usize, usize)], r: usize) -> Option<usize> {
-    direct.iter().find(|&&(reg, _)| reg == r).map(|&(_, slot)| slot)
+    direct
+        .iter()
+        .find(|&&(reg, _)| reg == r)
+        .map(|&(_, slot)| slot)
 }
 
 /// What every chunk of a run reads besides the buffers and registers: the leaves'
@@ -1252,9 +1264,12 @@ enum Source<'a> {
     /// repeated, element `ix` of the loop at `flat(ix) % block.len()`.
     Repeat(Cow<'a, [f32]>),
     /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`;
-    /// `contiguous`: the strides are the loop shape's row-major ones.
+    /// `contiguous`: the strides are the loop shape's row-major ones. `shape` is the
+    /// loop's and `strides` are over it with dims merged where they walk as one (see
+    /// [`coalesce`]): the runs a chunk is loaded in are as long as they can be.
     Strided {
         data: Cow<'a, [f32]>,
+        shape: Dims,
         strides: Dims,
         contiguous: bool,
     },
@@ -1340,8 +1355,10 @@ impl<'a> Source<'a> {
                 }
             }));
         }
+        let (shape, strides) = coalesce(shape, &strides);
         Ok(Source::Strided {
             data,
+            shape,
             strides,
             contiguous,
         })
@@ -1362,13 +1379,14 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// Writes the elements at flat indices `start..start + out.len()` of the loop over
-    /// `shape` into `out` if the source is loaded chunk by chunk (strided, not
-    /// contiguous); else (read [in place](Source::in_place), or a splat) nothing.
+    /// Writes the elements at flat indices `start..start + out.len()` of the loop
+    /// into `out` if the source is loaded chunk by chunk (strided, not contiguous);
+    /// else (read in place, or held in its register for the run) nothing.
     #[inline(always)]
-    fn load(&self, shape: &[usize], out: &mut [f32], start: usize) {
+    fn load(&self, out: &mut [f32], start: usize) {
         let Source::Strided {
             data,
+            shape,
             strides,
             contiguous: false,
         } = self
@@ -1420,6 +1438,31 @@ impl<'a> Source<'a> {
     }
 }
 
+/// `shape` and `strides` with each dim merged into the next where walking the two in
+/// row-major order walks one dim (`strides[d] == strides[d + 1] * shape[d + 1]`: a
+/// broadcast scalar repeated along several minor dims, contiguous rows) and dims of one
+/// element dropped (at least one dim kept): the same elements in the same flat order.
+fn coalesce(shape: &[usize], strides: &[usize]) -> (Dims, Dims) {
+    let (mut dims, mut steps) = (Dims::new(), Dims::new());
+    for (&n, &step) in shape.iter().zip(strides) {
+        let k = dims.len();
+        if n == 1 {
+            continue;
+        } else if k > 0 && steps[k - 1] == step * n {
+            dims[k - 1] *= n;
+            steps[k - 1] = step;
+        } else {
+            dims.push(n);
+            steps.push(step);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        steps.push(0);
+    }
+    (dims, steps)
+}
+
 /// The period of a leaf read through `strides` over `shape` if it repeats a contiguous
 /// block along its outer dims: the dims from some `k` on are row-major (the block,
 /// `period` elements), those before `k` stride 0 (or of one element), and `0 < k`.
@@ -1461,12 +1504,12 @@ mod tests {
         let shape = [4, 2, 3];
         let s = Source::new(&x, Some(&[1, 2]), &shape, 1).unwrap();
         let mut out = vec![0.0; 10];
-        s.load(&shape, &mut out, 4);
+        s.load(&mut out, 4);
         assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
         let shape = [3, 2];
         let s = Source::new(&x, Some(&[1, 0]), &shape, 1).unwrap();
         let mut out = vec![0.0; 6];
-        s.load(&shape, &mut out, 0);
+        s.load(&mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
         assert!(Source::new(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
         // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
@@ -1478,7 +1521,7 @@ mod tests {
         for start in 0..24 {
             for len in 1..=24 - start {
                 let mut out = vec![0.0; len];
-                s.load(&shape, &mut out, start);
+                s.load(&mut out, start);
                 assert_eq!(out, want[start..start + len], "from {start}, {len}");
             }
         }
