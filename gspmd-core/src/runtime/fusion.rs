@@ -1344,7 +1344,7 @@ impl<'a> Source<'a> {
         if !contiguous
             && let Some(period) = repeat_period(&strides, shape)
             && period <= CHUNK
-            && cut % period == 0
+            && cut.is_multiple_of(period)
             && period <= data.len()
         {
             return Ok(Source::Repeat(match data {
