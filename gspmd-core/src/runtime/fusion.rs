@@ -719,7 +719,7 @@ impl Group {
         // With a reduction, the buffers of the results besides the root (its last).
         let stored = self.results.len() - usize::from(self.reduce.is_some());
         while outs.len() < stored {
-            outs.push(super::buffers::take(total));
+            outs.push(super::buffers::with_capacity(total));
         }
         let direct = self.direct(sources, outs.len());
         let reduced = match self.reduce {
@@ -865,11 +865,16 @@ impl Group {
         len: usize,
     ) {
         let Run { sources, direct } = run;
+        let end = start + len;
+        // A fresh buffer grows chunk by chunk (chunks come in order), its new elements
+        // zeroed while in cache rather than the whole buffer up front.
+        for out in outs.iter_mut().filter(|out| out.len() < end) {
+            out.resize(end, 0.0);
+        }
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&mut reg[..len], start);
         }
         let round = rounding(self.dtype);
-        let end = start + len;
         for &(ref instr, dst) in &self.code {
             // The op's elements apart from the others (its operands'): its result's
             // buffer if it writes it directly, else its register.
