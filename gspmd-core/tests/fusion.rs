@@ -447,11 +447,25 @@ fn has_extra_result(program: &Program) -> bool {
 
 /// A random elementwise chain over `[rows, cols]` of which many intermediates are
 /// outputs, and some are read after the chain by ops that do not fuse (a sum over the
-/// major dim, a transpose) or by a second chain: groups with several results.
-fn random_multi_result_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Program {
+/// major dim, a transpose) or by a second chain: groups with several results. With
+/// `computed`, `x` and `y` are transposes of `[cols, rows]` parameters (values the loop
+/// owns, handed over as results' buffers).
+fn random_multi_result_chain(
+    rng: &mut StdRng,
+    rows: usize,
+    cols: usize,
+    computed: bool,
+) -> Program {
     let b = Builder::new("multi");
-    let x = b.parameter("x", [rows, cols], DType::F32);
-    let y = b.parameter("y", [rows, cols], DType::F32);
+    let leaf = |name: &str| {
+        if computed {
+            b.parameter(name, [cols, rows], DType::F32)
+                .transpose(&[1, 0])
+        } else {
+            b.parameter(name, [rows, cols], DType::F32)
+        }
+    };
+    let (x, y) = (leaf("x"), leaf("y"));
     let row = b.parameter("row", [cols], DType::F32);
     let mut pool: Vec<Tensor> = vec![x.clone(), y.clone()];
     let mut outputs: Vec<Tensor> = Vec::new();
@@ -503,7 +517,7 @@ fn chains_with_several_results_fused_equal_unfused_bitwise() {
     for case in 0..cases {
         let rows = [1, 3, 4, 40][rng.random_range(0..4)];
         let cols = [1, 8, 37, 256, 300][rng.random_range(0..5)];
-        let program = random_multi_result_chain(&mut rng, rows, cols);
+        let program = random_multi_result_chain(&mut rng, rows, cols, false);
         let inputs = chain_inputs(&mut rng, rows, cols);
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
@@ -518,6 +532,38 @@ fn chains_with_several_results_fused_equal_unfused_bitwise() {
         several * 2 > cases,
         "only {several} of {cases} chains had a group of several results"
     );
+}
+
+/// Broadcast rows whose length divides the chunk (a block repeated along the rows,
+/// held in a register filled once per run) and results written by their op straight
+/// into their buffers: fresh ones, and leaves handed over (transposes the loop owns)
+/// that later ops of the chunk still read or do not. Fused equals unfused bitwise,
+/// across chunks and tails.
+#[test]
+fn repeated_rows_and_results_written_into_their_buffers_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(53);
+    for case in 0..160 {
+        let rows = [1, 3, 40, 300][rng.random_range(0..4)];
+        let cols = [1, 2, 16, 64, 512][rng.random_range(0..5)];
+        let computed = rng.random_bool(0.5);
+        let program = random_multi_result_chain(&mut rng, rows, cols, computed);
+        let inputs = if computed {
+            [
+                random(&[cols, rows], &mut rng),
+                random(&[cols, rows], &mut rng),
+                random(&[cols], &mut rng),
+            ]
+        } else {
+            chain_inputs(&mut rng, rows, cols)
+        };
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "case {case}: {program}");
+        if case % 8 == 0 {
+            let mesh = on_one_device(&program, &inputs);
+            assert_eq!(bits(&mesh), bits(&want), "case {case} on a mesh: {program}");
+        }
+    }
 }
 
 /// The AdamW update of one weight `w` with gradient `g` and moments `m`, `v` (bias

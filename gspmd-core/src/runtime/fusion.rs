@@ -17,20 +17,25 @@
 //! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
 //! the group's loop where its root (its last node) would run. The loop walks the
 //! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
-//! outside the group, directly or through a broadcast, as a strided view) is loaded
-//! into a scratch register, each op writes a register from earlier ones (the ops share
-//! registers, assigned once at plan time by [`allocate`], so a chunk's working set
-//! stays small), and each result's register is stored into that result's buffer, or the
-//! last register is folded into the row's reduction. Two arithmetic ops of which the
+//! outside the group, directly or through a broadcast, as a strided view) is read in
+//! place where it is contiguous, held in its register for the whole run where it is a
+//! scalar or a contiguous block repeated along the outer dims (a bias row over the
+//! rows, [`Source::Repeat`]), else loaded into its scratch register chunk by chunk;
+//! each op writes a register from earlier ones (the ops share registers, assigned once
+//! at plan time by [`allocate`], so a chunk's working set stays small), and each
+//! result's op writes straight into that result's buffer (or, when that buffer is a
+//! leaf's that a later op of the chunk still reads, into its register, stored after
+//! the chunk; see [`Group::direct`]); with a reduction, the last op's values are folded
+//! into the row's reduction. Two arithmetic ops of which the
 //! first's value only the second reads run as one pass ([`Instr::Pair`], formed at
 //! plan time by [`pair`]): the value between them stays in a machine register, one
 //! register of the loop fewer is written and read back (AdamW's 14 ops are 9 passes).
 //!
 //! A group has one result or several ([`Group::results`]): the members whose values
-//! are read outside the group or are outputs, the root last. The loop computes every
-//! register of a chunk before it stores any, so a result may be written into a leaf's
-//! buffer handed over (the same elements of the chunk were read already); each result
-//! has its own buffer. The evaluation loop binds every result's value at the root.
+//! are read outside the group or are outputs, the root last. A result may be written
+//! into a leaf's buffer handed over: by its op directly when no later op reads the
+//! leaf, else stored from its register once every register of the chunk is computed
+//! (the same elements of the chunk were read already); each result has its own buffer. The evaluation loop binds every result's value at the root.
 //!
 //! Results are bitwise those of the unfused kernels: every op applies the kernels'
 //! scalar function ([`f32_unary`], [`f32_binary`], [`compare_fn`]), and a reduction
@@ -100,6 +105,10 @@ pub(crate) struct Group {
     code: Vec<(Instr, usize)>,
     /// The register of each of `results` (with a reduction: the root's operand's).
     stores: Vec<usize>,
+    /// The op (index into `code`) writing each of `stores`.
+    writers: Vec<usize>,
+    /// The last op reading each leaf's register (`None`: none reads it).
+    last_reads: Vec<Option<usize>>,
     /// The registers the loop uses: one per leaf, then those the ops share.
     registers: usize,
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
@@ -565,6 +574,15 @@ impl Group {
             (code, stores)
         };
         let (code, stores, registers) = allocate(base, code, stores);
+        let writers = (stores.iter())
+            .map(|&r| code.iter().rposition(|&(_, dst)| dst == r).unwrap_or(0))
+            .collect();
+        let last_reads = (0..base)
+            .map(|k| {
+                code.iter()
+                    .rposition(|(instr, _)| instr.reads().contains(&k))
+            })
+            .collect();
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         Group {
             members: ids(members),
@@ -573,6 +591,8 @@ impl Group {
             shape,
             code,
             stores,
+            writers,
+            last_reads,
             registers,
             reduce,
             dtype,
@@ -606,8 +626,9 @@ impl Group {
                 operands.len()
             ));
         }
+        let total: usize = self.shape.iter().product();
         // Each owned leaf that fits is the buffer of the next result (`Err(slot)`).
-        let mut outs: SmallVec<[Out; MAX_RESULTS]> = SmallVec::new();
+        let mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]> = SmallVec::new();
         let mut held: SmallVec<[Result<Operand<'_>, usize>; 8]> = SmallVec::new();
         for (k, x) in operands.into_iter().enumerate() {
             match x {
@@ -618,28 +639,32 @@ impl Group {
                         && a.shape() == self.shape.as_slice() =>
                 {
                     held.push(Err(outs.len()));
-                    outs.push(Out::InPlace(a));
+                    outs.push(elements(a, total));
                 }
                 x => held.push(Ok(x)),
             }
         }
+        let cut = self.cut();
         let sources = self
             .leaves
             .iter()
             .zip(&held)
             .map(|(leaf, x)| match x {
                 Err(slot) => Ok(Source::Buffer(*slot)),
-                Ok(x) => Source::new(x, leaf.dims.as_deref(), &self.shape),
+                Ok(x) => Source::new(x, leaf.dims.as_deref(), &self.shape, cut),
             })
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
-            regs.resize(self.registers, [0.0; CHUNK]);
+            // Grown, never shrunk: a group of fewer registers run between two of more
+            // does not make the next one zero its registers again.
+            if regs.len() < self.registers {
+                regs.resize(self.registers, [0.0; CHUNK]);
+            }
+            let regs = &mut regs[..self.registers];
             // No chunk is longer than the loop.
-            let longest = CHUNK.min(self.shape.iter().product());
+            let longest = CHUNK.min(total);
             for (source, reg) in sources.iter().zip(regs.iter_mut()) {
-                if let Source::Splat(v) = *source {
-                    reg[..longest].fill(v);
-                }
+                source.fill(&mut reg[..longest]);
             }
             pulp::Arch::new().dispatch(Vectorised {
                 group: self,
@@ -650,21 +675,53 @@ impl Group {
         })
     }
 
+    /// A number every chunk's first flat index is a multiple of: the chunk length; with
+    /// a reduction, the row (rows no longer than a chunk are computed whole, several to
+    /// a chunk) or its greatest common divisor with the chunk length (longer rows,
+    /// chunk by chunk).
+    fn cut(&self) -> usize {
+        match self.reduce {
+            None => CHUNK,
+            Some((_, kept)) => {
+                let row: usize = self.shape[kept..].iter().product();
+                if row <= CHUNK { row } else { gcd(row, CHUNK) }
+            }
+        }
+    }
+
+    /// The results of a run whose writer op writes them straight into their buffers
+    /// (see [`Direct`]): each of the first `slots` results (those with a buffer), unless
+    /// its buffer is a leaf's handed over ([`Source::Buffer`]) that an op from the
+    /// writer on still reads (the writer may not overwrite elements it or a later op
+    /// reads).
+    fn direct(&self, sources: &[Source<'_>], slots: usize) -> Direct {
+        (0..slots)
+            .filter(|&s| {
+                let leaf = sources
+                    .iter()
+                    .position(|x| matches!(x, Source::Buffer(t) if *t == s));
+                (leaf.and_then(|k| self.last_reads[k])).is_none_or(|last| last < self.writers[s])
+            })
+            .map(|s| (self.stores[s], s))
+            .collect()
+    }
+
     /// [`Group::run`] with the leaves' `sources`, the buffers of the first results
     /// (`outs`: leaves handed over), and registers.
     #[inline(always)]
     fn run_on(
         &self,
         sources: &[Source<'_>],
-        mut outs: SmallVec<[Out; MAX_RESULTS]>,
+        mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]>,
         regs: &mut [[f32; CHUNK]],
     ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
         let total: usize = self.shape.iter().product();
         // With a reduction, the buffers of the results besides the root (its last).
         let stored = self.results.len() - usize::from(self.reduce.is_some());
         while outs.len() < stored {
-            outs.push(Out::Fresh(super::buffers::with_capacity(total)));
+            outs.push(super::buffers::with_capacity(total));
         }
+        let direct = self.direct(sources, outs.len());
         let reduced = match self.reduce {
             Some((kind, kept)) => {
                 let (outer, row) = (
@@ -672,57 +729,58 @@ impl Group {
                     self.shape[kept..].iter().product(),
                 );
                 let (rows, outs) = (Rows { outer, row }, &mut outs[..]);
+                let run = Run {
+                    sources,
+                    direct: &direct,
+                };
                 let data = match kind {
-                    ReduceKind::Sum => self.fold_rows(sources, outs, regs, rows, 0.0, |p, q| p + q),
+                    ReduceKind::Sum => self.fold_rows(run, outs, regs, rows, 0.0, |p, q| p + q),
                     ReduceKind::Max => {
-                        self.fold_rows(sources, outs, regs, rows, f32::NEG_INFINITY, max_nan)
+                        self.fold_rows(run, outs, regs, rows, f32::NEG_INFINITY, max_nan)
                     }
                     ReduceKind::Min => {
-                        self.fold_rows(sources, outs, regs, rows, f32::INFINITY, min_nan)
+                        self.fold_rows(run, outs, regs, rows, f32::INFINITY, min_nan)
                     }
                 }?;
                 Some(self.shaped(&self.shape[..kept], data)?)
             }
             None => {
+                let run = Run {
+                    sources,
+                    direct: &direct,
+                };
                 for start in (0..total).step_by(CHUNK) {
                     let len = CHUNK.min(total - start);
-                    self.chunk(sources, &outs, regs, start, len);
-                    self.store(&mut outs, regs, start, len)?;
+                    self.chunk(run, &mut outs, regs, start, len);
+                    self.store(run, &mut outs, regs, start, len);
                 }
                 None
             }
         };
         (outs.into_iter())
-            .map(|out| match out {
-                Out::InPlace(a) => Ok(Literal::F32(a)),
-                Out::Fresh(v) => self.shaped(&self.shape, v),
-            })
+            .map(|out| self.shaped(&self.shape, out))
             .chain(reduced.map(Ok))
             .collect()
     }
 
     /// Stores the chunk of `len` elements from flat index `start` of each result with a
-    /// buffer in `outs` (the first results) from its register; every register of the
-    /// chunk is computed, so the buffers may be written (a leaf's handed over too).
+    /// buffer in `outs` (the first results) from its register, unless its op wrote it
+    /// there; every register of the chunk is computed, so the buffers may be written
+    /// (a leaf's handed over too).
     #[inline(always)]
     fn store(
         &self,
-        outs: &mut [Out],
+        run: Run<'_, '_>,
+        outs: &mut [Vec<f32>],
         regs: &[[f32; CHUNK]],
         start: usize,
         len: usize,
-    ) -> Result<(), String> {
-        for (out, &r) in outs.iter_mut().zip(&self.stores) {
-            let values = &regs[r][..len];
-            match out {
-                Out::InPlace(a) => {
-                    let data = a.as_slice_mut().ok_or("a standard-layout buffer")?;
-                    data[start..start + len].copy_from_slice(values);
-                }
-                Out::Fresh(v) => v.extend_from_slice(values),
+    ) {
+        for (s, (out, &r)) in outs.iter_mut().zip(&self.stores).enumerate() {
+            if !run.direct.iter().any(|&(_, slot)| slot == s) {
+                out[start..start + len].copy_from_slice(&regs[r][..len]);
             }
         }
-        Ok(())
     }
 
     /// The reduction of each of the `rows` with `f` (identity `identity`), folded as
@@ -734,8 +792,8 @@ impl Group {
     #[inline(always)]
     fn fold_rows(
         &self,
-        sources: &[Source<'_>],
-        outs: &mut [Out],
+        run: Run<'_, '_>,
+        outs: &mut [Vec<f32>],
         regs: &mut [[f32; CHUNK]],
         Rows { outer, row }: Rows,
         identity: f32,
@@ -764,9 +822,10 @@ impl Group {
             while r < outer {
                 let rows = per_chunk.min(outer - r);
                 let (start, len) = (r * row, rows * row);
-                self.chunk(sources, &[], regs, start, len);
-                self.store(outs, regs, start, len)?;
-                out.extend(regs[last][..len].chunks_exact(row).map(fold));
+                self.chunk(run, outs, regs, start, len);
+                self.store(run, outs, regs, start, len);
+                let values = run.values(outs, regs, last, start, len);
+                out.extend(values.chunks_exact(row).map(fold));
                 r += rows;
             }
             return Ok(out);
@@ -776,9 +835,9 @@ impl Group {
             let mut start = 0;
             while start < row {
                 let len = CHUNK.min(row - start);
-                self.chunk(sources, &[], regs, r * row + start, len);
-                self.store(outs, regs, r * row + start, len)?;
-                let values = &regs[last][..len];
+                self.chunk(run, outs, regs, r * row + start, len);
+                self.store(run, outs, regs, r * row + start, len);
+                let values = run.values(outs, regs, last, r * row + start, len);
                 let in_body = body.saturating_sub(start).min(len);
                 lanes.push(&values[..in_body], f);
                 start += len;
@@ -793,34 +852,71 @@ impl Group {
 
     /// Computes the `len` elements from flat index `start` of the loop: reads the
     /// leaves (in place where they are contiguous, a [`Source::Buffer`] from its
-    /// result's buffer in `outs`; a [`Source::Splat`] from its register, filled for the
-    /// run; the others loaded into their registers), and runs the ops into their
-    /// registers.
+    /// result's buffer in `outs`; a [`Source::Splat`] or [`Source::Repeat`] from its
+    /// register, filled for the run; the others loaded into their registers), and runs
+    /// the ops into their registers, or into their results' buffers (`run.direct`).
     #[inline(always)]
     fn chunk(
         &self,
-        sources: &[Source<'_>],
-        outs: &[Out],
+        run: Run<'_, '_>,
+        outs: &mut [Vec<f32>],
         regs: &mut [[f32; CHUNK]],
         start: usize,
         len: usize,
     ) {
+        let Run { sources, direct } = run;
+        let end = start + len;
+        // A fresh buffer grows chunk by chunk (chunks come in order), its new elements
+        // zeroed while in cache rather than the whole buffer up front.
+        for out in outs.iter_mut().filter(|out| out.len() < end) {
+            out.resize(end, 0.0);
+        }
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
-            source.load(&self.shape, &mut reg[..len], start);
+            source.load(&mut reg[..len], start);
         }
         let round = rounding(self.dtype);
         for &(ref instr, dst) in &self.code {
-            // The op's register apart from the others (its operands' are others).
-            let (before, after) = regs.split_at_mut(dst);
-            let Some((dst, after)) = after.split_first_mut() else {
-                continue;
+            // The op's elements apart from the others (its operands'): its result's
+            // buffer if it writes it directly, else its register.
+            let (dst, regs, outs) = match slot_of(direct, dst) {
+                Some(s) => {
+                    let (lo, rest) = outs.split_at_mut(s);
+                    let Some((out, hi)) = rest.split_first_mut() else {
+                        continue;
+                    };
+                    let outs = Split {
+                        lo: &*lo,
+                        hole: s,
+                        hi: &*hi,
+                    };
+                    (&mut out[start..end], Split::whole(&*regs), outs)
+                }
+                None => {
+                    let (lo, rest) = regs.split_at_mut(dst);
+                    let Some((reg, hi)) = rest.split_first_mut() else {
+                        continue;
+                    };
+                    let regs = Split {
+                        lo: &*lo,
+                        hole: dst,
+                        hi: &*hi,
+                    };
+                    (&mut reg[..len], regs, Split::whole(&*outs))
+                }
             };
-            let dst = &mut dst[..len];
-            let (before, after, at) = (&*before, &*after, before.len());
-            let arg = |r: usize| match sources.get(r).and_then(|x| x.in_place(outs)) {
-                Some(data) => &data[start..start + len],
-                None if r < at => &before[r][..len],
-                None => &after[r - at - 1][..len],
+            let arg = |r: usize| -> &[f32] {
+                match sources.get(r) {
+                    Some(Source::Buffer(s)) => &outs.get(*s)[start..end],
+                    Some(Source::Strided {
+                        data,
+                        contiguous: true,
+                        ..
+                    }) => &data[start..end],
+                    _ => match slot_of(direct, r) {
+                        Some(s) => &outs.get(s)[start..end],
+                        None => &regs.get(r)[..len],
+                    },
+                }
             };
             // A scalar broadcast is one value in a machine register, not a register
             // of the loop read element by element.
@@ -868,7 +964,7 @@ impl Group {
 /// leaves' below `base`), so that the ops share few: each op writes a register no live
 /// value holds (never one of its operands'), and a register is free again after its
 /// value's last reader, unless the value is stored (`stores`) or is the last op's (a
-/// reduction folds it). Returns the code with each op's register, `stores` renamed,
+/// reduction folds it); a stored value's register is used for nothing else. Returns the code with each op's register, `stores` renamed,
 /// and the number of registers.
 fn allocate(
     base: usize,
@@ -894,7 +990,14 @@ fn allocate(
     let (mut free, mut registers) = (Vec::new(), base);
     let mut out = Vec::with_capacity(code.len());
     for (k, instr) in code.into_iter().enumerate() {
-        let dst = free.pop().unwrap_or_else(|| {
+        // A stored value's register is its own (no other op writes it), so that a run
+        // may keep the value in its result's buffer instead (see `Group::direct`).
+        let reused = if stores.contains(&(base + k)) {
+            None
+        } else {
+            free.pop()
+        };
+        let dst = reused.unwrap_or_else(|| {
             registers += 1;
             registers - 1
         });
@@ -915,13 +1018,89 @@ fn allocate(
     (out, stores, registers)
 }
 
-/// The buffer a fused loop stores one result into.
-enum Out {
-    /// A leaf's, handed over: of the loop's shape, standard layout, read in place
-    /// ([`Source::Buffer`]) and overwritten chunk by chunk.
-    InPlace(ArrayD<f32>),
-    /// A pooled one, filled chunk by chunk.
-    Fresh(Vec<f32>),
+/// The results an op of a run writes straight into their buffers instead of its
+/// register, as `(register, slot)`: the register's values are then read from result
+/// `slot`'s buffer (see [`Group::direct`]).
+type Direct = SmallVec<[(usize, usize); MAX_RESULTS]>;
+
+/// The result buffer register `r` is written into, if it is written directly.
+fn slot_of(direct: &[(usize, usize)], r: usize) -> Option<usize> {
+    direct
+        .iter()
+        .find(|&&(reg, _)| reg == r)
+        .map(|&(_, slot)| slot)
+}
+
+/// What every chunk of a run reads besides the buffers and registers: the leaves'
+/// sources and the results written directly.
+#[derive(Clone, Copy)]
+struct Run<'r, 'a> {
+    sources: &'r [Source<'a>],
+    direct: &'r [(usize, usize)],
+}
+
+impl Run<'_, '_> {
+    /// The values of register `r` for the chunk of `len` elements from `start`: in
+    /// its result's buffer if written directly, else in the register.
+    fn values<'x>(
+        self,
+        outs: &'x [Vec<f32>],
+        regs: &'x [[f32; CHUNK]],
+        r: usize,
+        start: usize,
+        len: usize,
+    ) -> &'x [f32] {
+        match slot_of(self.direct, r) {
+            Some(s) => &outs[s][start..start + len],
+            None => &regs[r][..len],
+        }
+    }
+}
+
+/// Slice `lo`, one element lent out mutably (`hole`; `usize::MAX`: none), then `hi`:
+/// the registers or result buffers an op reads while it writes one of them.
+struct Split<'x, T> {
+    lo: &'x [T],
+    hole: usize,
+    hi: &'x [T],
+}
+
+impl<'x, T> Split<'x, T> {
+    /// All of `all`, none lent out.
+    fn whole(all: &'x [T]) -> Self {
+        Split {
+            lo: all,
+            hole: usize::MAX,
+            hi: &[],
+        }
+    }
+
+    /// Element `i` (not the hole).
+    fn get(&self, i: usize) -> &'x T {
+        if i < self.hole {
+            &self.lo[i]
+        } else {
+            &self.hi[i - self.hole - 1]
+        }
+    }
+}
+
+/// `a`'s elements in standard order as a vector of `len` (an owned standard-layout
+/// array of `len` elements: moved, not copied, unless it starts past its buffer's
+/// first element).
+fn elements(a: ArrayD<f32>, len: usize) -> Vec<f32> {
+    let (mut data, offset) = a.into_raw_vec_and_offset();
+    data.drain(..offset.unwrap_or(0).min(data.len()));
+    data.truncate(len);
+    data
+}
+
+/// The greatest common divisor of `a` and `b`.
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 impl Group {
@@ -1063,7 +1242,7 @@ impl WithBinary for SplatZip<'_> {
 struct Vectorised<'g, 's, 'a> {
     group: &'g Group,
     sources: &'s [Source<'a>],
-    outs: SmallVec<[Out; MAX_RESULTS]>,
+    outs: SmallVec<[Vec<f32>; MAX_RESULTS]>,
     regs: &'s mut [[f32; CHUNK]],
 }
 
@@ -1084,18 +1263,32 @@ enum Source<'a> {
     /// One element everywhere (a scalar broadcast: every stride 0), in a register
     /// filled once per run.
     Splat(f32),
+    /// A contiguous block repeated along the outer dims (a bias row over the rows:
+    /// the strides row-major over the minor dims, 0 over the others), every chunk
+    /// starting at a repeat: in a register filled once per run with the block
+    /// repeated, element `ix` of the loop at `flat(ix) % block.len()`.
+    Repeat(Cow<'a, [f32]>),
     /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`;
-    /// `contiguous`: the strides are the loop shape's row-major ones.
+    /// `contiguous`: the strides are the loop shape's row-major ones. `shape` is the
+    /// loop's and `strides` are over it with dims merged where they walk as one (see
+    /// [`coalesce`]): the runs a chunk is loaded in are as long as they can be.
     Strided {
         data: Cow<'a, [f32]>,
+        shape: Dims,
         strides: Dims,
         contiguous: bool,
     },
 }
 
 impl<'a> Source<'a> {
-    /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`.
-    fn new(x: &'a Operand<'_>, dims: Option<&[usize]>, shape: &[usize]) -> Result<Self, String> {
+    /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`,
+    /// every chunk starting at a multiple of `cut` (see [`Group::cut`]).
+    fn new(
+        x: &'a Operand<'_>,
+        dims: Option<&[usize]>,
+        shape: &[usize],
+        cut: usize,
+    ) -> Result<Self, String> {
         // The elements as lanes (f32 in place, bool as `bool_lane`s) and their shape.
         let lanes = |lit: &'a Literal| -> Result<(Cow<'a, [f32]>, Dims), String> {
             match lit {
@@ -1153,37 +1346,52 @@ impl<'a> Source<'a> {
             return Ok(Source::Splat(v));
         }
         let contiguous = strides == row_major(shape);
+        if !contiguous
+            && let Some(period) = repeat_period(&strides, shape)
+            && period <= CHUNK
+            && cut.is_multiple_of(period)
+            && period <= data.len()
+        {
+            return Ok(Source::Repeat(match data {
+                Cow::Borrowed(all) => Cow::Borrowed(&all[..period]),
+                Cow::Owned(mut all) => {
+                    all.truncate(period);
+                    Cow::Owned(all)
+                }
+            }));
+        }
+        let (shape, strides) = coalesce(shape, &strides);
         Ok(Source::Strided {
             data,
+            shape,
             strides,
             contiguous,
         })
     }
 
-    /// The elements in the loop's flat order, if the leaf is read in place: from its
-    /// result's buffer in `outs`, or contiguous.
-    fn in_place<'s>(&'s self, outs: &'s [Out]) -> Option<&'s [f32]> {
+    /// Fills `reg` (a register up to the longest chunk) if the source is held in its
+    /// register for the run: a splat, or a repeated block (each chunk starts at a
+    /// repeat, so the register's element `i` is the block's `i % period`).
+    fn fill(&self, reg: &mut [f32]) {
         match self {
-            Source::Buffer(slot) => match outs.get(*slot) {
-                Some(Out::InPlace(a)) => a.as_slice(),
-                _ => None,
-            },
-            Source::Strided {
-                data,
-                contiguous: true,
-                ..
-            } => Some(data),
-            Source::Strided { .. } | Source::Splat(_) => None,
+            Source::Splat(v) => reg.fill(*v),
+            Source::Repeat(block) => {
+                for run in reg.chunks_mut(block.len()) {
+                    run.copy_from_slice(&block[..run.len()]);
+                }
+            }
+            Source::Buffer(_) | Source::Strided { .. } => {}
         }
     }
 
-    /// Writes the elements at flat indices `start..start + out.len()` of the loop over
-    /// `shape` into `out` if the source is loaded chunk by chunk (strided, not
-    /// contiguous); else (read [in place](Source::in_place), or a splat) nothing.
+    /// Writes the elements at flat indices `start..start + out.len()` of the loop
+    /// into `out` if the source is loaded chunk by chunk (strided, not contiguous);
+    /// else (read in place, or held in its register for the run) nothing.
     #[inline(always)]
-    fn load(&self, shape: &[usize], out: &mut [f32], start: usize) {
+    fn load(&self, out: &mut [f32], start: usize) {
         let Source::Strided {
             data,
+            shape,
             strides,
             contiguous: false,
         } = self
@@ -1235,6 +1443,44 @@ impl<'a> Source<'a> {
     }
 }
 
+/// `shape` and `strides` with each dim merged into the next where walking the two in
+/// row-major order walks one dim (`strides[d] == strides[d + 1] * shape[d + 1]`: a
+/// broadcast scalar repeated along several minor dims, contiguous rows) and dims of one
+/// element dropped (at least one dim kept): the same elements in the same flat order.
+fn coalesce(shape: &[usize], strides: &[usize]) -> (Dims, Dims) {
+    let (mut dims, mut steps) = (Dims::new(), Dims::new());
+    for (&n, &step) in shape.iter().zip(strides) {
+        let k = dims.len();
+        if n == 1 {
+            continue;
+        } else if k > 0 && steps[k - 1] == step * n {
+            dims[k - 1] *= n;
+            steps[k - 1] = step;
+        } else {
+            dims.push(n);
+            steps.push(step);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        steps.push(0);
+    }
+    (dims, steps)
+}
+
+/// The period of a leaf read through `strides` over `shape` if it repeats a contiguous
+/// block along its outer dims: the dims from some `k` on are row-major (the block,
+/// `period` elements), those before `k` stride 0 (or of one element), and `0 < k`.
+fn repeat_period(strides: &[usize], shape: &[usize]) -> Option<usize> {
+    let (mut k, mut period) = (shape.len(), 1);
+    while k > 0 && (strides[k - 1] == period || shape[k - 1] == 1) {
+        period *= shape[k - 1];
+        k -= 1;
+    }
+    let outer = (strides[..k].iter().zip(shape)).all(|(&s, &n)| s == 0 || n == 1);
+    (k > 0 && outer && period > 0).then_some(period)
+}
+
 /// The fusion groups of `program`'s plan, each as its nodes in node order (the root
 /// last): for tests (see `gspmd-core/tests/fusion.rs`).
 pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
@@ -1261,28 +1507,39 @@ mod tests {
         let x = Operand::Value(Cow::Borrowed(&a));
         // [2, 3] onto [4, 2, 3] along dims 1, 2, and onto [3, 2] transposed.
         let shape = [4, 2, 3];
-        let s = Source::new(&x, Some(&[1, 2]), &shape).unwrap();
+        let s = Source::new(&x, Some(&[1, 2]), &shape, 1).unwrap();
         let mut out = vec![0.0; 10];
-        s.load(&shape, &mut out, 4);
+        s.load(&mut out, 4);
         assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
         let shape = [3, 2];
-        let s = Source::new(&x, Some(&[1, 0]), &shape).unwrap();
+        let s = Source::new(&x, Some(&[1, 0]), &shape, 1).unwrap();
         let mut out = vec![0.0; 6];
-        s.load(&shape, &mut out, 0);
+        s.load(&mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
-        assert!(Source::new(&x, Some(&[0, 1]), &[3, 2]).is_err());
+        assert!(Source::new(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
         // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
         // (runs cut anywhere, carries across both outer dims) reads element
         // `[ix[2], ix[0]]` of the value at loop index `ix`.
         let shape = [3, 4, 2];
-        let s = Source::new(&x, Some(&[2, 0]), &shape).unwrap();
+        let s = Source::new(&x, Some(&[2, 0]), &shape, 1).unwrap();
         let want: Vec<f32> = (0..24).map(|k| ((k % 2) * 3 + k / 8) as f32).collect();
         for start in 0..24 {
             for len in 1..=24 - start {
                 let mut out = vec![0.0; len];
-                s.load(&shape, &mut out, start);
+                s.load(&mut out, start);
                 assert_eq!(out, want[start..start + len], "from {start}, {len}");
             }
         }
+        // [2, 3] onto [4, 2, 3] repeats a block of 6: held in its register when every
+        // chunk starts at a repeat (a cut of 12), loaded when not (a cut of 3).
+        let shape = [4, 2, 3];
+        let s = Source::new(&x, Some(&[1, 2]), &shape, 12).unwrap();
+        assert!(matches!(s, Source::Repeat(ref block) if block.len() == 6));
+        let mut reg = vec![0.0; 16];
+        s.fill(&mut reg);
+        let want: Vec<f32> = (0..16).map(|k| (k % 6) as f32).collect();
+        assert_eq!(reg, want);
+        let s = Source::new(&x, Some(&[1, 2]), &shape, 3).unwrap();
+        assert!(matches!(s, Source::Strided { .. }));
     }
 }
