@@ -269,7 +269,7 @@ fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
     assert_eq!(default.spmd().program, recomputed.spmd().program);
     // The memory analysis' predicted peak per device: the saved gathers are held, two
     // stacked `[4, 2, 8]` f32 blocks, 512 bytes (the backward scan reads them in place).
-    // Both peaks are inside the backward scan, at a product of fewer than 8 result
+    // Both peaks are at a scan whose body has a product of fewer than 8 result
     // columns: matrixmultiply's packing panels are counted (with the small-product
     // kernel taking such products too, the peaks were 8000 and 7360).
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
@@ -401,8 +401,8 @@ fn a_scanned_layer_stack_reuses_its_forward_gathers_in_the_backward_scan() {
     let totals = stats.map(|s| (s.total(), s.bytes()));
     assert_eq!(totals, [(10, 774), (13, 966)], "{}", saved.report());
     // The memory analysis' predicted peak per device: the saved gathers are held, and
-    // a slice of them per iteration of the backward scan; both peaks are inside the
-    // backward scan at a product of fewer than 8 result columns, matrixmultiply's
+    // a slice of them per iteration of the backward scan; both peaks are at a scan
+    // whose body has a product of fewer than 8 result columns, matrixmultiply's
     // packing panels counted (2312 and 1864 bytes without them).
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
     assert_eq!(peaks, [3080, 2696]);
