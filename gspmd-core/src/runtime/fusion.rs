@@ -880,26 +880,14 @@ impl Group {
             // buffer if it writes it directly, else its register.
             let (dst, regs, outs) = match slot_of(direct, dst) {
                 Some(s) => {
-                    let (lo, rest) = outs.split_at_mut(s);
-                    let Some((out, hi)) = rest.split_first_mut() else {
+                    let Some((out, outs)) = Split::lend(outs, s) else {
                         continue;
-                    };
-                    let outs = Split {
-                        lo: &*lo,
-                        hole: s,
-                        hi: &*hi,
                     };
                     (&mut out[start..end], Split::whole(&*regs), outs)
                 }
                 None => {
-                    let (lo, rest) = regs.split_at_mut(dst);
-                    let Some((reg, hi)) = rest.split_first_mut() else {
+                    let Some((reg, regs)) = Split::lend(regs, dst) else {
                         continue;
-                    };
-                    let regs = Split {
-                        lo: &*lo,
-                        hole: dst,
-                        hi: &*hi,
                     };
                     (&mut reg[..len], regs, Split::whole(&*outs))
                 }
@@ -1073,6 +1061,13 @@ impl<'x, T> Split<'x, T> {
             hole: usize::MAX,
             hi: &[],
         }
+    }
+
+    /// Element `i` of `all` lent out mutably beside the rest; `None` past the end.
+    fn lend(all: &'x mut [T], i: usize) -> Option<(&'x mut T, Self)> {
+        let (lo, rest) = all.split_at_mut(i);
+        let (at, hi) = rest.split_first_mut()?;
+        Some((at, Split { lo, hole: i, hi }))
     }
 
     /// Element `i` (not the hole).
