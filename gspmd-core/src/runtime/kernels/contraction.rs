@@ -13,9 +13,11 @@
 //! `k` apart) make a copy of their operand, in `[batch, free, contracting]` order.
 //!
 //! The f32 kernel: small products (at most 32^3 multiply-adds, at least 8 result
-//! columns) on [`small_product`], a register-blocked loop without packing that runs a
-//! whole batch in one vector dispatch (it allocates nothing, where matrixmultiply
-//! allocates and fills its packing buffers on every product); on CPUs with AVX-512,
+//! columns), and on CPUs without AVX-512 mid-size ones whose lhs rows are read in
+//! place (up to 2^27 multiply-adds), on [`small_product`], a register-blocked loop
+//! that packs no lhs and runs a whole batch in one vector dispatch (it allocates
+//! nothing for small products, where matrixmultiply allocates and fills its packing
+//! buffers on every product); on CPUs with AVX-512,
 //! the `gemm` crate's (one thread) for the rest; else matrixmultiply's (via ndarray's
 //! `general_mat_mul`); i32 a wrapping loop. Measured single-threaded on the
 //! shapes the LM steps run (d_model 512: `[2048, 512] x [512, 2048]` and the like in
@@ -101,7 +103,7 @@ impl DotScalar for f32 {
         }
     }
 
-    /// Small products ([`Layout::is_small`]) on [`small_product`], the rest one
+    /// Small and mid-size products ([`Layout::runs_here`]) on [`small_product`], the rest one
     /// [`DotScalar::matmul_into`] each. Deterministic as that is.
     fn products_into(
         layout: &Layout,
@@ -109,7 +111,7 @@ impl DotScalar for f32 {
         c: &mut [f32],
         offsets: Offsets,
     ) -> Result<(), String> {
-        if layout.is_small() {
+        if layout.runs_here() {
             small_product::products(layout, operands, c, offsets);
             Ok(())
         } else {
@@ -123,7 +125,7 @@ impl DotScalar for f32 {
 }
 
 /// Whether this CPU has AVX-512F (where `gemm`'s kernels beat matrixmultiply's).
-fn avx512() -> bool {
+pub(super) fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -219,15 +221,17 @@ const PACK_ALIGN: usize = 16;
 /// size 1.
 pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element: usize) -> usize {
     let size = |shape: &[usize], d: usize| shape.get(d).copied().unwrap_or(1);
-    let copy = |shape: &[usize], contracting: &[usize]| {
+    // The contracting dims merged: `None` where they do not (the operand is copied).
+    let contracted = |shape: &[usize], contracting: &[usize]| {
         let strides = super::row_major(shape);
         let dims: SmallVec<[(usize, usize); 6]> = (contracting.iter())
             .map(|&d| (size(shape, d), strides.get(d).copied().unwrap_or(0)))
             .collect();
-        match merged(&dims) {
-            Some(_) => 0,
-            None => shape.iter().product(),
-        }
+        merged(&dims)
+    };
+    let copy = |shape: &[usize], contracting: &[usize]| match contracted(shape, contracting) {
+        Some(_) => 0,
+        None => shape.iter().product(),
     };
     let product = |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
     let k: usize = product(lhs, &dd.lhs_contracting);
@@ -239,12 +243,12 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
         rhs,
         &free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting),
     );
+    // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
+    let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
     let [kc, mc, nc] = PACK;
     let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
-    // A small product packs nothing (one whose `b` is too large to copy does, on
-    // matrixmultiply: a few KB not counted).
-    let packed = if small_product::small_work(m, k, n) {
-        0
+    let packed = if small_product::takes([m, k, n], ak) {
+        small_product::scratch([k, n])
     } else {
         k.min(kc) * panels
     };
@@ -661,12 +665,19 @@ mod tests {
     /// where its contracting dims do not merge (`bhsk,hkd->bsd` on a head-major lhs).
     #[test]
     fn scratch_is_the_packing_panels_and_the_copies() {
-        // Projection bsm,mf->bsf: 4 x 8 rows, 16 contracted, 128 columns: panels only.
+        // Projection bsm,mf->bsf, mid-size with the lhs's rows read in place: no panels
+        // of the lhs, only the packed block of the rhs where it outgrows the stack.
         let projection = dims(&[], &[], &[2], &[0]);
-        let panels = 16 * (32 + 128) * 4;
+        assert_eq!(scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4), 0);
         assert_eq!(
-            scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4),
-            panels
+            scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4),
+            256 * 128 * 4
+        );
+        // Its weight gradient bsm,bsf->mf (the lhs transposed): matrixmultiply's panels.
+        let gradient = dims(&[], &[], &[0, 1], &[0, 1]);
+        assert_eq!(
+            scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4),
+            32 * (16 + 128) * 4
         );
         // A small product (at most 32^3 multiply-adds) packs nothing.
         assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);

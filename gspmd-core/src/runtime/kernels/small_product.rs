@@ -1,16 +1,23 @@
-//! Small f32 matrix products without packing: a batch of `[m, k] x [k, n]` products
-//! (attention's per head, an MoE's per expert, the small models' projections) where a
-//! packing GEMM's set-up per product (allocating and filling its panels for both
-//! operands) costs as much as the arithmetic.
+//! f32 matrix products without packing `a`: a batch of `[m, k] x [k, n]` products
+//! (attention's per head, an MoE's per expert, the small models' projections and FFN
+//! products) where a packing GEMM's set-up per product (allocating and filling its
+//! panels for both operands) costs as much as the arithmetic, or, for mid-size
+//! products whose `a` rows are read in place, where packing `a` is a fifth of the
+//! product's time.
 //!
-//! One `pulp` dispatch runs the whole batch. Per product, tiles of [`ROWS`] rows of the
-//! result by one or two vector registers of columns keep their sums in registers over
-//! the contracted index: each step loads a register of `b`'s row and broadcasts one
-//! element of `a` per tile row. `a` is read in place through its strides (one element
-//! at a time), `b` in place where its rows are contiguous, else copied row-major once
-//! per product into a stack buffer (the attention scores' `k` transposed): no heap
-//! scratch at all. Each result element is the sum over the contracted index in
-//! increasing order, one (fused where the CPU has FMA) multiply-add per step.
+//! One `pulp` dispatch runs the whole batch. Per product, in passes over blocks of
+//! [`KC`] contracted elements by [`NC`] columns, the block of `b` is copied into panels
+//! two vector registers wide (rows adjacent; from any layout, `b` transposed
+//! included); then tiles of [`ROWS`] rows of the result by two registers of columns
+//! (12 accumulators with AVX2, as XLA's YNNPACK `dot_fp32_6x16`) keep their sums in
+//! registers over the block: each step loads two registers of the panel's row and
+//! broadcasts one element of `a` per tile row, read in place through `a`'s strides.
+//! Each result element is the sum over the contracted index in increasing order, one
+//! (fused where the CPU has FMA) multiply-add per step, each block's sum added to the
+//! result after the first: matrixmultiply's order, so on CPUs with FMA the two give
+//! the same bits and moving a product between them changes no result. Panels of at
+//! most [`STACK_PANEL`] elements live on the stack; larger ones are allocated once per
+//! batch (counted by [`scratch`]).
 
 use pulp::{Simd, bytemuck};
 
@@ -29,54 +36,73 @@ pub(super) struct Layout {
     pub(super) c_row: usize,
 }
 
-/// Products of at most this many multiply-adds (`m * k * n`) run here (see
-/// benches/README.md, "Small products (issue 28)", for the crossover against
-/// matrixmultiply).
+/// Products of at most this many multiply-adds run here whatever their layout (see
+/// benches/README.md, "Small products (issue 28)").
 const MOST_WORK: usize = 32 * 32 * 32;
 
-/// The most elements of `b` copied row-major (when its rows are not contiguous): the
-/// stack buffer's size.
-const MOST_COPIED: usize = 16 * 16;
+/// Products of more multiply-adds run on matrixmultiply whatever their layout: the
+/// largest measured in a step (d_model 128's `[2048, 512] x [512, 128]`).
+const MOST_MID_WORK: usize = 1 << 27;
 
 /// The fewest result columns taken: narrower results (a vector register's lanes
 /// mostly idle, partial loads and stores) ran slower than matrixmultiply.
 const FEWEST_COLUMNS: usize = 8;
 
 /// The result rows of a tile: each register of `b` loaded serves this many rows.
-const ROWS: usize = 4;
+const ROWS: usize = 6;
+
+/// The contracted elements one pass over the result sums: a tile's panel of `b` this
+/// long stays in the L1 cache while the tile's rows of `a` stream past it.
+const KC: usize = 256;
+
+/// The columns of `b` one pass packs: a block of `b` [`KC`] by this many stays in the
+/// L2 cache while the row blocks of `a` sweep it.
+const NC: usize = 256;
+
+/// The elements of the largest packed block of `b` kept on the stack (16 KB); larger
+/// ones are allocated once per batch.
+const STACK_PANEL: usize = 4096;
 
 impl Layout {
-    /// Whether [`products`] takes this product: small enough, wide enough, and `b`
-    /// read in place or small enough to copy.
-    pub(super) fn is_small(&self) -> bool {
-        small_work(self.m, self.k, self.n) && self.copyable()
-    }
-
-    /// Whether `b`'s rows are read in place or it is small enough to copy.
-    fn copyable(&self) -> bool {
-        self.n <= 1 || self.b[1] == 1 || self.k * self.n <= MOST_COPIED
+    /// Whether [`products`] takes this product (see [`takes`]).
+    pub(super) fn runs_here(&self) -> bool {
+        takes([self.m, self.k, self.n], self.a[1])
     }
 }
 
-/// Whether an `[m, k] x [k, n]` product is small and wide enough for [`products`]
-/// (whatever its layout).
-pub(super) fn small_work(m: usize, k: usize, n: usize) -> bool {
-    m * k * n <= MOST_WORK && n >= FEWEST_COLUMNS
+/// Whether [`products`] takes an `[m, k] x [k, n]` product whose `a` has stride `ak`
+/// along `k` (the rest run on matrixmultiply or `gemm`): one of at least
+/// [`FEWEST_COLUMNS`] result columns that is small (at most [`MOST_WORK`]
+/// multiply-adds) or, on CPUs without AVX-512 (where `gemm` runs the rest), mid-size
+/// (at most [`MOST_MID_WORK`]) with `a`'s rows read in place (`ak` 1). A transposed
+/// `a` of a larger product (a weight gradient's) ran 1.1-1.5x matrixmultiply's time,
+/// which packs it: its elements for one tile, a row of `a` apart, share the L1
+/// cache's sets (benches/README.md, "Mid-size products").
+pub(super) fn takes([m, k, n]: [usize; 3], ak: usize) -> bool {
+    let work = m * k * n;
+    n >= FEWEST_COLUMNS
+        && (work <= MOST_WORK
+            || (work <= MOST_MID_WORK && ak == 1 && !super::contraction::avx512()))
+}
+
+/// The scratch elements [`products`] allocates for a batch of `[m, k] x [k, n]`
+/// products: its packed block of `b` when larger than [`STACK_PANEL`].
+pub(super) fn scratch([k, n]: [usize; 2]) -> usize {
+    let panel = k.min(KC) * n.min(NC);
+    if panel > STACK_PANEL { panel } else { 0 }
 }
 
 /// `c[oc..] = a[oa..] · b[ob..]` laid out as `layout`, for each `[oa, ob, oc]` of
 /// `offsets`; `c`'s prior contents are ignored (NaN included).
 ///
-/// Any sizes work (zero included), [`Layout::is_small`] tells where this is faster
-/// than a packing GEMM. Panics if an operand's elements reach past its slice, or if
-/// `b` would need a copy larger than the stack buffer.
+/// Any sizes and strides work (zero included); [`Layout::runs_here`] tells where this is
+/// faster than a packing GEMM. Panics if an operand's elements reach past its slice.
 pub(super) fn products(
     layout: &Layout,
     [a, b]: [&[f32]; 2],
     c: &mut [f32],
     offsets: impl Iterator<Item = [usize; 3]>,
 ) {
-    assert!(layout.copyable(), "b too large to copy: {layout:?}");
     pulp::Arch::new().dispatch(Batch {
         layout,
         a,
@@ -115,25 +141,27 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
             c,
             offsets,
         } = self;
-        let product = |oa: usize| Product {
-            a: &a[oa..],
-            a_strides,
-            k,
-        };
-        if n <= 1 || bn == 1 {
-            for [oa, ob, oc] in offsets {
-                product(oa).run(simd, (&b[ob..], bk), [m, n], (&mut c[oc..], c_row));
-            }
+        let mut stack = [0.0f32; STACK_PANEL];
+        let mut heap = Vec::new();
+        let panel: &mut [f32] = if scratch([k, n]) == 0 {
+            &mut stack
         } else {
-            let mut copy = [0.0f32; MOST_COPIED];
-            for [oa, ob, oc] in offsets {
-                for (q, row) in copy.chunks_exact_mut(n).take(k).enumerate() {
-                    for (j, to) in row.iter_mut().enumerate() {
-                        *to = b[ob + q * bk + j * bn];
-                    }
-                }
-                product(oa).run(simd, (&copy, n), [m, n], (&mut c[oc..], c_row));
-            }
+            heap.resize(k.min(KC) * n.min(NC), 0.0);
+            &mut heap
+        };
+        for [oa, ob, oc] in offsets {
+            let product = Product {
+                a: &a[oa..],
+                a_strides,
+                k,
+            };
+            product.run(
+                simd,
+                (&b[ob..], [bk, bn]),
+                [m, n],
+                (&mut c[oc..], c_row),
+                panel,
+            );
         }
     }
 }
@@ -148,94 +176,273 @@ struct Product<'x> {
 /// A matrix's elements and the distance between its rows (its columns adjacent).
 type Rows<'x, X> = (X, usize);
 
+/// The elements of `a` a tile of `R` rows multiplies by `b`'s row `q` of a block of
+/// contracted elements.
+trait Column<const R: usize> {
+    fn at(&self, q: usize) -> [f32; R];
+}
+
+/// `a` with adjacent columns: `R` rows `am` apart, each `len` long from the block's
+/// start.
+struct RowMajor<'x> {
+    a: &'x [f32],
+    am: usize,
+    len: usize,
+}
+
+impl<'x> RowMajor<'x> {
+    /// Panics unless `R` rows of `len` elements, `am` apart, lie in `a`.
+    fn new<const R: usize>(a: &'x [f32], am: usize, len: usize) -> Self {
+        assert!(
+            len == 0 || (R - 1) * am + len <= a.len(),
+            "a's rows reach past it"
+        );
+        RowMajor { a, am, len }
+    }
+}
+
+impl<const R: usize> Column<R> for RowMajor<'_> {
+    #[inline(always)]
+    fn at(&self, q: usize) -> [f32; R] {
+        assert!(q < self.len);
+        #[allow(unsafe_code)]
+        // SAFETY: `r * am + q < (R - 1) * am + len <= a.len()` for `r < R` and `q <
+        // len` (checked in `new` and above). Checking each of the `R` loads instead
+        // took the tile's registers for the rows' bounds (see benches/README.md,
+        // "Mid-size products").
+        std::array::from_fn(|r| unsafe { *self.a.get_unchecked(r * self.am + q) })
+    }
+}
+
+/// `a` with adjacent rows (transposed): the `R` elements at `q` are adjacent.
+struct ColumnMajor<'x> {
+    a: &'x [f32],
+    ak: usize,
+}
+
+impl<const R: usize> Column<R> for ColumnMajor<'_> {
+    #[inline(always)]
+    fn at(&self, q: usize) -> [f32; R] {
+        let x: &[f32; R] = self.a[q * self.ak..][..R].try_into().unwrap();
+        *x
+    }
+}
+
+/// `a` with any strides: element by element.
+struct Strided<'x> {
+    a: &'x [f32],
+    strides: [usize; 2],
+}
+
+impl<const R: usize> Column<R> for Strided<'_> {
+    #[inline(always)]
+    fn at(&self, q: usize) -> [f32; R] {
+        let [am, ak] = self.strides;
+        std::array::from_fn(|r| self.a[r * am + q * ak])
+    }
+}
+
 impl Product<'_> {
-    /// The `[m, n]` result `a · b` into `c`: column blocks of two registers, then one,
-    /// then a partial one; row blocks of [`ROWS`], then single rows. No closure here
-    /// runs vector code (a closure is not compiled with the dispatch's CPU features).
+    /// The `[m, n]` result `a · b` into `c`, in passes over blocks of [`KC`] contracted
+    /// elements (the first writes `c`, the next add their sums to it) and [`NC`]
+    /// columns, each block of `b` copied into `panel` (see [`pack`]), then row blocks
+    /// of [`ROWS`] (and the rest) along the block's columns. No closure here runs
+    /// vector code (a closure is not compiled with the dispatch's CPU features).
     #[inline(always)]
     fn run<S: Simd>(
         &self,
         simd: S,
-        b: Rows<'_, &[f32]>,
+        b: (&[f32], [usize; 2]),
         [m, n]: [usize; 2],
-        c: Rows<'_, &mut [f32]>,
+        (c, c_row): Rows<'_, &mut [f32]>,
+        panel: &mut [f32],
     ) {
-        let lanes = S::F32_LANES;
-        let (c, c_row) = c;
-        let mut j = 0;
-        while j + 2 * lanes <= n {
-            self.columns::<S, 2>(simd, b, m, [j, 2 * lanes], (&mut *c, c_row));
-            j += 2 * lanes;
-        }
-        if j + lanes <= n {
-            self.columns::<S, 1>(simd, b, m, [j, lanes], (&mut *c, c_row));
-            j += lanes;
-        }
-        if j < n {
-            self.columns::<S, 1>(simd, b, m, [j, n - j], (c, c_row));
+        let mut q0 = 0;
+        loop {
+            let block = [q0, self.k.min(q0 + KC)];
+            let mut j0 = 0;
+            while j0 < n {
+                let columns = [j0, n.min(j0 + NC)];
+                let panel = pack::<S>(b, block, columns, panel);
+                let c = (&mut c[j0..], c_row);
+                let width = columns[1] - columns[0];
+                let mut i = 0;
+                while i + ROWS <= m {
+                    self.row_block::<S, ROWS>(simd, panel, i, width, block, (&mut *c.0, c_row));
+                    i += ROWS;
+                }
+                match m - i {
+                    0 => {}
+                    1 => self.row_block::<S, 1>(simd, panel, i, width, block, c),
+                    2 => self.row_block::<S, 2>(simd, panel, i, width, block, c),
+                    3 => self.row_block::<S, 3>(simd, panel, i, width, block, c),
+                    4 => self.row_block::<S, 4>(simd, panel, i, width, block, c),
+                    _ => self.row_block::<S, 5>(simd, panel, i, width, block, c),
+                }
+                j0 = columns[1];
+            }
+            q0 = block[1];
+            if q0 >= self.k {
+                break;
+            }
         }
     }
 
-    /// Every row of the result's columns `j .. j + width` (`width` at most `V`
-    /// registers; under one register, partial loads and stores).
+    /// Rows `i .. i + R` of the result's first `width` columns over the contracted
+    /// `block`, `b`'s block packed in `panel`: tiles of two registers of columns, then
+    /// one, then a partial one.
     #[inline(always)]
-    fn columns<S: Simd, const V: usize>(
+    fn row_block<S: Simd, const R: usize>(
         &self,
         simd: S,
-        b: Rows<'_, &[f32]>,
-        m: usize,
-        columns: [usize; 2],
-        c: Rows<'_, &mut [f32]>,
-    ) {
-        let (c, c_row) = c;
-        let mut i = 0;
-        while i + ROWS <= m {
-            self.tile::<S, ROWS, V>(simd, b, [i, columns[0], columns[1]], (&mut *c, c_row));
-            i += ROWS;
-        }
-        while i < m {
-            self.tile::<S, 1, V>(simd, b, [i, columns[0], columns[1]], (&mut *c, c_row));
-            i += 1;
-        }
-    }
-
-    /// Rows `i .. i + R` by columns `j .. j + width` of the result: `R * V`
-    /// accumulators, each summing over the contracted index in order.
-    #[inline(always)]
-    fn tile<S: Simd, const R: usize, const V: usize>(
-        &self,
-        simd: S,
-        (b, b_row): Rows<'_, &[f32]>,
-        [i, j, width]: [usize; 3],
+        panel: &[f32],
+        i: usize,
+        width: usize,
+        block: [usize; 2],
         (c, c_row): Rows<'_, &mut [f32]>,
     ) {
         let lanes = S::F32_LANES;
+        let len = block[1] - block[0];
+        let mut j = 0;
+        while j + 2 * lanes <= width {
+            let b = (&panel[j * len..], 2 * lanes);
+            self.rows::<S, R, 2>(simd, b, [i, 2 * lanes], block, (&mut c[j..], c_row));
+            j += 2 * lanes;
+        }
+        let rest = width - j;
+        if rest > 0 {
+            let whole = rest.min(lanes);
+            let b = (&panel[j * len..], rest);
+            self.rows::<S, R, 1>(simd, b, [i, whole], block, (&mut c[j..], c_row));
+            if whole < rest {
+                // (Empty when nothing is contracted.)
+                let b = (panel.get(j * len + whole..).unwrap_or_default(), rest);
+                let c = (&mut c[j + whole..], c_row);
+                self.rows::<S, R, 1>(simd, b, [i, rest - whole], block, c);
+            }
+        }
+    }
+
+    /// Rows `i .. i + R` by columns `j .. j + width` of the result, `a` read as its
+    /// strides allow.
+    #[inline(always)]
+    fn rows<S: Simd, const R: usize, const V: usize>(
+        &self,
+        simd: S,
+        b: Rows<'_, &[f32]>,
+        at: [usize; 2],
+        [q0, q1]: [usize; 2],
+        c: Rows<'_, &mut [f32]>,
+    ) {
         let [am, ak] = self.a_strides;
-        let whole = width == V * lanes;
-        let mut acc = [[simd.splat_f32s(0.0); V]; R];
-        for q in 0..self.k {
-            let row = &b[q * b_row + j..][..width];
-            let y: [S::f32s; V] = if whole {
-                let registers: &[S::f32s] = bytemuck::cast_slice(row);
-                std::array::from_fn(|v| registers[v])
-            } else {
-                [simd.partial_load_f32s(row); V]
+        let i = at[0];
+        let len = q1 - q0;
+        if len == 0 {
+            // Nothing contracted: zeros, `a` not read.
+            let a = Strided {
+                a: &[],
+                strides: [am, ak],
             };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let x = simd.splat_f32s(self.a[(i + r) * am + q * ak]);
-                for (acc, &y) in acc.iter_mut().zip(&y) {
-                    *acc = simd.mul_add_e_f32s(x, y, *acc);
+            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+        } else if ak == 1 {
+            let a = RowMajor::new::<R>(&self.a[i * am + q0..], am, len);
+            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+        } else if am == 1 && R > 1 {
+            let a = ColumnMajor {
+                a: &self.a[i + q0 * ak..],
+                ak,
+            };
+            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+        } else {
+            let a = Strided {
+                a: &self.a[i * am + q0 * ak..],
+                strides: [am, ak],
+            };
+            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+        }
+    }
+}
+
+/// `b`'s rows `block` by its columns `columns` copied into `panel` as consecutive
+/// panels of two registers of columns (the last narrower when the columns run out),
+/// each panel's rows adjacent; the packed part of `panel` returned.
+#[inline(always)]
+fn pack<'p, S: Simd>(
+    (b, [bk, bn]): (&[f32], [usize; 2]),
+    [q0, q1]: [usize; 2],
+    [j0, j1]: [usize; 2],
+    panel: &'p mut [f32],
+) -> &'p [f32] {
+    let len = q1 - q0;
+    let step = 2 * S::F32_LANES;
+    let panel = &mut panel[..len * (j1 - j0)];
+    for (p, panel) in panel.chunks_mut((len * step).max(1)).enumerate() {
+        let j = j0 + p * step;
+        let width = step.min(j1 - j);
+        if bn == 1 {
+            for (q, row) in panel.chunks_exact_mut(width).enumerate() {
+                row.copy_from_slice(&b[(q0 + q) * bk + j..][..width]);
+            }
+        } else {
+            let b = &b[j * bn + q0 * bk..];
+            for (q, row) in panel.chunks_exact_mut(width).enumerate() {
+                for (x, to) in row.iter_mut().enumerate() {
+                    *to = b[x * bn + q * bk];
                 }
             }
         }
-        for (r, acc) in acc.iter().enumerate() {
-            let row = &mut c[(i + r) * c_row + j..][..width];
-            if whole {
-                let registers: &mut [S::f32s] = bytemuck::cast_slice_mut(row);
+    }
+    panel
+}
+
+/// Rows `i .. i + R` by the first `width` columns of the result over the contracted
+/// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`): `R * V` accumulators, each
+/// summing over the contracted index in order, starting from zero when `q0` is 0,
+/// else from the result's value.
+#[inline(always)]
+fn tile<S: Simd, const R: usize, const V: usize>(
+    simd: S,
+    a: &impl Column<R>,
+    (b, b_row): Rows<'_, &[f32]>,
+    [i, width]: [usize; 2],
+    [q0, q1]: [usize; 2],
+    (c, c_row): Rows<'_, &mut [f32]>,
+) {
+    let lanes = S::F32_LANES;
+    let whole = width == V * lanes;
+    let mut acc = [[simd.splat_f32s(0.0); V]; R];
+    for q in 0..q1 - q0 {
+        let row = &b[q * b_row..][..width];
+        let y: [S::f32s; V] = if whole {
+            let registers: &[S::f32s] = bytemuck::cast_slice(row);
+            std::array::from_fn(|v| registers[v])
+        } else {
+            [simd.partial_load_f32s(row); V]
+        };
+        let xs = a.at(q);
+        for (acc, &x) in acc.iter_mut().zip(&xs) {
+            let x = simd.splat_f32s(x);
+            for (acc, &y) in acc.iter_mut().zip(&y) {
+                *acc = simd.mul_add_e_f32s(x, y, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let row = &mut c[(i + r) * c_row..][..width];
+        if whole {
+            let registers: &mut [S::f32s] = bytemuck::cast_slice_mut(row);
+            if q0 == 0 {
                 registers.copy_from_slice(acc);
             } else {
-                simd.partial_store_f32s(row, acc[0]);
+                for (c, &acc) in registers.iter_mut().zip(acc) {
+                    *c = simd.add_f32s(acc, *c);
+                }
             }
+        } else if q0 == 0 {
+            simd.partial_store_f32s(row, acc[0]);
+        } else {
+            let sum = simd.add_f32s(acc[0], simd.partial_load_f32s(row));
+            simd.partial_store_f32s(row, sum);
         }
     }
 }
@@ -274,59 +481,167 @@ mod tests {
         }
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(400))]
+    /// The product laid out as `layout` of `batch` operands, each one span (plus a
+    /// gap) after the last, the result's padding NaN: `(a, b, c, offsets)`.
+    #[allow(clippy::type_complexity)]
+    fn batch_of(
+        layout: &Layout,
+        batch: usize,
+        seed: u64,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<[usize; 3]>) {
+        let &Layout {
+            m,
+            k,
+            n,
+            a,
+            b,
+            c_row,
+        } = layout;
+        let steps = [
+            span(m, k, a) + 1,
+            span(k, n, b) + 2,
+            span(m, n, [c_row, 1]) + 1,
+        ];
+        let a = values(seed, steps[0] * batch.max(1));
+        let b = values(seed ^ 0x5eed, steps[1] * batch.max(1));
+        let c = vec![f32::NAN; steps[2] * batch.max(1)];
+        let offsets = (0..batch).map(|t| steps.map(|s| s * t)).collect();
+        (a, b, c, offsets)
+    }
 
-        /// Batches of products on random shapes (zero-size dims, `k` = 1, widths
-        /// across a register's lanes, row counts across the tiles) and layouts (each
-        /// operand row- or column-major, padded rows; `b` with strided rows is copied):
-        /// each result element is the definition's sum within the rounding of `k`
-        /// multiply-adds, and the result's padding is left as it was.
+    /// Checks each result element of `products` against the definition's sum (within
+    /// the rounding of `k` multiply-adds) and that the result's padding is left NaN.
+    fn check(layout: &Layout, batch: usize, seed: u64) -> Result<(), TestCaseError> {
+        let &Layout {
+            m,
+            k,
+            n,
+            a: a_strides,
+            b: b_strides,
+            c_row,
+        } = layout;
+        let (a, b, mut c, offsets) = batch_of(layout, batch, seed);
+        products(layout, [&a, &b], &mut c, offsets.iter().copied());
+        let mut written = vec![false; c.len()];
+        for [oa, ob, oc] in offsets {
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k).map(|q| {
+                        let x = a[oa + i * a_strides[0] + q * a_strides[1]] as f64;
+                        let y = b[ob + q * b_strides[0] + j * b_strides[1]] as f64;
+                        x * y
+                    });
+                    let want: f64 = terms.clone().sum();
+                    let bound: f64 = terms.map(f64::abs).sum::<f64>() * k as f64 * 1.2e-7;
+                    let at = oc + i * c_row + j;
+                    let got = c[at] as f64;
+                    prop_assert!(
+                        (got - want).abs() <= bound,
+                        "c[{}, {}] = {} not {}",
+                        i,
+                        j,
+                        got,
+                        want
+                    );
+                    written[at] = true;
+                }
+            }
+        }
+        for (at, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+            prop_assert!(c[at].is_nan(), "padding at {} overwritten", at);
+        }
+        Ok(())
+    }
+
+    /// An `[rows, cols]` matrix with `strides` in `x`.
+    fn view(
+        x: &[f32],
+        [rows, cols]: [usize; 2],
+        [r, c]: [usize; 2],
+    ) -> ndarray::ArrayView2<'_, f32> {
+        use ndarray::ShapeBuilder;
+        ndarray::ArrayView2::from_shape(
+            (rows, cols).strides((r, c)),
+            &x[..span(rows, cols, [r, c])],
+        )
+        .unwrap()
+    }
+
+    /// Products longer than a block of contracted elements ([`KC`]) and wider than a
+    /// packed block of `b` ([`NC`]), in each layout, against the definition.
+    #[test]
+    fn blocks_of_k_and_n_equal_the_definition() {
+        for transposed in [[false, false], [true, false], [false, true], [true, true]] {
+            let [m, k, n] = [7, KC * 2 + 3, NC + 21];
+            let layout = Layout {
+                m,
+                k,
+                n,
+                a: strides(m, k, transposed[0], 1),
+                b: strides(k, n, transposed[1], 2),
+                c_row: n + 3,
+            };
+            check(&layout, 2, 7).unwrap();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Batches of products on random shapes (zero-size dims, `k` = 1 and `k` across a
+        /// block of [`KC`], widths across a register's lanes and a tile's two, row counts
+        /// across the [`ROWS`]-row tiles) and layouts (each operand row- or
+        /// column-major, padded rows): each result element is the definition's sum
+        /// within the rounding of `k` multiply-adds, and the result's padding is left
+        /// as it was.
         #[test]
         fn batches_equal_the_definition(
-            [m, k, n] in (0usize..21, 0usize..13, 0usize..41).prop_map(|(m, k, n)| [m, k, n]),
+            m in 0usize..27,
+            k in prop_oneof![0usize..13, (KC - 2)..(KC + 3)],
+            n in 0usize..70,
             batch in 0usize..4,
             transposed in proptest::array::uniform2(any::<bool>()),
             pads in proptest::array::uniform3(0usize..3),
             seed in any::<u64>(),
         ) {
-            let a_strides = strides(m, k, transposed[0], pads[0]);
-            let b_strides = strides(k, n, transposed[1], pads[1]);
-            let c_row = n + pads[2];
-            let layout = Layout { m, k, n, a: a_strides, b: b_strides, c_row };
-            prop_assume!(layout.copyable());
-            // Each product's operands and result one span (plus a gap) after the last.
-            let steps = [
-                span(m, k, a_strides) + 1,
-                span(k, n, b_strides) + 2,
-                span(m, n, [c_row, 1]) + 1,
-            ];
-            let a = values(seed, steps[0] * batch.max(1));
-            let b = values(seed ^ 0x5eed, steps[1] * batch.max(1));
-            let mut c = vec![f32::NAN; steps[2] * batch.max(1)];
-            let offsets = (0..batch).map(|t| steps.map(|s| s * t));
-            products(&layout, [&a, &b], &mut c, offsets.clone());
-            let mut written = vec![false; c.len()];
-            for [oa, ob, oc] in offsets {
-                for i in 0..m {
-                    for j in 0..n {
-                        let terms = (0..k).map(|q| {
-                            let x = a[oa + i * a_strides[0] + q * a_strides[1]] as f64;
-                            let y = b[ob + q * b_strides[0] + j * b_strides[1]] as f64;
-                            x * y
-                        });
-                        let want: f64 = terms.clone().sum();
-                        let bound: f64 = terms.map(f64::abs).sum::<f64>() * k as f64 * 1.2e-7;
-                        let at = oc + i * c_row + j;
-                        let got = c[at] as f64;
-                        prop_assert!((got - want).abs() <= bound, "c[{}, {}] = {} not {}", i, j, got, want);
-                        written[at] = true;
-                    }
-                }
-            }
-            for (at, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
-                prop_assert!(c[at].is_nan(), "padding at {} overwritten", at);
-            }
+            let layout = Layout {
+                m,
+                k,
+                n,
+                a: strides(m, k, transposed[0], pads[0]),
+                b: strides(k, n, transposed[1], pads[1]),
+                c_row: n + pads[2],
+            };
+            check(&layout, batch, seed)?;
+        }
+
+        /// On x86-64 CPUs with FMA, the products are matrixmultiply's bit for bit (both
+        /// sum each element in order with fused multiply-adds, blocks of [`KC`] added to
+        /// the result), so moving a product between the two changes no result.
+        #[test]
+        #[cfg(target_arch = "x86_64")]
+        fn products_equal_matrixmultiply_bit_for_bit(
+            [m, n] in proptest::array::uniform2(1usize..40),
+            k in prop_oneof![1usize..40, (KC - 2)..(KC + 40)],
+            transposed in proptest::array::uniform2(any::<bool>()),
+            seed in any::<u64>(),
+        ) {
+            prop_assume!(std::arch::is_x86_feature_detected!("fma"));
+            let layout = Layout {
+                m,
+                k,
+                n,
+                a: strides(m, k, transposed[0], 0),
+                b: strides(k, n, transposed[1], 0),
+                c_row: n,
+            };
+            let (a, b, mut c, _) = batch_of(&layout, 1, seed);
+            products(&layout, [&a, &b], &mut c, std::iter::once([0; 3]));
+            let (a, b) = (view(&a, [m, k], layout.a), view(&b, [k, n], layout.b));
+            let mut want = ndarray::Array2::<f32>::zeros((m, n));
+            ndarray::linalg::general_mat_mul(1.0, &a, &b, 0.0, &mut want);
+            let got = ndarray::ArrayView2::from_shape((m, n), &c[..m * n]).unwrap();
+            prop_assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{:?}", layout);
         }
     }
 }
