@@ -247,8 +247,20 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
     let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
     let [kc, mc, nc] = PACK;
     let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
+    // Whether the rhs's rows are adjacent columns (read in place, else packed).
+    let rhs_rows = copy(rhs, &dd.rhs_contracting) == 0 && {
+        let strides = super::row_major(rhs);
+        let free = free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting);
+        let dims: SmallVec<[(usize, usize); 6]> =
+            free.iter().map(|&d| (rhs[d], strides[d])).collect();
+        split_minor(&dims).1.1 == 1
+    };
     let packed = if small_product::takes([m, k, n], ak) {
-        small_product::scratch([k, n])
+        if rhs_rows {
+            0
+        } else {
+            small_product::scratch([k, n])
+        }
     } else {
         k.min(kc) * panels
     };
@@ -665,12 +677,15 @@ mod tests {
     /// where its contracting dims do not merge (`bhsk,hkd->bsd` on a head-major lhs).
     #[test]
     fn scratch_is_the_packing_panels_and_the_copies() {
-        // Projection bsm,mf->bsf, mid-size with the lhs's rows read in place: no panels
-        // of the lhs, only the packed block of the rhs where it outgrows the stack.
+        // Projection bsm,mf->bsf, mid-size with the lhs's and the rhs's rows read in
+        // place: no panels.
         let projection = dims(&[], &[], &[2], &[0]);
         assert_eq!(scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4), 0);
+        assert_eq!(scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4), 0);
+        // With the rhs transposed (bsm,fm->bsf), its block packed.
+        let transposed = dims(&[], &[], &[2], &[1]);
         assert_eq!(
-            scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4),
+            scratch_bytes(&transposed, &[4, 8, 256], &[128, 256], 4),
             256 * 128 * 4
         );
         // Its weight gradient bsm,bsf->mf (the lhs transposed): matrixmultiply's panels.

@@ -86,7 +86,8 @@ pub(super) fn takes([m, k, n]: [usize; 3], ak: usize) -> bool {
 }
 
 /// The scratch elements [`products`] allocates for a batch of `[m, k] x [k, n]`
-/// products: its packed block of `b` when larger than [`STACK_PANEL`].
+/// products whose `b` is packed (its rows not adjacent columns): its packed block of
+/// `b` when larger than [`STACK_PANEL`].
 pub(super) fn scratch([k, n]: [usize; 2]) -> usize {
     let panel = k.min(KC) * n.min(NC);
     if panel > STACK_PANEL { panel } else { 0 }
@@ -143,7 +144,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
         } = self;
         let mut stack = [0.0f32; STACK_PANEL];
         let mut heap = Vec::new();
-        let panel: &mut [f32] = if scratch([k, n]) == 0 {
+        let panel: &mut [f32] = if bn == 1 || scratch([k, n]) == 0 {
             &mut stack
         } else {
             heap.resize(k.min(KC) * n.min(NC), 0.0);
@@ -263,7 +264,17 @@ impl Product<'_> {
             let mut j0 = 0;
             while j0 < n {
                 let columns = [j0, n.min(j0 + NC)];
-                let panel = pack::<S>(b, block, columns, panel);
+                let panel = if b.1[1] == 1 {
+                    let (b, [bk, _]) = b;
+                    let data = b.get(block[0] * bk + j0..).unwrap_or_default();
+                    Panel::InPlace { data, bk }
+                } else {
+                    let data = pack::<S>(b, block, columns, panel);
+                    Panel::Packed {
+                        data,
+                        len: block[1] - block[0],
+                    }
+                };
                 let c = (&mut c[j0..], c_row);
                 let width = columns[1] - columns[0];
                 let mut i = 0;
@@ -289,34 +300,32 @@ impl Product<'_> {
     }
 
     /// Rows `i .. i + R` of the result's first `width` columns over the contracted
-    /// `block`, `b`'s block packed in `panel`: tiles of two registers of columns, then
+    /// `block`, `b`'s block read from `panel`: tiles of two registers of columns, then
     /// one, then a partial one.
     #[inline(always)]
     fn row_block<S: Simd, const R: usize>(
         &self,
         simd: S,
-        panel: &[f32],
+        panel: Panel<'_>,
         i: usize,
         width: usize,
         block: [usize; 2],
         (c, c_row): Rows<'_, &mut [f32]>,
     ) {
         let lanes = S::F32_LANES;
-        let len = block[1] - block[0];
         let mut j = 0;
         while j + 2 * lanes <= width {
-            let b = (&panel[j * len..], 2 * lanes);
+            let b = panel.columns(j, 2 * lanes);
             self.rows::<S, R, 2>(simd, b, [i, 2 * lanes], block, (&mut c[j..], c_row));
             j += 2 * lanes;
         }
         let rest = width - j;
         if rest > 0 {
             let whole = rest.min(lanes);
-            let b = (&panel[j * len..], rest);
-            self.rows::<S, R, 1>(simd, b, [i, whole], block, (&mut c[j..], c_row));
+            let (b, b_row) = panel.columns(j, rest);
+            self.rows::<S, R, 1>(simd, (b, b_row), [i, whole], block, (&mut c[j..], c_row));
             if whole < rest {
-                // (Empty when nothing is contracted.)
-                let b = (panel.get(j * len + whole..).unwrap_or_default(), rest);
+                let b = (b.get(whole..).unwrap_or_default(), b_row);
                 let c = (&mut c[j + whole..], c_row);
                 self.rows::<S, R, 1>(simd, b, [i, rest - whole], block, c);
             }
@@ -363,7 +372,29 @@ impl Product<'_> {
     }
 }
 
-/// `b`'s rows `block` by its columns `columns` copied into `panel` as consecutive
+/// A block of `b`'s rows as the tiles read it: in place (its rows adjacent columns,
+/// `bk` apart, `data` from the block's first element) or packed by [`pack`] (`len`
+/// rows a panel).
+#[derive(Clone, Copy)]
+enum Panel<'x> {
+    InPlace { data: &'x [f32], bk: usize },
+    Packed { data: &'x [f32], len: usize },
+}
+
+impl<'x> Panel<'x> {
+    /// The block's columns from `j` (a panel's first when packed, `width` its
+    /// columns) and the distance between their rows; empty when nothing is contracted.
+    #[inline(always)]
+    fn columns(self, j: usize, width: usize) -> Rows<'x, &'x [f32]> {
+        match self {
+            Panel::InPlace { data, bk } => (data.get(j..).unwrap_or_default(), bk),
+            Panel::Packed { data, len } => (data.get(j * len..).unwrap_or_default(), width),
+        }
+    }
+}
+
+/// `b`'s rows `block` by its columns `columns` (its rows not adjacent columns: `b`
+/// transposed) copied into `panel` as consecutive
 /// panels of two registers of columns (the last narrower when the columns run out),
 /// each panel's rows adjacent; the packed part of `panel` returned.
 #[inline(always)]
@@ -379,16 +410,10 @@ fn pack<'p, S: Simd>(
     for (p, panel) in panel.chunks_mut((len * step).max(1)).enumerate() {
         let j = j0 + p * step;
         let width = step.min(j1 - j);
-        if bn == 1 {
-            for (q, row) in panel.chunks_exact_mut(width).enumerate() {
-                row.copy_from_slice(&b[(q0 + q) * bk + j..][..width]);
-            }
-        } else {
-            let b = &b[j * bn + q0 * bk..];
-            for (q, row) in panel.chunks_exact_mut(width).enumerate() {
-                for (x, to) in row.iter_mut().enumerate() {
-                    *to = b[x * bn + q * bk];
-                }
+        let b = &b[j * bn + q0 * bk..];
+        for (q, row) in panel.chunks_exact_mut(width).enumerate() {
+            for (x, to) in row.iter_mut().enumerate() {
+                *to = b[x * bn + q * bk];
             }
         }
     }
