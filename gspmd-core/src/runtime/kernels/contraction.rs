@@ -216,7 +216,8 @@ const PACK_ALIGN: usize = 16;
 /// `lhs` and `rhs` in standard layout (every value the runtime makes is) and elements
 /// of `element` bytes: a copy of each operand whose contracting dims do not merge (see
 /// [`Flat::merging`]), and the matmul kernel's packing buffers for one product (at most
-/// [`PACK`]: about 1.1 MB of f32). Products read their operands in place and write
+/// [`PACK`]: about 1.1 MB of f32), or, for products on [`small_product`], its packed
+/// block of a transposed rhs ([`small_product::scratch`]). Products read their operands in place and write
 /// straight into the result, so that is all; a dim beyond an operand's rank counts as
 /// size 1.
 pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element: usize) -> usize {
