@@ -497,6 +497,106 @@ fn simplified_programs_run_right_on_meshes() {
     }
 }
 
+// ---- sums of zero-padded slabs ------------------------------------------------------
+
+/// The gradient of a stacked weight read in slices, as autodiff writes it: each slice
+/// (rows 0..2 and 2..6 of `w`) scaled, padded back to the stack with zeros and the pads
+/// added; a second sum tiles dim 1 with three slabs through nested adds; a third
+/// leaves a gap (rows 2..4 are zero), and a fourth adds an inner sum that another node
+/// reads too: neither of those two is a tiling.
+fn padded_sums() -> Program {
+    let b = Builder::new("padded_sums");
+    let w = b
+        .parameter("w", [6, 8], DType::F32)
+        .annotate(s("(_, model)"));
+    let zero = b.scalar(0.0);
+    let rows = |lo: usize, hi: usize| w.slice(&[lo, 0], &[hi, 8], &[1, 1]).exp();
+    let (top, bottom) = (rows(0, 2), rows(2, 6));
+    let stacked = top.pad(&zero, &[0, 0], &[4, 0], &[0, 0]).add(&bottom.pad(
+        &zero,
+        &[2, 0],
+        &[0, 0],
+        &[0, 0],
+    ));
+    let cols = |lo: usize, hi: usize| w.slice(&[0, lo], &[6, hi], &[1, 1]).tanh();
+    let (left, mid, right) = (cols(0, 3), cols(3, 4), cols(4, 8));
+    let three = right
+        .pad(&zero, &[0, 4], &[0, 0], &[0, 0])
+        .add(&left.pad(&zero, &[0, 0], &[0, 5], &[0, 0]))
+        .add(&mid.pad(&zero, &[0, 3], &[0, 4], &[0, 0]));
+    let gap = top
+        .pad(&zero, &[0, 0], &[4, 0], &[0, 0])
+        .add(&rows(4, 6).pad(&zero, &[4, 0], &[0, 0], &[0, 0]));
+    let shared = top.pad(&zero, &[0, 0], &[4, 0], &[0, 0]).add(&w);
+    let reread = shared
+        .add(&bottom.pad(&zero, &[2, 0], &[0, 0], &[0, 0]))
+        .add(&shared.exp());
+    b.finish(&[&stacked, &three, &gap, &reread]).unwrap()
+}
+
+#[test]
+fn sums_of_padded_slabs_that_tile_a_dim_become_concatenations() {
+    let program = padded_sums();
+    let before = simplify(&program, Stage::BeforePropagation).unwrap();
+    assert_eq!(
+        count(&before, "concatenate"),
+        0,
+        "shardings not decided yet"
+    );
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    // `stacked` and `three`; `gap` and `reread` keep their pads (2 + 1).
+    assert_eq!(count(&simple, "concatenate"), 2, "{simple}");
+    assert_eq!(count(&simple, "pad"), 3, "{simple}");
+    for seed in 0..3 {
+        let inputs = sample_inputs(&program, seed);
+        assert_same_bits(
+            &interpret(&program, &inputs).unwrap(),
+            &interpret(&simple, &inputs).unwrap(),
+            "padded sums",
+        );
+    }
+    assert_eq!(simplify(&simple, Stage::Sharded).unwrap(), simple);
+    // A slab element -0.0 stays -0.0 (adding the +0.0 padding made it +0.0).
+    let b = Builder::new("negative_zero");
+    let x = b.parameter("x", [2], DType::F32);
+    let zero = b.scalar(0.0);
+    let (head, tail) = (x.slice(&[0], &[1], &[1]), x.slice(&[1], &[2], &[1]));
+    let sum = head
+        .pad(&zero, &[0], &[1], &[0])
+        .add(&tail.pad(&zero, &[1], &[0], &[0]));
+    let program = b.finish(&[&sum]).unwrap();
+    let simple = simplify(&program, Stage::Sharded).unwrap();
+    let input = [Literal::F32(ndarray::arr1(&[-0.0f32, 2.0]).into_dyn())];
+    let bits = |p: &Program| -> Vec<u32> {
+        let out = interpret(p, &input).unwrap();
+        out[0]
+            .as_f32()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&program), [0.0f32.to_bits(), 2.0f32.to_bits()]);
+    assert_eq!(bits(&simple), [(-0.0f32).to_bits(), 2.0f32.to_bits()]);
+}
+
+#[test]
+fn joined_padded_sums_run_right_on_meshes() {
+    let program = padded_sums();
+    for m in [
+        mesh(&[("model", 1)]),
+        mesh(&[("model", 2)]),
+        mesh(&[("data", 2), ("model", 2)]),
+    ] {
+        let exe = check_on_mesh(&program, &m);
+        let per_device = &exe.spmd().program;
+        // On one device the per-device program is the global one: both sums joined.
+        if m.num_devices() == 1 {
+            assert_eq!(count(per_device, "concatenate"), 2, "{per_device}");
+        }
+    }
+}
+
 // ---- control flow (regions) --------------------------------------------------------
 
 /// A loop is kept while one of its results is used and its unused result nodes go;

@@ -1,6 +1,8 @@
 //! Program-to-program simplification (XLA's `HloCSE` and `HloDCE`): [`simplify`] merges
 //! common subexpressions, then removes dead code. `compile` runs it on the global
-//! program before propagation and on the per-device program after partitioning.
+//! program before propagation and on the per-device program after partitioning. Once
+//! shardings are decided ([`Stage::Sharded`]), sums of zero-padded slabs that tile a
+//! dim become one concatenation first (`padded_sums`).
 //!
 //! Both passes keep [`Program`]'s invariants: nodes stay in SSA order and are renumbered
 //! so that node `i` defines `%i`; operands, `params`, `outputs` and propagation's
@@ -9,6 +11,7 @@
 
 mod cse;
 mod dce;
+mod padded_sums;
 
 pub(crate) use cse::same_computation;
 pub(crate) use dce::eliminate_dead_code;
@@ -37,7 +40,9 @@ pub enum Stage {
 }
 
 /// `program` with common subexpressions merged (as `stage` allows) and dead nodes
-/// removed; it computes the same outputs from the same inputs. Errors are those of
+/// removed, at [`Stage::Sharded`] after sums of zero-padded slabs tiling a dim were
+/// made concatenations; it computes the same outputs from the same inputs (equal as
+/// IEEE values: such a sum turned `-0.0` into `+0.0`, the concatenation does not). Errors are those of
 /// [`verify`], which runs first.
 pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
     verify(program)?;
@@ -48,6 +53,10 @@ pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
 /// partitioner's output is well formed by construction).
 pub(crate) fn simplify_verified(program: &Program, stage: Stage) -> Program {
     let program = simplify_regions(program, stage);
+    let program = match stage {
+        Stage::BeforePropagation => program,
+        Stage::Sharded => padded_sums::join_padded_sums(&program).map_or(program, Cow::Owned),
+    };
     dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(&program, stage))
 }
 
