@@ -149,6 +149,12 @@ fn random_arithmetic_chain(rng: &mut StdRng, rows: usize, cols: usize) -> Progra
         pool.push(z);
     }
     let last = pool.last().expect("a chain").clone();
+    finish_chain(b, outputs, last, rng)
+}
+
+/// `b`'s program of `outputs` and, last, a chain's `last` value summed over its last
+/// dim (three chains in ten) or as it is.
+fn finish_chain(b: Builder, mut outputs: Vec<Tensor>, last: Tensor, rng: &mut StdRng) -> Program {
     outputs.push(if rng.random_bool(0.3) {
         last.sum(&[-1])
     } else {
@@ -229,6 +235,131 @@ fn random_chains_in(dtype: DType, seed: u64, cases: usize) {
         selects * 5 > cases,
         "{dtype:?}: {selects} of {cases} fused a select"
     );
+}
+
+/// A random chain over `[rows, cols]` in `dtype` through converts and the ops giving
+/// bools: comparisons of the chain's floats, of i32 values and of an iota with broadcast
+/// labels (a one-hot), `is_finite`, floats converted to bool, `and`, `or` and `not` of
+/// them, each converted to `dtype` or selecting; a parameter of another float dtype
+/// converted to `dtype`, the chain rounded through that dtype and back, i32 values
+/// converted to f32 (then to `dtype`); some intermediates outputs, a trailing sum over
+/// the last dim or none.
+fn random_converting_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Program {
+    let other = if dtype == DType::F32 {
+        [DType::BF16, DType::F16][rng.random_range(0..2)]
+    } else {
+        DType::F32
+    };
+    let shape = [rows, cols];
+    let b = Builder::new("converts");
+    let x = b.parameter("x", shape, dtype);
+    let y = b.parameter("y", shape, other);
+    let k = b.parameter("k", shape, DType::I32);
+    let ids = b.parameter("ids", [rows], DType::I32);
+    let mask = b.parameter("mask", shape, DType::Bool);
+    let mut pool: Vec<Tensor> = vec![x];
+    let mut outputs: Vec<Tensor> = Vec::new();
+    for _ in 0..rng.random_range(2..10) {
+        let a = pool[rng.random_range(0..pool.len())].clone();
+        let q = pool[rng.random_range(0..pool.len())].clone();
+        let zero = a.scalar_like(0.0);
+        let pred = match rng.random_range(0..8) {
+            0 => a.gt(&q),
+            1 => k.ge(&k.scalar_like(f64::from(rng.random_range(-3..3)))),
+            2 => b
+                .iota(shape, 1, DType::I32)
+                .eq(&ids.broadcast_in_dim(shape, &[0])),
+            3 => a.log().is_finite(),
+            4 => a.max(&zero).convert(DType::Bool),
+            5 => a.lt(&q).or(&mask),
+            6 => a.ge(&zero).and(&mask.not()),
+            _ => a.eq(&q.max(&zero)).not(),
+        };
+        let z = match rng.random_range(0..6) {
+            0 => pred.convert(dtype).mul(&a),
+            1 => pred.select(&a, &q),
+            2 => y.convert(dtype).add(&a),
+            3 => a.convert(other).convert(dtype).sub(&q),
+            4 => k.convert(DType::F32).convert(dtype).mul(&a),
+            _ => pred.convert(dtype).add(&pred.not().convert(dtype).mul(&a)),
+        };
+        if rng.random_bool(0.1) {
+            outputs.push(z.clone());
+        }
+        pool.push(z);
+    }
+    let last = pool.last().expect("a chain").clone();
+    finish_chain(b, outputs, last, rng)
+}
+
+/// Converts (bool, i32 and floats of another dtype to the chain's float) and the ops
+/// giving bools (comparisons of floats and of i32, `and`, `or`, `not`, `is_finite`, a
+/// float converted to bool) fuse into the chains' loops: fused equals unfused bitwise,
+/// in f32, bf16 and f16, across chunks and tails, on i32 values that f32 rounds; most
+/// chains fuse a convert, and many an i32 comparison.
+#[test]
+fn converts_and_predicates_fused_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(61);
+    for (dtype, cases) in [(DType::F32, 240), (DType::BF16, 80), (DType::F16, 80)] {
+        let (mut converts, mut ints) = (0, 0);
+        for case in 0..cases {
+            let rows = [1, 3, 40][rng.random_range(0..3)];
+            let cols = [1, 8, 37, 600][rng.random_range(0..4)];
+            let program = random_converting_chain(&mut rng, rows, cols, dtype);
+            let other = program.nodes[1].ty.dtype;
+            let n = rows * cols;
+            // Zeros (ties, `!= 0`), negatives (`log` is NaN), and i32 small (against
+            // the thresholds) or beyond 2^24 (rounded to f32).
+            let x = random(&[rows, cols], &mut rng)
+                .as_f32()
+                .expect("f32")
+                .mapv(|v| if v.abs() < 0.5 { 0.0 } else { v });
+            let k = (0..n)
+                .map(|_| match rng.random_range(0..3) {
+                    0 => rng.random_range(i32::MIN..i32::MAX),
+                    1 => rng.random_range((1 << 24)..(1 << 26)),
+                    _ => rng.random_range(-4..4),
+                })
+                .collect();
+            let inputs = [
+                Literal::F32(x).convert(dtype),
+                random(&[rows, cols], &mut rng).convert(other),
+                Literal::I32(ArrayD::from_shape_vec(IxDyn(&[rows, cols]), k).expect("shape fits")),
+                labels(rows, cols, &mut rng),
+                bools(&[rows, cols], &mut rng),
+            ];
+            let want = node_by_node(&program, &inputs);
+            let got = interpret(&program, &inputs).expect("runs");
+            assert_eq!(bits(&got), bits(&want), "{dtype:?} case {case}: {program}");
+            if case % 8 == 0 {
+                let mesh = on_one_device(&program, &inputs);
+                assert_eq!(bits(&mesh), bits(&want), "mesh, {dtype:?} case {case}");
+            }
+            let groups = fusion_groups(&program);
+            converts += usize::from(
+                groups
+                    .iter()
+                    .flatten()
+                    .any(|m| program.nodes[m.index()].op.name() == "convert"),
+            );
+            ints += usize::from(groups.iter().flatten().any(|m| {
+                let node = &program.nodes[m.index()];
+                let operand = node
+                    .operands
+                    .first()
+                    .map(|o| program.nodes[o.index()].ty.dtype);
+                node.op.name() == "compare" && operand == Some(DType::I32)
+            }));
+        }
+        assert!(
+            converts * 2 > cases,
+            "{dtype:?}: {converts} of {cases} chains fused a convert"
+        );
+        assert!(
+            ints * 5 > cases,
+            "{dtype:?}: {ints} of {cases} chains fused an i32 comparison"
+        );
+    }
 }
 
 fn bools(shape: &[usize], rng: &mut StdRng) -> Literal {

@@ -4,10 +4,14 @@
 //! the AdamW update of a weight and its two moments, the ReLU gradient's compares and
 //! selects).
 //!
-//! Comparisons of float values and selects fuse through bool lanes: a comparison
-//! writes a mask into an f32 register ([`bool_lane`]), a select blends with it; a bool
-//! value read from outside the group (a select's predicate) is loaded as such lanes. A comparison
-//! is only an inner member (its bool value is never stored).
+//! Comparisons (of floats or of i32), `and`, `or`, `not`, `is_finite`, selects and
+//! converts fuse through lanes ([`Lane`]): every register holds f32 lanes, a bool as a
+//! mask ([`bool_lane`]), an i32 as its bits. A comparison writes masks, a select blends
+//! with them, `and`/`or`/`not` are bitwise on them, a convert to the group's float
+//! masks them with 1.0's bits (bool), rounds the bits' i32 to f32, or keeps (and rounds
+//! to a narrow group's dtype) a float; a bool or i32 value read from outside the group
+//! (a select's predicate, a one-hot's labels) is loaded as such lanes. An op giving
+//! bools is only an inner member (its value is never stored).
 //!
 //! A group computes in one float dtype ([`Group::dtype`]): f32, or bf16 or f16 in f32
 //! lanes (narrow leaves widened exactly as they are read, each op's lanes rounded to
@@ -44,9 +48,9 @@
 //! functions, vectorised by the compiler for AVX2 and FMA or AVX-512.
 //!
 //! The rule (see [`plan_groups`]): from the last node back, a group grows from a float
-//! elementwise op (a select included) or a reduction of trailing dims (its root) by
-//! every earlier elementwise op, comparison and broadcast of its float dtype and the
-//! loop's shape, not yet in a group, such that
+//! elementwise op (a select or a convert included) or a reduction of trailing dims (its
+//! root) by every earlier elementwise op of its float dtype, op giving bools and
+//! broadcast (see [`Role`]) of the loop's shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
 //! - the member is a float elementwise op read by at least one member (no broadcast),
@@ -135,8 +139,9 @@ pub(crate) struct Leaf {
     /// `None`: the value has the loop's shape; else the value broadcast to it, operand
     /// dim `i` becoming loop dim `dims[i]` (a broadcast in the group).
     dims: Option<Vec<usize>>,
-    /// The value's dtype: f32, or bool (a select's predicate, read as [bool
-    /// lanes](bool_lane)).
+    /// The value's dtype, which sets its lanes ([`Lane`]): a float (a narrow one
+    /// widened), bool (a select's predicate, read as [bool lanes](bool_lane)) or i32
+    /// (a comparison's operand or a convert's, read as its bits).
     dtype: DType,
 }
 
@@ -145,10 +150,17 @@ pub(crate) struct Leaf {
 enum Instr {
     Unary(UnaryOp, usize),
     Binary(BinaryOp, usize, usize),
-    /// A comparison of two f32 registers into bool lanes.
-    Compare(CompareOp, usize, usize),
+    /// A comparison of two registers of float or i32 lanes into bool lanes.
+    Compare(CompareOp, Lane, usize, usize),
     /// `select(pred, on_true, on_false)`, the predicate bool lanes.
     Select(usize, usize, usize),
+    /// A register of the given lanes converted to the loop's float: bools to 1 and 0,
+    /// i32 rounded to f32, floats as they are (then rounded to a narrow loop's dtype).
+    Convert(Lane, usize),
+    /// `and` or `or` of two registers of bool lanes: bitwise on the masks.
+    Logic(BinaryOp, usize, usize),
+    /// A test of one register into bool lanes.
+    Test(Test, usize),
     /// Two arithmetic ops (`add`, `sub`, `mul`, `div`) in one pass: `t = a first b`,
     /// then `t second c` (`t_left`) or `c second t`; `t` is read by nothing else, so
     /// it never goes through a register (see [`pair`]).
@@ -162,12 +174,39 @@ enum Instr {
     },
 }
 
+/// A one-operand op giving bool lanes.
+#[derive(Debug, Clone, Copy)]
+enum Test {
+    /// `not` of bool lanes.
+    Not,
+    /// `is_finite` of float lanes.
+    IsFinite,
+    /// A float converted to bool: `v != 0` (NaN is true).
+    NonZero,
+}
+
+impl Test {
+    /// The test's bool lane of `v`.
+    #[inline(always)]
+    fn apply(self, v: f32) -> f32 {
+        match self {
+            Test::Not => f32::from_bits(!v.to_bits()),
+            Test::IsFinite => bool_lane(v.is_finite()),
+            Test::NonZero => bool_lane(v != 0.0),
+        }
+    }
+}
+
 impl Instr {
     /// The registers the op reads.
     fn reads(&self) -> SmallVec<[usize; 3]> {
         match *self {
-            Instr::Unary(_, a) => smallvec::smallvec![a],
-            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => smallvec::smallvec![a, b],
+            Instr::Unary(_, a) | Instr::Convert(_, a) | Instr::Test(_, a) => {
+                smallvec::smallvec![a]
+            }
+            Instr::Binary(_, a, b) | Instr::Compare(_, _, a, b) | Instr::Logic(_, a, b) => {
+                smallvec::smallvec![a, b]
+            }
             Instr::Select(p, t, f) => smallvec::smallvec![p, t, f],
             Instr::Pair { a, b, c, .. } => smallvec::smallvec![a, b, c],
         }
@@ -178,8 +217,11 @@ impl Instr {
         match self {
             Instr::Unary(op, a) => Instr::Unary(op, rename(a)),
             Instr::Binary(op, a, b) => Instr::Binary(op, rename(a), rename(b)),
-            Instr::Compare(op, a, b) => Instr::Compare(op, rename(a), rename(b)),
+            Instr::Compare(op, lane, a, b) => Instr::Compare(op, lane, rename(a), rename(b)),
             Instr::Select(p, t, f) => Instr::Select(rename(p), rename(t), rename(f)),
+            Instr::Convert(lane, a) => Instr::Convert(lane, rename(a)),
+            Instr::Logic(op, a, b) => Instr::Logic(op, rename(a), rename(b)),
+            Instr::Test(test, a) => Instr::Test(test, rename(a)),
             Instr::Pair {
                 first,
                 a,
@@ -294,6 +336,15 @@ fn bool_lane(b: bool) -> f32 {
     f32::from_bits(0u32.wrapping_sub(u32::from(b)))
 }
 
+/// The bits of 1.0: a true [`bool_lane`] masked with them is 1.0, a false one 0.0.
+const ONE: u32 = 0x3f80_0000;
+
+/// An i32 held in an f32 lane: its bits.
+#[inline(always)]
+fn int_lane(v: f32) -> i32 {
+    v.to_bits().cast_signed()
+}
+
 /// `if p { t } else { f }` for a [`bool_lane`] `p`, as a bitwise blend: the compiler
 /// vectorises it where a branch on each lane would become a gather of the picked
 /// elements.
@@ -306,38 +357,52 @@ fn select_lane(p: f32, t: f32, f: f32) -> f32 {
 /// What a node may be in a group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Role {
+    /// A float op of the group's dtype: unary, binary, select, or a convert to it (from
+    /// a float, a bool, or an i32 into f32).
     Elementwise,
+    /// A broadcast of any dtype the loop reads as lanes ([`Lane`]).
     Broadcast,
-    /// A comparison of f32 values (its bool result only read inside the group).
-    Compare,
+    /// An op giving bools (a comparison of floats or of i32, `and`, `or`, `not`,
+    /// `is_finite`, a convert of a float to bool), only read inside the group.
+    Predicate,
     /// A reduction of the operand's minor dims.
     TrailingReduce,
     Other,
 }
 
 /// The role of node `i` of `program` reading `operands`: none unless its types were
-/// checked (`typed`), it is a float (or compares floats, see [`float_of`]) and its
-/// operands come before it.
+/// checked (`typed`), it computes floats or bools from values the loop reads as lanes
+/// ([`Lane`]) and its operands come before it.
 fn role(program: &Program, node: &Node, operands: &[ValueId], i: usize, typed: bool) -> Role {
     let ordered = operands.iter().all(|o| o.index() < i);
     if !typed || !ordered {
         return Role::Other;
     }
-    if let Op::Compare(_) = node.op {
-        let mut dtypes = operands.iter().map(|o| program.nodes[o.index()].ty.dtype);
-        let first = dtypes.next();
-        let floats = first.is_some_and(is_float) && dtypes.all(|d| Some(d) == first);
-        return if floats { Role::Compare } else { Role::Other };
-    }
-    if !is_float(node.ty.dtype) {
-        return Role::Other;
-    }
-    match &node.op {
-        Op::Unary(u) if !matches!(u, UnaryOp::Not | UnaryOp::IsFinite) => Role::Elementwise,
-        Op::Binary(b) if !matches!(b, BinaryOp::And | BinaryOp::Or) => Role::Elementwise,
-        Op::Select => Role::Elementwise,
-        Op::Broadcast { .. } => Role::Broadcast,
-        Op::Reduce { dims, .. } => {
+    let mut dtypes = operands.iter().map(|o| program.nodes[o.index()].ty.dtype);
+    let from = dtypes.next();
+    let same = dtypes.all(|d| Some(d) == from);
+    let float_from = from.is_some_and(is_float);
+    match (&node.op, node.ty.dtype) {
+        (Op::Compare(_), _) if same && (float_from || from == Some(DType::I32)) => Role::Predicate,
+        (Op::Unary(UnaryOp::Not), DType::Bool)
+        | (Op::Binary(BinaryOp::And | BinaryOp::Or), DType::Bool) => Role::Predicate,
+        (Op::Unary(UnaryOp::IsFinite) | Op::Convert(DType::Bool), _) if float_from => {
+            Role::Predicate
+        }
+        // An i32 rounds once to f32, as the kernel rounds it, but twice to a narrow
+        // float through f32 lanes.
+        (Op::Convert(to), _) if is_float(*to) => match from {
+            Some(DType::Bool) => Role::Elementwise,
+            Some(DType::I32) if *to == DType::F32 => Role::Elementwise,
+            Some(d) if is_float(d) => Role::Elementwise,
+            _ => Role::Other,
+        },
+        (Op::Broadcast { .. }, _) => Role::Broadcast,
+        (_, dtype) if !is_float(dtype) => Role::Other,
+        (Op::Unary(u), _) if !matches!(u, UnaryOp::Not | UnaryOp::IsFinite) => Role::Elementwise,
+        (Op::Binary(b), _) if !matches!(b, BinaryOp::And | BinaryOp::Or) => Role::Elementwise,
+        (Op::Select, _) => Role::Elementwise,
+        (Op::Reduce { dims, .. }, _) => {
             let kept = node.ty.shape.len();
             let trailing = dims.iter().enumerate().all(|(k, &d)| d == kept + k);
             if trailing && !dims.is_empty() {
@@ -355,12 +420,23 @@ fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }
 
-/// The float dtype node `i` computes in (a comparison: its operands'), reading
-/// `operands`.
-fn float_of(program: &Program, operands: &[ValueId], i: usize) -> DType {
-    match (&program.nodes[i].op, operands.first()) {
-        (Op::Compare(_), Some(o)) => program.nodes[o.index()].ty.dtype,
-        _ => program.nodes[i].ty.dtype,
+/// What a register's lanes hold: floats (f32, or a narrow float widened exactly), bools
+/// ([`bool_lane`] masks), or i32 (their bits).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lane {
+    Float,
+    Bool,
+    Int,
+}
+
+impl Lane {
+    /// The lanes a value of `dtype` is held in.
+    fn of(dtype: DType) -> Lane {
+        match dtype {
+            DType::Bool => Lane::Bool,
+            DType::I32 => Lane::Int,
+            _ => Lane::Float,
+        }
     }
 }
 
@@ -409,7 +485,7 @@ pub(crate) fn plan_groups(
         if claimed[root] {
             continue;
         }
-        let dtype = float_of(program, &operands[root], root);
+        let dtype = nodes[root].ty.dtype;
         let mut members = vec![root];
         let mut results = vec![root];
         in_group[root] = true;
@@ -417,13 +493,15 @@ pub(crate) fn plan_groups(
         let mut j = root;
         while j > low {
             j -= 1;
+            // Ops of another float dtype stay outside (read as leaves); bools and
+            // broadcasts of any dtype are read in their own lanes.
             let candidate = !claimed[j]
-                && matches!(
-                    roles[j],
-                    Role::Elementwise | Role::Broadcast | Role::Compare
-                )
-                && nodes[j].ty.shape == *shape
-                && float_of(program, &operands[j], j) == dtype;
+                && match roles[j] {
+                    Role::Elementwise => nodes[j].ty.dtype == dtype,
+                    Role::Broadcast | Role::Predicate => true,
+                    Role::TrailingReduce | Role::Other => false,
+                }
+                && nodes[j].ty.shape == *shape;
             if !candidate {
                 continue;
             }
@@ -444,7 +522,7 @@ pub(crate) fn plan_groups(
                 if result {
                     results.push(j);
                 }
-                if matches!(roles[j], Role::Elementwise | Role::Compare) {
+                if matches!(roles[j], Role::Elementwise | Role::Predicate) {
                     low = low.min(lowest_operand(j).unwrap_or(j));
                 }
             }
@@ -456,7 +534,7 @@ pub(crate) fn plan_groups(
         results.reverse();
         let ops = members
             .iter()
-            .filter(|&&m| matches!(roles[m], Role::Elementwise | Role::Compare))
+            .filter(|&&m| matches!(roles[m], Role::Elementwise | Role::Predicate))
             .count();
         let reduces = usize::from(roles[root] == Role::TrailingReduce);
         if ops == 0 || ops + reduces < 2 {
@@ -507,7 +585,7 @@ impl Group {
         let mut leaves: Vec<Leaf> = Vec::new();
         // Each member's register by node index.
         let mut refs: Vec<(usize, Ref)> = Vec::new();
-        let mut ops: Vec<(Op, Vec<Ref>)> = Vec::new();
+        let mut ops: Vec<(Op, Lane, Vec<Ref>)> = Vec::new();
         let mut reduce = None;
         for &m in members {
             let node = &program.nodes[m];
@@ -539,7 +617,11 @@ impl Group {
                             ),
                         });
                     }
-                    ops.push((op.clone(), args));
+                    // The lanes of the (first) operand.
+                    let lane = operands[m]
+                        .first()
+                        .map_or(Lane::Float, |o| Lane::of(program.nodes[o.index()].ty.dtype));
+                    ops.push((op.clone(), lane, args));
                     Ref::Op(ops.len() - 1)
                 }
             };
@@ -558,13 +640,24 @@ impl Group {
             .collect();
         let code: Vec<Instr> = ops
             .iter()
-            .filter_map(|(op, args)| match (op, args.as_slice()) {
+            .filter_map(|(op, lane, args)| match (op, args.as_slice()) {
+                (Op::Unary(UnaryOp::Not), [a]) => Some(Instr::Test(Test::Not, register(a))),
+                (Op::Unary(UnaryOp::IsFinite), [a]) => {
+                    Some(Instr::Test(Test::IsFinite, register(a)))
+                }
                 (Op::Unary(u), [a]) => Some(Instr::Unary(*u, register(a))),
+                (Op::Binary(b @ (BinaryOp::And | BinaryOp::Or)), [a, c]) => {
+                    Some(Instr::Logic(*b, register(a), register(c)))
+                }
                 (Op::Binary(b), [a, c]) => Some(Instr::Binary(*b, register(a), register(c))),
-                (Op::Compare(c), [a, b]) => Some(Instr::Compare(*c, register(a), register(b))),
+                (Op::Compare(c), [a, b]) => {
+                    Some(Instr::Compare(*c, *lane, register(a), register(b)))
+                }
                 (Op::Select, [p, t, f]) => {
                     Some(Instr::Select(register(p), register(t), register(f)))
                 }
+                (Op::Convert(DType::Bool), [a]) => Some(Instr::Test(Test::NonZero, register(a))),
+                (Op::Convert(_), [a]) => Some(Instr::Convert(*lane, register(a))),
                 _ => None,
             })
             .collect();
@@ -925,7 +1018,41 @@ impl Group {
                     };
                     round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
                 }
-                Instr::Compare(op, a, b) => compare_fn(op, CompareInto(arg(a), arg(b), dst)),
+                Instr::Compare(op, Lane::Int, a, b) => {
+                    compare_fn(op, CompareInto(arg(a), arg(b), dst, int_lane));
+                }
+                Instr::Compare(op, _, a, b) => {
+                    compare_fn(op, CompareInto(arg(a), arg(b), dst, |v: f32| v));
+                }
+                Instr::Convert(lane, a) => {
+                    let lanes = dst.iter_mut().zip(arg(a));
+                    match lane {
+                        // The mask's bits and 1.0's: 1.0 for true, 0.0 for false.
+                        Lane::Bool => {
+                            lanes.for_each(|(d, &p)| *d = f32::from_bits(p.to_bits() & ONE))
+                        }
+                        Lane::Int => lanes.for_each(|(d, &v)| *d = int_lane(v) as f32),
+                        Lane::Float => lanes.for_each(|(d, &v)| *d = v),
+                    }
+                    round.inspect(|&f| dst.iter_mut().for_each(|d| *d = f(*d)));
+                }
+                Instr::Logic(op, a, b) => {
+                    let lanes = dst.iter_mut().zip(arg(a)).zip(arg(b));
+                    if op == BinaryOp::And {
+                        lanes.for_each(|((d, &p), &q)| {
+                            *d = f32::from_bits(p.to_bits() & q.to_bits())
+                        });
+                    } else {
+                        lanes.for_each(|((d, &p), &q)| {
+                            *d = f32::from_bits(p.to_bits() | q.to_bits())
+                        });
+                    }
+                }
+                Instr::Test(test, a) => {
+                    for (d, &v) in dst.iter_mut().zip(arg(a)) {
+                        *d = test.apply(v);
+                    }
+                }
                 Instr::Select(p, t, f) => {
                     let lanes = dst.iter_mut().zip(arg(p)).zip(arg(t)).zip(arg(f));
                     for (((d, &p), &t), &f) in lanes {
@@ -1187,15 +1314,17 @@ impl<F: Fn(f32, f32) -> f32 + Copy> WithBinary for PairWith<'_, F> {
     }
 }
 
-/// A comparison's function from two registers into bool lanes in a third.
-struct CompareInto<'a>(&'a [f32], &'a [f32], &'a mut [f32]);
+/// A comparison's function from two registers, their lanes read with the fourth field
+/// (as f32, or as i32 by [`int_lane`]), into bool lanes in the third.
+struct CompareInto<'a, R>(&'a [f32], &'a [f32], &'a mut [f32], R);
 
-impl WithCompare<f32> for CompareInto<'_> {
+impl<T, R: Fn(f32) -> T + Copy> WithCompare<T> for CompareInto<'_, R> {
     type Out = ();
     #[inline(always)]
-    fn with(self, f: impl Fn(f32, f32) -> bool + Copy) {
+    fn with(self, f: impl Fn(T, T) -> bool + Copy) {
+        let read = self.3;
         for ((d, &a), &b) in self.2.iter_mut().zip(self.0).zip(self.1) {
-            *d = bool_lane(f(a, b));
+            *d = bool_lane(f(read(a), read(b)));
         }
     }
 }
@@ -1306,7 +1435,14 @@ impl<'a> Source<'a> {
                     Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
                     Dims::from_slice(a.shape()),
                 )),
-                Literal::I32(_) => Err("a fused loop reads floats or bool, given i32".into()),
+                Literal::I32(a) => Ok((
+                    Cow::Owned(
+                        a.iter()
+                            .map(|&v| f32::from_bits(v.cast_unsigned()))
+                            .collect(),
+                    ),
+                    Dims::from_slice(a.shape()),
+                )),
             }
         };
         // The value's elements, shape and strides over that shape.
