@@ -70,12 +70,14 @@ use std::cell::RefCell;
 use ndarray::ArrayD;
 use smallvec::SmallVec;
 
+use super::buffers;
 use super::kernels::{
     Dims, Lanes, Operand, Operands, WithBinary, WithCompare, WithUnary, body_len, compare_fn,
     f32_arith, f32_binary, f32_unary, map_strides, max_nan, min_nan, row_major,
 };
 use crate::ir::{
     BinaryOp, CompareOp, DType, Literal, Node, Op, Program, ReduceKind, UnaryOp, ValueId,
+    with_literal,
 };
 
 /// The elements a fused loop computes at a time: each register holds one chunk.
@@ -720,31 +722,34 @@ impl Group {
             ));
         }
         let total: usize = self.shape.iter().product();
-        // Each owned leaf that fits is the buffer of the next result (`Err(slot)`).
+        // Each owned leaf that fits is the buffer of the next result (`slots`), moved
+        // out of `operands` in place.
+        let mut operands = operands;
         let mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]> = SmallVec::new();
-        let mut held: SmallVec<[Result<Operand<'_>, usize>; 8]> = SmallVec::new();
-        for (k, x) in operands.into_iter().enumerate() {
-            match x {
-                Operand::Value(Cow::Owned(Literal::F32(a)))
-                    if outs.len() < self.results.len()
+        let mut slots: SmallVec<[Option<usize>; 8]> = SmallVec::new();
+        for (k, x) in operands.iter_mut().enumerate() {
+            let fits = match x {
+                Operand::Value(Cow::Owned(Literal::F32(a))) => {
+                    outs.len() < self.results.len()
                         && self.writes_in_place(k)
                         && a.is_standard_layout()
-                        && a.shape() == self.shape.as_slice() =>
-                {
-                    held.push(Err(outs.len()));
+                        && a.shape() == self.shape.as_slice()
+                }
+                _ => false,
+            };
+            match fits.then(|| x.take_owned()).flatten() {
+                Some(Literal::F32(a)) => {
+                    slots.push(Some(outs.len()));
                     outs.push(elements(a, total));
                 }
-                x => held.push(Ok(x)),
+                _ => slots.push(None),
             }
         }
         let cut = self.cut();
-        let sources = self
-            .leaves
-            .iter()
-            .zip(&held)
-            .map(|(leaf, x)| match x {
-                Err(slot) => Ok(Source::Buffer(*slot)),
-                Ok(x) => Source::new(x, leaf.dims.as_deref(), &self.shape, cut),
+        let sources = (self.leaves.iter().zip(&operands).zip(&slots))
+            .map(|((leaf, x), slot)| match slot {
+                Some(slot) => Ok(Source::Buffer(*slot)),
+                None => Source::new(x, leaf.dims.as_deref(), &self.shape, cut),
             })
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
@@ -811,8 +816,10 @@ impl Group {
         let total: usize = self.shape.iter().product();
         // With a reduction, the buffers of the results besides the root (its last).
         let stored = self.results.len() - usize::from(self.reduce.is_some());
+        // Every element of a result's buffer is written before it is read (chunk by
+        // chunk, in order): a pooled buffer is taken as it is, not zeroed first.
         while outs.len() < stored {
-            outs.push(super::buffers::with_capacity(total));
+            outs.push(buffers::take(total));
         }
         let direct = self.direct(sources, outs.len());
         let reduced = match self.reduce {
@@ -893,7 +900,7 @@ impl Group {
         f: impl Fn(f32, f32) -> f32 + Copy,
     ) -> Result<Vec<f32>, String> {
         let body = body_len(row);
-        let mut out = super::buffers::with_capacity(outer);
+        let mut out = buffers::with_capacity(outer);
         if row == 0 {
             out.resize(outer, identity);
             return Ok(out);
@@ -959,11 +966,6 @@ impl Group {
     ) {
         let Run { sources, direct } = run;
         let end = start + len;
-        // A fresh buffer grows chunk by chunk (chunks come in order), its new elements
-        // zeroed while in cache rather than the whole buffer up front.
-        for out in outs.iter_mut().filter(|out| out.len() < end) {
-            out.resize(end, 0.0);
-        }
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&mut reg[..len], start);
         }
@@ -1404,6 +1406,16 @@ enum Source<'a> {
     },
 }
 
+/// The elements of `a` in row-major order converted by `f` to lanes: a contiguous
+/// array through its slice (a loop the compiler vectorises), any other element by
+/// element.
+fn converted<T: Copy>(a: &ArrayD<T>, f: impl Fn(T) -> f32) -> Vec<f32> {
+    match a.as_slice() {
+        Some(s) => s.iter().map(|&v| f(v)).collect(),
+        None => a.iter().map(|&v| f(v)).collect(),
+    }
+}
+
 impl<'a> Source<'a> {
     /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`,
     /// every chunk starting at a multiple of `cut` (see [`Group::cut`]).
@@ -1415,35 +1427,18 @@ impl<'a> Source<'a> {
     ) -> Result<Self, String> {
         // The elements as lanes (f32 in place, bool as `bool_lane`s) and their shape.
         let lanes = |lit: &'a Literal| -> Result<(Cow<'a, [f32]>, Dims), String> {
-            match lit {
-                Literal::F32(a) => Ok((
-                    match a.as_slice() {
-                        Some(s) => Cow::Borrowed(s),
-                        None => Cow::Owned(a.iter().copied().collect()),
-                    },
-                    Dims::from_slice(a.shape()),
-                )),
-                Literal::Bool(a) => Ok((
-                    Cow::Owned(a.iter().map(|&b| bool_lane(b)).collect()),
-                    Dims::from_slice(a.shape()),
-                )),
-                Literal::BF16(a) => Ok((
-                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
-                    Dims::from_slice(a.shape()),
-                )),
-                Literal::F16(a) => Ok((
-                    Cow::Owned(a.iter().map(|v| v.to_f32()).collect()),
-                    Dims::from_slice(a.shape()),
-                )),
-                Literal::I32(a) => Ok((
-                    Cow::Owned(
-                        a.iter()
-                            .map(|&v| f32::from_bits(v.cast_unsigned()))
-                            .collect(),
-                    ),
-                    Dims::from_slice(a.shape()),
-                )),
-            }
+            let shape = with_literal!(lit, a => Dims::from_slice(a.shape()));
+            let data = match lit {
+                Literal::F32(a) => match a.as_slice() {
+                    Some(s) => Cow::Borrowed(s),
+                    None => Cow::Owned(converted(a, |v| v)),
+                },
+                Literal::Bool(a) => Cow::Owned(converted(a, bool_lane)),
+                Literal::BF16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
+                Literal::F16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
+                Literal::I32(a) => Cow::Owned(converted(a, |v| f32::from_bits(v.cast_unsigned()))),
+            };
+            Ok((data, shape))
         };
         // The value's elements, shape and strides over that shape.
         let (data, value_shape, value_strides) = match x {

@@ -252,6 +252,9 @@ fn execute_dyn<'a>(
                     continue_after(step, plan, &mut values, &mut views, &mut live, outer);
                     continue;
                 }
+                // The operands a kernel drops (see `lend_spare`), declared before the
+                // operands that borrow them.
+                let mut spare = SmallVec::new();
                 let operands =
                     gather_operands(program, plan, step, &mut values, &views, &mut taken)
                         .ok_or_else(|| fail("a viewed operand is not available".into()))?;
@@ -263,8 +266,8 @@ fn execute_dyn<'a>(
                         // result into: lent to it, then pooled.
                         let root_ty = &node.ty;
                         let mut in_place = 0;
-                        let mut spare = SmallVec::new();
-                        let operands = lend_spare(operands, &mut spare, |k, x| {
+                        let mut operands = operands;
+                        lend_spare(&mut operands, &mut spare, |k, x| {
                             let fits = in_place < group.results.len()
                                 && group.writes_in_place(k)
                                 && kernels::has_type(x, root_ty);
@@ -381,8 +384,8 @@ fn execute_dyn<'a>(
                             _ => None,
                         };
                         let mut found = false;
-                        let mut spare = SmallVec::new();
-                        let operands = lend_spare(operands, &mut spare, |k, x| {
+                        let mut operands = operands;
+                        lend_spare(&mut operands, &mut spare, |k, x| {
                             let Some(candidates) = &candidates else {
                                 return true;
                             };
@@ -421,31 +424,28 @@ fn execute_dyn<'a>(
 }
 
 /// `operands` with each one handed over (owned) that `keeps(k, value)` rejects moved
-/// into `spare` and lent instead, in order: a kernel drops the operands it takes over
-/// and does not write its result into, where the caller gives them to the pool
-/// ([`buffers::release`]) once the kernel has run.
-fn lend_spare<'s, 'v: 's>(
-    operands: Operands<'v>,
+/// into `spare` and lent instead, in place (the ~1 KB of inline operands is not moved):
+/// a kernel drops the operands it takes over and does not write its result into, where
+/// the caller gives them to the pool ([`buffers::release`]) once the kernel has run.
+fn lend_spare<'s>(
+    operands: &mut Operands<'s>,
     spare: &'s mut SmallVec<[Literal; 4]>,
     mut keeps: impl FnMut(usize, &Literal) -> bool,
-) -> Operands<'s> {
-    let mut slots: SmallVec<[Result<Operand<'v>, usize>; 8]> = SmallVec::new();
-    for (k, x) in operands.into_iter().enumerate() {
-        match x {
-            Operand::Value(Cow::Owned(lit)) if !keeps(k, &lit) => {
-                slots.push(Err(spare.len()));
-                spare.push(lit);
-            }
-            x => slots.push(Ok(x)),
+) {
+    let mut lent: SmallVec<[usize; 4]> = SmallVec::new();
+    for (k, x) in operands.iter_mut().enumerate() {
+        if let Operand::Value(Cow::Owned(lit)) = x
+            && !keeps(k, lit)
+        {
+            // Its place is held by an empty array until `spare` is complete.
+            spare.extend(x.take_owned());
+            lent.push(k);
         }
     }
     let spare: &'s SmallVec<[Literal; 4]> = spare;
-    (slots.into_iter())
-        .map(|slot| match slot {
-            Ok(x) => x,
-            Err(j) => Operand::Value(Cow::Borrowed(&spare[j])),
-        })
-        .collect()
+    for (&k, lit) in lent.iter().zip(spare) {
+        operands[k] = Operand::Value(Cow::Borrowed(lit));
+    }
 }
 
 /// Drops the values `step` drops (the buffers of those the loop owns go to the pool),

@@ -123,6 +123,19 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// The value of an operand handed over, moved out with an empty array (no
+    /// allocation) left in its place, for the caller to overwrite or drop; `None` for
+    /// the others.
+    pub(crate) fn take_owned(&mut self) -> Option<Literal> {
+        match self {
+            Operand::Value(Cow::Owned(lit)) => Some(std::mem::replace(
+                lit,
+                Literal::F32(ArrayD::default(IxDyn(&[0]))),
+            )),
+            _ => None,
+        }
+    }
+
     /// The operand as a literal, a broadcast materialised.
     pub(crate) fn into_value(self) -> Result<Cow<'a, Literal>, String> {
         match self {
