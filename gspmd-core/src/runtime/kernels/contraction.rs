@@ -256,7 +256,7 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
             free.iter().map(|&d| (rhs[d], strides[d])).collect();
         split_minor(&dims).1.1 == 1
     };
-    let packed = if small_product::takes([m, k, n], ak) {
+    let packed = if small_product::takes([m, k, n], ak, rhs_rows) {
         if rhs_rows {
             0
         } else {
