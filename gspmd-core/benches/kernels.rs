@@ -4,7 +4,7 @@
 //! plain row loop for the reductions.
 //! Shapes are the d_model-512 Transformer's (batch 16 x seq 128 tokens, 8 heads of
 //! 64): projections `bsm,mf->bsf` and `bsm,mhk->bshk`, the weight gradient
-//! `bsm,bsf->mf`, the attention scores `bqhd,bkhd->bhqk` and context
+//! `bsm,bsf->mf` (and a square weight's `bsm,bsn->mn`), the attention scores `bqhd,bkhd->bhqk` and context
 //! `bhqk,bkhd->bhqd` (and `bhqk,bhkd->bhqd`), and the same products at the example
 //! LM's dims on one device (prefix `lm_`: 256 tokens, d_model 64, 4 heads of 16);
 //! a reduction over the last dim (softmax, layer norm) and over the token dims (a
@@ -133,6 +133,16 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
     runtime("projection", op, f32_type(&[batch, seq, ffn]), &x, &w);
     let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
     runtime("weight_gradient", op, f32_type(&[model, ffn]), &x, &dy);
+    // A square weight's gradient [B, S, M] x [B, S, M] (the attention projections').
+    let dx = uniform_f32(&mut rng, &[batch, seq, model], -1.0, 1.0);
+    let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
+    runtime(
+        "weight_gradient_square",
+        op,
+        f32_type(&[model, model]),
+        &x,
+        &dx,
+    );
     // The heads' projection bsm,mhk->bshk.
     let wq = uniform_f32(&mut rng, &[model, heads, head], -1.0, 1.0);
     let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
@@ -163,7 +173,7 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
         let a = lit.as_f32().expect("f32");
         a.to_shape((a.len() / n, n)).expect("contiguous").to_owned()
     };
-    let (x2, dy2) = (rows(&x, model), rows(&dy, ffn));
+    let (x2, dy2, dx2) = (rows(&x, model), rows(&dy, ffn), rows(&dx, model));
     let mut gemm = |name: &str, pairs: Vec<(Array2<f32>, Array2<f32>)>, transpose_a: bool| {
         let shape = |(a, b): &(Array2<f32>, Array2<f32>)| {
             let m = if transpose_a { a.ncols() } else { a.nrows() };
@@ -200,6 +210,7 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
         false,
     );
     gemm("weight_gradient", vec![(x2.clone(), dy2)], true);
+    gemm("weight_gradient_square", vec![(x2.clone(), dx2)], true);
     gemm(
         "head_projection",
         vec![(x2, rows(&wq, heads * head))],

@@ -256,7 +256,7 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
             free.iter().map(|&d| (rhs[d], strides[d])).collect();
         split_minor(&dims).1.1 == 1
     };
-    let packed = if small_product::takes([m, k, n], ak) {
+    let packed = if small_product::takes([m, k, n], ak, rhs_rows) {
         if rhs_rows {
             0
         } else {
@@ -689,11 +689,13 @@ mod tests {
             scratch_bytes(&transposed, &[4, 8, 256], &[128, 256], 4),
             256 * 128 * 4
         );
-        // Its weight gradient bsm,bsf->mf (the lhs transposed): matrixmultiply's panels.
+        // Its weight gradient bsm,bsf->mf (the lhs transposed): on the tile (its stripe
+        // on the stack) up to 64 rows, else matrixmultiply's panels.
         let gradient = dims(&[], &[], &[0, 1], &[0, 1]);
+        assert_eq!(scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4), 0);
         assert_eq!(
-            scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4),
-            32 * (16 + 128) * 4
+            scratch_bytes(&gradient, &[4, 8, 128], &[4, 8, 128], 4),
+            32 * (64 + 128) * 4
         );
         // A small product (at most 32^3 multiply-adds) packs nothing.
         assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);

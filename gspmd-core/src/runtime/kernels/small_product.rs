@@ -1,23 +1,27 @@
-//! f32 matrix products without packing `a`: a batch of `[m, k] x [k, n]` products
-//! (attention's per head, an MoE's per expert, the small models' projections and FFN
-//! products) where a packing GEMM's set-up per product (allocating and filling its
-//! panels for both operands) costs as much as the arithmetic, or, for mid-size
-//! products whose `a` rows are read in place, where packing `a` is a fifth of the
-//! product's time.
+//! f32 matrix products without a packing GEMM's set-up: a batch of `[m, k] x [k, n]`
+//! products (attention's per head, an MoE's per expert, the small models' projections,
+//! FFN products and their small weight gradients) where a packing GEMM's set-up per
+//! product (allocating and filling its panels for both operands) costs as much as the
+//! arithmetic, or, for mid-size products whose `a` rows are read in place, where
+//! packing `a` is a fifth of the product's time.
 //!
 //! One `pulp` dispatch runs the whole batch. Per product, in passes over blocks of
-//! [`KC`] contracted elements by [`NC`] columns, the block of `b` is copied into panels
-//! two vector registers wide (rows adjacent; from any layout, `b` transposed
-//! included); then tiles of [`ROWS`] rows of the result by two registers of columns
-//! (12 accumulators with AVX2, as XLA's YNNPACK `dot_fp32_6x16`) keep their sums in
-//! registers over the block: each step loads two registers of the panel's row and
-//! broadcasts one element of `a` per tile row, read in place through `a`'s strides.
+//! [`KC`] contracted elements by [`NC`] columns, the block of `b` is read in place
+//! where its rows are adjacent columns, else copied into panels two vector registers
+//! wide (rows adjacent); then tiles of [`ROWS`] rows of the result by two registers of
+//! columns (12 accumulators with AVX2, as XLA's YNNPACK `dot_fp32_6x16`) keep their
+//! sums in registers over the block: each step loads two registers of `b`'s row and
+//! broadcasts one element of `a` per tile row. `a` is read in place by rows, or, when
+//! transposed (a weight gradient's), a row block's [`ROWS`] rows over the block are
+//! copied once into a stripe (each contracted index's elements adjacent) that all the
+//! block's column tiles read; other strides element by element. A tile checks its
+//! operands' bounds once, so its loop is the loads, broadcasts and multiply-adds alone.
 //! Each result element is the sum over the contracted index in increasing order, one
 //! (fused where the CPU has FMA) multiply-add per step, each block's sum added to the
 //! result after the first: matrixmultiply's order, so on CPUs with FMA the two give
 //! the same bits and moving a product between them changes no result. Panels of at
-//! most [`STACK_PANEL`] elements live on the stack; larger ones are allocated once per
-//! batch (counted by [`scratch`]).
+//! most [`STACK_PANEL`] elements and the stripe live on the stack; larger panels are
+//! allocated once per batch (counted by [`scratch`]).
 
 use pulp::{Simd, bytemuck};
 
@@ -48,6 +52,13 @@ const MOST_MID_WORK: usize = 1 << 27;
 /// mostly idle, partial loads and stores) ran slower than matrixmultiply.
 const FEWEST_COLUMNS: usize = 8;
 
+/// The most rows of a mid-size product with a transposed `a` taken (see [`takes`]).
+const MOST_PACKED_ROWS: usize = 64;
+
+/// The fewest columns of a mid-size product with a transposed `a` taken: each packed
+/// stripe of `a` serves this many columns at least (see [`takes`]).
+const FEWEST_PACKED_COLUMNS: usize = 64;
+
 /// The result rows of a tile: each register of `b` loaded serves this many rows.
 const ROWS: usize = 6;
 
@@ -66,23 +77,29 @@ const STACK_PANEL: usize = 4096;
 impl Layout {
     /// Whether [`products`] takes this product (see [`takes`]).
     pub(super) fn runs_here(&self) -> bool {
-        takes([self.m, self.k, self.n], self.a[1])
+        takes([self.m, self.k, self.n], self.a[1], self.b[1] == 1)
     }
 }
 
 /// Whether [`products`] takes an `[m, k] x [k, n]` product whose `a` has stride `ak`
-/// along `k` (the rest run on matrixmultiply or `gemm`): one of at least
-/// [`FEWEST_COLUMNS`] result columns that is small (at most [`MOST_WORK`]
-/// multiply-adds) or, on CPUs without AVX-512 (where `gemm` runs the rest), mid-size
-/// (at most [`MOST_MID_WORK`]) with `a`'s rows read in place (`ak` 1). A transposed
-/// `a` of a larger product (a weight gradient's) ran 1.1-1.5x matrixmultiply's time,
-/// which packs it: its elements for one tile, a row of `a` apart, share the L1
-/// cache's sets (benches/README.md, "Mid-size products").
-pub(super) fn takes([m, k, n]: [usize; 3], ak: usize) -> bool {
+/// along `k` and whose `b` has adjacent columns when `b_rows` (the rest run on
+/// matrixmultiply or `gemm`): one of at least [`FEWEST_COLUMNS`] result columns that
+/// is small (at most [`MOST_WORK`] multiply-adds) or, on CPUs without AVX-512 (where
+/// `gemm` runs the rest), mid-size (at most [`MOST_MID_WORK`]) with `a`'s rows read in
+/// place (`ak` 1), or a transposed `a` (a weight gradient's) of at most
+/// [`MOST_PACKED_ROWS`] rows and one block of [`KC`] contracted elements by at least
+/// [`FEWEST_PACKED_COLUMNS`] columns of a `b` read in place. Other transposed `a`s ran
+/// 1.0-1.5x matrixmultiply's time (its packed `b` is read once for all row blocks,
+/// where these tiles stream `b` from the L2 cache once per row block: benches/README.md,
+/// "Products near the peak").
+pub(super) fn takes([m, k, n]: [usize; 3], ak: usize, b_rows: bool) -> bool {
     let work = m * k * n;
+    let weight_gradient = m <= MOST_PACKED_ROWS && k <= KC && n >= FEWEST_PACKED_COLUMNS && b_rows;
     n >= FEWEST_COLUMNS
         && (work <= MOST_WORK
-            || (work <= MOST_MID_WORK && ak == 1 && !super::contraction::avx512()))
+            || (work <= MOST_MID_WORK
+                && (ak == 1 || weight_gradient)
+                && !super::contraction::avx512()))
 }
 
 /// The scratch elements [`products`] allocates for a batch of `[m, k] x [k, n]`
@@ -155,6 +172,15 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
             heap.resize(k.min(KC) * n.min(NC), 0.0);
             &mut heap
         };
+        // The stripe for packing a transposed `a`'s rows of a tile (6 KB, on the stack;
+        // none for other layouts).
+        let mut stripe_stack: [f32; ROWS * KC];
+        let stripe: &mut [f32] = if a_strides[0] == 1 && a_strides[1] != 1 {
+            stripe_stack = [0.0; ROWS * KC];
+            &mut stripe_stack
+        } else {
+            &mut []
+        };
         for [oa, ob, oc] in offsets {
             let product = Product {
                 a: &a[oa..],
@@ -167,6 +193,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                 [m, n],
                 (&mut c[oc..], c_row),
                 panel,
+                stripe,
             );
         }
     }
@@ -185,7 +212,15 @@ type Rows<'x, X> = (X, usize);
 /// The elements of `a` a tile of `R` rows multiplies by `b`'s row `q` of a block of
 /// contracted elements.
 trait Column<const R: usize> {
-    fn at(&self, q: usize) -> [f32; R];
+    /// The contracted elements of the block it holds: [`Column::at`] takes `q` below this.
+    fn len(&self) -> usize;
+
+    /// The tile's `R` elements for the block's `q`-th contracted element.
+    ///
+    /// # Safety
+    /// `q < self.len()`.
+    #[allow(unsafe_code)]
+    unsafe fn at(&self, q: usize) -> [f32; R];
 }
 
 /// `a` with adjacent columns: `R` rows `am` apart, each `len` long from the block's
@@ -208,29 +243,50 @@ impl<'x> RowMajor<'x> {
 }
 
 impl<const R: usize> Column<R> for RowMajor<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
     #[inline(always)]
-    fn at(&self, q: usize) -> [f32; R] {
-        assert!(q < self.len);
-        #[allow(unsafe_code)]
+    #[allow(unsafe_code)]
+    unsafe fn at(&self, q: usize) -> [f32; R] {
         // SAFETY: `r * am + q < (R - 1) * am + len <= a.len()` for `r < R` and `q <
-        // len` (checked in `new` and above). Checking each of the `R` loads instead
-        // took the tile's registers for the rows' bounds (see benches/README.md,
-        // "Mid-size products").
+        // len` (checked in `new`, and `q < len` by the caller). Checking each of the `R`
+        // loads instead took the tile's registers for the rows' bounds (see
+        // benches/README.md, "Mid-size products").
         std::array::from_fn(|r| unsafe { *self.a.get_unchecked(r * self.am + q) })
     }
 }
 
-/// `a` with adjacent rows (transposed): the `R` elements at `q` are adjacent.
-struct ColumnMajor<'x> {
-    a: &'x [f32],
-    ak: usize,
+/// `a`'s `R` rows over a block packed by [`Packed::new`]: the `R` elements of each
+/// contracted index adjacent, one index after the other.
+struct Packed<'x> {
+    stripe: &'x [f32],
 }
 
-impl<const R: usize> Column<R> for ColumnMajor<'_> {
+impl<'x> Packed<'x> {
+    /// `a`'s `R` rows from `a[0]` (adjacent: `a` transposed) over `len` contracted
+    /// elements `ak` apart, copied into the front of `stripe`. Panics if they reach
+    /// past `a` or `stripe` is shorter than `R * len`.
+    fn new<const R: usize>(a: &[f32], ak: usize, len: usize, stripe: &'x mut [f32]) -> Self {
+        let stripe = &mut stripe[..R * len];
+        for (q, to) in stripe.chunks_exact_mut(R).enumerate() {
+            to.copy_from_slice(&a[q * ak..][..R]);
+        }
+        Packed { stripe }
+    }
+}
+
+impl<const R: usize> Column<R> for Packed<'_> {
+    fn len(&self) -> usize {
+        self.stripe.len() / R
+    }
+
     #[inline(always)]
-    fn at(&self, q: usize) -> [f32; R] {
-        let x: &[f32; R] = self.a[q * self.ak..][..R].try_into().unwrap();
-        *x
+    #[allow(unsafe_code)]
+    unsafe fn at(&self, q: usize) -> [f32; R] {
+        // SAFETY: `q * R + R <= stripe.len()` for `q < len()` (the caller's contract).
+        std::array::from_fn(|r| unsafe { *self.stripe.get_unchecked(q * R + r) })
     }
 }
 
@@ -238,11 +294,17 @@ impl<const R: usize> Column<R> for ColumnMajor<'_> {
 struct Strided<'x> {
     a: &'x [f32],
     strides: [usize; 2],
+    len: usize,
 }
 
 impl<const R: usize> Column<R> for Strided<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
     #[inline(always)]
-    fn at(&self, q: usize) -> [f32; R] {
+    #[allow(unsafe_code)]
+    unsafe fn at(&self, q: usize) -> [f32; R] {
         let [am, ak] = self.strides;
         std::array::from_fn(|r| self.a[r * am + q * ak])
     }
@@ -262,6 +324,7 @@ impl Product<'_> {
         [m, n]: [usize; 2],
         (c, c_row): Rows<'_, &mut [f32]>,
         panel: &mut [f32],
+        stripe: &mut [f32],
     ) {
         let mut q0 = 0;
         loop {
@@ -284,16 +347,17 @@ impl Product<'_> {
                 let width = columns[1] - columns[0];
                 let mut i = 0;
                 while i + ROWS <= m {
-                    self.row_block::<S, ROWS>(simd, panel, i, width, block, (&mut *c.0, c_row));
+                    let c = (&mut *c.0, c_row);
+                    self.row_block::<S, ROWS>(simd, panel, i, width, block, c, stripe);
                     i += ROWS;
                 }
                 match m - i {
                     0 => {}
-                    1 => self.row_block::<S, 1>(simd, panel, i, width, block, c),
-                    2 => self.row_block::<S, 2>(simd, panel, i, width, block, c),
-                    3 => self.row_block::<S, 3>(simd, panel, i, width, block, c),
-                    4 => self.row_block::<S, 4>(simd, panel, i, width, block, c),
-                    _ => self.row_block::<S, 5>(simd, panel, i, width, block, c),
+                    1 => self.row_block::<S, 1>(simd, panel, i, width, block, c, stripe),
+                    2 => self.row_block::<S, 2>(simd, panel, i, width, block, c, stripe),
+                    3 => self.row_block::<S, 3>(simd, panel, i, width, block, c, stripe),
+                    4 => self.row_block::<S, 4>(simd, panel, i, width, block, c, stripe),
+                    _ => self.row_block::<S, 5>(simd, panel, i, width, block, c, stripe),
                 }
                 j0 = columns[1];
             }
@@ -305,74 +369,76 @@ impl Product<'_> {
     }
 
     /// Rows `i .. i + R` of the result's first `width` columns over the contracted
-    /// `block`, `b`'s block read from `panel`: tiles of two registers of columns, then
-    /// one, then a partial one.
+    /// `block`, `b`'s block read from `panel`, `a` read as its strides allow: in place
+    /// by rows, or (transposed) its `R` rows over the block packed into `stripe` once
+    /// for all the block's columns, else element by element.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn row_block<S: Simd, const R: usize>(
         &self,
         simd: S,
         panel: Panel<'_>,
         i: usize,
         width: usize,
-        block: [usize; 2],
-        (c, c_row): Rows<'_, &mut [f32]>,
-    ) {
-        let lanes = S::F32_LANES;
-        let mut j = 0;
-        while j + 2 * lanes <= width {
-            let b = panel.columns(j, 2 * lanes);
-            self.rows::<S, R, 2>(simd, b, [i, 2 * lanes], block, (&mut c[j..], c_row));
-            j += 2 * lanes;
-        }
-        let rest = width - j;
-        if rest > 0 {
-            let whole = rest.min(lanes);
-            let (b, b_row) = panel.columns(j, rest);
-            self.rows::<S, R, 1>(simd, (b, b_row), [i, whole], block, (&mut c[j..], c_row));
-            if whole < rest {
-                let b = (b.get(whole..).unwrap_or_default(), b_row);
-                let c = (&mut c[j + whole..], c_row);
-                self.rows::<S, R, 1>(simd, b, [i, rest - whole], block, c);
-            }
-        }
-    }
-
-    /// Rows `i .. i + R` by columns `j .. j + width` of the result, `a` read as its
-    /// strides allow.
-    #[inline(always)]
-    fn rows<S: Simd, const R: usize, const V: usize>(
-        &self,
-        simd: S,
-        b: Rows<'_, &[f32]>,
-        at: [usize; 2],
         [q0, q1]: [usize; 2],
         c: Rows<'_, &mut [f32]>,
+        stripe: &mut [f32],
     ) {
         let [am, ak] = self.a_strides;
-        let i = at[0];
         let len = q1 - q0;
         if len == 0 {
             // Nothing contracted: zeros, `a` not read.
             let a = Strided {
                 a: &[],
                 strides: [am, ak],
+                len,
             };
-            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
         } else if ak == 1 {
             let a = RowMajor::new::<R>(&self.a[i * am + q0..], am, len);
-            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
         } else if am == 1 && R > 1 {
-            let a = ColumnMajor {
-                a: &self.a[i + q0 * ak..],
-                ak,
-            };
-            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+            let a = Packed::new::<R>(&self.a[i + q0 * ak..], ak, len, stripe);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
         } else {
             let a = Strided {
                 a: &self.a[i * am + q0 * ak..],
                 strides: [am, ak],
+                len,
             };
-            tile::<S, R, V>(simd, &a, b, at, [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
+        }
+    }
+}
+
+/// Rows `i .. i + R` of the result's first `width` columns over the contracted
+/// `block`, `b`'s block read from `panel`: tiles of two registers of columns, then
+/// one, then a partial one.
+#[inline(always)]
+fn columns<S: Simd, const R: usize>(
+    simd: S,
+    a: &impl Column<R>,
+    panel: Panel<'_>,
+    [i, width]: [usize; 2],
+    block: [usize; 2],
+    (c, c_row): Rows<'_, &mut [f32]>,
+) {
+    let lanes = S::F32_LANES;
+    let mut j = 0;
+    while j + 2 * lanes <= width {
+        let b = panel.columns(j, 2 * lanes);
+        tile::<S, R, 2>(simd, a, b, [i, 2 * lanes], block, (&mut c[j..], c_row));
+        j += 2 * lanes;
+    }
+    let rest = width - j;
+    if rest > 0 {
+        let whole = rest.min(lanes);
+        let (b, b_row) = panel.columns(j, rest);
+        tile::<S, R, 1>(simd, a, (b, b_row), [i, whole], block, (&mut c[j..], c_row));
+        if whole < rest {
+            let b = (b.get(whole..).unwrap_or_default(), b_row);
+            let c = (&mut c[j + whole..], c_row);
+            tile::<S, R, 1>(simd, a, b, [i, rest - whole], block, c);
         }
     }
 }
@@ -428,8 +494,10 @@ fn pack<'p, S: Simd>(
 /// Rows `i .. i + R` by the first `width` columns of the result over the contracted
 /// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`): `R * V` accumulators, each
 /// summing over the contracted index in order, starting from zero when `q0` is 0,
-/// else from the result's value.
+/// else from the result's value. Panics if `b`'s rows or `a`'s block are shorter
+/// than that.
 #[inline(always)]
+#[allow(unsafe_code)]
 fn tile<S: Simd, const R: usize, const V: usize>(
     simd: S,
     a: &impl Column<R>,
@@ -440,16 +508,29 @@ fn tile<S: Simd, const R: usize, const V: usize>(
 ) {
     let lanes = S::F32_LANES;
     let whole = width == V * lanes;
+    let len = q1 - q0;
+    assert!(width <= V * lanes && a.len() >= len);
+    assert!(
+        len == 0 || (len - 1) * b_row + width <= b.len(),
+        "b's rows reach past it"
+    );
     let mut acc = [[simd.splat_f32s(0.0); V]; R];
-    for q in 0..q1 - q0 {
-        let row = &b[q * b_row..][..width];
-        let y: [S::f32s; V] = if whole {
-            let registers: &[S::f32s] = bytemuck::cast_slice(row);
-            std::array::from_fn(|v| registers[v])
-        } else {
-            [simd.partial_load_f32s(row); V]
+    for q in 0..len {
+        // SAFETY: row `q < len` of `b` spans `q * b_row .. q * b_row + width`, within
+        // `b` (asserted above); a whole row is `V` registers of `f32`s (any bit
+        // pattern is one), read unaligned. Checking each row's bounds here took two
+        // compares and a register a step from the 12-accumulator loop.
+        let y: [S::f32s; V] = unsafe {
+            let row = b.as_ptr().add(q * b_row);
+            if whole {
+                let registers = row.cast::<S::f32s>();
+                std::array::from_fn(|v| registers.add(v).read_unaligned())
+            } else {
+                [simd.partial_load_f32s(std::slice::from_raw_parts(row, width)); V]
+            }
         };
-        let xs = a.at(q);
+        // SAFETY: `q < len <= a.len()` (asserted above).
+        let xs = unsafe { a.at(q) };
         for (acc, &x) in acc.iter_mut().zip(&xs) {
             let x = simd.splat_f32s(x);
             for (acc, &y) in acc.iter_mut().zip(&y) {
@@ -615,6 +696,35 @@ mod tests {
         }
     }
 
+    /// The weight gradients' layouts `takes` moves here (a transposed `a` of at most
+    /// 64 rows, one block of contracted elements, a `b` read in place) at their step
+    /// shapes and at the rule's edges: packed stripes of `a` (six rows and the rest)
+    /// against the definition, batched, with padded rows.
+    #[test]
+    fn transposed_weight_gradients_equal_the_definition() {
+        for [m, k, n] in [[64, 256, 64], [64, 256, 256], [61, 255, 67], [5, KC, 64]] {
+            assert!(takes([m, k, n], m + 1, true) || contraction_avx512());
+            let layout = Layout {
+                m,
+                k,
+                n,
+                a: strides(m, k, true, 1),
+                b: strides(k, n, false, 2),
+                c_row: n + 1,
+            };
+            check(&layout, 2, 11).unwrap();
+        }
+        assert!(!takes([65, 256, 64], 65, true));
+        assert!(!takes([64, KC + 1, 64], 64, true));
+        assert!(!takes([64, 256, 63], 64, true));
+        assert!(!takes([64, 256, 64], 64, false));
+    }
+
+    /// Whether this CPU runs the rest on `gemm` (then no mid-size product runs here).
+    fn contraction_avx512() -> bool {
+        super::super::contraction::avx512()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -651,7 +761,8 @@ mod tests {
         #[test]
         #[cfg(target_arch = "x86_64")]
         fn products_equal_matrixmultiply_bit_for_bit(
-            [m, n] in proptest::array::uniform2(1usize..40),
+            m in prop_oneof![1usize..40, 60usize..70],
+            n in prop_oneof![1usize..40, 60usize..80],
             k in prop_oneof![1usize..40, (KC - 2)..(KC + 40)],
             transposed in proptest::array::uniform2(any::<bool>()),
             seed in any::<u64>(),
