@@ -314,10 +314,10 @@ fn map_flat<T: Copy, R>(
 }
 
 /// The elements of `data` read at `strides` over `shape` (each element once), in
-/// row-major order: a permuted copy.
+/// row-major order: a permuted copy, by data movement's block copy (runs and
+/// transposing tiles, see [`super::movement::permuted_copy`]).
 pub(super) fn strided_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
-    let out = Vec::with_capacity(shape.iter().product());
-    map_flat(shape, data, strides, |x| x, out)
+    super::movement::permuted_copy(shape, data, strides)
 }
 
 /// `f` of each element of `a` over `shape`, into a new array (on a pooled buffer).

@@ -338,6 +338,24 @@ pub(crate) fn update_slice<T: Pooled>(
     out
 }
 
+/// The elements of `data` read at `strides` over `shape` (each element once, strides
+/// keeping every index inside `data`), in row-major order: a permuted copy, moved as
+/// runs or transposed in tiles like the kernels above.
+pub(crate) fn permuted_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
+    let len = shape.iter().product();
+    let Some(&first) = data.first().filter(|_| len > 0) else {
+        return Vec::new();
+    };
+    // Every element is overwritten; `first` only makes the buffer without `Default`.
+    let mut out = vec![first; len];
+    let from = Layout {
+        offset: 0,
+        strides: strides.iter().map(|&s| s as isize).collect(),
+    };
+    copy(shape, data, &from, &mut out, &Layout::standard(shape));
+    out
+}
+
 /// The generic kernels (ndarray's element-by-element copies): the fallback for arrays
 /// whose elements do not fill one slice, and the tests' reference.
 pub(crate) mod generic {
@@ -488,7 +506,7 @@ struct Dim {
 }
 
 /// Copies the block of `shape` at `from` in `src` to `to` in `dst`.
-fn copy<T: Copy + Default>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &Layout) {
+fn copy<T: Copy>(shape: &[usize], src: &[T], from: &Layout, dst: &mut [T], to: &Layout) {
     if shape.contains(&0) {
         return;
     }
@@ -525,10 +543,30 @@ fn copy<T: Copy + Default>(shape: &[usize], src: &[T], from: &Layout, dst: &mut 
                 tile(src, dst, s, t, partner, minor)
             });
         }
-        None => each_offset(&dims, from.offset, to.offset, |s, t| {
-            run(src, dst, s, t, minor)
-        }),
+        // Short contiguous runs of a length known here move as one fixed-size copy each
+        // (a few register moves) instead of a loop over the run.
+        None => match (minor.from, minor.to, minor.n) {
+            (1, 1, 4) => each_offset(&dims, from.offset, to.offset, |s, t| {
+                run_of::<T, 4>(src, dst, s, t)
+            }),
+            (1, 1, 8) => each_offset(&dims, from.offset, to.offset, |s, t| {
+                run_of::<T, 8>(src, dst, s, t)
+            }),
+            (1, 1, 16) => each_offset(&dims, from.offset, to.offset, |s, t| {
+                run_of::<T, 16>(src, dst, s, t)
+            }),
+            _ => each_offset(&dims, from.offset, to.offset, |s, t| {
+                run(src, dst, s, t, minor)
+            }),
+        },
     }
+}
+
+/// Copies the `N` contiguous elements at `s` to `t`.
+#[inline(always)]
+fn run_of<T: Copy, const N: usize>(src: &[T], dst: &mut [T], s: isize, t: isize) {
+    let (s, t) = (s as usize, t as usize);
+    dst[t..t + N].copy_from_slice(&src[s..s + N]);
 }
 
 /// Calls `f` with the source and destination offsets of every multi-index over `dims`
@@ -603,8 +641,9 @@ fn copy_short<T: Copy>(src: &[T], dst: &mut [T]) {
 /// the minor dim `m` (contiguous in the destination) from `s` to `t`, tile by tile: a
 /// tile's source runs are read into a local square, whose columns are written as
 /// destination runs.
-fn tile<T: Copy + Default>(src: &[T], dst: &mut [T], s: isize, t: isize, p: Dim, m: Dim) {
-    let mut square = [[T::default(); TILE]; TILE];
+fn tile<T: Copy>(src: &[T], dst: &mut [T], s: isize, t: isize, p: Dim, m: Dim) {
+    // Every cell read is written first; the source's first element only fills it.
+    let mut square = [[src[s as usize]; TILE]; TILE];
     for i0 in (0..p.n).step_by(TILE) {
         let rows = TILE.min(p.n - i0);
         for j0 in (0..m.n).step_by(TILE) {
@@ -737,7 +776,46 @@ mod tests {
         );
     }
 
+    #[test]
+    fn short_runs_match_generic() {
+        // Minor runs of 4, 8 and 16 elements (the fixed-size copies) and one of 5, kept by
+        // a transpose of the outer dims, cut by a slice and joined by a concatenate.
+        for n in [4, 5, 8, 16] {
+            let a = array(&[3, 5, 2, n], Arrangement::Standard, 0.0);
+            let perm = [2, 0, 1, 3];
+            assert_eq!(transpose(&a, &perm), generic::transpose(&a, &perm));
+            let b = array(&[3, 5, 2, 2 * n], Arrangement::Standard, 7.0);
+            let (start, limit, stride) = ([0, 1, 0, n], [3, 5, 2, 2 * n], [1, 1, 1, 1]);
+            assert_eq!(
+                slice(&b, &start, &limit, &stride),
+                generic::slice(&b, &start, &limit, &stride)
+            );
+            let views = [a.view(), a.view()];
+            assert_eq!(
+                concatenate(&views, 3).unwrap(),
+                generic::concatenate(&views, 3).unwrap()
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn permuted_copy_matches_generic(
+            shape in shape(),
+            permuted in any::<bool>(),
+            keys in prop::collection::vec(any::<u32>(), 5),
+        ) {
+            let how = if permuted { Arrangement::Permuted } else { Arrangement::Standard };
+            let a = array(&shape, how, 2.0);
+            let mut perm: Vec<usize> = (0..shape.len()).collect();
+            perm.sort_by_key(|&d| keys[d]);
+            let data = a.as_slice_memory_order().unwrap();
+            let sizes: Vec<usize> = perm.iter().map(|&d| shape[d]).collect();
+            let strides: Vec<usize> = perm.iter().map(|&d| a.strides()[d] as usize).collect();
+            let copied = ArrayD::from_shape_vec(IxDyn(&sizes), permuted_copy(&sizes, data, &strides)).unwrap();
+            same(&copied, &generic::transpose(&a, &perm))?;
+        }
+
         #[test]
         fn transpose_matches_generic(
             shape in shape(),
