@@ -768,17 +768,39 @@ impl Group {
             }
         }
         let cut = self.cut();
-        let sources = (self.leaves.iter().zip(&self.layouts))
-            .zip(operands.iter().zip(&slots))
-            .map(|((leaf, planned), (x, slot))| match (slot, x, planned) {
-                (Some(slot), ..) => Ok(Source::Buffer(*slot)),
-                (None, Operand::Value(v), Some((value, layout)))
+        // Each leaf's elements, and its layout if not the planned one (a deferred
+        // broadcast, or a value of another shape): worked out for this run.
+        let mut data: SmallVec<[Cow<'_, [f32]>; 8]> = SmallVec::new();
+        let mut worked: SmallVec<[Option<Layout>; 8]> = SmallVec::new();
+        for ((leaf, planned), (x, slot)) in
+            (self.leaves.iter().zip(&self.layouts)).zip(operands.iter().zip(&slots))
+        {
+            let (elements, layout) = match (slot, x, planned) {
+                (Some(_), ..) => (Cow::Borrowed(&[][..]), None),
+                (None, Operand::Value(v), Some((value, _)))
                     if with_literal!(&**v, a => a.shape()) == value.as_slice() =>
                 {
-                    Ok(Source::laid(lanes(v), Cow::Borrowed(layout)))
+                    (lanes(v), None)
                 }
-                (None, ..) => Source::new(x, leaf.dims.as_deref(), &self.shape, cut),
-            })
+                (None, ..) => {
+                    let (elements, layout) = worked_out(x, leaf.dims.as_deref(), &self.shape, cut)?;
+                    (elements, Some(layout))
+                }
+            };
+            data.push(elements);
+            worked.push(layout);
+        }
+        let sources = (data.into_iter().zip(&worked))
+            .zip(self.layouts.iter().zip(&slots))
+            .map(
+                |((elements, worked), (planned, slot))| match (slot, worked, planned) {
+                    (Some(slot), ..) => Ok(Source::Buffer(*slot)),
+                    (None, Some(layout), _) | (None, None, Some((_, layout))) => {
+                        Ok(Source::laid(elements, layout))
+                    }
+                    (None, None, None) => Err("a fused loop's leaf without a layout".to_string()),
+                },
+            )
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
             // Grown, never shrunk: a group of fewer registers run between two of more
@@ -1426,28 +1448,9 @@ enum Source<'a> {
     /// (see [`Walk`]); `contiguous`: the strides are the loop shape's row-major ones.
     Strided {
         data: Cow<'a, [f32]>,
-        walk: Walked<'a>,
+        walk: &'a Walk,
         contiguous: bool,
     },
-}
-
-/// A [`Source::Strided`]'s walk: the group's, worked out at plan time, or one worked
-/// out for the run (boxed, so that a source stays a few words: the sources of a run are
-/// collected by value).
-enum Walked<'a> {
-    Planned(&'a Walk),
-    Run(Box<Walk>),
-}
-
-impl std::ops::Deref for Walked<'_> {
-    type Target = Walk;
-
-    fn deref(&self) -> &Walk {
-        match self {
-            Walked::Planned(walk) => walk,
-            Walked::Run(walk) => walk,
-        }
-    }
 }
 
 /// How a leaf's elements are read over the loop, worked out from the shapes alone (the
@@ -1537,60 +1540,56 @@ fn converted<T: Copy>(a: &ArrayD<T>, f: impl Fn(T) -> f32) -> Vec<f32> {
     }
 }
 
-impl<'a> Source<'a> {
-    /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`,
-    /// every chunk starting at a multiple of `cut` (see [`Group::cut`]).
-    fn new(
-        x: &'a Operand<'_>,
-        dims: Option<&[usize]>,
-        shape: &[usize],
-        cut: usize,
-    ) -> Result<Self, String> {
-        let shape_of = |lit: &Literal| with_literal!(lit, a => Dims::from_slice(a.shape()));
-        // The value's elements, shape and strides over that shape.
-        let (data, value_shape, value_strides) = match x {
-            Operand::Value(v) => {
-                let shape = shape_of(v);
-                let strides = row_major(&shape);
-                (lanes(v), shape, strides)
-            }
-            Operand::Broadcast {
-                source,
-                shape: to,
-                dims,
-            } => {
-                let from = shape_of(source);
-                let strides = map_strides(&from, &row_major(&from), to, dims)?;
-                (lanes(source), Dims::from_slice(to), strides)
-            }
-        };
-        let layout = Layout::new(&value_shape, &value_strides, data.len(), dims, shape, cut)?;
-        Ok(Source::laid(data, Cow::Owned(layout)))
-    }
+/// The elements of leaf value `x` as lanes and their layout read through `dims` (see
+/// [`Leaf`]) over `shape`, every chunk starting at a multiple of `cut` (see
+/// [`Group::cut`]), worked out from the value as given (a deferred broadcast included).
+fn worked_out<'x>(
+    x: &'x Operand<'_>,
+    dims: Option<&[usize]>,
+    shape: &[usize],
+    cut: usize,
+) -> Result<(Cow<'x, [f32]>, Layout), String> {
+    let shape_of = |lit: &Literal| with_literal!(lit, a => Dims::from_slice(a.shape()));
+    // The value's elements, shape and strides over that shape.
+    let (data, value_shape, value_strides) = match x {
+        Operand::Value(v) => {
+            let shape = shape_of(v);
+            let strides = row_major(&shape);
+            (lanes(v), shape, strides)
+        }
+        Operand::Broadcast {
+            source,
+            shape: to,
+            dims,
+        } => {
+            let from = shape_of(source);
+            let strides = map_strides(&from, &row_major(&from), to, dims)?;
+            (lanes(source), Dims::from_slice(to), strides)
+        }
+    };
+    let layout = Layout::new(&value_shape, &value_strides, data.len(), dims, shape, cut)?;
+    Ok((data, layout))
+}
 
+impl<'a> Source<'a> {
     /// The source of the elements `data` (of at least one element if `layout` is a
-    /// splat, of at least the block if it repeats one) read as `layout` says.
-    fn laid(data: Cow<'a, [f32]>, layout: Cow<'a, Layout>) -> Self {
+    /// splat, of at least the block if it repeats one) read as `layout` says; a walk is
+    /// borrowed from the layout (the group's, or one worked out for the run: a source
+    /// stays a few words, the sources of a run are collected by value).
+    fn laid(data: Cow<'a, [f32]>, layout: &'a Layout) -> Self {
         match layout {
-            Cow::Borrowed(Layout::Splat) | Cow::Owned(Layout::Splat) => Source::Splat(data[0]),
-            Cow::Borrowed(&Layout::Repeat(period)) | Cow::Owned(Layout::Repeat(period)) => {
-                Source::Repeat(match data {
-                    Cow::Borrowed(all) => Cow::Borrowed(&all[..period]),
-                    Cow::Owned(mut all) => {
-                        all.truncate(period);
-                        Cow::Owned(all)
-                    }
-                })
-            }
-            Cow::Borrowed(Layout::Strided { walk, contiguous }) => Source::Strided {
+            Layout::Splat => Source::Splat(data[0]),
+            &Layout::Repeat(period) => Source::Repeat(match data {
+                Cow::Borrowed(all) => Cow::Borrowed(&all[..period]),
+                Cow::Owned(mut all) => {
+                    all.truncate(period);
+                    Cow::Owned(all)
+                }
+            }),
+            Layout::Strided { walk, contiguous } => Source::Strided {
                 data,
-                walk: Walked::Planned(walk),
+                walk,
                 contiguous: *contiguous,
-            },
-            Cow::Owned(Layout::Strided { walk, contiguous }) => Source::Strided {
-                data,
-                walk: Walked::Run(Box::new(walk)),
-                contiguous,
             },
         }
     }
@@ -1733,21 +1732,24 @@ mod tests {
         let x = Operand::Value(Cow::Borrowed(&a));
         // [2, 3] onto [4, 2, 3] along dims 1, 2, and onto [3, 2] transposed.
         let shape = [4, 2, 3];
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let mut out = vec![0.0; 10];
         s.load(&mut out, 4);
         assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
         let shape = [3, 2];
-        let s = Source::new(&x, Some(&[1, 0]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 0]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let mut out = vec![0.0; 6];
         s.load(&mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
-        assert!(Source::new(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
+        assert!(worked_out(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
         // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
         // (runs cut anywhere, carries across both outer dims) reads element
         // `[ix[2], ix[0]]` of the value at loop index `ix`.
         let shape = [3, 4, 2];
-        let s = Source::new(&x, Some(&[2, 0]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[2, 0]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let want: Vec<f32> = (0..24).map(|k| ((k % 2) * 3 + k / 8) as f32).collect();
         for start in 0..24 {
             for len in 1..=24 - start {
@@ -1759,13 +1761,15 @@ mod tests {
         // [2, 3] onto [4, 2, 3] repeats a block of 6: held in its register when every
         // chunk starts at a repeat (a cut of 12), loaded when not (a cut of 3).
         let shape = [4, 2, 3];
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 12).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 12).unwrap();
+        let s = Source::laid(data, &layout);
         assert!(matches!(s, Source::Repeat(ref block) if block.len() == 6));
         let mut reg = vec![0.0; 16];
         s.fill(&mut reg);
         let want: Vec<f32> = (0..16).map(|k| (k % 6) as f32).collect();
         assert_eq!(reg, want);
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 3).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 3).unwrap();
+        let s = Source::laid(data, &layout);
         assert!(matches!(s, Source::Strided { .. }));
     }
 
@@ -1791,11 +1795,12 @@ mod tests {
         ];
         for (lit, dims, shape, cut) in cases {
             let x = Operand::Value(Cow::Borrowed(lit));
-            let run_time = Source::new(&x, dims, shape, cut).unwrap();
+            let (data, worked) = worked_out(&x, dims, shape, cut).unwrap();
+            let run_time = Source::laid(data, &worked);
             let value = with_literal!(lit, a => Dims::from_slice(a.shape()));
             let len = value.iter().product();
             let layout = Layout::new(&value, &row_major(&value), len, dims, shape, cut).unwrap();
-            let planned = Source::laid(lanes(lit), Cow::Borrowed(&layout));
+            let planned = Source::laid(lanes(lit), &layout);
             assert_eq!(
                 std::mem::discriminant(&planned),
                 std::mem::discriminant(&run_time)
