@@ -117,6 +117,11 @@ pub(crate) struct Group {
     last_reads: Vec<Option<usize>>,
     /// The registers the loop uses: one per leaf, then those the ops share.
     registers: usize,
+    /// Each leaf's planned shape (its value's type) and how the loop walks a value of
+    /// that shape ([`Layout`]), worked out once at plan time; `None` if the shapes do
+    /// not map (the run then reports it). A leaf given at run time as a value of that
+    /// shape is read through it; any other (a deferred broadcast) is worked out per run.
+    layouts: Vec<Option<(Dims, Layout)>>,
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
     /// dims after them are folded).
     reduce: Option<(ReduceKind, usize)>,
@@ -679,7 +684,7 @@ impl Group {
             })
             .collect();
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
-        Group {
+        let mut group = Group {
             members: ids(members),
             results: ids(results),
             leaves,
@@ -689,9 +694,26 @@ impl Group {
             writers,
             last_reads,
             registers,
+            layouts: Vec::new(),
             reduce,
             dtype,
-        }
+        };
+        let cut = group.cut();
+        group.layouts = (group.leaves.iter())
+            .map(|leaf| {
+                let value = Dims::from_slice(&program.nodes[leaf.value.index()].ty.shape);
+                let layout = Layout::new(
+                    &value,
+                    &row_major(&value),
+                    value.iter().product(),
+                    leaf.dims.as_deref(),
+                    &group.shape,
+                    cut,
+                );
+                layout.ok().map(|layout| (value, layout))
+            })
+            .collect();
+        group
     }
 
     /// Whether the loop may write a result into leaf `k`'s buffer when it is handed
@@ -746,11 +768,39 @@ impl Group {
             }
         }
         let cut = self.cut();
-        let sources = (self.leaves.iter().zip(&operands).zip(&slots))
-            .map(|((leaf, x), slot)| match slot {
-                Some(slot) => Ok(Source::Buffer(*slot)),
-                None => Source::new(x, leaf.dims.as_deref(), &self.shape, cut),
-            })
+        // Each leaf's elements, and its layout if not the planned one (a deferred
+        // broadcast, or a value of another shape): worked out for this run.
+        let mut data: SmallVec<[Cow<'_, [f32]>; 8]> = SmallVec::new();
+        let mut worked: SmallVec<[Option<Layout>; 8]> = SmallVec::new();
+        for ((leaf, planned), (x, slot)) in
+            (self.leaves.iter().zip(&self.layouts)).zip(operands.iter().zip(&slots))
+        {
+            let (elements, layout) = match (slot, x, planned) {
+                (Some(_), ..) => (Cow::Borrowed(&[][..]), None),
+                (None, Operand::Value(v), Some((value, _)))
+                    if with_literal!(&**v, a => a.shape()) == value.as_slice() =>
+                {
+                    (lanes(v), None)
+                }
+                (None, ..) => {
+                    let (elements, layout) = worked_out(x, leaf.dims.as_deref(), &self.shape, cut)?;
+                    (elements, Some(layout))
+                }
+            };
+            data.push(elements);
+            worked.push(layout);
+        }
+        let sources = (data.into_iter().zip(&worked))
+            .zip(self.layouts.iter().zip(&slots))
+            .map(
+                |((elements, worked), (planned, slot))| match (slot, worked, planned) {
+                    (Some(slot), ..) => Ok(Source::Buffer(*slot)),
+                    (None, Some(layout), _) | (None, None, Some((_, layout))) => {
+                        Ok(Source::laid(elements, layout))
+                    }
+                    (None, None, None) => Err("a fused loop's leaf without a layout".to_string()),
+                },
+            )
             .collect::<Result<SmallVec<[_; 8]>, String>>()?;
         REGISTERS.with_borrow_mut(|regs| {
             // Grown, never shrunk: a group of fewer registers run between two of more
@@ -1394,16 +1444,90 @@ enum Source<'a> {
     /// starting at a repeat: in a register filled once per run with the block
     /// repeated, element `ix` of the loop at `flat(ix) % block.len()`.
     Repeat(Cow<'a, [f32]>),
-    /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`;
-    /// `contiguous`: the strides are the loop shape's row-major ones. `shape` is the
-    /// loop's and `strides` are over it with dims merged where they walk as one (see
-    /// [`coalesce`]): the runs a chunk is loaded in are as long as they can be.
+    /// In `data` (row-major), element `ix` of the loop at `sum(ix[d] * strides[d])`
+    /// (see [`Walk`]); `contiguous`: the strides are the loop shape's row-major ones.
     Strided {
         data: Cow<'a, [f32]>,
-        shape: Dims,
-        strides: Dims,
+        walk: &'a Walk,
         contiguous: bool,
     },
+}
+
+/// How a leaf's elements are read over the loop, worked out from the shapes alone (the
+/// value's, the broadcast's dims, the loop's): what [`Source`] it is with the data.
+#[derive(Debug, Clone)]
+enum Layout {
+    /// Every stride 0: [`Source::Splat`].
+    Splat,
+    /// A block of this many elements repeated: [`Source::Repeat`].
+    Repeat(usize),
+    /// [`Source::Strided`].
+    Strided { walk: Walk, contiguous: bool },
+}
+
+/// A strided walk over the loop: `shape` is the loop's and `strides` are over it, with
+/// dims merged where they walk as one (see [`coalesce`]), so the runs a chunk is loaded
+/// in are as long as they can be.
+#[derive(Debug, Clone)]
+struct Walk {
+    shape: Dims,
+    strides: Dims,
+}
+
+impl Layout {
+    /// The layout of a value of `len` elements walked with `value_strides` over
+    /// `value_shape`, read through `dims` (see [`Leaf`]) over the loop's `shape`, every
+    /// chunk starting at a multiple of `cut` (see [`Group::cut`]).
+    fn new(
+        value_shape: &[usize],
+        value_strides: &[usize],
+        len: usize,
+        dims: Option<&[usize]>,
+        shape: &[usize],
+        cut: usize,
+    ) -> Result<Layout, String> {
+        let identity: Dims;
+        let dims = match dims {
+            Some(dims) => dims,
+            None => {
+                identity = (0..value_shape.len()).collect();
+                &identity
+            }
+        };
+        let strides = map_strides(value_shape, value_strides, shape, dims)?;
+        if strides.iter().all(|&s| s == 0) && len > 0 {
+            return Ok(Layout::Splat);
+        }
+        let contiguous = strides == row_major(shape);
+        if !contiguous
+            && let Some(period) = repeat_period(&strides, shape)
+            && period <= CHUNK
+            && cut.is_multiple_of(period)
+            && period <= len
+        {
+            return Ok(Layout::Repeat(period));
+        }
+        let (shape, strides) = coalesce(shape, &strides);
+        Ok(Layout::Strided {
+            walk: Walk { shape, strides },
+            contiguous,
+        })
+    }
+}
+
+/// The elements of `lit` in row-major order as lanes (see [`Lane`]): f32 in place, the
+/// others converted (bool as [`bool_lane`]s, i32 as their bits, narrow floats widened).
+fn lanes(lit: &Literal) -> Cow<'_, [f32]> {
+    match lit {
+        Literal::F32(a) => match a.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(converted(a, |v| v)),
+        },
+        Literal::Bool(a) => Cow::Owned(converted(a, bool_lane)),
+        Literal::BF16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
+        Literal::F16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
+        Literal::I32(a) => Cow::Owned(converted(a, |v| f32::from_bits(v.cast_unsigned()))),
+    }
 }
 
 /// The elements of `a` in row-major order converted by `f` to lanes: a contiguous
@@ -1416,83 +1540,58 @@ fn converted<T: Copy>(a: &ArrayD<T>, f: impl Fn(T) -> f32) -> Vec<f32> {
     }
 }
 
-impl<'a> Source<'a> {
-    /// The source of leaf value `x` read through `dims` (see [`Leaf`]) over `shape`,
-    /// every chunk starting at a multiple of `cut` (see [`Group::cut`]).
-    fn new(
-        x: &'a Operand<'_>,
-        dims: Option<&[usize]>,
-        shape: &[usize],
-        cut: usize,
-    ) -> Result<Self, String> {
-        // The elements as lanes (f32 in place, bool as `bool_lane`s) and their shape.
-        let lanes = |lit: &'a Literal| -> Result<(Cow<'a, [f32]>, Dims), String> {
-            let shape = with_literal!(lit, a => Dims::from_slice(a.shape()));
-            let data = match lit {
-                Literal::F32(a) => match a.as_slice() {
-                    Some(s) => Cow::Borrowed(s),
-                    None => Cow::Owned(converted(a, |v| v)),
-                },
-                Literal::Bool(a) => Cow::Owned(converted(a, bool_lane)),
-                Literal::BF16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
-                Literal::F16(a) => Cow::Owned(converted(a, |v| v.to_f32())),
-                Literal::I32(a) => Cow::Owned(converted(a, |v| f32::from_bits(v.cast_unsigned()))),
-            };
-            Ok((data, shape))
-        };
-        // The value's elements, shape and strides over that shape.
-        let (data, value_shape, value_strides) = match x {
-            Operand::Value(v) => {
-                let (data, shape) = lanes(v)?;
-                let strides = row_major(&shape);
-                (data, shape, strides)
-            }
-            Operand::Broadcast {
-                source,
-                shape: to,
-                dims,
-            } => {
-                let (data, from) = lanes(source)?;
-                let strides = map_strides(&from, &row_major(&from), to, dims)?;
-                (data, Dims::from_slice(to), strides)
-            }
-        };
-        let identity: Dims;
-        let dims = match dims {
-            Some(dims) => dims,
-            None => {
-                identity = (0..value_shape.len()).collect();
-                &identity
-            }
-        };
-        let strides = map_strides(&value_shape, &value_strides, shape, dims)?;
-        if strides.iter().all(|&s| s == 0)
-            && let Some(&v) = data.first()
-        {
-            return Ok(Source::Splat(v));
+/// The elements of leaf value `x` as lanes and their layout read through `dims` (see
+/// [`Leaf`]) over `shape`, every chunk starting at a multiple of `cut` (see
+/// [`Group::cut`]), worked out from the value as given (a deferred broadcast included).
+fn worked_out<'x>(
+    x: &'x Operand<'_>,
+    dims: Option<&[usize]>,
+    shape: &[usize],
+    cut: usize,
+) -> Result<(Cow<'x, [f32]>, Layout), String> {
+    let shape_of = |lit: &Literal| with_literal!(lit, a => Dims::from_slice(a.shape()));
+    // The value's elements, shape and strides over that shape.
+    let (data, value_shape, value_strides) = match x {
+        Operand::Value(v) => {
+            let shape = shape_of(v);
+            let strides = row_major(&shape);
+            (lanes(v), shape, strides)
         }
-        let contiguous = strides == row_major(shape);
-        if !contiguous
-            && let Some(period) = repeat_period(&strides, shape)
-            && period <= CHUNK
-            && cut.is_multiple_of(period)
-            && period <= data.len()
-        {
-            return Ok(Source::Repeat(match data {
+        Operand::Broadcast {
+            source,
+            shape: to,
+            dims,
+        } => {
+            let from = shape_of(source);
+            let strides = map_strides(&from, &row_major(&from), to, dims)?;
+            (lanes(source), Dims::from_slice(to), strides)
+        }
+    };
+    let layout = Layout::new(&value_shape, &value_strides, data.len(), dims, shape, cut)?;
+    Ok((data, layout))
+}
+
+impl<'a> Source<'a> {
+    /// The source of the elements `data` (of at least one element if `layout` is a
+    /// splat, of at least the block if it repeats one) read as `layout` says; a walk is
+    /// borrowed from the layout (the group's, or one worked out for the run: a source
+    /// stays a few words, the sources of a run are collected by value).
+    fn laid(data: Cow<'a, [f32]>, layout: &'a Layout) -> Self {
+        match layout {
+            Layout::Splat => Source::Splat(data[0]),
+            &Layout::Repeat(period) => Source::Repeat(match data {
                 Cow::Borrowed(all) => Cow::Borrowed(&all[..period]),
                 Cow::Owned(mut all) => {
                     all.truncate(period);
                     Cow::Owned(all)
                 }
-            }));
+            }),
+            Layout::Strided { walk, contiguous } => Source::Strided {
+                data,
+                walk,
+                contiguous: *contiguous,
+            },
         }
-        let (shape, strides) = coalesce(shape, &strides);
-        Ok(Source::Strided {
-            data,
-            shape,
-            strides,
-            contiguous,
-        })
     }
 
     /// Fills `reg` (a register up to the longest chunk) if the source is held in its
@@ -1517,13 +1616,13 @@ impl<'a> Source<'a> {
     fn load(&self, out: &mut [f32], start: usize) {
         let Source::Strided {
             data,
-            shape,
-            strides,
+            walk,
             contiguous: false,
         } = self
         else {
             return;
         };
+        let (shape, strides) = (&walk.shape, &walk.strides);
         // Not read in place, so not contiguous and of rank >= 1: runs along the minor dim.
         let Some((&minor, outer_dims)) = shape.split_last() else {
             return;
@@ -1633,21 +1732,24 @@ mod tests {
         let x = Operand::Value(Cow::Borrowed(&a));
         // [2, 3] onto [4, 2, 3] along dims 1, 2, and onto [3, 2] transposed.
         let shape = [4, 2, 3];
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let mut out = vec![0.0; 10];
         s.load(&mut out, 4);
         assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 1.0]);
         let shape = [3, 2];
-        let s = Source::new(&x, Some(&[1, 0]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 0]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let mut out = vec![0.0; 6];
         s.load(&mut out, 0);
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
-        assert!(Source::new(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
+        assert!(worked_out(&x, Some(&[0, 1]), &[3, 2], 1).is_err());
         // [2, 3] transposed onto [3, 4, 2] along dims 2, 0: every start and length
         // (runs cut anywhere, carries across both outer dims) reads element
         // `[ix[2], ix[0]]` of the value at loop index `ix`.
         let shape = [3, 4, 2];
-        let s = Source::new(&x, Some(&[2, 0]), &shape, 1).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[2, 0]), &shape, 1).unwrap();
+        let s = Source::laid(data, &layout);
         let want: Vec<f32> = (0..24).map(|k| ((k % 2) * 3 + k / 8) as f32).collect();
         for start in 0..24 {
             for len in 1..=24 - start {
@@ -1659,13 +1761,64 @@ mod tests {
         // [2, 3] onto [4, 2, 3] repeats a block of 6: held in its register when every
         // chunk starts at a repeat (a cut of 12), loaded when not (a cut of 3).
         let shape = [4, 2, 3];
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 12).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 12).unwrap();
+        let s = Source::laid(data, &layout);
         assert!(matches!(s, Source::Repeat(ref block) if block.len() == 6));
         let mut reg = vec![0.0; 16];
         s.fill(&mut reg);
         let want: Vec<f32> = (0..16).map(|k| (k % 6) as f32).collect();
         assert_eq!(reg, want);
-        let s = Source::new(&x, Some(&[1, 2]), &shape, 3).unwrap();
+        let (data, layout) = worked_out(&x, Some(&[1, 2]), &shape, 3).unwrap();
+        let s = Source::laid(data, &layout);
         assert!(matches!(s, Source::Strided { .. }));
+    }
+
+    /// A source laid out at plan time from the value's shape reads what the source
+    /// worked out at run time reads, for splats, repeated blocks, strided and
+    /// contiguous leaves, and for every start and length.
+    #[test]
+    fn planned_layouts_read_as_run_time_ones() {
+        let data: Vec<f32> = (0..6).map(|v| v as f32 + 0.5).collect();
+        let a = Literal::F32(ArrayD::from_shape_vec(&[2, 3][..], data).unwrap());
+        let scalar = Literal::F32(ArrayD::from_elem(&[][..], 2.5));
+        let flags = Literal::Bool(ArrayD::from_shape_fn(&[2, 3][..], |ix| ix[0] == ix[1]));
+        // The value, the broadcast's dims, the loop's shape and the cut.
+        type Case<'c> = (&'c Literal, Option<&'c [usize]>, &'c [usize], usize);
+        let cases: [Case<'_>; 7] = [
+            (&a, Some(&[1, 2]), &[4, 2, 3], 12),
+            (&a, Some(&[1, 2]), &[4, 2, 3], 3),
+            (&a, Some(&[2, 0]), &[3, 4, 2], 1),
+            (&a, None, &[2, 3], CHUNK),
+            (&scalar, Some(&[]), &[5, 7], CHUNK),
+            (&flags, Some(&[0, 2]), &[2, 2, 3], 6),
+            (&flags, None, &[2, 3], CHUNK),
+        ];
+        for (lit, dims, shape, cut) in cases {
+            let x = Operand::Value(Cow::Borrowed(lit));
+            let (data, worked) = worked_out(&x, dims, shape, cut).unwrap();
+            let run_time = Source::laid(data, &worked);
+            let value = with_literal!(lit, a => Dims::from_slice(a.shape()));
+            let len = value.iter().product();
+            let layout = Layout::new(&value, &row_major(&value), len, dims, shape, cut).unwrap();
+            let planned = Source::laid(lanes(lit), &layout);
+            assert_eq!(
+                std::mem::discriminant(&planned),
+                std::mem::discriminant(&run_time)
+            );
+            let total: usize = shape.iter().product();
+            let (mut p, mut r) = (vec![0.0; total], vec![0.0; total]);
+            planned.fill(&mut p);
+            run_time.fill(&mut r);
+            assert_eq!(p, r);
+            for start in 0..total {
+                for len in 1..=total - start {
+                    let (mut p, mut r) = (vec![0.0; len], vec![0.0; len]);
+                    planned.load(&mut p, start);
+                    run_time.load(&mut r, start);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&p), bits(&r), "{shape:?} from {start}, {len}");
+                }
+            }
+        }
     }
 }
