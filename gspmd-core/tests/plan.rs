@@ -156,3 +156,71 @@ fn a_group_of_several_results_writes_into_the_leaves_it_takes_over() {
         "{allocated} bytes allocated for three results on {array_bytes}-byte arrays"
     );
 }
+
+/// `len` values in `[-1.5, 1.5)` from a seed (any sign and size, so sums round).
+fn values(seed: u64, shape: &[usize]) -> Literal {
+    let mut state = seed;
+    let v = (0..shape.iter().product::<usize>())
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        })
+        .collect();
+    Literal::F32(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape fits"))
+}
+
+/// A gradient sum `add(dot(a, w), c)` (or `add(c, dot)`), `c` itself a product, the
+/// first product read by the add alone: where its `k` fits one block of contracted
+/// elements (64, 256) the plan runs it adding into `c`'s buffer (see the plan's unit
+/// tests), on the tile (`a` read by rows) and on matrixmultiply (`a` transposed, 512
+/// rows); with `k` 300 it runs as a product then an add. Every output is bitwise that
+/// of the unplanned node-by-node run.
+#[test]
+fn a_product_summed_into_a_value_adds_into_its_buffer_bitwise() {
+    use gspmd_core::ir::DotDims;
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    const M: usize = 512;
+    for k in [64, 256, 300] {
+        for transposed in [false, true] {
+            for dot_first in [true, false] {
+                {
+                    let b = Builder::new("gradient sum");
+                    let a_shape = if transposed { [k, M] } else { [M, k] };
+                    let a = b.parameter("a", a_shape, DType::F32);
+                    let w = b.parameter("w", [k, M], DType::F32);
+                    let x = b.parameter("x", [M, 32], DType::F32);
+                    let v = b.parameter("v", [32, M], DType::F32);
+                    let dims = DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contracting: vec![usize::from(!transposed)],
+                        rhs_contracting: vec![0],
+                    };
+                    let product = a.dot_general(&w, dims);
+                    let c = x.matmul(&v);
+                    let sum = if dot_first {
+                        product.add(&c)
+                    } else {
+                        c.add(&product)
+                    };
+                    let program = b.finish(&[&sum]).expect("traces");
+                    let inputs = [
+                        values(1, &a_shape),
+                        values(2, &[k, M]),
+                        values(3, &[M, 32]),
+                        values(4, &[32, M]),
+                    ];
+                    let out = interpret(&program, &inputs).expect("runs");
+                    let case = format!("k {k}, transposed {transposed}, dot first {dot_first}");
+                    assert_eq!(
+                        bits(&out[0]),
+                        bits(&node_by_node(&program, &inputs)[0]),
+                        "{case}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -284,6 +284,12 @@ fn execute_dyn<'a>(
                         }
                         Cow::Owned(root)
                     }
+                    (_, _, Fusion::Accumulate(dot)) => {
+                        let Op::DotGeneral(dd) = &program.nodes[dot.index()].op else {
+                            return Err(fail(format!("{dot} is not a product")));
+                        };
+                        Cow::Owned(kernels::dot_general_accumulate(dd, operands).map_err(fail)?)
+                    }
                     (Op::Flow { flow, result }, Some(instance), _) => {
                         let flow_plan = &plan.flows[instance];
                         let size_of = |j: usize| flow_plan.results.get(j).map_or(0, |r| r.1);

@@ -29,7 +29,10 @@ use smallvec::SmallVec;
 /// rank 6, so a call allocates only its result.
 pub(crate) type Dims = SmallVec<[usize; 6]>;
 
-pub(crate) use contraction::scratch_bytes as dot_scratch_bytes;
+pub(crate) use contraction::{
+    accumulate as dot_general_accumulate, adds_in_place as dot_adds_in_place,
+    scratch_bytes as dot_scratch_bytes,
+};
 pub(crate) use convolution::scratch_bytes as convolution_scratch;
 pub(crate) use elementwise::{
     WithBinary, WithCompare, WithUnary, compare_fn, f32_arith, f32_binary, f32_unary, map_strides,

@@ -122,6 +122,13 @@ impl Walk {
                         owned[r] = true;
                     }
                 }
+                (_, _, Fusion::Accumulate(dot)) => {
+                    // The product adds into the accumulator's buffer when handed over
+                    // (else a new one), with its product's scratch.
+                    reuse = taken(2).then_some(2);
+                    copies = kernel_scratch(program, &program.nodes[dot.index()]);
+                    computed = true;
+                }
                 (Op::Flow { flow, result }, Some(instance), _) => {
                     let flow_plan = &plan.flows[instance];
                     if pending[instance].is_none() {

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::fusion::{Group, plan_groups};
-use crate::ir::{FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
+use crate::ir::{BinaryOp, DType, FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
 
 /// How the evaluation loop runs one program (see [`Plan::new`]).
 #[derive(Debug)]
@@ -41,7 +41,8 @@ pub(crate) enum Fusion {
     No,
     /// The root of [`Plan::groups`]`[k]`: the group's loop runs here.
     Root(usize),
-    /// Inside a group, not its root nor a result: not computed, never read.
+    /// Inside a group, not its root nor a result, or the product of an
+    /// [`Fusion::Accumulate`]: not computed, never read.
     Inside,
     /// A result of a group other than its root (see [`Group::results`]): not computed
     /// here; the group's loop binds its value at the root (which comes before every
@@ -51,6 +52,12 @@ pub(crate) enum Fusion {
     /// mesh axis of size 1): the identity whatever the start indices (they are
     /// clamped to 0). Not computed: its readers read the operand.
     Alias,
+    /// An f32 `add` of a `dot_general` (this node, marked [`Fusion::Inside`]) that only
+    /// it reads and another value `c` (no broadcast), where the product adds to `c`
+    /// bitwise as the `add` rounds (see [`accumulated_products`]): it reads the
+    /// product's operands and `c`, and runs the product adding into `c`'s buffer (a
+    /// copy of it unless handed over), no product result nor `add` pass.
+    Accumulate(ValueId),
 }
 
 /// What the plan knows of one node.
@@ -130,13 +137,20 @@ impl Plan {
             })
             .collect();
         let program_outputs: Vec<ValueId> = program.outputs.iter().map(resolve).collect();
-        let groups = plan_groups(program, &reads, &program_outputs, &typed);
         let mut fusion: Vec<Fusion> = (alias.iter())
             .map(|a| match a {
                 Some(_) => Fusion::Alias,
                 None => Fusion::No,
             })
             .collect();
+        // Products added into a value, planned before fusion groups: their adds stay
+        // out of the groups (as unchecked nodes do), which read their sums as leaves.
+        let accumulated = accumulated_products(program, &reads, &program_outputs, &typed, &fusion);
+        let mut groupable = typed.clone();
+        for (add, _) in &accumulated {
+            groupable[add.index()] = false;
+        }
+        let groups = plan_groups(program, &reads, &program_outputs, &groupable);
         for (k, group) in groups.iter().enumerate() {
             for m in &group.members {
                 fusion[m.index()] = if group.results.contains(m) {
@@ -150,6 +164,14 @@ impl Plan {
                 fusion[root.index()] = Fusion::Root(k);
                 reads[root.index()] = group.leaves.iter().map(|l| l.value).collect();
             }
+        }
+        for (add, dot) in accumulated {
+            let [lhs, rhs] = [0, 1].map(|k| reads[dot.index()][k]);
+            let c = reads[add.index()].iter().find(|&&o| o != dot).copied();
+            reads[add.index()] = [lhs, rhs].into_iter().chain(c).collect();
+            reads[dot.index()].clear();
+            fusion[dot.index()] = Fusion::Inside;
+            fusion[add.index()] = Fusion::Accumulate(dot);
         }
         // For each value, the last node reading it (itself if none); `None` for outputs.
         let mut last: Vec<Option<usize>> = (0..n).map(Some).collect();
@@ -252,10 +274,12 @@ impl Plan {
                     deferred: deferred[i],
                     typed: typed[i],
                     flow,
-                    scratch: if not_here {
-                        0
-                    } else {
-                        super::liveness::kernel_scratch(program, node)
+                    scratch: match fusion[i] {
+                        _ if not_here => 0,
+                        Fusion::Accumulate(dot) => {
+                            super::liveness::kernel_scratch(program, &program.nodes[dot.index()])
+                        }
+                        _ => super::liveness::kernel_scratch(program, node),
                     },
                     // Set below, from the memory analysis of the plan.
                     held: [0, 0],
@@ -328,6 +352,60 @@ fn typed_nodes(program: &Program) -> Vec<bool> {
         .collect()
 }
 
+/// The `(add, dot)` pairs of [`Fusion::Accumulate`] given what each node reads
+/// (`reads`, aliases resolved: `fusion`) and the program's `outputs`: an f32 `add`
+/// node, not an alias, its types checked (`typed`), of two
+/// distinct values, one a `dot_general` (not an alias, typed, of the add's type)
+/// that no other node reads and that is no output, whose products add exactly
+/// ([`kernels::dot_adds_in_place`](super::kernels::dot_adds_in_place): one block of
+/// contracted elements), the other no `broadcast_in_dim` (a view the product cannot
+/// add into). Each dot is in one pair at most (it has one reader).
+fn accumulated_products(
+    program: &Program,
+    reads: &[Vec<ValueId>],
+    outputs: &[ValueId],
+    typed: &[bool],
+    fusion: &[Fusion],
+) -> Vec<(ValueId, ValueId)> {
+    let mut readers = vec![0usize; program.nodes.len()];
+    for o in reads.iter().flatten().chain(outputs) {
+        if let Some(count) = readers.get_mut(o.index()) {
+            *count += 1;
+        }
+    }
+    let plain = |v: ValueId| typed[v.index()] && fusion[v.index()] == Fusion::No;
+    let mut pairs = Vec::new();
+    for (i, node) in program.nodes.iter().enumerate() {
+        let add = ValueId(i as u32);
+        let (Op::Binary(BinaryOp::Add), [x, y]) = (&node.op, reads[i].as_slice()) else {
+            continue;
+        };
+        if !plain(add) || node.ty.dtype != DType::F32 || x == y {
+            continue;
+        }
+        let is_product = |v: ValueId| {
+            let dot = &program.nodes[v.index()];
+            let Op::DotGeneral(dd) = &dot.op else {
+                return false;
+            };
+            let shape = |k: usize| &program.ty(reads[v.index()][k]).shape;
+            plain(v)
+                && readers[v.index()] == 1
+                && dot.ty == node.ty
+                && reads[v.index()].len() == 2
+                && super::kernels::dot_adds_in_place(dd, shape(0), shape(1))
+        };
+        let not_broadcast =
+            |v: ValueId| !matches!(program.nodes[v.index()].op, Op::Broadcast { .. });
+        if is_product(*x) && not_broadcast(*y) {
+            pairs.push((add, *x));
+        } else if is_product(*y) && not_broadcast(*x) {
+            pairs.push((add, *y));
+        }
+    }
+    pairs
+}
+
 /// For each node, whether it is a deferred broadcast: a `broadcast_in_dim` with its
 /// types checked (`typed`), read (by `reads`) by at least one node, only by binary,
 /// compare and select nodes and fusion roots (whose loops read views), and none of
@@ -347,8 +425,11 @@ fn deferred_broadcasts(
         .collect();
     let mut read = vec![false; program.nodes.len()];
     for ((node, values), fusion) in program.nodes.iter().zip(reads).zip(fusion) {
-        let elementwise = matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select)
-            || matches!(fusion, Fusion::Root(_));
+        let elementwise = match fusion {
+            Fusion::Root(_) => true,
+            Fusion::Accumulate(_) => false,
+            _ => matches!(node.op, Op::Binary(_) | Op::Compare(_) | Op::Select),
+        };
         for o in values {
             if let Some(slot) = deferred.get_mut(o.index()) {
                 *slot &= elementwise;
@@ -375,5 +456,67 @@ impl PlannedProgram {
     pub(crate) fn donating(program: Program, donated: &[usize]) -> Self {
         let plan = Plan::donating(&program, donated);
         PlannedProgram { program, plan }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Builder, DotDims};
+
+    /// A gradient sum `add(dot(a, w), c)` (`a` by rows or transposed, the dot first or
+    /// second) is planned as one product adding into `c` where its `k` fits one block
+    /// of contracted elements; not with a `k` of 300, nor when the dot is read again.
+    #[test]
+    fn products_summed_into_a_value_are_planned_where_they_add_exactly() {
+        for (k, read_again, planned) in [
+            (64, false, true),
+            (256, false, true),
+            (300, false, false),
+            (64, true, false),
+        ] {
+            for transposed in [false, true] {
+                for dot_first in [true, false] {
+                    let b = Builder::new("gradient sum");
+                    let a_shape = if transposed { [k, 128] } else { [128, k] };
+                    let a = b.parameter("a", a_shape, DType::F32);
+                    let w = b.parameter("w", [k, 96], DType::F32);
+                    let c = b.parameter("c", [128, 96], DType::F32);
+                    let dims = DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contracting: vec![usize::from(!transposed)],
+                        rhs_contracting: vec![0],
+                    };
+                    let product = a.dot_general(&w, dims);
+                    let sum = if dot_first {
+                        product.add(&c)
+                    } else {
+                        c.add(&product)
+                    };
+                    let outputs = if read_again {
+                        vec![&sum, &product]
+                    } else {
+                        vec![&sum]
+                    };
+                    let program = b.finish(&outputs).expect("traces");
+                    let plan = Plan::new(&program);
+                    let accumulating: Vec<usize> = (plan.steps.iter().enumerate())
+                        .filter(|(_, s)| matches!(s.fusion, Fusion::Accumulate(_)))
+                        .map(|(i, _)| i)
+                        .collect();
+                    let case = format!("k {k}, transposed {transposed}, dot first {dot_first}");
+                    if planned {
+                        let add = program.outputs[0].index();
+                        assert_eq!(accumulating, [add], "{case}");
+                        let dot = product.id().expect("a value").index();
+                        assert_eq!(plan.steps[dot].fusion, Fusion::Inside, "{case}");
+                        assert_eq!(plan.steps[add].reads.len(), 3, "{case}");
+                    } else {
+                        assert!(accumulating.is_empty(), "{case}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -37,21 +37,27 @@ use smallvec::{SmallVec, smallvec};
 
 use super::Dims;
 use super::small_product::{self, Layout};
-use crate::ir::DotDims;
+use crate::ir::{DotDims, Literal};
 use crate::runtime::buffers::{self, Pooled};
 
 /// Element types `dot_general` multiplies: `c = a · b` for 2-D operands (`c`'s prior
-/// contents are ignored: it may hold anything, NaN included).
+/// contents are ignored: it may hold anything, NaN included), or `c = a · b + c` when
+/// `accumulate` (see [`Layout::accumulate`]).
 pub(super) trait DotScalar: Pooled + Copy + Default {
-    fn matmul_into(a: ArrayView2<'_, Self>, b: ArrayView2<'_, Self>, c: ArrayViewMut2<'_, Self>);
+    fn matmul_into(
+        a: ArrayView2<'_, Self>,
+        b: ArrayView2<'_, Self>,
+        c: ArrayViewMut2<'_, Self>,
+        accumulate: bool,
+    );
 
     /// `acc + a * b` in the element type's arithmetic (wrapping for integers), for the
     /// kernels that accumulate one product at a time.
     fn mul_add(acc: Self, a: Self, b: Self) -> Self;
 
     /// The products of a batch laid out as `layout`: `c[oc..] = a[oa..] · b[ob..]` for
-    /// each `[oa, ob, oc]` of `offsets`, `c`'s prior contents ignored. By default one
-    /// [`DotScalar::matmul_into`] each.
+    /// each `[oa, ob, oc]` of `offsets`, `c`'s prior contents ignored (added to when
+    /// `layout.accumulate`). By default one [`DotScalar::matmul_into`] each.
     fn products_into(
         layout: &Layout,
         operands: [&[Self]; 2],
@@ -76,6 +82,7 @@ fn each_product<T: DotScalar>(
         a: [am, ak],
         b: [bk, bn],
         c_row,
+        accumulate,
     } = layout;
     let view_err = |e: ndarray::ShapeError| e.to_string();
     for [oa, ob, oc] in offsets {
@@ -86,6 +93,7 @@ fn each_product<T: DotScalar>(
             a.map_err(view_err)?,
             b.map_err(view_err)?,
             c.map_err(view_err)?,
+            accumulate,
         );
     }
     Ok(())
@@ -94,12 +102,20 @@ fn each_product<T: DotScalar>(
 impl DotScalar for f32 {
     /// The `gemm` crate's kernel on machines with AVX-512, else matrixmultiply's (see
     /// the module docs). Each is deterministic: the same shapes, strides and values
-    /// give the same bits on every run on a machine.
-    fn matmul_into(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+    /// give the same bits on every run on a machine. Accumulating, matrixmultiply's
+    /// runs with `beta` 1: it adds `c` to each element's sum over the first block of
+    /// `PACK[0]` contracted elements (one rounding).
+    fn matmul_into(
+        a: ArrayView2<'_, f32>,
+        b: ArrayView2<'_, f32>,
+        mut c: ArrayViewMut2<'_, f32>,
+        accumulate: bool,
+    ) {
         if avx512() {
-            gemm_f32(a, b, c);
+            gemm_f32(a, b, c, accumulate);
         } else {
-            general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+            let beta = if accumulate { 1.0 } else { 0.0 };
+            general_mat_mul(1.0, &a, &b, beta, &mut c);
         }
     }
 
@@ -137,14 +153,20 @@ pub(super) fn avx512() -> bool {
 }
 
 /// `c = a · b` by the `gemm` crate on one thread, `c`'s prior contents ignored (NaN
-/// included: `gemm` does not read the destination when told not to).
+/// included: `gemm` does not read the destination when told not to), or `c = a · b + c`
+/// when `accumulate`.
 ///
 /// Panics unless the shapes agree (`a` is `[m, k]`, `b` `[k, n]`, `c` `[m, n]`).
 #[allow(unsafe_code)]
-fn gemm_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+fn gemm_f32(
+    a: ArrayView2<'_, f32>,
+    b: ArrayView2<'_, f32>,
+    mut c: ArrayViewMut2<'_, f32>,
+    accumulate: bool,
+) {
     let ((m, k), (k2, n)) = (a.dim(), b.dim());
     assert!(k == k2 && c.dim() == (m, n), "matmul shapes disagree");
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || (k == 0 && accumulate) {
         return;
     }
     if k == 0 {
@@ -160,8 +182,9 @@ fn gemm_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2
     // it writes `c.as_ptr() + i * crs + j * ccs` for `i < m`, `j < n`: the elements of
     // `c`, a mutable view, so distinct from each other (ndarray rejects overlapping
     // strides for mutable views) and, being a unique borrow, from `a`'s and `b`'s.
-    // `read_dst` false: `c` is written, never read. `Parallelism::None`: no threads
-    // outlive the call. All dims are non-zero here.
+    // `read_dst` (`accumulate`) false: `c` is written, never read (else `alpha` 1
+    // keeps it). `Parallelism::None`: no threads outlive the call. All dims are
+    // non-zero here.
     unsafe {
         gemm::gemm(
             m,
@@ -170,14 +193,14 @@ fn gemm_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2
             c.as_mut_ptr(),
             ccs,
             crs,
-            false,
+            accumulate,
             a.as_ptr(),
             acs,
             ars,
             b.as_ptr(),
             bcs,
             brs,
-            0.0,
+            if accumulate { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
@@ -189,8 +212,15 @@ fn gemm_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2
 
 impl DotScalar for i32 {
     /// Wrapping arithmetic (XLA's), one rank-1 update per contracted index.
-    fn matmul_into(a: ArrayView2<'_, i32>, b: ArrayView2<'_, i32>, mut c: ArrayViewMut2<'_, i32>) {
-        c.fill(0);
+    fn matmul_into(
+        a: ArrayView2<'_, i32>,
+        b: ArrayView2<'_, i32>,
+        mut c: ArrayViewMut2<'_, i32>,
+        accumulate: bool,
+    ) {
+        if !accumulate {
+            c.fill(0);
+        }
         for (col, row) in a.columns().into_iter().zip(b.rows()) {
             Zip::from(&mut c)
                 .and_broadcast(&col.insert_axis(Axis(1)))
@@ -221,41 +251,14 @@ const PACK_ALIGN: usize = 16;
 /// straight into the result, so that is all; a dim beyond an operand's rank counts as
 /// size 1.
 pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element: usize) -> usize {
-    let size = |shape: &[usize], d: usize| shape.get(d).copied().unwrap_or(1);
-    // The contracting dims merged: `None` where they do not (the operand is copied).
-    let contracted = |shape: &[usize], contracting: &[usize]| {
-        let strides = super::row_major(shape);
-        let dims: SmallVec<[(usize, usize); 6]> = (contracting.iter())
-            .map(|&d| (size(shape, d), strides.get(d).copied().unwrap_or(0)))
-            .collect();
-        merged(&dims)
-    };
-    let copy = |shape: &[usize], contracting: &[usize]| match contracted(shape, contracting) {
-        Some(_) => 0,
-        None => shape.iter().product(),
-    };
-    let product = |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
-    let k: usize = product(lhs, &dd.lhs_contracting);
-    let m: usize = product(
-        lhs,
-        &free_dims(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting),
-    );
-    let n: usize = product(
-        rhs,
-        &free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting),
-    );
-    // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
-    let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
+    let Standard {
+        mkn: [m, k, n],
+        ak,
+        rhs_rows,
+        copies,
+    } = Standard::of(dd, lhs, rhs);
     let [kc, mc, nc] = PACK;
     let panels = m.min(mc).next_multiple_of(PACK_ALIGN) + n.min(nc).next_multiple_of(PACK_ALIGN);
-    // Whether the rhs's rows are adjacent columns (read in place, else packed).
-    let rhs_rows = copy(rhs, &dd.rhs_contracting) == 0 && {
-        let strides = super::row_major(rhs);
-        let free = free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting);
-        let dims: SmallVec<[(usize, usize); 6]> =
-            free.iter().map(|&d| (rhs[d], strides[d])).collect();
-        split_minor(&dims).1.1 == 1
-    };
     let packed = if small_product::takes([m, k, n], ak, rhs_rows) {
         if rhs_rows {
             0
@@ -265,7 +268,91 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
     } else {
         k.min(kc) * panels
     };
-    (copy(lhs, &dd.lhs_contracting) + copy(rhs, &dd.rhs_contracting) + packed) * element
+    (copies + packed) * element
+}
+
+/// Whether an f32 `dot_general` of operands of shapes `lhs` and `rhs` in standard
+/// layout adds its result to an accumulator as an `add` of its result would, bit for
+/// bit, in place ([`dot_general_add`]; see [`adds_exactly`]).
+pub(crate) fn adds_in_place(dd: &DotDims, lhs: &[usize], rhs: &[usize]) -> bool {
+    let Standard {
+        mkn, ak, rhs_rows, ..
+    } = Standard::of(dd, lhs, rhs);
+    adds_exactly(mkn, ak, rhs_rows)
+}
+
+/// Whether f32 `[m, k] x [k, n]` products whose `a` has stride `ak` along `k` and whose
+/// `b` has adjacent columns when `b_rows`, run accumulating ([`Layout::accumulate`]),
+/// give bitwise `a · b + c` as the product then an `add` round it: when something is
+/// contracted in one block of [`KC`](PACK) elements (each element's sum then complete
+/// before `c` is added, one rounding) on [`small_product`] or matrixmultiply (not
+/// `gemm`, whose order is its own). Both block by 256: with more, `c` would be added
+/// to the first block's sum.
+fn adds_exactly([m, k, n]: [usize; 3], ak: usize, b_rows: bool) -> bool {
+    (1..=PACK[0]).contains(&k)
+        && m * n > 0
+        && (small_product::takes([m, k, n], ak, b_rows) || !avx512())
+}
+
+/// The matrix products of a `dot_general` of operands in standard layout (see
+/// [`Standard::of`]).
+struct Standard {
+    /// The sizes `[m, k, n]` of each product.
+    mkn: [usize; 3],
+    /// The lhs's stride along `k`.
+    ak: usize,
+    /// Whether the rhs's rows are adjacent columns (read in place, else packed).
+    rhs_rows: bool,
+    /// The elements of the operands copied (where their contracting dims do not
+    /// merge: see [`Flat::merging`]).
+    copies: usize,
+}
+
+impl Standard {
+    /// The products of operands of shapes `lhs` and `rhs` in standard layout (every
+    /// value the runtime makes is); a dim beyond an operand's rank counts as size 1.
+    fn of(dd: &DotDims, lhs: &[usize], rhs: &[usize]) -> Standard {
+        let size = |shape: &[usize], d: usize| shape.get(d).copied().unwrap_or(1);
+        // The contracting dims merged: `None` where they do not (the operand is copied).
+        let contracted = |shape: &[usize], contracting: &[usize]| {
+            let strides = super::row_major(shape);
+            let dims: SmallVec<[(usize, usize); 6]> = (contracting.iter())
+                .map(|&d| (size(shape, d), strides.get(d).copied().unwrap_or(0)))
+                .collect();
+            merged(&dims)
+        };
+        let copy = |shape: &[usize], contracting: &[usize]| match contracted(shape, contracting) {
+            Some(_) => 0,
+            None => shape.iter().product(),
+        };
+        let product =
+            |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
+        let k: usize = product(lhs, &dd.lhs_contracting);
+        let m: usize = product(
+            lhs,
+            &free_dims(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting),
+        );
+        let n: usize = product(
+            rhs,
+            &free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting),
+        );
+        // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
+        let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
+        // Whether the rhs's rows are adjacent columns (read in place, else packed).
+        let rhs_rows = copy(rhs, &dd.rhs_contracting) == 0 && {
+            let strides = super::row_major(rhs);
+            let free = free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting);
+            let dims: SmallVec<[(usize, usize); 6]> =
+                free.iter().map(|&d| (rhs[d], strides[d])).collect();
+            split_minor(&dims).1.1 == 1
+        };
+        Standard {
+            mkn: [m, k, n],
+            ak,
+            rhs_rows,
+            copies: copy(lhs, &dd.lhs_contracting) + copy(rhs, &dd.rhs_contracting),
+        }
+    }
 }
 
 /// An operand as flat memory: element `ix` at `data[sum(ix[d] * strides[d])]`.
@@ -376,11 +463,103 @@ pub(super) fn dot_general<T: DotScalar>(
     rhs: &ArrayD<T>,
     shape: &[usize],
 ) -> Result<ArrayD<T>, String> {
+    // Pooled: its elements are unspecified until the products (or the fill) write them.
+    let mut out = buffers::take::<T>(shape.iter().product());
+    products(dd, [lhs, rhs], shape, &mut out, false)?;
+    ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
+}
+
+/// `acc + lhs · rhs` for f32 literals (`acc` of the product's shape), bitwise as
+/// [`dot_general`] then an `add` of its result and `acc` give it (either order: the
+/// sum of two NaNs is a NaN of either's payload): in `acc`'s buffer when it is
+/// handed over (owned, standard layout), else in a pooled copy of it, by one pass of
+/// products adding to it where that rounds as the `add` does ([`adds_exactly`]),
+/// else the product on a pooled buffer (scratch), then added.
+pub(crate) fn dot_general_add(
+    dd: &DotDims,
+    lhs: &Literal,
+    rhs: &Literal,
+    acc: Cow<'_, Literal>,
+) -> Result<Literal, String> {
+    let (Literal::F32(lhs), Literal::F32(rhs)) = (lhs, rhs) else {
+        return Err("a product accumulated into takes f32 operands".into());
+    };
+    let shape = Dims::from_vec(acc.shape());
+    let total = shape.iter().product();
+    let mut out: Vec<f32> = match acc {
+        Cow::Owned(Literal::F32(a)) if a.is_standard_layout() => {
+            let (buffer, offset) = a.into_raw_vec_and_offset();
+            match offset.unwrap_or(0) {
+                0 if buffer.len() == total => buffer,
+                offset => {
+                    let mut out = buffers::take(total);
+                    out.copy_from_slice(&buffer[offset..][..total]);
+                    buffers::give_buffer(buffer);
+                    out
+                }
+            }
+        }
+        acc => {
+            let Literal::F32(a) = acc.as_ref() else {
+                return Err("a product accumulated into an accumulator that is not f32".into());
+            };
+            let mut out = buffers::take(total);
+            out.iter_mut().zip(a.iter()).for_each(|(o, &x)| *o = x);
+            out
+        }
+    };
+    if !products(dd, [lhs, rhs], &shape, &mut out, true)? {
+        let product = dot_general(dd, lhs, rhs, &shape)?;
+        out.iter_mut()
+            .zip(product.iter())
+            .for_each(|(c, &p)| *c += p);
+        buffers::give_buffer(product.into_raw_vec_and_offset().0);
+    }
+    Ok(Literal::F32(
+        ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// [`dot_general_add`] run by the evaluation loop for a planned
+/// [`Accumulate`](crate::runtime::plan::Fusion::Accumulate): `operands` are the
+/// product's and the accumulator (values, not views); the product's operands handed
+/// over go back to the pool.
+pub(crate) fn accumulate(dd: &DotDims, operands: super::Operands<'_>) -> Result<Literal, String> {
+    fn value(x: super::Operand<'_>) -> Result<Cow<'_, Literal>, String> {
+        match x {
+            super::Operand::Value(x) => Ok(x),
+            super::Operand::Broadcast { .. } => Err("a product accumulated into a view".into()),
+        }
+    }
+    let mut operands = operands.into_iter().map(value);
+    let (Some(lhs), Some(rhs), Some(acc), None) = (
+        operands.next(),
+        operands.next(),
+        operands.next(),
+        operands.next(),
+    ) else {
+        return Err("a product accumulated into takes three operands".into());
+    };
+    let (lhs, rhs) = (lhs?, rhs?);
+    let sum = dot_general_add(dd, &lhs, &rhs, acc?);
+    buffers::release_operand(lhs);
+    buffers::release_operand(rhs);
+    sum
+}
+
+/// Writes `lhs · rhs`, checked to have shape `shape`, into `out` (row-major, of that
+/// shape), or when `accumulate` adds it to `out` if that is bitwise the product then
+/// an `add` ([`adds_exactly`], f32) and else leaves `out` as it is and gives `false`.
+fn products<T: DotScalar>(
+    dd: &DotDims,
+    [lhs, rhs]: [&ArrayD<T>; 2],
+    shape: &[usize],
+    out: &mut [T],
+    accumulate: bool,
+) -> Result<bool, String> {
     let lhs_free = free_dims(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
     let rhs_free = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
     let total: usize = shape.iter().product();
-    // Pooled: its elements are unspecified until the products (or the fill) write them.
-    let mut out = buffers::take::<T>(total);
     let sizes = |a: &'_ ArrayD<T>, dims: &'_ [usize]| {
         let shape = a.shape();
         dims.iter().map(move |&d| shape[d]).collect::<Dims>()
@@ -396,12 +575,14 @@ pub(super) fn dot_general<T: DotScalar>(
     if total > 0 && contracted > 0 {
         let l = Flat::new(lhs).merging([&dd.lhs_batch, &lhs_free, &dd.lhs_contracting]);
         let r = Flat::new(rhs).merging([&dd.rhs_batch, &rhs_free, &dd.rhs_contracting]);
-        multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, &mut out)?;
+        multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, out, accumulate)
+    } else if accumulate {
+        Ok(false)
     } else {
         // Nothing contracted (an empty sum): zeros.
         out.fill(T::default());
+        Ok(true)
     }
-    ArrayD::from_shape_vec(IxDyn(shape), out).map_err(|e| e.to_string())
 }
 
 /// The dims of a rank-`rank` operand that are neither batch nor contracting.
@@ -412,14 +593,16 @@ fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Dims {
 }
 
 /// Writes the product of `lhs` and `rhs` (their contracting dims merge; `free` their
-/// free dims) into `out`, the row-major result of `shape` (see [`dot_general`]).
+/// free dims) into `out`, the row-major result of `shape` (see [`dot_general`]), or
+/// adds it as [`products`] does when `accumulate` (then `false` where it does not).
 fn multiply<T: DotScalar>(
     dd: &DotDims,
     [l, r]: [&Flat<'_, T>; 2],
     [lhs_free, rhs_free]: [&[usize]; 2],
     shape: &[usize],
     out: &mut [T],
-) -> Result<(), String> {
+    accumulate: bool,
+) -> Result<bool, String> {
     let out_strides = super::row_major(shape);
     let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
     // The loop dims: size and the stride of the lhs, the rhs and the result along it.
@@ -452,8 +635,13 @@ fn multiply<T: DotScalar>(
         a: [lm, lk],
         b: [rk, rn],
         c_row: shape[nb + nl..].iter().product(),
+        accumulate,
     };
-    T::products_into(&layout, [&l.data, &r.data], out, Offsets::new(loops))
+    if accumulate && !adds_exactly([m, k, n], lk, rn == 1) {
+        return Ok(false);
+    }
+    T::products_into(&layout, [&l.data, &r.data], out, Offsets::new(loops))?;
+    Ok(true)
 }
 
 /// The offsets `[lhs, rhs, result]` of each product of a batch: an odometer over the
@@ -712,6 +900,49 @@ mod tests {
         let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
         assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
         assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
+    }
+
+    /// `acc + lhs · rhs` accumulated into `acc` is bitwise the product then an add of
+    /// its result and `acc`, `acc` handed over or lent: in one pass where `k` fits one
+    /// block of 256 (on the tile: `a` by rows; on matrixmultiply: `a` transposed, 128
+    /// rows), the product then the add with `k` 300 and 257.
+    #[test]
+    fn products_added_to_an_accumulator_equal_the_product_then_the_add() {
+        let values = |seed: u64, shape: &[usize]| {
+            let mut state = seed;
+            ArrayD::from_shape_fn(IxDyn(shape), |_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+        };
+        let _run = buffers::start_run(1 << 24, 0);
+        for k in [1, 64, 256, 257, 300] {
+            for transposed in [false, true] {
+                let (m, n) = (128, 96);
+                let lhs_shape = if transposed { [k, m] } else { [m, k] };
+                let dd = dims(&[], &[], &[usize::from(!transposed)], &[0]);
+                let (lhs, rhs) = (values(1, &lhs_shape), values(2, &[k, n]));
+                assert_eq!(
+                    adds_in_place(&dd, &lhs_shape, &[k, n]),
+                    k <= 256,
+                    "k {k}, transposed {transposed}"
+                );
+                let acc = values(3, &[m, n]).mapv(|v| v * 8.0);
+                let product = dot_general(&dd, &lhs, &rhs, &[m, n]).unwrap();
+                let want: Vec<u32> = (product.iter().zip(&acc))
+                    .map(|(p, c)| (p + c).to_bits())
+                    .collect();
+                let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
+                let lent = Literal::F32(acc.clone());
+                for acc in [Cow::Owned(Literal::F32(acc)), Cow::Borrowed(&lent)] {
+                    let got = dot_general_add(&dd, &l, &r, acc).unwrap();
+                    let got: Vec<u32> = got.as_f32().unwrap().iter().map(|v| v.to_bits()).collect();
+                    assert!(got == want, "k {k}, transposed {transposed}");
+                }
+            }
+        }
     }
 
     /// `a` with its memory laid out in the order `perm` (its logical shape unchanged).

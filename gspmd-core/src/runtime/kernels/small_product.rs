@@ -26,7 +26,8 @@
 use pulp::{Simd, bytemuck};
 
 /// One product of a batch: sizes and element strides. `a` is `[m, k]`, `b` `[k, n]`,
-/// the result `[m, n]` with adjacent columns.
+/// the result `[m, n]` with adjacent columns: `c = a · b`, or `c = a · b + c` when
+/// `accumulate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Layout {
     pub(super) m: usize,
@@ -38,6 +39,11 @@ pub(super) struct Layout {
     pub(super) b: [usize; 2],
     /// The distance between the result's rows.
     pub(super) c_row: usize,
+    /// Whether the product adds its sums to the result's prior contents (`beta = 1`)
+    /// instead of overwriting them: each element's sum over the first block of [`KC`]
+    /// contracted elements is added to it (one rounding, as an `add` of the product
+    /// and `c` rounds when `k <= KC`), the next blocks' sums after that.
+    pub(super) accumulate: bool,
 }
 
 /// Products of at most this many multiply-adds run here whatever their layout (see
@@ -111,7 +117,8 @@ pub(super) fn scratch([k, n]: [usize; 2]) -> usize {
 }
 
 /// `c[oc..] = a[oa..] · b[ob..]` laid out as `layout`, for each `[oa, ob, oc]` of
-/// `offsets`; `c`'s prior contents are ignored (NaN included).
+/// `offsets`; `c`'s prior contents are ignored (NaN included), or added to when
+/// `layout.accumulate`.
 ///
 /// Any sizes and strides work (zero included); [`Layout::runs_here`] tells where this is
 /// faster than a packing GEMM. Panics if an operand's elements reach past its slice.
@@ -153,6 +160,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                     a: a_strides,
                     b: [bk, bn],
                     c_row,
+                    accumulate,
                 },
             a,
             b,
@@ -186,6 +194,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                 a: &a[oa..],
                 a_strides,
                 k,
+                accumulate,
             };
             product.run(
                 simd,
@@ -199,11 +208,13 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
     }
 }
 
-/// One product's `a`, read through its strides.
+/// One product's `a`, read through its strides, and whether the product adds to the
+/// result ([`Layout::accumulate`]).
 struct Product<'x> {
     a: &'x [f32],
     a_strides: [usize; 2],
     k: usize,
+    accumulate: bool,
 }
 
 /// A matrix's elements and the distance between its rows (its columns adjacent).
@@ -312,7 +323,8 @@ impl<const R: usize> Column<R> for Strided<'_> {
 
 impl Product<'_> {
     /// The `[m, n]` result `a · b` into `c`, in passes over blocks of [`KC`] contracted
-    /// elements (the first writes `c`, the next add their sums to it) and [`NC`]
+    /// elements (the first writes `c`, or adds to it when accumulating; the next add
+    /// their sums to it) and [`NC`]
     /// columns, each block of `b` copied into `panel` (see [`pack`]), then row blocks
     /// of [`ROWS`] (and the rest) along the block's columns. No closure here runs
     /// vector code (a closure is not compiled with the dispatch's CPU features).
@@ -386,6 +398,7 @@ impl Product<'_> {
     ) {
         let [am, ak] = self.a_strides;
         let len = q1 - q0;
+        let add = q0 != 0 || self.accumulate;
         if len == 0 {
             // Nothing contracted: zeros, `a` not read.
             let a = Strided {
@@ -393,27 +406,27 @@ impl Product<'_> {
                 strides: [am, ak],
                 len,
             };
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
         } else if ak == 1 {
             let a = RowMajor::new::<R>(&self.a[i * am + q0..], am, len);
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
         } else if am == 1 && R > 1 {
             let a = Packed::new::<R>(&self.a[i + q0 * ak..], ak, len, stripe);
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
         } else {
             let a = Strided {
                 a: &self.a[i * am + q0 * ak..],
                 strides: [am, ak],
                 len,
             };
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], c);
+            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
         }
     }
 }
 
 /// Rows `i .. i + R` of the result's first `width` columns over the contracted
-/// `block`, `b`'s block read from `panel`: tiles of two registers of columns, then
-/// one, then a partial one.
+/// `block`, `b`'s block read from `panel`, written or (`add`) added to the result:
+/// tiles of two registers of columns, then one, then a partial one.
 #[inline(always)]
 fn columns<S: Simd, const R: usize>(
     simd: S,
@@ -421,24 +434,26 @@ fn columns<S: Simd, const R: usize>(
     panel: Panel<'_>,
     [i, width]: [usize; 2],
     block: [usize; 2],
+    add: bool,
     (c, c_row): Rows<'_, &mut [f32]>,
 ) {
     let lanes = S::F32_LANES;
     let mut j = 0;
     while j + 2 * lanes <= width {
         let b = panel.columns(j, 2 * lanes);
-        tile::<S, R, 2>(simd, a, b, [i, 2 * lanes], block, (&mut c[j..], c_row));
+        tile::<S, R, 2>(simd, a, b, [i, 2 * lanes], block, add, (&mut c[j..], c_row));
         j += 2 * lanes;
     }
     let rest = width - j;
     if rest > 0 {
         let whole = rest.min(lanes);
         let (b, b_row) = panel.columns(j, rest);
-        tile::<S, R, 1>(simd, a, (b, b_row), [i, whole], block, (&mut c[j..], c_row));
+        let c_j = (&mut c[j..], c_row);
+        tile::<S, R, 1>(simd, a, (b, b_row), [i, whole], block, add, c_j);
         if whole < rest {
             let b = (b.get(whole..).unwrap_or_default(), b_row);
             let c = (&mut c[j + whole..], c_row);
-            tile::<S, R, 1>(simd, a, b, [i, rest - whole], block, c);
+            tile::<S, R, 1>(simd, a, b, [i, rest - whole], block, add, c);
         }
     }
 }
@@ -493,9 +508,8 @@ fn pack<'p, S: Simd>(
 
 /// Rows `i .. i + R` by the first `width` columns of the result over the contracted
 /// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`): `R * V` accumulators, each
-/// summing over the contracted index in order, starting from zero when `q0` is 0,
-/// else from the result's value. Panics if `b`'s rows or `a`'s block are shorter
-/// than that.
+/// summing over the contracted index in order from zero, then stored, or (`add`) added
+/// to the result's value. Panics if `b`'s rows or `a`'s block are shorter than that.
 #[inline(always)]
 #[allow(unsafe_code)]
 fn tile<S: Simd, const R: usize, const V: usize>(
@@ -504,6 +518,7 @@ fn tile<S: Simd, const R: usize, const V: usize>(
     (b, b_row): Rows<'_, &[f32]>,
     [i, width]: [usize; 2],
     [q0, q1]: [usize; 2],
+    add: bool,
     (c, c_row): Rows<'_, &mut [f32]>,
 ) {
     let lanes = S::F32_LANES;
@@ -542,14 +557,14 @@ fn tile<S: Simd, const R: usize, const V: usize>(
         let row = &mut c[(i + r) * c_row..][..width];
         if whole {
             let registers: &mut [S::f32s] = bytemuck::cast_slice_mut(row);
-            if q0 == 0 {
+            if !add {
                 registers.copy_from_slice(acc);
             } else {
                 for (c, &acc) in registers.iter_mut().zip(acc) {
                     *c = simd.add_f32s(acc, *c);
                 }
             }
-        } else if q0 == 0 {
+        } else if !add {
             simd.partial_store_f32s(row, acc[0]);
         } else {
             let sum = simd.add_f32s(acc[0], simd.partial_load_f32s(row));
@@ -607,6 +622,7 @@ mod tests {
             a,
             b,
             c_row,
+            ..
         } = layout;
         let steps = [
             span(m, k, a) + 1,
@@ -630,6 +646,7 @@ mod tests {
             a: a_strides,
             b: b_strides,
             c_row,
+            ..
         } = layout;
         let (a, b, mut c, offsets) = batch_of(layout, batch, seed);
         products(layout, [&a, &b], &mut c, offsets.iter().copied());
@@ -691,6 +708,7 @@ mod tests {
                 a: strides(m, k, transposed[0], 1),
                 b: strides(k, n, transposed[1], 2),
                 c_row: n + 3,
+                accumulate: false,
             };
             check(&layout, 2, 7).unwrap();
         }
@@ -711,6 +729,7 @@ mod tests {
                 a: strides(m, k, true, 1),
                 b: strides(k, n, false, 2),
                 c_row: n + 1,
+                accumulate: false,
             };
             check(&layout, 2, 11).unwrap();
         }
@@ -751,13 +770,16 @@ mod tests {
                 a: strides(m, k, transposed[0], pads[0]),
                 b: strides(k, n, transposed[1], pads[1]),
                 c_row: n + pads[2],
+                accumulate: false,
             };
             check(&layout, batch, seed)?;
         }
 
         /// On x86-64 CPUs with FMA, the products are matrixmultiply's bit for bit (both
         /// sum each element in order with fused multiply-adds, blocks of [`KC`] added to
-        /// the result), so moving a product between the two changes no result.
+        /// the result), so moving a product between the two changes no result; so are
+        /// the products accumulated into the result and matrixmultiply's with `beta`
+        /// 1 (each block's sum added to the result in turn), `k` below and above [`KC`].
         #[test]
         #[cfg(target_arch = "x86_64")]
         fn products_equal_matrixmultiply_bit_for_bit(
@@ -765,6 +787,7 @@ mod tests {
             n in prop_oneof![1usize..40, 60usize..80],
             k in prop_oneof![1usize..40, (KC - 2)..(KC + 40)],
             transposed in proptest::array::uniform2(any::<bool>()),
+            accumulate in any::<bool>(),
             seed in any::<u64>(),
         ) {
             prop_assume!(std::arch::is_x86_feature_detected!("fma"));
@@ -775,12 +798,23 @@ mod tests {
                 a: strides(m, k, transposed[0], 0),
                 b: strides(k, n, transposed[1], 0),
                 c_row: n,
+                accumulate,
             };
             let (a, b, mut c, _) = batch_of(&layout, 1, seed);
+            // Accumulating: onto values of any sign and size (-0.0 among them).
+            let prior: Vec<f32> = values(seed ^ 0xacc, m * n)
+                .into_iter()
+                .enumerate()
+                .map(|(x, v)| if x % 7 == 3 { -0.0 } else { v * 4.0 })
+                .collect();
+            if accumulate {
+                c[..m * n].copy_from_slice(&prior);
+            }
             products(&layout, [&a, &b], &mut c, std::iter::once([0; 3]));
             let (a, b) = (view(&a, [m, k], layout.a), view(&b, [k, n], layout.b));
-            let mut want = ndarray::Array2::<f32>::zeros((m, n));
-            ndarray::linalg::general_mat_mul(1.0, &a, &b, 0.0, &mut want);
+            let mut want = ndarray::Array2::from_shape_vec((m, n), prior).unwrap();
+            let beta = if accumulate { 1.0 } else { 0.0 };
+            ndarray::linalg::general_mat_mul(1.0, &a, &b, beta, &mut want);
             let got = ndarray::ArrayView2::from_shape((m, n), &c[..m * n]).unwrap();
             prop_assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{:?}", layout);
         }
