@@ -419,7 +419,7 @@ impl<'a, T: Clone> Flat<'a, T> {
     {
         let sizes: Dims = perm.iter().map(|&d| self.shape[d]).collect();
         let read: Dims = perm.iter().map(|&d| self.strides[d]).collect();
-        let data = super::elementwise::strided_copy(&sizes, &self.data, &read);
+        let data = super::movement::permuted_copy(&sizes, &self.data, &read);
         let mut strides: Dims = smallvec![0; perm.len()];
         for (&d, s) in perm.iter().zip(super::row_major(&sizes)) {
             strides[d] = s;

@@ -313,13 +313,6 @@ fn map_flat<T: Copy, R>(
     out
 }
 
-/// The elements of `data` read at `strides` over `shape` (each element once), in
-/// row-major order: a permuted copy, by data movement's block copy (runs and
-/// transposing tiles, see [`super::movement::permuted_copy`]).
-pub(super) fn strided_copy<T: Copy>(shape: &[usize], data: &[T], strides: &[usize]) -> Vec<T> {
-    super::movement::permuted_copy(shape, data, strides)
-}
-
 /// `f` of each element of `a` over `shape`, into a new array (on a pooled buffer).
 fn map_to<T: Copy, R: Pooled>(shape: &[usize], a: &Arg<'_, T>, f: impl Fn(T) -> R) -> ArrayD<R> {
     let out = buffers::with_capacity(shape.iter().product());
