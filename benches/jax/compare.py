@@ -5,8 +5,9 @@ medians, their ratio and how far JAX's first losses are from gspmd's; with `--re
 it also rewrites that table in benches/README.md (between the `jax-table` markers).
 
 Each row first runs the gspmd step once with `--dump` (initial parameters, first
-batches and losses), which JAX then replays. Then `--rounds` rounds, each one gspmd
-process and one JAX process, the order alternating from round to round (gspmd first in
+batches and losses), which JAX then replays. Then the row's rounds (5; 3 for the
+d_model 512 and 1024 rows, whose steps take seconds; `--rounds` sets every row's), each
+one gspmd process and one JAX process, the order alternating from round to round (gspmd first in
 odd rounds, JAX first in even ones). JAX gets exactly as many host devices as the
 row's mesh (`XLA_FLAGS=--xla_force_host_platform_device_count=N`); rows on one device
 run both sides under `taskset -c 0` (one core: XLA then sizes its pool to one thread).
@@ -42,11 +43,14 @@ LOSS_TOLERANCE = 1e-5
 
 class Row:
     """One line of the table: `example` with `flags` on `mesh`, against `script`, for
-    `steps` steps (`warmup` of them untimed); `pinned` runs both sides on CPU 0."""
+    `steps` steps (`warmup` of them untimed) per process and `rounds` rounds; `pinned`
+    runs both sides on CPU 0. The rows of steps of a few milliseconds time a few hundred
+    steps per process over 5 rounds: on a shared host their ratio swings by up to 0.3
+    from one round to the next, and one process of 30 steps lasts less than a second."""
 
-    def __init__(self, name, example, script, flags, mesh, steps, warmup=3):
+    def __init__(self, name, example, script, flags, mesh, steps, warmup=3, rounds=5):
         self.name, self.example, self.script, self.flags = name, example, script, flags
-        self.mesh, self.steps, self.warmup = mesh, steps, warmup
+        self.mesh, self.steps, self.warmup, self.rounds = mesh, steps, warmup, rounds
         a, b = (int(n) for n in mesh.split("x"))
         self.devices = a * b
         self.pinned = self.devices == 1
@@ -54,18 +58,18 @@ class Row:
 
 LM, UNET, MOE = ("train_transformer", "lm_step.py"), ("train_unet", "unet_step.py"), ("train_moe", "moe_step.py")
 ROWS = [
-    Row("LM, 1 device (one core)", *LM, ["--dims", "small"], "1x1", 30),
-    Row("LM, 2x1", *LM, ["--dims", "small"], "2x1", 30),
-    Row("LM, 1x2", *LM, ["--dims", "small"], "1x2", 30),
-    Row("LM, 2x4", *LM, ["--dims", "small"], "2x4", 30),
+    Row("LM, 1 device (one core)", *LM, ["--dims", "small"], "1x1", 150, warmup=5),
+    Row("LM, 2x1", *LM, ["--dims", "small"], "2x1", 150, warmup=5),
+    Row("LM, 1x2", *LM, ["--dims", "small"], "1x2", 150, warmup=5),
+    Row("LM, 2x4", *LM, ["--dims", "small"], "2x4", 150, warmup=5),
     Row("LM d_model 128, 1 device (one core)", *LM, ["--dims", "128"], "1x1", 12),
     Row("LM d_model 256, 1 device (one core)", *LM, ["--dims", "256"], "1x1", 8),
-    Row("LM d_model 512, 1 device (one core)", *LM, ["--dims", "512"], "1x1", 6, warmup=2),
-    Row("LM d_model 1024, 1 device (one core)", *LM, ["--dims", "1024"], "1x1", 5, warmup=2),
-    Row("U-Net, 1 device (one core)", *UNET, [], "1x1", 20),
-    Row("U-Net, 2x4", *UNET, [], "2x4", 20),
-    Row("MoE, 1 device (one core)", *MOE, [], "1x1", 20),
-    Row("MoE, 2x4", *MOE, [], "2x4", 20),
+    Row("LM d_model 512, 1 device (one core)", *LM, ["--dims", "512"], "1x1", 6, warmup=2, rounds=3),
+    Row("LM d_model 1024, 1 device (one core)", *LM, ["--dims", "1024"], "1x1", 5, warmup=2, rounds=3),
+    Row("U-Net, 1 device (one core)", *UNET, [], "1x1", 100, warmup=5),
+    Row("U-Net, 2x4", *UNET, [], "2x4", 100, warmup=5),
+    Row("MoE, 1 device (one core)", *MOE, [], "1x1", 300, warmup=5),
+    Row("MoE, 2x4", *MOE, [], "2x4", 300, warmup=5),
 ]
 
 
@@ -100,7 +104,7 @@ def measure(row, args, tmp):
                XLA_FLAGS=f"--xla_force_host_platform_device_count={row.devices}")
     run([*gspmd, "--dump", dump], row.pinned)
     ours, theirs, diffs = [], [], []
-    for r in range(args.rounds):
+    for r in range(args.rounds or row.rounds):
         sides = ["gspmd", "jax"] if r % 2 == 0 else ["jax", "gspmd"]
         for side in sides:
             if side == "gspmd":
@@ -136,7 +140,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default=os.environ.get("JAX_PYTHON", "python3"),
                         help="the Python that has JAX (default $JAX_PYTHON or python3)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int,
+                        help="alternating rounds of every row (default: the row's, 5 or 3)")
     parser.add_argument("--only", help="run only the rows whose name contains this")
     parser.add_argument("--readme", action="store_true",
                         help="rewrite the table in benches/README.md (all rows only)")
@@ -151,7 +156,8 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     started = datetime.datetime.now(datetime.timezone.utc)
-    print(f"{args.rounds} alternating rounds; commit {commit}; load average {load()}", flush=True)
+    rounds = f"{args.rounds} alternating rounds" if args.rounds else "5 alternating rounds (3 for d_model 512 and 1024)"
+    print(f"{rounds}; commit {commit}; load average {load()}", flush=True)
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +169,8 @@ def main():
     print()
     print(text)
     finished = datetime.datetime.now(datetime.timezone.utc)
-    note = (f"\n`compare.py --readme --rounds {args.rounds}` at commit {commit}, "
+    flag = f" --rounds {args.rounds}" if args.rounds else ""
+    note = (f"\n`compare.py --readme{flag}` ({rounds}) at commit {commit}, "
             f"{started:%Y-%m-%d %H:%M}-{finished:%H:%M} UTC; load average (1/5/15 min) per row in the last column.")
     print(note)
     if args.readme:
