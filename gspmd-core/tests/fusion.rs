@@ -8,7 +8,7 @@
 
 use gspmd_core::autodiff::grad;
 use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
+use gspmd_core::ir::{Builder, DType, Literal, Program, ReduceKind, Tensor};
 use gspmd_core::runtime::{Prepared, ThreadMesh, fusion_groups, fusion_passes, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
@@ -54,7 +54,8 @@ fn labels(rows: usize, cols: usize, rng: &mut StdRng) -> Literal {
 /// the chain, with broadcast rows, columns and scalars (on either side), compares and
 /// selects (on a compare in the chain, with ties, or on a bool parameter), some
 /// intermediates also outputs, and a trailing sum, max or min over the last dim, over
-/// both dims, or none; in `dtype`.
+/// both dims, a mean, the log of a sum kept as a column, a scalar divided by a max kept
+/// as a column (reductions finished by one op), or none; in `dtype`.
 fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Program {
     let b = Builder::new("chain");
     let x = b.parameter("x", [rows, cols], dtype);
@@ -103,11 +104,16 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Pro
         pool.push(y);
     }
     let last = pool.last().expect("a chain").clone();
-    let end = match rng.random_range(0..7) {
+    let end = match rng.random_range(0..10) {
         0 => last.sum(&[-1]),
         1 => last.max_over(&[-1]),
         2 => last.min_over(&[-1]),
         3 => last.sum(&[0, 1]),
+        4 => last.mean(&[-1]),
+        5 => last.reduce(ReduceKind::Sum, &[-1], true).abs().log(),
+        6 => last
+            .scalar_like(1.5)
+            .div(&last.reduce(ReduceKind::Max, &[-1], true)),
         _ => last,
     };
     outputs.push(end);
@@ -437,17 +443,34 @@ fn softmax_layer_norm_gelu_and_cross_entropy_fuse_and_equal_unfused() {
     let groups = group_ops(&program);
     // GELU is one loop (its thirteen ops and four broadcast scalars); softmax's
     // `exp(x - max)` folds into its sum and is stored beside it (its division reads
-    // it), and so does the cross-entropy's (its `x - max` stored, read after the sum);
-    // layer norm's squared deviations fold into theirs.
+    // it), and so does the cross-entropy's (its `x - max` stored, read after the sum),
+    // its sum finished by the log (through the reshape keeping the dim); layer norm's
+    // squared deviations fold into theirs, and its mean's sum is finished by the
+    // division by the count.
     let has = |ops: &[&str]| groups.iter().any(|g| g.as_slice() == ops);
     assert!(
         groups.iter().any(|g| g.len() >= 13 && g.contains(&"tanh")),
         "GELU not fused: {groups:?}"
     );
-    let exp_sums = (groups.iter())
-        .filter(|g| g.as_slice() == ["broadcast", "subtract", "exponential", "reduce"])
-        .count();
-    assert_eq!(exp_sums, 2, "{groups:?}");
+    assert!(
+        has(&["broadcast", "subtract", "exponential", "reduce"]),
+        "{groups:?}"
+    );
+    assert!(
+        has(&[
+            "broadcast",
+            "subtract",
+            "exponential",
+            "reduce",
+            "reshape",
+            "log"
+        ]),
+        "{groups:?}"
+    );
+    assert!(
+        has(&["reduce", "reshape", "broadcast", "divide"]),
+        "{groups:?}"
+    );
     assert!(
         has(&["broadcast", "subtract", "multiply", "reduce"]),
         "{groups:?}"
@@ -460,6 +483,74 @@ fn softmax_layer_norm_gelu_and_cross_entropy_fuse_and_equal_unfused() {
     let want = node_by_node(&program, &inputs);
     let got = interpret(&program, &inputs).expect("runs");
     assert_eq!(bits(&got), bits(&want));
+}
+
+/// A reduction finished by one op (see `fusion::Epilogue`): `mean`'s division by the
+/// count (kept dims through a reshape, or not), a log of a sum, a scalar divided by a
+/// max, of a parameter (a loop of no op) and of a chain, rows within a chunk and across
+/// chunks; a sum read twice is not finished by either reader. Fused equals unfused
+/// bitwise, on a 1-device mesh too.
+#[test]
+fn reductions_finished_by_one_op_fuse_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(47);
+    for (rows, cols) in [(3, 8), (5, 37), (40, 300), (2, 1100)] {
+        let b = Builder::new("finished");
+        let x = b.parameter("x", [rows, cols], DType::F32);
+        let y = b.parameter("y", [rows, cols], DType::F32);
+        let mean = x.mean(&[-1]);
+        let norm = y.layer_norm(-1, 1e-5);
+        let log_sum = x.exp().reduce(ReduceKind::Sum, &[-1], true).log();
+        let scaled = x.scalar_like(2.0).div(&y.mul(&x).max_over(&[-1]));
+        let twice = y.sum(&[-1]);
+        let read_twice = twice.div(&twice.scalar_like(3.0)).sub(&twice);
+        let outputs = [&mean, &norm, &log_sum, &scaled, &read_twice];
+        let program = b.finish(&outputs).expect("traces");
+        // Each group's ops as a sorted list (the scalar's broadcast is traced with the
+        // finishing op, after the reduction).
+        let groups: Vec<Vec<&str>> = (group_ops(&program).into_iter())
+            .map(|mut g| {
+                g.sort_unstable();
+                g
+            })
+            .collect();
+        // x's mean (a loop of no op), y's mean in the layer norm (kept dims), the log
+        // of the sum, the scalar over the max.
+        let finished: [&[&str]; 4] = [
+            &["broadcast", "divide", "reduce"],
+            &["broadcast", "divide", "reduce", "reshape"],
+            &["exponential", "log", "reduce", "reshape"],
+            &["broadcast", "divide", "multiply", "reduce"],
+        ];
+        for ops in finished {
+            assert!(
+                groups.iter().any(|g| g.as_slice() == ops),
+                "{ops:?}: {groups:?}"
+            );
+        }
+        // The sum read twice ends no group it is in.
+        for (i, node) in program.nodes.iter().enumerate() {
+            let readers = (program.nodes.iter())
+                .filter(|n| n.operands.iter().any(|o| o.index() == i))
+                .count();
+            if node.op.name() == "reduce" && readers > 1 {
+                assert!(
+                    (fusion_groups(&program).iter())
+                        .all(|g| g.last().is_some_and(|l| l.index() == i)
+                            || g.iter().all(|m| m.index() != i)),
+                    "{groups:?}"
+                );
+            }
+        }
+        let inputs = [
+            random(&[rows, cols], &mut rng),
+            random(&[rows, cols], &mut rng),
+        ];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "{rows}x{cols}");
+        let mesh = on_one_device(&program, &inputs);
+        assert_eq!(bits(&mesh), bits(&want), "mesh, {rows}x{cols}");
+    }
 }
 
 #[test]

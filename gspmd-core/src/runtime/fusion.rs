@@ -49,8 +49,9 @@
 //!
 //! The rule (see [`plan_groups`]): from the last node back, a group grows from a float
 //! elementwise op (a select or a convert included) or a reduction of trailing dims (its
-//! root) by every earlier elementwise op of its float dtype, op giving bools and
-//! broadcast (see [`Role`]) of the loop's shape, not yet in a group, such that
+//! root, or the reduction an epilogue root finishes) by every earlier elementwise op
+//! of its float dtype, op giving bools and broadcast (see [`Role`]) of the loop's
+//! shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
 //! - the member is a float elementwise op read by at least one member (no broadcast),
@@ -58,6 +59,12 @@
 //!   root on), and the group has fewer than [`MAX_RESULTS`] results: an extra result
 //!   (outputs included). A reduction's group stores them too (softmax's `exp(x - max)`
 //!   beside its sum, layer norm's `x - mean` beside the variance).
+//!
+//! A reduction may be finished by one op on its reduced values ([`Epilogue`]: `mean`'s
+//! division by the count, the log of a sum of exponentials), read through a reshape:
+//! that op is then the group's root (see [`epilogue_of`]), and the group grows back
+//! from the reduction as above (a reduction of a leaf alone, with no op in its loop,
+//! included).
 //!
 //! A group is kept if it has at least two ops besides broadcasts. Its leaves come
 //! before the members that read them, so before the root, where they are read; a leaf
@@ -125,6 +132,9 @@ pub(crate) struct Group {
     /// A trailing reduction: its kind and the number of dims it keeps (the minor
     /// dims after them are folded).
     reduce: Option<(ReduceKind, usize)>,
+    /// An op applied to each value the reduction gives, whose result is the root's
+    /// (see [`Epilogue`]).
+    epilogue: Option<Epilogue>,
     /// The members' float dtype. A narrow one (bf16, f16) is computed in f32 lanes,
     /// each op's lanes rounded to it as the unfused kernels round each op's result
     /// (see `kernels::narrow`); the results are converted to it.
@@ -136,6 +146,72 @@ pub(crate) struct Group {
 struct Rows {
     outer: usize,
     row: usize,
+}
+
+/// The one op after a group's trailing reduction, on each reduced value: `mean`'s
+/// division of the sum by the count, the log of a sum of exponentials. The root is the
+/// op, reading the reduction through at most one reshape (the same elements in the same
+/// order) and, for a binary op, a scalar broadcast as its other operand; the reduction
+/// and the reshape are members read by nothing else (see [`epilogue_of`]). Applied to
+/// the folded values with the op's kernel function, so bitwise the unfused op's. f32
+/// groups only (a narrow group would round the reduction before the op).
+#[derive(Debug, Clone)]
+struct Epilogue {
+    op: Finish,
+    /// The root's shape: the reduced values' in another arrangement of unit dims.
+    shape: Vec<usize>,
+}
+
+/// What an [`Epilogue`] computes from a reduced value `v`.
+#[derive(Debug, Clone, Copy)]
+enum Finish {
+    /// `op(v)`.
+    Unary(UnaryOp),
+    /// `op(v, s)` (`left`) or `op(s, v)`, `s` the scalar of the splat leaf `splat`.
+    Binary {
+        op: BinaryOp,
+        splat: usize,
+        left: bool,
+    },
+}
+
+impl Finish {
+    /// Applies the op to each of `values` in place, `sources` the run's leaves.
+    fn apply(self, values: &mut [f32], sources: &[Source<'_>]) -> Result<(), String> {
+        let done = match self {
+            Finish::Unary(op) => f32_unary(op, InPlace(values, 0.0, true)),
+            Finish::Binary { op, splat, left } => match sources.get(splat) {
+                Some(&Source::Splat(q)) => f32_binary(op, InPlace(values, q, left)),
+                _ => return Err("a reduction's epilogue without its scalar".to_string()),
+            },
+        };
+        done.ok_or_else(|| "a reduction's epilogue of an op without an f32 function".to_string())
+    }
+}
+
+/// A reduction's finishing op applied in place (see [`Finish::apply`]): to each value
+/// `v`, `f(v)`, or `f(v, q)` (`left`) or `f(q, v)`.
+struct InPlace<'a>(&'a mut [f32], f32, bool);
+
+impl WithUnary for InPlace<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn with(self, f: impl Fn(f32) -> f32 + Copy) {
+        self.0.iter_mut().for_each(|v| *v = f(*v));
+    }
+}
+
+impl WithBinary for InPlace<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn with(self, f: impl Fn(f32, f32) -> f32 + Copy) {
+        let InPlace(values, q, left) = self;
+        if left {
+            values.iter_mut().for_each(|v| *v = f(*v, q));
+        } else {
+            values.iter_mut().for_each(|v| *v = f(q, *v));
+        }
+    }
 }
 
 /// A value the fused loop reads.
@@ -481,28 +557,38 @@ pub(crate) fn plan_groups(
     let mut in_group = vec![false; n];
     let mut groups = Vec::new();
     for root in (0..n).rev() {
-        let shape = match roles[root] {
-            Role::Elementwise => &nodes[root].ty.shape,
-            Role::TrailingReduce => match operands[root].first() {
+        if claimed[root] {
+            continue;
+        }
+        let finishing = epilogue_of(program, operands, &readers, &output, &roles, typed, root);
+        // The node the loop ends with: the reduction the root finishes, else the root.
+        let end = finishing.as_ref().map_or(root, |&(reduce, _)| reduce);
+        let shape = match roles[end] {
+            Role::Elementwise => &nodes[end].ty.shape,
+            Role::TrailingReduce => match operands[end].first() {
                 Some(o) => &nodes[o.index()].ty.shape,
                 None => continue,
             },
             _ => continue,
         };
-        if claimed[root] {
-            continue;
-        }
         let dtype = nodes[root].ty.dtype;
         let mut members = vec![root];
         let mut results = vec![root];
         in_group[root] = true;
-        let mut low = lowest_operand(root).unwrap_or(root);
-        let mut j = root;
+        if let Some((reduce, between)) = &finishing {
+            for &m in between.iter().chain([reduce]) {
+                in_group[m] = true;
+                members.push(m);
+            }
+        }
+        let mut low = lowest_operand(end).unwrap_or(end);
+        let mut j = end;
         while j > low {
             j -= 1;
             // Ops of another float dtype stay outside (read as leaves); bools and
             // broadcasts of any dtype are read in their own lanes.
             let candidate = !claimed[j]
+                && !in_group[j]
                 && match roles[j] {
                     Role::Elementwise => nodes[j].ty.dtype == dtype,
                     Role::Broadcast | Role::Predicate => true,
@@ -537,13 +623,13 @@ pub(crate) fn plan_groups(
         for &m in &members {
             in_group[m] = false;
         }
-        members.reverse();
-        results.reverse();
+        members.sort_unstable();
+        results.sort_unstable();
         let ops = members
             .iter()
             .filter(|&&m| matches!(roles[m], Role::Elementwise | Role::Predicate))
             .count();
-        let reduces = usize::from(roles[root] == Role::TrailingReduce);
+        let reduces = usize::from(roles[end] == Role::TrailingReduce);
         if ops == 0 || ops + reduces < 2 {
             continue;
         }
@@ -557,9 +643,66 @@ pub(crate) fn plan_groups(
             &results,
             shape.clone(),
             dtype,
+            finishing.is_some(),
         ));
     }
     groups
+}
+
+/// Whether `v` is a broadcast of a scalar.
+fn splat(program: &Program, v: ValueId) -> bool {
+    matches!(&program.nodes[v.index()].op, Op::Broadcast { dims, .. } if dims.is_empty())
+}
+
+/// If node `root` may finish a trailing reduction as an [`Epilogue`], the reduction and
+/// the other members between them: the reshape it is read through, if any, and the
+/// scalar broadcast of a binary op if only the root reads it. The root is an f32 unary
+/// op, or a binary op of the reduced value and a broadcast scalar; the reduction (f32)
+/// and the reshape are read by nothing else and are no outputs. `readers`, `output`,
+/// `roles` and `typed` as [`plan_groups`] has them.
+fn epilogue_of(
+    program: &Program,
+    operands: &[Vec<ValueId>],
+    readers: &[Vec<usize>],
+    output: &[bool],
+    roles: &[Role],
+    typed: &[bool],
+    root: usize,
+) -> Option<(usize, Vec<usize>)> {
+    let nodes = &program.nodes;
+    if roles[root] != Role::Elementwise || nodes[root].ty.dtype != DType::F32 {
+        return None;
+    }
+    let only_read_by = |v: usize, reader: usize| {
+        !output[v] && !readers[v].is_empty() && readers[v].iter().all(|&r| r == reader)
+    };
+    let scalar = |v: &ValueId| roles[v.index()] == Role::Broadcast && splat(program, *v);
+    let (value, splat) = match (&nodes[root].op, operands[root].as_slice()) {
+        (Op::Unary(_), [v]) => (v.index(), None),
+        (Op::Binary(_), [a, b]) => match (scalar(a), scalar(b)) {
+            (false, true) => (a.index(), Some(b.index())),
+            (true, false) => (b.index(), Some(a.index())),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let mut between = Vec::new();
+    let reduce = match nodes[value].op {
+        Op::Reshape(_) if typed[value] && only_read_by(value, root) => {
+            between.push(value);
+            operands[value].first()?.index()
+        }
+        _ => value,
+    };
+    let reader = between.first().copied().unwrap_or(root);
+    let finishes = roles[reduce] == Role::TrailingReduce
+        && nodes[reduce].ty.dtype == DType::F32
+        && only_read_by(reduce, reader);
+    if !finishes {
+        return None;
+    }
+    between.extend(splat.filter(|&b| only_read_by(b, root)));
+    Some((reduce, between))
 }
 
 impl Group {
@@ -572,6 +715,7 @@ impl Group {
         results: &[usize],
         shape: Vec<usize>,
         dtype: DType,
+        finishes: bool,
     ) -> Group {
         /// Where a member's elements are: a leaf's register or an op's.
         #[derive(Clone, Copy)]
@@ -592,8 +736,26 @@ impl Group {
         let mut leaves: Vec<Leaf> = Vec::new();
         // Each member's register by node index.
         let mut refs: Vec<(usize, Ref)> = Vec::new();
+        // The register of value `o` read by a member: a member's, else a leaf's.
+        let arg = |refs: &[(usize, Ref)], leaves: &mut Vec<Leaf>, o: &ValueId| match refs
+            .iter()
+            .find(|(v, _)| *v == o.index())
+        {
+            Some(&(_, r)) => r,
+            None => leaf(
+                leaves,
+                Leaf {
+                    value: *o,
+                    dims: None,
+                    dtype: program.nodes[o.index()].ty.dtype,
+                },
+            ),
+        };
         let mut ops: Vec<(Op, Lane, Vec<Ref>)> = Vec::new();
         let mut reduce = None;
+        // The register a reduction folds, and the op finishing it (see `Epilogue`).
+        let (mut folded, mut finish) = (None, None);
+        let root = members.last().copied();
         for &m in members {
             let node = &program.nodes[m];
             let r = match &node.op {
@@ -607,22 +769,40 @@ impl Group {
                 ),
                 Op::Reduce { kind, .. } => {
                     reduce = Some((*kind, node.ty.shape.len()));
+                    folded = (operands[m].first()).map(|o| arg(&refs, &mut leaves, o));
+                    continue;
+                }
+                // An epilogue's reshape: the reduced values as they are.
+                Op::Reshape(_) if finishes => continue,
+                op if finishes && Some(m) == root => {
+                    finish = Some(match (op, operands[m].as_slice()) {
+                        (Op::Unary(u), _) => Finish::Unary(*u),
+                        (&Op::Binary(op), [a, b]) => {
+                            // The scalar's operand: a splat leaf (see `epilogue_of`).
+                            let left = splat(program, *b);
+                            let s = if left { b } else { a };
+                            let splat = match operands[s.index()].first() {
+                                Some(&value) => leaf(
+                                    &mut leaves,
+                                    Leaf {
+                                        value,
+                                        dims: Some(Vec::new()),
+                                        dtype: DType::F32,
+                                    },
+                                ),
+                                None => continue,
+                            };
+                            let Ref::Leaf(splat) = splat else { continue };
+                            Finish::Binary { op, splat, left }
+                        }
+                        _ => continue,
+                    });
                     continue;
                 }
                 op => {
                     let mut args = Vec::with_capacity(operands[m].len());
                     for o in &operands[m] {
-                        args.push(match refs.iter().find(|(v, _)| *v == o.index()) {
-                            Some(&(_, r)) => r,
-                            None => leaf(
-                                &mut leaves,
-                                Leaf {
-                                    value: *o,
-                                    dims: None,
-                                    dtype: program.nodes[o.index()].ty.dtype,
-                                },
-                            ),
-                        });
+                        args.push(arg(&refs, &mut leaves, o));
                     }
                     // The lanes of the (first) operand.
                     let lane = operands[m]
@@ -640,10 +820,11 @@ impl Group {
             Ref::Op(k) => base + k,
         };
         let ref_of = |m: &usize| refs.iter().find(|(v, _)| v == m).map(|(_, r)| register(r));
-        // A reduction stores its operand's register: the last op's.
+        // A reduction stores the register it folds: its operand's (the last op's).
         let last = (base + ops.len()).saturating_sub(1);
+        let fold = folded.as_ref().map_or(last, register);
         let stores = (results.iter())
-            .map(|m| ref_of(m).unwrap_or(last))
+            .map(|m| ref_of(m).unwrap_or(fold))
             .collect();
         let code: Vec<Instr> = ops
             .iter()
@@ -696,6 +877,10 @@ impl Group {
             registers,
             layouts: Vec::new(),
             reduce,
+            epilogue: finish.map(|op| Epilogue {
+                op,
+                shape: root.map_or_else(Vec::new, |r| program.nodes[r].ty.shape.to_vec()),
+            }),
             dtype,
         };
         let cut = group.cut();
@@ -892,7 +1077,15 @@ impl Group {
                         self.fold_rows(run, outs, regs, rows, f32::INFINITY, min_nan)
                     }
                 }?;
-                Some(self.shaped(&self.shape[..kept], data)?)
+                let mut data = data;
+                let shape = match &self.epilogue {
+                    Some(epilogue) => {
+                        epilogue.op.apply(&mut data, sources)?;
+                        &epilogue.shape[..]
+                    }
+                    None => &self.shape[..kept],
+                };
+                Some(self.shaped(shape, data)?)
             }
             None => {
                 let run = Run {
@@ -1148,8 +1341,8 @@ fn allocate(
         }
     }
     for &r in stores.iter().chain(&[base + code.len().saturating_sub(1)]) {
-        if let Some(op) = r.checked_sub(base) {
-            last[op] = usize::MAX;
+        if let Some(slot) = r.checked_sub(base).and_then(|op| last.get_mut(op)) {
+            *slot = usize::MAX;
         }
     }
     // Each op's register, as assigned so far.
@@ -1206,9 +1399,10 @@ struct Run<'r, 'a> {
     direct: &'r [(usize, usize)],
 }
 
-impl Run<'_, '_> {
-    /// The values of register `r` for the chunk of `len` elements from `start`: in
-    /// its result's buffer if written directly, else in the register.
+impl<'r> Run<'r, '_> {
+    /// The values of register `r` for the chunk of `len` elements from `start`: a
+    /// leaf's where the loop reads it (a buffer handed over, or in place), else in its
+    /// result's buffer if written directly, else in the register.
     fn values<'x>(
         self,
         outs: &'x [Vec<f32>],
@@ -1216,7 +1410,19 @@ impl Run<'_, '_> {
         r: usize,
         start: usize,
         len: usize,
-    ) -> &'x [f32] {
+    ) -> &'x [f32]
+    where
+        'r: 'x,
+    {
+        match self.sources.get(r) {
+            Some(&Source::Buffer(s)) => return &outs[s][start..start + len],
+            Some(Source::Strided {
+                data,
+                contiguous: true,
+                ..
+            }) => return &data[start..start + len],
+            _ => {}
+        }
         match slot_of(self.direct, r) {
             Some(s) => &outs[s][start..start + len],
             None => &regs[r][..len],
