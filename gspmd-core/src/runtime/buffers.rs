@@ -73,6 +73,105 @@ impl<T> Default for Shelf<T> {
     }
 }
 
+/// The dtypes of the pool's shelves, in a fixed order (a [`Candidate`]'s `shelf`).
+const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::Bool];
+
+/// One pooled buffer [`Pool::reserve`] may free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Candidate {
+    /// Its shelf: the index of its dtype in [`DTYPES`].
+    shelf: usize,
+    /// Its length in elements (its key on the shelf).
+    len: usize,
+    /// The bytes of its allocation.
+    bytes: usize,
+    /// Whether [`to_free`] picked it so far.
+    taken: bool,
+}
+
+/// A shelf whatever its element type: what [`Pool::reserve`] needs to free buffers.
+trait Evict {
+    /// Pushes onto `out` each buffer of the shelf (its `shelf` index given) but one of
+    /// `keep` elements.
+    fn candidates(&self, shelf: usize, keep: Option<usize>, out: &mut Vec<Candidate>);
+    /// Frees one buffer of `len` elements and `bytes` bytes; the bytes freed (0 if
+    /// there is none).
+    fn free(&mut self, len: usize, bytes: usize) -> usize;
+}
+
+impl<T> Evict for Shelf<T> {
+    fn candidates(&self, shelf: usize, keep: Option<usize>, out: &mut Vec<Candidate>) {
+        for (&len, buffers) in &self.by_len {
+            let spare = usize::from(keep == Some(len));
+            out.extend(buffers.iter().skip(spare).map(|b| Candidate {
+                shelf,
+                len,
+                bytes: bytes_of(b),
+                taken: false,
+            }));
+        }
+    }
+
+    fn free(&mut self, len: usize, bytes: usize) -> usize {
+        let Some(buffers) = self.by_len.get_mut(&len) else {
+            return 0;
+        };
+        match buffers.iter().position(|b| bytes_of(b) == bytes) {
+            Some(i) => {
+                buffers.swap_remove(i);
+                if buffers.is_empty() {
+                    self.by_len.remove(&len);
+                }
+                bytes
+            }
+            None => 0,
+        }
+    }
+}
+
+/// Leaves in `candidates` those to free so that at least `need` bytes go, freeing few
+/// bytes beyond `need`: the smaller total of (a) the smallest buffer of `need` bytes or
+/// more and (b) the largest buffers, each while it fits in what is still needed, topped
+/// up with the smallest buffer left that covers the rest, less the smallest of them
+/// that the others cover without (fewer buffers on a tie). All of them if together
+/// they hold less than `need`. The choice depends only on the candidates' sizes,
+/// lengths and dtypes, not on the shelves' order; it allocates nothing.
+fn to_free(candidates: &mut Vec<Candidate>, need: usize) {
+    // Largest first; equal sizes in a fixed order.
+    candidates.sort_unstable_by_key(|c| (std::cmp::Reverse(c.bytes), c.len, c.shelf));
+    let total: usize = candidates.iter().map(|c| c.bytes).sum();
+    if total <= need {
+        return;
+    }
+    let single = candidates.iter().rposition(|c| c.bytes >= need);
+    let mut rest = need;
+    for c in candidates.iter_mut() {
+        c.taken = rest > 0 && c.bytes <= rest;
+        if c.taken {
+            rest -= c.bytes;
+        }
+    }
+    if rest > 0 {
+        // The total exceeds `need`, so some buffer left covers the rest.
+        if let Some(c) = (candidates.iter_mut()).rfind(|c| !c.taken && c.bytes >= rest) {
+            c.taken = true;
+        }
+    }
+    // The smallest taken ones that the others cover without are not needed.
+    let mut filled: usize = candidates.iter().filter(|c| c.taken).map(|c| c.bytes).sum();
+    for c in candidates.iter_mut().rev() {
+        if c.taken && filled - c.bytes >= need {
+            c.taken = false;
+            filled -= c.bytes;
+        }
+    }
+    if let Some(k) = single.filter(|&k| candidates[k].bytes <= filled) {
+        candidates.iter_mut().for_each(|c| c.taken = false);
+        candidates[k].taken = true;
+    }
+    candidates.retain(|c| c.taken);
+}
+
 /// One thread's pool (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
@@ -89,6 +188,8 @@ pub(crate) struct Pool {
     live: usize,
     /// Whether a run is going on (buffers are handed out only then).
     running: bool,
+    /// Scratch space of [`Pool::reserve`] (empty between calls).
+    candidates: Vec<Candidate>,
 }
 
 impl Drop for Pool {
@@ -144,38 +245,43 @@ impl Pool {
 
     /// Frees pooled buffers until `live` plus `scratch` plus the pooled bytes fit the
     /// budget, keeping one buffer of `keep.0` and `keep.1` elements if it can (the one
-    /// the caller's result may take).
+    /// the caller's result may take). It frees the buffers [`to_free`] picks: few bytes
+    /// beyond what must go, since every byte freed is one a later take of that length
+    /// allocates (and faults in) again.
     fn reserve(&mut self, live: usize, scratch: usize, keep: (DType, usize)) {
         self.live = live;
         let live = live.saturating_add(scratch);
-        if live.saturating_add(self.pooled) <= self.budget {
+        let need = live.saturating_add(self.pooled).saturating_sub(self.budget);
+        if need == 0 {
             return;
         }
-        fn evict<T>(
-            shelf: &mut Shelf<T>,
-            pooled: &mut usize,
-            keep: Option<usize>,
-            stop: &dyn Fn(usize) -> bool,
-        ) {
-            for (&len, buffers) in shelf.by_len.iter_mut() {
-                let spare = usize::from(keep == Some(len));
-                while buffers.len() > spare && !stop(*pooled) {
-                    if let Some(buffer) = buffers.pop() {
-                        *pooled -= bytes_of(&buffer);
-                    }
-                }
-            }
-        }
-        let budget = self.budget;
-        let stop = move |pooled: usize| live.saturating_add(pooled) <= budget;
         let before = self.pooled;
         let kept = |dtype: DType| (keep.0 == dtype).then_some(keep.1);
-        evict(&mut self.f32s, &mut self.pooled, kept(DType::F32), &stop);
-        evict(&mut self.bf16s, &mut self.pooled, kept(DType::BF16), &stop);
-        evict(&mut self.f16s, &mut self.pooled, kept(DType::F16), &stop);
-        evict(&mut self.i32s, &mut self.pooled, kept(DType::I32), &stop);
-        evict(&mut self.bools, &mut self.pooled, kept(DType::Bool), &stop);
+        // Kept from one reserve to the next, so that choosing allocates nothing.
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
+        for (k, dtype) in DTYPES.into_iter().enumerate() {
+            self.shelf_of(dtype)
+                .candidates(k, kept(dtype), &mut candidates);
+        }
+        to_free(&mut candidates, need);
+        for c in &candidates {
+            self.pooled -= self.shelf_of(DTYPES[c.shelf]).free(c.len, c.bytes);
+        }
+        candidates.clear();
+        self.candidates = candidates;
         POOLED.fetch_sub(before - self.pooled, Ordering::Relaxed);
+    }
+
+    /// The shelf of `dtype`'s buffers, whatever their element type.
+    fn shelf_of(&mut self, dtype: DType) -> &mut dyn Evict {
+        match dtype {
+            DType::F32 => &mut self.f32s,
+            DType::BF16 => &mut self.bf16s,
+            DType::F16 => &mut self.f16s,
+            DType::I32 => &mut self.i32s,
+            DType::Bool => &mut self.bools,
+        }
     }
 
     /// Frees every pooled buffer.
@@ -382,6 +488,70 @@ mod tests {
                 "the i32 buffer is spared"
             );
             assert_eq!(take::<i32>(100).len(), 100);
+        });
+    }
+
+    /// Candidates of `bytes` each (f32 buffers, each of its own length).
+    fn candidates(bytes: &[usize]) -> Vec<Candidate> {
+        (bytes.iter().enumerate())
+            .map(|(k, &bytes)| Candidate {
+                shelf: 0,
+                len: bytes / 4 + k,
+                bytes,
+                taken: false,
+            })
+            .collect()
+    }
+
+    fn freed(bytes: &[usize], need: usize) -> Vec<usize> {
+        let mut chosen = candidates(bytes);
+        to_free(&mut chosen, need);
+        let mut freed: Vec<usize> = chosen.iter().map(|c| c.bytes).collect();
+        freed.sort_unstable();
+        freed
+    }
+
+    #[test]
+    fn a_reserve_frees_few_bytes_beyond_what_must_go() {
+        // One buffer that covers the need, rather than the larger one.
+        assert_eq!(freed(&[32, 8, 16], 10), [16]);
+        // Smaller buffers that add up to it, rather than one much larger.
+        assert_eq!(freed(&[400, 400, 4000], 700), [400, 400]);
+        // One buffer, rather than the small ones topped up with it.
+        assert_eq!(freed(&[32, 8, 8, 8, 4], 30), [32]);
+        // The largest that fit, topped up with the smallest that covers the rest.
+        assert_eq!(freed(&[32, 16, 8, 4], 22), [8, 16]);
+        assert_eq!(freed(&[32, 16, 8, 4], 26), [4, 8, 16]);
+        assert_eq!(freed(&[32, 16, 6, 6], 21), [6, 16]);
+        // Not enough: all of them.
+        assert_eq!(freed(&[8, 4], 20), [4, 8]);
+        assert_eq!(freed(&[], 20), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_reserve_keeps_the_buffers_it_need_not_free() {
+        // 32 KiB of budget, nothing live, buffers of 16, 4, 4 and 2 KiB pooled (26).
+        on_fresh_thread(32 << 10, 0, || {
+            for len in [4096, 1024, 1024, 512] {
+                give(Literal::F32(ArrayD::zeros(IxDyn(&[len]))));
+            }
+            let pooled = || POOL.with_borrow(|p| p.pooled);
+            assert_eq!(pooled(), 26 << 10);
+            // 8 KiB must go (14 live and scratch): the two 4 KiB buffers, not the 16.
+            reserve(10 << 10, 4 << 10, DType::I32, 1);
+            assert_eq!(pooled(), 18 << 10);
+            let kept = take::<f32>(4096);
+            assert_eq!(pooled(), 2 << 10, "the 16 KiB buffer was kept");
+            drop(kept);
+            // The result's length is spared even where freeing it would fit better.
+            set_live(0);
+            give(Literal::F32(ArrayD::zeros(IxDyn(&[1024]))));
+            reserve((28 << 10) + 512, 0, DType::F32, 1024);
+            assert_eq!(
+                pooled(),
+                4 << 10,
+                "the 2 KiB buffer went, the 4 KiB one stayed"
+            );
         });
     }
 
