@@ -55,24 +55,29 @@ fn models_compile_to_the_recorded_programs() {
         .gathers()
         .peak_all_kept
         .unwrap();
+    // Recorded again (h35t) when the per-device programs' weight gradients became
+    // products of swapped operands instead of transposed products (`simplify`'s
+    // `product_transposes`, after partitioning): the partitioner's input, the
+    // collectives and the gather choices are unchanged; the u-net's gradient has no
+    // such transpose.
     let cases: Vec<(&str, (Program, Mesh), CompileOptions, u64)> = vec![
         (
             "lm step, keep",
             (lm.clone(), lm_mesh.clone()),
             keep.clone(),
-            0xa2c4216c2f4b25c3,
+            0xb03d2212bdfa08ce,
         ),
         (
             "lm step, regather",
             (lm.clone(), lm_mesh.clone()),
             regather,
-            0x94c8bc842e661650,
+            0x3b8a8b70ff3e8ef0,
         ),
         (
             "lm step, auto under 3/4 of the kept peak",
             (lm, lm_mesh),
             options(GatherReuse::Auto, Some(peak * 3 / 4)),
-            0x4695a2c999448d1d,
+            0x519c27132d824973,
         ),
         (
             "u-net gradient",
@@ -84,13 +89,13 @@ fn models_compile_to_the_recorded_programs() {
             "moe gradient",
             gradient(models::moe()),
             keep.clone(),
-            0x0ca0307b74e11917,
+            0xc113212b60b4c31d,
         ),
         (
             "pipeline gradient",
             gradient(models::pipeline()),
             keep,
-            0x8f0dc0eb32e1ce7e,
+            0xb1b5b6d3a51c80d9,
         ),
     ];
     let mut wrong = Vec::new();

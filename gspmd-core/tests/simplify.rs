@@ -638,3 +638,117 @@ fn loops_are_pure_ops_to_cse_and_dce() {
     );
     assert_same_bits(&want, &got, "simplified loops");
 }
+
+// ---- transposes of products ----------------------------------------------------------
+
+/// Transposes of products, as einsum and autodiff write them: weight gradients
+/// `tn,tk->kn` (a product `[n, k]` transposed to `[k, n]`) on the 6x16 tile and on
+/// matrixmultiply, with `t` below and above one block of 256; a batched product
+/// `bqd,bkd->bkq`; two that are not swaps (the batch dim moved, a product read twice).
+fn product_transposes() -> Program {
+    let b = Builder::new("product_transposes");
+    let ct = b.parameter("ct", [256, 256], DType::F32);
+    let x = b.parameter("x", [256, 64], DType::F32);
+    let ct2 = b.parameter("ct2", [300, 72], DType::F32);
+    let x2 = b.parameter("x2", [300, 40], DType::F32);
+    let q = b.parameter("q", [4, 24, 32], DType::F32);
+    let k = b.parameter("k", [4, 40, 32], DType::F32);
+    let small = einsum("tn,tk->kn", &ct, &x);
+    let wide = einsum("tn,tk->kn", &x, &ct);
+    let long = einsum("tn,tk->kn", &ct2, &x2);
+    let scores = einsum("bqd,bkd->bkq", &q, &k);
+    let moved = einsum("bqd,bkd->kbq", &q, &k);
+    let (y, z) = (
+        b.parameter("y", [50, 24], DType::F32),
+        b.parameter("z", [50, 16], DType::F32),
+    );
+    let twice = einsum("tn,tk->nk", &y, &z);
+    let read_twice = twice
+        .transpose(&[1, 0])
+        .add(&twice.exp().transpose(&[1, 0]));
+    b.finish(&[&small, &wide, &long, &scores, &moved, &read_twice])
+        .unwrap()
+}
+
+/// `loss = sum(tanh(x · w))` and its gradients with respect to `x` and `w`: the
+/// gradient of `w` is `dot(ct, x)` transposed.
+fn matmul_gradient() -> Program {
+    let b = Builder::new("matmul_gradient");
+    let x = b.parameter("x", [48, 300], DType::F32);
+    let w = b.parameter("w", [300, 40], DType::F32);
+    let loss = x.matmul(&w).tanh().sum(&[0, 1]);
+    let program = b.finish(&[&loss]).unwrap();
+    gspmd_core::autodiff::grad(&program, 0, &[0, 1]).unwrap()
+}
+
+#[test]
+fn transposes_that_swap_a_products_operands_become_the_swapped_product() {
+    for (program, transposes) in [(product_transposes(), 3), (matmul_gradient(), 0)] {
+        let name = program.name.clone();
+        assert!(count(&program, "transpose") > transposes, "{program}");
+        // Before propagation the partitioner sees the products as written.
+        let before = simplify(&program, Stage::BeforePropagation).unwrap();
+        assert_eq!(
+            count(&before, "transpose"),
+            count(&program, "transpose"),
+            "{name}"
+        );
+        let simple = simplify(&program, Stage::Sharded).unwrap();
+        // Left: `moved`'s and both of `read_twice`'s (its product is read twice).
+        assert_eq!(count(&simple, "transpose"), transposes, "{name}: {simple}");
+        assert_eq!(
+            count(&simple, "dot_general"),
+            count(&program, "dot_general"),
+            "{name}"
+        );
+        for seed in 0..2 {
+            let inputs = sample_inputs(&program, seed);
+            assert_same_bits(
+                &interpret(&program, &inputs).unwrap(),
+                &interpret(&simple, &inputs).unwrap(),
+                &name,
+            );
+        }
+        assert_eq!(simplify(&simple, Stage::Sharded).unwrap(), simple, "{name}");
+    }
+}
+
+/// Compiled (the transposes swapped after partitioning) and run
+/// on threads, the outputs are the interpreter's on the original program, bit for bit:
+/// on one device, and on two with the products' free dims split (nothing contracted
+/// is split, so no partial sums).
+#[test]
+fn swapped_products_run_bitwise_on_meshes() {
+    let split = {
+        let b = Builder::new("split_gradient");
+        let ct = b
+            .parameter("ct", [256, 96], DType::F32)
+            .annotate(s("(_, model)"));
+        let x = b.parameter("x", [256, 300], DType::F32);
+        let ct2 = b
+            .parameter("ct2", [300, 64], DType::F32)
+            .annotate(s("(_, model)"));
+        let x2 = b.parameter("x2", [300, 16], DType::F32);
+        let w = einsum("tn,tk->kn", &ct, &x).annotate(s("(_, model)"));
+        let w2 = einsum("tn,tk->kn", &ct2, &x2).annotate(s("(_, model)"));
+        b.finish(&[&w, &w2]).unwrap()
+    };
+    let one = mesh(&[("model", 1)]);
+    for (program, meshes) in [
+        (product_transposes(), vec![one.clone()]),
+        (matmul_gradient(), vec![one.clone()]),
+        (split, vec![one.clone(), mesh(&[("model", 2)])]),
+    ] {
+        let inputs = sample_inputs(&program, 3);
+        let want = interpret(&program, &inputs).unwrap();
+        for m in meshes {
+            let exe = compile(&program, &m).unwrap();
+            if program.name != "product_transposes" {
+                assert_eq!(count(&exe.spmd().program, "transpose"), 0, "{m}");
+            }
+            let threads = ThreadMesh::new(m.clone()).unwrap();
+            let got = exe.run(&threads, &inputs).unwrap();
+            assert_same_bits(&want, &got, &format!("{} on {m}", program.name));
+        }
+    }
+}

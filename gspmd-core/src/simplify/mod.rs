@@ -1,8 +1,13 @@
 //! Program-to-program simplification (XLA's `HloCSE` and `HloDCE`): [`simplify`] merges
 //! common subexpressions, then removes dead code. `compile` runs it on the global
 //! program before propagation and on the per-device program after partitioning. Once
-//! shardings are decided ([`Stage::Sharded`]), sums of zero-padded slabs that tile a
-//! dim become one concatenation first (`padded_sums`).
+//! shardings are decided ([`Stage::Sharded`]), transposes of products that only swap
+//! the operands' roles become the product of the swapped operands first
+//! (`product_transposes`; bitwise the same values), and sums of zero-padded slabs that
+//! tile a dim become one concatenation (`padded_sums`). The swap is left out before
+//! propagation so that the partitioner sees the products as written: made there, it
+//! changed which collectives a scanned layer stack's backward scan could take from its
+//! forward scan (`tests/loop_collectives.rs`).
 //!
 //! Both passes keep [`Program`]'s invariants: nodes stay in SSA order and are renumbered
 //! so that node `i` defines `%i`; operands, `params`, `outputs` and propagation's
@@ -12,6 +17,7 @@
 mod cse;
 mod dce;
 mod padded_sums;
+mod product_transposes;
 
 pub(crate) use cse::same_computation;
 pub(crate) use dce::eliminate_dead_code;
@@ -40,8 +46,9 @@ pub enum Stage {
 }
 
 /// `program` with common subexpressions merged (as `stage` allows) and dead nodes
-/// removed, at [`Stage::Sharded`] after sums of zero-padded slabs tiling a dim were
-/// made concatenations; it computes the same outputs from the same inputs (equal as
+/// removed, at [`Stage::Sharded`] after transposes of products that swap the operands'
+/// free dims were made products of the swapped operands and sums of zero-padded slabs
+/// tiling a dim were made concatenations; it computes the same outputs from the same inputs (equal as
 /// IEEE values: such a sum turned `-0.0` into `+0.0`, the concatenation does not). Errors are those of
 /// [`verify`], which runs first.
 pub fn simplify(program: &Program, stage: Stage) -> Result<Program> {
@@ -55,7 +62,11 @@ pub(crate) fn simplify_verified(program: &Program, stage: Stage) -> Program {
     let program = simplify_regions(program, stage);
     let program = match stage {
         Stage::BeforePropagation => program,
-        Stage::Sharded => padded_sums::join_padded_sums(&program).map_or(program, Cow::Owned),
+        Stage::Sharded => {
+            let program =
+                product_transposes::swap_transposed_products(&program).map_or(program, Cow::Owned);
+            padded_sums::join_padded_sums(&program).map_or(program, Cow::Owned)
+        }
     };
     dce::eliminate_dead_code(&cse::eliminate_common_subexpressions(&program, stage))
 }

@@ -902,21 +902,23 @@ mod tests {
         assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
     }
 
+    /// Pseudo-random f32 values in [-1.5, 1.5) of `shape`, from `seed`.
+    fn values(seed: u64, shape: &[usize]) -> ArrayD<f32> {
+        let mut state = seed;
+        ArrayD::from_shape_fn(IxDyn(shape), |_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        })
+    }
+
     /// `acc + lhs · rhs` accumulated into `acc` is bitwise the product then an add of
     /// its result and `acc`, `acc` handed over or lent: in one pass where `k` fits one
     /// block of 256 (on the tile: `a` by rows; on matrixmultiply: `a` transposed, 128
     /// rows), the product then the add with `k` 300 and 257.
     #[test]
     fn products_added_to_an_accumulator_equal_the_product_then_the_add() {
-        let values = |seed: u64, shape: &[usize]| {
-            let mut state = seed;
-            ArrayD::from_shape_fn(IxDyn(shape), |_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-            })
-        };
         let _run = buffers::start_run(1 << 24, 0);
         for k in [1, 64, 256, 257, 300] {
             for transposed in [false, true] {
@@ -943,6 +945,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A product of the swapped operands is bitwise the transpose of the product
+    /// (what `simplify`'s `product_transposes` relies on): each element sums the same
+    /// products in the same order of the contracted indices, whichever operand is the
+    /// lhs, on the 6x16 tile and on matrixmultiply (both taken below), with `k` below
+    /// and above one block of 256, a batch dim, and two contracting dims.
+    #[test]
+    fn swapped_operands_give_the_transposed_product_bit_for_bit() {
+        let swap = |dd: &DotDims| {
+            dims(
+                &dd.rhs_batch,
+                &dd.lhs_batch,
+                &dd.rhs_contracting,
+                &dd.lhs_contracting,
+            )
+        };
+        let cases: [(&[usize], &[usize], DotDims); 10] = [
+            // Weight gradients `ct[t, n] x x[t, k]` contracting `t`.
+            (&[256, 256], &[256, 64], dims(&[], &[], &[0], &[0])),
+            (&[256, 64], &[256, 256], dims(&[], &[], &[0], &[0])),
+            (&[300, 40], &[300, 72], dims(&[], &[], &[0], &[0])),
+            (&[600, 130], &[600, 90], dims(&[], &[], &[0], &[0])),
+            // Row-major products, small and mid-size, `k` 16, 256, 257.
+            (&[12, 16], &[16, 40], dims(&[], &[], &[1], &[0])),
+            (&[64, 256], &[256, 64], dims(&[], &[], &[1], &[0])),
+            (&[70, 257], &[257, 200], dims(&[], &[], &[1], &[0])),
+            // Batched (attention-like), the rhs transposed.
+            (&[4, 24, 32], &[4, 40, 32], dims(&[0], &[0], &[2], &[2])),
+            (&[3, 20, 300], &[3, 2, 300], dims(&[0], &[0], &[2], &[2])),
+            // Two contracting dims, in different orders on the two sides.
+            (&[5, 6, 30], &[30, 7, 5], dims(&[], &[], &[2, 0], &[0, 2])),
+        ];
+        let (mut tile, mut other) = (false, false);
+        let _run = buffers::start_run(1 << 24, 0);
+        for (ls, rs, dd) in cases {
+            let lhs_free = free_dims(ls.len(), &dd.lhs_batch, &dd.lhs_contracting);
+            let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
+            let (lhs, rhs) = (values(1, ls), values(2, rs));
+            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                .chain(lhs_free.iter().map(|&d| ls[d]))
+                .chain(
+                    free_dims(rs.len(), &dd.rhs_batch, &dd.rhs_contracting)
+                        .iter()
+                        .map(|&d| rs[d]),
+                )
+                .collect();
+            let product = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+            let nr = product.ndim() - nb - nl;
+            let perm: Vec<usize> = (0..nb)
+                .chain(nb + nl..nb + nl + nr)
+                .chain(nb..nb + nl)
+                .collect();
+            let transposed = product.view().permuted_axes(IxDyn(&perm));
+            let swapped = dot_general(&swap(&dd), &rhs, &lhs, transposed.shape()).unwrap();
+            let bits =
+                |a: ndarray::ArrayViewD<'_, f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(transposed) == bits(swapped.view()),
+                "{ls:?} x {rs:?} {dd:?}"
+            );
+            for (d, l, r) in [(&dd, ls, rs), (&swap(&dd), rs, ls)] {
+                let s = Standard::of(d, l, r);
+                if small_product::takes(s.mkn, s.ak, s.rhs_rows) {
+                    tile = true;
+                } else {
+                    other = true;
+                }
+            }
+        }
+        assert!(tile && other, "both product paths are taken");
     }
 
     /// `a` with its memory laid out in the order `perm` (its logical shape unchanged).
