@@ -54,15 +54,6 @@ fn blocks(lit: &Literal, outer: [usize; 2]) -> Vec<Array2<f32>> {
     out
 }
 
-fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-    DotDims {
-        lhs_batch: lb.to_vec(),
-        rhs_batch: rb.to_vec(),
-        lhs_contracting: lc.to_vec(),
-        rhs_contracting: rc.to_vec(),
-    }
-}
-
 /// A Transformer's dims, as one device multiplies them.
 struct Model {
     /// The bench names' prefix.
@@ -129,13 +120,13 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
     let x = uniform_f32(&mut rng, &[batch, seq, model], -1.0, 1.0);
     let w = uniform_f32(&mut rng, &[model, ffn], -1.0, 1.0);
     let dy = uniform_f32(&mut rng, &[batch, seq, ffn], -1.0, 1.0);
-    let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
+    let op = Op::DotGeneral(DotDims::new(&[], &[], &[2], &[0]));
     runtime("projection", op, f32_type(&[batch, seq, ffn]), &x, &w);
-    let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
+    let op = Op::DotGeneral(DotDims::new(&[], &[], &[0, 1], &[0, 1]));
     runtime("weight_gradient", op, f32_type(&[model, ffn]), &x, &dy);
     // A square weight's gradient [B, S, M] x [B, S, M] (the attention projections').
     let dx = uniform_f32(&mut rng, &[batch, seq, model], -1.0, 1.0);
-    let op = Op::DotGeneral(dims(&[], &[], &[0, 1], &[0, 1]));
+    let op = Op::DotGeneral(DotDims::new(&[], &[], &[0, 1], &[0, 1]));
     runtime(
         "weight_gradient_square",
         op,
@@ -145,7 +136,7 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
     );
     // The heads' projection bsm,mhk->bshk.
     let wq = uniform_f32(&mut rng, &[model, heads, head], -1.0, 1.0);
-    let op = Op::DotGeneral(dims(&[], &[], &[2], &[0]));
+    let op = Op::DotGeneral(DotDims::new(&[], &[], &[2], &[0]));
     let ty = f32_type(&[batch, seq, heads, head]);
     runtime("head_projection", op, ty, &x, &wq);
     // Attention scores bqhd,bkhd->bhqk: batch (b, h), contracting d; the context
@@ -154,11 +145,11 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
     let k = uniform_f32(&mut rng, &[batch, seq, heads, head], -1.0, 1.0);
     let p = uniform_f32(&mut rng, &[batch, heads, seq, seq], -1.0, 1.0);
     let vh = uniform_f32(&mut rng, &[batch, heads, seq, head], -1.0, 1.0);
-    let op = Op::DotGeneral(dims(&[0, 2], &[0, 2], &[3], &[3]));
+    let op = Op::DotGeneral(DotDims::new(&[0, 2], &[0, 2], &[3], &[3]));
     runtime("attention", op, f32_type(&[batch, heads, seq, seq]), &q, &k);
-    let op = Op::DotGeneral(dims(&[0, 1], &[0, 2], &[3], &[1]));
+    let op = Op::DotGeneral(DotDims::new(&[0, 1], &[0, 2], &[3], &[1]));
     runtime("context", op, f32_type(&[batch, heads, seq, head]), &p, &k);
-    let op = Op::DotGeneral(dims(&[0, 1], &[0, 1], &[3], &[2]));
+    let op = Op::DotGeneral(DotDims::new(&[0, 1], &[0, 1], &[3], &[2]));
     runtime(
         "context_head_major",
         op,

@@ -184,6 +184,24 @@ pub struct DotDims {
     pub rhs_contracting: Vec<usize>,
 }
 
+impl DotDims {
+    /// The dims of a product: the lhs's and the rhs's batch dims, pairwise, then their
+    /// contracting dims, pairwise.
+    pub fn new(
+        lhs_batch: &[usize],
+        rhs_batch: &[usize],
+        lhs_contracting: &[usize],
+        rhs_contracting: &[usize],
+    ) -> DotDims {
+        DotDims {
+            lhs_batch: lhs_batch.to_vec(),
+            rhs_batch: rhs_batch.to_vec(),
+            lhs_contracting: lhs_contracting.to_vec(),
+            rhs_contracting: rhs_contracting.to_vec(),
+        }
+    }
+}
+
 /// One dim of a window (XLA's `WindowDimension`, without reversal), shared by
 /// `reduce_window` (one per operand dim) and `convolution` (one per spatial dim, `size`
 /// being the kernel's dim there). The operand dim of `n` elements is dilated by

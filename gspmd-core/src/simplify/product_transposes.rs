@@ -85,22 +85,13 @@ fn swapped(dd: &DotDims, lhs_rank: usize, rhs_rank: usize, perm: &[usize]) -> Op
 mod tests {
     use super::*;
 
-    fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-        DotDims {
-            lhs_batch: lb.to_vec(),
-            rhs_batch: rb.to_vec(),
-            lhs_contracting: lc.to_vec(),
-            rhs_contracting: rc.to_vec(),
-        }
-    }
-
     #[test]
     fn a_weight_gradient_swaps_its_operands() {
         // dot(ct[m, n], x[m, k]) contracting m: [n, k], transposed [1, 0] to [k, n].
-        let dd = dims(&[], &[], &[0], &[0]);
+        let dd = DotDims::new(&[], &[], &[0], &[0]);
         assert_eq!(
             swapped(&dd, 2, 2, &[1, 0]),
-            Some(dims(&[], &[], &[0], &[0]))
+            Some(DotDims::new(&[], &[], &[0], &[0]))
         );
         // The identity is no swap.
         assert_eq!(swapped(&dd, 2, 2, &[0, 1]), None);
@@ -109,21 +100,21 @@ mod tests {
     #[test]
     fn batch_dims_stay_first_and_free_dims_keep_their_order() {
         // [b, c] batch, lhs free [i, j], rhs free [l]: result [b, c, i, j, l].
-        let dd = dims(&[0, 1], &[1, 0], &[4], &[2]);
+        let dd = DotDims::new(&[0, 1], &[1, 0], &[4], &[2]);
         assert_eq!(
             swapped(&dd, 5, 4, &[0, 1, 4, 2, 3]),
-            Some(dims(&[1, 0], &[0, 1], &[2], &[4]))
+            Some(DotDims::new(&[1, 0], &[0, 1], &[2], &[4]))
         );
         // Batch dims reordered too.
         assert_eq!(
             swapped(&dd, 5, 4, &[1, 0, 4, 2, 3]),
-            Some(dims(&[0, 1], &[1, 0], &[2], &[4]))
+            Some(DotDims::new(&[0, 1], &[1, 0], &[2], &[4]))
         );
         // A batch dim moved among the free dims, or the lhs's free dims reordered.
         assert_eq!(swapped(&dd, 5, 4, &[0, 4, 1, 2, 3]), None);
         assert_eq!(swapped(&dd, 5, 4, &[0, 1, 4, 3, 2]), None);
         // Attention's `[b, h, q, d] -> [b, q, h, d]` is not a swap.
-        let attention = dims(&[0, 1], &[0, 1], &[3], &[2]);
+        let attention = DotDims::new(&[0, 1], &[0, 1], &[3], &[2]);
         assert_eq!(swapped(&attention, 4, 4, &[0, 2, 1, 3]), None);
     }
 }

@@ -699,15 +699,6 @@ mod tests {
 
     use super::*;
 
-    fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-        DotDims {
-            lhs_batch: lb.to_vec(),
-            rhs_batch: rb.to_vec(),
-            lhs_contracting: lc.to_vec(),
-            rhs_contracting: rc.to_vec(),
-        }
-    }
-
     fn counting(shape: &[usize]) -> ArrayD<i32> {
         let n: usize = shape.iter().product();
         ArrayD::from_shape_vec(IxDyn(shape), (0..n as i32).map(|v| v % 13 - 6).collect()).unwrap()
@@ -762,21 +753,25 @@ mod tests {
     #[test]
     fn every_grouping_equals_the_definition() {
         let cases: [(&[usize], &[usize], DotDims); 7] = [
-            (&[3, 4], &[4, 5], dims(&[], &[], &[1], &[0])),
-            (&[2, 3, 4], &[4, 5], dims(&[], &[], &[2], &[0])),
+            (&[3, 4], &[4, 5], DotDims::new(&[], &[], &[1], &[0])),
+            (&[2, 3, 4], &[4, 5], DotDims::new(&[], &[], &[2], &[0])),
             (
                 &[2, 5, 3, 4],
                 &[2, 6, 3, 4],
-                dims(&[0, 2], &[0, 2], &[3], &[3]),
+                DotDims::new(&[0, 2], &[0, 2], &[3], &[3]),
             ),
             (
                 &[2, 3, 5, 6],
                 &[2, 6, 3, 4],
-                dims(&[0, 1], &[0, 2], &[3], &[1]),
+                DotDims::new(&[0, 1], &[0, 2], &[3], &[1]),
             ),
-            (&[4, 3, 2], &[2, 3, 5], dims(&[], &[], &[2, 1], &[0, 1])),
-            (&[3], &[4], dims(&[], &[], &[], &[])),
-            (&[2, 3], &[3, 2], dims(&[], &[], &[0, 1], &[1, 0])),
+            (
+                &[4, 3, 2],
+                &[2, 3, 5],
+                DotDims::new(&[], &[], &[2, 1], &[0, 1]),
+            ),
+            (&[3], &[4], DotDims::new(&[], &[], &[], &[])),
+            (&[2, 3], &[3, 2], DotDims::new(&[], &[], &[0, 1], &[1, 0])),
         ];
         for (ls, rs, dd) in cases {
             let (lhs, rhs) = (counting(ls), counting(rs));
@@ -795,18 +790,22 @@ mod tests {
     #[test]
     fn a_pooled_result_is_overwritten() {
         let cases: [(&[usize], &[usize], DotDims); 7] = [
-            (&[3, 4], &[4, 5], dims(&[], &[], &[1], &[0])),
+            (&[3, 4], &[4, 5], DotDims::new(&[], &[], &[1], &[0])),
             (
                 &[2, 5, 3, 4],
                 &[2, 6, 3, 4],
-                dims(&[0, 2], &[0, 2], &[3], &[3]),
+                DotDims::new(&[0, 2], &[0, 2], &[3], &[3]),
             ),
-            (&[3, 0], &[0, 5], dims(&[], &[], &[1], &[0])),
+            (&[3, 0], &[0, 5], DotDims::new(&[], &[], &[1], &[0])),
             // Above the tiny size: `gemm` where the CPU has AVX-512, each layout.
-            (&[40, 70], &[70, 33], dims(&[], &[], &[1], &[0])),
-            (&[70, 40], &[33, 70], dims(&[], &[], &[0], &[1])),
-            (&[1, 300], &[300, 50], dims(&[], &[], &[1], &[0])),
-            (&[3, 20, 300], &[3, 2, 300], dims(&[0], &[0], &[2], &[2])),
+            (&[40, 70], &[70, 33], DotDims::new(&[], &[], &[1], &[0])),
+            (&[70, 40], &[33, 70], DotDims::new(&[], &[], &[0], &[1])),
+            (&[1, 300], &[300, 50], DotDims::new(&[], &[], &[1], &[0])),
+            (
+                &[3, 20, 300],
+                &[3, 2, 300],
+                DotDims::new(&[0], &[0], &[2], &[2]),
+            ),
         ];
         let _run = buffers::start_run(1 << 20, 0);
         for (ls, rs, dd) in cases {
@@ -826,26 +825,30 @@ mod tests {
     fn transformer_products_read_their_operands_in_place() {
         let cases: [(&[usize], &[usize], DotDims); 5] = [
             // Projection bsm,mf->bsf.
-            (&[2, 8, 16], &[16, 32], dims(&[], &[], &[2], &[0])),
+            (&[2, 8, 16], &[16, 32], DotDims::new(&[], &[], &[2], &[0])),
             // Its weight gradient bsm,bsf->mf.
-            (&[2, 8, 16], &[2, 8, 32], dims(&[], &[], &[0, 1], &[0, 1])),
+            (
+                &[2, 8, 16],
+                &[2, 8, 32],
+                DotDims::new(&[], &[], &[0, 1], &[0, 1]),
+            ),
             // Scores bqhd,bkhd->bhqk.
             (
                 &[2, 8, 4, 16],
                 &[2, 8, 4, 16],
-                dims(&[0, 2], &[0, 2], &[3], &[3]),
+                DotDims::new(&[0, 2], &[0, 2], &[3], &[3]),
             ),
             // Context bhqk,bkhd->bhqd.
             (
                 &[2, 4, 8, 8],
                 &[2, 8, 4, 16],
-                dims(&[0, 1], &[0, 2], &[3], &[1]),
+                DotDims::new(&[0, 1], &[0, 2], &[3], &[1]),
             ),
             // Output projection bshk,hkd->bsd.
             (
                 &[2, 8, 4, 16],
                 &[4, 16, 32],
-                dims(&[], &[], &[2, 3], &[0, 1]),
+                DotDims::new(&[], &[], &[2, 3], &[0, 1]),
             ),
         ];
         for (ls, rs, dd) in cases {
@@ -868,18 +871,18 @@ mod tests {
     fn scratch_is_the_packing_panels_and_the_copies() {
         // Projection bsm,mf->bsf, mid-size with the lhs's and the rhs's rows read in
         // place: no panels.
-        let projection = dims(&[], &[], &[2], &[0]);
+        let projection = DotDims::new(&[], &[], &[2], &[0]);
         assert_eq!(scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4), 0);
         assert_eq!(scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4), 0);
         // With the rhs transposed (bsm,fm->bsf), its block packed.
-        let transposed = dims(&[], &[], &[2], &[1]);
+        let transposed = DotDims::new(&[], &[], &[2], &[1]);
         assert_eq!(
             scratch_bytes(&transposed, &[4, 8, 256], &[128, 256], 4),
             256 * 128 * 4
         );
         // Its weight gradient bsm,bsf->mf (the lhs transposed): on the tile (its stripe
         // on the stack) up to 64 rows, else matrixmultiply's panels.
-        let gradient = dims(&[], &[], &[0, 1], &[0, 1]);
+        let gradient = DotDims::new(&[], &[], &[0, 1], &[0, 1]);
         assert_eq!(scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4), 0);
         assert_eq!(
             scratch_bytes(&gradient, &[4, 8, 128], &[4, 8, 128], 4),
@@ -891,7 +894,7 @@ mod tests {
         let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
         assert_eq!(ffn, 256 * (64 + 1024) * 4);
         // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
-        let heads = dims(&[], &[], &[1, 3], &[0, 1]);
+        let heads = DotDims::new(&[], &[], &[1, 3], &[0, 1]);
         let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);
         // 16 x 64 x 32 multiply-adds: small, no panels.
         let copied = 2 * 4 * 8 * 16 * 4;
@@ -924,7 +927,7 @@ mod tests {
             for transposed in [false, true] {
                 let (m, n) = (128, 96);
                 let lhs_shape = if transposed { [k, m] } else { [m, k] };
-                let dd = dims(&[], &[], &[usize::from(!transposed)], &[0]);
+                let dd = DotDims::new(&[], &[], &[usize::from(!transposed)], &[0]);
                 let (lhs, rhs) = (values(1, &lhs_shape), values(2, &[k, n]));
                 assert_eq!(
                     adds_in_place(&dd, &lhs_shape, &[k, n]),
@@ -955,7 +958,7 @@ mod tests {
     #[test]
     fn swapped_operands_give_the_transposed_product_bit_for_bit() {
         let swap = |dd: &DotDims| {
-            dims(
+            DotDims::new(
                 &dd.rhs_batch,
                 &dd.lhs_batch,
                 &dd.rhs_contracting,
@@ -964,19 +967,31 @@ mod tests {
         };
         let cases: [(&[usize], &[usize], DotDims); 10] = [
             // Weight gradients `ct[t, n] x x[t, k]` contracting `t`.
-            (&[256, 256], &[256, 64], dims(&[], &[], &[0], &[0])),
-            (&[256, 64], &[256, 256], dims(&[], &[], &[0], &[0])),
-            (&[300, 40], &[300, 72], dims(&[], &[], &[0], &[0])),
-            (&[600, 130], &[600, 90], dims(&[], &[], &[0], &[0])),
+            (&[256, 256], &[256, 64], DotDims::new(&[], &[], &[0], &[0])),
+            (&[256, 64], &[256, 256], DotDims::new(&[], &[], &[0], &[0])),
+            (&[300, 40], &[300, 72], DotDims::new(&[], &[], &[0], &[0])),
+            (&[600, 130], &[600, 90], DotDims::new(&[], &[], &[0], &[0])),
             // Row-major products, small and mid-size, `k` 16, 256, 257.
-            (&[12, 16], &[16, 40], dims(&[], &[], &[1], &[0])),
-            (&[64, 256], &[256, 64], dims(&[], &[], &[1], &[0])),
-            (&[70, 257], &[257, 200], dims(&[], &[], &[1], &[0])),
+            (&[12, 16], &[16, 40], DotDims::new(&[], &[], &[1], &[0])),
+            (&[64, 256], &[256, 64], DotDims::new(&[], &[], &[1], &[0])),
+            (&[70, 257], &[257, 200], DotDims::new(&[], &[], &[1], &[0])),
             // Batched (attention-like), the rhs transposed.
-            (&[4, 24, 32], &[4, 40, 32], dims(&[0], &[0], &[2], &[2])),
-            (&[3, 20, 300], &[3, 2, 300], dims(&[0], &[0], &[2], &[2])),
+            (
+                &[4, 24, 32],
+                &[4, 40, 32],
+                DotDims::new(&[0], &[0], &[2], &[2]),
+            ),
+            (
+                &[3, 20, 300],
+                &[3, 2, 300],
+                DotDims::new(&[0], &[0], &[2], &[2]),
+            ),
             // Two contracting dims, in different orders on the two sides.
-            (&[5, 6, 30], &[30, 7, 5], dims(&[], &[], &[2, 0], &[0, 2])),
+            (
+                &[5, 6, 30],
+                &[30, 7, 5],
+                DotDims::new(&[], &[], &[2, 0], &[0, 2]),
+            ),
         ];
         let (mut tile, mut other) = (false, false);
         let _run = buffers::start_run(1 << 24, 0);
