@@ -646,13 +646,6 @@ fn reduce_window_ct(
     }
 }
 
-/// Dims of an operand of `rank` that are neither batch nor contracting, in order.
-fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Vec<usize> {
-    (0..rank)
-        .filter(|d| !batch.contains(d) && !contracting.contains(d))
-        .collect()
-}
-
 /// `dot_general(lhs, rhs)`: the cotangent of operand `i` (0: lhs) is the product of the
 /// result's cotangent with the other operand, contracting the other operand's free dims,
 /// then transposed back to the operand's dim order.
@@ -665,8 +658,8 @@ fn dot_general(
     i: usize,
 ) -> Result<ValueId> {
     let nb = dd.lhs_batch.len();
-    let lhs_free = free_dims(e.ty(lhs).rank(), &dd.lhs_batch, &dd.lhs_contracting);
-    let rhs_free = free_dims(e.ty(rhs).rank(), &dd.rhs_batch, &dd.rhs_contracting);
+    let lhs_free: Vec<usize> = dd.lhs_free(e.ty(lhs).rank()).collect();
+    let rhs_free: Vec<usize> = dd.rhs_free(e.ty(rhs).rank()).collect();
     // The result's dims: batch, lhs free, rhs free.
     let lhs_free_at = nb..nb + lhs_free.len();
     let rhs_free_at = lhs_free_at.end..lhs_free_at.end + rhs_free.len();

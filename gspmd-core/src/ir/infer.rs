@@ -408,16 +408,8 @@ fn infer_dot(dd: &DotDims, lhs: &TensorType, rhs: &TensorType) -> Result<TensorT
         }
     }
     let mut shape: Vec<usize> = dd.lhs_batch.iter().map(|&d| lhs.shape[d]).collect();
-    shape.extend(
-        (0..lhs.rank())
-            .filter(|d| !lhs_used.contains(d))
-            .map(|d| lhs.shape[d]),
-    );
-    shape.extend(
-        (0..rhs.rank())
-            .filter(|d| !rhs_used.contains(d))
-            .map(|d| rhs.shape[d]),
-    );
+    shape.extend(dd.lhs_free(lhs.rank()).map(|d| lhs.shape[d]));
+    shape.extend(dd.rhs_free(rhs.rank()).map(|d| rhs.shape[d]));
     Ok(TensorType::new(shape, lhs.dtype))
 }
 

@@ -200,6 +200,26 @@ impl DotDims {
             rhs_contracting: rhs_contracting.to_vec(),
         }
     }
+
+    /// The free dims of a rank-`rank` lhs (neither batch nor contracting), in order:
+    /// the result's dims after the batch dims.
+    pub fn lhs_free(&self, rank: usize) -> impl Iterator<Item = usize> + '_ {
+        free_dims(rank, &self.lhs_batch, &self.lhs_contracting)
+    }
+
+    /// The free dims of a rank-`rank` rhs, in order: the result's last dims.
+    pub fn rhs_free(&self, rank: usize) -> impl Iterator<Item = usize> + '_ {
+        free_dims(rank, &self.rhs_batch, &self.rhs_contracting)
+    }
+}
+
+/// The dims of `0..rank` in neither `batch` nor `contracting`, in order.
+fn free_dims<'a>(
+    rank: usize,
+    batch: &'a [usize],
+    contracting: &'a [usize],
+) -> impl Iterator<Item = usize> + 'a {
+    (0..rank).filter(move |d| !batch.contains(d) && !contracting.contains(d))
 }
 
 /// One dim of a window (XLA's `WindowDimension`, without reversal), shared by

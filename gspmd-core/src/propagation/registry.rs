@@ -192,21 +192,16 @@ pub fn sharding_rule(program: &Program, value: ValueId) -> OpShardingRule {
                 }
                 f
             };
-            let free = |n: usize, batch: &[usize], contracting: &[usize]| -> Vec<usize> {
-                (0..n)
-                    .filter(|d| !batch.contains(d) && !contracting.contains(d))
-                    .collect()
-            };
             let pass = FactorKind::PassThrough;
             for (&l, &r) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
                 let f = map(&mut rule, Some(l), Some(r), pass);
                 rule.result.dims.push(vec![f]);
             }
-            for l in free(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting) {
+            for l in dd.lhs_free(lhs.len()) {
                 let f = map(&mut rule, Some(l), None, pass);
                 rule.result.dims.push(vec![f]);
             }
-            for r in free(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting) {
+            for r in dd.rhs_free(rhs.len()) {
                 let f = map(&mut rule, None, Some(r), pass);
                 rule.result.dims.push(vec![f]);
             }

@@ -56,13 +56,8 @@ pub(super) fn swap_transposed_products(program: &Program) -> Option<Program> {
 /// lhs's in order, and is not the identity.
 fn swapped(dd: &DotDims, lhs_rank: usize, rhs_rank: usize, perm: &[usize]) -> Option<DotDims> {
     let nb = dd.lhs_batch.len();
-    let free = |rank: usize, batch: &[usize], contracting: &[usize]| {
-        (0..rank)
-            .filter(|d| !batch.contains(d) && !contracting.contains(d))
-            .count()
-    };
-    let fl = free(lhs_rank, &dd.lhs_batch, &dd.lhs_contracting);
-    let fr = free(rhs_rank, &dd.rhs_batch, &dd.rhs_contracting);
+    let fl = dd.lhs_free(lhs_rank).count();
+    let fr = dd.rhs_free(rhs_rank).count();
     if perm.len() != nb + fl + fr || perm.iter().enumerate().all(|(i, &p)| i == p) {
         return None;
     }

@@ -232,13 +232,8 @@ pub(super) fn dot_general(
     rhs: &PValue,
     target: &Sharding,
 ) -> Result<PValue> {
-    let free = |rank: usize, batch: &[usize], contracting: &[usize]| -> Vec<usize> {
-        (0..rank)
-            .filter(|d| !batch.contains(d) && !contracting.contains(d))
-            .collect()
-    };
-    let lhs_free = free(lhs.global.rank(), &dd.lhs_batch, &dd.lhs_contracting);
-    let rhs_free = free(rhs.global.rank(), &dd.rhs_batch, &dd.rhs_contracting);
+    let lhs_free: Vec<usize> = dd.lhs_free(lhs.global.rank()).collect();
+    let rhs_free: Vec<usize> = dd.rhs_free(rhs.global.rank()).collect();
     let batch = (dd.lhs_batch.iter().zip(&dd.rhs_batch)).map(|(&l, &r)| (Some(l), Some(r)));
     let result: Vec<(Option<usize>, Option<usize>)> = batch
         .chain(lhs_free.iter().map(|&l| (Some(l), None)))
