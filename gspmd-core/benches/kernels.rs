@@ -232,6 +232,159 @@ fn products(group: &mut BenchmarkGroup<'_, WallTime>, model: &Model) {
     );
 }
 
+/// The small steps' products that ran at half the big projections' rate in a per-node
+/// profile (issue 28, the example LM and MoE on one device), each in the operand layout
+/// the step gives it, next to the LM's big projection `[256, 64] x [64, 256]` as the
+/// rate reference (`step_products/<name>`; the multiply-adds per call in the name).
+fn step_products(c: &mut Criterion) {
+    let mut group = c.benchmark_group("step_products");
+    group.sample_size(20);
+    group.warm_up_time(std::time::Duration::from_millis(500));
+    group.measurement_time(std::time::Duration::from_secs(2));
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(3);
+    // (name, lhs shape, rhs shape, lhs batch, rhs batch, lhs contracting, rhs contracting)
+    type Case = (
+        &'static str,
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+    );
+    let cases: [Case; 11] = [
+        // LM: the big projection bsm,mf->bsf (the rate reference), 4.2 M.
+        (
+            "lm_projection_4m",
+            &[16, 16, 64],
+            &[64, 256],
+            &[],
+            &[],
+            &[2],
+            &[0],
+        ),
+        // LM: Q/K/V projections bsm,mhk->bshk, 1 M.
+        (
+            "lm_qkv_1m",
+            &[16, 16, 64],
+            &[64, 4, 16],
+            &[],
+            &[],
+            &[2],
+            &[0],
+        ),
+        // Their weight gradients bsm,bshk->mhk, 1 M.
+        (
+            "lm_qkv_gradient_1m",
+            &[16, 16, 64],
+            &[16, 16, 4, 16],
+            &[],
+            &[],
+            &[0, 1],
+            &[0, 1],
+        ),
+        // The output projection bshk,mhk->bsm (rhs transposed), 1 M.
+        (
+            "lm_out_1m",
+            &[16, 16, 4, 16],
+            &[64, 4, 16],
+            &[],
+            &[],
+            &[2, 3],
+            &[1, 2],
+        ),
+        // A head-major weight gradient bhsk,bsm->hkm (lhs contracting dims apart), 1 M.
+        (
+            "lm_head_gradient_1m",
+            &[16, 4, 16, 16],
+            &[16, 16, 64],
+            &[],
+            &[],
+            &[0, 2],
+            &[0, 1],
+        ),
+        // MoE: expert inputs bsm,ebfm->bsef (rhs batch dim second, b transposed), 0.4 M.
+        (
+            "moe_expert_in_393k",
+            &[16, 16, 32],
+            &[4, 16, 12, 32],
+            &[0],
+            &[1],
+            &[2],
+            &[3],
+        ),
+        // Its input gradient bsef,ebfm->bsm (rhs contracting dims apart), 0.4 M.
+        (
+            "moe_expert_in_grad_393k",
+            &[16, 16, 4, 12],
+            &[4, 16, 12, 32],
+            &[0],
+            &[1],
+            &[2, 3],
+            &[0, 2],
+        ),
+        // Its weight gradients bsef,bsm->befm and bsm,bsef->bmef, 0.4 M.
+        (
+            "moe_expert_w_grad_393k",
+            &[16, 16, 4, 12],
+            &[16, 16, 32],
+            &[0],
+            &[0],
+            &[1],
+            &[1],
+        ),
+        (
+            "moe_expert_w_grad_t_393k",
+            &[16, 16, 32],
+            &[16, 16, 4, 12],
+            &[0],
+            &[0],
+            &[1],
+            &[1],
+        ),
+        // Attention's context bhqk,bhkd->bhqd: 64 products of [16, 16] x [16, 8], 131 k.
+        (
+            "moe_context_131k",
+            &[16, 4, 16, 16],
+            &[16, 4, 16, 8],
+            &[0, 1],
+            &[0, 1],
+            &[3],
+            &[2],
+        ),
+        // Scores bhqd,bhkd->bhqk: 64 products of [16, 8] x [8, 16] (rhs transposed), 131 k.
+        (
+            "moe_scores_131k",
+            &[16, 4, 16, 8],
+            &[16, 4, 16, 8],
+            &[0, 1],
+            &[0, 1],
+            &[3],
+            &[3],
+        ),
+    ];
+    for (name, ls, rs, lb, rb, lc, rc) in cases {
+        let dd = DotDims::new(lb, rb, lc, rc);
+        let free = |shape: &[usize], b: &[usize], c: &[usize]| -> Vec<usize> {
+            (0..shape.len())
+                .filter(|d| !b.contains(d) && !c.contains(d))
+                .map(|d| shape[d])
+                .collect()
+        };
+        let shape: Vec<usize> = (lb.iter().map(|&d| ls[d]))
+            .chain(free(ls, lb, lc))
+            .chain(free(rs, rb, rc))
+            .collect();
+        let a = uniform_f32(&mut rng, ls, -1.0, 1.0);
+        let b = uniform_f32(&mut rng, rs, -1.0, 1.0);
+        let (op, ty) = (Op::DotGeneral(dd), f32_type(&shape));
+        group.bench_function(name, |bench| {
+            bench.iter(|| black_box(eval(&op, &[&a, &b], &ty).expect("runs")))
+        });
+    }
+    group.finish();
+}
+
 fn reductions(c: &mut Criterion) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
     let mut group = c.benchmark_group("reduce");
@@ -305,5 +458,11 @@ fn elementwise(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, contractions, reductions, elementwise);
+criterion_group!(
+    benches,
+    contractions,
+    step_products,
+    reductions,
+    elementwise
+);
 criterion_main!(benches);
