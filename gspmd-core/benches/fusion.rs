@@ -5,7 +5,8 @@
 //! over `model`): layer norm over `d_model`, softmax over the keys, GELU over the FFN
 //! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight;
 //! the MoE router's gating chain (the example `train_moe`'s shapes); and the ReLU's
-//! gradient (compares and selects) on a U-Net activation.
+//! gradient (compares and selects) on a U-Net activation; and first, `exp`, `tanh`
+//! and `logistic` alone over a vector.
 //!
 //! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
 //! them, the plan not remade per call); the handwritten loop computes the same values
@@ -107,9 +108,14 @@ fn compare(
         );
     }
     let groups = fusion_groups(program).len();
+    let elements = inputs
+        .first()
+        .map_or(1, |x| x.shape().iter().product::<usize>())
+        .max(1);
     print_ratio(
         group,
         groups,
+        elements,
         || {
             black_box(prepared.run(inputs).expect("runs"));
         },
@@ -133,8 +139,14 @@ fn compare(
 
 /// Prints the median time of `fused` over that of `handwritten`, timed alternately
 /// (rounds of as many calls as take about a millisecond, one side then the other) so
-/// that both see the same machine load.
-fn print_ratio(group: &str, groups: usize, mut fused: impl FnMut(), mut handwritten: impl FnMut()) {
+/// that both see the same machine load; and each per element of the first input.
+fn print_ratio(
+    group: &str,
+    groups: usize,
+    elements: usize,
+    mut fused: impl FnMut(),
+    mut handwritten: impl FnMut(),
+) {
     let time = |f: &mut dyn FnMut(), calls: usize| {
         let start = Instant::now();
         for _ in 0..calls {
@@ -156,10 +168,13 @@ fn print_ratio(group: &str, groups: usize, mut fused: impl FnMut(), mut handwrit
     };
     let (a, b) = (median(&mut a), median(&mut b));
     println!(
-        "ratio {group}: fused/handwritten {:.2} (fused {:.2} us in {groups} loops, handwritten {:.2} us)",
+        "ratio {group}: fused/handwritten {:.2} (fused {:.2} us in {groups} loops, handwritten {:.2} us; \
+         per element of the first input: {:.2} and {:.2} ns)",
         a / b,
         a * 1e6,
-        b * 1e6
+        b * 1e6,
+        a * 1e9 / elements as f64,
+        b * 1e9 / elements as f64
     );
 }
 
@@ -454,6 +469,40 @@ fn gating(c: &mut Criterion, s: &Shapes) {
     );
 }
 
+/// `exp`, `tanh` and `logistic` alone over a vector of 16,384 elements (64 KiB, in
+/// the cache) spread over `[-8, 8]`: the cost per element of each function, fused
+/// (the CPU's widest vectors) and in a loop for the build's target.
+fn transcendentals(c: &mut Criterion) {
+    transcendental(c, "exp", |x| x.exp(), elementary::exp);
+    transcendental(c, "tanh", |x| x.tanh(), elementary::tanh);
+    transcendental(c, "logistic", |x| x.logistic(), elementary::logistic);
+}
+
+/// One of [`transcendentals`]: the program `op(x)` against a loop of `f` (inlined).
+fn transcendental(
+    c: &mut Criterion,
+    name: &str,
+    op: impl Fn(&gspmd_core::ir::Tensor) -> gspmd_core::ir::Tensor,
+    f: impl Fn(f32) -> f32,
+) {
+    let n = [16_384];
+    let b = Builder::new(name);
+    let x = b.parameter("x", n, DType::F32);
+    let program = b.finish(&[&op(&x)]).expect("traces");
+    compare(
+        c,
+        name,
+        &program,
+        &[values(&n, 16.0)],
+        0.0,
+        |inputs, out| {
+            for (o, &v) in out.iter_mut().zip(f32s(&inputs[0])) {
+                *o = f(v);
+            }
+        },
+    );
+}
+
 fn bench(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
     println!(
@@ -471,6 +520,7 @@ fn bench(c: &mut Criterion) {
             "scalar"
         }
     );
+    transcendentals(c);
     for s in &MESHES {
         layer_norm(c, s);
         softmax(c, s);
