@@ -328,22 +328,17 @@ impl Standard {
         let product =
             |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
         let k: usize = product(lhs, &dd.lhs_contracting);
-        let m: usize = product(
-            lhs,
-            &free_dims(lhs.len(), &dd.lhs_batch, &dd.lhs_contracting),
-        );
-        let n: usize = product(
-            rhs,
-            &free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting),
-        );
+        let m: usize = product(lhs, &dd.lhs_free(lhs.len()).collect::<Dims>());
+        let n: usize = product(rhs, &dd.rhs_free(rhs.len()).collect::<Dims>());
         // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
         let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
         // Whether the rhs's rows are adjacent columns (read in place, else packed).
         let rhs_rows = copy(rhs, &dd.rhs_contracting) == 0 && {
             let strides = super::row_major(rhs);
-            let free = free_dims(rhs.len(), &dd.rhs_batch, &dd.rhs_contracting);
-            let dims: SmallVec<[(usize, usize); 6]> =
-                free.iter().map(|&d| (rhs[d], strides[d])).collect();
+            let dims: SmallVec<[(usize, usize); 6]> = dd
+                .rhs_free(rhs.len())
+                .map(|d| (rhs[d], strides[d]))
+                .collect();
             split_minor(&dims).1.1 == 1
         };
         Standard {
@@ -557,8 +552,8 @@ fn products<T: DotScalar>(
     out: &mut [T],
     accumulate: bool,
 ) -> Result<bool, String> {
-    let lhs_free = free_dims(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
-    let rhs_free = free_dims(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
+    let lhs_free: Dims = dd.lhs_free(lhs.ndim()).collect();
+    let rhs_free: Dims = dd.rhs_free(rhs.ndim()).collect();
     let total: usize = shape.iter().product();
     let sizes = |a: &'_ ArrayD<T>, dims: &'_ [usize]| {
         let shape = a.shape();
@@ -583,13 +578,6 @@ fn products<T: DotScalar>(
         out.fill(T::default());
         Ok(true)
     }
-}
-
-/// The dims of a rank-`rank` operand that are neither batch nor contracting.
-fn free_dims(rank: usize, batch: &[usize], contracting: &[usize]) -> Dims {
-    (0..rank)
-        .filter(|d| !batch.contains(d) && !contracting.contains(d))
-        .collect()
 }
 
 /// Writes the product of `lhs` and `rhs` (their contracting dims merge; `free` their
@@ -707,13 +695,8 @@ mod tests {
     /// The definition, by indices: `out[b, i, j] = sum_k lhs[b, i, k] rhs[b, k, j]`
     /// over the multi-indices of each group.
     fn naive(dd: &DotDims, lhs: &ArrayD<i32>, rhs: &ArrayD<i32>) -> ArrayD<i32> {
-        let free = |rank: usize, b: &[usize], c: &[usize]| -> Vec<usize> {
-            (0..rank)
-                .filter(|d| !b.contains(d) && !c.contains(d))
-                .collect()
-        };
-        let lf = free(lhs.ndim(), &dd.lhs_batch, &dd.lhs_contracting);
-        let rf = free(rhs.ndim(), &dd.rhs_batch, &dd.rhs_contracting);
+        let lf: Vec<usize> = dd.lhs_free(lhs.ndim()).collect();
+        let rf: Vec<usize> = dd.rhs_free(rhs.ndim()).collect();
         let sizes =
             |a: &ArrayD<i32>, ds: &[usize]| ds.iter().map(|&d| a.shape()[d]).collect::<Vec<_>>();
         let shape: Vec<usize> =
@@ -996,16 +979,12 @@ mod tests {
         let (mut tile, mut other) = (false, false);
         let _run = buffers::start_run(1 << 24, 0);
         for (ls, rs, dd) in cases {
-            let lhs_free = free_dims(ls.len(), &dd.lhs_batch, &dd.lhs_contracting);
+            let lhs_free: Dims = dd.lhs_free(ls.len()).collect();
             let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
             let (lhs, rhs) = (values(1, ls), values(2, rs));
             let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
                 .chain(lhs_free.iter().map(|&d| ls[d]))
-                .chain(
-                    free_dims(rs.len(), &dd.rhs_batch, &dd.rhs_contracting)
-                        .iter()
-                        .map(|&d| rs[d]),
-                )
+                .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
                 .collect();
             let product = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
             let nr = product.ndim() - nb - nl;
