@@ -328,8 +328,8 @@ impl Standard {
         let product =
             |shape: &[usize], dims: &[usize]| dims.iter().map(|&d| size(shape, d)).product();
         let k: usize = product(lhs, &dd.lhs_contracting);
-        let m: usize = product(lhs, &dd.lhs_free(lhs.len()).collect::<Dims>());
-        let n: usize = product(rhs, &dd.rhs_free(rhs.len()).collect::<Dims>());
+        let m: usize = dd.lhs_free(lhs.len()).map(|d| size(lhs, d)).product();
+        let n: usize = dd.rhs_free(rhs.len()).map(|d| size(rhs, d)).product();
         // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
         let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
         // Whether the rhs's rows are adjacent columns (read in place, else packed).
