@@ -1,7 +1,8 @@
 //! `--bench` for the training examples that `benches/jax` compares with JAX: time a
 //! trainer's steps, print the first losses and the median ms/step, and with `--dump`
 //! write the initial parameters, the first batches and their losses for the JAX twin to
-//! replay. Included by the examples that take `--bench` (`#[path]`), so the others do
+//! replay. With `GSPMD_PROFILE=1` it also prints where a timed step's time goes, node
+//! by node (`gspmd::runtime::profile`). Included by the examples that take `--bench` (`#[path]`), so the others do
 //! not carry it.
 
 use std::path::PathBuf;
@@ -9,7 +10,11 @@ use std::time::Instant;
 
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
+use gspmd::runtime::profile;
 use gspmd::train::{Trainer, save_checkpoint};
+
+/// The largest rows of the per-node profile printed with `GSPMD_PROFILE=1`.
+const PROFILE_ROWS: usize = 40;
 
 /// Steps whose losses are printed and whose batches `--dump` writes.
 pub const LOGGED_STEPS: usize = 5;
@@ -107,6 +112,9 @@ pub fn run(
     let (mut losses, mut batches, mut times) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..bench.steps {
         let data = batch();
+        if i == bench.warmup {
+            profile::reset();
+        }
         let started = Instant::now();
         let loss = trainer.step(&data)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -127,6 +135,9 @@ pub fn run(
         times[0],
         times[times.len() - 1]
     );
+    if profile::enabled() {
+        print!("{}", profile::report().table(times.len(), PROFILE_ROWS));
+    }
     if let Some(path) = &bench.dump {
         let mut tensors = initial;
         for (i, data) in batches.into_iter().enumerate() {

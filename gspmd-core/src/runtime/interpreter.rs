@@ -18,6 +18,7 @@ use super::kernels;
 use super::kernels::{Operand, Operands};
 use super::memory::available_memory;
 use super::plan::{Fusion, Plan, PlannedProgram, Step};
+use super::profile;
 
 /// Runs `program` on `inputs` (one per parameter, in parameter order) and returns its
 /// outputs in order.
@@ -206,6 +207,7 @@ fn execute_dyn<'a>(
             // Computed by its group's loop at the root, or its readers read its operand.
             continue;
         }
+        let _timer = profile::Timer::start(program, plan, i);
         // A run past its deadline stops here, naming this node.
         deadline::check(node.op.name(), node.location)?;
         // A fusion root computes every result of its group.

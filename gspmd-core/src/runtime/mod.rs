@@ -26,6 +26,7 @@ mod memory;
 #[cfg(feature = "mpi")]
 mod mpi_mesh;
 mod plan;
+pub mod profile;
 mod reference;
 mod sample;
 mod thread_mesh;
