@@ -1,4 +1,4 @@
-//! Allocations per training step of the language model of `train_transformer` (AdamW,
+//! Allocations (and the bytes they ask for) per training step of the language model of `train_transformer` (AdamW,
 //! all devices together) on each mesh given (default `1x1 2x4`), counted by an
 //! instrumented global allocator — here rather than in `train_transformer --bench`,
 //! whose timings the counting would slow. `tests/allocations.rs` asserts the figures.
@@ -30,14 +30,15 @@ fn main() -> Result<(), String> {
             .split_once('x')
             .and_then(|(d, m)| Some([d.parse().ok()?, m.parse().ok()?]))
             .ok_or(format!("a mesh is DATAxMODEL such as 2x4, not `{text}`"))?;
-        let count = steps::allocations_per_step(shape, 10);
+        let steps::PerStep { allocations, bytes } = steps::allocations_per_step(shape, 10);
+        let kib = bytes as f64 / 1024.0;
         match BEFORE.iter().find(|(mesh, _)| *mesh == shape) {
             Some((_, before)) => println!(
-                "mesh {text}: {count} allocations per step ({:.1}x fewer than the {before} \
-                 before the buffer pool)",
-                *before as f64 / count.max(1) as f64
+                "mesh {text}: {allocations} allocations per step, {kib:.0} KiB ({:.1}x fewer \
+                 allocations than the {before} before the buffer pool)",
+                *before as f64 / allocations.max(1) as f64
             ),
-            None => println!("mesh {text}: {count} allocations per step"),
+            None => println!("mesh {text}: {allocations} allocations per step, {kib:.0} KiB"),
         }
     }
     Ok(())

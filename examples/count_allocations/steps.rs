@@ -8,10 +8,18 @@ use gspmd::runtime::sample_inputs;
 use gspmd::train::{Init, Initializer, Optimizer, Trainer, step_program};
 use stats_alloc::Region;
 
+/// What the allocator did in a step, on average.
+pub struct PerStep {
+    /// Allocations and reallocations.
+    pub allocations: usize,
+    /// The bytes they asked for (what the buffer pools did not hand out again).
+    pub bytes: usize,
+}
+
 /// Allocations per step (all devices) of the language model's AdamW step of
 /// `examples/train_transformer.rs` on `mesh`, over `steps` steps after three warm-up
 /// steps (which make the plan, the collectives' groups and the buffer pools).
-pub fn allocations_per_step(mesh: [usize; 2], steps: usize) -> usize {
+pub fn allocations_per_step(mesh: [usize; 2], steps: usize) -> PerStep {
     let dims = language_model::Dims {
         B: 16,
         S: 16,
@@ -36,5 +44,8 @@ pub fn allocations_per_step(mesh: [usize; 2], steps: usize) -> usize {
         trainer.step(&data).expect("steps");
     }
     let change = region.change();
-    (change.allocations + change.reallocations) / steps.max(1)
+    PerStep {
+        allocations: (change.allocations + change.reallocations) / steps.max(1),
+        bytes: change.bytes_allocated / steps.max(1),
+    }
 }

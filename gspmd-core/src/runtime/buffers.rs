@@ -27,11 +27,21 @@
 //! freed. Between runs the pool holds at most the last run's budget less its live
 //! bytes at the end. A pooled buffer is not a live value: it never counts against a
 //! run's memory limit, and [`pooled_bytes`] reports what all threads' pools hold.
+//!
+//! Which buffers go when they do not all fit: the plan knows, node by node, which new
+//! buffers a run asks for ([`Requests`], from the liveness walk), and a run follows
+//! them ([`follow`]). What goes first is the buffer asked for again farthest ahead (in
+//! this run, else in the next run of the same program: a training loop's next step;
+//! never asked for: first of all), as an optimal cache replacement (Belady's) does; a
+//! buffer given back that does not fit is kept in place of pooled ones asked for later
+//! than it. Among buffers asked for equally far ahead, few bytes beyond what must go
+//! (see [`to_free`]).
 
 use std::any::Any;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
@@ -85,6 +95,9 @@ struct Candidate {
     len: usize,
     /// The bytes of its allocation.
     bytes: usize,
+    /// How many nodes ahead a buffer of its dtype and length is asked for next (see
+    /// [`Requests::next`]).
+    next: usize,
     /// Whether [`to_free`] picked it so far.
     taken: bool,
 }
@@ -107,6 +120,7 @@ impl<T> Evict for Shelf<T> {
                 shelf,
                 len,
                 bytes: bytes_of(b),
+                next: usize::MAX,
                 taken: false,
             }));
         }
@@ -129,20 +143,51 @@ impl<T> Evict for Shelf<T> {
     }
 }
 
-/// Leaves in `candidates` those to free so that at least `need` bytes go, freeing few
-/// bytes beyond `need`: the smaller total of (a) the smallest buffer of `need` bytes or
-/// more and (b) the largest buffers, each while it fits in what is still needed, topped
-/// up with the smallest buffer left that covers the rest, less the smallest of them
-/// that the others cover without (fewer buffers on a tie). All of them if together
-/// they hold less than `need`. The choice depends only on the candidates' sizes,
-/// lengths and dtypes, not on the shelves' order; it allocates nothing.
+/// Leaves in `candidates` those to free so that at least `need` bytes go: those asked
+/// for again farthest ahead first (the largest `next`), all of them while they hold no
+/// more than what is still needed; among those asked for equally far ahead that hold
+/// more, the ones [`fit`] picks. All of them if together they hold less than `need`.
+/// The choice depends only on the candidates' sizes, lengths, dtypes and `next`, not
+/// on the shelves' order; it allocates nothing.
 fn to_free(candidates: &mut Vec<Candidate>, need: usize) {
-    // Largest first; equal sizes in a fixed order.
-    candidates.sort_unstable_by_key(|c| (std::cmp::Reverse(c.bytes), c.len, c.shelf));
-    let total: usize = candidates.iter().map(|c| c.bytes).sum();
-    if total <= need {
-        return;
+    // Farthest first; then largest first, equal sizes in a fixed order (for `fit`).
+    candidates.sort_unstable_by_key(|c| {
+        (
+            std::cmp::Reverse(c.next),
+            std::cmp::Reverse(c.bytes),
+            c.len,
+            c.shelf,
+        )
+    });
+    let mut rest = need;
+    let mut start = 0;
+    while start < candidates.len() && rest > 0 {
+        let next = candidates[start].next;
+        let end = start
+            + (candidates[start..].iter())
+                .take_while(|c| c.next == next)
+                .count();
+        let group = &mut candidates[start..end];
+        let bytes: usize = group.iter().map(|c| c.bytes).sum();
+        if bytes <= rest {
+            group.iter_mut().for_each(|c| c.taken = true);
+            rest -= bytes;
+        } else {
+            fit(group, rest);
+            rest = 0;
+        }
+        start = end;
     }
+    candidates.retain(|c| c.taken);
+}
+
+/// Marks in `candidates` (largest first, holding more than `need` together) those to
+/// free so that at least `need` bytes go, freeing few bytes beyond `need`: the smaller
+/// total of (a) the smallest buffer of `need` bytes or more and (b) the largest
+/// buffers, each while it fits in what is still needed, topped up with the smallest
+/// buffer left that covers the rest, less the smallest of them that the others cover
+/// without (fewer buffers on a tie).
+fn fit(candidates: &mut [Candidate], need: usize) {
     let single = candidates.iter().rposition(|c| c.bytes >= need);
     let mut rest = need;
     for c in candidates.iter_mut() {
@@ -169,7 +214,50 @@ fn to_free(candidates: &mut Vec<Candidate>, need: usize) {
         candidates.iter_mut().for_each(|c| c.taken = false);
         candidates[k].taken = true;
     }
-    candidates.retain(|c| c.taken);
+}
+
+/// The new buffers a run of one program asks the pool for, by node (see the module
+/// docs): made by the plan from the liveness walk, which knows where a node's result
+/// takes an operand's buffer and where it needs a new one.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    /// The program's node count: a run's positions are below it.
+    nodes: usize,
+    /// By dtype and length: the positions of the nodes asking for such a buffer,
+    /// ascending.
+    at: HashMap<(DType, usize), Vec<usize>>,
+}
+
+impl Requests {
+    /// The requests of a program of `nodes` nodes: `(position, dtype, length)` each.
+    pub(crate) fn new(
+        nodes: usize,
+        requests: impl IntoIterator<Item = (usize, DType, usize)>,
+    ) -> Self {
+        let mut at: HashMap<(DType, usize), Vec<usize>> = HashMap::new();
+        for (position, dtype, len) in requests {
+            at.entry((dtype, len)).or_default().push(position);
+        }
+        at.values_mut()
+            .for_each(|positions| positions.sort_unstable());
+        Requests { nodes, at }
+    }
+
+    /// How many nodes after position `now` a buffer of `len` elements of `dtype` is
+    /// asked for next: at `now` or later in this run, else in the next run of the
+    /// program (a training loop's next step); `usize::MAX` if never.
+    fn next(&self, dtype: DType, len: usize, now: usize) -> usize {
+        let Some(positions) = self.at.get(&(dtype, len)) else {
+            return usize::MAX;
+        };
+        let later = positions.partition_point(|&p| p < now);
+        match positions.get(later) {
+            Some(&p) => p - now,
+            None => positions.first().map_or(usize::MAX, |&p| {
+                self.nodes.saturating_sub(now).saturating_add(p)
+            }),
+        }
+    }
 }
 
 /// One thread's pool (see the module docs).
@@ -190,6 +278,10 @@ pub(crate) struct Pool {
     running: bool,
     /// Scratch space of [`Pool::reserve`] (empty between calls).
     candidates: Vec<Candidate>,
+    /// The requests of the program being run (see [`follow`]), if any.
+    requests: Option<Arc<Requests>>,
+    /// The position of the node being run in that program.
+    now: usize,
 }
 
 impl Drop for Pool {
@@ -233,8 +325,9 @@ impl Pool {
         } else {
             self.live
         };
-        let within = after.saturating_add(self.pooled).saturating_add(bytes) <= self.budget;
-        if buffer.is_empty() || !within {
+        let over =
+            (after.saturating_add(self.pooled).saturating_add(bytes)).saturating_sub(self.budget);
+        if buffer.is_empty() || (over > 0 && !self.make_room::<T>(buffer.len(), over)) {
             return;
         }
         self.pooled += bytes;
@@ -243,34 +336,67 @@ impl Pool {
         T::shelf(self).by_len.entry(len).or_default().push(buffer);
     }
 
+    /// Frees pooled buffers asked for later than one of `len` elements of `T` (see
+    /// [`Requests::next`]) so that `over` more bytes fit, if they hold that many:
+    /// whether the buffer may now be pooled.
+    fn make_room<T: Pooled>(&mut self, len: usize, over: usize) -> bool {
+        let Some(requests) = &self.requests else {
+            return false;
+        };
+        let next = requests.next(T::DTYPE, len, self.now);
+        self.free_for(over, None, |c| c.next > next)
+    }
+
     /// Frees pooled buffers until `live` plus `scratch` plus the pooled bytes fit the
     /// budget, keeping one buffer of `keep.0` and `keep.1` elements if it can (the one
-    /// the caller's result may take). It frees the buffers [`to_free`] picks: few bytes
-    /// beyond what must go, since every byte freed is one a later take of that length
-    /// allocates (and faults in) again.
+    /// the caller's result may take). It frees the buffers [`to_free`] picks: those
+    /// asked for farthest ahead, and few bytes beyond what must go, since every byte
+    /// freed is one a later take of that length allocates (and faults in) again.
     fn reserve(&mut self, live: usize, scratch: usize, keep: (DType, usize)) {
         self.live = live;
         let live = live.saturating_add(scratch);
         let need = live.saturating_add(self.pooled).saturating_sub(self.budget);
-        if need == 0 {
-            return;
+        if need > 0 {
+            self.free_for(need, Some(keep), |_| true);
         }
+    }
+
+    /// Frees the pooled buffers [`to_free`] picks among those `eligible` (sparing one of
+    /// `keep`'s dtype and length) so that `need` bytes go: with `keep` (a reservation)
+    /// as many as it can, without (room for a buffer given back) none unless they hold
+    /// `need` bytes. Whether they do.
+    fn free_for(
+        &mut self,
+        need: usize,
+        keep: Option<(DType, usize)>,
+        eligible: impl Fn(&Candidate) -> bool,
+    ) -> bool {
         let before = self.pooled;
-        let kept = |dtype: DType| (keep.0 == dtype).then_some(keep.1);
-        // Kept from one reserve to the next, so that choosing allocates nothing.
+        let kept = |dtype: DType| keep.and_then(|(d, len)| (d == dtype).then_some(len));
+        // Kept from one call to the next, so that choosing allocates nothing.
         let mut candidates = std::mem::take(&mut self.candidates);
         candidates.clear();
         for (k, dtype) in DTYPES.into_iter().enumerate() {
             self.shelf_of(dtype)
                 .candidates(k, kept(dtype), &mut candidates);
         }
-        to_free(&mut candidates, need);
-        for c in &candidates {
-            self.pooled -= self.shelf_of(DTYPES[c.shelf]).free(c.len, c.bytes);
+        if let Some(requests) = &self.requests {
+            for c in &mut candidates {
+                c.next = requests.next(DTYPES[c.shelf], c.len, self.now);
+            }
+        }
+        candidates.retain(&eligible);
+        let enough = candidates.iter().map(|c| c.bytes).sum::<usize>() >= need;
+        if enough || keep.is_some() {
+            to_free(&mut candidates, need);
+            for c in &candidates {
+                self.pooled -= self.shelf_of(DTYPES[c.shelf]).free(c.len, c.bytes);
+            }
         }
         candidates.clear();
         self.candidates = candidates;
         POOLED.fetch_sub(before - self.pooled, Ordering::Relaxed);
+        enough
     }
 
     /// The shelf of `dtype`'s buffers, whatever their element type.
@@ -416,9 +542,45 @@ pub(crate) fn set_live(live: usize) {
 /// `len` elements of `dtype` among them, and frees pooled buffers until the live bytes,
 /// `scratch` bytes a kernel may need besides and the pooled bytes fit the budget
 /// (sparing one buffer that result may take): so memory stays within the budget when
-/// the result is not taken from the pool.
-pub(crate) fn reserve(live: usize, scratch: usize, dtype: DType, len: usize) {
-    POOL.with_borrow_mut(|pool| pool.reserve(live, scratch, (dtype, len)));
+/// the result is not taken from the pool. The node is at position `now` of the program
+/// the pool follows (see [`follow`]).
+pub(crate) fn reserve(live: usize, scratch: usize, dtype: DType, len: usize, now: usize) {
+    POOL.with_borrow_mut(|pool| {
+        pool.now = now;
+        pool.reserve(live, scratch, (dtype, len));
+    });
+}
+
+/// Tells this thread's pool that the program whose [`Requests`] these are runs now,
+/// from its first node ([`reserve`] says which node it is at), until the returned
+/// [`Following`] is dropped: then the pool follows what it followed before (the
+/// enclosing program, for a region run by a flow node).
+#[must_use = "the pool follows the requests until the guard is dropped"]
+pub(crate) fn follow(requests: &Arc<Requests>) -> Following {
+    POOL.with_borrow_mut(|pool| Following {
+        before: pool.requests.replace(Arc::clone(requests)),
+        now: std::mem::replace(&mut pool.now, 0),
+    })
+}
+
+/// A program's [`Requests`] followed by the pool (see [`follow`]).
+#[derive(Debug)]
+pub(crate) struct Following {
+    /// What the pool followed before, and where it was in it.
+    before: Option<Arc<Requests>>,
+    now: usize,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        // A thread's pool may already be gone while the thread ends.
+        let _ = POOL.try_with(|pool| {
+            if let Ok(mut pool) = pool.try_borrow_mut() {
+                pool.requests = self.before.take();
+                pool.now = self.now;
+            }
+        });
+    }
 }
 
 /// The bytes the pools of all threads hold: memory that is no live value (see the
@@ -473,15 +635,15 @@ mod tests {
             assert_eq!(POOL.with_borrow(|p| p.pooled), 800);
             // 900 live (the coming result's 400 among them) with 100 of scratch: the
             // pool keeps only one buffer of the result's length, for the result.
-            reserve(900, 100, DType::F32, 100);
+            reserve(900, 100, DType::F32, 100, 0);
             assert_eq!(POOL.with_borrow(|p| p.pooled), 400);
             assert_eq!(take::<f32>(100).len(), 100);
-            reserve(900, 100, DType::F32, 100);
+            reserve(900, 100, DType::F32, 100, 0);
             assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
             set_live(200);
             give(Literal::F32(ArrayD::zeros(IxDyn(&[100]))));
             give(Literal::I32(ArrayD::zeros(IxDyn(&[100]))));
-            reserve(300, 0, DType::I32, 100);
+            reserve(300, 0, DType::I32, 100, 0);
             assert_eq!(
                 POOL.with_borrow(|p| p.pooled),
                 400,
@@ -498,6 +660,7 @@ mod tests {
                 shelf: 0,
                 len: bytes / 4 + k,
                 bytes,
+                next: usize::MAX,
                 taken: false,
             })
             .collect()
@@ -538,7 +701,7 @@ mod tests {
             let pooled = || POOL.with_borrow(|p| p.pooled);
             assert_eq!(pooled(), 26 << 10);
             // 8 KiB must go (14 live and scratch): the two 4 KiB buffers, not the 16.
-            reserve(10 << 10, 4 << 10, DType::I32, 1);
+            reserve(10 << 10, 4 << 10, DType::I32, 1, 0);
             assert_eq!(pooled(), 18 << 10);
             let kept = take::<f32>(4096);
             assert_eq!(pooled(), 2 << 10, "the 16 KiB buffer was kept");
@@ -546,12 +709,96 @@ mod tests {
             // The result's length is spared even where freeing it would fit better.
             set_live(0);
             give(Literal::F32(ArrayD::zeros(IxDyn(&[1024]))));
-            reserve((28 << 10) + 512, 0, DType::F32, 1024);
+            reserve((28 << 10) + 512, 0, DType::F32, 1024, 0);
             assert_eq!(
                 pooled(),
                 4 << 10,
                 "the 2 KiB buffer went, the 4 KiB one stayed"
             );
+        });
+    }
+
+    #[test]
+    fn requests_say_how_far_ahead_a_buffer_is_asked_for_again() {
+        let requests = Requests::new(
+            10,
+            [
+                (7, DType::F32, 64),
+                (2, DType::F32, 64),
+                (5, DType::I32, 64),
+            ],
+        );
+        assert_eq!(requests.next(DType::F32, 64, 0), 2);
+        assert_eq!(
+            requests.next(DType::F32, 64, 2),
+            0,
+            "asked for by this node"
+        );
+        assert_eq!(requests.next(DType::F32, 64, 3), 4);
+        assert_eq!(requests.next(DType::F32, 64, 8), 4, "in the next run");
+        assert_eq!(requests.next(DType::I32, 64, 6), 9);
+        assert_eq!(requests.next(DType::F32, 63, 0), usize::MAX);
+        assert_eq!(requests.next(DType::BF16, 64, 0), usize::MAX);
+    }
+
+    /// Gives back a zeroed f32 buffer of `len` elements that was not live.
+    fn give_f32(len: usize) {
+        give(Literal::F32(ArrayD::zeros(IxDyn(&[len]))));
+    }
+
+    fn pooled() -> usize {
+        POOL.with_borrow(|p| p.pooled)
+    }
+
+    #[test]
+    fn the_buffers_asked_for_farthest_ahead_go_first() {
+        // Lengths 100 (400 bytes), 200 and 300: asked for at nodes 9, 3 and never.
+        let requests = Arc::new(Requests::new(
+            10,
+            [(9, DType::F32, 100), (3, DType::F32, 200)],
+        ));
+        on_fresh_thread(4000, 0, move || {
+            let _following = follow(&requests);
+            give_f32(100);
+            give_f32(200);
+            give_f32(300);
+            assert_eq!(pooled(), 2400);
+            // 400 bytes must go: the 300 (never asked for again), though the 100 fits
+            // exactly.
+            reserve(2000, 0, DType::I32, 1, 1);
+            assert_eq!(pooled(), 1200);
+            assert_eq!(take::<f32>(200).len(), 200);
+            assert_eq!(pooled(), 400, "the 200 was kept");
+            // Past node 3, the 200 is next asked for in the next run (node 13), after
+            // the 100 (node 9): given back over the budget, it is not kept.
+            set_live(3400);
+            POOL.with_borrow_mut(|p| p.now = 4);
+            give_f32(200);
+            assert_eq!(pooled(), 400, "the 200 asked for later than the pooled 100");
+            // Before node 3, it is asked for sooner than the 100: it takes its place.
+            set_live(3000);
+            POOL.with_borrow_mut(|p| p.now = 2);
+            give_f32(200);
+            assert_eq!(pooled(), 800);
+            assert!(POOL.with_borrow(|p| p.f32s.by_len.contains_key(&200)));
+            assert!(!POOL.with_borrow(|p| p.f32s.by_len.contains_key(&100)));
+            // Past node 3 again, the 100 is asked for sooner than the 200; but with 900
+            // bytes over the budget the 200's 800 are too few: none goes, the 100 is
+            // not kept.
+            set_live(3700);
+            POOL.with_borrow_mut(|p| p.now = 4);
+            give_f32(100);
+            assert_eq!(pooled(), 800);
+            assert!(!POOL.with_borrow(|p| p.f32s.by_len.contains_key(&100)));
+        });
+    }
+
+    #[test]
+    fn without_requests_a_buffer_over_the_budget_is_not_kept() {
+        on_fresh_thread(1000, 600, || {
+            give_f32(50);
+            give_f32(100);
+            assert_eq!(pooled(), 200, "the 100 does not fit beside the 50");
         });
     }
 

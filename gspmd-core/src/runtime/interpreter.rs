@@ -187,6 +187,7 @@ fn execute_dyn<'a>(
     eval: &mut Eval<'_>,
 ) -> Result<Vec<Literal>> {
     check_inputs(program, &inputs)?;
+    let _following = buffers::follow(&plan.requests);
     let mut inputs: Vec<Option<Cow<'a, Literal>>> = inputs.into_iter().map(Some).collect();
     let mut pending: Pending = HashMap::new();
     let mut values: Vec<Option<Cow<'_, Literal>>> = vec![None; program.nodes.len()];
@@ -231,7 +232,13 @@ fn execute_dyn<'a>(
         }
         live += bytes;
         let elements = node.ty.shape.iter().product();
-        buffers::reserve(outer + step.held[0], step.scratch, node.ty.dtype, elements);
+        buffers::reserve(
+            outer + step.held[0],
+            step.scratch,
+            node.ty.dtype,
+            elements,
+            i,
+        );
         let value = match &node.op {
             Op::Parameter { index, .. } => (inputs.get_mut(*index))
                 .and_then(Option::take)

@@ -7,6 +7,7 @@
 
 use crate::ir::{ConvConfig, DType, Flow, Node, Op, Program, ValueId, num_elements};
 
+use super::buffers::Requests;
 use super::plan::{Fusion, Plan};
 
 /// The bytes of `program`'s inputs that a run with `plan` borrows for its whole
@@ -23,13 +24,27 @@ pub(crate) fn lent_input_bytes(program: &Program, plan: &Plan) -> usize {
 /// the lent inputs) and, for each node, the bytes held as the analysis models them,
 /// inputs included (each step's `held`): while the node runs (its result included, its
 /// kernel's scratch not) and once it has dropped what it drops.
-pub(crate) fn pool_model(program: &Program, plan: &Plan) -> (usize, Vec<[usize; 2]>) {
+pub(crate) fn pool_model(program: &Program, plan: &Plan) -> PoolModel {
     let inputs = lent_input_bytes(program, plan);
     let walk = Walk::of(program, plan);
     let held = (walk.buffers.iter())
         .map(|&[during, after]| [inputs + during, inputs + after])
         .collect();
-    (walk.max + inputs, held)
+    PoolModel {
+        budget: walk.max + inputs,
+        held,
+        requests: Requests::new(program.nodes.len(), walk.requests),
+    }
+}
+
+/// What the buffer pool knows of a run (see [`pool_model`]).
+pub(crate) struct PoolModel {
+    /// The most bytes live values and pooled buffers may hold together.
+    pub(crate) budget: usize,
+    /// For each node, the bytes held while it runs and once it has dropped what it drops.
+    pub(crate) held: Vec<[usize; 2]>,
+    /// The new buffers the run asks for, node by node.
+    pub(crate) requests: Requests,
 }
 
 /// The liveness walk of one program: the bytes the loop owns — computed values and
@@ -51,6 +66,9 @@ pub(crate) struct Walk {
     /// At the peak: the computed values holding a buffer, with their bytes (a value
     /// written in place of its operand holds the operand's buffer).
     pub(crate) live: Vec<(ValueId, usize)>,
+    /// The new buffers the nodes' results take, in node order: the node's position,
+    /// the result's dtype and elements (the buffer pool's [`Requests`]).
+    pub(crate) requests: Vec<(usize, DType, usize)>,
 }
 
 impl Walk {
@@ -81,6 +99,7 @@ impl Walk {
             max: 0,
             transient: 0,
             live: Vec::new(),
+            requests: Vec::new(),
         };
         for (i, (node, step)) in program.nodes.iter().zip(&plan.steps).enumerate() {
             if matches!(step.fusion, Fusion::Inside | Fusion::Result | Fusion::Alias) {
@@ -115,6 +134,8 @@ impl Walk {
                         buffer[r] = match leaves.next() {
                             Some(leaf) => std::mem::take(&mut buffer[leaf]),
                             None => {
+                                let ty = &program.nodes[r].ty;
+                                walk.requests.push((i, ty.dtype, num_elements(&ty.shape)));
                                 live += plan.steps[r].bytes;
                                 plan.steps[r].bytes
                             }
@@ -201,6 +222,8 @@ impl Walk {
                     // The operand's buffer becomes the result's: nothing new.
                     Some(k) => buffer[i] = std::mem::take(&mut buffer[step.reads[k].index()]),
                     None => {
+                        walk.requests
+                            .push((i, node.ty.dtype, num_elements(&node.ty.shape)));
                         buffer[i] = step.bytes;
                         live += step.bytes;
                     }

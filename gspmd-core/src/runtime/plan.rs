@@ -7,7 +7,9 @@
 //! executable (see [`PlannedProgram`]); the reference interpreter makes one per call.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use super::buffers::Requests;
 use super::fusion::{Group, plan_groups};
 use crate::ir::{BinaryOp, DType, FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
 
@@ -32,6 +34,9 @@ pub(crate) struct Plan {
     /// peak of the [memory analysis](crate::analysis::MemoryAnalysis) (see
     /// [`buffers`](super::buffers)).
     pub(crate) budget: usize,
+    /// The new buffers a run asks the pool for, node by node: which pooled buffers go
+    /// first when they do not all fit (see [`buffers`](super::buffers)).
+    pub(crate) requests: Arc<Requests>,
 }
 
 /// A node's part in fusion.
@@ -299,10 +304,12 @@ impl Plan {
             groups,
             donated,
             budget: 0,
+            requests: Arc::default(),
         };
-        let (budget, held) = super::liveness::pool_model(program, &plan);
-        plan.budget = budget;
-        for (step, held) in plan.steps.iter_mut().zip(held) {
+        let model = super::liveness::pool_model(program, &plan);
+        plan.budget = model.budget;
+        plan.requests = Arc::new(model.requests);
+        for (step, held) in plan.steps.iter_mut().zip(model.held) {
             step.held = held;
         }
         plan
