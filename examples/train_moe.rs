@@ -113,7 +113,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Uniform in ±1/sqrt(fan-in), from the `#[init]`s of the struct's fields.
     let initial = MoeLanguageModel::initializer(7);
     if let Some(timing) = &args.bench {
-        let mut trainer = Trainer::on_mesh(step, mesh, initial)?;
+        let mut trainer = bench::trainer(step, mesh, initial)?;
         let [a, b] = args.mesh.unwrap_or([2, 4]);
         let label = format!("MoE, mesh {a}x{b}");
         let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);

@@ -215,7 +215,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let adamw = common::adamw(3e-3);
     if let Some(timing) = &options.bench {
         let step = step_program(&model, 0, &TRAINED, &adamw)?;
-        let mut trainer = Trainer::on_mesh(step, mesh, initializer(7))?;
+        let mut trainer = bench::trainer(step, mesh, initializer(7))?;
         let [d, m] = options.mesh;
         let label = format!("mesh {d}x{m}, d_model {}", dims.D);
         let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);

@@ -137,7 +137,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     if let Some(timing) = &args.bench {
-        let mut trainer = Trainer::on_mesh(step, mesh, initial)?;
+        let mut trainer = bench::trainer(step, mesh, initial)?;
         let [a, b] = args.mesh.unwrap_or([2, 4]);
         let label = format!("U-Net, mesh {a}x{b}");
         let mut data_rng = Xoshiro256PlusPlus::seed_from_u64(42);

@@ -8,10 +8,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use gspmd::CompileOptions;
 use gspmd::ndarray::{ArrayD, IxDyn};
 use gspmd::prelude::*;
 use gspmd::runtime::profile;
-use gspmd::train::{Trainer, save_checkpoint};
+use gspmd::train::{Initial, TrainStep, Trainer, save_checkpoint};
 
 /// The largest rows of the per-node profile printed with `GSPMD_PROFILE=1`.
 const PROFILE_ROWS: usize = 40;
@@ -85,6 +86,21 @@ pub fn mesh_shape(text: &str) -> Result<[usize; 2], String> {
         Some((Ok(a), Ok(b))) => Ok([a, b]),
         _ => Err(format!("--mesh takes two sizes such as 2x4, not `{text}`")),
     }
+}
+
+/// The trainer `--bench` times: `step` on a thread mesh of `mesh`, its parameters and
+/// optimizer state donated (updated in place), as the JAX twins' `donate_argnums`
+/// does.
+pub fn trainer(
+    step: TrainStep,
+    mesh: Mesh,
+    initial: impl Into<Initial>,
+) -> Result<Trainer, gspmd::Error> {
+    let options = CompileOptions {
+        donated: step.carried(),
+        ..CompileOptions::default()
+    };
+    Trainer::on_mesh_with(step, mesh, initial, &options)
 }
 
 /// Times `bench.steps` steps of `trainer` on `batch()`es (the median after
