@@ -2,7 +2,8 @@
 //! on the example language model's elementwise pieces (`d_model` 64, 4 heads of 16
 //! keys, FFN 256, vocabulary 16, batch 16 x 16 tokens) at the shapes one device sees on
 //! a 1x1 mesh and on a 2x4 mesh (batch over `data`; heads, FFN and the weights' blocks
-//! over `model`): layer norm over `d_model`, softmax over the keys, GELU over the FFN
+//! over `model`): layer norm over `d_model`, softmax over the keys (of random scores,
+//! and of scores masked causally as the models mask them), GELU over the FFN
 //! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight;
 //! the MoE router's gating chain (the example `train_moe`'s shapes); and the ReLU's
 //! gradient (compares and selects) on a U-Net activation; and first, `exp`, `tanh`
@@ -210,17 +211,29 @@ fn layer_norm(c: &mut Criterion, s: &Shapes) {
     );
 }
 
-fn softmax(c: &mut Criterion, s: &Shapes) {
+/// Softmax over the keys of random scores, or (`causal`) of scores masked as the models
+/// mask them (`models::transformer::causal`: every key after its query set to -1e9):
+/// the input the LM's and the MoE's attention softmax see, about half of each row
+/// masked, whose `exp` is 0.
+fn softmax(c: &mut Criterion, s: &Shapes, causal: bool) {
     let shape = [s.tokens / SEQ, s.heads, SEQ, SEQ];
     let b = Builder::new("softmax");
     let x = b.parameter("x", shape, DType::F32);
     let program = b.finish(&[&x.softmax(-1)]).expect("traces");
-    let inputs = [values(&shape, 8.0)];
+    let mut scores = values(&shape, 8.0);
+    if let (true, Literal::F32(a)) = (causal, &mut scores) {
+        for (ix, v) in a.indexed_iter_mut() {
+            if ix[3] > ix[2] {
+                *v = -1e9;
+            }
+        }
+    }
+    let name = if causal { "softmax_causal" } else { "softmax" };
     compare(
         c,
-        &format!("softmax {}", s.name),
+        &format!("{name} {}", s.name),
         &program,
-        &inputs,
+        &[scores],
         1e-6,
         |inputs, out| {
             rows(f32s(&inputs[0]), SEQ, out, |x, o| {
@@ -523,7 +536,8 @@ fn bench(c: &mut Criterion) {
     transcendentals(c);
     for s in &MESHES {
         layer_norm(c, s);
-        softmax(c, s);
+        softmax(c, s, false);
+        softmax(c, s, true);
         gelu(c, s);
         cross_entropy(c, s);
         adamw(c, s);
