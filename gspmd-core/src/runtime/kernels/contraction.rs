@@ -332,14 +332,17 @@ impl Standard {
         let n: usize = dd.rhs_free(rhs.len()).map(|d| size(rhs, d)).product();
         // The lhs's stride along `k` (a copy puts the contracting dims minor-most).
         let ak = contracted(lhs, &dd.lhs_contracting).map_or(1, |(_, stride)| stride);
-        // Whether the rhs's rows are adjacent columns (read in place, else packed).
-        let rhs_rows = copy(rhs, &dd.rhs_contracting) == 0 && {
+        // Whether the rhs's rows are adjacent columns (read in place, else packed): a
+        // copy puts its free dims minor-most (see [`Flat::merging`]).
+        let rhs_rows = if copy(rhs, &dd.rhs_contracting) == 0 {
             let strides = super::row_major(rhs);
             let dims: SmallVec<[(usize, usize); 6]> = dd
                 .rhs_free(rhs.len())
                 .map(|d| (rhs[d], strides[d]))
                 .collect();
             split_minor(&dims).1.1 == 1
+        } else {
+            n > 1
         };
         Standard {
             mkn: [m, k, n],
@@ -389,20 +392,19 @@ impl<'a, T: Clone> Flat<'a, T> {
     }
 
     /// The array itself if its `contracting` dims merge (contracting dims must merge on
-    /// both sides of a product), else copied in `[batch, free, contracting]` order,
-    /// where they do.
-    fn merging(self, [batch, free, contracting]: [&[usize]; 3]) -> Flat<'a, T>
+    /// both sides of a product), else copied with its dims in `order` (major first, the
+    /// `contracting` dims adjacent in it, in their order, so that they merge): the
+    /// lhs's `[batch, free, contracting]` (its rows read in place), the rhs's `[batch,
+    /// contracting, free]` (its rows adjacent columns, read in place rather than
+    /// packed again by [`small_product`]).
+    fn merging(self, contracting: &[usize], order: [&[usize]; 3]) -> Flat<'a, T>
     where
         T: Copy,
     {
         if merged(&self.dims(contracting)).is_some() {
             return self;
         }
-        let perm: Dims = [batch, free, contracting]
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
+        let perm: Dims = order.into_iter().flatten().copied().collect();
         self.permuted(&perm)
     }
 
@@ -568,8 +570,10 @@ fn products<T: DotScalar>(
     }
     let contracted: usize = sizes(lhs, &dd.lhs_contracting).iter().product();
     if total > 0 && contracted > 0 {
-        let l = Flat::new(lhs).merging([&dd.lhs_batch, &lhs_free, &dd.lhs_contracting]);
-        let r = Flat::new(rhs).merging([&dd.rhs_batch, &rhs_free, &dd.rhs_contracting]);
+        let (lb, lc) = (&dd.lhs_batch, &dd.lhs_contracting);
+        let l = Flat::new(lhs).merging(lc, [lb, &lhs_free, lc]);
+        let (rb, rc) = (&dd.rhs_batch, &dd.rhs_contracting);
+        let r = Flat::new(rhs).merging(rc, [rb, rc, &rhs_free]);
         multiply(dd, [&l, &r], [&lhs_free, &rhs_free], shape, out, accumulate)
     } else if accumulate {
         Ok(false)
@@ -930,6 +934,65 @@ mod tests {
                     assert!(got == want, "k {k}, transposed {transposed}");
                 }
             }
+        }
+    }
+
+    /// An rhs whose contracting dims do not merge (the MoE's input gradient
+    /// `bsef,ebfm->bsm`) is copied contracting-major, its rows then read in place:
+    /// bit for bit the product of the rhs copied free-major beforehand (whose
+    /// contracting dims merge, read transposed and packed: the copy's former order),
+    /// on the tile's sizes, `k` above one block of 256, and a batch of one.
+    #[test]
+    fn a_copied_rhs_gives_the_product_of_its_free_major_copy_bit_for_bit() {
+        let cases: [(&[usize], &[usize], DotDims); 3] = [
+            (
+                &[16, 16, 4, 12],
+                &[4, 16, 12, 32],
+                DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
+            ),
+            (
+                &[2, 40, 8, 40],
+                &[8, 2, 40, 70],
+                DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
+            ),
+            (
+                &[5, 6, 30],
+                &[30, 7, 5],
+                DotDims::new(&[], &[], &[2, 0], &[0, 2]),
+            ),
+        ];
+        let _run = buffers::start_run(1 << 24, 0);
+        for (ls, rs, dd) in cases {
+            let (lhs, rhs) = (values(3, ls), values(4, rs));
+            let rhs_free: Vec<usize> = dd.rhs_free(rs.len()).collect();
+            let order: Vec<usize> = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting].concat();
+            let copy = rhs
+                .view()
+                .permuted_axes(IxDyn(&order))
+                .as_standard_layout()
+                .into_owned();
+            let (nb, nf) = (dd.rhs_batch.len(), rhs_free.len());
+            let moved = DotDims::new(
+                &dd.lhs_batch,
+                &(0..nb).collect::<Vec<_>>(),
+                &dd.lhs_contracting,
+                &(nb + nf..order.len()).collect::<Vec<_>>(),
+            );
+            let c = Flat::new(&copy);
+            assert!(merged(&c.dims(&moved.rhs_contracting)).is_some());
+            let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
+            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                .chain(lhs_free.iter().map(|&d| ls[d]))
+                .chain(rhs_free.iter().map(|&d| rs[d]))
+                .collect();
+            let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+            let want = dot_general(&moved, &lhs, &copy, &shape).unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{ls:?} x {rs:?} {dd:?}"
+            );
         }
     }
 

@@ -15,7 +15,12 @@
 //! transposed (a weight gradient's), a row block's [`ROWS`] rows over the block are
 //! copied once into a stripe (each contracted index's elements adjacent) that all the
 //! block's column tiles read; other strides element by element. A tile checks its
-//! operands' bounds once, so its loop is the loads, broadcasts and multiply-adds alone.
+//! operands' bounds once, so its loop is the loads, broadcasts and multiply-adds alone;
+//! it loads whole registers only (a packed block's last panel padded with zeros to
+//! whole registers, else the last partial register of columns copied into a padded
+//! [`Tail`]: `pulp`'s partial load is a call that kept the accumulators in memory),
+//! and a row block's tiles run in a function of their own ([`apart`]), so the
+//! accumulators and the rows' addresses keep their registers.
 //! Each result element is the sum over the contracted index in increasing order, one
 //! (fused where the CPU has FMA) multiply-add per step, each block's sum added to the
 //! result after the first: matrixmultiply's order, so on CPUs with FMA the two give
@@ -189,6 +194,16 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
         } else {
             &mut []
         };
+        // The padded copy of a panel's last partial register of columns (see
+        // [`Tail`]): only where `n` leaves one and `b` is not packed padded.
+        let mut tail_stack: [f32; KC * MOST_LANES];
+        let lanes = S::F32_LANES;
+        let tail: &mut [f32] = if n % lanes != 0 && !(bn != 1 && pads(panel.len(), [k, n], lanes)) {
+            tail_stack = [0.0; KC * MOST_LANES];
+            &mut tail_stack[..KC * lanes]
+        } else {
+            &mut []
+        };
         for [oa, ob, oc] in offsets {
             let product = Product {
                 a: &a[oa..],
@@ -201,11 +216,19 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                 (&b[ob..], [bk, bn]),
                 [m, n],
                 (&mut c[oc..], c_row),
-                panel,
-                stripe,
+                [&mut *panel, &mut *stripe, &mut *tail],
             );
         }
     }
+}
+
+/// The most `f32` lanes of a vector register `pulp` dispatches to (AVX-512's).
+const MOST_LANES: usize = 16;
+
+/// Whether a packing panel of `capacity` elements holds the blocks of `b` of a `[k, n]`
+/// product with the last panel's columns padded to whole registers of `lanes`.
+fn pads(capacity: usize, [k, n]: [usize; 2], lanes: usize) -> bool {
+    capacity >= k.min(KC) * n.next_multiple_of(lanes).min(NC)
 }
 
 /// One product's `a`, read through its strides, and whether the product adds to the
@@ -324,9 +347,11 @@ impl<const R: usize> Column<R> for Strided<'_> {
 impl Product<'_> {
     /// The `[m, n]` result `a · b` into `c`, in passes over blocks of [`KC`] contracted
     /// elements (the first writes `c`, or adds to it when accumulating; the next add
-    /// their sums to it) and [`NC`]
-    /// columns, each block of `b` copied into `panel` (see [`pack`]), then row blocks
-    /// of [`ROWS`] (and the rest) along the block's columns. No closure here runs
+    /// their sums to it) and [`NC`] columns, each block of `b` copied into `panel`
+    /// (see [`pack`]; its last partial register of columns into `tail` where `panel`
+    /// does not pad it: see [`Tail`]), then row blocks of [`ROWS`] (and the rest) along
+    /// the block's columns, `a`'s rows packed into `stripe` where it is transposed
+    /// (see [`Packed`]). No closure here runs
     /// vector code (a closure is not compiled with the dispatch's CPU features).
     #[inline(always)]
     fn run<S: Simd>(
@@ -335,9 +360,10 @@ impl Product<'_> {
         b: (&[f32], [usize; 2]),
         [m, n]: [usize; 2],
         (c, c_row): Rows<'_, &mut [f32]>,
-        panel: &mut [f32],
-        stripe: &mut [f32],
+        [panel, stripe, tail]: [&mut [f32]; 3],
     ) {
+        let lanes = S::F32_LANES;
+        let pad = b.1[1] != 1 && pads(panel.len(), [self.k, n], lanes);
         let mut q0 = 0;
         loop {
             let block = [q0, self.k.min(q0 + KC)];
@@ -349,27 +375,30 @@ impl Product<'_> {
                     let data = b.get(block[0] * bk + j0..).unwrap_or_default();
                     Panel::InPlace { data, bk }
                 } else {
-                    let data = pack::<S>(b, block, columns, panel);
+                    let pad_to = if pad { lanes } else { 1 };
+                    let data = pack::<S>(b, block, columns, pad_to, panel);
                     Panel::Packed {
                         data,
                         len: block[1] - block[0],
+                        pad_to,
                     }
                 };
                 let c = (&mut c[j0..], c_row);
                 let width = columns[1] - columns[0];
+                let tail = Tail::of::<S>(panel, width, block[1] - block[0], tail);
                 let mut i = 0;
                 while i + ROWS <= m {
                     let c = (&mut *c.0, c_row);
-                    self.row_block::<S, ROWS>(simd, panel, i, width, block, c, stripe);
+                    self.row_block::<S, ROWS>(simd, [panel, tail], i, width, block, c, stripe);
                     i += ROWS;
                 }
                 match m - i {
                     0 => {}
-                    1 => self.row_block::<S, 1>(simd, panel, i, width, block, c, stripe),
-                    2 => self.row_block::<S, 2>(simd, panel, i, width, block, c, stripe),
-                    3 => self.row_block::<S, 3>(simd, panel, i, width, block, c, stripe),
-                    4 => self.row_block::<S, 4>(simd, panel, i, width, block, c, stripe),
-                    _ => self.row_block::<S, 5>(simd, panel, i, width, block, c, stripe),
+                    1 => self.row_block::<S, 1>(simd, [panel, tail], i, width, block, c, stripe),
+                    2 => self.row_block::<S, 2>(simd, [panel, tail], i, width, block, c, stripe),
+                    3 => self.row_block::<S, 3>(simd, [panel, tail], i, width, block, c, stripe),
+                    4 => self.row_block::<S, 4>(simd, [panel, tail], i, width, block, c, stripe),
+                    _ => self.row_block::<S, 5>(simd, [panel, tail], i, width, block, c, stripe),
                 }
                 j0 = columns[1];
             }
@@ -389,7 +418,7 @@ impl Product<'_> {
     fn row_block<S: Simd, const R: usize>(
         &self,
         simd: S,
-        panel: Panel<'_>,
+        panel: [Panel<'_>; 2],
         i: usize,
         width: usize,
         [q0, q1]: [usize; 2],
@@ -399,6 +428,13 @@ impl Product<'_> {
         let [am, ak] = self.a_strides;
         let len = q1 - q0;
         let add = q0 != 0 || self.accumulate;
+        let row_block = RowBlock {
+            panel,
+            at: [i, width],
+            block: [q0, q1],
+            add,
+            c,
+        };
         if len == 0 {
             // Nothing contracted: zeros, `a` not read.
             let a = Strided {
@@ -406,32 +442,79 @@ impl Product<'_> {
                 strides: [am, ak],
                 len,
             };
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
+            apart(simd, Columns::<_, R> { a: &a, row_block });
         } else if ak == 1 {
             let a = RowMajor::new::<R>(&self.a[i * am + q0..], am, len);
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
+            apart(simd, Columns::<_, R> { a: &a, row_block });
         } else if am == 1 && R > 1 {
             let a = Packed::new::<R>(&self.a[i + q0 * ak..], ak, len, stripe);
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
+            apart(simd, Columns::<_, R> { a: &a, row_block });
         } else {
             let a = Strided {
                 a: &self.a[i * am + q0 * ak..],
                 strides: [am, ak],
                 len,
             };
-            columns::<S, R>(simd, &a, panel, [i, width], [q0, q1], add, c);
+            apart(simd, Columns::<_, R> { a: &a, row_block });
         }
     }
 }
 
+/// [`columns`]' arguments besides `a`: `b`'s block and tail, the rows and columns
+/// `[i, width]`, the contracted block, whether to add to the result, and the result.
+struct RowBlock<'x, 'c> {
+    panel: [Panel<'x>; 2],
+    at: [usize; 2],
+    block: [usize; 2],
+    add: bool,
+    c: Rows<'c, &'c mut [f32]>,
+}
+
+/// [`columns`]' arguments, run by [`apart`].
+struct Columns<'x, 'c, A, const R: usize> {
+    a: &'x A,
+    row_block: RowBlock<'x, 'c>,
+}
+
+impl<const R: usize, A: Column<R>> pulp::WithSimd for Columns<'_, '_, A, R> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Columns {
+            a,
+            row_block:
+                RowBlock {
+                    panel,
+                    at,
+                    block,
+                    add,
+                    c,
+                },
+        } = self;
+        columns::<S, R>(simd, a, panel, at, block, add, c);
+    }
+}
+
+/// `op` run with `simd`'s features in a function of its own, not inlined into the
+/// caller: a row block's tile loops get the registers to themselves. Inlined into the
+/// batch's loops (whose slices and counters stay live across them), the 12-accumulator
+/// loop reloaded `a`'s row stride from the stack for each of its rows.
+#[inline(never)]
+fn apart<S: Simd, Op: pulp::WithSimd>(simd: S, op: Op) -> Op::Output {
+    simd.vectorize(op)
+}
+
 /// Rows `i .. i + R` of the result's first `width` columns over the contracted
-/// `block`, `b`'s block read from `panel`, written or (`add`) added to the result:
-/// tiles of two registers of columns, then one, then a partial one.
+/// `block`, `b`'s block read from `panel` (and its last partial register of columns
+/// from `tail` unless `panel` is padded: see [`Tail`]), written or (`add`) added to
+/// the result: tiles of two registers of columns, then one, then the partial one;
+/// every tile loads whole registers of `b`.
 #[inline(always)]
 fn columns<S: Simd, const R: usize>(
     simd: S,
     a: &impl Column<R>,
-    panel: Panel<'_>,
+    [panel, tail]: [Panel<'_>; 2],
     [i, width]: [usize; 2],
     block: [usize; 2],
     add: bool,
@@ -445,26 +528,44 @@ fn columns<S: Simd, const R: usize>(
         j += 2 * lanes;
     }
     let rest = width - j;
-    if rest > 0 {
-        let whole = rest.min(lanes);
-        let (b, b_row) = panel.columns(j, rest);
-        let c_j = (&mut c[j..], c_row);
-        tile::<S, R, 1>(simd, a, (b, b_row), [i, whole], block, add, c_j);
-        if whole < rest {
-            let b = (b.get(whole..).unwrap_or_default(), b_row);
-            let c = (&mut c[j + whole..], c_row);
-            tile::<S, R, 1>(simd, a, b, [i, rest - whole], block, add, c);
+    if rest == 0 {
+        return;
+    }
+    let b = panel.columns(j, rest);
+    if panel.padded() {
+        // The last panel's rows padded to whole registers: one tile over its columns.
+        let c = (&mut c[j..], c_row);
+        if rest > lanes {
+            tile::<S, R, 2>(simd, a, b, [i, rest], block, add, c);
+        } else {
+            tile::<S, R, 1>(simd, a, b, [i, rest], block, add, c);
         }
+        return;
+    }
+    if rest >= lanes {
+        tile::<S, R, 1>(simd, a, b, [i, lanes], block, add, (&mut c[j..], c_row));
+    }
+    let part = rest % lanes;
+    if part > 0 {
+        let c = (&mut c[width - part..], c_row);
+        tile::<S, R, 1>(simd, a, tail.columns(0, part), [i, part], block, add, c);
     }
 }
 
 /// A block of `b`'s rows as the tiles read it: in place (its rows adjacent columns,
 /// `bk` apart, `data` from the block's first element) or packed by [`pack`] (`len`
-/// rows a panel).
+/// rows a panel, the last panel's rows padded to a multiple of `pad_to` columns).
 #[derive(Clone, Copy)]
 enum Panel<'x> {
-    InPlace { data: &'x [f32], bk: usize },
-    Packed { data: &'x [f32], len: usize },
+    InPlace {
+        data: &'x [f32],
+        bk: usize,
+    },
+    Packed {
+        data: &'x [f32],
+        len: usize,
+        pad_to: usize,
+    },
 }
 
 impl<'x> Panel<'x> {
@@ -474,42 +575,114 @@ impl<'x> Panel<'x> {
     fn columns(self, j: usize, width: usize) -> Rows<'x, &'x [f32]> {
         match self {
             Panel::InPlace { data, bk } => (data.get(j..).unwrap_or_default(), bk),
-            Panel::Packed { data, len } => (data.get(j * len..).unwrap_or_default(), width),
+            Panel::Packed { data, len, pad_to } => (
+                data.get(j * len..).unwrap_or_default(),
+                width.next_multiple_of(pad_to),
+            ),
+        }
+    }
+
+    /// Whether the rows of its last panel are padded to whole registers (packed).
+    #[inline(always)]
+    fn padded(self) -> bool {
+        matches!(self, Panel::Packed { pad_to, .. } if pad_to > 1)
+    }
+}
+
+/// The last partial register of a block's columns (`width % lanes` of them) where its
+/// panel does not pad them, copied into rows of a whole register (`lanes` apart, the
+/// columns past them zero), so that every tile's loop loads whole registers: a
+/// partial load is an indirect call on AVX2 (`pulp`'s mask table), which kept a
+/// tile's accumulators in memory across each step (benches/README.md, "The small
+/// steps' slow products in isolation").
+struct Tail;
+
+impl Tail {
+    /// `panel`'s last `width % lanes` columns over `len` rows copied into the front
+    /// of `buffer` (its columns past them zero, at least `len * lanes` long) and read
+    /// from there; an empty panel where there are none or `panel` is padded.
+    #[inline(always)]
+    fn of<'t, S: Simd>(
+        panel: Panel<'_>,
+        width: usize,
+        len: usize,
+        buffer: &'t mut [f32],
+    ) -> Panel<'t> {
+        let lanes = S::F32_LANES;
+        let part = width % lanes;
+        if part == 0 || panel.padded() || len == 0 {
+            return Panel::InPlace { data: &[], bk: 0 };
+        }
+        // The panel holding the part: the last (packed ones are two registers wide).
+        let start = width - width % (2 * lanes);
+        let (b, b_row) = panel.columns(start, width - start);
+        let from = width - part - start;
+        let buffer = &mut buffer[..len * lanes];
+        for (q, row) in buffer.chunks_exact_mut(lanes).enumerate() {
+            row[..part].copy_from_slice(&b[q * b_row + from..][..part]);
+        }
+        Panel::InPlace {
+            data: buffer,
+            bk: lanes,
         }
     }
 }
 
 /// `b`'s rows `block` by its columns `columns` (its rows not adjacent columns: `b`
-/// transposed) copied into `panel` as consecutive
-/// panels of two registers of columns (the last narrower when the columns run out),
-/// each panel's rows adjacent; the packed part of `panel` returned.
+/// transposed) copied into `panel` as consecutive panels of two registers of columns
+/// (the last narrower when the columns run out, its rows padded with zeros to a
+/// multiple of `pad_to` columns), each panel's rows adjacent; the packed part of
+/// `panel` returned.
 #[inline(always)]
+#[allow(unsafe_code)]
 fn pack<'p, S: Simd>(
     (b, [bk, bn]): (&[f32], [usize; 2]),
     [q0, q1]: [usize; 2],
     [j0, j1]: [usize; 2],
+    pad_to: usize,
     panel: &'p mut [f32],
 ) -> &'p [f32] {
     let len = q1 - q0;
     let step = 2 * S::F32_LANES;
-    let panel = &mut panel[..len * (j1 - j0)];
-    for (p, panel) in panel.chunks_mut((len * step).max(1)).enumerate() {
+    let full = (j1 - j0) / step * step;
+    let last = (j1 - j0 - full).next_multiple_of(pad_to);
+    let panel = &mut panel[..len * (full + last)];
+    let (full_panels, last_panel) = panel.split_at_mut(len * full);
+    let panels = full_panels.chunks_exact_mut((len * step).max(1));
+    let widths = std::iter::repeat_n(step, full / step).chain((last > 0).then_some(last));
+    for (p, (panel, width)) in panels
+        .chain((last > 0).then_some(last_panel))
+        .zip(widths)
+        .enumerate()
+    {
         let j = j0 + p * step;
-        let width = step.min(j1 - j);
+        let columns = width.min(j1 - j);
         let b = &b[j * bn + q0 * bk..];
+        assert!(
+            len == 0 || columns == 0 || (columns - 1) * bn + (len - 1) * bk < b.len(),
+            "b's block reaches past it"
+        );
         for (q, row) in panel.chunks_exact_mut(width).enumerate() {
+            let (row, padding) = row.split_at_mut(columns);
             for (x, to) in row.iter_mut().enumerate() {
-                *to = b[x * bn + q * bk];
+                // SAFETY: `x < columns` and `q < len`, so the index is at most the one
+                // asserted within `b` above. Checking each element's index was a
+                // quarter of a 16x32x12 product's time (its `b` packed per product).
+                *to = unsafe { *b.get_unchecked(x * bn + q * bk) };
             }
+            padding.fill(0.0);
         }
     }
     panel
 }
 
 /// Rows `i .. i + R` by the first `width` columns of the result over the contracted
-/// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`): `R * V` accumulators, each
-/// summing over the contracted index in order from zero, then stored, or (`add`) added
-/// to the result's value. Panics if `b`'s rows or `a`'s block are shorter than that.
+/// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`, each
+/// read as `V` whole registers whatever `width`): `R * V` accumulators, each summing
+/// over the contracted index in order from zero, then stored, or (`add`) added to the
+/// result's value (its first `width` columns). The loop calls nothing, so the
+/// accumulators stay in registers. Panics if `b`'s rows or `a`'s block are shorter
+/// than that.
 #[inline(always)]
 #[allow(unsafe_code)]
 fn tile<S: Simd, const R: usize, const V: usize>(
@@ -522,27 +695,21 @@ fn tile<S: Simd, const R: usize, const V: usize>(
     (c, c_row): Rows<'_, &mut [f32]>,
 ) {
     let lanes = S::F32_LANES;
-    let whole = width == V * lanes;
     let len = q1 - q0;
-    assert!(width <= V * lanes && a.len() >= len);
+    assert!(width <= V * lanes && V * lanes <= 2 * MOST_LANES && a.len() >= len);
     assert!(
-        len == 0 || (len - 1) * b_row + width <= b.len(),
+        len == 0 || (len - 1) * b_row + V * lanes <= b.len(),
         "b's rows reach past it"
     );
     let mut acc = [[simd.splat_f32s(0.0); V]; R];
     for q in 0..len {
-        // SAFETY: row `q < len` of `b` spans `q * b_row .. q * b_row + width`, within
-        // `b` (asserted above); a whole row is `V` registers of `f32`s (any bit
-        // pattern is one), read unaligned. Checking each row's bounds here took two
-        // compares and a register a step from the 12-accumulator loop.
+        // SAFETY: row `q < len` of `b` spans `q * b_row .. q * b_row + V * lanes`,
+        // within `b` (asserted above); `V` registers of `f32`s (any bit pattern is
+        // one), read unaligned. Checking each row's bounds here took two compares and
+        // a register a step from the 12-accumulator loop.
         let y: [S::f32s; V] = unsafe {
-            let row = b.as_ptr().add(q * b_row);
-            if whole {
-                let registers = row.cast::<S::f32s>();
-                std::array::from_fn(|v| registers.add(v).read_unaligned())
-            } else {
-                [simd.partial_load_f32s(std::slice::from_raw_parts(row, width)); V]
-            }
+            let registers = b.as_ptr().add(q * b_row).cast::<S::f32s>();
+            std::array::from_fn(|v| registers.add(v).read_unaligned())
         };
         // SAFETY: `q < len <= a.len()` (asserted above).
         let xs = unsafe { a.at(q) };
@@ -555,7 +722,7 @@ fn tile<S: Simd, const R: usize, const V: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         let row = &mut c[(i + r) * c_row..][..width];
-        if whole {
+        if width == V * lanes {
             let registers: &mut [S::f32s] = bytemuck::cast_slice_mut(row);
             if !add {
                 registers.copy_from_slice(acc);
@@ -564,11 +731,21 @@ fn tile<S: Simd, const R: usize, const V: usize>(
                     *c = simd.add_f32s(acc, *c);
                 }
             }
-        } else if !add {
-            simd.partial_store_f32s(row, acc[0]);
         } else {
-            let sum = simd.add_f32s(acc[0], simd.partial_load_f32s(row));
-            simd.partial_store_f32s(row, sum);
+            // The sums of the first `width` lanes, through the stack (indexing the
+            // accumulators statically, no partial store).
+            let mut sums = [0.0f32; 2 * MOST_LANES];
+            // SAFETY: `V * lanes <= sums.len()` (asserted above): `V` registers
+            // written unaligned into `sums`.
+            unsafe {
+                let registers = sums.as_mut_ptr().cast::<S::f32s>();
+                for (v, &acc) in acc.iter().enumerate() {
+                    registers.add(v).write_unaligned(acc);
+                }
+            }
+            for (c, &sum) in row.iter_mut().zip(&sums) {
+                *c = if add { sum + *c } else { sum };
+            }
         }
     }
 }
@@ -744,6 +921,71 @@ mod tests {
         super::super::contraction::avx512()
     }
 
+    /// The partial register of columns each way it is read (`n` 12: one register and
+    /// a part): a packed `b` padded on the stack (`k` 32), a packed `b` too large to
+    /// pad its heap panel (`k` 256 by 20 columns: the part copied into the tail
+    /// buffer), a `b` read in place (the part copied), with one, several and a partial
+    /// row block, overwriting and accumulating: bit for bit matrixmultiply's.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn partial_registers_equal_matrixmultiply_bit_for_bit() {
+        if !std::arch::is_x86_feature_detected!("fma") {
+            return;
+        }
+        for [k, n] in [[32, 12], [256, 20], [256, 4], [300, 37], [7, 9]] {
+            for (m, transposed, accumulate) in [(16, true, false), (5, false, true)] {
+                for b_transposed in [transposed, !transposed] {
+                    equal_matrixmultiply([m, k, n], [false, b_transposed], accumulate, 5).unwrap();
+                }
+            }
+        }
+    }
+
+    /// Checks [`products`] on one `[m, k] x [k, n]` product (`transposed`: each
+    /// operand column-major) bit for bit against matrixmultiply's `general_mat_mul`
+    /// (`beta` 1 onto prior values when `accumulate`).
+    #[cfg(target_arch = "x86_64")]
+    fn equal_matrixmultiply(
+        [m, k, n]: [usize; 3],
+        transposed: [bool; 2],
+        accumulate: bool,
+        seed: u64,
+    ) -> Result<(), TestCaseError> {
+        let layout = Layout {
+            m,
+            k,
+            n,
+            a: strides(m, k, transposed[0], 0),
+            b: strides(k, n, transposed[1], 0),
+            c_row: n,
+            accumulate,
+        };
+        let (a, b, mut c, _) = batch_of(&layout, 1, seed);
+        // Accumulating: onto values of any sign and size (-0.0 among them).
+        let prior: Vec<f32> = values(seed ^ 0xacc, m * n)
+            .into_iter()
+            .enumerate()
+            .map(|(x, v)| if x % 7 == 3 { -0.0 } else { v * 4.0 })
+            .collect();
+        if accumulate {
+            c[..m * n].copy_from_slice(&prior);
+        }
+        products(&layout, [&a, &b], &mut c, std::iter::once([0; 3]));
+        let (a, b) = (view(&a, [m, k], layout.a), view(&b, [k, n], layout.b));
+        let mut want = ndarray::Array2::from_shape_vec((m, n), prior).unwrap();
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        ndarray::linalg::general_mat_mul(1.0, &a, &b, beta, &mut want);
+        let got = ndarray::ArrayView2::from_shape((m, n), &c[..m * n]).unwrap();
+        prop_assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{:?}",
+            layout
+        );
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -791,32 +1033,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             prop_assume!(std::arch::is_x86_feature_detected!("fma"));
-            let layout = Layout {
-                m,
-                k,
-                n,
-                a: strides(m, k, transposed[0], 0),
-                b: strides(k, n, transposed[1], 0),
-                c_row: n,
-                accumulate,
-            };
-            let (a, b, mut c, _) = batch_of(&layout, 1, seed);
-            // Accumulating: onto values of any sign and size (-0.0 among them).
-            let prior: Vec<f32> = values(seed ^ 0xacc, m * n)
-                .into_iter()
-                .enumerate()
-                .map(|(x, v)| if x % 7 == 3 { -0.0 } else { v * 4.0 })
-                .collect();
-            if accumulate {
-                c[..m * n].copy_from_slice(&prior);
-            }
-            products(&layout, [&a, &b], &mut c, std::iter::once([0; 3]));
-            let (a, b) = (view(&a, [m, k], layout.a), view(&b, [k, n], layout.b));
-            let mut want = ndarray::Array2::from_shape_vec((m, n), prior).unwrap();
-            let beta = if accumulate { 1.0 } else { 0.0 };
-            ndarray::linalg::general_mat_mul(1.0, &a, &b, beta, &mut want);
-            let got = ndarray::ArrayView2::from_shape((m, n), &c[..m * n]).unwrap();
-            prop_assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{:?}", layout);
+            equal_matrixmultiply([m, k, n], transposed, accumulate, seed)?;
         }
     }
 }
