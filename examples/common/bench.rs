@@ -2,8 +2,8 @@
 //! trainer's steps, print the first losses and the median ms/step, and with `--dump`
 //! write the initial parameters, the first batches and their losses for the JAX twin to
 //! replay. With `GSPMD_PROFILE=1` it also prints where a timed step's time goes, node
-//! by node (`gspmd::runtime::profile`). Included by the examples that take `--bench` (`#[path]`), so the others do
-//! not carry it.
+//! by node (`gspmd::runtime::profile`). Included by the examples that take `--bench`
+//! (`#[path]`), so the others do not carry it.
 
 use std::path::PathBuf;
 use std::time::Instant;

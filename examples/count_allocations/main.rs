@@ -1,7 +1,7 @@
-//! Allocations (and the bytes they ask for) per training step of the language model of `train_transformer` (AdamW,
-//! all devices together) on each mesh given (default `1x1 2x4`), counted by an
-//! instrumented global allocator — here rather than in `train_transformer --bench`,
-//! whose timings the counting would slow. `tests/allocations.rs` asserts the figures.
+//! Allocations (and the bytes they ask for) per training step of the language model of
+//! `train_transformer` (AdamW, all devices together) on each mesh given (default `1x1
+//! 2x4`), counted by an instrumented global allocator — here rather than in
+//! `train_transformer --bench`, whose timings the counting would slow. `tests/allocations.rs` asserts the figures.
 //!
 //! ```text
 //! cargo run --release --example count_allocations -- 1x1 2x4

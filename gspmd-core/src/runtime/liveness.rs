@@ -23,7 +23,8 @@ pub(crate) fn lent_input_bytes(program: &Program, plan: &Plan) -> usize {
 /// `buffers`): its budget ([`Plan::budget`]: the analysis's peak, the walk's bytes plus
 /// the lent inputs) and, for each node, the bytes held as the analysis models them,
 /// inputs included (each step's `held`): while the node runs (its result included, its
-/// kernel's scratch not) and once it has dropped what it drops.
+/// kernel's scratch not) and once it has dropped what it drops; and the new buffers
+/// the nodes ask for ([`Requests`]).
 pub(crate) fn pool_model(program: &Program, plan: &Plan) -> PoolModel {
     let inputs = lent_input_bytes(program, plan);
     let walk = Walk::of(program, plan);

@@ -51,6 +51,7 @@ pub fn set_enabled(on: bool) {
 
 /// One kind of node in a [`Report`]: the nodes of one description, summed.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Row {
     /// The node's op, result type and operand shapes (see the module docs).
     pub what: String,
@@ -65,6 +66,7 @@ pub struct Row {
 
 /// The table since the last [`reset`], largest time first.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Report {
     /// The rows, by descending total time.
     pub rows: Vec<Row>,
@@ -158,9 +160,9 @@ fn describe(program: &Program, plan: &Plan, i: usize) -> String {
     }
 }
 
-/// A node by its program's and its own address and its index: its description is
-/// worked out the first time it runs.
-type Key = (usize, usize, usize);
+/// A node by its address (in its program's node list): its description is worked out
+/// the first time it runs.
+type Key = usize;
 
 /// One node's times.
 struct Entry {
@@ -197,11 +199,7 @@ impl Drop for Timer<'_> {
     fn drop(&mut self) {
         let elapsed = self.started.elapsed();
         let node = &self.program.nodes[self.i];
-        let key = (
-            std::ptr::from_ref(self.program) as usize,
-            std::ptr::from_ref(node) as usize,
-            self.i,
-        );
+        let key: Key = std::ptr::from_ref(node) as usize;
         let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         let entry = (table.get_or_insert_with(HashMap::new).entry(key)).or_insert_with(|| Entry {
             what: describe(self.program, self.plan, self.i),
