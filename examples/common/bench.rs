@@ -14,7 +14,8 @@ use gspmd::prelude::*;
 use gspmd::runtime::profile;
 use gspmd::train::{Initial, TrainStep, Trainer, save_checkpoint};
 
-/// The largest rows of the per-node profile printed with `GSPMD_PROFILE=1`.
+/// The largest rows of the per-node profile printed with `GSPMD_PROFILE=1`, unless
+/// `GSPMD_PROFILE_ROWS` says how many.
 const PROFILE_ROWS: usize = 40;
 
 /// Steps whose losses are printed and whose batches `--dump` writes.
@@ -152,7 +153,11 @@ pub fn run(
         times[times.len() - 1]
     );
     if profile::enabled() {
-        print!("{}", profile::report().table(times.len(), PROFILE_ROWS));
+        let rows = std::env::var("GSPMD_PROFILE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PROFILE_ROWS);
+        print!("{}", profile::report().table(times.len(), rows));
     }
     if let Some(path) = &bench.dump {
         let mut tensors = initial;

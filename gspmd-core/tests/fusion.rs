@@ -374,6 +374,18 @@ fn bools(shape: &[usize], rng: &mut StdRng) -> Literal {
     Literal::Bool(ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape fits"))
 }
 
+/// The gradient, with respect to `x` and `w`, of `sum(activation(x w)^2)` for `x` of
+/// `[rows, cols]` and `w` a row broadcast over it.
+fn layer_gradient(rows: usize, cols: usize, activation: impl Fn(&Tensor) -> Tensor) -> Program {
+    let b = Builder::new("layer");
+    let x = b.parameter("x", [rows, cols], DType::F32);
+    let w = b.parameter("w", [cols], DType::F32);
+    let y = activation(&x.mul(&w.broadcast_in_dim([rows, cols], &[1])));
+    let loss = y.mul(&y).sum(&[0, 1]);
+    let forward = b.finish(&[&loss]).expect("traces");
+    grad(&forward, 0, &[0, 1]).expect("differentiates")
+}
+
 /// The gradient of a ReLU layer (`max(x w, 0)`: the compares of the input and of zero
 /// with the output, the selects of the cotangent and its half at ties) fuses its
 /// compares and selects into the loop of the cotangent's product, with inputs at 0
@@ -382,13 +394,7 @@ fn bools(shape: &[usize], rng: &mut StdRng) -> Literal {
 fn the_relu_gradient_compares_and_selects_fuse_equal_unfused() {
     let mut rng = StdRng::seed_from_u64(23);
     for (rows, cols) in [(3, 8), (40, 300)] {
-        let b = Builder::new("relu");
-        let x = b.parameter("x", [rows, cols], DType::F32);
-        let w = b.parameter("w", [cols], DType::F32);
-        let y = x.mul(&w.broadcast_in_dim([rows, cols], &[1])).relu();
-        let loss = y.mul(&y).sum(&[0, 1]);
-        let forward = b.finish(&[&loss]).expect("traces");
-        let program = grad(&forward, 0, &[0, 1]).expect("differentiates");
+        let program = layer_gradient(rows, cols, Tensor::relu);
         let groups = group_ops(&program);
         assert!(
             groups
@@ -404,6 +410,38 @@ fn the_relu_gradient_compares_and_selects_fuse_equal_unfused() {
                 .mapv(|v| if v > 1.0 { 0.0 } else { v }),
         );
         let inputs = [x, random(&[cols], &mut rng)];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "{rows}x{cols}");
+        let mesh = on_one_device(&program, &inputs);
+        assert_eq!(bits(&mesh), bits(&want), "mesh, {rows}x{cols}");
+    }
+}
+
+/// The gradient of a GELU layer: its backward loop recomputes the forward's cheap
+/// values (`x * x`, `x / 2` as `0.5 * x`, `1 + tanh`) from the leaves it reads anyway
+/// (`x`, `tanh`) instead of reading them stored, so they are members of two groups and
+/// the forward loop stores fewer values; equal to unfused bitwise, on one chunk and
+/// many, on a 1-device mesh too.
+#[test]
+fn the_gelu_gradient_recomputes_cheap_forward_values_equal_unfused() {
+    let mut rng = StdRng::seed_from_u64(31);
+    for (rows, cols) in [(3, 40), (16, 300)] {
+        let program = layer_gradient(rows, cols, Tensor::gelu);
+        let groups = fusion_groups(&program);
+        let in_two: Vec<&'static str> = (0..program.nodes.len())
+            .filter(|&i| {
+                groups
+                    .iter()
+                    .filter(|g| g.iter().any(|m| m.index() == i))
+                    .count()
+                    > 1
+            })
+            .map(|i| program.nodes[i].op.name())
+            .filter(|&name| name != "broadcast")
+            .collect();
+        assert!(in_two.len() >= 3, "recomputed: {in_two:?} of {groups:?}");
+        let inputs = [random(&[rows, cols], &mut rng), random(&[cols], &mut rng)];
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
         assert_eq!(bits(&got), bits(&want), "{rows}x{cols}");

@@ -157,7 +157,9 @@ impl Plan {
         }
         let groups = plan_groups(program, &reads, &program_outputs, &groupable);
         for (k, group) in groups.iter().enumerate() {
-            for m in &group.members {
+            // A copy is computed where it is made (its own node, or its group's).
+            let made_here = |m: &&ValueId| group.copies.binary_search(m).is_err();
+            for m in group.members.iter().filter(made_here) {
                 fusion[m.index()] = if group.results.contains(m) {
                     Fusion::Result
                 } else {

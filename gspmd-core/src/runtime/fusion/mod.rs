@@ -59,7 +59,16 @@
 //!   every reader outside the group comes after the root (the value exists from the
 //!   root on), and the group has fewer than [`MAX_RESULTS`] results: an extra result
 //!   (outputs included). A reduction's group stores them too (softmax's `exp(x - max)`
-//!   beside its sum, layer norm's `x - mean` beside the variance).
+//!   beside its sum, layer norm's `x - mean` beside the variance), or
+//! - the member is a copy ([`Group::copies`]): a cheap float op (add, subtract,
+//!   multiply, negate) read by a member and otherwise only before the root, no output,
+//!   whose operands members read anyway (or scalar broadcasts, copied with it). The
+//!   loop recomputes it from those leaves rather than read it stored; it is made where
+//!   it was (its own node, or an earlier group, where its readers here no longer count).
+//!   So a backward loop recomputes the forward's cheap values, as XLA's fusion duplicates
+//!   cheap producers into their consumers: the GELU gradient's loop computes `x * x`,
+//!   `0.5 * x` and `1 + tanh` from `x` and `tanh`, and the forward loop stores two
+//!   values, not four. The same ops on the same values: bitwise what was stored.
 //!
 //! A reduction may be finished by one op on its reduced values ([`Epilogue`]: `mean`'s
 //! division by the count, the log of a sum of exponentials), read through a reshape:
@@ -100,6 +109,12 @@ pub(crate) const MAX_RESULTS: usize = 4;
 pub(crate) struct Group {
     /// The group's nodes in node order; the last is the root, where the loop runs.
     pub(crate) members: Vec<ValueId>,
+    /// The members the loop recomputes from its leaves although their value is made
+    /// elsewhere too (by an earlier group or node, for readers before the root): cheap
+    /// ops the group reads through instead of reading their stored values (see
+    /// [`plan_groups`]). The plan computes them where they are made; here they are ops
+    /// of the loop only.
+    pub(crate) copies: Vec<ValueId>,
     /// The members whose values the loop stores (read outside the group, or outputs),
     /// in node order: the root last, and before it the extra results (of the loop's
     /// shape; with a reduction, stored as the chunks are folded).
@@ -242,6 +257,15 @@ fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }
 
+/// Whether a group may recompute `op` rather than read its stored value: one pass of
+/// an add, subtract, multiply or negate (no transcendental, no division).
+fn cheap(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(UnaryOp::Neg) | Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul)
+    )
+}
+
 /// The fusion groups of `program` (see the module documentation for the rule), no
 /// node in two, with node `i` reading `operands[i]` (its operands, or as the plan
 /// resolves them) and `outputs` the program's outputs (likewise). `typed[i]`: node
@@ -272,8 +296,14 @@ pub(crate) fn plan_groups(
         }
     }
     let lowest_operand = |i: usize| operands[i].iter().map(|o| o.index()).min();
+    // A broadcast of a scalar: a group may read it wherever it reads the scalar.
+    let scalar_broadcast = |i: usize| {
+        roles[i] == Role::Broadcast
+            && (operands[i].iter()).all(|o| nodes[o.index()].ty.shape.is_empty())
+    };
     let mut claimed = vec![false; n];
     let mut in_group = vec![false; n];
+    let mut copy = vec![false; n];
     let mut groups = Vec::new();
     for root in (0..n).rev() {
         if claimed[root] {
@@ -293,6 +323,7 @@ pub(crate) fn plan_groups(
         let dtype = nodes[root].ty.dtype;
         let mut members = vec![root];
         let mut results = vec![root];
+        let mut copies = Vec::new();
         in_group[root] = true;
         if let Some((reduce, between)) = &finishing {
             for &m in between.iter().chain([reduce]) {
@@ -317,7 +348,9 @@ pub(crate) fn plan_groups(
             if !candidate {
                 continue;
             }
-            let member_reader = |r: usize| in_group[r] && roles[r] != Role::Broadcast;
+            // A copy reads the value its original reads, so it does not make that
+            // value the group's alone.
+            let member_reader = |r: usize| in_group[r] && roles[r] != Role::Broadcast && !copy[r];
             let inner = !output[j]
                 && !readers[j].is_empty()
                 && readers[j].iter().all(|&r| member_reader(r));
@@ -328,19 +361,54 @@ pub(crate) fn plan_groups(
                 && readers[j]
                     .iter()
                     .all(|&r| member_reader(r) || (!in_group[r] && r > root));
-            if inner || result {
+            // A cheap op also read before the root, whose operands the group reads
+            // anyway: recomputed here rather than stored where it is made and read back.
+            let recomputed = !inner
+                && !result
+                && cheap(&nodes[j].op)
+                && roles[j] == Role::Elementwise
+                && !output[j]
+                && readers[j]
+                    .iter()
+                    .any(|&r| in_group[r] && roles[r] != Role::Broadcast)
+                && readers[j]
+                    .iter()
+                    .all(|&r| (in_group[r] && roles[r] != Role::Broadcast) || r < root)
+                && operands[j].iter().all(|o| {
+                    readers[o.index()].iter().any(|&r| member_reader(r))
+                        || scalar_broadcast(o.index())
+                });
+            // The scalar broadcasts only a copy reads here, copied with it (the loop
+            // reads their scalars).
+            let lone: Vec<usize> = (operands[j].iter())
+                .map(|o| o.index())
+                .filter(|&o| {
+                    recomputed && !in_group[o] && !readers[o].iter().any(|&r| member_reader(r))
+                })
+                .collect();
+            if inner || result || recomputed {
                 in_group[j] = true;
                 members.push(j);
                 if result {
                     results.push(j);
                 }
-                if matches!(roles[j], Role::Elementwise | Role::Predicate) {
+                if recomputed {
+                    for c in lone.into_iter().chain([j]) {
+                        in_group[c] = true;
+                        copy[c] = true;
+                        copies.push(c);
+                        if c != j {
+                            members.push(c);
+                        }
+                    }
+                } else if matches!(roles[j], Role::Elementwise | Role::Predicate) {
                     low = low.min(lowest_operand(j).unwrap_or(j));
                 }
             }
         }
         for &m in &members {
             in_group[m] = false;
+            copy[m] = false;
         }
         members.sort_unstable();
         results.sort_unstable();
@@ -353,9 +421,14 @@ pub(crate) fn plan_groups(
             continue;
         }
         for &m in &members {
-            claimed[m] = true;
+            claimed[m] = !copies.contains(&m);
         }
-        groups.push(Group::new(
+        // A copy's readers here read the group's value: the original's readers are
+        // the others.
+        for &c in &copies {
+            readers[c].retain(|r| members.binary_search(r).is_err());
+        }
+        let mut group = Group::new(
             program,
             operands,
             &members,
@@ -363,7 +436,10 @@ pub(crate) fn plan_groups(
             shape.clone(),
             dtype,
             finishing.is_some(),
-        ));
+        );
+        copies.sort_unstable();
+        group.copies = copies.into_iter().map(|c| ValueId(c as u32)).collect();
+        groups.push(group);
     }
     groups
 }
@@ -595,6 +671,7 @@ impl Group {
             last_reads,
             registers,
             layouts: Vec::new(),
+            copies: Vec::new(),
             reduce,
             epilogue: finish.map(|op| Epilogue {
                 op,
