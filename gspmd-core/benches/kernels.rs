@@ -252,7 +252,7 @@ fn step_products(c: &mut Criterion) {
         &'static [usize],
         &'static [usize],
     );
-    let cases: [Case; 11] = [
+    let cases: [Case; 16] = [
         // LM: the big projection bsm,mf->bsf (the rate reference), 4.2 M.
         (
             "lm_projection_4m",
@@ -361,6 +361,56 @@ fn step_products(c: &mut Criterion) {
             &[0, 1],
             &[3],
             &[3],
+        ),
+        // MoE: the experts' forward product ebm,emf->ebf per expert, 4 x 192x32x64, 1.6 M.
+        (
+            "moe_expert_forward_1573k",
+            &[4, 192, 32],
+            &[4, 32, 64],
+            &[0],
+            &[0],
+            &[2],
+            &[1],
+        ),
+        // Their weight gradients ebsf,ebsm->efm (`a` transposed), 4 x 64x192x32, 1.6 M.
+        (
+            "moe_expert_w_grad_n32_1573k",
+            &[4, 16, 12, 64],
+            &[4, 16, 12, 32],
+            &[0],
+            &[0],
+            &[1, 2],
+            &[1, 2],
+        ),
+        // And 4 x 32x192x64, 1.6 M.
+        (
+            "moe_expert_w_grad_n64_1573k",
+            &[4, 16, 12, 32],
+            &[4, 16, 12, 64],
+            &[0],
+            &[0],
+            &[1, 2],
+            &[1, 2],
+        ),
+        // Attention's weight gradients bsm,bshk->mhk: 32x256x32 (`a` transposed), 262 k.
+        (
+            "moe_attention_w_grad_262k",
+            &[16, 16, 32],
+            &[16, 16, 4, 8],
+            &[],
+            &[],
+            &[0, 1],
+            &[0, 1],
+        ),
+        // Its head-major weight gradient bhsk,bsm->hkm (lhs contracting dims apart, copied), 262 k.
+        (
+            "moe_head_gradient_262k",
+            &[16, 4, 16, 8],
+            &[16, 16, 32],
+            &[],
+            &[],
+            &[0, 2],
+            &[0, 1],
         ),
     ];
     for (name, ls, rs, lb, rb, lc, rc) in cases {

@@ -66,6 +66,13 @@ pub(super) trait DotScalar: Pooled + Copy + Default {
     ) -> Result<(), String> {
         each_product(layout, operands, c, offsets)
     }
+
+    /// Whether [`DotScalar::products_into`] takes `layout` with its columns in groups
+    /// ([`Layout::b_groups`]). By default not.
+    fn takes_groups(layout: &Layout) -> bool {
+        let _ = layout;
+        false
+    }
 }
 
 /// [`DotScalar::products_into`] one [`DotScalar::matmul_into`] a product.
@@ -81,9 +88,13 @@ fn each_product<T: DotScalar>(
         n,
         a: [am, ak],
         b: [bk, bn],
+        b_groups,
         c_row,
         accumulate,
     } = layout;
+    if b_groups.is_some() {
+        return Err("grouped columns of b on a kernel that reads b through strides".into());
+    }
     let view_err = |e: ndarray::ShapeError| e.to_string();
     for [oa, ob, oc] in offsets {
         let a = ArrayView2::from_shape((m, k).strides((am, ak)), &a[oa..]);
@@ -133,6 +144,12 @@ impl DotScalar for f32 {
         } else {
             each_product(layout, operands, c, offsets)
         }
+    }
+
+    /// Where [`small_product`] takes the product (its `b` packed with the groups'
+    /// columns side by side).
+    fn takes_groups(layout: &Layout) -> bool {
+        layout.runs_here()
     }
 
     fn mul_add(acc: f32, a: f32, b: f32) -> f32 {
@@ -608,9 +625,6 @@ fn multiply<T: DotScalar>(
         loops.push((n, [s, 0, out_strides[nb + k]]));
     }
     let (r_major, (n, rn)) = split_minor(&r_dims);
-    for (k, &(size, s)) in r_major.iter().enumerate() {
-        loops.push((size, [0, s, out_strides[nb + nl + k]]));
-    }
     let merge = |f: &Flat<'_, T>, dims: &[usize]| {
         merged(&f.dims(dims)).ok_or_else(|| "contracting dims that do not merge".to_string())
     };
@@ -620,16 +634,35 @@ fn multiply<T: DotScalar>(
     );
     // The result's rows (the merged minor lhs free dims) are `row` apart, its columns
     // (the merged minor rhs free dims) adjacent.
-    let layout = Layout {
+    let mut layout = Layout {
         m,
         k,
         n,
         a: [lm, lk],
         b: [rk, rn],
+        b_groups: None,
         c_row: shape[nb + nl..].iter().product(),
         accumulate,
     };
-    if accumulate && !adds_exactly([m, k, n], lk, rn == 1) {
+    // The rhs's innermost major free dim as groups of the product's columns (the
+    // result's columns run on across it) where the rhs is packed anyway and the kernel
+    // takes the wider product: the MoE's `bsm,ebfm->bsef`, one 16x32x48 product per
+    // batch index instead of four 16x32x12.
+    let mut r_loops = r_major;
+    if let Some((&(groups, stride), rest)) = r_major.split_last() {
+        let grouped = Layout {
+            n: groups * n,
+            b_groups: Some([n, stride]),
+            ..layout
+        };
+        if rn != 1 && T::takes_groups(&grouped) {
+            (layout, r_loops) = (grouped, rest);
+        }
+    }
+    for (k, &(size, s)) in r_loops.iter().enumerate() {
+        loops.push((size, [0, s, out_strides[nb + nl + k]]));
+    }
+    if accumulate && !adds_exactly([m, k, layout.n], lk, rn == 1) {
         return Ok(false);
     }
     T::products_into(&layout, [&l.data, &r.data], out, Offsets::new(loops))?;
@@ -992,6 +1025,77 @@ mod tests {
                     .zip(&want)
                     .all(|(x, y)| x.to_bits() == y.to_bits()),
                 "{ls:?} x {rs:?} {dd:?}"
+            );
+        }
+    }
+
+    /// An rhs whose innermost major free dim does not merge with its columns (the MoE's
+    /// expert inputs `bsm,ebfm->bsef`: the batch dim between `e` and `f`) is one
+    /// product per batch index with its columns in groups: bit for bit the product of
+    /// the rhs copied with its free dims merged (`[b, e, f, m]`, one packed product of
+    /// 48 columns), written and added to an accumulator, on the step's shape, widths
+    /// across the tile's registers, `k` above a block of 256, two major free dims.
+    #[test]
+    #[allow(clippy::type_complexity)]
+    fn grouped_rhs_columns_give_the_product_of_a_merged_copy_bit_for_bit() {
+        let cases: [(&[usize], &[usize], DotDims, &[usize]); 4] = [
+            (
+                &[16, 16, 32],
+                &[4, 16, 12, 32],
+                DotDims::new(&[0], &[1], &[2], &[3]),
+                &[1, 0, 2, 3],
+            ),
+            (
+                &[3, 7, 20],
+                &[5, 3, 7, 20],
+                DotDims::new(&[0], &[1], &[2], &[3]),
+                &[1, 0, 2, 3],
+            ),
+            (
+                &[2, 13, 300],
+                &[3, 2, 9, 300],
+                DotDims::new(&[0], &[1], &[2], &[3]),
+                &[1, 0, 2, 3],
+            ),
+            (
+                &[9, 24],
+                &[2, 3, 24, 10],
+                DotDims::new(&[], &[], &[1], &[2]),
+                &[2, 0, 1, 3],
+            ),
+        ];
+        let _run = buffers::start_run(1 << 24, 0);
+        for (ls, rs, dd, relayout) in cases {
+            let (lhs, rhs) = (values(5, ls), values(6, rs));
+            let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
+            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                .chain(lhs_free.iter().map(|&d| ls[d]))
+                .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
+                .collect();
+            // The same rhs stored in the order `relayout` (its logical shape unchanged):
+            // its free dims merge there.
+            let mut inverse = vec![0; relayout.len()];
+            for (i, &d) in relayout.iter().enumerate() {
+                inverse[d] = i;
+            }
+            let stored = rhs
+                .view()
+                .permuted_axes(IxDyn(relayout))
+                .as_standard_layout()
+                .into_owned();
+            let merged_copy = stored.permuted_axes(IxDyn(&inverse));
+            let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+            let want = dot_general(&dd, &lhs, &merged_copy, &shape).unwrap();
+            let bits = |a: &ArrayD<f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&got) == bits(&want), "{ls:?} x {rs:?} {dd:?}");
+            let acc = values(7, &shape);
+            let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
+            let (lent, copy) = (Literal::F32(acc.clone()), Literal::F32(merged_copy));
+            let got = dot_general_add(&dd, &l, &r, Cow::Borrowed(&lent)).unwrap();
+            let want = dot_general_add(&dd, &l, &copy, Cow::Owned(Literal::F32(acc))).unwrap();
+            assert!(
+                bits(got.as_f32().unwrap()) == bits(want.as_f32().unwrap()),
+                "{ls:?} x {rs:?} {dd:?} accumulated"
             );
         }
     }

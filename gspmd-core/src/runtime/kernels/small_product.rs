@@ -42,6 +42,12 @@ pub(super) struct Layout {
     pub(super) a: [usize; 2],
     /// `b`'s strides along `k` and `n`.
     pub(super) b: [usize; 2],
+    /// `b`'s columns in groups of `columns`, `stride` elements apart (`[columns,
+    /// stride]`): column `j` at `(j / columns) * stride + (j % columns) * b[1]`, so a
+    /// free dim of `b` that does not merge with the columns' (the MoE's experts beside
+    /// their columns, the batch dim between them) is one product's columns. `b` is
+    /// then packed whatever its strides. `None`: column `j` at `j * b[1]`.
+    pub(super) b_groups: Option<[usize; 2]>,
     /// The distance between the result's rows.
     pub(super) c_row: usize,
     /// Whether the product adds its sums to the result's prior contents (`beta = 1`)
@@ -88,7 +94,34 @@ const STACK_PANEL: usize = 4096;
 impl Layout {
     /// Whether [`products`] takes this product (see [`takes`]).
     pub(super) fn runs_here(&self) -> bool {
-        takes([self.m, self.k, self.n], self.a[1], self.b[1] == 1)
+        takes([self.m, self.k, self.n], self.a[1], !self.packs_b())
+    }
+
+    /// Whether `b` is packed: its rows are not adjacent columns.
+    fn packs_b(&self) -> bool {
+        self.b[1] != 1 || self.b_groups.is_some()
+    }
+}
+
+/// Where `b`'s columns start: column `j` at `j * bn`, or in groups (see
+/// [`Layout::b_groups`]).
+#[derive(Clone, Copy)]
+struct ColumnOffsets {
+    bn: usize,
+    groups: Option<[usize; 2]>,
+}
+
+impl ColumnOffsets {
+    /// Column `j`'s offset from column 0's.
+    #[inline(always)]
+    fn at(self, j: usize) -> usize {
+        match self.groups {
+            None => j * self.bn,
+            Some([columns, stride]) => {
+                let columns = columns.max(1);
+                (j / columns) * stride + (j % columns) * self.bn
+            }
+        }
     }
 }
 
@@ -164,6 +197,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                     n,
                     a: a_strides,
                     b: [bk, bn],
+                    b_groups,
                     c_row,
                     accumulate,
                 },
@@ -172,11 +206,12 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
             c,
             offsets,
         } = self;
+        let packs = self.layout.packs_b();
         // The panel for packing `b`: none where `b` is read in place (its rows adjacent
         // columns), so those products write no 16 KB of zeros per dispatch.
         let mut stack: [f32; STACK_PANEL];
         let mut heap = Vec::new();
-        let panel: &mut [f32] = if bn == 1 {
+        let panel: &mut [f32] = if !packs {
             &mut []
         } else if scratch([k, n]) == 0 {
             stack = [0.0; STACK_PANEL];
@@ -198,7 +233,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
         // [`Tail`]): only where `n` leaves one and `b` is not packed padded.
         let mut tail_stack: [f32; KC * MOST_LANES];
         let lanes = S::F32_LANES;
-        let tail: &mut [f32] = if n % lanes != 0 && !(bn != 1 && pads(panel.len(), [k, n], lanes)) {
+        let tail: &mut [f32] = if n % lanes != 0 && !(packs && pads(panel.len(), [k, n], lanes)) {
             tail_stack = [0.0; KC * MOST_LANES];
             &mut tail_stack[..KC * lanes]
         } else {
@@ -211,9 +246,18 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                 k,
                 accumulate,
             };
+            let b = B {
+                data: &b[ob..],
+                bk,
+                columns: ColumnOffsets {
+                    bn,
+                    groups: b_groups,
+                },
+                packs,
+            };
             product.run(
                 simd,
-                (&b[ob..], [bk, bn]),
+                b,
                 [m, n],
                 (&mut c[oc..], c_row),
                 [&mut *panel, &mut *stripe, &mut *tail],
@@ -238,6 +282,16 @@ struct Product<'x> {
     a_strides: [usize; 2],
     k: usize,
     accumulate: bool,
+}
+
+/// One product's `b`: its elements, its stride along `k`, where its columns start,
+/// and whether it is packed (else its rows are adjacent columns, read in place).
+#[derive(Clone, Copy)]
+struct B<'x> {
+    data: &'x [f32],
+    bk: usize,
+    columns: ColumnOffsets,
+    packs: bool,
 }
 
 /// A matrix's elements and the distance between its rows (its columns adjacent).
@@ -357,26 +411,35 @@ impl Product<'_> {
     fn run<S: Simd>(
         &self,
         simd: S,
-        b: (&[f32], [usize; 2]),
+        b: B<'_>,
         [m, n]: [usize; 2],
         (c, c_row): Rows<'_, &mut [f32]>,
         [panel, stripe, tail]: [&mut [f32]; 3],
     ) {
         let lanes = S::F32_LANES;
-        let pad = b.1[1] != 1 && pads(panel.len(), [self.k, n], lanes);
+        let pad = b.packs && pads(panel.len(), [self.k, n], lanes);
         let mut q0 = 0;
         loop {
             let block = [q0, self.k.min(q0 + KC)];
             let mut j0 = 0;
             while j0 < n {
                 let columns = [j0, n.min(j0 + NC)];
-                let panel = if b.1[1] == 1 {
-                    let (b, [bk, _]) = b;
-                    let data = b.get(block[0] * bk + j0..).unwrap_or_default();
+                let panel = if !b.packs {
+                    let B { data, bk, .. } = b;
+                    let data = data.get(block[0] * bk + j0..).unwrap_or_default();
                     Panel::InPlace { data, bk }
                 } else {
                     let pad_to = if pad { lanes } else { 1 };
-                    let data = pack::<S>(b, block, columns, pad_to, panel);
+                    let data = match b.columns.groups {
+                        None => pack::<S>(
+                            (b.data, [b.bk, b.columns.bn]),
+                            block,
+                            columns,
+                            pad_to,
+                            panel,
+                        ),
+                        Some(_) => pack_grouped::<S>(b, block, columns, pad_to, panel),
+                    };
                     Panel::Packed {
                         data,
                         len: block[1] - block[0],
@@ -676,6 +739,62 @@ fn pack<'p, S: Simd>(
     panel
 }
 
+/// [`pack`] for a `b` whose columns are in groups ([`Layout::b_groups`]): each panel's
+/// columns' first elements listed, then copied as [`pack`] copies them. A function of
+/// its own: in [`pack`]'s loop the list slowed the tiny packed products of attention.
+#[inline(never)]
+#[allow(unsafe_code)]
+fn pack_grouped<'p, S: Simd>(
+    B {
+        data: b,
+        bk,
+        columns: offsets,
+        ..
+    }: B<'_>,
+    [q0, q1]: [usize; 2],
+    [j0, j1]: [usize; 2],
+    pad_to: usize,
+    panel: &'p mut [f32],
+) -> &'p [f32] {
+    let len = q1 - q0;
+    let step = 2 * S::F32_LANES;
+    let widths = (j0..j1)
+        .step_by(step)
+        .map(|j| (j1 - j).min(step).next_multiple_of(pad_to));
+    let total: usize = widths.clone().sum();
+    let panel = &mut panel[..len * total];
+    let mut rest = &mut *panel;
+    for (p, width) in widths.enumerate() {
+        let (this, next) = std::mem::take(&mut rest).split_at_mut(len * width);
+        rest = next;
+        let j = j0 + p * step;
+        let columns = width.min(j1 - j);
+        let mut starts = [0; 2 * MOST_LANES];
+        let starts = &mut starts[..columns];
+        for (x, start) in starts.iter_mut().enumerate() {
+            *start = offsets.at(j + x) + q0 * bk;
+        }
+        let last = starts
+            .iter()
+            .max()
+            .map_or(0, |&s| s + len.saturating_sub(1) * bk);
+        assert!(
+            len == 0 || columns == 0 || last < b.len(),
+            "b's block reaches past it"
+        );
+        for (q, row) in this.chunks_exact_mut(width).enumerate() {
+            let (row, padding) = row.split_at_mut(columns);
+            for (to, &start) in row.iter_mut().zip(&*starts) {
+                // SAFETY: `q < len`, so the index is at most `last`, asserted within
+                // `b` above.
+                *to = unsafe { *b.get_unchecked(start + q * bk) };
+            }
+            padding.fill(0.0);
+        }
+    }
+    panel
+}
+
 /// Rows `i .. i + R` by the first `width` columns of the result over the contracted
 /// `q0 .. q1` (`a`'s elements from `a.at(0)` for `q0`, `b`'s rows from `q0`, each
 /// read as `V` whole registers whatever `width`): `R * V` accumulators, each summing
@@ -886,6 +1005,7 @@ mod tests {
                 b: strides(k, n, transposed[1], 2),
                 c_row: n + 3,
                 accumulate: false,
+                b_groups: None,
             };
             check(&layout, 2, 7).unwrap();
         }
@@ -907,6 +1027,7 @@ mod tests {
                 b: strides(k, n, false, 2),
                 c_row: n + 1,
                 accumulate: false,
+                b_groups: None,
             };
             check(&layout, 2, 11).unwrap();
         }
@@ -959,6 +1080,7 @@ mod tests {
             b: strides(k, n, transposed[1], 0),
             c_row: n,
             accumulate,
+            b_groups: None,
         };
         let (a, b, mut c, _) = batch_of(&layout, 1, seed);
         // Accumulating: onto values of any sign and size (-0.0 among them).
@@ -989,6 +1111,55 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
+        /// A product whose `b` has its columns in groups ([`Layout::b_groups`]: groups
+        /// `stride` apart, `b` row- or column-major within them) equals, bit for bit, the
+        /// products of its groups' columns one group at a time (each a product of its
+        /// own, `b` packed or read in place), overwriting or accumulating, `k` below and
+        /// above a block of [`KC`], widths across a register's lanes.
+        #[test]
+        fn grouped_columns_equal_each_group_bit_for_bit(
+            m in 1usize..14,
+            k in prop_oneof![1usize..40, (KC - 2)..(KC + 20)],
+            columns in 1usize..20,
+            groups in 1usize..5,
+            transposed in any::<bool>(),
+            gap in 0usize..3,
+            accumulate in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let b_strides = strides(k, columns, transposed, 0);
+            let stride = span(k, columns, b_strides) + gap;
+            let n = columns * groups;
+            let grouped = Layout {
+                m,
+                k,
+                n,
+                a: strides(m, k, false, 1),
+                b: b_strides,
+                c_row: n + 1,
+                accumulate,
+                b_groups: Some([columns, stride]),
+            };
+            let a = values(seed, span(m, k, grouped.a));
+            let b = values(seed ^ 0x5eed, stride * groups);
+            let prior = values(seed ^ 0xacc, m * (n + 1));
+            let mut got = prior.clone();
+            products(&grouped, [&a, &b], &mut got, std::iter::once([0; 3]));
+            let each = Layout {
+                n: columns,
+                b_groups: None,
+                ..grouped
+            };
+            let mut want = prior;
+            let offsets = (0..groups).map(|g| [0, g * stride, g * columns]);
+            products(&each, [&a, &b], &mut want, offsets);
+            prop_assert!(
+                got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{:?}",
+                grouped
+            );
+        }
+
         /// Batches of products on random shapes (zero-size dims, `k` = 1 and `k` across a
         /// block of [`KC`], widths across a register's lanes and a tile's two, row counts
         /// across the [`ROWS`]-row tiles) and layouts (each operand row- or
@@ -1013,6 +1184,7 @@ mod tests {
                 b: strides(k, n, transposed[1], pads[1]),
                 c_row: n + pads[2],
                 accumulate: false,
+                b_groups: None,
             };
             check(&layout, batch, seed)?;
         }
