@@ -267,9 +267,10 @@ fn cheap(op: &Op) -> bool {
 }
 
 /// The fusion groups of `program` (see the module documentation for the rule), no
-/// node in two, with node `i` reading `operands[i]` (its operands, or as the plan
-/// resolves them) and `outputs` the program's outputs (likewise). `typed[i]`: node
-/// `i`'s types were checked (only checked nodes fuse).
+/// node in two but as a copy ([`Group::copies`]) in one, with node `i` reading
+/// `operands[i]` (its operands, or as the plan resolves them) and `outputs` the
+/// program's outputs (likewise). `typed[i]`: node `i`'s types were checked (only
+/// checked nodes fuse).
 pub(crate) fn plan_groups(
     program: &Program,
     operands: &[Vec<ValueId>],
