@@ -349,9 +349,10 @@ pub(crate) fn plan_groups(
             if !candidate {
                 continue;
             }
-            // A copy reads the value its original reads, so it does not make that
-            // value the group's alone.
-            let member_reader = |r: usize| in_group[r] && roles[r] != Role::Broadcast && !copy[r];
+            // A member reads `j` here; a copy reads the value its original reads, so it
+            // does not make that value the group's alone.
+            let reads_here = |r: usize| in_group[r] && roles[r] != Role::Broadcast;
+            let member_reader = |r: usize| reads_here(r) && !copy[r];
             let inner = !output[j]
                 && !readers[j].is_empty()
                 && readers[j].iter().all(|&r| member_reader(r));
@@ -363,30 +364,26 @@ pub(crate) fn plan_groups(
                     .iter()
                     .all(|&r| member_reader(r) || (!in_group[r] && r > root));
             // A cheap op also read before the root, whose operands the group reads
-            // anyway: recomputed here rather than stored where it is made and read back.
+            // anyway or are scalar broadcasts: recomputed here rather than stored where
+            // it is made and read back.
+            let unread = |o: &ValueId| !readers[o.index()].iter().any(|&r| member_reader(r));
             let recomputed = !inner
                 && !result
                 && cheap(&nodes[j].op)
                 && roles[j] == Role::Elementwise
                 && !output[j]
-                && readers[j]
-                    .iter()
-                    .any(|&r| in_group[r] && roles[r] != Role::Broadcast)
-                && readers[j]
-                    .iter()
-                    .all(|&r| (in_group[r] && roles[r] != Role::Broadcast) || r < root)
-                && operands[j].iter().all(|o| {
-                    readers[o.index()].iter().any(|&r| member_reader(r))
-                        || scalar_broadcast(o.index())
-                });
-            // The scalar broadcasts only a copy reads here, copied with it (the loop
-            // reads their scalars).
-            let lone: Vec<usize> = (operands[j].iter())
+                && readers[j].iter().any(|&r| reads_here(r))
+                && readers[j].iter().all(|&r| reads_here(r) || r < root)
+                && (operands[j].iter())
+                    .filter(|o| unread(o))
+                    .all(|o| scalar_broadcast(o.index()));
+            // Those scalar broadcasts, copied with it (the loop reads their scalars).
+            let mut lone: Vec<usize> = (operands[j].iter())
+                .filter(|o| recomputed && unread(o) && !in_group[o.index()])
                 .map(|o| o.index())
-                .filter(|&o| {
-                    recomputed && !in_group[o] && !readers[o].iter().any(|&r| member_reader(r))
-                })
                 .collect();
+            lone.sort_unstable();
+            lone.dedup();
             if inner || result || recomputed {
                 in_group[j] = true;
                 members.push(j);

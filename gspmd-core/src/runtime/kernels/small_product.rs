@@ -97,9 +97,17 @@ impl Layout {
         takes([self.m, self.k, self.n], self.a[1], !self.packs_b())
     }
 
-    /// Whether `b` is packed: its rows are not adjacent columns.
+    /// Whether `b` is packed (see [`ColumnOffsets::packed`]).
     fn packs_b(&self) -> bool {
-        self.b[1] != 1 || self.b_groups.is_some()
+        self.columns().packed()
+    }
+
+    /// Where `b`'s columns start.
+    fn columns(&self) -> ColumnOffsets {
+        ColumnOffsets {
+            bn: self.b[1],
+            groups: self.b_groups,
+        }
     }
 }
 
@@ -112,6 +120,11 @@ struct ColumnOffsets {
 }
 
 impl ColumnOffsets {
+    /// Whether a `b` with these columns is packed: its rows are not adjacent columns.
+    fn packed(self) -> bool {
+        self.bn != 1 || self.groups.is_some()
+    }
+
     /// Column `j`'s offset from column 0's.
     #[inline(always)]
     fn at(self, j: usize) -> usize {
@@ -196,17 +209,18 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
                     k,
                     n,
                     a: a_strides,
-                    b: [bk, bn],
-                    b_groups,
+                    b: [bk, _],
                     c_row,
                     accumulate,
+                    ..
                 },
             a,
             b,
             c,
             offsets,
         } = self;
-        let packs = self.layout.packs_b();
+        let columns = self.layout.columns();
+        let packs = columns.packed();
         // The panel for packing `b`: none where `b` is read in place (its rows adjacent
         // columns), so those products write no 16 KB of zeros per dispatch.
         let mut stack: [f32; STACK_PANEL];
@@ -249,11 +263,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
             let b = B {
                 data: &b[ob..],
                 bk,
-                columns: ColumnOffsets {
-                    bn,
-                    groups: b_groups,
-                },
-                packs,
+                columns,
             };
             product.run(
                 simd,
@@ -284,14 +294,13 @@ struct Product<'x> {
     accumulate: bool,
 }
 
-/// One product's `b`: its elements, its stride along `k`, where its columns start,
-/// and whether it is packed (else its rows are adjacent columns, read in place).
+/// One product's `b`: its elements, its stride along `k` and where its columns start
+/// (which say whether it is packed, else its rows are adjacent columns, read in place).
 #[derive(Clone, Copy)]
 struct B<'x> {
     data: &'x [f32],
     bk: usize,
     columns: ColumnOffsets,
-    packs: bool,
 }
 
 /// A matrix's elements and the distance between its rows (its columns adjacent).
@@ -417,14 +426,15 @@ impl Product<'_> {
         [panel, stripe, tail]: [&mut [f32]; 3],
     ) {
         let lanes = S::F32_LANES;
-        let pad = b.packs && pads(panel.len(), [self.k, n], lanes);
+        let packs = b.columns.packed();
+        let pad = packs && pads(panel.len(), [self.k, n], lanes);
         let mut q0 = 0;
         loop {
             let block = [q0, self.k.min(q0 + KC)];
             let mut j0 = 0;
             while j0 < n {
                 let columns = [j0, n.min(j0 + NC)];
-                let panel = if !b.packs {
+                let panel = if !packs {
                     let B { data, bk, .. } = b;
                     let data = data.get(block[0] * bk + j0..).unwrap_or_default();
                     Panel::InPlace { data, bk }
