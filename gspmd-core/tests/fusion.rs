@@ -450,6 +450,52 @@ fn the_gelu_gradient_recomputes_cheap_forward_values_equal_unfused() {
     }
 }
 
+/// An op of two tensors.
+type BinaryFn = dyn Fn(&Tensor, &Tensor) -> Tensor;
+
+/// A lone elementwise op (with the broadcasts it reads) over at least
+/// `LONE_ELEMENTS` (2048) elements is a group of one, run on the loop's vectors; over
+/// fewer it stays its unfused kernel (a compare and a select are two ops: a group). Either way bitwise equal to unfused, in f32 and
+/// in bf16 (rounded per op in f32 lanes), on the interpreter and a 1-device mesh.
+#[test]
+fn lone_ops_over_many_elements_run_as_loops_equal_unfused() {
+    let mut rng = StdRng::seed_from_u64(37);
+    for dtype in [DType::F32, DType::BF16] {
+        for (rows, cols, grouped) in [(16, 128, true), (8, 255, false)] {
+            let lone = |op: &BinaryFn| {
+                let b = Builder::new("lone");
+                let x = b.parameter("x", [rows, cols], dtype);
+                let row = b.parameter("row", [cols], dtype);
+                let y = op(&x, &row.broadcast_in_dim([rows, cols], &[1]));
+                b.finish(&[&y]).expect("traces")
+            };
+            // Each op, and whether it is grouped however few its elements (a compare
+            // and a select: two ops).
+            let ops: [(&BinaryFn, bool); 3] = [
+                (&|x, _| x.exp(), false),
+                (&|x, row| x / row, false),
+                (&|x, row| x.gt(row).select(x, row), true),
+            ];
+            for (op, always) in ops {
+                let program = lone(op);
+                let groups = group_ops(&program);
+                assert_eq!(
+                    groups.len(),
+                    usize::from(grouped || always),
+                    "{rows}x{cols}: {groups:?}"
+                );
+                let inputs = [random(&[rows, cols], &mut rng), random(&[cols], &mut rng)]
+                    .map(|x| x.convert(dtype));
+                let want = node_by_node(&program, &inputs);
+                let got = interpret(&program, &inputs).expect("runs");
+                assert_eq!(bits(&got), bits(&want), "{dtype:?} {rows}x{cols}");
+                let mesh = on_one_device(&program, &inputs);
+                assert_eq!(bits(&mesh), bits(&want), "mesh, {dtype:?} {rows}x{cols}");
+            }
+        }
+    }
+}
+
 /// The library's composite ops on `[rows, cols]` logits (and `[rows]` labels).
 fn composites(rows: usize, cols: usize) -> Program {
     let b = Builder::new("composites");

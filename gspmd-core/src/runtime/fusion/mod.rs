@@ -76,7 +76,8 @@
 //! from the reduction as above (a reduction of a leaf alone, with no op in its loop,
 //! included).
 //!
-//! A group is kept if it has at least two ops besides broadcasts. Its leaves come
+//! A group is kept if it has at least two ops besides broadcasts, or one over at least
+//! [`LONE_ELEMENTS`] elements (the loop then only vectorises it). Its leaves come
 //! before the members that read them, so before the root, where they are read; a leaf
 //! that is a result of an earlier group is bound at that group's root, which comes
 //! before this one's.
@@ -99,6 +100,12 @@ mod source;
 /// The elements a fused loop computes at a time: each register holds one chunk.
 /// A multiple of the reduction's lane count, so that chunks cut a row's body whole.
 pub(crate) const CHUNK: usize = 512;
+
+/// The fewest elements of a group of one op (besides broadcasts): a lone op over
+/// fewer runs as its unfused kernel, whose fixed cost is lower than a loop's; over
+/// more, the loop's vectors (AVX2's 8 lanes, where the unfused kernels are compiled
+/// for the baseline target's 4) pay for it.
+pub(crate) const LONE_ELEMENTS: usize = 2048;
 
 /// The most results a group stores (its root included): each is one more register
 /// read back per chunk and one more buffer.
@@ -415,7 +422,8 @@ pub(crate) fn plan_groups(
             .filter(|&&m| matches!(roles[m], Role::Elementwise | Role::Predicate))
             .count();
         let reduces = usize::from(roles[end] == Role::TrailingReduce);
-        if ops == 0 || ops + reduces < 2 {
+        let long = shape.iter().product::<usize>() >= LONE_ELEMENTS;
+        if ops == 0 || (ops + reduces < 2 && !long) {
             continue;
         }
         for &m in &members {
