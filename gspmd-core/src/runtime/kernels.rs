@@ -22,7 +22,7 @@ mod small_product;
 
 use std::borrow::Cow;
 
-use super::buffers::Pooled;
+use super::buffers::{self, Pooled};
 use smallvec::SmallVec;
 
 /// The dims (a shape, strides in elements) of a kernel's per-call layout: inline up to
@@ -436,14 +436,8 @@ fn cumulative(
     dim: usize,
     reverse: bool,
 ) -> Result<Literal, String> {
-    fn scan<T: Copy>(a: &ArrayD<T>, dim: usize, reverse: bool, f: fn(T, T) -> T) -> ArrayD<T> {
-        let mut out = a.clone();
-        let mut view = out.view_mut();
-        if reverse {
-            view.invert_axis(Axis(dim));
-        }
-        view.accumulate_axis_inplace(Axis(dim), |&prev, cur| *cur = f(prev, *cur));
-        out
+    if dim >= x.shape().len() {
+        return Err(format!("a scan along dim {dim} of {}", type_of(x)));
     }
     Ok(match (x, kind) {
         (Literal::F32(a), CumulativeKind::Sum) => Literal::F32(scan(a, dim, reverse, |p, q| p + q)),
@@ -458,6 +452,49 @@ fn cumulative(
         }
         (x, _) => return Err(format!("cannot scan {}", type_of(x))),
     })
+}
+
+/// [`cumulative`] of `a` along `dim` (within its rank) with `f`, into a pooled buffer:
+/// the lanes along `dim` are scanned side by side, a whole row of the dims after
+/// `dim` at a time (`row_j = f(row_{j-1}, x_j)`, a loop the compiler vectorises), each
+/// lane's elements combined in the same order as one lane at a time.
+fn scan<T: Pooled>(a: &ArrayD<T>, dim: usize, reverse: bool, f: impl Fn(T, T) -> T) -> ArrayD<T> {
+    let shape = a.shape();
+    let n = shape[dim];
+    let inner: usize = shape[dim + 1..].iter().product();
+    let x = a.as_standard_layout();
+    let x = x.as_slice().unwrap_or_default();
+    // Every element is written: the first row of each lane block copied, the others
+    // computed from the row before.
+    let mut out = buffers::take(x.len());
+    let block = n * inner;
+    if block > 0 {
+        for (x, out) in x.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
+            let rows = (0..n).map(|j| if reverse { n - 1 - j } else { j });
+            let mut previous: Option<usize> = None;
+            for j in rows {
+                let at = j * inner;
+                let row = &x[at..at + inner];
+                match previous {
+                    None => out[at..at + inner].copy_from_slice(row),
+                    Some(p) => {
+                        // The rows are disjoint: `p` is before or after `j`.
+                        let (before, after) = out.split_at_mut(at.max(p * inner));
+                        let (last, this) = if p < j {
+                            (&before[p * inner..p * inner + inner], &mut after[..inner])
+                        } else {
+                            (&after[..inner], &mut before[at..at + inner])
+                        };
+                        for ((o, &l), &v) in this.iter_mut().zip(last).zip(row) {
+                            *o = f(l, v);
+                        }
+                    }
+                }
+                previous = Some(j);
+            }
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), out).expect("the buffer has the shape's length")
 }
 
 /// [`Op::Argsort`]'s order of f32s: NaN above every number and equal to NaN; `-0.0`
@@ -675,4 +712,62 @@ fn reduce_window(
         }),
         x => return Err(format!("cannot reduce {}", type_of(x))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{ArrayD, Axis, IxDyn};
+    use proptest::prelude::*;
+
+    use super::scan;
+
+    /// One lane at a time, as `ndarray` scans an axis.
+    fn lane_by_lane<T: Copy>(
+        a: &ArrayD<T>,
+        dim: usize,
+        reverse: bool,
+        f: impl Fn(T, T) -> T,
+    ) -> ArrayD<T> {
+        let mut out = a.clone();
+        let mut view = out.view_mut();
+        if reverse {
+            view.invert_axis(Axis(dim));
+        }
+        view.accumulate_axis_inplace(Axis(dim), |&prev, cur| *cur = f(prev, *cur));
+        out
+    }
+
+    proptest! {
+        /// Row by row equals lane by lane bit for bit: f32 sums and products, i32
+        /// wrapping products, over any dim, forward and reversed, in standard layout
+        /// and transposed.
+        #[test]
+        fn a_scan_row_by_row_equals_lane_by_lane(
+            shape in prop::collection::vec(0usize..5, 1..4),
+            dim in 0usize..3,
+            reverse: bool,
+            transposed: bool,
+            seed in 0u32..1000,
+        ) {
+            let dim = dim % shape.len();
+            let n: usize = shape.iter().product();
+            let value = |i: usize| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 300.0 - 1.5;
+            let a = ArrayD::from_shape_vec(IxDyn(&shape), (0..n).map(value).collect())
+                .expect("shape fits");
+            let a = if transposed { a.reversed_axes() } else { a };
+            for (got, want) in [
+                (scan(&a, dim, reverse, |p, q| p + q), lane_by_lane(&a, dim, reverse, |p, q| p + q)),
+                (scan(&a, dim, reverse, |p, q| p * q), lane_by_lane(&a, dim, reverse, |p, q| p * q)),
+            ] {
+                prop_assert_eq!(got.shape(), want.shape());
+                let bits = |x: &ArrayD<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want));
+            }
+            let ints = a.mapv(|v| (v * 1e6) as i32);
+            prop_assert_eq!(
+                scan(&ints, dim, reverse, i32::wrapping_mul),
+                lane_by_lane(&ints, dim, reverse, i32::wrapping_mul)
+            );
+        }
+    }
 }
