@@ -121,7 +121,8 @@ pub(crate) fn eval_kernel(
 /// The evaluation loop shared by the reference interpreter and the per-device runtime:
 /// checks `inputs` (one per parameter: owned exactly for the parameters the plan marks
 /// [donated](Plan::donated), which the loop may then write into at their last use and
-/// drops there; lent otherwise), binds parameters and constants, computes every other
+/// drops there; lent otherwise), binds parameters and constants (and the values the plan
+/// folded, [`Plan::folded`], as constants), computes every other
 /// node with
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
 /// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
@@ -239,11 +240,12 @@ fn execute_dyn<'a>(
             elements,
             i,
         );
-        let value = match &node.op {
-            Op::Parameter { index, .. } => (inputs.get_mut(*index))
+        let folded = plan.folded.get(i).and_then(Option::as_ref);
+        let value = match (&node.op, folded) {
+            (Op::Parameter { index, .. }, _) => (inputs.get_mut(*index))
                 .and_then(Option::take)
                 .ok_or_else(|| fail(format!("no input for parameter {index}")))?,
-            Op::Constant(lit) => Cow::Borrowed(lit),
+            (Op::Constant(lit), _) | (_, Some(lit)) => Cow::Borrowed(lit),
             _ => {
                 let available = |o: &&ValueId| {
                     matches!(values.get(o.index()), Some(Some(_))) || views[o.index()]

@@ -119,6 +119,8 @@ impl Walk {
             let (mut computed, mut reuse) = (false, None);
             match (&node.op, step.flow, step.fusion) {
                 (Op::Parameter { .. } | Op::Constant(_), _, _) => {}
+                // Bound as a constant of the plan.
+                _ if plan.folded[i].is_some() => {}
                 _ if step.deferred => {}
                 (_, _, Fusion::Root(k)) => {
                     // Each result in order takes the buffer of the next leaf handed

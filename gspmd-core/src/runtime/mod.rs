@@ -15,6 +15,7 @@ mod communicator;
 mod deadline;
 mod device;
 mod flow;
+mod folding;
 mod fusion;
 mod interpreter;
 // Public only for the random pipeline test's error bounds; not part of the API.

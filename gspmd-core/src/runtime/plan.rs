@@ -3,15 +3,19 @@
 //! may take over, whether its types were checked, its bytes, the flow instance it reads
 //! — worked out once per program (and its regions) instead of on every run.
 //!
-//! The plan holds no value and no address: it is `Send + Sync` and made once per
-//! executable (see [`PlannedProgram`]); the reference interpreter makes one per call.
+//! The plan holds no address, and no value but the small ones it folds (see
+//! [`folding`](super::folding)): it is `Send + Sync` and made once per executable (see
+//! [`PlannedProgram`]); the reference interpreter makes one per call.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::buffers::Requests;
+use super::folding::folded_values;
 use super::fusion::{Group, plan_groups};
-use crate::ir::{BinaryOp, DType, FlowInstance, Op, Program, ValueId, flow_instances, infer_type};
+use crate::ir::{
+    BinaryOp, DType, FlowInstance, Literal, Op, Program, ValueId, flow_instances, infer_type,
+};
 
 /// How the evaluation loop runs one program (see [`Plan::new`]).
 #[derive(Debug)]
@@ -37,6 +41,9 @@ pub(crate) struct Plan {
     /// The new buffers a run asks the pool for, node by node: which pooled buffers go
     /// first when they do not all fit (see [`buffers`](super::buffers)).
     pub(crate) requests: Arc<Requests>,
+    /// One per node: its value if the plan folded it ([`folding`](super::folding)):
+    /// bound as a constant, the node reads nothing.
+    pub(crate) folded: Vec<Option<Literal>>,
 }
 
 /// A node's part in fusion.
@@ -133,12 +140,14 @@ impl Plan {
         let n = program.nodes.len();
         let typed = typed_nodes(program);
         let alias = identity_slices(program, &typed);
+        let folded = folded_values(program, &typed);
         let resolve = |o: &ValueId| alias.get(o.index()).copied().flatten().unwrap_or(*o);
-        // What each node reads with aliases resolved; an alias reads nothing.
-        let mut reads: Vec<Vec<ValueId>> = (program.nodes.iter().zip(&alias))
-            .map(|(x, a)| match a {
-                Some(_) => Vec::new(),
-                None => x.operands.iter().map(resolve).collect(),
+        // What each node reads with aliases resolved; an alias and a folded node read
+        // nothing.
+        let mut reads: Vec<Vec<ValueId>> = (program.nodes.iter().zip(&alias).zip(&folded))
+            .map(|((x, a), f)| match (a, f) {
+                (None, None) => x.operands.iter().map(resolve).collect(),
+                _ => Vec::new(),
             })
             .collect();
         let program_outputs: Vec<ValueId> = program.outputs.iter().map(resolve).collect();
@@ -151,7 +160,10 @@ impl Plan {
         // Products added into a value, planned before fusion groups: their adds stay
         // out of the groups (as unchecked nodes do), which read their sums as leaves.
         let accumulated = accumulated_products(program, &reads, &program_outputs, &typed, &fusion);
-        let mut groupable = typed.clone();
+        // A folded node is a leaf of the groups that read it, as a constant is.
+        let mut groupable: Vec<bool> = (typed.iter().zip(&folded))
+            .map(|(&t, f)| t && f.is_none())
+            .collect();
         for (add, _) in &accumulated {
             groupable[add.index()] = false;
         }
@@ -307,6 +319,7 @@ impl Plan {
             donated,
             budget: 0,
             requests: Arc::default(),
+            folded,
         };
         let model = super::liveness::pool_model(program, &plan);
         plan.budget = model.budget;
