@@ -7,7 +7,8 @@
 //! hidden, the cross-entropy over the vocabulary, and the AdamW update of a weight;
 //! the MoE router's gating chain (the example `train_moe`'s shapes); and the ReLU's
 //! gradient (compares and selects) on a U-Net activation; and first, `exp`, `tanh`
-//! and `logistic` alone over a vector.
+//! and `logistic` alone over a vector, and GELU's forward and backward loops at the
+//! MoE's shape (`gelu_grad`).
 //!
 //! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
 //! them, the plan not remade per call); the handwritten loop computes the same values
@@ -27,6 +28,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::runtime::kernels::elementary;
 use gspmd_core::runtime::{Prepared, fusion_groups};
@@ -267,6 +269,41 @@ fn gelu(c: &mut Criterion, s: &Shapes) {
             for (o, &v) in out.iter_mut().zip(f32s(&inputs[0])) {
                 *o = 0.5 * v * (1.0 + elementary::tanh(k * (v + 0.044715 * v * v * v)));
             }
+        },
+    );
+}
+
+/// GELU's forward loop and its gradient's (the autodiff's backward loop) as the MoE's
+/// expert FFN runs them on one device (`train_moe`: `[4, 16, 12, 64]` hidden units,
+/// 49,152 elements): the program `x -> (sum(gelu(x) * ct), d/dx)`, its forward and
+/// backward loops, against one handwritten loop computing the loss and the gradient.
+fn gelu_grad(c: &mut Criterion) {
+    let shape = [4 * 16 * 12, 64];
+    let b = Builder::new("gelu_grad");
+    let x = b.parameter("x", shape, DType::F32);
+    let ct = b.parameter("ct", shape, DType::F32);
+    let loss = x.gelu().mul(&ct).sum(&[0, 1]);
+    let forward = b.finish(&[&loss]).expect("traces");
+    let program = grad(&forward, 0, &[0]).expect("differentiates");
+    let inputs = [values(&shape, 6.0), values(&shape, 1.0)];
+    let k = (2.0 / std::f32::consts::PI).sqrt();
+    compare(
+        c,
+        "gelu_grad 1x1",
+        &program,
+        &inputs,
+        1e-4,
+        |inputs, out| {
+            let (x, ct) = (f32s(&inputs[0]), f32s(&inputs[1]));
+            let (loss, dx) = out.split_at_mut(1);
+            let mut total = 0.0;
+            for ((d, &v), &c) in dx.iter_mut().zip(x).zip(ct) {
+                let t = elementary::tanh(k * (v + 0.044715 * v * v * v));
+                total += 0.5 * v * (1.0 + t) * c;
+                let inner = k * (1.0 + 3.0 * 0.044715 * v * v);
+                *d = c * 0.5 * ((1.0 + t) + v * (1.0 - t * t) * inner);
+            }
+            loss[0] = total;
         },
     );
 }
@@ -534,6 +571,7 @@ fn bench(c: &mut Criterion) {
         }
     );
     transcendentals(c);
+    gelu_grad(c);
     for s in &MESHES {
         layer_norm(c, s);
         softmax(c, s, false);
