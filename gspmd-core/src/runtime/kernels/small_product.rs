@@ -28,6 +28,8 @@
 //! most [`STACK_PANEL`] elements and the stripe live on the stack; larger panels are
 //! allocated once per batch (counted by [`scratch`]).
 
+use std::mem::MaybeUninit;
+
 use pulp::{Simd, bytemuck};
 
 /// One product of a batch: sizes and element strides. `a` is `[m, k]`, `b` `[k, n]`,
@@ -221,35 +223,37 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
         } = self;
         let columns = self.layout.columns();
         let packs = columns.packed();
+        let lanes = S::F32_LANES;
+        let kc = k.min(KC);
+        // The stack buffers below are zeroed only as far as the batch uses them:
+        // zeroing whole ones (up to 38 KB a dispatch) was ~1% of the MoE step.
         // The panel for packing `b`: none where `b` is read in place (its rows adjacent
-        // columns), so those products write no 16 KB of zeros per dispatch.
-        let mut stack: [f32; STACK_PANEL];
+        // columns); on the stack up to [`STACK_PANEL`] elements (as many as the blocks
+        // padded to whole registers take, so [`pads`] says the same as for a whole one).
+        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_PANEL];
         let mut heap = Vec::new();
         let panel: &mut [f32] = if !packs {
             &mut []
         } else if scratch([k, n]) == 0 {
-            stack = [0.0; STACK_PANEL];
-            &mut stack
+            let padded = kc * n.next_multiple_of(lanes).min(NC);
+            zeroed(&mut stack, padded.min(STACK_PANEL))
         } else {
-            heap.resize(k.min(KC) * n.min(NC), 0.0);
+            heap.resize(kc * n.min(NC), 0.0);
             &mut heap
         };
-        // The stripe for packing a transposed `a`'s rows of a tile (6 KB, on the stack;
-        // none for other layouts).
-        let mut stripe_stack: [f32; ROWS * KC];
+        // The stripe for packing a transposed `a`'s rows of a tile (up to 6 KB, on the
+        // stack; none for other layouts).
+        let mut stripe_stack = [MaybeUninit::<f32>::uninit(); ROWS * KC];
         let stripe: &mut [f32] = if a_strides[0] == 1 && a_strides[1] != 1 {
-            stripe_stack = [0.0; ROWS * KC];
-            &mut stripe_stack
+            zeroed(&mut stripe_stack, ROWS * kc)
         } else {
             &mut []
         };
         // The padded copy of a panel's last partial register of columns (see
         // [`Tail`]): only where `n` leaves one and `b` is not packed padded.
-        let mut tail_stack: [f32; KC * MOST_LANES];
-        let lanes = S::F32_LANES;
+        let mut tail_stack = [MaybeUninit::<f32>::uninit(); KC * MOST_LANES];
         let tail: &mut [f32] = if n % lanes != 0 && !(packs && pads(panel.len(), [k, n], lanes)) {
-            tail_stack = [0.0; KC * MOST_LANES];
-            &mut tail_stack[..KC * lanes]
+            zeroed(&mut tail_stack, kc * lanes)
         } else {
             &mut []
         };
@@ -278,6 +282,20 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
 
 /// The most `f32` lanes of a vector register `pulp` dispatches to (AVX-512's).
 const MOST_LANES: usize = 16;
+
+/// The first `len` elements of `buffer` (a stack buffer, uninitialized) set to zero,
+/// as `f32`s. Panics if `buffer` is shorter than `len`.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn zeroed(buffer: &mut [MaybeUninit<f32>], len: usize) -> &mut [f32] {
+    let used = &mut buffer[..len];
+    for x in used.iter_mut() {
+        x.write(0.0);
+    }
+    // SAFETY: every element of `used` was initialized just above, and
+    // `MaybeUninit<f32>` has the size, alignment and ABI of `f32`.
+    unsafe { &mut *(std::ptr::from_mut(used) as *mut [f32]) }
+}
 
 /// Whether a packing panel of `capacity` elements holds the blocks of `b` of a `[k, n]`
 /// product with the last panel's columns padded to whole registers of `lanes`.
@@ -650,7 +668,7 @@ impl<'x> Panel<'x> {
             Panel::InPlace { data, bk } => (data.get(j..).unwrap_or_default(), bk),
             Panel::Packed { data, len, pad_to } => (
                 data.get(j * len..).unwrap_or_default(),
-                width.next_multiple_of(pad_to),
+                round_up(width, pad_to),
             ),
         }
     }
@@ -660,6 +678,15 @@ impl<'x> Panel<'x> {
     fn padded(self) -> bool {
         matches!(self, Panel::Packed { pad_to, .. } if pad_to > 1)
     }
+}
+
+/// `x` rounded up to a multiple of `pad_to`, a power of two (1 or a register's
+/// lanes): by a mask, since `next_multiple_of`'s division of a value the compiler
+/// does not know was a few percent of attention's tiny products (several a product).
+#[inline(always)]
+fn round_up(x: usize, pad_to: usize) -> usize {
+    debug_assert!(pad_to.is_power_of_two());
+    (x + pad_to - 1) & !(pad_to - 1)
 }
 
 /// The last partial register of a block's columns (`width % lanes` of them) where its
@@ -718,7 +745,7 @@ fn pack<'p, S: Simd>(
     let len = q1 - q0;
     let step = 2 * S::F32_LANES;
     let full = (j1 - j0) / step * step;
-    let last = (j1 - j0 - full).next_multiple_of(pad_to);
+    let last = round_up(j1 - j0 - full, pad_to);
     let panel = &mut panel[..len * (full + last)];
     let (full_panels, last_panel) = panel.split_at_mut(len * full);
     let panels = full_panels.chunks_exact_mut((len * step).max(1));
@@ -735,9 +762,17 @@ fn pack<'p, S: Simd>(
             len == 0 || columns == 0 || (columns - 1) * bn + (len - 1) * bk < b.len(),
             "b's block reaches past it"
         );
+        // A `b` whose columns are its rows (`bk` 1: a contracting dim minor-most) in
+        // squares of 8 by 8 transposed in registers, the rest element by element.
+        let [rows8, columns8] = if bk == 1 {
+            transposed::pack((b, bn), [len, columns], width, panel)
+        } else {
+            [0, 0]
+        };
         for (q, row) in panel.chunks_exact_mut(width).enumerate() {
             let (row, padding) = row.split_at_mut(columns);
-            for (x, to) in row.iter_mut().enumerate() {
+            let from = if q < rows8 { columns8 } else { 0 };
+            for (x, to) in row.iter_mut().enumerate().skip(from) {
                 // SAFETY: `x < columns` and `q < len`, so the index is at most the one
                 // asserted within `b` above. Checking each element's index was a
                 // quarter of a 16x32x12 product's time (its `b` packed per product).
@@ -747,6 +782,114 @@ fn pack<'p, S: Simd>(
         }
     }
     panel
+}
+
+/// [`pack`]'s squares of 8 by 8 of a `b` whose columns are its rows, transposed in
+/// AVX registers (three shuffles an element pair instead of a load and a store an
+/// element; attention's scores and the MoE's input gradients pack such a `b` per
+/// product).
+mod transposed {
+    /// The first `len / 8 * 8` rows by `columns / 8 * 8` columns of a panel of `b`
+    /// (column `x`'s row `q` at `b[x * bn + q]`) copied into `panel` (rows `width`
+    /// apart) where the CPU has AVX, returned as `[rows, columns]`; `[0, 0]` (nothing
+    /// copied) elsewhere. Panics if they reach past `b` or `panel`.
+    pub(super) fn pack(
+        (b, bn): (&[f32], usize),
+        [len, columns]: [usize; 2],
+        width: usize,
+        panel: &mut [f32],
+    ) -> [usize; 2] {
+        let done = [len / 8 * 8, columns / 8 * 8];
+        if done[0] == 0 || done[1] == 0 {
+            return [0, 0];
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(simd) = pulp::x86::V3::try_new() {
+            return pulp::Simd::vectorize(
+                simd,
+                Squares {
+                    simd,
+                    b: (b, bn),
+                    done,
+                    width,
+                    panel,
+                },
+            );
+        }
+        let _ = (b, bn, width, panel);
+        [0, 0]
+    }
+
+    /// [`pack`] run with AVX enabled.
+    #[cfg(target_arch = "x86_64")]
+    struct Squares<'x> {
+        simd: pulp::x86::V3,
+        b: (&'x [f32], usize),
+        done: [usize; 2],
+        width: usize,
+        panel: &'x mut [f32],
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    impl pulp::WithSimd for Squares<'_> {
+        type Output = [usize; 2];
+
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) -> [usize; 2] {
+            use core::arch::x86_64::__m256;
+            let Squares {
+                simd,
+                b: (b, bn),
+                done: [rows, columns],
+                width,
+                panel,
+            } = self;
+            let avx = simd.avx;
+            for q in (0..rows).step_by(8) {
+                for x in (0..columns).step_by(8) {
+                    let r: [__m256; 8] = std::array::from_fn(|c| {
+                        let column: [f32; 8] = b[(x + c) * bn + q..][..8]
+                            .try_into()
+                            .expect("eight elements");
+                        pulp::cast(column)
+                    });
+                    // Pairs of columns interleaved, then pairs of pairs, then halves.
+                    let t: [__m256; 8] = std::array::from_fn(|c| {
+                        let (u, v) = (r[c / 2 * 2], r[c / 2 * 2 + 1]);
+                        if c % 2 == 0 {
+                            avx._mm256_unpacklo_ps(u, v)
+                        } else {
+                            avx._mm256_unpackhi_ps(u, v)
+                        }
+                    });
+                    // `s[i]` holds rows `i` (low half) and `i + 4` (high half) of
+                    // columns 0-3 (`i < 4`) or 4-7.
+                    let s: [__m256; 8] = std::array::from_fn(|c| {
+                        let base = c / 4 * 4 + c % 4 / 2;
+                        let (u, v) = (t[base], t[base + 2]);
+                        if c % 2 == 0 {
+                            avx._mm256_shuffle_ps::<0x44>(u, v)
+                        } else {
+                            avx._mm256_shuffle_ps::<0xEE>(u, v)
+                        }
+                    });
+                    for row in 0..8 {
+                        // Row `row`'s 8 columns: lane `row % 4` of each column, from
+                        // the low halves for rows 0-3, the high halves for 4-7.
+                        let (u, v) = (s[row % 4], s[row % 4 + 4]);
+                        let out = if row < 4 {
+                            avx._mm256_permute2f128_ps::<0x20>(u, v)
+                        } else {
+                            avx._mm256_permute2f128_ps::<0x31>(u, v)
+                        };
+                        let out: [f32; 8] = pulp::cast(out);
+                        panel[(q + row) * width + x..][..8].copy_from_slice(&out);
+                    }
+                }
+            }
+            [rows, columns]
+        }
+    }
 }
 
 /// [`pack`] for a `b` whose columns are in groups ([`Layout::b_groups`]): each panel's
@@ -770,7 +913,7 @@ fn pack_grouped<'p, S: Simd>(
     let step = 2 * S::F32_LANES;
     let widths = (j0..j1)
         .step_by(step)
-        .map(|j| (j1 - j).min(step).next_multiple_of(pad_to));
+        .map(|j| round_up((j1 - j).min(step), pad_to));
     let total: usize = widths.clone().sum();
     let panel = &mut panel[..len * total];
     let mut rest = &mut *panel;
@@ -1168,6 +1311,44 @@ mod tests {
                 "{:?}",
                 grouped
             );
+        }
+
+        /// [`transposed::pack`] copies, where it runs (x86-64 with AVX), exactly the
+        /// squares of 8 by 8 it says it copied, column `x`'s row `q` of `b` to row `q`,
+        /// column `x` of the panel, and leaves the rest of the panel as it was; a
+        /// packed `b` whose columns are its rows gives matrixmultiply's bits (also in
+        /// `products_equal_matrixmultiply_bit_for_bit`).
+        #[test]
+        fn transposed_squares_are_the_element_copy(
+            len in 0usize..40,
+            columns in 0usize..40,
+            gaps in proptest::array::uniform2(0usize..5),
+            seed in any::<u64>(),
+        ) {
+            let (bn, width) = (len + gaps[0], columns + gaps[1]);
+            let b = values(seed, bn * columns);
+            let mut panel = vec![f32::NAN; len * width];
+            let [rows, done] = transposed::pack((&b, bn), [len, columns], width, &mut panel);
+            #[cfg(target_arch = "x86_64")]
+            let avx = pulp::x86::V3::try_new().is_some();
+            #[cfg(not(target_arch = "x86_64"))]
+            let avx = false;
+            let want = if avx && len >= 8 && columns >= 8 { [len / 8 * 8, columns / 8 * 8] } else { [0, 0] };
+            prop_assert_eq!([rows, done], want);
+            for q in 0..len {
+                for x in 0..width {
+                    let got = panel[q * width + x];
+                    if q < rows && x < done {
+                        prop_assert_eq!(got.to_bits(), b[x * bn + q].to_bits());
+                    } else {
+                        prop_assert!(got.is_nan(), "({}, {}) written", q, x);
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") && len > 0 && columns > 0 {
+                equal_matrixmultiply([len % 13 + 1, len, columns], [false, true], seed % 2 == 0, seed)?;
+            }
         }
 
         /// Batches of products on random shapes (zero-size dims, `k` = 1 and `k` across a
