@@ -75,8 +75,10 @@ const FEWEST_COLUMNS: usize = 8;
 const MOST_PACKED_ROWS: usize = 64;
 
 /// The fewest columns of a mid-size product with a transposed `a` taken: each packed
-/// stripe of `a` serves this many columns at least (see [`takes`]).
-const FEWEST_PACKED_COLUMNS: usize = 64;
+/// stripe of `a` serves this many columns at least (see [`takes`]). At 32 (the MoE's
+/// `32x256x32` and `64x192x32` weight gradients) the tile took 0.89-0.94x
+/// matrixmultiply's time (benches/README.md, h39e).
+const FEWEST_PACKED_COLUMNS: usize = 32;
 
 /// The result rows of a tile: each register of `b` loaded serves this many rows.
 const ROWS: usize = 6;
@@ -1170,7 +1172,14 @@ mod tests {
     /// against the definition, batched, with padded rows.
     #[test]
     fn transposed_weight_gradients_equal_the_definition() {
-        for [m, k, n] in [[64, 256, 64], [64, 256, 256], [61, 255, 67], [5, KC, 64]] {
+        for [m, k, n] in [
+            [64, 256, 64],
+            [64, 256, 256],
+            [61, 255, 67],
+            [5, KC, 64],
+            [32, 256, 32],
+            [64, 192, 33],
+        ] {
             assert!(takes([m, k, n], m + 1, true) || contraction_avx512());
             let layout = Layout {
                 m,
@@ -1186,7 +1195,7 @@ mod tests {
         }
         assert!(!takes([65, 256, 64], 65, true));
         assert!(!takes([64, KC + 1, 64], 64, true));
-        assert!(!takes([64, 256, 63], 64, true));
+        assert!(!takes([64, 256, 31], 64, true));
         assert!(!takes([64, 256, 64], 64, false));
     }
 
