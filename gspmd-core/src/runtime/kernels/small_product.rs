@@ -683,8 +683,8 @@ impl<'x> Panel<'x> {
 }
 
 /// `x` rounded up to a multiple of `pad_to`, a power of two (1 or a register's
-/// lanes): by a mask, since `next_multiple_of`'s division of a value the compiler
-/// does not know was a few percent of attention's tiny products (several a product).
+/// lanes): by a mask, not `next_multiple_of`'s division (of a value the compiler does
+/// not know: several a product, in each row block's tiles too).
 #[inline(always)]
 fn round_up(x: usize, pad_to: usize) -> usize {
     debug_assert!(pad_to.is_power_of_two());
@@ -764,17 +764,9 @@ fn pack<'p, S: Simd>(
             len == 0 || columns == 0 || (columns - 1) * bn + (len - 1) * bk < b.len(),
             "b's block reaches past it"
         );
-        // A `b` whose columns are its rows (`bk` 1: a contracting dim minor-most) in
-        // squares of 8 by 8 transposed in registers, the rest element by element.
-        let [rows8, columns8] = if bk == 1 {
-            transposed::pack((b, bn), [len, columns], width, panel)
-        } else {
-            [0, 0]
-        };
         for (q, row) in panel.chunks_exact_mut(width).enumerate() {
             let (row, padding) = row.split_at_mut(columns);
-            let from = if q < rows8 { columns8 } else { 0 };
-            for (x, to) in row.iter_mut().enumerate().skip(from) {
+            for (x, to) in row.iter_mut().enumerate() {
                 // SAFETY: `x < columns` and `q < len`, so the index is at most the one
                 // asserted within `b` above. Checking each element's index was a
                 // quarter of a 16x32x12 product's time (its `b` packed per product).
@@ -784,114 +776,6 @@ fn pack<'p, S: Simd>(
         }
     }
     panel
-}
-
-/// [`pack`]'s squares of 8 by 8 of a `b` whose columns are its rows, transposed in
-/// AVX registers (three shuffles an element pair instead of a load and a store an
-/// element; attention's scores and the MoE's input gradients pack such a `b` per
-/// product).
-mod transposed {
-    /// The first `len / 8 * 8` rows by `columns / 8 * 8` columns of a panel of `b`
-    /// (column `x`'s row `q` at `b[x * bn + q]`) copied into `panel` (rows `width`
-    /// apart) where the CPU has AVX, returned as `[rows, columns]`; `[0, 0]` (nothing
-    /// copied) elsewhere. Panics if they reach past `b` or `panel`.
-    pub(super) fn pack(
-        (b, bn): (&[f32], usize),
-        [len, columns]: [usize; 2],
-        width: usize,
-        panel: &mut [f32],
-    ) -> [usize; 2] {
-        let done = [len / 8 * 8, columns / 8 * 8];
-        if done[0] == 0 || done[1] == 0 {
-            return [0, 0];
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let Some(simd) = pulp::x86::V3::try_new() {
-            return pulp::Simd::vectorize(
-                simd,
-                Squares {
-                    simd,
-                    b: (b, bn),
-                    done,
-                    width,
-                    panel,
-                },
-            );
-        }
-        let _ = (b, bn, width, panel);
-        [0, 0]
-    }
-
-    /// [`pack`] run with AVX enabled.
-    #[cfg(target_arch = "x86_64")]
-    struct Squares<'x> {
-        simd: pulp::x86::V3,
-        b: (&'x [f32], usize),
-        done: [usize; 2],
-        width: usize,
-        panel: &'x mut [f32],
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    impl pulp::WithSimd for Squares<'_> {
-        type Output = [usize; 2];
-
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) -> [usize; 2] {
-            use core::arch::x86_64::__m256;
-            let Squares {
-                simd,
-                b: (b, bn),
-                done: [rows, columns],
-                width,
-                panel,
-            } = self;
-            let avx = simd.avx;
-            for q in (0..rows).step_by(8) {
-                for x in (0..columns).step_by(8) {
-                    let r: [__m256; 8] = std::array::from_fn(|c| {
-                        let column: [f32; 8] = b[(x + c) * bn + q..][..8]
-                            .try_into()
-                            .expect("eight elements");
-                        pulp::cast(column)
-                    });
-                    // Pairs of columns interleaved, then pairs of pairs, then halves.
-                    let t: [__m256; 8] = std::array::from_fn(|c| {
-                        let (u, v) = (r[c / 2 * 2], r[c / 2 * 2 + 1]);
-                        if c % 2 == 0 {
-                            avx._mm256_unpacklo_ps(u, v)
-                        } else {
-                            avx._mm256_unpackhi_ps(u, v)
-                        }
-                    });
-                    // `s[i]` holds rows `i` (low half) and `i + 4` (high half) of
-                    // columns 0-3 (`i < 4`) or 4-7.
-                    let s: [__m256; 8] = std::array::from_fn(|c| {
-                        let base = c / 4 * 4 + c % 4 / 2;
-                        let (u, v) = (t[base], t[base + 2]);
-                        if c % 2 == 0 {
-                            avx._mm256_shuffle_ps::<0x44>(u, v)
-                        } else {
-                            avx._mm256_shuffle_ps::<0xEE>(u, v)
-                        }
-                    });
-                    for row in 0..8 {
-                        // Row `row`'s 8 columns: lane `row % 4` of each column, from
-                        // the low halves for rows 0-3, the high halves for 4-7.
-                        let (u, v) = (s[row % 4], s[row % 4 + 4]);
-                        let out = if row < 4 {
-                            avx._mm256_permute2f128_ps::<0x20>(u, v)
-                        } else {
-                            avx._mm256_permute2f128_ps::<0x31>(u, v)
-                        };
-                        let out: [f32; 8] = pulp::cast(out);
-                        panel[(q + row) * width + x..][..8].copy_from_slice(&out);
-                    }
-                }
-            }
-            [rows, columns]
-        }
-    }
 }
 
 /// [`pack`] for a `b` whose columns are in groups ([`Layout::b_groups`]): each panel's
@@ -1320,44 +1204,6 @@ mod tests {
                 "{:?}",
                 grouped
             );
-        }
-
-        /// [`transposed::pack`] copies, where it runs (x86-64 with AVX), exactly the
-        /// squares of 8 by 8 it says it copied, column `x`'s row `q` of `b` to row `q`,
-        /// column `x` of the panel, and leaves the rest of the panel as it was; a
-        /// packed `b` whose columns are its rows gives matrixmultiply's bits (also in
-        /// `products_equal_matrixmultiply_bit_for_bit`).
-        #[test]
-        fn transposed_squares_are_the_element_copy(
-            len in 0usize..40,
-            columns in 0usize..40,
-            gaps in proptest::array::uniform2(0usize..5),
-            seed in any::<u64>(),
-        ) {
-            let (bn, width) = (len + gaps[0], columns + gaps[1]);
-            let b = values(seed, bn * columns);
-            let mut panel = vec![f32::NAN; len * width];
-            let [rows, done] = transposed::pack((&b, bn), [len, columns], width, &mut panel);
-            #[cfg(target_arch = "x86_64")]
-            let avx = pulp::x86::V3::try_new().is_some();
-            #[cfg(not(target_arch = "x86_64"))]
-            let avx = false;
-            let want = if avx && len >= 8 && columns >= 8 { [len / 8 * 8, columns / 8 * 8] } else { [0, 0] };
-            prop_assert_eq!([rows, done], want);
-            for q in 0..len {
-                for x in 0..width {
-                    let got = panel[q * width + x];
-                    if q < rows && x < done {
-                        prop_assert_eq!(got.to_bits(), b[x * bn + q].to_bits());
-                    } else {
-                        prop_assert!(got.is_nan(), "({}, {}) written", q, x);
-                    }
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("fma") && len > 0 && columns > 0 {
-                equal_matrixmultiply([len % 13 + 1, len, columns], [false, true], seed % 2 == 0, seed)?;
-            }
         }
 
         /// Batches of products on random shapes (zero-size dims, `k` = 1 and `k` across a
