@@ -28,6 +28,8 @@
 //! most [`STACK_PANEL`] elements and the stripe live on the stack; larger panels are
 //! allocated once per batch (counted by [`scratch`]).
 
+use std::mem::MaybeUninit;
+
 use pulp::{Simd, bytemuck};
 
 /// One product of a batch: sizes and element strides. `a` is `[m, k]`, `b` `[k, n]`,
@@ -73,8 +75,10 @@ const FEWEST_COLUMNS: usize = 8;
 const MOST_PACKED_ROWS: usize = 64;
 
 /// The fewest columns of a mid-size product with a transposed `a` taken: each packed
-/// stripe of `a` serves this many columns at least (see [`takes`]).
-const FEWEST_PACKED_COLUMNS: usize = 64;
+/// stripe of `a` serves this many columns at least (see [`takes`]). At 32 (the MoE's
+/// `32x256x32` and `64x192x32` weight gradients) the tile took 0.89-0.94x
+/// matrixmultiply's time (benches/README.md, h39e).
+const FEWEST_PACKED_COLUMNS: usize = 32;
 
 /// The result rows of a tile: each register of `b` loaded serves this many rows.
 const ROWS: usize = 6;
@@ -221,35 +225,37 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
         } = self;
         let columns = self.layout.columns();
         let packs = columns.packed();
+        let lanes = S::F32_LANES;
+        let kc = k.min(KC);
+        // The stack buffers below are zeroed only as far as the batch uses them:
+        // zeroing whole ones (up to 38 KB a dispatch) was ~1% of the MoE step.
         // The panel for packing `b`: none where `b` is read in place (its rows adjacent
-        // columns), so those products write no 16 KB of zeros per dispatch.
-        let mut stack: [f32; STACK_PANEL];
+        // columns); on the stack up to [`STACK_PANEL`] elements (as many as the blocks
+        // padded to whole registers take, so [`pads`] says the same as for a whole one).
+        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_PANEL];
         let mut heap = Vec::new();
         let panel: &mut [f32] = if !packs {
             &mut []
         } else if scratch([k, n]) == 0 {
-            stack = [0.0; STACK_PANEL];
-            &mut stack
+            let padded = kc * n.next_multiple_of(lanes).min(NC);
+            zeroed(&mut stack, padded.min(STACK_PANEL))
         } else {
-            heap.resize(k.min(KC) * n.min(NC), 0.0);
+            heap.resize(kc * n.min(NC), 0.0);
             &mut heap
         };
-        // The stripe for packing a transposed `a`'s rows of a tile (6 KB, on the stack;
-        // none for other layouts).
-        let mut stripe_stack: [f32; ROWS * KC];
+        // The stripe for packing a transposed `a`'s rows of a tile (up to 6 KB, on the
+        // stack; none for other layouts).
+        let mut stripe_stack = [MaybeUninit::<f32>::uninit(); ROWS * KC];
         let stripe: &mut [f32] = if a_strides[0] == 1 && a_strides[1] != 1 {
-            stripe_stack = [0.0; ROWS * KC];
-            &mut stripe_stack
+            zeroed(&mut stripe_stack, ROWS * kc)
         } else {
             &mut []
         };
         // The padded copy of a panel's last partial register of columns (see
         // [`Tail`]): only where `n` leaves one and `b` is not packed padded.
-        let mut tail_stack: [f32; KC * MOST_LANES];
-        let lanes = S::F32_LANES;
+        let mut tail_stack = [MaybeUninit::<f32>::uninit(); KC * MOST_LANES];
         let tail: &mut [f32] = if n % lanes != 0 && !(packs && pads(panel.len(), [k, n], lanes)) {
-            tail_stack = [0.0; KC * MOST_LANES];
-            &mut tail_stack[..KC * lanes]
+            zeroed(&mut tail_stack, kc * lanes)
         } else {
             &mut []
         };
@@ -278,6 +284,20 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
 
 /// The most `f32` lanes of a vector register `pulp` dispatches to (AVX-512's).
 const MOST_LANES: usize = 16;
+
+/// The first `len` elements of `buffer` (a stack buffer, uninitialized) set to zero,
+/// as `f32`s. Panics if `buffer` is shorter than `len`.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn zeroed(buffer: &mut [MaybeUninit<f32>], len: usize) -> &mut [f32] {
+    let used = &mut buffer[..len];
+    for x in used.iter_mut() {
+        x.write(0.0);
+    }
+    // SAFETY: every element of `used` was initialized just above, and
+    // `MaybeUninit<f32>` has the size, alignment and ABI of `f32`.
+    unsafe { &mut *(std::ptr::from_mut(used) as *mut [f32]) }
+}
 
 /// Whether a packing panel of `capacity` elements holds the blocks of `b` of a `[k, n]`
 /// product with the last panel's columns padded to whole registers of `lanes`.
@@ -650,7 +670,7 @@ impl<'x> Panel<'x> {
             Panel::InPlace { data, bk } => (data.get(j..).unwrap_or_default(), bk),
             Panel::Packed { data, len, pad_to } => (
                 data.get(j * len..).unwrap_or_default(),
-                width.next_multiple_of(pad_to),
+                round_up(width, pad_to),
             ),
         }
     }
@@ -660,6 +680,15 @@ impl<'x> Panel<'x> {
     fn padded(self) -> bool {
         matches!(self, Panel::Packed { pad_to, .. } if pad_to > 1)
     }
+}
+
+/// `x` rounded up to a multiple of `pad_to`, a power of two (1 or a register's
+/// lanes): by a mask, not `next_multiple_of`'s division (of a value the compiler does
+/// not know: several a product, in each row block's tiles too).
+#[inline(always)]
+fn round_up(x: usize, pad_to: usize) -> usize {
+    debug_assert!(pad_to.is_power_of_two());
+    (x + pad_to - 1) & !(pad_to - 1)
 }
 
 /// The last partial register of a block's columns (`width % lanes` of them) where its
@@ -718,7 +747,7 @@ fn pack<'p, S: Simd>(
     let len = q1 - q0;
     let step = 2 * S::F32_LANES;
     let full = (j1 - j0) / step * step;
-    let last = (j1 - j0 - full).next_multiple_of(pad_to);
+    let last = round_up(j1 - j0 - full, pad_to);
     let panel = &mut panel[..len * (full + last)];
     let (full_panels, last_panel) = panel.split_at_mut(len * full);
     let panels = full_panels.chunks_exact_mut((len * step).max(1));
@@ -770,7 +799,7 @@ fn pack_grouped<'p, S: Simd>(
     let step = 2 * S::F32_LANES;
     let widths = (j0..j1)
         .step_by(step)
-        .map(|j| (j1 - j).min(step).next_multiple_of(pad_to));
+        .map(|j| round_up((j1 - j).min(step), pad_to));
     let total: usize = widths.clone().sum();
     let panel = &mut panel[..len * total];
     let mut rest = &mut *panel;
@@ -1027,7 +1056,14 @@ mod tests {
     /// against the definition, batched, with padded rows.
     #[test]
     fn transposed_weight_gradients_equal_the_definition() {
-        for [m, k, n] in [[64, 256, 64], [64, 256, 256], [61, 255, 67], [5, KC, 64]] {
+        for [m, k, n] in [
+            [64, 256, 64],
+            [64, 256, 256],
+            [61, 255, 67],
+            [5, KC, 64],
+            [32, 256, 32],
+            [64, 192, 33],
+        ] {
             assert!(takes([m, k, n], m + 1, true) || contraction_avx512());
             let layout = Layout {
                 m,
@@ -1043,7 +1079,7 @@ mod tests {
         }
         assert!(!takes([65, 256, 64], 65, true));
         assert!(!takes([64, KC + 1, 64], 64, true));
-        assert!(!takes([64, 256, 63], 64, true));
+        assert!(!takes([64, 256, 31], 64, true));
         assert!(!takes([64, 256, 64], 64, false));
     }
 
