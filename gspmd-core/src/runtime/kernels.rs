@@ -460,37 +460,30 @@ fn cumulative(
 /// lane's elements combined in the same order as one lane at a time.
 fn scan<T: Pooled>(a: &ArrayD<T>, dim: usize, reverse: bool, f: impl Fn(T, T) -> T) -> ArrayD<T> {
     let shape = a.shape();
-    let n = shape[dim];
     let inner: usize = shape[dim + 1..].iter().product();
+    let block = shape[dim] * inner;
     let x = a.as_standard_layout();
-    let x = x.as_slice().unwrap_or_default();
-    // Every element is written: the first row of each lane block copied, the others
-    // computed from the row before.
     let mut out = buffers::take(x.len());
-    let block = n * inner;
+    out.copy_from_slice(x.as_slice().unwrap_or_default());
+    // Each row, holding `x_j`, becomes `f(row before, x_j)`.
+    let combine = |last: &[T], this: &mut [T]| {
+        for (t, &l) in this.iter_mut().zip(last) {
+            *t = f(l, *t);
+        }
+    };
     if block > 0 {
-        for (x, out) in x.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
-            let rows = (0..n).map(|j| if reverse { n - 1 - j } else { j });
-            let mut previous: Option<usize> = None;
-            for j in rows {
-                let at = j * inner;
-                let row = &x[at..at + inner];
-                match previous {
-                    None => out[at..at + inner].copy_from_slice(row),
-                    Some(p) => {
-                        // The rows are disjoint: `p` is before or after `j`.
-                        let (before, after) = out.split_at_mut(at.max(p * inner));
-                        let (last, this) = if p < j {
-                            (&before[p * inner..p * inner + inner], &mut after[..inner])
-                        } else {
-                            (&after[..inner], &mut before[at..at + inner])
-                        };
-                        for ((o, &l), &v) in this.iter_mut().zip(last).zip(row) {
-                            *o = f(l, v);
-                        }
-                    }
-                }
-                previous = Some(j);
+        for lanes in out.chunks_exact_mut(block) {
+            let rows = lanes.chunks_exact_mut(inner);
+            if reverse {
+                rows.rev().reduce(|last, this| {
+                    combine(last, this);
+                    this
+                });
+            } else {
+                rows.reduce(|last, this| {
+                    combine(last, this);
+                    this
+                });
             }
         }
     }
