@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
 
 /// One op of a fused loop, on register indices.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum Instr {
     Unary(UnaryOp, usize),
     Binary(BinaryOp, usize, usize),
@@ -37,7 +37,7 @@ pub(super) enum Instr {
 }
 
 /// A one-operand op giving bool lanes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Test {
     /// `not` of bool lanes.
     Not,
@@ -75,7 +75,7 @@ impl Instr {
     }
 
     /// The op reading `rename(r)` for each register `r` it reads.
-    fn renamed(self, rename: impl Fn(usize) -> usize) -> Instr {
+    pub(super) fn renamed(self, rename: impl Fn(usize) -> usize) -> Instr {
         match self {
             Instr::Unary(op, a) => Instr::Unary(op, rename(a)),
             Instr::Binary(op, a, b) => Instr::Binary(op, rename(a), rename(b)),

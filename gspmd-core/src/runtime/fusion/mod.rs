@@ -84,15 +84,21 @@
 //!
 //! Here: the rule ([`plan_groups`]) and a group's plan ([`Group`]). The group's code on
 //! registers is in [`code`], where its loop reads each leaf in [`source`], one op's
-//! pass over a chunk in [`passes`], and the loop itself in [`run`].
+//! pass over a chunk in [`passes`], and the loop itself in [`run`]; a group whose code
+//! is a [compiled chain](chains) runs that chain's loop ([`compiled`]) instead of the
+//! passes.
 
 use crate::ir::{BinaryOp, DType, Node, Op, Program, ReduceKind, UnaryOp, ValueId};
 use crate::runtime::kernels::{Dims, row_major};
 
+use chains::Chain;
 use code::{Instr, Lane, Test, allocate, pair};
 use source::Layout;
 
+mod chains;
 mod code;
+#[rustfmt::skip]
+mod compiled;
 mod passes;
 mod run;
 mod source;
@@ -155,6 +161,11 @@ pub(crate) struct Group {
     /// each op's lanes rounded to it as the unfused kernels round each op's result
     /// (see `kernels::narrow`); the results are converted to it.
     dtype: DType,
+    /// An f32 group's code in canonical form, and the leaf of each of its inputs.
+    chain: Option<(Chain, Vec<usize>)>,
+    /// The index of `chain` among the [compiled chains](compiled::CHAINS), if it is
+    /// one: the loop then runs it instead of the ops' passes.
+    compiled: Option<usize>,
 }
 
 /// The one op after a group's trailing reduction, on each reduced value: `mean`'s
@@ -655,16 +666,18 @@ impl Group {
         } else {
             (code, stores)
         };
-        let (code, stores, registers) = allocate(base, code, stores);
-        let writers = (stores.iter())
-            .map(|&r| code.iter().rposition(|&(_, dst)| dst == r).unwrap_or(0))
-            .collect();
-        let last_reads = (0..base)
-            .map(|k| {
-                code.iter()
-                    .rposition(|(instr, _)| instr.reads().contains(&k))
-            })
-            .collect();
+        let chain = (dtype == DType::F32)
+            .then(|| Chain::of(base, &code, &stores))
+            .flatten();
+        let compiled = (chain.as_ref())
+            .and_then(|(chain, _)| compiled::CHAINS.iter().position(|c| c == chain));
+        let Registered {
+            code,
+            stores,
+            writers,
+            last_reads,
+            registers,
+        } = Registered::new(base, code, stores);
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
         let mut group = Group {
             members: ids(members),
@@ -684,6 +697,8 @@ impl Group {
                 shape: root.map_or_else(Vec::new, |r| program.nodes[r].ty.shape.to_vec()),
             }),
             dtype,
+            chain,
+            compiled,
         };
         let cut = group.cut();
         group.layouts = (group.leaves.iter())
@@ -729,6 +744,45 @@ impl Group {
     }
 }
 
+/// A group's code on its registers (see [`allocate`]), with what a run needs to know
+/// of it.
+struct Registered {
+    /// The ops, each with the register it writes.
+    code: Vec<(Instr, usize)>,
+    /// The register of each stored value.
+    stores: Vec<usize>,
+    /// The op writing each of `stores`.
+    writers: Vec<usize>,
+    /// The last op reading each leaf's register (`None`: none reads it).
+    last_reads: Vec<Option<usize>>,
+    /// The registers the code uses, the leaves' included.
+    registers: usize,
+}
+
+impl Registered {
+    /// `code` (op `k` writing register `base + k`, the leaves' registers below `base`)
+    /// storing `stores`, on registers.
+    fn new(base: usize, code: Vec<Instr>, stores: Vec<usize>) -> Registered {
+        let (code, stores, registers) = allocate(base, code, stores);
+        let writers = (stores.iter())
+            .map(|&r| code.iter().rposition(|&(_, dst)| dst == r).unwrap_or(0))
+            .collect();
+        let last_reads = (0..base)
+            .map(|k| {
+                code.iter()
+                    .rposition(|(instr, _)| instr.reads().contains(&k))
+            })
+            .collect();
+        Registered {
+            code,
+            stores,
+            writers,
+            last_reads,
+            registers,
+        }
+    }
+}
+
 /// The greatest common divisor of `a` and `b`.
 fn gcd(mut a: usize, mut b: usize) -> usize {
     while b != 0 {
@@ -742,6 +796,28 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
     let plan = super::plan::Plan::new(program);
     plan.groups.iter().map(|g| g.members.clone()).collect()
+}
+
+/// The Rust source of the compiled chains of the f32 fusion groups of `programs`'
+/// plans (each [compilable](Chain::compilable) chain once, in the order first met):
+/// what `tests/compiled_chains.rs` in the workspace keeps in `runtime/fusion/compiled.rs`.
+pub fn compiled_chains_source(programs: &[&Program]) -> String {
+    let mut found: Vec<Chain> = Vec::new();
+    for program in programs {
+        let plan = super::plan::Plan::new(program);
+        for (chain, _) in plan.groups.iter().filter_map(|g| g.chain.as_ref()) {
+            if chain.compilable() && !found.contains(chain) {
+                found.push(chain.clone());
+            }
+        }
+    }
+    chains::source(&found)
+}
+
+/// The number of fusion groups of `program`'s plan that run a compiled chain: for tests.
+pub fn compiled_chain_groups(program: &Program) -> usize {
+    let plan = super::plan::Plan::new(program);
+    plan.groups.iter().filter(|g| g.compiled.is_some()).count()
 }
 
 /// The passes each fusion group of `program`'s plan makes over a chunk (its ops, an

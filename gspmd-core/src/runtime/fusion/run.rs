@@ -17,6 +17,7 @@ use crate::runtime::kernels::{
 };
 
 use super::code::{Instr, Lane, ONE, int_lane, select_lane};
+use super::compiled;
 use super::passes::{CompareInto, InPlace, MapInto, PairInto, SplatZip, ZipInto, ZipSplat};
 use super::source::{Layout, Source, lanes, worked_out};
 use super::{CHUNK, Finish, Group, MAX_RESULTS};
@@ -162,6 +163,21 @@ impl Group {
             .collect()
     }
 
+    /// [`Group::direct`] for a compiled chain, which computes each element whole (its
+    /// inputs read before its stores are written): each of the first `slots` results
+    /// unless its buffer is a leaf's handed over, which the chain reads apart from what
+    /// it writes.
+    fn direct_compiled(&self, sources: &[Source<'_>], slots: usize) -> Direct {
+        (0..slots)
+            .filter(|&s| {
+                !sources
+                    .iter()
+                    .any(|x| matches!(x, Source::Buffer(t) if *t == s))
+            })
+            .map(|s| (self.stores[s], s))
+            .collect()
+    }
+
     /// [`Group::run`] with the leaves' `sources`, the buffers of the first results
     /// (`outs`: leaves handed over), and registers.
     #[inline(always)]
@@ -179,7 +195,10 @@ impl Group {
         while outs.len() < stored {
             outs.push(buffers::take(total));
         }
-        let direct = self.direct(sources, outs.len());
+        let direct = match self.compiled {
+            Some(_) => self.direct_compiled(sources, outs.len()),
+            None => self.direct(sources, outs.len()),
+        };
         let reduced = match self.reduce {
             Some((kind, kept)) => {
                 let (outer, row) = (
@@ -335,6 +354,10 @@ impl Group {
         for (source, reg) in sources.iter().zip(regs.iter_mut()) {
             source.load(&mut reg[..len], start);
         }
+        if let (Some(k), Some((_, inputs))) = (self.compiled, &self.chain) {
+            self.compiled_chunk(k, inputs, run, outs, regs, start, len);
+            return;
+        }
         let round = rounding(self.dtype);
         for &(ref instr, dst) in &self.code {
             // The op's elements apart from the others (its operands'): its result's
@@ -440,6 +463,67 @@ impl Group {
                 }
             }
         }
+    }
+}
+
+impl Group {
+    /// [`Group::chunk`] by compiled chain `k` (see [`chains`](super::chains)), the
+    /// leaves loaded: reads its `inputs` (leaf registers) where the interpreter's ops
+    /// would read them, and writes each stored value into its result's buffer if
+    /// `run.direct` says so (see [`Group::direct_compiled`]), else into its register.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn compiled_chunk(
+        &self,
+        k: usize,
+        inputs: &[usize],
+        run: Run<'_, '_>,
+        outs: &mut [Vec<f32>],
+        regs: &mut [[f32; CHUNK]],
+        start: usize,
+        len: usize,
+    ) {
+        let Run { sources, direct } = run;
+        let end = start + len;
+        let position = |r: usize| self.stores.iter().position(|&s| s == r);
+        // Each store's elements, by its place in `stores`; the buffers read as leaves.
+        let mut stored: [Option<&mut [f32]>; MAX_RESULTS] = Default::default();
+        let mut read: [&[f32]; MAX_RESULTS] = [&[]; MAX_RESULTS];
+        for (s, out) in outs.iter_mut().enumerate() {
+            match direct.iter().find(|&&(_, slot)| slot == s) {
+                Some(&(r, _)) => {
+                    if let (Some(p), Some(out)) = (position(r), out.get_mut(start..end)) {
+                        stored[p] = Some(out);
+                    }
+                }
+                None => {
+                    if let (Some(slice), Some(out)) = (read.get_mut(s), out.get(start..end)) {
+                        *slice = out;
+                    }
+                }
+            }
+        }
+        let base = self.leaves.len();
+        let (leaves, ops) = regs.split_at_mut(base.min(regs.len()));
+        for (i, reg) in ops.iter_mut().enumerate() {
+            if let Some(p) = position(base + i).filter(|&p| stored[p].is_none()) {
+                stored[p] = Some(&mut reg[..len]);
+            }
+        }
+        let ins: SmallVec<[&[f32]; 16]> = (inputs.iter())
+            .map(|&r| match sources.get(r) {
+                Some(&Source::Buffer(s)) => read.get(s).copied().unwrap_or_default(),
+                Some(Source::Strided {
+                    data,
+                    contiguous: true,
+                    ..
+                }) => &data[start..end],
+                _ => &leaves[r][..len],
+            })
+            .collect();
+        let mut stored: SmallVec<[&mut [f32]; MAX_RESULTS]> =
+            stored.into_iter().flatten().collect();
+        compiled::run(k, &ins, &mut stored, len);
     }
 }
 
