@@ -961,3 +961,54 @@ fn the_adamw_update_of_a_weight_is_one_loop_equal_to_unfused() {
         }
     }
 }
+
+/// Short rows, several to a chunk (and rows of one, and rows past a chunk's
+/// multiple), folded as the unfused `reduce` folds them: sums, maxima and minima over
+/// the last dim of every row length 1..=40 and of odd row counts, of chains reading a
+/// leaf broadcast along the minor dim (`[a, n, 1]` read as `[a, n, row]`: a value a
+/// row) and one broadcast over a middle dim (`[a, row]` read as `[a, n, row]`), with
+/// -0.0 and NaN among the values. Fused equals unfused bitwise.
+#[test]
+fn short_rows_and_broadcast_leaves_fold_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(28);
+    let special = |lit: Literal, rng: &mut StdRng| match lit {
+        Literal::F32(mut a) => {
+            for v in a.iter_mut() {
+                match rng.random_range(0..40) {
+                    0 => *v = -0.0,
+                    1 => *v = f32::NAN,
+                    _ => {}
+                }
+            }
+            Literal::F32(a)
+        }
+        other => other,
+    };
+    for row in 1..=40 {
+        let (a, n) = ([1, 3, 7][row % 3], [5, 9, 33][row % 3]);
+        let shape = [a, n, row];
+        let b = Builder::new("short_rows");
+        let x = b.parameter("x", shape, DType::F32);
+        let column = b.parameter("column", [a, n, 1], DType::F32);
+        let middle = b.parameter("middle", [a, row], DType::F32);
+        let column = column.reshape([a, n]).broadcast_in_dim(shape, &[0, 1]);
+        let middle = middle.broadcast_in_dim(shape, &[0, 2]);
+        let sum = x.sub(&column).exp().sum(&[-1]);
+        let max = x.mul(&middle).max_over(&[-1]);
+        let min = (x.add(&middle).sub(&column)).reduce(ReduceKind::Min, &[-1], false);
+        let program = b.finish(&[&sum, &max, &min]).expect("traces");
+        let groups = group_ops(&program);
+        assert!(
+            groups.iter().filter(|g| g.contains(&"reduce")).count() >= 3,
+            "row {row}: {groups:?}"
+        );
+        let inputs = [
+            special(random(&shape, &mut rng), &mut rng),
+            special(random(&[a, n, 1], &mut rng), &mut rng),
+            random(&[a, row], &mut rng),
+        ];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "row {row}, {a}x{n}");
+    }
+}

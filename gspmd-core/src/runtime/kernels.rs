@@ -39,7 +39,7 @@ pub(crate) use elementwise::{
     max_nan, min_nan, row_major,
 };
 use ndarray::{Array1, ArrayD, Axis, IxDyn, Slice};
-pub(crate) use reduce::{Lanes, body_len};
+pub(crate) use reduce::{Lanes, body_len, fold_rows_into};
 
 use crate::ir::{
     CumulativeKind, DType, Element, Literal, Op, ReduceKind, TensorType, WindowDim, by_element,

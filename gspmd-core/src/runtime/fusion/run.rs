@@ -12,8 +12,8 @@ use smallvec::SmallVec;
 use crate::ir::{BinaryOp, DType, Literal, ReduceKind, with_literal};
 use crate::runtime::buffers;
 use crate::runtime::kernels::{
-    Lanes, Operand, Operands, body_len, compare_fn, f32_arith, f32_binary, f32_unary, max_nan,
-    min_nan,
+    Lanes, Operand, Operands, body_len, compare_fn, f32_arith, f32_binary, f32_unary,
+    fold_rows_into, max_nan, min_nan,
 };
 
 use super::code::{Instr, Lane, ONE, int_lane, select_lane};
@@ -285,22 +285,19 @@ impl Group {
         f: impl Fn(f32, f32) -> f32 + Copy,
     ) -> Result<Vec<f32>, String> {
         let body = body_len(row);
-        let mut out = buffers::with_capacity(outer);
         if row == 0 {
+            let mut out = buffers::with_capacity(outer);
             out.resize(outer, identity);
             return Ok(out);
         }
+        // Every row's element is written (in order) before the buffer is read.
+        let mut out = buffers::take(outer);
         // The register the reduction folds: the last op's (see `Group::new`).
         let last = self
             .stores
             .last()
             .copied()
             .ok_or("a reduction folds a register")?;
-        let fold = |values: &[f32]| {
-            let mut lanes = Lanes::new(identity);
-            lanes.push(&values[..body], f);
-            lanes.finish(&values[body..], f)
-        };
         if row <= CHUNK {
             let per_chunk = CHUNK / row;
             let mut r = 0;
@@ -310,12 +307,12 @@ impl Group {
                 self.chunk(run, outs, regs, start, len);
                 self.store(run, outs, regs, start, len);
                 let values = run.values(outs, regs, last, start, len);
-                out.extend(values.chunks_exact(row).map(fold));
+                fold_rows_into(values, row, identity, f, &mut out[r..r + rows]);
                 r += rows;
             }
             return Ok(out);
         }
-        for r in 0..outer {
+        for (r, o) in out.iter_mut().enumerate() {
             let mut lanes = Lanes::new(identity);
             let mut start = 0;
             while start < row {
@@ -327,7 +324,7 @@ impl Group {
                 lanes.push(&values[..in_body], f);
                 start += len;
                 if start == row {
-                    out.push(lanes.finish(&values[in_body..], f));
+                    *o = lanes.finish(&values[in_body..], f);
                     break;
                 }
             }

@@ -194,6 +194,12 @@ impl<'a> Source<'a> {
     /// Writes the elements at flat indices `start..start + out.len()` of the loop
     /// into `out` if the source is loaded chunk by chunk (strided, not contiguous);
     /// else (read in place, or held in its register for the run) nothing.
+    ///
+    /// The chunk is loaded run by run along the minor dim, the runs of one row of the
+    /// next dim (`mid`) in a tight loop (the run's offset stepped by that dim's
+    /// stride), the dims above stepped like an odometer once a row: a leaf broadcast
+    /// along a short minor dim (`[.., 1]` read as `[.., 16]`: runs of one value) or
+    /// a middle one (`[a, c]` read as `[a, b, c]`) costs a few vector stores a run.
     #[inline(always)]
     pub(super) fn load(&self, out: &mut [f32], start: usize) {
         let Source::Strided {
@@ -211,33 +217,38 @@ impl<'a> Source<'a> {
         };
         let (outer_strides, step) = strides.split_at(outer_dims.len());
         let step = step[0];
-        // The loop index of `start` (its outer dims, and its place in the minor dim)
-        // and the offset of its run; then stepped run by run, carrying like an odometer.
+        // The row dim of the runs (the minor dim's neighbour; one row of one run
+        // without it) and the dims above it.
+        let (mid, mid_stride, above, above_strides) =
+            match (outer_dims.split_last(), outer_strides.split_last()) {
+                (Some((&n, above)), Some((&s, above_strides))) => (n, s, above, above_strides),
+                _ => (1, 0, outer_dims, outer_strides),
+            };
+        // The loop index of `start`: its place in the minor dim, its run in the row,
+        // the dims above (and the offset of the row).
         let mut within = start % minor;
-        let mut rest = start / minor;
-        let mut index: Dims = Dims::from_elem(0, outer_dims.len());
+        let runs = start / minor;
+        let mut run_ix = runs % mid;
+        let mut rest = runs / mid;
+        let mut index: Dims = Dims::from_elem(0, above.len());
         let mut base = 0;
-        for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+        for ((i, &n), &s) in index.iter_mut().zip(above).zip(above_strides).rev() {
             *i = rest % n;
             base += *i * s;
             rest /= n;
         }
         let mut filled = 0;
         while filled < out.len() {
-            let run = (minor - within).min(out.len() - filled);
-            let dst = &mut out[filled..filled + run];
-            match step {
-                0 => dst.fill(data[base]),
-                1 => dst.copy_from_slice(&data[base + within..base + within + run]),
-                s => {
-                    for (k, d) in dst.iter_mut().enumerate() {
-                        *d = data[base + (within + k) * s];
-                    }
-                }
+            while run_ix < mid && filled < out.len() {
+                let run = (minor - within).min(out.len() - filled);
+                let at = base + run_ix * mid_stride;
+                load_run(&mut out[filled..filled + run], data, at, within, step);
+                filled += run;
+                within = 0;
+                run_ix += 1;
             }
-            filled += run;
-            within = 0;
-            for ((i, &n), &s) in index.iter_mut().zip(outer_dims).zip(outer_strides).rev() {
+            run_ix = 0;
+            for ((i, &n), &s) in index.iter_mut().zip(above).zip(above_strides).rev() {
                 *i += 1;
                 base += s;
                 if *i < n {
@@ -246,6 +257,72 @@ impl<'a> Source<'a> {
                 base -= n * s;
                 *i = 0;
             }
+        }
+    }
+}
+
+/// Loads one run of `dst.len()` elements of a minor dim walked with `step` from
+/// element `within` of the run whose first element is `data[at]`: one value for a
+/// broadcast (`step` 0), a contiguous copy (`step` 1), else a strided gather.
+#[inline(always)]
+fn load_run(dst: &mut [f32], data: &[f32], at: usize, within: usize, step: usize) {
+    match step {
+        0 => splat(dst, data[at]),
+        1 => copy(dst, &data[at + within..at + within + dst.len()]),
+        s => {
+            for (k, d) in dst.iter_mut().enumerate() {
+                *d = data[at + (within + k) * s];
+            }
+        }
+    }
+}
+
+/// The width of the blocks [`splat`] and [`copy`] write a short run in (a vector
+/// register of f32 under AVX2).
+const BLOCK: usize = 8;
+
+/// Fills `dst` with `v` in whole blocks, then the tail in halving pieces: a short run
+/// (a row of 16, of 4) is a few vector stores, neither a loop sized for long fills nor
+/// masked stores (which the compiler picks for a plain tail loop, and which cost tens
+/// of cycles each on some CPUs).
+#[inline(always)]
+fn splat(dst: &mut [f32], v: f32) {
+    let mut blocks = dst.chunks_exact_mut(BLOCK);
+    for b in &mut blocks {
+        b.copy_from_slice(&[v; BLOCK]);
+    }
+    in_pieces(blocks.into_remainder(), |piece, _| piece.fill(v));
+}
+
+/// Copies `src` into `dst` (of one length): a short run in whole blocks then the tail
+/// in halving pieces (as [`splat`]), without a call to `memcpy`; a long one by
+/// `copy_from_slice`.
+#[inline(always)]
+fn copy(dst: &mut [f32], src: &[f32]) {
+    if dst.len() >= 8 * BLOCK {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut blocks = dst.chunks_exact_mut(BLOCK);
+    let mut from = src.chunks_exact(BLOCK);
+    for (b, s) in (&mut blocks).zip(&mut from) {
+        b.copy_from_slice(s);
+    }
+    let from = from.remainder();
+    in_pieces(blocks.into_remainder(), |piece, at| {
+        piece.copy_from_slice(&from[at..at + piece.len()]);
+    });
+}
+
+/// Calls `write` on `tail` (shorter than a [`BLOCK`]) in pieces of 4, 2 and 1
+/// elements (each with its offset in `tail`), each a piece of fixed length.
+#[inline(always)]
+fn in_pieces(tail: &mut [f32], mut write: impl FnMut(&mut [f32], usize)) {
+    let mut at = 0;
+    for width in [4, 2, 1] {
+        if tail.len() - at >= width {
+            write(&mut tail[at..at + width], at);
+            at += width;
         }
     }
 }
@@ -385,6 +462,46 @@ mod tests {
                     run_time.load(&mut r, start);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&p), bits(&r), "{shape:?} from {start}, {len}");
+                }
+            }
+        }
+    }
+
+    /// Runs of every length 1..=20 along the minor dim (the whole blocks and the
+    /// pieces of 4, 2 and 1 of a run's tail): a leaf broadcast along the minor dim (a
+    /// value a run), over a middle dim (contiguous runs repeated), and transposed (a
+    /// strided run) load, from every start and for every length, the elements of the
+    /// broadcast view.
+    #[test]
+    fn short_runs_load_the_broadcast_view() {
+        for minor in 1..=20 {
+            let shape = [3, 2, minor];
+            let total = 3 * 2 * minor;
+            let value = |dims: [usize; 2]| {
+                let data = (0..dims[0] * dims[1]).map(|v| v as f32 + 0.25).collect();
+                ArrayD::from_shape_vec(&dims[..], data).unwrap()
+            };
+            // The value, the broadcast's dims, and its element at a loop index.
+            type At = fn(&ArrayD<f32>, [usize; 3]) -> f32;
+            let cases: [(ArrayD<f32>, [usize; 2], At); 3] = [
+                (value([3, 2]), [0, 1], |a, [i, j, _]| a[[i, j]]),
+                (value([3, minor]), [0, 2], |a, [i, _, k]| a[[i, k]]),
+                (value([minor, 3]), [2, 0], |a, [i, _, k]| a[[k, i]]),
+            ];
+            for (a, dims, at) in cases {
+                let lit = Literal::F32(a.clone());
+                let x = Operand::Value(Cow::Borrowed(&lit));
+                let (data, layout) = worked_out(&x, Some(&dims), &shape, 1).unwrap();
+                let s = Source::laid(data, &layout);
+                let want: Vec<f32> = (0..total)
+                    .map(|f| at(&a, [f / (2 * minor), f / minor % 2, f % minor]))
+                    .collect();
+                for start in 0..total {
+                    for len in 1..=total - start {
+                        let mut out = vec![0.0; len];
+                        s.load(&mut out, start);
+                        assert_eq!(out, want[start..start + len], "{dims:?}, {minor}");
+                    }
                 }
             }
         }
