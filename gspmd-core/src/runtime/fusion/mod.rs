@@ -799,7 +799,8 @@ pub fn fusion_groups(program: &Program) -> Vec<Vec<ValueId>> {
 }
 
 /// The Rust source of the compiled chains of the f32 fusion groups of `programs`'
-/// plans (each [compilable](Chain::compilable) chain once, in the order first met):
+/// plans (each chain of at least two passes whose ops all have scalar f32 functions,
+/// once, in the order first met):
 /// what `tests/compiled_chains.rs` in the workspace keeps in `runtime/fusion/compiled.rs`.
 pub fn compiled_chains_source(programs: &[&Program]) -> String {
     let mut found: Vec<Chain> = Vec::new();
