@@ -404,7 +404,8 @@ mod tests {
     }
 
     /// Every compiled chain gives bitwise the interpreter's results (NaN for NaN), on
-    /// random lanes of every kind, over lengths cutting chunks whole and not.
+    /// random lanes of every kind, over lengths cutting chunks whole and not, its inputs
+    /// lent or handed over.
     #[test]
     fn every_compiled_chain_equals_the_interpreted_code_bitwise() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(28);
@@ -417,22 +418,28 @@ mod tests {
                         Literal::F32(ArrayD::from_shape_vec(IxDyn(&[n]), v).expect("fits"))
                     })
                     .collect();
-                let run = |compiled: Option<usize>| {
-                    let operands = inputs
-                        .iter()
-                        .map(|x| Operand::Value(Cow::Borrowed(x)))
+                // Inputs lent, or handed over (their buffers become the results', read
+                // by the chain as leaves while it writes the others).
+                let run = |compiled: Option<usize>, owned: bool| {
+                    let operands = (inputs.iter())
+                        .map(|x| match owned {
+                            true => Operand::Value(Cow::Owned(x.clone())),
+                            false => Operand::Value(Cow::Borrowed(x)),
+                        })
                         .collect();
                     group(chain, n, compiled).run(operands).expect("runs")
                 };
-                let (want, got) = (run(None), run(Some(k)));
-                assert_eq!(want.len(), got.len(), "chain {k}");
-                for (w, g) in want.iter().zip(&got) {
-                    let (w, g) = (w.as_f32().expect("f32"), g.as_f32().expect("f32"));
-                    for (e, (w, g)) in w.iter().zip(g).enumerate() {
-                        assert!(
-                            w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()),
-                            "chain {k}, {n} elements, element {e}: interpreted {w:e}, compiled {g:e}"
-                        );
+                let want = run(None, false);
+                for got in [run(Some(k), false), run(Some(k), true)] {
+                    assert_eq!(want.len(), got.len(), "chain {k}");
+                    for (w, g) in want.iter().zip(&got) {
+                        let (w, g) = (w.as_f32().expect("f32"), g.as_f32().expect("f32"));
+                        for (e, (w, g)) in w.iter().zip(g).enumerate() {
+                            assert!(
+                                w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()),
+                                "chain {k}, {n} elements, element {e}: interpreted {w:e}, compiled {g:e}"
+                            );
+                        }
                     }
                 }
             }

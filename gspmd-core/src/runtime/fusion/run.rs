@@ -482,29 +482,31 @@ impl Group {
     ) {
         let Run { sources, direct } = run;
         let end = start + len;
-        let position = |r: usize| self.stores.iter().position(|&s| s == r);
-        // Each store's elements, by its place in `stores`; the buffers read as leaves.
+        // Each store's elements, by its place in `stores` (result slot `s` holds store
+        // `s`); the result buffers the chain reads as leaves.
         let mut stored: [Option<&mut [f32]>; MAX_RESULTS] = Default::default();
         let mut read: [&[f32]; MAX_RESULTS] = [&[]; MAX_RESULTS];
-        for (s, out) in outs.iter_mut().enumerate() {
-            match direct.iter().find(|&&(_, slot)| slot == s) {
-                Some(&(r, _)) => {
-                    if let (Some(p), Some(out)) = (position(r), out.get_mut(start..end)) {
-                        stored[p] = Some(out);
-                    }
-                }
-                None => {
-                    if let (Some(slice), Some(out)) = (read.get_mut(s), out.get(start..end)) {
-                        *slice = out;
-                    }
-                }
+        for ((s, out), (stored, read)) in outs
+            .iter_mut()
+            .enumerate()
+            .zip(stored.iter_mut().zip(&mut read))
+        {
+            let out = &mut out[start..end];
+            if direct.iter().any(|&(_, slot)| slot == s) {
+                *stored = Some(out);
+            } else {
+                *read = out;
             }
         }
         let base = self.leaves.len();
         let (leaves, ops) = regs.split_at_mut(base.min(regs.len()));
         for (i, reg) in ops.iter_mut().enumerate() {
-            if let Some(p) = position(base + i).filter(|&p| stored[p].is_none()) {
-                stored[p] = Some(&mut reg[..len]);
+            let place = self.stores.iter().position(|&s| s == base + i);
+            if let Some(slot) = place
+                .and_then(|p| stored.get_mut(p))
+                .filter(|x| x.is_none())
+            {
+                *slot = Some(&mut reg[..len]);
             }
         }
         let ins: SmallVec<[&[f32]; 16]> = (inputs.iter())
