@@ -45,7 +45,7 @@ pub use communicator::Communicator;
 pub use device::run_on_device;
 /// The fusion groups of a program's execution plan: for tests.
 #[doc(hidden)]
-pub use fusion::{compiled_chain_groups, compiled_chains_source, fusion_groups, fusion_passes};
+pub use fusion::{compiled_chains_source, fusion_groups, fusion_passes};
 pub use interpreter::{Prepared, interpret, interpret_with_deadline, interpret_with_memory_limit};
 pub(crate) use liveness::{Walk, lent_input_bytes};
 pub use memory::{FALLBACK_MEMORY_LIMIT, available_memory};

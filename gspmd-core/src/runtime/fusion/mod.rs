@@ -815,12 +815,6 @@ pub fn compiled_chains_source(programs: &[&Program]) -> String {
     chains::source(&found)
 }
 
-/// The number of fusion groups of `program`'s plan that run a compiled chain: for tests.
-pub fn compiled_chain_groups(program: &Program) -> usize {
-    let plan = super::plan::Plan::new(program);
-    plan.groups.iter().filter(|g| g.compiled.is_some()).count()
-}
-
 /// The passes each fusion group of `program`'s plan makes over a chunk (its ops, an
 /// `Instr::Pair` one pass for two), in the order of [`fusion_groups`]: for tests.
 pub fn fusion_passes(program: &Program) -> Vec<usize> {
