@@ -53,7 +53,7 @@ const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
 
 /// `e^x` (see the module documentation for the error bound).
-#[inline]
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     // At and below `FLOOR` the result is 0: such a lane computes from 0 instead and
     // gives 0 at the end, so its last product does not underflow. An underflowing
@@ -93,7 +93,7 @@ fn exp_formula(x: f32) -> f32 {
 }
 
 /// `tanh(x)` (see the module documentation for the error bound).
-#[inline]
+#[inline(always)]
 pub fn tanh(x: f32) -> f32 {
     /// `P`'s coefficients of `s^1` to `s^6` (`P(0) = 1`).
     const P: [f32; 6] = [
@@ -122,7 +122,7 @@ pub fn tanh(x: f32) -> f32 {
 }
 
 /// `1 / (1 + e^-x)` (see the module documentation for the error bound).
-#[inline]
+#[inline(always)]
 pub fn logistic(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }

@@ -418,16 +418,31 @@ pub(crate) trait WithBinary {
 /// `w` applied to the f32 function of `op`; `None` if `op` has none (`not`, and
 /// `is_finite`, whose result is bool).
 #[inline(always)]
+#[allow(clippy::redundant_closure)] // Closures inlined always: see `exp`'s arm.
 pub(crate) fn f32_unary<W: WithUnary>(op: UnaryOp, w: W) -> Option<W::Out> {
     Some(match op {
         UnaryOp::Neg => w.with(|v| -v),
         UnaryOp::Abs => w.with(f32::abs),
-        UnaryOp::Exp => w.with(elementary::exp),
+        // The three polynomial functions go through closures inlined always (and are
+        // themselves), never a function item: the fused loops' dispatch function is
+        // large enough that LLVM kept `Fn::call` shims, or the functions, out of line,
+        // one scalar call per element (softmax's fused loops ran 2.9x slower, GELU's
+        // gradient 2.1x: benches/README.md, "Inlined transcendentals").
+        UnaryOp::Exp => w.with(
+            #[inline(always)]
+            |v| elementary::exp(v),
+        ),
         UnaryOp::Log => w.with(f32::ln),
         UnaryOp::Sqrt => w.with(f32::sqrt),
         UnaryOp::Rsqrt => w.with(|v| v.sqrt().recip()),
-        UnaryOp::Tanh => w.with(elementary::tanh),
-        UnaryOp::Logistic => w.with(elementary::logistic),
+        UnaryOp::Tanh => w.with(
+            #[inline(always)]
+            |v| elementary::tanh(v),
+        ),
+        UnaryOp::Logistic => w.with(
+            #[inline(always)]
+            |v| elementary::logistic(v),
+        ),
         UnaryOp::Sin => w.with(f32::sin),
         UnaryOp::Cos => w.with(f32::cos),
         UnaryOp::Erf => w.with(libm::erff),
