@@ -9,6 +9,7 @@
 //!
 //! Every result is in standard (row-major, contiguous) layout.
 
+mod blocked_product;
 mod contraction;
 mod convolution;
 pub mod elementary;

@@ -18,8 +18,11 @@
 //! that packs no lhs and runs a whole batch in one vector dispatch (it allocates
 //! nothing for small products, where matrixmultiply allocates and fills its packing
 //! buffers on every product); on CPUs with AVX-512,
-//! the `gemm` crate's (one thread) for the rest; else matrixmultiply's (via ndarray's
-//! `general_mat_mul`); i32 a wrapping loop. Measured single-threaded on the
+//! the `gemm` crate's (one thread) for the rest; else, with AVX2 and FMA, the large
+//! ones (at least 8 result columns, 128 where the lhs is transposed) on
+//! [`blocked_product`], BLIS's loop nest around the same tile (1.03-1.13x
+//! matrixmultiply's rate on the LMs' products, bit for bit its results), and the
+//! rest on matrixmultiply's (via ndarray's `general_mat_mul`); i32 a wrapping loop. Measured single-threaded on the
 //! shapes the LM steps run (d_model 512: `[2048, 512] x [512, 2048]` and the like in
 //! every operand layout, 128 attention products of `[128, 64] x [64, 128]`; the example
 //! LM: `[256, 64] x [64, 256]` down to batches of `[16, 16] x [16, 16]`), `gemm` with
@@ -36,6 +39,7 @@ use ndarray::{
 use smallvec::{SmallVec, smallvec};
 
 use super::Dims;
+use super::blocked_product;
 use super::small_product::{self, Layout};
 use crate::ir::{DotDims, Literal};
 use crate::runtime::buffers::{self, Pooled};
@@ -130,8 +134,9 @@ impl DotScalar for f32 {
         }
     }
 
-    /// Small and mid-size products ([`Layout::runs_here`]) on [`small_product`], the rest one
-    /// [`DotScalar::matmul_into`] each. Deterministic as that is.
+    /// Small and mid-size products ([`Layout::runs_here`]) on [`small_product`], large
+    /// ones [`blocked_product`] takes there, the rest one [`DotScalar::matmul_into`]
+    /// each. Deterministic as those are.
     fn products_into(
         layout: &Layout,
         operands: [&[f32]; 2],
@@ -140,6 +145,15 @@ impl DotScalar for f32 {
     ) -> Result<(), String> {
         if layout.runs_here() {
             small_product::products(layout, operands, c, offsets);
+            Ok(())
+        } else if layout.b_groups.is_none()
+            && blocked_product::takes(
+                [layout.m, layout.k, layout.n],
+                layout.a[1],
+                layout.b[1] == 1,
+            )
+        {
+            blocked_product::products(layout, operands, c, offsets);
             Ok(())
         } else {
             each_product(layout, operands, c, offsets)
@@ -264,7 +278,9 @@ const PACK_ALIGN: usize = 16;
 /// of `element` bytes: a copy of each operand whose contracting dims do not merge (see
 /// [`Flat::merging`]), and the matmul kernel's packing buffers for one product (at most
 /// [`PACK`]: about 1.1 MB of f32), or, for products on [`small_product`], its packed
-/// block of a transposed rhs ([`small_product::scratch`]). Products read their operands in place and write
+/// block of a transposed rhs ([`small_product::scratch`]), or, on
+/// [`blocked_product`], its packed blocks of both operands for a batch
+/// ([`blocked_product::scratch`]). Products read their operands in place and write
 /// straight into the result, so that is all; a dim beyond an operand's rank counts as
 /// size 1.
 pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element: usize) -> usize {
@@ -282,6 +298,8 @@ pub(crate) fn scratch_bytes(dd: &DotDims, lhs: &[usize], rhs: &[usize], element:
         } else {
             small_product::scratch([k, n])
         }
+    } else if blocked_product::takes([m, k, n], ak, rhs_rows) {
+        blocked_product::scratch([m, k, n])
     } else {
         k.min(kc) * panels
     };
@@ -302,8 +320,8 @@ pub(crate) fn adds_in_place(dd: &DotDims, lhs: &[usize], rhs: &[usize]) -> bool 
 /// `b` has adjacent columns when `b_rows`, run accumulating ([`Layout::accumulate`]),
 /// give bitwise `a · b + c` as the product then an `add` round it: when something is
 /// contracted in one block of [`KC`](PACK) elements (each element's sum then complete
-/// before `c` is added, one rounding) on [`small_product`] or matrixmultiply (not
-/// `gemm`, whose order is its own). Both block by 256: with more, `c` would be added
+/// before `c` is added, one rounding) on [`small_product`], [`blocked_product`] or
+/// matrixmultiply (not `gemm`, whose order is its own). All block by 256: with more, `c` would be added
 /// to the first block's sum.
 fn adds_exactly([m, k, n]: [usize; 3], ak: usize, b_rows: bool) -> bool {
     (1..=PACK[0]).contains(&k)
@@ -901,18 +919,29 @@ mod tests {
             256 * 128 * 4
         );
         // Its weight gradient bsm,bsf->mf (the lhs transposed): on the tile (its stripe
-        // on the stack) up to 64 rows, else matrixmultiply's panels.
+        // on the stack) up to 64 rows, else the blocked product's blocks of at most 96
+        // rows of `a` and 1024 columns of `b` (on CPUs with AVX2 and not AVX-512), or
+        // matrixmultiply's panels (64 rows).
         let gradient = DotDims::new(&[], &[], &[0, 1], &[0, 1]);
         assert_eq!(scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4), 0);
+        let rows = |mkn, ak, b_rows, blocked_rows| {
+            if blocked_product::takes(mkn, ak, b_rows) {
+                blocked_rows
+            } else {
+                64
+            }
+        };
         assert_eq!(
             scratch_bytes(&gradient, &[4, 8, 128], &[4, 8, 128], 4),
-            32 * (64 + 128) * 4
+            32 * (rows([128, 32, 128], 128, true, 96) + 128) * 4
         );
         // A small product (at most 32^3 multiply-adds) packs nothing.
         assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);
-        // The d_model-1024 FFN: panels of at most 256 x (64 + 1024), not the operands.
+        // The d_model-1024 FFN: panels of at most 256 x (96 or 64 + 1024), not the
+        // operands.
         let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
-        assert_eq!(ffn, 256 * (64 + 1024) * 4);
+        let ffn_rows = rows([2048, 1024, 4096], 1, true, 96);
+        assert_eq!(ffn, 256 * (ffn_rows + 1024) * 4);
         // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
         let heads = DotDims::new(&[], &[], &[1, 3], &[0, 1]);
         let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);

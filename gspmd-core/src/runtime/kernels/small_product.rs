@@ -63,7 +63,8 @@ pub(super) struct Layout {
 /// benches/README.md, "Small products (issue 28)").
 const MOST_WORK: usize = 32 * 32 * 32;
 
-/// Products of more multiply-adds run on matrixmultiply whatever their layout: the
+/// Products of more multiply-adds run elsewhere whatever their layout
+/// ([`blocked_product`](super::blocked_product), matrixmultiply or `gemm`): the
 /// largest measured in a step (d_model 128's `[2048, 512] x [512, 128]`).
 const MOST_MID_WORK: usize = 1 << 27;
 
@@ -81,11 +82,11 @@ const MOST_PACKED_ROWS: usize = 64;
 const FEWEST_PACKED_COLUMNS: usize = 32;
 
 /// The result rows of a tile: each register of `b` loaded serves this many rows.
-const ROWS: usize = 6;
+pub(super) const ROWS: usize = 6;
 
 /// The contracted elements one pass over the result sums: a tile's panel of `b` this
 /// long stays in the L1 cache while the tile's rows of `a` stream past it.
-const KC: usize = 256;
+pub(super) const KC: usize = 256;
 
 /// The columns of `b` one pass packs: a block of `b` [`KC`] by this many stays in the
 /// L2 cache while the row blocks of `a` sweep it.
@@ -144,7 +145,7 @@ impl ColumnOffsets {
 
 /// Whether [`products`] takes an `[m, k] x [k, n]` product whose `a` has stride `ak`
 /// along `k` and whose `b` has adjacent columns when `b_rows` (the rest run on
-/// matrixmultiply or `gemm`): one of at least [`FEWEST_COLUMNS`] result columns that
+/// [`blocked_product`](super::blocked_product), matrixmultiply or `gemm`): one of at least [`FEWEST_COLUMNS`] result columns that
 /// is small (at most [`MOST_WORK`] multiply-adds) or, on CPUs without AVX-512 (where
 /// `gemm` runs the rest), mid-size (at most [`MOST_MID_WORK`]) with `a`'s rows read in
 /// place (`ak` 1), or a transposed `a` (a weight gradient's) of at most
@@ -297,7 +298,7 @@ impl<I: Iterator<Item = [usize; 3]>> pulp::WithSimd for Batch<'_, '_, I> {
 }
 
 /// The most `f32` lanes of a vector register `pulp` dispatches to (AVX-512's).
-const MOST_LANES: usize = 16;
+pub(super) const MOST_LANES: usize = 16;
 
 /// The first `len` elements of `buffer` (a stack buffer, uninitialized) set to zero,
 /// as `f32`s. Panics if `buffer` is shorter than `len`.
@@ -338,11 +339,11 @@ struct B<'x> {
 }
 
 /// A matrix's elements and the distance between its rows (its columns adjacent).
-type Rows<'x, X> = (X, usize);
+pub(super) type Rows<'x, X> = (X, usize);
 
 /// The elements of `a` a tile of `R` rows multiplies by `b`'s row `q` of a block of
 /// contracted elements.
-trait Column<const R: usize> {
+pub(super) trait Column<const R: usize> {
     /// The contracted elements of the block it holds: [`Column::at`] takes `q` below this.
     fn len(&self) -> usize;
 
@@ -391,8 +392,8 @@ impl<const R: usize> Column<R> for RowMajor<'_> {
 
 /// `a`'s `R` rows over a block packed by [`Packed::new`]: the `R` elements of each
 /// contracted index adjacent, one index after the other.
-struct Packed<'x> {
-    stripe: &'x [f32],
+pub(super) struct Packed<'x> {
+    pub(super) stripe: &'x [f32],
 }
 
 impl<'x> Packed<'x> {
@@ -401,10 +402,36 @@ impl<'x> Packed<'x> {
     /// past `a` or `stripe` is shorter than `R * len`.
     fn new<const R: usize>(a: &[f32], ak: usize, len: usize, stripe: &'x mut [f32]) -> Self {
         let stripe = &mut stripe[..R * len];
-        for (q, to) in stripe.chunks_exact_mut(R).enumerate() {
-            to.copy_from_slice(&a[q * ak..][..R]);
-        }
+        pack_rows(a, [1, ak], R, stripe);
         Packed { stripe }
+    }
+}
+
+/// `a`'s `rows` rows from `a[0]` (strides `[am, ak]`) over `to.len() / rows`
+/// contracted elements copied into `to` as [`Packed`] reads them: the `rows` elements
+/// of each contracted index adjacent, one index after the other. Panics if they reach
+/// past `a`.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(super) fn pack_rows(a: &[f32], [am, ak]: [usize; 2], rows: usize, to: &mut [f32]) {
+    if am == 1 {
+        for (q, to) in to.chunks_exact_mut(rows).enumerate() {
+            to.copy_from_slice(&a[q * ak..][..rows]);
+        }
+        return;
+    }
+    let len = to.len() / rows;
+    assert!(
+        len == 0 || (rows - 1) * am + (len - 1) * ak < a.len(),
+        "a's rows reach past it"
+    );
+    for (q, to) in to.chunks_exact_mut(rows).enumerate() {
+        for (r, to) in to.iter_mut().enumerate() {
+            // SAFETY: `r < rows` and `q < len`, so the index is at most the one
+            // asserted within `a` above. Checked, packing a row-major `a` was 4% of a
+            // large product's time (benches/README.md, h41g).
+            *to = unsafe { *a.get_unchecked(r * am + q * ak) };
+        }
     }
 }
 
@@ -608,7 +635,7 @@ impl<const R: usize, A: Column<R>> pulp::WithSimd for Columns<'_, '_, A, R> {
 /// batch's loops (whose slices and counters stay live across them), the 12-accumulator
 /// loop reloaded `a`'s row stride from the stack for each of its rows.
 #[inline(never)]
-fn apart<S: Simd, Op: pulp::WithSimd>(simd: S, op: Op) -> Op::Output {
+pub(super) fn apart<S: Simd, Op: pulp::WithSimd>(simd: S, op: Op) -> Op::Output {
     simd.vectorize(op)
 }
 
@@ -663,7 +690,7 @@ fn columns<S: Simd, const R: usize>(
 /// `bk` apart, `data` from the block's first element) or packed by [`pack`] (`len`
 /// rows a panel, the last panel's rows padded to a multiple of `pad_to` columns).
 #[derive(Clone, Copy)]
-enum Panel<'x> {
+pub(super) enum Panel<'x> {
     InPlace {
         data: &'x [f32],
         bk: usize,
@@ -679,7 +706,7 @@ impl<'x> Panel<'x> {
     /// The block's columns from `j` (a panel's first when packed, `width` its
     /// columns) and the distance between their rows; empty when nothing is contracted.
     #[inline(always)]
-    fn columns(self, j: usize, width: usize) -> Rows<'x, &'x [f32]> {
+    pub(super) fn columns(self, j: usize, width: usize) -> Rows<'x, &'x [f32]> {
         match self {
             Panel::InPlace { data, bk } => (data.get(j..).unwrap_or_default(), bk),
             Panel::Packed { data, len, pad_to } => (
@@ -751,7 +778,7 @@ impl Tail {
 /// `panel` returned.
 #[inline(always)]
 #[allow(unsafe_code)]
-fn pack<'p, S: Simd>(
+pub(super) fn pack<'p, S: Simd>(
     (b, [bk, bn]): (&[f32], [usize; 2]),
     [q0, q1]: [usize; 2],
     [j0, j1]: [usize; 2],
@@ -857,7 +884,7 @@ fn pack_grouped<'p, S: Simd>(
 /// than that.
 #[inline(always)]
 #[allow(unsafe_code)]
-fn tile<S: Simd, const R: usize, const V: usize>(
+pub(super) fn tile<S: Simd, const R: usize, const V: usize>(
     simd: S,
     a: &impl Column<R>,
     (b, b_row): Rows<'_, &[f32]>,
@@ -923,7 +950,7 @@ fn tile<S: Simd, const R: usize, const V: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use proptest::prelude::*;
 
     use super::*;
@@ -1116,19 +1143,29 @@ mod tests {
         for [k, n] in [[32, 12], [256, 20], [256, 4], [300, 37], [7, 9]] {
             for (m, transposed, accumulate) in [(16, true, false), (5, false, true)] {
                 for b_transposed in [transposed, !transposed] {
-                    equal_matrixmultiply([m, k, n], [false, b_transposed], accumulate, 5).unwrap();
+                    let transposed = [false, b_transposed];
+                    equal_matrixmultiply(run, [m, k, n], transposed, 0, accumulate, 5).unwrap();
                 }
             }
         }
     }
 
-    /// Checks [`products`] on one `[m, k] x [k, n]` product (`transposed`: each
-    /// operand column-major) bit for bit against matrixmultiply's `general_mat_mul`
-    /// (`beta` 1 onto prior values when `accumulate`).
+    /// [`products`] of one product at offset 0.
+    fn run(layout: &Layout, operands: [&[f32]; 2], c: &mut [f32]) {
+        products(layout, operands, c, std::iter::once([0; 3]));
+    }
+
+    /// Checks `run` (a kernel's products, one at offset 0) on one `[m, k] x [k, n]`
+    /// product (`transposed`: each operand column-major; its major stride `pad`
+    /// elements longer than packed) bit for bit against matrixmultiply's
+    /// `general_mat_mul` (`beta` 1 onto prior values when `accumulate`, else onto NaN
+    /// that must not show).
     #[cfg(target_arch = "x86_64")]
-    fn equal_matrixmultiply(
+    pub(in crate::runtime::kernels) fn equal_matrixmultiply(
+        run: impl Fn(&Layout, [&[f32]; 2], &mut [f32]),
         [m, k, n]: [usize; 3],
         transposed: [bool; 2],
+        pad: usize,
         accumulate: bool,
         seed: u64,
     ) -> Result<(), TestCaseError> {
@@ -1136,8 +1173,8 @@ mod tests {
             m,
             k,
             n,
-            a: strides(m, k, transposed[0], 0),
-            b: strides(k, n, transposed[1], 0),
+            a: strides(m, k, transposed[0], pad),
+            b: strides(k, n, transposed[1], pad),
             c_row: n,
             accumulate,
             b_groups: None,
@@ -1152,7 +1189,7 @@ mod tests {
         if accumulate {
             c[..m * n].copy_from_slice(&prior);
         }
-        products(&layout, [&a, &b], &mut c, std::iter::once([0; 3]));
+        run(&layout, [&a, &b], &mut c);
         let (a, b) = (view(&a, [m, k], layout.a), view(&b, [k, n], layout.b));
         let mut want = ndarray::Array2::from_shape_vec((m, n), prior).unwrap();
         let beta = if accumulate { 1.0 } else { 0.0 };
@@ -1265,7 +1302,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             prop_assume!(std::arch::is_x86_feature_detected!("fma"));
-            equal_matrixmultiply([m, k, n], transposed, accumulate, seed)?;
+            equal_matrixmultiply(run, [m, k, n], transposed, 0, accumulate, seed)?;
         }
     }
 }
