@@ -40,12 +40,12 @@
 use std::any::Any;
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
+use rustc_hash::FxHashMap;
 
 use crate::ir::{DType, Element, Literal};
 
@@ -72,13 +72,13 @@ impl<T: Element> Pooled for T {}
 /// Free buffers of one element type, by length.
 #[derive(Debug)]
 pub(crate) struct Shelf<T> {
-    by_len: HashMap<usize, Vec<Vec<T>>>,
+    by_len: FxHashMap<usize, Vec<Vec<T>>>,
 }
 
 impl<T> Default for Shelf<T> {
     fn default() -> Self {
         Shelf {
-            by_len: HashMap::new(),
+            by_len: FxHashMap::default(),
         }
     }
 }
@@ -225,7 +225,7 @@ pub(crate) struct Requests {
     nodes: usize,
     /// By dtype and length: the positions of the nodes asking for such a buffer,
     /// ascending.
-    at: HashMap<(DType, usize), Vec<usize>>,
+    at: FxHashMap<(DType, usize), Vec<usize>>,
 }
 
 impl Requests {
@@ -234,7 +234,7 @@ impl Requests {
         nodes: usize,
         requests: impl IntoIterator<Item = (usize, DType, usize)>,
     ) -> Self {
-        let mut at: HashMap<(DType, usize), Vec<usize>> = HashMap::new();
+        let mut at: FxHashMap<(DType, usize), Vec<usize>> = FxHashMap::default();
         for (position, dtype, len) in requests {
             at.entry((dtype, len)).or_default().push(position);
         }
