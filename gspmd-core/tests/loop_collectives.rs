@@ -273,9 +273,15 @@ fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
     // columns: matrixmultiply's packing panels are counted (with the small-product
     // kernel taking such products too, the peaks were 8000 and 7360). A gradient sum
     // added into its product's result in place (`Fusion::Accumulate`) holds no product
-    // result of its own: 64 bytes less than the 8256 and 7744 before it.
+    // result of its own: 64 bytes less than the 8256 and 7744 before it. On CPUs with
+    // AVX-512 that product (its lhs transposed) runs on `gemm`, whose sums are not
+    // added exactly into a result in place, so it is not planned so: 8256 and 7744.
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
-    assert_eq!(peaks, [8192, 7680]);
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    assert_eq!(peaks, if avx512 { [8256, 7744] } else { [8192, 7680] });
 
     let initial: Vec<Literal> = (0..6)
         .map(|i| match i % 2 {

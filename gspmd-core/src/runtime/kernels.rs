@@ -30,6 +30,8 @@ use smallvec::SmallVec;
 /// rank 6, so a call allocates only its result.
 pub(crate) type Dims = SmallVec<[usize; 6]>;
 
+#[cfg(test)]
+pub(crate) use contraction::tests::without_avx512;
 pub(crate) use contraction::{
     accumulate as dot_general_accumulate, adds_in_place as dot_adds_in_place,
     scratch_bytes as dot_scratch_bytes,

@@ -171,8 +171,13 @@ impl DotScalar for f32 {
     }
 }
 
-/// Whether this CPU has AVX-512F (where `gemm`'s kernels beat matrixmultiply's).
+/// Whether this CPU has AVX-512F (where `gemm`'s kernels beat matrixmultiply's). A
+/// test may pin the kernels of CPUs without it (`tests::without_avx512`).
 pub(super) fn avx512() -> bool {
+    #[cfg(test)]
+    if tests::WITHOUT_AVX512.get() {
+        return false;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -736,11 +741,28 @@ impl Iterator for Offsets {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use ndarray::{ArrayD, IxDyn};
     use proptest::prelude::*;
 
     use super::*;
+
+    thread_local! {
+        /// Whether [`avx512`] says no on this test's thread (see [`without_avx512`]).
+        pub(super) static WITHOUT_AVX512: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Runs `f` with the kernels of CPUs without AVX-512 (the tile, `blocked_product`,
+    /// matrixmultiply), which all run on CPUs with it too. The bit-for-bit properties
+    /// below are theirs: moving a product among them changes no bit. On CPUs with
+    /// AVX-512 the products the tile does not take run on `gemm`, whose order is its
+    /// own, so there they hold only where both sides run on the same kernel.
+    pub(crate) fn without_avx512<R>(f: impl FnOnce() -> R) -> R {
+        WITHOUT_AVX512.set(true);
+        let result = f();
+        WITHOUT_AVX512.set(false);
+        result
+    }
 
     fn counting(shape: &[usize]) -> ArrayD<i32> {
         let n: usize = shape.iter().product();
@@ -907,51 +929,53 @@ mod tests {
     /// where its contracting dims do not merge (`bhsk,hkd->bsd` on a head-major lhs).
     #[test]
     fn scratch_is_the_packing_panels_and_the_copies() {
-        // Projection bsm,mf->bsf, mid-size with the lhs's and the rhs's rows read in
-        // place: no panels.
-        let projection = DotDims::new(&[], &[], &[2], &[0]);
-        assert_eq!(scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4), 0);
-        assert_eq!(scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4), 0);
-        // With the rhs transposed (bsm,fm->bsf), its block packed.
-        let transposed = DotDims::new(&[], &[], &[2], &[1]);
-        assert_eq!(
-            scratch_bytes(&transposed, &[4, 8, 256], &[128, 256], 4),
-            256 * 128 * 4
-        );
-        // Its weight gradient bsm,bsf->mf (the lhs transposed): on the tile (its stripe
-        // on the stack) up to 64 rows, else the blocked product's blocks of at most 96
-        // rows of `a` and 1024 columns of `b` (on CPUs with AVX2 and not AVX-512), or
-        // matrixmultiply's panels (64 rows).
-        let gradient = DotDims::new(&[], &[], &[0, 1], &[0, 1]);
-        assert_eq!(scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4), 0);
-        let rows = |mkn, ak, b_rows, blocked_rows| {
-            if blocked_product::takes(mkn, ak, b_rows) {
-                blocked_rows
-            } else {
-                64
-            }
-        };
-        assert_eq!(
-            scratch_bytes(&gradient, &[4, 8, 128], &[4, 8, 128], 4),
-            32 * (rows([128, 32, 128], 128, true, 96) + 128) * 4
-        );
-        // A small product (at most 32^3 multiply-adds) packs nothing.
-        assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);
-        // The d_model-1024 FFN: panels of at most 256 x (96 or 64 + 1024), not the
-        // operands.
-        let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
-        let ffn_rows = rows([2048, 1024, 4096], 1, true, 96);
-        assert_eq!(ffn, 256 * (ffn_rows + 1024) * 4);
-        // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
-        let heads = DotDims::new(&[], &[], &[1, 3], &[0, 1]);
-        let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);
-        // 16 x 64 x 32 multiply-adds: small, no panels.
-        let copied = 2 * 4 * 8 * 16 * 4;
-        assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied);
-        let (lhs, rhs) = (counting(&lhs), counting(&rhs));
-        let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
-        assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
-        assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
+        without_avx512(|| {
+            // Projection bsm,mf->bsf, mid-size with the lhs's and the rhs's rows read in
+            // place: no panels.
+            let projection = DotDims::new(&[], &[], &[2], &[0]);
+            assert_eq!(scratch_bytes(&projection, &[4, 8, 16], &[16, 128], 4), 0);
+            assert_eq!(scratch_bytes(&projection, &[4, 8, 256], &[256, 128], 4), 0);
+            // With the rhs transposed (bsm,fm->bsf), its block packed.
+            let transposed = DotDims::new(&[], &[], &[2], &[1]);
+            assert_eq!(
+                scratch_bytes(&transposed, &[4, 8, 256], &[128, 256], 4),
+                256 * 128 * 4
+            );
+            // Its weight gradient bsm,bsf->mf (the lhs transposed): on the tile (its stripe
+            // on the stack) up to 64 rows, else the blocked product's blocks of at most 96
+            // rows of `a` and 1024 columns of `b` (on CPUs with AVX2 and not AVX-512), or
+            // matrixmultiply's panels (64 rows).
+            let gradient = DotDims::new(&[], &[], &[0, 1], &[0, 1]);
+            assert_eq!(scratch_bytes(&gradient, &[4, 8, 16], &[4, 8, 128], 4), 0);
+            let rows = |mkn, ak, b_rows, blocked_rows| {
+                if blocked_product::takes(mkn, ak, b_rows) {
+                    blocked_rows
+                } else {
+                    64
+                }
+            };
+            assert_eq!(
+                scratch_bytes(&gradient, &[4, 8, 128], &[4, 8, 128], 4),
+                32 * (rows([128, 32, 128], 128, true, 96) + 128) * 4
+            );
+            // A small product (at most 32^3 multiply-adds) packs nothing.
+            assert_eq!(scratch_bytes(&projection, &[2, 8, 16], &[16, 32], 4), 0);
+            // The d_model-1024 FFN: panels of at most 256 x (96 or 64 + 1024), not the
+            // operands.
+            let ffn = scratch_bytes(&projection, &[16, 128, 1024], &[1024, 4096], 4);
+            let ffn_rows = rows([2048, 1024, 4096], 1, true, 96);
+            assert_eq!(ffn, 256 * (ffn_rows + 1024) * 4);
+            // Head-major bhsk,hkd->bsd: `h` and `k` apart in the lhs, which is copied.
+            let heads = DotDims::new(&[], &[], &[1, 3], &[0, 1]);
+            let (lhs, rhs) = ([2, 4, 8, 16], [4, 16, 32]);
+            // 16 x 64 x 32 multiply-adds: small, no panels.
+            let copied = 2 * 4 * 8 * 16 * 4;
+            assert_eq!(scratch_bytes(&heads, &lhs, &rhs, 4), copied);
+            let (lhs, rhs) = (counting(&lhs), counting(&rhs));
+            let (l, r) = (Flat::new(&lhs), Flat::new(&rhs));
+            assert!(merged(&l.dims(&heads.lhs_contracting)).is_none());
+            assert!(merged(&r.dims(&heads.rhs_contracting)).is_some());
+        })
     }
 
     /// Pseudo-random f32 values in [-1.5, 1.5) of `shape`, from `seed`.
@@ -971,32 +995,35 @@ mod tests {
     /// rows), the product then the add with `k` 300 and 257.
     #[test]
     fn products_added_to_an_accumulator_equal_the_product_then_the_add() {
-        let _run = buffers::start_run(1 << 24, 0);
-        for k in [1, 64, 256, 257, 300] {
-            for transposed in [false, true] {
-                let (m, n) = (128, 96);
-                let lhs_shape = if transposed { [k, m] } else { [m, k] };
-                let dd = DotDims::new(&[], &[], &[usize::from(!transposed)], &[0]);
-                let (lhs, rhs) = (values(1, &lhs_shape), values(2, &[k, n]));
-                assert_eq!(
-                    adds_in_place(&dd, &lhs_shape, &[k, n]),
-                    k <= 256,
-                    "k {k}, transposed {transposed}"
-                );
-                let acc = values(3, &[m, n]).mapv(|v| v * 8.0);
-                let product = dot_general(&dd, &lhs, &rhs, &[m, n]).unwrap();
-                let want: Vec<u32> = (product.iter().zip(&acc))
-                    .map(|(p, c)| (p + c).to_bits())
-                    .collect();
-                let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
-                let lent = Literal::F32(acc.clone());
-                for acc in [Cow::Owned(Literal::F32(acc)), Cow::Borrowed(&lent)] {
-                    let got = dot_general_add(&dd, &l, &r, acc).unwrap();
-                    let got: Vec<u32> = got.as_f32().unwrap().iter().map(|v| v.to_bits()).collect();
-                    assert!(got == want, "k {k}, transposed {transposed}");
+        without_avx512(|| {
+            let _run = buffers::start_run(1 << 24, 0);
+            for k in [1, 64, 256, 257, 300] {
+                for transposed in [false, true] {
+                    let (m, n) = (128, 96);
+                    let lhs_shape = if transposed { [k, m] } else { [m, k] };
+                    let dd = DotDims::new(&[], &[], &[usize::from(!transposed)], &[0]);
+                    let (lhs, rhs) = (values(1, &lhs_shape), values(2, &[k, n]));
+                    assert_eq!(
+                        adds_in_place(&dd, &lhs_shape, &[k, n]),
+                        k <= 256,
+                        "k {k}, transposed {transposed}"
+                    );
+                    let acc = values(3, &[m, n]).mapv(|v| v * 8.0);
+                    let product = dot_general(&dd, &lhs, &rhs, &[m, n]).unwrap();
+                    let want: Vec<u32> = (product.iter().zip(&acc))
+                        .map(|(p, c)| (p + c).to_bits())
+                        .collect();
+                    let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
+                    let lent = Literal::F32(acc.clone());
+                    for acc in [Cow::Owned(Literal::F32(acc)), Cow::Borrowed(&lent)] {
+                        let got = dot_general_add(&dd, &l, &r, acc).unwrap();
+                        let got: Vec<u32> =
+                            got.as_f32().unwrap().iter().map(|v| v.to_bits()).collect();
+                        assert!(got == want, "k {k}, transposed {transposed}");
+                    }
                 }
             }
-        }
+        })
     }
 
     /// An rhs whose contracting dims do not merge (the MoE's input gradient
@@ -1006,56 +1033,59 @@ mod tests {
     /// on the tile's sizes, `k` above one block of 256, and a batch of one.
     #[test]
     fn a_copied_rhs_gives_the_product_of_its_free_major_copy_bit_for_bit() {
-        let cases: [(&[usize], &[usize], DotDims); 3] = [
-            (
-                &[16, 16, 4, 12],
-                &[4, 16, 12, 32],
-                DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
-            ),
-            (
-                &[2, 40, 8, 40],
-                &[8, 2, 40, 70],
-                DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
-            ),
-            (
-                &[5, 6, 30],
-                &[30, 7, 5],
-                DotDims::new(&[], &[], &[2, 0], &[0, 2]),
-            ),
-        ];
-        let _run = buffers::start_run(1 << 24, 0);
-        for (ls, rs, dd) in cases {
-            let (lhs, rhs) = (values(3, ls), values(4, rs));
-            let rhs_free: Vec<usize> = dd.rhs_free(rs.len()).collect();
-            let order: Vec<usize> = [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting].concat();
-            let copy = rhs
-                .view()
-                .permuted_axes(IxDyn(&order))
-                .as_standard_layout()
-                .into_owned();
-            let (nb, nf) = (dd.rhs_batch.len(), rhs_free.len());
-            let moved = DotDims::new(
-                &dd.lhs_batch,
-                &(0..nb).collect::<Vec<_>>(),
-                &dd.lhs_contracting,
-                &(nb + nf..order.len()).collect::<Vec<_>>(),
-            );
-            let c = Flat::new(&copy);
-            assert!(merged(&c.dims(&moved.rhs_contracting)).is_some());
-            let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
-            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
-                .chain(lhs_free.iter().map(|&d| ls[d]))
-                .chain(rhs_free.iter().map(|&d| rs[d]))
-                .collect();
-            let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
-            let want = dot_general(&moved, &lhs, &copy, &shape).unwrap();
-            assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{ls:?} x {rs:?} {dd:?}"
-            );
-        }
+        without_avx512(|| {
+            let cases: [(&[usize], &[usize], DotDims); 3] = [
+                (
+                    &[16, 16, 4, 12],
+                    &[4, 16, 12, 32],
+                    DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
+                ),
+                (
+                    &[2, 40, 8, 40],
+                    &[8, 2, 40, 70],
+                    DotDims::new(&[0], &[1], &[2, 3], &[0, 2]),
+                ),
+                (
+                    &[5, 6, 30],
+                    &[30, 7, 5],
+                    DotDims::new(&[], &[], &[2, 0], &[0, 2]),
+                ),
+            ];
+            let _run = buffers::start_run(1 << 24, 0);
+            for (ls, rs, dd) in cases {
+                let (lhs, rhs) = (values(3, ls), values(4, rs));
+                let rhs_free: Vec<usize> = dd.rhs_free(rs.len()).collect();
+                let order: Vec<usize> =
+                    [&dd.rhs_batch[..], &rhs_free, &dd.rhs_contracting].concat();
+                let copy = rhs
+                    .view()
+                    .permuted_axes(IxDyn(&order))
+                    .as_standard_layout()
+                    .into_owned();
+                let (nb, nf) = (dd.rhs_batch.len(), rhs_free.len());
+                let moved = DotDims::new(
+                    &dd.lhs_batch,
+                    &(0..nb).collect::<Vec<_>>(),
+                    &dd.lhs_contracting,
+                    &(nb + nf..order.len()).collect::<Vec<_>>(),
+                );
+                let c = Flat::new(&copy);
+                assert!(merged(&c.dims(&moved.rhs_contracting)).is_some());
+                let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
+                let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                    .chain(lhs_free.iter().map(|&d| ls[d]))
+                    .chain(rhs_free.iter().map(|&d| rs[d]))
+                    .collect();
+                let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+                let want = dot_general(&moved, &lhs, &copy, &shape).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{ls:?} x {rs:?} {dd:?}"
+                );
+            }
+        })
     }
 
     /// An rhs whose innermost major free dim does not merge with its columns (the MoE's
@@ -1067,66 +1097,68 @@ mod tests {
     #[test]
     #[allow(clippy::type_complexity)]
     fn grouped_rhs_columns_give_the_product_of_a_merged_copy_bit_for_bit() {
-        let cases: [(&[usize], &[usize], DotDims, &[usize]); 4] = [
-            (
-                &[16, 16, 32],
-                &[4, 16, 12, 32],
-                DotDims::new(&[0], &[1], &[2], &[3]),
-                &[1, 0, 2, 3],
-            ),
-            (
-                &[3, 7, 20],
-                &[5, 3, 7, 20],
-                DotDims::new(&[0], &[1], &[2], &[3]),
-                &[1, 0, 2, 3],
-            ),
-            (
-                &[2, 13, 300],
-                &[3, 2, 9, 300],
-                DotDims::new(&[0], &[1], &[2], &[3]),
-                &[1, 0, 2, 3],
-            ),
-            (
-                &[9, 24],
-                &[2, 3, 24, 10],
-                DotDims::new(&[], &[], &[1], &[2]),
-                &[2, 0, 1, 3],
-            ),
-        ];
-        let _run = buffers::start_run(1 << 24, 0);
-        for (ls, rs, dd, relayout) in cases {
-            let (lhs, rhs) = (values(5, ls), values(6, rs));
-            let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
-            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
-                .chain(lhs_free.iter().map(|&d| ls[d]))
-                .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
-                .collect();
-            // The same rhs stored in the order `relayout` (its logical shape unchanged):
-            // its free dims merge there.
-            let mut inverse = vec![0; relayout.len()];
-            for (i, &d) in relayout.iter().enumerate() {
-                inverse[d] = i;
+        without_avx512(|| {
+            let cases: [(&[usize], &[usize], DotDims, &[usize]); 4] = [
+                (
+                    &[16, 16, 32],
+                    &[4, 16, 12, 32],
+                    DotDims::new(&[0], &[1], &[2], &[3]),
+                    &[1, 0, 2, 3],
+                ),
+                (
+                    &[3, 7, 20],
+                    &[5, 3, 7, 20],
+                    DotDims::new(&[0], &[1], &[2], &[3]),
+                    &[1, 0, 2, 3],
+                ),
+                (
+                    &[2, 13, 300],
+                    &[3, 2, 9, 300],
+                    DotDims::new(&[0], &[1], &[2], &[3]),
+                    &[1, 0, 2, 3],
+                ),
+                (
+                    &[9, 24],
+                    &[2, 3, 24, 10],
+                    DotDims::new(&[], &[], &[1], &[2]),
+                    &[2, 0, 1, 3],
+                ),
+            ];
+            let _run = buffers::start_run(1 << 24, 0);
+            for (ls, rs, dd, relayout) in cases {
+                let (lhs, rhs) = (values(5, ls), values(6, rs));
+                let lhs_free: Vec<usize> = dd.lhs_free(ls.len()).collect();
+                let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                    .chain(lhs_free.iter().map(|&d| ls[d]))
+                    .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
+                    .collect();
+                // The same rhs stored in the order `relayout` (its logical shape unchanged):
+                // its free dims merge there.
+                let mut inverse = vec![0; relayout.len()];
+                for (i, &d) in relayout.iter().enumerate() {
+                    inverse[d] = i;
+                }
+                let stored = rhs
+                    .view()
+                    .permuted_axes(IxDyn(relayout))
+                    .as_standard_layout()
+                    .into_owned();
+                let merged_copy = stored.permuted_axes(IxDyn(&inverse));
+                let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+                let want = dot_general(&dd, &lhs, &merged_copy, &shape).unwrap();
+                let bits = |a: &ArrayD<f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert!(bits(&got) == bits(&want), "{ls:?} x {rs:?} {dd:?}");
+                let acc = values(7, &shape);
+                let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
+                let (lent, copy) = (Literal::F32(acc.clone()), Literal::F32(merged_copy));
+                let got = dot_general_add(&dd, &l, &r, Cow::Borrowed(&lent)).unwrap();
+                let want = dot_general_add(&dd, &l, &copy, Cow::Owned(Literal::F32(acc))).unwrap();
+                assert!(
+                    bits(got.as_f32().unwrap()) == bits(want.as_f32().unwrap()),
+                    "{ls:?} x {rs:?} {dd:?} accumulated"
+                );
             }
-            let stored = rhs
-                .view()
-                .permuted_axes(IxDyn(relayout))
-                .as_standard_layout()
-                .into_owned();
-            let merged_copy = stored.permuted_axes(IxDyn(&inverse));
-            let got = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
-            let want = dot_general(&dd, &lhs, &merged_copy, &shape).unwrap();
-            let bits = |a: &ArrayD<f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert!(bits(&got) == bits(&want), "{ls:?} x {rs:?} {dd:?}");
-            let acc = values(7, &shape);
-            let (l, r) = (Literal::F32(lhs), Literal::F32(rhs));
-            let (lent, copy) = (Literal::F32(acc.clone()), Literal::F32(merged_copy));
-            let got = dot_general_add(&dd, &l, &r, Cow::Borrowed(&lent)).unwrap();
-            let want = dot_general_add(&dd, &l, &copy, Cow::Owned(Literal::F32(acc))).unwrap();
-            assert!(
-                bits(got.as_f32().unwrap()) == bits(want.as_f32().unwrap()),
-                "{ls:?} x {rs:?} {dd:?} accumulated"
-            );
-        }
+        })
     }
 
     /// A product of the swapped operands is bitwise the transpose of the product
@@ -1136,76 +1168,79 @@ mod tests {
     /// and above one block of 256, a batch dim, and two contracting dims.
     #[test]
     fn swapped_operands_give_the_transposed_product_bit_for_bit() {
-        let swap = |dd: &DotDims| {
-            DotDims::new(
-                &dd.rhs_batch,
-                &dd.lhs_batch,
-                &dd.rhs_contracting,
-                &dd.lhs_contracting,
-            )
-        };
-        let cases: [(&[usize], &[usize], DotDims); 10] = [
-            // Weight gradients `ct[t, n] x x[t, k]` contracting `t`.
-            (&[256, 256], &[256, 64], DotDims::new(&[], &[], &[0], &[0])),
-            (&[256, 64], &[256, 256], DotDims::new(&[], &[], &[0], &[0])),
-            (&[300, 40], &[300, 72], DotDims::new(&[], &[], &[0], &[0])),
-            (&[600, 130], &[600, 90], DotDims::new(&[], &[], &[0], &[0])),
-            // Row-major products, small and mid-size, `k` 16, 256, 257.
-            (&[12, 16], &[16, 40], DotDims::new(&[], &[], &[1], &[0])),
-            (&[64, 256], &[256, 64], DotDims::new(&[], &[], &[1], &[0])),
-            (&[70, 257], &[257, 200], DotDims::new(&[], &[], &[1], &[0])),
-            // Batched (attention-like), the rhs transposed.
-            (
-                &[4, 24, 32],
-                &[4, 40, 32],
-                DotDims::new(&[0], &[0], &[2], &[2]),
-            ),
-            (
-                &[3, 20, 300],
-                &[3, 2, 300],
-                DotDims::new(&[0], &[0], &[2], &[2]),
-            ),
-            // Two contracting dims, in different orders on the two sides.
-            (
-                &[5, 6, 30],
-                &[30, 7, 5],
-                DotDims::new(&[], &[], &[2, 0], &[0, 2]),
-            ),
-        ];
-        let (mut tile, mut other) = (false, false);
-        let _run = buffers::start_run(1 << 24, 0);
-        for (ls, rs, dd) in cases {
-            let lhs_free: Dims = dd.lhs_free(ls.len()).collect();
-            let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
-            let (lhs, rhs) = (values(1, ls), values(2, rs));
-            let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
-                .chain(lhs_free.iter().map(|&d| ls[d]))
-                .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
-                .collect();
-            let product = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
-            let nr = product.ndim() - nb - nl;
-            let perm: Vec<usize> = (0..nb)
-                .chain(nb + nl..nb + nl + nr)
-                .chain(nb..nb + nl)
-                .collect();
-            let transposed = product.view().permuted_axes(IxDyn(&perm));
-            let swapped = dot_general(&swap(&dd), &rhs, &lhs, transposed.shape()).unwrap();
-            let bits =
-                |a: ndarray::ArrayViewD<'_, f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert!(
-                bits(transposed) == bits(swapped.view()),
-                "{ls:?} x {rs:?} {dd:?}"
-            );
-            for (d, l, r) in [(&dd, ls, rs), (&swap(&dd), rs, ls)] {
-                let s = Standard::of(d, l, r);
-                if small_product::takes(s.mkn, s.ak, s.rhs_rows) {
-                    tile = true;
-                } else {
-                    other = true;
+        without_avx512(|| {
+            let swap = |dd: &DotDims| {
+                DotDims::new(
+                    &dd.rhs_batch,
+                    &dd.lhs_batch,
+                    &dd.rhs_contracting,
+                    &dd.lhs_contracting,
+                )
+            };
+            let cases: [(&[usize], &[usize], DotDims); 10] = [
+                // Weight gradients `ct[t, n] x x[t, k]` contracting `t`.
+                (&[256, 256], &[256, 64], DotDims::new(&[], &[], &[0], &[0])),
+                (&[256, 64], &[256, 256], DotDims::new(&[], &[], &[0], &[0])),
+                (&[300, 40], &[300, 72], DotDims::new(&[], &[], &[0], &[0])),
+                (&[600, 130], &[600, 90], DotDims::new(&[], &[], &[0], &[0])),
+                // Row-major products, small and mid-size, `k` 16, 256, 257.
+                (&[12, 16], &[16, 40], DotDims::new(&[], &[], &[1], &[0])),
+                (&[64, 256], &[256, 64], DotDims::new(&[], &[], &[1], &[0])),
+                (&[70, 257], &[257, 200], DotDims::new(&[], &[], &[1], &[0])),
+                // Batched (attention-like), the rhs transposed.
+                (
+                    &[4, 24, 32],
+                    &[4, 40, 32],
+                    DotDims::new(&[0], &[0], &[2], &[2]),
+                ),
+                (
+                    &[3, 20, 300],
+                    &[3, 2, 300],
+                    DotDims::new(&[0], &[0], &[2], &[2]),
+                ),
+                // Two contracting dims, in different orders on the two sides.
+                (
+                    &[5, 6, 30],
+                    &[30, 7, 5],
+                    DotDims::new(&[], &[], &[2, 0], &[0, 2]),
+                ),
+            ];
+            let (mut tile, mut other) = (false, false);
+            let _run = buffers::start_run(1 << 24, 0);
+            for (ls, rs, dd) in cases {
+                let lhs_free: Dims = dd.lhs_free(ls.len()).collect();
+                let (nb, nl) = (dd.lhs_batch.len(), lhs_free.len());
+                let (lhs, rhs) = (values(1, ls), values(2, rs));
+                let shape: Vec<usize> = (dd.lhs_batch.iter().map(|&d| ls[d]))
+                    .chain(lhs_free.iter().map(|&d| ls[d]))
+                    .chain(dd.rhs_free(rs.len()).map(|d| rs[d]))
+                    .collect();
+                let product = dot_general(&dd, &lhs, &rhs, &shape).unwrap();
+                let nr = product.ndim() - nb - nl;
+                let perm: Vec<usize> = (0..nb)
+                    .chain(nb + nl..nb + nl + nr)
+                    .chain(nb..nb + nl)
+                    .collect();
+                let transposed = product.view().permuted_axes(IxDyn(&perm));
+                let swapped = dot_general(&swap(&dd), &rhs, &lhs, transposed.shape()).unwrap();
+                let bits = |a: ndarray::ArrayViewD<'_, f32>| {
+                    a.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                assert!(
+                    bits(transposed) == bits(swapped.view()),
+                    "{ls:?} x {rs:?} {dd:?}"
+                );
+                for (d, l, r) in [(&dd, ls, rs), (&swap(&dd), rs, ls)] {
+                    let s = Standard::of(d, l, r);
+                    if small_product::takes(s.mkn, s.ak, s.rhs_rows) {
+                        tile = true;
+                    } else {
+                        other = true;
+                    }
                 }
             }
-        }
-        assert!(tile && other, "both product paths are taken");
+            assert!(tile && other, "both product paths are taken");
+        })
     }
 
     /// `a` with its memory laid out in the order `perm` (its logical shape unchanged).
