@@ -169,23 +169,8 @@ fn fold_fixed<T: Copy, const N: usize>(
         // on a Zen 4 core than one row's lanes as vectors: benches/README.md, "Short
         // rows folded in the row").
         let r = std::hint::black_box(r);
-        *o = fold_whole(r, identity, f);
+        *o = fold_row(r, identity, f);
     }
-}
-
-/// The fold of a row of `N` elements, `N` a multiple of the [`Lanes`]' width, in
-/// [`Lanes`]' order (`fold_row`'s bits) written as whole arrays of lanes: each lane
-/// folds its elements from `identity`, then the lanes combine pairwise, halving. So
-/// the compiler sees each step as one vector op over the lanes.
-#[inline(always)]
-fn fold_whole<T: Copy, const N: usize>(row: &[T; N], identity: T, f: impl Fn(T, T) -> T) -> T {
-    let mut lanes = [identity; LANES];
-    for chunk in row.as_chunks::<LANES>().0 {
-        lanes = std::array::from_fn(|j| f(lanes[j], chunk[j]));
-    }
-    let half: [T; 4] = std::array::from_fn(|j| f(lanes[j], lanes[j + 4]));
-    let quarter: [T; 2] = std::array::from_fn(|j| f(half[j], half[j + 2]));
-    f(quarter[0], quarter[1])
 }
 
 /// [`fold_rows_into`] of a whole buffer under `pulp`'s run-time dispatch (rows of 8
