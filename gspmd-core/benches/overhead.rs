@@ -7,6 +7,10 @@
 //! - `mesh_2x4`: the same with the batch split over `data` on a 2x4 mesh, eight device
 //!   threads running the program at once with no collective.
 //!
+//! and the same three on `tiny_groups` (`groups_*`): layers of a product and two small
+//! fused loops around a reshape, so a run's time is mostly the fixed cost of a fused
+//! loop's call.
+//!
 //! Prints the number of ops the loop runs per device (fusion groups counted once), so a
 //! run's time divided by it is the per-op cost.
 //!
@@ -43,6 +47,25 @@ fn tiny_layers() -> Program {
     b.finish(&[&x]).expect("traces")
 }
 
+/// `LAYERS` layers of `y <- tanh(x w) * (x w) + x w; x <- y - rowsum(y * y)`: per layer
+/// a product, a fused loop of the chain and the row sums (two results), a reshape and a
+/// fused loop of the broadcast difference.
+fn tiny_groups() -> Program {
+    let b = Builder::new("tiny_groups");
+    let parse = |text: &str| -> Sharding { text.parse().expect("valid sharding") };
+    let mut x = b
+        .parameter("x", [BATCH, WIDTH], DType::F32)
+        .annotate(parse("(data, _)"));
+    let w = b.parameter("w", [WIDTH, WIDTH], DType::F32);
+    for _ in 0..LAYERS {
+        let h = x.matmul(&w);
+        let y = &(&h.tanh() * &h) + &h;
+        let rows = (&y * &y).sum(&[1]).reshape([BATCH, 1]);
+        x = (&y - &rows).tanh();
+    }
+    b.finish(&[&x]).expect("traces")
+}
+
 fn input(shape: &[usize]) -> Literal {
     let n: usize = shape.iter().product();
     let v = (0..n).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
@@ -58,36 +81,37 @@ fn ops_run(program: &Program) -> usize {
 }
 
 fn bench(c: &mut Criterion) {
-    let program = tiny_layers();
     let inputs = vec![input(&[BATCH, WIDTH]), input(&[WIDTH, WIDTH])];
     let mut group = c.benchmark_group("overhead_tiny_ops");
-    println!(
-        "interpreter: {} nodes, {} ops run",
-        program.nodes.len(),
-        ops_run(&program)
-    );
-    group.bench_function("interpreter", |bench| {
-        bench.iter(|| interpret(black_box(&program), black_box(&inputs)).expect("runs"))
-    });
-    for (label, data, model) in [("mesh_1x1", 1, 1), ("mesh_2x4", 2, 4)] {
-        let mesh = Mesh::new([("data", data), ("model", model)]).expect("valid mesh");
-        let exe = compile(&program, &mesh).expect("compiles");
-        let local = &exe.spmd().program;
+    for (prefix, program) in [("", tiny_layers()), ("groups_", tiny_groups())] {
         println!(
-            "{label}: {} nodes, {} ops run per device",
-            local.nodes.len(),
-            ops_run(local)
+            "{prefix}interpreter: {} nodes, {} ops run",
+            program.nodes.len(),
+            ops_run(&program)
         );
-        let threads = ThreadMesh::new(mesh).expect("threads start");
-        let resident = [Input::Resident("x"), Input::Resident("w")];
-        let out = [Output::Resident("y".into())];
-        let x_sharding = &exe.spmd().inputs[0].1;
-        threads.upload("x", &inputs[0], x_sharding).expect("x");
-        let w_sharding = &exe.spmd().inputs[1].1;
-        threads.upload("w", &inputs[1], w_sharding).expect("w");
-        group.bench_function(label, |bench| {
-            bench.iter(|| exe.execute(&threads, &resident, &out).expect("runs"))
+        group.bench_function(format!("{prefix}interpreter"), |bench| {
+            bench.iter(|| interpret(black_box(&program), black_box(&inputs)).expect("runs"))
         });
+        for (label, data, model) in [("mesh_1x1", 1, 1), ("mesh_2x4", 2, 4)] {
+            let mesh = Mesh::new([("data", data), ("model", model)]).expect("valid mesh");
+            let exe = compile(&program, &mesh).expect("compiles");
+            let local = &exe.spmd().program;
+            println!(
+                "{prefix}{label}: {} nodes, {} ops run per device",
+                local.nodes.len(),
+                ops_run(local)
+            );
+            let threads = ThreadMesh::new(mesh).expect("threads start");
+            let resident = [Input::Resident("x"), Input::Resident("w")];
+            let out = [Output::Resident("y".into())];
+            let x_sharding = &exe.spmd().inputs[0].1;
+            threads.upload("x", &inputs[0], x_sharding).expect("x");
+            let w_sharding = &exe.spmd().inputs[1].1;
+            threads.upload("w", &inputs[1], w_sharding).expect("w");
+            group.bench_function(format!("{prefix}{label}"), |bench| {
+                bench.iter(|| exe.execute(&threads, &resident, &out).expect("runs"))
+            });
+        }
     }
     group.finish();
 }
