@@ -266,9 +266,18 @@ fn execute_dyn<'a>(
                 // The operands a kernel drops (see `lend_spare`), declared before the
                 // operands that borrow them.
                 let mut spare = SmallVec::new();
-                let operands =
-                    gather_operands(program, plan, step, &mut values, &views, &mut taken)
-                        .ok_or_else(|| fail("a viewed operand is not available".into()))?;
+                // Filled in place (not returned): the inline list is not moved.
+                let mut operands = Operands::new();
+                gather_operands(
+                    program,
+                    plan,
+                    step,
+                    &mut values,
+                    &views,
+                    &mut taken,
+                    &mut operands,
+                )
+                .ok_or_else(|| fail("a viewed operand is not available".into()))?;
                 match (&node.op, step.flow, step.fusion) {
                     (_, _, Fusion::Root(k)) => {
                         let group = plan.groups.get(k);
@@ -277,7 +286,6 @@ fn execute_dyn<'a>(
                         // result into: lent to it, then pooled.
                         let root_ty = &node.ty;
                         let mut in_place = 0;
-                        let mut operands = operands;
                         lend_spare(&mut operands, &mut spare, |k, x| {
                             let fits = in_place < group.results.len()
                                 && group.writes_in_place(k)
@@ -285,12 +293,14 @@ fn execute_dyn<'a>(
                             in_place += usize::from(fits);
                             fits
                         });
-                        let results = group.run(operands);
+                        let mut results = SmallVec::new();
+                        let run = group.run(&mut operands, &mut results);
+                        drop(operands);
                         spare.into_iter().for_each(buffers::release);
-                        let mut results = results.map_err(fail)?;
+                        run.map_err(fail)?;
                         // The root's value is the last; the others are bound now.
                         let root = results.pop().ok_or_else(|| fail("no result".into()))?;
-                        for (r, lit) in group.results.iter().zip(results) {
+                        for (r, lit) in group.results.iter().zip(results.drain(..)) {
                             values[r.index()] = Some(Cow::Owned(lit));
                         }
                         Cow::Owned(root)
@@ -401,7 +411,6 @@ fn execute_dyn<'a>(
                             _ => None,
                         };
                         let mut found = false;
-                        let mut operands = operands;
                         lend_spare(&mut operands, &mut spare, |k, x| {
                             let Some(candidates) = &candidates else {
                                 return true;
@@ -488,14 +497,15 @@ fn continue_after(
     }
 }
 
-/// The values `step` reads (each present in `values` or in `views`): each one whose
-/// `hand_over` is set and that the loop owns is moved out of `values`, the others are
-/// lent; a view is its broadcast's operand (as `plan` resolves it) with the broadcast's shape
-/// and dims. `None`
-/// if a view's operand is not in `values`.
+/// Pushes the values `step` reads (each present in `values` or in `views`) onto
+/// `operands` (empty): each one whose `hand_over` is set and that the loop owns is
+/// moved out of `values`, the others are lent; a view is its broadcast's operand (as
+/// `plan` resolves it) with the broadcast's shape and dims. `None` if a view's operand
+/// is not in `values`.
 ///
 /// `taken` is scratch space the loop keeps across nodes (left empty), so that moving
-/// the handed-over values out allocates nothing.
+/// the handed-over values out allocates nothing; `operands` is the caller's, filled in
+/// place, so the inline list (about 1 KB) is not moved.
 fn gather_operands<'v>(
     program: &'v Program,
     plan: &Plan,
@@ -503,7 +513,8 @@ fn gather_operands<'v>(
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
     taken: &mut Vec<Option<Literal>>,
-) -> Option<Operands<'v>> {
+    operands: &mut Operands<'v>,
+) -> Option<()> {
     taken.extend(step.reads.iter().zip(&step.hand_over).map(|(o, &last)| {
         match values.get_mut(o.index()) {
             Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {
@@ -514,29 +525,23 @@ fn gather_operands<'v>(
         }
     }));
     let values: &'v [Option<Cow<'_, Literal>>] = values;
-    step.reads
-        .iter()
-        .zip(taken.drain(..))
-        .map(|(o, mut taken)| {
-            if let Some(lit) = taken.take() {
-                return Some(Operand::Value(Cow::Owned(lit)));
-            }
-            let broadcast = &program.nodes[o.index()];
-            match (&broadcast.op, views[o.index()]) {
-                (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
+    for (o, taken) in step.reads.iter().zip(taken.drain(..)) {
+        let operand = match taken {
+            Some(lit) => Operand::Value(Cow::Owned(lit)),
+            None => match (&program.nodes[o.index()].op, views[o.index()]) {
+                (Op::Broadcast { shape, dims }, true) => Operand::Broadcast {
                     source: values
                         .get(plan.steps.get(o.index())?.reads.first()?.index())?
                         .as_deref()?,
                     shape,
                     dims,
-                }),
-                _ => values
-                    .get(o.index())?
-                    .as_deref()
-                    .map(|x| Operand::Value(Cow::Borrowed(x))),
-            }
-        })
-        .collect()
+                },
+                _ => Operand::Value(Cow::Borrowed(values.get(o.index())?.as_deref()?)),
+            },
+        };
+        operands.push(operand);
+    }
+    Some(())
 }
 
 /// Checks the number, dtypes and shapes of `inputs` against the program's parameters.
