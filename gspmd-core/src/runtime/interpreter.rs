@@ -98,19 +98,19 @@ impl Prepared {
     }
 }
 
-/// The kernel of `node` on `operands`: unchecked ([`kernels::eval_typed`]) if `typed`
-/// (the plan checked the node and the operands have their node types), else checked
-/// ([`kernels::eval`]), with the same errors as without a plan.
+/// The kernel of `node` on `operands` (drained): unchecked ([`kernels::eval_typed`])
+/// if `typed` (the plan checked the node and the operands have their node types), else
+/// checked ([`kernels::eval`]), with the same errors as without a plan.
 pub(crate) fn eval_kernel(
     node: &Node,
-    operands: Operands<'_>,
+    operands: &mut Operands<'_>,
     typed: bool,
 ) -> Result<Literal, String> {
     if typed {
         kernels::eval_typed(&node.op, operands, &node.ty)
     } else {
         let values = operands
-            .into_iter()
+            .drain(..)
             .map(Operand::into_value)
             .collect::<Result<Vec<_>, String>>()?;
         let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
@@ -127,9 +127,11 @@ pub(crate) fn eval_kernel(
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
 /// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
 ///
-/// `eval` gets the node, its operands — each handed over by value
-/// ([`Cow::Owned`]) when this node is its last use and it was computed by the loop,
-/// else lent; a broadcast the plan deferred as its operand's view — and whether they
+/// `eval` gets the node, its operands (the loop's list, lent mutably: `eval` drains
+/// what it takes, so the inline list of about 1 KB is not moved from call to call) —
+/// each handed over by value ([`Cow::Owned`]) when this node is its last use and it
+/// was computed by the loop, else lent; a broadcast the plan deferred as its operand's
+/// view — and whether they
 /// fit the node unchecked (the plan's type check passed and every operand has its
 /// node's type; see [`kernels::eval_typed`]). A deferred broadcast whose operand does
 /// not have its node's type is materialised like any node.
@@ -161,7 +163,7 @@ pub(crate) fn execute(
     plan: &Plan,
     inputs: Vec<Cow<'_, Literal>>,
     memory_limit: usize,
-    mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
+    mut eval: impl FnMut(&Node, &mut Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
     let _run = buffers::start_run(plan.budget, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
@@ -173,7 +175,7 @@ pub(crate) fn execute(
 type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 
 /// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
-type Eval<'a> = dyn FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String> + 'a;
+type Eval<'a> = dyn FnMut(&Node, &mut Operands<'_>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse; `outer`
 /// is the bytes held in the loops this one runs inside (0 for a program, what the
@@ -420,7 +422,8 @@ fn execute_dyn<'a>(
                             found |= keep;
                             keep
                         });
-                        let value = eval(node, operands, typed);
+                        let value = eval(node, &mut operands, typed);
+                        drop(operands);
                         spare.into_iter().for_each(buffers::release);
                         Cow::Owned(value.map_err(fail)?)
                     }
