@@ -20,7 +20,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gspmd_core::compile;
-use gspmd_core::ir::{Builder, DType, Literal, Program};
+use gspmd_core::ir::{Builder, DType, Literal, Program, Tensor};
 use gspmd_core::runtime::{Backend, Input, Output, ThreadMesh, fusion_groups, interpret};
 use gspmd_core::sharding::{Mesh, Sharding};
 use ndarray::{ArrayD, IxDyn};
@@ -29,41 +29,42 @@ const BATCH: usize = 4;
 const WIDTH: usize = 8;
 const LAYERS: usize = 25;
 
-/// `LAYERS` layers of `x <- tanh(x w) - rowsum(tanh(x w))` through reshapes: eight
-/// ops a layer, an unfusable dot in each.
-fn tiny_layers() -> Program {
-    let b = Builder::new("tiny_layers");
+/// `LAYERS` layers of `x <- layer(x, w)`, `x` `[BATCH, WIDTH]` split over `data`, `w`
+/// `[WIDTH, WIDTH]`.
+fn layers(name: &str, layer: impl Fn(&Tensor, &Tensor) -> Tensor) -> Program {
+    let b = Builder::new(name);
     let parse = |text: &str| -> Sharding { text.parse().expect("valid sharding") };
     let mut x = b
         .parameter("x", [BATCH, WIDTH], DType::F32)
         .annotate(parse("(data, _)"));
     let w = b.parameter("w", [WIDTH, WIDTH], DType::F32);
     for _ in 0..LAYERS {
-        let h = x.matmul(&w).tanh();
-        let flat = h.reshape([BATCH * WIDTH]).reshape([BATCH, WIDTH]);
-        let rows = flat.sum(&[1]).reshape([BATCH, 1]);
-        x = &flat - &rows;
+        x = layer(&x, &w);
     }
     b.finish(&[&x]).expect("traces")
 }
 
-/// `LAYERS` layers of `y <- tanh(x w) * (x w) + x w; x <- y - rowsum(y * y)`: per layer
-/// a product, a fused loop of the chain and the row sums (two results), a reshape and a
-/// fused loop of the broadcast difference.
+/// Layers of `x <- tanh(x w) - rowsum(tanh(x w))` through reshapes: eight ops a
+/// layer, an unfusable dot in each.
+fn tiny_layers() -> Program {
+    layers("tiny_layers", |x, w| {
+        let h = x.matmul(w).tanh();
+        let flat = h.reshape([BATCH * WIDTH]).reshape([BATCH, WIDTH]);
+        let rows = flat.sum(&[1]).reshape([BATCH, 1]);
+        &flat - &rows
+    })
+}
+
+/// Layers of `y <- tanh(x w) * (x w) + x w; x <- tanh(y - rowsum(y * y))`: per layer
+/// a product, a fused loop of the chain and the row sums (two results), a reshape and
+/// a fused loop of the broadcast difference.
 fn tiny_groups() -> Program {
-    let b = Builder::new("tiny_groups");
-    let parse = |text: &str| -> Sharding { text.parse().expect("valid sharding") };
-    let mut x = b
-        .parameter("x", [BATCH, WIDTH], DType::F32)
-        .annotate(parse("(data, _)"));
-    let w = b.parameter("w", [WIDTH, WIDTH], DType::F32);
-    for _ in 0..LAYERS {
-        let h = x.matmul(&w);
+    layers("tiny_groups", |x, w| {
+        let h = x.matmul(w);
         let y = &(&h.tanh() * &h) + &h;
         let rows = (&y * &y).sum(&[1]).reshape([BATCH, 1]);
-        x = (&y - &rows).tanh();
-    }
-    b.finish(&[&x]).expect("traces")
+        (&y - &rows).tanh()
+    })
 }
 
 fn input(shape: &[usize]) -> Literal {
