@@ -54,11 +54,11 @@ pub(crate) fn run_planned(
 fn eval_on_device(
     comm: &dyn Communicator,
     node: &Node,
-    operands: Operands<'_>,
+    operands: &mut Operands<'_>,
     typed: bool,
 ) -> Result<Literal, String> {
-    let x = |operands: Operands<'_>| -> Result<Literal, String> {
-        let first = operands.into_iter().next();
+    let x = |operands: &mut Operands<'_>| -> Result<Literal, String> {
+        let first = operands.drain(..).next();
         let first = first.ok_or_else(|| format!("{} takes an operand", node.op.name()))?;
         Ok(first.into_value()?.into_owned())
     };

@@ -98,19 +98,19 @@ impl Prepared {
     }
 }
 
-/// The kernel of `node` on `operands`: unchecked ([`kernels::eval_typed`]) if `typed`
-/// (the plan checked the node and the operands have their node types), else checked
-/// ([`kernels::eval`]), with the same errors as without a plan.
+/// The kernel of `node` on `operands` (drained): unchecked ([`kernels::eval_typed`])
+/// if `typed` (the plan checked the node and the operands have their node types), else
+/// checked ([`kernels::eval`]), with the same errors as without a plan.
 pub(crate) fn eval_kernel(
     node: &Node,
-    operands: Operands<'_>,
+    operands: &mut Operands<'_>,
     typed: bool,
 ) -> Result<Literal, String> {
     if typed {
         kernels::eval_typed(&node.op, operands, &node.ty)
     } else {
         let values = operands
-            .into_iter()
+            .drain(..)
             .map(Operand::into_value)
             .collect::<Result<Vec<_>, String>>()?;
         let refs: Vec<&Literal> = values.iter().map(AsRef::as_ref).collect();
@@ -127,9 +127,11 @@ pub(crate) fn eval_kernel(
 /// `eval` (an `Err` becomes an [`Error::Runtime`] naming the node), frees each value
 /// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
 ///
-/// `eval` gets the node, its operands — each handed over by value
-/// ([`Cow::Owned`]) when this node is its last use and it was computed by the loop,
-/// else lent; a broadcast the plan deferred as its operand's view — and whether they
+/// `eval` gets the node, its operands (the loop's list, lent mutably: `eval` drains
+/// what it takes, so the inline list of about 1 KB is not moved from call to call) —
+/// each handed over by value ([`Cow::Owned`]) when this node is its last use and it
+/// was computed by the loop, else lent; a broadcast the plan deferred as its operand's
+/// view — and whether they
 /// fit the node unchecked (the plan's type check passed and every operand has its
 /// node's type; see [`kernels::eval_typed`]). A deferred broadcast whose operand does
 /// not have its node's type is materialised like any node.
@@ -161,7 +163,7 @@ pub(crate) fn execute(
     plan: &Plan,
     inputs: Vec<Cow<'_, Literal>>,
     memory_limit: usize,
-    mut eval: impl FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String>,
+    mut eval: impl FnMut(&Node, &mut Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
     let _run = buffers::start_run(plan.budget, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
@@ -173,7 +175,7 @@ pub(crate) fn execute(
 type Pending = HashMap<usize, Vec<(Option<Literal>, usize)>>;
 
 /// Computes one node from its operands (see [`execute`]; an `Err` message on failure).
-type Eval<'a> = dyn FnMut(&Node, Operands<'_>, bool) -> Result<Literal, String> + 'a;
+type Eval<'a> = dyn FnMut(&Node, &mut Operands<'_>, bool) -> Result<Literal, String> + 'a;
 
 /// [`execute`] with the evaluator as a trait object, so that regions recurse; `outer`
 /// is the bytes held in the loops this one runs inside (0 for a program, what the
@@ -266,9 +268,18 @@ fn execute_dyn<'a>(
                 // The operands a kernel drops (see `lend_spare`), declared before the
                 // operands that borrow them.
                 let mut spare = SmallVec::new();
-                let operands =
-                    gather_operands(program, plan, step, &mut values, &views, &mut taken)
-                        .ok_or_else(|| fail("a viewed operand is not available".into()))?;
+                // Filled in place (not returned): the inline list is not moved.
+                let mut operands = Operands::new();
+                gather_operands(
+                    program,
+                    plan,
+                    step,
+                    &mut values,
+                    &views,
+                    &mut taken,
+                    &mut operands,
+                )
+                .ok_or_else(|| fail("a viewed operand is not available".into()))?;
                 match (&node.op, step.flow, step.fusion) {
                     (_, _, Fusion::Root(k)) => {
                         let group = plan.groups.get(k);
@@ -277,7 +288,6 @@ fn execute_dyn<'a>(
                         // result into: lent to it, then pooled.
                         let root_ty = &node.ty;
                         let mut in_place = 0;
-                        let mut operands = operands;
                         lend_spare(&mut operands, &mut spare, |k, x| {
                             let fits = in_place < group.results.len()
                                 && group.writes_in_place(k)
@@ -285,12 +295,14 @@ fn execute_dyn<'a>(
                             in_place += usize::from(fits);
                             fits
                         });
-                        let results = group.run(operands);
+                        let mut results = SmallVec::new();
+                        let run = group.run(&mut operands, &mut results);
+                        drop(operands);
                         spare.into_iter().for_each(buffers::release);
-                        let mut results = results.map_err(fail)?;
+                        run.map_err(fail)?;
                         // The root's value is the last; the others are bound now.
                         let root = results.pop().ok_or_else(|| fail("no result".into()))?;
-                        for (r, lit) in group.results.iter().zip(results) {
+                        for (r, lit) in group.results.iter().zip(results.drain(..)) {
                             values[r.index()] = Some(Cow::Owned(lit));
                         }
                         Cow::Owned(root)
@@ -401,7 +413,6 @@ fn execute_dyn<'a>(
                             _ => None,
                         };
                         let mut found = false;
-                        let mut operands = operands;
                         lend_spare(&mut operands, &mut spare, |k, x| {
                             let Some(candidates) = &candidates else {
                                 return true;
@@ -411,7 +422,8 @@ fn execute_dyn<'a>(
                             found |= keep;
                             keep
                         });
-                        let value = eval(node, operands, typed);
+                        let value = eval(node, &mut operands, typed);
+                        drop(operands);
                         spare.into_iter().for_each(buffers::release);
                         Cow::Owned(value.map_err(fail)?)
                     }
@@ -488,14 +500,15 @@ fn continue_after(
     }
 }
 
-/// The values `step` reads (each present in `values` or in `views`): each one whose
-/// `hand_over` is set and that the loop owns is moved out of `values`, the others are
-/// lent; a view is its broadcast's operand (as `plan` resolves it) with the broadcast's shape
-/// and dims. `None`
-/// if a view's operand is not in `values`.
+/// Pushes the values `step` reads (each present in `values` or in `views`) onto
+/// `operands` (empty): each one whose `hand_over` is set and that the loop owns is
+/// moved out of `values`, the others are lent; a view is its broadcast's operand (as
+/// `plan` resolves it) with the broadcast's shape and dims. `None` if a view's operand
+/// is not in `values`.
 ///
 /// `taken` is scratch space the loop keeps across nodes (left empty), so that moving
-/// the handed-over values out allocates nothing.
+/// the handed-over values out allocates nothing; `operands` is the caller's, filled in
+/// place, so the inline list (about 1 KB) is not moved.
 fn gather_operands<'v>(
     program: &'v Program,
     plan: &Plan,
@@ -503,7 +516,8 @@ fn gather_operands<'v>(
     values: &'v mut [Option<Cow<'_, Literal>>],
     views: &[bool],
     taken: &mut Vec<Option<Literal>>,
-) -> Option<Operands<'v>> {
+    operands: &mut Operands<'v>,
+) -> Option<()> {
     taken.extend(step.reads.iter().zip(&step.hand_over).map(|(o, &last)| {
         match values.get_mut(o.index()) {
             Some(slot @ Some(Cow::Owned(_))) if last => match slot.take() {
@@ -514,29 +528,23 @@ fn gather_operands<'v>(
         }
     }));
     let values: &'v [Option<Cow<'_, Literal>>] = values;
-    step.reads
-        .iter()
-        .zip(taken.drain(..))
-        .map(|(o, mut taken)| {
-            if let Some(lit) = taken.take() {
-                return Some(Operand::Value(Cow::Owned(lit)));
-            }
-            let broadcast = &program.nodes[o.index()];
-            match (&broadcast.op, views[o.index()]) {
-                (Op::Broadcast { shape, dims }, true) => Some(Operand::Broadcast {
+    for (o, taken) in step.reads.iter().zip(taken.drain(..)) {
+        let operand = match taken {
+            Some(lit) => Operand::Value(Cow::Owned(lit)),
+            None => match (&program.nodes[o.index()].op, views[o.index()]) {
+                (Op::Broadcast { shape, dims }, true) => Operand::Broadcast {
                     source: values
                         .get(plan.steps.get(o.index())?.reads.first()?.index())?
                         .as_deref()?,
                     shape,
                     dims,
-                }),
-                _ => values
-                    .get(o.index())?
-                    .as_deref()
-                    .map(|x| Operand::Value(Cow::Borrowed(x))),
-            }
-        })
-        .collect()
+                },
+                _ => Operand::Value(Cow::Borrowed(values.get(o.index())?.as_deref()?)),
+            },
+        };
+        operands.push(operand);
+    }
+    Some(())
 }
 
 /// Checks the number, dtypes and shapes of `inputs` against the program's parameters.

@@ -84,14 +84,15 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
         ));
     }
     let operands = operands.iter().map(|&o| Operand::Value(Cow::Borrowed(o)));
-    eval_typed(op, operands.collect(), result)
+    eval_typed(op, &mut operands.collect(), result)
 }
 
 /// The operands of one node, inline up to eight (no allocation per op).
 pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 8]>;
 
-/// The `N` operands of a node of arity `N`; `None` for any other number.
-fn exactly<const N: usize>(mut operands: Operands<'_>) -> Option<[Operand<'_>; N]> {
+/// The `N` operands of a node of arity `N`, drained from `operands`; `None` for any
+/// other number.
+fn exactly<'a, const N: usize>(operands: &mut Operands<'a>) -> Option<[Operand<'a>; N]> {
     if operands.len() != N {
         return None;
     }
@@ -165,10 +166,10 @@ impl<'a> Operand<'a> {
 /// against `result`.
 pub(crate) fn eval_typed(
     op: &Op,
-    operands: Operands<'_>,
+    operands: &mut Operands<'_>,
     result: &TensorType,
 ) -> Result<Literal, String> {
-    if narrow::computes_wide(op, &operands, result) {
+    if narrow::computes_wide(op, operands, result) {
         return narrow::eval_wide(op, operands, result);
     }
     let given = operands.len();
@@ -204,7 +205,7 @@ pub(crate) fn eval_typed(
             map_literal!(x.into_value()?.into_owned(), a => movement::reshape_owned(a, shape)?)
         }
         Op::DynamicUpdateSlice => {
-            let mut values = (operands.into_iter())
+            let mut values = (operands.drain(..))
                 .map(Operand::into_value)
                 .collect::<Result<SmallVec<[_; 8]>, String>>()?;
             if values.len() < 2 {
@@ -221,7 +222,7 @@ pub(crate) fn eval_typed(
         }
         _ => {
             let values = operands
-                .into_iter()
+                .drain(..)
                 .map(Operand::into_value)
                 .collect::<Result<SmallVec<[_; 4]>, String>>()?;
             let refs: SmallVec<[&Literal; 4]> = values.iter().map(AsRef::as_ref).collect();

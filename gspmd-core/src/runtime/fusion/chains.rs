@@ -338,6 +338,7 @@ mod tests {
     use ndarray::{ArrayD, IxDyn};
     use rand::rngs::Xoshiro256PlusPlus;
     use rand::{RngExt, SeedableRng};
+    use smallvec::SmallVec;
 
     use super::super::compiled::CHAINS;
     use super::super::{Group, Leaf, Registered};
@@ -421,13 +422,15 @@ mod tests {
                 // Inputs lent, or handed over (their buffers become the results', read
                 // by the chain as leaves while it writes the others).
                 let run = |compiled: Option<usize>, owned: bool| {
-                    let operands = (inputs.iter())
+                    let mut operands = (inputs.iter())
                         .map(|x| match owned {
                             true => Operand::Value(Cow::Owned(x.clone())),
                             false => Operand::Value(Cow::Borrowed(x)),
                         })
                         .collect();
-                    group(chain, n, compiled).run(operands).expect("runs")
+                    let mut results = SmallVec::new();
+                    (group(chain, n, compiled).run(&mut operands, &mut results)).expect("runs");
+                    results
                 };
                 let want = run(None, false);
                 for got in [run(Some(k), false), run(Some(k), true)] {

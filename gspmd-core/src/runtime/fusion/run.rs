@@ -51,14 +51,19 @@ impl Finish {
 
 impl Group {
     /// Runs the loop on the leaves' values (in [`Group::leaves`] order; a leaf without
-    /// dims may be a deferred broadcast) and returns the values of
-    /// [`Group::results`], in order. A leaf handed over with the loop's shape in
-    /// standard layout becomes a result's buffer (see [`Group::writes_in_place`]).
-    /// `Err` if a leaf is not f32 or does not fit its shape.
+    /// dims may be a deferred broadcast) and pushes the values of [`Group::results`],
+    /// in order, onto `results` (empty). A leaf handed over with the loop's shape in
+    /// standard layout becomes a result's buffer (see [`Group::writes_in_place`]): it
+    /// is taken out of `operands`. `Err` if a leaf is not f32 or does not fit its shape.
+    ///
+    /// The operands and results are the caller's, filled and read in place: a call
+    /// moves neither list (about 1 KB and 0.5 KB inline), which was a fixed cost of
+    /// every call.
     pub(crate) fn run(
         &self,
-        operands: Operands<'_>,
-    ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
+        operands: &mut Operands<'_>,
+        results: &mut SmallVec<[Literal; MAX_RESULTS]>,
+    ) -> Result<(), String> {
         if operands.len() != self.leaves.len() {
             return Err(format!(
                 "a fused loop of {} leaves given {} values",
@@ -69,7 +74,6 @@ impl Group {
         let total: usize = self.shape.iter().product();
         // Each owned leaf that fits is the buffer of the next result (`slots`), moved
         // out of `operands` in place.
-        let mut operands = operands;
         let mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]> = SmallVec::new();
         let mut slots: SmallVec<[Option<usize>; 8]> = SmallVec::new();
         for (k, x) in operands.iter_mut().enumerate() {
@@ -90,6 +94,7 @@ impl Group {
                 _ => slots.push(None),
             }
         }
+        let operands: &Operands<'_> = operands;
         let cut = self.cut();
         // Each leaf's elements, and its layout if not the planned one (a deferred
         // broadcast, or a value of another shape): worked out for this run.
@@ -113,18 +118,18 @@ impl Group {
             data.push(elements);
             worked.push(layout);
         }
-        let sources = (data.into_iter().zip(&worked))
-            .zip(self.layouts.iter().zip(&slots))
-            .map(
-                |((elements, worked), (planned, slot))| match (slot, worked, planned) {
-                    (Some(slot), ..) => Ok(Source::Buffer(*slot)),
-                    (None, Some(layout), _) | (None, None, Some((_, layout))) => {
-                        Ok(Source::laid(elements, layout))
-                    }
-                    (None, None, None) => Err("a fused loop's leaf without a layout".to_string()),
-                },
-            )
-            .collect::<Result<SmallVec<[_; 8]>, String>>()?;
+        let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::new();
+        for ((elements, worked), (planned, slot)) in
+            (data.into_iter().zip(&worked)).zip(self.layouts.iter().zip(&slots))
+        {
+            sources.push(match (slot, worked, planned) {
+                (Some(slot), ..) => Source::Buffer(*slot),
+                (None, Some(layout), _) | (None, None, Some((_, layout))) => {
+                    Source::laid(elements, layout)
+                }
+                (None, None, None) => return Err("a fused loop's leaf without a layout".into()),
+            });
+        }
         REGISTERS.with_borrow_mut(|regs| {
             // Grown, never shrunk: a group of fewer registers run between two of more
             // does not make the next one zero its registers again.
@@ -142,6 +147,7 @@ impl Group {
                 sources: &sources,
                 outs,
                 regs,
+                results,
             })
         })
     }
@@ -179,14 +185,15 @@ impl Group {
     }
 
     /// [`Group::run`] with the leaves' `sources`, the buffers of the first results
-    /// (`outs`: leaves handed over), and registers.
+    /// (`outs`: leaves handed over), and registers; the results pushed onto `results`.
     #[inline(always)]
     fn run_on(
         &self,
         sources: &[Source<'_>],
         mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]>,
         regs: &mut [[f32; CHUNK]],
-    ) -> Result<SmallVec<[Literal; MAX_RESULTS]>, String> {
+        results: &mut SmallVec<[Literal; MAX_RESULTS]>,
+    ) -> Result<(), String> {
         let total: usize = self.shape.iter().product();
         // With a reduction, the buffers of the results besides the root (its last).
         let stored = self.results.len() - usize::from(self.reduce.is_some());
@@ -242,10 +249,11 @@ impl Group {
                 None
             }
         };
-        (outs.into_iter())
-            .map(|out| self.shaped(&self.shape, out))
-            .chain(reduced.map(Ok))
-            .collect()
+        for out in outs {
+            results.push(self.shaped(&self.shape, out)?);
+        }
+        results.extend(reduced);
+        Ok(())
     }
 
     /// Stores the chunk of `len` elements from flat index `start` of each result with a
@@ -655,13 +663,14 @@ struct Vectorised<'g, 's, 'a> {
     sources: &'s [Source<'a>],
     outs: SmallVec<[Vec<f32>; MAX_RESULTS]>,
     regs: &'s mut [[f32; CHUNK]],
+    results: &'s mut SmallVec<[Literal; MAX_RESULTS]>,
 }
 
 impl pulp::WithSimd for Vectorised<'_, '_, '_> {
-    type Output = Result<SmallVec<[Literal; MAX_RESULTS]>, String>;
+    type Output = Result<(), String>;
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
-        self.group.run_on(self.sources, self.outs, self.regs)
+        (self.group).run_on(self.sources, self.outs, self.regs, self.results)
     }
 }

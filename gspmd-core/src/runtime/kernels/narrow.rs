@@ -72,11 +72,11 @@ fn computes(op: &Op) -> bool {
 /// rounded to `result`'s dtype if that is narrow.
 pub(super) fn eval_wide(
     op: &Op,
-    operands: Operands<'_>,
+    operands: &mut Operands<'_>,
     result: &TensorType,
 ) -> Result<Literal, String> {
-    let operands = operands
-        .into_iter()
+    let mut operands = operands
+        .drain(..)
         .map(widen)
         .collect::<Result<Operands<'_>, String>>()?;
     let dtype = result.dtype;
@@ -88,7 +88,7 @@ pub(super) fn eval_wide(
             dtype
         },
     );
-    let out = eval_typed(op, operands, &wide)?;
+    let out = eval_typed(op, &mut operands, &wide)?;
     Ok(if dtype.is_narrow_float() {
         out.convert(dtype)
     } else {
