@@ -15,7 +15,8 @@
 //! chain's results are bitwise the interpreter's, hence the unfused kernels'.
 //!
 //! A group runs its compiled chain when its code, in canonical form ([`Chain`]: the
-//! leaves numbered by first use, each op writing its own register), equals one in
+//! ops depth first from the stores, the leaves numbered by first use, each op writing
+//! its own register), equals one in
 //! [`compiled::CHAINS`](super::compiled::CHAINS); whatever reads or writes the chain's
 //! values around it (leaves loaded or read in place, stores into the results' buffers,
 //! a trailing reduction's fold) is the interpreter's, unchanged.
@@ -30,9 +31,12 @@ use crate::runtime::kernels::{
 
 use super::code::{Instr, Lane, ONE, bool_lane, int_lane};
 
-/// A group's code in canonical form: `inputs` leaves (numbered in the order the code
-/// first reads them), op `k` writing register `inputs + k`, and the registers the
-/// group stores (its results', in order; with a reduction, the folded one last).
+/// A group's code in canonical form: its ops in a canonical order (depth first from
+/// the stores, in order: each op right after the ops it reads, in operand order), op
+/// `k` writing register `inputs + k`, the `inputs` leaves numbered in the order that
+/// code first reads them, and the registers the group stores (its results', in order;
+/// with a reduction, the folded one last). The same ops in another order, over leaves
+/// in another order, are the same chain.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Chain {
     pub(crate) inputs: usize,
@@ -50,24 +54,37 @@ impl Chain {
     /// inputs; `None` if a store is a leaf's (a reduction of a leaf alone) or one value
     /// is stored twice.
     pub(super) fn of(base: usize, code: &[Instr], stores: &[usize]) -> Option<(Chain, Vec<usize>)> {
+        let repeated = (stores.iter().enumerate()).any(|(j, s)| stores[..j].contains(s));
+        if repeated || stores.iter().any(|&s| s < base || s - base >= code.len()) {
+            return None;
+        }
+        // The ops in canonical order; any no store reads after them, in code order.
+        let mut order = Vec::with_capacity(code.len());
+        let mut placed = vec![false; code.len()];
+        for op in stores.iter().map(|&s| s - base).chain(0..code.len()) {
+            place(op, base, code, &mut placed, &mut order);
+        }
+        let mut position = vec![0; code.len()];
+        for (k, &op) in order.iter().enumerate() {
+            position[op] = k;
+        }
         let mut leaves: Vec<usize> = Vec::new();
-        for r in code.iter().flat_map(Instr::reads) {
+        for r in order.iter().flat_map(|&op| code[op].reads()) {
             if r < base && !leaves.contains(&r) {
                 leaves.push(r);
             }
         }
         let inputs = leaves.len();
         let rename = |r: usize| match r.checked_sub(base) {
-            Some(op) => inputs + op,
+            Some(op) => inputs + position[op],
             None => leaves.iter().position(|&l| l == r).unwrap_or(usize::MAX),
         };
-        let repeated = (stores.iter().enumerate()).any(|(j, s)| stores[..j].contains(s));
-        if repeated || stores.iter().any(|&s| s < base) {
-            return None;
-        }
         let chain = Chain {
             inputs,
-            code: code.iter().map(|i| i.clone().renamed(rename)).collect(),
+            code: order
+                .iter()
+                .map(|&op| code[op].clone().renamed(rename))
+                .collect(),
             stores: stores.iter().map(|&s| rename(s)).collect(),
         };
         Some((chain, leaves))
@@ -84,6 +101,21 @@ impl Chain {
                 _ => true,
             })
     }
+}
+
+/// Appends op `op` of `code` to `order` after the ops it reads (registers from `base`),
+/// depth first in operand order, unless `placed` says it is there already.
+fn place(op: usize, base: usize, code: &[Instr], placed: &mut [bool], order: &mut Vec<usize>) {
+    if placed[op] {
+        return;
+    }
+    placed[op] = true;
+    for r in code[op].reads() {
+        if let Some(read) = r.checked_sub(base) {
+            place(read, base, code, placed, order);
+        }
+    }
+    order.push(op);
 }
 
 /// An op's f32 function applied to one value (`NaN` for an op without one, which
@@ -486,5 +518,44 @@ mod tests {
         // value stored twice.
         assert!(Chain::of(3, &code, &[1]).is_none());
         assert!(Chain::of(3, &code, &[4, 4]).is_none());
+    }
+
+    /// The same ops in another order are the same chain: the ReLU's gradient as the
+    /// U-Net's step has it (`x == y` first) and with `0 == y` first, over its leaves
+    /// `x`, `y`, zero, the cotangent and one half (registers 0-4).
+    #[test]
+    fn canonical_forms_order_the_ops_from_the_stores() {
+        use crate::ir::CompareOp;
+        let eq = |a, b| Instr::Compare(CompareOp::Eq, Lane::Float, a, b);
+        let unet = [
+            eq(0, 1),
+            eq(2, 1),
+            Instr::Binary(BinaryOp::Mul, 3, 4),
+            Instr::Select(6, 7, 3),
+            Instr::Select(5, 8, 2),
+        ];
+        let other = [
+            eq(2, 1),
+            Instr::Binary(BinaryOp::Mul, 3, 4),
+            Instr::Select(5, 6, 3),
+            eq(0, 1),
+            Instr::Select(8, 7, 2),
+        ];
+        let (a, leaves_a) = Chain::of(5, &unet, &[9]).expect("canonical");
+        let (b, leaves_b) = Chain::of(5, &other, &[9]).expect("canonical");
+        assert_eq!(a, b);
+        assert_eq!(leaves_a, leaves_b);
+        // Depth first from the store: the selects' operands before each select.
+        assert_eq!(
+            a.code.to_vec(),
+            vec![
+                eq(0, 1),
+                eq(2, 1),
+                Instr::Binary(BinaryOp::Mul, 3, 4),
+                Instr::Select(6, 7, 3),
+                Instr::Select(5, 8, 2),
+            ]
+        );
+        assert_eq!(leaves_a, vec![0, 1, 2, 3, 4]);
     }
 }

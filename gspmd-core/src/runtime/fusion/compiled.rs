@@ -216,9 +216,9 @@ pub(crate) static CHAINS: [Chain; 39] = [
     Chain {
         inputs: 4,
         code: Cow::Borrowed(&[
-            Instr::Binary(BinaryOp::Mul, 0, 0),
-            Instr::Compare(CompareOp::Lt, Lane::Int, 1, 2),
-            Instr::Select(5, 4, 3),
+            Instr::Compare(CompareOp::Lt, Lane::Int, 0, 1),
+            Instr::Binary(BinaryOp::Mul, 2, 2),
+            Instr::Select(4, 5, 3),
         ]),
         stores: Cow::Borrowed(&[6]),
     },
@@ -364,23 +364,23 @@ pub(crate) static CHAINS: [Chain; 39] = [
     Chain {
         inputs: 9,
         code: Cow::Borrowed(&[
-            Instr::Pair { first: BinaryOp::Add, a: 0, b: 1, second: BinaryOp::Add, c: 2, t_left: true },
-            Instr::Pair { first: BinaryOp::Add, a: 9, b: 3, second: BinaryOp::Add, c: 4, t_left: false },
-            Instr::Compare(CompareOp::Eq, Lane::Float, 5, 6),
-            Instr::Compare(CompareOp::Eq, Lane::Float, 7, 6),
-            Instr::Binary(BinaryOp::Mul, 10, 8),
-            Instr::Select(12, 13, 10),
-            Instr::Select(11, 14, 7),
+            Instr::Compare(CompareOp::Eq, Lane::Float, 0, 1),
+            Instr::Compare(CompareOp::Eq, Lane::Float, 2, 1),
+            Instr::Pair { first: BinaryOp::Add, a: 3, b: 4, second: BinaryOp::Add, c: 5, t_left: true },
+            Instr::Pair { first: BinaryOp::Add, a: 11, b: 6, second: BinaryOp::Add, c: 7, t_left: false },
+            Instr::Binary(BinaryOp::Mul, 12, 8),
+            Instr::Select(10, 13, 12),
+            Instr::Select(9, 14, 2),
         ]),
         stores: Cow::Borrowed(&[15]),
     },
     Chain {
         inputs: 6,
         code: Cow::Borrowed(&[
-            Instr::Logic(BinaryOp::Or, 0, 1),
-            Instr::Compare(CompareOp::Eq, Lane::Float, 2, 3),
-            Instr::Test(Test::Not, 6),
-            Instr::Logic(BinaryOp::And, 7, 8),
+            Instr::Compare(CompareOp::Eq, Lane::Float, 0, 1),
+            Instr::Logic(BinaryOp::Or, 2, 3),
+            Instr::Test(Test::Not, 7),
+            Instr::Logic(BinaryOp::And, 6, 8),
             Instr::Select(9, 4, 5),
         ]),
         stores: Cow::Borrowed(&[10]),
@@ -1078,9 +1078,9 @@ fn chain_19_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32])
         let r1 = i1[e];
         let r2 = i2[e];
         let r3 = i3[e];
-        let r4 = binary(BinaryOp::Mul, r0, r0);
-        let r5 = compare(CompareOp::Lt, Lane::Int, r1, r2);
-        let r6 = select_lane(r5, r4, r3);
+        let r4 = compare(CompareOp::Lt, Lane::Int, r0, r1);
+        let r5 = binary(BinaryOp::Mul, r2, r2);
+        let r6 = select_lane(r4, r5, r3);
         o0[e] = r6;
     }
 }
@@ -1532,13 +1532,13 @@ fn chain_35_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5:
         let r6 = i6[e];
         let r7 = i7[e];
         let r8 = i8[e];
-        let r9 = binary(BinaryOp::Add, binary(BinaryOp::Add, r0, r1), r2);
-        let r10 = binary(BinaryOp::Add, r4, binary(BinaryOp::Add, r9, r3));
-        let r11 = compare(CompareOp::Eq, Lane::Float, r5, r6);
-        let r12 = compare(CompareOp::Eq, Lane::Float, r7, r6);
-        let r13 = binary(BinaryOp::Mul, r10, r8);
-        let r14 = select_lane(r12, r13, r10);
-        let r15 = select_lane(r11, r14, r7);
+        let r9 = compare(CompareOp::Eq, Lane::Float, r0, r1);
+        let r10 = compare(CompareOp::Eq, Lane::Float, r2, r1);
+        let r11 = binary(BinaryOp::Add, binary(BinaryOp::Add, r3, r4), r5);
+        let r12 = binary(BinaryOp::Add, r7, binary(BinaryOp::Add, r11, r6));
+        let r13 = binary(BinaryOp::Mul, r12, r8);
+        let r14 = select_lane(r10, r13, r12);
+        let r15 = select_lane(r9, r14, r2);
         o0[e] = r15;
     }
 }
@@ -1566,10 +1566,10 @@ fn chain_36_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5:
         let r3 = i3[e];
         let r4 = i4[e];
         let r5 = i5[e];
-        let r6 = logic(BinaryOp::Or, r0, r1);
-        let r7 = compare(CompareOp::Eq, Lane::Float, r2, r3);
-        let r8 = Test::Not.apply(r6);
-        let r9 = logic(BinaryOp::And, r7, r8);
+        let r6 = compare(CompareOp::Eq, Lane::Float, r0, r1);
+        let r7 = logic(BinaryOp::Or, r2, r3);
+        let r8 = Test::Not.apply(r7);
+        let r9 = logic(BinaryOp::And, r6, r8);
         let r10 = select_lane(r9, r4, r5);
         o0[e] = r10;
     }
