@@ -28,8 +28,10 @@
 //! held, the process-wide counter measured how the threads interleaved.
 //!
 //! Each device keeps the buffers a run frees in a pool for the next run, within the
-//! analysis's peak (see `runtime::pooled_bytes`): what the pools hold when the measured
-//! run starts counts as allocated by it.
+//! analysis's peak plus the pool's headroom over it
+//! ([`MemoryAnalysis::pool_headroom_bytes`], see `runtime::pooled_bytes`): what the
+//! pools hold when the measured run starts counts as allocated by it, so the headroom
+//! widens the range at its top.
 //!
 //! The calling thread's count includes whatever else it does: this file holds one
 //! test, so that no other test allocates on it while it measures.
@@ -294,7 +296,7 @@ fn step_peak(step: &TrainStep, mesh: Mesh) -> (usize, usize, usize) {
     let in_step = devices * (analysis.peak_bytes - inputs);
     (
         in_step,
-        in_step + devices * analysis.in_flight_bytes,
+        in_step + devices * (analysis.in_flight_bytes + analysis.pool_headroom_bytes()),
         counted,
     )
 }

@@ -15,8 +15,9 @@
 //! say) makes fresh buffers and leaves the pool to the next run.
 //!
 //! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
-//! live values and the pool may hold together, the plan's peak (see
-//! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) — and tells the pool how many
+//! live values and the pool may hold together: the plan's peak (see
+//! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) plus the pool's [`headroom`]
+//! over it, an eighth of the peak within the device's memory limit — and tells the pool how many
 //! bytes are live, as that analysis models the buffers (a result written in place of
 //! an operand, a deferred broadcast, a constant: no new buffer), which is what the
 //! device holds rather than what the loop counts against its memory limit: after
@@ -48,6 +49,24 @@ use ndarray::{ArrayD, IxDyn};
 use rustc_hash::FxHashMap;
 
 use crate::ir::{DType, Element, Literal};
+
+/// The pool's headroom over a run's peak, as a fraction `1 / HEADROOM` of the peak (see
+/// [`headroom`]).
+const HEADROOM: usize = 8;
+
+/// How many bytes beyond a run's peak of `peak` bytes its live values and the pool may
+/// hold together on a device whose memory limit is `memory_limit`: an eighth of the
+/// peak, less where the limit leaves less (never past the limit, never below the peak).
+///
+/// Why any: with a budget of the peak alone every byte is live at the peak, so the pool
+/// holds nothing there, and each large buffer asked for around the peak is allocated
+/// anew on every run and its pages faulted in again. On the language model at
+/// d_model 1024 on one device (a peak of 885 MB) that was seven misses of 8-34 MB a
+/// step, about 22,000 page faults and 2% of the step; with the headroom about 4,000
+/// (benches/README.md, "The pool's headroom over the peak").
+pub(crate) fn headroom(peak: usize, memory_limit: usize) -> usize {
+    (peak / HEADROOM).min(memory_limit.saturating_sub(peak))
+}
 
 /// An element type the pool keeps buffers of: every [`Element`] (every [`Literal`]
 /// dtype).
@@ -621,6 +640,14 @@ mod tests {
             assert_eq!(again.as_ptr(), address);
             assert_eq!(POOL.with_borrow(|p| p.pooled), 0);
         });
+    }
+
+    #[test]
+    fn the_headroom_is_an_eighth_of_the_peak_within_the_memory_limit() {
+        assert_eq!(headroom(800, usize::MAX), 100);
+        assert_eq!(headroom(800, 850), 50, "the limit leaves 50 bytes above the peak");
+        assert_eq!(headroom(800, 800), 0);
+        assert_eq!(headroom(800, 700), 0, "a peak over the limit gets none");
     }
 
     #[test]

@@ -165,7 +165,8 @@ pub(crate) fn execute(
     memory_limit: usize,
     mut eval: impl FnMut(&Node, &mut Operands<'_>, bool) -> Result<Literal, String>,
 ) -> Result<Vec<Literal>> {
-    let _run = buffers::start_run(plan.budget, 0);
+    let headroom = buffers::headroom(plan.budget, memory_limit);
+    let _run = buffers::start_run(plan.budget + headroom, 0);
     execute_dyn(program, plan, inputs, memory_limit, 0, &mut eval)
 }
 
