@@ -12,7 +12,10 @@
 //!
 //! Each program runs planned once ([`Prepared`]: its groups and the unfused ops around
 //! them, the plan not remade per call); the handwritten loop computes the same values
-//! with the same `exp` and `tanh` ([`elementary`]) into a preallocated output, so the
+//! with the same `exp` and `tanh` ([`elementary`]) into a preallocated output, and the
+//! plan's run gives its outputs back to the pool after each call
+//! ([`recycle`](gspmd_core::runtime::recycle), as a training loop's next step reuses
+//! the buffers of the outputs it replaces), so both write into buffers they had and the
 //! ratio is the plan's overhead over a loop the compiler sees whole. Each group first
 //! prints `ratio GROUP: fused/handwritten R`, the two timed alternately (medians), then
 //! criterion times each side. The fused loops run on the CPU's widest vectors (`pulp`'s
@@ -31,7 +34,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use gspmd_core::autodiff::grad;
 use gspmd_core::ir::{Builder, DType, Literal, Program};
 use gspmd_core::runtime::kernels::elementary;
-use gspmd_core::runtime::{Prepared, fusion_groups};
+use gspmd_core::runtime::{Prepared, fusion_groups, recycle};
 use ndarray::{ArrayD, IxDyn};
 
 /// The per-device shapes of one mesh.
@@ -120,7 +123,7 @@ fn compare(
         groups,
         elements,
         || {
-            black_box(prepared.run(inputs).expect("runs"));
+            recycle(black_box(prepared.run(inputs).expect("runs")));
         },
         || {
             handwritten(inputs, &mut want);
@@ -129,7 +132,7 @@ fn compare(
     );
     let mut g = c.benchmark_group(group);
     g.bench_function(format!("gspmd ({groups} fused loops)"), |b| {
-        b.iter(|| black_box(prepared.run(inputs).expect("runs")))
+        b.iter(|| recycle(black_box(prepared.run(inputs).expect("runs"))))
     });
     g.bench_function("loop", |b| {
         b.iter(|| {
@@ -338,6 +341,10 @@ fn cross_entropy(c: &mut Criterion, s: &Shapes) {
     );
 }
 
+/// The AdamW update of one weight as `Optimizer::adamw` emits it into a training step
+/// for a weight it does not decay (optax's `scale_by_adam`, `scale_by_learning_rate`
+/// with the step's `-lr(t)` as an input, `apply_updates`): the same ops as the model
+/// library's steps run, so the same compiled loop.
 fn adamw(c: &mut Criterion, s: &Shapes) {
     let (beta1, beta2, eps) = (0.9f32, 0.99f32, 1e-8f32);
     let b = Builder::new("adamw");
@@ -346,7 +353,7 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
     let g = b.parameter("g", n, DType::F32);
     let m = b.parameter("m", n, DType::F32);
     let v = b.parameter("v", n, DType::F32);
-    let lr = b.parameter("lr", [], DType::F32);
+    let rate = b.parameter("rate", [], DType::F32);
     let c1 = b.parameter("c1", [], DType::F32);
     let c2 = b.parameter("c2", [], DType::F32);
     let like = |t: &gspmd_core::ir::Tensor| t.broadcast_in_dim(n, &[]);
@@ -361,7 +368,8 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
             .sqrt()
             .add(&v2.scalar_like(f64::from(eps))),
     );
-    let w2 = w.sub(&direction.mul(&like(&lr)));
+    // `apply_updates`: the update scaled by minus the learning rate, added.
+    let w2 = w.add(&direction.mul(&like(&rate)));
     let program = b.finish(&[&w2, &m2, &v2]).expect("traces");
     let scalar = Literal::scalar_f32;
     let inputs = [
@@ -369,7 +377,7 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
         values(&n, 0.1),
         values(&n, 0.01),
         Literal::F32(values(&n, 0.001).as_f32().expect("f32").mapv(f32::abs)),
-        scalar(3e-3),
+        scalar(-3e-3),
         scalar(0.19),
         scalar(0.0199),
     ];
@@ -381,13 +389,13 @@ fn adamw(c: &mut Criterion, s: &Shapes) {
         1e-6,
         |inputs, out| {
             let [w, g, m, v] = [0, 1, 2, 3].map(|k| f32s(&inputs[k]));
-            let [lr, c1, c2] = [4, 5, 6].map(|k| f32s(&inputs[k])[0]);
+            let [rate, c1, c2] = [4, 5, 6].map(|k| f32s(&inputs[k])[0]);
             let (ws, rest) = out.split_at_mut(s.weight);
             let (ms, vs) = rest.split_at_mut(s.weight);
             for k in 0..s.weight {
                 let m = beta1 * m[k] + (1.0 - beta1) * g[k];
                 let v = beta2 * v[k] + (1.0 - beta2) * g[k] * g[k];
-                ws[k] = w[k] - m / c1 / ((v / c2).sqrt() + eps) * lr;
+                ws[k] = w[k] + m / c1 / ((v / c2).sqrt() + eps) * rate;
                 ms[k] = m;
                 vs[k] = v;
             }

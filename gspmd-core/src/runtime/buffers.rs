@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use rustc_hash::FxHashMap;
+use smallvec::{SmallVec, smallvec};
 
 use crate::ir::{DType, Element, Literal};
 
@@ -123,18 +124,18 @@ struct Candidate {
 
 /// A shelf whatever its element type: what [`Pool::reserve`] needs to free buffers.
 trait Evict {
-    /// Pushes onto `out` each buffer of the shelf (its `shelf` index given) but one of
-    /// `keep` elements.
-    fn candidates(&self, shelf: usize, keep: Option<usize>, out: &mut Vec<Candidate>);
+    /// Pushes onto `out` each buffer of the shelf (its `shelf` index given) but, of each
+    /// length, as many as `keep` holds that length.
+    fn candidates(&self, shelf: usize, keep: &[usize], out: &mut Vec<Candidate>);
     /// Frees one buffer of `len` elements and `bytes` bytes; the bytes freed (0 if
     /// there is none).
     fn free(&mut self, len: usize, bytes: usize) -> usize;
 }
 
 impl<T> Evict for Shelf<T> {
-    fn candidates(&self, shelf: usize, keep: Option<usize>, out: &mut Vec<Candidate>) {
+    fn candidates(&self, shelf: usize, keep: &[usize], out: &mut Vec<Candidate>) {
         for (&len, buffers) in &self.by_len {
-            let spare = usize::from(keep == Some(len));
+            let spare = keep.iter().filter(|&&k| k == len).count();
             out.extend(buffers.iter().skip(spare).map(|b| Candidate {
                 shelf,
                 len,
@@ -245,6 +246,8 @@ pub(crate) struct Requests {
     /// By dtype and length: the positions of the nodes asking for such a buffer,
     /// ascending.
     at: FxHashMap<(DType, usize), Vec<usize>>,
+    /// Every request `(position, dtype, length)`, by position (see [`Requests::of`]).
+    by_node: Vec<(usize, DType, usize)>,
 }
 
 impl Requests {
@@ -253,13 +256,23 @@ impl Requests {
         nodes: usize,
         requests: impl IntoIterator<Item = (usize, DType, usize)>,
     ) -> Self {
+        let mut by_node: Vec<(usize, DType, usize)> = requests.into_iter().collect();
+        by_node.sort_by_key(|&(position, ..)| position);
         let mut at: FxHashMap<(DType, usize), Vec<usize>> = FxHashMap::default();
-        for (position, dtype, len) in requests {
+        for &(position, dtype, len) in &by_node {
             at.entry((dtype, len)).or_default().push(position);
         }
-        at.values_mut()
-            .for_each(|positions| positions.sort_unstable());
-        Requests { nodes, at }
+        Requests { nodes, at, by_node }
+    }
+
+    /// The new buffers the node at position `now` asks for: `(dtype, length)` each (a
+    /// fusion group's root one per result not written in place of an operand).
+    fn of(&self, now: usize) -> impl Iterator<Item = (DType, usize)> + '_ {
+        let first = self.by_node.partition_point(|&(p, ..)| p < now);
+        self.by_node[first..]
+            .iter()
+            .take_while(move |&&(p, ..)| p == now)
+            .map(|&(_, dtype, len)| (dtype, len))
     }
 
     /// How many nodes after position `now` a buffer of `len` elements of `dtype` is
@@ -367,37 +380,45 @@ impl Pool {
     }
 
     /// Frees pooled buffers until `live` plus `scratch` plus the pooled bytes fit the
-    /// budget, keeping one buffer of `keep.0` and `keep.1` elements if it can (the one
-    /// the caller's result may take). It frees the buffers [`to_free`] picks: those
-    /// asked for farthest ahead, and few bytes beyond what must go, since every byte
-    /// freed is one a later take of that length allocates (and faults in) again.
-    fn reserve(&mut self, live: usize, scratch: usize, keep: (DType, usize)) {
+    /// budget, keeping the buffers the node's new results may take if it can: those the
+    /// followed program's node asks for ([`Requests::of`]: a fusion group's root one per
+    /// result), else one of `result`'s dtype and length. It frees the buffers
+    /// [`to_free`] picks: those asked for farthest ahead, and few bytes beyond what must
+    /// go, since every byte freed is one a later take of that length allocates (and
+    /// faults in) again.
+    fn reserve(&mut self, live: usize, scratch: usize, result: (DType, usize)) {
         self.live = live;
         let live = live.saturating_add(scratch);
         let need = live.saturating_add(self.pooled).saturating_sub(self.budget);
         if need > 0 {
-            self.free_for(need, Some(keep), |_| true);
+            let keep: SmallVec<[(DType, usize); 8]> = match &self.requests {
+                Some(requests) => requests.of(self.now).collect(),
+                None => smallvec![result],
+            };
+            self.free_for(need, Some(&keep), |_| true);
         }
     }
 
-    /// Frees the pooled buffers [`to_free`] picks among those `eligible` (sparing one of
-    /// `keep`'s dtype and length) so that `need` bytes go: with `keep` (a reservation)
-    /// as many as it can, without (room for a buffer given back) none unless they hold
-    /// `need` bytes. Whether they do.
+    /// Frees the pooled buffers [`to_free`] picks among those `eligible` (sparing one
+    /// per entry of `keep` of its dtype and length) so that `need` bytes go: with
+    /// `keep` (a reservation) as many as it can, without (room for a buffer given back)
+    /// none unless they hold `need` bytes. Whether they do.
     fn free_for(
         &mut self,
         need: usize,
-        keep: Option<(DType, usize)>,
+        keep: Option<&[(DType, usize)]>,
         eligible: impl Fn(&Candidate) -> bool,
     ) -> bool {
         let before = self.pooled;
-        let kept = |dtype: DType| keep.and_then(|(d, len)| (d == dtype).then_some(len));
         // Kept from one call to the next, so that choosing allocates nothing.
         let mut candidates = std::mem::take(&mut self.candidates);
         candidates.clear();
         for (k, dtype) in DTYPES.into_iter().enumerate() {
-            self.shelf_of(dtype)
-                .candidates(k, kept(dtype), &mut candidates);
+            let kept: SmallVec<[usize; 8]> = (keep.unwrap_or_default().iter())
+                .filter(|&&(d, _)| d == dtype)
+                .map(|&(_, len)| len)
+                .collect();
+            self.shelf_of(dtype).candidates(k, &kept, &mut candidates);
         }
         if let Some(requests) = &self.requests {
             for c in &mut candidates {
@@ -495,6 +516,16 @@ pub(crate) fn release(lit: Literal) {
     give_literal(lit, true);
 }
 
+/// Gives the buffers of `values`, which the caller is done with, to this thread's pool:
+/// the next run on this thread writes its results into them instead of allocating (and
+/// zeroing) new buffers, as a training loop's next step does with the outputs it
+/// replaces. Pass the outputs of the last run on this thread (the pool stops counting
+/// them as live); the pool keeps them within its bound (the run's budget, see the module
+/// docs) and frees the rest.
+pub fn recycle(values: impl IntoIterator<Item = Literal>) {
+    values.into_iter().for_each(release);
+}
+
 /// [`release`] for an operand, if it was handed over (owned).
 pub(crate) fn release_operand(value: Cow<'_, Literal>) {
     if let Cow::Owned(lit) = value {
@@ -557,11 +588,12 @@ pub(crate) fn set_live(live: usize) {
     POOL.with_borrow_mut(|pool| pool.live = live);
 }
 
-/// Tells this thread's pool that `live` bytes of values are live, a new result of
-/// `len` elements of `dtype` among them, and frees pooled buffers until the live bytes,
-/// `scratch` bytes a kernel may need besides and the pooled bytes fit the budget
-/// (sparing one buffer that result may take): so memory stays within the budget when
-/// the result is not taken from the pool. The node is at position `now` of the program
+/// Tells this thread's pool that `live` bytes of values are live, the node's new
+/// results among them (one of `len` elements of `dtype` where the pool follows no
+/// program), and frees pooled buffers until the live bytes, `scratch` bytes a kernel
+/// may need besides and the pooled bytes fit the budget (sparing the buffers those
+/// results may take): so memory stays within the budget when the results are not taken
+/// from the pool. The node is at position `now` of the program
 /// the pool follows (see [`follow`]).
 pub(crate) fn reserve(live: usize, scratch: usize, dtype: DType, len: usize, now: usize) {
     POOL.with_borrow_mut(|pool| {
@@ -645,7 +677,11 @@ mod tests {
     #[test]
     fn the_headroom_is_an_eighth_of_the_peak_within_the_memory_limit() {
         assert_eq!(headroom(800, usize::MAX), 100);
-        assert_eq!(headroom(800, 850), 50, "the limit leaves 50 bytes above the peak");
+        assert_eq!(
+            headroom(800, 850),
+            50,
+            "the limit leaves 50 bytes above the peak"
+        );
         assert_eq!(headroom(800, 800), 0);
         assert_eq!(headroom(800, 700), 0, "a peak over the limit gets none");
     }
@@ -817,6 +853,42 @@ mod tests {
             give_f32(100);
             assert_eq!(pooled(), 800);
             assert!(!POOL.with_borrow(|p| p.f32s.by_len.contains_key(&100)));
+        });
+    }
+
+    #[test]
+    fn a_reserve_spares_every_buffer_the_node_asks_for() {
+        // A fusion root at node 2 asks for three buffers of 100 f32s (an AdamW update's
+        // weight, first and second moments); a buffer of 50 is asked for at node 6.
+        let requests = Arc::new(Requests::new(
+            10,
+            [
+                (2, DType::F32, 100),
+                (2, DType::F32, 100),
+                (2, DType::F32, 100),
+                (6, DType::F32, 50),
+            ],
+        ));
+        assert_eq!(
+            requests.of(2).collect::<Vec<_>>(),
+            [(DType::F32, 100); 3],
+            "the node's requests, one per buffer"
+        );
+        assert_eq!(requests.of(3).count(), 0);
+        on_fresh_thread(2000, 0, move || {
+            let _following = follow(&requests);
+            for len in [100, 100, 100, 50] {
+                give_f32(len);
+            }
+            assert_eq!(pooled(), 1400);
+            // The three results live (1200 bytes) and 400 more: 1000 must go, but only
+            // the 50's 200 may; the three of 100 stay for the results to take.
+            reserve(1600, 0, DType::F32, 100, 2);
+            assert_eq!(pooled(), 1200);
+            for _ in 0..3 {
+                assert_eq!(take::<f32>(100).len(), 100);
+            }
+            assert_eq!(pooled(), 0, "each result took a pooled buffer");
         });
     }
 

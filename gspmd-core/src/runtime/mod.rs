@@ -38,7 +38,7 @@ pub use crate::error::RunPosition;
 pub use backend::{Backend, Input, Loaded, Output, Resident, Value};
 pub use blocks::{assemble, shard_literal};
 pub(crate) use buffers::headroom as pool_headroom;
-pub use buffers::pooled_bytes;
+pub use buffers::{pooled_bytes, recycle};
 pub use communicator::Communicator;
 /// Runs one device's program directly, bypassing the input checks of
 /// [`Backend::execute`]: for fault-injection tests.
