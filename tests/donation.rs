@@ -111,8 +111,8 @@ fn donating_steps_train_bitwise_like_lending_ones() {
 /// The bytes one step of `step` on one device (`mesh`, of one device) allocates beyond
 /// what is allocated before it (what the device's pool holds included), the memory
 /// analysis's prediction of them, and the most the pool may hold beyond that (its
-/// headroom), compiled with `options`. (On one device no weight is gathered: the weights, their gradients
-/// and their state make the peak.)
+/// headroom), compiled with `options`. (On one device no weight is gathered: the
+/// weights, their gradients and their state make the peak.)
 fn step_allocation(
     step: &TrainStep,
     mesh: Mesh,

@@ -17,8 +17,8 @@
 //! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
 //! live values and the pool may hold together: the plan's peak (see
 //! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) plus the pool's [`headroom`]
-//! over it, an eighth of the peak within the device's memory limit — and tells the pool how many
-//! bytes are live, as that analysis models the buffers (a result written in place of
+//! over it, an eighth of the peak within the device's memory limit — and tells the
+//! pool how many bytes are live, as that analysis models the buffers (a result written in place of
 //! an operand, a deferred broadcast, a constant: no new buffer), which is what the
 //! device holds rather than what the loop counts against its memory limit: after
 //! each node ([`set_live`]), and before each node with the
@@ -63,8 +63,9 @@ const HEADROOM: usize = 8;
 /// holds nothing there, and each large buffer asked for around the peak is allocated
 /// anew on every run and its pages faulted in again. On the language model at
 /// d_model 1024 on one device (a peak of 885 MB) that was seven misses of 8-34 MB a
-/// step, about 22,000 page faults and 2% of the step; with the headroom about 4,000
-/// (benches/README.md, "The pool's headroom over the peak").
+/// step, about 22,000 page faults and 2% of the step; with the headroom about 700
+/// (`perf record -e page-faults`, 2 steps against 5; benches/README.md, "The pool's
+/// headroom over the peak").
 pub(crate) fn headroom(peak: usize, memory_limit: usize) -> usize {
     (peak / HEADROOM).min(memory_limit.saturating_sub(peak))
 }
