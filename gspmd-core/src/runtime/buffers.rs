@@ -858,6 +858,18 @@ mod tests {
     }
 
     #[test]
+    fn recycled_outputs_serve_the_next_run() {
+        // 2000 bytes of budget, the two outputs of the last run (800 bytes) live.
+        on_fresh_thread(2000, 800, || {
+            recycle([0, 1].map(|_| Literal::F32(ArrayD::zeros(IxDyn(&[100])))));
+            assert_eq!(pooled(), 800);
+            assert_eq!(POOL.with_borrow(|p| p.live), 0, "no longer counted as live");
+            assert_eq!(take::<f32>(100).len(), 100);
+            assert_eq!(pooled(), 400, "a take of their length is served by one");
+        });
+    }
+
+    #[test]
     fn a_reserve_spares_every_buffer_the_node_asks_for() {
         // A fusion root at node 2 asks for three buffers of 100 f32s (an AdamW update's
         // weight, first and second moments); a buffer of 50 is asked for at node 6.
