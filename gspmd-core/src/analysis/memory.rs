@@ -47,8 +47,8 @@
 //! `runtime::buffers`) holds no live value and is not counted in the timeline, but it
 //! is memory: the evaluation loop keeps its live values and the pooled buffers together
 //! within [`MemoryAnalysis::peak_bytes`] plus the pool's headroom
-//! ([`MemoryAnalysis::pool_headroom_bytes`]: an eighth of the peak, never past the
-//! device's memory limit), leaving free the scratch each node's kernel may need
+//! ([`MemoryAnalysis::pool_headroom_bytes`]: an eighth of the peak or 1 MiB if more,
+//! never past the device's memory limit), leaving free the scratch each node's kernel may need
 //! besides. So a device holds at most the peak plus the headroom (plus unmodelled
 //! kernel scratch) whether its buffers are pooled or freed, and between runs its pool
 //! holds at most that less the inputs (`runtime::pooled_bytes` reports it).
@@ -112,9 +112,9 @@ impl MemoryBreakdown {
 
 impl MemoryAnalysis {
     /// The most bytes beyond [`MemoryAnalysis::peak_bytes`] the device's buffer pool may
-    /// hold (free buffers kept for reuse, no live value): an eighth of the peak, or what
-    /// the device's memory limit leaves above the peak if that is less (see the module
-    /// docs). A device holds at most the peak plus this (and plus `in_flight_bytes`).
+    /// hold (free buffers kept for reuse, no live value): an eighth of the peak or 1 MiB
+    /// if that is more, or what the device's memory limit leaves above the peak if that
+    /// is less (see the module docs). A device holds at most the peak plus this (and plus `in_flight_bytes`).
     pub fn pool_headroom_bytes(&self) -> usize {
         crate::runtime::pool_headroom(self.peak_bytes, usize::MAX)
     }

@@ -17,7 +17,7 @@
 //! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
 //! live values and the pool may hold together: the plan's peak (see
 //! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) plus the pool's [`headroom`]
-//! over it, an eighth of the peak within the device's memory limit — and tells the
+//! over it, an eighth of the peak (1 MiB at least) within the device's memory limit — and tells the
 //! pool how many bytes are live, as that analysis models the buffers (a result written in place of
 //! an operand, a deferred broadcast, a constant: no new buffer), which is what the
 //! device holds rather than what the loop counts against its memory limit: after
@@ -55,9 +55,14 @@ use crate::ir::{DType, Element, Literal};
 /// [`headroom`]).
 const HEADROOM: usize = 8;
 
+/// The least headroom over a run's peak, in bytes (see [`headroom`]): about a core's L2
+/// cache (1 MB on the Zen 4 EPYC of benches/README.md).
+const LEAST_HEADROOM: usize = 1 << 20;
+
 /// How many bytes beyond a run's peak of `peak` bytes its live values and the pool may
 /// hold together on a device whose memory limit is `memory_limit`: an eighth of the
-/// peak, less where the limit leaves less (never past the limit, never below the peak).
+/// peak, or [`LEAST_HEADROOM`] if that is more, less where the limit leaves less (never
+/// past the limit, never below the peak).
 ///
 /// Why any: with a budget of the peak alone every byte is live at the peak, so the pool
 /// holds nothing there, and each large buffer asked for around the peak is allocated
@@ -65,9 +70,15 @@ const HEADROOM: usize = 8;
 /// d_model 1024 on one device (a peak of 885 MB) that was seven misses of 8-34 MB a
 /// step, about 22,000 page faults and 2% of the step; with the headroom about 700
 /// (`perf record -e page-faults`, 2 steps against 5; benches/README.md, "The pool's
-/// headroom over the peak").
+/// headroom over the peak"). Why the least: an eighth of a small run's peak (a fused
+/// loop over a few thousand elements, a layer on tiny shards) is less than one of its
+/// buffers, so its pool missed on most nodes and each miss allocated and zeroed a
+/// buffer: a program of 200 ops on `[4, 8]` ran 20% faster with the least headroom
+/// (benches/README.md, "The pool's least headroom").
 pub(crate) fn headroom(peak: usize, memory_limit: usize) -> usize {
-    (peak / HEADROOM).min(memory_limit.saturating_sub(peak))
+    (peak / HEADROOM)
+        .max(LEAST_HEADROOM)
+        .min(memory_limit.saturating_sub(peak))
 }
 
 /// An element type the pool keeps buffers of: every [`Element`] (every [`Literal`]
@@ -676,15 +687,26 @@ mod tests {
     }
 
     #[test]
-    fn the_headroom_is_an_eighth_of_the_peak_within_the_memory_limit() {
-        assert_eq!(headroom(800, usize::MAX), 100);
+    fn the_headroom_is_an_eighth_of_the_peak_at_least_the_least_within_the_memory_limit() {
+        let peak = 16 * LEAST_HEADROOM;
+        assert_eq!(headroom(peak, usize::MAX), 2 * LEAST_HEADROOM);
         assert_eq!(
-            headroom(800, 850),
+            headroom(peak, peak + 50),
             50,
             "the limit leaves 50 bytes above the peak"
         );
-        assert_eq!(headroom(800, 800), 0);
-        assert_eq!(headroom(800, 700), 0, "a peak over the limit gets none");
+        assert_eq!(headroom(peak, peak), 0);
+        assert_eq!(
+            headroom(peak, peak - 1),
+            0,
+            "a peak over the limit gets none"
+        );
+        assert_eq!(
+            headroom(800, usize::MAX),
+            LEAST_HEADROOM,
+            "a small peak gets the least"
+        );
+        assert_eq!(headroom(800, 850), 50, "within the limit still");
     }
 
     #[test]
