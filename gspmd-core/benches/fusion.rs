@@ -37,6 +37,10 @@ use gspmd_core::runtime::kernels::elementary;
 use gspmd_core::runtime::{Prepared, fusion_groups, recycle};
 use ndarray::{ArrayD, IxDyn};
 
+#[path = "../tests/gating_chain/mod.rs"]
+mod gating_chain;
+use gating_chain::{CAPACITY, EXPERTS, SEQ as GATING_SEQ, gating_program};
+
 /// The per-device shapes of one mesh.
 struct Shapes {
     name: &'static str,
@@ -442,36 +446,18 @@ fn relu_grad(c: &mut Criterion, s: &Shapes) {
     );
 }
 
-/// The MoE router's gating chain (`models::moe::top2_gating` in the `gspmd` crate,
-/// the example `train_moe`'s shapes: 16 groups of 16 tokens, 4 experts of capacity
-/// 12): the gates' softmax over the experts, each token's first and second gate
-/// (masked by the one-hot choices, summed over the experts), their normalisation, and
-/// the combine weights `gate1 / norm * route1 + gate2 / norm * route2` over
-/// `[G, S, E, C]`. On a 2x4 mesh a device holds 2 of the 16 groups.
+/// The MoE router's gating chain ([`gating_program`]); on a 2x4 mesh a device holds 2
+/// of the 16 groups.
 fn gating(c: &mut Criterion, s: &Shapes) {
-    const SEQ: usize = 16;
-    const EXPERTS: usize = 4;
-    const CAPACITY: usize = 12;
     let groups = if s.name == "1x1" { 16 } else { 2 };
-    let (gse, full) = ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY]);
-    let b = Builder::new("gating");
-    let logits = b.parameter("logits", gse, DType::F32);
-    let first = b.parameter("first", gse, DType::F32);
-    let second = b.parameter("second", gse, DType::F32);
-    let route1 = b.parameter("route1", full, DType::F32);
-    let route2 = b.parameter("route2", full, DType::F32);
-    let gates = logits.softmax(-1);
-    let gate1 = gates.mul(&first).sum(&[-1]);
-    let gate2 = gates.mul(&second).sum(&[-1]);
-    let norm = gate1.add(&gate2).add(&gate1.scalar_like(1e-9));
-    let spread = |t: &gspmd_core::ir::Tensor| t.broadcast_in_dim(full, &[0, 1]);
-    let combine = spread(&gate1.div(&norm))
-        .mul(&route1)
-        .add(&spread(&gate2.div(&norm)).mul(&route2));
-    let program = b.finish(&[&combine]).expect("traces");
+    let (gse, full) = (
+        [groups, GATING_SEQ, EXPERTS],
+        [groups, GATING_SEQ, EXPERTS, CAPACITY],
+    );
+    let program = gating_program(groups);
     // One-hot choices: expert `t % 4` first, `(t + 1) % 4` second; slot masks with a
     // one at slot `t % 12` (as the router's are).
-    let tokens = groups * SEQ;
+    let tokens = groups * GATING_SEQ;
     let hot = |shift: usize| {
         let v = (0..tokens * EXPERTS)
             .map(|k| f32::from(u8::from((k / EXPERTS + shift) % EXPERTS == k % EXPERTS)))

@@ -18,6 +18,9 @@ use rand::{RngExt, SeedableRng};
 mod node_by_node;
 use node_by_node::node_by_node;
 
+mod gating_chain;
+use gating_chain::{CAPACITY, EXPERTS, SEQ, gating_program};
+
 /// The shape and the bits of each element of each output.
 fn bits(outputs: &[Literal]) -> Vec<(Vec<usize>, Vec<u32>)> {
     outputs
@@ -1010,5 +1013,48 @@ fn short_rows_and_broadcast_leaves_fold_equal_unfused_bitwise() {
         let want = node_by_node(&program, &inputs);
         let got = interpret(&program, &inputs).expect("runs");
         assert_eq!(bits(&got), bits(&want), "row {row}, {a}x{n}");
+    }
+}
+
+/// The MoE router's gating chain (`gspmd::models::moe::top2_gating`'s ops): the two
+/// gates' normalisations `gate1 / norm` and `gate2 / norm` are siblings (neither reads
+/// the other; both read `norm`), so one loop computes both beside `norm`, storing two
+/// results, and no divide runs alone; the sums over the experts of `gates * first` and
+/// `gates * second` each fold their rows. Fused equals unfused bitwise, on a 1-device
+/// mesh too, for 1 and 16 groups of tokens.
+#[test]
+fn sibling_ops_reading_one_value_share_a_loop_equal_unfused_bitwise() {
+    let mut rng = StdRng::seed_from_u64(61);
+    for groups in [1, 16] {
+        let (gse, full) = ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY]);
+        let program = gating_program(groups);
+        let groups_ops = group_ops(&program);
+        let divides = |g: &Vec<&str>| g.iter().filter(|&&op| op == "divide").count();
+        assert!(
+            groups_ops
+                .iter()
+                .any(|g| divides(g) == 2 && g.contains(&"add")),
+            "the two normalisations are not one loop: {groups_ops:?}"
+        );
+        let fused: usize = groups_ops
+            .iter()
+            .flatten()
+            .filter(|&&op| op == "divide")
+            .count();
+        let all = (program.nodes.iter())
+            .filter(|n| n.op.name() == "divide")
+            .count();
+        assert_eq!(fused, all, "a divide runs alone: {groups_ops:?}");
+        let inputs = [
+            random(&gse, &mut rng),
+            random(&gse, &mut rng),
+            random(&gse, &mut rng),
+            random(&full, &mut rng),
+            random(&full, &mut rng),
+        ];
+        let want = node_by_node(&program, &inputs);
+        let got = interpret(&program, &inputs).expect("runs");
+        assert_eq!(bits(&got), bits(&want), "{groups} groups");
+        assert_eq!(bits(&on_one_device(&program, &inputs)), bits(&want));
     }
 }

@@ -36,8 +36,9 @@ pub(crate) static CHAINS: [Chain; 39] = [
             Instr::Binary(BinaryOp::Mul, 0, 1),
             Instr::Pair { first: BinaryOp::Mul, a: 2, b: 3, second: BinaryOp::Add, c: 4, t_left: true },
             Instr::Binary(BinaryOp::Add, 5, 4),
+            Instr::Unary(UnaryOp::Neg, 6),
         ]),
-        stores: Cow::Borrowed(&[6]),
+        stores: Cow::Borrowed(&[6, 7]),
     },
     Chain {
         inputs: 5,
@@ -46,6 +47,14 @@ pub(crate) static CHAINS: [Chain; 39] = [
             Instr::Pair { first: BinaryOp::Mul, a: 3, b: 5, second: BinaryOp::Div, c: 4, t_left: true },
         ]),
         stores: Cow::Borrowed(&[6]),
+    },
+    Chain {
+        inputs: 4,
+        code: Cow::Borrowed(&[
+            Instr::Pair { first: BinaryOp::Add, a: 0, b: 1, second: BinaryOp::Add, c: 2, t_left: true },
+            Instr::Binary(BinaryOp::Mul, 4, 3),
+        ]),
+        stores: Cow::Borrowed(&[4, 5]),
     },
     Chain {
         inputs: 6,
@@ -88,16 +97,6 @@ pub(crate) static CHAINS: [Chain; 39] = [
             Instr::Binary(BinaryOp::Add, 15, 14),
         ]),
         stores: Cow::Borrowed(&[16]),
-    },
-    Chain {
-        inputs: 4,
-        code: Cow::Borrowed(&[
-            Instr::Binary(BinaryOp::Mul, 0, 1),
-            Instr::Pair { first: BinaryOp::Mul, a: 2, b: 3, second: BinaryOp::Add, c: 4, t_left: true },
-            Instr::Binary(BinaryOp::Add, 5, 4),
-            Instr::Unary(UnaryOp::Neg, 6),
-        ]),
-        stores: Cow::Borrowed(&[6, 7]),
     },
     Chain {
         inputs: 3,
@@ -248,13 +247,15 @@ pub(crate) static CHAINS: [Chain; 39] = [
         stores: Cow::Borrowed(&[6]),
     },
     Chain {
-        inputs: 5,
+        inputs: 7,
         code: Cow::Borrowed(&[
             Instr::Binary(BinaryOp::Mul, 0, 1),
-            Instr::Pair { first: BinaryOp::Mul, a: 2, b: 3, second: BinaryOp::Add, c: 5, t_left: true },
-            Instr::Binary(BinaryOp::Add, 6, 4),
+            Instr::Pair { first: BinaryOp::Mul, a: 2, b: 3, second: BinaryOp::Add, c: 7, t_left: true },
+            Instr::Binary(BinaryOp::Add, 8, 4),
+            Instr::Pair { first: BinaryOp::Div, a: 5, b: 6, second: BinaryOp::Mul, c: 9, t_left: false },
+            Instr::Unary(UnaryOp::Neg, 10),
         ]),
-        stores: Cow::Borrowed(&[7]),
+        stores: Cow::Borrowed(&[9, 11]),
     },
     Chain {
         inputs: 4,
@@ -273,8 +274,9 @@ pub(crate) static CHAINS: [Chain; 39] = [
             Instr::Unary(UnaryOp::Neg, 7),
             Instr::Binary(BinaryOp::Add, 6, 8),
             Instr::Pair { first: BinaryOp::Div, a: 4, b: 1, second: BinaryOp::Add, c: 9, t_left: true },
+            Instr::Pair { first: BinaryOp::Div, a: 2, b: 1, second: BinaryOp::Add, c: 9, t_left: true },
         ]),
-        stores: Cow::Borrowed(&[9, 10]),
+        stores: Cow::Borrowed(&[10, 11]),
     },
     Chain {
         inputs: 6,
@@ -301,8 +303,9 @@ pub(crate) static CHAINS: [Chain; 39] = [
         code: Cow::Borrowed(&[
             Instr::Pair { first: BinaryOp::Add, a: 0, b: 1, second: BinaryOp::Add, c: 2, t_left: true },
             Instr::Binary(BinaryOp::Div, 0, 3),
+            Instr::Binary(BinaryOp::Div, 1, 3),
         ]),
-        stores: Cow::Borrowed(&[3, 4]),
+        stores: Cow::Borrowed(&[3, 4, 5]),
     },
     Chain {
         inputs: 2,
@@ -509,17 +512,18 @@ fn chain_0_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: 
 #[inline(always)]
 fn chain_1(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
     let [i0, i1, i2, i3] = ins else { return };
-    let [o0] = outs else { return };
-    chain_1_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len]);
+    let [o0, o1] = outs else { return };
+    chain_1_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len], &mut o1[..len]);
 }
 
 #[inline(always)]
-fn chain_1_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32]) {
+fn chain_1_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], o1: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
     let i2 = &i2[..len];
     let i3 = &i3[..len];
+    let o1 = &mut o1[..len];
     for e in 0..len {
         let r0 = i0[e];
         let r1 = i1[e];
@@ -528,7 +532,9 @@ fn chain_1_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32]) 
         let r4 = binary(BinaryOp::Mul, r0, r1);
         let r5 = binary(BinaryOp::Add, binary(BinaryOp::Mul, r2, r3), r4);
         let r6 = binary(BinaryOp::Add, r5, r4);
+        let r7 = unary(UnaryOp::Neg, r6);
         o0[e] = r6;
+        o1[e] = r7;
     }
 }
 
@@ -561,13 +567,40 @@ fn chain_2_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], o0: 
 
 #[inline(always)]
 fn chain_3(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
-    let [i0, i1, i2, i3, i4, i5] = ins else { return };
-    let [o0] = outs else { return };
-    chain_3_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &i5[..len], &mut o0[..len]);
+    let [i0, i1, i2, i3] = ins else { return };
+    let [o0, o1] = outs else { return };
+    chain_3_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len], &mut o1[..len]);
 }
 
 #[inline(always)]
-fn chain_3_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: &[f32], o0: &mut [f32]) {
+fn chain_3_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], o1: &mut [f32]) {
+    let len = o0.len();
+    let i0 = &i0[..len];
+    let i1 = &i1[..len];
+    let i2 = &i2[..len];
+    let i3 = &i3[..len];
+    let o1 = &mut o1[..len];
+    for e in 0..len {
+        let r0 = i0[e];
+        let r1 = i1[e];
+        let r2 = i2[e];
+        let r3 = i3[e];
+        let r4 = binary(BinaryOp::Add, binary(BinaryOp::Add, r0, r1), r2);
+        let r5 = binary(BinaryOp::Mul, r4, r3);
+        o0[e] = r4;
+        o1[e] = r5;
+    }
+}
+
+#[inline(always)]
+fn chain_4(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
+    let [i0, i1, i2, i3, i4, i5] = ins else { return };
+    let [o0] = outs else { return };
+    chain_4_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &i5[..len], &mut o0[..len]);
+}
+
+#[inline(always)]
+fn chain_4_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: &[f32], o0: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
@@ -590,14 +623,14 @@ fn chain_3_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: 
 }
 
 #[inline(always)]
-fn chain_4(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
+fn chain_5(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
     let [i0, i1, i2, i3] = ins else { return };
     let [o0, o1] = outs else { return };
-    chain_4_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len], &mut o1[..len]);
+    chain_5_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len], &mut o1[..len]);
 }
 
 #[inline(always)]
-fn chain_4_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], o1: &mut [f32]) {
+fn chain_5_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], o1: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
@@ -618,14 +651,14 @@ fn chain_4_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], 
 }
 
 #[inline(always)]
-fn chain_5(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
+fn chain_6(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
     let [i0, i1, i2] = ins else { return };
     let [o0] = outs else { return };
-    chain_5_loop(&i0[..len], &i1[..len], &i2[..len], &mut o0[..len]);
+    chain_6_loop(&i0[..len], &i1[..len], &i2[..len], &mut o0[..len]);
 }
 
 #[inline(always)]
-fn chain_5_loop(i0: &[f32], i1: &[f32], i2: &[f32], o0: &mut [f32]) {
+fn chain_6_loop(i0: &[f32], i1: &[f32], i2: &[f32], o0: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
@@ -641,14 +674,14 @@ fn chain_5_loop(i0: &[f32], i1: &[f32], i2: &[f32], o0: &mut [f32]) {
 }
 
 #[inline(always)]
-fn chain_6(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
+fn chain_7(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
     let [i0, i1, i2, i3, i4, i5, i6] = ins else { return };
     let [o0] = outs else { return };
-    chain_6_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &i5[..len], &i6[..len], &mut o0[..len]);
+    chain_7_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &i5[..len], &i6[..len], &mut o0[..len]);
 }
 
 #[inline(always)]
-fn chain_6_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: &[f32], i6: &[f32], o0: &mut [f32]) {
+fn chain_7_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: &[f32], i6: &[f32], o0: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
@@ -676,35 +709,6 @@ fn chain_6_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: 
         let r15 = binary(BinaryOp::Add, binary(BinaryOp::Add, r11, r13), r14);
         let r16 = binary(BinaryOp::Add, r15, r14);
         o0[e] = r16;
-    }
-}
-
-#[inline(always)]
-fn chain_7(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
-    let [i0, i1, i2, i3] = ins else { return };
-    let [o0, o1] = outs else { return };
-    chain_7_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &mut o0[..len], &mut o1[..len]);
-}
-
-#[inline(always)]
-fn chain_7_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32], o1: &mut [f32]) {
-    let len = o0.len();
-    let i0 = &i0[..len];
-    let i1 = &i1[..len];
-    let i2 = &i2[..len];
-    let i3 = &i3[..len];
-    let o1 = &mut o1[..len];
-    for e in 0..len {
-        let r0 = i0[e];
-        let r1 = i1[e];
-        let r2 = i2[e];
-        let r3 = i3[e];
-        let r4 = binary(BinaryOp::Mul, r0, r1);
-        let r5 = binary(BinaryOp::Add, binary(BinaryOp::Mul, r2, r3), r4);
-        let r6 = binary(BinaryOp::Add, r5, r4);
-        let r7 = unary(UnaryOp::Neg, r6);
-        o0[e] = r6;
-        o1[e] = r7;
     }
 }
 
@@ -1161,29 +1165,37 @@ fn chain_22_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], o0: &mut [f32])
 
 #[inline(always)]
 fn chain_23(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
-    let [i0, i1, i2, i3, i4] = ins else { return };
-    let [o0] = outs else { return };
-    chain_23_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &mut o0[..len]);
+    let [i0, i1, i2, i3, i4, i5, i6] = ins else { return };
+    let [o0, o1] = outs else { return };
+    chain_23_loop(&i0[..len], &i1[..len], &i2[..len], &i3[..len], &i4[..len], &i5[..len], &i6[..len], &mut o0[..len], &mut o1[..len]);
 }
 
 #[inline(always)]
-fn chain_23_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], o0: &mut [f32]) {
+fn chain_23_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5: &[f32], i6: &[f32], o0: &mut [f32], o1: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
     let i2 = &i2[..len];
     let i3 = &i3[..len];
     let i4 = &i4[..len];
+    let i5 = &i5[..len];
+    let i6 = &i6[..len];
+    let o1 = &mut o1[..len];
     for e in 0..len {
         let r0 = i0[e];
         let r1 = i1[e];
         let r2 = i2[e];
         let r3 = i3[e];
         let r4 = i4[e];
-        let r5 = binary(BinaryOp::Mul, r0, r1);
-        let r6 = binary(BinaryOp::Add, binary(BinaryOp::Mul, r2, r3), r5);
-        let r7 = binary(BinaryOp::Add, r6, r4);
-        o0[e] = r7;
+        let r5 = i5[e];
+        let r6 = i6[e];
+        let r7 = binary(BinaryOp::Mul, r0, r1);
+        let r8 = binary(BinaryOp::Add, binary(BinaryOp::Mul, r2, r3), r7);
+        let r9 = binary(BinaryOp::Add, r8, r4);
+        let r10 = binary(BinaryOp::Mul, r9, binary(BinaryOp::Div, r5, r6));
+        let r11 = unary(UnaryOp::Neg, r10);
+        o0[e] = r9;
+        o1[e] = r11;
     }
 }
 
@@ -1240,8 +1252,9 @@ fn chain_25_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], o0:
         let r8 = unary(UnaryOp::Neg, r7);
         let r9 = binary(BinaryOp::Add, r6, r8);
         let r10 = binary(BinaryOp::Add, binary(BinaryOp::Div, r4, r1), r9);
-        o0[e] = r9;
-        o1[e] = r10;
+        let r11 = binary(BinaryOp::Add, binary(BinaryOp::Div, r2, r1), r9);
+        o0[e] = r10;
+        o1[e] = r11;
     }
 }
 
@@ -1314,25 +1327,28 @@ fn chain_27_loop(i0: &[f32], i1: &[f32], i2: &[f32], i3: &[f32], i4: &[f32], i5:
 #[inline(always)]
 fn chain_28(ins: &[&[f32]], outs: &mut [&mut [f32]], len: usize) {
     let [i0, i1, i2] = ins else { return };
-    let [o0, o1] = outs else { return };
-    chain_28_loop(&i0[..len], &i1[..len], &i2[..len], &mut o0[..len], &mut o1[..len]);
+    let [o0, o1, o2] = outs else { return };
+    chain_28_loop(&i0[..len], &i1[..len], &i2[..len], &mut o0[..len], &mut o1[..len], &mut o2[..len]);
 }
 
 #[inline(always)]
-fn chain_28_loop(i0: &[f32], i1: &[f32], i2: &[f32], o0: &mut [f32], o1: &mut [f32]) {
+fn chain_28_loop(i0: &[f32], i1: &[f32], i2: &[f32], o0: &mut [f32], o1: &mut [f32], o2: &mut [f32]) {
     let len = o0.len();
     let i0 = &i0[..len];
     let i1 = &i1[..len];
     let i2 = &i2[..len];
     let o1 = &mut o1[..len];
+    let o2 = &mut o2[..len];
     for e in 0..len {
         let r0 = i0[e];
         let r1 = i1[e];
         let r2 = i2[e];
         let r3 = binary(BinaryOp::Add, binary(BinaryOp::Add, r0, r1), r2);
         let r4 = binary(BinaryOp::Div, r0, r3);
+        let r5 = binary(BinaryOp::Div, r1, r3);
         o0[e] = r3;
         o1[e] = r4;
+        o2[e] = r5;
     }
 }
 

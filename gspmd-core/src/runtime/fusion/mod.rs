@@ -55,11 +55,14 @@
 //! shape, not yet in a group, such that
 //! - all its readers are in the group (no broadcast among them) and it is no output
 //!   (an inner member), or
-//! - the member is a float elementwise op read by at least one member (no broadcast),
-//!   every reader outside the group comes after the root (the value exists from the
-//!   root on), and the group has fewer than [`MAX_RESULTS`] results: an extra result
-//!   (outputs included). A reduction's group stores them too (softmax's `exp(x - max)`
-//!   beside its sum, layer norm's `x - mean` beside the variance), or
+//! - the member is a float elementwise op read by at least one member (no broadcast)
+//!   or a sibling (it reads a value a member reads, not a scalar's broadcast: the
+//!   gating's `gate1 / norm` beside `gate2 / norm`), every reader outside the group
+//!   reads it after the root (the value exists from the root on; a member of a later
+//!   group reads it at that group's root), and the group has fewer than
+//!   [`MAX_RESULTS`] results: an extra result (outputs included). A reduction's group
+//!   stores them too (softmax's `exp(x - max)` beside its sum, layer norm's `x - mean`
+//!   beside the variance), or
 //! - the member is a copy ([`Group::copies`]): a cheap float op (add, subtract,
 //!   multiply, negate) read by a member and otherwise only before the root, no output,
 //!   whose operands members read anyway (or scalar broadcasts, copied with it). The
@@ -321,6 +324,9 @@ pub(crate) fn plan_groups(
             && (operands[i].iter()).all(|o| nodes[o.index()].ty.shape.is_empty())
     };
     let mut claimed = vec![false; n];
+    // Where each node's value is read: a member of a group (made before it) at the
+    // group's root, where its loop runs; another node where it is.
+    let mut read_at: Vec<usize> = (0..n).collect();
     let mut in_group = vec![false; n];
     let mut copy = vec![false; n];
     let mut groups = Vec::new();
@@ -374,13 +380,23 @@ pub(crate) fn plan_groups(
             let inner = !output[j]
                 && !readers[j].is_empty()
                 && readers[j].iter().all(|&r| member_reader(r));
+            // A sibling: an op no member reads that reads a value a member reads (not
+            // a scalar's broadcast), all its readers after the root: the loop computes
+            // it beside them, reading that value once.
+            let sibling = || {
+                !readers[j].is_empty()
+                    && operands[j].iter().any(|o| {
+                        !scalar_broadcast(o.index())
+                            && (readers[o.index()].iter()).any(|&r| member_reader(r))
+                    })
+            };
             let result = !inner
                 && roles[j] == Role::Elementwise
                 && results.len() < MAX_RESULTS
-                && readers[j].iter().any(|&r| member_reader(r))
                 && readers[j]
                     .iter()
-                    .all(|&r| member_reader(r) || (!in_group[r] && r > root));
+                    .all(|&r| member_reader(r) || (!in_group[r] && read_at[r] > root))
+                && (readers[j].iter().any(|&r| member_reader(r)) || sibling());
             // A cheap op also read before the root, whose operands the group reads
             // anyway or are scalar broadcasts: recomputed here rather than stored where
             // it is made and read back.
@@ -439,6 +455,9 @@ pub(crate) fn plan_groups(
         }
         for &m in &members {
             claimed[m] = !copies.contains(&m);
+            if claimed[m] {
+                read_at[m] = root;
+            }
         }
         // A copy's readers here read the group's value: the original's readers are
         // the others.
