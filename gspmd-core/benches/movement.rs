@@ -103,7 +103,29 @@ fn movement(c: &mut Criterion) {
         &[4 * D, D],
     );
     let w512 = uniform(&[512, 2048]);
-    kernel(&mut group, "transpose/weight512", t, &[&w512], &[2048, 512]);
+    kernel(
+        &mut group,
+        "transpose/weight512",
+        t.clone(),
+        &[&w512],
+        &[2048, 512],
+    );
+    let w1024 = uniform(&[1024, 1024]);
+    kernel(
+        &mut group,
+        "transpose/1024x1024",
+        t.clone(),
+        &[&w1024],
+        &[1024, 1024],
+    );
+    let w4096 = uniform(&[4096, 1024]);
+    kernel(
+        &mut group,
+        "transpose/4096x1024",
+        t,
+        &[&w4096],
+        &[1024, 4096],
+    );
     let merged = Op::Reshape(vec![B, S, H * K]);
     kernel(&mut group, "reshape", merged, &[&heads], &[B, S, H * K]);
 
