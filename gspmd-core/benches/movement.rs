@@ -6,7 +6,8 @@
 //! concatenate of two halves and its slice, the head transposes, a weight transpose,
 //! the broadcast of the rotary angles, the embedding lookup (gather) and its
 //! scatter-add, the pad that is a slice's gradient, a dynamic_update_slice and a
-//! reshape. The d_model-512 projection transpose shows a larger case.
+//! reshape. The d_model-512 projection transpose and the d_model-1024 attention and FFN
+//! weights' (`[1024, 1024]`, `[4096, 1024]`) show larger cases.
 //!
 //! `cargo bench -p gspmd-core --bench movement`
 
@@ -103,7 +104,29 @@ fn movement(c: &mut Criterion) {
         &[4 * D, D],
     );
     let w512 = uniform(&[512, 2048]);
-    kernel(&mut group, "transpose/weight512", t, &[&w512], &[2048, 512]);
+    kernel(
+        &mut group,
+        "transpose/weight512",
+        t.clone(),
+        &[&w512],
+        &[2048, 512],
+    );
+    let w1024 = uniform(&[1024, 1024]);
+    kernel(
+        &mut group,
+        "transpose/1024x1024",
+        t.clone(),
+        &[&w1024],
+        &[1024, 1024],
+    );
+    let w4096 = uniform(&[4096, 1024]);
+    kernel(
+        &mut group,
+        "transpose/4096x1024",
+        t,
+        &[&w4096],
+        &[1024, 4096],
+    );
     let merged = Op::Reshape(vec![B, S, H * K]);
     kernel(&mut group, "reshape", merged, &[&heads], &[B, S, H * K]);
 

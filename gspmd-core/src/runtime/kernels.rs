@@ -20,6 +20,7 @@ mod narrow;
 mod random;
 mod reduce;
 mod small_product;
+mod tiles;
 
 use std::borrow::Cow;
 
