@@ -276,12 +276,23 @@ fn a_gru_trained_under_scan_reduces_its_weight_gradients_once() {
     // result of its own: 64 bytes less than the 8256 and 7744 before it. On CPUs with
     // AVX-512 that product (its lhs transposed) runs on `gemm`, whose sums are not
     // added exactly into a result in place, so it is not planned so: 8256 and 7744.
+    // Under recomputation the backward body's `tanh` loop now also computes its
+    // siblings (ops reading values it reads; `fusion::plan_groups`), among them a
+    // product of the gate and the cotangent stored at the loop's root rather than
+    // before it: 32 bytes less at that peak on AVX-512, 7712. Without AVX-512 the
+    // loop starts after the product-and-add planned as `Accumulate`; that peak was not
+    // measured there, so it is bounded: between 7648 and the 7680 before.
     let peaks = [&saved, &recomputed].map(|e| e.memory_analysis().peak_bytes);
     #[cfg(target_arch = "x86_64")]
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     #[cfg(not(target_arch = "x86_64"))]
     let avx512 = false;
-    assert_eq!(peaks, if avx512 { [8256, 7744] } else { [8192, 7680] });
+    if avx512 {
+        assert_eq!(peaks, [8256, 7712]);
+    } else {
+        assert_eq!(peaks[0], 8192);
+        assert!((7648..=7680).contains(&peaks[1]), "{peaks:?}");
+    }
 
     let initial: Vec<Literal> = (0..6)
         .map(|i| match i % 2 {
