@@ -39,7 +39,7 @@ use ndarray::{ArrayD, IxDyn};
 
 #[path = "../tests/gating_chain/mod.rs"]
 mod gating_chain;
-use gating_chain::{CAPACITY, EXPERTS, SEQ as GATING_SEQ, gating_program};
+use gating_chain::{CAPACITY, EXPERTS, SEQ as GATING_SEQ, gating_program, shapes};
 
 /// The per-device shapes of one mesh.
 struct Shapes {
@@ -450,10 +450,7 @@ fn relu_grad(c: &mut Criterion, s: &Shapes) {
 /// of the 16 groups.
 fn gating(c: &mut Criterion, s: &Shapes) {
     let groups = if s.name == "1x1" { 16 } else { 2 };
-    let (gse, full) = (
-        [groups, GATING_SEQ, EXPERTS],
-        [groups, GATING_SEQ, EXPERTS, CAPACITY],
-    );
+    let (gse, full) = shapes(groups);
     let program = gating_program(groups);
     // One-hot choices: expert `t % 4` first, `(t + 1) % 4` second; slot masks with a
     // one at slot `t % 12` (as the router's are).

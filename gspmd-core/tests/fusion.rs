@@ -19,7 +19,7 @@ mod node_by_node;
 use node_by_node::node_by_node;
 
 mod gating_chain;
-use gating_chain::{CAPACITY, EXPERTS, SEQ, gating_program};
+use gating_chain::{gating_program, shapes};
 
 /// The shape and the bits of each element of each output.
 fn bits(outputs: &[Literal]) -> Vec<(Vec<usize>, Vec<u32>)> {
@@ -1026,7 +1026,7 @@ fn short_rows_and_broadcast_leaves_fold_equal_unfused_bitwise() {
 fn sibling_ops_reading_one_value_share_a_loop_equal_unfused_bitwise() {
     let mut rng = StdRng::seed_from_u64(61);
     for groups in [1, 16] {
-        let (gse, full) = ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY]);
+        let (gse, full) = shapes(groups);
         let program = gating_program(groups);
         let groups_ops = group_ops(&program);
         let divides = |g: &Vec<&str>| g.iter().filter(|&&op| op == "divide").count();

@@ -114,7 +114,8 @@ impl MemoryAnalysis {
     /// The most bytes beyond [`MemoryAnalysis::peak_bytes`] the device's buffer pool may
     /// hold (free buffers kept for reuse, no live value): an eighth of the peak or 1 MiB
     /// if that is more, or what the device's memory limit leaves above the peak if that
-    /// is less (see the module docs). A device holds at most the peak plus this (and plus `in_flight_bytes`).
+    /// is less (see the module docs). A device holds at most the peak plus this (and
+    /// plus `in_flight_bytes`).
     pub fn pool_headroom_bytes(&self) -> usize {
         crate::runtime::pool_headroom(self.peak_bytes, usize::MAX)
     }

@@ -17,11 +17,11 @@
 //! Bound: a run's evaluation loop sets a *budget* ([`start_run`]) — the most bytes its
 //! live values and the pool may hold together: the plan's peak (see
 //! [`MemoryAnalysis`](crate::analysis::MemoryAnalysis)) plus the pool's [`headroom`]
-//! over it, an eighth of the peak (1 MiB at least) within the device's memory limit — and tells the
-//! pool how many bytes are live, as that analysis models the buffers (a result written in place of
-//! an operand, a deferred broadcast, a constant: no new buffer), which is what the
-//! device holds rather than what the loop counts against its memory limit: after
-//! each node ([`set_live`]), and before each node with the
+//! over it, an eighth of the peak (1 MiB at least) within the device's memory limit —
+//! and tells the pool how many bytes are live, as that analysis models the buffers (a
+//! result written in place of an operand, a deferred broadcast, a constant: no new
+//! buffer), which is what the device holds rather than what the loop counts against
+//! its memory limit: after each node ([`set_live`]), and before each node with the
 //! scratch its kernel may need ([`reserve`], which frees pooled buffers until the live
 //! bytes, the scratch and the pool fit the budget). A buffer given back is kept only
 //! while the live bytes plus the pooled bytes stay within the budget; otherwise it is

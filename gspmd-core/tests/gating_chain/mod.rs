@@ -10,6 +10,12 @@ pub const EXPERTS: usize = 4;
 /// Slots per expert.
 pub const CAPACITY: usize = 12;
 
+/// The shapes of the chain's parameters over `groups` groups: `[G, S, E]` (the
+/// logits and the one-hot choices) and `[G, S, E, C]` (the slot masks).
+pub fn shapes(groups: usize) -> ([usize; 3], [usize; 4]) {
+    ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY])
+}
+
 /// The gating chain of `models::moe::top2_gating` in the `gspmd` crate over `groups`
 /// groups of [`SEQ`] tokens (the example `train_moe`'s shapes): the gates' softmax over
 /// the experts, each token's first and second gate (the gates masked by the one-hot
@@ -18,7 +24,7 @@ pub const CAPACITY: usize = 12;
 /// `[G, S, E, C]`. Parameters: `logits`, `first`, `second` (`[G, S, E]`), `route1`,
 /// `route2` (`[G, S, E, C]`).
 pub fn gating_program(groups: usize) -> Program {
-    let (gse, full) = ([groups, SEQ, EXPERTS], [groups, SEQ, EXPERTS, CAPACITY]);
+    let (gse, full) = shapes(groups);
     let b = Builder::new("gating");
     let logits = b.parameter("logits", gse, DType::F32);
     let first = b.parameter("first", gse, DType::F32);

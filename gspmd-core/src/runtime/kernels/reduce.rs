@@ -353,9 +353,9 @@ mod tests {
 
     /// Rows of every length 1..=40, as many as fit (an odd count, a partial row past
     /// the last left unread), folded by [`fold_rows_into`] (the rows shorter than the
-    /// lanes and the fixed-length rows of 8 and 16 among them) and by the kernel's dispatch over a whole buffer, equal
-    /// bitwise the rows fed to [`Lanes`] element by element: sums with -0.0 among the
-    /// values, maxima and minima with NaN.
+    /// lanes and the fixed-length rows of 8 and 16 among them) and by the kernel's
+    /// dispatch over a whole buffer, equal bitwise the rows fed to [`Lanes`] element by
+    /// element: sums with -0.0 among the values, maxima and minima with NaN.
     #[test]
     fn rows_fold_as_their_lanes_bitwise() {
         let lanes = |row: &[f32], identity: f32, f: fn(f32, f32) -> f32| {
