@@ -54,7 +54,8 @@ fn labels(rows: usize, cols: usize, rng: &mut StdRng) -> Literal {
 }
 
 /// A random chain over `[rows, cols]`: unary ops, binary ops with earlier values of
-/// the chain, with broadcast rows, columns and scalars (on either side), compares and
+/// the chain, with broadcast rows, columns (also reshaped with a unit dim first) and
+/// scalars (on either side), compares and
 /// selects (on a compare in the chain, with ties, or on a bool parameter), some
 /// intermediates also outputs, and a trailing sum, max or min over the last dim, over
 /// both dims, a mean, the log of a sum kept as a column, a scalar divided by a max kept
@@ -70,10 +71,13 @@ fn random_chain(rng: &mut StdRng, rows: usize, cols: usize, dtype: DType) -> Pro
     let steps = rng.random_range(2..12);
     for _ in 0..steps {
         let a = pool[rng.random_range(0..pool.len())].clone();
-        let other = match rng.random_range(0..4) {
+        let other = match rng.random_range(0..6) {
             0 => row.broadcast_in_dim([rows, cols], &[1]),
             1 => col.broadcast_in_dim([rows, cols], &[0]),
             2 => a.scalar_like(rng.random_range(-2.0..2.0)),
+            // Read through the reshape of unit dims (the plan does not compute it).
+            3 => (row.reshape([1, cols])).broadcast_in_dim([rows, cols], &[0, 1]),
+            4 => (col.reshape([rows, 1])).broadcast_in_dim([rows, cols], &[0, 1]),
             _ => pool[rng.random_range(0..pool.len())].clone(),
         };
         let (p, q) = if rng.random_bool(0.5) {

@@ -7,7 +7,7 @@
 //! [`folding`](super::folding)): it is `Send + Sync` and made once per executable (see
 //! [`PlannedProgram`]); the reference interpreter makes one per call.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::buffers::Requests;
@@ -60,9 +60,11 @@ pub(crate) enum Fusion {
     /// here; the group's loop binds its value at the root (which comes before every
     /// reader).
     Result,
-    /// A `dynamic_slice` of its operand's whole shape (as the partitioner emits for a
-    /// mesh axis of size 1): the identity whatever the start indices (they are
-    /// clamped to 0). Not computed: its readers read the operand.
+    /// Not computed: its readers read its operand. A `dynamic_slice` of its operand's
+    /// whole shape (as the partitioner emits for a mesh axis of size 1: the identity
+    /// whatever the start indices, which are clamped to 0), or a reshape of dims of one
+    /// element read only by fused loops, which read through it
+    /// ([`Group::through`]).
     Alias,
     /// An f32 `add` of a `dot_general` (this node, marked [`Fusion::Inside`]) that only
     /// it reads and another value `c` (no broadcast), where the product adds to `c`
@@ -191,6 +193,19 @@ impl Plan {
             reads[dot.index()].clear();
             fusion[dot.index()] = Fusion::Inside;
             fusion[add.index()] = Fusion::Accumulate(dot);
+        }
+        // A reshape the groups read through that nothing else reads is not computed.
+        let read: HashSet<ValueId> = reads
+            .iter()
+            .flatten()
+            .chain(&program_outputs)
+            .copied()
+            .collect();
+        for r in groups.iter().flat_map(|g| &g.through) {
+            if !read.contains(r) && fusion[r.index()] == Fusion::No {
+                fusion[r.index()] = Fusion::Alias;
+                reads[r.index()].clear();
+            }
         }
         // For each value, the last node reading it (itself if none); `None` for outputs.
         let mut last: Vec<Option<usize>> = (0..n).map(Some).collect();
@@ -544,5 +559,82 @@ mod tests {
                 }
             }
         })
+    }
+
+    /// A reshape of dims of one element that only broadcasts in fused loops read
+    /// (softmax's max and sum kept as columns, over rows long enough that the last
+    /// divide is a loop alone; a column reshaped to a `[rows, 1]` matrix without its
+    /// unit dim) is not computed: the loops read its operand. One read elsewhere too,
+    /// or one that moves elements, is.
+    #[test]
+    fn reshapes_of_unit_dims_read_only_by_loops_are_not_computed() {
+        let b = Builder::new("softmax");
+        let x = b.parameter("x", [8, 512], DType::F32);
+        let y = x.softmax(-1);
+        let program = b.finish(&[&y]).expect("traces");
+        let plan = Plan::new(&program);
+        let reshapes: Vec<usize> = (program.nodes.iter().enumerate())
+            .filter(|(_, n)| matches!(n.op, Op::Reshape(_)))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(reshapes.len(), 2);
+        for &r in &reshapes {
+            assert_eq!(plan.steps[r].fusion, Fusion::Alias, "{program}");
+            assert!(plan.steps[r].reads.is_empty());
+            assert_eq!(plan.steps[r].bytes, 0);
+        }
+        // `[8, 1, 1]` reshaped to `[8, 1]` (a unit dim removed, one kept) and to
+        // `[1, 8]` (the unit dim moved), broadcast; `[2, 4]` reshaped to `[4, 2]` (not
+        // unit dims alone): the first two are read through.
+        let b = Builder::new("columns");
+        let col = b.parameter("col", [8, 1, 1], DType::F32);
+        let x = b.parameter("x", [8, 16], DType::F32);
+        let pairs = b.parameter("pairs", [2, 4], DType::F32);
+        let through = col.reshape([8, 1]).broadcast_in_dim([8, 16], &[0, 1]);
+        let moved = col.reshape([1, 8]).broadcast_in_dim([8, 8], &[0, 1]);
+        let swapped = pairs.reshape([4, 2]).broadcast_in_dim([4, 2, 3], &[0, 1]);
+        let y = x.mul(&through).exp();
+        let z = moved.add(&moved.scalar_like(1.0)).exp();
+        let w = swapped.sub(&swapped.scalar_like(1.0)).exp();
+        let read = col.reshape([8]);
+        let kept = read.broadcast_in_dim([8, 16], &[0]).mul(&x).exp();
+        let program = b.finish(&[&y, &z, &w, &kept, &read]).expect("traces");
+        let plan = Plan::new(&program);
+        let fusion_of = |t: &crate::ir::Tensor| {
+            let Op::Broadcast { .. } = program.nodes[t.id().expect("a value").index()].op else {
+                panic!("not a broadcast");
+            };
+            let reshape = program.nodes[t.id().expect("a value").index()].operands[0];
+            plan.steps[reshape.index()].fusion
+        };
+        assert_eq!(fusion_of(&through), Fusion::Alias, "{program}");
+        assert_eq!(fusion_of(&moved), Fusion::Alias, "{program}");
+        assert_eq!(fusion_of(&swapped), Fusion::No, "{program}");
+        let read = plan.steps[read.id().expect("a value").index()].fusion;
+        assert_eq!(read, Fusion::No, "an output");
+        // The loops read the operands where the reshapes would have put them.
+        let values = |n: usize| (0..n).map(|v| v as f32 * 0.37 - 1.0).collect::<Vec<f32>>();
+        let array = |shape: &[usize]| {
+            let n = shape.iter().product();
+            Literal::F32(ndarray::ArrayD::from_shape_vec(shape, values(n)).expect("fits"))
+        };
+        let inputs = [array(&[8, 1, 1]), array(&[8, 16]), array(&[2, 4])];
+        let got = crate::runtime::interpret(&program, &inputs).expect("runs");
+        let (col, x, pairs) = (values(8), values(128), values(8));
+        let exp = crate::runtime::kernels::elementary::exp;
+        let want: [Vec<f32>; 4] = [
+            (0..128).map(|k| exp(x[k] * col[k / 16])).collect(),
+            (0..64).map(|k| exp(col[k % 8] + 1.0)).collect(),
+            (0..24).map(|k| exp(pairs[k / 3] - 1.0)).collect(),
+            (0..128).map(|k| exp(col[k / 16] * x[k])).collect(),
+        ];
+        for (k, want) in want.iter().enumerate() {
+            let got = got[k].as_f32().expect("f32").iter().copied();
+            assert_eq!(
+                got.map(f32::to_bits).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "output {k}"
+            );
+        }
     }
 }

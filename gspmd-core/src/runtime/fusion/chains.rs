@@ -398,6 +398,7 @@ mod tests {
         Group {
             members: Vec::new(),
             copies: Vec::new(),
+            through: Vec::new(),
             results: (0..stores.len()).map(|j| ValueId(j as u32)).collect(),
             layouts: vec![None; leaves.len()],
             leaves,

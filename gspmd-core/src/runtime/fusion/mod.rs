@@ -21,7 +21,9 @@
 //! unchanged; the execution plan marks the group's nodes and the evaluation loop runs
 //! the group's loop where its root (its last node) would run. The loop walks the
 //! root's operand shape in chunks of [`CHUNK`] elements: each leaf (a value read from
-//! outside the group, directly or through a broadcast, as a strided view) is read in
+//! outside the group, directly or through a broadcast, as a strided view; through a
+//! reshape that only inserts or removes dims of one element too, whose operand it
+//! reads instead, see [`unit_reshaped`]) is read in
 //! place where it is contiguous, held in its register for the whole run where it is a
 //! scalar or a contiguous block repeated along the outer dims (a bias row over the
 //! rows, [`Source::Repeat`](source::Source::Repeat)), else loaded into its scratch register chunk by chunk;
@@ -137,6 +139,9 @@ pub(crate) struct Group {
     pub(crate) results: Vec<ValueId>,
     /// The values the loop reads from outside the group, in register order.
     pub(crate) leaves: Vec<Leaf>,
+    /// The reshapes the loop reads through (see [`unit_reshaped`]): its leaves read
+    /// their operands, so the plan need not compute them for it.
+    pub(crate) through: Vec<ValueId>,
     /// The shape the loop walks (the elementwise ops' shape).
     shape: Vec<usize>,
     /// The ops in order, each with the register it writes (see [`allocate`]).
@@ -480,6 +485,47 @@ pub(crate) fn plan_groups(
     groups
 }
 
+/// If `v` is a reshape that only inserts or removes dims of one element (of its
+/// operand's dtype, to the shape its type has), read by a broadcast along `dims`: the
+/// reshape's operand and the dims the same broadcast reads it along — the same
+/// elements at the same loop indices, so a loop reads the operand as it would the
+/// reshape (XLA treats such a reshape as a bitcast). Each dim of more than one element
+/// goes where the reshape's matching dim went; one of one element to any loop dim (it
+/// is read with stride 0). `operands` as [`plan_groups`] has them.
+fn unit_reshaped(
+    program: &Program,
+    operands: &[Vec<ValueId>],
+    v: ValueId,
+    dims: &[usize],
+) -> Option<(ValueId, Vec<usize>)> {
+    let node = &program.nodes[v.index()];
+    let (Op::Reshape(shape), &[source]) = (&node.op, &operands[v.index()][..]) else {
+        return None;
+    };
+    let operand = &program.nodes[source.index()].ty;
+    if *shape != node.ty.shape || operand.dtype != node.ty.dtype {
+        return None;
+    }
+    let from = &operand.shape;
+    let wide = |shape: &[usize]| -> Vec<(usize, usize)> {
+        (shape.iter().copied().enumerate())
+            .filter(|&(_, n)| n != 1)
+            .collect()
+    };
+    let (wide_from, wide_to) = (wide(from), wide(shape));
+    let same = wide_from.len() == wide_to.len()
+        && (wide_from.iter().zip(&wide_to)).all(|(&(_, a), &(_, b))| a == b);
+    let &any = dims.first()?;
+    if !same {
+        return None;
+    }
+    let mut along = vec![any; from.len()];
+    for (&(k, _), &(d, _)) in wide_from.iter().zip(&wide_to) {
+        along[k] = *dims.get(d)?;
+    }
+    Some((source, along))
+}
+
 /// Whether `v` is a broadcast of a scalar.
 fn splat(program: &Program, v: ValueId) -> bool {
     matches!(&program.nodes[v.index()].op, Op::Broadcast { dims, .. } if dims.is_empty())
@@ -565,6 +611,7 @@ impl Group {
             }
         }
         let mut leaves: Vec<Leaf> = Vec::new();
+        let mut through = Vec::new();
         // Each member's register by node index.
         let mut refs: Vec<(usize, Ref)> = Vec::new();
         // The register of value `o` read by a member: a member's, else a leaf's.
@@ -590,14 +637,24 @@ impl Group {
         for &m in members {
             let node = &program.nodes[m];
             let r = match &node.op {
-                Op::Broadcast { dims, .. } => leaf(
-                    &mut leaves,
-                    Leaf {
-                        value: operands[m][0],
-                        dims: Some(dims.clone()),
-                        dtype: node.ty.dtype,
-                    },
-                ),
+                Op::Broadcast { dims, .. } => {
+                    let read = operands[m][0];
+                    let (value, dims) = match unit_reshaped(program, operands, read, dims) {
+                        Some(source) => {
+                            through.push(read);
+                            source
+                        }
+                        None => (read, dims.clone()),
+                    };
+                    leaf(
+                        &mut leaves,
+                        Leaf {
+                            value,
+                            dims: Some(dims),
+                            dtype: node.ty.dtype,
+                        },
+                    )
+                }
                 Op::Reduce { kind, .. } => {
                     reduce = Some((*kind, node.ty.shape.len()));
                     folded = (operands[m].first()).map(|o| arg(&refs, &mut leaves, o));
@@ -698,10 +755,13 @@ impl Group {
             registers,
         } = Registered::new(base, code, stores);
         let ids = |nodes: &[usize]| nodes.iter().map(|&m| ValueId(m as u32)).collect();
+        through.sort_unstable();
+        through.dedup();
         let mut group = Group {
             members: ids(members),
             results: ids(results),
             leaves,
+            through,
             shape,
             code,
             stores,
