@@ -128,7 +128,7 @@ pub(crate) fn eval_kernel(
 /// after its last use, and returns the outputs. `plan` is [`Plan::new`] of `program`.
 ///
 /// `eval` gets the node, its operands (the loop's list, lent mutably: `eval` drains
-/// what it takes, so the inline list of about 1 KB is not moved from call to call) —
+/// what it takes, so the inline list of about 2 KB is not moved from call to call) —
 /// each handed over by value ([`Cow::Owned`]) when this node is its last use and it
 /// was computed by the loop, else lent; a broadcast the plan deferred as its operand's
 /// view — and whether they
@@ -454,7 +454,7 @@ fn execute_dyn<'a>(
 }
 
 /// `operands` with each one handed over (owned) that `keeps(k, value)` rejects moved
-/// into `spare` and lent instead, in place (the ~1 KB of inline operands is not moved):
+/// into `spare` and lent instead, in place (the ~2 KB of inline operands is not moved):
 /// a kernel drops the operands it takes over and does not write its result into, where
 /// the caller gives them to the pool ([`buffers::release`]) once the kernel has run.
 fn lend_spare<'s>(
@@ -509,7 +509,7 @@ fn continue_after(
 ///
 /// `taken` is scratch space the loop keeps across nodes (left empty), so that moving
 /// the handed-over values out allocates nothing; `operands` is the caller's, filled in
-/// place, so the inline list (about 1 KB) is not moved.
+/// place, so the inline list (about 2 KB) is not moved.
 fn gather_operands<'v>(
     program: &'v Program,
     plan: &Plan,

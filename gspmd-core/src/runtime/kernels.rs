@@ -88,8 +88,9 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
     eval_typed(op, &mut operands.collect(), result)
 }
 
-/// The operands of one node, inline up to eight (no allocation per op).
-pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 8]>;
+/// The operands of one node, inline up to sixteen (no allocation per op; a fused
+/// loop's leaves, the AdamW update's twelve with its scalars, included).
+pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 16]>;
 
 /// The `N` operands of a node of arity `N`, drained from `operands`; `None` for any
 /// other number.

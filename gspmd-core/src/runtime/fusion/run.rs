@@ -28,6 +28,10 @@ thread_local! {
     static REGISTERS: RefCell<Vec<[f32; CHUNK]>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The leaves a run lists without allocating, as many as a node's inline operands
+/// (`kernels::Operands`): a list that spills allocates and copies on every call.
+const INLINE_LEAVES: usize = 16;
+
 /// The rows a trailing reduction folds: `outer` rows of `row` elements.
 #[derive(Clone, Copy)]
 struct Rows {
@@ -57,7 +61,7 @@ impl Group {
     /// is taken out of `operands`. `Err` if a leaf is not f32 or does not fit its shape.
     ///
     /// The operands and results are the caller's, filled and read in place: a call
-    /// moves neither list (about 1 KB and 0.5 KB inline), which was a fixed cost of
+    /// moves neither list (about 2 KB and 0.5 KB inline), which was a fixed cost of
     /// every call.
     pub(crate) fn run(
         &self,
@@ -75,7 +79,7 @@ impl Group {
         // Each owned leaf that fits is the buffer of the next result (`slots`), moved
         // out of `operands` in place.
         let mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]> = SmallVec::new();
-        let mut slots: SmallVec<[Option<usize>; 8]> = SmallVec::new();
+        let mut slots: SmallVec<[Option<usize>; INLINE_LEAVES]> = SmallVec::new();
         for (k, x) in operands.iter_mut().enumerate() {
             let fits = match x {
                 Operand::Value(Cow::Owned(Literal::F32(a))) => {
@@ -98,8 +102,8 @@ impl Group {
         let cut = self.cut();
         // Each leaf's elements, and its layout if not the planned one (a deferred
         // broadcast, or a value of another shape): worked out for this run.
-        let mut data: SmallVec<[Cow<'_, [f32]>; 8]> = SmallVec::new();
-        let mut worked: SmallVec<[Option<Layout>; 8]> = SmallVec::new();
+        let mut data: SmallVec<[Cow<'_, [f32]>; INLINE_LEAVES]> = SmallVec::new();
+        let mut worked: SmallVec<[Option<Layout>; INLINE_LEAVES]> = SmallVec::new();
         for ((leaf, planned), (x, slot)) in
             (self.leaves.iter().zip(&self.layouts)).zip(operands.iter().zip(&slots))
         {
@@ -118,7 +122,7 @@ impl Group {
             data.push(elements);
             worked.push(layout);
         }
-        let mut sources: SmallVec<[Source<'_>; 8]> = SmallVec::new();
+        let mut sources: SmallVec<[Source<'_>; INLINE_LEAVES]> = SmallVec::new();
         for ((elements, worked), (planned, slot)) in
             (data.into_iter().zip(&worked)).zip(self.layouts.iter().zip(&slots))
         {
