@@ -162,7 +162,6 @@ fn compare(
 /// of `len` elements for `handwritten`, allocated after a spacer of another multiple of
 /// 64 bytes, both sides warmed up first. The medians are over those placements; the
 /// spread of the rounds' ratios is printed too.
-#[allow(clippy::too_many_arguments)]
 fn print_ratio(
     group: &str,
     groups: usize,

@@ -88,9 +88,13 @@ pub fn eval(op: &Op, operands: &[&Literal], result: &TensorType) -> Result<Liter
     eval_typed(op, &mut operands.collect(), result)
 }
 
-/// The operands of one node, inline up to sixteen (no allocation per op; a fused
-/// loop's leaves, the AdamW update's twelve with its scalars, included).
-pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; 16]>;
+/// How many operands of one node [`Operands`] holds inline: a fused loop's leaves
+/// included (the AdamW update's twelve with its scalars). A list that spills allocates
+/// and copies on every call.
+pub(crate) const INLINE_OPERANDS: usize = 16;
+
+/// The operands of one node, inline up to [`INLINE_OPERANDS`] (no allocation per op).
+pub(crate) type Operands<'a> = SmallVec<[Operand<'a>; INLINE_OPERANDS]>;
 
 /// The `N` operands of a node of arity `N`, drained from `operands`; `None` for any
 /// other number.

@@ -7,7 +7,7 @@
 //! [`folding`](super::folding)): it is `Send + Sync` and made once per executable (see
 //! [`PlannedProgram`]); the reference interpreter makes one per call.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::buffers::Requests;
@@ -195,14 +195,14 @@ impl Plan {
             fusion[add.index()] = Fusion::Accumulate(dot);
         }
         // A reshape the groups read through that nothing else reads is not computed.
-        let read: HashSet<ValueId> = reads
-            .iter()
-            .flatten()
-            .chain(&program_outputs)
-            .copied()
-            .collect();
+        let mut read = vec![false; n];
+        for o in reads.iter().flatten().chain(&program_outputs) {
+            if let Some(slot) = read.get_mut(o.index()) {
+                *slot = true;
+            }
+        }
         for r in groups.iter().flat_map(|g| &g.through) {
-            if !read.contains(r) && fusion[r.index()] == Fusion::No {
+            if !read[r.index()] && fusion[r.index()] == Fusion::No {
                 fusion[r.index()] = Fusion::Alias;
                 reads[r.index()].clear();
             }

@@ -515,10 +515,10 @@ fn unit_reshaped(
     let (wide_from, wide_to) = (wide(from), wide(shape));
     let same = wide_from.len() == wide_to.len()
         && (wide_from.iter().zip(&wide_to)).all(|(&(_, a), &(_, b))| a == b);
-    let &any = dims.first()?;
     if !same {
         return None;
     }
+    let &any = dims.first()?;
     let mut along = vec![any; from.len()];
     for (&(k, _), &(d, _)) in wide_from.iter().zip(&wide_to) {
         along[k] = *dims.get(d)?;

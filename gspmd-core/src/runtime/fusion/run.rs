@@ -12,8 +12,8 @@ use smallvec::SmallVec;
 use crate::ir::{BinaryOp, DType, Literal, ReduceKind, with_literal};
 use crate::runtime::buffers;
 use crate::runtime::kernels::{
-    Lanes, Operand, Operands, body_len, compare_fn, f32_arith, f32_binary, f32_unary,
-    fold_rows_into, max_nan, min_nan,
+    INLINE_OPERANDS, Lanes, Operand, Operands, body_len, compare_fn, f32_arith, f32_binary,
+    f32_unary, fold_rows_into, max_nan, min_nan,
 };
 
 use super::code::{Instr, Lane, ONE, int_lane, select_lane};
@@ -27,10 +27,6 @@ thread_local! {
     /// interpreter's), kept between runs: a loop allocates no scratch.
     static REGISTERS: RefCell<Vec<[f32; CHUNK]>> = const { RefCell::new(Vec::new()) };
 }
-
-/// The leaves a run lists without allocating, as many as a node's inline operands
-/// (`kernels::Operands`): a list that spills allocates and copies on every call.
-const INLINE_LEAVES: usize = 16;
 
 /// The rows a trailing reduction folds: `outer` rows of `row` elements.
 #[derive(Clone, Copy)]
@@ -79,7 +75,7 @@ impl Group {
         // Each owned leaf that fits is the buffer of the next result (`slots`), moved
         // out of `operands` in place.
         let mut outs: SmallVec<[Vec<f32>; MAX_RESULTS]> = SmallVec::new();
-        let mut slots: SmallVec<[Option<usize>; INLINE_LEAVES]> = SmallVec::new();
+        let mut slots: SmallVec<[Option<usize>; INLINE_OPERANDS]> = SmallVec::new();
         for (k, x) in operands.iter_mut().enumerate() {
             let fits = match x {
                 Operand::Value(Cow::Owned(Literal::F32(a))) => {
@@ -102,8 +98,8 @@ impl Group {
         let cut = self.cut();
         // Each leaf's elements, and its layout if not the planned one (a deferred
         // broadcast, or a value of another shape): worked out for this run.
-        let mut data: SmallVec<[Cow<'_, [f32]>; INLINE_LEAVES]> = SmallVec::new();
-        let mut worked: SmallVec<[Option<Layout>; INLINE_LEAVES]> = SmallVec::new();
+        let mut data: SmallVec<[Cow<'_, [f32]>; INLINE_OPERANDS]> = SmallVec::new();
+        let mut worked: SmallVec<[Option<Layout>; INLINE_OPERANDS]> = SmallVec::new();
         for ((leaf, planned), (x, slot)) in
             (self.leaves.iter().zip(&self.layouts)).zip(operands.iter().zip(&slots))
         {
@@ -122,7 +118,7 @@ impl Group {
             data.push(elements);
             worked.push(layout);
         }
-        let mut sources: SmallVec<[Source<'_>; INLINE_LEAVES]> = SmallVec::new();
+        let mut sources: SmallVec<[Source<'_>; INLINE_OPERANDS]> = SmallVec::new();
         for ((elements, worked), (planned, slot)) in
             (data.into_iter().zip(&worked)).zip(self.layouts.iter().zip(&slots))
         {
